@@ -1,0 +1,106 @@
+# hoptrace: `make demo` runs the main job, `make test` the tests. Both install what they need.
+SHELL := /bin/bash
+ROOT := $(abspath .)
+TOOLS := $(ROOT)/.tools/bin
+VENV := $(ROOT)/.venv
+PY := $(VENV)/bin/python
+export PATH := $(TOOLS):$(VENV)/bin:/usr/local/go/bin:$(PATH)
+export GOBIN := $(TOOLS)
+
+BPF_BUILD := kernel-patch/build
+BPF_OBJ := $(BPF_BUILD)/hoptrace.bpf.o
+VMLINUX_H := $(BPF_BUILD)/vmlinux.h
+AGENT_BIN := agent/bin/hoptrace-agent
+INFLUXD := $(TOOLS)/influxd
+
+APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 sockperf iperf3 tcpdump nftables clang-format \
+	chromium chromium-driver ethtool
+
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+
+.PHONY: help
+help: ## this list
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+## ---- setup -------------------------------------------------------------
+.PHONY: setup
+setup: .tools/apt.stamp $(VENV)/.stamp $(INFLUXD) ## install everything the build, demo and tests need
+
+.tools/apt.stamp:
+	@mkdir -p .tools
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	@touch $@
+
+$(VENV)/.stamp: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	@touch $@
+
+$(INFLUXD):
+	@mkdir -p $(TOOLS)
+	@echo "building influxd v1.8.10 from the Go module proxy (about 2 minutes, once)"
+	cd /tmp && go install github.com/influxdata/influxdb/cmd/influxd@v1.8.10
+
+$(TOOLS)/protoc-gen-go:
+	go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(TOOLS)/protoc-gen-go-grpc:
+	go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+## ---- build -------------------------------------------------------------
+.PHONY: build
+build: bpf agent ## build the BPF object and the agent
+
+$(VMLINUX_H):
+	@mkdir -p $(BPF_BUILD)
+	bpftool btf dump file /sys/kernel/btf/vmlinux format c > $@
+
+.PHONY: bpf
+bpf: .tools/apt.stamp $(BPF_OBJ) ## compile the CO-RE hop programs (kernel-patch/)
+
+$(BPF_OBJ): kernel-patch/hoptrace.bpf.c $(wildcard kernel-patch/include/*.h) $(VMLINUX_H)
+	clang -O2 -g -Wall -Werror -target bpf -D__TARGET_ARCH_x86 \
+		-I$(BPF_BUILD) -Ikernel-patch/include -c $< -o $@
+
+.PHONY: agent
+agent: $(AGENT_BIN) ## build hoptrace-agent (static Go binary)
+
+$(AGENT_BIN): $(shell find agent -name '*.go' -o -name go.mod -o -name go.sum 2>/dev/null)
+	cd agent && CGO_ENABLED=0 go build -trimpath -o bin/hoptrace-agent ./cmd/hoptrace-agent
+
+.PHONY: proto
+proto: $(VENV)/.stamp $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc ## regenerate Go and Python code from proto/
+	bash proto/generate.sh
+
+.PHONY: proto-check
+proto-check: proto ## fail if the generated code in git is stale
+	@git diff --exit-code -- agent/internal/pb proto/gen || \
+		{ echo "generated code is stale: run 'make proto' and commit"; exit 1; }
+
+## ---- checks ------------------------------------------------------------
+.PHONY: lint
+lint: $(VENV)/.stamp ## ruff, gofmt, go vet, clang-format
+	$(VENV)/bin/ruff check dispatcher collector web cli tests bench
+	$(VENV)/bin/ruff format --check dispatcher collector web cli tests bench
+	@test -z "$$(gofmt -l agent)" || { gofmt -l agent; exit 1; }
+	cd agent && go vet ./...
+	clang-format --dry-run -Werror kernel-patch/*.c kernel-patch/include/*.h
+
+.PHONY: test
+test: setup build proto-check lint ## run every test tier (needs root)
+	cd agent && go test -race -count=1 ./...
+	$(PY) -m pytest -v tests
+
+.PHONY: demo
+demo: setup build ## two emulated hosts, a traced UDP flow, the per-hop decomposition
+	$(PY) -m hoptrace.cli.demo
+
+.PHONY: clean
+clean: ## remove build output
+	rm -rf $(BPF_BUILD) agent/bin

@@ -1,0 +1,3 @@
+module github.com/hoptrace/hoptrace/agent
+
+go 1.26

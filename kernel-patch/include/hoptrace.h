@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The one definition of every shape that crosses the kernel/user boundary.
+ * Go (agent/internal/record) and Python (hoptrace.collector.records) mirror
+ * these layouts; tests compare both against this header's BTF, so they
+ * cannot drift.
+ */
+#ifndef __HOPTRACE_H
+#define __HOPTRACE_H
+
+/* RFC 6994: experimental TCP option 253 carrying a 16-bit ExID. */
+#define HOPTRACE_TCPOPT_KIND 253
+#define HOPTRACE_TCPOPT_EXID 0x4854 /* "HT" */
+#define HOPTRACE_TCPOPT_LEN 8       /* kind, len, ExID(2), packet ID(4) */
+
+/* UDP: the ID is the 4-byte surplus area after the UDP length (RFC 9868). */
+#define HOPTRACE_UDP_ID_LEN 4
+
+#define HOPTRACE_VXLAN_PORT 4789
+#define HOPTRACE_GENEVE_PORT 6081
+
+/* Packet IDs: origin node salt in the top 8 bits, a per-trace sequence in
+ * the low 24 bits, so IDs of one origin never repeat within 16 M packets.
+ * ID 0 means "no ID". */
+#define HOPTRACE_ID_SEQ_BITS 24
+#define HOPTRACE_ID_SEQ_MASK ((1u << HOPTRACE_ID_SEQ_BITS) - 1)
+
+/* record.flags */
+enum hoptrace_record_flag {
+	HOPTRACE_F_IPV6 = 1 << 0,
+	HOPTRACE_F_TCP = 1 << 1,
+	HOPTRACE_F_UDP = 1 << 2,
+	HOPTRACE_F_ENCAP_VXLAN = 1 << 3,  /* ID found inside a VXLAN packet */
+	HOPTRACE_F_ENCAP_GENEVE = 1 << 4, /* ID found inside a Geneve packet */
+	HOPTRACE_F_TAGGED_HERE = 1 << 5,  /* this hop wrote the ID */
+	HOPTRACE_F_VLAN = 1 << 6,
+};
+
+/* One timestamp of one packet at one hop. 32 bytes, no padding. */
+struct hoptrace_record {
+	__u64 ts_ns;      /* bpf_ktime_get_ns(): CLOCK_MONOTONIC of the node */
+	__u32 packet_id;  /* never 0 in a record */
+	__u32 flow_hash;  /* hash of the innermost 5-tuple: equal at every hop */
+	__u32 ifindex;    /* device the packet was seen on (its own netns) */
+	__u32 wire_len;   /* skb/frame length at this hop, L2 included when present */
+	__u16 hop_index;  /* index in the trace's path */
+	__u16 trace_slot; /* agent-local number of the trace */
+	__u16 cpu;
+	__u16 flags; /* enum hoptrace_record_flag */
+};
+
+/* Per-hop counters: one per-CPU array entry per reason, summed by the agent. */
+enum hoptrace_counter {
+	HOPTRACE_C_SEEN = 0,      /* every packet the hop program ran on */
+	HOPTRACE_C_MATCHED,       /* passed device, namespace and filter */
+	HOPTRACE_C_RECORDED,      /* a record went to the ring buffer */
+	HOPTRACE_C_TAGGED,        /* this hop wrote a new ID */
+	HOPTRACE_C_UNTAGGED,      /* matched, but carries no ID (sampled out, or not taggable) */
+	HOPTRACE_C_TOO_BIG,       /* would exceed the MTU with the ID: left untagged */
+	HOPTRACE_C_GSO_SKIPPED,   /* a GSO packet: not tagged (the ID would be copied to every segment) */
+	HOPTRACE_C_NOT_MATCHED,   /* filtered out (device, namespace, flow) */
+	HOPTRACE_C_PARSE_TRUNCATED, /* headers end before the packet says they do */
+	HOPTRACE_C_PARSE_MALFORMED, /* impossible header values */
+	HOPTRACE_C_PARSE_NON_IP,    /* not IPv4/IPv6 */
+	HOPTRACE_C_RINGBUF_FULL,    /* record lost: ring buffer full */
+	HOPTRACE_C_BYTES,           /* wire bytes of matched packets */
+	HOPTRACE_C_TAG_FAILED,      /* a helper refused to grow or write the packet */
+	HOPTRACE_C_MAX,
+};
+
+#endif /* __HOPTRACE_H */

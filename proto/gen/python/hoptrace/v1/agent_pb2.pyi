@@ -1,0 +1,178 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from hoptrace.v1 import trace_pb2 as _trace_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AgentMessage(_message.Message):
+    __slots__ = ("register", "heartbeat", "trace_status")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    TRACE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    register: Register
+    heartbeat: Heartbeat
+    trace_status: TraceStatus
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trace_status: _Optional[_Union[TraceStatus, _Mapping]] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("node", "kernel_release", "agent_version", "capabilities", "namespaces", "running")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    KERNEL_RELEASE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    kernel_release: str
+    agent_version: str
+    capabilities: Capabilities
+    namespaces: _containers.RepeatedCompositeFieldContainer[Namespace]
+    running: _containers.RepeatedCompositeFieldContainer[TraceStatus]
+    def __init__(self, node: _Optional[str] = ..., kernel_release: _Optional[str] = ..., agent_version: _Optional[str] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., namespaces: _Optional[_Iterable[_Union[Namespace, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[TraceStatus, _Mapping]]] = ...) -> None: ...
+
+class Namespace(_message.Message):
+    __slots__ = ("name", "inode", "devices")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    inode: int
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    def __init__(self, name: _Optional[str] = ..., inode: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
+
+class Device(_message.Message):
+    __slots__ = ("name", "ifindex", "mtu", "kind")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IFINDEX_FIELD_NUMBER: _ClassVar[int]
+    MTU_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ifindex: int
+    mtu: int
+    kind: str
+    def __init__(self, name: _Optional[str] = ..., ifindex: _Optional[int] = ..., mtu: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class Capabilities(_message.Message):
+    __slots__ = ("btf", "ring_buffer", "tcp_header_options", "attach")
+    class AttachEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: AttachSupport
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttachSupport, _Mapping]] = ...) -> None: ...
+    BTF_FIELD_NUMBER: _ClassVar[int]
+    RING_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    TCP_HEADER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    ATTACH_FIELD_NUMBER: _ClassVar[int]
+    btf: bool
+    ring_buffer: bool
+    tcp_header_options: bool
+    attach: _containers.MessageMap[str, AttachSupport]
+    def __init__(self, btf: bool = ..., ring_buffer: bool = ..., tcp_header_options: bool = ..., attach: _Optional[_Mapping[str, AttachSupport]] = ...) -> None: ...
+
+class AttachSupport(_message.Message):
+    __slots__ = ("supported", "reason")
+    SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    supported: bool
+    reason: str
+    def __init__(self, supported: bool = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("sent_at",)
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    sent_at: _timestamp_pb2.Timestamp
+    def __init__(self, sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class TraceStatus(_message.Message):
+    __slots__ = ("trace", "generation", "active", "hops", "error")
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    trace: str
+    generation: int
+    active: bool
+    hops: _containers.RepeatedCompositeFieldContainer[HopStatus]
+    error: str
+    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., active: bool = ..., hops: _Optional[_Iterable[_Union[HopStatus, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class HopStatus(_message.Message):
+    __slots__ = ("hop_index", "name", "attached", "error")
+    HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    hop_index: int
+    name: str
+    attached: bool
+    error: str
+    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ...) -> None: ...
+
+class DispatcherMessage(_message.Message):
+    __slots__ = ("apply", "remove")
+    APPLY_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    apply: TracePlan
+    remove: RemoveTrace
+    def __init__(self, apply: _Optional[_Union[TracePlan, _Mapping]] = ..., remove: _Optional[_Union[RemoveTrace, _Mapping]] = ...) -> None: ...
+
+class TracePlan(_message.Message):
+    __slots__ = ("trace", "generation", "object", "object_path", "filter", "sample", "hops", "tcp_tagging")
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_PATH_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    TCP_TAGGING_FIELD_NUMBER: _ClassVar[int]
+    trace: str
+    generation: int
+    object: bytes
+    object_path: str
+    filter: _trace_pb2.Filter
+    sample: int
+    hops: _containers.RepeatedCompositeFieldContainer[HopAttach]
+    tcp_tagging: TcpTagging
+    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., object: _Optional[bytes] = ..., object_path: _Optional[str] = ..., filter: _Optional[_Union[_trace_pb2.Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopAttach, _Mapping]]] = ..., tcp_tagging: _Optional[_Union[TcpTagging, _Mapping]] = ...) -> None: ...
+
+class HopAttach(_message.Message):
+    __slots__ = ("hop_index", "name", "at", "dev", "netns", "cgroup", "tag_udp")
+    HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    DEV_FIELD_NUMBER: _ClassVar[int]
+    NETNS_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    TAG_UDP_FIELD_NUMBER: _ClassVar[int]
+    hop_index: int
+    name: str
+    at: str
+    dev: str
+    netns: str
+    cgroup: str
+    tag_udp: bool
+    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., at: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ...) -> None: ...
+
+class TcpTagging(_message.Message):
+    __slots__ = ("netns", "cgroup")
+    NETNS_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    netns: str
+    cgroup: str
+    def __init__(self, netns: _Optional[str] = ..., cgroup: _Optional[str] = ...) -> None: ...
+
+class RemoveTrace(_message.Message):
+    __slots__ = ("trace",)
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    trace: str
+    def __init__(self, trace: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,191 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from hoptrace.v1 import agent_pb2 as _agent_pb2
+from hoptrace.v1 import trace_pb2 as _trace_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FieldError(_message.Message):
+    __slots__ = ("field", "reason")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    reason: str
+    def __init__(self, field: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ValidateTraceRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _trace_pb2.TraceSpec
+    def __init__(self, spec: _Optional[_Union[_trace_pb2.TraceSpec, _Mapping]] = ...) -> None: ...
+
+class ValidateTraceResponse(_message.Message):
+    __slots__ = ("errors",)
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    errors: _containers.RepeatedCompositeFieldContainer[FieldError]
+    def __init__(self, errors: _Optional[_Iterable[_Union[FieldError, _Mapping]]] = ...) -> None: ...
+
+class ApplyTraceRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: _trace_pb2.TraceSpec
+    def __init__(self, spec: _Optional[_Union[_trace_pb2.TraceSpec, _Mapping]] = ...) -> None: ...
+
+class Trace(_message.Message):
+    __slots__ = ("spec", "generation", "applied_at", "nodes")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_AT_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    spec: _trace_pb2.TraceSpec
+    generation: int
+    applied_at: _timestamp_pb2.Timestamp
+    nodes: _containers.RepeatedCompositeFieldContainer[_agent_pb2.TraceStatus]
+    def __init__(self, spec: _Optional[_Union[_trace_pb2.TraceSpec, _Mapping]] = ..., generation: _Optional[int] = ..., applied_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[_agent_pb2.TraceStatus, _Mapping]]] = ...) -> None: ...
+
+class ListTracesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTracesResponse(_message.Message):
+    __slots__ = ("traces",)
+    TRACES_FIELD_NUMBER: _ClassVar[int]
+    traces: _containers.RepeatedCompositeFieldContainer[Trace]
+    def __init__(self, traces: _Optional[_Iterable[_Union[Trace, _Mapping]]] = ...) -> None: ...
+
+class GetTraceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteTraceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteTraceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListAgentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListAgentsResponse(_message.Message):
+    __slots__ = ("agents",)
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    agents: _containers.RepeatedCompositeFieldContainer[Agent]
+    def __init__(self, agents: _Optional[_Iterable[_Union[Agent, _Mapping]]] = ...) -> None: ...
+
+class GetAgentRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class Agent(_message.Message):
+    __slots__ = ("registration", "connected", "last_heartbeat", "clock", "lost_records")
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
+    LOST_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    registration: _agent_pb2.Register
+    connected: bool
+    last_heartbeat: _timestamp_pb2.Timestamp
+    clock: NodeClockStatus
+    lost_records: int
+    def __init__(self, registration: _Optional[_Union[_agent_pb2.Register, _Mapping]] = ..., connected: bool = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., clock: _Optional[_Union[NodeClockStatus, _Mapping]] = ..., lost_records: _Optional[int] = ...) -> None: ...
+
+class NodeClockStatus(_message.Message):
+    __slots__ = ("offset_ns", "bound_ns", "drift_ppm")
+    OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    BOUND_NS_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_PPM_FIELD_NUMBER: _ClassVar[int]
+    offset_ns: int
+    bound_ns: int
+    drift_ppm: float
+    def __init__(self, offset_ns: _Optional[int] = ..., bound_ns: _Optional[int] = ..., drift_ppm: _Optional[float] = ...) -> None: ...
+
+class GetReportRequest(_message.Message):
+    __slots__ = ("trace", "start", "end")
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    trace: str
+    start: _timestamp_pb2.Timestamp
+    end: _timestamp_pb2.Timestamp
+    def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Report(_message.Message):
+    __slots__ = ("trace", "packets", "complete", "segments", "end_to_end", "hops")
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    END_TO_END_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    trace: str
+    packets: int
+    complete: int
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentStats]
+    end_to_end: SegmentStats
+    hops: _containers.RepeatedCompositeFieldContainer[HopThroughput]
+    def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ...) -> None: ...
+
+class SegmentStats(_message.Message):
+    __slots__ = ("to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete", "loss_count", "loss_rate", "jitter_ns", "jitter_p99_ns", "at", "below_clock_bound")
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MEAN_NS_FIELD_NUMBER: _ClassVar[int]
+    P50_NS_FIELD_NUMBER: _ClassVar[int]
+    P90_NS_FIELD_NUMBER: _ClassVar[int]
+    P99_NS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NS_FIELD_NUMBER: _ClassVar[int]
+    INCOMPLETE_FIELD_NUMBER: _ClassVar[int]
+    LOSS_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LOSS_RATE_FIELD_NUMBER: _ClassVar[int]
+    JITTER_NS_FIELD_NUMBER: _ClassVar[int]
+    JITTER_P99_NS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    BELOW_CLOCK_BOUND_FIELD_NUMBER: _ClassVar[int]
+    to: str
+    count: int
+    mean_ns: float
+    p50_ns: int
+    p90_ns: int
+    p99_ns: int
+    max_ns: int
+    incomplete: int
+    loss_count: int
+    loss_rate: float
+    jitter_ns: float
+    jitter_p99_ns: float
+    at: _timestamp_pb2.Timestamp
+    below_clock_bound: bool
+    def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., **kwargs) -> None: ...
+
+class HopThroughput(_message.Message):
+    __slots__ = ("hop", "packets_per_s", "bytes_per_s")
+    HOP_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    hop: str
+    packets_per_s: float
+    bytes_per_s: float
+    def __init__(self, hop: _Optional[str] = ..., packets_per_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ...) -> None: ...
+
+class WatchSegmentStatsRequest(_message.Message):
+    __slots__ = ("trace",)
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    trace: str
+    def __init__(self, trace: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,49 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TraceSpec(_message.Message):
+    __slots__ = ("name", "filter", "sample", "hops")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    filter: Filter
+    sample: int
+    hops: _containers.RepeatedCompositeFieldContainer[HopSpec]
+    def __init__(self, name: _Optional[str] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopSpec, _Mapping]]] = ...) -> None: ...
+
+class Filter(_message.Message):
+    __slots__ = ("protocol", "src", "dst", "src_port", "dst_port")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    SRC_PORT_FIELD_NUMBER: _ClassVar[int]
+    DST_PORT_FIELD_NUMBER: _ClassVar[int]
+    protocol: str
+    src: str
+    dst: str
+    src_port: int
+    dst_port: int
+    def __init__(self, protocol: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., src_port: _Optional[int] = ..., dst_port: _Optional[int] = ...) -> None: ...
+
+class HopSpec(_message.Message):
+    __slots__ = ("name", "node", "at", "dev", "netns", "cgroup")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    DEV_FIELD_NUMBER: _ClassVar[int]
+    NETNS_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    node: str
+    at: str
+    dev: str
+    netns: str
+    cgroup: str
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ...) -> None: ...
