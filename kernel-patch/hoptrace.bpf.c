@@ -1,0 +1,23 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * hoptrace's generic object: every hop program, for standalone agents and
+ * tests. The dispatcher builds per-node objects from the same library
+ * (include/hop.bpf.h) with only the programs a node needs.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
+
+#include "hop.bpf.h"
+
+HOPTRACE_PROG_TC
+HOPTRACE_PROG_XDP
+HOPTRACE_PROG_CGROUP_SKB
+HOPTRACE_PROG_TP_BTF
+HOPTRACE_PROG_FENTRY
+HOPTRACE_PROG_KPROBE
+HOPTRACE_PROG_TAG_TCP
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,505 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The hop programs' library: load-time settings, maps, the flow filter, ID
+ * tagging and the record a hop emits. hoptrace.bpf.c instantiates every
+ * program; the dispatcher's per-node objects instantiate only what a node
+ * needs, with the same names, through the HOPTRACE_PROG_* macros below.
+ *
+ * Include vmlinux.h and the libbpf headers before this file.
+ */
+#ifndef __HOPTRACE_HOP_BPF_H
+#define __HOPTRACE_HOP_BPF_H
+
+#include "hoptrace.h"
+#include "parse.bpf.h"
+
+#define TCX_NEXT_ (-1) /* let the next tcx/tc program run: never decide a packet's fate */
+#define SK_PASS_ 1
+
+/* Load-time settings, written by the agent before load (docs/design.md). */
+const volatile __u16 hop_index = 0;
+const volatile __u16 trace_slot = 0;
+const volatile __u32 hop_ifindex = 0;
+const volatile __u32 hop_netns_ino = 0;
+const volatile __u8 hop_tag_udp = 0;
+const volatile __u8 node_salt = 1;
+const volatile __u32 sample_every = 1;
+const volatile __u8 filter_proto = 0;
+const volatile __u8 filter_family = 0;
+const volatile __u32 filter_src[4] = {};
+const volatile __u32 filter_src_mask[4] = {};
+const volatile __u32 filter_dst[4] = {};
+const volatile __u32 filter_dst_mask[4] = {};
+const volatile __u16 filter_sport = 0;
+const volatile __u16 filter_dport = 0;
+const volatile __u64 tag_netns_cookie = 0;
+
+/* One per agent: every hop of every trace writes here. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20);
+} records SEC(".maps");
+
+/* One per trace per node: the sequence that sampling and IDs come from. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} id_state SEC(".maps");
+
+/* One per loaded hop: a counter for every outcome. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, HOPTRACE_C_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+/* Keep the record layout in this object's BTF for the layout tests. */
+const struct hoptrace_record *unused_record_type __attribute__((unused));
+const enum hoptrace_counter *unused_counter_type __attribute__((unused));
+
+static __always_inline void count(enum hoptrace_counter c, __u64 n)
+{
+	__u32 key = c;
+	__u64 *v = bpf_map_lookup_elem(&counters, &key);
+
+	if (v)
+		*v += n;
+}
+
+static __always_inline void count_parse_error(int status)
+{
+	if (status == PARSE_TRUNCATED)
+		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
+	else if (status == PARSE_MALFORMED)
+		count(HOPTRACE_C_PARSE_MALFORMED, 1);
+	else
+		count(HOPTRACE_C_PARSE_NON_IP, 1);
+}
+
+static __always_inline bool addr_match(const __u32 *addr, const volatile __u32 *want,
+				       const volatile __u32 *mask, __u8 family)
+{
+	if ((addr[0] & mask[0]) != want[0])
+		return false;
+	if (family == 4)
+		return true;
+	return (addr[1] & mask[1]) == want[1] && (addr[2] & mask[2]) == want[2] &&
+	       (addr[3] & mask[3]) == want[3];
+}
+
+static __always_inline bool flow_match(__u8 family, __u8 proto, const __u32 *saddr, const __u32 *daddr,
+				       __u16 sport, __u16 dport)
+{
+	if (filter_proto && proto != filter_proto)
+		return false;
+	if (filter_family && family != filter_family)
+		return false;
+	if (filter_family && (!addr_match(saddr, filter_src, filter_src_mask, family) ||
+			      !addr_match(daddr, filter_dst, filter_dst_mask, family)))
+		return false;
+	if (filter_sport && sport != filter_sport)
+		return false;
+	if (filter_dport && dport != filter_dport)
+		return false;
+	return true;
+}
+
+static __always_inline __u32 mix32(__u32 h, __u32 v)
+{
+	/* murmur3 round: cheap, and the same on every node */
+	v *= 0xcc9e2d51;
+	v = (v << 15) | (v >> 17);
+	v *= 0x1b873593;
+	h ^= v;
+	h = (h << 13) | (h >> 19);
+	return h * 5 + 0xe6546b64;
+}
+
+static __always_inline __u32 flow_hash(const struct pkt_info *p)
+{
+	__u32 h = p->proto;
+
+	h = mix32(h, p->saddr[0]);
+	h = mix32(h, p->daddr[0]);
+	if (p->family == 6) {
+		h = mix32(h, p->saddr[1]);
+		h = mix32(h, p->saddr[2]);
+		h = mix32(h, p->saddr[3]);
+		h = mix32(h, p->daddr[1]);
+		h = mix32(h, p->daddr[2]);
+		h = mix32(h, p->daddr[3]);
+	}
+	h = mix32(h, ((__u32)p->sport << 16) | p->dport);
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	return h;
+}
+
+/*
+ * Takes the next sequence number of this trace; returns a new ID when the
+ * packet is sampled, 0 when it is not. IDs are (salt << 24 | seq), so an
+ * origin's IDs do not repeat within 16 M sampled packets.
+ */
+static __always_inline __u32 next_id(void)
+{
+	__u32 key = 0;
+	__u64 *seq = bpf_map_lookup_elem(&id_state, &key);
+	__u64 n;
+
+	if (!seq)
+		return 0;
+	n = __sync_fetch_and_add(seq, 1);
+	if (sample_every > 1) {
+		if (n % sample_every)
+			return 0;
+		n /= sample_every;
+	}
+	return ((__u32)node_salt << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
+}
+
+static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex, __u32 wire_len)
+{
+	struct hoptrace_record *rec;
+
+	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (!rec) {
+		count(HOPTRACE_C_RINGBUF_FULL, 1);
+		return;
+	}
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->packet_id = p->id;
+	rec->flow_hash = flow_hash(p);
+	rec->ifindex = ifindex;
+	rec->wire_len = wire_len;
+	rec->hop_index = hop_index;
+	rec->trace_slot = trace_slot;
+	rec->cpu = bpf_get_smp_processor_id();
+	rec->flags = p->flags;
+	bpf_ringbuf_submit(rec, 0);
+	count(HOPTRACE_C_RECORDED, 1);
+}
+
+/*
+ * Appends the ID after the UDP payload, in the surplus area that UDP's own
+ * length does not cover (RFC 9868). The receiver's UDP stack trims it before
+ * the socket (pskb_trim_rcsum in __udp4_lib_rcv / udpv6_rcv), so applications
+ * get their bytes unchanged; the UDP checksum does not cover it. Only the IP
+ * length (and the IPv4 header checksum) change.
+ */
+static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info *p)
+{
+	__u32 ip_end = p->l3_off + p->ip_len;
+	__u32 mtu_len = 0;
+	__u32 id;
+	__be32 id_be;
+
+	/* Bytes after the IP packet (padding) would end up between payload and ID. */
+	if (ip_end != skb->len || p->flags & (HOPTRACE_F_ENCAP_VXLAN | HOPTRACE_F_ENCAP_GENEVE))
+		return HOPTRACE_C_UNTAGGED;
+	/* A GSO packet's trailer would be copied to, or lost from, its segments. */
+	if (skb->gso_segs > 1 || skb->gso_size)
+		return HOPTRACE_C_GSO_SKIPPED;
+	/* Never grow past the device MTU: the packet goes out untagged instead. */
+	if (bpf_check_mtu(skb, 0, &mtu_len, HOPTRACE_UDP_ID_LEN, 0))
+		return HOPTRACE_C_TOO_BIG;
+
+	id = next_id();
+	if (!id)
+		return HOPTRACE_C_UNTAGGED;
+	if (bpf_skb_change_tail(skb, skb->len + HOPTRACE_UDP_ID_LEN, 0))
+		return HOPTRACE_C_TAG_FAILED;
+	id_be = bpf_htonl(id);
+	if (bpf_skb_store_bytes(skb, ip_end, &id_be, sizeof(id_be), 0))
+		return HOPTRACE_C_TAG_FAILED;
+
+	if (p->family == 4) {
+		__be16 old_len = bpf_htons(p->ip_len);
+		__be16 new_len = bpf_htons(p->ip_len + HOPTRACE_UDP_ID_LEN);
+
+		if (bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, tot_len), &new_len,
+					sizeof(new_len), 0) ||
+		    bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), old_len, new_len,
+					sizeof(new_len)))
+			return HOPTRACE_C_TAG_FAILED;
+	} else {
+		__be16 payload_len = bpf_htons(p->ip_len - sizeof(struct ipv6hdr) + HOPTRACE_UDP_ID_LEN);
+
+		if (bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct ipv6hdr, payload_len),
+					&payload_len, sizeof(payload_len), 0))
+			return HOPTRACE_C_TAG_FAILED;
+	}
+	p->ip_len += HOPTRACE_UDP_ID_LEN;
+	p->id = id;
+	p->flags |= HOPTRACE_F_TAGGED_HERE;
+	return HOPTRACE_C_TAGGED;
+}
+
+/* The part every hop shares once it has parsed the packet. */
+static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifindex, __u32 wire_len)
+{
+	if (status) {
+		count_parse_error(status);
+		return;
+	}
+	if (!flow_match(p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport)) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return;
+	}
+	count(HOPTRACE_C_MATCHED, 1);
+	count(HOPTRACE_C_BYTES, wire_len);
+	if (!p->id) {
+		count(HOPTRACE_C_UNTAGGED, 1);
+		return;
+	}
+	emit_record(p, ifindex, wire_len);
+}
+
+/* tc (tcx) ingress or egress: the frame starts with its Ethernet header. */
+static __always_inline int hop_skb_l2(struct __sk_buff *skb)
+{
+	/* Read ctx fields once, up front: clang must not fold them into one
+	 * offset pointer, which the verifier refuses for ctx. */
+	__u32 ifindex = skb->ifindex, len = skb->len;
+	struct pkt_reader r = {.ctx = skb, .len = len, .total = len};
+	struct pkt_info p = {};
+	int status;
+
+	barrier_var(ifindex);
+	barrier_var(len);
+	count(HOPTRACE_C_SEEN, 1);
+	status = parse_packet(PKT_SKB, &r, 0, 0, &p);
+	if (!status && !p.id && hop_tag_udp && p.proto == IPPROTO_UDP_ &&
+	    flow_match(p.family, p.proto, p.saddr, p.daddr, p.sport, p.dport)) {
+		int outcome = tag_udp_packet(skb, &p);
+
+		if (outcome == HOPTRACE_C_TAGGED) {
+			count(HOPTRACE_C_TAGGED, 1);
+			len += HOPTRACE_UDP_ID_LEN;
+		} else if (outcome != HOPTRACE_C_UNTAGGED) {
+			count(outcome, 1); /* too big, GSO, or failed: also counted untagged below */
+		}
+	}
+	hop_finish(status, &p, ifindex, len);
+	return TCX_NEXT_;
+}
+
+/* cgroup_skb: the packet starts at its IP header. */
+static __always_inline int hop_skb_l3(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex, len = skb->len;
+	__u16 ethertype = bpf_ntohs(skb->protocol);
+	struct pkt_reader r = {.ctx = skb, .len = len, .total = len};
+	struct pkt_info p = {};
+
+	barrier_var(ifindex);
+	barrier_var(len);
+	count(HOPTRACE_C_SEEN, 1);
+	hop_finish(parse_packet(PKT_SKB, &r, 0, ethertype ? ethertype : ETH_P_IP_, &p), &p, ifindex,
+		   len);
+	return SK_PASS_;
+}
+
+static __always_inline int hop_xdp_frame(struct xdp_md *ctx)
+{
+	__u32 ifindex = ctx->ingress_ifindex;
+	__u32 len = bpf_xdp_get_buff_len(ctx);
+	struct pkt_reader r = {.ctx = ctx, .len = len, .total = len};
+	struct pkt_info p = {};
+
+	barrier_var(ifindex);
+	count(HOPTRACE_C_SEEN, 1);
+	hop_finish(parse_packet(PKT_XDP, &r, 0, 0, &p), &p, ifindex, len);
+	return XDP_PASS;
+}
+
+/*
+ * Tracepoints, fentry and kprobes see a struct sk_buff in kernel memory.
+ * The device and namespace checks come first: they are what make a
+ * system-wide event cheap for the packets of other hops and other agents.
+ */
+static __always_inline int hop_kernel_skb(struct sk_buff *skb)
+{
+	struct net_device *dev = BPF_CORE_READ(skb, dev);
+	struct pkt_reader r = {};
+	struct pkt_info p = {};
+	__u16 mac, nh, ethertype = 0;
+	__u32 ifindex, start, tail, len;
+	unsigned char *head;
+
+	count(HOPTRACE_C_SEEN, 1);
+	if (!dev) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	ifindex = BPF_CORE_READ(dev, ifindex);
+	if ((hop_ifindex && ifindex != hop_ifindex) ||
+	    (hop_netns_ino && BPF_CORE_READ(dev, nd_net.net, ns.inum) != hop_netns_ino)) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+
+	head = BPF_CORE_READ(skb, head);
+	mac = BPF_CORE_READ(skb, mac_header);
+	nh = BPF_CORE_READ(skb, network_header);
+	tail = BPF_CORE_READ(skb, tail);
+	len = BPF_CORE_READ(skb, len);
+	/* Parse from the Ethernet header when the skb has one, else from L3. */
+	if (mac != (__u16)~0U && nh > mac && nh - mac >= ETH_HLEN_) {
+		start = mac;
+	} else {
+		start = nh;
+		ethertype = bpf_ntohs(BPF_CORE_READ(skb, protocol));
+	}
+	if (tail < start) {
+		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
+		return 0;
+	}
+	r.kbase = head + start;
+	r.len = tail - start;
+	/* skb->len counts from skb->data; add what lies between start and data. */
+	r.total = len + (BPF_CORE_READ(skb, data) - (head + start));
+	if (r.total < r.len)
+		r.total = r.len;
+	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, len);
+	return 0;
+}
+
+/* sock_ops ctx fields, read one by one: the verifier refuses a ctx pointer
+ * that clang has advanced to share between loads. */
+#define READ_SKOPS(dst, field)                                                                     \
+	do {                                                                                       \
+		dst = skops->field;                                                                \
+		barrier_var(dst);                                                                  \
+	} while (0)
+
+/* sock_ops: does this socket send the traced flow? */
+static __always_inline bool sock_match(struct bpf_sock_ops *skops)
+{
+	__u32 saddr[4] = {}, daddr[4] = {};
+	__u32 sk_family, local_port, remote_port;
+	__u8 family;
+
+	if (tag_netns_cookie && bpf_get_netns_cookie(skops) != tag_netns_cookie)
+		return false;
+	READ_SKOPS(sk_family, family);
+	if (sk_family == 2 /* AF_INET */) {
+		family = 4;
+		READ_SKOPS(saddr[0], local_ip4);
+		READ_SKOPS(daddr[0], remote_ip4);
+	} else if (sk_family == 10 /* AF_INET6 */) {
+		family = 6;
+		READ_SKOPS(saddr[0], local_ip6[0]);
+		READ_SKOPS(saddr[1], local_ip6[1]);
+		READ_SKOPS(saddr[2], local_ip6[2]);
+		READ_SKOPS(saddr[3], local_ip6[3]);
+		READ_SKOPS(daddr[0], remote_ip6[0]);
+		READ_SKOPS(daddr[1], remote_ip6[1]);
+		READ_SKOPS(daddr[2], remote_ip6[2]);
+		READ_SKOPS(daddr[3], remote_ip6[3]);
+	} else {
+		return false;
+	}
+	READ_SKOPS(local_port, local_port);
+	READ_SKOPS(remote_port, remote_port);
+	/* local_port is host order; remote_port is the network-order port << 16. */
+	return flow_match(family, IPPROTO_TCP_, saddr, daddr, local_port, bpf_ntohl(remote_port));
+}
+
+/*
+ * TCP: every segment a matching socket sends, SYN included, carries
+ * option 253 + ExID + ID (RFC 6994). The kernel accounts the reserved
+ * option bytes in the MSS, so segments never outgrow the MTU.
+ */
+static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops)
+{
+	__u32 op, cb_flags;
+
+	READ_SKOPS(op, op);
+	switch (op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+	case BPF_SOCK_OPS_TCP_LISTEN_CB:
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		if (!sock_match(skops))
+			break;
+		READ_SKOPS(cb_flags, bpf_sock_ops_cb_flags);
+		bpf_sock_ops_cb_flags_set(skops, cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		break;
+	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
+		if (sock_match(skops))
+			bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0);
+		break;
+	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB: {
+		__u8 opt[HOPTRACE_TCPOPT_LEN];
+		__u32 id;
+
+		if (!sock_match(skops))
+			break;
+		count(HOPTRACE_C_MATCHED, 1);
+		id = next_id();
+		if (!id) { /* sampled out: the reserved bytes go out as NOPs */
+			count(HOPTRACE_C_UNTAGGED, 1);
+			break;
+		}
+		opt[0] = HOPTRACE_TCPOPT_KIND;
+		opt[1] = HOPTRACE_TCPOPT_LEN;
+		opt[2] = HOPTRACE_TCPOPT_EXID >> 8;
+		opt[3] = HOPTRACE_TCPOPT_EXID & 0xff;
+		opt[4] = id >> 24;
+		opt[5] = id >> 16;
+		opt[6] = id >> 8;
+		opt[7] = id;
+		if (bpf_store_hdr_opt(skops, opt, sizeof(opt), 0))
+			count(HOPTRACE_C_TAG_FAILED, 1);
+		else
+			count(HOPTRACE_C_TAGGED, 1);
+		break;
+	}
+	}
+	return SK_PASS_;
+}
+
+/* Program definitions: same names in every object the agent loads. */
+#define HOPTRACE_PROG_TC                                                                           \
+	SEC("tc") int hop_tc(struct __sk_buff *skb)                                                \
+	{                                                                                          \
+		return hop_skb_l2(skb);                                                            \
+	}
+#define HOPTRACE_PROG_XDP                                                                          \
+	SEC("xdp") int hop_xdp(struct xdp_md *ctx)                                                 \
+	{                                                                                          \
+		return hop_xdp_frame(ctx);                                                         \
+	}
+#define HOPTRACE_PROG_CGROUP_SKB                                                                   \
+	SEC("cgroup_skb/ingress") int hop_cgroup_skb(struct __sk_buff *skb)                        \
+	{                                                                                          \
+		return hop_skb_l3(skb);                                                            \
+	}
+/* The agent retargets the event (AttachTo) before load: any event whose
+ * first argument is the skb (net:net_dev_xmit, net:netif_receive_skb, ...). */
+#define HOPTRACE_PROG_TP_BTF                                                                       \
+	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf, struct sk_buff *skb)              \
+	{                                                                                          \
+		return hop_kernel_skb(skb);                                                        \
+	}
+#define HOPTRACE_PROG_FENTRY                                                                       \
+	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \
+	{                                                                                          \
+		return hop_kernel_skb(skb);                                                        \
+	}
+#define HOPTRACE_PROG_KPROBE                                                                       \
+	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe, struct sk_buff *skb)            \
+	{                                                                                          \
+		return hop_kernel_skb(skb);                                                        \
+	}
+#define HOPTRACE_PROG_TAG_TCP                                                                      \
+	SEC("sockops") int tag_tcp(struct bpf_sock_ops *skops)                                     \
+	{                                                                                          \
+		return tag_tcp_segment(skops);                                                     \
+	}
+
+#endif /* __HOPTRACE_HOP_BPF_H */

@@ -1,0 +1,413 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Packet parsing shared by every hop program: Ethernet, 802.1Q/802.1ad,
+ * IPv4 (with options), IPv6 (bounded extension-header walk), TCP options,
+ * the UDP surplus ID, and one level of VXLAN or Geneve encapsulation.
+ *
+ * Every read goes through pkt_load(), which knows where the bytes live (an
+ * skb for tc/cgroup, an xdp_buff, or kernel memory for tracepoints), so one
+ * parser serves all attach kinds. A read past the end is "truncated"; an
+ * impossible header value is "malformed". Neither ever yields an ID.
+ */
+#ifndef __HOPTRACE_PARSE_BPF_H
+#define __HOPTRACE_PARSE_BPF_H
+
+#include "hoptrace.h"
+
+#define ETH_HLEN_ 14
+#define ETH_P_IP_ 0x0800
+#define ETH_P_IPV6_ 0x86DD
+#define ETH_P_8021Q_ 0x8100
+#define ETH_P_8021AD_ 0x88A8
+#define ETH_P_TEB_ 0x6558 /* transparent Ethernet bridging (Geneve) */
+#define IPPROTO_HOPOPTS_ 0
+#define IPPROTO_ROUTING_ 43
+#define IPPROTO_FRAGMENT_ 44
+#define IPPROTO_AH_ 51
+#define IPPROTO_DSTOPTS_ 60
+#define IPPROTO_TCP_ 6
+#define IPPROTO_UDP_ 17
+
+#define MAX_VLAN_TAGS 2
+#define MAX_IPV6_EXT_HDRS 6
+#define TCP_MAX_OPT_LEN 40
+
+enum pkt_source {
+	PKT_SKB,    /* __sk_buff: bpf_skb_load_bytes */
+	PKT_XDP,    /* xdp_md: bpf_xdp_load_bytes */
+	PKT_KERNEL, /* kernel pointer (tracepoints, fentry, kprobe) */
+};
+
+enum parse_status {
+	PARSE_OK = 0,
+	PARSE_TRUNCATED,
+	PARSE_MALFORMED,
+	PARSE_NON_IP,
+};
+
+struct pkt_reader {
+	void *ctx;         /* __sk_buff * or xdp_md * */
+	const __u8 *kbase; /* PKT_KERNEL: first byte at offset 0 */
+	__u32 len;         /* bytes readable from offset 0 */
+	__u32 total;       /* bytes the packet has from offset 0 (> len when an skb is paged) */
+};
+
+/* The innermost packet: its flow, where its headers are, and its ID. */
+struct pkt_info {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 family; /* 4 or 6 */
+	__u16 flags; /* enum hoptrace_record_flag */
+	__u32 id;    /* 0: the packet carries no ID */
+	__u32 l3_off;
+	__u32 l4_off;
+	__u32 ip_len;  /* whole IP packet: header(s) + payload, from the IP header */
+	__u32 udp_len; /* UDP length field */
+};
+
+static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, __u32 off, void *to,
+				    __u32 n)
+{
+	if (off > r->len || n > r->len - off)
+		return -1;
+	switch (src) {
+	case PKT_SKB:
+		return bpf_skb_load_bytes(r->ctx, off, to, n);
+	case PKT_XDP:
+		return bpf_xdp_load_bytes(r->ctx, off, to, n);
+	default:
+		return bpf_probe_read_kernel(to, n, r->kbase + off);
+	}
+}
+
+/* Skips Ethernet and up to two VLAN tags; returns the L3 offset and ethertype. */
+static __always_inline int parse_l2(enum pkt_source src, struct pkt_reader *r, __u32 *off,
+				    __u16 *ethertype, __u16 *flags)
+{
+	__u8 eth[ETH_HLEN_];
+	__u16 proto;
+
+	if (pkt_load(src, r, *off, eth, sizeof(eth)))
+		return PARSE_TRUNCATED;
+	proto = ((__u16)eth[12] << 8) | eth[13];
+	*off += ETH_HLEN_;
+
+#pragma unroll
+	for (int i = 0; i < MAX_VLAN_TAGS; i++) {
+		__u8 tag[4];
+
+		if (proto != ETH_P_8021Q_ && proto != ETH_P_8021AD_)
+			break;
+		if (pkt_load(src, r, *off, tag, sizeof(tag)))
+			return PARSE_TRUNCATED;
+		proto = ((__u16)tag[2] << 8) | tag[3];
+		*off += sizeof(tag);
+		*flags |= HOPTRACE_F_VLAN;
+	}
+	*ethertype = proto;
+	return PARSE_OK;
+}
+
+struct ext_walk {
+	struct pkt_reader r;
+	__u32 l4;
+	__u8 next;
+	int status;
+};
+
+static __always_inline bool ipv6_is_ext(__u8 next)
+{
+	return next == IPPROTO_HOPOPTS_ || next == IPPROTO_ROUTING_ || next == IPPROTO_DSTOPTS_ ||
+	       next == IPPROTO_AH_ || next == IPPROTO_FRAGMENT_;
+}
+
+/* One IPv6 extension header per call; bpf_loop keeps the verifier's work
+ * linear in the number of headers. */
+static __always_inline long ext_step(enum pkt_source src, struct ext_walk *w)
+{
+	__u8 ext[8];
+
+	if (!ipv6_is_ext(w->next))
+		return 1;
+	/* Every extension header is at least 8 bytes (RFC 8200 4.3-4.6, RFC 4302). */
+	if (pkt_load(src, &w->r, w->l4, ext, sizeof(ext))) {
+		w->status = PARSE_TRUNCATED;
+		return 1;
+	}
+	if (w->next == IPPROTO_FRAGMENT_) {
+		/* Non-first fragment: no L4 header here. */
+		if ((((__u16)ext[2] << 8) | ext[3]) & 0xfff8) {
+			w->status = PARSE_NON_IP;
+			return 1;
+		}
+		w->l4 += 8;
+	} else if (w->next == IPPROTO_AH_) {
+		w->l4 += ((__u32)ext[1] + 2) * 4; /* RFC 4302: 4-byte words minus 2 */
+	} else {
+		w->l4 += ((__u32)ext[1] + 1) * 8; /* RFC 8200: 8-byte units minus 1 */
+	}
+	w->next = ext[0];
+	return 0;
+}
+
+static long ext_step_skb(__u64 index, void *data)
+{
+	return ext_step(PKT_SKB, data);
+}
+
+static long ext_step_xdp(__u64 index, void *data)
+{
+	return ext_step(PKT_XDP, data);
+}
+
+static long ext_step_kernel(__u64 index, void *data)
+{
+	return ext_step(PKT_KERNEL, data);
+}
+
+/* IPv4 or IPv6 header and the L4 ports. Fills the flow and offsets. */
+static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, __u32 off,
+				    __u16 ethertype, struct pkt_info *p)
+{
+	p->l3_off = off;
+	if (ethertype == ETH_P_IP_) {
+		struct iphdr ip;
+		__u32 ihl;
+
+		if (pkt_load(src, r, off, &ip, sizeof(ip)))
+			return PARSE_TRUNCATED;
+		ihl = ip.ihl * 4;
+		if (ip.version != 4 || ihl < sizeof(ip))
+			return PARSE_MALFORMED;
+		p->ip_len = bpf_ntohs(ip.tot_len);
+		if (p->ip_len < ihl)
+			return PARSE_MALFORMED;
+		/* The packet must hold what its header claims. */
+		if (p->ip_len > r->total - off)
+			return PARSE_TRUNCATED;
+		/* Later fragments have no L4 header: nothing to identify. */
+		if (bpf_ntohs(ip.frag_off) & 0x1fff)
+			return PARSE_NON_IP;
+		p->family = 4;
+		p->proto = ip.protocol;
+		p->saddr[0] = ip.saddr;
+		p->daddr[0] = ip.daddr;
+		p->l4_off = off + ihl;
+	} else if (ethertype == ETH_P_IPV6_) {
+		struct ipv6hdr ip6;
+		__u8 next;
+		__u32 l4 = off + sizeof(ip6);
+
+		if (pkt_load(src, r, off, &ip6, sizeof(ip6)))
+			return PARSE_TRUNCATED;
+		if (ip6.version != 6)
+			return PARSE_MALFORMED;
+		p->ip_len = sizeof(ip6) + bpf_ntohs(ip6.payload_len);
+		if (p->ip_len > r->total - off)
+			return PARSE_TRUNCATED;
+		p->family = 6;
+		p->flags |= HOPTRACE_F_IPV6;
+		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
+		{
+			struct ext_walk w = {.r = *r, .l4 = l4, .next = ip6.nexthdr};
+
+			bpf_loop(MAX_IPV6_EXT_HDRS, src == PKT_SKB   ? ext_step_skb
+						    : src == PKT_XDP ? ext_step_xdp
+								     : ext_step_kernel,
+				 &w, 0);
+			if (w.status)
+				return w.status;
+			l4 = w.l4;
+			next = w.next;
+		}
+		if (l4 > off + p->ip_len)
+			return PARSE_MALFORMED;
+		p->proto = next;
+		p->l4_off = l4;
+	} else {
+		return PARSE_NON_IP;
+	}
+
+	if (p->proto == IPPROTO_UDP_) {
+		struct udphdr udp;
+
+		if (pkt_load(src, r, p->l4_off, &udp, sizeof(udp)))
+			return PARSE_TRUNCATED;
+		p->sport = bpf_ntohs(udp.source);
+		p->dport = bpf_ntohs(udp.dest);
+		p->udp_len = bpf_ntohs(udp.len);
+		if (p->udp_len < sizeof(udp) || p->l4_off - off + p->udp_len > p->ip_len)
+			return PARSE_MALFORMED;
+		p->flags |= HOPTRACE_F_UDP;
+	} else if (p->proto == IPPROTO_TCP_) {
+		__u16 ports[2];
+
+		if (pkt_load(src, r, p->l4_off, ports, sizeof(ports)))
+			return PARSE_TRUNCATED;
+		p->sport = bpf_ntohs(ports[0]);
+		p->dport = bpf_ntohs(ports[1]);
+		p->flags |= HOPTRACE_F_TCP;
+	}
+	return PARSE_OK;
+}
+
+struct tcpopt_scan {
+	__u8 opts[64];
+	__u32 len; /* option bytes, 1..40 */
+	__u32 pos;
+	__u32 id;
+	int status;
+};
+
+/* One option per call. Driven by bpf_loop so the verifier checks one step,
+ * not every path through 40 options. */
+static long tcpopt_step(__u64 index, void *data)
+{
+	struct tcpopt_scan *s = data;
+	__u32 i = s->pos;
+	__u8 kind, len;
+
+	if (i >= s->len)
+		return 1;
+	kind = s->opts[i & 63];
+	if (kind == 0) /* end of option list */
+		return 1;
+	if (kind == 1) { /* NOP */
+		s->pos = i + 1;
+		return 0;
+	}
+	if (i + 1 >= s->len) {
+		s->status = PARSE_MALFORMED;
+		return 1;
+	}
+	len = s->opts[(i + 1) & 63];
+	if (len < 2 || i + len > s->len) {
+		s->status = PARSE_MALFORMED;
+		return 1;
+	}
+	if (kind == HOPTRACE_TCPOPT_KIND && len == HOPTRACE_TCPOPT_LEN &&
+	    s->opts[(i + 2) & 63] == (HOPTRACE_TCPOPT_EXID >> 8) &&
+	    s->opts[(i + 3) & 63] == (HOPTRACE_TCPOPT_EXID & 0xff)) {
+		s->id = ((__u32)s->opts[(i + 4) & 63] << 24) | ((__u32)s->opts[(i + 5) & 63] << 16) |
+			((__u32)s->opts[(i + 6) & 63] << 8) | s->opts[(i + 7) & 63];
+		return 1;
+	}
+	s->pos = i + len;
+	return 0;
+}
+
+/* RFC 6994 option 253 with hoptrace's ExID; 0 when absent. */
+static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *r, struct pkt_info *p)
+{
+	struct tcpopt_scan s = {};
+	__u8 hdr[13];
+	__u32 optlen;
+
+	if (pkt_load(src, r, p->l4_off, hdr, sizeof(hdr)))
+		return PARSE_TRUNCATED;
+	optlen = (hdr[12] >> 4) * 4;
+	if (optlen < 20 || p->l4_off - p->l3_off + optlen > p->ip_len)
+		return PARSE_MALFORMED;
+	optlen -= 20;
+	if (optlen == 0)
+		return PARSE_OK;
+	/* 1..40 by the data offset's 4 bits; say so to the verifier (1..64). */
+	barrier_var(optlen);
+	optlen = ((optlen - 1) & 63) + 1;
+	if (pkt_load(src, r, p->l4_off + 20, s.opts, optlen))
+		return PARSE_TRUNCATED;
+	s.len = optlen;
+	bpf_loop(TCP_MAX_OPT_LEN, tcpopt_step, &s, 0);
+	p->id = s.id;
+	return s.status;
+}
+
+/* The 4 surplus bytes after the UDP length (RFC 9868) hold the ID. Any other
+ * surplus size is not ours and is left alone. */
+static __always_inline int parse_udp_id(enum pkt_source src, struct pkt_reader *r, struct pkt_info *p)
+{
+	__u32 udp_end = p->l4_off - p->l3_off + p->udp_len;
+	__be32 id;
+
+	if (p->ip_len - udp_end != HOPTRACE_UDP_ID_LEN)
+		return PARSE_OK;
+	/* Tracepoints read only an skb's linear part: an ID in paged data stays
+	 * unread (counted untagged), never guessed. */
+	if (pkt_load(src, r, p->l3_off + udp_end, &id, sizeof(id)))
+		return src == PKT_KERNEL ? PARSE_OK : PARSE_TRUNCATED;
+	p->id = bpf_ntohl(id);
+	return PARSE_OK;
+}
+
+/* Offset of the inner Ethernet frame when p is a VXLAN or Geneve packet. */
+static __always_inline int tunnel_inner_offset(enum pkt_source src, struct pkt_reader *r,
+					       struct pkt_info *p, __u32 *inner)
+{
+	if (p->proto != IPPROTO_UDP_)
+		return -1;
+	if (p->dport == HOPTRACE_VXLAN_PORT) {
+		*inner = p->l4_off + 8 + 8; /* UDP + VXLAN header (RFC 7348) */
+		p->flags |= HOPTRACE_F_ENCAP_VXLAN;
+		return 0;
+	}
+	if (p->dport == HOPTRACE_GENEVE_PORT) {
+		__u8 gnv[4];
+
+		if (pkt_load(src, r, p->l4_off + 8, gnv, sizeof(gnv)))
+			return -1;
+		/* RFC 8926: only Ethernet payloads carry a frame we can parse. */
+		if ((((__u16)gnv[2] << 8) | gnv[3]) != ETH_P_TEB_)
+			return -1;
+		*inner = p->l4_off + 8 + 8 + (gnv[0] & 0x3f) * 4;
+		p->flags |= HOPTRACE_F_ENCAP_GENEVE;
+		return 0;
+	}
+	return -1;
+}
+
+/*
+ * Parses the packet at off (an Ethernet header when ethertype is 0, else the
+ * L3 header of that ethertype), descends into one tunnel, and finds the ID of
+ * the innermost packet.
+ */
+static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *r, __u32 off,
+					__u16 ethertype, struct pkt_info *p)
+{
+	__u32 inner;
+	int ret;
+
+	if (!ethertype) {
+		ret = parse_l2(src, r, &off, &ethertype, &p->flags);
+		if (ret)
+			return ret;
+	}
+	ret = parse_l3(src, r, off, ethertype, p);
+	if (ret)
+		return ret;
+
+	if (!tunnel_inner_offset(src, r, p, &inner)) {
+		__u16 outer_flags = p->flags & (HOPTRACE_F_ENCAP_VXLAN | HOPTRACE_F_ENCAP_GENEVE |
+						HOPTRACE_F_VLAN);
+
+		__builtin_memset(p, 0, sizeof(*p));
+		p->flags = outer_flags;
+		ret = parse_l2(src, r, &inner, &ethertype, &p->flags);
+		if (ret)
+			return ret;
+		ret = parse_l3(src, r, inner, ethertype, p);
+		if (ret)
+			return ret;
+	}
+
+	if (p->proto == IPPROTO_TCP_)
+		return parse_tcp_id(src, r, p);
+	if (p->proto == IPPROTO_UDP_)
+		return parse_udp_id(src, r, p);
+	return PARSE_OK;
+}
+
+#endif /* __HOPTRACE_PARSE_BPF_H */
