@@ -14,7 +14,7 @@
 #include "parse.bpf.h"
 
 #define TCX_NEXT_ (-1) /* let the next tcx/tc program run: never decide a packet's fate */
-#define SK_PASS_ 1
+#define SK_PASS_  1
 
 /* Load-time settings, written by the agent before load (docs/design.md). */
 const volatile __u16 hop_index = 0;
@@ -90,8 +90,8 @@ static __always_inline bool addr_match(const __u32 *addr, const volatile __u32 *
 	       (addr[3] & mask[3]) == want[3];
 }
 
-static __always_inline bool flow_match(__u8 family, __u8 proto, const __u32 *saddr, const __u32 *daddr,
-				       __u16 sport, __u16 dport)
+static __always_inline bool flow_match(__u8 family, __u8 proto, const __u32 *saddr,
+				       const __u32 *daddr, __u16 sport, __u16 dport)
 {
 	if (filter_proto && proto != filter_proto)
 		return false;
@@ -222,11 +222,12 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 
 		if (bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, tot_len), &new_len,
 					sizeof(new_len), 0) ||
-		    bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), old_len, new_len,
-					sizeof(new_len)))
+		    bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), old_len,
+					new_len, sizeof(new_len)))
 			return HOPTRACE_C_TAG_FAILED;
 	} else {
-		__be16 payload_len = bpf_htons(p->ip_len - sizeof(struct ipv6hdr) + HOPTRACE_UDP_ID_LEN);
+		__be16 payload_len =
+		    bpf_htons(p->ip_len - sizeof(struct ipv6hdr) + HOPTRACE_UDP_ID_LEN);
 
 		if (bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct ipv6hdr, payload_len),
 					&payload_len, sizeof(payload_len), 0))
@@ -239,7 +240,8 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 }
 
 /* The part every hop shares once it has parsed the packet. */
-static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifindex, __u32 wire_len)
+static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifindex,
+				       __u32 wire_len)
 {
 	if (status) {
 		count_parse_error(status);
@@ -280,7 +282,8 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb)
 			count(HOPTRACE_C_TAGGED, 1);
 			len += HOPTRACE_UDP_ID_LEN;
 		} else if (outcome != HOPTRACE_C_UNTAGGED) {
-			count(outcome, 1); /* too big, GSO, or failed: also counted untagged below */
+			count(outcome,
+			      1); /* too big, GSO, or failed: also counted untagged below */
 		}
 	}
 	hop_finish(status, &p, ifindex, len);

@@ -11,12 +11,12 @@
 /* RFC 6994: experimental TCP option 253 carrying a 16-bit ExID. */
 #define HOPTRACE_TCPOPT_KIND 253
 #define HOPTRACE_TCPOPT_EXID 0x4854 /* "HT" */
-#define HOPTRACE_TCPOPT_LEN 8       /* kind, len, ExID(2), packet ID(4) */
+#define HOPTRACE_TCPOPT_LEN  8	    /* kind, len, ExID(2), packet ID(4) */
 
 /* UDP: the ID is the 4-byte surplus area after the UDP length (RFC 9868). */
 #define HOPTRACE_UDP_ID_LEN 4
 
-#define HOPTRACE_VXLAN_PORT 4789
+#define HOPTRACE_VXLAN_PORT  4789
 #define HOPTRACE_GENEVE_PORT 6081
 
 /* Packet IDs: origin node salt in the top 8 bits, a per-trace sequence in
@@ -38,11 +38,11 @@ enum hoptrace_record_flag {
 
 /* One timestamp of one packet at one hop. 32 bytes, no padding. */
 struct hoptrace_record {
-	__u64 ts_ns;      /* bpf_ktime_get_ns(): CLOCK_MONOTONIC of the node */
+	__u64 ts_ns;	  /* bpf_ktime_get_ns(): CLOCK_MONOTONIC of the node */
 	__u32 packet_id;  /* never 0 in a record */
 	__u32 flow_hash;  /* hash of the innermost 5-tuple: equal at every hop */
-	__u32 ifindex;    /* device the packet was seen on (its own netns) */
-	__u32 wire_len;   /* skb/frame length at this hop, L2 included when present */
+	__u32 ifindex;	  /* device the packet was seen on (its own netns) */
+	__u32 wire_len;	  /* skb/frame length at this hop, L2 included when present */
 	__u16 hop_index;  /* index in the trace's path */
 	__u16 trace_slot; /* agent-local number of the trace */
 	__u16 cpu;
@@ -51,20 +51,21 @@ struct hoptrace_record {
 
 /* Per-hop counters: one per-CPU array entry per reason, summed by the agent. */
 enum hoptrace_counter {
-	HOPTRACE_C_SEEN = 0,      /* every packet the hop program ran on */
-	HOPTRACE_C_MATCHED,       /* passed device, namespace and filter */
-	HOPTRACE_C_RECORDED,      /* a record went to the ring buffer */
-	HOPTRACE_C_TAGGED,        /* this hop wrote a new ID */
-	HOPTRACE_C_UNTAGGED,      /* matched, but carries no ID (sampled out, or not taggable) */
-	HOPTRACE_C_TOO_BIG,       /* would exceed the MTU with the ID: left untagged */
-	HOPTRACE_C_GSO_SKIPPED,   /* a GSO packet: not tagged (the ID would be copied to every segment) */
-	HOPTRACE_C_NOT_MATCHED,   /* filtered out (device, namespace, flow) */
+	HOPTRACE_C_SEEN = 0,	    /* every packet the hop program ran on */
+	HOPTRACE_C_MATCHED,	    /* passed device, namespace and filter */
+	HOPTRACE_C_RECORDED,	    /* a record went to the ring buffer */
+	HOPTRACE_C_TAGGED,	    /* this hop wrote a new ID */
+	HOPTRACE_C_UNTAGGED,	    /* matched, but carries no ID (sampled out, or not taggable) */
+	HOPTRACE_C_TOO_BIG,	    /* would exceed the MTU with the ID: left untagged */
+	HOPTRACE_C_GSO_SKIPPED,	    /* a GSO packet: not tagged (the ID would be copied to every
+				       segment) */
+	HOPTRACE_C_NOT_MATCHED,	    /* filtered out (device, namespace, flow) */
 	HOPTRACE_C_PARSE_TRUNCATED, /* headers end before the packet says they do */
 	HOPTRACE_C_PARSE_MALFORMED, /* impossible header values */
 	HOPTRACE_C_PARSE_NON_IP,    /* not IPv4/IPv6 */
 	HOPTRACE_C_RINGBUF_FULL,    /* record lost: ring buffer full */
-	HOPTRACE_C_BYTES,           /* wire bytes of matched packets */
-	HOPTRACE_C_TAG_FAILED,      /* a helper refused to grow or write the packet */
+	HOPTRACE_C_BYTES,	    /* wire bytes of matched packets */
+	HOPTRACE_C_TAG_FAILED,	    /* a helper refused to grow or write the packet */
 	HOPTRACE_C_MAX,
 };
 

@@ -14,23 +14,23 @@
 
 #include "hoptrace.h"
 
-#define ETH_HLEN_ 14
-#define ETH_P_IP_ 0x0800
-#define ETH_P_IPV6_ 0x86DD
-#define ETH_P_8021Q_ 0x8100
-#define ETH_P_8021AD_ 0x88A8
-#define ETH_P_TEB_ 0x6558 /* transparent Ethernet bridging (Geneve) */
-#define IPPROTO_HOPOPTS_ 0
-#define IPPROTO_ROUTING_ 43
+#define ETH_HLEN_	  14
+#define ETH_P_IP_	  0x0800
+#define ETH_P_IPV6_	  0x86DD
+#define ETH_P_8021Q_	  0x8100
+#define ETH_P_8021AD_	  0x88A8
+#define ETH_P_TEB_	  0x6558 /* transparent Ethernet bridging (Geneve) */
+#define IPPROTO_HOPOPTS_  0
+#define IPPROTO_ROUTING_  43
 #define IPPROTO_FRAGMENT_ 44
-#define IPPROTO_AH_ 51
-#define IPPROTO_DSTOPTS_ 60
-#define IPPROTO_TCP_ 6
-#define IPPROTO_UDP_ 17
+#define IPPROTO_AH_	  51
+#define IPPROTO_DSTOPTS_  60
+#define IPPROTO_TCP_	  6
+#define IPPROTO_UDP_	  17
 
-#define MAX_VLAN_TAGS 2
+#define MAX_VLAN_TAGS	  2
 #define MAX_IPV6_EXT_HDRS 6
-#define TCP_MAX_OPT_LEN 40
+#define TCP_MAX_OPT_LEN	  40
 
 enum pkt_source {
 	PKT_SKB,    /* __sk_buff: bpf_skb_load_bytes */
@@ -46,10 +46,10 @@ enum parse_status {
 };
 
 struct pkt_reader {
-	void *ctx;         /* __sk_buff * or xdp_md * */
+	void *ctx;	   /* __sk_buff * or xdp_md * */
 	const __u8 *kbase; /* PKT_KERNEL: first byte at offset 0 */
-	__u32 len;         /* bytes readable from offset 0 */
-	__u32 total;       /* bytes the packet has from offset 0 (> len when an skb is paged) */
+	__u32 len;	   /* bytes readable from offset 0 */
+	__u32 total;	   /* bytes the packet has from offset 0 (> len when an skb is paged) */
 };
 
 /* The innermost packet: its flow, where its headers are, and its ID. */
@@ -215,9 +215,10 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 		{
 			struct ext_walk w = {.r = *r, .l4 = l4, .next = ip6.nexthdr};
 
-			bpf_loop(MAX_IPV6_EXT_HDRS, src == PKT_SKB   ? ext_step_skb
-						    : src == PKT_XDP ? ext_step_xdp
-								     : ext_step_kernel,
+			bpf_loop(MAX_IPV6_EXT_HDRS,
+				 src == PKT_SKB	  ? ext_step_skb
+				 : src == PKT_XDP ? ext_step_xdp
+						  : ext_step_kernel,
 				 &w, 0);
 			if (w.status)
 				return w.status;
@@ -292,8 +293,9 @@ static long tcpopt_step(__u64 index, void *data)
 	if (kind == HOPTRACE_TCPOPT_KIND && len == HOPTRACE_TCPOPT_LEN &&
 	    s->opts[(i + 2) & 63] == (HOPTRACE_TCPOPT_EXID >> 8) &&
 	    s->opts[(i + 3) & 63] == (HOPTRACE_TCPOPT_EXID & 0xff)) {
-		s->id = ((__u32)s->opts[(i + 4) & 63] << 24) | ((__u32)s->opts[(i + 5) & 63] << 16) |
-			((__u32)s->opts[(i + 6) & 63] << 8) | s->opts[(i + 7) & 63];
+		s->id = ((__u32)s->opts[(i + 4) & 63] << 24) |
+			((__u32)s->opts[(i + 5) & 63] << 16) | ((__u32)s->opts[(i + 6) & 63] << 8) |
+			s->opts[(i + 7) & 63];
 		return 1;
 	}
 	s->pos = i + len;
@@ -301,7 +303,8 @@ static long tcpopt_step(__u64 index, void *data)
 }
 
 /* RFC 6994 option 253 with hoptrace's ExID; 0 when absent. */
-static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *r, struct pkt_info *p)
+static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *r,
+					struct pkt_info *p)
 {
 	struct tcpopt_scan s = {};
 	__u8 hdr[13];
@@ -328,7 +331,8 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 
 /* The 4 surplus bytes after the UDP length (RFC 9868) hold the ID. Any other
  * surplus size is not ours and is left alone. */
-static __always_inline int parse_udp_id(enum pkt_source src, struct pkt_reader *r, struct pkt_info *p)
+static __always_inline int parse_udp_id(enum pkt_source src, struct pkt_reader *r,
+					struct pkt_info *p)
 {
 	__u32 udp_end = p->l4_off - p->l3_off + p->udp_len;
 	__be32 id;
@@ -390,8 +394,8 @@ static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *
 		return ret;
 
 	if (!tunnel_inner_offset(src, r, p, &inner)) {
-		__u16 outer_flags = p->flags & (HOPTRACE_F_ENCAP_VXLAN | HOPTRACE_F_ENCAP_GENEVE |
-						HOPTRACE_F_VLAN);
+		__u16 outer_flags =
+		    p->flags & (HOPTRACE_F_ENCAP_VXLAN | HOPTRACE_F_ENCAP_GENEVE | HOPTRACE_F_VLAN);
 
 		__builtin_memset(p, 0, sizeof(*p));
 		p->flags = outer_flags;
