@@ -14,7 +14,7 @@ AGENT_BIN := agent/bin/hoptrace-agent
 INFLUXD := $(TOOLS)/influxd
 
 APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 sockperf iperf3 tcpdump nftables clang-format \
-	chromium chromium-driver ethtool
+	ethtool
 
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
