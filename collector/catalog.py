@@ -1,0 +1,129 @@
+"""The collector's knowledge of each trace's path: hop names and nodes by hop index.
+
+The dispatcher feeds it (`set_trace`, `set_spec`); a JSON/YAML file can preload it (`load_file`); and as a
+fallback the collector learns hop names from the `HopCounters.hop` of incoming batches (`learn_hop`). A path
+set explicitly is authoritative: learned names never override it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hoptrace.v1 import trace_pb2
+
+# hop_index is a u16 in the record; a path longer than this is refused (keeps per-packet state bounded).
+MAX_HOPS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class TracePath:
+    """A trace's hops in path order. `known` is False when it was only learned from counters."""
+
+    name: str
+    hop_names: tuple[str, ...]
+    hop_nodes: tuple[str, ...]
+    known: bool
+    version: int
+
+    def hop_name(self, index: int) -> str:
+        """Name of hop `index`, or a placeholder `hop<index>` when not known."""
+        if index < len(self.hop_names) and self.hop_names[index]:
+            return self.hop_names[index]
+        return f"hop{index}"
+
+    def hop_node(self, index: int) -> str:
+        """Node of hop `index`, or "" when not known."""
+        return self.hop_nodes[index] if index < len(self.hop_nodes) else ""
+
+
+class TraceCatalog:
+    """Thread-safe map trace name -> `TracePath`; every change bumps that trace's `version`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._paths: dict[str, TracePath] = {}
+        self._version = 0
+
+    def set_trace(self, name: str, hop_names: Sequence[str], hop_nodes: Sequence[str] | None = None) -> None:
+        """Set the path of trace `name`: `hop_names[i]` is hop i; `hop_nodes[i]` its node (optional)."""
+        if not name:
+            raise ValueError("trace name is empty")
+        if not hop_names or len(hop_names) > MAX_HOPS:
+            raise ValueError(f"trace {name}: a path has 1..{MAX_HOPS} hops, got {len(hop_names)}")
+        if len(set(hop_names)) != len(hop_names):
+            raise ValueError(f"trace {name}: hop names must be unique")
+        nodes = tuple(hop_nodes) if hop_nodes is not None else ("",) * len(hop_names)
+        if len(nodes) != len(hop_names):
+            raise ValueError(f"trace {name}: {len(hop_names)} hop names but {len(nodes)} hop nodes")
+        with self._lock:
+            old = self._paths.get(name)
+            if old and old.known and old.hop_names == tuple(hop_names) and old.hop_nodes == nodes:
+                return
+            self._version += 1
+            self._paths[name] = TracePath(name, tuple(hop_names), nodes, True, self._version)
+
+    def set_spec(self, spec: trace_pb2.TraceSpec) -> None:
+        """Set a trace's path from its `TraceSpec` (hop_index = position in `spec.hops`)."""
+        self.set_trace(spec.name, [h.name for h in spec.hops], [h.node for h in spec.hops])
+
+    def remove_trace(self, name: str) -> None:
+        """Forget a trace (deleted by the user)."""
+        with self._lock:
+            self._paths.pop(name, None)
+
+    def learn_hop(self, trace: str, hop_index: int, hop_name: str, node: str) -> None:
+        """Fallback: record a hop name seen in `HopCounters`, unless the trace's path is set explicitly."""
+        if not trace or hop_index >= MAX_HOPS:
+            return
+        with self._lock:
+            old = self._paths.get(trace)
+            if old is not None and old.known:
+                return
+            names = list(old.hop_names) if old else []
+            nodes = list(old.hop_nodes) if old else []
+            if hop_index < len(names) and names[hop_index] == hop_name and nodes[hop_index] == node:
+                return
+            while len(names) <= hop_index:
+                names.append("")
+                nodes.append("")
+            names[hop_index] = hop_name
+            nodes[hop_index] = node
+            self._version += 1
+            self._paths[trace] = TracePath(trace, tuple(names), tuple(nodes), False, self._version)
+
+    def get(self, name: str) -> TracePath | None:
+        """The path of trace `name`, or None."""
+        return self._paths.get(name)
+
+    def names(self) -> list[str]:
+        """Names of all traces in the catalog."""
+        return sorted(self._paths)
+
+    def load_file(self, path: str | Path) -> None:
+        """Load traces from a JSON or YAML file.
+
+        Accepted shapes: a TraceSpec (`{"name", "hops": [{"name", "node"}, ...]}`), a list of them, or
+        `{"traces": [...]}`.
+        """
+        text = Path(path).read_text()
+        data: Any
+        if str(path).endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+        if isinstance(data, dict) and "traces" in data:
+            data = data["traces"]
+        if isinstance(data, dict):
+            data = [data]
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a trace spec, a list of them, or {{traces: [...]}}")
+        for spec in data:
+            hops = spec.get("hops") or []
+            self.set_trace(spec["name"], [h["name"] for h in hops], [h.get("node", "") for h in hops])

@@ -1,0 +1,57 @@
+"""`hoptrace collector`: command-line entry of the collector (thin: parses flags, calls `run_collector`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from hoptrace.collector.service import run_collector
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the collector's flags to `parser` (the `hoptrace collector` subcommand)."""
+    parser.add_argument("--listen", default="127.0.0.1:7071", help="gRPC address for agents (HOST:PORT)")
+    parser.add_argument("--influx-url", default="http://127.0.0.1:8086", help="InfluxDB URL")
+    parser.add_argument(
+        "--influx-bucket", default="hoptrace/autogen", help="bucket; InfluxDB 1.8: DATABASE/RETENTION-POLICY"
+    )
+    parser.add_argument("--influx-org", default="-", help="organization (InfluxDB 1.8: ignored, '-')")
+    parser.add_argument("--influx-token", default="", help="token; InfluxDB 1.8: USER:PASSWORD or empty")
+    parser.add_argument(
+        "--traces", default=None, metavar="FILE", help="JSON/YAML trace specs giving each trace's hop path"
+    )
+    parser.add_argument(
+        "--join-window", type=float, default=2.0, metavar="SECONDS", help="reorder window of the join"
+    )
+    parser.add_argument(
+        "--max-pending", type=int, default=500_000, metavar="N", help="bound on packets waiting in the join"
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the collector with parsed `args` until SIGTERM/SIGINT; returns the exit status."""
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO))
+    return run_collector(
+        args.listen,
+        args.influx_url,
+        args.influx_bucket,
+        args.influx_org,
+        args.influx_token,
+        catalog_file=args.traces,
+        join_window_s=args.join_window,
+        max_entries=args.max_pending,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` (default: sys.argv[1:]) and run the collector."""
+    parser = argparse.ArgumentParser(prog="hoptrace collector", description="receive records, write InfluxDB")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

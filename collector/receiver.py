@@ -1,0 +1,136 @@
+"""Receive stage: the gRPC `hoptrace.v1.Collector` service.
+
+Agents stream `RecordBatch`es (`StreamRecords`); each batch is decoded and handed to the pipeline's consumer.
+Agents reconnect at will: every stream is independent, its `batch_seq` is checked for gaps within the stream
+only, and per-node counters accumulate across streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+
+from hoptrace.collector.records import DecodedBatch, RecordDecodeError, decode_batch
+from hoptrace.v1 import records_pb2, records_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReceiverConfig:
+    """Where the receiver listens."""
+
+    listen: str = "127.0.0.1:7071"
+    max_message_bytes: int = 64 << 20
+    max_workers: int = 32
+
+    def validate(self) -> None:
+        """Raise ValueError on an unusable setting."""
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"listen address must be HOST:PORT, got {self.listen!r}")
+        if self.max_message_bytes < 1024 or self.max_workers < 1:
+            raise ValueError("max_message_bytes >= 1024 and max_workers >= 1")
+
+
+@dataclass
+class NodeStats:
+    """What the receiver saw from one node."""
+
+    streams: int = 0
+    active_streams: int = 0
+    batches: int = 0
+    records: int = 0
+    seq_gaps: int = 0
+    decode_errors: int = 0
+    agent_dropped: int = 0  # latest value reported (cumulative since the agent started)
+    last_batch_unix_ns: int = 0
+    traces: set[str] = field(default_factory=set)
+
+
+class CollectorReceiver(records_pb2_grpc.CollectorServicer):
+    """`Collector` service: decodes batches and passes them to `consume`."""
+
+    def __init__(self, consume: Callable[[DecodedBatch], None]) -> None:
+        self._consume = consume
+        self._lock = threading.Lock()
+        self.nodes: dict[str, NodeStats] = {}
+
+    def _node(self, node: str) -> NodeStats:
+        with self._lock:
+            st = self.nodes.get(node)
+            if st is None:
+                st = self.nodes[node] = NodeStats()
+            return st
+
+    def stats_snapshot(self) -> dict[str, NodeStats]:
+        """A copy of the per-node counters."""
+        with self._lock:
+            return {k: NodeStats(**{**vars(v), "traces": set(v.traces)}) for k, v in self.nodes.items()}
+
+    def StreamRecords(  # noqa: N802 - gRPC method name
+        self, request_iterator: Iterator[records_pb2.RecordBatch], context: grpc.ServicerContext
+    ) -> records_pb2.StreamSummary:
+        """Consume one agent stream until it ends; answer with what this stream delivered."""
+        batches = records = 0
+        last_seq: dict[tuple[str, str], int] = {}  # per node and trace, within this stream
+        stream_node: NodeStats | None = (
+            None  # an agent streams as one node; counters follow each batch's node
+        )
+        try:
+            for msg in request_iterator:
+                node_stats = self._node(msg.node)
+                if stream_node is None:
+                    stream_node = node_stats
+                    with self._lock:
+                        node_stats.streams += 1
+                        node_stats.active_streams += 1
+                try:
+                    batch = decode_batch(msg)
+                except RecordDecodeError as err:
+                    with self._lock:
+                        node_stats.decode_errors += 1
+                    log.warning("node %s trace %s: bad batch %d: %s", msg.node, msg.trace, msg.batch_seq, err)
+                    continue
+                prev = last_seq.get((msg.node, msg.trace))
+                gap = prev is not None and msg.batch_seq > prev + 1
+                last_seq[(msg.node, msg.trace)] = msg.batch_seq
+                self._consume(batch)
+                batches += 1
+                records += len(batch.records)
+                with self._lock:
+                    node_stats.batches += 1
+                    node_stats.records += len(batch.records)
+                    node_stats.seq_gaps += gap
+                    node_stats.agent_dropped = msg.agent_dropped
+                    node_stats.last_batch_unix_ns = time.time_ns()
+                    node_stats.traces.add(msg.trace)
+        finally:
+            if stream_node is not None:
+                with self._lock:
+                    stream_node.active_streams -= 1
+        return records_pb2.StreamSummary(batches=batches, records=records)
+
+
+def start_receiver(receiver: CollectorReceiver, config: ReceiverConfig) -> tuple[grpc.Server, int]:
+    """Start a gRPC server serving `receiver`; return it and the bound port (useful with port 0)."""
+    config.validate()
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="collector-rpc"),
+        options=[
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    records_pb2_grpc.add_CollectorServicer_to_server(receiver, server)
+    port = server.add_insecure_port(config.listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {config.listen}")
+    server.start()
+    return server, port

@@ -1,0 +1,281 @@
+"""`hoptrace report NAME [--since DURATION] [--json]`: the per-hop latency decomposition, from InfluxDB.
+
+Statistics come from Flux over `hop_latency` (one point per packet and segment, so count, mean, max and the
+exact nearest-rank percentiles of `quantile(method: "exact_selector")` are over every packet in the range);
+`incomplete`, `packets` and `complete` are sums over `segment_stats`.
+
+JSON shape (a contract):
+    {"trace", "packets", "complete",
+     "segments": [{"from", "to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete"}],
+     "end_to_end": {same keys}}
+with segments in path order (the given path, else the chain their from/to hops form).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+from influxdb_client import InfluxDBClient
+
+from hoptrace.collector.aggregate import END_TO_END
+from hoptrace.collector.influx import HOP_LATENCY, SEGMENT_STATS
+from hoptrace.v1 import api_pb2
+
+_DURATION = re.compile(r"^(\d+(ns|us|µs|ms|s|m|h|d|w))+$")
+_STATS = ("count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns")
+
+
+def _flux_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${") + '"'
+
+
+def flux_time(value: str | datetime | Timestamp | None, default: str) -> str:
+    """A Flux time expression: a duration like "10m" (meaning -10m), a datetime/Timestamp, or `default`."""
+    if (
+        value is None
+        or value == ""
+        or (isinstance(value, Timestamp) and not value.seconds and not value.nanos)
+    ):
+        return default
+    if isinstance(value, Timestamp):
+        dt = value.ToDatetime(tzinfo=UTC)
+        return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{value.nanos:09d}Z"
+    if isinstance(value, datetime):
+        dt = value.astimezone(UTC)
+        return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{dt.microsecond:06d}000Z"
+    text = value.lstrip("-")
+    if not _DURATION.match(text):
+        raise ValueError(f"bad duration {value!r}: use e.g. 30s, 10m, 1h, 1h30m")
+    return "-" + text
+
+
+def _empty_stats(from_hop: str, to_hop: str) -> dict[str, Any]:
+    return {
+        "from": from_hop,
+        "to": to_hop,
+        "count": 0,
+        "mean_ns": 0.0,
+        "p50_ns": 0,
+        "p90_ns": 0,
+        "p99_ns": 0,
+        "max_ns": 0,
+        "incomplete": 0,
+    }
+
+
+def _order(pairs: dict[str, tuple[str, str]], path: Sequence[str] | None) -> list[str]:
+    """Segment names in path order: from `path`, else following the from>to chain."""
+    if path:
+        names = [f"{a}>{b}" for a, b in zip(path, path[1:], strict=False)]
+        return names + sorted(s for s in pairs if s not in names)
+    by_from = {a: s for s, (a, _) in pairs.items()}
+    tos = {b for a, b in pairs.values()}
+    ordered: list[str] = []
+    for start in sorted(a for a, _ in pairs.values() if a not in tos):
+        hop = start
+        while hop in by_from and by_from[hop] not in ordered:
+            ordered.append(by_from[hop])
+            hop = pairs[by_from[hop]][1]
+    return ordered + sorted(s for s in pairs if s not in ordered)
+
+
+def query_report(
+    client: InfluxDBClient,
+    bucket: str,
+    org: str,
+    trace: str,
+    start: str = "-1h",
+    stop: str = "now()",
+    path: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Query InfluxDB and build the report dict. `start`/`stop` are Flux time expressions (`flux_time`)."""
+    q = client.query_api()
+    base = (
+        f"from(bucket: {_flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
+        f" |> filter(fn: (r) => r.trace == {_flux_string(trace)}"
+    )
+    lat = (
+        f'data = {base} and r._measurement == "{HOP_LATENCY}" and r._field == "latency_ns")'
+        ' |> group(columns: ["segment", "from_hop", "to_hop"])\n'
+        'data |> count() |> yield(name: "count")\n'
+        'data |> mean() |> yield(name: "mean_ns")\n'
+        'data |> max() |> yield(name: "max_ns")\n'
+        'data |> quantile(q: 0.5, method: "exact_selector") |> yield(name: "p50_ns")\n'
+        'data |> quantile(q: 0.9, method: "exact_selector") |> yield(name: "p90_ns")\n'
+        'data |> quantile(q: 0.99, method: "exact_selector") |> yield(name: "p99_ns")\n'
+    )
+    stats: dict[str, dict[str, Any]] = {}
+    for table in q.query(lat, org=org):
+        for rec in table.records:
+            seg = rec.values.get("segment")
+            if seg is None:
+                continue
+            entry = stats.setdefault(
+                seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
+            )
+            name = rec.values.get("result")
+            value = rec.get_value()
+            if name == "mean_ns":
+                entry[name] = float(value or 0.0)
+            elif name in _STATS:
+                entry[name] = int(value or 0)
+    sums = (
+        f'{base} and r._measurement == "{SEGMENT_STATS}"'
+        ' and (r._field == "incomplete" or r._field == "packets" or r._field == "complete"))'
+        ' |> group(columns: ["segment", "from_hop", "to_hop", "_field"]) |> sum()'
+    )
+    packets = complete = 0
+    for table in q.query(sums, org=org):
+        for rec in table.records:
+            seg = rec.values.get("segment")
+            if seg is None:
+                continue
+            value = int(rec.get_value() or 0)
+            field = rec.get_field()
+            if seg == END_TO_END and field == "packets":
+                packets = value
+            elif seg == END_TO_END and field == "complete":
+                complete = value
+            elif field == "incomplete":
+                entry = stats.setdefault(
+                    seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
+                )
+                entry["incomplete"] = value
+    e2e = stats.pop(END_TO_END, None)
+    pairs = {s: (v["from"], v["to"]) for s, v in stats.items()}
+    segments = [stats[s] for s in _order(pairs, path)]
+    if e2e is None:
+        first = path[0] if path else (segments[0]["from"] if segments else "")
+        last = path[-1] if path else (segments[-1]["to"] if segments else "")
+        e2e = _empty_stats(first, last)
+    return {"trace": trace, "packets": packets, "complete": complete, "segments": segments, "end_to_end": e2e}
+
+
+def build_report(
+    trace: str,
+    *,
+    url: str,
+    bucket: str,
+    org: str = "-",
+    token: str = "",
+    since: str = "1h",
+    path: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The report of `trace` over the last `since` (a duration like "10m"), as the JSON-ready dict."""
+    with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
+        return query_report(client, bucket, org, trace, flux_time(since, "-1h"), "now()", path)
+
+
+def _stats_proto(d: dict[str, Any]) -> api_pb2.SegmentStats:
+    s = api_pb2.SegmentStats(
+        count=d["count"],
+        mean_ns=d["mean_ns"],
+        p50_ns=d["p50_ns"],
+        p90_ns=d["p90_ns"],
+        p99_ns=d["p99_ns"],
+        max_ns=d["max_ns"],
+        incomplete=d["incomplete"],
+    )
+    # `from` is a Python keyword: set through setattr.
+    setattr(s, "from", d["from"])  # noqa: B010
+    s.to = d["to"]
+    return s
+
+
+def report_to_proto(report: dict[str, Any]) -> api_pb2.Report:
+    """Convert the report dict to `hoptrace.v1.Report`."""
+    return api_pb2.Report(
+        trace=report["trace"],
+        packets=report["packets"],
+        complete=report["complete"],
+        segments=[_stats_proto(s) for s in report["segments"]],
+        end_to_end=_stats_proto(report["end_to_end"]),
+    )
+
+
+def get_report(
+    request: api_pb2.GetReportRequest,
+    *,
+    url: str,
+    bucket: str,
+    org: str = "-",
+    token: str = "",
+    path: Sequence[str] | None = None,
+) -> api_pb2.Report:
+    """Answer `Hoptrace.GetReport` (the dispatcher calls this); unset start = 1 h ago, unset end = now."""
+    start = flux_time(request.start if request.HasField("start") else None, "-1h")
+    stop = flux_time(request.end if request.HasField("end") else None, "now()")
+    with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
+        return report_to_proto(query_report(client, bucket, org, request.trace, start, stop, path))
+
+
+def format_ns(ns: float) -> str:
+    """Human-readable duration: 850ns, 12.3us, 4.56ms, 1.20s."""
+    a = abs(ns)
+    if a < 1_000:
+        return f"{ns:.0f}ns"
+    if a < 1_000_000:
+        return f"{ns / 1e3:.1f}us"
+    if a < 1_000_000_000:
+        return f"{ns / 1e6:.2f}ms"
+    return f"{ns / 1e9:.2f}s"
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """An aligned text table of the report (segments in path order, then end to end)."""
+    head = ["segment", "count", "mean", "p50", "p90", "p99", "max", "incomplete"]
+    rows = [head]
+    for s in [*report["segments"], {**report["end_to_end"], "_name": "end to end"}]:
+        name = s.get("_name") or f"{s['from']} > {s['to']}"
+        if s.get("_name"):
+            name = f"end to end ({s['from']} > {s['to']})"
+        rows.append(
+            [
+                name,
+                str(s["count"]),
+                format_ns(s["mean_ns"]),
+                format_ns(s["p50_ns"]),
+                format_ns(s["p90_ns"]),
+                format_ns(s["p99_ns"]),
+                format_ns(s["max_ns"]),
+                str(s["incomplete"]),
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = [f"trace {report['trace']}: {report['packets']} packets, {report['complete']} complete"]
+    for r in rows:
+        cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `hoptrace report` when it reads InfluxDB directly."""
+    parser.add_argument("name", help="trace name")
+    parser.add_argument("--since", default="1h", help="time range ending now, e.g. 30s, 10m, 1h")
+    parser.add_argument("--json", action="store_true", help="print the JSON report")
+    parser.add_argument("--influx-url", default="http://127.0.0.1:8086")
+    parser.add_argument("--influx-bucket", default="hoptrace/autogen")
+    parser.add_argument("--influx-org", default="-")
+    parser.add_argument("--influx-token", default="")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report for parsed `args`; returns the exit status."""
+    report = build_report(
+        args.name,
+        url=args.influx_url,
+        bucket=args.influx_bucket,
+        org=args.influx_org,
+        token=args.influx_token,
+        since=args.since,
+    )
+    sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else render_text(report))
+    return 0

@@ -1,0 +1,172 @@
+"""join.py: joining one packet's records across hops and nodes inside the reorder window."""
+
+from __future__ import annotations
+
+import random
+
+from collector_helpers import pid, rec
+
+from hoptrace.collector.catalog import TraceCatalog
+from hoptrace.collector.join import HopJoiner, JoinConfig, join_hops
+
+HOPS = ["a-egress", "bridge", "b-ingress"]
+NODES = ["node-a", "node-a", "node-b"]
+SEC = 1_000_000_000
+
+
+def catalog() -> TraceCatalog:
+    c = TraceCatalog()
+    c.set_trace("t", HOPS, NODES)
+    return c
+
+
+def test_join_across_hops_and_nodes_in_shuffled_order() -> None:
+    rng = random.Random(1)
+    per_hop = {
+        h: [rec(SEC + i * 1000 + h * 10 + i % 5, pid(i + 1), h, flow=i % 4) for i in range(300)]
+        for h in range(3)
+    }
+    # node-a reports hops 0 and 1, node-b hop 2; batches of 7 records, delivered in shuffled order
+    node_a = per_hop[0] + per_hop[1]
+    rng.shuffle(node_a)
+    node_b = list(per_hop[2])
+    rng.shuffle(node_b)
+    batches = [("t", "node-a", node_a[i : i + 7]) for i in range(0, len(node_a), 7)]
+    batches += [("t", "node-b", node_b[i : i + 7]) for i in range(0, len(node_b), 7)]
+    rng.shuffle(batches)
+    packets, stats = join_hops(batches, catalog())
+    assert stats.records == 900
+    assert stats.packets == stats.complete == 300
+    assert stats.incomplete == stats.collisions == 0
+    by_id = {p.packet_id: p for p in packets}
+    for i in range(300):
+        p = by_id[pid(i + 1)]
+        assert p.complete and p.origin == 7 and p.flow_hash == i % 4
+        assert p.times == [SEC + i * 1000 + h * 10 + i % 5 for h in range(3)]
+        assert p.nodes == NODES
+
+
+def test_complete_packet_is_emitted_as_soon_as_every_hop_is_seen() -> None:
+    j = HopJoiner(catalog())
+    assert j.join_hops("t", "node-b", [rec(SEC + 30, pid(1), 2)]) == []
+    assert j.join_hops("t", "node-a", [rec(SEC + 10, pid(1), 0)]) == []
+    out = j.join_hops("t", "node-a", [rec(SEC + 20, pid(1), 1)])
+    assert len(out) == 1 and out[0].complete and out[0].times == [SEC + 10, SEC + 20, SEC + 30]
+    assert j.pending() == 0
+
+
+def test_window_expiry_emits_incomplete_and_counts_the_missing_hop() -> None:
+    j = HopJoiner(catalog(), JoinConfig(window_ns=2 * SEC))
+    # 5 packets never reach b-ingress (hop 2)
+    assert j.join_hops("t", "node-a", [rec(SEC + i, pid(i + 1), h) for i in range(5) for h in (0, 1)]) == []
+    # newer traffic 1.9 s later: still inside the window
+    assert j.join_hops("t", "node-a", [rec(SEC + 19 * SEC // 10, pid(100), 0)]) == []
+    # and 2.1 s later: the first five expire
+    out = j.join_hops("t", "node-a", [rec(SEC + 21 * SEC // 10, pid(101), 0)])
+    assert sorted(p.packet_id for p in out) == [pid(i + 1) for i in range(5)]
+    assert all(not p.complete and p.times[2] is None for p in out)
+    assert j.stats.incomplete == 5
+    assert j.stats.missing[("t", "b-ingress")] == 5
+    assert j.stats.missing[("t", "a-egress")] == 0
+
+
+def test_idle_tick_expires_with_the_collectors_clock() -> None:
+    j = HopJoiner(catalog(), JoinConfig(window_ns=2 * SEC))
+    j.join_hops("t", "node-a", [rec(SEC, pid(1), 0)], now_ns=50 * SEC)
+    assert j.tick(now_ns=51 * SEC) == []
+    out = j.tick(now_ns=52 * SEC + 1)
+    assert [p.packet_id for p in out] == [pid(1)]
+    assert j.stats.missing[("t", "bridge")] == 1 and j.stats.missing[("t", "b-ingress")] == 1
+
+
+def test_id_collision_is_counted_and_not_joined() -> None:
+    j = HopJoiner(catalog())
+    first = j.join_hops("t", "node-a", [rec(SEC, pid(9), 0), rec(SEC + 5, pid(9), 1)])
+    assert first == []
+    # the same key at hop 0 again (the 24-bit sequence wrapped, or a duplicate): not the same packet
+    out = j.join_hops("t", "node-a", [rec(SEC + 100, pid(9), 0)])
+    assert j.stats.collisions == 1
+    assert len(out) == 1 and out[0].times == [SEC, SEC + 5, None] and not out[0].complete
+    # the second occurrence lives on as its own packet
+    out = j.join_hops("t", "node-a", [rec(SEC + 105, pid(9), 1)]) + j.join_hops(
+        "t", "node-b", [rec(SEC + 110, pid(9), 2)]
+    )
+    assert len(out) == 1 and out[0].complete and out[0].times == [SEC + 100, SEC + 105, SEC + 110]
+
+
+def test_same_id_in_another_flow_or_origin_is_another_packet() -> None:
+    j = HopJoiner(catalog())
+    j.join_hops(
+        "t", "node-a", [rec(SEC, pid(1), 0, flow=1), rec(SEC, pid(1), 0, flow=2), rec(SEC, pid(1, salt=8), 0)]
+    )
+    assert j.pending() == 3 and j.stats.collisions == 0
+
+
+def test_max_entries_evicts_the_oldest() -> None:
+    j = HopJoiner(catalog(), JoinConfig(max_entries=10))
+    out = j.join_hops("t", "node-a", [rec(SEC + i, pid(i + 1), 0) for i in range(15)])
+    assert j.pending() == 10
+    assert sorted(p.packet_id for p in out) == [pid(i + 1) for i in range(5)]
+    assert j.stats.evicted == 5
+
+
+def test_clock_delta_maps_to_master_time() -> None:
+    j = HopJoiner(catalog())
+    j.join_hops("t", "node-a", [rec(100, pid(1), 0), rec(200, pid(1), 1)], delta_ns=10 * SEC)
+    out = j.join_hops("t", "node-b", [rec(5_000, pid(1), 2)], delta_ns=10 * SEC - 4_000)
+    assert out[0].times == [10 * SEC + 100, 10 * SEC + 200, 10 * SEC + 1_000]
+
+
+def test_hop_beyond_the_path_is_dropped_and_counted() -> None:
+    j = HopJoiner(catalog())
+    j.join_hops("t", "node-a", [rec(SEC, pid(1), 3)])
+    assert j.stats.out_of_path == 1 and j.pending() == 0
+
+
+def test_trace_without_a_known_path_joins_until_expiry() -> None:
+    c = TraceCatalog()
+    c.learn_hop("u", 0, "x", "n1")  # learned from HopCounters only
+    c.learn_hop("u", 1, "y", "n2")
+    j = HopJoiner(c, JoinConfig(window_ns=SEC))
+    out = j.join_hops("u", "n1", [rec(SEC, pid(1), 0), rec(SEC, pid(2), 0)])
+    out += j.join_hops("u", "n2", [rec(SEC + 10, pid(1), 1)])
+    # hop index 12 grows the slot array; pending packets keep what they had
+    out += j.join_hops("u", "n3", [rec(SEC + 20, pid(1), 12)])
+    assert out == []
+    out = j.flush()
+    by_id = {p.packet_id: p for p in out}
+    assert set(by_id) == {pid(1), pid(2)}
+    assert all(not p.complete for p in out)
+    t1 = by_id[pid(1)].times
+    assert (t1[0], t1[1], t1[12]) == (SEC, SEC + 10, SEC + 20)
+    assert by_id[pid(1)].nodes[12] == "n3" and by_id[pid(1)].nodes[0] == "n1"
+    assert j.stats.missing[("u", "y")] == 1  # pid 2 never reached the learned hop y
+
+
+def test_path_learned_late_keeps_pending_packets() -> None:
+    c = TraceCatalog()
+    j = HopJoiner(c)
+    assert j.join_hops("t", "node-a", [rec(SEC, pid(1), 0), rec(SEC + 1, pid(1), 1)]) == []
+    c.set_trace("t", HOPS, NODES)  # the dispatcher's catalog arrives
+    out = j.join_hops("t", "node-b", [rec(SEC + 2, pid(1), 2)])
+    assert len(out) == 1 and out[0].complete and out[0].times == [SEC, SEC + 1, SEC + 2]
+
+
+def test_single_hop_trace_completes_immediately() -> None:
+    c = TraceCatalog()
+    c.set_trace("one", ["only"], ["n"])
+    j = HopJoiner(c)
+    out = j.join_hops("one", "n", [rec(SEC, pid(1), 0)])
+    assert len(out) == 1 and out[0].complete
+
+
+def test_path_change_emits_packets_that_do_not_fit() -> None:
+    c = catalog()
+    j = HopJoiner(c)
+    j.join_hops("t", "node-a", [rec(SEC, pid(1), 2), rec(SEC, pid(3), 0)])
+    c.set_trace("t", ["a", "b"], ["n", "n"])
+    out = j.join_hops("t", "n", [rec(SEC + 1, pid(2), 0)])
+    assert [p.packet_id for p in out] == [pid(1)]  # seen at hop 2, which the new path lacks
+    out = j.join_hops("t", "n", [rec(SEC + 2, pid(2), 1)])
+    assert out[0].complete and out[0].times == [SEC + 1, SEC + 2]
+    assert j.pending() == 1  # pid 3 kept

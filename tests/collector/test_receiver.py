@@ -1,0 +1,38 @@
+"""receiver.py: the gRPC Collector service, with agents that reconnect."""
+
+from __future__ import annotations
+
+import grpc
+from collector_helpers import batch, pid, rec
+
+from hoptrace.collector.receiver import CollectorReceiver, ReceiverConfig, start_receiver
+from hoptrace.collector.records import DecodedBatch
+from hoptrace.v1 import records_pb2, records_pb2_grpc
+
+
+def test_stream_records_counts_per_node_across_reconnects() -> None:
+    got: list[DecodedBatch] = []
+    receiver = CollectorReceiver(got.append)
+    server, port = start_receiver(receiver, ReceiverConfig(listen="127.0.0.1:0"))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = records_pb2_grpc.CollectorStub(ch)
+            first = [batch("n1", "t", [rec(i, pid(i + 1), 0) for i in range(10)], seq=s) for s in (1, 2, 4)]
+            summary = stub.StreamRecords(iter(first))
+            assert (summary.batches, summary.records) == (3, 30)
+            # the agent reconnects: its sequence starts over, which is not a gap
+            bad = records_pb2.RecordBatch(
+                node="n1", trace="t", batch_seq=2, records=b"\0" * 33, record_size=32
+            )
+            second = [batch("n1", "t", [rec(1, pid(1), 1)], seq=1), bad, batch("n2", "t", [], seq=3)]
+            summary = stub.StreamRecords(iter(second))
+            assert (summary.batches, summary.records) == (2, 1)
+    finally:
+        server.stop(None)
+    assert [b.node for b in got] == ["n1", "n1", "n1", "n1", "n2"]
+    assert got[0].records[3] == rec(3, pid(4), 0)
+    stats = receiver.stats_snapshot()
+    n1 = stats["n1"]
+    assert (n1.streams, n1.active_streams, n1.batches, n1.records) == (2, 0, 4, 31)
+    assert (n1.seq_gaps, n1.decode_errors) == (1, 1)  # seq 2 -> 4 in the first stream; the 33-byte batch
+    assert stats["n2"].batches == 1
