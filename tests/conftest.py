@@ -1,0 +1,117 @@
+"""Fixtures of every test tier: root check, namespace topologies, InfluxDB, the standalone agent."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import AGENT_BINARY, AgentProcess, InfluxServer, start_influxd
+from topology import TwoHostTopology, netns_list
+
+# Prefixes handed out in this session, to prove at the end that none of their namespaces is left.
+_PREFIXES: set[str] = set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def require_root() -> None:
+    """The tests build namespaces and load BPF programs: they need root, and fail (never skip) without it."""
+    if os.geteuid() != 0:
+        pytest.fail(
+            "hoptrace tests must run as root (namespaces, BPF): run `sudo make test` "
+            "or `sudo .venv/bin/python -m pytest tests`",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftover_namespaces() -> Iterator[None]:
+    """After the session, no namespace created by a test of this session may remain."""
+    yield
+    leftovers = [name for name in netns_list() if name.split("-", 1)[0] in _PREFIXES]
+    assert not leftovers, f"namespaces left behind: {leftovers}"
+
+
+def unique_prefix() -> str:
+    """A namespace prefix ("ht" + 4 hex digits) unused by any namespace now present."""
+    existing = {name.split("-", 1)[0] for name in netns_list()}
+    while True:
+        prefix = "ht" + secrets.token_hex(2)
+        if prefix not in existing and prefix not in _PREFIXES:
+            _PREFIXES.add(prefix)
+            return prefix
+
+
+@pytest.fixture
+def topology_factory() -> Iterator[Callable[..., TwoHostTopology]]:
+    """``make(overlay="vxlan", **options)``: create a TwoHostTopology with a fresh prefix; all are destroyed
+    after the test, whatever happened."""
+    made: list[TwoHostTopology] = []
+
+    def make(overlay: str = "vxlan", **options: Any) -> TwoHostTopology:
+        topo = TwoHostTopology(unique_prefix(), overlay, **options)  # type: ignore[arg-type]
+        made.append(topo)
+        return topo.create()
+
+    try:
+        yield make
+    finally:
+        for topo in made:
+            topo.destroy()
+
+
+@pytest.fixture
+def topology(topology_factory: Callable[..., TwoHostTopology]) -> TwoHostTopology:
+    """Two hosts and two containers, container traffic in VXLAN over the wire."""
+    return topology_factory("vxlan")
+
+
+@pytest.fixture
+def routed_topology(topology_factory: Callable[..., TwoHostTopology]) -> TwoHostTopology:
+    """Two hosts and two containers, container traffic routed on the wire (no overlay)."""
+    return topology_factory("routed")
+
+
+@pytest.fixture(scope="session")
+def influxd() -> Iterator[InfluxServer]:
+    """An InfluxDB 1.8 server for the session (database "hoptrace"; bucket "hoptrace/autogen", token "",
+    org "-"); stopped and removed at the end."""
+    try:
+        server = start_influxd()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def agent_binary() -> Path:
+    """The built standalone agent; a missing binary is a failure telling how to build it."""
+    if not AGENT_BINARY.exists():
+        pytest.fail(f"{AGENT_BINARY} is missing: run `make agent`", pytrace=False)
+    return AGENT_BINARY
+
+
+@pytest.fixture
+def agent_factory(agent_binary: Path) -> Iterator[Callable[..., AgentProcess]]:
+    """``start(plan, node, netns=None, extra_args=())``: a started AgentProcess; all are stopped (SIGINT) and
+    cleaned up after the test. Call ``agent.stop()`` yourself to assert a clean exit."""
+    agents: list[AgentProcess] = []
+
+    def start(
+        plan: Any, node: str, netns: str | None = None, extra_args: tuple[str, ...] = ()
+    ) -> AgentProcess:
+        agent = AgentProcess(agent_binary, plan, node, netns, extra_args)
+        agents.append(agent)
+        return agent.start()
+
+    try:
+        yield start
+    finally:
+        for agent in agents:
+            agent.cleanup()
