@@ -1,0 +1,487 @@
+"""`hoptrace`: run the dispatcher or the collector, and manage traces through the dispatcher's API.
+
+Exit status: 0 success, 1 a failed request or invalid spec (details on stderr), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
+from hoptrace.v1 import api_pb2, api_pb2_grpc
+
+DEFAULT_DISPATCHER = "127.0.0.1:7070"
+DISPATCHER_ENV = "HOPTRACE_DISPATCHER"
+# Apply waits for every agent (a few seconds) after compiling; the others answer at once.
+APPLY_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = 15.0
+# gRPC's own words when the dispatcher itself cannot be reached (as opposed to an UNAVAILABLE it answered).
+_TRANSPORT_FAILURES = (
+    "failed to connect",
+    "connection refused",
+    "dns resolution",
+    "socket closed",
+    "backends",
+)
+
+
+class CliError(Exception):
+    """A failure to report on stderr; the command exits 1."""
+
+
+# ---- helpers -------------------------------------------------------------------------------------------
+
+
+def _stub(args: argparse.Namespace) -> api_pb2_grpc.HoptraceStub:
+    channel = grpc.insecure_channel(
+        args.dispatcher, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    )
+    return api_pb2_grpc.HoptraceStub(channel)
+
+
+def _call(args: argparse.Namespace, method: str, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+    """Call one API method; gRPC errors become CliError with the dispatcher's message."""
+    try:
+        return getattr(_stub(args), method)(request, timeout=timeout)
+    except grpc.RpcError as error:
+        details = error.details() or str(error.code())
+        if error.code() == grpc.StatusCode.UNAVAILABLE and any(
+            phrase in details.lower() for phrase in _TRANSPORT_FAILURES
+        ):
+            raise CliError(f"cannot reach the dispatcher at {args.dispatcher}: {details}") from None
+        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise CliError(
+                f"the dispatcher at {args.dispatcher} did not answer within {timeout:g}s"
+            ) from None
+        raise CliError(details) from None
+
+
+def _read_spec_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except OSError as error:
+        raise CliError(f"cannot read {path}: {error.strerror}") from None
+
+
+def _load_spec_file(path: str):
+    text = _read_spec_text(path)
+    try:
+        return load_spec(text)
+    except SpecError as error:
+        shown = "stdin" if path == "-" else path
+        raise CliError(f"invalid trace spec ({shown}):\n{error}") from None
+
+
+def _table(rows: list[list[str]]) -> str:
+    """Rows (the first is the header) as left-aligned columns."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def _timestamp_text(timestamp) -> str:
+    if not timestamp.seconds and not timestamp.nanos:
+        return "-"
+    return timestamp.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds")
+
+
+def parse_duration(text: str) -> timedelta:
+    """A duration such as 30s, 10m, 1h30m, 2d (units ms, s, m, h, d, w)."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 30s, 10m, 1h, 1h30m, 2d")
+    return timedelta(seconds=sum(float(number) * units[unit] for number, unit in parts))
+
+
+# ---- trace commands ------------------------------------------------------------------------------------
+
+
+def _node_summary(trace: api_pb2.Trace) -> str:
+    healthy = sum(1 for status in trace.nodes if status.active and not status.error)
+    return f"{healthy}/{len(trace.nodes)} nodes active"
+
+
+def cmd_trace_apply(args: argparse.Namespace) -> int:
+    """hoptrace trace apply -f SPEC."""
+    spec = _load_spec_file(args.file)
+    trace = _call(args, "ApplyTrace", api_pb2.ApplyTraceRequest(spec=spec), timeout=APPLY_TIMEOUT_S)
+    nodes = ", ".join(status_node(trace, index) for index in range(len(trace.nodes)))
+    print(f"trace {trace.spec.name} applied: generation {trace.generation} on {nodes}")
+    return 0
+
+
+def status_node(trace: api_pb2.Trace, index: int) -> str:
+    """The node name of trace.nodes[index] (nodes are in the spec's path order)."""
+    nodes = list(dict.fromkeys(hop.node for hop in trace.spec.hops))
+    return nodes[index] if index < len(nodes) else "?"
+
+
+def cmd_trace_validate(args: argparse.Namespace) -> int:
+    """hoptrace trace validate -f SPEC: the schema locally, then the agents through the dispatcher."""
+    spec = _load_spec_file(args.file)
+    if not args.offline:
+        response = _call(args, "ValidateTrace", api_pb2.ValidateTraceRequest(spec=spec))
+        if response.errors:
+            lines = "\n".join(f"{error.field}: {error.reason}" for error in response.errors)
+            raise CliError(f"invalid trace spec ({args.file}), checked against the agents:\n{lines}")
+    where = "schema only" if args.offline else "schema and agents"
+    print(f"trace spec {spec.name} is valid ({where})")
+    return 0
+
+
+def cmd_trace_ls(args: argparse.Namespace) -> int:
+    """hoptrace trace ls."""
+    response = _call(args, "ListTraces", api_pb2.ListTracesRequest())
+    rows = [["NAME", "GENERATION", "HOPS", "NODES", "STATUS", "APPLIED"]]
+    for trace in response.traces:
+        nodes = ",".join(dict.fromkeys(hop.node for hop in trace.spec.hops))
+        rows.append(
+            [
+                trace.spec.name,
+                str(trace.generation),
+                str(len(trace.spec.hops)),
+                nodes,
+                _node_summary(trace),
+                _timestamp_text(trace.applied_at),
+            ]
+        )
+    if len(rows) == 1:
+        print("no traces")
+    else:
+        print(_table(rows))
+    return 0
+
+
+def cmd_trace_get(args: argparse.Namespace) -> int:
+    """hoptrace trace get NAME [-o yaml|json]: the applied spec, re-appliable as is."""
+    trace = _call(args, "GetTrace", api_pb2.GetTraceRequest(name=args.name))
+    if args.output == "json":
+        print(spec_to_json(trace.spec))
+        return 0
+    print(f"# generation {trace.generation}, applied {_timestamp_text(trace.applied_at)}")
+    for index, status in enumerate(trace.nodes):
+        state = "active" if status.active and not status.error else "not active"
+        problems = [status.error] if status.error else []
+        problems += [hop.error for hop in status.hops if hop.error]
+        detail = f": {'; '.join(problems)}" if problems else ""
+        print(f"# node {status_node(trace, index)}: {state}{detail}")
+    sys.stdout.write(spec_to_yaml(trace.spec))
+    return 0
+
+
+def cmd_trace_rm(args: argparse.Namespace) -> int:
+    """hoptrace trace rm NAME."""
+    _call(args, "DeleteTrace", api_pb2.DeleteTraceRequest(name=args.name), timeout=APPLY_TIMEOUT_S)
+    print(f"trace {args.name} removed")
+    return 0
+
+
+# ---- agents, report ------------------------------------------------------------------------------------
+
+
+def agent_to_data(agent: api_pb2.Agent) -> dict[str, Any]:
+    """One agent as the JSON object `hoptrace agents --json` prints."""
+    registration = json_format.MessageToDict(
+        agent.registration, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    for namespace in registration.get("namespaces", []):
+        namespace["inode"] = int(namespace.get("inode", 0))
+    return {
+        "node": agent.registration.node,
+        "connected": agent.connected,
+        "last_heartbeat": _timestamp_text(agent.last_heartbeat),
+        "kernel_release": agent.registration.kernel_release,
+        "agent_version": agent.registration.agent_version,
+        "capabilities": registration.get("capabilities", {}),
+        "namespaces": registration.get("namespaces", []),
+        "running": registration.get("running", []),
+        "lost_records": agent.lost_records,
+    }
+
+
+def cmd_agents(args: argparse.Namespace) -> int:
+    """hoptrace agents [--json]."""
+    response = _call(args, "ListAgents", api_pb2.ListAgentsRequest())
+    if args.json:
+        print(json.dumps([agent_to_data(agent) for agent in response.agents], indent=2))
+        return 0
+    if not response.agents:
+        print("no agents registered")
+        return 0
+    rows = [["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "NAMESPACES", "UNSUPPORTED"]]
+    for agent in response.agents:
+        registration = agent.registration
+        namespaces = ",".join(namespace.name or "(own)" for namespace in registration.namespaces)
+        unsupported = ",".join(
+            sorted(
+                kind for kind, support in registration.capabilities.attach.items() if not support.supported
+            )
+        )
+        rows.append(
+            [
+                registration.node,
+                "yes" if agent.connected else "no",
+                registration.kernel_release or "-",
+                registration.agent_version or "-",
+                _timestamp_text(agent.last_heartbeat),
+                namespaces or "-",
+                unsupported or "-",
+            ]
+        )
+    print(_table(rows))
+    return 0
+
+
+def _stats_to_data(stats: api_pb2.SegmentStats) -> dict[str, Any]:
+    return {
+        "from": getattr(stats, "from"),
+        "to": stats.to,
+        "count": stats.count,
+        "mean_ns": stats.mean_ns,
+        "p50_ns": stats.p50_ns,
+        "p90_ns": stats.p90_ns,
+        "p99_ns": stats.p99_ns,
+        "max_ns": stats.max_ns,
+        "incomplete": stats.incomplete,
+    }
+
+
+def report_to_data(report: api_pb2.Report) -> dict[str, Any]:
+    """The report as `hoptrace report --json` prints it (segments in path order)."""
+    return {
+        "trace": report.trace,
+        "packets": report.packets,
+        "complete": report.complete,
+        "segments": [_stats_to_data(segment) for segment in report.segments],
+        "end_to_end": _stats_to_data(report.end_to_end),
+    }
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """hoptrace report NAME [--since DURATION] [--json]."""
+    request = api_pb2.GetReportRequest(trace=args.name)
+    if args.since is not None:
+        request.start.FromDatetime(datetime.now(UTC) - args.since)
+    report = report_to_data(_call(args, "GetReport", request, timeout=APPLY_TIMEOUT_S))
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    from hoptrace.collector.report import render_text  # the one table layout, shared with the collector
+
+    sys.stdout.write(render_text(report))
+    return 0
+
+
+# ---- servers -------------------------------------------------------------------------------------------
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def cmd_dispatcher(args: argparse.Namespace) -> int:
+    """hoptrace dispatcher: serve the user API and the agent sessions until SIGINT/SIGTERM."""
+    from hoptrace.dispatcher.server import DispatcherServer
+
+    _setup_logging(args.log_level)
+    report_provider = None
+    if args.influx_url:
+        from hoptrace.dispatcher.reports import influx_report_provider
+
+        report_provider = influx_report_provider(
+            args.influx_url, args.influx_bucket, args.influx_org, args.influx_token
+        )
+    try:
+        server = DispatcherServer(
+            args.listen, args.state_dir, report_provider=report_provider, ack_timeout=args.ack_timeout
+        ).start()
+    except (OSError, RuntimeError) as error:
+        raise CliError(f"dispatcher: {error}") from None
+
+    def stop(signum: int, frame: object) -> None:
+        logging.getLogger("hoptrace.dispatcher").info("signal %d: stopping", signum)
+        server.stop(grace=1.0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.wait_for_termination()
+    return 0
+
+
+def _collector_module():
+    """hoptrace.collector.main, or None when it is not installed (it is built in parallel)."""
+    try:
+        from hoptrace.collector import main as collector_main
+    except ImportError:
+        return None
+    if not hasattr(collector_main, "add_arguments") or not hasattr(collector_main, "run"):
+        return None
+    return collector_main
+
+
+def _add_collector_parser(subparsers, command: str | None) -> None:
+    parser = subparsers.add_parser(
+        "collector",
+        help="run the collector (record ingest, InfluxDB export)",
+        description="Run the collector: receive agents' records, join and aggregate them, write InfluxDB.",
+    )
+    module = _collector_module() if command == "collector" else None
+    if module is not None:
+        module.add_arguments(parser)
+        parser.set_defaults(func=lambda args: module.run(args) or 0)
+        return
+    # The contract's flags, for --help and when the collector package is missing.
+    parser.add_argument("--listen", default="127.0.0.1:7071", help="gRPC address for agents (HOST:PORT)")
+    parser.add_argument("--influx-url", required=command == "collector", help="InfluxDB URL")
+    parser.add_argument("--influx-bucket", required=command == "collector", help="InfluxDB bucket (db/rp)")
+    parser.add_argument("--influx-org", default="-", help="InfluxDB organization")
+    parser.add_argument("--influx-token", default="", help="InfluxDB token (1.8: USER:PASSWORD)")
+
+    def unavailable(args: argparse.Namespace) -> int:
+        raise CliError("the collector is not installed (hoptrace.collector.main is missing)")
+
+    parser.set_defaults(func=unavailable)
+
+
+# ---- parser --------------------------------------------------------------------------------------------
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand in argv (skipping --dispatcher VALUE), without parsing everything."""
+    skip = False
+    for argument in argv:
+        if skip:
+            skip = False
+        elif argument == "--dispatcher":
+            skip = True
+        elif not argument.startswith("-"):
+            return argument
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The `hoptrace` argument parser (argv decides whether the collector's own flags are loaded)."""
+    default_dispatcher = os.environ.get(DISPATCHER_ENV) or DEFAULT_DISPATCHER
+    parser = argparse.ArgumentParser(
+        prog="hoptrace", description="hoptrace: per-hop latency of the same packets across layers and hosts."
+    )
+    parser.add_argument(
+        "--dispatcher",
+        default=default_dispatcher,
+        metavar="ADDR",
+        help=f"dispatcher address (default ${DISPATCHER_ENV} or {DEFAULT_DISPATCHER})",
+    )
+    # Client commands accept --dispatcher after the subcommand too; SUPPRESS keeps the top-level value.
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--dispatcher", default=argparse.SUPPRESS, metavar="ADDR", help="dispatcher address")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    dispatcher = subparsers.add_parser(
+        "dispatcher", help="run the dispatcher", description="Serve the user API and the agent sessions."
+    )
+    dispatcher.add_argument("--listen", default=DEFAULT_DISPATCHER, help="gRPC address (HOST:PORT)")
+    dispatcher.add_argument(
+        "--state-dir", default="/var/lib/hoptrace/dispatcher", help="where applied specs are kept"
+    )
+    dispatcher.add_argument("--influx-url", help="collector's InfluxDB, for reports (unset: no GetReport)")
+    dispatcher.add_argument("--influx-bucket", default="hoptrace/autogen", help="InfluxDB bucket (db/rp)")
+    dispatcher.add_argument("--influx-org", default="-", help="InfluxDB organization")
+    dispatcher.add_argument("--influx-token", default="", help="InfluxDB token (1.8: USER:PASSWORD)")
+    dispatcher.add_argument(
+        "--ack-timeout", type=float, default=5.0, help="seconds to wait for each agent's status on apply"
+    )
+    dispatcher.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    dispatcher.set_defaults(func=cmd_dispatcher)
+
+    _add_collector_parser(subparsers, _command_of(argv))
+
+    trace = subparsers.add_parser(
+        "trace", help="apply, list, show, remove traces", description="Manage traces."
+    )
+    trace_commands = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    apply = trace_commands.add_parser(
+        "apply", parents=[client], help="create or update a trace", description="Create or update a trace."
+    )
+    apply.add_argument(
+        "-f", "--file", required=True, metavar="SPEC", help="spec file, YAML or JSON ('-' = stdin)"
+    )
+    apply.set_defaults(func=cmd_trace_apply)
+    validate = trace_commands.add_parser(
+        "validate",
+        parents=[client],
+        help="check a spec without applying it",
+        description="Check a spec: the schema, then the registered agents (nodes, namespaces, devices).",
+    )
+    validate.add_argument("-f", "--file", required=True, metavar="SPEC", help="spec file ('-' = stdin)")
+    validate.add_argument("--offline", action="store_true", help="check the schema only, no dispatcher")
+    validate.set_defaults(func=cmd_trace_validate)
+    ls = trace_commands.add_parser("ls", parents=[client], help="list traces", description="List traces.")
+    ls.set_defaults(func=cmd_trace_ls)
+    get = trace_commands.add_parser(
+        "get", parents=[client], help="print a trace's spec", description="Print an applied trace's spec."
+    )
+    get.add_argument("name", help="trace name")
+    get.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="format (default yaml)")
+    get.set_defaults(func=cmd_trace_get)
+    rm = trace_commands.add_parser(
+        "rm", parents=[client], help="remove a trace everywhere", description="Detach a trace on every node."
+    )
+    rm.add_argument("name", help="trace name")
+    rm.set_defaults(func=cmd_trace_rm)
+
+    agents = subparsers.add_parser(
+        "agents", parents=[client], help="list registered agents", description="List the registered agents."
+    )
+    agents.add_argument("--json", action="store_true", help="print JSON")
+    agents.set_defaults(func=cmd_agents)
+
+    report = subparsers.add_parser(
+        "report",
+        parents=[client],
+        help="per-hop latency decomposition of a trace",
+        description="Per-segment latency (count, mean, p50/p90/p99, max, incomplete) in path order.",
+    )
+    report.add_argument("name", help="trace name")
+    report.add_argument("--since", type=parse_duration, help="time range ending now, e.g. 30s, 10m, 1h")
+    report.add_argument("--json", action="store_true", help="print one JSON object")
+    report.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `hoptrace` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv).parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except CliError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The user API (`hoptrace.v1.Hoptrace`), served by the dispatcher for the CLI and the web UI."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from hoptrace.dispatcher.controller import DispatcherError, TraceController
+from hoptrace.dispatcher.registry import AgentRegistry
+from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
+
+log = logging.getLogger(__name__)
+
+# Answers GetReport: the request and the trace's applied spec (None if the trace is not applied any more),
+# whose hop names give the path order. hoptrace.collector.report.get_report fits, bound to its InfluxDB.
+ReportProvider = Callable[[api_pb2.GetReportRequest, trace_pb2.TraceSpec | None], api_pb2.Report]
+
+
+class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
+    """Serves `hoptrace.v1.Hoptrace` on top of the controller and the agent registry."""
+
+    def __init__(
+        self,
+        controller: TraceController,
+        registry: AgentRegistry,
+        report_provider: ReportProvider | None = None,
+    ) -> None:
+        self.controller = controller
+        self.registry = registry
+        self.report_provider = report_provider
+
+    def _run(self, context: grpc.ServicerContext, action: Callable[[], object]) -> object:
+        try:
+            return action()
+        except DispatcherError as error:
+            context.abort(error.code, error.message)
+        raise AssertionError("unreachable")  # context.abort raises
+
+    def ValidateTrace(  # noqa: N802
+        self, request: api_pb2.ValidateTraceRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ValidateTraceResponse:
+        """The spec's problems against the schema and the registered agents (empty = valid)."""
+        errors = self.controller.validate(request.spec)
+        return api_pb2.ValidateTraceResponse(
+            errors=[api_pb2.FieldError(field=error.field, reason=error.reason) for error in errors]
+        )
+
+    def ApplyTrace(self, request: api_pb2.ApplyTraceRequest, context: grpc.ServicerContext) -> api_pb2.Trace:  # noqa: N802
+        """Create or update a trace on every node, all or nothing."""
+        return self._run(context, lambda: self.controller.apply(request.spec))
+
+    def ListTraces(  # noqa: N802
+        self, request: api_pb2.ListTracesRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListTracesResponse:
+        """Every applied trace with its nodes' statuses."""
+        return api_pb2.ListTracesResponse(traces=self.controller.list())
+
+    def GetTrace(self, request: api_pb2.GetTraceRequest, context: grpc.ServicerContext) -> api_pb2.Trace:  # noqa: N802
+        """One trace; NOT_FOUND if it is not applied."""
+        return self._run(context, lambda: self.controller.get(request.name))
+
+    def DeleteTrace(  # noqa: N802
+        self, request: api_pb2.DeleteTraceRequest, context: grpc.ServicerContext
+    ) -> api_pb2.DeleteTraceResponse:
+        """Detach a trace on every node and forget it."""
+        self._run(context, lambda: self.controller.delete(request.name))
+        return api_pb2.DeleteTraceResponse()
+
+    def ListAgents(  # noqa: N802
+        self, request: api_pb2.ListAgentsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListAgentsResponse:
+        """Every agent that registered since the dispatcher started, connected or not."""
+        return api_pb2.ListAgentsResponse(agents=self.registry.agents())
+
+    def GetAgent(self, request: api_pb2.GetAgentRequest, context: grpc.ServicerContext) -> api_pb2.Agent:  # noqa: N802
+        """One agent; NOT_FOUND if that node never registered."""
+        agent = self.registry.agent(request.node)
+        if agent is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no agent registered for node {request.node!r}")
+        return agent
+
+    def GetReport(self, request: api_pb2.GetReportRequest, context: grpc.ServicerContext) -> api_pb2.Report:  # noqa: N802
+        """The trace's latency decomposition, from the configured report provider (the collector's store)."""
+        if self.report_provider is None:
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "reports are not configured: start the dispatcher with --influx-url and --influx-bucket",
+            )
+        if not request.trace:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trace: required")
+        try:
+            return self.report_provider(request, self.controller.spec_of(request.trace))
+        except Exception as error:  # the store is another process: report its failure, do not crash
+            log.exception("report of trace %s failed", request.trace)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"report of trace {request.trace} failed: {error}")
+        raise AssertionError("unreachable")
+
+    def WatchSegmentStats(  # noqa: N802
+        self, request: api_pb2.WatchSegmentStatsRequest, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.SegmentStats]:
+        """Not implemented yet: poll GetReport instead."""
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "WatchSegmentStats is not implemented: use GetReport")
+        yield from ()

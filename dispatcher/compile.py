@@ -1,0 +1,371 @@
+"""Compile a validated trace spec into one `TracePlan` per node, each with a CO-RE object holding only the
+programs that node needs.
+
+The per-node C is generated: it includes the hop library (kernel-patch/include/hop.bpf.h) and instantiates
+the needed programs under the same names as the generic object (kernel-patch/hoptrace.bpf.c), so the agent
+loads either the same way. Objects depend only on the set of programs, not on the trace (every per-trace
+setting is a load-time constant), so they are cached by content hash and a new apply rarely runs clang.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from hoptrace.dispatcher.spec import parse_attach_point, tcp_tagging_enabled, udp_tagging_enabled
+from hoptrace.v1 import agent_pb2, trace_pb2
+
+log = logging.getLogger(__name__)
+
+# Program name (the ELF function name the agent looks up) for each attach kind.
+PROGRAM_FOR_KIND = {
+    "tc": "hop_tc",
+    "xdp": "hop_xdp",
+    "tp_btf": "hop_tp_btf",
+    "cgroup_skb": "hop_cgroup_skb",
+    "fentry": "hop_fentry",
+    "kprobe": "hop_kprobe",
+}
+TCP_TAGGER_PROGRAM = "tag_tcp"
+ALL_PROGRAMS = (*PROGRAM_FOR_KIND.values(), TCP_TAGGER_PROGRAM)
+
+# ELF section of each program in the objects (design.md); used to check compiled objects.
+PROGRAM_SECTIONS = {
+    "hop_tc": "tc",
+    "hop_xdp": "xdp",
+    "hop_tp_btf": "tp_btf/netif_receive_skb",
+    "hop_cgroup_skb": "cgroup_skb/ingress",
+    "hop_fentry": "fentry/netif_receive_skb",
+    "hop_kprobe": "kprobe/netif_receive_skb",
+    "tag_tcp": "sockops",
+}
+
+# The macro of hop.bpf.h that defines each program under its contract name and section.
+PROGRAM_MACROS = {
+    "hop_tc": "HOPTRACE_PROG_TC",
+    "hop_xdp": "HOPTRACE_PROG_XDP",
+    "hop_tp_btf": "HOPTRACE_PROG_TP_BTF",
+    "hop_cgroup_skb": "HOPTRACE_PROG_CGROUP_SKB",
+    "hop_fentry": "HOPTRACE_PROG_FENTRY",
+    "hop_kprobe": "HOPTRACE_PROG_KPROBE",
+    "tag_tcp": "HOPTRACE_PROG_TAG_TCP",
+}
+# The same includes as kernel-patch/hoptrace.bpf.c, so hop.bpf.h sees what it expects.
+SOURCE_PREAMBLE = (
+    '#include "vmlinux.h"',
+    "#include <bpf/bpf_helpers.h>",
+    "#include <bpf/bpf_core_read.h>",
+    "#include <bpf/bpf_endian.h>",
+    "#include <bpf/bpf_tracing.h>",
+    "",
+    '#include "hop.bpf.h"',
+    "",
+)
+
+CLANG_FLAGS = ("-O2", "-g", "-Wall", "-target", "bpf", "-D__TARGET_ARCH_x86")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class CompileError(RuntimeError):
+    """clang (or the toolchain around it) failed; the message holds the compiler's own words."""
+
+
+def programs_for_plan(plan: agent_pb2.TracePlan) -> tuple[str, ...]:
+    """The programs a node's object must contain for `plan`, in ALL_PROGRAMS order."""
+    needed = {PROGRAM_FOR_KIND[parse_attach_point(hop.at).kind] for hop in plan.hops}
+    if plan.HasField("tcp_tagging"):
+        needed.add(TCP_TAGGER_PROGRAM)
+    return tuple(program for program in ALL_PROGRAMS if program in needed)
+
+
+def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_pb2.TracePlan]:
+    """Split a validated spec into per-node plans (without objects), keyed by node, in path order.
+
+    Hops keep their global index. UDP: the first hop writes IDs (tag_udp). TCP: the first hop's node tags
+    the segments its sockets send in the first hop's netns (sock_ops); a cgroup-egress first hop narrows
+    the sock_ops attachment to its cgroup.
+    """
+    plans: dict[str, agent_pb2.TracePlan] = {}
+    for index, hop in enumerate(spec.hops):
+        plan = plans.get(hop.node)
+        if plan is None:
+            plan = plans[hop.node] = agent_pb2.TracePlan(
+                trace=spec.name, generation=generation, sample=spec.sample or 1
+            )
+            plan.filter.CopyFrom(spec.filter)
+        plan.hops.add(
+            hop_index=index,
+            name=hop.name,
+            at=hop.at,
+            dev=hop.dev,
+            netns=hop.netns,
+            cgroup=hop.cgroup,
+            tag_udp=index == 0 and udp_tagging_enabled(spec),
+        )
+    if spec.hops and tcp_tagging_enabled(spec):
+        first = spec.hops[0]
+        cgroup = first.cgroup if first.at == "cgroup-egress" else ""
+        plans[first.node].tcp_tagging.CopyFrom(agent_pb2.TcpTagging(netns=first.netns, cgroup=cgroup))
+    return plans
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Where the BPF sources and headers are, and which clang to run."""
+
+    kernel_patch_dir: Path
+    build_dir: Path
+    clang: str = "clang"
+
+    @classmethod
+    def default(cls) -> Toolchain:
+        """kernel-patch/ of this checkout (override with HOPTRACE_KERNEL_PATCH_DIR and HOPTRACE_CLANG)."""
+        kernel_patch = Path(os.environ.get("HOPTRACE_KERNEL_PATCH_DIR", REPO_ROOT / "kernel-patch"))
+        return cls(kernel_patch, kernel_patch / "build", os.environ.get("HOPTRACE_CLANG", "clang"))
+
+    @property
+    def include_dir(self) -> Path:
+        return self.kernel_patch_dir / "include"
+
+
+def generate_source(programs: Iterable[str], kernel_patch_dir: Path) -> str:
+    """The per-node C file defining only `programs`, with the macros of kernel-patch/include/hop.bpf.h.
+
+    Falls back to the generic object's source (every program) when hop.bpf.h lacks a program's macro.
+    """
+    programs = list(programs)
+    library = kernel_patch_dir / "include" / "hop.bpf.h"
+    library_text = library.read_text(errors="replace") if library.exists() else ""
+    lines = ["/* Generated by hoptrace.dispatcher.compile: the programs one node needs. */"]
+    if all(f"#define {PROGRAM_MACROS[program]}" in library_text for program in programs):
+        lines.extend(SOURCE_PREAMBLE)
+        lines.extend(PROGRAM_MACROS[program] for program in programs)
+        lines.extend(("", 'char LICENSE[] SEC("license") = "Dual BSD/GPL";'))
+    else:
+        lines.append("/* hop.bpf.h lacks a program macro: the generic object, every program. */")
+        lines.append('#include "hoptrace.bpf.c"')
+    return "\n".join(lines) + "\n"
+
+
+class BpfCompiler:
+    """Compiles per-node objects with clang, caching them by the hash of everything that goes in."""
+
+    def __init__(self, toolchain: Toolchain | None = None, cache_dir: Path | None = None) -> None:
+        self.toolchain = toolchain or Toolchain.default()
+        self.cache_dir = cache_dir
+        self._memory_cache: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}
+        self._file_hashes: dict[tuple[str, int, int], str] = {}
+        self._pch_lock = threading.Lock()
+        self._pch_paths: dict[str, Path | None] = {}
+
+    @property
+    def _work_dir(self) -> Path:
+        return self.cache_dir or Path(tempfile.gettempdir()) / "hoptrace-bpf-cache"
+
+    def _precompiled_header(self, vmlinux_dir: Path) -> Path | None:
+        """vmlinux.h and the libbpf headers precompiled once (clang -x c-header): parsing vmlinux.h is most
+        of a compile's time. None when clang cannot build it; compiles then parse the headers themselves."""
+        header_text = "\n".join(line for line in SOURCE_PREAMBLE if "hop.bpf.h" not in line) + "\n"
+        vmlinux = vmlinux_dir / "vmlinux.h"
+        # clang refuses a PCH whose headers changed on disk (mtime included), so the key has the mtime too.
+        key_text = "|".join(
+            (header_text, self.toolchain.clang, *CLANG_FLAGS, str(vmlinux), str(vmlinux.stat().st_mtime_ns))
+        )
+        key = hashlib.sha256(f"{key_text}|{self._file_digest(vmlinux)}".encode()).hexdigest()[:24]
+        with self._pch_lock:
+            if key in self._pch_paths:
+                return self._pch_paths[key]
+            header = self._work_dir / f"preamble-{key}.h"
+            pch = header.with_suffix(".h.pch")
+            if not pch.exists():
+                header.parent.mkdir(parents=True, exist_ok=True)
+                if not header.exists():  # the PCH refers to this file: it must stay, unchanged
+                    partial_header = header.with_suffix(f".{os.getpid()}.tmp")
+                    partial_header.write_text(header_text)
+                    partial_header.replace(header)
+                partial = pch.with_suffix(f".{os.getpid()}.tmp")
+                command = [self.toolchain.clang, *CLANG_FLAGS, f"-I{vmlinux_dir}", "-x", "c-header"]
+                command += [str(header), "-o", str(partial)]
+                try:
+                    result = subprocess.run(command, capture_output=True, text=True, check=False)
+                except FileNotFoundError:
+                    result = None
+                if result is None or result.returncode != 0:
+                    log.warning("no precompiled header: %s", result.stderr.strip() if result else "no clang")
+                    partial.unlink(missing_ok=True)
+                    self._pch_paths[key] = None
+                    return None
+                partial.replace(pch)
+            self._pch_paths[key] = pch
+            return pch
+
+    def warm_up(self) -> None:
+        """Prepare vmlinux.h and the precompiled header now so the first apply is fast; errors are logged."""
+        try:
+            self._precompiled_header(self._vmlinux_dir())
+        except CompileError as error:
+            log.warning("BPF toolchain not ready: %s", error)
+
+    def _file_digest(self, path: Path) -> str:
+        stat = path.stat()
+        key = (str(path), stat.st_mtime_ns, stat.st_size)
+        digest = self._file_hashes.get(key)
+        if digest is None:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            self._file_hashes[key] = digest
+        return digest
+
+    def _vmlinux_dir(self) -> Path:
+        """The directory with vmlinux.h: kernel-patch/build, else one generated from this kernel's BTF."""
+        if (self.toolchain.build_dir / "vmlinux.h").exists():
+            return self.toolchain.build_dir
+        generated_dir = self._work_dir / "vmlinux"
+        target = generated_dir / "vmlinux.h"
+        if target.exists():
+            return generated_dir
+        btf = Path("/sys/kernel/btf/vmlinux")
+        bpftool = shutil.which("bpftool") or "/usr/sbin/bpftool"
+        if not btf.exists() or not Path(bpftool).exists():
+            raise CompileError(
+                f"no vmlinux.h in {self.toolchain.build_dir}, and no BTF to generate it: run 'make bpf'"
+            )
+        generated_dir.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(
+            [bpftool, "btf", "dump", "file", str(btf), "format", "c"], capture_output=True, check=False
+        )
+        if result.returncode != 0:
+            raise CompileError(f"bpftool btf dump failed: {result.stderr.decode(errors='replace').strip()}")
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(result.stdout)
+        partial.replace(target)
+        return generated_dir
+
+    def _inputs_digest(self, source: str, vmlinux_dir: Path) -> str:
+        digest = hashlib.sha256()
+        digest.update(source.encode())
+        digest.update(" ".join((self.toolchain.clang, *CLANG_FLAGS)).encode())
+        inputs = sorted(self.toolchain.include_dir.glob("*.h")) + [
+            self.toolchain.kernel_patch_dir / "hoptrace.bpf.c",
+            vmlinux_dir / "vmlinux.h",
+        ]
+        for path in inputs:
+            if path.exists():
+                digest.update(f"{path.name}:{self._file_digest(path)}".encode())
+        return digest.hexdigest()
+
+    def compile_programs(self, programs: Iterable[str]) -> bytes:
+        """The ELF object with `programs` (names from ALL_PROGRAMS); raises CompileError."""
+        programs = tuple(programs)
+        unknown = [program for program in programs if program not in ALL_PROGRAMS]
+        if unknown:
+            raise CompileError(f"unknown programs: {', '.join(unknown)}")
+        vmlinux_dir = self._vmlinux_dir()
+        source = generate_source(programs, self.toolchain.kernel_patch_dir)
+        key = self._inputs_digest(source, vmlinux_dir)
+        with self._lock:
+            if key in self._memory_cache:
+                return self._memory_cache[key]
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:  # two nodes needing the same object compile it once
+            if key in self._memory_cache:
+                return self._memory_cache[key]
+            cached = self.cache_dir / f"{key}.o" if self.cache_dir else None
+            if cached is not None and cached.exists():
+                elf = cached.read_bytes()
+            else:
+                elf = self._run_clang(source, vmlinux_dir, programs)
+                if cached is not None:
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    partial = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+                    partial.write_bytes(elf)
+                    partial.replace(cached)
+            with self._lock:
+                self._memory_cache[key] = elf
+            return elf
+
+    def _run_clang(self, source: str, vmlinux_dir: Path, programs: tuple[str, ...]) -> bytes:
+        with tempfile.TemporaryDirectory(prefix="hoptrace-bpf-") as workdir:
+            source_path = Path(workdir) / "node.bpf.c"
+            object_path = Path(workdir) / "node.bpf.o"
+            source_path.write_text(source)
+            pch = self._precompiled_header(vmlinux_dir)
+            command = [
+                self.toolchain.clang,
+                *CLANG_FLAGS,
+                f"-I{vmlinux_dir}",
+                f"-I{self.toolchain.include_dir}",
+                f"-I{self.toolchain.kernel_patch_dir}",
+                *(("-include-pch", str(pch)) if pch else ()),
+                "-c",
+                str(source_path),
+                "-o",
+                str(object_path),
+            ]
+            result = self._clang(command)
+            pch_refused = "AST file" in result.stderr or "precompiled" in result.stderr
+            if result.returncode != 0 and pch and pch_refused:
+                log.warning("precompiled header unusable, compiling without it: %s", result.stderr.strip())
+                with self._pch_lock:
+                    self._pch_paths = {key: None for key in self._pch_paths}
+                result = self._clang([arg for arg in command if arg not in ("-include-pch", str(pch))])
+            if result.returncode != 0:
+                raise CompileError(
+                    f"clang failed compiling the object for programs {', '.join(programs) or '(none)'}:\n"
+                    + result.stderr.replace(workdir + "/", "").strip()
+                )
+            if result.stderr.strip():
+                log.warning("clang warnings: %s", result.stderr.strip())
+            return object_path.read_bytes()
+
+    def _clang(self, command: list[str]) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+        except FileNotFoundError:
+            raise CompileError(f"{self.toolchain.clang} not found: the dispatcher needs clang") from None
+        except subprocess.TimeoutExpired:
+            raise CompileError("clang did not finish within 120 s") from None
+
+    def compile_plans(self, plans: dict[str, agent_pb2.TracePlan], parallel: int = 4) -> None:
+        """Fill each plan's `object`, compiling distinct program sets in parallel; raises CompileError."""
+        wanted = {node: programs_for_plan(plan) for node, plan in plans.items()}
+        distinct = sorted(set(wanted.values()))
+        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(distinct)))) as pool:
+            objects = dict(zip(distinct, pool.map(self.compile_programs, distinct), strict=True))
+        for node, plan in plans.items():
+            plan.object = objects[wanted[node]]
+
+
+def compile_spec(
+    spec: trace_pb2.TraceSpec, generation: int, compiler: BpfCompiler
+) -> dict[str, agent_pb2.TracePlan]:
+    """Per-node plans with their objects, keyed by node in path order; raises CompileError."""
+    plans = build_plans(spec, generation)
+    compiler.compile_plans(plans)
+    return plans
+
+
+def elf_sections(elf: bytes) -> list[str]:
+    """Section names of an ELF object (64-bit little-endian, as clang -target bpf writes on x86)."""
+    if elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF object")
+    section_offset = struct.unpack_from("<Q", elf, 0x28)[0]
+    entry_size, count, names_index = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", elf, section_offset + i * entry_size) for i in range(count)]
+    names_offset = headers[names_index][4]
+    names = []
+    for name_offset, *_ in headers:
+        start = names_offset + name_offset
+        names.append(elf[start : elf.index(b"\0", start)].decode())
+    return names

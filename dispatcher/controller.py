@@ -1,0 +1,372 @@
+"""The dispatcher's desired state and how agents are brought to it.
+
+`TraceController` owns the applied traces: apply validates, compiles, pushes a plan to every node of the spec
+and waits for each node's TraceStatus; a failure anywhere rolls every node back (to the previous spec, or to
+nothing) so no trace is ever half-applied. Reconnecting agents get the plans of their node, unless they
+report the same generation already running.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import grpc
+
+from hoptrace.dispatcher.compile import BpfCompiler, CompileError, build_plans, compile_spec
+from hoptrace.dispatcher.registry import AgentConnection, AgentRegistry
+from hoptrace.dispatcher.spec import FieldError, validate_spec
+from hoptrace.dispatcher.state import StateStore, StoredTrace, now
+from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
+
+log = logging.getLogger(__name__)
+
+
+class DispatcherError(Exception):
+    """A request that cannot be done; `code` is the gRPC status the API answers with."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def spec_nodes(spec: trace_pb2.TraceSpec) -> list[str]:
+    """The spec's nodes in path order, each once."""
+    return list(dict.fromkeys(hop.node for hop in spec.hops))
+
+
+def status_failures(node: str, status: agent_pb2.TraceStatus, plan: agent_pb2.TracePlan | None) -> list[str]:
+    """Readable failures in one node's status, each naming the node and, when it is about one, the hop."""
+    failures = []
+    if status.error:
+        failures.append(f"node {node}: {status.error}")
+    for hop in status.hops:
+        if hop.attached:
+            continue
+        reason = hop.error or "not attached"
+        prefix = f"hop {hop.name}: "
+        if reason.startswith(prefix):
+            reason = reason[len(prefix) :]
+        failures.append(f"hop {hop.name} (hops[{hop.hop_index}]) on node {node}: {reason}")
+    if plan is not None and not status.error:
+        reported = {hop.hop_index for hop in status.hops}
+        for hop in plan.hops:
+            if hop.hop_index not in reported:
+                failures.append(f"hop {hop.name} (hops[{hop.hop_index}]) on node {node}: no status reported")
+    if not failures and not status.active:
+        failures.append(f"node {node}: trace not active")
+    return failures
+
+
+@dataclass
+class _Trace:
+    """One applied trace in memory: what is stored, plus its plans (compiled lazily after a restart)."""
+
+    stored: StoredTrace
+    plans: dict[str, agent_pb2.TracePlan] | None = None
+    nodes: list[str] = field(default_factory=list)
+
+
+class _StatusBoard:
+    """The latest TraceStatus per (trace, node), each with a sequence number so waiters see only new ones."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._sequence = 0
+        self._latest: dict[tuple[str, str], tuple[int, agent_pb2.TraceStatus]] = {}
+
+    def mark(self) -> int:
+        """The current sequence number: statuses recorded after this are newer."""
+        with self._condition:
+            return self._sequence
+
+    def record(self, node: str, status: agent_pb2.TraceStatus) -> None:
+        with self._condition:
+            self._sequence += 1
+            self._latest[(status.trace, node)] = (self._sequence, status)
+            self._condition.notify_all()
+
+    def latest(self, trace: str, node: str) -> agent_pb2.TraceStatus | None:
+        with self._condition:
+            entry = self._latest.get((trace, node))
+            return entry[1] if entry else None
+
+    def forget(self, trace: str) -> None:
+        with self._condition:
+            for key in [key for key in self._latest if key[0] == trace]:
+                del self._latest[key]
+
+    def wait(
+        self, trace: str, nodes: Iterable[str], after: int, accept, timeout: float
+    ) -> dict[str, agent_pb2.TraceStatus | None]:
+        """Per node, the first status newer than `after` that `accept(status)` takes; None on timeout."""
+        deadline = time.monotonic() + timeout
+        pending = set(nodes)
+        found: dict[str, agent_pb2.TraceStatus | None] = dict.fromkeys(pending)
+        with self._condition:
+            while pending:
+                for node in list(pending):
+                    entry = self._latest.get((trace, node))
+                    if entry and entry[0] > after and accept(entry[1]):
+                        found[node] = entry[1]
+                        pending.discard(node)
+                remaining = deadline - time.monotonic()
+                if not pending or remaining <= 0:
+                    break
+                self._condition.wait(remaining)
+        return found
+
+
+class TraceController:
+    """Applies, deletes and reconciles traces across agents."""
+
+    def __init__(
+        self,
+        registry: AgentRegistry,
+        store: StateStore,
+        compiler: BpfCompiler,
+        ack_timeout: float = 5.0,
+    ) -> None:
+        self.registry = registry
+        self.store = store
+        self.compiler = compiler
+        self.ack_timeout = ack_timeout
+        self._lock = threading.RLock()  # guards _traces
+        self._apply_lock = threading.Lock()  # one apply/delete at a time
+        self._traces: dict[str, _Trace] = {}
+        self._statuses = _StatusBoard()
+        for stored in store.load():
+            self._traces[stored.spec.name] = _Trace(stored, nodes=spec_nodes(stored.spec))
+        if self._traces:
+            log.info("loaded %d trace(s) from %s", len(self._traces), store.state_dir)
+
+    # ---- queries ---------------------------------------------------------------------------------------
+
+    def validate(self, spec: trace_pb2.TraceSpec) -> list[FieldError]:
+        """Problems in `spec`, checked against the registered agents; changes nothing."""
+        return validate_spec(spec, self.registry.registrations())
+
+    def trace_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._traces)
+
+    def spec_of(self, name: str) -> trace_pb2.TraceSpec | None:
+        """The applied spec of trace `name`, or None."""
+        with self._lock:
+            trace = self._traces.get(name)
+            return trace.stored.spec if trace else None
+
+    def get(self, name: str) -> api_pb2.Trace:
+        """The API view of one trace; NOT_FOUND when it is not applied."""
+        with self._lock:
+            trace = self._traces.get(name)
+        if trace is None:
+            raise DispatcherError(grpc.StatusCode.NOT_FOUND, f"no trace named {name!r}")
+        return self._trace_message(trace)
+
+    def list(self) -> list[api_pb2.Trace]:
+        """Every applied trace, by name."""
+        with self._lock:
+            traces = [self._traces[name] for name in sorted(self._traces)]
+        return [self._trace_message(trace) for trace in traces]
+
+    def _trace_message(self, trace: _Trace) -> api_pb2.Trace:
+        stored = trace.stored
+        message = api_pb2.Trace(generation=stored.generation)
+        message.spec.CopyFrom(stored.spec)
+        message.applied_at.FromDatetime(stored.applied_at)
+        for node in trace.nodes:
+            status = self._statuses.latest(stored.spec.name, node)
+            if status is None or status.generation != stored.generation:
+                waiting = "waiting for the agent" if self.registry.connection(node) else "agent not connected"
+                status = agent_pb2.TraceStatus(
+                    trace=stored.spec.name, generation=stored.generation, error=f"node {node}: {waiting}"
+                )
+            message.nodes.append(status)
+        return message
+
+    # ---- apply / delete --------------------------------------------------------------------------------
+
+    def apply(self, spec: trace_pb2.TraceSpec) -> api_pb2.Trace:
+        """Create or update a trace on every node of its spec, all or nothing; raises DispatcherError."""
+        with self._apply_lock:
+            errors = self.validate(spec)
+            if errors:
+                raise DispatcherError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "invalid trace spec:\n" + "\n".join(str(error) for error in errors),
+                )
+            nodes = spec_nodes(spec)
+            missing = [node for node in nodes if self.registry.connection(node) is None]
+            if missing:
+                raise DispatcherError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"trace {spec.name}: no agent connected on node(s) {', '.join(missing)}; nothing changed",
+                )
+            generation = self.store.next_generation()
+            try:
+                plans = compile_spec(spec, generation, self.compiler)
+            except CompileError as error:
+                raise DispatcherError(
+                    grpc.StatusCode.INTERNAL, f"trace {spec.name}: compiling the BPF objects failed:\n{error}"
+                ) from None
+            with self._lock:
+                previous = self._traces.get(spec.name)
+            failures = self._push_plans(spec.name, plans)
+            if failures:
+                rollback_problems = self._roll_back(spec, previous)
+                message = f"trace {spec.name} generation {generation} failed on its agents:\n"
+                message += "\n".join(failures)
+                message += (
+                    f"\nrolled back to generation {previous.stored.generation}"
+                    if previous
+                    else "\nremoved from every node (nothing applied)"
+                )
+                if rollback_problems:
+                    message += "\nrollback problems:\n" + "\n".join(rollback_problems)
+                raise DispatcherError(grpc.StatusCode.FAILED_PRECONDITION, message)
+            stored = StoredTrace(spec=spec, generation=generation, applied_at=now())
+            self.store.save(stored)
+            trace = _Trace(stored, plans=plans, nodes=nodes)
+            with self._lock:
+                self._traces[spec.name] = trace
+            if previous is not None:
+                dropped = [node for node in previous.nodes if node not in nodes]
+                for problem in self._remove_from(spec.name, dropped):
+                    log.warning("trace %s: %s", spec.name, problem)
+            log.info("applied trace %s generation %d on %s", spec.name, generation, ", ".join(nodes))
+            return self._trace_message(trace)
+
+    def delete(self, name: str) -> list[str]:
+        """Detach trace `name` everywhere and forget it; returns problems (nodes that did not acknowledge).
+
+        Nodes that are disconnected are cleaned up when they reconnect (their Register lists the trace)."""
+        with self._apply_lock:
+            with self._lock:
+                trace = self._traces.pop(name, None)
+            if trace is None:
+                raise DispatcherError(grpc.StatusCode.NOT_FOUND, f"no trace named {name!r}")
+            self.store.delete(name)
+            problems = self._remove_from(name, trace.nodes)
+            self._statuses.forget(name)
+            for problem in problems:
+                log.warning("trace %s: %s", name, problem)
+            return problems
+
+    def _push_plans(self, trace: str, plans: dict[str, agent_pb2.TracePlan]) -> list[str]:
+        """Send each node its plan and wait for the statuses; the failures, empty when all attached."""
+        mark = self._statuses.mark()
+        failures = []
+        sent = []
+        for node, plan in plans.items():
+            connection = self.registry.connection(node)
+            if connection is None or not connection.send(agent_pb2.DispatcherMessage(apply=plan)):
+                failures.append(f"node {node}: agent disconnected")
+            else:
+                sent.append(node)
+        generation = next(iter(plans.values())).generation if plans else 0
+        statuses = self._statuses.wait(
+            trace, sent, mark, lambda status: status.generation == generation, self.ack_timeout
+        )
+        for node in sent:
+            status = statuses[node]
+            if status is None:
+                failures.append(f"node {node}: no status from the agent within {self.ack_timeout:g}s")
+            else:
+                failures.extend(status_failures(node, status, plans[node]))
+        return failures
+
+    def _remove_from(self, trace: str, nodes: Iterable[str]) -> list[str]:
+        """Send RemoveTrace to `nodes` and wait for their (inactive) statuses; the problems."""
+        mark = self._statuses.mark()
+        problems = []
+        sent = []
+        for node in nodes:
+            connection = self.registry.connection(node)
+            remove = agent_pb2.DispatcherMessage(remove=agent_pb2.RemoveTrace(trace=trace))
+            if connection is None or not connection.send(remove):
+                problems.append(f"node {node}: agent not connected; it is cleaned up when it reconnects")
+            else:
+                sent.append(node)
+        statuses = self._statuses.wait(trace, sent, mark, lambda status: not status.active, self.ack_timeout)
+        problems.extend(
+            f"node {node}: removal not acknowledged within {self.ack_timeout:g}s"
+            for node, status in statuses.items()
+            if status is None
+        )
+        return problems
+
+    def _roll_back(self, failed: trace_pb2.TraceSpec, previous: _Trace | None) -> list[str]:
+        """Undo a failed apply: the previous spec again (as a new generation, so agents take it as newer),
+        and removal from the nodes only the failed spec used."""
+        failed_nodes = spec_nodes(failed)
+        if previous is None:
+            return self._remove_from(failed.name, failed_nodes)
+        only_failed = [node for node in failed_nodes if node not in previous.nodes]
+        problems = self._remove_from(failed.name, only_failed)
+        generation = self.store.next_generation()
+        try:
+            plans = compile_spec(previous.stored.spec, generation, self.compiler)
+        except CompileError as error:
+            return [*problems, f"recompiling the previous spec failed: {error}"]
+        problems.extend(self._push_plans(failed.name, plans))
+        stored = StoredTrace(previous.stored.spec, generation, previous.stored.applied_at)
+        self.store.save(stored)
+        with self._lock:
+            self._traces[failed.name] = _Trace(stored, plans=plans, nodes=previous.nodes)
+        return problems
+
+    # ---- agents ----------------------------------------------------------------------------------------
+
+    def on_status(self, node: str, status: agent_pb2.TraceStatus) -> None:
+        """Record a status an agent sent."""
+        if status.generation:  # 0: the answer to a remove of a trace the agent did not run
+            for failure in status_failures(node, status, None) if status.active or status.error else []:
+                log.warning("trace %s generation %d: %s", status.trace, status.generation, failure)
+        self._statuses.record(node, status)
+
+    def _plan_for(self, trace: _Trace, node: str) -> agent_pb2.TracePlan:
+        with self._lock:
+            if trace.plans is None:
+                trace.plans = build_plans(trace.stored.spec, trace.stored.generation)
+            plan = trace.plans[node]
+        if not plan.object:
+            self.compiler.compile_plans({node: plan})
+        return plan
+
+    def on_agent_connected(self, connection: AgentConnection) -> None:
+        """Bring a (re)connected agent to the desired state: push its node's plans, except those it already
+        runs at the same generation, and remove traces it runs that are no longer wanted there."""
+        node = connection.node
+        running = {status.trace: status for status in connection.registration.running}
+        with self._lock:
+            wanted = [trace for trace in self._traces.values() if node in trace.nodes]
+        wanted_names = {trace.stored.spec.name for trace in wanted}
+        for trace in wanted:
+            name = trace.stored.spec.name
+            status = running.get(name)
+            if status is not None and status.generation == trace.stored.generation and status.active:
+                self._statuses.record(node, status)
+                log.info("node %s already runs %s generation %d", node, name, status.generation)
+                continue
+            try:
+                plan = self._plan_for(trace, node)
+            except CompileError as error:
+                log.error("trace %s: cannot compile the plan of node %s: %s", name, node, error)
+                self._statuses.record(
+                    node,
+                    agent_pb2.TraceStatus(
+                        trace=name, generation=trace.stored.generation, error=f"compile failed: {error}"
+                    ),
+                )
+                continue
+            log.info("pushing %s generation %d to node %s", name, plan.generation, node)
+            connection.send(agent_pb2.DispatcherMessage(apply=plan))
+        for name in running:
+            if name not in wanted_names:
+                log.info("node %s runs %s, which is not applied there: removing", node, name)
+                connection.send(agent_pb2.DispatcherMessage(remove=agent_pb2.RemoveTrace(trace=name)))

@@ -1,0 +1,17 @@
+"""GetReport's source: the collector's InfluxDB, queried through hoptrace.collector.report."""
+
+from __future__ import annotations
+
+from hoptrace.dispatcher.api import ReportProvider
+from hoptrace.v1 import api_pb2, trace_pb2
+
+
+def influx_report_provider(url: str, bucket: str, org: str = "-", token: str = "") -> ReportProvider:
+    """A ReportProvider reading the collector's InfluxDB; segments follow the applied spec's hop order."""
+    from hoptrace.collector import report  # imported here: influxdb_client only where reports are served
+
+    def provide(request: api_pb2.GetReportRequest, spec: trace_pb2.TraceSpec | None) -> api_pb2.Report:
+        path = [hop.name for hop in spec.hops] if spec is not None else None
+        return report.get_report(request, url=url, bucket=bucket, org=org, token=token, path=path)
+
+    return provide

@@ -1,0 +1,106 @@
+"""The dispatcher process: the user API and the agent sessions on one gRPC port."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from hoptrace.dispatcher.api import HoptraceServicer, ReportProvider
+from hoptrace.dispatcher.compile import BpfCompiler, Toolchain
+from hoptrace.dispatcher.controller import TraceController
+from hoptrace.dispatcher.registry import AgentRegistry
+from hoptrace.dispatcher.session import AgentSessionServicer
+from hoptrace.dispatcher.state import StateStore
+from hoptrace.v1 import agent_pb2_grpc, api_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = "127.0.0.1:7070"
+DEFAULT_STATE_DIR = "/var/lib/hoptrace/dispatcher"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # plans carry objects (up to ~1 MB each with BTF)
+
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Notice dead agents even when they are idle, and accept the agents' own keepalive pings.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+class DispatcherServer:
+    """A running dispatcher: `port` is the bound port (useful with listen "127.0.0.1:0")."""
+
+    def __init__(
+        self,
+        listen: str,
+        state_dir: str | Path,
+        *,
+        report_provider: ReportProvider | None = None,
+        compiler: BpfCompiler | None = None,
+        ack_timeout: float = 5.0,
+        max_agents: int = 256,
+    ) -> None:
+        self.listen = listen
+        self.store = StateStore(state_dir)
+        self.registry = AgentRegistry()
+        self.compiler = compiler or BpfCompiler(Toolchain.default(), cache_dir=self.store.state_dir / "cache")
+        self.controller = TraceController(self.registry, self.store, self.compiler, ack_timeout=ack_timeout)
+        # Every connected agent holds one worker for its stream; leave room for user calls.
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_agents + 32, thread_name_prefix="dispatcher"),
+            options=SERVER_OPTIONS,
+        )
+        api_pb2_grpc.add_HoptraceServicer_to_server(
+            HoptraceServicer(self.controller, self.registry, report_provider), self._server
+        )
+        agent_pb2_grpc.add_AgentSessionServicer_to_server(
+            AgentSessionServicer(self.registry, self.controller), self._server
+        )
+        self.port = 0
+
+    def start(self) -> DispatcherServer:
+        """Bind and serve; prepares the BPF toolchain in the background so the first apply is fast."""
+        self.port = self._server.add_insecure_port(self.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.listen}")
+        self._server.start()
+        threading.Thread(target=self.compiler.warm_up, name="bpf-warm-up", daemon=True).start()
+        log.info("dispatcher listening on %s (state in %s)", self.address, self.store.state_dir)
+        return self
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT clients can dial."""
+        host = self.listen.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        """End agent streams and stop serving."""
+        self.registry.close_all()
+        self._server.stop(grace).wait()
+
+    def wait_for_termination(self) -> None:
+        """Block until the server stops."""
+        self._server.wait_for_termination()
+
+
+def serve(
+    listen: str = DEFAULT_LISTEN,
+    state_dir: str | Path = DEFAULT_STATE_DIR,
+    *,
+    report_provider: ReportProvider | None = None,
+    compiler: BpfCompiler | None = None,
+    ack_timeout: float = 5.0,
+) -> DispatcherServer:
+    """Start a dispatcher serving `hoptrace.v1.Hoptrace` and `hoptrace.v1.AgentSession` on `listen`."""
+    return DispatcherServer(
+        listen, state_dir, report_provider=report_provider, compiler=compiler, ack_timeout=ack_timeout
+    ).start()

@@ -1,0 +1,632 @@
+"""Trace specs: load YAML or JSON, convert to `TraceSpec`, and validate with field-precise errors.
+
+The YAML/JSON form is a contract (see dispatcher/README.md). Every error names the field it is about with a
+path such as ``hops[2].dev`` or ``filter.src`` so a user can find it; YAML errors also carry the line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from hoptrace.v1 import agent_pb2, trace_pb2
+
+NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+NAME_MAX_LEN = 63
+HOP_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Linux interface names: at most IFNAMSIZ - 1 = 15 bytes, no '/', no whitespace, not "." or "..".
+DEVICE_NAME_PATTERN = re.compile(r"^[^/\s:]{1,15}$")
+SYMBOL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+TRACEPOINT_GROUPS = ("net", "skb")
+PROTOCOLS = ("udp", "tcp")
+MAX_SAMPLE = 2**32 - 1
+
+TOP_LEVEL_KEYS = ("name", "filter", "sample", "hops")
+FILTER_KEYS = ("protocol", "src", "dst", "src_port", "dst_port")
+HOP_KEYS = ("name", "node", "at", "dev", "netns", "cgroup")
+
+# Receive-side events: a packet seen there was not sent by this node, so such a hop cannot be where the
+# sender's packets get their ID. Transmit-side and unknown events are accepted.
+RECEIVE_TRACEPOINTS = frozenset(
+    {
+        "netif_receive_skb",
+        "netif_receive_skb_entry",
+        "netif_receive_skb_list_entry",
+        "netif_rx",
+        "netif_rx_entry",
+        "napi_gro_receive_entry",
+        "napi_gro_frags_entry",
+    }
+)
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem in a spec: `field` is a path into it (``hops[2].dev``), `reason` says what is wrong."""
+
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason}" if self.field else self.reason
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; `errors` holds every problem found, in spec order."""
+
+    def __init__(self, errors: Sequence[FieldError]) -> None:
+        self.errors = list(errors)
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return "\n".join(str(error) for error in self.errors)
+
+
+@dataclass(frozen=True)
+class AttachPoint:
+    """A parsed `at` value.
+
+    kind is the program family (``tc``, ``xdp``, ``cgroup_skb``, ``tp_btf``, ``fentry``, ``kprobe``);
+    direction is ``ingress``/``egress`` for tc and cgroup hops; target is the tracepoint event or function.
+    """
+
+    kind: str
+    direction: str = ""
+    group: str = ""
+    target: str = ""
+
+    @property
+    def is_egress(self) -> bool:
+        """True when the hop sees packets leaving through it (so the node sent or forwarded them)."""
+        return self.direction == "egress"
+
+    @property
+    def is_receive_side(self) -> bool:
+        """True when the hop only sees received packets (xdp, *-ingress, receive tracepoints)."""
+        if self.kind == "xdp" or self.direction == "ingress":
+            return True
+        return self.kind == "tp_btf" and self.target in RECEIVE_TRACEPOINTS
+
+
+# The capability key (Register.capabilities.attach) each attach kind needs; tc accepts either tcx or tc.
+CAPABILITY_KEYS: dict[str, tuple[str, ...]] = {
+    "tc": ("tcx", "tc"),
+    "xdp": ("xdp",),
+    "cgroup_skb": ("cgroup_skb",),
+    "tp_btf": ("tp_btf",),
+    "fentry": ("fentry",),
+    "kprobe": ("kprobe",),
+    "sock_ops": ("sock_ops",),
+}
+
+AT_FORMS = (
+    "tc-ingress, tc-egress, xdp, cgroup-ingress, cgroup-egress, tracepoint:GROUP:EVENT, "
+    "fentry:FUNCTION, kprobe:FUNCTION"
+)
+
+
+def parse_attach_point(at: str) -> AttachPoint:
+    """Parse a hop's `at` value; raises ValueError with the reason when it is not one of the known forms."""
+    simple = {
+        "tc-ingress": AttachPoint("tc", "ingress"),
+        "tc-egress": AttachPoint("tc", "egress"),
+        "xdp": AttachPoint("xdp", "ingress"),
+        "cgroup-ingress": AttachPoint("cgroup_skb", "ingress"),
+        "cgroup-egress": AttachPoint("cgroup_skb", "egress"),
+    }
+    if at in simple:
+        return simple[at]
+    kind, _, rest = at.partition(":")
+    if kind == "tracepoint":
+        group, sep, event = rest.partition(":")
+        if not sep or not group or not event:
+            raise ValueError(
+                f"{at!r}: expected tracepoint:GROUP:EVENT, e.g. tracepoint:net:netif_receive_skb"
+            )
+        if group not in TRACEPOINT_GROUPS:
+            raise ValueError(
+                f"{at!r}: tracepoint group must be net or skb (events whose first argument is an skb)"
+            )
+        if not SYMBOL_PATTERN.match(event):
+            raise ValueError(f"{at!r}: {event!r} is not a tracepoint event name")
+        return AttachPoint("tp_btf", group=group, target=event)
+    if kind in ("fentry", "kprobe"):
+        if not rest:
+            raise ValueError(f"{at!r}: expected {kind}:FUNCTION")
+        if not SYMBOL_PATTERN.match(rest):
+            raise ValueError(f"{at!r}: {rest!r} is not a kernel function name")
+        return AttachPoint(kind, target=rest)
+    raise ValueError(f"unknown attach point {at!r}; expected one of {AT_FORMS}")
+
+
+def udp_tagging_enabled(spec: trace_pb2.TraceSpec) -> bool:
+    """UDP packets get IDs at the first hop when the filter is UDP or names no protocol."""
+    return spec.filter.protocol in ("", "udp")
+
+
+def tcp_tagging_enabled(spec: trace_pb2.TraceSpec) -> bool:
+    """TCP segments get IDs from sock_ops on the sender when the filter is TCP or names no protocol."""
+    return spec.filter.protocol in ("", "tcp")
+
+
+# ---- loading -------------------------------------------------------------------------------------------
+
+
+class _LineIndex:
+    """Field path -> 1-based line of a YAML document, for error messages."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, int] = {}
+
+    def line_of(self, field: str) -> int | None:
+        """The line of `field`, or of its nearest parent that has one."""
+        while field:
+            if field in self.lines:
+                return self.lines[field]
+            field = re.sub(r"(\.[^.\[]+|\[\d+\])$", "", field) if re.search(r"[.\[]", field) else ""
+        return None
+
+
+def _index_yaml_nodes(node: yaml.Node, path: str, index: _LineIndex, errors: list[FieldError]) -> None:
+    if path:
+        index.lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+            child = f"{path}.{key}" if path else key
+            if key in seen:
+                errors.append(
+                    FieldError(child, f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+                )
+            seen.add(key)
+            index.lines.setdefault(child, key_node.start_mark.line + 1)
+            _index_yaml_nodes(value_node, child, index, errors)
+    elif isinstance(node, yaml.SequenceNode):
+        for position, item in enumerate(node.value):
+            _index_yaml_nodes(item, f"{path}[{position}]", index, errors)
+
+
+def parse_document(text: str | bytes) -> tuple[Any, _LineIndex]:
+    """Parse YAML or JSON (JSON when the text starts with '{'); raises SpecError naming line and column."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise SpecError([FieldError("spec", f"not UTF-8 text: {error}")]) from None
+    index = _LineIndex()
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text), index
+        except json.JSONDecodeError as error:
+            raise SpecError(
+                [
+                    FieldError(
+                        "spec", f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+                    )
+                ]
+            ) from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = " ".join(part for part in (error.context, error.problem) if part)
+        raise SpecError([FieldError("spec", f"invalid YAML at {where}{problem}")]) from None
+    except yaml.YAMLError as error:
+        raise SpecError([FieldError("spec", f"invalid YAML: {error}")]) from None
+    duplicate_errors: list[FieldError] = []
+    if root is not None:
+        _index_yaml_nodes(root, "", index, duplicate_errors)
+    if duplicate_errors:
+        raise SpecError(duplicate_errors)
+    return data, index
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", int: "an integer"}.get(
+        type(value), type(value).__name__
+    )
+
+
+class _Converter:
+    """Builds a TraceSpec from a parsed document, collecting structural errors instead of stopping at one."""
+
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+
+    def error(self, field: str, reason: str) -> None:
+        self.errors.append(FieldError(field, reason))
+
+    def check_keys(self, mapping: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> None:
+        for key in mapping:
+            if key in allowed:
+                continue
+            field = f"{prefix}.{key}" if prefix else str(key)
+            suggestion = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {suggestion[0]!r}?)" if suggestion else f"; expected {', '.join(allowed)}"
+            self.error(field, f"unknown key {key!r}{hint}")
+
+    def string(self, mapping: Mapping[str, Any], key: str, field: str) -> str:
+        value = mapping.get(key)
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            self.error(field, f"must be a string, got {_type_name(value)} {value!r} (quote it)")
+            return ""
+        return value
+
+    def integer(self, mapping: Mapping[str, Any], key: str, field: str, low: int, high: int) -> int | None:
+        value = mapping.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.error(field, f"must be an integer, got {_type_name(value)} {value!r}")
+            return None
+        if not low <= value <= high:
+            self.error(field, f"{value} is out of range {low}..{high}")
+            return None
+        return value
+
+    def convert(self, data: Any) -> trace_pb2.TraceSpec:
+        spec = trace_pb2.TraceSpec()
+        if not isinstance(data, dict):
+            self.error("spec", f"must be a mapping with name, filter, sample, hops; got {_type_name(data)}")
+            return spec
+        self.check_keys(data, TOP_LEVEL_KEYS, "")
+        spec.name = self.string(data, "name", "name")
+        self.convert_filter(data.get("filter"), spec.filter)
+        sample = data.get("sample")
+        spec.sample = 1  # the default, explicit so that every loaded spec compares equal to its round trip
+        if sample is not None:
+            if isinstance(sample, bool) or not isinstance(sample, int):
+                self.error("sample", f"must be an integer >= 1 (trace 1 packet in N), got {sample!r}")
+            elif sample < 1:
+                self.error("sample", f"must be >= 1 (trace 1 packet in N), got {sample}")
+            elif sample > MAX_SAMPLE:
+                self.error("sample", f"must be <= {MAX_SAMPLE}, got {sample}")
+            else:
+                spec.sample = sample
+        hops = data.get("hops")
+        if hops is None:
+            if "hops" not in data:
+                self.error("hops", "required: the points the packets pass, in path order")
+        elif not isinstance(hops, list):
+            self.error("hops", f"must be a list of hops, got {_type_name(hops)}")
+        else:
+            for position, hop in enumerate(hops):
+                self.convert_hop(hop, f"hops[{position}]", spec.hops.add())
+        return spec
+
+    def convert_filter(self, value: Any, target: trace_pb2.Filter) -> None:
+        if value is None:
+            return
+        if not isinstance(value, dict):
+            self.error("filter", f"must be a mapping ({', '.join(FILTER_KEYS)}), got {_type_name(value)}")
+            return
+        self.check_keys(value, FILTER_KEYS, "filter")
+        target.protocol = self.string(value, "protocol", "filter.protocol")
+        target.src = self.string(value, "src", "filter.src")
+        target.dst = self.string(value, "dst", "filter.dst")
+        for key in ("src_port", "dst_port"):
+            port = self.integer(value, key, f"filter.{key}", 0, 65535)
+            if port is not None:
+                setattr(target, key, port)
+
+    def convert_hop(self, value: Any, field: str, target: trace_pb2.HopSpec) -> None:
+        if not isinstance(value, dict):
+            self.error(field, f"must be a mapping ({', '.join(HOP_KEYS)}), got {_type_name(value)}")
+            return
+        self.check_keys(value, HOP_KEYS, field)
+        for key in HOP_KEYS:
+            setattr(target, key, self.string(value, key, f"{field}.{key}"))
+
+
+def spec_from_data(data: Any) -> trace_pb2.TraceSpec:
+    """Convert a parsed YAML/JSON document to a TraceSpec (structure and types only; see validate_spec)."""
+    converter = _Converter()
+    spec = converter.convert(data)
+    if converter.errors:
+        raise SpecError(converter.errors)
+    return spec
+
+
+def _field_order(error: FieldError) -> tuple[int, int]:
+    """Sort key putting errors in spec order: name, filter, sample, hops (by index)."""
+    head = re.match(r"[a-z_]+", error.field)
+    top = TOP_LEVEL_KEYS.index(head.group()) if head and head.group() in TOP_LEVEL_KEYS else -1
+    hop = re.match(r"hops\[(\d+)\]", error.field)
+    return top, int(hop.group(1)) if hop else -1
+
+
+def _is_within(field: str, parent: str) -> bool:
+    return field == parent or field.startswith(parent + ".") or field.startswith(parent + "[")
+
+
+def _convert_and_validate(data: Any, agents: Mapping[str, agent_pb2.Register] | None) -> trace_pb2.TraceSpec:
+    """Structural and semantic errors together, in spec order; a field with a structural error gets no
+    further (semantic) error, e.g. `hops: {}` is "must be a list", not also "must list at least one hop"."""
+    converter = _Converter()
+    spec = converter.convert(data)
+    errors = list(converter.errors)
+    if not any(error.field == "spec" for error in errors):
+        broken = [error.field for error in errors]
+        errors += [
+            error
+            for error in validate_spec(spec, agents)
+            if not any(_is_within(error.field, field) for field in broken)
+        ]
+    if errors:
+        raise SpecError(sorted(errors, key=_field_order))
+    return spec
+
+
+def _with_lines(errors: Sequence[FieldError], index: _LineIndex) -> list[FieldError]:
+    located = []
+    for error in errors:
+        line = index.line_of(error.field) if error.field != "spec" else None
+        located.append(FieldError(error.field, f"{error.reason} (line {line})") if line else error)
+    return located
+
+
+def load_spec(
+    text: str | bytes, agents: Mapping[str, agent_pb2.Register] | None = None
+) -> trace_pb2.TraceSpec:
+    """Parse a YAML or JSON spec and validate it (against `agents` when given); raises SpecError."""
+    data, index = parse_document(text)
+    try:
+        return _convert_and_validate(data, agents)
+    except SpecError as error:
+        raise SpecError(_with_lines(error.errors, index)) from None
+
+
+# ---- writing -------------------------------------------------------------------------------------------
+
+
+def spec_to_data(spec: trace_pb2.TraceSpec) -> dict[str, Any]:
+    """The spec as the contract's mapping (fields in contract order, empty fields left out)."""
+    data: dict[str, Any] = {"name": spec.name}
+    filter_data = {key: getattr(spec.filter, key) for key in FILTER_KEYS if getattr(spec.filter, key)}
+    if filter_data:
+        data["filter"] = filter_data
+    data["sample"] = spec.sample or 1
+    data["hops"] = [{key: getattr(hop, key) for key in HOP_KEYS if getattr(hop, key)} for hop in spec.hops]
+    return data
+
+
+def spec_to_yaml(spec: trace_pb2.TraceSpec) -> str:
+    """The spec in the contract's YAML form; load_spec(spec_to_yaml(s)) == s."""
+    return yaml.safe_dump(spec_to_data(spec), sort_keys=False, default_flow_style=False, width=110)
+
+
+def spec_to_json(spec: trace_pb2.TraceSpec, indent: int | None = 2) -> str:
+    """The spec in the contract's JSON form; load_spec(spec_to_json(s)) == s."""
+    return json.dumps(spec_to_data(spec), indent=indent)
+
+
+# ---- validation ----------------------------------------------------------------------------------------
+
+
+def _parse_network(value: str, field: str, errors: list[FieldError]) -> ipaddress.IPv4Network | None:
+    try:
+        network = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        errors.append(FieldError(field, f"{value!r} is not an IPv4/IPv6 address or CIDR"))
+        return None
+    if "/" in value and network.network_address != ipaddress.ip_interface(value).ip:
+        errors.append(FieldError(field, f"{value!r} has host bits set; did you mean {network}?"))
+        return None
+    return network
+
+
+def _validate_filter(spec: trace_pb2.TraceSpec, errors: list[FieldError]) -> None:
+    flt = spec.filter
+    if flt.protocol and flt.protocol not in PROTOCOLS:
+        errors.append(FieldError("filter.protocol", f"{flt.protocol!r} is not udp or tcp (absent = both)"))
+    src = _parse_network(flt.src, "filter.src", errors) if flt.src else None
+    dst = _parse_network(flt.dst, "filter.dst", errors) if flt.dst else None
+    if src is not None and dst is not None and src.version != dst.version:
+        errors.append(
+            FieldError("filter.dst", f"IPv{dst.version} but filter.src is IPv{src.version}: use one family")
+        )
+    for key in ("src_port", "dst_port"):
+        if getattr(flt, key) > 65535:
+            errors.append(FieldError(f"filter.{key}", f"{getattr(flt, key)} is out of range 0..65535"))
+
+
+def _validate_hop(hop: trace_pb2.HopSpec, field: str, errors: list[FieldError]) -> AttachPoint | None:
+    if not hop.name:
+        errors.append(FieldError(f"{field}.name", "required"))
+    elif not HOP_NAME_PATTERN.match(hop.name) or len(hop.name) > NAME_MAX_LEN:
+        errors.append(
+            FieldError(
+                f"{field}.name",
+                f"{hop.name!r}: letters, digits, '.', '_', '-', starting with a letter or digit, "
+                f"at most {NAME_MAX_LEN} characters",
+            )
+        )
+    if not hop.node:
+        errors.append(FieldError(f"{field}.node", "required: the node whose agent runs this hop"))
+    point = None
+    if not hop.at:
+        errors.append(FieldError(f"{field}.at", f"required: one of {AT_FORMS}"))
+    else:
+        try:
+            point = parse_attach_point(hop.at)
+        except ValueError as error:
+            errors.append(FieldError(f"{field}.at", str(error)))
+    if hop.dev and (not DEVICE_NAME_PATTERN.match(hop.dev) or hop.dev in (".", "..")):
+        errors.append(
+            FieldError(f"{field}.dev", f"{hop.dev!r} is not a device name (1-15 characters, no '/')")
+        )
+    if hop.netns and not hop.netns.startswith("/") and "/" in hop.netns:
+        errors.append(
+            FieldError(f"{field}.netns", f"{hop.netns!r}: a name under /run/netns or an absolute path")
+        )
+    if hop.cgroup and ".." in hop.cgroup.split("/"):
+        errors.append(FieldError(f"{field}.cgroup", f"{hop.cgroup!r}: '..' is not allowed"))
+    if point is None:
+        return None
+    if point.kind in ("tc", "xdp") and not hop.dev:
+        errors.append(FieldError(f"{field}.dev", f"required for {hop.at} hops: the device to attach to"))
+    if point.kind == "cgroup_skb":
+        if not hop.cgroup:
+            errors.append(
+                FieldError(f"{field}.cgroup", f"required for {hop.at} hops: a cgroup v2 path to attach to")
+            )
+        if hop.dev:
+            errors.append(FieldError(f"{field}.dev", f"not used by {hop.at} hops (they attach to a cgroup)"))
+    elif hop.cgroup:
+        errors.append(FieldError(f"{field}.cgroup", "only cgroup-ingress/cgroup-egress hops take a cgroup"))
+    return point
+
+
+def _validate_tagging(spec: trace_pb2.TraceSpec, first: AttachPoint, errors: list[FieldError]) -> None:
+    hop = spec.hops[0]
+    if udp_tagging_enabled(spec) and not (first.kind == "tc" and first.is_egress):
+        protocol = "udp" if spec.filter.protocol == "udp" else "absent (udp and tcp)"
+        errors.append(
+            FieldError(
+                "hops[0].at",
+                f"filter.protocol is {protocol}: UDP packets get their ID at the first hop, which must be "
+                f"tc-egress on the sending node (cgroup_skb cannot grow packets); got {hop.at!r}"
+                + ("; set filter.protocol: tcp to trace TCP only" if not spec.filter.protocol else ""),
+            )
+        )
+    elif tcp_tagging_enabled(spec) and first.is_receive_side:
+        errors.append(
+            FieldError(
+                "hops[0].at",
+                f"TCP segments get their ID from the sending sockets in the first hop's node and netns, so "
+                f"the first hop must see packets leaving the sender; {hop.at!r} only sees received packets",
+            )
+        )
+
+
+def _namespace_by_name(registration: agent_pb2.Register, netns: str) -> agent_pb2.Namespace | None:
+    for namespace in registration.namespaces:
+        if namespace.name == netns:
+            return namespace
+    return None
+
+
+def _attach_refusal(registration: agent_pb2.Register, kind: str) -> str | None:
+    """Why the node cannot attach `kind` (None when it can or did not say)."""
+    attach = registration.capabilities.attach
+    keys = [key for key in CAPABILITY_KEYS.get(kind, (kind,)) if key in attach]
+    if not keys or any(attach[key].supported for key in keys):
+        return None
+    reasons = [attach[key].reason for key in keys if attach[key].reason]
+    return reasons[0] if reasons else "not supported by this node's kernel"
+
+
+def _validate_against_agents(
+    spec: trace_pb2.TraceSpec,
+    points: list[AttachPoint | None],
+    agents: Mapping[str, agent_pb2.Register],
+    errors: list[FieldError],
+) -> None:
+    known = ", ".join(sorted(agents)) or "none"
+    for position, (hop, point) in enumerate(zip(spec.hops, points, strict=True)):
+        field = f"hops[{position}]"
+        if not hop.node:
+            continue
+        registration = agents.get(hop.node)
+        if registration is None:
+            errors.append(
+                FieldError(f"{field}.node", f"node {hop.node!r} is not registered (registered: {known})")
+            )
+            continue
+        if point is not None:
+            refusal = _attach_refusal(registration, point.kind)
+            if refusal:
+                errors.append(FieldError(f"{field}.at", f"{hop.at} on node {hop.node}: {refusal}"))
+        namespace = _namespace_by_name(registration, hop.netns)
+        if namespace is None:
+            if hop.netns.startswith("/"):
+                continue  # a path (/proc/PID/ns/net) is resolved by the agent at attach time
+            reported = ", ".join(repr(ns.name) if ns.name else "'' (own)" for ns in registration.namespaces)
+            wanted = f"netns {hop.netns!r}" if hop.netns else "its own namespace ('')"
+            errors.append(
+                FieldError(
+                    f"{field}.netns",
+                    f"node {hop.node} did not report {wanted}; it reported: {reported or 'none'}",
+                )
+            )
+            continue
+        if hop.dev and point is not None and point.kind != "cgroup_skb":
+            devices = [device.name for device in namespace.devices]
+            if hop.dev not in devices:
+                netns = f"netns {hop.netns!r}" if hop.netns else "its own namespace"
+                errors.append(
+                    FieldError(
+                        f"{field}.dev",
+                        f"no device {hop.dev!r} in {netns} on node {hop.node}; "
+                        f"devices there: {', '.join(devices) or 'none'}",
+                    )
+                )
+    if spec.hops and tcp_tagging_enabled(spec) and spec.hops[0].node in agents:
+        refusal = _attach_refusal(agents[spec.hops[0].node], "sock_ops")
+        if refusal:
+            errors.append(
+                FieldError(
+                    "hops[0].node", f"TCP tagging needs sock_ops on node {spec.hops[0].node}: {refusal}"
+                )
+            )
+
+
+def validate_spec(
+    spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register] | None = None
+) -> list[FieldError]:
+    """Every problem in `spec`, in spec order; checked against the agents' registrations when given."""
+    errors: list[FieldError] = []
+    if not spec.name:
+        errors.append(FieldError("name", "required: the trace's name, [a-z0-9-]+"))
+    elif not NAME_PATTERN.match(spec.name) or len(spec.name) > NAME_MAX_LEN:
+        errors.append(
+            FieldError(
+                "name",
+                f"{spec.name!r} must match [a-z0-9-]+ (not starting or ending with '-'), "
+                f"at most {NAME_MAX_LEN} characters",
+            )
+        )
+    _validate_filter(spec, errors)
+    if not spec.hops:
+        errors.append(FieldError("hops", "must list at least one hop"))
+        return errors
+    points: list[AttachPoint | None] = []
+    first_use: dict[str, int] = {}
+    for position, hop in enumerate(spec.hops):
+        field = f"hops[{position}]"
+        points.append(_validate_hop(hop, field, errors))
+        if hop.name:
+            if hop.name in first_use:
+                errors.append(
+                    FieldError(
+                        f"{field}.name", f"duplicate hop name {hop.name!r} (also hops[{first_use[hop.name]}])"
+                    )
+                )
+            else:
+                first_use[hop.name] = position
+    if points[0] is not None:
+        _validate_tagging(spec, points[0], errors)
+    if agents is not None:
+        _validate_against_agents(spec, points, agents, errors)
+    return errors
+
+
+def check_spec(spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register] | None = None) -> None:
+    """Raise SpecError when validate_spec finds problems."""
+    errors = validate_spec(spec, agents)
+    if errors:
+        raise SpecError(errors)

@@ -1,0 +1,117 @@
+"""Applied trace specs on disk: one YAML file per trace with its generation, written atomically (write a
+temporary file, fsync, rename), reloaded when the dispatcher starts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from hoptrace.dispatcher.spec import SpecError, spec_from_data, spec_to_data, validate_spec
+from hoptrace.v1 import trace_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StoredTrace:
+    """A trace as applied: its spec, the generation agents run, and when it was applied."""
+
+    spec: trace_pb2.TraceSpec
+    generation: int
+    applied_at: datetime
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(partial, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class StateStore:
+    """The dispatcher's state directory: traces/<name>.yaml and the generation counter."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.traces_dir = self.state_dir / "traces"
+        self.traces_dir.mkdir(parents=True, exist_ok=True)
+        self._generation_path = self.state_dir / "generation"
+        self._lock = threading.Lock()
+        self._last_generation: int | None = None
+
+    def path_for(self, name: str) -> Path:
+        """The file of trace `name` (names are [a-z0-9-]+, safe as file names)."""
+        return self.traces_dir / f"{name}.yaml"
+
+    def save(self, stored: StoredTrace) -> None:
+        """Write one trace (replacing its previous generation) atomically."""
+        document = {
+            "generation": stored.generation,
+            "applied_at": stored.applied_at.isoformat(),
+            "spec": spec_to_data(stored.spec),
+        }
+        text = "# hoptrace dispatcher state: the applied spec of one trace\n" + yaml.safe_dump(
+            document, sort_keys=False
+        )
+        with self._lock:
+            _write_atomically(self.path_for(stored.spec.name), text)
+
+    def delete(self, name: str) -> None:
+        """Forget trace `name` (no error if it is not stored)."""
+        with self._lock:
+            self.path_for(name).unlink(missing_ok=True)
+
+    def load(self) -> list[StoredTrace]:
+        """Every stored trace; unreadable files are logged and skipped: one bad file does not stop startup."""
+        traces = []
+        for path in sorted(self.traces_dir.glob("*.yaml")):
+            try:
+                document = yaml.safe_load(path.read_text())
+                spec = spec_from_data(document["spec"])
+                stored = StoredTrace(
+                    spec=spec,
+                    generation=int(document["generation"]),
+                    applied_at=datetime.fromisoformat(document["applied_at"]),
+                )
+            except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, SpecError) as error:
+                log.error("skipping unreadable state file %s: %s", path, error)
+                continue
+            for problem in validate_spec(spec):
+                log.warning("stored trace %s no longer validates: %s", spec.name, problem)
+            traces.append(stored)
+        return traces
+
+    def next_generation(self) -> int:
+        """A new generation number, larger than any handed out before (persisted across restarts).
+
+        One counter for all traces: a trace deleted and applied again can never reuse a generation an agent
+        may still run.
+        """
+        with self._lock:
+            if self._last_generation is None:
+                try:
+                    counter = int(self._generation_path.read_text().strip() or 0)
+                except (FileNotFoundError, ValueError):
+                    counter = 0
+                self._last_generation = max([counter, *(stored.generation for stored in self.load())])
+            self._last_generation += 1
+            _write_atomically(self._generation_path, f"{self._last_generation}\n")
+            return self._last_generation
+
+
+def now() -> datetime:
+    """The current time, timezone-aware (UTC)."""
+    return datetime.now(UTC)

@@ -1,0 +1,169 @@
+"""Test doubles for the dispatcher tests: agent registrations (data) and a fake agent speaking AgentSession
+over a real gRPC channel (a stand-in for the Go agent)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from hoptrace.v1 import agent_pb2, agent_pb2_grpc
+
+# What this machine's kernel allows (docs/ENVIRONMENT): fentry refused by lockdown, kprobes not compiled in.
+ATTACH_SUPPORT = {
+    "tc": (True, ""),
+    "tcx": (True, ""),
+    "xdp": (True, ""),
+    "tp_btf": (True, ""),
+    "raw_tp": (True, ""),
+    "cgroup_skb": (True, ""),
+    "sock_ops": (True, ""),
+    "fentry": (False, "fentry not permitted: kernel lockdown"),
+    "kprobe": (False, "kprobes not compiled into this kernel"),
+}
+
+NODE_NAMESPACES = {
+    "host-a": {"": ["lo", "wire0", "veth-c1", "br0"], "c1": ["lo", "eth0"]},
+    "host-b": {"": ["lo", "wire0", "veth-c2", "br0"], "c2": ["lo", "eth0"]},
+}
+
+
+def make_registration(
+    node: str, namespaces: dict[str, list[str]], running: list[agent_pb2.TraceStatus] | None = None
+) -> agent_pb2.Register:
+    """A Register as an agent on this kind of machine sends it."""
+    registration = agent_pb2.Register(node=node, kernel_release="6.18.0-test", agent_version="test")
+    registration.capabilities.btf = True
+    registration.capabilities.ring_buffer = True
+    registration.capabilities.tcp_header_options = True
+    for kind, (supported, reason) in ATTACH_SUPPORT.items():
+        registration.capabilities.attach[kind].supported = supported
+        registration.capabilities.attach[kind].reason = reason
+    for inode, (name, devices) in enumerate(namespaces.items(), start=4026531840):
+        namespace = registration.namespaces.add(name=name, inode=inode)
+        for ifindex, device in enumerate(devices, start=1):
+            namespace.devices.add(name=device, ifindex=ifindex, mtu=1500, kind="veth")
+    registration.running.extend(running or [])
+    return registration
+
+
+def example_registrations() -> dict[str, agent_pb2.Register]:
+    """host-a and host-b of the contract spec."""
+    return {node: make_registration(node, namespaces) for node, namespaces in NODE_NAMESPACES.items()}
+
+
+class FakeAgent:
+    """Connects to a dispatcher, registers, answers each apply with a TraceStatus (hops in `fail_hops`
+    report an attach error) and each remove with an inactive status; records what it received."""
+
+    def __init__(
+        self,
+        address: str,
+        node: str,
+        *,
+        fail_hops: dict[str, str] | None = None,
+        running: list[agent_pb2.TraceStatus] | None = None,
+        reply: bool = True,
+    ) -> None:
+        self.node = node
+        self.fail_hops = dict(fail_hops or {})
+        self.reply = reply
+        self.registration = make_registration(node, NODE_NAMESPACES.get(node, {"": ["lo"]}), running)
+        self.received: list[agent_pb2.DispatcherMessage] = []
+        self.running: dict[str, agent_pb2.TraceStatus] = {status.trace: status for status in running or []}
+        self._outgoing: queue.Queue[agent_pb2.AgentMessage | None] = queue.Queue()
+        self._condition = threading.Condition()
+        self._channel = grpc.insecure_channel(address)
+        self._stream = None
+        self._thread: threading.Thread | None = None
+        self.ended = threading.Event()
+
+    def _messages(self) -> Iterator[agent_pb2.AgentMessage]:
+        yield agent_pb2.AgentMessage(register=self.registration)
+        while True:
+            message = self._outgoing.get()
+            if message is None:
+                return
+            yield message
+
+    def start(self) -> FakeAgent:
+        stub = agent_pb2_grpc.AgentSessionStub(self._channel)
+        self._stream = stub.Connect(self._messages())
+        self._thread = threading.Thread(target=self._serve, name=f"fake-agent-{self.node}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _serve(self) -> None:
+        try:
+            for message in self._stream:
+                with self._condition:
+                    self.received.append(message)
+                    self._condition.notify_all()
+                if self.reply:
+                    self._outgoing.put(agent_pb2.AgentMessage(trace_status=self._status_for(message)))
+        except grpc.RpcError:
+            pass
+        finally:
+            self.ended.set()
+
+    def _status_for(self, message: agent_pb2.DispatcherMessage) -> agent_pb2.TraceStatus:
+        if message.WhichOneof("body") == "remove":
+            previous = self.running.pop(message.remove.trace, None)
+            return agent_pb2.TraceStatus(
+                trace=message.remove.trace, generation=previous.generation if previous else 0, active=False
+            )
+        plan = message.apply
+        status = agent_pb2.TraceStatus(trace=plan.trace, generation=plan.generation, active=True)
+        for hop in plan.hops:
+            error = self.fail_hops.get(hop.name, "")
+            status.hops.add(
+                hop_index=hop.hop_index,
+                name=hop.name,
+                attached=not error,
+                error=f"hop {hop.name}: {error}" if error else "",
+            )
+        if any(not hop.attached for hop in status.hops):
+            status.active = False
+            self.running.pop(plan.trace, None)
+        else:
+            self.running[plan.trace] = status
+        return status
+
+    def send_heartbeat(self) -> None:
+        message = agent_pb2.AgentMessage()
+        message.heartbeat.sent_at.GetCurrentTime()
+        self._outgoing.put(message)
+
+    def wait_for(
+        self, predicate: Callable[[list[agent_pb2.DispatcherMessage]], bool], timeout: float = 10.0
+    ) -> list[agent_pb2.DispatcherMessage]:
+        """Block until `predicate(received)` holds; returns the messages received so far."""
+        deadline = time.monotonic() + timeout
+        with self._condition:
+            while not predicate(self.received):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"{self.node}: condition not met; received {self.kinds()}")
+                self._condition.wait(remaining)
+            return list(self.received)
+
+    def kinds(self) -> list[str]:
+        """What arrived, e.g. ["apply udp-a-to-b g1", "remove udp-a-to-b"]."""
+        with self._condition:
+            return [
+                f"apply {m.apply.trace} g{m.apply.generation}"
+                if m.WhichOneof("body") == "apply"
+                else f"remove {m.remove.trace}"
+                for m in self.received
+            ]
+
+    def stop(self) -> None:
+        """Close the stream like an agent that exits."""
+        self._outgoing.put(None)
+        if self._stream is not None:
+            self._stream.cancel()
+        self.ended.wait(5)
+        self._channel.close()

@@ -1,0 +1,154 @@
+"""Spec -> per-node plans and CO-RE objects, with the real clang and the lead's hop library."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from test_dispatcher_spec import CONTRACT_SPEC
+
+from hoptrace.dispatcher.compile import (
+    PROGRAM_SECTIONS,
+    BpfCompiler,
+    CompileError,
+    Toolchain,
+    build_plans,
+    compile_spec,
+    elf_sections,
+    generate_source,
+    programs_for_plan,
+)
+from hoptrace.dispatcher.spec import load_spec
+
+ALL_KINDS_SPEC = """
+name: all-kinds
+filter: {protocol: tcp}
+hops:
+  - {name: out, node: n1, at: cgroup-egress, cgroup: /hoptrace/c1}
+  - {name: tc, node: n2, at: tc-ingress, dev: wire0}
+  - {name: xdp, node: n2, at: xdp, dev: wire0}
+  - {name: tp, node: n2, at: "tracepoint:net:netif_receive_skb"}
+  - {name: f, node: n2, at: "fentry:ip_rcv"}
+  - {name: k, node: n2, at: "kprobe:ip_rcv"}
+"""
+
+
+@pytest.fixture(scope="module")
+def compiler(tmp_path_factory: pytest.TempPathFactory) -> BpfCompiler:
+    toolchain = Toolchain.default()
+    if not (toolchain.include_dir / "hop.bpf.h").exists():
+        pytest.fail(f"{toolchain.include_dir}/hop.bpf.h is missing: run `make bpf`", pytrace=False)
+    return BpfCompiler(toolchain, cache_dir=tmp_path_factory.mktemp("bpf-cache"))
+
+
+def _symbols(elf: bytes, tmp_path: Path) -> dict[str, str]:
+    """Global function symbols -> the section they live in, read with readelf."""
+    path = tmp_path / "object.o"
+    path.write_bytes(elf)
+    sections = elf_sections(elf)
+    symbols = {}
+    output = subprocess.run(["readelf", "-sW", str(path)], capture_output=True, text=True, check=True).stdout
+    for line in output.splitlines():
+        fields = line.split()
+        # Num: Value Size Type Bind Vis Ndx Name
+        if len(fields) == 8 and fields[3] == "FUNC" and fields[4] == "GLOBAL":
+            symbols[fields[7]] = sections[int(fields[6])]
+    return symbols
+
+
+def test_plans_split_by_node_with_global_hop_indexes() -> None:
+    plans = build_plans(load_spec(CONTRACT_SPEC), generation=7)
+    assert list(plans) == ["host-a", "host-b"]
+    host_a, host_b = plans["host-a"], plans["host-b"]
+    assert [(hop.hop_index, hop.name) for hop in host_a.hops] == [
+        (0, "a-c1-out"),
+        (1, "a-br-in"),
+        (2, "a-wire-out"),
+    ]
+    assert [(hop.hop_index, hop.name) for hop in host_b.hops] == [(3, "b-wire-in"), (4, "b-c2-in")]
+    assert [hop.tag_udp for hop in host_a.hops] == [True, False, False]
+    assert not any(hop.tag_udp for hop in host_b.hops)
+    assert host_a.generation == host_b.generation == 7
+    assert host_a.sample == 1 and host_a.filter.dst_port == 11111 and host_b.filter.protocol == "udp"
+    assert not host_a.HasField("tcp_tagging") and not host_b.HasField("tcp_tagging")
+    assert host_a.hops[0].netns == "c1" and host_a.hops[1].dev == "veth-c1"
+    assert programs_for_plan(host_a) == ("hop_tc", "hop_tp_btf")
+    assert programs_for_plan(host_b) == ("hop_tc",)
+
+
+def test_tcp_tagging_goes_to_the_first_hops_node_and_netns() -> None:
+    spec = load_spec(CONTRACT_SPEC.replace("protocol: udp", "protocol: tcp"))
+    plans = build_plans(spec, generation=1)
+    assert plans["host-a"].tcp_tagging.netns == "c1"
+    assert not plans["host-b"].HasField("tcp_tagging")
+    assert not any(hop.tag_udp for plan in plans.values() for hop in plan.hops)
+    assert programs_for_plan(plans["host-a"]) == ("hop_tc", "hop_tp_btf", "tag_tcp")
+
+
+def test_protocol_absent_tags_both() -> None:
+    spec = load_spec(CONTRACT_SPEC.replace("  protocol: udp                  # udp | tcp\n", ""))
+    plans = build_plans(spec, generation=1)
+    assert plans["host-a"].hops[0].tag_udp
+    assert plans["host-a"].tcp_tagging.netns == "c1"
+
+
+def test_cgroup_egress_first_hop_narrows_sock_ops_to_its_cgroup() -> None:
+    plans = build_plans(load_spec(ALL_KINDS_SPEC), generation=1)
+    assert plans["n1"].tcp_tagging.cgroup == "/hoptrace/c1"
+    assert programs_for_plan(plans["n1"]) == ("hop_cgroup_skb", "tag_tcp")
+
+
+def test_generated_source_instantiates_only_the_needed_programs() -> None:
+    source = generate_source(("hop_tc", "tag_tcp"), Toolchain.default().kernel_patch_dir)
+    assert '#include "hop.bpf.h"' in source
+    assert "HOPTRACE_PROG_TC\n" in source and "HOPTRACE_PROG_TAG_TCP\n" in source
+    assert "HOPTRACE_PROG_XDP" not in source and "hoptrace.bpf.c" not in source
+
+
+def test_objects_hold_exactly_the_nodes_programs(compiler: BpfCompiler, tmp_path: Path) -> None:
+    plans = compile_spec(load_spec(ALL_KINDS_SPEC), 3, compiler)
+    n1 = _symbols(plans["n1"].object, tmp_path)
+    assert n1 == {"hop_cgroup_skb": PROGRAM_SECTIONS["hop_cgroup_skb"], "tag_tcp": "sockops"}
+    n2 = _symbols(plans["n2"].object, tmp_path)
+    expected = ("hop_tc", "hop_xdp", "hop_tp_btf", "hop_fentry", "hop_kprobe")
+    assert n2 == {program: PROGRAM_SECTIONS[program] for program in expected}
+    for plan in plans.values():
+        sections = elf_sections(plan.object)
+        assert {".maps", "license", ".BTF"} <= set(sections)
+
+
+def test_compile_is_fast_and_cached(compiler: BpfCompiler) -> None:
+    spec = load_spec(CONTRACT_SPEC)
+    compiler.warm_up()
+    started = time.monotonic()
+    first = compile_spec(spec, 1, compiler)
+    cold = time.monotonic() - started
+    started = time.monotonic()
+    second = compile_spec(spec, 2, compiler)
+    warm = time.monotonic() - started
+    assert first["host-a"].object == second["host-a"].object
+    assert first["host-a"].object != first["host-b"].object
+    assert cold < 4.0, f"spec -> objects took {cold:.2f}s"  # target 2 s; margin for a loaded CI machine
+    assert warm < 0.2, f"cached compile took {warm:.2f}s"
+    # a new compiler on the same cache directory reuses the objects on disk
+    again = BpfCompiler(compiler.toolchain, cache_dir=compiler.cache_dir)
+    started = time.monotonic()
+    assert compile_spec(spec, 3, again)["host-b"].object == first["host-b"].object
+    assert time.monotonic() - started < 0.5
+
+
+def test_clang_errors_come_back_readable(tmp_path: Path) -> None:
+    kernel_patch = tmp_path / "kernel-patch"
+    (kernel_patch / "include").mkdir(parents=True)
+    real = Toolchain.default()
+    (kernel_patch / "include" / "hop.bpf.h").write_text(
+        "#define HOPTRACE_PROG_TC int hop_tc(void) { return undefined_symbol_here; }\n"
+    )
+    broken = BpfCompiler(Toolchain(kernel_patch, real.build_dir), cache_dir=tmp_path / "cache")
+    with pytest.raises(CompileError) as caught:
+        broken.compile_programs(("hop_tc",))
+    message = str(caught.value)
+    assert "clang failed compiling the object for programs hop_tc" in message
+    assert "undefined_symbol_here" in message and "error" in message
