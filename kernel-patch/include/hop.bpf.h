@@ -324,9 +324,8 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx)
  * The device and namespace checks come first: they are what make a
  * system-wide event cheap for the packets of other hops and other agents.
  */
-static __always_inline int hop_kernel_skb(struct sk_buff *skb)
+static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device *dev)
 {
-	struct net_device *dev = BPF_CORE_READ(skb, dev);
 	struct pkt_reader r = {};
 	struct pkt_info p = {};
 	__u16 mac, nh, ethertype = 0;
@@ -487,17 +486,26 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops)
 #define HOPTRACE_PROG_TP_BTF                                                                       \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb);                                                        \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev));                               \
+	}
+/* net:net_dev_xmit fires after the driver took the skb: a veth has already
+ * moved it to its peer (__dev_forward_skb sets skb->dev), so the device is the
+ * event's own argument (TP_PROTO(skb, rc, dev, skb_len)). */
+#define HOPTRACE_PROG_TP_BTF_XMIT                                                                  \
+	SEC("tp_btf/net_dev_xmit")                                                                 \
+	int BPF_PROG(hop_tp_btf_xmit, struct sk_buff *skb, int rc, struct net_device *dev)         \
+	{                                                                                          \
+		return hop_kernel_skb(skb, dev);                                                   \
 	}
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb);                                                        \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev));                               \
 	}
 #define HOPTRACE_PROG_KPROBE                                                                       \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe, struct sk_buff *skb)            \
 	{                                                                                          \
-		return hop_kernel_skb(skb);                                                        \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev));                               \
 	}
 #define HOPTRACE_PROG_TAG_TCP                                                                      \
 	SEC("sockops") int tag_tcp(struct bpf_sock_ops *skops)                                     \
