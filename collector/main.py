@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 from collections.abc import Sequence
 
+from hoptrace.collector.catalog import TraceCatalog
+from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.collector.service import run_collector
 
 
@@ -28,22 +31,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-pending", type=int, default=500_000, metavar="N", help="bound on packets waiting in the join"
     )
+    parser.add_argument(
+        "--dispatcher",
+        default=None,
+        metavar="ADDR",
+        help="dispatcher gRPC address: follow its traces' paths (default: only --traces)",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the collector with parsed `args` until SIGTERM/SIGINT; returns the exit status."""
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO))
-    return run_collector(
-        args.listen,
-        args.influx_url,
-        args.influx_bucket,
-        args.influx_org,
-        args.influx_token,
-        catalog_file=args.traces,
-        join_window_s=args.join_window,
-        max_entries=args.max_pending,
-    )
+    catalog = TraceCatalog()
+    stop_sync = threading.Event()
+    if args.dispatcher:
+        follow_dispatcher(catalog, args.dispatcher, stop_sync)
+    try:
+        return run_collector(
+            args.listen,
+            args.influx_url,
+            args.influx_bucket,
+            args.influx_org,
+            args.influx_token,
+            catalog=catalog,
+            catalog_file=args.traces,
+            join_window_s=args.join_window,
+            max_entries=args.max_pending,
+        )
+    finally:
+        stop_sync.set()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -366,7 +366,8 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	r.total = len + (BPF_CORE_READ(skb, data) - (head + start));
 	if (r.total < r.len)
 		r.total = r.len;
-	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, len);
+	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
+	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, r.total);
 	return 0;
 }
 

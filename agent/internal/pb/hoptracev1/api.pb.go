@@ -903,8 +903,13 @@ type SegmentStats struct {
 	At          *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=at,proto3" json:"at,omitempty"`
 	// Cross-node segment whose latency is below the clocks' alignment bound.
 	BelowClockBound bool `protobuf:"varint,15,opt,name=below_clock_bound,json=belowClockBound,proto3" json:"below_clock_bound,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Records the tracer itself lost on this segment (ring buffer full, agent or
+	// collector drops): subtracted from loss_count, never counted as network loss.
+	TracerLost uint64 `protobuf:"varint,16,opt,name=tracer_lost,json=tracerLost,proto3" json:"tracer_lost,omitempty"`
+	// Both hops on one node: the latency is that node's processing time.
+	SameNode      bool `protobuf:"varint,17,opt,name=same_node,json=sameNode,proto3" json:"same_node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SegmentStats) Reset() {
@@ -1038,6 +1043,20 @@ func (x *SegmentStats) GetAt() *timestamppb.Timestamp {
 func (x *SegmentStats) GetBelowClockBound() bool {
 	if x != nil {
 		return x.BelowClockBound
+	}
+	return false
+}
+
+func (x *SegmentStats) GetTracerLost() uint64 {
+	if x != nil {
+		return x.TracerLost
+	}
+	return 0
+}
+
+func (x *SegmentStats) GetSameNode() bool {
+	if x != nil {
+		return x.SameNode
 	}
 	return false
 }
@@ -1203,7 +1222,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\bsegments\x18\x04 \x03(\v2\x19.hoptrace.v1.SegmentStatsR\bsegments\x127\n" +
 	"\n" +
 	"end_to_end\x18\x05 \x01(\v2\x19.hoptrace.v1.SegmentStatsR\bendToEnd\x12.\n" +
-	"\x04hops\x18\x06 \x03(\v2\x1a.hoptrace.v1.HopThroughputR\x04hops\"\xb2\x03\n" +
+	"\x04hops\x18\x06 \x03(\v2\x1a.hoptrace.v1.HopThroughputR\x04hops\"\xf0\x03\n" +
 	"\fSegmentStats\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\x12\x14\n" +
@@ -1223,7 +1242,10 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\tjitter_ns\x18\f \x01(\x01R\bjitterNs\x12\"\n" +
 	"\rjitter_p99_ns\x18\r \x01(\x01R\vjitterP99Ns\x12*\n" +
 	"\x02at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12*\n" +
-	"\x11below_clock_bound\x18\x0f \x01(\bR\x0fbelowClockBound\"e\n" +
+	"\x11below_clock_bound\x18\x0f \x01(\bR\x0fbelowClockBound\x12\x1f\n" +
+	"\vtracer_lost\x18\x10 \x01(\x04R\n" +
+	"tracerLost\x12\x1b\n" +
+	"\tsame_node\x18\x11 \x01(\bR\bsameNode\"e\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +

@@ -315,10 +315,14 @@ type NodeClock struct {
 	// a record's ts_ns + this = the node's wall clock.
 	MonotonicToRealtimeNs int64 `protobuf:"varint,1,opt,name=monotonic_to_realtime_ns,json=monotonicToRealtimeNs,proto3" json:"monotonic_to_realtime_ns,omitempty"`
 	// Node wall clock - master clock (Cristian), and its error bound.
-	OffsetNs      int64   `protobuf:"varint,2,opt,name=offset_ns,json=offsetNs,proto3" json:"offset_ns,omitempty"`
-	BoundNs       int64   `protobuf:"varint,3,opt,name=bound_ns,json=boundNs,proto3" json:"bound_ns,omitempty"`
-	DriftPpm      float64 `protobuf:"fixed64,4,opt,name=drift_ppm,json=driftPpm,proto3" json:"drift_ppm,omitempty"`
-	DelayNs       int64   `protobuf:"varint,5,opt,name=delay_ns,json=delayNs,proto3" json:"delay_ns,omitempty"`
+	OffsetNs int64   `protobuf:"varint,2,opt,name=offset_ns,json=offsetNs,proto3" json:"offset_ns,omitempty"`
+	BoundNs  int64   `protobuf:"varint,3,opt,name=bound_ns,json=boundNs,proto3" json:"bound_ns,omitempty"`
+	DriftPpm float64 `protobuf:"fixed64,4,opt,name=drift_ppm,json=driftPpm,proto3" json:"drift_ppm,omitempty"`
+	DelayNs  int64   `protobuf:"varint,5,opt,name=delay_ns,json=delayNs,proto3" json:"delay_ns,omitempty"`
+	// Node wall clock (CLOCK_REALTIME, ns since the epoch) when offset_ns was
+	// measured: offset(t) = offset_ns + drift_ppm * 1e-6 * (t - sampled_at_ns).
+	// 0 = unknown: drift_ppm is then not applied.
+	SampledAtNs   int64 `protobuf:"varint,6,opt,name=sampled_at_ns,json=sampledAtNs,proto3" json:"sampled_at_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -384,6 +388,13 @@ func (x *NodeClock) GetDriftPpm() float64 {
 func (x *NodeClock) GetDelayNs() int64 {
 	if x != nil {
 		return x.DelayNs
+	}
+	return 0
+}
+
+func (x *NodeClock) GetSampledAtNs() int64 {
+	if x != nil {
+		return x.SampledAtNs
 	}
 	return 0
 }
@@ -480,13 +491,14 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\fringbuf_full\x18\x0f \x01(\x04R\vringbufFull\x12\x14\n" +
 	"\x05bytes\x18\x10 \x01(\x04R\x05bytes\x12\x1d\n" +
 	"\n" +
-	"tag_failed\x18\x11 \x01(\x04R\ttagFailed\"\xb4\x01\n" +
+	"tag_failed\x18\x11 \x01(\x04R\ttagFailed\"\xd8\x01\n" +
 	"\tNodeClock\x127\n" +
 	"\x18monotonic_to_realtime_ns\x18\x01 \x01(\x03R\x15monotonicToRealtimeNs\x12\x1b\n" +
 	"\toffset_ns\x18\x02 \x01(\x03R\boffsetNs\x12\x19\n" +
 	"\bbound_ns\x18\x03 \x01(\x03R\aboundNs\x12\x1b\n" +
 	"\tdrift_ppm\x18\x04 \x01(\x01R\bdriftPpm\x12\x19\n" +
-	"\bdelay_ns\x18\x05 \x01(\x03R\adelayNs\"C\n" +
+	"\bdelay_ns\x18\x05 \x01(\x03R\adelayNs\x12\"\n" +
+	"\rsampled_at_ns\x18\x06 \x01(\x03R\vsampledAtNs\"C\n" +
 	"\rStreamSummary\x12\x18\n" +
 	"\abatches\x18\x01 \x01(\x04R\abatches\x12\x18\n" +
 	"\arecords\x18\x02 \x01(\x04R\arecords2T\n" +

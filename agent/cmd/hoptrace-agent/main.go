@@ -1,0 +1,66 @@
+// Command hoptrace-agent loads and attaches hoptrace's hop programs on one
+// node and ships their records. See docs/design.md.
+//
+//	hoptrace-agent --node N --dispatcher ADDR --collector ADDR [--netns NS]
+//	hoptrace-agent run --plan FILE --out - [--node N] [--netns NS] [--duration D]
+//	hoptrace-agent probe
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/hoptrace/hoptrace/agent/internal/agent"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "hoptrace-agent:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	mode := "daemon"
+	if len(args) > 0 && (args[0] == "run" || args[0] == "probe") {
+		mode, args = args[0], args[1:]
+	}
+	if mode == "probe" {
+		return agent.Probe(os.Stdout)
+	}
+
+	fs := flag.NewFlagSet("hoptrace-agent "+mode, flag.ContinueOnError)
+	var cfg agent.Config
+	var ring uint
+	fs.StringVar(&cfg.Node, "node", "", "node name (default: hostname)")
+	fs.StringVar(&cfg.Netns, "netns", "", "the emulated host's network namespace (/run/netns name or path); hops without netns run there")
+	fs.StringVar(&cfg.Plan, "plan", "", "TracePlan in protojson to run")
+	fs.StringVar(&cfg.Out, "out", "", `write JSON lines here ("-" = stdout)`)
+	fs.StringVar(&cfg.Dispatcher, "dispatcher", "", "dispatcher gRPC address (host:port)")
+	fs.StringVar(&cfg.Collector, "collector", "", "collector gRPC address (host:port)")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "exit after this long (0 = until SIGINT/SIGTERM)")
+	fs.IntVar(&cfg.BufferBytes, "buffer-bytes", 256<<20, "bound of the in-memory record queue toward the collector")
+	fs.UintVar(&ring, "ringbuf-bytes", 16<<20, "size of the records ring buffer (power of two)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.RingBytes = uint32(ring)
+	if mode == "run" {
+		if cfg.Plan == "" {
+			return fmt.Errorf("run needs --plan")
+		}
+		if cfg.Out == "" && cfg.Collector == "" {
+			cfg.Out = "-"
+		}
+	} else if cfg.Dispatcher == "" && !(cfg.Collector != "" && cfg.Plan != "") {
+		return fmt.Errorf("need --dispatcher, or --collector with --plan")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return agent.Run(ctx, cfg)
+}

@@ -1,0 +1,253 @@
+// Package agent wires the parts of hoptrace-agent together for its modes:
+// standalone (a plan file, JSON lines out), daemon (dispatcher session and
+// collector stream), and probe.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/hoptrace/hoptrace/agent/internal/collector"
+	"github.com/hoptrace/hoptrace/agent/internal/output"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/probe"
+	"github.com/hoptrace/hoptrace/agent/internal/session"
+	"github.com/hoptrace/hoptrace/agent/internal/stream"
+	"github.com/hoptrace/hoptrace/agent/internal/tracer"
+)
+
+// Version of the agent, reported in Register.
+var Version = "0.1.0"
+
+// Config is the parsed command line.
+type Config struct {
+	Node        string
+	Netns       string
+	Plan        string // plan file (protojson TracePlan)
+	Out         string // "-" = stdout, else a file; "" = no JSON lines
+	Dispatcher  string
+	Collector   string
+	Duration    time.Duration
+	BufferBytes int
+	RingBytes   uint32
+	Log         *slog.Logger
+	Stdout      io.Writer
+}
+
+// ReadPlan reads a protojson TracePlan.
+func ReadPlan(path string) (*pb.TracePlan, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read plan: %w", err)
+	}
+	plan := &pb.TracePlan{}
+	if err := protojson.Unmarshal(b, plan); err != nil {
+		return nil, fmt.Errorf("plan %s: %w", path, err)
+	}
+	return plan, nil
+}
+
+// Run runs the agent until ctx ends (or Duration passes): it applies the
+// plan if given, prints JSON lines if Out is set, and talks to the
+// dispatcher and collector if their addresses are set. On the way out it
+// flushes records, prints final counters, and detaches everything.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = os.Stdout
+	}
+	if cfg.Node == "" {
+		h, _ := os.Hostname()
+		cfg.Node = h
+	}
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		defer cancel()
+	}
+
+	var plan *pb.TracePlan
+	baseDir := ""
+	if cfg.Plan != "" {
+		var err error
+		if plan, err = ReadPlan(cfg.Plan); err != nil {
+			return err
+		}
+		baseDir = filepath.Dir(cfg.Plan)
+	}
+
+	var out *output.Writer
+	switch cfg.Out {
+	case "":
+	case "-":
+		out = output.NewWriter(cfg.Stdout)
+	default:
+		f, err := os.Create(cfg.Out)
+		if err != nil {
+			return fmt.Errorf("open --out: %w", err)
+		}
+		defer f.Close()
+		out = output.NewWriter(f)
+	}
+
+	queue := stream.NewQueue(cfg.BufferBytes)
+	mgr, err := tracer.New(tracer.Config{Node: cfg.Node, Netns: cfg.Netns, BaseDir: baseDir, RingBytes: cfg.RingBytes, Queue: queue})
+	if err != nil {
+		return err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			mgr.Close()
+		}
+	}()
+
+	// When both a printer and a collector want the records, the printer
+	// consumes the queue and forwards to the collector's own queue.
+	collectorQueue := queue
+	if out != nil && cfg.Collector != "" {
+		collectorQueue = stream.NewQueue(cfg.BufferBytes)
+	}
+
+	var wg sync.WaitGroup
+	bg, stopBG := context.WithCancel(context.Background())
+	defer stopBG()
+
+	if out != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				b := queue.Pop(bg)
+				if b == nil {
+					if collectorQueue != queue {
+						collectorQueue.Close()
+					}
+					return
+				}
+				if err := out.Records(b.Trace, b.Records, func(i uint16) string { return mgr.HopName(b.Trace, i) }); err != nil {
+					cfg.Log.Error("write records", "err", err)
+				}
+				if collectorQueue != queue {
+					collectorQueue.Push(b)
+				}
+			}
+		}()
+	}
+	collectorDone := make(chan struct{})
+	if cfg.Collector != "" {
+		c := &collector.Client{Addr: cfg.Collector, Node: cfg.Node, Queue: collectorQueue, Counters: mgr.Counters, Log: cfg.Log}
+		go func() {
+			defer close(collectorDone)
+			if err := c.Run(bg); err != nil {
+				cfg.Log.Error("collector", "err", err)
+			}
+		}()
+	} else {
+		close(collectorDone)
+	}
+
+	if plan != nil {
+		st := mgr.Apply(plan)
+		if out != nil {
+			if err := out.Status(st); err != nil {
+				return err
+			}
+		}
+		if !st.GetActive() {
+			return fmt.Errorf("trace %s: %s", st.GetTrace(), st.GetError())
+		}
+		for _, h := range st.GetHops() {
+			if h.GetError() != "" {
+				cfg.Log.Warn("hop not attached", "err", h.GetError())
+			}
+		}
+	}
+
+	sessCtx, stopSess := context.WithCancel(ctx)
+	defer stopSess()
+	sessDone := make(chan struct{})
+	if cfg.Dispatcher != "" {
+		s := &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
+			Capabilities: probe.Capabilities(), Tracer: mgr, Log: cfg.Log}
+		go func() {
+			defer close(sessDone)
+			if err := s.Run(sessCtx); err != nil {
+				cfg.Log.Error("dispatcher session", "err", err)
+			}
+		}()
+	} else {
+		close(sessDone)
+	}
+
+	printCounters := func() {
+		if out == nil {
+			return
+		}
+		for _, tc := range mgr.Counters() {
+			if err := out.Counters(tc.Trace, tc.Hops); err != nil {
+				cfg.Log.Error("write counters", "err", err)
+			}
+		}
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-tick.C:
+			printCounters()
+		}
+	}
+
+	// Shutdown: stop taking plans, flush records, final counters, detach.
+	stopSess()
+	<-sessDone
+	mgr.Flush()
+	printCounters()
+	err = mgr.Close() // detaches, flushes the reader, closes the queue
+	closed = true
+	if out == nil && cfg.Collector == "" {
+		stopBG()
+	}
+	// Let the printer and the collector take what is left (bounded wait).
+	waitDone := make(chan struct{})
+	go func() { wg.Wait(); <-collectorDone; close(waitDone) }()
+	select {
+	case <-waitDone:
+	case <-time.After(5 * time.Second):
+		cfg.Log.Warn("collector did not take the last batches in time")
+		stopBG()
+		<-waitDone
+	}
+	if out != nil {
+		out.Flush()
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+// Probe prints the kernel's capabilities as JSON.
+func Probe(w io.Writer) error {
+	b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true}.Marshal(probe.Capabilities())
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}

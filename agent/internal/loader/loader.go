@@ -1,0 +1,307 @@
+// Package loader turns a TracePlan's hops into loaded BPF programs: one
+// collection per hop, cut down from the plan's CO-RE object to the one
+// program the hop needs, its const volatile variables set
+// (docs/design.md), and the agent's shared maps passed in.
+package loader
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+)
+
+// Program names of the contract (ELF function names).
+const (
+	ProgTC        = "hop_tc"
+	ProgXDP       = "hop_xdp"
+	ProgTPBTF     = "hop_tp_btf"
+	ProgTPBTFXmit = "hop_tp_btf_xmit"
+	ProgCgroupSKB = "hop_cgroup_skb"
+	ProgFentry    = "hop_fentry"
+	ProgKprobe    = "hop_kprobe"
+	ProgTagTCP    = "tag_tcp"
+)
+
+// Map names of the contract.
+const (
+	MapRecords  = "records"
+	MapIDState  = "id_state"
+	MapCounters = "counters"
+)
+
+// LoadSpec parses the plan's object: inline bytes, else object_path
+// (relative paths are tried against baseDir, then the working directory).
+func LoadSpec(plan *pb.TracePlan, baseDir string) (*ebpf.CollectionSpec, error) {
+	if len(plan.GetObject()) > 0 {
+		spec, err := ebpf.LoadCollectionSpecFromReader(bytes.NewReader(plan.GetObject()))
+		if err != nil {
+			return nil, fmt.Errorf("parse plan object (%d bytes): %w", len(plan.GetObject()), err)
+		}
+		return spec, nil
+	}
+	p := plan.GetObjectPath()
+	if p == "" {
+		return nil, errors.New("plan has neither object nor object_path")
+	}
+	candidates := []string{p}
+	if !filepath.IsAbs(p) && baseDir != "" {
+		candidates = []string{filepath.Join(baseDir, p), p}
+	}
+	var lastErr error
+	for _, c := range candidates {
+		spec, err := ebpf.LoadCollectionSpec(c)
+		if err == nil {
+			return spec, nil
+		}
+		lastErr = fmt.Errorf("load object %s: %w", c, err)
+		if !errors.Is(err, os.ErrNotExist) {
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+// HopConfig is everything one hop's program is specialised with before load.
+type HopConfig struct {
+	Name    string // hop name, for errors
+	Program string // ProgTC, ...
+
+	// Program type refinements applied to the ProgramSpec before load.
+	AttachTo   string           // tp_btf event / fentry function
+	AttachType ebpf.AttachType  // cgroup_skb ingress/egress
+	ProgType   ebpf.ProgramType // 0 = as in the object
+
+	HopIndex       uint16
+	TraceSlot      uint16
+	Ifindex        uint32
+	NetnsIno       uint32
+	TagUDP         bool
+	NodeSalt       uint8
+	SampleEvery    uint32
+	Filter         FilterConstants
+	TagNetnsCookie uint64
+}
+
+// Hop is one loaded hop program with its own counters map.
+type Hop struct {
+	Collection *ebpf.Collection
+	Program    *ebpf.Program
+	Counters   *ebpf.Map
+}
+
+// Close releases the programs and maps (links are closed by the caller first).
+func (h *Hop) Close() {
+	if h != nil && h.Collection != nil {
+		h.Collection.Close()
+	}
+}
+
+// ReadCounters sums the hop's percpu counters over all CPUs.
+func (h *Hop) ReadCounters() (record.Counters, error) {
+	return ReadCounters(h.Counters)
+}
+
+// ReadCounters sums a percpu counters map over all CPUs.
+func ReadCounters(m *ebpf.Map) (record.Counters, error) {
+	var out record.Counters
+	if m == nil {
+		return out, nil
+	}
+	var per []uint64
+	for i := uint32(0); i < uint32(record.CMax) && i < m.MaxEntries(); i++ {
+		if err := m.Lookup(i, &per); err != nil {
+			return out, fmt.Errorf("read counter %d: %w", i, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[i] = sum
+	}
+	return out, nil
+}
+
+// variables returns the const volatile values of a hop, by name.
+func (c *HopConfig) variables() []struct {
+	name string
+	val  any
+	zero bool
+} {
+	tag := uint8(0)
+	if c.TagUDP {
+		tag = 1
+	}
+	f := c.Filter
+	isZero16 := func(b [16]byte) bool { return b == [16]byte{} }
+	return []struct {
+		name string
+		val  any
+		zero bool
+	}{
+		{"hop_index", c.HopIndex, c.HopIndex == 0},
+		{"trace_slot", c.TraceSlot, c.TraceSlot == 0},
+		{"hop_ifindex", c.Ifindex, c.Ifindex == 0},
+		{"hop_netns_ino", c.NetnsIno, c.NetnsIno == 0},
+		{"hop_tag_udp", tag, tag == 0},
+		{"node_salt", c.NodeSalt, c.NodeSalt == 0},
+		{"sample_every", c.SampleEvery, c.SampleEvery <= 1},
+		{"filter_proto", f.Proto, f.Proto == 0},
+		{"filter_family", f.Family, f.Family == 0},
+		{"filter_src", f.Src, isZero16(f.Src)},
+		{"filter_src_mask", f.SrcMask, isZero16(f.SrcMask)},
+		{"filter_dst", f.Dst, isZero16(f.Dst)},
+		{"filter_dst_mask", f.DstMask, isZero16(f.DstMask)},
+		{"filter_sport", f.Sport, f.Sport == 0},
+		{"filter_dport", f.Dport, f.Dport == 0},
+		{"tag_netns_cookie", c.TagNetnsCookie, c.TagNetnsCookie == 0},
+	}
+}
+
+// Options are the agent-wide inputs of every load.
+type Options struct {
+	// Records is the agent's one ring buffer (MapReplacements "records").
+	Records *ebpf.Map
+	// IDState is the trace's ID sequence, shared by its taggers.
+	IDState *ebpf.Map
+	// Cache shares decoded kernel BTF between loads.
+	Cache *btf.Cache
+	// LogLevel for the verifier; on failure the log tail is in the error anyway.
+	LogLevel ebpf.LogLevel
+}
+
+// LoadHop loads one hop: spec.Copy(), drop every program but cfg.Program,
+// set its variables, and load it with the shared maps.
+func LoadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, error) {
+	h, err := loadHop(spec, cfg, opts)
+	if err != nil {
+		return nil, fmt.Errorf("hop %s: %w", cfg.Name, err)
+	}
+	return h, nil
+}
+
+func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, error) {
+	s := spec.Copy()
+	ps, ok := s.Programs[cfg.Program]
+	if !ok {
+		return nil, fmt.Errorf("object has no program %s (has %s)", cfg.Program, strings.Join(programNames(spec), ", "))
+	}
+	for name := range s.Programs {
+		if name != cfg.Program {
+			delete(s.Programs, name)
+		}
+	}
+	if cfg.AttachTo != "" {
+		ps.AttachTo = cfg.AttachTo
+	}
+	if cfg.AttachType != 0 {
+		ps.AttachType = cfg.AttachType
+	}
+	if cfg.ProgType != 0 {
+		ps.Type = cfg.ProgType
+	}
+
+	for _, v := range cfg.variables() {
+		vs, ok := s.Variables[v.name]
+		if !ok {
+			if v.zero {
+				// A per-node object may leave out variables it does not use.
+				continue
+			}
+			return nil, fmt.Errorf("set %s: object has no such variable", v.name)
+		}
+		if err := vs.Set(v.val); err != nil {
+			return nil, fmt.Errorf("set %s: %w", v.name, err)
+		}
+	}
+
+	repl := map[string]*ebpf.Map{}
+	if opts.Records != nil {
+		ms, ok := s.Maps[MapRecords]
+		if !ok {
+			return nil, fmt.Errorf("object has no %s map", MapRecords)
+		}
+		// The agent's ring buffer may be sized differently from the object's.
+		ms.MaxEntries = opts.Records.MaxEntries()
+		repl[MapRecords] = opts.Records
+	}
+	if opts.IDState != nil {
+		if _, ok := s.Maps[MapIDState]; ok {
+			repl[MapIDState] = opts.IDState
+		}
+	}
+
+	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
+		MapReplacements: repl,
+		Programs:        ebpf.ProgramOptions{LogLevel: opts.LogLevel},
+		Cache:           opts.Cache,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", cfg.Program, verifierTail(err))
+	}
+	h := &Hop{Collection: coll, Program: coll.Programs[cfg.Program], Counters: coll.Maps[MapCounters]}
+	return h, nil
+}
+
+// NewRecords creates the agent's ring buffer from the object's records map
+// spec; size (bytes, power of two multiple of the page size) 0 keeps the object's.
+func NewRecords(spec *ebpf.CollectionSpec, size uint32) (*ebpf.Map, error) {
+	ms, ok := spec.Maps[MapRecords]
+	if !ok {
+		return nil, fmt.Errorf("object has no %s map", MapRecords)
+	}
+	ms = ms.Copy()
+	if size != 0 {
+		ms.MaxEntries = size
+	}
+	ms.Name = "ht_records"
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		return nil, fmt.Errorf("create %s ring buffer: %w", MapRecords, err)
+	}
+	return m, nil
+}
+
+// NewIDState creates one trace's id_state from the object's map spec.
+func NewIDState(spec *ebpf.CollectionSpec) (*ebpf.Map, error) {
+	ms, ok := spec.Maps[MapIDState]
+	if !ok {
+		return nil, nil
+	}
+	ms = ms.Copy()
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", MapIDState, err)
+	}
+	return m, nil
+}
+
+func programNames(spec *ebpf.CollectionSpec) []string {
+	var n []string
+	for k := range spec.Programs {
+		n = append(n, k)
+	}
+	return n
+}
+
+// verifierTail keeps the end of a verifier log: the reason is in the last lines.
+// The cause (e.g. EPERM) stays wrapped for errors.Is.
+func verifierTail(err error) error {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) && len(ve.Log) > 0 {
+		lines := ve.Log
+		if len(lines) > 8 {
+			lines = lines[len(lines)-8:]
+		}
+		return fmt.Errorf("%w: %s", ve.Cause, strings.Join(lines, " | "))
+	}
+	return err
+}

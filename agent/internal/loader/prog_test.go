@@ -1,0 +1,385 @@
+package loader_test
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+)
+
+// harness loads hop_tc from the generic object with its own ring buffer and
+// runs crafted packets through it with BPF_PROG_TEST_RUN.
+type harness struct {
+	spec    *ebpf.CollectionSpec
+	records *ebpf.Map
+	idState *ebpf.Map
+	rd      *ringbuf.Reader
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	tu.RequireRoot(t)
+	spec := tu.LoadSpec(t)
+	records, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.RingBuf, MaxEntries: 1 << 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { records.Close() })
+	ids, err := loader.NewIDState(spec)
+	if err != nil || ids == nil {
+		t.Fatalf("id_state: %v", err)
+	}
+	t.Cleanup(func() { ids.Close() })
+	rd, err := ringbuf.NewReader(records)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rd.Close() })
+	return &harness{spec: spec, records: records, idState: ids, rd: rd}
+}
+
+func (h *harness) load(t *testing.T, cfg loader.HopConfig) *loader.Hop {
+	t.Helper()
+	if cfg.Program == "" {
+		cfg.Program = loader.ProgTC
+	}
+	if cfg.Name == "" {
+		cfg.Name = "test"
+	}
+	if cfg.NodeSalt == 0 {
+		cfg.NodeSalt = 7
+	}
+	if cfg.TraceSlot == 0 {
+		cfg.TraceSlot = 3
+	}
+	hop, err := loader.LoadHop(h.spec, cfg, loader.Options{Records: h.records, IDState: h.idState})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hop.Close)
+	return hop
+}
+
+// run sends pkt through the program and returns the output packet and the
+// records it wrote.
+func (h *harness) run(t *testing.T, hop *loader.Hop, pkt []byte) ([]byte, []record.Record) {
+	t.Helper()
+	out := make([]byte, len(pkt)+256)
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: out}
+	ret, err := hop.Program.Run(opts)
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	if int32(ret) != -1 {
+		t.Errorf("hop_tc returned %d, want TCX_NEXT (-1)", int32(ret))
+	}
+	return opts.DataOut, h.drain(t)
+}
+
+func (h *harness) drain(t *testing.T) []record.Record {
+	t.Helper()
+	var recs []record.Record
+	var rr ringbuf.Record
+	h.rd.SetDeadline(time.Now())
+	for {
+		err := h.rd.ReadInto(&rr)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return recs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r record.Record
+		if err := record.Decode(rr.RawSample, &r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+}
+
+func counters(t *testing.T, hop *loader.Hop) record.Counters {
+	t.Helper()
+	c, err := hop.ReadCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+const (
+	src4 = "198.18.0.1"
+	dst4 = "198.18.1.2"
+	src6 = "fd00::1"
+	dst6 = "fd00:1::2"
+)
+
+func udp4(id uint32, tpids ...uint16) []byte {
+	u := tu.UDP(40000, 5000, []byte("hello hoptrace"))
+	return tu.Cat(tu.Ethernet(0x0800, tpids...), tu.IPv4(17, src4, dst4, nil, u, 4), tu.ID(id))
+}
+
+func TestParserFindsIDs(t *testing.T) {
+	h := newHarness(t)
+	tcpOpts := tu.Cat(
+		[]byte{2, 4, 0x05, 0xb4},              // MSS 1460
+		[]byte{1, 1},                          // NOP NOP
+		[]byte{4, 2},                          // SACK permitted
+		[]byte{8, 10, 0, 0, 0, 1, 0, 0, 0, 2}, // timestamps
+		[]byte{1, 1},
+		tu.TCPIDOption(0x07000011),
+	)
+	inner4UDP := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(1000, 2000, []byte("inner")), 4), tu.ID(0x07000021))
+	inner4TCP := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(1000, 2000, tcpOpts, []byte("x")), 0))
+	outer := func(dport uint16, payload []byte) []byte {
+		u := tu.UDP(55555, dport, payload)
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, "198.18.9.1", "198.18.9.2", nil, u, 0))
+	}
+	genOpts := []byte{0x01, 0x02, 0x80, 0x01, 0xaa, 0xbb, 0xcc, 0xdd} // class, type, len=1 word, data
+
+	cases := []struct {
+		name  string
+		pkt   []byte
+		id    uint32
+		flags uint16
+	}{
+		{"ipv4 udp surplus", udp4(0x07000001), 0x07000001, record.FlagUDP},
+		{"802.1Q", udp4(0x07000002, 0x8100), 0x07000002, record.FlagUDP | record.FlagVLAN},
+		{"QinQ", udp4(0x07000003, 0x88a8, 0x8100), 0x07000003, record.FlagUDP | record.FlagVLAN},
+		{"ipv4 options", tu.Cat(tu.Ethernet(0x0800),
+			tu.IPv4(17, src4, dst4, []byte{0x94, 4, 0, 0, 1, 1, 1, 0}, tu.UDP(1, 2, []byte("opts")), 4), tu.ID(0x07000004)),
+			0x07000004, record.FlagUDP},
+		{"ipv6 ext headers", tu.Cat(tu.Ethernet(0x86dd),
+			tu.IPv6(17, src6, dst6, []tu.Ext{{Type: 0, Len: 8}, {Type: 43, Len: 24}, {Type: 60, Len: 16}},
+				tu.UDP(1, 2, []byte("v6")), 4), tu.ID(0x07000005)),
+			0x07000005, record.FlagUDP | record.FlagIPv6},
+		{"tcp option 253", tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(1, 2, tcpOpts, []byte("data")), 0)),
+			0x07000011, record.FlagTCP},
+		{"ipv6 tcp option 253", tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(6, src6, dst6, nil, tu.TCP(1, 2, tcpOpts, nil), 0)),
+			0x07000011, record.FlagTCP | record.FlagIPv6},
+		{"vxlan udp", outer(4789, tu.VXLAN(42, inner4UDP)), 0x07000021, record.FlagUDP | record.FlagEncapVXLAN},
+		{"vxlan tcp", outer(4789, tu.VXLAN(42, inner4TCP)), 0x07000011, record.FlagTCP | record.FlagEncapVXLAN},
+		{"geneve udp", outer(6081, tu.Geneve(42, genOpts, inner4UDP)), 0x07000021, record.FlagUDP | record.FlagEncapGeneve},
+		{"geneve tcp", outer(6081, tu.Geneve(42, genOpts, inner4TCP)), 0x07000011, record.FlagTCP | record.FlagEncapGeneve},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			hop := h.load(t, loader.HopConfig{HopIndex: 2})
+			_, recs := h.run(t, hop, c.pkt)
+			if len(recs) != 1 {
+				t.Fatalf("%d records, want 1 (counters %v)", len(recs), counters(t, hop))
+			}
+			r := recs[0]
+			if r.PacketID != c.id || r.Flags != c.flags {
+				t.Errorf("packet_id %#x flags %#x, want %#x %#x", r.PacketID, r.Flags, c.id, c.flags)
+			}
+			if r.HopIndex != 2 || r.TraceSlot != 3 || r.WireLen != uint32(len(c.pkt)) || r.TsNs == 0 || r.FlowHash == 0 {
+				t.Errorf("record %+v", r)
+			}
+			cn := counters(t, hop)
+			if cn[record.CSeen] != 1 || cn[record.CMatched] != 1 || cn[record.CRecorded] != 1 || cn[record.CBytes] != uint64(len(c.pkt)) {
+				t.Errorf("counters %v", cn)
+			}
+		})
+	}
+}
+
+func TestParserRejectsMalformed(t *testing.T) {
+	h := newHarness(t)
+	good := udp4(0x07000001)
+	bigTotLen := append([]byte(nil), good...)
+	binary.BigEndian.PutUint16(bigTotLen[14+2:], uint16(len(good)-14+40))
+	ihl4 := append([]byte(nil), good...)
+	ihl4[14] = 0x44
+	tcpBad := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil,
+		tu.TCP(1, 2, []byte{1, 1, 2, 4, 5, 0xb4, 8, 30}, nil), 0)) // timestamp option claims 30 bytes
+	// An IPv4 packet whose length says it ends 4 bytes into the UDP header.
+	udpTrunc := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, []byte{0x9c, 0x40, 0x13, 0x88}, 0))
+	arp := tu.Cat(tu.Ethernet(0x0806), make([]byte, 28))
+
+	cases := []struct {
+		name    string
+		pkt     []byte
+		counter record.Counter
+	}{
+		{"tot_len beyond frame", bigTotLen, record.CParseTruncated},
+		{"ihl below 5", ihl4, record.CParseMalformed},
+		{"tcp option past header", tcpBad, record.CParseMalformed},
+		{"truncated udp", udpTrunc, record.CParseTruncated},
+		{"non-ip ethertype", arp, record.CParseNonIP},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			hop := h.load(t, loader.HopConfig{})
+			_, recs := h.run(t, hop, c.pkt)
+			if len(recs) != 0 {
+				t.Fatalf("%d records for a malformed packet: %+v", len(recs), recs)
+			}
+			cn := counters(t, hop)
+			if cn[c.counter] != 1 || cn[record.CSeen] != 1 || cn[record.CRecorded] != 0 {
+				t.Errorf("counters %v, want counter %d = 1", cn, c.counter)
+			}
+		})
+	}
+}
+
+func TestTagUDP(t *testing.T) {
+	h := newHarness(t)
+	hop := h.load(t, loader.HopConfig{TagUDP: true, NodeSalt: 9})
+	u := tu.UDP(40000, 5000, []byte("payload!"))
+	pkt := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, u, 0))
+
+	out, recs := h.run(t, hop, pkt)
+	if len(out) != len(pkt)+4 {
+		t.Fatalf("output %d bytes, want %d", len(out), len(pkt)+4)
+	}
+	ip := out[14:34]
+	if tl := binary.BigEndian.Uint16(ip[2:]); int(tl) != len(pkt)-14+4 {
+		t.Errorf("tot_len %d, want %d", tl, len(pkt)-14+4)
+	}
+	if tu.Checksum(ip) != 0 {
+		t.Errorf("IPv4 header checksum invalid: %x", ip[10:12])
+	}
+	if ul := binary.BigEndian.Uint16(out[34+4:]); int(ul) != len(u) {
+		t.Errorf("UDP length changed to %d", ul)
+	}
+	id := binary.BigEndian.Uint32(out[len(out)-4:])
+	if id>>24 != 9 || id&0xffffff != 1 {
+		t.Errorf("written ID %#x, want salt 9 seq 1", id)
+	}
+	if len(recs) != 1 || recs[0].PacketID != id || recs[0].Flags&record.FlagTaggedHere == 0 || recs[0].WireLen != uint32(len(out)) {
+		t.Fatalf("records %+v, want one with ID %#x and TAGGED_HERE", recs, id)
+	}
+
+	// The tagged packet passes the same hop again: not re-tagged.
+	out2, recs := h.run(t, hop, out)
+	if len(out2) != len(out) || string(out2) != string(out) {
+		t.Errorf("already-tagged packet was changed")
+	}
+	if len(recs) != 1 || recs[0].PacketID != id || recs[0].Flags&record.FlagTaggedHere != 0 {
+		t.Errorf("records %+v, want the same ID without TAGGED_HERE", recs)
+	}
+	if cn := counters(t, hop); cn[record.CTagged] != 1 || cn[record.CRecorded] != 2 {
+		t.Errorf("counters %v", cn)
+	}
+
+	// IPv6: payload_len grows by 4.
+	p6 := tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, u, 0))
+	out6, recs := h.run(t, hop, p6)
+	if len(out6) != len(p6)+4 || binary.BigEndian.Uint16(out6[14+4:]) != uint16(len(u)+4) {
+		t.Errorf("IPv6 tag: %d bytes, payload_len %d", len(out6), binary.BigEndian.Uint16(out6[14+4:]))
+	}
+	if len(recs) != 1 || recs[0].Flags&(record.FlagTaggedHere|record.FlagIPv6) != record.FlagTaggedHere|record.FlagIPv6 {
+		t.Errorf("IPv6 records %+v", recs)
+	}
+}
+
+func TestSampleEvery(t *testing.T) {
+	h := newHarness(t)
+	const n, every = 12, 4
+	hop := h.load(t, loader.HopConfig{TagUDP: true, SampleEvery: every})
+	pkt := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(1, 2, []byte("s")), 0))
+	tagged := 0
+	for i := 0; i < n; i++ {
+		out, recs := h.run(t, hop, pkt)
+		if len(out) == len(pkt)+4 {
+			tagged++
+			if len(recs) != 1 {
+				t.Fatalf("tagged packet gave %d records", len(recs))
+			}
+		} else if len(recs) != 0 {
+			t.Fatalf("untagged packet recorded: %+v", recs)
+		}
+	}
+	if tagged != n/every {
+		t.Fatalf("%d of %d tagged, want %d", tagged, n, n/every)
+	}
+	if cn := counters(t, hop); cn[record.CTagged] != n/every || cn[record.CUntagged] != n-n/every {
+		t.Errorf("counters %v", cn)
+	}
+}
+
+func TestFilterSelectsPackets(t *testing.T) {
+	h := newHarness(t)
+	fc, err := loader.FilterFromPlan(&pb.Filter{Protocol: "udp", Dst: "198.18.1.0/24", DstPort: 5000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hop := h.load(t, loader.HopConfig{Filter: fc})
+	mk := func(proto uint8, dst string, dport uint16, id uint32) []byte {
+		if proto == 6 {
+			return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst, nil, tu.TCP(1, dport, tu.TCPIDOption(id), nil), 0))
+		}
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst, nil, tu.UDP(1, dport, []byte("f")), 4), tu.ID(id))
+	}
+	pkts := []struct {
+		pkt   []byte
+		match bool
+	}{
+		{mk(17, "198.18.1.7", 5000, 0x07000001), true},
+		{mk(17, "198.18.2.7", 5000, 0x07000002), false}, // other subnet
+		{mk(17, "198.18.1.9", 5001, 0x07000003), false}, // other port
+		{mk(6, "198.18.1.7", 5000, 0x07000004), false},  // TCP
+		{mk(17, "198.18.1.255", 5000, 0x07000005), true},
+		{tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(1, 5000, []byte("x")), 4), tu.ID(0x07000006)), false},
+	}
+	var want []uint32
+	var got []uint32
+	for _, p := range pkts {
+		_, recs := h.run(t, hop, p.pkt)
+		for _, r := range recs {
+			got = append(got, r.PacketID)
+		}
+		if p.match {
+			want = append(want, binary.BigEndian.Uint32(p.pkt[len(p.pkt)-4:]))
+		}
+	}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("recorded %x, want %x", got, want)
+	}
+	if cn := counters(t, hop); cn[record.CNotMatched] != 4 || cn[record.CMatched] != 2 {
+		t.Errorf("counters %v", cn)
+	}
+
+	// IPv6 source prefix.
+	fc6, err := loader.FilterFromPlan(&pb.Filter{Src: "fd00::/16"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hop6 := h.load(t, loader.HopConfig{Filter: fc6})
+	p6 := func(src string, id uint32) []byte {
+		return tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src, dst6, nil, tu.UDP(1, 2, []byte("x")), 4), tu.ID(id))
+	}
+	if _, recs := h.run(t, hop6, p6("fd00:5::1", 0x07000010)); len(recs) != 1 {
+		t.Errorf("fd00:5::1 not matched by fd00::/16")
+	}
+	if _, recs := h.run(t, hop6, p6("fd01::1", 0x07000011)); len(recs) != 0 {
+		t.Errorf("fd01::1 matched by fd00::/16")
+	}
+	if _, recs := h.run(t, hop6, udp4(0x07000012)); len(recs) != 0 {
+		t.Errorf("IPv4 packet matched an IPv6 filter")
+	}
+}
+
+// Every program of the object passes the verifier the way the agent loads it.
+func TestEveryProgramLoads(t *testing.T) {
+	h := newHarness(t)
+	for _, c := range []loader.HopConfig{
+		{Program: loader.ProgTC, TagUDP: true},
+		{Program: loader.ProgXDP},
+		{Program: loader.ProgCgroupSKB, AttachType: ebpf.AttachCGroupInetEgress},
+		{Program: loader.ProgTPBTF, AttachTo: "net_dev_xmit"},
+		{Program: loader.ProgTPBTF, AttachTo: "netif_receive_skb", Ifindex: 1, NetnsIno: 1},
+		{Program: loader.ProgTagTCP, TagNetnsCookie: 1},
+	} {
+		t.Run(c.Program+"/"+c.AttachTo, func(t *testing.T) { h.load(t, c) })
+	}
+}

@@ -1,0 +1,137 @@
+// Package output prints the standalone agent's JSON lines (docs/design.md,
+// "Standalone agent"): status, record and counters lines, each with a type.
+package output
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+)
+
+// Writer writes JSON lines; safe for concurrent use.
+type Writer struct {
+	mu sync.Mutex
+	w  *bufio.Writer
+}
+
+// NewWriter wraps w.
+func NewWriter(w io.Writer) *Writer { return &Writer{w: bufio.NewWriter(w)} }
+
+// Flush flushes buffered lines.
+func (w *Writer) Flush() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.Flush()
+}
+
+var statusJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
+
+// Status writes {"type":"status", ...TraceStatus in protojson (proto field names)...}.
+func (w *Writer) Status(st *pb.TraceStatus) error {
+	b, err := statusJSON.Marshal(st)
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return err
+	}
+	body := bytes.TrimPrefix(buf.Bytes(), []byte("{"))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.w.WriteString(`{"type":"status"`)
+	if len(body) > 1 { // not just "}"
+		w.w.WriteByte(',')
+	}
+	w.w.Write(body)
+	w.w.WriteByte('\n')
+	return w.w.Flush()
+}
+
+// RecordLine is one record line.
+type RecordLine struct {
+	Type     string `json:"type"`
+	Trace    string `json:"trace"`
+	Hop      string `json:"hop"`
+	HopIndex uint16 `json:"hop_index"`
+	PacketID uint32 `json:"packet_id"`
+	FlowHash uint32 `json:"flow_hash"`
+	TsNs     uint64 `json:"ts_ns"`
+	Ifindex  uint32 `json:"ifindex"`
+	WireLen  uint32 `json:"wire_len"`
+	CPU      uint16 `json:"cpu"`
+	Flags    uint16 `json:"flags"`
+}
+
+// Records writes one line per record of a batch; hopName names hop indexes.
+func (w *Writer) Records(trace string, raw []byte, hopName func(uint16) string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	enc := json.NewEncoder(w.w)
+	var r record.Record
+	for off := 0; off+record.Size <= len(raw); off += record.Size {
+		if err := record.Decode(raw[off:off+record.Size], &r); err != nil {
+			return err
+		}
+		line := RecordLine{Type: "record", Trace: trace, Hop: hopName(r.HopIndex), HopIndex: r.HopIndex,
+			PacketID: r.PacketID, FlowHash: r.FlowHash, TsNs: r.TsNs, Ifindex: r.Ifindex, WireLen: r.WireLen,
+			CPU: r.CPU, Flags: r.Flags}
+		if err := enc.Encode(&line); err != nil {
+			return err
+		}
+	}
+	return w.w.Flush()
+}
+
+// CountersLine is one counters line: the HopCounters fields in snake_case,
+// as JSON numbers.
+type CountersLine struct {
+	Type           string `json:"type"`
+	Trace          string `json:"trace"`
+	Hop            string `json:"hop"`
+	HopIndex       uint32 `json:"hop_index"`
+	At             string `json:"at,omitempty"`
+	Seen           uint64 `json:"seen"`
+	Matched        uint64 `json:"matched"`
+	Recorded       uint64 `json:"recorded"`
+	Tagged         uint64 `json:"tagged"`
+	Untagged       uint64 `json:"untagged"`
+	TooBig         uint64 `json:"too_big"`
+	GsoSkipped     uint64 `json:"gso_skipped"`
+	NotMatched     uint64 `json:"not_matched"`
+	ParseTruncated uint64 `json:"parse_truncated"`
+	ParseMalformed uint64 `json:"parse_malformed"`
+	ParseNonIP     uint64 `json:"parse_non_ip"`
+	RingbufFull    uint64 `json:"ringbuf_full"`
+	Bytes          uint64 `json:"bytes"`
+	TagFailed      uint64 `json:"tag_failed"`
+}
+
+// Counters writes one counters line per hop.
+func (w *Writer) Counters(trace string, hops []*pb.HopCounters) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	enc := json.NewEncoder(w.w)
+	for _, c := range hops {
+		line := CountersLine{Type: "counters", Trace: trace, Hop: c.GetHop(), HopIndex: c.GetHopIndex(),
+			Seen: c.GetSeen(), Matched: c.GetMatched(), Recorded: c.GetRecorded(), Tagged: c.GetTagged(),
+			Untagged: c.GetUntagged(), TooBig: c.GetTooBig(), GsoSkipped: c.GetGsoSkipped(),
+			NotMatched: c.GetNotMatched(), ParseTruncated: c.GetParseTruncated(), ParseMalformed: c.GetParseMalformed(),
+			ParseNonIP: c.GetParseNonIp(), RingbufFull: c.GetRingbufFull(), Bytes: c.GetBytes(), TagFailed: c.GetTagFailed()}
+		if c.GetAt() != nil {
+			line.At = c.GetAt().AsTime().UTC().Format("2006-01-02T15:04:05.000000000Z")
+		}
+		if err := enc.Encode(&line); err != nil {
+			return fmt.Errorf("counters line: %w", err)
+		}
+	}
+	return w.w.Flush()
+}

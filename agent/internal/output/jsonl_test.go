@@ -1,0 +1,72 @@
+package output
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+)
+
+func lines(t *testing.T, b *bytes.Buffer) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func TestJSONLines(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	st := &pb.TraceStatus{Trace: "t", Generation: 3, Active: true, Hops: []*pb.HopStatus{
+		{HopIndex: 0, Name: "a", Attached: true}, {HopIndex: 1, Name: "b", Error: "hop b: device eth9 not found in netns c1"}}}
+	if err := w.Status(st); err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, 2*record.Size)
+	record.Encode(raw, &record.Record{TsNs: 5, PacketID: 0x07000001, FlowHash: 9, Ifindex: 2, WireLen: 60, HopIndex: 1, TraceSlot: 1, CPU: 1, Flags: record.FlagUDP})
+	record.Encode(raw[record.Size:], &record.Record{TsNs: 6, PacketID: 0x07000002, HopIndex: 0})
+	if err := w.Records("t", raw, func(i uint16) string { return []string{"a", "b"}[i] }); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Counters("t", []*pb.HopCounters{{HopIndex: 1, Hop: "b", Seen: 10, Recorded: 2, ParseNonIp: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	got := lines(t, &buf)
+	if len(got) != 4 {
+		t.Fatalf("%d lines", len(got))
+	}
+	if !strings.HasPrefix(buf.String(), `{"type":"status",`) {
+		t.Errorf("status line does not start with its type: %s", buf.String())
+	}
+	s := got[0]
+	hops := s["hops"].([]any)
+	if s["trace"] != "t" || s["active"] != true || len(hops) != 2 ||
+		hops[1].(map[string]any)["error"] != "hop b: device eth9 not found in netns c1" ||
+		hops[0].(map[string]any)["hop_index"] != float64(0) {
+		t.Errorf("status %v", s)
+	}
+	r := got[1]
+	want := map[string]any{"type": "record", "trace": "t", "hop": "b", "hop_index": 1.0, "packet_id": float64(0x07000001),
+		"flow_hash": 9.0, "ts_ns": 5.0, "ifindex": 2.0, "wire_len": 60.0, "cpu": 1.0, "flags": float64(record.FlagUDP)}
+	for k, v := range want {
+		if r[k] != v {
+			t.Errorf("record %s = %v, want %v", k, r[k], v)
+		}
+	}
+	if got[2]["hop"] != "a" {
+		t.Errorf("second record hop %v", got[2]["hop"])
+	}
+	c := got[3]
+	if c["type"] != "counters" || c["hop"] != "b" || c["hop_index"] != 1.0 || c["seen"] != 10.0 || c["parse_non_ip"] != 1.0 || c["too_big"] != 0.0 {
+		t.Errorf("counters %v", c)
+	}
+}

@@ -1,0 +1,85 @@
+// Package probe measures what this kernel lets the agent do, by trying it:
+// BTF, each attach kind (loading a trivial program where the program type
+// alone says too little), the ring buffer and the TCP header-option helpers.
+package probe
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/features"
+
+	"github.com/hoptrace/hoptrace/agent/internal/attach"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+)
+
+// Capabilities probes the running kernel.
+func Capabilities() *pb.Capabilities {
+	c := &pb.Capabilities{Attach: map[string]*pb.AttachSupport{}}
+	_, err := btf.LoadKernelSpec()
+	c.Btf = err == nil
+
+	c.RingBuffer = features.HaveMapType(ebpf.RingBuf) == nil
+	c.TcpHeaderOptions = features.HaveProgramType(ebpf.SockOps) == nil &&
+		features.HaveProgramHelper(ebpf.SockOps, asm.FnStoreHdrOpt) == nil &&
+		features.HaveProgramHelper(ebpf.SockOps, asm.FnReserveHdrOpt) == nil
+
+	set := func(kind string, err error) {
+		s := &pb.AttachSupport{Supported: err == nil}
+		if err != nil {
+			s.Reason = err.Error()
+		}
+		c.Attach[kind] = s
+	}
+	set("tc", typ(ebpf.SchedCLS, "tc"))
+	set("tcx", tcx())
+	set("xdp", typ(ebpf.XDP, "xdp"))
+	set("cgroup_skb", typ(ebpf.CGroupSKB, "cgroup_skb"))
+	set("sock_ops", typ(ebpf.SockOps, "sock_ops"))
+	set("raw_tp", typ(ebpf.RawTracepoint, "raw_tp"))
+	set("tp_btf", tracing(ebpf.AttachTraceRawTp, "netif_receive_skb", "tp_btf"))
+	set("fentry", tracing(ebpf.AttachTraceFEntry, "netif_receive_skb", "fentry"))
+	if r := attach.KprobeUnsupported(); r != "" {
+		set("kprobe", errors.New(r))
+	} else {
+		set("kprobe", typ(ebpf.Kprobe, "kprobe"))
+	}
+	return c
+}
+
+func typ(pt ebpf.ProgramType, kind string) error {
+	if err := features.HaveProgramType(pt); err != nil {
+		return fmt.Errorf("%s not supported: %w", kind, err)
+	}
+	return nil
+}
+
+func tcx() error {
+	// tcx links came with Linux 6.6 (e420bed02507, "bpf: Add fd-based tcx multi-prog infra").
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, AttachType: ebpf.AttachTCXIngress,
+		License: "GPL", Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()}})
+	if err != nil {
+		return fmt.Errorf("tcx not supported: %w", err)
+	}
+	prog.Close()
+	return nil
+}
+
+// tracing loads a trivial tracing program against a kernel function or
+// event: this is where lockdown refuses fentry with EPERM.
+func tracing(at ebpf.AttachType, target, kind string) error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.Tracing, AttachType: at, AttachTo: target,
+		License: "GPL", Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		if errors.Is(err, os.ErrPermission) && os.Geteuid() == 0 {
+			return fmt.Errorf("%s not permitted: %s", kind, attach.LockdownReason())
+		}
+		return fmt.Errorf("%s not supported: %w", kind, err)
+	}
+	prog.Close()
+	return nil
+}

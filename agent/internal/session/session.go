@@ -1,0 +1,186 @@
+// Package session is the agent's side of hoptrace.v1.AgentSession/Connect:
+// register, heartbeat every 2 s, apply and remove trace plans pushed by the
+// dispatcher and answer each with a TraceStatus. When the dispatcher goes
+// away the traces keep running; the session reconnects with backoff forever
+// and reports them in Register.running.
+package session
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/hoptrace/hoptrace/agent/internal/backoff"
+	"github.com/hoptrace/hoptrace/agent/internal/netns"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+)
+
+// Tracer is what the session drives (tracer.Manager).
+type Tracer interface {
+	Apply(*pb.TracePlan) *pb.TraceStatus
+	Remove(name string) *pb.TraceStatus
+	Running() []*pb.TraceStatus
+}
+
+// Session keeps one Connect stream to the dispatcher.
+type Session struct {
+	Addr         string
+	Node         string
+	Version      string
+	Netns        string // --netns
+	Capabilities *pb.Capabilities
+	Tracer       Tracer
+	Heartbeat    time.Duration
+	Log          *slog.Logger
+	DialOptions  []grpc.DialOption
+	// Backoff bounds (0 = defaults).
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// Run keeps the session up until ctx ends.
+func (s *Session) Run(ctx context.Context) error {
+	if s.Log == nil {
+		s.Log = slog.Default()
+	}
+	if s.Heartbeat <= 0 {
+		s.Heartbeat = 2 * time.Second
+	}
+	opts := s.DialOptions
+	if opts == nil {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := grpc.NewClient(s.Addr, opts...)
+	if err != nil {
+		return fmt.Errorf("dispatcher %s: %w", s.Addr, err)
+	}
+	defer conn.Close()
+	client := pb.NewAgentSessionClient(conn)
+	bo := backoff.Backoff{Min: s.MinBackoff, Max: s.MaxBackoff}
+	for {
+		registered, err := s.connect(ctx, client)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if registered {
+			bo.Reset()
+		}
+		s.Log.Warn("dispatcher session ended, reconnecting", "addr", s.Addr, "err", err)
+		if !bo.Sleep(ctx) {
+			return nil
+		}
+	}
+}
+
+// Register builds the first message of a session.
+func (s *Session) Register() *pb.Register {
+	r := &pb.Register{
+		Node:         s.Node,
+		AgentVersion: s.Version,
+		Capabilities: s.Capabilities,
+		Namespaces:   Namespaces(s.Netns),
+		Running:      s.Tracer.Running(),
+	}
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		r.KernelRelease = unix.ByteSliceToString(u.Release[:])
+	}
+	return r
+}
+
+// Namespaces lists the agent's own (--netns) namespace as "" and every
+// /run/netns entry, with their devices.
+func Namespaces(own string) []*pb.Namespace {
+	var out []*pb.Namespace
+	add := func(name, path string) {
+		ns := &pb.Namespace{Name: name}
+		if ino, err := netns.Inode(path); err == nil {
+			ns.Inode = ino
+		}
+		devs, err := netns.Devices(path)
+		if err != nil {
+			return
+		}
+		for _, d := range devs {
+			ns.Devices = append(ns.Devices, &pb.Device{Name: d.Name, Ifindex: d.Ifindex, Mtu: d.MTU, Kind: d.Kind})
+		}
+		out = append(out, ns)
+	}
+	add("", netns.Path("", own))
+	names, _ := netns.Named()
+	for _, n := range names {
+		if n == own {
+			continue
+		}
+		add(n, netns.Path(n, ""))
+	}
+	return out
+}
+
+func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bool, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := client.Connect(sctx)
+	if err != nil {
+		return false, err
+	}
+	var sendMu sync.Mutex
+	send := func(m *pb.AgentMessage) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return st.Send(m)
+	}
+	if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_Register{Register: s.Register()}}); err != nil {
+		return false, fmt.Errorf("register: %w", err)
+	}
+	s.Log.Info("registered with dispatcher", "addr", s.Addr, "node", s.Node)
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(s.Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_Heartbeat{Heartbeat: &pb.Heartbeat{SentAt: timestamppb.Now()}}}); err != nil {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	defer wg.Wait()
+	defer cancel()
+
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return true, err
+		}
+		var status *pb.TraceStatus
+		switch b := m.GetBody().(type) {
+		case *pb.DispatcherMessage_Apply:
+			status = s.Tracer.Apply(b.Apply)
+			s.Log.Info("applied trace", "trace", status.GetTrace(), "generation", status.GetGeneration(),
+				"active", status.GetActive(), "error", status.GetError())
+		case *pb.DispatcherMessage_Remove:
+			status = s.Tracer.Remove(b.Remove.GetTrace())
+			s.Log.Info("removed trace", "trace", b.Remove.GetTrace(), "error", status.GetError())
+		default:
+			continue
+		}
+		if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_TraceStatus{TraceStatus: status}}); err != nil {
+			return true, err
+		}
+	}
+}

@@ -1,0 +1,173 @@
+// Package stream moves records from the agent's one ring buffer to its
+// consumers: a Reader routes raw records by trace_slot into per-trace
+// batches (flushed at N records or after 100 ms), and a bounded Queue holds
+// the batches until the collector (or the standalone printer) takes them.
+package stream
+
+import (
+	"context"
+	"sync"
+
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+)
+
+// Batch is records of one trace, packed struct hoptrace_record bytes as they
+// left the ring buffer.
+type Batch struct {
+	Trace      string
+	Generation uint64
+	Slot       uint16
+	Records    []byte // len is a multiple of record.Size
+	// Seq is the batch_seq once the batch was first sent; a batch resent
+	// after a reconnect keeps it, so the collector can drop duplicates.
+	Seq uint64
+}
+
+// Count is the number of records in the batch.
+func (b *Batch) Count() int { return len(b.Records) / record.Size }
+
+// Queue is a bounded FIFO of batches. When adding a batch would exceed the
+// byte bound, the oldest batches are dropped and their records counted.
+type Queue struct {
+	mu      sync.Mutex
+	items   []*Batch
+	head    int
+	bytes   int
+	max     int
+	dropped uint64
+	closed  bool
+	notify  chan struct{}
+}
+
+// NewQueue makes a queue holding at most maxBytes of record bytes.
+func NewQueue(maxBytes int) *Queue {
+	if maxBytes <= 0 {
+		maxBytes = 256 << 20
+	}
+	return &Queue{max: maxBytes, notify: make(chan struct{}, 1)}
+}
+
+// Push appends b, dropping the oldest batches if the bound is reached.
+// A single batch larger than the bound is dropped itself.
+func (q *Queue) Push(b *Batch) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		q.dropped += uint64(b.Count())
+		return
+	}
+	if len(b.Records) > q.max {
+		q.dropped += uint64(b.Count())
+		return
+	}
+	for q.bytes+len(b.Records) > q.max && q.head < len(q.items) {
+		old := q.items[q.head]
+		q.items[q.head] = nil
+		q.head++
+		q.bytes -= len(old.Records)
+		q.dropped += uint64(old.Count())
+	}
+	if q.head > 64 && q.head*2 > len(q.items) {
+		q.items = append(q.items[:0], q.items[q.head:]...)
+		q.head = 0
+	}
+	q.items = append(q.items, b)
+	q.bytes += len(b.Records)
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// PushFront puts back a batch that could not be delivered, ahead of the
+// others; it is dropped (and counted) if the queue has no room for it.
+func (q *Queue) PushFront(b *Batch) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed || q.bytes+len(b.Records) > q.max {
+		q.dropped += uint64(b.Count())
+		return
+	}
+	if q.head > 0 {
+		q.head--
+		q.items[q.head] = b
+	} else {
+		q.items = append([]*Batch{b}, q.items...)
+	}
+	q.bytes += len(b.Records)
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// TryPop returns the oldest batch, or nil when the queue is empty.
+func (q *Queue) TryPop() *Batch {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.head == len(q.items) {
+		return nil
+	}
+	b := q.items[q.head]
+	q.items[q.head] = nil
+	q.head++
+	q.bytes -= len(b.Records)
+	if q.head == len(q.items) {
+		q.items = q.items[:0]
+		q.head = 0
+	}
+	return b
+}
+
+// Pop waits for a batch; it returns nil when ctx ends or the queue is
+// closed and empty.
+func (q *Queue) Pop(ctx context.Context) *Batch {
+	for {
+		if b := q.TryPop(); b != nil {
+			return b
+		}
+		q.mu.Lock()
+		closed := q.closed
+		q.mu.Unlock()
+		if closed {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-q.notify:
+		}
+	}
+}
+
+// Close wakes waiters; batches already queued can still be popped.
+func (q *Queue) Close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Closed reports whether Close was called and the queue is empty.
+func (q *Queue) Closed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed && q.head == len(q.items)
+}
+
+// Dropped is the number of records dropped since the queue was made.
+func (q *Queue) Dropped() uint64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.dropped
+}
+
+// Len returns the queued batches and bytes.
+func (q *Queue) Len() (batches, bytes int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items) - q.head, q.bytes
+}

@@ -1,0 +1,188 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+)
+
+// Defaults of the batching.
+const (
+	DefaultBatchRecords = 1024
+	DefaultFlushEvery   = 100 * time.Millisecond
+)
+
+type route struct {
+	trace      string
+	generation uint64
+	buf        []byte
+	since      time.Time
+}
+
+// Reader reads the agent's ring buffer and routes records by trace_slot.
+type Reader struct {
+	rd         *ringbuf.Reader
+	out        *Queue
+	maxRecords int
+	flushEvery time.Duration
+
+	mu     sync.Mutex
+	routes map[uint16]*route
+
+	unrouted atomic.Uint64
+	started  atomic.Bool
+	done     chan struct{}
+	runErr   error
+}
+
+// NewReader opens a reader on the records ring buffer; batches go to out.
+func NewReader(records *ebpf.Map, out *Queue, maxRecords int, flushEvery time.Duration) (*Reader, error) {
+	rd, err := ringbuf.NewReader(records)
+	if err != nil {
+		return nil, fmt.Errorf("ring buffer reader: %w", err)
+	}
+	if maxRecords <= 0 {
+		maxRecords = DefaultBatchRecords
+	}
+	if flushEvery <= 0 {
+		flushEvery = DefaultFlushEvery
+	}
+	return &Reader{rd: rd, out: out, maxRecords: maxRecords, flushEvery: flushEvery,
+		routes: map[uint16]*route{}, done: make(chan struct{})}, nil
+}
+
+// AddRoute sends records of slot to the batches of (trace, generation).
+func (r *Reader) AddRoute(slot uint16, trace string, generation uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.routes[slot] = &route{trace: trace, generation: generation}
+}
+
+// RemoveRoute flushes the slot's pending records, then forgets the slot.
+func (r *Reader) RemoveRoute(slot uint16) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rt, ok := r.routes[slot]; ok {
+		r.flushLocked(slot, rt)
+		delete(r.routes, slot)
+	}
+}
+
+// Unrouted counts records whose trace_slot had no route (a detached trace).
+func (r *Reader) Unrouted() uint64 { return r.unrouted.Load() }
+
+// Start runs the read loop in its own goroutine until Close.
+func (r *Reader) Start() {
+	if r.started.Swap(true) {
+		return
+	}
+	go func() {
+		r.runErr = r.run()
+		close(r.done)
+	}()
+}
+
+// run reads until Close. The Record and its buffer are reused; records are
+// appended to the slot's batch buffer without a per-record allocation.
+func (r *Reader) run() error {
+	var rec ringbuf.Record
+	next := time.Now().Add(r.flushEvery)
+	r.rd.SetDeadline(next)
+	for {
+		err := r.rd.ReadInto(&rec)
+		switch {
+		case err == nil:
+			r.add(rec.RawSample)
+		case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, ringbuf.ErrFlushed):
+		case errors.Is(err, ringbuf.ErrClosed):
+			r.FlushAll()
+			return nil
+		default:
+			r.FlushAll()
+			return fmt.Errorf("read ring buffer: %w", err)
+		}
+		if now := time.Now(); !now.Before(next) {
+			r.flushOld(now)
+			next = now.Add(r.flushEvery)
+			r.rd.SetDeadline(next)
+		}
+	}
+}
+
+func (r *Reader) add(raw []byte) {
+	if len(raw) < record.Size {
+		return
+	}
+	slot := record.TraceSlot(raw)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rt, ok := r.routes[slot]
+	if !ok {
+		r.unrouted.Add(1)
+		return
+	}
+	if rt.buf == nil {
+		rt.buf = make([]byte, 0, r.maxRecords*record.Size)
+		rt.since = time.Now()
+	}
+	rt.buf = append(rt.buf, raw[:record.Size]...)
+	if len(rt.buf) >= r.maxRecords*record.Size {
+		r.flushLocked(slot, rt)
+	}
+}
+
+func (r *Reader) flushLocked(slot uint16, rt *route) {
+	if len(rt.buf) == 0 {
+		return
+	}
+	r.out.Push(&Batch{Trace: rt.trace, Generation: rt.generation, Slot: slot, Records: rt.buf})
+	rt.buf = nil
+}
+
+func (r *Reader) flushOld(now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for slot, rt := range r.routes {
+		if len(rt.buf) > 0 && now.Sub(rt.since) >= r.flushEvery {
+			r.flushLocked(slot, rt)
+		}
+	}
+}
+
+// FlushAll pushes every pending batch now.
+func (r *Reader) FlushAll() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for slot, rt := range r.routes {
+		r.flushLocked(slot, rt)
+	}
+}
+
+// Drain reads whatever is in the ring buffer right now (without waiting)
+// and flushes it: used before detaching, so no record is left behind.
+func (r *Reader) Drain() {
+	// Wake the Run loop so it consumes what is there; then flush.
+	_ = r.rd.Flush()
+	time.Sleep(10 * time.Millisecond)
+	r.FlushAll()
+}
+
+// Close stops the read loop (which flushes what it holds) and releases the reader.
+func (r *Reader) Close() error {
+	err := r.rd.Close()
+	if r.started.Load() {
+		<-r.done
+		if r.runErr != nil {
+			return r.runErr
+		}
+	}
+	return err
+}

@@ -1,0 +1,345 @@
+// Package tracer runs the agent's traces: it applies TracePlans (loading and
+// attaching their hops), replaces a trace by a newer generation without a
+// gap (attach the new, then detach the old), removes traces, and reads
+// their counters. Standalone and daemon modes both drive a Manager.
+package tracer
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/hoptrace/hoptrace/agent/internal/attach"
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	"github.com/hoptrace/hoptrace/agent/internal/stream"
+)
+
+// Config of a Manager.
+type Config struct {
+	Node  string
+	Netns string // --netns: the emulated host's namespace
+	// BaseDir resolves relative object_path values (the plan file's folder).
+	BaseDir string
+	// RingBytes sizes the records ring buffer (power of two, page multiple).
+	RingBytes uint32
+	// Queue receives the record batches.
+	Queue        *stream.Queue
+	BatchRecords int
+	FlushEvery   time.Duration
+}
+
+// Trace is one running generation of a trace.
+type Trace struct {
+	Name       string
+	Generation uint64
+	Slot       uint16
+	Hops       []*attach.Hop
+	Tagger     *attach.Hop
+	Status     *pb.TraceStatus
+	idState    *ebpf.Map
+}
+
+// Manager owns the agent's ring buffer and its traces.
+type Manager struct {
+	cfg     Config
+	records *ebpf.Map
+	reader  *stream.Reader
+	cache   *btf.Cache
+
+	mu       sync.Mutex
+	traces   map[string]*Trace
+	slots    map[uint16]bool
+	nextSlot uint16
+	// hopNames survive removal so late records can still be named.
+	hopNames map[string]map[uint16]string
+}
+
+// DefaultRingBytes is the records ring buffer size.
+const DefaultRingBytes = 16 << 20
+
+// New creates the records ring buffer and starts reading it.
+func New(cfg Config) (*Manager, error) {
+	if cfg.RingBytes == 0 {
+		cfg.RingBytes = DefaultRingBytes
+	}
+	if cfg.Queue == nil {
+		cfg.Queue = stream.NewQueue(0)
+	}
+	records, err := ebpf.NewMap(&ebpf.MapSpec{Name: "ht_records", Type: ebpf.RingBuf, MaxEntries: cfg.RingBytes})
+	if err != nil {
+		return nil, fmt.Errorf("create records ring buffer (%d bytes): %w", cfg.RingBytes, err)
+	}
+	rd, err := stream.NewReader(records, cfg.Queue, cfg.BatchRecords, cfg.FlushEvery)
+	if err != nil {
+		records.Close()
+		return nil, err
+	}
+	rd.Start()
+	return &Manager{cfg: cfg, records: records, reader: rd, cache: btf.NewCache(),
+		traces: map[string]*Trace{}, slots: map[uint16]bool{}, nextSlot: 1,
+		hopNames: map[string]map[uint16]string{}}, nil
+}
+
+// Queue is where record batches go.
+func (m *Manager) Queue() *stream.Queue { return m.cfg.Queue }
+
+// Records is the agent's ring buffer.
+func (m *Manager) Records() *ebpf.Map { return m.records }
+
+func (m *Manager) allocSlot() (uint16, error) {
+	for i := 0; i < 0xffff; i++ {
+		s := m.nextSlot
+		m.nextSlot++
+		if m.nextSlot == 0 {
+			m.nextSlot = 1
+		}
+		if s != 0 && !m.slots[s] {
+			m.slots[s] = true
+			return s, nil
+		}
+	}
+	return 0, errors.New("no free trace slot")
+}
+
+// Apply attaches a plan. A newer generation of a running trace replaces
+// it: the new hops are attached before the old are detached. The returned
+// status names every hop's outcome.
+func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	st := &pb.TraceStatus{Trace: plan.GetTrace(), Generation: plan.GetGeneration()}
+	if plan.GetTrace() == "" {
+		st.Error = "plan has no trace name"
+		return st
+	}
+	old := m.traces[plan.GetTrace()]
+	if old != nil && plan.GetGeneration() <= old.Generation {
+		if plan.GetGeneration() == old.Generation {
+			return cloneStatus(old.Status)
+		}
+		st.Error = fmt.Sprintf("generation %d is older than the running %d", plan.GetGeneration(), old.Generation)
+		return st
+	}
+
+	spec, err := loader.LoadSpec(plan, m.cfg.BaseDir)
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	filter, err := loader.FilterFromPlan(plan.GetFilter())
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	slot, err := m.allocSlot()
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+
+	t := &Trace{Name: plan.GetTrace(), Generation: plan.GetGeneration(), Slot: slot, Status: st}
+	// Generations of one trace share one ID sequence, so IDs do not repeat.
+	if old != nil && old.idState != nil {
+		t.idState, err = old.idState.Clone()
+	} else {
+		t.idState, err = loader.NewIDState(spec)
+	}
+	if err != nil {
+		delete(m.slots, slot)
+		st.Error = err.Error()
+		return st
+	}
+
+	names := map[uint16]string{}
+	for _, h := range plan.GetHops() {
+		names[uint16(h.GetHopIndex())] = h.GetName()
+	}
+	m.hopNames[plan.GetTrace()] = names
+	m.reader.AddRoute(slot, plan.GetTrace(), plan.GetGeneration())
+
+	env := attach.Env{
+		Netns: m.cfg.Netns,
+		Base: loader.HopConfig{
+			TraceSlot:   slot,
+			NodeSalt:    loader.NodeSalt(m.cfg.Node),
+			SampleEvery: plan.GetSample(),
+			Filter:      filter,
+		},
+		Load: loader.Options{Records: m.records, IDState: t.idState, Cache: m.cache},
+	}
+	attached := 0
+	for _, ha := range plan.GetHops() {
+		hs := &pb.HopStatus{HopIndex: ha.GetHopIndex(), Name: ha.GetName()}
+		h, err := attach.AttachHop(spec, ha, env)
+		if err != nil {
+			hs.Error = err.Error()
+		} else {
+			hs.Attached = true
+			t.Hops = append(t.Hops, h)
+			attached++
+		}
+		st.Hops = append(st.Hops, hs)
+	}
+	if plan.GetTcpTagging() != nil {
+		h, err := attach.AttachTCPTagging(spec, plan.GetTcpTagging(), env)
+		if err != nil {
+			st.Error = err.Error()
+		} else {
+			t.Tagger = h
+		}
+	}
+	if attached == 0 && t.Tagger == nil {
+		if st.Error == "" {
+			st.Error = "no hop attached"
+		}
+		m.closeTrace(t)
+		if old != nil {
+			// The running generation stays.
+			return st
+		}
+		return st
+	}
+	st.Active = true
+	m.traces[t.Name] = t
+	if old != nil {
+		m.closeTrace(old)
+	}
+	return cloneStatus(st)
+}
+
+// closeTrace detaches a trace's hops, then flushes and forgets its slot.
+func (m *Manager) closeTrace(t *Trace) {
+	if t.Tagger != nil {
+		t.Tagger.Close()
+	}
+	for _, h := range t.Hops {
+		h.Close()
+	}
+	m.reader.Drain()
+	m.reader.RemoveRoute(t.Slot)
+	delete(m.slots, t.Slot)
+	if t.idState != nil {
+		t.idState.Close()
+	}
+	t.Status.Active = false
+	for _, hs := range t.Status.Hops {
+		hs.Attached = false
+	}
+}
+
+// Remove detaches a trace; the status says it is no longer active.
+func (m *Manager) Remove(name string) *pb.TraceStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.traces[name]
+	if !ok {
+		return &pb.TraceStatus{Trace: name, Error: "trace not running"}
+	}
+	delete(m.traces, name)
+	m.closeTrace(t)
+	return cloneStatus(t.Status)
+}
+
+// Running lists the statuses of the running traces, by name.
+func (m *Manager) Running() []*pb.TraceStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*pb.TraceStatus
+	for _, t := range m.traces {
+		out = append(out, cloneStatus(t.Status))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Trace < out[j].Trace })
+	return out
+}
+
+// HopName names hop_index of a trace ("" if unknown).
+func (m *Manager) HopName(trace string, hopIndex uint16) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.hopNames[trace][hopIndex]
+}
+
+// TraceCounters are one trace's cumulative hop counters.
+type TraceCounters struct {
+	Trace      string
+	Generation uint64
+	Hops       []*pb.HopCounters
+}
+
+// Counters reads every running hop's counters, summed over CPUs.
+func (m *Manager) Counters() []TraceCounters {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := timestamppb.Now()
+	var out []TraceCounters
+	for _, t := range m.traces {
+		tc := TraceCounters{Trace: t.Name, Generation: t.Generation}
+		for _, h := range t.Hops {
+			c, err := h.Loaded.ReadCounters()
+			if err != nil {
+				continue
+			}
+			tc.Hops = append(tc.Hops, HopCounters(h.Index, h.Name, now, c))
+		}
+		out = append(out, tc)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Trace < out[j].Trace })
+	return out
+}
+
+// HopCounters converts summed counters to the wire message.
+func HopCounters(idx uint32, name string, at *timestamppb.Timestamp, c record.Counters) *pb.HopCounters {
+	return &pb.HopCounters{
+		HopIndex:       idx,
+		Hop:            name,
+		At:             at,
+		Seen:           c[record.CSeen],
+		Matched:        c[record.CMatched],
+		Recorded:       c[record.CRecorded],
+		Tagged:         c[record.CTagged],
+		Untagged:       c[record.CUntagged],
+		TooBig:         c[record.CTooBig],
+		GsoSkipped:     c[record.CGSOSkipped],
+		NotMatched:     c[record.CNotMatched],
+		ParseTruncated: c[record.CParseTruncated],
+		ParseMalformed: c[record.CParseMalformed],
+		ParseNonIp:     c[record.CParseNonIP],
+		RingbufFull:    c[record.CRingbufFull],
+		Bytes:          c[record.CBytes],
+		TagFailed:      c[record.CTagFailed],
+	}
+}
+
+// Flush pushes every pending record batch to the queue.
+func (m *Manager) Flush() { m.reader.Drain() }
+
+// Close detaches every trace and stops reading.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	for name, t := range m.traces {
+		m.closeTrace(t)
+		delete(m.traces, name)
+	}
+	m.mu.Unlock()
+	err := m.reader.Close()
+	m.records.Close()
+	m.cfg.Queue.Close()
+	return err
+}
+
+func cloneStatus(s *pb.TraceStatus) *pb.TraceStatus {
+	c := &pb.TraceStatus{Trace: s.Trace, Generation: s.Generation, Active: s.Active, Error: s.Error}
+	for _, h := range s.Hops {
+		c.Hops = append(c.Hops, &pb.HopStatus{HopIndex: h.HopIndex, Name: h.Name, Attached: h.Attached, Error: h.Error})
+	}
+	return c
+}

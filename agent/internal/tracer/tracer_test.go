@@ -1,0 +1,332 @@
+package tracer
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/hoptrace/hoptrace/agent/internal/netns"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	"github.com/hoptrace/hoptrace/agent/internal/stream"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+)
+
+// sendTaggedUDP sends, from inside nsA, an IPv4 UDP packet whose IP length
+// covers 4 surplus bytes after the UDP datagram: the packet ID (RFC 9868).
+func sendTaggedUDP(t *testing.T, nsA, src, dst string, id uint32) {
+	t.Helper()
+	pkt := tu.Cat(tu.IPv4(17, src, dst, nil, tu.UDP(40000, 5000, []byte("hoptrace")), 4), tu.ID(id))
+	err := netns.Do(netns.Path(nsA, ""), func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		sa := &unix.SockaddrInet4{Addr: netip.MustParseAddr(dst).As4()}
+		return unix.Sendto(fd, pkt, 0, sa)
+	})
+	if err != nil {
+		t.Fatalf("send: %v", err)
+	}
+}
+
+func plan(p *tu.VethPair, gen uint64) *pb.TracePlan {
+	return &pb.TracePlan{
+		Trace: "t1", Generation: gen, ObjectPath: tu.ObjectPath(),
+		Filter: &pb.Filter{Protocol: "udp", DstPort: 5000},
+		Hops: []*pb.HopAttach{
+			{HopIndex: 0, Name: "a-out", At: "tc-egress", Dev: p.DevA, Netns: p.NsA},
+			{HopIndex: 1, Name: "b-in", At: "tc-ingress", Dev: p.DevB, Netns: p.NsB},
+			{HopIndex: 2, Name: "b-rx", At: "tracepoint:net:netif_receive_skb", Dev: p.DevB, Netns: p.NsB},
+		},
+	}
+}
+
+// collect pops batches until every hop index in want has a record of id.
+func collect(t *testing.T, q *stream.Queue, id uint32, hops int) map[uint16]record.Record {
+	t.Helper()
+	got := map[uint16]record.Record{}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	for len(got) < hops {
+		b := q.Pop(ctx)
+		if b == nil {
+			t.Fatalf("records of hops %v only", got)
+		}
+		for off := 0; off < len(b.Records); off += record.Size {
+			var r record.Record
+			if err := record.Decode(b.Records[off:], &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.PacketID == id {
+				got[r.HopIndex] = r
+			}
+		}
+	}
+	return got
+}
+
+// tcxCount is how many tcx programs are attached to the devices of the
+// pair (bpftool 7.1 predates tcx, so ask the kernel with BPF_PROG_QUERY).
+func tcxCount(t *testing.T, p *tu.VethPair) int {
+	t.Helper()
+	n := 0
+	for _, x := range [][2]string{{p.NsA, p.DevA}, {p.NsB, p.DevB}} {
+		err := netns.Do(netns.Path(x[0], ""), func() error {
+			iface, err := net.InterfaceByName(x[1])
+			if err != nil {
+				return err
+			}
+			for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+				r, err := link.QueryPrograms(link.QueryOptions{Target: iface.Index, Attach: at})
+				if err != nil {
+					return err
+				}
+				n += len(r.Programs)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("query tcx in %s: %v", x[0], err)
+		}
+	}
+	return n
+}
+
+func linkExists(id uint32) bool {
+	return exec.Command("bpftool", "link", "show", "id", fmt.Sprint(id)).Run() == nil
+}
+
+func linkIDs(t *testing.T, m *Manager) []uint32 {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ids []uint32
+	for _, tr := range m.traces {
+		for _, h := range tr.Hops {
+			info, err := h.Link.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, uint32(info.ID))
+		}
+	}
+	return ids
+}
+
+func TestAttachRecordsAndDetach(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.40")
+	q := stream.NewQueue(0)
+	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			m.Close()
+		}
+	})
+
+	st := m.Apply(plan(p, 1))
+	if !st.GetActive() || st.GetError() != "" {
+		t.Fatalf("status %v", st)
+	}
+	for _, h := range st.GetHops() {
+		if !h.GetAttached() {
+			t.Fatalf("hop %s: %s", h.GetName(), h.GetError())
+		}
+	}
+	if n := tcxCount(t, p); n != 2 {
+		t.Fatalf("%d tcx programs attached, want 2", n)
+	}
+
+	sendTaggedUDP(t, p.NsA, p.AddrA, p.AddrB, 0x2a000001)
+	got := collect(t, q, 0x2a000001, 3)
+	for i, r := range got {
+		if r.Flags&record.FlagUDP == 0 || r.TraceSlot == 0 {
+			t.Errorf("hop %d record %+v", i, r)
+		}
+	}
+	if !(got[0].TsNs <= got[1].TsNs) {
+		t.Errorf("egress at %d after ingress at %d", got[0].TsNs, got[1].TsNs)
+	}
+
+	// A newer generation replaces the old one: old links go away.
+	old := linkIDs(t, m)
+	st = m.Apply(plan(p, 2))
+	if !st.GetActive() || st.GetGeneration() != 2 {
+		t.Fatalf("generation 2: %v", st)
+	}
+	for _, id := range old {
+		if linkExists(id) {
+			t.Errorf("link %d of generation 1 still exists", id)
+		}
+	}
+	if n := tcxCount(t, p); n != 2 {
+		t.Fatalf("%d tcx programs after replace, want 2", n)
+	}
+	sendTaggedUDP(t, p.NsA, p.AddrA, p.AddrB, 0x2a000002)
+	if g := collect(t, q, 0x2a000002, 3); g[0].TraceSlot == got[0].TraceSlot {
+		t.Errorf("generation 2 reuses slot %d", g[0].TraceSlot)
+	}
+
+	c := m.Counters()
+	if len(c) != 1 || len(c[0].Hops) != 3 || c[0].Hops[1].GetRecorded() == 0 || c[0].Hops[1].GetSeen() == 0 {
+		t.Errorf("counters %v", c)
+	}
+
+	ids := linkIDs(t, m)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	for _, id := range ids {
+		if linkExists(id) {
+			t.Errorf("link %d still exists after Close", id)
+		}
+	}
+	if n := tcxCount(t, p); n != 0 {
+		t.Errorf("%d tcx programs left after Close", n)
+	}
+}
+
+func TestAttachErrorsNameTheHop(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.41")
+	m, err := New(Config{Node: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	pl := &pb.TracePlan{Trace: "t2", Generation: 1, ObjectPath: tu.ObjectPath(), Hops: []*pb.HopAttach{
+		{HopIndex: 0, Name: "ok", At: "tc-ingress", Dev: p.DevB, Netns: p.NsB},
+		{HopIndex: 1, Name: "nodev", At: "tc-ingress", Dev: "eth9", Netns: p.NsB},
+		{HopIndex: 2, Name: "fe", At: "fentry:netif_receive_skb"},
+		{HopIndex: 3, Name: "kp", At: "kprobe:netif_receive_skb"},
+		{HopIndex: 4, Name: "bad", At: "tcx"},
+	}}
+	st := m.Apply(pl)
+	want := map[string]string{
+		"ok":    "",
+		"nodev": "hop nodev: device eth9 not found in netns " + p.NsB,
+		"fe":    "hop fe: fentry not permitted: kernel lockdown",
+		"kp":    "hop kp: kprobe not supported: kernel has no kprobe_events",
+		"bad":   "hop bad: at \"tcx\"",
+	}
+	for _, h := range st.GetHops() {
+		w := want[h.GetName()]
+		if w == "" && !h.GetAttached() {
+			t.Errorf("hop %s: %s", h.GetName(), h.GetError())
+		}
+		if w != "" && (h.GetAttached() || !strings.HasPrefix(h.GetError(), w)) {
+			t.Errorf("hop %s error %q, want prefix %q", h.GetName(), h.GetError(), w)
+		}
+	}
+}
+
+// A killed agent leaves nothing attached: links are fd-based, never pinned.
+func TestKilledAgentLeavesNothing(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.42")
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "HTGO_CHILD=1", "HTGO_NS_A="+p.NsA, "HTGO_NS_B="+p.NsB)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	var ids []uint32
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, "LINKS "); ok {
+			for _, f := range strings.Fields(rest) {
+				var id uint32
+				fmt.Sscan(f, &id)
+				ids = append(ids, id)
+			}
+			break
+		}
+	}
+	if len(ids) != 3 {
+		t.Fatalf("child reported links %v", ids)
+	}
+	for _, id := range ids {
+		if !linkExists(id) {
+			t.Fatalf("link %d not there while the child runs", id)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	deadline := time.Now().Add(3 * time.Second)
+	for _, id := range ids {
+		for linkExists(id) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if linkExists(id) {
+			t.Errorf("link %d survived the killed agent", id)
+		}
+	}
+	if n := tcxCount(t, p); n != 0 {
+		t.Errorf("%d tcx programs left after kill", n)
+	}
+}
+
+// TestMain turns the test binary into the agent child of
+// TestKilledAgentLeavesNothing when HTGO_CHILD is set.
+func TestMain(m *testing.M) {
+	if os.Getenv("HTGO_CHILD") != "" {
+		childAgent()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func childAgent() {
+	p := &tu.VethPair{NsA: os.Getenv("HTGO_NS_A"), NsB: os.Getenv("HTGO_NS_B"), DevA: "vha", DevB: "vhb"}
+	m, err := New(Config{Node: "child"})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if st := m.Apply(plan(p, 1)); !st.GetActive() {
+		fmt.Fprintln(os.Stderr, st)
+		os.Exit(1)
+	}
+	var s []string
+	m.mu.Lock()
+	for _, tr := range m.traces {
+		for _, h := range tr.Hops {
+			info, err := h.Link.Info()
+			if err == nil {
+				s = append(s, fmt.Sprint(info.ID))
+			}
+		}
+	}
+	m.mu.Unlock()
+	fmt.Println("LINKS " + strings.Join(s, " "))
+	os.Stdout.Sync()
+	time.Sleep(time.Minute)
+	os.Exit(1)
+}
