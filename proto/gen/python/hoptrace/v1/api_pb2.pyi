@@ -142,7 +142,7 @@ class Report(_message.Message):
     def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ...) -> None: ...
 
 class SegmentStats(_message.Message):
-    __slots__ = ("to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete", "loss_count", "loss_rate", "jitter_ns", "jitter_p99_ns", "at", "below_clock_bound")
+    __slots__ = ("to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete", "loss_count", "loss_rate", "jitter_ns", "jitter_p99_ns", "at", "below_clock_bound", "tracer_lost", "same_node")
     FROM_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,8 @@ class SegmentStats(_message.Message):
     JITTER_P99_NS_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     BELOW_CLOCK_BOUND_FIELD_NUMBER: _ClassVar[int]
+    TRACER_LOST_FIELD_NUMBER: _ClassVar[int]
+    SAME_NODE_FIELD_NUMBER: _ClassVar[int]
     to: str
     count: int
     mean_ns: float
@@ -172,7 +174,9 @@ class SegmentStats(_message.Message):
     jitter_p99_ns: float
     at: _timestamp_pb2.Timestamp
     below_clock_bound: bool
-    def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., **kwargs) -> None: ...
+    tracer_lost: int
+    same_node: bool
+    def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., tracer_lost: _Optional[int] = ..., same_node: bool = ..., **kwargs) -> None: ...
 
 class HopThroughput(_message.Message):
     __slots__ = ("hop", "packets_per_s", "bytes_per_s")

@@ -70,18 +70,20 @@ class HopCounters(_message.Message):
     def __init__(self, hop_index: _Optional[int] = ..., hop: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., seen: _Optional[int] = ..., matched: _Optional[int] = ..., recorded: _Optional[int] = ..., tagged: _Optional[int] = ..., untagged: _Optional[int] = ..., too_big: _Optional[int] = ..., gso_skipped: _Optional[int] = ..., not_matched: _Optional[int] = ..., parse_truncated: _Optional[int] = ..., parse_malformed: _Optional[int] = ..., parse_non_ip: _Optional[int] = ..., ringbuf_full: _Optional[int] = ..., bytes: _Optional[int] = ..., tag_failed: _Optional[int] = ...) -> None: ...
 
 class NodeClock(_message.Message):
-    __slots__ = ("monotonic_to_realtime_ns", "offset_ns", "bound_ns", "drift_ppm", "delay_ns")
+    __slots__ = ("monotonic_to_realtime_ns", "offset_ns", "bound_ns", "drift_ppm", "delay_ns", "sampled_at_ns")
     MONOTONIC_TO_REALTIME_NS_FIELD_NUMBER: _ClassVar[int]
     OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
     BOUND_NS_FIELD_NUMBER: _ClassVar[int]
     DRIFT_PPM_FIELD_NUMBER: _ClassVar[int]
     DELAY_NS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_NS_FIELD_NUMBER: _ClassVar[int]
     monotonic_to_realtime_ns: int
     offset_ns: int
     bound_ns: int
     drift_ppm: float
     delay_ns: int
-    def __init__(self, monotonic_to_realtime_ns: _Optional[int] = ..., offset_ns: _Optional[int] = ..., bound_ns: _Optional[int] = ..., drift_ppm: _Optional[float] = ..., delay_ns: _Optional[int] = ...) -> None: ...
+    sampled_at_ns: int
+    def __init__(self, monotonic_to_realtime_ns: _Optional[int] = ..., offset_ns: _Optional[int] = ..., bound_ns: _Optional[int] = ..., drift_ppm: _Optional[float] = ..., delay_ns: _Optional[int] = ..., sampled_at_ns: _Optional[int] = ...) -> None: ...
 
 class StreamSummary(_message.Message):
     __slots__ = ("batches", "records")
