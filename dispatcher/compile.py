@@ -36,14 +36,18 @@ PROGRAM_FOR_KIND = {
     "fentry": "hop_fentry",
     "kprobe": "hop_kprobe",
 }
+# net:net_dev_xmit fires after a veth handed the skb to its peer: its own program matches the event's dev
+# argument instead of skb->dev (kernel-patch/include/hop.bpf.h). The agent picks it the same way.
+XMIT_TRACEPOINT_PROGRAM = "hop_tp_btf_xmit"
 TCP_TAGGER_PROGRAM = "tag_tcp"
-ALL_PROGRAMS = (*PROGRAM_FOR_KIND.values(), TCP_TAGGER_PROGRAM)
+ALL_PROGRAMS = (*PROGRAM_FOR_KIND.values(), XMIT_TRACEPOINT_PROGRAM, TCP_TAGGER_PROGRAM)
 
 # ELF section of each program in the objects (design.md); used to check compiled objects.
 PROGRAM_SECTIONS = {
     "hop_tc": "tc",
     "hop_xdp": "xdp",
     "hop_tp_btf": "tp_btf/netif_receive_skb",
+    "hop_tp_btf_xmit": "tp_btf/net_dev_xmit",
     "hop_cgroup_skb": "cgroup_skb/ingress",
     "hop_fentry": "fentry/netif_receive_skb",
     "hop_kprobe": "kprobe/netif_receive_skb",
@@ -55,6 +59,7 @@ PROGRAM_MACROS = {
     "hop_tc": "HOPTRACE_PROG_TC",
     "hop_xdp": "HOPTRACE_PROG_XDP",
     "hop_tp_btf": "HOPTRACE_PROG_TP_BTF",
+    "hop_tp_btf_xmit": "HOPTRACE_PROG_TP_BTF_XMIT",
     "hop_cgroup_skb": "HOPTRACE_PROG_CGROUP_SKB",
     "hop_fentry": "HOPTRACE_PROG_FENTRY",
     "hop_kprobe": "HOPTRACE_PROG_KPROBE",
@@ -80,9 +85,17 @@ class CompileError(RuntimeError):
     """clang (or the toolchain around it) failed; the message holds the compiler's own words."""
 
 
+def program_for_hop(at: str) -> str:
+    """The program the agent attaches for a hop's `at` value."""
+    point = parse_attach_point(at)
+    if point.kind == "tp_btf" and point.target == "net_dev_xmit":
+        return XMIT_TRACEPOINT_PROGRAM
+    return PROGRAM_FOR_KIND[point.kind]
+
+
 def programs_for_plan(plan: agent_pb2.TracePlan) -> tuple[str, ...]:
     """The programs a node's object must contain for `plan`, in ALL_PROGRAMS order."""
-    needed = {PROGRAM_FOR_KIND[parse_attach_point(hop.at).kind] for hop in plan.hops}
+    needed = {program_for_hop(hop.at) for hop in plan.hops}
     if plan.HasField("tcp_tagging"):
         needed.add(TCP_TAGGER_PROGRAM)
     return tuple(program for program in ALL_PROGRAMS if program in needed)

@@ -1,0 +1,150 @@
+"""`make demo`: two emulated hosts, a traced UDP flow over VXLAN, and where its time goes, hop by hop.
+
+Builds the test topology (container c1 on host-a, container c2 on host-b, VXLAN between them), starts
+InfluxDB, the collector, the dispatcher and one agent per host, applies a trace for a sockperf flow
+c1 -> c2, runs it for a while, prints the report, and removes everything it created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from hoptrace.cli.localcluster import REPO, LocalCluster
+from hoptrace.dispatcher.spec import spec_to_yaml
+from hoptrace.v1 import trace_pb2
+
+sys.path.insert(0, str(REPO / "tests"))  # the topology and influxd launcher are shared with the tests
+
+from helpers import start_influxd  # noqa: E402
+from topology import TwoHostTopology  # noqa: E402
+
+SOCKPERF_PORT = 11111
+
+
+def vxlan_path_spec(
+    topo: TwoHostTopology, name: str, protocol: str = "udp", port: int = SOCKPERF_PORT, sample: int = 1
+) -> trace_pb2.TraceSpec:
+    """The spec of a c1 -> c2 flow through every layer of the VXLAN topology, in path order."""
+    hops = [
+        ("a-c1-eth0-out", "host-a", "tc-egress", "eth0", topo.c1),
+        ("a-veth-in", "host-a", "tracepoint:net:netif_receive_skb", "veth-c1", ""),
+        ("a-vxlan-out", "host-a", "tc-egress", "vxlan0", ""),
+        ("a-wire-out", "host-a", "tc-egress", "wire0", ""),
+        ("b-wire-in", "host-b", "tc-ingress", "wire0", ""),
+        ("b-vxlan-in", "host-b", "tc-ingress", "vxlan0", ""),
+        ("b-veth-out", "host-b", "tracepoint:net:net_dev_xmit", "veth-c2", ""),
+        ("b-c2-eth0-in", "host-b", "tc-ingress", "eth0", topo.c2),
+    ]
+    return trace_pb2.TraceSpec(
+        name=name,
+        filter=trace_pb2.Filter(protocol=protocol, src=topo.addr("c1"), dst=topo.addr("c2"), dst_port=port),
+        sample=sample,
+        hops=[
+            trace_pb2.HopSpec(name=n, node=node, at=at, dev=dev, netns=ns) for n, node, at, dev, ns in hops
+        ],
+    )
+
+
+def run_sockperf(topo: TwoHostTopology, seconds: float, mps: int) -> str:
+    """A sockperf UDP ping-pong c1 -> c2; returns the client's summary lines."""
+    server = topo.popen(
+        "c2", "sockperf", "server", "-i", topo.addr("c2"), "-p", str(SOCKPERF_PORT),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(0.5)
+        out = topo.run(
+            "c1", "sockperf", "ping-pong", "-i", topo.addr("c2"), "-p", str(SOCKPERF_PORT),
+            "-t", str(int(seconds)), "--mps", str(mps),
+        ).stdout  # fmt: skip
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(5)
+    return "\n".join(line for line in out.splitlines() if "avg-latency" in line or "Summary" in line)
+
+
+def say(text: str) -> None:
+    """Print a demo step."""
+    print(f"\n== {text}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the demo; with --keep, leave everything up until Ctrl-C."""
+    parser = argparse.ArgumentParser(prog="hoptrace demo", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=10, help="how long the traced flow runs")
+    parser.add_argument("--mps", type=int, default=1000, help="sockperf messages per second")
+    parser.add_argument("--keep", action="store_true", help="keep everything up until Ctrl-C")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("hoptrace demo: run as root (it creates namespaces and loads BPF programs)", file=sys.stderr)
+        return 1
+    for tool in ("sockperf", "ip", "clang"):
+        if not shutil.which(tool):
+            print(f"hoptrace demo: {tool} is missing: run `make setup`", file=sys.stderr)
+            return 1
+
+    influx = None
+    cluster = None
+    topo = TwoHostTopology(f"htdemo{os.getpid() % 1000}", overlay="vxlan")
+    try:
+        say("two emulated hosts: c1 on host-a, c2 on host-b, VXLAN between them")
+        topo.create()
+        print(f"namespaces: {', '.join(topo.namespaces)}")
+
+        say("InfluxDB, collector, dispatcher, one agent per host")
+        influx = start_influxd()
+        cluster = LocalCluster(influx_url=influx.url)
+        cluster.start_dispatcher()
+        cluster.start_collector()
+        cluster.wait_listening()
+        cluster.start_agent("host-a", topo.host_a)
+        cluster.start_agent("host-b", topo.host_b)
+        cluster.wait_agents(["host-a", "host-b"])
+        print(
+            f"dispatcher {cluster.dispatcher_addr}, collector {cluster.collector_addr}, influxdb {influx.url}"
+        )
+
+        spec = vxlan_path_spec(topo, "demo-udp")
+        say("trace spec (hoptrace trace apply -f SPEC.yaml)")
+        print(spec_to_yaml(spec))
+        started = time.monotonic()
+        trace = cluster.apply(spec)
+        print(f"applied generation {trace.generation} in {time.monotonic() - started:.2f} s")
+
+        say(f"sockperf UDP ping-pong c1 -> c2 for {args.seconds:g} s at {args.mps} msg/s")
+        print(run_sockperf(topo, args.seconds, args.mps))
+        time.sleep(3)  # the collector's join window closes and the last points reach InfluxDB
+
+        say("where the time went (hoptrace report demo-udp)")
+        report = cluster.hoptrace("report", "demo-udp", "--since", "5m", check=False)
+        print(report.stdout or report.stderr)
+        if args.keep:
+            say(f"everything stays up; dispatcher at {cluster.dispatcher_addr}. Ctrl-C to stop")
+            signal.pause()
+        return report.returncode
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # the demo reports what failed, with the component's log, then cleans up
+        print(f"hoptrace demo failed: {err}", file=sys.stderr)
+        if cluster:
+            for component in cluster.components.values():
+                print(f"--- {component.name} log:\n{component.log_tail(15)}", file=sys.stderr)
+        return 1
+    finally:
+        say("cleaning up")
+        if cluster:
+            cluster.stop()
+        if influx:
+            influx.stop()
+        topo.destroy()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""All of hoptrace on one machine: influxd, collector, dispatcher and one agent per emulated host.
+
+`make demo` and the full-system tests run the real components as separate processes, exactly as they run on
+real hosts, on loopback ports chosen at start. Each agent represents one host: `--netns` is that host's
+namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
+
+REPO = Path(__file__).resolve().parent.parent
+AGENT_BINARY = REPO / "agent" / "bin" / "hoptrace-agent"
+HOPTRACE = [sys.executable, "-m", "hoptrace.cli.main"]
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Component:
+    """One running process of the cluster, with its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last `lines` lines of the component's log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int | None:
+        """Signal the process and wait; kill it if it does not exit in time."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        return self.process.returncode
+
+
+@dataclass
+class LocalCluster:
+    """Starts and stops hoptrace's components for one InfluxDB server (url, bucket)."""
+
+    influx_url: str
+    influx_bucket: str = "hoptrace/autogen"
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hoptrace-cluster-")))
+    dispatcher_addr: str = ""
+    collector_addr: str = ""
+    clock_addr: str = ""
+    components: dict[str, Component] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.dispatcher_addr = self.dispatcher_addr or f"127.0.0.1:{free_port()}"
+        self.collector_addr = self.collector_addr or f"127.0.0.1:{free_port()}"
+
+    # ---- processes ------------------------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> Component:
+        log_path = self.workdir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        component = Component(name, process, log_path)
+        self.components[name] = component
+        return component
+
+    def start_dispatcher(self, *extra: str) -> Component:
+        """Run `hoptrace dispatcher` with its state under the cluster's workdir."""
+        return self._spawn(
+            "dispatcher",
+            [
+                *HOPTRACE,
+                "dispatcher",
+                "--listen",
+                self.dispatcher_addr,
+                "--state-dir",
+                str(self.workdir / "dispatcher"),
+                "--influx-url",
+                self.influx_url,
+                "--influx-bucket",
+                self.influx_bucket,
+                *extra,
+            ],
+        )
+
+    def start_collector(self, *extra: str) -> Component:
+        """Run `hoptrace collector`, following the dispatcher's trace paths."""
+        return self._spawn(
+            "collector",
+            [
+                *HOPTRACE,
+                "collector",
+                "--listen",
+                self.collector_addr,
+                "--influx-url",
+                self.influx_url,
+                "--influx-bucket",
+                self.influx_bucket,
+                "--dispatcher",
+                self.dispatcher_addr,
+                *extra,
+            ],
+        )
+
+    def start_agent(self, node: str, netns: str, *extra: str) -> Component:
+        """Run `hoptrace-agent` for the emulated host `node` whose own namespace is `netns`."""
+        if not AGENT_BINARY.exists():
+            raise RuntimeError(f"{AGENT_BINARY} is missing: run `make agent`")
+        return self._spawn(
+            f"agent-{node}",
+            [
+                str(AGENT_BINARY),
+                "--node",
+                node,
+                "--netns",
+                netns,
+                "--dispatcher",
+                self.dispatcher_addr,
+                "--collector",
+                self.collector_addr,
+                *extra,
+            ],
+        )
+
+    def wait_listening(self, timeout_s: float = 30.0) -> None:
+        """Wait until the dispatcher and collector accept connections (agents then connect at once)."""
+        deadline = time.monotonic() + timeout_s
+        for addr in (self.dispatcher_addr, self.collector_addr):
+            host, _, port = addr.rpartition(":")
+            while True:
+                self.check_running()
+                try:
+                    with socket.create_connection((host, int(port)), timeout=1):
+                        break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"nothing listens on {addr} after {timeout_s} s") from None
+                    time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop agents first (they detach), then collector (it flushes), then dispatcher."""
+        order = sorted(self.components, key=lambda n: (not n.startswith("agent-"), n != "collector"))
+        for name in order:
+            self.components[name].stop()
+
+    def check_running(self) -> None:
+        """Raise with the component's log when one of them has exited."""
+        for component in self.components.values():
+            if component.process.poll() is not None:
+                raise RuntimeError(
+                    f"{component.name} exited with {component.process.returncode}:\n{component.log_tail()}"
+                )
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    # ---- API ------------------------------------------------------------------------------------------
+
+    def api(self) -> api_pb2_grpc.HoptraceStub:
+        """A stub of the user API on the dispatcher."""
+        return api_pb2_grpc.HoptraceStub(grpc.insecure_channel(self.dispatcher_addr))
+
+    def wait_agents(self, nodes: list[str], timeout_s: float = 30.0) -> list[api_pb2.Agent]:
+        """Wait until every node in `nodes` is registered and connected."""
+        deadline = time.monotonic() + timeout_s
+        last_error = ""
+        while time.monotonic() < deadline:
+            self.check_running()
+            try:
+                agents = self.api().ListAgents(api_pb2.ListAgentsRequest(), timeout=2).agents
+                connected = {a.registration.node for a in agents if a.connected}
+                if set(nodes) <= connected:
+                    return list(agents)
+                last_error = f"connected: {sorted(connected)}"
+            except grpc.RpcError as err:
+                last_error = err.code().name
+            time.sleep(0.2)
+        raise TimeoutError(f"agents {nodes} did not connect within {timeout_s} s ({last_error})")
+
+    def apply(self, spec: trace_pb2.TraceSpec, timeout_s: float = 30.0) -> api_pb2.Trace:
+        """Apply a trace through the API; raises grpc.RpcError with the dispatcher's message on failure."""
+        return self.api().ApplyTrace(api_pb2.ApplyTraceRequest(spec=spec), timeout=timeout_s)
+
+    def hoptrace(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run the `hoptrace` CLI against this cluster's dispatcher."""
+        return subprocess.run(
+            [*HOPTRACE, "--dispatcher", self.dispatcher_addr, *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
