@@ -1,0 +1,135 @@
+"""What the full-system tests share: a running cluster on a topology, traffic, and InfluxDB queries."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from influxdb_client import InfluxDBClient
+
+from hoptrace.cli.localcluster import LocalCluster
+
+BUCKET = "hoptrace/autogen"
+
+
+@dataclass
+class UdpSender:
+    """Sends numbered UDP datagrams from one role to another's address until stopped (a background flow)."""
+
+    topo: Any
+    src: str
+    dst: str
+    port: int
+    rate_pps: float = 200.0
+    family: int = 4
+    sent: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> UdpSender:
+        """Start sending in a thread."""
+        sock = self.topo.socket(
+            self.src, socket.AF_INET if self.family == 4 else socket.AF_INET6, socket.SOCK_DGRAM
+        )
+        target = (self.topo.addr(self.dst, self.family), self.port)
+
+        def loop() -> None:
+            gap = 1.0 / self.rate_pps
+            next_at = time.monotonic()
+            while not self._stop.is_set():
+                sock.sendto(self.sent.to_bytes(8, "big") + os.urandom(56), target)
+                self.sent += 1
+                next_at += gap
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    self._stop.wait(delay)
+            sock.close()
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop and return how many datagrams were sent."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(5)
+        return self.sent
+
+
+def flux(influx_url: str, query: str) -> list[dict[str, Any]]:
+    """Run a Flux query; returns every record's values."""
+    with InfluxDBClient(url=influx_url, token="", org="-", timeout=30_000) as client:
+        tables = client.query_api().query(query)
+    return [record.values for table in tables for record in table.records]
+
+
+def segment_counts(influx_url: str, trace: str) -> dict[str, int]:
+    """Points in hop_latency per segment of a trace (end_to_end included), from InfluxDB itself."""
+    rows = flux(
+        influx_url,
+        f'from(bucket: "{BUCKET}") |> range(start: -1h) '
+        f'|> filter(fn: (r) => r._measurement == "hop_latency" and r.trace == "{trace}" '
+        f'and r._field == "latency_ns") |> group(columns: ["segment"]) |> count()',
+    )
+    return {row["segment"]: int(row["_value"]) for row in rows}
+
+
+def segment_latencies(influx_url: str, trace: str, segment: str) -> dict[int, int]:
+    """packet_id -> latency_ns of one segment, from InfluxDB."""
+    rows = flux(
+        influx_url,
+        f'from(bucket: "{BUCKET}") |> range(start: -1h) '
+        f'|> filter(fn: (r) => r._measurement == "hop_latency" and r.trace == "{trace}" '
+        f'and r.segment == "{segment}") '
+        f'|> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+    )
+    return {int(row["packet_id"]): int(row["latency_ns"]) for row in rows}
+
+
+def report(cluster: LocalCluster, trace: str) -> dict[str, Any]:
+    """`hoptrace report NAME --json`, parsed."""
+    result = cluster.hoptrace("report", trace, "--since", "30m", "--json")
+    return json.loads(result.stdout)
+
+
+def wait_report(cluster: LocalCluster, trace: str, packets: int, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Poll the report until it has `packets` complete packets (the join window and export take a moment)."""
+    deadline = time.monotonic() + timeout_s
+    data: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        cluster.check_running()
+        data = report(cluster, trace)
+        if data.get("complete", 0) >= packets:
+            return data
+        time.sleep(1)
+    raise AssertionError(f"report of {trace} never reached {packets} complete packets: {data}")
+
+
+def p50(values: list[int]) -> float:
+    """The median."""
+    return statistics.median(values)
+
+
+@contextmanager
+def running_cluster(topo: Any, influx_url: str) -> Iterator[LocalCluster]:
+    """Dispatcher, collector and an agent per emulated host on `topo`; all stopped afterwards."""
+    cluster = LocalCluster(influx_url=influx_url)
+    try:
+        cluster.start_dispatcher()
+        cluster.start_collector("--join-window", "1")
+        cluster.wait_listening()
+        cluster.start_agent("host-a", topo.host_a)
+        cluster.start_agent("host-b", topo.host_b)
+        cluster.wait_agents(["host-a", "host-b"])
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,206 @@
+"""The whole system on the two-host VXLAN topology: spec in, per-hop latency decomposition out.
+
+Real processes (influxd, collector, dispatcher, two agents), real BPF, real packets; the delay box is the
+ground truth for latency (this kernel has no netem).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+from system_helpers import (
+    UdpSender,
+    p50,
+    report,
+    running_cluster,
+    segment_counts,
+    segment_latencies,
+    wait_report,
+)
+
+from hoptrace.cli.demo import vxlan_path_spec
+from hoptrace.v1 import api_pb2, trace_pb2
+
+OUR_PROGRAMS = ("hop_", "tag_tcp")
+
+
+def send_udp(topo, count: int, port: int = 11111, gap_s: float = 0.002) -> None:
+    """Send `count` datagrams c1 -> c2 and require every one to arrive byte-identical."""
+    from helpers import udp_transfer
+
+    payloads = [os.urandom(64) for _ in range(count)]
+    assert udp_transfer(topo, "c1", "c2", payloads, 4, port, gap_s) == payloads
+
+
+def path_segments(spec: trace_pb2.TraceSpec) -> list[str]:
+    """'from>to' of every consecutive pair of hops, in path order."""
+    names = [hop.name for hop in spec.hops]
+    return [f"{a}>{b}" for a, b in zip(names, names[1:], strict=False)]
+
+
+def our_links() -> list[dict]:
+    """Links (bpftool) whose program is one of hoptrace's."""
+
+    def bpftool(*args: str) -> list[dict]:
+        out = subprocess.run(["bpftool", "-j", *args], capture_output=True, text=True, check=True).stdout
+        return json.loads(out or "[]")
+
+    ours = {p["id"] for p in bpftool("prog", "show") if p.get("name", "").startswith(OUR_PROGRAMS)}
+    return [link for link in bpftool("link", "show") if link.get("prog_id") in ours]
+
+
+def tcx_programs(topo) -> dict[str, str]:
+    """`bpftool net show` inside each namespace of the topology, where it lists anything."""
+    found = {}
+    for role in topo.roles:
+        out = topo.run(role, "bpftool", "net", "show").stdout
+        if re.search(r"hop_|tag_tcp", out):
+            found[role] = out
+    return found
+
+
+def test_report_counts_every_sampled_packet_in_path_order(topology, influxd):
+    """Every segment in path order, its count equal to the packets sent, and InfluxDB agrees."""
+    spec = vxlan_path_spec(topology, "e2e-counts")
+    with running_cluster(topology, influxd.url) as cluster:
+        cluster.apply(spec)
+        send_udp(topology, 200)
+        data = wait_report(cluster, "e2e-counts", 200)
+
+        assert [f"{s['from']}>{s['to']}" for s in data["segments"]] == path_segments(spec)
+        assert data["packets"] == 200 and data["complete"] == 200
+        for segment in data["segments"]:
+            assert segment["count"] == 200, segment
+            assert segment["incomplete"] == 0, segment
+            assert 0 < segment["p50_ns"] <= segment["p99_ns"] <= segment["max_ns"], segment
+        assert data["end_to_end"]["count"] == 200
+        # The end-to-end latency is the sum of its parts, packet by packet, so also at the mean.
+        total = sum(s["mean_ns"] for s in data["segments"])
+        assert abs(total - data["end_to_end"]["mean_ns"]) < 1_000
+
+        counts = segment_counts(influxd.url, "e2e-counts")
+        assert {seg: counts.get(seg) for seg in path_segments(spec)} == dict.fromkeys(
+            path_segments(spec), 200
+        )
+
+
+def test_delay_box_segment_matches_ground_truth(topology_factory, influxd, tmp_path):
+    """The segment across the delay box reports the box's own hold times; other segments do not move."""
+    topo = topology_factory("vxlan", delay_box=True)
+    spec = vxlan_path_spec(topo, "e2e-delay")
+    box_segment = "a-wire-out>b-wire-in"
+    p50s: dict[int, dict[str, float]] = {}
+    with running_cluster(topo, influxd.url) as cluster:
+        cluster.apply(spec)
+        for delay_us in (200, 500):
+            log = tmp_path / f"box-{delay_us}.jsonl"
+            topo.start_delay_box(delay_us * 1000, log_path=log)
+            trace = f"e2e-delay-{delay_us}"
+            spec.name = trace
+            cluster.apply(spec)
+            send_udp(topo, 300, gap_s=0.003)
+            wait_report(cluster, trace, 300)
+            topo.stop_delay_box()
+
+            from tools.delaybox import read_log
+
+            holds = {
+                row["packet_id"]: row["hold_ns"]
+                for row in read_log(log)
+                if row["dir"] == "in0>out0" and row["packet_id"]
+            }
+            latencies = segment_latencies(influxd.url, trace, box_segment)
+            common = sorted(set(holds) & set(latencies))
+            assert len(common) >= 290, (len(holds), len(latencies))
+            # Per packet: what hoptrace measured across the box minus what the box says it held.
+            excess = [latencies[pid] - holds[pid] for pid in common]
+            assert 0 <= p50(excess) <= 10_000, f"median excess over the box's hold: {p50(excess)} ns"
+            data = report(cluster, trace)
+            p50s[delay_us] = {f"{s['from']}>{s['to']}": s["p50_ns"] for s in data["segments"]}
+            cluster.api().DeleteTrace(api_pb2.DeleteTraceRequest(name=trace))
+
+    rise = p50s[500][box_segment] - p50s[200][box_segment]
+    assert abs(rise - 300_000) <= 10_000, f"box segment p50 rose by {rise} ns for +300 us"
+    for segment, value in p50s[200].items():
+        if segment != box_segment:
+            moved = abs(p50s[500][segment] - value)
+            assert moved <= 10_000, f"{segment} p50 moved by {moved} ns"
+
+
+def test_apply_update_delete_while_traffic_flows(topology, influxd):
+    """Traces change at runtime: no agent restarts, the filter change takes effect, delete detaches all."""
+    with running_cluster(topology, influxd.url) as cluster:
+        agents_before = {n: c.process.pid for n, c in cluster.components.items() if n.startswith("agent-")}
+        senders = [UdpSender(topology, "c1", "c2", port).start() for port in (11111, 11112)]
+        try:
+            spec = vxlan_path_spec(topology, "e2e-live", port=11111)
+            first = cluster.apply(spec)
+            wait_report(cluster, "e2e-live", 50)
+
+            spec.filter.dst_port = 11112
+            second = cluster.apply(spec)
+            assert second.generation > first.generation
+            time.sleep(3)  # packets of the old generation leave the join window
+            before = report(cluster, "e2e-live")["complete"]
+            time.sleep(3)
+            assert report(cluster, "e2e-live")["complete"] > before + 50  # the updated filter still traces
+
+            cluster.api().DeleteTrace(api_pb2.DeleteTraceRequest(name="e2e-live"))
+            names = [t.spec.name for t in cluster.api().ListTraces(api_pb2.ListTracesRequest()).traces]
+            assert "e2e-live" not in names
+            assert our_links() == []
+            assert tcx_programs(topology) == {}
+        finally:
+            for sender in senders:
+                assert sender.stop() > 0
+        agents_after = {n: c.process.pid for n, c in cluster.components.items() if n.startswith("agent-")}
+        assert agents_after == agents_before
+        cluster.check_running()
+
+
+def test_trace_resumes_after_dispatcher_restart(topology, influxd):
+    """Agents reconnect to a restarted dispatcher and keep the trace, with no new apply."""
+    with running_cluster(topology, influxd.url) as cluster:
+        spec = vxlan_path_spec(topology, "e2e-restart")
+        applied = cluster.apply(spec)
+        send_udp(topology, 50)
+        wait_report(cluster, "e2e-restart", 50)
+
+        cluster.components["dispatcher"].stop(signal.SIGKILL)
+        send_udp(topology, 50)  # traced while the dispatcher is down
+        cluster.start_dispatcher()
+        cluster.wait_agents(["host-a", "host-b"])
+        traces = cluster.api().ListTraces(api_pb2.ListTracesRequest()).traces
+        assert [(t.spec.name, t.generation) for t in traces] == [("e2e-restart", applied.generation)]
+
+        send_udp(topology, 50)
+        data = wait_report(cluster, "e2e-restart", 150)
+        assert data["complete"] == 150
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda s: setattr(s.hops[0], "node", "host-z"), "hops[0].node"),
+        (lambda s: setattr(s.hops[2], "dev", "nosuch0"), "hops[2].dev"),
+        (lambda s: setattr(s.hops[1], "at", "fentry:ip_rcv"), "hops[1].at"),
+    ],
+)
+def test_apply_rejects_what_the_nodes_cannot_do(topology, influxd, mutate, field):
+    """Errors that need the agents' registration name the field, and change nothing."""
+    import grpc
+
+    with running_cluster(topology, influxd.url) as cluster:
+        spec = vxlan_path_spec(topology, "e2e-bad")
+        mutate(spec)
+        with pytest.raises(grpc.RpcError) as caught:
+            cluster.apply(spec)
+        assert field in caught.value.details()
+        assert cluster.api().ListTraces(api_pb2.ListTracesRequest()).traces == []
+        assert our_links() == []
