@@ -21,8 +21,9 @@ import grpc
 
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
-REPO = Path(__file__).resolve().parent.parent
-AGENT_BINARY = REPO / "agent" / "bin" / "hoptrace-agent"
+# The checkout this runs from (editable install), or $HOPTRACE_REPO: demo and tests use its topology.
+REPO = Path(os.environ.get("HOPTRACE_REPO") or Path(__file__).resolve().parent.parent)
+AGENT_BINARY = Path(os.environ.get("HOPTRACE_AGENT") or REPO / "agent" / "bin" / "hoptrace-agent")
 HOPTRACE = [sys.executable, "-m", "hoptrace.cli.main"]
 
 

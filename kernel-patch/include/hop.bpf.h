@@ -183,6 +183,34 @@ static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex,
 	count(HOPTRACE_C_RECORDED, 1);
 }
 
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+#define CHECKSUM_PARTIAL_ 3
+
+/*
+ * A CHECKSUM_PARTIAL packet's UDP checksum is finished later (by the stack
+ * or the NIC) over everything from csum_start to the end of the skb, which
+ * now includes the ID. Take the ID's share out of the seed in advance, so the
+ * finished checksum covers the UDP length only, as the receiver checks it.
+ * The share depends on the ID's alignment: at an odd offset its bytes pair
+ * the other way round (RFC 1071 byte-order independence).
+ */
+static __always_inline int udp_csum_exclude_id(struct __sk_buff *skb, const struct pkt_info *p,
+					       __be32 id_be)
+{
+	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
+	__u32 share = id_be;
+
+	if (BPF_CORE_READ_BITFIELD(kskb, ip_summed) != CHECKSUM_PARTIAL_)
+		return 0; /* a finished checksum covers the UDP length only already */
+	if (p->udp_len & 1)
+		share = ((share & 0x00ff00ff) << 8) | ((share & 0xff00ff00) >> 8);
+	/* With BPF_F_PSEUDO_HDR on a CHECKSUM_PARTIAL skb the helper edits the
+	 * seed itself: seed = fold(seed - share). */
+	return bpf_l4_csum_replace(skb, p->l4_off + offsetof(struct udphdr, check), share, 0,
+				   BPF_F_PSEUDO_HDR | sizeof(share));
+}
+
 /*
  * Appends the ID after the UDP payload, in the surplus area that UDP's own
  * length does not cover (RFC 9868). The receiver's UDP stack trims it before
@@ -214,6 +242,8 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 		return HOPTRACE_C_TAG_FAILED;
 	id_be = bpf_htonl(id);
 	if (bpf_skb_store_bytes(skb, ip_end, &id_be, sizeof(id_be), 0))
+		return HOPTRACE_C_TAG_FAILED;
+	if (udp_csum_exclude_id(skb, p, id_be))
 		return HOPTRACE_C_TAG_FAILED;
 
 	if (p->family == 4) {
