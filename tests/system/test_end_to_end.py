@@ -118,9 +118,15 @@ def test_delay_box_segment_matches_ground_truth(topology_factory, influxd, tmp_p
             latencies = segment_latencies(influxd.url, trace, box_segment)
             common = sorted(set(holds) & set(latencies))
             assert len(common) >= 290, (len(holds), len(latencies))
-            # Per packet: what hoptrace measured across the box minus what the box says it held.
+            # Per packet: what hoptrace measured across the box minus what the box says it held. The rest
+            # is the wire's own kernel time: the box adds a veth traversal (rx stamp ~1 us after a-wire-out;
+            # tx stamp to b-wire-in ~10 us of veth forward and softirq backlog on a 2-core VM, measured with
+            # hops inside the box: docs/accuracy.md). It is the same for every packet, so hoptrace must track
+            # each packet's hold to within 10 us around it.
             excess = [latencies[pid] - holds[pid] for pid in common]
-            assert 0 <= p50(excess) <= 10_000, f"median excess over the box's hold: {p50(excess)} ns"
+            spread = p50([abs(e - p50(excess)) for e in excess])
+            assert 0 <= p50(excess) <= 15_000, f"median excess over the box's hold: {p50(excess)} ns"
+            assert spread <= 10_000, f"per-packet latency tracks the box's hold only within {spread} ns"
             data = report(cluster, trace)
             p50s[delay_us] = {f"{s['from']}>{s['to']}": s["p50_ns"] for s in data["segments"]}
             cluster.api().DeleteTrace(api_pb2.DeleteTraceRequest(name=trace))

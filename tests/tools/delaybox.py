@@ -51,6 +51,11 @@ SOL_PACKET = 263
 PACKET_OUTGOING = 4  # sll_pkttype of a frame this host sends
 PACKET_IGNORE_OUTGOING = 23  # Linux 4.20: do not deliver sent frames to this socket at all
 SO_TIMESTAMPNS = 35
+SO_TIMESTAMPING = 37  # also the cmsg type of SCM_TIMESTAMPING
+SOF_TIMESTAMPING_TX_SOFTWARE = 1 << 1
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
+TX_TIMESTAMP_FLAGS = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_TSONLY
 SO_RCVBUFFORCE = 33
 PR_SET_TIMERSLACK = 29
 
@@ -234,9 +239,30 @@ def open_packet_socket(ifname: str) -> socket.socket:
     except OSError:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    # Software TX stamps: the kernel stamps a sent frame in the driver (veth_xmit -> skb_tx_timestamp), so
+    # a hold ends when the frame really leaves, not before the relay's own send() syscall.
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TX_TIMESTAMP_FLAGS)
     sock.bind((ifname, ETH_P_ALL))
     sock.setblocking(False)
     return sock
+
+
+def tx_timestamp(sock: socket.socket) -> int:
+    """The kernel's software TX stamp of the frame just sent (CLOCK_MONOTONIC ns), or 0 when there is none.
+
+    The driver stamps synchronously inside send() on veth, so the stamp is queued when send() returns.
+    """
+    offset = time.time_ns() - time.monotonic_ns()
+    while True:
+        try:
+            _, ancdata, _, _ = sock.recvmsg(1, 512, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= 16:
+                sec, nsec = struct.unpack_from("@qq", data)  # ts[0]: the software stamp
+                if sec or nsec:
+                    return sec * 1_000_000_000 + nsec - offset
 
 
 def make_delay_sampler(
@@ -266,7 +292,13 @@ class Relay:
         self.heap: list[tuple[int, int, int, int, int, int, bytes]] = []
         self.last_due = [0, 0]
         self.seq = 0
-        self.stats = {"relayed": [0, 0], "send_errors": 0, "truncated": 0, "user_timestamps": 0}
+        self.stats = {
+            "relayed": [0, 0],
+            "send_errors": 0,
+            "truncated": 0,
+            "user_timestamps": 0,
+            "user_tx_timestamps": 0,
+        }
         self.stopping = False
 
     def _receive(self, index: int) -> None:
@@ -308,11 +340,17 @@ class Relay:
         while heap and heap[0][0] <= time.monotonic_ns():
             _, seq, index, t_rx, target, rx_lag, frame = heapq.heappop(heap)
             t_tx = time.monotonic_ns()
+            sock = self.socks[1 - index]
             try:
-                self.socks[1 - index].send(frame)
+                sock.send(frame)
             except OSError:
                 self.stats["send_errors"] += 1
                 continue
+            kernel_tx = tx_timestamp(sock)
+            if kernel_tx:
+                t_tx = kernel_tx
+            else:
+                self.stats["user_tx_timestamps"] += 1
             self.stats["relayed"][index] += 1
             self.log.add(seq, self.dirs[index], t_rx, t_tx, target, rx_lag, frame)
 
