@@ -15,20 +15,41 @@ Percentiles are exact nearest-rank over the window's values: the value at sorted
 same rule as Flux `quantile(method: "exact_selector")`, so reports and windows agree.
 
 Cross-node clocks: a latency below the clocks' alignment bound (below 0 while the bound is unknown) is kept
-but flagged `below_clock_bound`.
+but flagged `below_clock_bound`; a segment window is flagged when at least half its packets are (its median
+latency is below the bound).
+
+vNetTracer's metrics (section III-D of the paper), per segment and window:
+
+* Loss: `loss_count` = packets seen at the segment's first hop but not at its second (N_i - N_j over the
+  packets of the window, all of whose join windows have closed), `loss_rate` = loss_count / N_i
+  (`from_count`). Records the tracer itself lost are never network loss, so they are taken out: packets the
+  collector cut short (join eviction, ID collision: `JoinedPacket.cut`) are not counted at all, and the
+  records lost at the segment's second hop in the window (ring buffer full = `HopCounters.ringbuf_full`
+  deltas, and `agent_dropped` deltas of that hop's node) are subtracted from loss_count (floor 0): a lost
+  record cannot be told apart from a lost packet one by one, only by count. Records lost at the first hop
+  cannot inflate the loss (such a packet is not counted in N_i), so they are not subtracted. The records
+  subtracted, plus the packets cut short, are reported as `tracer_lost`, and each loss as a `TracerLossWindow`
+  (measurement `tracer_loss`).
+* Jitter: the mean of |dT(i+1) - dT(i)| over consecutive packets of the window, in the order of their time at
+  the first hop (`jitter_ns`), and the nearest-rank p99 of those differences (`jitter_p99_ns`).
+* Per-device processing time: a segment whose two hops are on one node is flagged `same_node`.
+* Throughput per hop (`HopCounterAggregator.add_records`): packets/s and bytes/s of the recorded packets, the
+  bytes being the wire length minus the packet ID hoptrace added (4 bytes of UDP surplus area, an 8-byte TCP
+  option; `records.RecordFlag`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from hoptrace.collector.catalog import TraceCatalog, TracePath
-from hoptrace.collector.clock import ClockAligner
+from hoptrace.collector.clock import ClockAligner, NodeMapping
 from hoptrace.collector.join import JoinedPacket
+from hoptrace.collector.records import HOPTRACE_TCPOPT_LEN, HOPTRACE_UDP_ID_LEN, Record, RecordFlag
 from hoptrace.v1 import records_pb2
 
 END_TO_END = "end_to_end"
@@ -81,6 +102,15 @@ class SegmentWindow:
     # end_to_end only: packets that reached the join (count + incomplete) and those seen at every hop.
     packets: int | None = None
     complete: int | None = None
+    from_count: int = 0  # N_i: packets seen at from_hop
+    loss_count: int = 0
+    loss_rate: float = 0.0
+    tracer_lost: int = 0
+    jitter_ns: float = 0.0
+    jitter_p99_ns: int = 0
+    same_node: bool = False
+    below_clock_bound: bool = False
+    below_bound_count: int = 0
 
 
 @dataclass(slots=True)
@@ -97,6 +127,34 @@ class HopCounterWindow:
     parse_errors: int = 0
     lost_events: int = 0
     bytes: int = 0
+    # throughput from the records themselves (`add_records`)
+    packets: int = 0
+    payload_bytes: int = 0
+    interval_ns: int = 1_000_000_000
+    has_counters: bool = True
+    has_records: bool = False
+
+    @property
+    def packets_per_s(self) -> float:
+        """Recorded packets per second over the window."""
+        return self.packets * 1e9 / self.interval_ns
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Recorded bytes per second (wire length minus hoptrace's ID bytes) over the window."""
+        return self.payload_bytes * 1e9 / self.interval_ns
+
+
+@dataclass(slots=True)
+class TracerLossWindow:
+    """Records the tracer lost over one interval (a `tracer_loss` point). `hop` is "" for a node-wide loss."""
+
+    trace: str
+    node: str
+    hop: str
+    reason: str
+    start_ns: int
+    records: int
 
 
 @dataclass
@@ -107,6 +165,8 @@ class AggregateStats:
     below_clock_bound: int = 0
     late: int = 0
     counter_resets: int = 0
+    late_records: int = 0  # records whose throughput window had closed
+    tracer_lost: int = 0
 
 
 def quantile(sorted_values: list[int], q: float) -> int:
@@ -124,16 +184,55 @@ def summarize(values: Iterable[int]) -> tuple[int, float, int, int, int, int]:
     return n, sum(v) / n, quantile(v, 0.5), quantile(v, 0.9), quantile(v, 0.99), v[-1]
 
 
+def jitter(times: list[int], latencies: list[int]) -> tuple[float, int]:
+    """(mean, nearest-rank p99) of |dT(i+1) - dT(i)|, packets ordered by `times`; (0, 0) below 2."""
+    if len(latencies) < 2:
+        return 0.0, 0
+    ordered = [lat for _, lat in sorted(zip(times, latencies, strict=True))]
+    diffs = sorted(abs(b - a) for a, b in zip(ordered, ordered[1:], strict=False))
+    return sum(diffs) / len(diffs), quantile(diffs, 0.99)
+
+
+def id_overhead(flags: int) -> int:
+    """Bytes hoptrace added to a recorded packet: the UDP ID (4) or the TCP option (8)."""
+    if flags & RecordFlag.UDP:
+        return HOPTRACE_UDP_ID_LEN
+    if flags & RecordFlag.TCP:
+        return HOPTRACE_TCPOPT_LEN
+    return 0
+
+
 class _Window:
-    __slots__ = ("from_hop", "to_hop", "values", "incomplete", "packets", "complete")
+    __slots__ = (
+        "from_hop",
+        "to_hop",
+        "to_node",
+        "values",
+        "times",
+        "incomplete",
+        "packets",
+        "complete",
+        "from_count",
+        "lost",
+        "cut_lost",
+        "flagged",
+        "same_node",
+    )
 
     def __init__(self, from_hop: str, to_hop: str) -> None:
         self.from_hop = from_hop
         self.to_hop = to_hop
+        self.to_node = ""
         self.values: list[int] = []
+        self.times: list[int] = []
         self.incomplete = 0
         self.packets = 0
         self.complete = 0
+        self.from_count = 0
+        self.lost = 0
+        self.cut_lost = 0
+        self.flagged = 0
+        self.same_node: bool | None = None
 
 
 def path_segments(path: TracePath | None, width: int) -> list[tuple[int, int]]:
@@ -158,6 +257,35 @@ class SegmentAggregator:
         self.stats = AggregateStats()
         self._windows: dict[tuple[str, str, int], _Window] = {}
         self._closed_before = 0
+        # records the tracer lost, by window: (trace, hop, start) and node-wide (trace, node, start)
+        self._lost_hop: dict[tuple[str, str, int], int] = {}
+        self._lost_node: dict[tuple[str, str, int], int] = {}
+        self._loss_points: dict[tuple[str, str, str, str, int], int] = {}
+        self._loss_out: list[TracerLossWindow] = []
+
+    def note_tracer_lost(
+        self, trace: str, hop: str, node: str, ts_ns: int, records: int, reason: str
+    ) -> None:
+        """Records the tracer lost at `hop` of `node` ("" hop: anywhere on the node) at master `ts_ns`.
+
+        A loss reported for a window already closed counts in the oldest open one.
+        """
+        if records <= 0:
+            return
+        interval = self.config.interval_ns
+        start = max(ts_ns - ts_ns % interval, self._closed_before)
+        self.stats.tracer_lost += records
+        if hop:
+            self._lost_hop[(trace, hop, start)] = self._lost_hop.get((trace, hop, start), 0) + records
+        else:
+            self._lost_node[(trace, node, start)] = self._lost_node.get((trace, node, start), 0) + records
+        key = (trace, node, hop, reason, start)
+        self._loss_points[key] = self._loss_points.get(key, 0) + records
+
+    def take_tracer_loss(self) -> list[TracerLossWindow]:
+        """The `tracer_loss` windows closed since the last call."""
+        out, self._loss_out = self._loss_out, []
+        return out
 
     def _below_bound(self, latency: int, from_node: str, to_node: str) -> bool:
         if latency < 0:
@@ -204,12 +332,14 @@ class SegmentAggregator:
                 from_hop, to_hop = name(a), name(b)
                 segment = f"{from_hop}>{to_hop}"
                 w = self._window(p.trace, segment, ta if ta is not None else earliest, from_hop, to_hop)
+                from_node = nodes[a] if a < len(nodes) and nodes[a] else (path.hop_node(a) if path else "")
+                to_node = nodes[b] if b < len(nodes) and nodes[b] else (path.hop_node(b) if path else "")
+                if w is not None:
+                    self._count_path(w, ta, tb, p.cut, from_node, to_node)
                 if ta is None or tb is None:
                     if w is not None:
                         w.incomplete += 1
                     continue
-                from_node = nodes[a] or (path.hop_node(a) if path else "")
-                to_node = nodes[b] or (path.hop_node(b) if path else "")
                 latency = tb - ta
                 flag = self._below_bound(latency, from_node, to_node)
                 stats.samples += 1
@@ -217,6 +347,8 @@ class SegmentAggregator:
                     stats.below_clock_bound += 1
                 if w is not None:
                     w.values.append(latency)
+                    w.times.append(ta)
+                    w.flagged += flag
                 out.append(
                     LatencySample(
                         p.trace, segment, from_hop, to_hop, from_node, to_node, ta, latency, p.packet_id, flag
@@ -228,20 +360,25 @@ class SegmentAggregator:
             tn = times[last] if 0 < last < len(times) else None
             first_hop, last_hop = name(0), name(last)
             w = self._window(p.trace, END_TO_END, t0 if t0 is not None else earliest, first_hop, last_hop)
+            from_node = nodes[0] or (path.hop_node(0) if path else "")
+            to_node = (
+                nodes[last] if last < len(nodes) and nodes[last] else (path.hop_node(last) if path else "")
+            )
             if w is not None:
                 w.packets += 1
                 if p.complete:
                     w.complete += 1
+                self._count_path(w, t0, tn, p.cut, from_node, to_node)
             if t0 is None or tn is None:
                 if w is not None:
                     w.incomplete += 1
                 continue
-            from_node = nodes[0] or (path.hop_node(0) if path else "")
-            to_node = nodes[last] or (path.hop_node(last) if path else "")
             latency = tn - t0
             flag = self._below_bound(latency, from_node, to_node)
             if w is not None:
                 w.values.append(latency)
+                w.times.append(t0)
+                w.flagged += flag
             out.append(
                 LatencySample(
                     p.trace,
@@ -258,25 +395,70 @@ class SegmentAggregator:
             )
         return out
 
+    @staticmethod
+    def _count_path(
+        w: _Window, ta: int | None, tb: int | None, cut: bool, from_node: str, to_node: str
+    ) -> None:
+        """Loss and node bookkeeping of one packet in one segment window."""
+        if to_node and not w.to_node:
+            w.to_node = to_node
+        if ta is not None:
+            w.from_count += 1
+            if tb is None:
+                if cut:
+                    w.cut_lost += 1
+                else:
+                    w.lost += 1
+        if ta is not None and tb is not None:
+            same = bool(from_node) and from_node == to_node
+            w.same_node = same if w.same_node is None else (w.same_node and same)
+
     def close_windows(self, upto_ns: int) -> list[SegmentWindow]:
-        """Close and return every window that ends at or before `upto_ns` (master time)."""
+        """Close and return every window that ends at or before `upto_ns` (master time).
+
+        The `tracer_loss` windows closed with them are kept for `take_tracer_loss`.
+        """
         interval = self.config.interval_ns
         cut = upto_ns - upto_ns % interval  # windows starting before this have ended by upto_ns
         if cut <= self._closed_before:
             return []
         self._closed_before = cut
         done = [k for k in self._windows if k[2] < cut]
-        return [self._close(k) for k in sorted(done, key=lambda k: k[2])]
+        out = [self._close(k) for k in sorted(done, key=lambda k: k[2])]
+        self._close_losses(lambda start: start < cut)
+        return out
 
     def flush(self) -> list[SegmentWindow]:
         """Close every window (shutdown)."""
         out = [self._close(k) for k in sorted(self._windows, key=lambda k: k[2])]
+        self._close_losses(lambda start: True)
         return out
+
+    def _close_losses(self, closed: Callable[[int], bool]) -> None:
+        for key in sorted((k for k in self._loss_points if closed(k[4])), key=lambda k: k[4]):
+            self._loss_out.append(TracerLossWindow(*key, records=self._loss_points.pop(key)))
+        for table in (self._lost_hop, self._lost_node):
+            for key in [k for k in table if closed(k[2])]:
+                del table[key]
 
     def _close(self, key: tuple[str, str, int]) -> SegmentWindow:
         w = self._windows.pop(key)
         count, mean, p50, p90, p99, mx = summarize(w.values)
         e2e = key[1] == END_TO_END
+        trace, start = key[0], key[2]
+        lost_at_to = self._lost_hop.get((trace, w.to_hop, start), 0)
+        if w.to_node:
+            lost_at_to += self._lost_node.get((trace, w.to_node, start), 0)
+        loss = max(0, w.lost - lost_at_to)
+        jit, jit_p99 = jitter(w.times, w.values)
+        same_node = bool(w.same_node)
+        if w.same_node is None:  # no packet crossed it: use the path's nodes
+            path = self.catalog.get(trace)
+            if path is not None and path.known:
+                names = list(path.hop_names)
+                if w.from_hop in names and w.to_hop in names:
+                    a, b = path.hop_node(names.index(w.from_hop)), path.hop_node(names.index(w.to_hop))
+                    same_node = bool(a) and a == b
         return SegmentWindow(
             key[0],
             key[1],
@@ -292,6 +474,15 @@ class SegmentAggregator:
             w.incomplete,
             w.packets if e2e else None,
             w.complete if e2e else None,
+            from_count=w.from_count,
+            loss_count=loss,
+            loss_rate=loss / w.from_count if w.from_count else 0.0,
+            tracer_lost=lost_at_to + w.cut_lost,
+            jitter_ns=jit,
+            jitter_p99_ns=jit_p99,
+            same_node=same_node,
+            below_clock_bound=count > 0 and 2 * w.flagged >= count,
+            below_bound_count=w.flagged,
         )
 
 
@@ -314,25 +505,81 @@ _COUNTER_FIELDS = (
 
 
 class HopCounterAggregator:
-    """Turns cumulative `HopCounters` into per-interval deltas per (trace, hop, node).
+    """Per-interval windows per (trace, hop, node): deltas of the cumulative `HopCounters`, and the
+    throughput of the recorded packets (`add_records`).
 
     The first report of a hop counts in full (counters start at 0 when the hop is attached); a counter
-    going backwards means the agent re-attached, and the new value is taken as the delta.
+    going backwards means the agent re-attached, and the new value is taken as the delta. A delta reported
+    for a window already closed counts in the oldest open one, so totals are kept (a closed window is never
+    written twice: its point would overwrite the first).
     """
 
-    def __init__(self, clock: ClockAligner | None = None, config: AggregateConfig | None = None) -> None:
+    def __init__(
+        self,
+        clock: ClockAligner | None = None,
+        config: AggregateConfig | None = None,
+        catalog: TraceCatalog | None = None,
+    ) -> None:
         self.clock = clock
+        self.catalog = catalog
         self.config = config or AggregateConfig()
         self.config.validate()
         self.stats = AggregateStats()
         self._last: dict[tuple[str, str, int], tuple[int, ...]] = {}
         self._windows: dict[tuple[str, str, str, int], HopCounterWindow] = {}
+        self._closed_before = 0
+
+    def _get(self, trace: str, hop: str, node: str, start: int, counters: bool) -> HopCounterWindow:
+        wkey = (trace, hop, node, start)
+        w = self._windows.get(wkey)
+        if w is None:
+            w = self._windows[wkey] = HopCounterWindow(
+                trace, hop, node, start, interval_ns=self.config.interval_ns, has_counters=counters
+            )
+        elif counters:
+            w.has_counters = True
+        return w
+
+    def add_records(self, trace: str, node: str, records: Iterable[Record], mapping: NodeMapping) -> None:
+        """Count one batch's records per hop and window (master time) for the throughput fields.
+
+        Records of a window already closed are counted in `stats.late_records` and left out.
+        """
+        interval = self.config.interval_ns
+        closed = self._closed_before
+        to_master = mapping.to_master
+        acc: dict[tuple[int, int], list[int]] = {}
+        late = 0
+        for ts, _pid, _fh, _ifindex, wire_len, hop, _slot, _cpu, flags in records:
+            t = to_master(ts)
+            start = t - t % interval
+            if start < closed:
+                late += 1
+                continue
+            a = acc.get((hop, start))
+            if a is None:
+                a = acc[(hop, start)] = [0, 0]
+            a[0] += 1
+            a[1] += wire_len - id_overhead(flags)
+        self.stats.late_records += late
+        path = self.catalog.get(trace) if self.catalog is not None else None
+        for (hop, start), (packets, nbytes) in acc.items():
+            name = path.hop_name(hop) if path is not None else f"hop{hop}"
+            w = self._get(trace, name, node, start, counters=False)
+            w.packets += packets
+            w.payload_bytes += nbytes
+            w.has_records = True
 
     def add_counters(
         self, trace: str, node: str, counters: Iterable[records_pb2.HopCounters], now_ns: int | None = None
-    ) -> None:
-        """Account one batch's cumulative counters. `now_ns` (master time) is used when `at` is unset."""
+    ) -> list[tuple[str, int, int]]:
+        """Account one batch's cumulative counters. `now_ns` (master time) is used when `at` is unset.
+
+        Returns the records each hop lost in its ring buffer since the last report, as (hop, master time,
+        records) for every nonzero `ringbuf_full` delta.
+        """
         interval = self.config.interval_ns
+        lost: list[tuple[str, int, int]] = []
         for c in counters:
             values = tuple(getattr(c, f) for f in _COUNTER_FIELDS)
             key = (trace, node, c.hop_index)
@@ -351,12 +598,9 @@ class HopCounterAggregator:
                     ts = self.clock.wall_to_master(node, ts)
             else:
                 ts = now_ns if now_ns is not None else time.time_ns()
-            start = ts - ts % interval
+            start = max(ts - ts % interval, self._closed_before)
             hop = c.hop or f"hop{c.hop_index}"
-            wkey = (trace, hop, node, start)
-            w = self._windows.get(wkey)
-            if w is None:
-                w = self._windows[wkey] = HopCounterWindow(trace, hop, node, start)
+            w = self._get(trace, hop, node, start, counters=True)
             d = dict(zip(_COUNTER_FIELDS, delta, strict=True))
             w.matched += d["matched"]
             w.tagged += d["tagged"]
@@ -364,10 +608,16 @@ class HopCounterAggregator:
             w.parse_errors += d["parse_truncated"] + d["parse_malformed"] + d["parse_non_ip"]
             w.lost_events += d["ringbuf_full"]
             w.bytes += d["bytes"]
+            if d["ringbuf_full"]:
+                lost.append((hop, ts, d["ringbuf_full"]))
+        return lost
 
     def close_windows(self, upto_ns: int) -> list[HopCounterWindow]:
         """Close and return the windows that end at or before `upto_ns`."""
         interval = self.config.interval_ns
+        cut = upto_ns - upto_ns % interval
+        if cut > self._closed_before:
+            self._closed_before = cut
         done = sorted((k for k in self._windows if k[3] + interval <= upto_ns), key=lambda k: k[3])
         return [self._windows.pop(k) for k in done]
 

@@ -1,16 +1,23 @@
 """Clock alignment stage: maps each node's record timestamps onto the master clock.
 
-A record's `ts_ns` is the node's CLOCK_MONOTONIC. The agent samples `monotonic_to_realtime_ns`
-(CLOCK_REALTIME - CLOCK_MONOTONIC) and the node's offset from the master (`offset_ns`, wall - master), so
+The collector is the master clock: it serves time over NTP (`timeservice.py`) and agents measure their
+offset against it with Cristian's algorithm (`clocksync.py` is the reference client). A record's `ts_ns` is
+the node's CLOCK_MONOTONIC. The agent samples `monotonic_to_realtime_ns` (CLOCK_REALTIME - CLOCK_MONOTONIC),
+the node's offset from the master (`offset_ns`, node wall - master) measured at node wall time
+`sampled_at_ns`, and the drift of that offset (`drift_ppm`). With `wall = ts_ns + monotonic_to_realtime_ns`:
 
-    ts_master = ts_ns + monotonic_to_realtime_ns - offset_ns
+    offset(wall) = offset_ns + drift_ppm * 1e-6 * (wall - sampled_at_ns)
+    ts_master    = wall - offset(wall)
 
-The latest mapping per node wins; a batch without a clock reuses the node's last one (0 before any).
+`sampled_at_ns` 0 means the sample time is unknown; the drift is then not applied (a drift extrapolated
+from an unknown origin could only add error). The latest mapping per node wins; a batch without a clock
+reuses the node's last one (the identity before any).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from hoptrace.v1 import records_pb2
@@ -18,49 +25,130 @@ from hoptrace.v1 import records_pb2
 
 @dataclass(frozen=True, slots=True)
 class NodeMapping:
-    """The mapping in force for one node."""
+    """The mapping in force for one node: master = ts + delta_ns - drift * (ts - ref_mono_ns)."""
 
-    delta_ns: int  # add to a node's monotonic ts to get master time
-    offset_ns: int  # node wall clock - master clock
+    delta_ns: int  # add to a node's monotonic ts to get master time at ref_mono_ns
+    offset_ns: int  # node wall clock - master clock, at sampled_at_ns
     bound_ns: int  # error bound of offset_ns (0 = unknown)
+    drift: float = 0.0  # drift_ppm * 1e-6 (0 when sampled_at_ns is unknown)
+    ref_mono_ns: int = 0  # sampled_at_ns on the node's monotonic clock
+    delay_ns: int = 0
+    drift_ppm: float = 0.0
+    sampled_at_ns: int = 0
+    monotonic_to_realtime_ns: int = 0
+
+    def to_master(self, ts_ns: int) -> int:
+        """Convert one node monotonic timestamp to master time."""
+        if self.drift:
+            return ts_ns + self.delta_ns - round(self.drift * (ts_ns - self.ref_mono_ns))
+        return ts_ns + self.delta_ns
+
+    def wall_to_master(self, wall_ns: int) -> int:
+        """Convert a node wall-clock time (e.g. `HopCounters.at`) to master time."""
+        if self.drift:
+            return wall_ns - self.offset_ns - round(self.drift * (wall_ns - self.sampled_at_ns))
+        return wall_ns - self.offset_ns
+
+    def same_value(self, other: NodeMapping) -> bool:
+        """True when `other` carries the same clock estimate (the periodic mapping refresh is not news)."""
+        return (self.offset_ns, self.bound_ns, self.drift_ppm, self.delay_ns, self.sampled_at_ns) == (
+            other.offset_ns,
+            other.bound_ns,
+            other.drift_ppm,
+            other.delay_ns,
+            other.sampled_at_ns,
+        )
 
 
 _ZERO = NodeMapping(0, 0, 0)
 
 
-class ClockAligner:
-    """Keeps the latest `NodeClock` per node and converts node timestamps to master time."""
+def mapping_of(clock: records_pb2.NodeClock) -> NodeMapping:
+    """The `NodeMapping` of one `NodeClock` message."""
+    drift = clock.drift_ppm * 1e-6 if clock.sampled_at_ns else 0.0
+    return NodeMapping(
+        delta_ns=clock.monotonic_to_realtime_ns - clock.offset_ns,
+        offset_ns=clock.offset_ns,
+        bound_ns=clock.bound_ns,
+        drift=drift,
+        ref_mono_ns=clock.sampled_at_ns - clock.monotonic_to_realtime_ns,
+        delay_ns=clock.delay_ns,
+        drift_ppm=clock.drift_ppm,
+        sampled_at_ns=clock.sampled_at_ns,
+        monotonic_to_realtime_ns=clock.monotonic_to_realtime_ns,
+    )
 
-    def __init__(self) -> None:
+
+@dataclass(frozen=True, slots=True)
+class NodeClockPoint:
+    """A new clock estimate of one node (a `node_clock` point), at master time `ts_ns`."""
+
+    node: str
+    ts_ns: int
+    offset_ns: int
+    delay_ns: int
+    bound_ns: int
+    drift_ppm: float
+
+
+class ClockAligner:
+    """Keeps the latest `NodeClock` per node and converts node timestamps to master time.
+
+    `update` also reports each new estimate as a `NodeClockPoint`, at most one per node per `min_interval_ns`
+    of the collector's clock (an estimate arriving sooner is held and reported with the next batch after the
+    interval).
+    """
+
+    def __init__(self, min_interval_ns: int = 1_000_000_000) -> None:
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeMapping] = {}
+        self._reported: dict[str, tuple[NodeMapping, int]] = {}  # node -> (last reported, when)
+        self.min_interval_ns = min_interval_ns
+        self.updates = 0
 
     def update(self, node: str, clock: records_pb2.NodeClock | None) -> NodeMapping:
         """Take a node's newest clock (None keeps the previous one); return the mapping now in force."""
         if clock is None:
             return self._nodes.get(node, _ZERO)
-        mapping = NodeMapping(
-            clock.monotonic_to_realtime_ns - clock.offset_ns, clock.offset_ns, clock.bound_ns
-        )
+        mapping = mapping_of(clock)
         with self._lock:
             self._nodes[node] = mapping
+            self.updates += 1
         return mapping
+
+    def due_points(self, now_ns: int | None = None) -> list[NodeClockPoint]:
+        """Clock estimates not reported yet and allowed by the rate limit (`node_clock` points)."""
+        now = time.time_ns() if now_ns is None else now_ns
+        out: list[NodeClockPoint] = []
+        with self._lock:
+            for node, m in self._nodes.items():
+                last = self._reported.get(node)
+                if last is not None and (last[0].same_value(m) or now - last[1] < self.min_interval_ns):
+                    continue
+                self._reported[node] = (m, now)
+                out.append(NodeClockPoint(node, now, m.offset_ns, m.delay_ns, m.bound_ns, m.drift_ppm))
+        return out
+
+    def nodes(self) -> dict[str, NodeMapping]:
+        """A copy of every node's current mapping."""
+        with self._lock:
+            return dict(self._nodes)
 
     def mapping(self, node: str) -> NodeMapping:
         """The node's current mapping (zero before its first clock)."""
         return self._nodes.get(node, _ZERO)
 
     def delta_ns(self, node: str) -> int:
-        """Nanoseconds to add to the node's monotonic timestamps to get master time."""
+        """Nanoseconds to add to the node's monotonic timestamps to get master time (drift not included)."""
         return self._nodes.get(node, _ZERO).delta_ns
 
     def to_master(self, node: str, ts_ns: int) -> int:
         """Convert one node monotonic timestamp to master time."""
-        return ts_ns + self.delta_ns(node)
+        return self._nodes.get(node, _ZERO).to_master(ts_ns)
 
     def wall_to_master(self, node: str, wall_ns: int) -> int:
         """Convert a node wall-clock time (e.g. `HopCounters.at`) to master time."""
-        return wall_ns - self._nodes.get(node, _ZERO).offset_ns
+        return self._nodes.get(node, _ZERO).wall_to_master(wall_ns)
 
     def bound_ns(self, node: str) -> int:
         """The node's clock error bound (0 when unknown)."""

@@ -15,36 +15,66 @@ Schema (a contract: dashboards, the report and the web UI query these names):
 * `segment_stats` - per trace, segment and interval (1 s, time = window start). Tags `trace`, `segment`,
   `from_hop`, `to_hop`; fields `count`, `mean_ns` (float), `p50_ns`, `p90_ns`, `p99_ns`, `max_ns`,
   `incomplete` (ints). Segment `end_to_end` (first hop -> last hop of the path) also carries `packets`
-  (packets joined in the window) and `complete` (packets seen at every hop).
+  (packets joined in the window) and `complete` (packets seen at every hop). vNetTracer's metrics
+  (`aggregate.py` says how): `from_count` (N_i, packets seen at from_hop), `loss_count`, `loss_rate` (float),
+  `tracer_lost` (records the tracer lost, never in loss_count), `jitter_ns` (float), `jitter_p99_ns`,
+  `same_node` (bool: both hops on one node, the latency is that node's processing time),
+  `below_clock_bound` (bool: median latency below the two nodes' clock bounds) and `below_bound_count`.
 * `hop_counters` - per trace, hop, node and interval. Tags `trace`, `hop`, `node`; int fields `matched`,
-  `tagged`, `untagged`, `parse_errors`, `lost_events`, `bytes` (deltas over the interval).
+  `tagged`, `untagged`, `parse_errors`, `lost_events`, `bytes` (deltas of the agent's counters over the
+  interval), and from the records themselves `packets` (int), `packets_per_s`, `bytes_per_s` (floats; bytes
+  without hoptrace's ID). The two groups are separate lines of the same point (InfluxDB merges the fields).
+* `node_clock` - per node, each time a new clock estimate arrives (at most 1/s). Tag `node`; fields
+  `offset_ns`, `delay_ns`, `bound_ns` (ints), `drift_ppm` (float). Time: master time of arrival.
+* `tracer_loss` - records the tracer lost, per interval. Tags `trace`, `node`, `hop` (absent for a node-wide
+  loss), `reason` (`ringbuf_full`, `agent_dropped`, `collector_cut`); int field `records`.
 
 Tags with an empty value are left out (line protocol does not allow them).
 
-Writes are batched by a worker thread (`batch_size` points or every `flush_interval_s`) through the
-synchronous write API, retried, and counted when dropped; `max_pending` bounds the memory held when InfluxDB
-is slow or down.
+Delivery (`InfluxExporter`): the pipeline only queues lines (bounded by `max_pending` points; beyond it they
+are dropped and counted, reason `queue_full`), so the receive path never waits for InfluxDB. A worker writes
+batches (`batch_size` points or every `flush_interval_s`). A batch InfluxDB does not take (down, slow past
+`timeout_ms`, 5xx) goes to the disk spool (`Spool`, bounded by `spool_bytes`: beyond it the oldest files are
+dropped and counted, reason `spool_overflow`); from then on every batch goes behind it, and the worker
+retries the oldest file with a capped exponential backoff, replaying the spool in order once InfluxDB answers.
+A spool in a fixed `spool_dir` also survives a collector restart. Nothing depends on how long the outage
+lasts, only on the spool's size. Each point is written once in effect: every point is fully determined
+(measurement, tags, timestamp, fields) before it is queued, so a batch written twice (a write that timed out
+after InfluxDB had stored it, then replayed) overwrites itself. A batch InfluxDB rejects (400, 413) is
+dropped and counted (reason `rejected`): retrying cannot help.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
+import os
 import queue
+import shutil
+import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from influxdb_client import InfluxDBClient, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
+from influxdb_client.rest import ApiException
 
-from hoptrace.collector.aggregate import HopCounterWindow, LatencySample, SegmentWindow
+from hoptrace.collector.aggregate import HopCounterWindow, LatencySample, SegmentWindow, TracerLossWindow
+from hoptrace.collector.clock import NodeClockPoint
 
 log = logging.getLogger(__name__)
 
 HOP_LATENCY = "hop_latency"
 SEGMENT_STATS = "segment_stats"
 HOP_COUNTERS = "hop_counters"
+NODE_CLOCK = "node_clock"
+TRACER_LOSS = "tracer_loss"
 
 _TAG_ESCAPE = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ ", "\n": "", "\\": "\\\\"})
 
@@ -83,16 +113,50 @@ def segment_line(w: SegmentWindow) -> str:
     )
     if w.packets is not None:
         fields += f",packets={w.packets}i,complete={w.complete or 0}i"
+    fields += (
+        f",from_count={w.from_count}i,loss_count={w.loss_count}i,loss_rate={float(w.loss_rate)!r},"
+        f"tracer_lost={w.tracer_lost}i,jitter_ns={float(w.jitter_ns)!r},jitter_p99_ns={w.jitter_p99_ns}i,"
+        f"same_node={'true' if w.same_node else 'false'},"
+        f"below_clock_bound={'true' if w.below_clock_bound else 'false'},"
+        f"below_bound_count={w.below_bound_count}i"
+    )
     return f"{SEGMENT_STATS}{tags} {fields} {w.start_ns}"
 
 
-def counters_line(w: HopCounterWindow) -> str:
-    """Line protocol of one `hop_counters` point."""
+def counters_lines(w: HopCounterWindow) -> list[str]:
+    """Line protocol of one `hop_counters` point: the counter deltas and/or the throughput (same point)."""
     tags = _tags((("hop", w.hop), ("node", w.node), ("trace", w.trace)))
+    out = []
+    if w.has_counters:
+        out.append(
+            f"{HOP_COUNTERS}{tags} matched={w.matched}i,tagged={w.tagged}i,untagged={w.untagged}i,"
+            f"parse_errors={w.parse_errors}i,lost_events={w.lost_events}i,bytes={w.bytes}i {w.start_ns}"
+        )
+    if w.has_records:
+        out.append(
+            f"{HOP_COUNTERS}{tags} packets={w.packets}i,packets_per_s={float(w.packets_per_s)!r},"
+            f"bytes_per_s={float(w.bytes_per_s)!r} {w.start_ns}"
+        )
+    return out
+
+
+def counters_line(w: HopCounterWindow) -> str:
+    """The `hop_counters` lines of one window, joined by newlines."""
+    return "\n".join(counters_lines(w))
+
+
+def node_clock_line(p: NodeClockPoint) -> str:
+    """Line protocol of one `node_clock` point."""
     return (
-        f"{HOP_COUNTERS}{tags} matched={w.matched}i,tagged={w.tagged}i,untagged={w.untagged}i,"
-        f"parse_errors={w.parse_errors}i,lost_events={w.lost_events}i,bytes={w.bytes}i {w.start_ns}"
+        f"{NODE_CLOCK}{_tags((('node', p.node),))} offset_ns={p.offset_ns}i,delay_ns={p.delay_ns}i,"
+        f"bound_ns={p.bound_ns}i,drift_ppm={float(p.drift_ppm)!r} {p.ts_ns}"
     )
+
+
+def tracer_loss_line(w: TracerLossWindow) -> str:
+    """Line protocol of one `tracer_loss` point."""
+    tags = _tags((("hop", w.hop), ("node", w.node), ("reason", w.reason), ("trace", w.trace)))
+    return f"{TRACER_LOSS}{tags} records={w.records}i {w.start_ns}"
 
 
 class TimestampDeduper:
@@ -131,9 +195,25 @@ class TimestampDeduper:
         return ts
 
 
+def ensure_database(url: str, bucket: str, token: str = "") -> bool:
+    """InfluxDB 1.8: create the bucket's database if missing (the v2 API cannot). False when unreachable."""
+    db = bucket.split("/", 1)[0]
+    q = urllib.parse.urlencode({"q": f'CREATE DATABASE "{db}"'}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/query", data=q, method="POST")
+    if token:
+        req.add_header("Authorization", "Basic " + base64.b64encode(token.encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            resp.read()
+        return True
+    except OSError as err:
+        log.warning("could not create database %s at %s: %s", db, url, err)
+        return False
+
+
 @dataclass
 class InfluxConfig:
-    """Where and how the exporter writes."""
+    """Where and how the exporter writes, and how much it holds while InfluxDB is away."""
 
     url: str = "http://127.0.0.1:8086"
     bucket: str = "hoptrace/autogen"
@@ -141,9 +221,12 @@ class InfluxConfig:
     token: str = ""
     batch_size: int = 5000
     flush_interval_s: float = 1.0
-    max_pending: int = 2_000_000
-    retries: int = 3
+    max_pending: int = 1_000_000  # points in memory (about 200 B each)
     timeout_ms: int = 10_000
+    spool_dir: str | None = None  # None: a fresh temporary directory, removed at close when empty
+    spool_bytes: int = 1 << 30
+    retry_min_s: float = 0.25
+    retry_max_s: float = 5.0
 
     def validate(self) -> None:
         """Raise ValueError on an unusable setting."""
@@ -153,39 +236,146 @@ class InfluxConfig:
             raise ValueError("influx bucket is empty (InfluxDB 1.8: DATABASE/RETENTION-POLICY)")
         if self.batch_size < 1 or self.flush_interval_s <= 0 or self.max_pending < self.batch_size:
             raise ValueError("influx batch_size >= 1, flush_interval_s > 0 and max_pending >= batch_size")
+        if self.spool_bytes < 1 or self.retry_min_s <= 0 or self.retry_max_s < self.retry_min_s:
+            raise ValueError("spool_bytes >= 1 and 0 < retry_min_s <= retry_max_s")
+
+
+class Spool:
+    """Batches of line protocol waiting on disk for InfluxDB, oldest first, at most `max_bytes` in total.
+
+    One file per batch, `<seq:016d>-<points>.lp`, written to a temporary name and renamed (a crash leaves
+    whole files only). Files already in the directory are taken over in name order (a restarted collector
+    replays what its predecessor could not write). Not thread-safe: the exporter's worker owns it.
+    """
+
+    def __init__(self, directory: str | Path, max_bytes: int) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.dropped = 0  # points dropped beyond max_bytes
+        self._files: list[tuple[Path, int, int]] = []  # (path, points, bytes)
+        for path in sorted(self.directory.glob("*.lp")):
+            try:
+                points = int(path.stem.split("-", 1)[1])
+                self._files.append((path, points, path.stat().st_size))
+            except (IndexError, ValueError, OSError):
+                log.warning("spool: ignoring %s", path)
+        self._seq = int(self._files[-1][0].stem.split("-", 1)[0]) + 1 if self._files else 0
+        self.bytes = sum(f[2] for f in self._files)
+        self.points = sum(f[1] for f in self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    def append(self, lines: list[str]) -> int:
+        """Store one batch behind the others; drop the oldest beyond `max_bytes`. Returns points dropped."""
+        data = "\n".join(lines).encode()
+        path = self.directory / f"{self._seq:016d}-{len(lines)}.lp"
+        self._seq += 1
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        self._files.append((path, len(lines), len(data)))
+        self.bytes += len(data)
+        self.points += len(lines)
+        dropped = 0
+        while self.bytes > self.max_bytes and self._files:
+            dropped += self._pop_oldest()
+        self.dropped += dropped
+        return dropped
+
+    def oldest(self) -> tuple[Path, list[str]] | None:
+        """The oldest batch (its file and lines), or None when empty."""
+        while self._files:
+            path = self._files[0][0]
+            try:
+                return path, path.read_text().split("\n")
+            except OSError as err:  # removed under us: count it as dropped
+                log.warning("spool: cannot read %s: %s", path, err)
+                self.dropped += self._pop_oldest()
+        return None
+
+    def remove_oldest(self) -> None:
+        """Forget the oldest batch (written, or rejected)."""
+        self._pop_oldest()
+
+    def _pop_oldest(self) -> int:
+        path, points, size = self._files.pop(0)
+        self.bytes -= size
+        self.points -= points
+        path.unlink(missing_ok=True)
+        return points
 
 
 class InfluxExporter:
-    """Batched, threaded writer of line protocol into InfluxDB."""
+    """Writes line protocol into InfluxDB from a worker thread; spools to disk while InfluxDB is away."""
 
     def __init__(self, config: InfluxConfig) -> None:
         config.validate()
         self.config = config
         self.written = 0
-        self.dropped = 0
+        self.influx_errors = 0
+        self.reconnects = 0  # times InfluxDB answered again after failing
+        self.drops: Counter[str] = Counter()
         self.dedupe = TimestampDeduper()
         self._client = InfluxDBClient(
-            url=config.url, token=config.token, org=config.org, timeout=config.timeout_ms
+            url=config.url, token=config.token, org=config.org, timeout=config.timeout_ms, retries=False
         )
         self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
+        self._own_spool_dir = config.spool_dir is None
+        spool_dir = config.spool_dir or tempfile.mkdtemp(prefix="hoptrace-spool-")
+        self.spool = Spool(spool_dir, config.spool_bytes)
         self._queue: queue.Queue[list[str] | None] = queue.Queue()
-        self._pending = 0
+        self._pending = 0  # points in memory: queued or in the worker's current batch
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._closed = False
+        self._stopping = False
+        self._failing = False
+        self._retry_at = 0.0
+        self._backoff = config.retry_min_s
+        self._spool_bytes = self.spool.bytes
+        self._spool_points = self.spool.points
         self._thread = threading.Thread(target=self._run, name="influx-exporter", daemon=True)
         self._thread.start()
+
+    # -- state, for /metrics -----------------------------------------------------------------------------
+
+    @property
+    def dropped(self) -> int:
+        """Points dropped for any reason."""
+        return sum(self.drops.values())
+
+    @property
+    def pending(self) -> int:
+        """Points held in memory (the export queue)."""
+        return self._pending
+
+    @property
+    def spool_bytes(self) -> int:
+        """Bytes waiting in the disk spool."""
+        return self._spool_bytes
+
+    @property
+    def spool_points(self) -> int:
+        """Points waiting in the disk spool."""
+        return self._spool_points
+
+    @property
+    def failing(self) -> bool:
+        """True while InfluxDB does not take writes."""
+        return self._failing
 
     # -- producers -------------------------------------------------------------------------------------
 
     def submit_lines(self, lines: list[str]) -> None:
-        """Queue line-protocol lines; when `max_pending` would be exceeded they are dropped and counted."""
+        """Queue line-protocol lines; never blocks. Beyond `max_pending` they are dropped and counted."""
         if not lines:
             return
         with self._lock:
             if self._closed or self._pending + len(lines) > self.config.max_pending:
-                self.dropped += len(lines)
-                log.warning("influx exporter: dropped %d points (pending bound or closed)", len(lines))
+                self.drops["closed" if self._closed else "queue_full"] += len(lines)
+                log.warning("influx exporter: dropped %d points (export queue full or closed)", len(lines))
                 return
             self._pending += len(lines)
         self._queue.put(lines)
@@ -195,82 +385,169 @@ class InfluxExporter:
         samples: Iterable[LatencySample] = (),
         segments: Iterable[SegmentWindow] = (),
         counters: Iterable[HopCounterWindow] = (),
+        clocks: Iterable[NodeClockPoint] = (),
+        tracer_loss: Iterable[TracerLossWindow] = (),
     ) -> None:
-        """Queue the aggregation's output as points of the three measurements."""
+        """Queue the pipeline's output as points of the measurements."""
         unique = self.dedupe.unique
         lines = [latency_line(s, unique(s)) for s in samples]
         lines.extend(segment_line(w) for w in segments)
-        lines.extend(counters_line(w) for w in counters)
+        for w in counters:
+            lines.extend(counters_lines(w))
+        lines.extend(node_clock_line(p) for p in clocks)
+        lines.extend(tracer_loss_line(w) for w in tracer_loss)
         self.submit_lines(lines)
 
-    def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until everything queued so far is written (or dropped). False on timeout."""
+    def flush(self, timeout_s: float = 30.0, give_up_when_down: bool = False) -> bool:
+        """Wait until everything queued so far is written to InfluxDB (spool included) or dropped.
+
+        False on timeout; with `give_up_when_down`, also as soon as only the spool is left and InfluxDB is
+        failing (what is spooled stays on disk).
+        """
         self._queue.put([])  # wake the worker so it writes its partial batch now
         deadline = time.monotonic() + timeout_s
         with self._idle:
-            while self._pending:
+            while self._pending or self._spool_points:
+                if give_up_when_down and not self._pending and self._failing:
+                    return False
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                self._idle.wait(left)
+                self._idle.wait(min(left, 0.1))
         return True
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Flush, stop the worker and close the client."""
-        self.flush(timeout_s)
+        """Flush (giving up on a down InfluxDB once memory is spooled), stop the worker, close the client."""
+        self.flush(timeout_s, give_up_when_down=True)
         with self._lock:
             self._closed = True
+            self._stopping = True
         self._queue.put(None)
         self._thread.join(timeout_s)
         self._client.close()
+        if self._own_spool_dir and not self.spool.points:
+            shutil.rmtree(self.spool.directory, ignore_errors=True)
 
     # -- worker ----------------------------------------------------------------------------------------
 
     def _run(self) -> None:
         batch: list[str] = []
         deadline = time.monotonic() + self.config.flush_interval_s
-        stop = False
-        while not stop:
+        while not self._stopping:
+            now = time.monotonic()
+            wait = deadline - now
+            if len(self.spool):
+                wait = min(wait, self._retry_at - now)
             try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                item = self._queue.get(timeout=max(0.0, wait))
             except queue.Empty:
                 item = []
-                force = True
-            else:
-                force = not item  # [] = flush request, None = stop
-                if item is None:
-                    stop = True
-                else:
-                    batch.extend(item)
-            while len(batch) >= self.config.batch_size:
-                self._write(batch[: self.config.batch_size])
-                del batch[: self.config.batch_size]
-            if batch and (force or time.monotonic() >= deadline):
-                self._write(batch)
+            force = not item  # timer, flush request ([]) or stop (None)
+            if item:
+                batch.extend(item)
+            size = self.config.batch_size
+            while len(batch) >= size:
+                self._deliver(batch[:size])
+                del batch[:size]
+            now = time.monotonic()
+            if batch and (force or now >= deadline):
+                self._deliver(batch)
                 batch = []
-            if force or time.monotonic() >= deadline:
-                deadline = time.monotonic() + self.config.flush_interval_s
+            if force or now >= deadline:
+                deadline = now + self.config.flush_interval_s
+            if len(self.spool) and time.monotonic() >= self._retry_at:
+                if batch:  # older than what arrives during the replay: behind the backlog first
+                    self._deliver(batch)
+                    batch = []
+                self._replay()
+        if batch:
+            self._deliver(batch)
 
-    def _write(self, lines: list[str]) -> None:
-        body = "\n".join(lines)
+    def _settled(self, points: int) -> None:
+        """`points` left memory (written, spooled or dropped): update the counts flush() waits on."""
+        with self._idle:
+            self._pending -= points
+            self._spool_bytes = self.spool.bytes
+            self._spool_points = self.spool.points
+            self._idle.notify_all()
+
+    def _deliver(self, lines: list[str]) -> None:
         try:
-            for attempt in range(self.config.retries):
-                try:
-                    self._write_api.write(
-                        bucket=self.config.bucket,
-                        org=self.config.org,
-                        record=body,
-                        write_precision=WritePrecision.NS,
-                    )
-                    self.written += len(lines)
-                    return
-                except Exception as err:  # noqa: BLE001 - any client/server error: retry, then drop
-                    log.warning(
-                        "influx write of %d points failed (attempt %d): %s", len(lines), attempt + 1, err
-                    )
-                    time.sleep(0.2 * 2**attempt)
-            self.dropped += len(lines)
+            if len(self.spool):  # a backlog: keep the order, the replay writes it
+                self._to_spool(lines)
+                return
+            outcome = self._write(lines)
+            if outcome == "retry":
+                self._to_spool(lines)
         finally:
-            with self._idle:
-                self._pending -= len(lines)
-                self._idle.notify_all()
+            self._settled(len(lines))
+
+    def _to_spool(self, lines: list[str]) -> None:
+        try:
+            dropped = self.spool.append(lines)
+        except OSError as err:  # disk full or gone: nothing else can hold them
+            log.error("spool: cannot write %d points: %s", len(lines), err)
+            self.drops["spool_error"] += len(lines)
+            return
+        if dropped:
+            self.drops["spool_overflow"] += dropped
+            log.warning("spool over %d bytes: dropped the oldest %d points", self.spool.max_bytes, dropped)
+
+    def _replay(self) -> None:
+        """Write the spool, oldest first, until it is empty or InfluxDB fails again."""
+        while not self._stopping:
+            item = self.spool.oldest()
+            if item is None:
+                break
+            _, lines = item
+            outcome = self._write(lines)
+            if outcome == "retry":
+                break
+            self.spool.remove_oldest()
+            self._settled(0)
+            # A long backlog: keep what arrives meanwhile on disk, not in memory, and behind the backlog.
+            while True:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more:
+                    self._deliver(more)
+        self._settled(0)
+
+    def _write(self, lines: list[str]) -> str:
+        """Write one batch: "ok", "rejected" (dropped) or "retry" (InfluxDB away; backoff scheduled)."""
+        try:
+            self._write_api.write(
+                bucket=self.config.bucket,
+                org=self.config.org,
+                record="\n".join(lines),
+                write_precision=WritePrecision.NS,
+            )
+        except ApiException as err:
+            self.influx_errors += 1
+            if err.status in (400, 413):
+                log.error("influx rejected %d points (%s): dropped", len(lines), err.status)
+                self.drops["rejected"] += len(lines)
+                return "rejected"
+            if err.status == 404:  # database missing (InfluxDB restarted empty): create it, then retry
+                ensure_database(self.config.url, self.config.bucket, self.config.token)
+            return self._failed(err)
+        except Exception as err:  # noqa: BLE001 - connection refused, timeouts: InfluxDB is away
+            self.influx_errors += 1
+            return self._failed(err)
+        self.written += len(lines)
+        if self._failing:
+            self._failing = False
+            self.reconnects += 1
+            log.warning("influx answers again at %s", self.config.url)
+        self._backoff = self.config.retry_min_s
+        return "ok"
+
+    def _failed(self, err: Exception) -> str:
+        if not self._failing:
+            log.warning("influx write failed, spooling to %s: %s", self.spool.directory, err)
+        self._failing = True
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self.config.retry_max_s)
+        return "retry"

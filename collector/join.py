@@ -60,6 +60,9 @@ class JoinedPacket(NamedTuple):
     times: list[int | None]
     nodes: list[str | None]
     complete: bool
+    # Emitted early by the collector (evicted at `max_entries`, or the first of an ID collision): a hop it
+    # lacks may still have seen it, so its missing hops are tracer loss, not network loss.
+    cut: bool = False
 
 
 @dataclass
@@ -157,7 +160,9 @@ class HopJoiner:
 
     # -- emission ------------------------------------------------------------------------------------------
 
-    def _emit(self, key: tuple[str, int, int, int], e: list, st: _TraceState) -> JoinedPacket:
+    def _emit(
+        self, key: tuple[str, int, int, int], e: list, st: _TraceState, cut: bool = False
+    ) -> JoinedPacket:
         w = st.width
         times = e[:w]
         complete = st.path_len > 0 and e[-1] == st.path_len
@@ -172,17 +177,27 @@ class HopJoiner:
             for i in range(min(n, w)):
                 if times[i] is None:
                     stats.missing[(key[0], path.hop_name(i))] += 1
-        return JoinedPacket(key[0], key[1], key[2], key[3], times, e[w : 2 * w], complete)
+        return JoinedPacket(
+            key[0], key[1], key[2], key[3], times, e[w : 2 * w], complete, cut and not complete
+        )
 
     # -- the hot path ------------------------------------------------------------------------------------
 
     def join_hops(
-        self, trace: str, node: str, records: Iterable[Record], delta_ns: int = 0, now_ns: int | None = None
+        self,
+        trace: str,
+        node: str,
+        records: Iterable[Record],
+        delta_ns: int = 0,
+        now_ns: int | None = None,
+        drift: float = 0.0,
+        ref_mono_ns: int = 0,
     ) -> list[JoinedPacket]:
         """Join one batch of records (one trace, one node) and return the packets this completes or expires.
 
-        `delta_ns` maps the node's timestamps to master time (`ClockAligner.delta_ns`). `now_ns` is the
-        collector's monotonic clock (default: now), used only to advance the watermark while idle.
+        Master time of a record: `ts + delta_ns - drift * (ts - ref_mono_ns)` (`clock.NodeMapping`).
+        `now_ns` is the collector's monotonic clock (default: now), used only to advance the watermark while
+        idle.
         """
         out: list[JoinedPacket] = []
         st = self._state(trace, out)
@@ -205,6 +220,8 @@ class HopJoiner:
                 st = self._grow(trace, st, hop, out)
                 width, tmpl = st.width, st.template
             t = ts + delta_ns
+            if drift:
+                t -= round(drift * (ts - ref_mono_ns))
             if t > wm:
                 wm = t
             key = (trace, pid >> 24, fh, pid)
@@ -224,7 +241,7 @@ class HopJoiner:
                 # ID collision: same key twice at one hop. Emit the first, start over with the second.
                 collisions += 1
                 del pending[key]
-                out.append(self._emit(key, e, st))
+                out.append(self._emit(key, e, st, cut=True))
             e = tmpl.copy()
             e[hop] = t
             e[width + hop] = node
@@ -270,7 +287,7 @@ class HopJoiner:
             e = pending.pop(key)
             if e[-2] > cutoff:
                 evicted += 1
-            out.append(self._emit(key, e, traces[key[0]]))
+            out.append(self._emit(key, e, traces[key[0]], cut=e[-2] > cutoff))
         self.stats.evicted += evicted
         return out
 

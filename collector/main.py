@@ -37,6 +37,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ADDR",
         help="dispatcher gRPC address: follow its traces' paths (default: only --traces)",
     )
+    parser.add_argument(
+        "--clock-listen",
+        default="127.0.0.1:7123",
+        metavar="ADDR",
+        help="UDP address of the NTP time service agents align their clocks on ('' = off)",
+    )
+    parser.add_argument(
+        "--metrics-listen",
+        default="127.0.0.1:9171",
+        metavar="ADDR",
+        help="HTTP address of the Prometheus /metrics endpoint ('' = off)",
+    )
+    parser.add_argument(
+        "--spool-dir",
+        default=None,
+        metavar="DIR",
+        help="where points wait while InfluxDB is away (default: a temporary directory; "
+        "a fixed one is replayed after a restart)",
+    )
+    parser.add_argument(
+        "--spool-bytes", type=int, default=1 << 30, metavar="N", help="bound of the spool; drop-oldest beyond"
+    )
+    parser.add_argument(
+        "--max-export-points",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="bound of the in-memory export queue (points)",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
@@ -58,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
             catalog_file=args.traces,
             join_window_s=args.join_window,
             max_entries=args.max_pending,
+            clock_listen=args.clock_listen,
+            metrics_listen=args.metrics_listen,
+            spool_dir=args.spool_dir,
+            spool_bytes=args.spool_bytes,
+            max_export_points=args.max_export_points,
         )
     finally:
         stop_sync.set()

@@ -42,6 +42,10 @@ ID_SEQ_MASK = (1 << ID_SEQ_BITS) - 1
 
 Record = tuple[int, int, int, int, int, int, int, int, int]
 
+# Bytes hoptrace adds to a tagged packet (hoptrace.h): the UDP ID in the surplus area, the TCP option.
+HOPTRACE_UDP_ID_LEN = 4
+HOPTRACE_TCPOPT_LEN = 8
+
 
 class RecordFlag(enum.IntFlag):
     """`enum hoptrace_record_flag`."""

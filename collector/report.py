@@ -2,13 +2,20 @@
 
 Statistics come from Flux over `hop_latency` (one point per packet and segment, so count, mean, max and the
 exact nearest-rank percentiles of `quantile(method: "exact_selector")` are over every packet in the range);
-`incomplete`, `packets` and `complete` are sums over `segment_stats`.
+jitter too: the mean and p99 of |dT(i+1) - dT(i)| over the segment's packets in time order across the whole
+range. `incomplete`, `packets`, `complete`, `loss_count` and `tracer_lost` are sums over `segment_stats`;
+`loss_rate` = sum(loss_count) / sum(from_count); `same_node` is the last window's. A segment is
+`below_clock_bound` when at least half its packets were (its median latency is below the clocks' bound).
+Per hop, `packets_per_s` and `bytes_per_s` are the means of `hop_counters` over the seconds with traffic.
 
 JSON shape (a contract):
     {"trace", "packets", "complete",
-     "segments": [{"from", "to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete"}],
-     "end_to_end": {same keys}}
-with segments in path order (the given path, else the chain their from/to hops form).
+     "segments": [{"from", "to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete",
+                   "loss_count", "loss_rate", "tracer_lost", "jitter_ns", "jitter_p99_ns", "same_node",
+                   "below_clock_bound"}],
+     "end_to_end": {same keys},
+     "hops": [{"hop", "packets_per_s", "bytes_per_s"}]}
+with segments and hops in path order (the given path, else the chain their from/to hops form).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from influxdb_client import InfluxDBClient
 
 from hoptrace.collector.aggregate import END_TO_END
-from hoptrace.collector.influx import HOP_LATENCY, SEGMENT_STATS
+from hoptrace.collector.influx import HOP_COUNTERS, HOP_LATENCY, SEGMENT_STATS
 from hoptrace.v1 import api_pb2
 
 _DURATION = re.compile(r"^(\d+(ns|us|µs|ms|s|m|h|d|w))+$")
@@ -67,6 +74,13 @@ def _empty_stats(from_hop: str, to_hop: str) -> dict[str, Any]:
         "p99_ns": 0,
         "max_ns": 0,
         "incomplete": 0,
+        "loss_count": 0,
+        "loss_rate": 0.0,
+        "tracer_lost": 0,
+        "jitter_ns": 0.0,
+        "jitter_p99_ns": 0,
+        "same_node": False,
+        "below_clock_bound": False,
     }
 
 
@@ -126,12 +140,41 @@ def query_report(
                 entry[name] = float(value or 0.0)
             elif name in _STATS:
                 entry[name] = int(value or 0)
+    jit = (
+        f'{base} and r._measurement == "{HOP_LATENCY}" and r._field == "latency_ns")'
+        ' |> group(columns: ["segment", "from_hop", "to_hop"]) |> sort(columns: ["_time"])'
+        " |> difference()"
+        " |> map(fn: (r) => ({r with _value: if r._value < 0 then -r._value else r._value}))\n"
+        'jit |> mean() |> yield(name: "jitter_ns")\n'
+        'jit |> quantile(q: 0.99, method: "exact_selector") |> yield(name: "jitter_p99_ns")\n'
+        f'{base} and r._measurement == "{HOP_LATENCY}" and r._field == "below_clock_bound")'
+        ' |> group(columns: ["segment", "from_hop", "to_hop"]) |> count() |> yield(name: "below")\n'
+    )
+    below: dict[str, int] = {}
+    for table in q.query("jit = " + jit, org=org):
+        for rec in table.records:
+            seg = rec.values.get("segment")
+            if seg is None:
+                continue
+            name = rec.values.get("result")
+            if name == "below":
+                below[seg] = int(rec.get_value() or 0)
+                continue
+            entry = stats.setdefault(
+                seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
+            )
+            if name == "jitter_ns":
+                entry[name] = float(rec.get_value() or 0.0)
+            elif name == "jitter_p99_ns":
+                entry[name] = int(rec.get_value() or 0)
     sums = (
         f'{base} and r._measurement == "{SEGMENT_STATS}"'
-        ' and (r._field == "incomplete" or r._field == "packets" or r._field == "complete"))'
+        ' and (r._field == "incomplete" or r._field == "packets" or r._field == "complete"'
+        ' or r._field == "loss_count" or r._field == "from_count" or r._field == "tracer_lost"))'
         ' |> group(columns: ["segment", "from_hop", "to_hop", "_field"]) |> sum()'
     )
     packets = complete = 0
+    from_count: dict[str, int] = {}
     for table in q.query(sums, org=org):
         for rec in table.records:
             seg = rec.values.get("segment")
@@ -143,11 +186,25 @@ def query_report(
                 packets = value
             elif seg == END_TO_END and field == "complete":
                 complete = value
-            elif field == "incomplete":
+            elif field == "from_count":
+                from_count[seg] = value
+            elif field in ("incomplete", "loss_count", "tracer_lost"):
                 entry = stats.setdefault(
                     seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
                 )
-                entry["incomplete"] = value
+                entry[field] = value
+    same = (
+        f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "same_node")'
+        ' |> group(columns: ["segment"]) |> sort(columns: ["_time"]) |> last()'
+    )
+    for table in q.query(same, org=org):
+        for rec in table.records:
+            seg = rec.values.get("segment")
+            if seg in stats:
+                stats[seg]["same_node"] = bool(rec.get_value())
+    for seg, entry in stats.items():
+        entry["loss_rate"] = entry["loss_count"] / from_count[seg] if from_count.get(seg) else 0.0
+        entry["below_clock_bound"] = entry["count"] > 0 and 2 * below.get(seg, 0) >= entry["count"]
     e2e = stats.pop(END_TO_END, None)
     pairs = {s: (v["from"], v["to"]) for s, v in stats.items()}
     segments = [stats[s] for s in _order(pairs, path)]
@@ -155,7 +212,44 @@ def query_report(
         first = path[0] if path else (segments[0]["from"] if segments else "")
         last = path[-1] if path else (segments[-1]["to"] if segments else "")
         e2e = _empty_stats(first, last)
-    return {"trace": trace, "packets": packets, "complete": complete, "segments": segments, "end_to_end": e2e}
+    hops = _query_hops(q, org, base, path or _hop_order(segments))
+    return {
+        "trace": trace,
+        "packets": packets,
+        "complete": complete,
+        "segments": segments,
+        "end_to_end": e2e,
+        "hops": hops,
+    }
+
+
+def _hop_order(segments: list[dict[str, Any]]) -> list[str]:
+    """Hop names along the ordered segments."""
+    hops: list[str] = []
+    for s in segments:
+        for h in (s["from"], s["to"]):
+            if h not in hops:
+                hops.append(h)
+    return hops
+
+
+def _query_hops(q: Any, org: str, base: str, order: Sequence[str]) -> list[dict[str, Any]]:
+    """Per hop, the mean packets/s and bytes/s over the seconds with traffic, in `order` (others after)."""
+    flux = (
+        f'{base} and r._measurement == "{HOP_COUNTERS}"'
+        ' and (r._field == "packets_per_s" or r._field == "bytes_per_s"))'
+        ' |> group(columns: ["hop", "_field"]) |> mean()'
+    )
+    found: dict[str, dict[str, Any]] = {}
+    for table in q.query(flux, org=org):
+        for rec in table.records:
+            hop = rec.values.get("hop")
+            if hop is None:
+                continue
+            entry = found.setdefault(hop, {"hop": hop, "packets_per_s": 0.0, "bytes_per_s": 0.0})
+            entry[rec.get_field()] = float(rec.get_value() or 0.0)
+    names = [h for h in order if h in found] + sorted(h for h in found if h not in order)
+    return [found[h] for h in names]
 
 
 def build_report(
@@ -182,6 +276,13 @@ def _stats_proto(d: dict[str, Any]) -> api_pb2.SegmentStats:
         p99_ns=d["p99_ns"],
         max_ns=d["max_ns"],
         incomplete=d["incomplete"],
+        loss_count=d.get("loss_count", 0),
+        loss_rate=d.get("loss_rate", 0.0),
+        jitter_ns=d.get("jitter_ns", 0.0),
+        jitter_p99_ns=d.get("jitter_p99_ns", 0),
+        below_clock_bound=d.get("below_clock_bound", False),
+        tracer_lost=d.get("tracer_lost", 0),
+        same_node=d.get("same_node", False),
     )
     # `from` is a Python keyword: set through setattr.
     setattr(s, "from", d["from"])  # noqa: B010
@@ -197,6 +298,12 @@ def report_to_proto(report: dict[str, Any]) -> api_pb2.Report:
         complete=report["complete"],
         segments=[_stats_proto(s) for s in report["segments"]],
         end_to_end=_stats_proto(report["end_to_end"]),
+        hops=[
+            api_pb2.HopThroughput(
+                hop=h["hop"], packets_per_s=h["packets_per_s"], bytes_per_s=h["bytes_per_s"]
+            )
+            for h in report.get("hops", [])
+        ],
     )
 
 
@@ -230,12 +337,22 @@ def format_ns(ns: float) -> str:
 
 def render_text(report: dict[str, Any]) -> str:
     """An aligned text table of the report (segments in path order, then end to end)."""
-    head = ["segment", "count", "mean", "p50", "p90", "p99", "max", "incomplete"]
+    head = ["segment", "count", "mean", "p50", "p90", "p99", "max", "incomplete", "loss", "loss%", "jitter"]
     rows = [head]
+    notes: list[str] = []
     for s in [*report["segments"], {**report["end_to_end"], "_name": "end to end"}]:
         name = s.get("_name") or f"{s['from']} > {s['to']}"
         if s.get("_name"):
             name = f"end to end ({s['from']} > {s['to']})"
+        elif s.get("same_node"):
+            name += " [node]"  # both hops on one node: this is the node's processing time
+        if s.get("below_clock_bound"):
+            name += " [<clock]"
+            notes.append(f"{s['from']} > {s['to']}: latency below the clocks' alignment bound")
+        if s.get("tracer_lost"):
+            notes.append(
+                f"{s['from']} > {s['to']}: {s['tracer_lost']} records lost by the tracer (not counted)"
+            )
         rows.append(
             [
                 name,
@@ -246,6 +363,9 @@ def render_text(report: dict[str, Any]) -> str:
                 format_ns(s["p99_ns"]),
                 format_ns(s["max_ns"]),
                 str(s["incomplete"]),
+                str(s.get("loss_count", 0)),
+                f"{100 * s.get('loss_rate', 0.0):.2f}",
+                format_ns(s.get("jitter_ns", 0.0)),
             ]
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -253,6 +373,17 @@ def render_text(report: dict[str, Any]) -> str:
     for r in rows:
         cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
         lines.append("  ".join(cells).rstrip())
+    if report.get("hops"):
+        hrows = [["hop", "packets/s", "bytes/s"]] + [
+            [h["hop"], f"{h['packets_per_s']:.1f}", f"{h['bytes_per_s']:.1f}"] for h in report["hops"]
+        ]
+        hw = [max(len(r[i]) for r in hrows) for i in range(3)]
+        lines.append("")
+        for r in hrows:
+            lines.append("  ".join([r[0].ljust(hw[0]), r[1].rjust(hw[1]), r[2].rjust(hw[2])]).rstrip())
+    if notes:
+        lines.append("")
+        lines.extend(f"note: {n}" for n in notes)
     return "\n".join(lines) + "\n"
 
 

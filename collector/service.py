@@ -1,19 +1,20 @@
 """The collector: receiver -> clock alignment -> join -> aggregation -> InfluxDB exporter.
 
 `CollectorPipeline` wires the processing stages and is driven by the receiver (one call per batch) and by a
-ticker (idle expiry, window closing). `start_collector` starts it all and returns a handle; `run_collector`
-runs until SIGTERM/SIGINT and flushes everything before returning.
+ticker (idle expiry, window closing). `start_collector` starts it all - with the NTP time service the agents
+align their clocks on (`timeservice.py`) and the Prometheus `/metrics` endpoint (`metrics.py`) - and returns
+a handle; `run_collector` runs until SIGTERM/SIGINT and flushes everything before returning.
+
+The receive path never waits on InfluxDB: the pipeline only queues points for the exporter (bounded; see
+`influx.py` for the spool that holds them while InfluxDB is away).
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import signal
 import threading
 import time
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,13 +27,16 @@ from hoptrace.collector.aggregate import (
     LatencySample,
     SegmentAggregator,
     SegmentWindow,
+    TracerLossWindow,
 )
 from hoptrace.collector.catalog import TraceCatalog
-from hoptrace.collector.clock import ClockAligner
-from hoptrace.collector.influx import InfluxConfig, InfluxExporter
+from hoptrace.collector.clock import ClockAligner, NodeClockPoint
+from hoptrace.collector.influx import InfluxConfig, InfluxExporter, ensure_database
 from hoptrace.collector.join import HopJoiner, JoinConfig, JoinedPacket
+from hoptrace.collector.metrics import MetricsServer, start_metrics_server
 from hoptrace.collector.receiver import CollectorReceiver, ReceiverConfig, start_receiver
 from hoptrace.collector.records import DecodedBatch
+from hoptrace.collector.timeservice import TimeServer, parse_addr
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,8 @@ class Exporter(Protocol):
         samples: list[LatencySample] = ...,
         segments: list[SegmentWindow] = ...,
         counters: list[HopCounterWindow] = ...,
+        clocks: list[NodeClockPoint] = ...,
+        tracer_loss: list[TracerLossWindow] = ...,
     ) -> None: ...
 
 
@@ -59,6 +65,8 @@ class CollectorConfig:
     catalog_file: str | None = None
     tick_s: float = 0.25
     create_database: bool = True
+    clock_listen: str | None = "127.0.0.1:7123"  # NTP time service (UDP); None: off
+    metrics_listen: str | None = "127.0.0.1:9171"  # Prometheus /metrics (HTTP); None: off
 
     def validate(self) -> None:
         """Validate every stage's config."""
@@ -68,6 +76,9 @@ class CollectorConfig:
         self.influx.validate()
         if self.tick_s <= 0:
             raise ValueError("tick_s must be positive")
+        for addr in (self.clock_listen, self.metrics_listen):
+            if addr is not None:
+                parse_addr(addr)
 
 
 class CollectorPipeline:
@@ -85,8 +96,10 @@ class CollectorPipeline:
         self.clock = ClockAligner()
         self.joiner = HopJoiner(self.catalog, join_config)
         self.segments = SegmentAggregator(self.catalog, self.clock, aggregate_config)
-        self.counters = HopCounterAggregator(self.clock, aggregate_config)
+        self.counters = HopCounterAggregator(self.clock, aggregate_config, self.catalog)
         self._lock = threading.Lock()
+        self._agent_dropped: dict[str, int] = {}  # node -> last cumulative agent_dropped
+        self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
 
     def consume(self, batch: DecodedBatch) -> None:
         """Process one decoded batch through every stage and export what is ready."""
@@ -95,11 +108,33 @@ class CollectorPipeline:
             for c in batch.counters:
                 if c.hop:
                     self.catalog.learn_hop(batch.trace, c.hop_index, c.hop, batch.node)
-            packets = self.joiner.join_hops(batch.trace, batch.node, batch.records, mapping.delta_ns)
+            packets = self.joiner.join_hops(
+                batch.trace,
+                batch.node,
+                batch.records,
+                mapping.delta_ns,
+                drift=mapping.drift,
+                ref_mono_ns=mapping.ref_mono_ns,
+            )
+            self.counters.add_records(batch.trace, batch.node, batch.records, mapping)
+            now = self.joiner.watermark_ns or time.time_ns()
             if batch.counters:
-                now = self.joiner.watermark_ns or time.time_ns()
-                self.counters.add_counters(batch.trace, batch.node, batch.counters, now_ns=now)
+                for hop, ts, lost in self.counters.add_counters(
+                    batch.trace, batch.node, batch.counters, now_ns=now
+                ):
+                    self.segments.note_tracer_lost(batch.trace, hop, batch.node, ts, lost, "ringbuf_full")
+            self._note_agent_dropped(batch, now)
             self._export(packets)
+
+    def _note_agent_dropped(self, batch: DecodedBatch, now: int) -> None:
+        """`agent_dropped` is cumulative per agent; its growth is tracer loss of the batch's node."""
+        prev = self._agent_dropped.get(batch.node)
+        value = batch.agent_dropped
+        self._agent_dropped[batch.node] = value
+        delta = value if prev is None or value < prev else value - prev  # smaller: the agent restarted
+        if delta > 0:
+            self.agent_dropped[batch.node] = self.agent_dropped.get(batch.node, 0) + delta
+            self.segments.note_tracer_lost(batch.trace, "", batch.node, now, delta, "agent_dropped")
 
     def tick(self, now_ns: int | None = None) -> None:
         """Expire packets whose window passed (also while idle) and export closed windows."""
@@ -111,14 +146,23 @@ class CollectorPipeline:
         upto = self.joiner.watermark_ns - self.joiner.config.window_ns - self.segments.config.interval_ns
         windows = self.segments.close_windows(upto)
         counters = self.counters.close_windows(upto)
-        if samples or windows or counters:
-            self.exporter.export(samples, windows, counters)
+        clocks = self.clock.due_points()
+        losses = self.segments.take_tracer_loss()
+        if samples or windows or counters or clocks or losses:
+            self.exporter.export(samples, windows, counters, clocks, losses)
 
     def flush(self) -> None:
         """Emit every pending packet and close every window (shutdown)."""
         with self._lock:
             samples = self.segments.add_packets(self.joiner.flush())
-            self.exporter.export(samples, self.segments.flush(), self.counters.flush())
+            windows = self.segments.flush()
+            self.exporter.export(
+                samples,
+                windows,
+                self.counters.flush(),
+                self.clock.due_points(),
+                self.segments.take_tracer_loss(),
+            )
 
     def stats(self) -> dict[str, object]:
         """Counters of every stage, for logs and status."""
@@ -136,21 +180,9 @@ class CollectorPipeline:
             "samples": self.segments.stats.samples,
             "below_clock_bound": self.segments.stats.below_clock_bound,
             "late": self.segments.stats.late,
+            "late_records": self.counters.stats.late_records,
+            "tracer_lost": self.segments.stats.tracer_lost,
         }
-
-
-def ensure_database(config: InfluxConfig) -> None:
-    """InfluxDB 1.8: create the bucket's database if missing (best effort; the v2 API cannot)."""
-    db = config.bucket.split("/", 1)[0]
-    q = urllib.parse.urlencode({"q": f'CREATE DATABASE "{db}"'}).encode()
-    req = urllib.request.Request(config.url.rstrip("/") + "/query", data=q, method="POST")
-    if config.token:
-        req.add_header("Authorization", "Basic " + base64.b64encode(config.token.encode()).decode())
-    try:
-        with urllib.request.urlopen(req, timeout=5) as resp:
-            resp.read()
-    except OSError as err:
-        log.warning("could not create database %s at %s: %s", db, config.url, err)
 
 
 class CollectorService:
@@ -163,12 +195,24 @@ class CollectorService:
         if config.catalog_file:
             self.catalog.load_file(config.catalog_file)
         if config.create_database:
-            ensure_database(config.influx)
+            ensure_database(config.influx.url, config.influx.bucket, config.influx.token)
+        self.time_server: TimeServer | None = None
+        if config.clock_listen is not None:
+            try:
+                self.time_server = TimeServer(config.clock_listen).start()
+            except OSError as err:  # records still flow; agents then report an unknown clock bound
+                log.error("time service: cannot listen on udp %s: %s", config.clock_listen, err)
         self.exporter = InfluxExporter(config.influx)
         self.pipeline = CollectorPipeline(self.exporter, self.catalog, config.join, config.aggregate)
         self.receiver = CollectorReceiver(self.pipeline.consume)
         self.server: grpc.Server
         self.server, self.port = start_receiver(self.receiver, config.receiver)
+        self.metrics_server: MetricsServer | None = None
+        if config.metrics_listen is not None:
+            try:
+                self.metrics_server = start_metrics_server(config.metrics_listen, self)
+            except OSError as err:  # observability must not stop ingestion
+                log.error("/metrics: cannot listen on %s: %s", config.metrics_listen, err)
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick_loop, name="collector-tick", daemon=True)
         self._ticker.start()
@@ -198,6 +242,10 @@ class CollectorService:
         self._ticker.join()
         self.pipeline.flush()
         self.exporter.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.time_server is not None:
+            self.time_server.stop()
         log.info("collector stopped: %s", self.pipeline.stats())
 
 
@@ -218,13 +266,28 @@ def run_collector(
     join_window_s: float = 2.0,
     max_entries: int = 500_000,
     stop_event: threading.Event | None = None,
+    clock_listen: str | None = "127.0.0.1:7123",
+    metrics_listen: str | None = "127.0.0.1:9171",
+    spool_dir: str | None = None,
+    spool_bytes: int = 1 << 30,
+    max_export_points: int = 1_000_000,
 ) -> int:
     """Run the collector until SIGTERM/SIGINT (or `stop_event`), then flush everything. Returns 0."""
     config = CollectorConfig(
         receiver=ReceiverConfig(listen=listen),
         join=JoinConfig(window_ns=int(join_window_s * 1e9), max_entries=max_entries),
-        influx=InfluxConfig(url=influx_url, bucket=influx_bucket, org=influx_org, token=influx_token),
+        influx=InfluxConfig(
+            url=influx_url,
+            bucket=influx_bucket,
+            org=influx_org,
+            token=influx_token,
+            spool_dir=spool_dir,
+            spool_bytes=spool_bytes,
+            max_pending=max_export_points,
+        ),
         catalog_file=catalog_file,
+        clock_listen=clock_listen or None,
+        metrics_listen=metrics_listen or None,
     )
     stop = stop_event or threading.Event()
     if threading.current_thread() is threading.main_thread():

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from hoptrace.collector.aggregate import HopCounterWindow, LatencySample, SegmentWindow
+from hoptrace.collector.aggregate import HopCounterWindow, LatencySample, SegmentWindow, TracerLossWindow
+from hoptrace.collector.clock import NodeClockPoint
 from hoptrace.collector.influx import (
     InfluxConfig,
     TimestampDeduper,
     counters_line,
+    counters_lines,
     latency_line,
+    node_clock_line,
     segment_line,
+    tracer_loss_line,
 )
 
 
@@ -30,14 +34,38 @@ def test_segment_stats_and_counters_lines() -> None:
     w = SegmentWindow("t", "a>b", "a", "b", 7, 3, 12.5, 10, 11, 12, 13, 2)
     assert segment_line(w) == (
         "segment_stats,from_hop=a,segment=a>b,to_hop=b,trace=t "
-        "count=3i,mean_ns=12.5,p50_ns=10i,p90_ns=11i,p99_ns=12i,max_ns=13i,incomplete=2i 7"
+        "count=3i,mean_ns=12.5,p50_ns=10i,p90_ns=11i,p99_ns=12i,max_ns=13i,incomplete=2i,"
+        "from_count=0i,loss_count=0i,loss_rate=0.0,tracer_lost=0i,jitter_ns=0.0,jitter_p99_ns=0i,"
+        "same_node=false,below_clock_bound=false,below_bound_count=0i 7"
     )
     w.packets, w.complete = 5, 4
-    assert segment_line(w).endswith("incomplete=2i,packets=5i,complete=4i 7")
+    w.from_count, w.loss_count, w.loss_rate, w.tracer_lost = 100, 5, 0.05, 2
+    w.jitter_ns, w.jitter_p99_ns, w.same_node = 1.5, 3, True
+    assert segment_line(w).endswith(
+        "incomplete=2i,packets=5i,complete=4i,from_count=100i,loss_count=5i,loss_rate=0.05,tracer_lost=2i,"
+        "jitter_ns=1.5,jitter_p99_ns=3i,same_node=true,below_clock_bound=false,below_bound_count=0i 7"
+    )
     c = HopCounterWindow("t", "a", "", 8, 1, 2, 3, 4, 5, 6)  # empty node tag is left out
     assert counters_line(c) == (
         "hop_counters,hop=a,trace=t matched=1i,tagged=2i,untagged=3i,parse_errors=4i,lost_events=5i,bytes=6i"
         " 8"
+    )
+    # throughput from the records: a second line of the same point (InfluxDB merges the fields)
+    c.packets, c.payload_bytes, c.has_records, c.interval_ns = 10, 1_000, True, 500_000_000
+    assert (
+        counters_lines(c)[1]
+        == "hop_counters,hop=a,trace=t packets=10i,packets_per_s=20.0,bytes_per_s=2000.0 8"
+    )
+    c.has_counters = False
+    assert len(counters_lines(c)) == 1
+
+
+def test_node_clock_and_tracer_loss_lines() -> None:
+    assert node_clock_line(NodeClockPoint("n 1", 5, -300, 20_000, 10_500, 1.5)) == (
+        r"node_clock,node=n\ 1 offset_ns=-300i,delay_ns=20000i,bound_ns=10500i,drift_ppm=1.5 5"
+    )
+    assert tracer_loss_line(TracerLossWindow("t", "n2", "", "agent_dropped", 9, 4)) == (
+        "tracer_loss,node=n2,reason=agent_dropped,trace=t records=4i 9"
     )
 
 

@@ -37,7 +37,11 @@ def nearest_rank(values: list[int], q: float) -> int:
     return v[max(0, math.ceil(q * len(v)) - 1)]
 
 
-def expected_stats(values: list[int], incomplete: int, a: str, b: str) -> dict:
+def expected_stats(
+    values: list[int], incomplete: int, a: str, b: str, lost: int = 0, sent: int = 0, same_node: bool = False
+) -> dict:
+    """Values in packet order (time at the first hop): jitter is over consecutive ones."""
+    diffs = [abs(y - x) for x, y in zip(values, values[1:], strict=False)]
     return {
         "from": a,
         "to": b,
@@ -48,7 +52,23 @@ def expected_stats(values: list[int], incomplete: int, a: str, b: str) -> dict:
         "p99_ns": nearest_rank(values, 0.99),
         "max_ns": max(values),
         "incomplete": incomplete,
+        "loss_count": lost,
+        "loss_rate": lost / sent if sent else 0.0,
+        "tracer_lost": 0,
+        "jitter_ns": sum(diffs) / len(diffs),
+        "jitter_p99_ns": nearest_rank(diffs, 0.99),
+        "same_node": same_node,
+        "below_clock_bound": False,
     }
+
+
+def expected_hop(hop: str, times: list[int]) -> dict:
+    """Mean packets/s and bytes/s (100-byte records, no ID flags) over the seconds with traffic."""
+    per_second: dict[int, int] = {}
+    for t in times:
+        per_second[t // SEC] = per_second.get(t // SEC, 0) + 1
+    mean = sum(per_second.values()) / len(per_second)
+    return {"hop": hop, "packets_per_s": mean, "bytes_per_s": 100 * mean}
 
 
 def counters(hop_index: int, hop: str, matched: int) -> records_pb2.HopCounters:
@@ -94,15 +114,19 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
     delta_a, delta_b = base - SEC, base - 7 * SEC  # each node's monotonic -> master mapping
     ab, bc, e2e = [], [], []
     recs_a, recs_b = [], []
+    times: list[list[int]] = [[], [], []]
     for i in range(N):
         t0 = base + i * 1_000_000
         t1 = t0 + 1_000 + (i % 10) * 100
         t2 = t1 + 50_000 + i * 10
         recs_a += [rec(t0 - delta_a, pid(i + 1), 0, flow=i % 3), rec(t1 - delta_a, pid(i + 1), 1, flow=i % 3)]
         ab.append(t1 - t0)
+        times[0].append(t0)
+        times[1].append(t1)
         if i % 20 == 19:
             continue  # lost between the nodes: 10 packets never reach b-ingress
         recs_b.append(rec(t2 - delta_b, pid(i + 1), 2, flow=i % 3))
+        times[2].append(t2)
         bc.append(t2 - t1)
         e2e.append(t2 - t0)
     try:
@@ -148,10 +172,11 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
         "packets": N,
         "complete": N - 10,
         "segments": [
-            expected_stats(ab, 0, "a-egress", "a-bridge"),
-            expected_stats(bc, 10, "a-bridge", "b-ingress"),
+            expected_stats(ab, 0, "a-egress", "a-bridge", sent=N, same_node=True),
+            expected_stats(bc, 10, "a-bridge", "b-ingress", lost=10, sent=N),
         ],
-        "end_to_end": expected_stats(e2e, 10, "a-egress", "b-ingress"),
+        "end_to_end": expected_stats(e2e, 10, "a-egress", "b-ingress", lost=10, sent=N),
+        "hops": [expected_hop(h, t) for h, t in zip(HOPS, times, strict=True)],
     }
     kw = {"url": influx.url, "bucket": influx.bucket, "org": influx.org, "token": influx.token}
     report = build_report(trace, since="1h", path=HOPS, **kw)
@@ -164,6 +189,8 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
         (s["from"], s["to"], s["count"], s["p99_ns"]) for s in expected["segments"]
     ]
     assert proto.end_to_end.max_ns == max(e2e)
+    assert [(s.loss_count, s.same_node) for s in proto.segments] == [(0, True), (10, False)]
+    assert [h.hop for h in proto.hops] == HOPS
 
     text = render_text(report)
     assert text.splitlines()[0] == f"trace {trace}: {N} packets, {N - 10} complete"

@@ -50,13 +50,36 @@ def test_text_table_and_proto() -> None:
         "segments": [stats("a", "b"), stats("b", "c")],
         "end_to_end": stats("a", "c"),
     }
+    report["segments"][0].update(loss_count=2, loss_rate=0.02, jitter_ns=350.0, same_node=True)
+    report["segments"][1].update(below_clock_bound=True, tracer_lost=7)
+    report["hops"] = [{"hop": "a", "packets_per_s": 100.0, "bytes_per_s": 12_800.0}]
     lines = render_text(report).splitlines()
     assert lines[0] == "trace demo: 4 packets, 3 complete"
-    assert lines[1].split() == ["segment", "count", "mean", "p50", "p90", "p99", "max", "incomplete"]
-    assert lines[2].split() == ["a", ">", "b", "3", "1.5us", "1.2us", "2.0us", "2.5us", "3.00ms", "1"]
+    head = ["segment", "count", "mean", "p50", "p90", "p99", "max", "incomplete", "loss", "loss%", "jitter"]
+    assert lines[1].split() == head
+    assert lines[2].split() == [
+        *["a", ">", "b", "[node]", "3", "1.5us", "1.2us", "2.0us", "2.5us", "3.00ms", "1"],
+        *["2", "2.00", "350ns"],
+    ]
+    assert lines[3].split()[:4] == ["b", ">", "c", "[<clock]"]
     assert lines[4].startswith("end to end (a > c)")
-    assert len({len(line) for line in lines[1:]}) == 1  # aligned columns
+    assert len({len(line) for line in lines[1:5]}) == 1  # aligned columns
+    assert lines[6].split() == ["hop", "packets/s", "bytes/s"] and lines[7].split() == [
+        "a",
+        "100.0",
+        "12800.0",
+    ]
+    assert "note: b > c: latency below the clocks' alignment bound" in lines
+    assert "note: b > c: 7 records lost by the tracer (not counted)" in lines
     assert format_ns(850) == "850ns" and format_ns(2.5e9) == "2.50s"
     proto = report_to_proto(report)
     assert [getattr(s, "from") + ">" + s.to for s in proto.segments] == ["a>b", "b>c"]
     assert (proto.end_to_end.p99_ns, proto.packets, proto.complete) == (2500, 4, 3)
+    assert (proto.segments[0].loss_count, proto.segments[0].loss_rate, proto.segments[0].jitter_ns) == (
+        2,
+        0.02,
+        350,
+    )
+    assert proto.segments[0].same_node and proto.segments[1].below_clock_bound
+    assert proto.segments[1].tracer_lost == 7
+    assert [(h.hop, h.packets_per_s, h.bytes_per_s) for h in proto.hops] == [("a", 100.0, 12_800.0)]

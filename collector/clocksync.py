@@ -1,0 +1,108 @@
+"""Reference Cristian client of the collector's time service (`timeservice.py`), in Python.
+
+The agents (Go) implement the same exchange; this module is what they are checked against and what the
+tests use. One probe: the client reads T1 (CLOCK_REALTIME) right before sending an NTP request; the server
+stamps its receive time T2 and transmit time T3; the client stamps the reply's kernel receive time T4
+(SO_TIMESTAMPNS).
+
+    delay  = (T4 - T1) - (T3 - T2)              round trip minus the server's processing time
+    offset = ((T1 - T2) + (T4 - T3)) / 2         node clock - master clock
+
+Of `probes` probes the one with the smallest delay wins (Cristian; vNetTracer III-C samples 100): it is the
+one least disturbed by queueing. Whatever the asymmetry of its two legs, the true offset lies within
+delay / 2 of the estimate, plus the timestamps' resolution: `bound_ns` = delay / 2 + `RESOLUTION_NS`.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import ntplib
+
+from hoptrace.collector.timeservice import (
+    CMSG_SPACE,
+    NTP_PACKET_SIZE,
+    enable_rx_timestamps,
+    kernel_rx_ns,
+    ns_to_ntp,
+    ntp_to_ns,
+    parse_addr,
+)
+from hoptrace.v1 import records_pb2
+
+# ntplib's float NTP timestamps round to about 0.24 us each; two of them enter the offset.
+RESOLUTION_NS = 500
+
+
+def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, int]]:
+    """Run the exchanges; return (delay_ns, offset_ns, node wall time at the probe's midpoint) of each."""
+    host, port = parse_addr(addr)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    out: list[tuple[int, int, int]] = []
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.connect((host, port))
+        sock.settimeout(timeout_s)
+        enable_rx_timestamps(sock)
+        for _ in range(probes):
+            # The transmit timestamp is only a nonce the server echoes (as chrony does); T1 is kept here, read
+            # like the server's T3: before the encoding and the send, so both legs carry the same overhead.
+            request = ntplib.NTPPacket(version=4, mode=3, tx_timestamp=ns_to_ntp(time.time_ns()))
+            t1 = time.time_ns()
+            data = request.to_data()
+            sock.send(data)
+            sent = ntplib.NTPPacket()
+            sent.from_data(data)  # the nonce as the server reads it
+            while True:
+                try:
+                    data, ancdata, _flags, _peer = sock.recvmsg(512, CMSG_SPACE)
+                except TimeoutError:
+                    data = b""
+                    break
+                t4 = kernel_rx_ns(ancdata) or time.time_ns()
+                reply = ntplib.NTPPacket()
+                try:
+                    reply.from_data(data[:NTP_PACKET_SIZE])
+                except ntplib.NTPException:
+                    continue
+                if reply.mode == 4 and abs(reply.orig_timestamp - sent.tx_timestamp) < 1e-6:
+                    break  # the answer to this probe (older, late answers are skipped)
+            if not data:
+                continue
+            t2, t3 = ntp_to_ns(reply.recv_timestamp), ntp_to_ns(reply.tx_timestamp)
+            delay = (t4 - t1) - (t3 - t2)
+            offset = ((t1 - t2) + (t4 - t3)) // 2
+            out.append((delay, offset, (t1 + t4) // 2))
+    return out
+
+
+def measure_offset(addr: str, probes: int = 100, timeout_s: float = 1.0) -> tuple[int, int, int]:
+    """Cristian's algorithm against the time service at `addr` ("HOST:PORT").
+
+    Returns (offset_ns, delay_ns, bound_ns) of the minimum-delay probe: offset = this machine's
+    CLOCK_REALTIME - the master's. Raises TimeoutError when no probe is answered.
+    """
+    delay, offset, _ = _best(addr, probes, timeout_s)
+    return offset, delay, delay // 2 + RESOLUTION_NS
+
+
+def _best(addr: str, probes: int, timeout_s: float) -> tuple[int, int, int]:
+    samples = _probes(addr, probes, timeout_s)
+    if not samples:
+        raise TimeoutError(f"time service at {addr} answered none of {probes} probes")
+    return min(samples)
+
+
+def node_clock(addr: str, probes: int = 100, drift_ppm: float = 0.0) -> records_pb2.NodeClock:
+    """A `NodeClock` for this machine, as an agent sends it: the measured offset, sampled at the midpoint of
+    the best probe (T1 + T4) / 2, and the CLOCK_REALTIME - CLOCK_MONOTONIC difference read now."""
+    delay, offset, sampled_at = _best(addr, probes, 1.0)
+    mono_to_real = time.clock_gettime_ns(time.CLOCK_REALTIME) - time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    return records_pb2.NodeClock(
+        monotonic_to_realtime_ns=mono_to_real,
+        offset_ns=offset,
+        bound_ns=delay // 2 + RESOLUTION_NS,
+        drift_ppm=drift_ppm,
+        delay_ns=delay,
+        sampled_at_ns=sampled_at,
+    )

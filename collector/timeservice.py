@@ -1,0 +1,132 @@
+"""The master clock: the collector answers NTP client requests over UDP (`--clock-listen`, default
+127.0.0.1:7123) with its CLOCK_REALTIME.
+
+Agents send >= 100 probes, keep the one with the smallest round-trip delay (Cristian's algorithm, as in
+vNetTracer section III-C) and report the resulting offset, bound and drift in `NodeClock`; `clocksync.py` is
+the reference client. Packets are encoded and decoded with ntplib's codec (`ntplib.NTPPacket`, RFC 5905
+layout). The receive timestamp T2 is the kernel's receive time of the request (SO_TIMESTAMPNS, taken in the
+network stack before the packet waits in the socket queue); the transmit timestamp T3 is read just before
+`sendto`. Both are CLOCK_REALTIME. ntplib holds timestamps as float seconds since 1900, so each carries a
+rounding error of at most about 0.24 us (half a float ulp at 3.9e9 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+
+import ntplib
+
+log = logging.getLogger(__name__)
+
+# linux/asm-generic/socket.h: SO_TIMESTAMPNS (= SCM_TIMESTAMPNS) delivers a struct timespec of the receive
+# time as ancillary data (the "old" 64-bit layout: two longs).
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("@ll")
+CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+NTP_PACKET_SIZE = 48
+REF_ID = int.from_bytes(b"HOPT", "big")  # reference ID of a stratum-1 server: 4 ASCII characters
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """Split "HOST:PORT" (or "[V6]:PORT") into host and port; raise ValueError when malformed."""
+    host, sep, port = addr.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"address must be HOST:PORT, got {addr!r}")
+    return host, int(port)
+
+
+def ns_to_ntp(ns: int) -> float:
+    """Unix nanoseconds -> NTP time (float seconds since 1900), ntplib's representation."""
+    return ntplib.system_to_ntp_time(ns / 1e9)
+
+
+def ntp_to_ns(ntp: float) -> int:
+    """NTP time (float seconds since 1900) -> Unix nanoseconds."""
+    return round(ntplib.ntp_to_system_time(ntp) * 1e9)
+
+
+def kernel_rx_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    """The SO_TIMESTAMPNS receive time in a `recvmsg` ancillary list, or None."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return sec * 1_000_000_000 + nsec
+    return None
+
+
+def enable_rx_timestamps(sock: socket.socket) -> bool:
+    """Ask the kernel for receive timestamps on `sock`; False when it refuses (userspace time then)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        return True
+    except OSError:
+        return False
+
+
+class TimeServer:
+    """A minimal NTP server (mode 4 answers to mode 3 requests) on one UDP socket, in a thread."""
+
+    def __init__(self, listen: str = "127.0.0.1:7123") -> None:
+        host, port = parse_addr(listen)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_DGRAM)
+        self.sock.bind((host, port))
+        self.sock.settimeout(0.2)  # lets the thread notice stop()
+        self.kernel_timestamps = enable_rx_timestamps(self.sock)
+        self.port: int = self.sock.getsockname()[1]
+        self.requests = 0
+        self.bad_requests = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="collector-time", daemon=True)
+
+    def start(self) -> TimeServer:
+        """Start answering; returns self."""
+        self._thread.start()
+        log.info("time service on udp port %d (kernel rx timestamps: %s)", self.port, self.kernel_timestamps)
+        return self
+
+    def stop(self) -> None:
+        """Stop answering and close the socket."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2)
+        self.sock.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, ancdata, _flags, peer = self.sock.recvmsg(512, CMSG_SPACE)
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                continue
+            t2 = kernel_rx_ns(ancdata) or time.time_ns()
+            request = ntplib.NTPPacket()
+            try:
+                request.from_data(data[:NTP_PACKET_SIZE])
+            except ntplib.NTPException:
+                self.bad_requests += 1
+                continue
+            if request.mode != 3:  # only client requests
+                self.bad_requests += 1
+                continue
+            reply = ntplib.NTPPacket(version=request.version or 4, mode=4)
+            reply.stratum = 1
+            reply.precision = -20  # about 1 us (log2 seconds)
+            reply.ref_id = REF_ID
+            reply.orig_timestamp = request.tx_timestamp  # the client matches replies on it
+            reply.recv_timestamp = ns_to_ntp(t2)
+            reply.ref_timestamp = reply.recv_timestamp
+            reply.tx_timestamp = ns_to_ntp(time.time_ns())  # T3: as late as possible before the send
+            try:
+                self.sock.sendto(reply.to_data(), peer)
+                self.requests += 1
+            except (OSError, ntplib.NTPException):
+                self.bad_requests += 1
