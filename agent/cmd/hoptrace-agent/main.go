@@ -8,11 +8,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/hoptrace/hoptrace/agent/internal/agent"
 )
@@ -45,7 +47,21 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.Duration, "duration", 0, "exit after this long (0 = until SIGINT/SIGTERM)")
 	fs.IntVar(&cfg.BufferBytes, "buffer-bytes", 256<<20, "bound of the in-memory record queue toward the collector")
 	fs.UintVar(&ring, "ringbuf-bytes", 16<<20, "size of the records ring buffer (power of two)")
+	fs.StringVar(&cfg.ClockServer, "clock-server", "", `collector's NTP time service host:port (default: the --collector host, port `+agent.DefaultClockPort+`; "off" = no clock rounds)`)
+	fs.DurationVar(&cfg.ClockInterval, "clock-interval", 10*time.Second, "time between clock rounds (Cristian's algorithm against --clock-server)")
+	fs.IntVar(&cfg.ClockProbes, "clock-probes", 100, "NTP probes per clock round; the one with the smallest delay wins")
+	fs.DurationVar(&cfg.ClockOffset, "clock-offset", 0, "SIMULATION (tests/demos on one machine): act as a host whose wall clock is off by this much (e.g. 3.7ms, -1ms), in record timestamps and clock rounds alike")
+	fs.Float64Var(&cfg.ClockDriftPPM, "clock-drift-ppm", 0, "SIMULATION (tests/demos on one machine): and whose clock error grows by this many ppm from the agent's start")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9172", `serve Prometheus /metrics and /healthz here ("" = off; several agents on one machine need distinct ports)`)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of hoptrace-agent %s:\n", mode)
+		fs.PrintDefaults()
+		fmt.Fprintln(fs.Output(), "\nFlags marked SIMULATION skew this agent's clock on purpose, to test clock alignment on one machine; never set them in production.")
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
 		return err
 	}
 	cfg.RingBytes = uint32(ring)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -16,7 +17,9 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	"github.com/hoptrace/hoptrace/agent/internal/collector"
+	"github.com/hoptrace/hoptrace/agent/internal/metrics"
 	"github.com/hoptrace/hoptrace/agent/internal/output"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/probe"
@@ -39,8 +42,41 @@ type Config struct {
 	Duration    time.Duration
 	BufferBytes int
 	RingBytes   uint32
-	Log         *slog.Logger
-	Stdout      io.Writer
+	// Clock alignment: the collector's time service ("" = the collector's
+	// host, port DefaultClockPort; "off" = none), rounds and probes.
+	ClockServer   string
+	ClockInterval time.Duration
+	ClockProbes   int
+	// SIMULATION (tests and demos on one machine): behave like a host whose
+	// wall clock is off by ClockOffset + ClockDriftPPM·(t − start).
+	ClockOffset   time.Duration
+	ClockDriftPPM float64
+	// MetricsListen serves /metrics and /healthz ("" = off).
+	MetricsListen string
+	Log           *slog.Logger
+	Stdout        io.Writer
+}
+
+// DefaultClockPort is the collector's time service port (--clock-listen).
+const DefaultClockPort = "7123"
+
+// ClockServerAddr is where the Cristian rounds go: cfg.ClockServer, or the
+// collector's host with DefaultClockPort; "" when there is none.
+func (cfg Config) ClockServerAddr() string {
+	switch cfg.ClockServer {
+	case "off":
+		return ""
+	case "":
+		if cfg.Collector == "" {
+			return ""
+		}
+		host, _, err := net.SplitHostPort(cfg.Collector)
+		if err != nil {
+			host = cfg.Collector
+		}
+		return net.JoinHostPort(host, DefaultClockPort)
+	}
+	return cfg.ClockServer
 }
 
 // ReadPlan reads a protojson TracePlan.
@@ -101,6 +137,18 @@ func Run(ctx context.Context, cfg Config) error {
 		out = output.NewWriter(f)
 	}
 
+	var metricsLis net.Listener
+	if cfg.MetricsListen != "" {
+		// Not fatal: tracing matters more than its metrics, and a second
+		// agent on the same machine may have left the default port taken.
+		if lis, err := metrics.Listen(cfg.MetricsListen); err != nil {
+			cfg.Log.Warn("no /metrics (pass a free --metrics-listen, or \"\" to turn it off)", "err", err)
+		} else {
+			metricsLis = lis
+			defer lis.Close()
+		}
+	}
+
 	queue := stream.NewQueue(cfg.BufferBytes)
 	mgr, err := tracer.New(tracer.Config{Node: cfg.Node, Netns: cfg.Netns, BaseDir: baseDir, RingBytes: cfg.RingBytes, Queue: queue})
 	if err != nil {
@@ -145,12 +193,35 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 		}()
 	}
+	// The node's clock: the monotonic→realtime mapping always, Cristian
+	// rounds against the collector's time service when there is one.
+	nodeClock := clock.NewNode(clock.Config{Server: cfg.ClockServerAddr(), Interval: cfg.ClockInterval,
+		Probes: cfg.ClockProbes, Source: clock.NewSource(cfg.ClockOffset, cfg.ClockDriftPPM), Log: cfg.Log})
+	if nodeClock.Source().Simulated() {
+		cfg.Log.Warn("SIMULATED clock error", "offset", cfg.ClockOffset, "drift_ppm", cfg.ClockDriftPPM)
+	}
+	// Clock and /metrics live until Run returns (aux), after the records
+	// have gone out.
+	var aux sync.WaitGroup
+	auxCtx, stopAux := context.WithCancel(context.Background())
+	defer func() { stopAux(); aux.Wait() }()
+	aux.Add(1)
+	go func() { defer aux.Done(); nodeClock.Run(auxCtx) }()
+
 	collectorDone := make(chan struct{})
+	var client *collector.Client
 	if cfg.Collector != "" {
-		c := &collector.Client{Addr: cfg.Collector, Node: cfg.Node, Queue: collectorQueue, Counters: mgr.Counters, Log: cfg.Log}
+		client = &collector.Client{Addr: cfg.Collector, Node: cfg.Node, Queue: collectorQueue, Counters: mgr.Counters,
+			Clock: nodeClock.NodeClock, Log: cfg.Log}
 		go func() {
 			defer close(collectorDone)
-			if err := c.Run(bg); err != nil {
+			// Records wait (in the queue) for the first clock round, so
+			// the first batches already carry an offset; bounded, as the
+			// time service may be away.
+			if cfg.ClockServerAddr() != "" && !nodeClock.WaitFirst(bg, 3*time.Second) {
+				cfg.Log.Warn("no clock estimate yet; sending records without an offset", "server", cfg.ClockServerAddr())
+			}
+			if err := client.Run(bg); err != nil {
 				cfg.Log.Error("collector", "err", err)
 			}
 		}()
@@ -178,9 +249,11 @@ func Run(ctx context.Context, cfg Config) error {
 	sessCtx, stopSess := context.WithCancel(ctx)
 	defer stopSess()
 	sessDone := make(chan struct{})
+	var sess *session.Session
 	if cfg.Dispatcher != "" {
-		s := &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
+		sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
 			Capabilities: probe.Capabilities(), Tracer: mgr, Log: cfg.Log}
+		s := sess
 		go func() {
 			defer close(sessDone)
 			if err := s.Run(sessCtx); err != nil {
@@ -189,6 +262,17 @@ func Run(ctx context.Context, cfg Config) error {
 		}()
 	} else {
 		close(sessDone)
+	}
+
+	if metricsLis != nil {
+		queues := []*stream.Queue{queue}
+		if collectorQueue != queue {
+			queues = append(queues, collectorQueue)
+		}
+		reg := newRegistry(parts{mgr: mgr, queues: queues, outQueue: collectorQueue, clock: nodeClock,
+			client: client, session: sess, clockSync: cfg.ClockServerAddr() != ""})
+		aux.Add(1)
+		go func() { defer aux.Done(); metrics.Serve(auxCtx, metricsLis, metrics.Handler(reg, nil), cfg.Log) }()
 	}
 
 	printCounters := func() {

@@ -5,10 +5,12 @@ package collector
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -33,8 +35,30 @@ type Client struct {
 	Log           *slog.Logger
 	// DialOptions override the insecure default (tests).
 	DialOptions []grpc.DialOption
+	// Clock gives the NodeClock sent with a batch whose records were taken
+	// around CLOCK_MONOTONIC time mono (0 = now); nil = the host's
+	// monotonic→realtime mapping only.
+	Clock func(mono int64) *pb.NodeClock
 
 	seq uint64
+
+	recordsSent, batchesSent, batchesResent atomic.Uint64
+	streams                                 atomic.Uint64
+	connected                               atomic.Bool
+}
+
+// Stats are the client's counters for /metrics.
+type Stats struct {
+	RecordsSent, BatchesSent, BatchesResent uint64
+	// Streams started (the first and every reconnect).
+	Streams   uint64
+	Connected bool
+}
+
+// Stats returns the counters so far.
+func (c *Client) Stats() Stats {
+	return Stats{RecordsSent: c.recordsSent.Load(), BatchesSent: c.batchesSent.Load(),
+		BatchesResent: c.batchesResent.Load(), Streams: c.streams.Load(), Connected: c.connected.Load()}
 }
 
 // Run streams until ctx ends, reconnecting after every failure.
@@ -47,7 +71,11 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	opts := c.DialOptions
 	if opts == nil {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+			// A fixed window (no BDP growth) bounds what the stream can
+			// have accepted but the collector not yet consumed below what
+			// the resend keeps (resendBytes).
+			grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(streamWindow)}
 	}
 	conn, err := grpc.NewClient(c.Addr, opts...)
 	if err != nil {
@@ -80,17 +108,44 @@ func MonotonicToRealtime() int64 {
 	return real.Nano() - mono.Nano()
 }
 
+// batch builds the message of one batch. batch_seq: the collector's
+// dedupe key is (node, batch_seq). A batch resent after a broken stream
+// keeps its batch_seq, so a copy that did arrive the first time is dropped
+// there. The sequence starts at the agent's start time in ns (and counts up
+// by one per batch), so a restarted agent never reuses the numbers of its
+// previous run: that would take more than one batch per ns.
 func (c *Client) batch(trace string, gen uint64, records []byte, seq uint64) *pb.RecordBatch {
 	if seq == 0 {
+		if c.seq == 0 {
+			c.seq = uint64(time.Now().UnixNano())
+		}
 		c.seq++
 		seq = c.seq
+	}
+	var clock *pb.NodeClock
+	if c.Clock != nil {
+		clock = c.Clock(midTimestamp(records))
+	} else {
+		clock = &pb.NodeClock{MonotonicToRealtimeNs: MonotonicToRealtime()}
 	}
 	return &pb.RecordBatch{
 		Node: c.Node, Trace: trace, Generation: gen, BatchSeq: seq,
 		Records: records, RecordSize: record.Size,
 		AgentDropped: c.Queue.Dropped(),
-		Clock:        &pb.NodeClock{MonotonicToRealtimeNs: MonotonicToRealtime()},
+		Clock:        clock,
 	}
+}
+
+// midTimestamp is the midpoint of the first and last record's ts_ns (0 for
+// no records): the batch's clock is evaluated there, so a simulated drift
+// skews each record as of when it was taken, not when it was sent.
+func midTimestamp(records []byte) int64 {
+	if len(records) < record.Size {
+		return 0
+	}
+	first := int64(binary.LittleEndian.Uint64(records))
+	last := int64(binary.LittleEndian.Uint64(records[len(records)-record.Size:]))
+	return first + (last-first)/2
 }
 
 // stream runs one StreamRecords call; it returns how many batches it sent.
@@ -101,16 +156,32 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 	if err != nil {
 		return 0, err
 	}
+	c.streams.Add(1)
+	c.connected.Store(true)
+	defer c.connected.Store(false)
 	sent := 0
 	// A successful Send only means the message is buffered: batches sent
-	// just before the connection died may never arrive. Keep the last ones
-	// and resend them (same batch_seq) on the next stream.
+	// just before the connection died may never arrive (in the socket, in
+	// the HTTP/2 window, in a collector that crashed before consuming them).
+	// Keep the last ones and resend them (same batch_seq) on the next
+	// stream; the collector drops the copies it already has by (node,
+	// batch_seq). Only a clean end of the stream (the StreamSummary) says
+	// everything arrived.
 	var inflight []*stream.Batch
+	inflightBytes := 0
 	requeue := func() {
 		for i := len(inflight) - 1; i >= 0; i-- {
 			c.Queue.PushFront(inflight[i])
 		}
-		inflight = nil
+		inflight, inflightBytes = nil, 0
+	}
+	keep := func(b *stream.Batch) {
+		inflight = append(inflight, b)
+		inflightBytes += len(b.Records)
+		for len(inflight) > maxInflight && inflightBytes-len(inflight[0].Records) >= resendBytes {
+			inflightBytes -= len(inflight[0].Records)
+			inflight = inflight[1:]
+		}
 	}
 	send := func(b *pb.RecordBatch) error {
 		if err := st.Send(b); err != nil {
@@ -157,16 +228,19 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 			return sent, err
 		}
 		if b != nil {
+			resend := b.Seq != 0
 			m := c.batch(b.Trace, b.Generation, b.Records, b.Seq)
 			b.Seq = m.BatchSeq
 			if err := send(m); err != nil {
-				inflight = append(inflight, b)
+				keep(b)
 				requeue()
 				return sent, err
 			}
-			inflight = append(inflight, b)
-			if len(inflight) > maxInflight {
-				inflight = inflight[1:]
+			keep(b)
+			c.batchesSent.Add(1)
+			c.recordsSent.Add(uint64(b.Count()))
+			if resend {
+				c.batchesResent.Add(1)
 			}
 		}
 		if !time.Now().Before(next) {
@@ -190,8 +264,14 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 	}
 }
 
-// maxInflight bounds the batches kept for a resend after a broken stream.
-const maxInflight = 64
+// The batches kept for a resend after a broken stream: at least the last
+// maxInflight, and at least resendBytes of records, which is more than the
+// stream's flow-control window (streamWindow) lets be in flight.
+const (
+	maxInflight  = 64
+	resendBytes  = 8 << 20
+	streamWindow = 4 << 20
+)
 
 // errStopped: the queue is closed and drained; Run returns.
 var errStopped = errors.New("queue closed")

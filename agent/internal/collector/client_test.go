@@ -128,12 +128,34 @@ func TestClientStreamsAndReconnects(t *testing.T) {
 	}
 	s.mu.Unlock()
 	s2.mu.Lock()
+	resentSame := false
 	for _, x := range s2.batches {
-		if n, ok := seqs[x.GetBatchSeq()]; ok && n != len(x.GetRecords()) {
+		n, ok := seqs[x.GetBatchSeq()]
+		if ok && n != len(x.GetRecords()) {
 			t.Errorf("batch_seq %d reused for a different batch", x.GetBatchSeq())
 		}
+		// The 3-record batch the first collector got is sent again with its
+		// batch_seq: the collector's dedupe key is (node, batch_seq).
+		resentSame = resentSame || (ok && n == 3*record.Size)
 	}
 	s2.mu.Unlock()
+	if !resentSame {
+		t.Error("batches of the broken stream were not resent with their batch_seq")
+	}
+	st := c.Stats()
+	if st.BatchesResent == 0 || st.Streams < 2 || st.RecordsSent < 8 {
+		t.Errorf("stats %+v", st)
+	}
+	// A restarted agent (a new Client) never reuses its predecessor's
+	// batch_seq values.
+	var maxSeq uint64
+	for seq := range seqs {
+		maxSeq = max(maxSeq, seq)
+	}
+	c2 := &Client{Node: "n1", Queue: q}
+	if first := c2.batch("t", 1, nil, 0).GetBatchSeq(); first <= maxSeq {
+		t.Errorf("restarted agent's first batch_seq %d <= previous run's %d", first, maxSeq)
+	}
 
 	cancel()
 	if err := <-done; err != nil {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -42,7 +43,17 @@ type Session struct {
 	DialOptions  []grpc.DialOption
 	// Backoff bounds (0 = defaults).
 	MinBackoff, MaxBackoff time.Duration
+
+	registrations atomic.Uint64
+	connected     atomic.Bool
 }
+
+// Registrations counts the sessions registered with the dispatcher (the
+// first one and every reconnect).
+func (s *Session) Registrations() uint64 { return s.registrations.Load() }
+
+// Connected reports whether a session is registered right now.
+func (s *Session) Connected() bool { return s.connected.Load() }
 
 // Run keeps the session up until ctx ends.
 func (s *Session) Run(ctx context.Context) error {
@@ -140,6 +151,9 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 		return false, fmt.Errorf("register: %w", err)
 	}
 	s.Log.Info("registered with dispatcher", "addr", s.Addr, "node", s.Node)
+	s.registrations.Add(1)
+	s.connected.Store(true)
+	defer s.connected.Store(false)
 
 	var wg sync.WaitGroup
 	wg.Add(1)

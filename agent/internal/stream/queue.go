@@ -165,6 +165,9 @@ func (q *Queue) Dropped() uint64 {
 	return q.dropped
 }
 
+// Max is the queue's byte bound.
+func (q *Queue) Max() int { return q.max }
+
 // Len returns the queued batches and bytes.
 func (q *Queue) Len() (batches, bytes int) {
 	q.mu.Lock()

@@ -37,6 +37,7 @@ type Reader struct {
 	mu     sync.Mutex
 	routes map[uint16]*route
 
+	read     atomic.Uint64
 	unrouted atomic.Uint64
 	started  atomic.Bool
 	done     chan struct{}
@@ -75,6 +76,9 @@ func (r *Reader) RemoveRoute(slot uint16) {
 		delete(r.routes, slot)
 	}
 }
+
+// Read counts the records taken from the ring buffer.
+func (r *Reader) Read() uint64 { return r.read.Load() }
 
 // Unrouted counts records whose trace_slot had no route (a detached trace).
 func (r *Reader) Unrouted() uint64 { return r.unrouted.Load() }
@@ -121,6 +125,7 @@ func (r *Reader) add(raw []byte) {
 	if len(raw) < record.Size {
 		return
 	}
+	r.read.Add(1)
 	slot := record.TraceSlot(raw)
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -322,6 +322,12 @@ func HopCounters(idx uint32, name string, at *timestamppb.Timestamp, c record.Co
 // Flush pushes every pending record batch to the queue.
 func (m *Manager) Flush() { m.reader.Drain() }
 
+// RecordsRead is the number of records read from the ring buffer, and
+// how many of them belonged to no running trace.
+func (m *Manager) RecordsRead() (read, unrouted uint64) {
+	return m.reader.Read(), m.reader.Unrouted()
+}
+
 // Close detaches every trace and stops reading.
 func (m *Manager) Close() error {
 	m.mu.Lock()

@@ -1,0 +1,276 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/hoptrace/hoptrace/agent/internal/clock"
+	"github.com/hoptrace/hoptrace/agent/internal/netns"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+)
+
+type sink struct {
+	pb.UnimplementedCollectorServer
+	mu      sync.Mutex
+	batches []*pb.RecordBatch
+}
+
+func (s *sink) StreamRecords(st pb.Collector_StreamRecordsServer) error {
+	for {
+		b, err := st.Recv()
+		if err == io.EOF {
+			return st.SendAndClose(&pb.StreamSummary{})
+		}
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.batches = append(s.batches, b)
+		s.mu.Unlock()
+	}
+}
+
+func (s *sink) recordBatches() []*pb.RecordBatch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*pb.RecordBatch
+	for _, b := range s.batches {
+		if len(b.GetRecords()) > 0 {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func sendTaggedUDP(t *testing.T, nsA, src, dst string, id uint32) {
+	t.Helper()
+	pkt := tu.Cat(tu.IPv4(17, src, dst, nil, tu.UDP(40000, 5000, []byte("hoptrace")), 4), tu.ID(id))
+	err := netns.Do(netns.Path(nsA, ""), func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		return unix.Sendto(fd, pkt, 0, &unix.SockaddrInet4{Addr: netip.MustParseAddr(dst).As4()})
+	})
+	if err != nil {
+		t.Fatalf("send: %v", err)
+	}
+}
+
+// toMaster is the collector's correction (collector/clock.py):
+// wall = ts + monotonic_to_realtime_ns; master = wall − offset(wall).
+func toMaster(ts uint64, c *pb.NodeClock) int64 {
+	wall := int64(ts) + c.GetMonotonicToRealtimeNs()
+	off := float64(c.GetOffsetNs())
+	if c.GetSampledAtNs() != 0 {
+		off += c.GetDriftPpm() * 1e-6 * float64(wall-c.GetSampledAtNs())
+	}
+	return wall - int64(off)
+}
+
+// An agent run with the SIMULATION flags skews its records and its clock
+// rounds alike: after the collector's correction the records land where an
+// unskewed agent's would (here the master is this machine's own clock, so
+// "unskewed" is ts + the host's monotonic→realtime). /metrics shows the run.
+func TestSimulatedSkewIsCorrectedAndMetricsServed(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.43")
+	planPath := filepath.Join(t.TempDir(), "plan.json")
+	plan := &pb.TracePlan{
+		Trace: "sim", Generation: 1, ObjectPath: tu.ObjectPath(),
+		Filter: &pb.Filter{Protocol: "udp", DstPort: 5000},
+		Hops: []*pb.HopAttach{
+			{HopIndex: 0, Name: "a-out", At: "tc-egress", Dev: p.DevA, Netns: p.NsA},
+			{HopIndex: 1, Name: "b-in", At: "tc-ingress", Dev: p.DevB, Netns: p.NsB},
+		},
+	}
+	b, _ := protojson.Marshal(plan)
+	if err := os.WriteFile(planPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	ntp, err := clock.StartServer("127.0.0.1:0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ntp.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	s := &sink{}
+	pb.RegisterCollectorServer(srv, s)
+	go srv.Serve(lis)
+	defer srv.Stop()
+
+	const offset, ppm = 3700 * time.Microsecond, 50.0
+	metricsAddr := freePort(t)
+	cfg := Config{Node: "host-b", Plan: planPath, Collector: lis.Addr().String(), ClockServer: ntp.Addr(),
+		ClockInterval: 300 * time.Millisecond, ClockProbes: 50, ClockOffset: offset, ClockDriftPPM: ppm,
+		MetricsListen: metricsAddr, BufferBytes: 1 << 20,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	// Traffic for a few clock rounds, so the drift fit has a span.
+	deadline := time.Now().Add(15 * time.Second)
+	id := uint32(0x42000001)
+	for time.Now().Before(deadline) {
+		sendTaggedUDP(t, p.NsA, p.AddrA, p.AddrB, id)
+		id++
+		time.Sleep(20 * time.Millisecond)
+		if id-0x42000001 >= 100 && len(s.recordBatches()) > 0 {
+			last := s.recordBatches()[len(s.recordBatches())-1]
+			if last.GetClock().GetDriftPpm() != 0 {
+				break
+			}
+		}
+	}
+	batches := s.recordBatches()
+	if len(batches) == 0 {
+		t.Fatal("no record batches reached the collector")
+	}
+	host := clock.SamplePair(5).MonotonicToRealtime
+	var worst int64
+	checked := 0
+	for _, bt := range batches {
+		c := bt.GetClock()
+		if c.GetSampledAtNs() == 0 {
+			t.Errorf("batch %d without a clock estimate: %v", bt.GetBatchSeq(), c)
+			continue
+		}
+		if skew := c.GetMonotonicToRealtimeNs() - host; skew < int64(offset)-100_000 {
+			t.Errorf("mapping not skewed: %d ns", skew)
+		}
+		raw := bt.GetRecords()
+		var r record.Record
+		for i := 0; i+record.Size <= len(raw); i += record.Size {
+			if err := record.Decode(raw[i:i+record.Size], &r); err != nil {
+				t.Fatal(err)
+			}
+			truth := int64(r.TsNs) + host
+			d := toMaster(r.TsNs, c) - truth
+			worst = max(worst, d, -d)
+			checked++
+		}
+	}
+	last := batches[len(batches)-1].GetClock()
+	t.Logf("%d records in %d batches; worst |corrected − unskewed| = %d ns; last clock: offset %d ns, bound %d ns, drift %.2f ppm",
+		checked, len(batches), worst, last.GetOffsetNs(), last.GetBoundNs(), last.GetDriftPpm())
+	if checked < 50 || worst > 20_000 {
+		t.Errorf("%d records, worst error %d ns (want ≤ 20 µs)", checked, worst)
+	}
+
+	// /metrics and /healthz.
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Errorf("content type %q", ct)
+	}
+	value := func(series string) float64 {
+		for _, l := range strings.Split(text, "\n") {
+			if rest, ok := strings.CutPrefix(l, series+" "); ok {
+				v, err := strconv.ParseFloat(rest, 64)
+				if err == nil {
+					return v
+				}
+			}
+		}
+		t.Errorf("no series %s in:\n%s", series, text)
+		return -1
+	}
+	if v := value("hoptrace_agent_records_read_total"); v < float64(checked) {
+		t.Errorf("records read %v < %d sent", v, checked)
+	}
+	if v := value("hoptrace_agent_records_sent_total"); v < float64(checked) {
+		t.Errorf("records sent %v", v)
+	}
+	if v := value("hoptrace_agent_batches_sent_total"); v < float64(len(batches)) {
+		t.Errorf("batches sent %v", v)
+	}
+	if v := value(`hoptrace_agent_records_dropped_total{reason="queue_full"}`); v != 0 {
+		t.Errorf("queue drops %v", v)
+	}
+	if v := value("hoptrace_agent_clock_offset_seconds"); v < 0.0037 || v > 0.0038 {
+		t.Errorf("clock offset %v s, simulated 3.7 ms + 50 ppm", v)
+	}
+	if v := value("hoptrace_agent_clock_drift_ppm"); v < 30 || v > 70 {
+		t.Errorf("drift %v ppm, simulated %v", v, ppm)
+	}
+	if v := value("hoptrace_agent_traces_active"); v != 1 {
+		t.Errorf("traces active %v", v)
+	}
+	if v := value(`hoptrace_agent_hop_events_total{trace="sim",hop="b-in",hop_index="1",counter="recorded"}`); v < float64(checked)/2 {
+		t.Errorf("hop b-in recorded %v", v)
+	}
+	value(`hoptrace_agent_connected{peer="collector"}`)
+	value(`hoptrace_agent_reconnects_total{peer="collector"}`)
+	for _, name := range []string{"hoptrace_agent_queue_bytes", "hoptrace_agent_queue_fill_ratio",
+		`hoptrace_agent_records_dropped_total{reason="ringbuf_full"}`, "hoptrace_agent_clock_bound_seconds"} {
+		value(name)
+	}
+	resp, err = http.Get("http://" + metricsAddr + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.TrimSpace(string(hb)) != "ok" {
+		t.Errorf("healthz %d %q", resp.StatusCode, hb)
+	}
+}
+
+func TestClockServerAddr(t *testing.T) {
+	for _, tc := range []struct{ server, collector, want string }{
+		{"", "10.0.0.5:7071", "10.0.0.5:7123"},
+		{"", "[fd00::1]:7071", "[fd00::1]:7123"},
+		{"", "", ""},
+		{"off", "10.0.0.5:7071", ""},
+		{"127.0.0.1:9999", "10.0.0.5:7071", "127.0.0.1:9999"},
+	} {
+		if got := (Config{ClockServer: tc.server, Collector: tc.collector}).ClockServerAddr(); got != tc.want {
+			t.Errorf("server %q collector %q: %q, want %q", tc.server, tc.collector, got, tc.want)
+		}
+	}
+}

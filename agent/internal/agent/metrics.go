@@ -1,0 +1,159 @@
+package agent
+
+import (
+	"strconv"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/hoptrace/hoptrace/agent/internal/clock"
+	"github.com/hoptrace/hoptrace/agent/internal/collector"
+	"github.com/hoptrace/hoptrace/agent/internal/metrics"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/session"
+	"github.com/hoptrace/hoptrace/agent/internal/stream"
+	"github.com/hoptrace/hoptrace/agent/internal/tracer"
+)
+
+// parts are what /metrics reads from; nil members are left out.
+type parts struct {
+	mgr       *tracer.Manager
+	queues    []*stream.Queue // every queue a record passes through
+	outQueue  *stream.Queue   // the one toward the collector (or the printer)
+	clock     *clock.Node
+	client    *collector.Client
+	session   *session.Session
+	clockSync bool
+}
+
+// hopCounterFields are HopCounters' cumulative counters (every uint64
+// field), named as in the proto.
+var hopCounterFields = func() []protoreflect.FieldDescriptor {
+	var out []protoreflect.FieldDescriptor
+	fs := (&pb.HopCounters{}).ProtoReflect().Descriptor().Fields()
+	for i := range fs.Len() {
+		if f := fs.Get(i); f.Kind() == protoreflect.Uint64Kind {
+			out = append(out, f)
+		}
+	}
+	return out
+}()
+
+func newRegistry(p parts) *metrics.Registry {
+	r := &metrics.Registry{}
+	read := func() (uint64, uint64) { return p.mgr.RecordsRead() }
+	r.Counter("hoptrace_agent_records_read_total", "Records read from the ring buffer.",
+		func() float64 { n, _ := read(); return float64(n) })
+	if p.client != nil {
+		r.Counter("hoptrace_agent_records_sent_total", "Records sent to the collector (resends included).",
+			func() float64 { return float64(p.client.Stats().RecordsSent) })
+		r.Counter("hoptrace_agent_batches_sent_total", "Record batches sent to the collector (resends included).",
+			func() float64 { return float64(p.client.Stats().BatchesSent) })
+		r.Counter("hoptrace_agent_batches_resent_total", "Batches sent again, with their batch_seq, after a broken stream.",
+			func() float64 { return float64(p.client.Stats().BatchesResent) })
+	}
+	r.Gauge("hoptrace_agent_queue_bytes", "Record bytes waiting for the collector.",
+		func() float64 { _, b := p.outQueue.Len(); return float64(b) })
+	r.Gauge("hoptrace_agent_queue_batches", "Batches waiting for the collector.",
+		func() float64 { n, _ := p.outQueue.Len(); return float64(n) })
+	r.Gauge("hoptrace_agent_queue_capacity_bytes", "Bound of the queue (--buffer-bytes).",
+		func() float64 { return float64(p.outQueue.Max()) })
+	r.Gauge("hoptrace_agent_queue_fill_ratio", "queue_bytes / queue_capacity_bytes.",
+		func() float64 { _, b := p.outQueue.Len(); return float64(b) / float64(p.outQueue.Max()) })
+
+	hops := func() []tracer.TraceCounters { return p.mgr.Counters() }
+	r.CounterVec("hoptrace_agent_records_dropped_total",
+		"Records lost, by reason: queue_full (the agent's bound, oldest dropped), ringbuf_full (the kernel could not reserve; per-hop counters summed), unrouted (no running trace for the slot).",
+		func() []metrics.Sample {
+			var queued uint64
+			for _, q := range p.queues {
+				queued += q.Dropped()
+			}
+			var ring uint64
+			for _, tc := range hops() {
+				for _, h := range tc.Hops {
+					ring += h.GetRingbufFull()
+				}
+			}
+			_, unrouted := read()
+			return []metrics.Sample{
+				{Labels: []string{"reason", "queue_full"}, Value: float64(queued)},
+				{Labels: []string{"reason", "ringbuf_full"}, Value: float64(ring)},
+				{Labels: []string{"reason", "unrouted"}, Value: float64(unrouted)},
+			}
+		})
+	r.CounterVec("hoptrace_agent_hop_events_total",
+		"Per-hop BPF counters (HopCounters fields) since the hop was attached.",
+		func() []metrics.Sample {
+			var out []metrics.Sample
+			for _, tc := range hops() {
+				for _, h := range tc.Hops {
+					m := h.ProtoReflect()
+					for _, f := range hopCounterFields {
+						out = append(out, metrics.Sample{Labels: []string{"trace", tc.Trace, "hop", h.GetHop(),
+							"hop_index", strconv.Itoa(int(h.GetHopIndex())), "counter", string(f.Name())},
+							Value: float64(m.Get(f).Uint())})
+					}
+				}
+			}
+			return out
+		})
+	r.Gauge("hoptrace_agent_traces_active", "Traces attached on this node.",
+		func() float64 { return float64(len(p.mgr.Running())) })
+
+	if p.clock != nil {
+		st := func() clock.Stats { return p.clock.Stats() }
+		r.Gauge("hoptrace_agent_clock_mapping_gap_seconds", "Uncertainty of the last CLOCK_REALTIME - CLOCK_MONOTONIC reading.",
+			func() float64 { return float64(st().MapGapNs) / 1e9 })
+		if p.clockSync {
+			r.Gauge("hoptrace_agent_clock_offset_seconds", "Node wall clock - collector clock (Cristian, min-delay probe of the last round).",
+				func() float64 { return float64(st().Last.OffsetNs) / 1e9 })
+			r.Gauge("hoptrace_agent_clock_bound_seconds", "Error bound of the offset (delay/2).",
+				func() float64 { return float64(st().Last.BoundNs) / 1e9 })
+			r.Gauge("hoptrace_agent_clock_delay_seconds", "Round-trip delay of the min-delay probe.",
+				func() float64 { return float64(st().Last.DelayNs) / 1e9 })
+			r.Gauge("hoptrace_agent_clock_drift_ppm", "Drift of the offset, least squares over the last rounds.",
+				func() float64 { return st().DriftPPM })
+			r.Counter("hoptrace_agent_clock_rounds_total", "Clock rounds that got an estimate.",
+				func() float64 { return float64(st().Rounds) })
+			r.Counter("hoptrace_agent_clock_round_failures_total", "Clock rounds with no answer.",
+				func() float64 { return float64(st().RoundFailures) })
+		}
+	}
+	r.CounterVec("hoptrace_agent_reconnects_total", "Connections made again after the first, per peer.",
+		func() []metrics.Sample {
+			var out []metrics.Sample
+			if p.session != nil {
+				out = append(out, metrics.Sample{Labels: []string{"peer", "dispatcher"}, Value: float64(again(p.session.Registrations()))})
+			}
+			if p.client != nil {
+				out = append(out, metrics.Sample{Labels: []string{"peer", "collector"}, Value: float64(again(p.client.Stats().Streams))})
+			}
+			return out
+		})
+	r.GaugeVec("hoptrace_agent_connected", "1 while the peer's stream is up.",
+		func() []metrics.Sample {
+			var out []metrics.Sample
+			if p.session != nil {
+				out = append(out, metrics.Sample{Labels: []string{"peer", "dispatcher"}, Value: b2f(p.session.Connected())})
+			}
+			if p.client != nil {
+				out = append(out, metrics.Sample{Labels: []string{"peer", "collector"}, Value: b2f(p.client.Stats().Connected)})
+			}
+			return out
+		})
+	return r
+}
+
+func again(n uint64) uint64 {
+	if n == 0 {
+		return 0
+	}
+	return n - 1
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,151 @@
+package clock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Sample is one probe of the time exchange, all in ns since the Unix epoch.
+// T1 and T4 are the node's wall clock (Source.Now), T2 and T3 the master's.
+type Sample struct {
+	T1, T2, T3, T4 int64
+}
+
+// Delay is the round trip minus the server's hold time: (T4−T1) − (T3−T2).
+func (s Sample) Delay() int64 { return (s.T4 - s.T1) - (s.T3 - s.T2) }
+
+// Offset is node wall clock − master clock (positive when the node is
+// ahead), the convention of NodeClock.offset_ns and of the collector's
+// clocksync.measure_offset. RFC 5905's θ = ((T2−T1) + (T3−T4))/2 is master −
+// node, so this is −θ.
+func (s Sample) Offset() int64 { return -((s.T2 - s.T1) + (s.T3 - s.T4)) / 2 }
+
+// Bound is the error bound of Offset: the true offset lies within ±delay/2
+// of it whatever the split of the delay between the two directions.
+func (s Sample) Bound() int64 { return (s.Delay() + 1) / 2 }
+
+// Measurement is the result of one round: the min-delay sample.
+type Measurement struct {
+	OffsetNs  int64 // node − master
+	BoundNs   int64
+	DelayNs   int64
+	SampledAt int64 // node wall clock at the sample (midpoint of T1 and T4)
+	Probes    int   // answered probes
+	Sent      int   // probes sent
+}
+
+// Best returns the measurement of the sample with the smallest delay: the
+// one least disturbed by queueing and scheduling (Cristian's algorithm).
+func Best(samples []Sample) (Measurement, error) {
+	if len(samples) == 0 {
+		return Measurement{}, errors.New("no probe answered")
+	}
+	best := samples[0]
+	for _, s := range samples[1:] {
+		if s.Delay() < best.Delay() {
+			best = s
+		}
+	}
+	return Measurement{
+		OffsetNs: best.Offset(), BoundNs: best.Bound(), DelayNs: best.Delay(),
+		SampledAt: best.T1 + (best.T4-best.T1)/2, Probes: len(samples), Sent: len(samples),
+	}, nil
+}
+
+// Exchange sends n probes, one after the other, to the NTP server at addr
+// and returns the answered ones; it gives up after maxMisses probes in a
+// row get no answer, or when ctx ends. T1 and T4 come from src. The socket is a
+// plain blocking one (not Go's netpoller): the receiving thread wakes
+// straight from the kernel, which keeps the scheduling noise out of T4.
+func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, src *Source) ([]Sample, error) {
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("clock server %s: %w", addr, err)
+	}
+	var sa unix.Sockaddr
+	family := unix.AF_INET
+	if ip4 := ua.IP.To4(); ip4 != nil {
+		sa = &unix.SockaddrInet4{Port: ua.Port, Addr: [4]byte(ip4)}
+	} else {
+		family = unix.AF_INET6
+		sa = &unix.SockaddrInet6{Port: ua.Port, Addr: [16]byte(ua.IP.To16())}
+	}
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("clock socket: %w", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Connect(fd, sa); err != nil {
+		return nil, fmt.Errorf("clock server %s: %w", addr, err)
+	}
+	if timeout <= 0 {
+		timeout = 500 * time.Millisecond
+	}
+	tv := unix.NsecToTimeval(timeout.Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return nil, fmt.Errorf("clock socket timeout: %w", err)
+	}
+	buf := make([]byte, 512)
+	var samples []Sample
+	var lastErr error
+	misses := 0
+	for range n {
+		if ctx.Err() != nil || misses >= maxMisses {
+			break
+		}
+		misses++
+		t1 := src.Now()
+		if _, err := unix.Write(fd, Request(t1)); err != nil {
+			lastErr = err
+			continue
+		}
+		for {
+			k, err := unix.Read(fd, buf)
+			t4 := src.Now()
+			if err != nil {
+				if !errors.Is(err, unix.EINTR) {
+					lastErr = err // EAGAIN: timed out; ECONNREFUSED: no server
+					break
+				}
+				continue
+			}
+			t2, t3, err := parseReply(buf[:k], t1)
+			if errors.Is(err, errStale) {
+				continue // a late answer to an earlier probe
+			}
+			if err != nil {
+				lastErr = err
+				break
+			}
+			samples = append(samples, Sample{T1: t1, T2: t2, T3: t3, T4: t4})
+			misses = 0
+			break
+		}
+	}
+	if len(samples) == 0 {
+		if lastErr == nil {
+			lastErr = errors.New("no answer")
+		}
+		return nil, fmt.Errorf("clock server %s: %w", addr, lastErr)
+	}
+	return samples, nil
+}
+
+// maxMisses unanswered probes in a row end a round: the server is away.
+const maxMisses = 3
+
+// Measure runs one round: n probes, then the min-delay sample.
+func Measure(ctx context.Context, addr string, n int, timeout time.Duration, src *Source) (Measurement, error) {
+	samples, err := Exchange(ctx, addr, n, timeout, src)
+	if err != nil {
+		return Measurement{}, err
+	}
+	m, err := Best(samples)
+	m.Sent = n
+	return m, err
+}
