@@ -1,8 +1,10 @@
 """Receive stage: the gRPC `hoptrace.v1.Collector` service.
 
 Agents stream `RecordBatch`es (`StreamRecords`); each batch is decoded and handed to the pipeline's consumer.
-Agents reconnect at will: every stream is independent, its `batch_seq` is checked for gaps within the stream
-only, and per-node counters accumulate across streams.
+Agents reconnect at will and then resend the batches the broken stream may have lost, with their original
+`batch_seq` (one sequence per agent across all its traces, starting at the agent's start time, so a restarted
+agent never reuses a number). The receiver therefore drops a batch whose (node, batch_seq) it has already
+consumed, and counts a gap when a node's sequence skips ahead.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -39,6 +42,29 @@ class ReceiverConfig:
             raise ValueError("max_message_bytes >= 1024 and max_workers >= 1")
 
 
+class SeenBatches:
+    """The last `capacity` batch_seqs consumed from one node: enough to recognise any resend (the agent
+    resends at most the batches its last stream had in flight)."""
+
+    def __init__(self, capacity: int = 65_536) -> None:
+        self.capacity = capacity
+        self._order: deque[int] = deque()
+        self._seen: set[int] = set()
+        self.highest = -1
+
+    def add(self, seq: int) -> tuple[bool, int]:
+        """Record `seq`; returns (is_new, batches skipped before it)."""
+        if seq in self._seen:
+            return False, 0
+        skipped = seq - self.highest - 1 if self.highest >= 0 and seq > self.highest + 1 else 0
+        self.highest = max(self.highest, seq)
+        self._seen.add(seq)
+        self._order.append(seq)
+        if len(self._order) > self.capacity:
+            self._seen.discard(self._order.popleft())
+        return True, skipped
+
+
 @dataclass
 class NodeStats:
     """What the receiver saw from one node."""
@@ -48,6 +74,7 @@ class NodeStats:
     batches: int = 0
     records: int = 0
     seq_gaps: int = 0
+    duplicates: int = 0  # resent batches already consumed
     decode_errors: int = 0
     agent_dropped: int = 0  # latest value reported (cumulative since the agent started)
     last_batch_unix_ns: int = 0
@@ -61,6 +88,7 @@ class CollectorReceiver(records_pb2_grpc.CollectorServicer):
         self._consume = consume
         self._lock = threading.Lock()
         self.nodes: dict[str, NodeStats] = {}
+        self._seen: dict[str, SeenBatches] = {}
 
     def _node(self, node: str) -> NodeStats:
         with self._lock:
@@ -79,7 +107,6 @@ class CollectorReceiver(records_pb2_grpc.CollectorServicer):
     ) -> records_pb2.StreamSummary:
         """Consume one agent stream until it ends; answer with what this stream delivered."""
         batches = records = 0
-        last_seq: dict[tuple[str, str], int] = {}  # per node and trace, within this stream
         stream_node: NodeStats | None = (
             None  # an agent streams as one node; counters follow each batch's node
         )
@@ -98,9 +125,12 @@ class CollectorReceiver(records_pb2_grpc.CollectorServicer):
                         node_stats.decode_errors += 1
                     log.warning("node %s trace %s: bad batch %d: %s", msg.node, msg.trace, msg.batch_seq, err)
                     continue
-                prev = last_seq.get((msg.node, msg.trace))
-                gap = prev is not None and msg.batch_seq > prev + 1
-                last_seq[(msg.node, msg.trace)] = msg.batch_seq
+                with self._lock:
+                    is_new, gap = self._seen.setdefault(msg.node, SeenBatches()).add(msg.batch_seq)
+                    if not is_new:
+                        node_stats.duplicates += 1
+                if not is_new:
+                    continue
                 self._consume(batch)
                 batches += 1
                 records += len(batch.records)
