@@ -304,7 +304,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb)
 	barrier_var(len);
 	count(HOPTRACE_C_SEEN, 1);
 	status = parse_packet(PKT_SKB, &r, 0, 0, &p);
-	if (!status && !p.id && hop_tag_udp && p.proto == IPPROTO_UDP_ &&
+	if (!status && !p.id && !p.fragment && hop_tag_udp && p.proto == IPPROTO_UDP_ &&
 	    flow_match(p.family, p.proto, p.saddr, p.daddr, p.sport, p.dport)) {
 		int outcome = tag_udp_packet(skb, &p);
 

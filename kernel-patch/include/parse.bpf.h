@@ -66,6 +66,8 @@ struct pkt_info {
 	__u32 l4_off;
 	__u32 ip_len;  /* whole IP packet: header(s) + payload, from the IP header */
 	__u32 udp_len; /* UDP length field */
+	__u8 fragment; /* first fragment: ports, but only part of the datagram (no ID, never tagged)
+			*/
 };
 
 static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, __u32 off, void *to,
@@ -115,6 +117,7 @@ struct ext_walk {
 	struct pkt_reader r;
 	__u32 l4;
 	__u8 next;
+	__u8 fragment;
 	int status;
 };
 
@@ -143,6 +146,8 @@ static __always_inline long ext_step(enum pkt_source src, struct ext_walk *w)
 			w->status = PARSE_NON_IP;
 			return 1;
 		}
+		w->fragment =
+		    ext[3] & 1; /* M flag; offset 0 without M is an atomic fragment (RFC 6946) */
 		w->l4 += 8;
 	} else if (w->next == IPPROTO_AH_) {
 		w->l4 += ((__u32)ext[1] + 2) * 4; /* RFC 4302: 4-byte words minus 2 */
@@ -191,6 +196,7 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 		/* Later fragments have no L4 header: nothing to identify. */
 		if (bpf_ntohs(ip.frag_off) & 0x1fff)
 			return PARSE_NON_IP;
+		p->fragment = !!(bpf_ntohs(ip.frag_off) & 0x2000); /* MF: the first of several */
 		p->family = 4;
 		p->proto = ip.protocol;
 		p->saddr[0] = ip.saddr;
@@ -224,6 +230,7 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 				return w.status;
 			l4 = w.l4;
 			next = w.next;
+			p->fragment = w.fragment;
 		}
 		if (l4 > off + p->ip_len)
 			return PARSE_MALFORMED;
@@ -241,7 +248,9 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 		p->sport = bpf_ntohs(udp.source);
 		p->dport = bpf_ntohs(udp.dest);
 		p->udp_len = bpf_ntohs(udp.len);
-		if (p->udp_len < sizeof(udp) || p->l4_off - off + p->udp_len > p->ip_len)
+		/* A first fragment's UDP length covers the whole datagram, not this packet. */
+		if (p->udp_len < sizeof(udp) ||
+		    (!p->fragment && p->l4_off - off + p->udp_len > p->ip_len))
 			return PARSE_MALFORMED;
 		p->flags |= HOPTRACE_F_UDP;
 	} else if (p->proto == IPPROTO_TCP_) {
@@ -392,6 +401,9 @@ static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *
 	ret = parse_l3(src, r, off, ethertype, p);
 	if (ret)
 		return ret;
+	/* Only part of a datagram: nothing to descend into, and no ID to find. */
+	if (p->fragment)
+		return PARSE_OK;
 
 	if (!tunnel_inner_offset(src, r, p, &inner)) {
 		__u16 outer_flags =
@@ -403,7 +415,7 @@ static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *
 		if (ret)
 			return ret;
 		ret = parse_l3(src, r, inner, ethertype, p);
-		if (ret)
+		if (ret || p->fragment)
 			return ret;
 	}
 

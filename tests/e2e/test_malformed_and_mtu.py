@@ -152,11 +152,6 @@ def test_datagram_filling_the_mtu_goes_untagged_and_unchanged(
     assert recs[0]["wire_len"] == 14 + topology.mtu, f"tagged frame: {recs[0]}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (kernel-patch/include/parse.bpf.h parse_l3): the first fragment of a UDP datagram is counted "
-    "parse_malformed because its UDP length (the whole datagram's) exceeds the fragment's IP length",
-)
 @pytest.mark.parametrize("family", [4, 6], ids=["ipv4", "ipv6"])
 def test_fragmented_datagram_is_delivered_untagged_and_not_called_malformed(
     topology: TwoHostTopology, agent_factory: Callable[..., AgentProcess], bpf_object: Path, family: int
