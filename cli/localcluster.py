@@ -27,9 +27,9 @@ AGENT_BINARY = Path(os.environ.get("HOPTRACE_AGENT") or REPO / "agent" / "bin" /
 HOPTRACE = [sys.executable, "-m", "hoptrace.cli.main"]
 
 
-def free_port() -> int:
-    """A loopback TCP port nobody listens on right now."""
-    with socket.socket() as s:
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A loopback port (TCP, or UDP with SOCK_DGRAM) nobody uses right now."""
+    with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -71,11 +71,17 @@ class LocalCluster:
     dispatcher_addr: str = ""
     collector_addr: str = ""
     clock_addr: str = ""
+    metrics_addrs: dict[str, str] = field(default_factory=dict)
     components: dict[str, Component] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.dispatcher_addr = self.dispatcher_addr or f"127.0.0.1:{free_port()}"
         self.collector_addr = self.collector_addr or f"127.0.0.1:{free_port()}"
+        self.clock_addr = self.clock_addr or f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"
+
+    def metrics_addr(self, name: str) -> str:
+        """The /metrics address of component `name` (a fresh port per component, kept across restarts)."""
+        return self.metrics_addrs.setdefault(name, f"127.0.0.1:{free_port()}")
 
     # ---- processes ------------------------------------------------------------------------------------
 
@@ -121,6 +127,12 @@ class LocalCluster:
                 self.influx_bucket,
                 "--dispatcher",
                 self.dispatcher_addr,
+                "--clock-listen",
+                self.clock_addr,
+                "--metrics-listen",
+                self.metrics_addr("collector"),
+                "--spool-dir",
+                str(self.workdir / "spool"),
                 *extra,
             ],
         )
@@ -141,6 +153,10 @@ class LocalCluster:
                 self.dispatcher_addr,
                 "--collector",
                 self.collector_addr,
+                "--clock-server",
+                self.clock_addr,
+                "--metrics-listen",
+                self.metrics_addr(f"agent-{node}"),
                 *extra,
             ],
         )

@@ -104,14 +104,19 @@ def report(cluster: LocalCluster, trace: str) -> dict[str, Any]:
 def wait_report(cluster: LocalCluster, trace: str, packets: int, timeout_s: float = 30.0) -> dict[str, Any]:
     """Poll the report until it has `packets` complete packets (the join window and export take a moment)."""
     deadline = time.monotonic() + timeout_s
-    data: dict[str, Any] = {}
+    last = ""
     while time.monotonic() < deadline:
         cluster.check_running()
-        data = report(cluster, trace)
-        if data.get("complete", 0) >= packets:
-            return data
+        result = cluster.hoptrace("report", trace, "--since", "30m", "--json", check=False)
+        if result.returncode == 0:
+            data = json.loads(result.stdout)
+            if data.get("complete", 0) >= packets:
+                return data
+            last = result.stdout
+        else:  # no data yet is an error answer too
+            last = result.stderr
         time.sleep(1)
-    raise AssertionError(f"report of {trace} never reached {packets} complete packets: {data}")
+    raise AssertionError(f"report of {trace} never reached {packets} complete packets: {last}")
 
 
 def p50(values: list[int]) -> float:

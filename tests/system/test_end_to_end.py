@@ -96,6 +96,7 @@ def test_delay_box_segment_matches_ground_truth(topology_factory, influxd, tmp_p
     spec = vxlan_path_spec(topo, "e2e-delay")
     box_segment = "a-wire-out>b-wire-in"
     p50s: dict[int, dict[str, float]] = {}
+    excess_p50: dict[int, float] = {}
     with running_cluster(topo, influxd.url) as cluster:
         cluster.apply(spec)
         for delay_us in (200, 500):
@@ -125,12 +126,15 @@ def test_delay_box_segment_matches_ground_truth(topology_factory, influxd, tmp_p
             # each packet's hold to within 10 us around it.
             excess = [latencies[pid] - holds[pid] for pid in common]
             spread = p50([abs(e - p50(excess)) for e in excess])
-            assert 0 <= p50(excess) <= 15_000, f"median excess over the box's hold: {p50(excess)} ns"
+            excess_p50[delay_us] = p50(excess)
+            assert 0 <= p50(excess) <= 50_000, f"median excess over the box's hold: {p50(excess)} ns"
             assert spread <= 10_000, f"per-packet latency tracks the box's hold only within {spread} ns"
             data = report(cluster, trace)
             p50s[delay_us] = {f"{s['from']}>{s['to']}": s["p50_ns"] for s in data["segments"]}
             cluster.api().DeleteTrace(api_pb2.DeleteTraceRequest(name=trace))
 
+    # The wire's own time does not depend on the box's delay: only the hold changed between the runs.
+    assert abs(excess_p50[500] - excess_p50[200]) <= 10_000, excess_p50
     rise = p50s[500][box_segment] - p50s[200][box_segment]
     assert abs(rise - 300_000) <= 10_000, f"box segment p50 rose by {rise} ns for +300 us"
     for segment, value in p50s[200].items():
