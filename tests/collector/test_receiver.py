@@ -20,11 +20,12 @@ def test_stream_records_counts_per_node_across_reconnects() -> None:
             first = [batch("n1", "t", [rec(i, pid(i + 1), 0) for i in range(10)], seq=s) for s in (1, 2, 4)]
             summary = stub.StreamRecords(iter(first))
             assert (summary.batches, summary.records) == (3, 30)
-            # the agent reconnects: its sequence starts over, which is not a gap
+            # the agent reconnects and resends seq 1 (already consumed: dropped), then goes on with seq 5
             bad = records_pb2.RecordBatch(
-                node="n1", trace="t", batch_seq=2, records=b"\0" * 33, record_size=32
+                node="n1", trace="t", batch_seq=6, records=b"\0" * 33, record_size=32
             )
-            second = [batch("n1", "t", [rec(1, pid(1), 1)], seq=1), bad, batch("n2", "t", [], seq=3)]
+            resent = batch("n1", "t", [rec(i, pid(i + 1), 0) for i in range(10)], seq=1)
+            second = [resent, batch("n1", "t", [rec(1, pid(1), 1)], seq=5), bad, batch("n2", "t", [], seq=3)]
             summary = stub.StreamRecords(iter(second))
             assert (summary.batches, summary.records) == (2, 1)
     finally:
@@ -34,5 +35,6 @@ def test_stream_records_counts_per_node_across_reconnects() -> None:
     stats = receiver.stats_snapshot()
     n1 = stats["n1"]
     assert (n1.streams, n1.active_streams, n1.batches, n1.records) == (2, 0, 4, 31)
-    assert (n1.seq_gaps, n1.decode_errors) == (1, 1)  # seq 2 -> 4 in the first stream; the 33-byte batch
+    # seq 2 -> 4 skips one; the resent seq 1 is a duplicate; the 33-byte batch does not decode
+    assert (n1.seq_gaps, n1.duplicates, n1.decode_errors) == (1, 1, 1)
     assert stats["n2"].batches == 1
