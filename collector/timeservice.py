@@ -5,8 +5,12 @@ Agents send >= 100 probes, keep the one with the smallest round-trip delay (Cris
 vNetTracer section III-C) and report the resulting offset, bound and drift in `NodeClock`; `clocksync.py` is
 the reference client. Packets are encoded and decoded with ntplib's codec (`ntplib.NTPPacket`, RFC 5905
 layout). The receive timestamp T2 is the kernel's receive time of the request (SO_TIMESTAMPNS, taken in the
-network stack before the packet waits in the socket queue); the transmit timestamp T3 is read just before
-`sendto`. Both are CLOCK_REALTIME. ntplib holds timestamps as float seconds since 1900, so each carries a
+network stack before the packet waits in the socket queue). The transmit timestamp T3 is the clock read
+before encoding plus the smallest recent lag from that read to the reply's own kernel TX stamp (software
+timestamping, read back from the error queue after each send): a Python server spends microseconds between
+reading the clock and the packet leaving, and that time would otherwise bias every client's offset by half
+of it. Clients take T1 and T4 from kernel stamps too, so all four times are taken at the same layer.
+All are CLOCK_REALTIME. ntplib holds timestamps as float seconds since 1900, so each carries a
 rounding error of at most about 0.24 us (half a float ulp at 3.9e9 s).
 """
 
@@ -17,6 +21,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 
 import ntplib
 
@@ -27,6 +32,10 @@ log = logging.getLogger(__name__)
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC = struct.Struct("@ll")
 CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
+# linux/net_tstamp.h: software TX stamps, reported without the packet (OPT_TSONLY).
+TX_STAMP_FLAGS = (1 << 1) | (1 << 4) | (1 << 11)
+TX_LAG_WINDOW = 64  # replies whose lag the next T3 correction is taken from (their minimum)
 NTP_PACKET_SIZE = 48
 REF_ID = int.from_bytes(b"HOPT", "big")  # reference ID of a stratum-1 server: 4 ASCII characters
 
@@ -68,6 +77,29 @@ def enable_rx_timestamps(sock: socket.socket) -> bool:
         return False
 
 
+def enable_tx_timestamps(sock: socket.socket) -> bool:
+    """Ask the kernel for software TX stamps on `sock`; False when it refuses (T3 uncorrected then)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, TX_STAMP_FLAGS)
+        return True
+    except OSError:
+        return False
+
+
+def kernel_tx_ns(sock: socket.socket) -> int | None:
+    """The TX stamp of the datagram just sent (the error queue), or None."""
+    while True:
+        try:
+            _, ancdata, _, _ = sock.recvmsg(1, 256, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError, OSError):
+            return None
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(data)  # the first of three timespecs: software
+                if sec or nsec:
+                    return sec * 1_000_000_000 + nsec
+
+
 class TimeServer:
     """A minimal NTP server (mode 4 answers to mode 3 requests) on one UDP socket, in a thread."""
 
@@ -78,6 +110,8 @@ class TimeServer:
         self.sock.bind((host, port))
         self.sock.settimeout(0.2)  # lets the thread notice stop()
         self.kernel_timestamps = enable_rx_timestamps(self.sock)
+        self.tx_correction = enable_tx_timestamps(self.sock)
+        self._tx_lags: deque[int] = deque(maxlen=TX_LAG_WINDOW)
         self.port: int = self.sock.getsockname()[1]
         self.requests = 0
         self.bad_requests = 0
@@ -124,9 +158,13 @@ class TimeServer:
             reply.orig_timestamp = request.tx_timestamp  # the client matches replies on it
             reply.recv_timestamp = ns_to_ntp(t2)
             reply.ref_timestamp = reply.recv_timestamp
-            reply.tx_timestamp = ns_to_ntp(time.time_ns())  # T3: as late as possible before the send
+            read_at = time.time_ns()
+            lag = min(self._tx_lags, default=0)
+            reply.tx_timestamp = ns_to_ntp(read_at + lag)  # T3: when the reply leaves, as measured lately
             try:
                 self.sock.sendto(reply.to_data(), peer)
                 self.requests += 1
+                if self.tx_correction and (sent_at := kernel_tx_ns(self.sock)):
+                    self._tx_lags.append(sent_at - read_at)
             except (OSError, ntplib.NTPException):
                 self.bad_requests += 1

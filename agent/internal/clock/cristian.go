@@ -2,6 +2,7 @@ package clock
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -90,7 +91,9 @@ func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, sr
 	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
 		return nil, fmt.Errorf("clock socket timeout: %w", err)
 	}
+	kernelStamps := enableKernelStamps(fd)
 	buf := make([]byte, 512)
+	oob := make([]byte, 512)
 	var samples []Sample
 	var lastErr error
 	misses := 0
@@ -104,9 +107,22 @@ func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, sr
 			lastErr = err
 			continue
 		}
+		// The request carries t1 for matching; the sample uses the kernel's
+		// own send time when it has one, like the server's T2 and T3.
+		sent := t1
+		if kernelStamps {
+			if rt := txStamp(fd, oob); rt != 0 {
+				sent = src.At(rt)
+			}
+		}
 		for {
-			k, err := unix.Read(fd, buf)
+			k, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, 0)
 			t4 := src.Now()
+			if err == nil && kernelStamps {
+				if rt := rxStamp(oob[:oobn]); rt != 0 {
+					t4 = src.At(rt)
+				}
+			}
 			if err != nil {
 				if !errors.Is(err, unix.EINTR) {
 					lastErr = err // EAGAIN: timed out; ECONNREFUSED: no server
@@ -122,7 +138,7 @@ func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, sr
 				lastErr = err
 				break
 			}
-			samples = append(samples, Sample{T1: t1, T2: t2, T3: t3, T4: t4})
+			samples = append(samples, Sample{T1: sent, T2: t2, T3: t3, T4: t4})
 			misses = 0
 			break
 		}
@@ -138,6 +154,62 @@ func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, sr
 
 // maxMisses unanswered probes in a row end a round: the server is away.
 const maxMisses = 3
+
+// enableKernelStamps asks the kernel for software timestamps of the probes:
+// when a request leaves (the driver's TX stamp) and when a reply arrives
+// (SO_TIMESTAMPNS). User-space reads around write/read include syscall and
+// wake-up time on one leg only, which biases the offset by half of it.
+func enableKernelStamps(fd int) bool {
+	const flags = unix.SOF_TIMESTAMPING_TX_SOFTWARE | unix.SOF_TIMESTAMPING_SOFTWARE |
+		unix.SOF_TIMESTAMPING_OPT_TSONLY
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1) != nil {
+		return false
+	}
+	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPING, flags) == nil
+}
+
+// txStamp reads the software TX stamp (CLOCK_REALTIME ns) of the datagram
+// just written from the error queue; 0 when there is none.
+func txStamp(fd int, oob []byte) int64 {
+	var one [1]byte
+	for {
+		_, oobn, _, _, err := unix.Recvmsg(fd, one[:], oob, unix.MSG_ERRQUEUE|unix.MSG_DONTWAIT)
+		if err != nil {
+			return 0
+		}
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return 0
+		}
+		for _, m := range msgs {
+			if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_TIMESTAMPING && len(m.Data) >= 16 {
+				if ts := timespecNs(m.Data); ts != 0 { // the first of three: software
+					return ts
+				}
+			}
+		}
+	}
+}
+
+// rxStamp is the SO_TIMESTAMPNS receive time in a control message, or 0.
+func rxStamp(oob []byte) int64 {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_TIMESTAMPNS && len(m.Data) >= 16 {
+			return timespecNs(m.Data)
+		}
+	}
+	return 0
+}
+
+func timespecNs(b []byte) int64 {
+	sec := int64(binary.NativeEndian.Uint64(b[0:8]))
+	nsec := int64(binary.NativeEndian.Uint64(b[8:16]))
+	return sec*1_000_000_000 + nsec
+}
 
 // Measure runs one round: n probes, then the min-delay sample.
 func Measure(ctx context.Context, addr string, n int, timeout time.Duration, src *Source) (Measurement, error) {

@@ -61,6 +61,15 @@ func (s *Source) Now() int64 {
 	return Realtime() + s.SkewAt(m)
 }
 
+// At is the node's wall clock at a host CLOCK_REALTIME instant rt taken a
+// moment ago (a kernel timestamp): rt plus the simulated error now.
+func (s *Source) At(rt int64) int64 {
+	if !s.Simulated() {
+		return rt
+	}
+	return rt + s.SkewAt(Monotonic())
+}
+
 // Realtime is CLOCK_REALTIME in ns (the same clock Go's time.Now reads, but
 // without the monotonic reading Go attaches).
 func Realtime() int64 {
