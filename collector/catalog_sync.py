@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import grpc
 
@@ -36,13 +37,20 @@ def sync_catalog_once(
 
 
 def follow_dispatcher(
-    catalog: TraceCatalog, address: str, stop: threading.Event, interval_s: float = 1.0
+    catalog: TraceCatalog,
+    address: str,
+    stop: threading.Event,
+    interval_s: float = 1.0,
+    channel: Callable[[], grpc.Channel] | None = None,
 ) -> threading.Thread:
-    """Start a daemon thread that syncs `catalog` from the dispatcher at `address` every `interval_s`."""
+    """Start a daemon thread that syncs `catalog` from the dispatcher at `address` every `interval_s`.
+
+    `channel` makes the user API channel (TLS, token: hoptrace.cli.grpcutil.api_channel); default plaintext.
+    """
 
     def loop() -> None:
-        channel = grpc.insecure_channel(address)
-        stub = api_pb2_grpc.HoptraceStub(channel)
+        channel_ = channel() if channel else grpc.insecure_channel(address)
+        stub = api_pb2_grpc.HoptraceStub(channel_)
         failing = False
         synced: set[str] = set()
         while not stop.is_set():
@@ -53,10 +61,15 @@ def follow_dispatcher(
                 failing = False
             except grpc.RpcError as err:
                 if not failing:  # say it once per outage, keep the paths we have
-                    log.warning("dispatcher %s: %s; keeping known trace paths", address, err.code().name)
+                    log.warning(
+                        "dispatcher %s: %s %s; keeping known trace paths",
+                        address,
+                        err.code().name,
+                        err.details(),
+                    )
                 failing = True
             stop.wait(interval_s)
-        channel.close()
+        channel_.close()
 
     thread = threading.Thread(target=loop, name="catalog-sync", daemon=True)
     thread.start()

@@ -1,9 +1,10 @@
 """Reference Cristian client of the collector's time service (`timeservice.py`), in Python.
 
 The agents (Go) implement the same exchange; this module is what they are checked against and what the
-tests use. One probe: the client reads T1 (CLOCK_REALTIME) right before sending an NTP request; the server
-stamps its receive time T2 and transmit time T3; the client stamps the reply's kernel receive time T4
-(SO_TIMESTAMPNS).
+tests use. One probe: T1 is the kernel's TX stamp of the request (software timestamping); the server
+stamps its receive time T2 and transmit time T3 at the same layer (`timeservice.py`); T4 is the reply's
+kernel receive time (SO_TIMESTAMPNS). Times read in user space around the syscalls would put the syscall
+and wake-up cost on one leg only and bias the offset by half of it.
 
     delay  = (T4 - T1) - (T3 - T2)              round trip minus the server's processing time
     offset = ((T1 - T2) + (T4 - T3)) / 2         node clock - master clock
@@ -24,7 +25,9 @@ from hoptrace.collector.timeservice import (
     CMSG_SPACE,
     NTP_PACKET_SIZE,
     enable_rx_timestamps,
+    enable_tx_timestamps,
     kernel_rx_ns,
+    kernel_tx_ns,
     ns_to_ntp,
     ntp_to_ns,
     parse_addr,
@@ -44,6 +47,7 @@ def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, in
         sock.connect((host, port))
         sock.settimeout(timeout_s)
         enable_rx_timestamps(sock)
+        tx_stamps = enable_tx_timestamps(sock)
         for _ in range(probes):
             # The transmit timestamp is only a nonce the server echoes (as chrony does); T1 is kept here, read
             # like the server's T3: before the encoding and the send, so both legs carry the same overhead.
@@ -51,6 +55,8 @@ def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, in
             t1 = time.time_ns()
             data = request.to_data()
             sock.send(data)
+            if tx_stamps:
+                t1 = kernel_tx_ns(sock) or t1
             sent = ntplib.NTPPacket()
             sent.from_data(data)  # the nonce as the server reads it
             while True:
@@ -71,6 +77,8 @@ def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, in
                 continue
             t2, t3 = ntp_to_ns(reply.recv_timestamp), ntp_to_ns(reply.tx_timestamp)
             delay = (t4 - t1) - (t3 - t2)
+            if delay < 0:  # impossible: a timestamp was off (e.g. a T3 correction still settling)
+                continue
             offset = ((t1 - t2) + (t4 - t3)) // 2
             out.append((delay, offset, (t1 + t4) // 2))
     return out

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import threading
 from collections.abc import Sequence
 
+import grpc
+
+from hoptrace.cli.grpcutil import TOKEN_ENV, add_server_tls_arguments, api_channel, server_tls_from_args
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.collector.service import run_collector
@@ -66,16 +70,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="bound of the in-memory export queue (points)",
     )
+    parser.add_argument(
+        "--dispatcher-token",
+        default=None,
+        metavar="TOKEN",
+        help=f"token for the dispatcher's user API (default ${TOKEN_ENV}); with TLS, --ca/--cert/--key are "
+        "used toward the dispatcher too",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    add_server_tls_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the collector with parsed `args` until SIGTERM/SIGINT; returns the exit status."""
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO))
+    try:
+        tls = server_tls_from_args(args)
+    except ValueError as error:
+        print(f"hoptrace collector: {error}", file=sys.stderr)
+        return 2
     catalog = TraceCatalog()
     stop_sync = threading.Event()
     if args.dispatcher:
-        follow_dispatcher(catalog, args.dispatcher, stop_sync)
+        token = args.dispatcher_token or os.environ.get(TOKEN_ENV)
+        address = args.dispatcher
+
+        def channel() -> grpc.Channel:
+            if tls is None:
+                return api_channel(address, token=token, insecure=True)
+            return api_channel(address, ca=tls.ca, cert=tls.cert, key=tls.key, token=token)
+
+        follow_dispatcher(catalog, args.dispatcher, stop_sync, channel=channel)
     try:
         return run_collector(
             args.listen,
@@ -92,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             spool_dir=args.spool_dir,
             spool_bytes=args.spool_bytes,
             max_export_points=args.max_export_points,
+            tls=tls,
         )
     finally:
         stop_sync.set()

@@ -19,6 +19,14 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from hoptrace.cli.grpcutil import (
+    STREAM_RECORDS_METHOD,
+    AgentIdentityInterceptor,
+    TLSFiles,
+    batch_node,
+    insecure_warning,
+    server_credentials,
+)
 from hoptrace.collector.records import DecodedBatch, RecordDecodeError, decode_batch
 from hoptrace.v1 import records_pb2, records_pb2_grpc
 
@@ -27,11 +35,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ReceiverConfig:
-    """Where the receiver listens."""
+    """Where the receiver listens; with `tls`, only agents with a certificate of `tls.ca` may stream, each
+    only for the node its certificate names (None: plaintext, anyone, with a WARNING)."""
 
     listen: str = "127.0.0.1:7071"
     max_message_bytes: int = 64 << 20
     max_workers: int = 32
+    tls: TLSFiles | None = None
 
     def validate(self) -> None:
         """Raise ValueError on an unusable setting."""
@@ -157,9 +167,14 @@ def start_receiver(receiver: CollectorReceiver, config: ReceiverConfig) -> tuple
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ],
+        interceptors=[AgentIdentityInterceptor({STREAM_RECORDS_METHOD: batch_node})] if config.tls else [],
     )
     records_pb2_grpc.add_CollectorServicer_to_server(receiver, server)
-    port = server.add_insecure_port(config.listen)
+    if config.tls is None:
+        log.warning(insecure_warning("collector", config.listen))
+        port = server.add_insecure_port(config.listen)
+    else:
+        port = server.add_secure_port(config.listen, server_credentials(config.tls))
     if port == 0:
         raise OSError(f"cannot listen on {config.listen}")
     server.start()

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import grpc
 
+from hoptrace.cli.grpcutil import TLSFiles
 from hoptrace.collector.aggregate import (
     AggregateConfig,
     HopCounterAggregator,
@@ -271,10 +272,11 @@ def run_collector(
     spool_dir: str | None = None,
     spool_bytes: int = 1 << 30,
     max_export_points: int = 1_000_000,
+    tls: TLSFiles | None = None,
 ) -> int:
     """Run the collector until SIGTERM/SIGINT (or `stop_event`), then flush everything. Returns 0."""
     config = CollectorConfig(
-        receiver=ReceiverConfig(listen=listen),
+        receiver=ReceiverConfig(listen=listen, tls=tls),
         join=JoinConfig(window_ns=int(join_window_s * 1e9), max_entries=max_entries),
         influx=InfluxConfig(
             url=influx_url,

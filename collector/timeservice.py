@@ -35,7 +35,8 @@ CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
 # linux/net_tstamp.h: software TX stamps, reported without the packet (OPT_TSONLY).
 TX_STAMP_FLAGS = (1 << 1) | (1 << 4) | (1 << 11)
-TX_LAG_WINDOW = 64  # replies whose lag the next T3 correction is taken from (their minimum)
+TX_LAG_WINDOW = 256  # replies whose lag the next T3 correction is taken from (their minimum)
+TX_LAG_MIN_SAMPLES = 16  # below this the minimum is not yet a floor: T3 stays uncorrected (early, never late)
 NTP_PACKET_SIZE = 48
 REF_ID = int.from_bytes(b"HOPT", "big")  # reference ID of a stratum-1 server: 4 ASCII characters
 
@@ -159,7 +160,7 @@ class TimeServer:
             reply.recv_timestamp = ns_to_ntp(t2)
             reply.ref_timestamp = reply.recv_timestamp
             read_at = time.time_ns()
-            lag = min(self._tx_lags, default=0)
+            lag = min(self._tx_lags) if len(self._tx_lags) >= TX_LAG_MIN_SAMPLES else 0
             reply.tx_timestamp = ns_to_ntp(read_at + lag)  # T3: when the reply leaves, as measured lately
             try:
                 self.sock.sendto(reply.to_data(), peer)

@@ -138,7 +138,11 @@ func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, sr
 				lastErr = err
 				break
 			}
-			samples = append(samples, Sample{T1: sent, T2: t2, T3: t3, T4: t4})
+			sample := Sample{T1: sent, T2: t2, T3: t3, T4: t4}
+			if sample.Delay() < 0 {
+				break // impossible: a timestamp was off; this probe tells nothing
+			}
+			samples = append(samples, sample)
 			misses = 0
 			break
 		}
