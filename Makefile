@@ -62,9 +62,13 @@ $(VMLINUX_H):
 	bpftool btf dump file /sys/kernel/btf/vmlinux format c > $@
 
 .PHONY: bpf
-bpf: .tools/apt.stamp $(BPF_OBJ) ## compile the CO-RE hop programs (kernel-patch/)
+bpf: .tools/apt.stamp ## compile the CO-RE hop programs (kernel-patch/)
 
-$(BPF_OBJ): kernel-patch/hoptrace.bpf.c $(wildcard kernel-patch/include/*.h) $(VMLINUX_H)
+# hoptrace.bpf.o (hop programs) and the preset objects of hoptrace mace / hoptrace iron.
+BPF_OBJS := $(BPF_OBJ) $(BPF_BUILD)/mace.bpf.o $(BPF_BUILD)/iron.bpf.o
+bpf: $(BPF_OBJS)
+
+$(BPF_BUILD)/%.bpf.o: kernel-patch/%.bpf.c $(wildcard kernel-patch/include/*.h) $(VMLINUX_H)
 	clang -O2 -g -Wall -Werror -target bpf -D__TARGET_ARCH_x86 \
 		-I$(BPF_BUILD) -Ikernel-patch/include -c $< -o $@
 
