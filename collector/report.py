@@ -307,6 +307,42 @@ def report_to_proto(report: dict[str, Any]) -> api_pb2.Report:
     )
 
 
+def _stats_data(stats: api_pb2.SegmentStats) -> dict[str, Any]:
+    return {
+        "from": getattr(stats, "from"),
+        "to": stats.to,
+        "count": stats.count,
+        "mean_ns": stats.mean_ns,
+        "p50_ns": stats.p50_ns,
+        "p90_ns": stats.p90_ns,
+        "p99_ns": stats.p99_ns,
+        "max_ns": stats.max_ns,
+        "incomplete": stats.incomplete,
+        "loss_count": stats.loss_count,
+        "loss_rate": stats.loss_rate,
+        "tracer_lost": stats.tracer_lost,
+        "jitter_ns": stats.jitter_ns,
+        "jitter_p99_ns": stats.jitter_p99_ns,
+        "same_node": stats.same_node,
+        "below_clock_bound": stats.below_clock_bound,
+    }
+
+
+def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
+    """The `hoptrace report --json` dict of a `hoptrace.v1.Report` (the inverse of `report_to_proto`)."""
+    return {
+        "trace": report.trace,
+        "packets": report.packets,
+        "complete": report.complete,
+        "segments": [_stats_data(segment) for segment in report.segments],
+        "end_to_end": _stats_data(report.end_to_end),
+        "hops": [
+            {"hop": h.hop, "packets_per_s": h.packets_per_s, "bytes_per_s": h.bytes_per_s}
+            for h in report.hops
+        ],
+    }
+
+
 def get_report(
     request: api_pb2.GetReportRequest,
     *,

@@ -115,3 +115,16 @@ def agent_factory(agent_binary: Path) -> Iterator[Callable[..., AgentProcess]]:
     finally:
         for agent in agents:
             agent.cleanup()
+
+
+@pytest.fixture
+def restartable_influxd() -> Iterator[InfluxServer]:
+    """A function-scoped influxd the test may `stop_process()` and `restart()`; removed afterwards."""
+    try:
+        server = start_influxd()
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -121,6 +121,29 @@ class InfluxServer:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
 
+    def stop_process(self) -> None:
+        """Stop influxd (SIGTERM: it closes its WAL cleanly), keeping its data directory and port."""
+        proc = self.process
+        assert proc is not None and proc.poll() is None
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def restart(self, timeout_s: float = 60.0) -> None:
+        """Start influxd again with the same config (data directory, HTTP port) and wait for /ping."""
+        assert self.process is not None
+        binary = str(self.process.args[0])  # type: ignore[index]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [binary, "run", "-config", str(self.workdir / "influxdb.conf")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        assert wait_http_ok(f"{self.url}/ping", timeout_s, self.process), "influxd did not restart"
+
     def stop(self) -> None:
         """Stop influxd (SIGTERM, then SIGKILL after 10 s) and remove its data directory."""
         if self.process is not None:

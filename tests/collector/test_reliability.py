@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 from collector_helpers import batch, pid, rec
-from conftest import RestartableInflux
+from helpers import InfluxServer
 from influxdb_client import InfluxDBClient
 
 from hoptrace.collector.catalog import TraceCatalog
@@ -69,9 +69,9 @@ def second_batches(trace: str, base: int, second: int) -> tuple:
 
 
 def test_influxd_outage_loses_and_duplicates_nothing(
-    restartable_influxd: RestartableInflux, tmp_path: Path
+    restartable_influxd: InfluxServer, tmp_path: Path
 ) -> None:
-    influx = restartable_influxd.server
+    influx = restartable_influxd
     trace = "outage"
     catalog = TraceCatalog()
     catalog.set_trace(trace, HOPS, NODES)

@@ -125,15 +125,21 @@ def p50(values: list[int]) -> float:
 
 
 @contextmanager
-def running_cluster(topo: Any, influx_url: str) -> Iterator[LocalCluster]:
-    """Dispatcher, collector and an agent per emulated host on `topo`; all stopped afterwards."""
+def running_cluster(
+    topo: Any, influx_url: str, agent_args: dict[str, list[str]] | None = None
+) -> Iterator[LocalCluster]:
+    """Dispatcher, collector and an agent per emulated host on `topo`; all stopped afterwards.
+
+    `agent_args` adds flags per node, e.g. {"host-b": ["--clock-offset", "3.7ms"]}.
+    """
     cluster = LocalCluster(influx_url=influx_url)
+    agent_args = agent_args or {}
     try:
         cluster.start_dispatcher()
         cluster.start_collector("--join-window", "1")
         cluster.wait_listening()
-        cluster.start_agent("host-a", topo.host_a)
-        cluster.start_agent("host-b", topo.host_b)
+        cluster.start_agent("host-a", topo.host_a, *agent_args.get("host-a", []))
+        cluster.start_agent("host-b", topo.host_b, *agent_args.get("host-b", []))
         cluster.wait_agents(["host-a", "host-b"])
         yield cluster
     finally:

@@ -6,11 +6,10 @@ ground truth for latency (this kernel has no netem).
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
 import signal
-import subprocess
 import time
 
 import pytest
@@ -27,8 +26,6 @@ from system_helpers import (
 from hoptrace.cli.demo import vxlan_path_spec
 from hoptrace.v1 import api_pb2, trace_pb2
 
-OUR_PROGRAMS = ("hop_", "tag_tcp")
-
 
 def send_udp(topo, count: int, port: int = 11111, gap_s: float = 0.002) -> None:
     """Send `count` datagrams c1 -> c2 and require every one to arrive byte-identical."""
@@ -44,15 +41,21 @@ def path_segments(spec: trace_pb2.TraceSpec) -> list[str]:
     return [f"{a}>{b}" for a, b in zip(names, names[1:], strict=False)]
 
 
-def our_links() -> list[dict]:
-    """Links (bpftool) whose program is one of hoptrace's."""
+def link_fds(pid: int) -> int:
+    """How many BPF links process `pid` holds (every attachment an agent makes is an fd-based link)."""
+    fd_dir = f"/proc/{pid}/fd"
+    count = 0
+    for fd in os.listdir(fd_dir):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"{fd_dir}/{fd}") == "anon_inode:bpf_link"
+    return count
 
-    def bpftool(*args: str) -> list[dict]:
-        out = subprocess.run(["bpftool", "-j", *args], capture_output=True, text=True, check=True).stdout
-        return json.loads(out or "[]")
 
-    ours = {p["id"] for p in bpftool("prog", "show") if p.get("name", "").startswith(OUR_PROGRAMS)}
-    return [link for link in bpftool("link", "show") if link.get("prog_id") in ours]
+def agent_links(cluster) -> dict[str, int]:
+    """BPF links held by each agent of the cluster."""
+    return {
+        name: link_fds(c.process.pid) for name, c in cluster.components.items() if name.startswith("agent-")
+    }
 
 
 def tcx_programs(topo) -> dict[str, str]:
@@ -151,6 +154,8 @@ def test_apply_update_delete_while_traffic_flows(topology, influxd):
         try:
             spec = vxlan_path_spec(topology, "e2e-live", port=11111)
             first = cluster.apply(spec)
+            attached = agent_links(cluster)
+            assert attached["agent-host-a"] >= 5 and attached["agent-host-b"] >= 3, attached
             wait_report(cluster, "e2e-live", 50)
 
             spec.filter.dst_port = 11112
@@ -164,7 +169,7 @@ def test_apply_update_delete_while_traffic_flows(topology, influxd):
             cluster.api().DeleteTrace(api_pb2.DeleteTraceRequest(name="e2e-live"))
             names = [t.spec.name for t in cluster.api().ListTraces(api_pb2.ListTracesRequest()).traces]
             assert "e2e-live" not in names
-            assert our_links() == []
+            assert agent_links(cluster) == {"agent-host-a": 0, "agent-host-b": 0}
             assert tcx_programs(topology) == {}
         finally:
             for sender in senders:
@@ -213,4 +218,4 @@ def test_apply_rejects_what_the_nodes_cannot_do(topology, influxd, mutate, field
             cluster.apply(spec)
         assert field in caught.value.details()
         assert cluster.api().ListTraces(api_pb2.ListTracesRequest()).traces == []
-        assert our_links() == []
+        assert agent_links(cluster) == {"agent-host-a": 0, "agent-host-b": 0}
