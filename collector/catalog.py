@@ -104,6 +104,11 @@ class TraceCatalog:
         """Names of all traces in the catalog."""
         return sorted(self._paths)
 
+    def nodes(self) -> set[str]:
+        """Every node some known trace path runs on (the agents the join should hear from)."""
+        with self._lock:
+            return {node for path in self._paths.values() if path.known for node in path.hop_nodes if node}
+
     def load_file(self, path: str | Path) -> None:
         """Load traces from a JSON or YAML file.
 

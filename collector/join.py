@@ -4,9 +4,13 @@ Key: (trace, origin = packet_id >> 24, flow_hash, packet_id). Records of one pac
 window; a packet is emitted
 
 * complete, as soon as every hop of the trace's path was seen (path known from the `TraceCatalog`);
-* incomplete, when its window expires: the master-time watermark (the newest record time seen, or, while no
-  records arrive, the last one plus the collector's elapsed time) passed `window_ns` beyond the watermark at
-  which the packet's first record arrived. Each hop missing from it is counted (`JoinStats.missing`);
+* incomplete, when its window expires: the watermark passed `window_ns` beyond the master time of the packet's
+  first record. Each hop missing from it is counted (`JoinStats.missing`). The watermark is the *slowest*
+  node's: every node has its own (the newest master time of its records and of its counter heartbeats, which
+  agents send every second), and the join's is the minimum over the nodes it expects (those of the traces'
+  paths, and any heard from) that are alive. A node that lags (an agent draining its backlog after a
+  collector restart, a slow link) holds packets back instead of having them cut; a node silent for
+  `node_timeout_ns` of the collector's own time is taken as gone and no longer waited for;
 * on an ID collision: the same key seen twice at the same hop inside the window. The two are not joined: the
   first is emitted as it is, the second starts a new entry (`JoinStats.collisions`);
 * when `max_entries` is reached, the oldest entries are emitted incomplete (`JoinStats.evicted`).
@@ -41,6 +45,7 @@ class JoinConfig:
 
     window_ns: int = 2_000_000_000
     max_entries: int = 500_000
+    node_timeout_ns: int = 10_000_000_000  # a node silent this long is not waited for
 
     def validate(self) -> None:
         """Raise ValueError on an unusable setting."""
@@ -107,11 +112,40 @@ class HopJoiner:
         self._next_sweep = 0
         self._wm_at_input = 0
         self._wall_at_input = time.monotonic_ns()
+        self._started: int | None = None  # collector time of the first input (the clock callers pass)
+        self._node_wm: dict[str, int] = {}  # node -> newest master time of its records or heartbeats
+        self._node_heard: dict[str, int] = {}  # node -> collector monotonic time it was last heard
 
     @property
     def watermark_ns(self) -> int:
-        """Master-time watermark: the newest record time seen (advanced by idle time, see `tick`)."""
+        """Master-time watermark: the slowest live node's (advanced by idle time, see `tick`)."""
         return self._watermark
+
+    def heard_from(self, node: str, master_ns: int = 0, now_ns: int | None = None) -> None:
+        """A node is alive, and has sent everything up to `master_ns` (0: time unknown), e.g. a heartbeat."""
+        self._node_heard[node] = time.monotonic_ns() if now_ns is None else now_ns
+        if master_ns > self._node_wm.get(node, 0):
+            self._node_wm[node] = master_ns
+
+    def _advance_watermark(self, now: int) -> None:
+        """Move the watermark to the slowest live expected node's, never backwards."""
+        timeout = self.config.node_timeout_ns
+        if self._started is None:
+            self._started = now
+        young = now - self._started < timeout
+        slowest = None
+        for node in self.catalog.nodes() | self._node_heard.keys():
+            heard = self._node_heard.get(node)
+            if heard is None:
+                if young:  # a node of a trace not heard yet (just restarted): wait for it a while
+                    return
+                continue
+            if now - heard > timeout:
+                continue  # gone: do not wait for it
+            wm = self._node_wm.get(node, 0)
+            slowest = wm if slowest is None or wm < slowest else slowest
+        if slowest is not None and slowest > self._watermark:
+            self._watermark = slowest
 
     def pending(self) -> int:
         """Number of packets waiting in the window."""
@@ -207,7 +241,7 @@ class HopJoiner:
         known = plen > 0
         pending = self._pending
         get = pending.get
-        wm = self._watermark
+        newest = 0
         n = 0
         collisions = 0
         dropped = 0
@@ -222,8 +256,8 @@ class HopJoiner:
             t = ts + delta_ns
             if drift:
                 t -= round(drift * (ts - ref_mono_ns))
-            if t > wm:
-                wm = t
+            if t > newest:
+                newest = t
             key = (trace, pid >> 24, fh, pid)
             e = get(key)
             if e is not None:
@@ -245,15 +279,18 @@ class HopJoiner:
             e = tmpl.copy()
             e[hop] = t
             e[width + hop] = node
-            e[-2] = wm
+            e[-2] = t  # the window runs from the packet's first record
             e[-1] = 1
             if plen == 1:
                 out.append(self._emit(key, e, st))
             else:
                 pending[key] = e
-        self._watermark = wm
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        self.heard_from(node, newest, now)
+        self._advance_watermark(now)
+        wm = self._watermark
         self._wm_at_input = wm
-        self._wall_at_input = time.monotonic_ns() if now_ns is None else now_ns
+        self._wall_at_input = now
         stats = self.stats
         stats.records += n
         stats.collisions += collisions
@@ -273,8 +310,8 @@ class HopJoiner:
         self._next_sweep = self._watermark + window // 16
         excess = len(pending) - self.config.max_entries
         expired: list[tuple[str, int, int, int]] = []
-        # Entries sit in creation order and their open watermark never decreases along it, so the expired
-        # ones are a prefix.
+        # Entries sit in creation order, which follows their first record's time closely (each node sends in
+        # time order), so the expired ones are taken as a prefix: one that is not expired ends the sweep.
         for key, e in pending.items():
             if e[-2] > cutoff and len(expired) >= excess:
                 break
@@ -298,8 +335,12 @@ class HopJoiner:
         the rate of the collector's monotonic clock, so the last packets still leave within the window.
         """
         now = time.monotonic_ns() if now_ns is None else now_ns
+        self._advance_watermark(now)
+        # With nobody left to wait for (every node gone), master time advances with the collector's clock,
+        # so the last packets still leave.
+        alive = any(now - heard <= self.config.node_timeout_ns for heard in self._node_heard.values())
         idle = now - self._wall_at_input
-        if idle > 0 and self._wm_at_input + idle > self._watermark:
+        if not alive and idle > 0 and self._wm_at_input + idle > self._watermark:
             self._watermark = self._wm_at_input + idle
         return self.expire()
 

@@ -109,6 +109,9 @@ class CollectorPipeline:
             for c in batch.counters:
                 if c.hop:
                     self.catalog.learn_hop(batch.trace, c.hop_index, c.hop, batch.node)
+            if batch.counters:  # a heartbeat: the node has sent everything before its counters' time
+                at = max(c.at.ToNanoseconds() for c in batch.counters)
+                self.joiner.heard_from(batch.node, self.clock.wall_to_master(batch.node, at) if at else 0)
             packets = self.joiner.join_hops(
                 batch.trace,
                 batch.node,

@@ -59,9 +59,11 @@ def test_window_expiry_emits_incomplete_and_counts_the_missing_hop() -> None:
     j = HopJoiner(catalog(), JoinConfig(window_ns=2 * SEC))
     # 5 packets never reach b-ingress (hop 2)
     assert j.join_hops("t", "node-a", [rec(SEC + i, pid(i + 1), h) for i in range(5) for h in (0, 1)]) == []
-    # newer traffic 1.9 s later: still inside the window
+    # newer traffic 1.9 s later, node-b's heartbeat as far: still inside the window
+    j.heard_from("node-b", SEC + 19 * SEC // 10)
     assert j.join_hops("t", "node-a", [rec(SEC + 19 * SEC // 10, pid(100), 0)]) == []
-    # and 2.1 s later: the first five expire
+    # and 2.1 s later on both nodes: the first five expire
+    j.heard_from("node-b", SEC + 21 * SEC // 10)
     out = j.join_hops("t", "node-a", [rec(SEC + 21 * SEC // 10, pid(101), 0)])
     assert sorted(p.packet_id for p in out) == [pid(i + 1) for i in range(5)]
     assert all(not p.complete and p.times[2] is None for p in out)
@@ -70,11 +72,38 @@ def test_window_expiry_emits_incomplete_and_counts_the_missing_hop() -> None:
     assert j.stats.missing[("t", "a-egress")] == 0
 
 
-def test_idle_tick_expires_with_the_collectors_clock() -> None:
+def test_heartbeats_expire_an_idle_window() -> None:
     j = HopJoiner(catalog(), JoinConfig(window_ns=2 * SEC))
     j.join_hops("t", "node-a", [rec(SEC, pid(1), 0)], now_ns=50 * SEC)
+    for node in ("node-a", "node-b"):  # agents send counters every second even without traffic
+        j.heard_from(node, 2 * SEC, now_ns=51 * SEC)
     assert j.tick(now_ns=51 * SEC) == []
-    out = j.tick(now_ns=52 * SEC + 1)
+    for node in ("node-a", "node-b"):
+        j.heard_from(node, 3 * SEC + 1, now_ns=52 * SEC)
+    out = j.tick(now_ns=52 * SEC)
+    assert [p.packet_id for p in out] == [pid(1)]
+    assert j.stats.missing[("t", "bridge")] == 1 and j.stats.missing[("t", "b-ingress")] == 1
+
+
+def test_a_lagging_node_holds_packets_back_instead_of_cutting_them() -> None:
+    """After a collector restart one agent drains its backlog first: the other's hops must still join."""
+    j = HopJoiner(catalog(), JoinConfig(window_ns=2 * SEC))
+    j.heard_from("node-b", SEC, now_ns=100 * SEC)  # node-b reconnected, its backlog still to come
+    old = [rec(SEC + i, pid(i + 1), h) for i in range(5) for h in (0, 1)]
+    assert j.join_hops("t", "node-a", old, now_ns=100 * SEC) == []
+    # node-a is current
+    assert j.join_hops("t", "node-a", [rec(30 * SEC, pid(99), 0)], now_ns=100 * SEC) == []
+    out = j.join_hops("t", "node-b", [rec(SEC + 50 + i, pid(i + 1), 2) for i in range(5)], now_ns=101 * SEC)
+    assert sorted(p.packet_id for p in out) == [pid(i + 1) for i in range(5)]
+    assert all(p.complete for p in out) and j.stats.incomplete == 0
+
+
+def test_a_node_silent_past_the_timeout_is_not_waited_for() -> None:
+    j = HopJoiner(catalog(), JoinConfig(window_ns=2 * SEC, node_timeout_ns=10 * SEC))
+    j.join_hops("t", "node-a", [rec(SEC, pid(1), 0)], now_ns=50 * SEC)
+    j.heard_from("node-b", SEC, now_ns=50 * SEC)
+    assert j.tick(now_ns=59 * SEC) == []  # node-b may still send
+    out = j.tick(now_ns=61 * SEC)  # both silent past the timeout: the collector's clock moves the window
     assert [p.packet_id for p in out] == [pid(1)]
     assert j.stats.missing[("t", "bridge")] == 1 and j.stats.missing[("t", "b-ingress")] == 1
 
