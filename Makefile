@@ -14,7 +14,7 @@ AGENT_BIN := agent/bin/hoptrace-agent
 INFLUXD := $(TOOLS)/influxd
 
 APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 sockperf iperf3 tcpdump nftables clang-format \
-	ethtool
+	ethtool chromium chromium-driver bpftrace
 
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
@@ -25,9 +25,9 @@ help: ## this list
 
 ## ---- setup -------------------------------------------------------------
 .PHONY: setup
-setup: .tools/apt.stamp $(VENV)/.stamp $(INFLUXD) ## install everything the build, demo and tests need
+setup: .tools/apt.stamp $(VENV)/.stamp $(INFLUXD) web/node_modules/.package-lock.json .tools/compose-venv/bin/docker-compose ## install everything the build, demo and tests need
 
-.tools/apt.stamp:
+.tools/apt.stamp: Makefile
 	@mkdir -p .tools
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -41,6 +41,17 @@ $(VENV)/.stamp: pyproject.toml
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev]'
 	@touch $@
+
+web/node_modules/.package-lock.json: web/package.json web/package-lock.json
+	npm ci --prefix web --no-audit --no-fund
+
+# docker-compose (PyPI v1) validates deploy/docker-compose.yml in tests/deploy; it pins PyYAML 5.4.1, hence
+# its own venv (and Cython < 3 to build that PyYAML).
+.tools/compose-venv/bin/docker-compose:
+	python3 -m venv .tools/compose-venv
+	.tools/compose-venv/bin/pip install -q "cython<3" wheel "setuptools<70"
+	.tools/compose-venv/bin/pip install -q --no-build-isolation PyYAML==5.4.1
+	.tools/compose-venv/bin/pip install -q docker-compose==1.29.2
 
 $(INFLUXD):
 	@mkdir -p $(TOOLS)

@@ -79,9 +79,7 @@ def test_loss_on_the_wire_matches_the_nftables_counter(topology, influxd):
         sent = send_count(topology, 4000, 1000)
         time.sleep(3)  # every packet's join window closes
         out = json.loads(nft(topology, "host-b", "-j", "list", "chain", "netdev", "htloss", "wire"))
-        dropped = next(
-            e["rule"]["expr"][-2]["counter"]["packets"] for e in out["nftables"] if "rule" in e
-        )
+        dropped = next(e["rule"]["expr"][-2]["counter"]["packets"] for e in out["nftables"] if "rule" in e)
         data = wait_report(cluster, "loss", sent - dropped)
     segments = {f"{s['from']}>{s['to']}": s for s in data["segments"]}
     # tc ingress on host-b's wire0 (the hop) runs before netfilter's netdev ingress hook (the drop)
