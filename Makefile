@@ -111,6 +111,15 @@ lint: $(VENV)/.stamp ## ruff, gofmt, go vet, clang-format
 test: setup build proto-check lint ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
 	$(PY) -m pytest -v tests
+	$(PY) bench/run.py --quick
+
+.PHONY: bench
+bench: setup build ## every benchmark, full size (~12 min): bench/results/<time>.{json,md,png}
+	$(PY) bench/run.py --full
+
+.PHONY: bench-quick
+bench-quick: setup build ## every benchmark at a tiny size (~2 min); make test runs it to keep them working
+	$(PY) bench/run.py --quick
 
 .PHONY: demo
 demo: setup build ## two emulated hosts, a traced UDP flow, the per-hop decomposition

@@ -3,6 +3,10 @@
 `make demo` and the full-system tests run the real components as separate processes, exactly as they run on
 real hosts, on loopback ports chosen at start. Each agent represents one host: `--netns` is that host's
 namespace.
+
+Secure by default, as in production: `hoptrace certs` material in `<workdir>/certs` (a CA, one certificate per
+component and per agent node), mutual TLS on every connection, a token for the user API. `secure=False` runs
+everything with --insecure (plaintext on loopback) and says so with a WARNING.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from pathlib import Path
 
 import grpc
 
+from hoptrace.cli.certs import CertBundle, add_agent, create_bundle
+from hoptrace.cli.grpcutil import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, TLSFiles, api_channel
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
 # The checkout this runs from (editable install), or $HOPTRACE_REPO: demo and tests use its topology.
@@ -73,11 +79,38 @@ class LocalCluster:
     clock_addr: str = ""
     metrics_addrs: dict[str, str] = field(default_factory=dict)
     components: dict[str, Component] = field(default_factory=dict)
+    secure: bool = True
+    certs: CertBundle | None = None
 
     def __post_init__(self) -> None:
         self.dispatcher_addr = self.dispatcher_addr or f"127.0.0.1:{free_port()}"
         self.collector_addr = self.collector_addr or f"127.0.0.1:{free_port()}"
         self.clock_addr = self.clock_addr or f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"
+        self._channel: grpc.Channel | None = None
+        if self.secure and self.certs is None:
+            self.certs = create_bundle(self.workdir / "certs")
+        if not self.secure:
+            print(
+                "WARNING: local cluster without TLS or tokens (--insecure), on loopback only", file=sys.stderr
+            )
+
+    def _tls_flags(self, files: TLSFiles | None) -> list[str]:
+        """--ca/--cert/--key of `files`, or --insecure for an insecure cluster."""
+        if files is None:
+            return ["--insecure"]
+        return ["--ca", str(files.ca), "--cert", str(files.cert), "--key", str(files.key)]
+
+    def client_env(self) -> dict[str, str]:
+        """Environment for a `hoptrace` client of this cluster: the admin certificate and token."""
+        if self.certs is None:
+            return {}
+        admin = self.certs.files("admin")
+        return {
+            CA_ENV: str(admin.ca),
+            CERT_ENV: str(admin.cert),
+            KEY_ENV: str(admin.key),
+            TOKEN_ENV: self.certs.token("admin"),
+        }
 
     def metrics_addr(self, name: str) -> str:
         """The /metrics address of component `name` (a fresh port per component, kept across restarts)."""
@@ -108,6 +141,8 @@ class LocalCluster:
                 self.influx_url,
                 "--influx-bucket",
                 self.influx_bucket,
+                *self._tls_flags(self.certs and self.certs.files("dispatcher")),
+                *(["--tokens", str(self.certs.tokens)] if self.certs else []),
                 *extra,
             ],
         )
@@ -133,6 +168,8 @@ class LocalCluster:
                 self.metrics_addr("collector"),
                 "--spool-dir",
                 str(self.workdir / "spool"),
+                *self._tls_flags(self.certs and self.certs.files("collector")),
+                *(["--dispatcher-token", self.certs.token("collector")] if self.certs else []),
                 *extra,
             ],
         )
@@ -141,6 +178,7 @@ class LocalCluster:
         """Run `hoptrace-agent` for the emulated host `node` whose own namespace is `netns`."""
         if not AGENT_BINARY.exists():
             raise RuntimeError(f"{AGENT_BINARY} is missing: run `make agent`")
+        files = add_agent(self.certs.out, node) if self.certs else None
         return self._spawn(
             f"agent-{node}",
             [
@@ -157,6 +195,7 @@ class LocalCluster:
                 self.clock_addr,
                 "--metrics-listen",
                 self.metrics_addr(f"agent-{node}"),
+                *self._tls_flags(files),
                 *extra,
             ],
         )
@@ -198,9 +237,25 @@ class LocalCluster:
 
     # ---- API ------------------------------------------------------------------------------------------
 
+    def channel(self) -> grpc.Channel:
+        """The user API channel (admin certificate and token when secure), made once."""
+        if self._channel is None:
+            if self.certs is None:
+                self._channel = api_channel(self.dispatcher_addr, insecure=True)
+            else:
+                admin = self.certs.files("admin")
+                self._channel = api_channel(
+                    self.dispatcher_addr,
+                    ca=admin.ca,
+                    cert=admin.cert,
+                    key=admin.key,
+                    token=self.certs.token("admin"),
+                )
+        return self._channel
+
     def api(self) -> api_pb2_grpc.HoptraceStub:
         """A stub of the user API on the dispatcher."""
-        return api_pb2_grpc.HoptraceStub(grpc.insecure_channel(self.dispatcher_addr))
+        return api_pb2_grpc.HoptraceStub(self.channel())
 
     def wait_agents(self, nodes: list[str], timeout_s: float = 30.0) -> list[api_pb2.Agent]:
         """Wait until every node in `nodes` is registered and connected."""
@@ -226,10 +281,10 @@ class LocalCluster:
     def hoptrace(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run the `hoptrace` CLI against this cluster's dispatcher."""
         return subprocess.run(
-            [*HOPTRACE, "--dispatcher", self.dispatcher_addr, *args],
+            [*HOPTRACE, "--dispatcher", self.dispatcher_addr, *([] if self.certs else ["--insecure"]), *args],
             capture_output=True,
             text=True,
             check=check,
             timeout=60,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.client_env()},
         )

@@ -20,6 +20,16 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from hoptrace.cli.grpcutil import (
+    CA_ENV,
+    CERT_ENV,
+    KEY_ENV,
+    TOKEN_ENV,
+    add_server_tls_arguments,
+    add_token,
+    api_channel,
+    server_tls_from_args,
+)
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
 from hoptrace.v1 import api_pb2, api_pb2_grpc
 
@@ -46,9 +56,17 @@ class CliError(Exception):
 
 
 def _stub(args: argparse.Namespace) -> api_pb2_grpc.HoptraceStub:
-    channel = grpc.insecure_channel(
-        args.dispatcher, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-    )
+    try:
+        channel = api_channel(
+            args.dispatcher,
+            ca=args.ca,
+            cert=args.cert,
+            key=args.key,
+            token=args.token,
+            insecure=args.insecure,
+        )
+    except (OSError, ValueError) as error:
+        raise CliError(f"cannot set up the connection to {args.dispatcher}: {error}") from None
     return api_pb2_grpc.HoptraceStub(channel)
 
 
@@ -66,6 +84,8 @@ def _call(args: argparse.Namespace, method: str, request: Any, timeout: float = 
             raise CliError(
                 f"the dispatcher at {args.dispatcher} did not answer within {timeout:g}s"
             ) from None
+        if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise CliError(f"the dispatcher refused the request: {details}") from None
         raise CliError(details) from None
 
 
@@ -249,29 +269,11 @@ def cmd_agents(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stats_to_data(stats: api_pb2.SegmentStats) -> dict[str, Any]:
-    return {
-        "from": getattr(stats, "from"),
-        "to": stats.to,
-        "count": stats.count,
-        "mean_ns": stats.mean_ns,
-        "p50_ns": stats.p50_ns,
-        "p90_ns": stats.p90_ns,
-        "p99_ns": stats.p99_ns,
-        "max_ns": stats.max_ns,
-        "incomplete": stats.incomplete,
-    }
-
-
 def report_to_data(report: api_pb2.Report) -> dict[str, Any]:
     """The report as `hoptrace report --json` prints it (segments in path order)."""
-    return {
-        "trace": report.trace,
-        "packets": report.packets,
-        "complete": report.complete,
-        "segments": [_stats_to_data(segment) for segment in report.segments],
-        "end_to_end": _stats_to_data(report.end_to_end),
-    }
+    from hoptrace.collector.report import report_from_proto
+
+    return report_from_proto(report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -305,6 +307,12 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
     from hoptrace.dispatcher.server import DispatcherServer
 
     _setup_logging(args.log_level)
+    try:
+        tls = server_tls_from_args(args)
+    except ValueError as error:
+        raise CliError(f"dispatcher: {error}") from None
+    if tls is not None and not args.tokens:
+        raise CliError("dispatcher: TLS needs --tokens FILE for the user API (`hoptrace certs` writes one)")
     report_provider = None
     if args.influx_url:
         from hoptrace.dispatcher.reports import influx_report_provider
@@ -314,9 +322,14 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
         )
     try:
         server = DispatcherServer(
-            args.listen, args.state_dir, report_provider=report_provider, ack_timeout=args.ack_timeout
+            args.listen,
+            args.state_dir,
+            report_provider=report_provider,
+            ack_timeout=args.ack_timeout,
+            tls=tls,
+            tokens_file=args.tokens,
         ).start()
-    except (OSError, RuntimeError) as error:
+    except (OSError, RuntimeError, ValueError) as error:
         raise CliError(f"dispatcher: {error}") from None
 
     def stop(signum: int, frame: object) -> None:
@@ -327,6 +340,13 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     server.wait_for_termination()
     return 0
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    """hoptrace web: serve the web UI (hoptrace.web) until SIGINT/SIGTERM."""
+    from hoptrace.web.cli import run
+
+    return run(args)
 
 
 def _collector_module():
@@ -364,16 +384,96 @@ def _add_collector_parser(subparsers, command: str | None) -> None:
     parser.set_defaults(func=unavailable)
 
 
+# ---- security -----------------------------------------------------------------------------------------
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    """hoptrace certs --out DIR [--hosts H ...] [--agent NODE ...]: CA, certificates, tokens."""
+    from hoptrace.cli.certs import DEFAULT_CLIENTS, create_bundle
+
+    try:
+        clients = args.client or DEFAULT_CLIENTS
+        bundle = create_bundle(args.out, hosts=args.hosts, agents=args.agent, clients=clients)
+    except (OSError, ValueError) as error:
+        raise CliError(f"certs: {error}") from None
+    agents = ", ".join(f"agent-{node}" for node in bundle.agents) or "none (add --agent NODE)"
+    clients = ", ".join(bundle.clients)
+    print(f"certificates in {bundle.out}: ca, dispatcher, collector, {clients}; agents: {agents}")
+    print(f"dispatcher tokens file: {bundle.tokens} (tokens in {bundle.out}/NAME.token)")
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    """hoptrace token create NAME --tokens FILE: append the token's hash, print the token once."""
+    try:
+        token = add_token(args.tokens, args.name)
+    except (OSError, ValueError) as error:
+        raise CliError(f"token: {error}") from None
+    print(token)
+    print(f"token {args.name} added to {args.tokens}; pass it with --token or ${TOKEN_ENV}", file=sys.stderr)
+    return 0
+
+
+def _add_client_security_arguments(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
+    """--token/--ca/--cert/--key/--insecure of the user API clients; after the subcommand they override."""
+
+    def default(env: str) -> str | None:
+        return (os.environ.get(env) or None) if top_level else argparse.SUPPRESS
+
+    parser.add_argument("--token", default=default(TOKEN_ENV), help=f"user API token (default ${TOKEN_ENV})")
+    parser.add_argument("--ca", default=default(CA_ENV), metavar="PEM", help=f"CA certificate (${CA_ENV})")
+    parser.add_argument("--cert", default=default(CERT_ENV), metavar="PEM", help=f"client cert (${CERT_ENV})")
+    parser.add_argument("--key", default=default(KEY_ENV), metavar="PEM", help=f"client key (${KEY_ENV})")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        default=False if top_level else argparse.SUPPRESS,
+        help="plaintext, for a dispatcher started with --insecure",
+    )
+
+
+def _add_security_commands(subparsers) -> None:
+    certs = subparsers.add_parser(
+        "certs",
+        help="create a CA, component certificates and tokens",
+        description="Create (or extend: an existing CA in DIR is reused) the mTLS certificates and tokens.",
+    )
+    certs.add_argument("--out", required=True, metavar="DIR", help="where to write them")
+    certs.add_argument(
+        "--hosts", nargs="*", default=[], metavar="HOST", help="names/IPs of the dispatcher and collector"
+    )
+    certs.add_argument(
+        "--agent", action="append", default=[], metavar="NODE", help="an agent certificate for NODE (repeat)"
+    )
+    certs.add_argument(
+        "--client",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a user API client certificate (repeat; default admin and web)",
+    )
+    certs.set_defaults(func=cmd_certs)
+
+    token = subparsers.add_parser("token", help="manage user API tokens", description="User API tokens.")
+    token_commands = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    create = token_commands.add_parser(
+        "create", help="create a token", description="Create a token: its hash goes to FILE, it is printed."
+    )
+    create.add_argument("name", help="token name (who uses it)")
+    create.add_argument("--tokens", required=True, metavar="FILE", help="the dispatcher's --tokens file")
+    create.set_defaults(func=cmd_token_create)
+
+
 # ---- parser --------------------------------------------------------------------------------------------
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
-    """The subcommand in argv (skipping --dispatcher VALUE), without parsing everything."""
+    """The subcommand in argv (skipping the client options' values), without parsing everything."""
     skip = False
     for argument in argv:
         if skip:
             skip = False
-        elif argument == "--dispatcher":
+        elif argument in ("--dispatcher", "--token", "--ca", "--cert", "--key"):
             skip = True
         elif not argument.startswith("-"):
             return argument
@@ -392,9 +492,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         metavar="ADDR",
         help=f"dispatcher address (default ${DISPATCHER_ENV} or {DEFAULT_DISPATCHER})",
     )
+    _add_client_security_arguments(parser, top_level=True)
     # Client commands accept --dispatcher after the subcommand too; SUPPRESS keeps the top-level value.
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument("--dispatcher", default=argparse.SUPPRESS, metavar="ADDR", help="dispatcher address")
+    _add_client_security_arguments(client, top_level=False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     dispatcher = subparsers.add_parser(
@@ -412,9 +514,22 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         "--ack-timeout", type=float, default=5.0, help="seconds to wait for each agent's status on apply"
     )
     dispatcher.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    dispatcher.add_argument(
+        "--tokens", metavar="FILE", help="user API tokens, NAME:SHA256HEX lines (required with TLS)"
+    )
+    add_server_tls_arguments(dispatcher)
     dispatcher.set_defaults(func=cmd_dispatcher)
+    _add_security_commands(subparsers)
 
     _add_collector_parser(subparsers, _command_of(argv))
+
+    from hoptrace.web.cli import add_arguments as add_web_arguments
+
+    web = subparsers.add_parser(
+        "web", parents=[client], help="serve the web UI", description="Serve the web UI."
+    )
+    add_web_arguments(web)
+    web.set_defaults(func=cmd_web)
 
     trace = subparsers.add_parser(
         "trace", help="apply, list, show, remove traces", description="Manage traces."
@@ -466,6 +581,12 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     report.add_argument("--since", type=parse_duration, help="time range ending now, e.g. 30s, 10m, 1h")
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.set_defaults(func=cmd_report)
+
+    # Presets (ready-made traces on this node): cli/mace.py, cli/iron.py.
+    from hoptrace.cli import iron, mace
+
+    mace.add_parser(subparsers)
+    iron.add_parser(subparsers)
     return parser
 
 

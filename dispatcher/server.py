@@ -9,6 +9,16 @@ from pathlib import Path
 
 import grpc
 
+from hoptrace.cli.grpcutil import (
+    AGENT_CONNECT_METHOD,
+    AgentIdentityInterceptor,
+    TLSFiles,
+    TokenAuthInterceptor,
+    TokenFile,
+    insecure_warning,
+    register_node,
+    server_credentials,
+)
 from hoptrace.dispatcher.api import HoptraceServicer, ReportProvider
 from hoptrace.dispatcher.compile import BpfCompiler, Toolchain
 from hoptrace.dispatcher.controller import TraceController
@@ -36,7 +46,12 @@ SERVER_OPTIONS = [
 
 
 class DispatcherServer:
-    """A running dispatcher: `port` is the bound port (useful with listen "127.0.0.1:0")."""
+    """A running dispatcher: `port` is the bound port (useful with listen "127.0.0.1:0").
+
+    With `tls`, the port is mutual TLS (every client needs a certificate of `tls.ca`) and an agent may only
+    register as the node its certificate names; without, it is plaintext (a WARNING is logged). With
+    `tokens_file`, user API calls need a bearer token of that file (docs/security.md).
+    """
 
     def __init__(
         self,
@@ -47,8 +62,17 @@ class DispatcherServer:
         compiler: BpfCompiler | None = None,
         ack_timeout: float = 5.0,
         max_agents: int = 256,
+        tls: TLSFiles | None = None,
+        tokens_file: str | Path | None = None,
     ) -> None:
         self.listen = listen
+        self.tls = tls
+        self.tokens = TokenFile(tokens_file) if tokens_file else None
+        interceptors: list[grpc.ServerInterceptor] = []
+        if self.tokens is not None:
+            interceptors.append(TokenAuthInterceptor(self.tokens))
+        if tls is not None:
+            interceptors.append(AgentIdentityInterceptor({AGENT_CONNECT_METHOD: register_node}))
         self.store = StateStore(state_dir)
         self.registry = AgentRegistry()
         self.compiler = compiler or BpfCompiler(Toolchain.default(), cache_dir=self.store.state_dir / "cache")
@@ -57,6 +81,7 @@ class DispatcherServer:
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_agents + 32, thread_name_prefix="dispatcher"),
             options=SERVER_OPTIONS,
+            interceptors=interceptors,
         )
         api_pb2_grpc.add_HoptraceServicer_to_server(
             HoptraceServicer(self.controller, self.registry, report_provider), self._server
@@ -68,7 +93,13 @@ class DispatcherServer:
 
     def start(self) -> DispatcherServer:
         """Bind and serve; prepares the BPF toolchain in the background so the first apply is fast."""
-        self.port = self._server.add_insecure_port(self.listen)
+        if self.tls is None:
+            log.warning(insecure_warning("dispatcher", self.listen))
+            self.port = self._server.add_insecure_port(self.listen)
+        else:
+            self.port = self._server.add_secure_port(self.listen, server_credentials(self.tls))
+        if self.tokens is None:
+            log.warning("WARNING: the user API on %s takes no token (no --tokens)", self.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen}")
         self._server.start()
@@ -99,8 +130,16 @@ def serve(
     report_provider: ReportProvider | None = None,
     compiler: BpfCompiler | None = None,
     ack_timeout: float = 5.0,
+    tls: TLSFiles | None = None,
+    tokens_file: str | Path | None = None,
 ) -> DispatcherServer:
     """Start a dispatcher serving `hoptrace.v1.Hoptrace` and `hoptrace.v1.AgentSession` on `listen`."""
     return DispatcherServer(
-        listen, state_dir, report_provider=report_provider, compiler=compiler, ack_timeout=ack_timeout
+        listen,
+        state_dir,
+        report_provider=report_provider,
+        compiler=compiler,
+        ack_timeout=ack_timeout,
+        tls=tls,
+        tokens_file=tokens_file,
     ).start()

@@ -212,6 +212,7 @@ def test_sigterm_flushes_pending_packets(influxd: InfluxServer) -> None:
             sys.executable,
             "-m",
             "hoptrace.collector.main",
+            "--insecure",  # plaintext on loopback; TLS is tests/security's
             "--listen",
             f"127.0.0.1:{port}",
             "--influx-url",

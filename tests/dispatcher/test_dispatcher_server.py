@@ -331,7 +331,9 @@ def test_report_without_provider_is_unimplemented(cluster: Cluster) -> None:
 
 
 def _hoptrace(dispatcher: str | None, *args: str, stdin: str | None = None, env: dict | None = None):
-    command = [str(HOPTRACE)] + (["--dispatcher", dispatcher] if dispatcher else []) + list(args)
+    # The test dispatchers are plaintext on loopback (TLS and tokens: tests/security).
+    target = ["--dispatcher", dispatcher] if dispatcher else []
+    command = [str(HOPTRACE), "--insecure", *target, *args]
     return subprocess.run(
         command, capture_output=True, text=True, input=stdin, timeout=60, env={**os.environ, **(env or {})}
     )
@@ -452,7 +454,7 @@ def test_cli_unreachable_dispatcher_and_help() -> None:
 def test_cli_dispatcher_command_serves_and_persists(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     process = subprocess.Popen(
-        [str(HOPTRACE), "dispatcher", "--listen", "127.0.0.1:0", "--state-dir", str(state_dir)],
+        [str(HOPTRACE), "dispatcher", "--insecure", "--listen", "127.0.0.1:0", "--state-dir", str(state_dir)],
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -4,6 +4,8 @@
 //	hoptrace-agent --node N --dispatcher ADDR --collector ADDR [--netns NS]
 //	hoptrace-agent run --plan FILE --out - [--node N] [--netns NS] [--duration D]
 //	hoptrace-agent probe
+//	hoptrace-agent mace --container NS [--path inner-dev|max-dev|syscalls] [--duration D]
+//	hoptrace-agent iron [--duration D] [--influx-url URL]
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/hoptrace/hoptrace/agent/internal/agent"
+	"github.com/hoptrace/hoptrace/agent/internal/preset"
 )
 
 func main() {
@@ -27,6 +30,11 @@ func main() {
 }
 
 func run(args []string) error {
+	if len(args) > 0 && (args[0] == "mace" || args[0] == "iron") {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return preset.Command(ctx, args[0], args[1:], os.Stdout)
+	}
 	mode := "daemon"
 	if len(args) > 0 && (args[0] == "run" || args[0] == "probe") {
 		mode, args = args[0], args[1:]
@@ -52,6 +60,10 @@ func run(args []string) error {
 	fs.IntVar(&cfg.ClockProbes, "clock-probes", 100, "NTP probes per clock round; the one with the smallest delay wins")
 	fs.DurationVar(&cfg.ClockOffset, "clock-offset", 0, "SIMULATION (tests/demos on one machine): act as a host whose wall clock is off by this much (e.g. 3.7ms, -1ms), in record timestamps and clock rounds alike")
 	fs.Float64Var(&cfg.ClockDriftPPM, "clock-drift-ppm", 0, "SIMULATION (tests/demos on one machine): and whose clock error grows by this many ppm from the agent's start")
+	fs.StringVar(&cfg.TLS.CA, "ca", "", "CA certificate (PEM) the dispatcher's and collector's certificates must chain to")
+	fs.StringVar(&cfg.TLS.Cert, "cert", "", "this agent's certificate (PEM; its CN must be --node): `hoptrace certs --agent NODE`")
+	fs.StringVar(&cfg.TLS.Key, "key", "", "this agent's private key (PEM)")
+	fs.BoolVar(&cfg.Insecure, "insecure", false, "talk to the dispatcher and collector in plaintext, unauthenticated (loopback demos and tests only)")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9172", `serve Prometheus /metrics and /healthz here ("" = off; several agents on one machine need distinct ports)`)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of hoptrace-agent %s:\n", mode)

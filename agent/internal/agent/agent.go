@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/hoptrace/hoptrace/agent/internal/clock"
@@ -25,6 +26,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/probe"
 	"github.com/hoptrace/hoptrace/agent/internal/session"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
+	"github.com/hoptrace/hoptrace/agent/internal/tlsconf"
 	"github.com/hoptrace/hoptrace/agent/internal/tracer"
 )
 
@@ -53,8 +55,13 @@ type Config struct {
 	ClockDriftPPM float64
 	// MetricsListen serves /metrics and /healthz ("" = off).
 	MetricsListen string
-	Log           *slog.Logger
-	Stdout        io.Writer
+	// TLS: mutual TLS toward the dispatcher and the collector
+	// (docs/security.md); Insecure = plaintext instead, said explicitly.
+	TLS      tlsconf.Files
+	Insecure bool
+
+	Log    *slog.Logger
+	Stdout io.Writer
 }
 
 // DefaultClockPort is the collector's time service port (--clock-listen).
@@ -111,6 +118,11 @@ func Run(ctx context.Context, cfg Config) error {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
 		defer cancel()
+	}
+
+	dispatcherCreds, collectorCreds, err := transportCredentials(cfg)
+	if err != nil {
+		return err
 	}
 
 	var plan *pb.TracePlan
@@ -212,7 +224,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var client *collector.Client
 	if cfg.Collector != "" {
 		client = &collector.Client{Addr: cfg.Collector, Node: cfg.Node, Queue: collectorQueue, Counters: mgr.Counters,
-			Clock: nodeClock.NodeClock, Log: cfg.Log}
+			Clock: nodeClock.NodeClock, Log: cfg.Log, Creds: collectorCreds}
 		go func() {
 			defer close(collectorDone)
 			// Records wait (in the queue) for the first clock round, so
@@ -252,7 +264,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var sess *session.Session
 	if cfg.Dispatcher != "" {
 		sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
-			Capabilities: probe.Capabilities(), Tracer: mgr, Log: cfg.Log}
+			Capabilities: probe.Capabilities(), Tracer: mgr, Log: cfg.Log, Creds: dispatcherCreds}
 		s := sess
 		go func() {
 			defer close(sessDone)
@@ -324,6 +336,35 @@ loop:
 		return err
 	}
 	return nil
+}
+
+// transportCredentials are the credentials toward the dispatcher and the
+// collector: mutual TLS from cfg.TLS, or nil (plaintext) with cfg.Insecure.
+// Either is needed once the agent talks to one of them.
+func transportCredentials(cfg Config) (dispatcher, collector credentials.TransportCredentials, err error) {
+	if cfg.Dispatcher == "" && cfg.Collector == "" {
+		return nil, nil, nil
+	}
+	if cfg.Insecure {
+		if !cfg.TLS.Empty() {
+			return nil, nil, errors.New("--insecure and --ca/--cert/--key exclude each other")
+		}
+		cfg.Log.Warn("WARNING: --insecure: plans and records travel in plaintext and the dispatcher is not authenticated; loopback demos and tests only")
+		return nil, nil, nil
+	}
+	dispatcher, _, err = tlsconf.Credentials(cfg.TLS, tlsconf.RoleDispatcher)
+	if err != nil {
+		return nil, nil, err
+	}
+	collector, _, err = tlsconf.Credentials(cfg.TLS, tlsconf.RoleCollector)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := tlsconf.SelfCheck(cfg.TLS, cfg.Node); err != nil {
+		// The servers decide; say early why they will refuse.
+		cfg.Log.Warn("the dispatcher and collector will refuse this agent's certificate", "err", err)
+	}
+	return dispatcher, collector, nil
 }
 
 // Probe prints the kernel's capabilities as JSON.

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hoptrace/hoptrace/agent/internal/backoff"
@@ -35,6 +36,9 @@ type Client struct {
 	Log           *slog.Logger
 	// DialOptions override the insecure default (tests).
 	DialOptions []grpc.DialOption
+	// Creds are the transport credentials when DialOptions is nil (nil =
+	// plaintext, --insecure): mutual TLS from internal/tlsconf.
+	Creds credentials.TransportCredentials
 	// Clock gives the NodeClock sent with a batch whose records were taken
 	// around CLOCK_MONOTONIC time mono (0 = now); nil = the host's
 	// monotonic→realtime mapping only.
@@ -71,7 +75,11 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	opts := c.DialOptions
 	if opts == nil {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		creds := c.Creds
+		if creds == nil {
+			creds = insecure.NewCredentials()
+		}
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(creds),
 			// A fixed window (no BDP growth) bounds what the stream can
 			// have accepted but the collector not yet consumed below what
 			// the resend keeps (resendBytes).

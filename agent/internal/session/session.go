@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -41,6 +42,9 @@ type Session struct {
 	Heartbeat    time.Duration
 	Log          *slog.Logger
 	DialOptions  []grpc.DialOption
+	// Creds are the transport credentials when DialOptions is nil (nil =
+	// plaintext, --insecure): mutual TLS from internal/tlsconf.
+	Creds credentials.TransportCredentials
 	// Backoff bounds (0 = defaults).
 	MinBackoff, MaxBackoff time.Duration
 
@@ -65,7 +69,11 @@ func (s *Session) Run(ctx context.Context) error {
 	}
 	opts := s.DialOptions
 	if opts == nil {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		creds := s.Creds
+		if creds == nil {
+			creds = insecure.NewCredentials()
+		}
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	}
 	conn, err := grpc.NewClient(s.Addr, opts...)
 	if err != nil {

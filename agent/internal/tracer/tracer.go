@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/hoptrace/hoptrace/agent/internal/allowlist"
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
@@ -132,6 +133,11 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 
 	spec, err := loader.LoadSpec(plan, m.cfg.BaseDir)
 	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
+	// Nothing of an object is loaded unless all its programs are allowed.
+	if err := allowlist.Check(spec); err != nil {
 		st.Error = err.Error()
 		return st
 	}

@@ -1,0 +1,262 @@
+"""`hoptrace certs`: a CA and the certificates of every component, for mutual TLS (docs/security.md).
+
+Files written in OUT (keys mode 0600; an existing CA in OUT is reused, so agents can be added later)::
+
+    ca.pem, ca.key                          the hoptrace CA (keep ca.key off the nodes)
+    dispatcher.pem, dispatcher.key          server (and client of nothing)
+    collector.pem, collector.key            server for agents, client of the dispatcher's user API
+    agent-NODE.pem, agent-NODE.key          one per --agent NODE: CN = NODE, the only node it may speak for
+    web.pem/.key, admin.pem/.key            user API clients (the web app, the CLI)
+    tokens                                  NAME:SHA256 lines for the dispatcher's --tokens
+    admin.token, web.token, collector.token the tokens themselves (only created when absent)
+
+The subject's OU carries the role (agent, client, dispatcher, collector), the CN the name; servers check both.
+Keys are ECDSA P-256: small, fast handshakes, supported by gRPC's C core and Go's crypto/tls alike.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from hoptrace.cli.grpcutil import (
+    ROLE_AGENT,
+    ROLE_CLIENT,
+    ROLE_COLLECTOR,
+    ROLE_DISPATCHER,
+    TLSFiles,
+    add_token,
+    read_token_file,
+)
+
+ORGANIZATION = "hoptrace"
+DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
+DEFAULT_CLIENTS = ("admin", "web")
+DEFAULT_TOKENS = ("admin", "web", "collector")
+CA_DAYS = 3650
+LEAF_DAYS = 825  # the longest validity clients such as browsers still accept for a server certificate
+_DNS_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+@dataclass
+class CertBundle:
+    """Where `create_bundle` wrote everything."""
+
+    out: Path
+    agents: list[str] = field(default_factory=list)
+    clients: list[str] = field(default_factory=list)
+
+    @property
+    def ca(self) -> Path:
+        """The CA certificate every component trusts."""
+        return self.out / "ca.pem"
+
+    def files(self, name: str) -> TLSFiles:
+        """TLS files of `name`: dispatcher, collector, agent-NODE, admin, web."""
+        return TLSFiles(self.ca, self.out / f"{name}.pem", self.out / f"{name}.key")
+
+    def agent(self, node: str) -> TLSFiles:
+        """TLS files of the agent of `node`."""
+        return self.files(f"agent-{node}")
+
+    @property
+    def tokens(self) -> Path:
+        """The dispatcher's token file (hashes)."""
+        return self.out / "tokens"
+
+    def token(self, name: str) -> str:
+        """The token called `name` (admin, web, collector)."""
+        return (self.out / f"{name}.token").read_text().strip()
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.chmod(path, 0o600)  # O_CREAT's mode does not apply to a file that already existed
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _name(common_name: str, role: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def _alt_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = []
+    for host in dict.fromkeys(hosts):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
+
+
+def _now() -> datetime.datetime:
+    # A minute back: a node whose clock is slightly behind still accepts a certificate made just now.
+    return datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1)
+
+
+def load_or_create_ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """The CA in `out` (ca.pem, ca.key), created if absent."""
+    cert_path, key_path = out / "ca.pem", out / "ca.key"
+    if cert_path.exists() and key_path.exists():
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{key_path}: not an ECDSA key")
+        return x509.load_pem_x509_certificate(cert_path.read_bytes()), key
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name("hoptrace CA", "ca")
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now())
+        .not_valid_after(_now() + datetime.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_private(key_path, _key_pem(key))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert, key
+
+
+def issue(
+    out: Path,
+    ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+    file_name: str,
+    common_name: str,
+    role: str,
+    *,
+    server_hosts: Sequence[str] = (),
+    client: bool = True,
+) -> TLSFiles:
+    """Write FILE_NAME.pem/.key signed by `ca`: a server certificate for `server_hosts` (SANs) if any, a
+    client certificate if `client`."""
+    ca_cert, ca_key = ca
+    key = ec.generate_private_key(ec.SECP256R1())
+    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server_hosts else []) + (
+        [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+    )
+    alt_names = _alt_names(server_hosts)
+    if not server_hosts and _DNS_LABEL.match(common_name):
+        alt_names = [x509.DNSName(common_name)]  # agents: the node name, for tools that only read SANs
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name, role))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now())
+        .not_valid_after(_now() + datetime.timedelta(days=LEAF_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
+            critical=False,
+        )
+    )
+    if alt_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    files = TLSFiles(out / "ca.pem", out / f"{file_name}.pem", out / f"{file_name}.key")
+    _write_private(files.key, _key_pem(key))
+    files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return files
+
+
+def check_node_name(node: str) -> str:
+    """`node` if it can be an agent certificate's CN (what --node must then be); ValueError otherwise."""
+    if not node or len(node) > 64 or not re.fullmatch(r"[A-Za-z0-9._-]+", node):
+        raise ValueError(f"bad node name {node!r}: letters, digits, '.', '_', '-' (at most 64)")
+    return node
+
+
+def create_bundle(
+    out: str | Path,
+    *,
+    hosts: Sequence[str] = (),
+    agents: Sequence[str] = (),
+    clients: Sequence[str] = DEFAULT_CLIENTS,
+    tokens: Sequence[str] = DEFAULT_TOKENS,
+) -> CertBundle:
+    """Create (or extend) the certificates in `out`: CA, dispatcher and collector (server certificates for
+    `hosts` plus loopback), one agent certificate per node of `agents`, client certificates, tokens."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o700)
+    for node in agents:
+        check_node_name(node)
+    ca = load_or_create_ca(out)
+    server_hosts = [*DEFAULT_HOSTS, *hosts]
+    issue(out, ca, "dispatcher", "dispatcher", ROLE_DISPATCHER, server_hosts=server_hosts, client=False)
+    # The collector also calls the dispatcher's user API (it follows the traces' paths).
+    issue(out, ca, "collector", "collector", ROLE_COLLECTOR, server_hosts=server_hosts)
+    for node in agents:
+        issue(out, ca, f"agent-{node}", node, ROLE_AGENT)
+    for name in clients:
+        issue(out, ca, name, name, ROLE_CLIENT)
+    token_file = out / "tokens"
+    known = read_token_file(token_file) if token_file.exists() else {}
+    for name in tokens:
+        if name not in known:
+            _write_private(out / f"{name}.token", (add_token(token_file, name) + "\n").encode())
+    return CertBundle(out, list(agents), list(clients))
+
+
+def add_agent(out: str | Path, node: str) -> TLSFiles:
+    """Issue the certificate of the agent of `node` with the CA in `out` (created if absent)."""
+    out = Path(out)
+    ca = load_or_create_ca(out)
+    return issue(out, ca, f"agent-{check_node_name(node)}", node, ROLE_AGENT)

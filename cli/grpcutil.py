@@ -1,0 +1,430 @@
+"""gRPC plumbing of hoptrace's Python parts: TLS credentials, the user API channel, the servers' checks.
+
+Who is who (docs/security.md):
+- every connection to the dispatcher and the collector is mutual TLS with certificates of one hoptrace CA
+  (`hoptrace certs`); the certificate's subject says the role (OU: agent, client, dispatcher, collector) and
+  the name (CN: the node name for agents);
+- an agent may only speak for the node its certificate names: `AgentIdentityInterceptor` compares the CN
+  with `Register.node` (dispatcher) and `RecordBatch.node` (collector);
+- the user API (`hoptrace.v1.Hoptrace`) also needs a bearer token (`authorization: Bearer <token>`),
+  checked by `TokenAuthInterceptor` against a file of `name:sha256hex` lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+API_SERVICE_PREFIX = "/hoptrace.v1.Hoptrace/"
+AGENT_CONNECT_METHOD = "/hoptrace.v1.AgentSession/Connect"
+STREAM_RECORDS_METHOD = "/hoptrace.v1.Collector/StreamRecords"
+TOKEN_ENV = "HOPTRACE_TOKEN"
+CA_ENV, CERT_ENV, KEY_ENV = "HOPTRACE_CA", "HOPTRACE_CERT", "HOPTRACE_KEY"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # reports and plans carry up to a few MB
+
+# Certificate roles (the subject's OU), written by hoptrace.cli.certs.
+ROLE_AGENT, ROLE_CLIENT, ROLE_DISPATCHER, ROLE_COLLECTOR = "agent", "client", "dispatcher", "collector"
+
+
+# ---- TLS files -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """PEM files of one component: the CA that signs every peer, the component's own certificate and key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def of(cls, ca: str | Path, cert: str | Path, key: str | Path) -> TLSFiles:
+        """From paths given as strings (command-line values)."""
+        return cls(Path(ca), Path(cert), Path(key))
+
+    def read(self) -> tuple[bytes, bytes, bytes]:
+        """(ca, cert, key) PEM bytes; OSError names the missing file."""
+        return self.ca.read_bytes(), self.cert.read_bytes(), self.key.read_bytes()
+
+
+def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
+    """Server TLS that demands a client certificate signed by `tls.ca` (the handshake fails without one)."""
+    ca, cert, key = tls.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+
+def channel_credentials(
+    ca: str | Path, cert: str | Path | None = None, key: str | Path | None = None
+) -> grpc.ChannelCredentials:
+    """Client TLS: the server must present a certificate of `ca` for the dialed host; cert/key are ours."""
+    if (cert is None) != (key is None):
+        raise ValueError("a client certificate needs both cert and key")
+    return grpc.ssl_channel_credentials(
+        root_certificates=Path(ca).read_bytes(),
+        private_key=Path(key).read_bytes() if key else None,
+        certificate_chain=Path(cert).read_bytes() if cert else None,
+    )
+
+
+# ---- the user API channel ------------------------------------------------------------------------------
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression")
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class _BearerToken(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds `authorization: Bearer <token>` to every call (gRPC refuses call credentials on plaintext)."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _details(self, details: grpc.ClientCallDetails) -> _CallDetails:
+        metadata = [*(details.metadata or ()), self._header]
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        """Unary call with the token."""
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[no-untyped-def]
+        """Server-streaming call with the token."""
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        """Client-streaming call with the token."""
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[no-untyped-def]
+        """Bidirectional call with the token."""
+        return continuation(self._details(client_call_details), request_iterator)
+
+
+def api_channel(
+    address: str,
+    *,
+    ca: str | Path | None = None,
+    cert: str | Path | None = None,
+    key: str | Path | None = None,
+    token: str | None = None,
+    insecure: bool = False,
+    options: list[tuple[str, Any]] | None = None,
+) -> grpc.Channel:
+    """A channel to the dispatcher's user API: mutual TLS (ca, cert, key) and the bearer `token`.
+
+    `insecure=True` dials plaintext (a dispatcher started with --insecure); the token is still sent if given.
+    """
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), *(options or [])]
+    if insecure:
+        channel = grpc.insecure_channel(address, options=options)
+        return grpc.intercept_channel(channel, _BearerToken(token)) if token else channel
+    if ca is None:
+        raise ValueError(
+            f"no CA certificate to check the dispatcher at {address} with: pass --ca (or ${CA_ENV}), "
+            "or --insecure for a dispatcher started with --insecure"
+        )
+    credentials = channel_credentials(ca, cert, key)
+    if token:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(token)
+        )
+    return grpc.secure_channel(address, credentials, options=options)
+
+
+# ---- tokens --------------------------------------------------------------------------------------------
+
+
+def hash_token(token: str) -> str:
+    """The sha256 hex digest a token file keeps instead of the token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh random token (256 bits, URL-safe)."""
+    return "ht_" + secrets.token_urlsafe(32)
+
+
+def read_token_file(path: str | Path) -> dict[str, str]:
+    """name -> sha256 hex of a token file (`name:sha256hex` lines; blank lines and `#` comments skipped)."""
+    hashes: dict[str, str] = {}
+    for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, digest = line.partition(":")
+        digest = digest.strip().lower()
+        if not sep or not name.strip() or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise ValueError(f"{path}:{number}: expected NAME:SHA256HEX")
+        hashes[name.strip()] = digest
+    return hashes
+
+
+def add_token(path: str | Path, name: str) -> str:
+    """Create a token `name`, append its hash to the token file `path` (mode 0600); return the token."""
+    if not name or ":" in name or any(c.isspace() for c in name):
+        raise ValueError(f"bad token name {name!r}: no ':' and no spaces")
+    path = Path(path)
+    if path.exists() and name in read_token_file(path):
+        raise ValueError(f"{path} already has a token called {name!r}")
+    token = new_token()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as out:
+        out.write(f"{name}:{hash_token(token)}\n")
+    return token
+
+
+class TokenFile:
+    """The token hashes of a file, re-read when the file changes (add a token without a restart)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self._hashes: dict[str, str] = {}
+        self._load()  # a bad file fails the server's start, not its first call
+
+    def _load(self) -> None:
+        stat = self.path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp != self._stamp:
+            self._hashes = read_token_file(self.path)
+            self._stamp = stamp
+            if not self._hashes:
+                log.warning("token file %s has no tokens: every user API call will be refused", self.path)
+
+    def match(self, token: str) -> str | None:
+        """The name of `token`, or None when no line has its hash (constant-time comparisons)."""
+        with self._lock:
+            try:
+                self._load()
+            except (OSError, ValueError) as error:  # keep the last good set rather than lock everyone out
+                log.error("token file %s: %s (keeping the tokens read before)", self.path, error)
+            hashes = dict(self._hashes)
+        digest = hash_token(token)
+        found = None
+        for name, known in hashes.items():
+            if hmac.compare_digest(digest, known):
+                found = name
+        return found
+
+
+# ---- server-side checks --------------------------------------------------------------------------------
+
+
+def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that answers `code` with `message`."""
+
+    def refuse(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
+        log.warning("refused %s from %s: %s", code.name, context.peer(), message)
+        context.abort(code, message)
+
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse, **kwargs)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse, **kwargs)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(refuse, **kwargs)
+
+
+class TokenAuthInterceptor(grpc.ServerInterceptor):
+    """Calls of the user API need `authorization: Bearer <token>` with a token of `tokens`; others pass."""
+
+    def __init__(self, tokens: TokenFile, prefix: str = API_SERVICE_PREFIX) -> None:
+        self.tokens = tokens
+        self.prefix = prefix
+
+    def _problem(self, metadata: Any) -> str | None:
+        values = [value for key, value in (metadata or ()) if key == "authorization"]
+        if not values:
+            return f"missing token: pass --token or set ${TOKEN_ENV} (metadata authorization: Bearer <token>)"
+        scheme, _, token = str(values[0]).partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return "malformed authorization metadata: expected 'Bearer <token>'"
+        if self.tokens.match(token.strip()) is None:
+            return "invalid token: not in the dispatcher's token file (`hoptrace token create` makes one)"
+        return None
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        """Pass authenticated user API calls (and every other service's) on; refuse the rest."""
+        if not handler_call_details.method.startswith(self.prefix):
+            return continuation(handler_call_details)
+        problem = self._problem(handler_call_details.invocation_metadata)
+        handler = continuation(handler_call_details)
+        if problem is None or handler is None:
+            return handler
+        return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, problem)
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """Who the client certificate says the peer is."""
+
+    role: str  # subject OU
+    name: str  # subject CN (the node for agents)
+
+
+def peer_identity(context: grpc.ServicerContext) -> PeerIdentity | None:
+    """The verified client certificate's role and name; None on a plaintext connection or without a cert."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    pems = context.auth_context().get("x509_pem_cert")
+    if not pems:
+        return None
+    subject = x509.load_pem_x509_certificate(pems[0]).subject
+
+    def first(oid: x509.ObjectIdentifier) -> str:
+        values = subject.get_attributes_for_oid(oid)
+        return str(values[0].value) if values else ""
+
+    return PeerIdentity(role=first(NameOID.ORGANIZATIONAL_UNIT_NAME), name=first(NameOID.COMMON_NAME))
+
+
+def _agent_identity(context: grpc.ServicerContext) -> PeerIdentity:
+    identity = peer_identity(context)
+    if identity is None:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "no client certificate: agents need --cert and --key")
+    if identity.role != ROLE_AGENT or not identity.name:
+        context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"certificate {identity.name!r} has role {identity.role!r}, not an agent certificate",
+        )
+    return identity
+
+
+def _checked_messages(
+    messages: Iterator[Any],
+    context: grpc.ServicerContext,
+    identity: PeerIdentity,
+    node_of: Callable[[Any], str | None],
+) -> Iterator[Any]:
+    for message in messages:
+        node = node_of(message)
+        if node is not None and node != identity.name:
+            log.warning("refused agent %s at %s: it spoke for node %r", identity.name, context.peer(), node)
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the certificate of node {identity.name!r} cannot speak for node {node!r}",
+            )
+        yield message
+
+
+class AgentIdentityInterceptor(grpc.ServerInterceptor):
+    """Client-streaming methods that only agents call: the peer must hold an agent certificate, and every
+    message's node (`node_of(message)`; None = the message names none) must be the certificate's CN."""
+
+    def __init__(self, methods: dict[str, Callable[[Any], str | None]]) -> None:
+        self.methods = methods
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        """Wrap the listed methods' request streams with the identity check."""
+        handler = continuation(handler_call_details)
+        node_of = self.methods.get(handler_call_details.method)
+        if handler is None or node_of is None or not handler.request_streaming:
+            return handler
+        inner = handler.stream_stream if handler.response_streaming else handler.stream_unary
+
+        def checked(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            identity = _agent_identity(context)
+            return inner(_checked_messages(request_iterator, context, identity, node_of), context)
+
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.stream_unary_rpc_method_handler
+        )
+        return make(
+            checked,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def register_node(message: Any) -> str | None:
+    """The node an `AgentMessage` speaks for: Register.node, None for heartbeats and statuses."""
+    return message.register.node if message.WhichOneof("body") == "register" else None
+
+
+def batch_node(message: Any) -> str:
+    """The node a `RecordBatch` speaks for."""
+    return message.node
+
+
+def insecure_warning(component: str, listen: str) -> str:
+    """The WARNING line a server logs when it runs without TLS."""
+    return (
+        f"WARNING: {component} on {listen} runs WITHOUT TLS or authentication (--insecure): anyone who can "
+        "reach the port can push traces or records. Use only on loopback for demos and tests."
+    )
+
+
+# ---- command-line flags --------------------------------------------------------------------------------
+
+
+def add_server_tls_arguments(parser: Any) -> None:
+    """--ca/--cert/--key/--insecure of a server command (`hoptrace dispatcher`, `hoptrace collector`)."""
+    group = parser.add_argument_group("TLS (docs/security.md)")
+    group.add_argument("--ca", metavar="PEM", help="CA certificate that client certificates must chain to")
+    group.add_argument("--cert", metavar="PEM", help="this server's certificate")
+    group.add_argument("--key", metavar="PEM", help="this server's private key")
+    group.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve plaintext without client authentication (loopback demos and tests only)",
+    )
+
+
+def server_tls_from_args(args: Any) -> TLSFiles | None:
+    """The TLS files the flags name; None with --insecure; ValueError when neither is complete."""
+    given = [flag for flag in ("ca", "cert", "key") if getattr(args, flag, None)]
+    if args.insecure:
+        if given:
+            raise ValueError(f"--insecure and --{given[0]} exclude each other")
+        return None
+    if len(given) < 3:
+        missing = ", ".join(f"--{flag}" for flag in ("ca", "cert", "key") if flag not in given)
+        raise ValueError(
+            f"TLS needs --ca, --cert and --key (missing {missing}; `hoptrace certs` makes them), "
+            "or --insecure for a plaintext server"
+        )
+    tls = TLSFiles.of(args.ca, args.cert, args.key)
+    for path in (tls.ca, tls.cert, tls.key):
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file")
+    return tls
