@@ -1,0 +1,109 @@
+"""Grafana cannot run here: every Flux query of every provisioned dashboard (and of the `trace` variable) runs
+against the real InfluxDB, filled by a real trace, with Grafana's macros substituted, and must return data."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from influxdb_client import InfluxDBClient
+
+REPO = Path(__file__).resolve().parents[2]
+GRAFANA = REPO / "deploy" / "grafana"
+DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
+# What Grafana puts in place of its Flux macros for a "last hour" view.
+MACROS = {"v.timeRangeStart": "-1h", "v.timeRangeStop": "now()", "v.windowPeriod": "5s"}
+
+
+def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel, rows' nested panels included."""
+    found = []
+    for panel in board.get("panels", []):
+        found.append(panel)
+        found.extend(panel.get("panels", []))
+    return found
+
+
+def flux_queries() -> list[tuple[str, str]]:
+    """(dashboard/panel/refId, Flux) of every target of every dashboard."""
+    queries = []
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        for panel in panels(board):
+            for target in panel.get("targets", []):
+                queries.append((f"{path.stem} / {panel['title']} / {target['refId']}", target["query"]))
+    return queries
+
+
+def substitute(query: str, trace: str, bucket: str) -> str:
+    """The query as Grafana sends it: template variables and time macros filled in."""
+    query = query.replace("${trace}", trace).replace("${bucket}", bucket)
+    for macro, value in MACROS.items():
+        query = query.replace(macro, value)
+    assert "${" not in query and "v." not in re.sub(r'"[^"]*"', "", query), query
+    return query
+
+
+def run_flux(url: str, query: str) -> list[list[dict[str, Any]]]:
+    """Tables (each a list of records' values) of a Flux query."""
+    with InfluxDBClient(url=url, token="", org="-", timeout=60_000) as client:
+        return [[record.values for record in table.records] for table in client.query_api().query(query)]
+
+
+def test_dashboards_are_provisioned_with_a_trace_variable_and_the_flux_datasource():
+    assert [path.name for path in DASHBOARDS] == [
+        "hoptrace-agents.json",
+        "hoptrace-latency.json",
+        "hoptrace-loss-throughput.json",
+    ]
+    datasource = yaml.safe_load((GRAFANA / "datasources" / "influxdb.yaml").read_text())["datasources"][0]
+    assert datasource["type"] == "influxdb" and datasource["jsonData"]["version"] == "Flux"
+    provider = yaml.safe_load((GRAFANA / "dashboards" / "provider.yaml").read_text())["providers"][0]
+    assert provider["type"] == "file" and provider["options"]["path"].endswith("/hoptrace")
+    uids = set()
+    for path in DASHBOARDS:
+        board = json.loads(path.read_text())
+        uids.add(board["uid"])
+        names = [variable["name"] for variable in board["templating"]["list"]]
+        assert "trace" in names, path
+        for panel in panels(board):
+            assert panel["datasource"]["uid"] == datasource["uid"], (path, panel["title"])
+            assert panel["targets"], (path, panel["title"])
+    assert len(uids) == len(DASHBOARDS)
+    titles = " ".join(
+        panel["title"].lower() for path in DASHBOARDS for panel in panels(json.loads(path.read_text()))
+    )
+    for topic in (
+        "decomposition",
+        "percentiles",
+        "loss",
+        "jitter",
+        "throughput",
+        "tracer",
+        "lost_events",
+        "clock",
+    ):
+        assert topic in titles, topic
+
+
+def test_trace_variable_lists_the_traced_trace(traced_influx):
+    board = json.loads((GRAFANA / "dashboards" / "hoptrace-latency.json").read_text())
+    variable = next(v for v in board["templating"]["list"] if v["name"] == "trace")
+    tables = run_flux(traced_influx.url, substitute(variable["query"], "", traced_influx.bucket))
+    values = {record["_value"] for table in tables for record in table}
+    assert traced_influx.trace in values, values
+
+
+@pytest.mark.parametrize(("where", "query"), flux_queries(), ids=[where for where, _ in flux_queries()])
+def test_every_dashboard_query_returns_series(traced_influx, where, query):
+    tables = run_flux(traced_influx.url, substitute(query, traced_influx.trace, traced_influx.bucket))
+    series = [table for table in tables if table]
+    assert series, f"{where}: no series\n{query}"
+    values = [record.get("_value") for table in series for record in table]
+    assert any(value is not None for value in values) or any(
+        len(record) > 3 for table in series for record in table
+    ), f"{where}: only empty values"

@@ -1,0 +1,195 @@
+"""The deployment files are accepted by their own tools: docker-compose parses and resolves the compose file,
+the Kubernetes manifests parse and carry the agent's host namespaces, mounts and exact capabilities, and
+systemd-analyze verifies the units. (No Docker engine, cluster or systemd host runs them here.)"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+COMPOSE_VENV = REPO / ".tools" / "compose-venv"
+COMPOSE = COMPOSE_VENV / "bin" / "docker-compose"
+AGENT_CAPABILITIES = {"BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}
+AGENT_MOUNTS = {"/sys/fs/bpf", "/sys/kernel/btf", "/sys/kernel/tracing", "/run/netns", "/sys/fs/cgroup"}
+COMPOSE_ENV = {
+    "INFLUX_ADMIN_PASSWORD": "test-password",
+    "INFLUX_TOKEN": "test-token",
+    "GRAFANA_ADMIN_PASSWORD": "test-grafana",
+    "HOPTRACE_NODE": "node-1",
+    "HOPTRACE_WEB_TOKEN": "test-web-token",
+}
+
+
+def ensure_compose() -> Path:
+    """docker-compose (PyPI, v1) in its own venv: it pins PyYAML 5.x, which needs Cython < 3 to build."""
+    if COMPOSE.exists():
+        return COMPOSE
+    pip = [str(COMPOSE_VENV / "bin" / "pip"), "install", "-q"]
+    steps = [
+        [sys.executable, "-m", "venv", str(COMPOSE_VENV)],
+        [*pip, "cython<3", "wheel", "setuptools<70"],
+        [*pip, "--no-build-isolation", "PyYAML==5.4.1"],
+        [*pip, "docker-compose==1.29.2"],
+    ]
+    for step in steps:
+        result = subprocess.run(step, capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            pytest.fail(
+                f"installing docker-compose failed at {step}:\n{result.stderr[-3000:]}", pytrace=False
+            )
+    return COMPOSE
+
+
+def volume_target(volume: dict[str, Any] | str) -> str:
+    """The container path of a compose volume, long ({target: ...}) or short (SRC:TARGET[:MODE]) form."""
+    return volume["target"] if isinstance(volume, dict) else volume.split(":")[1]
+
+
+def compose_config(*extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ensure_compose()), "-f", str(DEPLOY / "docker-compose.yml"), "config", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", **COMPOSE_ENV},
+    )
+
+
+def test_docker_compose_accepts_the_compose_file():
+    result = compose_config()
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load(result.stdout)
+    services = config["services"]
+    assert set(services) == {"influxdb", "grafana", "collector", "dispatcher", "web", "agent"}
+    agent = services["agent"]
+    assert agent["privileged"] is True and agent["network_mode"] == "host" and agent["pid"] == "host"
+    targets = {volume_target(volume) for volume in agent["volumes"]}
+    assert targets >= AGENT_MOUNTS, targets
+    grafana_targets = {volume_target(volume) for volume in services["grafana"]["volumes"]}
+    assert "/etc/grafana/provisioning/datasources" in grafana_targets
+    assert "/etc/grafana/provisioning/dashboards/hoptrace" in grafana_targets
+    influx_env = services["influxdb"]["environment"]
+    assert influx_env["DOCKER_INFLUXDB_INIT_MODE"] == "setup"
+    assert influx_env["DOCKER_INFLUXDB_INIT_BUCKET"] == "hoptrace/autogen"
+    for name in ("Dockerfile.python", "Dockerfile.dispatcher", "Dockerfile.agent"):
+        assert (DEPLOY / "docker" / name).is_file()
+    assert {services[s]["build"]["dockerfile"] for s in ("agent", "dispatcher", "collector")} == {
+        "deploy/docker/Dockerfile.agent",
+        "deploy/docker/Dockerfile.dispatcher",
+        "deploy/docker/Dockerfile.python",
+    }
+    # A secret left unset is an error, not an empty password.
+    missing = subprocess.run(
+        [str(COMPOSE), "-f", str(DEPLOY / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert missing.returncode != 0 and "INFLUX_ADMIN_PASSWORD" in missing.stderr
+
+
+def test_dockerfiles_build_what_each_image_needs():
+    dispatcher = (DEPLOY / "docker" / "Dockerfile.dispatcher").read_text()
+    for package in ("clang", "libbpf-dev", "bpftool"):
+        assert package in dispatcher
+    agent = (DEPLOY / "docker" / "Dockerfile.agent").read_text()
+    assert agent.count("FROM ") == 2 and "go build" in agent and "CGO_ENABLED=0" in agent
+    python = (DEPLOY / "docker" / "Dockerfile.python").read_text()
+    assert "npm ci" in python and "pip install ." in python
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    documents = []
+    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        documents.extend(doc for doc in yaml.safe_load_all(path.read_text()) if doc)
+    return documents
+
+
+def by_kind(kind: str) -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in k8s_documents() if doc["kind"] == kind}
+
+
+def test_kubernetes_manifests_parse_and_name_every_part():
+    kustomization = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    files = {p.name for p in (DEPLOY / "kubernetes").glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == files
+    assert set(by_kind("Deployment")) == {"hoptrace-dispatcher", "hoptrace-collector", "hoptrace-web"}
+    assert set(by_kind("Service")) == {
+        "hoptrace-dispatcher",
+        "hoptrace-collector",
+        "hoptrace-web",
+        "hoptrace-influxdb",
+    }
+    assert "hoptrace-influxdb" in by_kind("StatefulSet")
+    for doc in k8s_documents():
+        assert doc["apiVersion"] and doc["metadata"]["name"]
+
+
+def test_agent_daemonset_has_host_namespaces_mounts_and_exactly_its_capabilities():
+    agent = by_kind("DaemonSet")["hoptrace-agent"]
+    pod = agent["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["hostPID"] is True
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["privileged"] is False and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert set(security["capabilities"]["add"]) == AGENT_CAPABILITIES
+    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert mounts >= AGENT_MOUNTS, mounts
+    host_paths = {volume["hostPath"]["path"] for volume in pod["volumes"] if "hostPath" in volume}
+    assert host_paths >= AGENT_MOUNTS, host_paths
+    text = (DEPLOY / "kubernetes" / "agent-daemonset.yaml").read_text()
+    for capability in AGENT_CAPABILITIES:  # each one justified in a comment right above it
+        assert re.search(rf"# CAP_{capability}: .+\n(\s+#.*\n)*\s+- {capability}\n", text), capability
+
+
+def test_control_plane_pods_run_without_capabilities():
+    for name, deployment in by_kind("Deployment").items():
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"], name
+            assert "add" not in container["securityContext"]["capabilities"], name
+
+
+def test_systemd_units_verify(tmp_path: Path):
+    """systemd-analyze verify on copies whose binaries point at stand-ins (the real ones are not
+    installed here)."""
+    systemd_analyze = shutil.which("systemd-analyze")
+    assert systemd_analyze, "systemd-analyze is missing (Debian package systemd)"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("hoptrace", "hoptrace-agent"):
+        stand_in = bin_dir / name
+        stand_in.write_text("#!/bin/sh\n")
+        stand_in.chmod(0o755)
+    units = sorted((DEPLOY / "systemd").glob("*.service"))
+    assert [unit.name for unit in units] == [
+        "hoptrace-agent.service",
+        "hoptrace-collector.service",
+        "hoptrace-dispatcher.service",
+        "hoptrace-web.service",
+    ]
+    copies = []
+    for unit in units:
+        copy = tmp_path / unit.name
+        copy.write_text(unit.read_text().replace("/usr/local/bin/", f"{bin_dir}/"))
+        copies.append(str(copy))
+    result = subprocess.run(
+        [systemd_analyze, "verify", "--man=no", *copies], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and not result.stderr.strip(), result.stderr
+    agent = (DEPLOY / "systemd" / "hoptrace-agent.service").read_text()
+    bounding = re.search(r"^CapabilityBoundingSet=(.*)$", agent, re.M).group(1).split()
+    assert {cap.removeprefix("CAP_") for cap in bounding} == AGENT_CAPABILITIES

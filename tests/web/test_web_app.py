@@ -1,0 +1,148 @@
+"""The web app through Flask's test client, on a real (in-process) dispatcher without agents: login,
+CSRF, and the dispatcher's own errors placed next to the form's fields."""
+
+from __future__ import annotations
+
+import re
+
+from flask.testing import FlaskClient
+from web_helpers import PASSWORD, USERNAME
+
+
+def token_of(page: str) -> str:
+    """The CSRF token of a rendered form."""
+    return re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+
+
+def field_errors(page: str) -> dict[str, str]:
+    """input name -> error text shown under it."""
+    import html
+
+    return {
+        name: html.unescape(text)
+        for name, text in re.findall(r'<span class="field-error" id="err-([^"]+)">([^<]+)</span>', page)
+    }
+
+
+def test_every_page_but_login_requires_login(client: FlaskClient):
+    for path in ("/", "/agents/", "/traces/", "/traces/new", "/traces/yaml", "/traces/x/results"):
+        response = client.get(path)
+        assert response.status_code == 302, path
+        assert "/login" in response.headers["Location"], path
+    assert client.get("/traces/x/results.json").status_code == 401
+    assert client.get("/login").status_code == 200
+    assert client.get("/static/app.css").status_code == 200
+
+
+def test_login_checks_the_password_and_returns_to_the_page_asked_for(client: FlaskClient):
+    token = token_of(client.get("/login").text)
+    wrong = client.post("/login", data={"username": USERNAME, "password": "nope", "csrf_token": token})
+    assert wrong.status_code == 401 and "Wrong username or password" in wrong.text
+    unknown = client.post("/login", data={"username": "mallory", "password": PASSWORD, "csrf_token": token})
+    assert unknown.status_code == 401
+    good = client.post(
+        "/login?next=/agents/", data={"username": USERNAME, "password": PASSWORD, "csrf_token": token}
+    )
+    assert good.status_code == 302 and good.headers["Location"] == "/agents/"
+    assert client.get("/agents/").status_code == 200
+    # An absolute URL as `next` is not followed (no open redirect).
+    client.get("/login")
+    token = token_of(client.get("/login").text)
+    outside = client.post(
+        "/login?next=https://evil.example/",
+        data={"username": USERNAME, "password": PASSWORD, "csrf_token": token},
+    )
+    assert outside.headers["Location"] == "/"
+
+
+def test_posts_without_the_sessions_csrf_token_are_refused(client: FlaskClient, login):
+    no_token = client.post("/login", data={"username": USERNAME, "password": PASSWORD})
+    assert no_token.status_code == 400
+    login()
+    page = client.get("/traces/new").text
+    form = {"name": "t", "hops-0-name": "h", "action": "validate"}
+    assert client.post("/traces/new", data=form).status_code == 400
+    assert client.post("/traces/new", data={**form, "csrf_token": "forged"}).status_code == 400
+    assert client.post("/traces/t/delete").status_code == 400
+    assert client.post("/traces/validate.json", data=form).status_code == 400
+    assert client.post("/logout").status_code == 400
+    assert client.post("/traces/new", data={**form, "csrf_token": token_of(page)}).status_code == 422
+
+
+def test_form_shows_the_dispatchers_field_errors_next_to_the_fields(client: FlaskClient, login):
+    login()
+    token = token_of(client.get("/traces/new").text)
+    response = client.post(
+        "/traces/new",
+        data={
+            "csrf_token": token,
+            "action": "validate",
+            "name": "Bad_Name",
+            "protocol": "udp",
+            "dst": "198.18.2.2/8",
+            "dst_port": "eleven",
+            "hops-0-name": "a-out",
+            "hops-0-node": "host-a",
+            "hops-0-at": "tc-egress",
+            "hops-0-dev": "eth0",
+            # an empty row in between is dropped: the next hop is hops[1]
+            "hops-2-name": "b-in",
+            "hops-2-node": "host-b",
+            "hops-2-at": "xdp",
+        },
+    )
+    assert response.status_code == 422
+    errors = field_errors(response.text)
+    assert errors["dst_port"].startswith("must be an integer")
+    assert "must match [a-z0-9-]+" in errors["name"]
+    assert "has host bits set" in errors["dst"]
+    assert errors["hops-0-node"] == "node 'host-a' is not registered (registered: none)"
+    assert errors["hops-1-dev"] == "required for xdp hops: the device to attach to"
+    # The rows are re-rendered compacted, with their values kept.
+    assert 'name="hops-1-name" value="b-in"' in response.text
+
+
+def test_inline_validation_endpoint_names_the_inputs_of_the_request(client: FlaskClient, login):
+    login()
+    token = token_of(client.get("/traces/new").text)
+    response = client.post(
+        "/traces/validate.json",
+        data={
+            "name": "ok",
+            "protocol": "udp",
+            "hops-5-name": "x",
+            "hops-5-node": "n",
+            "hops-5-at": "tc-egress",
+        },
+        headers={"X-CSRF-Token": token},
+    )
+    assert response.status_code == 200
+    by_input = {error["input"]: error["reason"] for error in response.json["errors"]}
+    assert by_input["hops-5-dev"] == "required for tc-egress hops: the device to attach to"
+    assert "not registered" in by_input["hops-5-node"]
+    assert response.json["valid"] is False
+
+
+def test_yaml_editor_reports_the_line_of_an_error(client: FlaskClient, login):
+    login()
+    token = token_of(client.get("/traces/yaml").text)
+    text = "name: y\nsample: 0\nhops:\n  - {name: a, node: n, at: tc-egress, dev: eth0, colour: red}\n"
+    response = client.post("/traces/yaml", data={"csrf_token": token, "spec": text, "action": "apply"})
+    assert response.status_code == 422
+    assert "sample: must be &gt;= 1 (trace 1 packet in N), got 0 (line 2)" in response.text
+    assert "hops[0].colour: unknown key" in response.text
+
+
+def test_results_page_says_when_influxdb_cannot_be_read(client: FlaskClient, login):
+    login()
+    response = client.get("/traces/anything/results")
+    assert response.status_code == 502
+    assert "cannot read InfluxDB at http://127.0.0.1:9" in response.text
+    assert client.get("/traces/anything/results.json").json["error"].startswith("cannot read InfluxDB")
+    assert client.get("/traces/anything/results?since=forever").status_code == 400
+
+
+def test_chart_library_is_served_from_node_modules(client: FlaskClient):
+    response = client.get("/vendor/chart.umd.js")
+    assert response.status_code == 200, "run `npm ci --prefix web`"
+    assert b"Chart" in response.data[:2000]

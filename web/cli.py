@@ -1,0 +1,149 @@
+"""`hoptrace web`: serve the web UI. Flags only here (no Flask import) so `hoptrace --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LISTEN = "127.0.0.1:7080"
+DEV_USER = ("admin", "admin")
+
+log = logging.getLogger("hoptrace.web")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `hoptrace web`. The dispatcher connection's flags (--dispatcher, --ca/--cert/--key, --token,
+    --insecure) are the API client's, shared with the other client commands; for the web UI, --insecure
+    (plaintext to a dispatcher started with --insecure) also allows the development login admin/admin
+    and a random session key."""
+    parser.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HTTP address (default {DEFAULT_LISTEN})")
+    parser.add_argument("--influx-url", default="http://127.0.0.1:8086", help="the collector's InfluxDB")
+    parser.add_argument("--influx-bucket", default="hoptrace/autogen", help="InfluxDB bucket (db/rp)")
+    parser.add_argument("--influx-org", default="-", help="InfluxDB organization")
+    parser.add_argument(
+        "--influx-token",
+        default=os.environ.get("HOPTRACE_INFLUX_TOKEN", ""),
+        help="InfluxDB token (1.8: USER:PASSWORD; default $HOPTRACE_INFLUX_TOKEN)",
+    )
+    parser.add_argument(
+        "--users-file",
+        default=os.environ.get("HOPTRACE_WEB_USERS_FILE"),
+        help="lines USER:PASSWORD_HASH (werkzeug generate_password_hash); default $HOPTRACE_WEB_USERS_FILE",
+    )
+    parser.add_argument(
+        "--secret-key-file",
+        default=os.environ.get("HOPTRACE_WEB_SECRET_KEY_FILE"),
+        help="file holding the session signing key (or set $HOPTRACE_WEB_SECRET_KEY)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+
+
+def read_users_file(path: str) -> dict[str, str]:
+    """USER:HASH lines (blank lines and # comments ignored)."""
+    users = {}
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, password_hash = line.partition(":")
+        if not sep or not user or not password_hash:
+            raise ValueError(f"{path}:{number}: expected USER:PASSWORD_HASH")
+        users[user] = password_hash
+    return users
+
+
+def channel_factory(args: argparse.Namespace):  # noqa: ANN201 - Callable[[], grpc.Channel]
+    """Makes the dispatcher channel the way every API client does: mutual TLS (--ca/--cert/--key) and the
+    token, or plaintext with --insecure."""
+    from hoptrace.cli.grpcutil import api_channel
+
+    def make():  # noqa: ANN202
+        return api_channel(
+            args.dispatcher,
+            ca=getattr(args, "ca", None),
+            cert=getattr(args, "cert", None),
+            key=getattr(args, "key", None),
+            token=getattr(args, "token", None),
+            insecure=bool(getattr(args, "insecure", False)),
+        )
+
+    make()  # fail at start (missing CA, unreadable key), not on the first page view
+    return make
+
+
+def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The app configuration for parsed flags; raises ValueError when the setup is not safe to serve."""
+    from werkzeug.security import generate_password_hash
+
+    insecure = bool(getattr(args, "insecure", False))
+    config: dict[str, Any] = {
+        "DISPATCHER": args.dispatcher,
+        "DISPATCHER_CHANNEL_FACTORY": channel_factory(args),
+        "INFLUX_URL": args.influx_url,
+        "INFLUX_BUCKET": args.influx_bucket,
+        "INFLUX_ORG": args.influx_org,
+        "INFLUX_TOKEN": args.influx_token,
+    }
+    users: dict[str, str] = {}
+    if os.environ.get("HOPTRACE_WEB_USERS"):
+        users.update(json.loads(os.environ["HOPTRACE_WEB_USERS"]))
+    if args.users_file:
+        users.update(read_users_file(args.users_file))
+    if not users:
+        if not insecure:
+            raise ValueError(
+                "no users: give --users-file (lines USER:HASH) or $HOPTRACE_WEB_USERS, "
+                "or --insecure for a development login admin/admin"
+            )
+        users = {DEV_USER[0]: generate_password_hash(DEV_USER[1])}
+        log.warning("--insecure: development login %s/%s", *DEV_USER)
+    config["USERS"] = users
+    if args.secret_key_file:
+        config["SECRET_KEY"] = Path(args.secret_key_file).read_text().strip()
+    elif not os.environ.get("HOPTRACE_WEB_SECRET_KEY") and not insecure:
+        raise ValueError("no session key: give --secret-key-file or $HOPTRACE_WEB_SECRET_KEY (or --insecure)")
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM (a threaded WSGI server: the results page polls while forms post)."""
+    import signal
+
+    from werkzeug.serving import make_server
+
+    from hoptrace.web import create_app
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = config_from_args(args)
+    except (ValueError, OSError) as error:
+        print(f"error: web: {error}", file=sys.stderr)
+        return 1
+    host, _, port = args.listen.rpartition(":")
+    app = create_app(config)
+    try:
+        server = make_server(host.strip("[]") or "127.0.0.1", int(port), app, threaded=True)
+    except (OSError, ValueError) as error:
+        print(f"error: web: cannot listen on {args.listen}: {error}", file=sys.stderr)
+        return 1
+
+    def stop(signum: int, frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        import threading
+
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("web UI on http://%s (dispatcher %s)", args.listen, args.dispatcher)
+    server.serve_forever()
+    return 0

@@ -1,0 +1,174 @@
+// Results page: charts (Chart.js) and tables refreshed from the JSON endpoint every 2 s.
+(() => {
+  const root = document.getElementById("results");
+  if (!root) return;
+  const url = root.dataset.url;
+  const pollMs = Number(root.dataset.pollMs) || 2000;
+  const palette = ["#2557d6", "#e8710a", "#11733b", "#b3261e", "#7e3fb8", "#00838f", "#c2185b", "#6d4c41",
+    "#5f6b00", "#455a64"];
+  const color = (i) => palette[i % palette.length];
+  const hasCharts = typeof window.Chart !== "undefined";
+
+  function fmtNs(ns) {
+    const a = Math.abs(ns);
+    if (a < 1e3) return `${ns.toFixed(0)}ns`;
+    if (a < 1e6) return `${(ns / 1e3).toFixed(1)}us`;
+    if (a < 1e9) return `${(ns / 1e6).toFixed(2)}ms`;
+    return `${(ns / 1e9).toFixed(2)}s`;
+  }
+  const segName = (s) => `${s.from} → ${s.to}`;
+
+  function cell(text, numeric) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (numeric) td.className = "num";
+    return td;
+  }
+
+  function segmentRow(s, label) {
+    const tr = document.createElement("tr");
+    const name = cell(label);
+    if (s.same_node) name.insertAdjacentHTML("beforeend", ' <small class="tag">same node</small>');
+    if (s.below_clock_bound) name.insertAdjacentHTML("beforeend", ' <small class="tag warn">&lt; clock bound</small>');
+    tr.append(name);
+    const count = cell(String(s.count), true);
+    count.classList.add("count");
+    tr.append(
+      count,
+      cell(fmtNs(s.mean_ns), true), cell(fmtNs(s.p50_ns), true), cell(fmtNs(s.p90_ns), true),
+      cell(fmtNs(s.p99_ns), true), cell(fmtNs(s.max_ns), true), cell(String(s.incomplete), true),
+      cell(String(s.loss_count), true), cell(`${(100 * s.loss_rate).toFixed(2)}%`, true),
+      cell(String(s.tracer_lost), true), cell(fmtNs(s.jitter_ns), true), cell(fmtNs(s.jitter_p99_ns), true),
+    );
+    return tr;
+  }
+
+  function renderTables(data) {
+    const r = data.report;
+    document.querySelector("#decomposition tbody").replaceChildren(...r.segments.map((s) => segmentRow(s, segName(s))));
+    const e2e = r.end_to_end;
+    document.querySelector("#decomposition tfoot").replaceChildren(segmentRow(e2e, `end to end (${segName(e2e)})`));
+    const noData = document.getElementById("no-data");
+    if (noData) noData.hidden = r.segments.length > 0;
+    document.querySelector("#throughput tbody").replaceChildren(
+      ...r.hops.map((h) => {
+        const tr = document.createElement("tr");
+        tr.append(cell(h.hop), cell(h.packets_per_s.toFixed(1), true), cell(h.bytes_per_s.toFixed(1), true));
+        return tr;
+      }),
+    );
+    document.getElementById("status").textContent =
+      `${data.state} · ${r.packets} packets, ${r.complete} complete · ${data.generated_at}`;
+  }
+
+  const charts = {};
+  const usTicks = { callback: (v) => `${v} µs` };
+
+  function upsert(id, config) {
+    if (charts[id]) {
+      charts[id].data = config.data;
+      charts[id].update("none");
+    } else {
+      charts[id] = new window.Chart(document.getElementById(id), config);
+    }
+  }
+
+  function renderCharts(data) {
+    const segs = data.report.segments;
+    // One horizontal bar per percentile, one stack part per segment: where the time goes along the path.
+    upsert("decomposition-chart", {
+      type: "bar",
+      data: {
+        labels: ["p50", "p90", "p99"],
+        datasets: segs.map((s, i) => ({
+          label: segName(s),
+          data: [s.p50_ns, s.p90_ns, s.p99_ns].map((ns) => Math.max(ns, 0) / 1e3),
+          backgroundColor: color(i),
+        })),
+      },
+      options: {
+        indexAxis: "y", animation: false, responsive: true, maintainAspectRatio: false,
+        scales: { x: { stacked: true, ticks: usTicks, title: { display: true, text: "µs (sum of segment percentiles)" } }, y: { stacked: true } },
+        plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
+      },
+    });
+    const datasets = [];
+    Object.keys(data.series).forEach((segment, i) => {
+      for (const [q, dash] of [["p50", []], ["p99", [5, 4]]]) {
+        datasets.push({
+          label: `${segment.replace(">", " → ")} ${q}`,
+          data: data.series[segment][q].map(([t, ns]) => ({ x: t, y: ns / 1e3 })),
+          borderColor: color(i), backgroundColor: color(i), borderDash: dash, pointRadius: 2, borderWidth: 1.5,
+        });
+      }
+    });
+    upsert("timeseries-chart", {
+      type: "line",
+      data: { datasets },
+      options: {
+        animation: false, parsing: false, responsive: true, maintainAspectRatio: false,
+        scales: {
+          x: { type: "linear", ticks: { maxTicksLimit: 8, callback: (v) => new Date(v).toLocaleTimeString() } },
+          y: { ticks: usTicks, beginAtZero: true },
+        },
+        plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
+      },
+    });
+    upsert("loss-chart", {
+      type: "bar",
+      data: {
+        labels: segs.map(segName),
+        datasets: [
+          { label: "loss %", data: segs.map((s) => 100 * s.loss_rate), backgroundColor: "#b3261e", yAxisID: "loss" },
+          { label: "jitter (µs)", data: segs.map((s) => s.jitter_ns / 1e3), backgroundColor: "#2557d6", yAxisID: "jitter" },
+        ],
+      },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        scales: {
+          loss: { position: "left", beginAtZero: true, title: { display: true, text: "loss %" } },
+          jitter: { position: "right", beginAtZero: true, title: { display: true, text: "jitter µs" }, grid: { drawOnChartArea: false } },
+          x: { ticks: { autoSkip: false, maxRotation: 60, minRotation: 30, font: { size: 10 } } },
+        },
+      },
+    });
+    const hops = data.report.hops;
+    upsert("throughput-chart", {
+      type: "bar",
+      data: {
+        labels: hops.map((h) => h.hop),
+        datasets: [
+          { label: "packets/s", data: hops.map((h) => h.packets_per_s), backgroundColor: "#11733b", yAxisID: "pps" },
+          { label: "kB/s", data: hops.map((h) => h.bytes_per_s / 1e3), backgroundColor: "#e8710a", yAxisID: "bps" },
+        ],
+      },
+      options: {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        scales: {
+          pps: { position: "left", beginAtZero: true, title: { display: true, text: "packets/s" } },
+          bps: { position: "right", beginAtZero: true, title: { display: true, text: "kB/s" }, grid: { drawOnChartArea: false } },
+          x: { ticks: { autoSkip: false, maxRotation: 60, minRotation: 30, font: { size: 10 } } },
+        },
+      },
+    });
+  }
+
+  const errorBox = document.getElementById("results-error");
+  async function poll() {
+    try {
+      const response = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+      const data = await response.json();
+      if (!response.ok || data.error) throw new Error(data.error || response.statusText);
+      errorBox.hidden = true;
+      renderTables(data);
+      if (hasCharts) renderCharts(data);
+      root.dataset.updated = data.generated_at;
+    } catch (error) {
+      errorBox.textContent = String(error.message || error);
+      errorBox.hidden = false;
+    } finally {
+      setTimeout(poll, pollMs);
+    }
+  }
+  poll();
+})();

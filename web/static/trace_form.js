@@ -1,0 +1,110 @@
+// The trace form: rows added and removed in place, each row's netns/dev choices from the chosen node's
+// registration (ListAgents), and the dispatcher's FieldErrors placed next to their fields while typing.
+(() => {
+  const form = document.getElementById("trace-form");
+  if (!form) return;
+  const agents = JSON.parse(document.getElementById("agents-data").textContent);
+  const byNode = Object.fromEntries(agents.map((a) => [a.node, a]));
+  const tbody = document.querySelector("#hops tbody");
+  const template = document.getElementById("hop-row-template");
+  const token = document.querySelector('meta[name="csrf-token"]').content;
+
+  function fillOptions(datalist, values) {
+    datalist.replaceChildren(
+      ...values.map(([value, label]) => {
+        const option = document.createElement("option");
+        option.value = value;
+        option.textContent = label;
+        return option;
+      }),
+    );
+  }
+
+  function refreshChoices(row) {
+    const agent = byNode[row.querySelector("select.node").value];
+    const netns = row.querySelector("input.netns");
+    const dev = row.querySelector("input.dev");
+    const namespaces = agent ? agent.namespaces : [];
+    fillOptions(netns.list, namespaces.map((ns) => [ns.name, ns.name || "(own namespace)"]));
+    const ns = namespaces.find((n) => n.name === netns.value);
+    fillOptions(dev.list, ns ? ns.devices.map((d) => [d.name, `${d.kind}, mtu ${d.mtu}`]) : []);
+  }
+
+  function wireRow(row) {
+    row.querySelector("select.node").addEventListener("change", () => refreshChoices(row));
+    row.querySelector("input.netns").addEventListener("input", () => refreshChoices(row));
+    row.querySelector("button.remove").addEventListener("click", (event) => {
+      event.preventDefault();
+      row.remove();
+      scheduleValidation();
+    });
+    refreshChoices(row);
+  }
+
+  function addRow() {
+    const rows = [...tbody.querySelectorAll("tr.hop")].map((r) => Number(r.dataset.row));
+    const next = rows.length ? Math.max(...rows) + 1 : 0;
+    const html = template.innerHTML.replaceAll("__N__", String(next));
+    tbody.insertAdjacentHTML("beforeend", html);
+    const row = tbody.lastElementChild;
+    wireRow(row);
+    return row;
+  }
+
+  tbody.querySelectorAll("tr.hop").forEach(wireRow);
+  document.getElementById("add-hop").addEventListener("click", (event) => {
+    event.preventDefault();
+    addRow().querySelector("input").focus();
+  });
+
+  // Inline validation: the dispatcher's ValidateTrace errors, shown under the field they name.
+  let timer = null;
+  let sequence = 0;
+  const validity = document.getElementById("validity");
+  const general = document.getElementById("general-errors");
+
+  function showErrors(result) {
+    form.querySelectorAll(".field-error").forEach((span) => (span.textContent = ""));
+    const leftover = [...(result.general || [])];
+    for (const error of result.errors || []) {
+      const span = error.input && document.getElementById(`err-${error.input}`);
+      if (span) span.textContent = span.textContent ? `${span.textContent}; ${error.reason}` : error.reason;
+      else leftover.push(`${error.field}: ${error.reason}`);
+    }
+    general.replaceChildren(
+      ...leftover.map((text) => {
+        const li = document.createElement("li");
+        li.textContent = text;
+        return li;
+      }),
+    );
+    general.hidden = leftover.length === 0;
+    validity.textContent = result.valid ? "✓ valid (checked by the dispatcher)" : "";
+  }
+
+  async function validate() {
+    const mine = ++sequence;
+    const body = new FormData(form);
+    body.delete("action");
+    try {
+      const response = await fetch(form.dataset.validateUrl, {
+        method: "POST",
+        body,
+        headers: { "X-CSRF-Token": token, Accept: "application/json" },
+        credentials: "same-origin",
+      });
+      const result = await response.json();
+      if (mine === sequence) showErrors(result);
+    } catch (error) {
+      if (mine === sequence) validity.textContent = `validation unavailable: ${error}`;
+    }
+  }
+
+  function scheduleValidation() {
+    clearTimeout(timer);
+    timer = setTimeout(validate, 400);
+  }
+
+  form.addEventListener("input", scheduleValidation);
+  form.addEventListener("change", scheduleValidation);
+})();

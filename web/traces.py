@@ -1,0 +1,391 @@
+"""Traces: list, create and edit from a form or from YAML, validate inline, apply, delete.
+
+Every check shown is the dispatcher's own: the spec's structure through `hoptrace.dispatcher.spec` (the code
+the CLI and the dispatcher parse specs with), everything else through `ValidateTrace` over gRPC, whose
+`FieldError`s are placed next to the field they name (``hops[2].dev`` -> the dev box of the third hop row).
+The YAML shown is `spec_to_yaml`, so `hoptrace trace apply -f` of it applies the same spec.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Blueprint, Response, abort, flash, jsonify, redirect, render_template, request, url_for
+
+from hoptrace.dispatcher.spec import (
+    FILTER_KEYS,
+    HOP_KEYS,
+    FieldError,
+    SpecError,
+    load_spec,
+    spec_from_data,
+    spec_to_yaml,
+)
+from hoptrace.v1 import api_pb2, trace_pb2
+from hoptrace.web.agents import agent_views
+from hoptrace.web.dispatcher import DispatcherError, get_client
+
+bp = Blueprint("traces", __name__, url_prefix="/traces")
+
+# Offered in the `at` box; any other value (tracepoint:GROUP:EVENT, fentry:FUNCTION, ...) can be typed.
+AT_CHOICES = (
+    "tc-egress",
+    "tc-ingress",
+    "xdp",
+    "cgroup-egress",
+    "cgroup-ingress",
+    "tracepoint:net:netif_receive_skb",
+    "tracepoint:net:net_dev_xmit",
+    "tracepoint:net:netif_rx",
+    "tracepoint:net:napi_gro_receive_entry",
+    "fentry:",
+    "kprobe:",
+)
+# The capability key (Register.capabilities.attach) behind each `at` form, to mark unsupported choices.
+AT_KIND = {"tc": "tcx", "xdp": "xdp", "cgroup": "cgroup_skb", "tracepoint": "tp_btf"}
+_HOP_FIELD = re.compile(r"^hops\[(\d+)\](?:\.(\w+))?$")
+_ROW_KEY = re.compile(r"^hops-(\d+)-(\w+)$")
+
+
+@dataclass
+class TraceForm:
+    """The trace form's values, as typed (strings); `rows` maps each hop to its row number in the request."""
+
+    name: str = ""
+    protocol: str = ""
+    src: str = ""
+    dst: str = ""
+    src_port: str = ""
+    dst_port: str = ""
+    sample: str = "1"
+    hops: list[dict[str, str]] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_spec(cls, spec: trace_pb2.TraceSpec) -> TraceForm:
+        """The form showing an applied spec."""
+        flt = spec.filter
+        return cls(
+            name=spec.name,
+            protocol=flt.protocol,
+            src=flt.src,
+            dst=flt.dst,
+            src_port=str(flt.src_port) if flt.src_port else "",
+            dst_port=str(flt.dst_port) if flt.dst_port else "",
+            sample=str(spec.sample or 1),
+            hops=[{key: getattr(hop, key) for key in HOP_KEYS} for hop in spec.hops],
+            rows=list(range(len(spec.hops))),
+        )
+
+    @classmethod
+    def from_request(cls, form: Mapping[str, str]) -> TraceForm:
+        """The form as posted: hop rows `hops-N-KEY` in row order, rows left all blank dropped."""
+        values = {key: form.get(key, "").strip() for key in ("name", *FILTER_KEYS, "sample")}
+        rows: dict[int, dict[str, str]] = {}
+        for key, value in form.items():
+            match = _ROW_KEY.match(key)
+            if match and match.group(2) in HOP_KEYS:
+                rows.setdefault(int(match.group(1)), {})[match.group(2)] = value.strip()
+        hops, numbers = [], []
+        for number in sorted(rows):
+            hop = {key: rows[number].get(key, "") for key in HOP_KEYS}
+            if any(hop.values()):
+                hops.append(hop)
+                numbers.append(number)
+        return cls(**values, hops=hops, rows=numbers)
+
+    def to_data(self) -> dict[str, Any]:
+        """The spec document (as YAML would give it): numbers where the boxes hold numbers, empty left out."""
+
+        def number(text: str) -> int | str:
+            return int(text) if re.fullmatch(r"\d{1,10}", text) else text
+
+        data: dict[str, Any] = {"name": self.name}
+        flt: dict[str, Any] = {
+            key: getattr(self, key) for key in ("protocol", "src", "dst") if getattr(self, key)
+        }
+        for key in ("src_port", "dst_port"):
+            if getattr(self, key):
+                flt[key] = number(getattr(self, key))
+        if flt:
+            data["filter"] = flt
+        if self.sample:
+            data["sample"] = number(self.sample)
+        data["hops"] = [{key: value for key, value in hop.items() if value} for hop in self.hops]
+        return data
+
+
+def input_name(field_path: str) -> str | None:
+    """The form input a FieldError's path is about (``hops[2].dev`` -> ``hops-2-dev``), None for the
+    spec as a whole."""
+    if field_path in ("name", "sample"):
+        return field_path
+    if field_path.startswith("filter."):
+        return field_path.removeprefix("filter.")
+    match = _HOP_FIELD.match(field_path)
+    if match:
+        return f"hops-{match.group(1)}-{match.group(2)}" if match.group(2) else f"hops-{match.group(1)}"
+    return None
+
+
+def errors_by_input(errors: Sequence[FieldError]) -> tuple[dict[str, list[str]], list[str]]:
+    """FieldErrors placed by input name, and those about the whole spec (shown above the form)."""
+    placed: dict[str, list[str]] = {}
+    general: list[str] = []
+    for error in errors:
+        name = input_name(error.field)
+        if name is None:
+            general.append(str(error))
+        else:
+            placed.setdefault(name, []).append(error.reason)
+    return placed, general
+
+
+def check_form(form: TraceForm) -> tuple[trace_pb2.TraceSpec | None, list[FieldError]]:
+    """The spec of `form` and the dispatcher's errors for it (structure first, then ValidateTrace)."""
+    data = form.to_data()
+    try:
+        return spec_from_data(data), get_client().validate(spec_from_data(data))
+    except SpecError as error:
+        structural = error.errors
+    # A box that is not a number (sample, ports) makes no spec: check the rest without it, so every other
+    # field still gets the dispatcher's verdict in the same round.
+    for field_error in structural:
+        key = field_error.field.removeprefix("filter.")
+        data.get("filter", {}).pop(key, None) if field_error.field.startswith("filter.") else data.pop(
+            key, None
+        )
+    try:
+        spec = spec_from_data(data)
+    except SpecError:
+        return None, structural
+    broken = {field_error.field for field_error in structural}
+    others = [error for error in get_client().validate(spec) if error.field not in broken]
+    return None, structural + others
+
+
+def node_of_status(trace: api_pb2.Trace, index: int) -> str:
+    """The node of trace.nodes[index] (statuses follow the nodes' first appearance in the path)."""
+    nodes = list(dict.fromkeys(hop.node for hop in trace.spec.hops))
+    return nodes[index] if index < len(nodes) else "?"
+
+
+def trace_view(trace: api_pb2.Trace) -> dict[str, Any]:
+    """One trace for the templates: its nodes' status and a one-word state."""
+    nodes = []
+    for index, status in enumerate(trace.nodes):
+        problems = ([status.error] if status.error else []) + [hop.error for hop in status.hops if hop.error]
+        nodes.append(
+            {
+                "node": node_of_status(trace, index),
+                "active": status.active and not problems,
+                "generation": status.generation,
+                "problems": problems,
+                "hops": [
+                    {"index": hop.hop_index, "name": hop.name, "attached": hop.attached, "error": hop.error}
+                    for hop in status.hops
+                ],
+            }
+        )
+    active = sum(1 for node in nodes if node["active"])
+    applied = (
+        trace.applied_at.ToDatetime().isoformat(timespec="seconds") + "Z" if trace.applied_at.seconds else "-"
+    )
+    return {
+        "name": trace.spec.name,
+        "generation": trace.generation,
+        "applied_at": applied,
+        "hops": len(trace.spec.hops),
+        "path": [hop.name for hop in trace.spec.hops],
+        "node_names": list(dict.fromkeys(hop.node for hop in trace.spec.hops)),
+        "nodes": nodes,
+        "active": active,
+        "state": "running"
+        if nodes and active == len(nodes)
+        else ("partly running" if active else "not running"),
+        "protocol": trace.spec.filter.protocol or "udp+tcp",
+    }
+
+
+@bp.get("/")
+def index():  # noqa: ANN201 - a view
+    """Every applied trace with its state."""
+    try:
+        traces = [trace_view(trace) for trace in get_client().traces()]
+    except DispatcherError as error:
+        return render_template("traces/list.html", traces=[], error=error.message), 502
+    return render_template("traces/list.html", traces=traces, error=None)
+
+
+def _render_form(
+    form: TraceForm,
+    errors: Sequence[FieldError] = (),
+    *,
+    editing: str | None = None,
+    message: str | None = None,
+    status: int = 200,
+):  # noqa: ANN202
+    agents, agent_error = agent_views()
+    placed, general = errors_by_input(errors)
+    if message:
+        general = [message, *general]
+    hops = form.hops + [dict.fromkeys(HOP_KEYS, "")]  # one blank row to fill in
+    return (
+        render_template(
+            "traces/form.html",
+            form=form,
+            hops=hops,
+            editing=editing,
+            field_errors=placed,
+            general_errors=general,
+            agents=agents,
+            agent_error=agent_error,
+            at_choices=AT_CHOICES,
+        ),
+        status,
+    )
+
+
+def _handle_form(form: TraceForm, editing: str | None):  # noqa: ANN202
+    """POST of the form: add/remove a row, validate, or validate then apply."""
+    action = request.form.get("action", "validate")
+    if action == "add-hop":
+        form.hops.append(dict.fromkeys(HOP_KEYS, ""))
+        return _render_form(form, editing=editing)
+    if action.startswith("remove-hop-"):
+        number = (
+            int(action.removeprefix("remove-hop-")) if action.removeprefix("remove-hop-").isdigit() else -1
+        )
+        if number in form.rows:
+            del form.hops[form.rows.index(number)]
+        return _render_form(form, editing=editing)
+    try:
+        spec, errors = check_form(form)
+    except DispatcherError as error:
+        return _render_form(form, editing=editing, message=error.message, status=502)
+    if errors or spec is None:
+        return _render_form(form, errors, editing=editing, status=422)
+    if action != "apply":
+        return _valid(form, editing)
+    try:
+        trace = get_client().apply(spec)
+    except DispatcherError as error:
+        return _render_form(form, editing=editing, message=f"apply failed: {error.message}", status=422)
+    flash(f"Trace {trace.spec.name} applied (generation {trace.generation}).")
+    return redirect(url_for("traces.detail", name=trace.spec.name))
+
+
+def _valid(form: TraceForm, editing: str | None):  # noqa: ANN202
+    flash("The dispatcher accepts this spec (schema and agents). Apply it to start tracing.")
+    return _render_form(form, editing=editing)
+
+
+@bp.route("/new", methods=("GET", "POST"))
+def new():  # noqa: ANN201 - a view
+    """A new trace from the form."""
+    if request.method == "POST":
+        return _handle_form(TraceForm.from_request(request.form), None)
+    return _render_form(TraceForm(hops=[]))
+
+
+@bp.route("/<name>/edit", methods=("GET", "POST"))
+def edit(name: str):  # noqa: ANN201 - a view
+    """Change an applied trace through the form (applying updates it in place)."""
+    if request.method == "POST":
+        return _handle_form(TraceForm.from_request(request.form), name)
+    trace = _get_trace_or_404(name)
+    return _render_form(TraceForm.from_spec(trace.spec), editing=name)
+
+
+@bp.post("/validate.json")
+def validate_json():  # noqa: ANN201 - a view
+    """The dispatcher's errors for the posted form, each with the input it belongs to (inline validation
+    while typing; `input` uses the row numbers of the request)."""
+    form = TraceForm.from_request(request.form)
+    try:
+        _, errors = check_form(form)
+    except DispatcherError as error:
+        return jsonify({"errors": [], "general": [error.message]}), 502
+    placed = []
+    for error in errors:
+        name = input_name(error.field)
+        match = _HOP_FIELD.match(error.field)
+        if match and int(match.group(1)) < len(form.rows):
+            row = form.rows[int(match.group(1))]
+            name = f"hops-{row}-{match.group(2)}" if match.group(2) else f"hops-{row}"
+        placed.append({"field": error.field, "reason": error.reason, "input": name})
+    return jsonify({"errors": placed, "valid": not errors})
+
+
+def _get_trace_or_404(name: str) -> api_pb2.Trace:
+    try:
+        return get_client().trace(name)
+    except DispatcherError as error:
+        if error.code is not None and error.code.name == "NOT_FOUND":
+            abort(404, description=error.message)
+        abort(502, description=error.message)
+
+
+@bp.get("/<name>")
+def detail(name: str):  # noqa: ANN201 - a view
+    """One trace: where it runs, hop by hop, and its spec as YAML."""
+    trace = _get_trace_or_404(name)
+    return render_template("traces/detail.html", trace=trace_view(trace), yaml_text=spec_to_yaml(trace.spec))
+
+
+@bp.get("/<name>/spec.yaml")
+def spec_yaml(name: str) -> Response:
+    """The applied spec as YAML, exactly what `hoptrace trace apply -f` takes."""
+    trace = _get_trace_or_404(name)
+    return Response(
+        spec_to_yaml(trace.spec),
+        mimetype="text/yaml",
+        headers={"Content-Disposition": f'inline; filename="{trace.spec.name}.yaml"'},
+    )
+
+
+@bp.route("/yaml", methods=("GET", "POST"))
+def yaml_editor():  # noqa: ANN201 - a view
+    """Paste (or edit) a spec as YAML or JSON; validate it, or apply it."""
+    text = ""
+    errors: list[str] = []
+    status = 200
+    if request.method == "POST":
+        text = request.form.get("spec", "")
+        try:
+            spec = load_spec(text)  # the CLI's parser: syntax and schema errors carry their line
+            errors = [str(error) for error in get_client().validate(spec)]
+        except SpecError as error:
+            spec, errors = None, [str(item) for item in error.errors]
+        except DispatcherError as error:
+            spec, errors = None, [error.message]
+        if errors or spec is None:
+            status = 422
+        elif request.form.get("action") == "apply":
+            try:
+                trace = get_client().apply(spec)
+            except DispatcherError as error:
+                errors, status = [f"apply failed: {error.message}"], 422
+            else:
+                flash(f"Trace {trace.spec.name} applied (generation {trace.generation}).")
+                return redirect(url_for("traces.detail", name=trace.spec.name))
+        else:
+            flash("The dispatcher accepts this spec (schema and agents). Apply it to start tracing.")
+    elif request.args.get("from"):
+        text = spec_to_yaml(_get_trace_or_404(request.args["from"]).spec)
+    return render_template("traces/yaml.html", text=text, errors=errors), status
+
+
+@bp.post("/<name>/delete")
+def delete(name: str):  # noqa: ANN201 - a view
+    """Detach a trace everywhere."""
+    try:
+        get_client().delete(name)
+    except DispatcherError as error:
+        flash(f"Deleting {name} failed: {error.message}", "error")
+        return redirect(url_for("traces.index"))
+    flash(f"Trace {name} deleted.")
+    return redirect(url_for("traces.index"))
