@@ -1,0 +1,204 @@
+"""1. BPF cost per hop: kernel run time per program invocation on the 8-hop VXLAN path.
+
+With `kernel.bpf_stats_enabled=1` the kernel adds each program's run time to `run_time_ns` and counts its
+runs in
+`run_cnt` (`bpftool prog show`). Two standalone agents attach the 8-hop c1 -> c2 path; sockperf sends UDP
+c1 -> c2
+at a fixed rate. Two conditions, same hops:
+
+- matching: the filter is the flow's port, every packet is tagged at the first hop and recorded at all eight;
+- non-matching: the filter names another port, so every hop parses the packet, fails the filter and returns.
+
+Program ids are mapped to hops exactly: tc hops from the tcx attachments of each device (`bpftool net show`
+inside its namespace), tracepoint hops by program name (one `netif_receive_skb` and one `net_dev_xmit` hop).
+Tracepoint programs run for every packet of the whole machine (other namespaces included) and return after
+the device check for packets of other devices, so their mean is over all of those runs.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from typing import Any
+
+from common import (
+    SOCKPERF_PORT,
+    BenchContext,
+    RecordSink,
+    TwoHostTopology,
+    bpf_stats_enabled,
+    bpftool_json,
+    log,
+    median,
+    path_agents,
+    path_plans,
+    progs_of,
+    stop_process,
+    target,
+    tcx_prog_ids,
+    wait_listening,
+)
+
+TC_HOPS = {  # hop name -> (role, device, direction)
+    "c1-eth0-out": ("c1", "eth0", "egress"),
+    "a-vxlan-out": ("host-a", "vxlan0", "egress"),
+    "a-wire-out": ("host-a", "wire0", "egress"),
+    "b-wire-in": ("host-b", "wire0", "ingress"),
+    "b-vxlan-in": ("host-b", "vxlan0", "ingress"),
+    "c2-eth0-in": ("c2", "eth0", "ingress"),
+}
+TP_HOPS = {"a-veth-in": ("host-a", "hop_tp_btf"), "b-veth-out": ("host-b", "hop_tp_btf_xmit")}
+OTHER_PORT = 22222
+
+
+def hop_prog_ids(topo: TwoHostTopology, pids: dict[str, int]) -> dict[str, int]:
+    """hop name -> BPF program id, for the two agents' programs."""
+    ids: dict[str, int] = {}
+    for hop, (role, dev, direction) in TC_HOPS.items():
+        found = tcx_prog_ids(topo, role, dev)[direction]
+        ours = progs_of({pids["host-a"], pids["host-b"]})
+        mine = [pid for pid in found if pid in ours]
+        if len(mine) != 1:
+            raise RuntimeError(
+                f"{hop}: expected one hoptrace program on {role}/{dev} {direction}, got {found}"
+            )
+        ids[hop] = mine[0]
+    for hop, (node, name) in TP_HOPS.items():
+        progs = [p["id"] for p in progs_of({pids[node]}).values() if p.get("name") == name]
+        if len(progs) != 1:
+            raise RuntimeError(f"{hop}: expected one {name} program held by {node}'s agent, got {progs}")
+        ids[hop] = progs[0]
+    return ids
+
+
+def prog_stats(ids: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """hop -> (run_time_ns, run_cnt) now."""
+    by_id = {p["id"]: p for p in bpftool_json("prog", "show")}
+    return {hop: (by_id[pid].get("run_time_ns", 0), by_id[pid].get("run_cnt", 0)) for hop, pid in ids.items()}
+
+
+def sockperf_throughput(topo: TwoHostTopology, seconds: int, mps: int) -> dict[str, Any]:
+    """sockperf UDP throughput c1 -> c2 for `seconds` at `mps` messages/s (64-byte messages)."""
+    server = topo.popen(
+        "c2",
+        "sockperf",
+        "server",
+        "-i",
+        topo.addr("c2"),
+        "-p",
+        str(SOCKPERF_PORT),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_listening(topo, "c2", "udp", SOCKPERF_PORT)
+        out = topo.run(
+            "c1",
+            "sockperf",
+            "throughput",
+            "-i",
+            topo.addr("c2"),
+            "-p",
+            str(SOCKPERF_PORT),
+            "-t",
+            str(seconds),
+            "--mps",
+            str(mps),
+            "-m",
+            "64",
+            timeout=seconds + 30,
+        )
+    finally:
+        stop_process(server)
+    text = out.stdout + out.stderr
+    sent = re.search(r"Total of (\d+) messages sent", text)
+    if not sent:
+        raise RuntimeError(f"sockperf throughput: no SentMessages in {text[-1500:]}")
+    return {"sent": int(sent.group(1))}
+
+
+def run(ctx: BenchContext) -> dict[str, Any]:
+    """Run both conditions; returns per-hop ns/run and the targets."""
+    seconds = ctx.size(2, 10)
+    mps = ctx.size(10_000, 20_000)
+    results: dict[str, Any] = {"seconds": seconds, "mps": mps, "conditions": {}}
+    sink = RecordSink()
+    topo = TwoHostTopology(ctx.prefix(), overlay="vxlan")
+    try:
+        topo.create()
+        with bpf_stats_enabled():
+            for condition, port in (("matching", SOCKPERF_PORT), ("non_matching", OTHER_PORT)):
+                filter_ = {"protocol": "udp", "dst": topo.addr("c2"), "dstPort": port}
+                plans = path_plans(topo, f"bpfcost-{condition}", filter_)
+                with path_agents(topo, sink.addr, ctx.workdir, plans) as (agent_a, agent_b):
+                    ids = hop_prog_ids(topo, {"host-a": agent_a.pid, "host-b": agent_b.pid})
+                    before = prog_stats(ids)
+                    records_before = sink.count()
+                    t0 = time.monotonic()
+                    traffic = sockperf_throughput(topo, seconds, mps)
+                    dt = time.monotonic() - t0
+                    time.sleep(0.5)  # the agents flush their last batches
+                    after = prog_stats(ids)
+                    hops = {}
+                    for hop in ids:
+                        d_ns = after[hop][0] - before[hop][0]
+                        d_cnt = after[hop][1] - before[hop][1]
+                        hops[hop] = {
+                            "prog_id": ids[hop],
+                            "kind": "tracepoint" if hop in TP_HOPS else "tc",
+                            "runs": d_cnt,
+                            "ns_per_run": d_ns / d_cnt if d_cnt else None,
+                        }
+                    results["conditions"][condition] = {
+                        "hops": hops,
+                        "sent": traffic["sent"],
+                        "duration_s": dt,
+                        "records": sink.count() - records_before,
+                    }
+                    log(
+                        f"bpf_cost {condition}: "
+                        + ", ".join(
+                            f"{h} {v['ns_per_run']:.0f} ns" for h, v in hops.items() if v["ns_per_run"]
+                        )
+                    )
+    finally:
+        topo.destroy()
+        sink.close()
+
+    summary: dict[str, Any] = {}
+    for condition, data in results["conditions"].items():
+        values = [h["ns_per_run"] for h in data["hops"].values() if h["ns_per_run"] is not None]
+        for kind in ("tc", "tracepoint"):
+            runs = sum(h["runs"] for h in data["hops"].values() if h["kind"] == kind)
+            ns = sum(h["runs"] * (h["ns_per_run"] or 0) for h in data["hops"].values() if h["kind"] == kind)
+            summary[f"{condition}_{kind}_mean_ns"] = ns / runs if runs else None
+        summary[f"{condition}_median_hop_ns"] = median(values)
+        # every hop of a tagged packet but the tagger (it also grows the packet: reported alone)
+        summary[f"{condition}_median_hop_ns_excl_tagger"] = median(
+            [h["ns_per_run"] for n, h in data["hops"].items() if n != "c1-eth0-out" and h["ns_per_run"]]
+        )
+    results["summary"] = summary
+    results["targets"] = [
+        target(
+            "BPF run time per traced packet per hop (median of hops)",
+            summary["matching_median_hop_ns"],
+            150,
+            "ns",
+        ),
+        target(
+            "BPF run time per non-matching packet per hop (median of hops)",
+            summary["non_matching_median_hop_ns"],
+            30,
+            "ns",
+        ),
+    ]
+    m, n = results["conditions"]["matching"]["hops"], results["conditions"]["non_matching"]["hops"]
+    results["table"] = {
+        "columns": ["hop", "kind", "matching ns/run", "runs", "non-matching ns/run", "runs"],
+        "rows": [
+            [hop, m[hop]["kind"], m[hop]["ns_per_run"], m[hop]["runs"], n[hop]["ns_per_run"], n[hop]["runs"]]
+            for hop in m
+        ],
+    }
+    return results

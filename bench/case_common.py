@@ -1,0 +1,153 @@
+"""What the vNetTracer case studies (bench/case_*.py) share: a traced TwoHostTopology, extra containers on
+host-a's bridge, sockperf, iperf3 and the per-segment report of each run.
+
+Each case builds everything it uses and removes it in ``finally`` blocks: namespaces, processes, the local
+cluster (dispatcher, collector, one agent per emulated host) and its InfluxDB.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "presets"))
+from conftest import add_container  # noqa: E402
+from helpers import start_influxd  # noqa: E402
+from topology import Overlay, TwoHostTopology  # noqa: E402
+
+from hoptrace.cli.localcluster import LocalCluster  # noqa: E402
+from hoptrace.v1 import trace_pb2  # noqa: E402
+
+SOCKPERF_PORT = 11111
+
+
+@contextlib.contextmanager
+def traced_topology(overlay: Overlay) -> Iterator[tuple[TwoHostTopology, LocalCluster]]:
+    """A fresh TwoHostTopology, InfluxDB, dispatcher, collector and an agent per host; removed after."""
+    topo = TwoHostTopology("cs" + secrets.token_hex(2), overlay=overlay)
+    influx = cluster = None
+    extra: list[str] = []
+    try:
+        topo.create()
+        influx = start_influxd()
+        cluster = LocalCluster(influx_url=influx.url)
+        cluster.start_dispatcher()
+        cluster.start_collector()
+        cluster.wait_listening()
+        cluster.start_agent("host-a", topo.host_a)
+        cluster.start_agent("host-b", topo.host_b)
+        cluster.wait_agents(["host-a", "host-b"])
+        topo.extra_netns = extra  # type: ignore[attr-defined]
+        yield topo, cluster
+    finally:
+        if cluster:
+            cluster.stop()
+        if influx:
+            influx.stop()
+        topo.destroy()
+        for ns in extra:
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+def extra_container(topo: TwoHostTopology, index: int) -> str:
+    """Container ``c{index}`` (index >= 3) on host-a's bridge, 198.18.1.{index}; deleted with the topology."""
+    ns = add_container(topo, f"c{index}", f"198.18.1.{index}", f"02:00:c6:12:01:{index:02x}")
+    topo.extra_netns.append(ns)  # type: ignore[attr-defined]
+    return ns
+
+
+def spec(name: str, topo: TwoHostTopology, hops: list[tuple[str, str, str, str, str]], **flt: Any) -> Any:
+    """A TraceSpec of the sockperf flow c1 -> c2 (UDP) through ``hops`` (name, node, at, dev, netns)."""
+    filt = {"protocol": "udp", "src": topo.addr("c1"), "dst": topo.addr("c2"), "dst_port": SOCKPERF_PORT}
+    filt.update(flt)
+    return trace_pb2.TraceSpec(
+        name=name,
+        filter=trace_pb2.Filter(**filt),
+        sample=1,
+        hops=[
+            trace_pb2.HopSpec(name=n, node=node, at=at, dev=dev, netns=ns) for n, node, at, dev, ns in hops
+        ],
+    )
+
+
+def sockperf(
+    topo: TwoHostTopology, seconds: float, mps: int, client: str = "c1", server: str = "c2", **popen: Any
+) -> dict[str, float]:
+    """A sockperf UDP ping-pong ``client`` -> ``server``: sockperf's own average and percentiles (µs)."""
+    srv = topo.popen(
+        server, *popen.pop("server_prefix", ()), "sockperf", "server", "-i", topo.addr(server),
+        "-p", str(SOCKPERF_PORT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(0.5)
+        out = topo.run(
+            client, "sockperf", "ping-pong", "-i", topo.addr(server), "-p", str(SOCKPERF_PORT),
+            "-t", str(int(seconds)), "--mps", str(mps), *popen.pop("client_args", ()),
+            timeout=seconds + 30,
+        ).stdout  # fmt: skip
+    finally:
+        srv.send_signal(signal.SIGINT)
+        srv.wait(5)
+    result: dict[str, float] = {}
+    if m := re.search(r"avg-latency=([\d.]+)", out):
+        result["avg_us"] = float(m.group(1))
+    for pct, value in re.findall(r"percentile ([\d.]+) =\s+([\d.]+)", out):
+        result[f"p{pct}_us"] = float(value)
+    return result
+
+
+@contextlib.contextmanager
+def iperf3_load(topo: TwoHostTopology, flows: list[tuple[str, int]], seconds: float) -> Iterator[None]:
+    """TCP iperf3 flows to host-b's wire0 address: (netns, parallel streams) each, one server port each."""
+    procs: list[subprocess.Popen[Any]] = []
+    try:
+        for i, _ in enumerate(flows):
+            procs.append(topo.popen("host-b", "iperf3", "-s", "-p", str(5201 + i), stdout=subprocess.DEVNULL))
+        time.sleep(0.5)
+        for i, (ns, streams) in enumerate(flows):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *("ip", "netns", "exec", ns, "iperf3", "-c", topo.addr("host-b")),
+                        *("-p", str(5201 + i), "-t", str(int(seconds)), "-P", str(streams)),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        time.sleep(1)
+        yield
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def report(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    """``hoptrace report NAME --json`` for the last 10 minutes, after the collector's join window closed."""
+    time.sleep(3)
+    out = cluster.hoptrace("report", name, "--since", "10m", "--json")
+    return json.loads(out.stdout)
+
+
+def require_root() -> None:
+    """The cases build namespaces and load BPF programs."""
+    if os.geteuid() != 0:
+        sys.exit("run as root (namespaces, BPF): sudo .venv/bin/python bench/case_....py")

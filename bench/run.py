@@ -1,0 +1,287 @@
+"""hoptrace's benchmarks: `make bench` (--full) and `make bench-quick` (--quick, part of `make test`).
+
+    .venv/bin/python bench/run.py --full|--quick [--only NAME[,NAME...]]
+
+Runs every benchmark module in turn (bpf_cost, agent_records, collector, dispatcher, overhead, accuracy,
+scale;
+docs/benchmarks.md), writes `bench/results/<UTC time>.json`, a Markdown summary beside it and PNG plots. A
+benchmark that fails makes the run exit non-zero after the others ran (and cleaned up). Targets are reported,
+met or missed, never asserted. Needs root (namespaces, BPF).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from common import BenchContext, log  # noqa: E402
+
+BENCHMARKS = ["bpf_cost", "agent_records", "collector", "dispatcher", "overhead", "accuracy", "scale"]
+RESULTS = BENCH / "results"
+
+
+def ensure_matplotlib() -> Any:
+    """matplotlib (Agg), installed into this venv with pip when missing (it is not a project dependency)."""
+    try:
+        import matplotlib
+    except ImportError:
+        log("matplotlib is missing: pip install matplotlib (into this venv, for the plots only)")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib"], check=True)
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, memory, kernel."""
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "?"
+    )
+    mem_kb = int(
+        next(
+            line.split()[1]
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
+    )
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "mem_gib": round(mem_kb / 2**20, 1),
+        "kernel": os.uname().release,
+        "uname": " ".join(os.uname()),
+    }
+
+
+def fmt(value: Any) -> str:
+    """A table cell."""
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3g}"
+    return "" if value is None else str(value)
+
+
+def md_table(table: dict[str, Any]) -> str:
+    """A results table as Markdown."""
+    lines = ["| " + " | ".join(table["columns"]) + " |", "|" + "---|" * len(table["columns"])]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in table["rows"]]
+    if table.get("note"):
+        lines.append(f"\n{table['note']}")
+    return "\n".join(lines)
+
+
+def md_targets(targets: list[dict[str, Any]]) -> str:
+    """Targets as Markdown: value, limit, met/missed and by how much."""
+    if not targets:
+        return ""
+    lines = ["| target | measured | limit | met | margin |", "|---|---|---|---|---|"]
+    for t in targets:
+        met = "n/a" if t["met"] is None else ("met" if t["met"] else "**missed**")
+        margin = "" if t["margin"] is None else f"{t['margin']:+.0%}"
+        lines.append(
+            f"| {t['name']} | {fmt(t['value'])} {t['unit']} | {fmt(t['limit'])} {t['unit']} | {met} | {margin} |"  # noqa: E501
+        )
+    return "\n".join(lines)
+
+
+def summary_markdown(doc: dict[str, Any]) -> str:
+    """The whole run as Markdown."""
+    m = doc["machine"]
+    out = [
+        f"# hoptrace benchmarks, {doc['mode']} run, {doc['started']}",
+        "",
+        f"{m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux {m['kernel']}",
+        "",
+    ]
+    for name, result in doc["benchmarks"].items():
+        out.append(f"## {name} ({result.get('seconds', 0):.0f} s)")
+        if "error" in result:
+            out += ["", "**FAILED**:", "", "```", result["error"], "```", ""]
+            continue
+        out += ["", md_table(result["table"]), ""]
+        for sub, table in result.get("tables", {}).items():
+            out += [f"### {sub}", "", md_table(table), ""]
+        if result.get("targets"):
+            out += [md_targets(result["targets"]), ""]
+    return "\n".join(out)
+
+
+def plots(doc: dict[str, Any], stem: Path) -> list[str]:
+    """PNG plots of the results that have a shape worth plotting; their file names."""
+    plt = ensure_matplotlib()
+    made = []
+    b = doc["benchmarks"]
+
+    def save(fig: Any, name: str) -> None:
+        path = stem.with_name(f"{stem.name}-{name}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        made.append(path.name)
+
+    if "conditions" in b.get("bpf_cost", {}):
+        fig, ax = plt.subplots(figsize=(8, 4))
+        conds = b["bpf_cost"]["conditions"]
+        hops = list(conds["matching"]["hops"])
+        for i, (cond, data) in enumerate(conds.items()):
+            ax.bar(
+                [x + i * 0.4 for x in range(len(hops))],
+                [data["hops"][h]["ns_per_run"] or 0 for h in hops],
+                0.4,
+                label=cond,
+            )
+        ax.set_xticks([x + 0.2 for x in range(len(hops))], hops, rotation=30, ha="right")
+        ax.axhline(150, color="r", ls="--", lw=0.8)
+        ax.axhline(30, color="g", ls="--", lw=0.8)
+        ax.set_ylabel("ns per run")
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set_title("BPF run time per hop (bpf_stats)")
+        save(fig, "bpf-cost")
+    if "steps" in b.get("agent_records", {}):
+        steps = b["agent_records"]["steps"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([s["offered_per_s"] / 1e3 for s in steps], [s["delivered_per_s"] / 1e3 for s in steps], "o-")
+        ax.set_xlabel("offered k records/s")
+        ax.set_ylabel("delivered k records/s")
+        ax.set_title("agent: ring buffer -> gRPC")
+        save(fig, "agent-records")
+    if "steps" in b.get("scale", {}):
+        steps = b["scale"]["steps"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        x = [s["offered_records_per_s"] / 1e3 for s in steps]
+        ax.plot(x, [s["collector_cpu_cores"] for s in steps], "o-", label="collector CPU (cores)")
+        ax.plot(x, [s["received_ratio"] for s in steps], "s-", label="received / offered")
+        for s, xi in zip(steps, x, strict=True):
+            ax.annotate(f"{s['agents']} agents", (xi, s["collector_cpu_cores"]))
+        ax.set_xlabel("offered k records/s")
+        ax.legend()
+        ax.set_title("collector under N synthetic agents")
+        save(fig, "scale")
+    if "ratios" in b.get("overhead", {}):
+        ratios = b["overhead"]["ratios"]
+        metrics = list(next(iter(ratios.values())))
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / len(ratios)
+        for i, (cond, per) in enumerate(ratios.items()):
+            ax.bar(
+                [x + i * width for x in range(len(metrics))],
+                [per[m]["median"] for m in metrics],
+                width,
+                label=cond,
+            )
+        ax.set_xticks([x + 0.4 for x in range(len(metrics))], metrics)
+        ax.set_ylabel("ratio to no tracing")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+        ax.set_title("overhead on the traced application")
+        save(fig, "overhead")
+    if b.get("accuracy", {}).get("delay"):
+        d = b["accuracy"]["delay"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.errorbar(
+            [r["delay_us"] for r in d],
+            [r["excess_p50_ns"] / 1e3 for r in d],
+            yerr=[r["excess_mad_ns"] / 1e3 for r in d],
+            fmt="o-",
+        )
+        ax.set_xscale("log")
+        ax.set_xlabel("delay box hold (µs)")
+        ax.set_ylabel("hoptrace - box hold, median ± MAD (µs)")
+        ax.set_title("accuracy across the delay box")
+        save(fig, "accuracy")
+    return made
+
+
+def main() -> int:
+    """Run the selected benchmarks; 0 when all ran, 1 when any failed."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--quick", action="store_true", help="every benchmark at a tiny size (< 3 minutes)")
+    mode.add_argument("--full", action="store_true", help="the full sizes (20-40 minutes)")
+    ap.add_argument("--only", default="", help="comma-separated benchmark names")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/run.py: run as root (namespaces, BPF programs)", file=sys.stderr)
+        return 2
+    names = [n for n in args.only.split(",") if n] or BENCHMARKS
+    unknown = set(names) - set(BENCHMARKS)
+    if unknown:
+        print(f"unknown benchmarks: {sorted(unknown)}; known: {BENCHMARKS}", file=sys.stderr)
+        return 2
+    ensure_matplotlib()
+
+    # SIGTERM/SIGHUP unwind like Ctrl-C, so every benchmark's cleanup (finally blocks) runs.
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
+
+    started = datetime.now(UTC)
+    ctx = BenchContext(quick=args.quick)
+    doc: dict[str, Any] = {
+        "mode": "quick" if args.quick else "full",
+        "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": " ".join(sys.argv),
+        "machine": machine(),
+        "benchmarks": {},
+    }
+    failed = []
+    t_all = time.monotonic()
+    try:
+        for name in names:
+            log(f"== {name}")
+            t0 = time.monotonic()
+            try:
+                result = importlib.import_module(name).run(ctx)
+            except KeyboardInterrupt:
+                raise
+            except Exception:
+                failed.append(name)
+                result = {"error": traceback.format_exc()}
+                log(f"{name} FAILED:\n{result['error']}")
+            result["seconds"] = time.monotonic() - t0
+            doc["benchmarks"][name] = result
+    finally:
+        ctx.close()
+    doc["seconds"] = time.monotonic() - t_all
+    doc["failed"] = failed
+
+    RESULTS.mkdir(exist_ok=True)
+    stem = RESULTS / started.strftime("%Y%m%dT%H%M%SZ")
+    doc["plots"] = plots(doc, stem)
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=str))
+    summary = summary_markdown(doc)
+    stem.with_suffix(".md").write_text(summary)
+    print(summary)
+    print(f"\nresults: {stem}.json, {stem}.md, plots {', '.join(doc['plots'])}; {doc['seconds']:.0f} s")
+    if failed:
+        print(f"FAILED benchmarks: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
