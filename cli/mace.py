@@ -276,7 +276,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pinger, rtts_c, rtts_h = ping_interleaved(
                 args.container, host, args.ping, args.count, args.interval
             )
-            time.sleep(0.2)  # the last echo's events reach the agent
+            # The agent drains its ring buffer every MacePollInterval and once more when stopped: the
+            # last echoes are certain to be there only after the summary.
+            report["summary"] = agent.stop()
             corrected = corrected_rtts(rtts_c, agent.echoes(), pinger.ident)
             report["ping"] = {
                 "target": args.ping,
@@ -297,7 +299,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     time.sleep(0.1)
             except KeyboardInterrupt:
                 pass
-        report["summary"] = agent.stop()
+        if "summary" not in report:
+            report["summary"] = agent.stop()
         if args.packets:
             report["packets"] = [x for x in agent.lines if x.get("type") == "packet"]
     return report

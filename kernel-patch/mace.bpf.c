@@ -43,9 +43,13 @@ struct recv_pending {
 	__u8 proto;
 };
 
+#define MACE_RINGBUF_BYTES (4 << 20)
+/* Above this much unread data a record wakes the agent at once (see emit). */
+#define MACE_WAKEUP_BYTES (MACE_RINGBUF_BYTES / 2)
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 << 20);
+	__uint(max_entries, MACE_RINGBUF_BYTES);
 } mace_events SEC(".maps");
 
 /* Keys that passed the first event of their direction, waiting for the last. */
@@ -122,6 +126,23 @@ static __always_inline __u32 mace_fmix(__u32 h)
 }
 
 /*
+ * Link-local scope: an IPv6 link-local source or destination (fe80::/10,
+ * RFC 4291 2.5.6) or link-local multicast (ff02::/16: ND, MLD), IPv4
+ * 169.254.0.0/16 (RFC 3927) or 224.0.0.0/24 (RFC 5771). A router never
+ * forwards these, so they cannot reach the outer device from a routed or
+ * NATed container: counted as seen they would only lower the coverage (a
+ * fresh interface sends MLD reports for its first seconds).
+ */
+static __always_inline bool link_local(const struct pkt_info *p)
+{
+	__u32 s = bpf_ntohl(p->saddr[0]), d = bpf_ntohl(p->daddr[0]);
+
+	if (p->family == 4)
+		return (s >> 16) == 0xa9fe || (d >> 16) == 0xa9fe || (d >> 8) == 0xe00000;
+	return (s >> 22) == (0xfe80 >> 6) || (d >> 22) == (0xfe80 >> 6) || (d >> 16) == 0xff02;
+}
+
+/*
  * The key of the innermost packet (a VXLAN/Geneve packet on the outer device
  * is keyed by what it carries, so both ends agree). Returns 0 when the packet
  * has no key.
@@ -135,6 +156,10 @@ static __always_inline __u64 packet_key(enum pkt_source src, struct pkt_reader *
 
 	if (parse_packet(src, r, 0, ethertype, &p)) {
 		mace_count(MACE_C_PARSE_ERROR);
+		return 0;
+	}
+	if (link_local(&p)) {
+		mace_count(MACE_C_LINK_LOCAL);
 		return 0;
 	}
 	*proto = p.proto;
@@ -265,7 +290,19 @@ static __always_inline void emit(__u64 key, __u64 start, __u64 end, __u32 tid, _
 	e->direction = direction;
 	e->proto = proto;
 	e->cpu = bpf_get_smp_processor_id();
-	bpf_ringbuf_submit(e, 0);
+	/*
+	 * No wakeup per record: the agent polls (agent/internal/preset/mace.go).
+	 * A default submit queues an irq_work that wakes the agent's epoll on this
+	 * CPU, which is the measured application's (the whole echo runs in its
+	 * sendto: softirqs run at local_bh_enable). The agent then preempts that
+	 * application on its way back to user space, adding 6-37 us to exactly
+	 * the container's echoes and to none of the host's (which emit nothing):
+	 * measured with sched_switch, it was most of the gap between the corrected
+	 * and the native RTT (docs/mace.md). Only a ring half full wakes it now.
+	 */
+	bool full = bpf_ringbuf_query(&mace_events, BPF_RB_AVAIL_DATA) > MACE_WAKEUP_BYTES;
+
+	bpf_ringbuf_submit(e, full ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 }
 
 /* The path's last event: pair with the first one and report. */

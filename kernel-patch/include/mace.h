@@ -50,6 +50,8 @@ enum mace_counter {
 	MACE_C_OUTER_INGRESS, /* packets the outer device received (any container) */
 	MACE_C_PARSE_ERROR,   /* not IP, truncated or malformed: no key */
 	MACE_C_RINGBUF_FULL,  /* record lost */
+	MACE_C_LINK_LOCAL,    /* events on link-local packets (ND, MLD, fe80::, 224.0.0.0/24): a
+			       * router never forwards them to the outer device; not keyed */
 	MACE_C_MAX,
 };
 

@@ -5,6 +5,10 @@ same echo, has a mean within 20 µs of the host namespace's own ping to the same
 each after the same pause, so both see the same machine. Means are taken over the central 98 % of echoes:
 this VM shares its 2 CPUs with other work, and a single preempted echo (milliseconds) would otherwise decide
 a 20 µs comparison.
+
+The bound holds only if tracing perturbs the container's echoes no more than the host's: the agent must not
+be woken per record (it was, and the wakeup preempted the pinger after every container echo and never after a
+host echo: +19 to +37 µs; docs/mace.md).
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ def test_corrected_rtt_matches_native_idle(routed_topology: TwoHostTopology, mac
     assert summary["egress"]["coverage"] >= 0.99 and summary["ingress"]["coverage"] >= 0.99, summary
     assert summary["egress"]["mean_ns"] > 0 and summary["ingress"]["mean_ns"] > 0
     assert result["raw"] - result["corrected"] > 1_000, "MACE removed less than 1 µs"
+    assert abs(result["corrected"] - result["native"]) < abs(result["raw"] - result["native"]), result
     assert abs(result["corrected"] - result["native"]) < BOUND_NS, result
 
 

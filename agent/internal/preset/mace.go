@@ -92,12 +92,13 @@ const (
 	mcOuterIngress
 	mcParseError
 	mcRingbufFull
+	mcLinkLocal
 	mcMax
 )
 
 // MaceCounterNames name enum mace_counter in order.
 var MaceCounterNames = []string{"egress_seen", "egress_reported", "egress_collision", "ingress_seen",
-	"ingress_reported", "ingress_collision", "outer_egress", "outer_ingress", "parse_error", "ringbuf_full"}
+	"ingress_reported", "ingress_collision", "outer_egress", "outer_ingress", "parse_error", "ringbuf_full", "link_local"}
 
 // MaceConfig is `hoptrace-agent mace`.
 type MaceConfig struct {
@@ -174,6 +175,11 @@ type MaceSummary struct {
 	Echoes    int               `json:"echoes"`
 	Counters  map[string]uint64 `json:"counters"`
 }
+
+// MacePollInterval is how often the agent drains the ring buffer: the BPF
+// side does not wake it per record (mace.bpf.c, emit), only when the ring is
+// half full.
+const MacePollInterval = 50 * time.Millisecond
 
 // MacePairer turns events into per-packet lines, echo corrections and statistics.
 type MacePairer struct {
@@ -341,7 +347,10 @@ func RunMace(ctx context.Context, cfg MaceConfig, w io.Writer) error {
 		return nil
 	}
 	for ctx.Err() == nil {
-		rd.SetDeadline(time.Now().Add(100 * time.Millisecond))
+		// mace.bpf.c submits without waking us (a wakeup per record would
+		// preempt the measured application): each deadline ends a poll, and
+		// ReadInto then returns what accumulated before ErrDeadlineExceeded.
+		rd.SetDeadline(time.Now().Add(MacePollInterval))
 		if err := rd.ReadInto(&rec); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				continue
