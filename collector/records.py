@@ -125,6 +125,7 @@ class DecodedBatch:
     counters: list[records_pb2.HopCounters] = field(default_factory=list)
     clock: records_pb2.NodeClock | None = None
     agent_dropped: int = 0
+    watermark_ns: int = 0  # node CLOCK_MONOTONIC: every record not sent yet is at least this recent
 
 
 def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
@@ -138,4 +139,5 @@ def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
         counters=list(batch.counters),
         clock=batch.clock if batch.HasField("clock") else None,
         agent_dropped=batch.agent_dropped,
+        watermark_ns=batch.watermark_ns,
     )

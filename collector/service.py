@@ -109,9 +109,10 @@ class CollectorPipeline:
             for c in batch.counters:
                 if c.hop:
                     self.catalog.learn_hop(batch.trace, c.hop_index, c.hop, batch.node)
-            if batch.counters:  # a heartbeat: the node has sent everything before its counters' time
-                at = max(c.at.ToNanoseconds() for c in batch.counters)
-                self.joiner.heard_from(batch.node, self.clock.wall_to_master(batch.node, at) if at else 0)
+            # The node's own watermark (its queue's oldest record), not its counters' time: counters
+            # overtake records still queued in the agent.
+            if batch.watermark_ns:
+                self.joiner.heard_from(batch.node, mapping.to_master(batch.watermark_ns))
             packets = self.joiner.join_hops(
                 batch.trace,
                 batch.node,

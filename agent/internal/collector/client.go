@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hoptrace/hoptrace/agent/internal/backoff"
+	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
@@ -206,9 +207,11 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 		if c.Counters == nil {
 			return nil
 		}
+		watermark := c.watermark()
 		for _, tc := range c.Counters() {
 			b := c.batch(tc.Trace, tc.Generation, nil, 0)
 			b.Counters = tc.Hops
+			b.WatermarkNs = watermark
 			if err := send(b); err != nil {
 				return err
 			}
@@ -289,4 +292,21 @@ func errDone(err error) error {
 		return err
 	}
 	return errStopped
+}
+
+// readerSlack covers records read from the ring buffer but not yet in the
+// queue (the reader flushes a batch at N records or after 100 ms).
+const readerSlack = 250 * time.Millisecond
+
+// watermark is how recent every record this node has not sent yet is at
+// least (CLOCK_MONOTONIC): the oldest queued record, else now minus what the
+// reader may still hold. Counters overtake the queue, so without it a
+// collector would take their time as the node's progress and cut packets
+// whose records still wait here.
+func (c *Client) watermark() int64 {
+	wm := clock.Monotonic() - int64(readerSlack)
+	if oldest, ok := c.Queue.OldestTs(); ok && oldest < wm {
+		wm = oldest
+	}
+	return wm
 }

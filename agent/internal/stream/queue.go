@@ -6,6 +6,7 @@ package stream
 
 import (
 	"context"
+	"encoding/binary"
 	"sync"
 
 	"github.com/hoptrace/hoptrace/agent/internal/record"
@@ -21,6 +22,19 @@ type Batch struct {
 	// Seq is the batch_seq once the batch was first sent; a batch resent
 	// after a reconnect keeps it, so the collector can drop duplicates.
 	Seq uint64
+}
+
+// OldestTs is the ts_ns of the oldest record waiting in the queue (the first
+// record of its head batch: batches and their records are in arrival order).
+func (q *Queue) OldestTs() (int64, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, b := range q.items[q.head:] {
+		if len(b.Records) >= record.Size {
+			return int64(binary.LittleEndian.Uint64(b.Records[:8])), true
+		}
+	}
+	return 0, false
 }
 
 // Count is the number of records in the batch.

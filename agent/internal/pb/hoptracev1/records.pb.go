@@ -39,7 +39,11 @@ type RecordBatch struct {
 	// Records the agent itself dropped since it started (buffer bound reached).
 	AgentDropped uint64 `protobuf:"varint,8,opt,name=agent_dropped,json=agentDropped,proto3" json:"agent_dropped,omitempty"`
 	// How this node's timestamps map onto the master's clock.
-	Clock         *NodeClock `protobuf:"bytes,9,opt,name=clock,proto3" json:"clock,omitempty"`
+	Clock *NodeClock `protobuf:"bytes,9,opt,name=clock,proto3" json:"clock,omitempty"`
+	// The node's watermark (its CLOCK_MONOTONIC, like ts_ns): every record it has not sent yet is at least
+	// this recent. A collector finalizes a packet only when every node on its path is past it, so records
+	// that wait in an agent's queue (collector restart, slow link) are still joined. 0 = unknown.
+	WatermarkNs   int64 `protobuf:"varint,10,opt,name=watermark_ns,json=watermarkNs,proto3" json:"watermark_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -135,6 +139,13 @@ func (x *RecordBatch) GetClock() *NodeClock {
 		return x.Clock
 	}
 	return nil
+}
+
+func (x *RecordBatch) GetWatermarkNs() int64 {
+	if x != nil {
+		return x.WatermarkNs
+	}
+	return 0
 }
 
 type HopCounters struct {
@@ -455,7 +466,7 @@ var File_hoptrace_v1_records_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\n" +
-	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x02\n" +
+	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x02\n" +
 	"\vRecordBatch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05trace\x18\x02 \x01(\tR\x05trace\x12\x1e\n" +
@@ -468,7 +479,9 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"recordSize\x124\n" +
 	"\bcounters\x18\a \x03(\v2\x18.hoptrace.v1.HopCountersR\bcounters\x12#\n" +
 	"\ragent_dropped\x18\b \x01(\x04R\fagentDropped\x12,\n" +
-	"\x05clock\x18\t \x01(\v2\x16.hoptrace.v1.NodeClockR\x05clock\"\x8d\x04\n" +
+	"\x05clock\x18\t \x01(\v2\x16.hoptrace.v1.NodeClockR\x05clock\x12!\n" +
+	"\fwatermark_ns\x18\n" +
+	" \x01(\x03R\vwatermarkNs\"\x8d\x04\n" +
 	"\vHopCounters\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x10\n" +
 	"\x03hop\x18\x02 \x01(\tR\x03hop\x12*\n" +

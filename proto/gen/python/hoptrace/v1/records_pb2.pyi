@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RecordBatch(_message.Message):
-    __slots__ = ("node", "trace", "generation", "batch_seq", "records", "record_size", "counters", "agent_dropped", "clock")
+    __slots__ = ("node", "trace", "generation", "batch_seq", "records", "record_size", "counters", "agent_dropped", "clock", "watermark_ns")
     NODE_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class RecordBatch(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     AGENT_DROPPED_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_NS_FIELD_NUMBER: _ClassVar[int]
     node: str
     trace: str
     generation: int
@@ -29,7 +30,8 @@ class RecordBatch(_message.Message):
     counters: _containers.RepeatedCompositeFieldContainer[HopCounters]
     agent_dropped: int
     clock: NodeClock
-    def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ...) -> None: ...
+    watermark_ns: int
+    def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ...) -> None: ...
 
 class HopCounters(_message.Message):
     __slots__ = ("hop_index", "hop", "at", "seen", "matched", "recorded", "tagged", "untagged", "too_big", "gso_skipped", "not_matched", "parse_truncated", "parse_malformed", "parse_non_ip", "ringbuf_full", "bytes", "tag_failed")
