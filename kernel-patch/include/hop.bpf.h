@@ -13,8 +13,9 @@
 #include "hoptrace.h"
 #include "parse.bpf.h"
 
-#define TCX_NEXT_ (-1) /* let the next tcx/tc program run: never decide a packet's fate */
-#define SK_PASS_  1
+#define HOPTRACE_WAKEUP_BYTES (1 << 20) /* pending records that wake the agent at once */
+#define TCX_NEXT_	      (-1) /* let the next tcx/tc program run: never decide a packet's fate */
+#define SK_PASS_	      1
 
 /* Load-time settings, written by the agent before load (docs/design.md). */
 const volatile __u16 hop_index = 0;
@@ -179,7 +180,13 @@ static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex,
 	rec->trace_slot = trace_slot;
 	rec->cpu = bpf_get_smp_processor_id();
 	rec->flags = p->flags;
-	bpf_ringbuf_submit(rec, 0);
+	/* Wake the agent only for a backlog worth it: a wakeup per record schedules the agent onto
+	 * the traced packet's CPU, in the middle of its path (measured with hoptrace mace: +6 to
+	 * +37 us per traced echo). The agent reads every 100 ms anyway. */
+	bpf_ringbuf_submit(rec,
+			   bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) > HOPTRACE_WAKEUP_BYTES
+			       ? BPF_RB_FORCE_WAKEUP
+			       : BPF_RB_NO_WAKEUP);
 	count(HOPTRACE_C_RECORDED, 1);
 }
 
