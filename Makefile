@@ -123,7 +123,7 @@ bench-quick: setup build ## every benchmark at a tiny size (~2 min); make test r
 
 .PHONY: demo
 demo: setup build ## two emulated hosts, a traced UDP flow, the per-hop decomposition
-	$(PY) -m hoptrace.cli.demo
+	$(PY) -m hoptrace.cli.demo $(DEMO_ARGS)
 
 .PHONY: clean
 clean: ## remove build output

@@ -45,7 +45,8 @@ class JoinConfig:
 
     window_ns: int = 2_000_000_000
     max_entries: int = 500_000
-    node_timeout_ns: int = 10_000_000_000  # a node silent this long is not waited for
+    # A node silent this long is not waited for: 3x the agents' longest reconnect backoff (plus jitter).
+    node_timeout_ns: int = 30_000_000_000
 
     def validate(self) -> None:
         """Raise ValueError on an unusable setting."""

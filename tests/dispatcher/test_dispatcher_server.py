@@ -304,8 +304,16 @@ def test_agents_and_report_hook(tmp_path: Path, compiler: BpfCompiler) -> None:
                 "p99_ns": 0,
                 "max_ns": 3000,
                 "incomplete": 0,
+                "loss_count": 0,
+                "loss_rate": 0.0,
+                "tracer_lost": 0,
+                "jitter_ns": 0.0,
+                "jitter_p99_ns": 0.0,
+                "same_node": False,
+                "below_clock_bound": False,
             }
         ]
+        assert data["hops"] == []
         assert (data["trace"], data["packets"], data["complete"], data["end_to_end"]["to"]) == (
             "x",
             10,

@@ -83,6 +83,17 @@ def segment_counts(influx_url: str, trace: str) -> dict[str, int]:
     return {row["segment"]: int(row["_value"]) for row in rows}
 
 
+def distinct_packets(influx_url: str, trace: str) -> dict[str, int]:
+    """Distinct packet IDs in hop_latency per segment: what "no packet missing" is about."""
+    rows = flux(
+        influx_url,
+        f'from(bucket: "{BUCKET}") |> range(start: -1h) '
+        f'|> filter(fn: (r) => r._measurement == "hop_latency" and r.trace == "{trace}" '
+        f'and r._field == "packet_id") |> group(columns: ["segment"]) |> distinct() |> count()',
+    )
+    return {row["segment"]: int(row["_value"]) for row in rows}
+
+
 def segment_latencies(influx_url: str, trace: str, segment: str) -> dict[int, int]:
     """packet_id -> latency_ns of one segment, from InfluxDB."""
     rows = flux(

@@ -14,6 +14,7 @@ import time
 
 from system_helpers import (
     UdpSender,
+    distinct_packets,
     p50,
     report,
     running_cluster,
@@ -125,7 +126,12 @@ def test_jitter_across_the_delay_box_matches_its_log(topology_factory, influxd, 
 
 
 def test_collector_down_for_20s_loses_nothing(topology, influxd):
-    """Agents hold records while the collector is gone (SIGKILL) and send them when it is back."""
+    """Agents hold records while the collector is gone (SIGKILL) and send them when it is back.
+
+    Delivery is at least once: an agent resends the batches its broken stream had in flight, and a collector
+    killed mid-way may have exported some of them already, so a few packets can be counted twice; none is
+    missing, which is what is checked here (packet IDs).
+    """
     with running_cluster(topology, influxd.url) as cluster:
         spec = vxlan_path_spec(topology, "coll-down")
         cluster.apply(spec)
@@ -136,9 +142,9 @@ def test_collector_down_for_20s_loses_nothing(topology, influxd):
         cluster.start_collector("--join-window", "1")
         time.sleep(3)
         sent = sender.stop()
-        data = wait_report(cluster, "coll-down", sent, timeout_s=60)
-        assert data["complete"] == sent
-    counts = segment_counts(influxd.url, "coll-down")
+        data = wait_report(cluster, "coll-down", sent, timeout_s=90)
+        assert all(s["incomplete"] == 0 for s in data["segments"]), data["segments"]
+    counts = distinct_packets(influxd.url, "coll-down")
     names = [h.name for h in spec.hops]
     for a, b in zip(names, names[1:], strict=False):
         assert counts[f"{a}>{b}"] == sent

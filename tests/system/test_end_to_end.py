@@ -155,7 +155,7 @@ def test_apply_update_delete_while_traffic_flows(topology, influxd):
             spec = vxlan_path_spec(topology, "e2e-live", port=11111)
             first = cluster.apply(spec)
             attached = agent_links(cluster)
-            assert attached["agent-host-a"] >= 5 and attached["agent-host-b"] >= 3, attached
+            assert attached["agent-host-a"] >= 4 and attached["agent-host-b"] >= 4, attached  # 4 hops each
             wait_report(cluster, "e2e-live", 50)
 
             spec.filter.dst_port = 11112

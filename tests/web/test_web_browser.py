@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import udp_transfer
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.select import Select
@@ -32,8 +33,14 @@ PACKETS = 200
 
 
 def wait(driver: Any, condition: Any, timeout_s: float = 20.0, what: str = "") -> Any:
-    """WebDriverWait with a message naming what was awaited."""
-    return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(condition, message=what)
+    """WebDriverWait with a message naming what was awaited.
+
+    The results page re-renders its tables every 2 s: an element found a moment ago may be replaced, so a
+    stale element means "look again", not failure.
+    """
+    return WebDriverWait(
+        driver, timeout_s, poll_frequency=0.2, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(condition, message=what)
 
 
 def fill(element: Any, value: str) -> None:

@@ -20,7 +20,7 @@ func (b *Backoff) Next() time.Duration {
 		b.Min = 200 * time.Millisecond
 	}
 	if b.Max <= 0 {
-		b.Max = 10 * time.Second
+		b.Max = 5 * time.Second
 	}
 	if b.cur == 0 {
 		b.cur = b.Min
