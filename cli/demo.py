@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -125,8 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("where the time went (hoptrace report demo-udp)")
         report = cluster.hoptrace("report", "demo-udp", "--since", "5m", check=False)
         print(report.stdout or report.stderr)
+        password = secrets.token_urlsafe(9)
+        _, web_url = cluster.start_web(password)
+        cluster.wait_http(web_url + "/login")
+        say(f"web UI: {web_url}  (login admin / {password}; results at {web_url}/traces/demo-udp/results)")
+        if not args.keep:
+            print("it stops with the demo now; `make demo DEMO_ARGS=--keep` keeps everything up until Ctrl-C")
         if args.keep:
-            say(f"everything stays up; dispatcher at {cluster.dispatcher_addr}. Ctrl-C to stop")
+            say(f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up")
             signal.pause()
         return report.returncode
     except KeyboardInterrupt:

@@ -12,6 +12,7 @@ everything with --insecure (plaintext on loopback) and says so with a WARNING.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -125,6 +126,64 @@ class LocalCluster:
         component = Component(name, process, log_path)
         self.components[name] = component
         return component
+
+    def start_web(self, password: str, *extra: str) -> tuple[Component, str]:
+        """Run `hoptrace web` for this cluster with one user, admin/`password`; returns it and its URL."""
+        from werkzeug.security import generate_password_hash
+
+        users = self.workdir / "web-users"
+        users.write_text(f"admin:{generate_password_hash(password)}\n")
+        users.chmod(0o600)
+        secret = self.workdir / "web-secret"
+        secret.write_text(secrets.token_hex(32))
+        secret.chmod(0o600)
+        address = f"127.0.0.1:{free_port()}"
+        if self.certs is None:
+            client = ["--insecure"]
+        else:
+            files = self.certs.files("web")
+            client = ["--ca", str(files.ca), "--cert", str(files.cert), "--key", str(files.key)]
+            client += ["--token", self.certs.token("web")]
+        component = self._spawn(
+            "web",
+            [
+                *HOPTRACE,
+                "web",
+                "--listen",
+                address,
+                "--dispatcher",
+                self.dispatcher_addr,
+                *client,
+                "--influx-url",
+                self.influx_url,
+                "--influx-bucket",
+                self.influx_bucket,
+                "--users-file",
+                str(users),
+                "--secret-key-file",
+                str(secret),
+                *extra,
+            ],
+        )
+        return component, f"http://{address}"
+
+    def wait_http(self, url: str, timeout_s: float = 30.0) -> None:
+        """Wait until `url` answers (any HTTP status), checking that no component died meanwhile."""
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.check_running()
+            try:
+                urllib.request.urlopen(url, timeout=2).close()
+                return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{url} did not answer within {timeout_s} s") from None
+                time.sleep(0.2)
 
     def start_dispatcher(self, *extra: str) -> Component:
         """Run `hoptrace dispatcher` with its state under the cluster's workdir."""

@@ -313,18 +313,19 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
         raise CliError(f"dispatcher: {error}") from None
     if tls is not None and not args.tokens:
         raise CliError("dispatcher: TLS needs --tokens FILE for the user API (`hoptrace certs` writes one)")
-    report_provider = None
+    report_provider = window_provider = None
     if args.influx_url:
-        from hoptrace.dispatcher.reports import influx_report_provider
+        from hoptrace.dispatcher.reports import influx_report_provider, influx_window_provider
 
-        report_provider = influx_report_provider(
-            args.influx_url, args.influx_bucket, args.influx_org, args.influx_token
-        )
+        influx = (args.influx_url, args.influx_bucket, args.influx_org, args.influx_token)
+        report_provider = influx_report_provider(*influx)
+        window_provider = influx_window_provider(*influx)
     try:
         server = DispatcherServer(
             args.listen,
             args.state_dir,
             report_provider=report_provider,
+            window_provider=window_provider,
             ack_timeout=args.ack_timeout,
             tls=tls,
             tokens_file=args.tokens,

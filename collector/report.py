@@ -359,6 +359,59 @@ def get_report(
         return report_to_proto(query_report(client, bucket, org, request.trace, start, stop, path))
 
 
+_WINDOW_FIELDS = {
+    "count": int,
+    "mean_ns": float,
+    "p50_ns": int,
+    "p90_ns": int,
+    "p99_ns": int,
+    "max_ns": int,
+    "incomplete": int,
+    "loss_count": int,
+    "loss_rate": float,
+    "tracer_lost": int,
+    "jitter_ns": float,
+    "jitter_p99_ns": float,
+    "same_node": bool,
+    "below_clock_bound": bool,
+}
+
+
+def segment_windows(
+    trace: str,
+    *,
+    url: str,
+    bucket: str,
+    org: str = "-",
+    token: str = "",
+    after_ns: int,
+    path: Sequence[str] | None = None,
+) -> list[api_pb2.SegmentStats]:
+    """The closed 1 s `segment_stats` windows of `trace` after `after_ns` (unix ns), oldest first and, within
+    a window, segments in path order (end to end last). Feeds `Hoptrace.WatchSegmentStats`."""
+    query = (
+        f"from(bucket: {_flux_string(bucket)}) |> range(start: time(v: {after_ns + 1}))"
+        f' |> filter(fn: (r) => r._measurement == "{SEGMENT_STATS}" and r.trace == {_flux_string(trace)})'
+        ' |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")'
+    )
+    order = {f"{a}>{b}": i for i, (a, b) in enumerate(zip(path or [], (path or [])[1:], strict=False))}
+    rows: list[tuple[int, int, api_pb2.SegmentStats]] = []
+    with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
+        for table in client.query_api().query(query, org=org):
+            for rec in table.records:
+                values = rec.values
+                stats = api_pb2.SegmentStats(
+                    **{k: conv(values[k]) for k, conv in _WINDOW_FIELDS.items() if values.get(k) is not None}
+                )
+                setattr(stats, "from", values.get("from_hop", ""))  # noqa: B010
+                stats.to = values.get("to_hop", "")
+                stats.at.FromDatetime(rec.get_time())
+                segment = values.get("segment", "")
+                rows.append((stats.at.ToNanoseconds(), order.get(segment, len(order)), stats))
+    rows.sort(key=lambda row: row[:2])
+    return [stats for _, _, stats in rows]
+
+
 def format_ns(ns: float) -> str:
     """Human-readable duration: 850ns, 12.3us, 4.56ms, 1.20s."""
     a = abs(ns)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -16,6 +17,9 @@ log = logging.getLogger(__name__)
 # Answers GetReport: the request and the trace's applied spec (None if the trace is not applied any more),
 # whose hop names give the path order. hoptrace.collector.report.get_report fits, bound to its InfluxDB.
 ReportProvider = Callable[[api_pb2.GetReportRequest, trace_pb2.TraceSpec | None], api_pb2.Report]
+# (trace, after unix ns, spec) -> the closed per-second segment windows after that time, oldest first.
+WindowProvider = Callable[[str, int, trace_pb2.TraceSpec | None], list[api_pb2.SegmentStats]]
+WATCH_POLL_S = 1.0  # the collector closes one window per second
 
 
 class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
@@ -26,10 +30,12 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         controller: TraceController,
         registry: AgentRegistry,
         report_provider: ReportProvider | None = None,
+        window_provider: WindowProvider | None = None,
     ) -> None:
         self.controller = controller
         self.registry = registry
         self.report_provider = report_provider
+        self.window_provider = window_provider
 
     def _run(self, context: grpc.ServicerContext, action: Callable[[], object]) -> object:
         try:
@@ -100,6 +106,23 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
     def WatchSegmentStats(  # noqa: N802
         self, request: api_pb2.WatchSegmentStatsRequest, context: grpc.ServicerContext
     ) -> Iterator[api_pb2.SegmentStats]:
-        """Not implemented yet: poll GetReport instead."""
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, "WatchSegmentStats is not implemented: use GetReport")
-        yield from ()
+        """Each segment's statistics of every 1 s window as the collector closes it, until the client goes."""
+        if self.window_provider is None:
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "live statistics are not configured: start the dispatcher with --influx-url and "
+                "--influx-bucket",
+            )
+        if not request.trace:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trace: required")
+        after = time.time_ns() - 10 * 1_000_000_000  # the last few windows first, then new ones as they close
+        while context.is_active():
+            try:
+                windows = self.window_provider(request.trace, after, self.controller.spec_of(request.trace))
+            except Exception as error:  # the store is another process: say so and keep the stream
+                log.warning("live statistics of trace %s: %s", request.trace, error)
+                windows = []
+            for stats in windows:
+                after = max(after, stats.at.ToNanoseconds())
+                yield stats
+            time.sleep(WATCH_POLL_S)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hoptrace.dispatcher.api import ReportProvider
+from hoptrace.dispatcher.api import ReportProvider, WindowProvider
 from hoptrace.v1 import api_pb2, trace_pb2
 
 
@@ -13,5 +13,18 @@ def influx_report_provider(url: str, bucket: str, org: str = "-", token: str = "
     def provide(request: api_pb2.GetReportRequest, spec: trace_pb2.TraceSpec | None) -> api_pb2.Report:
         path = [hop.name for hop in spec.hops] if spec is not None else None
         return report.get_report(request, url=url, bucket=bucket, org=org, token=token, path=path)
+
+    return provide
+
+
+def influx_window_provider(url: str, bucket: str, org: str = "-", token: str = "") -> WindowProvider:
+    """A WindowProvider reading the collector's per-second `segment_stats` windows from InfluxDB."""
+    from hoptrace.collector import report
+
+    def provide(trace: str, after_ns: int, spec: trace_pb2.TraceSpec | None) -> list[api_pb2.SegmentStats]:
+        path = [hop.name for hop in spec.hops] if spec is not None else None
+        return report.segment_windows(
+            trace, url=url, bucket=bucket, org=org, token=token, after_ns=after_ns, path=path
+        )
 
     return provide

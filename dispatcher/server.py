@@ -19,7 +19,7 @@ from hoptrace.cli.grpcutil import (
     register_node,
     server_credentials,
 )
-from hoptrace.dispatcher.api import HoptraceServicer, ReportProvider
+from hoptrace.dispatcher.api import HoptraceServicer, ReportProvider, WindowProvider
 from hoptrace.dispatcher.compile import BpfCompiler, Toolchain
 from hoptrace.dispatcher.controller import TraceController
 from hoptrace.dispatcher.registry import AgentRegistry
@@ -59,6 +59,7 @@ class DispatcherServer:
         state_dir: str | Path,
         *,
         report_provider: ReportProvider | None = None,
+        window_provider: WindowProvider | None = None,
         compiler: BpfCompiler | None = None,
         ack_timeout: float = 5.0,
         max_agents: int = 256,
@@ -84,7 +85,7 @@ class DispatcherServer:
             interceptors=interceptors,
         )
         api_pb2_grpc.add_HoptraceServicer_to_server(
-            HoptraceServicer(self.controller, self.registry, report_provider), self._server
+            HoptraceServicer(self.controller, self.registry, report_provider, window_provider), self._server
         )
         agent_pb2_grpc.add_AgentSessionServicer_to_server(
             AgentSessionServicer(self.registry, self.controller), self._server
@@ -128,6 +129,7 @@ def serve(
     state_dir: str | Path = DEFAULT_STATE_DIR,
     *,
     report_provider: ReportProvider | None = None,
+    window_provider: WindowProvider | None = None,
     compiler: BpfCompiler | None = None,
     ack_timeout: float = 5.0,
     tls: TLSFiles | None = None,
@@ -138,6 +140,7 @@ def serve(
         listen,
         state_dir,
         report_provider=report_provider,
+        window_provider=window_provider,
         compiler=compiler,
         ack_timeout=ack_timeout,
         tls=tls,

@@ -219,3 +219,28 @@ def test_apply_rejects_what_the_nodes_cannot_do(topology, influxd, mutate, field
         assert field in caught.value.details()
         assert cluster.api().ListTraces(api_pb2.ListTracesRequest()).traces == []
         assert agent_links(cluster) == {"agent-host-a": 0, "agent-host-b": 0}
+
+
+def test_live_segment_statistics_stream_while_the_trace_runs(topology, influxd):
+    """WatchSegmentStats streams each closed 1 s window, every segment of the path, with its counts."""
+    spec = vxlan_path_spec(topology, "e2e-watch")
+    with running_cluster(topology, influxd.url) as cluster:
+        cluster.apply(spec)
+        sender = UdpSender(topology, "c1", "c2", 11111, rate_pps=200).start()
+        try:
+            stream = cluster.api().WatchSegmentStats(
+                api_pb2.WatchSegmentStatsRequest(trace="e2e-watch"), timeout=30
+            )
+            windows: dict[int, list] = {}
+            for stats in stream:
+                windows.setdefault(stats.at.ToNanoseconds(), []).append(stats)
+                full = [w for w in windows.values() if len(w) == len(spec.hops)]  # 7 segments + end to end
+                if len(full) >= 3:
+                    stream.cancel()
+                    break
+        finally:
+            sender.stop()
+    segments = path_segments(spec)
+    for window in full:
+        assert [f"{getattr(s, 'from')}>{s.to}" for s in window[:-1]] == segments
+        assert all(s.count > 0 for s in window)
