@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -23,6 +24,10 @@ import (
 )
 
 func main() {
+	// A soft heap limit: the GC works harder before the agent grows past it (GOMEMLIMIT overrides).
+	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
+		debug.SetMemoryLimit(24 << 20)
+	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "hoptrace-agent:", err)
 		os.Exit(1)
@@ -54,7 +59,9 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Collector, "collector", "", "collector gRPC address (host:port)")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "exit after this long (0 = until SIGINT/SIGTERM)")
 	fs.IntVar(&cfg.BufferBytes, "buffer-bytes", 256<<20, "bound of the in-memory record queue toward the collector")
-	fs.UintVar(&ring, "ringbuf-bytes", 16<<20, "size of the records ring buffer (power of two)")
+	// 8 MiB: hop programs force a wakeup at 1 MiB pending and the reader drains every 100 ms, so this is
+	// 8x headroom at 1 M records/s; the kernel maps the data area twice (wrap-around), so RSS shows 16 MiB.
+	fs.UintVar(&ring, "ringbuf-bytes", 8<<20, "size of the records ring buffer (power of two)")
 	fs.StringVar(&cfg.ClockServer, "clock-server", "", `collector's NTP time service host:port (default: the --collector host, port `+agent.DefaultClockPort+`; "off" = no clock rounds)`)
 	fs.DurationVar(&cfg.ClockInterval, "clock-interval", 10*time.Second, "time between clock rounds (Cristian's algorithm against --clock-server)")
 	fs.IntVar(&cfg.ClockProbes, "clock-probes", 100, "NTP probes per clock round; the one with the smallest delay wins")
