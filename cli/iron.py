@@ -3,20 +3,19 @@
 Runs the local agent's ``iron`` preset (``hoptrace-agent iron``, Iron's accounting in eBPF) for a bounded time
 and prints, per container (network namespace), the softirq time its packets caused, the softirq time its tasks
 were charged because they were the ones interrupted, and the difference. ``--influx-url`` also writes the
-``net_cpu`` measurement. A remote ``--node`` needs the dispatcher, which does not run presets yet.
+``net_cpu`` measurement. A remote ``--node`` runs through the dispatcher (``Hoptrace.RunPreset``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from hoptrace.cli.mace import agent_binary
+from hoptrace.cli.mace import agent_binary, is_remote, run_remote_preset
 
 
 def run_iron(
@@ -40,6 +39,16 @@ def run_iron(
         "containers": [x for x in lines if x["type"] == "container"],
         "tasks": [x for x in lines if x["type"] == "task"],
         "summary": next(x for x in lines if x["type"] == "summary"),
+    }
+
+
+def report_of_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A remote run's summary (RunPreset: with per_container, per_task) as run_iron's report."""
+    summary = dict(summary)
+    return {
+        "containers": summary.pop("per_container", None) or [],
+        "tasks": summary.pop("per_task", None) or [],
+        "summary": summary,
     }
 
 
@@ -73,7 +82,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="network softirq CPU per container: caused vs charged (Iron)",
         description="Per container: softirq CPU its traffic caused, softirq CPU its tasks were charged.",
     )
-    parser.add_argument("--node", help="node (default: this machine; remote nodes are not supported yet)")
+    parser.add_argument("--node", help="node (default: this machine; another runs through the dispatcher)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds to account (default 10)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--host-netns", help="the host's netns (default: the agent's)")
@@ -86,13 +95,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_iron(args: argparse.Namespace) -> int:
-    """Run ``hoptrace iron``."""
-    if args.node and args.node not in (socket.gethostname(), "localhost"):
-        print(
-            f"error: --node {args.node}: remote nodes need the dispatcher, which does not run presets yet",
-            file=sys.stderr,
-        )
-        return 1
+    """Run ``hoptrace iron``: on this machine, or with a remote ``--node`` through the dispatcher."""
     influx = (
         {
             "url": args.influx_url,
@@ -103,6 +106,12 @@ def cmd_iron(args: argparse.Namespace) -> int:
         if args.influx_url
         else None
     )
+    if is_remote(args.node):
+        remote_args = {"duration": f"{args.duration}s", "host-netns": args.host_netns or ""}
+        remote_args.update({f"influx-{key}": value for key, value in (influx or {}).items()})
+        report = report_of_summary(run_remote_preset(args, "iron", remote_args))
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        return 0
     try:
         report = run_iron(args.duration, args.host_netns, influx)
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:

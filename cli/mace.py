@@ -6,7 +6,8 @@ collisions. With ``--ping ADDR`` it also pings from inside the container (its ow
 needed) and prints the **corrected RTT** = container RTT - egress - ingress overhead of the same echo; with
 ``--compare-host`` the host namespace pings the same address in turn, for the native RTT beside it.
 
-``--node`` other than this machine needs the dispatcher, which does not run presets yet: it is refused.
+``--node`` other than this machine goes through the dispatcher (``Hoptrace.RunPreset``): that node's agent
+runs the preset for ``--duration`` and the same report is printed (``--ping``, ``--packets``: local only).
 """
 
 from __future__ import annotations
@@ -252,6 +253,35 @@ def ping_interleaved(
     return inside, rtts_c, rtts_h
 
 
+def is_remote(node: str | None) -> bool:
+    """Whether ``--node`` names another machine than this one (presets then run through the dispatcher)."""
+    return bool(node) and node not in (socket.gethostname(), "localhost")
+
+
+def run_remote_preset(args: argparse.Namespace, preset: str, preset_args: dict[str, str]) -> dict[str, Any]:
+    """Run ``preset`` on ``args.node`` through the dispatcher (RunPreset); its summary object."""
+    from hoptrace.cli.main import CliError, _call  # lazy: cli.main imports this module
+    from hoptrace.v1 import api_pb2
+
+    if not hasattr(args, "dispatcher"):
+        raise CliError(f"--node {args.node}: a remote node needs the dispatcher: run `hoptrace {preset}`")
+    request = api_pb2.RunPresetRequest(
+        node=args.node, preset=preset, args={k: v for k, v in preset_args.items() if v}
+    )
+    # The dispatcher answers after the preset's duration (plus its own grace for loading and reading).
+    result = _call(args, "RunPreset", request, timeout=args.duration + 60)
+    return json.loads(result.summary_json)
+
+
+def remote_mace_args(args: argparse.Namespace) -> dict[str, str]:
+    """The RunPreset args of ``hoptrace mace`` (flags without dashes)."""
+    out = {"container": args.container, "path": args.path, "duration": f"{args.duration}s"}
+    for flag in ("host_netns", "inner", "outer", "peer"):
+        if getattr(args, flag):
+            out[flag.replace("_", "-")] = getattr(args, flag)
+    return out
+
+
 def agent_args(args: argparse.Namespace) -> list[str]:
     """The ``hoptrace-agent mace`` arguments for these CLI arguments."""
     out = ["--container", args.container, "--path", args.path]
@@ -351,7 +381,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--container", required=True, metavar="NETNS_OR_PID", help="netns name/path or a PID in it"
     )
     parser.add_argument("--path", choices=PATHS, default="inner-dev", help="event path (default inner-dev)")
-    parser.add_argument("--node", help="node (default: this machine; remote nodes are not supported yet)")
+    parser.add_argument("--node", help="node (default: this machine; another runs through the dispatcher)")
     parser.add_argument(
         "--duration", type=float, default=10.0, help="seconds to trace without --ping (default 10)"
     )
@@ -372,14 +402,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_mace(args: argparse.Namespace) -> int:
-    """Run ``hoptrace mace``."""
-    if args.node and args.node not in (socket.gethostname(), "localhost"):
-        print(
-            f"error: --node {args.node}: remote nodes need the dispatcher, which does not run presets yet; "
-            "run hoptrace mace on that node",
-            file=sys.stderr,
-        )
-        return 1
+    """Run ``hoptrace mace``: on this machine, or with a remote ``--node`` through the dispatcher."""
+    if is_remote(args.node):
+        if args.ping or args.packets:
+            print(
+                f"error: --node {args.node}: --ping and --packets run on this machine only", file=sys.stderr
+            )
+            return 1
+        report = {"summary": run_remote_preset(args, "mace", remote_mace_args(args))}
+        print(json.dumps(report, indent=2) if args.json else format_report(report))
+        return 0
     try:
         report = run(args)
     except (RuntimeError, OSError) as error:

@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from hoptrace.dispatcher.controller import DispatcherError, TraceController
+from hoptrace.dispatcher.presets import PresetError
 from hoptrace.dispatcher.registry import AgentRegistry
-from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
+from hoptrace.v1 import agent_pb2, api_pb2, api_pb2_grpc, trace_pb2
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
     def _run(self, context: grpc.ServicerContext, action: Callable[[], object]) -> object:
         try:
             return action()
-        except DispatcherError as error:
+        except (DispatcherError, PresetError) as error:
             context.abort(error.code, error.message)
         raise AssertionError("unreachable")  # context.abort raises
 
@@ -126,3 +127,13 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
                 after = max(after, stats.at.ToNanoseconds())
                 yield stats
             time.sleep(WATCH_POLL_S)
+
+    def RunPreset(  # noqa: N802
+        self, request: api_pb2.RunPresetRequest, context: grpc.ServicerContext
+    ) -> agent_pb2.PresetResult:
+        """Run a preset on one node for its duration and return its summary; INVALID_ARGUMENT names the
+        field, NOT_FOUND when the node's agent is not connected, FAILED_PRECONDITION when the node failed."""
+        return self._run(
+            context,
+            lambda: self.controller.presets.run(request.node, request.preset, dict(request.args)),
+        )

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from hoptrace.dispatcher.compile import BpfCompiler, CompileError, build_plans, compile_spec
+from hoptrace.dispatcher.presets import PresetRunner
 from hoptrace.dispatcher.registry import AgentConnection, AgentRegistry
 from hoptrace.dispatcher.spec import FieldError, validate_spec
 from hoptrace.dispatcher.state import StateStore, StoredTrace, now
@@ -139,6 +140,8 @@ class TraceController:
         self._apply_lock = threading.Lock()  # one apply/delete at a time
         self._traces: dict[str, _Trace] = {}
         self._statuses = _StatusBoard()
+        # Presets (RunPreset) share the agents' sessions but no trace state.
+        self.presets = PresetRunner(registry)
         for stored in store.load():
             self._traces[stored.spec.name] = _Trace(stored, nodes=spec_nodes(stored.spec))
         if self._traces:

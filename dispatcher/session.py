@@ -2,7 +2,7 @@
 
 The first message must be Register. The dispatcher then pushes the node's plans (see
 TraceController.on_agent_connected) and later applies/removes down the same stream; the agent answers with
-TraceStatus messages and heartbeats, read on a thread of their own.
+TraceStatus messages, PresetResults (dispatcher/presets.py) and heartbeats, read on a thread of their own.
 """
 
 from __future__ import annotations
@@ -75,6 +75,9 @@ class AgentSessionServicer(agent_pb2_grpc.AgentSessionServicer):
                 elif kind == "trace_status":
                     self.registry.heartbeat(connection.node)
                     self.controller.on_status(connection.node, message.trace_status)
+                elif kind == "preset_result":
+                    self.registry.heartbeat(connection.node)
+                    self.controller.presets.on_result(connection.node, message.preset_result)
                 elif kind == "register":
                     log.warning("agent %s sent Register again mid-session: ignored", connection.node)
         except grpc.RpcError as error:

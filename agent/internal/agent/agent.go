@@ -23,6 +23,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/metrics"
 	"github.com/hoptrace/hoptrace/agent/internal/output"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/preset"
 	"github.com/hoptrace/hoptrace/agent/internal/probe"
 	"github.com/hoptrace/hoptrace/agent/internal/session"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
@@ -264,7 +265,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var sess *session.Session
 	if cfg.Dispatcher != "" {
 		sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
-			Capabilities: probe.Capabilities(), Tracer: mgr, Log: cfg.Log, Creds: dispatcherCreds}
+			Capabilities: probe.Capabilities(), Tracer: mgr, Presets: preset.Run, Log: cfg.Log, Creds: dispatcherCreds}
 		s := sess
 		go func() {
 			defer close(sessDone)

@@ -1,16 +1,38 @@
 package preset
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"time"
 )
 
 // Command runs `hoptrace-agent mace|iron ARGS`, writing JSON lines to w.
 func Command(ctx context.Context, name string, args []string, w io.Writer) error {
+	fs, run, err := flagSet(ctx, name, w)
+	if err != nil {
+		return err
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected arguments %v", name, fs.Args())
+	}
+	return run()
+}
+
+// flagSet declares the flags of one preset; run runs it with what was set.
+func flagSet(ctx context.Context, name string, w io.Writer) (*flag.FlagSet, func() error, error) {
 	fs := flag.NewFlagSet("hoptrace-agent "+name, flag.ContinueOnError)
 	var run func() error
 	switch name {
@@ -39,16 +61,85 @@ func Command(ctx context.Context, name string, args []string, w io.Writer) error
 		fs.StringVar(&c.InfluxToken, "influx-token", "", "InfluxDB token (1.8: USER:PASSWORD)")
 		run = func() error { return RunIron(ctx, c, w) }
 	default:
-		return fmt.Errorf("unknown preset %q", name)
+		return nil, nil, fmt.Errorf("unknown preset %q", name)
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
+	return fs, run, nil
+}
+
+// RemoteDefaultDuration bounds a preset run for the dispatcher when its args
+// give no duration: a remote run must end on its own.
+const RemoteDefaultDuration = 10 * time.Second
+
+// Run runs a preset once for the dispatcher (AgentSession RunPreset): args
+// are its flags without dashes; the result is the final summary object as
+// JSON. Iron's summary also lists its "container" lines (per_container) and
+// "task" lines (per_task), which a remote caller cannot read otherwise.
+func Run(ctx context.Context, name string, args map[string]string) (string, error) {
+	var buf bytes.Buffer
+	fs, run, err := flagSet(ctx, name, &buf)
+	if err != nil {
+		return "", err
+	}
+	keys := make([]string, 0, len(args))
+	for k := range args {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if fs.Lookup(k) == nil {
+			return "", fmt.Errorf("%s: unknown argument %q", name, k)
 		}
-		return err
+		if err := fs.Set(k, args[k]); err != nil {
+			return "", fmt.Errorf("%s: argument %s: %w", name, k, err)
+		}
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected arguments %v", name, fs.Args())
+	d, _ := time.ParseDuration(fs.Lookup("duration").Value.String())
+	if _, ok := args["duration"]; !ok {
+		d = RemoteDefaultDuration
+		fs.Set("duration", d.String())
 	}
-	return run()
+	if d <= 0 {
+		return "", fmt.Errorf("%s: argument duration: must be > 0 for a remote run", name)
+	}
+	if err := run(); err != nil {
+		return "", err
+	}
+	return summaryOf(buf.Bytes())
+}
+
+// summaryOf picks the summary line out of a preset's JSON lines and folds
+// Iron's container and task lines into it.
+func summaryOf(out []byte) (string, error) {
+	var summary map[string]any
+	containers, tasks := []json.RawMessage{}, []json.RawMessage{}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	for sc.Scan() {
+		line := append([]byte(nil), sc.Bytes()...)
+		var head struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(line, &head) != nil {
+			continue
+		}
+		switch head.Type {
+		case "summary":
+			if err := json.Unmarshal(line, &summary); err != nil {
+				return "", fmt.Errorf("decode summary: %w", err)
+			}
+		case "container":
+			containers = append(containers, line)
+		case "task":
+			tasks = append(tasks, line)
+		}
+	}
+	if summary == nil {
+		return "", errors.New("the preset ended without a summary")
+	}
+	if _, iron := summary["tasks"]; iron {
+		summary["per_container"] = containers
+		summary["per_task"] = tasks
+	}
+	b, err := json.Marshal(summary)
+	return string(b), err
 }

@@ -31,6 +31,10 @@ type Tracer interface {
 	Running() []*pb.TraceStatus
 }
 
+// PresetRunner runs one preset (mace, iron) with its flags without dashes and
+// returns its summary as JSON (preset.Run).
+type PresetRunner func(ctx context.Context, preset string, args map[string]string) (string, error)
+
 // Session keeps one Connect stream to the dispatcher.
 type Session struct {
 	Addr         string
@@ -39,9 +43,11 @@ type Session struct {
 	Netns        string // --netns
 	Capabilities *pb.Capabilities
 	Tracer       Tracer
-	Heartbeat    time.Duration
-	Log          *slog.Logger
-	DialOptions  []grpc.DialOption
+	// Presets answers RunPreset (nil = every RunPreset fails with an error).
+	Presets     PresetRunner
+	Heartbeat   time.Duration
+	Log         *slog.Logger
+	DialOptions []grpc.DialOption
 	// Creds are the transport credentials when DialOptions is nil (nil =
 	// plaintext, --insecure): mutual TLS from internal/tlsconf.
 	Creds credentials.TransportCredentials
@@ -191,6 +197,18 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 		}
 		var status *pb.TraceStatus
 		switch b := m.GetBody().(type) {
+		case *pb.DispatcherMessage_RunPreset:
+			// A preset runs for its duration: on its own goroutine, so
+			// applies and heartbeats go on meanwhile. It ends with the session.
+			wg.Add(1)
+			go func(req *pb.RunPreset) {
+				defer wg.Done()
+				res := s.runPreset(sctx, req)
+				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_PresetResult{PresetResult: res}}); err != nil {
+					cancel()
+				}
+			}(b.RunPreset)
+			continue
 		case *pb.DispatcherMessage_Apply:
 			status = s.Tracer.Apply(b.Apply)
 			s.Log.Info("applied trace", "trace", status.GetTrace(), "generation", status.GetGeneration(),
@@ -205,4 +223,37 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 			return true, err
 		}
 	}
+}
+
+func (s *Session) runPreset(ctx context.Context, req *pb.RunPreset) *pb.PresetResult {
+	res := &pb.PresetResult{Id: req.GetId()}
+	if s.Presets == nil {
+		res.Error = "this agent does not run presets"
+		return res
+	}
+	args := map[string]string{}
+	for k, v := range req.GetArgs() {
+		args[k] = v
+	}
+	// "The host" of a preset is this agent's own namespace: its --netns,
+	// which need not be the one the process runs in.
+	if _, ok := args["host-netns"]; !ok && s.Netns != "" {
+		args["host-netns"] = s.Netns
+	}
+	logged := map[string]string{}
+	for k, v := range args {
+		if k == "influx-token" {
+			v = "***"
+		}
+		logged[k] = v
+	}
+	s.Log.Info("running preset", "preset", req.GetPreset(), "id", req.GetId(), "args", logged)
+	summary, err := s.Presets(ctx, req.GetPreset(), args)
+	if err != nil {
+		res.Error = err.Error()
+		s.Log.Warn("preset failed", "preset", req.GetPreset(), "id", req.GetId(), "err", err)
+		return res
+	}
+	res.SummaryJson = summary
+	return res
 }

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -167,4 +168,56 @@ func TestSessionAppliesAndReconnects(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(d2.done)
+}
+
+func TestSessionRunsPresets(t *testing.T) {
+	defer goleak.VerifyNone(t)
+
+	srv, d, addr := startDispatcher(t, "127.0.0.1:0")
+	defer srv.Stop()
+	ft := &fakeTracer{running: map[string]*pb.TraceStatus{}}
+	presets := func(ctx context.Context, name string, args map[string]string) (string, error) {
+		if name != "mace" {
+			return "", fmt.Errorf("unknown preset %q", name)
+		}
+		return fmt.Sprintf(`{"type":"summary","container":%q}`, args["container"]), nil
+	}
+	s := &Session{Addr: addr, Node: "n1", Version: "test", Tracer: ft, Presets: presets, Heartbeat: time.Hour}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+
+	st := recvSession(t, d)
+	if _, err := st.Recv(); err != nil { // Register
+		t.Fatal(err)
+	}
+	for _, req := range []*pb.RunPreset{
+		{Id: "1", Preset: "mace", Args: map[string]string{"container": "c1"}},
+		{Id: "2", Preset: "nope"},
+	} {
+		if err := st.Send(&pb.DispatcherMessage{Body: &pb.DispatcherMessage_RunPreset{RunPreset: req}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]*pb.PresetResult{}
+	for len(got) < 2 {
+		m, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := m.GetPresetResult(); r != nil {
+			got[r.GetId()] = r
+		}
+	}
+	if r := got["1"]; r.GetError() != "" || r.GetSummaryJson() != `{"type":"summary","container":"c1"}` {
+		t.Fatalf("mace result %v", r)
+	}
+	if r := got["2"]; r.GetSummaryJson() != "" || r.GetError() != `unknown preset "nope"` {
+		t.Fatalf("unknown preset result %v", r)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	close(d.done)
 }

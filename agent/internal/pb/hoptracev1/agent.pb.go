@@ -29,6 +29,7 @@ type AgentMessage struct {
 	//	*AgentMessage_Register
 	//	*AgentMessage_Heartbeat
 	//	*AgentMessage_TraceStatus
+	//	*AgentMessage_PresetResult
 	Body          isAgentMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -98,6 +99,15 @@ func (x *AgentMessage) GetTraceStatus() *TraceStatus {
 	return nil
 }
 
+func (x *AgentMessage) GetPresetResult() *PresetResult {
+	if x != nil {
+		if x, ok := x.Body.(*AgentMessage_PresetResult); ok {
+			return x.PresetResult
+		}
+	}
+	return nil
+}
+
 type isAgentMessage_Body interface {
 	isAgentMessage_Body()
 }
@@ -116,11 +126,18 @@ type AgentMessage_TraceStatus struct {
 	TraceStatus *TraceStatus `protobuf:"bytes,3,opt,name=trace_status,json=traceStatus,proto3,oneof"`
 }
 
+type AgentMessage_PresetResult struct {
+	// The outcome of a RunPreset.
+	PresetResult *PresetResult `protobuf:"bytes,4,opt,name=preset_result,json=presetResult,proto3,oneof"`
+}
+
 func (*AgentMessage_Register) isAgentMessage_Body() {}
 
 func (*AgentMessage_Heartbeat) isAgentMessage_Body() {}
 
 func (*AgentMessage_TraceStatus) isAgentMessage_Body() {}
+
+func (*AgentMessage_PresetResult) isAgentMessage_Body() {}
 
 type Register struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -658,6 +675,7 @@ type DispatcherMessage struct {
 	//
 	//	*DispatcherMessage_Apply
 	//	*DispatcherMessage_Remove
+	//	*DispatcherMessage_RunPreset
 	Body          isDispatcherMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -718,6 +736,15 @@ func (x *DispatcherMessage) GetRemove() *RemoveTrace {
 	return nil
 }
 
+func (x *DispatcherMessage) GetRunPreset() *RunPreset {
+	if x != nil {
+		if x, ok := x.Body.(*DispatcherMessage_RunPreset); ok {
+			return x.RunPreset
+		}
+	}
+	return nil
+}
+
 type isDispatcherMessage_Body interface {
 	isDispatcherMessage_Body()
 }
@@ -730,9 +757,16 @@ type DispatcherMessage_Remove struct {
 	Remove *RemoveTrace `protobuf:"bytes,2,opt,name=remove,proto3,oneof"`
 }
 
+type DispatcherMessage_RunPreset struct {
+	// Run a ready-made trace (hoptrace-agent mace|iron) once and answer with a PresetResult.
+	RunPreset *RunPreset `protobuf:"bytes,3,opt,name=run_preset,json=runPreset,proto3,oneof"`
+}
+
 func (*DispatcherMessage_Apply) isDispatcherMessage_Body() {}
 
 func (*DispatcherMessage_Remove) isDispatcherMessage_Body() {}
+
+func (*DispatcherMessage_RunPreset) isDispatcherMessage_Body() {}
 
 // What one node runs for one trace: a CO-RE object and where to attach it.
 // The standalone agent (hoptrace-agent run --plan FILE) reads this message as
@@ -1034,15 +1068,142 @@ func (x *RemoveTrace) GetTrace() string {
 	return ""
 }
 
+type RunPreset struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the dispatcher; the PresetResult carries it back.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// "mace" or "iron".
+	Preset string `protobuf:"bytes,2,opt,name=preset,proto3" json:"preset,omitempty"`
+	// The subcommand's flags without dashes, e.g. container, path, duration.
+	Args          map[string]string `protobuf:"bytes,3,rep,name=args,proto3" json:"args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunPreset) Reset() {
+	*x = RunPreset{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunPreset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunPreset) ProtoMessage() {}
+
+func (x *RunPreset) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
+func (*RunPreset) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RunPreset) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RunPreset) GetPreset() string {
+	if x != nil {
+		return x.Preset
+	}
+	return ""
+}
+
+func (x *RunPreset) GetArgs() map[string]string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
+type PresetResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The preset's final summary object (JSON); Iron's also lists its
+	// per-container and per-task lines.
+	SummaryJson string `protobuf:"bytes,2,opt,name=summary_json,json=summaryJson,proto3" json:"summary_json,omitempty"`
+	// Set when the preset did not run, e.g. "unknown preset \"x\"".
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PresetResult) Reset() {
+	*x = PresetResult{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PresetResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PresetResult) ProtoMessage() {}
+
+func (x *PresetResult) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
+func (*PresetResult) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *PresetResult) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PresetResult) GetSummaryJson() string {
+	if x != nil {
+		return x.SummaryJson
+	}
+	return ""
+}
+
+func (x *PresetResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_hoptrace_v1_agent_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x17hoptrace/v1/agent.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17hoptrace/v1/trace.proto\"\xc2\x01\n" +
+	"\x17hoptrace/v1/agent.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17hoptrace/v1/trace.proto\"\x84\x02\n" +
 	"\fAgentMessage\x123\n" +
 	"\bregister\x18\x01 \x01(\v2\x15.hoptrace.v1.RegisterH\x00R\bregister\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.hoptrace.v1.HeartbeatH\x00R\theartbeat\x12=\n" +
-	"\ftrace_status\x18\x03 \x01(\v2\x18.hoptrace.v1.TraceStatusH\x00R\vtraceStatusB\x06\n" +
+	"\ftrace_status\x18\x03 \x01(\v2\x18.hoptrace.v1.TraceStatusH\x00R\vtraceStatus\x12@\n" +
+	"\rpreset_result\x18\x04 \x01(\v2\x19.hoptrace.v1.PresetResultH\x00R\fpresetResultB\x06\n" +
 	"\x04body\"\x95\x02\n" +
 	"\bRegister\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12%\n" +
@@ -1088,10 +1249,12 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
 	"\battached\x18\x03 \x01(\bR\battached\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\x7f\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xb8\x01\n" +
 	"\x11DispatcherMessage\x12.\n" +
 	"\x05apply\x18\x01 \x01(\v2\x16.hoptrace.v1.TracePlanH\x00R\x05apply\x122\n" +
-	"\x06remove\x18\x02 \x01(\v2\x18.hoptrace.v1.RemoveTraceH\x00R\x06removeB\x06\n" +
+	"\x06remove\x18\x02 \x01(\v2\x18.hoptrace.v1.RemoveTraceH\x00R\x06remove\x127\n" +
+	"\n" +
+	"run_preset\x18\x03 \x01(\v2\x16.hoptrace.v1.RunPresetH\x00R\trunPresetB\x06\n" +
 	"\x04body\"\xa5\x02\n" +
 	"\tTracePlan\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
@@ -1119,7 +1282,18 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x05netns\x18\x01 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06cgroup\x18\x02 \x01(\tR\x06cgroup\"#\n" +
 	"\vRemoveTrace\x12\x14\n" +
-	"\x05trace\x18\x01 \x01(\tR\x05trace2X\n" +
+	"\x05trace\x18\x01 \x01(\tR\x05trace\"\xa2\x01\n" +
+	"\tRunPreset\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06preset\x18\x02 \x01(\tR\x06preset\x124\n" +
+	"\x04args\x18\x03 \x03(\v2 .hoptrace.v1.RunPreset.ArgsEntryR\x04args\x1a7\n" +
+	"\tArgsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"W\n" +
+	"\fPresetResult\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\fsummary_json\x18\x02 \x01(\tR\vsummaryJson\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error2X\n" +
 	"\fAgentSession\x12H\n" +
 	"\aConnect\x12\x19.hoptrace.v1.AgentMessage\x1a\x1e.hoptrace.v1.DispatcherMessage(\x010\x01BFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
@@ -1135,7 +1309,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -1151,34 +1325,40 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*HopAttach)(nil),             // 11: hoptrace.v1.HopAttach
 	(*TcpTagging)(nil),            // 12: hoptrace.v1.TcpTagging
 	(*RemoveTrace)(nil),           // 13: hoptrace.v1.RemoveTrace
-	nil,                           // 14: hoptrace.v1.Capabilities.AttachEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*Filter)(nil),                // 16: hoptrace.v1.Filter
+	(*RunPreset)(nil),             // 14: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 15: hoptrace.v1.PresetResult
+	nil,                           // 16: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 17: hoptrace.v1.RunPreset.ArgsEntry
+	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
+	(*Filter)(nil),                // 19: hoptrace.v1.Filter
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
 	7,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	4,  // 3: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
-	2,  // 4: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
-	7,  // 5: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
-	3,  // 6: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	14, // 7: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	15, // 8: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	8,  // 9: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	10, // 10: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	13, // 11: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	16, // 12: hoptrace.v1.TracePlan.filter:type_name -> hoptrace.v1.Filter
-	11, // 13: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	12, // 14: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	5,  // 15: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 16: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	9,  // 17: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	17, // [17:18] is the sub-list for method output_type
-	16, // [16:17] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	15, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
+	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
+	7,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
+	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
+	16, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	18, // 9: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	8,  // 10: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	10, // 11: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	13, // 12: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	14, // 13: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	19, // 14: hoptrace.v1.TracePlan.filter:type_name -> hoptrace.v1.Filter
+	11, // 15: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	12, // 16: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	17, // 17: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 18: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 19: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	9,  // 20: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	20, // [20:21] is the sub-list for method output_type
+	19, // [19:20] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -1191,10 +1371,12 @@ func file_hoptrace_v1_agent_proto_init() {
 		(*AgentMessage_Register)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 		(*AgentMessage_TraceStatus)(nil),
+		(*AgentMessage_PresetResult)(nil),
 	}
 	file_hoptrace_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*DispatcherMessage_Apply)(nil),
 		(*DispatcherMessage_Remove)(nil),
+		(*DispatcherMessage_RunPreset)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1202,7 +1384,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1165,6 +1165,68 @@ func (x *WatchSegmentStatsRequest) GetTrace() string {
 	return ""
 }
 
+type RunPresetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// "mace" or "iron".
+	Preset string `protobuf:"bytes,2,opt,name=preset,proto3" json:"preset,omitempty"`
+	// The preset's flags without dashes (RunPreset.args).
+	Args          map[string]string `protobuf:"bytes,3,rep,name=args,proto3" json:"args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunPresetRequest) Reset() {
+	*x = RunPresetRequest{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunPresetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunPresetRequest) ProtoMessage() {}
+
+func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
+func (*RunPresetRequest) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *RunPresetRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RunPresetRequest) GetPreset() string {
+	if x != nil {
+		return x.Preset
+	}
+	return ""
+}
+
+func (x *RunPresetRequest) GetArgs() map[string]string {
+	if x != nil {
+		return x.Args
+	}
+	return nil
+}
+
 var File_hoptrace_v1_api_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_api_proto_rawDesc = "" +
@@ -1251,7 +1313,14 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
 	"\vbytes_per_s\x18\x03 \x01(\x01R\tbytesPerS\"0\n" +
 	"\x18WatchSegmentStatsRequest\x12\x14\n" +
-	"\x05trace\x18\x01 \x01(\tR\x05trace2\xaa\x05\n" +
+	"\x05trace\x18\x01 \x01(\tR\x05trace\"\xb4\x01\n" +
+	"\x10RunPresetRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06preset\x18\x02 \x01(\tR\x06preset\x12;\n" +
+	"\x04args\x18\x03 \x03(\v2'.hoptrace.v1.RunPresetRequest.ArgsEntryR\x04args\x1a7\n" +
+	"\tArgsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xf1\x05\n" +
 	"\bHoptrace\x12V\n" +
 	"\rValidateTrace\x12!.hoptrace.v1.ValidateTraceRequest\x1a\".hoptrace.v1.ValidateTraceResponse\x12@\n" +
 	"\n" +
@@ -1264,7 +1333,8 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"ListAgents\x12\x1e.hoptrace.v1.ListAgentsRequest\x1a\x1f.hoptrace.v1.ListAgentsResponse\x12<\n" +
 	"\bGetAgent\x12\x1c.hoptrace.v1.GetAgentRequest\x1a\x12.hoptrace.v1.Agent\x12?\n" +
 	"\tGetReport\x12\x1d.hoptrace.v1.GetReportRequest\x1a\x13.hoptrace.v1.Report\x12W\n" +
-	"\x11WatchSegmentStats\x12%.hoptrace.v1.WatchSegmentStatsRequest\x1a\x19.hoptrace.v1.SegmentStats0\x01BFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"\x11WatchSegmentStats\x12%.hoptrace.v1.WatchSegmentStatsRequest\x1a\x19.hoptrace.v1.SegmentStats0\x01\x12E\n" +
+	"\tRunPreset\x12\x1d.hoptrace.v1.RunPresetRequest\x1a\x19.hoptrace.v1.PresetResultBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_api_proto_rawDescOnce sync.Once
@@ -1278,7 +1348,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -1300,52 +1370,58 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*SegmentStats)(nil),             // 17: hoptrace.v1.SegmentStats
 	(*HopThroughput)(nil),            // 18: hoptrace.v1.HopThroughput
 	(*WatchSegmentStatsRequest)(nil), // 19: hoptrace.v1.WatchSegmentStatsRequest
-	(*TraceSpec)(nil),                // 20: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 21: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 22: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 23: hoptrace.v1.Register
+	(*RunPresetRequest)(nil),         // 20: hoptrace.v1.RunPresetRequest
+	nil,                              // 21: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 22: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 23: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 24: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 25: hoptrace.v1.Register
+	(*PresetResult)(nil),             // 26: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	20, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	22, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	20, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	20, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	21, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	22, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	22, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	22, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	23, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	24, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	23, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	21, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	25, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	23, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	21, // 11: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	21, // 12: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	23, // 11: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	23, // 12: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	17, // 13: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	17, // 14: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
 	18, // 15: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
-	21, // 16: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	1,  // 17: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 18: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 19: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 20: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 21: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 22: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 23: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 24: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	19, // 25: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	2,  // 26: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 27: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 28: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 29: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 30: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 31: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 32: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 33: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	17, // 34: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	23, // 16: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	21, // 17: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	1,  // 18: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 19: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 20: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 21: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 22: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 23: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 24: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 25: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	19, // 26: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	20, // 27: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	2,  // 28: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 29: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 30: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 31: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 32: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 33: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 34: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 35: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	17, // 36: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	26, // 37: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	28, // [28:38] is the sub-list for method output_type
+	18, // [18:28] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -1361,7 +1437,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

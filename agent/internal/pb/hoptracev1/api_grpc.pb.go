@@ -28,6 +28,7 @@ const (
 	Hoptrace_GetAgent_FullMethodName          = "/hoptrace.v1.Hoptrace/GetAgent"
 	Hoptrace_GetReport_FullMethodName         = "/hoptrace.v1.Hoptrace/GetReport"
 	Hoptrace_WatchSegmentStats_FullMethodName = "/hoptrace.v1.Hoptrace/WatchSegmentStats"
+	Hoptrace_RunPreset_FullMethodName         = "/hoptrace.v1.Hoptrace/RunPreset"
 )
 
 // HoptraceClient is the client API for Hoptrace service.
@@ -50,6 +51,8 @@ type HoptraceClient interface {
 	GetReport(ctx context.Context, in *GetReportRequest, opts ...grpc.CallOption) (*Report, error)
 	// Per-segment statistics, one message per segment per interval, while the trace runs.
 	WatchSegmentStats(ctx context.Context, in *WatchSegmentStatsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SegmentStats], error)
+	// Run a preset (mace, iron) on one node for its duration and return its summary.
+	RunPreset(ctx context.Context, in *RunPresetRequest, opts ...grpc.CallOption) (*PresetResult, error)
 }
 
 type hoptraceClient struct {
@@ -159,6 +162,16 @@ func (c *hoptraceClient) WatchSegmentStats(ctx context.Context, in *WatchSegment
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Hoptrace_WatchSegmentStatsClient = grpc.ServerStreamingClient[SegmentStats]
 
+func (c *hoptraceClient) RunPreset(ctx context.Context, in *RunPresetRequest, opts ...grpc.CallOption) (*PresetResult, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PresetResult)
+	err := c.cc.Invoke(ctx, Hoptrace_RunPreset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HoptraceServer is the server API for Hoptrace service.
 // All implementations must embed UnimplementedHoptraceServer
 // for forward compatibility.
@@ -179,6 +192,8 @@ type HoptraceServer interface {
 	GetReport(context.Context, *GetReportRequest) (*Report, error)
 	// Per-segment statistics, one message per segment per interval, while the trace runs.
 	WatchSegmentStats(*WatchSegmentStatsRequest, grpc.ServerStreamingServer[SegmentStats]) error
+	// Run a preset (mace, iron) on one node for its duration and return its summary.
+	RunPreset(context.Context, *RunPresetRequest) (*PresetResult, error)
 	mustEmbedUnimplementedHoptraceServer()
 }
 
@@ -215,6 +230,9 @@ func (UnimplementedHoptraceServer) GetReport(context.Context, *GetReportRequest)
 }
 func (UnimplementedHoptraceServer) WatchSegmentStats(*WatchSegmentStatsRequest, grpc.ServerStreamingServer[SegmentStats]) error {
 	return status.Error(codes.Unimplemented, "method WatchSegmentStats not implemented")
+}
+func (UnimplementedHoptraceServer) RunPreset(context.Context, *RunPresetRequest) (*PresetResult, error) {
+	return nil, status.Error(codes.Unimplemented, "method RunPreset not implemented")
 }
 func (UnimplementedHoptraceServer) mustEmbedUnimplementedHoptraceServer() {}
 func (UnimplementedHoptraceServer) testEmbeddedByValue()                  {}
@@ -392,6 +410,24 @@ func _Hoptrace_WatchSegmentStats_Handler(srv interface{}, stream grpc.ServerStre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Hoptrace_WatchSegmentStatsServer = grpc.ServerStreamingServer[SegmentStats]
 
+func _Hoptrace_RunPreset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RunPresetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HoptraceServer).RunPreset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hoptrace_RunPreset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HoptraceServer).RunPreset(ctx, req.(*RunPresetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hoptrace_ServiceDesc is the grpc.ServiceDesc for Hoptrace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -430,6 +466,10 @@ var Hoptrace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetReport",
 			Handler:    _Hoptrace_GetReport_Handler,
+		},
+		{
+			MethodName: "RunPreset",
+			Handler:    _Hoptrace_RunPreset_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

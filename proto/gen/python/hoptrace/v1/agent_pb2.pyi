@@ -11,14 +11,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AgentMessage(_message.Message):
-    __slots__ = ("register", "heartbeat", "trace_status")
+    __slots__ = ("register", "heartbeat", "trace_status", "preset_result")
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TRACE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    PRESET_RESULT_FIELD_NUMBER: _ClassVar[int]
     register: Register
     heartbeat: Heartbeat
     trace_status: TraceStatus
-    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trace_status: _Optional[_Union[TraceStatus, _Mapping]] = ...) -> None: ...
+    preset_result: PresetResult
+    def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trace_status: _Optional[_Union[TraceStatus, _Mapping]] = ..., preset_result: _Optional[_Union[PresetResult, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("node", "kernel_release", "agent_version", "capabilities", "namespaces", "running")
@@ -118,12 +120,14 @@ class HopStatus(_message.Message):
     def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ...) -> None: ...
 
 class DispatcherMessage(_message.Message):
-    __slots__ = ("apply", "remove")
+    __slots__ = ("apply", "remove", "run_preset")
     APPLY_FIELD_NUMBER: _ClassVar[int]
     REMOVE_FIELD_NUMBER: _ClassVar[int]
+    RUN_PRESET_FIELD_NUMBER: _ClassVar[int]
     apply: TracePlan
     remove: RemoveTrace
-    def __init__(self, apply: _Optional[_Union[TracePlan, _Mapping]] = ..., remove: _Optional[_Union[RemoveTrace, _Mapping]] = ...) -> None: ...
+    run_preset: RunPreset
+    def __init__(self, apply: _Optional[_Union[TracePlan, _Mapping]] = ..., remove: _Optional[_Union[RemoveTrace, _Mapping]] = ..., run_preset: _Optional[_Union[RunPreset, _Mapping]] = ...) -> None: ...
 
 class TracePlan(_message.Message):
     __slots__ = ("trace", "generation", "object", "object_path", "filter", "sample", "hops", "tcp_tagging")
@@ -176,3 +180,30 @@ class RemoveTrace(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     trace: str
     def __init__(self, trace: _Optional[str] = ...) -> None: ...
+
+class RunPreset(_message.Message):
+    __slots__ = ("id", "preset", "args")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    preset: str
+    args: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., preset: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class PresetResult(_message.Message):
+    __slots__ = ("id", "summary_json", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    summary_json: str
+    error: str
+    def __init__(self, id: _Optional[str] = ..., summary_json: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...

@@ -193,3 +193,20 @@ class WatchSegmentStatsRequest(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     trace: str
     def __init__(self, trace: _Optional[str] = ...) -> None: ...
+
+class RunPresetRequest(_message.Message):
+    __slots__ = ("node", "preset", "args")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    preset: str
+    args: _containers.ScalarMap[str, str]
+    def __init__(self, node: _Optional[str] = ..., preset: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...

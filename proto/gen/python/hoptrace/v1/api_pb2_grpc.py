@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from hoptrace.v1 import agent_pb2 as hoptrace_dot_v1_dot_agent__pb2
 from hoptrace.v1 import api_pb2 as hoptrace_dot_v1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.76.0'
@@ -80,6 +81,11 @@ class HoptraceStub(object):
                 request_serializer=hoptrace_dot_v1_dot_api__pb2.WatchSegmentStatsRequest.SerializeToString,
                 response_deserializer=hoptrace_dot_v1_dot_api__pb2.SegmentStats.FromString,
                 _registered_method=True)
+        self.RunPreset = channel.unary_unary(
+                '/hoptrace.v1.Hoptrace/RunPreset',
+                request_serializer=hoptrace_dot_v1_dot_api__pb2.RunPresetRequest.SerializeToString,
+                response_deserializer=hoptrace_dot_v1_dot_agent__pb2.PresetResult.FromString,
+                _registered_method=True)
 
 
 class HoptraceServicer(object):
@@ -145,6 +151,13 @@ class HoptraceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunPreset(self, request, context):
+        """Run a preset (mace, iron) on one node for its duration and return its summary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HoptraceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -192,6 +205,11 @@ def add_HoptraceServicer_to_server(servicer, server):
                     servicer.WatchSegmentStats,
                     request_deserializer=hoptrace_dot_v1_dot_api__pb2.WatchSegmentStatsRequest.FromString,
                     response_serializer=hoptrace_dot_v1_dot_api__pb2.SegmentStats.SerializeToString,
+            ),
+            'RunPreset': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunPreset,
+                    request_deserializer=hoptrace_dot_v1_dot_api__pb2.RunPresetRequest.FromString,
+                    response_serializer=hoptrace_dot_v1_dot_agent__pb2.PresetResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -438,6 +456,33 @@ class Hoptrace(object):
             '/hoptrace.v1.Hoptrace/WatchSegmentStats',
             hoptrace_dot_v1_dot_api__pb2.WatchSegmentStatsRequest.SerializeToString,
             hoptrace_dot_v1_dot_api__pb2.SegmentStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunPreset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hoptrace.v1.Hoptrace/RunPreset',
+            hoptrace_dot_v1_dot_api__pb2.RunPresetRequest.SerializeToString,
+            hoptrace_dot_v1_dot_agent__pb2.PresetResult.FromString,
             options,
             channel_credentials,
             insecure,
