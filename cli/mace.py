@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import random
@@ -32,56 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hoptrace.cli.netns import inet_checksum, netns_path, socket_in_netns
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_AGENT = REPO_ROOT / "agent" / "bin" / "hoptrace-agent"
 AGENT_ENV = "HOPTRACE_AGENT"
 PATHS = ("inner-dev", "max-dev", "syscalls")
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def agent_binary() -> Path:
     """The agent binary: $HOPTRACE_AGENT, else agent/bin/hoptrace-agent of this repository."""
     return Path(os.environ.get(AGENT_ENV) or DEFAULT_AGENT)
-
-
-def netns_path(netns: str) -> str:
-    """A netns given as a /run/netns name, a path, or a PID, as a path."""
-    if netns.isdigit():
-        return f"/proc/{netns}/ns/net"
-    return netns if "/" in netns else f"/run/netns/{netns}"
-
-
-def socket_in_netns(path: str, family: int, type_: int, proto: int = 0) -> socket.socket:
-    """A socket created in the namespace at ``path`` by a short-lived thread (the caller never moves)."""
-    result: dict[str, Any] = {}
-
-    def create() -> None:
-        try:
-            with open(path, "rb") as nsfile:
-                if _libc.setns(nsfile.fileno(), _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {path}: {os.strerror(err)}")
-            result["sock"] = socket.socket(family, type_, proto)
-        except BaseException as exc:  # handed to the caller's thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=create, name="setns")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["sock"]
-
-
-def _checksum(data: bytes) -> int:
-    """RFC 1071 Internet checksum."""
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
 
 
 @dataclass
@@ -107,7 +67,7 @@ class Pinger:
         request, reply = (128, 129) if self.v6 else (8, 0)
         payload = os.urandom(32)
         header = struct.pack("!BBHHH", request, 0, 0, self.ident, seq & 0xFFFF)
-        csum = 0 if self.v6 else _checksum(header + payload)  # the kernel fills ICMPv6's (RFC 4443)
+        csum = 0 if self.v6 else inet_checksum(header + payload)  # the kernel fills ICMPv6's (RFC 4443)
         packet = struct.pack("!BBHHH", request, 0, csum, self.ident, seq & 0xFFFF) + payload
         sent = time.monotonic_ns()
         self.sock.sendto(packet, (self.dst, 0))

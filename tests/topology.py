@@ -18,7 +18,6 @@ come only from the test networks 198.18.0.0/15 and fd00::/8, and no namespace ha
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import random
@@ -37,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
+
+from hoptrace.cli.netns import inet_checksum, socket_in_netns
 
 Overlay = Literal["vxlan", "routed"]
 
@@ -541,48 +542,10 @@ def require_tools(*tools: str) -> None:
 
 # ---- sockets inside a namespace and ICMP echo ------------------------------------------------------------
 
-_CLONE_NEWNET = 0x40000000
 _ICMP_SOCKET = {
     4: (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
     6: (socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6),
 }
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def socket_in_netns(netns_path: str, family: int, type: int, proto: int = 0) -> socket.socket:
-    """Create a socket inside the namespace at ``netns_path``.
-
-    A socket keeps the namespace it was created in, so a short-lived thread enters the namespace (setns(2)
-    changes only the calling thread), creates the socket and ends; the caller's thread never moves.
-    """
-    result: dict[str, Any] = {}
-
-    def create() -> None:
-        try:
-            with open(netns_path, "rb") as nsfile:
-                if _libc.setns(nsfile.fileno(), _CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"setns {netns_path}: {os.strerror(err)}")
-            result["sock"] = socket.socket(family, type, proto)
-        except BaseException as exc:  # handed to the caller's thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=create, name="setns")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result["sock"]
-
-
-def _inet_checksum(data: bytes) -> int:
-    """RFC 1071 Internet checksum."""
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
 
 
 def icmp_echo(
@@ -601,7 +564,7 @@ def icmp_echo(
             payload = os.urandom(32)
             header = struct.pack("!BBHHH", echo_request, 0, 0, ident, seq)
             # The kernel fills in the ICMPv6 checksum (it covers a pseudo-header, RFC 4443); IPv4's is ours.
-            csum = 0 if v6 else _inet_checksum(header + payload)
+            csum = 0 if v6 else inet_checksum(header + payload)
             packet = struct.pack("!BBHHH", echo_request, 0, csum, ident, seq) + payload
             sent = time.monotonic_ns()
             sock.sendto(packet, (dst, 0))
