@@ -177,6 +177,7 @@ class BpfCompiler:
         self.toolchain = toolchain or Toolchain.default()
         self.cache_dir = cache_dir
         self._memory_cache: dict[str, bytes] = {}
+        self.clang_runs = 0  # objects actually compiled (not from a cache)
         self._lock = threading.Lock()
         self._key_locks: dict[str, threading.Lock] = {}
         self._file_hashes: dict[tuple[str, int, int], str] = {}
@@ -299,6 +300,7 @@ class BpfCompiler:
                 elf = cached.read_bytes()
             else:
                 elf = self._run_clang(source, vmlinux_dir, programs)
+                self.clang_runs += 1
                 if cached is not None:
                     cached.parent.mkdir(parents=True, exist_ok=True)
                     partial = cached.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")

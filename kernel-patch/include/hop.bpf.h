@@ -57,6 +57,18 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
+/* Tracepoints' copy of a packet's first bytes (pkt_copy_head). */
+struct pkt_copy {
+	__u8 bytes[PKT_COPY_BUF];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pkt_copy);
+} pkt_scratch SEC(".maps");
+
 /* Keep the record layout in this object's BTF for the layout tests. */
 const struct hoptrace_record *unused_record_type __attribute__((unused));
 const enum hoptrace_counter *unused_counter_type __attribute__((unused));
@@ -309,6 +321,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb)
 
 	barrier_var(ifindex);
 	barrier_var(len);
+	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end);
 	count(HOPTRACE_C_SEEN, 1);
 	status = parse_packet(PKT_SKB, &r, 0, 0, &p);
 	if (!status && !p.id && !p.fragment && hop_tag_udp && p.proto == IPPROTO_UDP_ &&
@@ -337,6 +350,7 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb)
 
 	barrier_var(ifindex);
 	barrier_var(len);
+	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end);
 	count(HOPTRACE_C_SEEN, 1);
 	hop_finish(parse_packet(PKT_SKB, &r, 0, ethertype ? ethertype : ETH_P_IP_, &p), &p, ifindex,
 		   len);
@@ -351,9 +365,28 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx)
 	struct pkt_info p = {};
 
 	barrier_var(ifindex);
+	pkt_set_direct(&r, (const __u8 *)(long)ctx->data, (const __u8 *)(long)ctx->data_end);
 	count(HOPTRACE_C_SEEN, 1);
 	hop_finish(parse_packet(PKT_XDP, &r, 0, 0, &p), &p, ifindex, len);
 	return XDP_PASS;
+}
+
+/* PKT_KERNEL: one bpf_probe_read_kernel() for the first bytes instead of one
+ * per header. Without the buffer, pkt_load() reads each header itself. */
+static __always_inline void pkt_copy_head(struct pkt_reader *r)
+{
+	__u32 key = 0, n = r->len < PKT_COPY_MAX ? r->len : PKT_COPY_MAX;
+	struct pkt_copy *buf = bpf_map_lookup_elem(&pkt_scratch, &key);
+
+	barrier_var(n);
+	if (!buf || !n || n > PKT_COPY_MAX)
+		return;
+	barrier_var(n);
+	n &= PKT_COPY_BUF - 1; /* no-op: bounds the size for the verifier */
+	if (bpf_probe_read_kernel(buf->bytes, n, r->kbase))
+		return;
+	r->copy = buf->bytes;
+	r->copy_len = n;
 }
 
 /*
@@ -403,6 +436,7 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	r.total = len + (BPF_CORE_READ(skb, data) - (head + start));
 	if (r.total < r.len)
 		r.total = r.len;
+	pkt_copy_head(&r);
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
 	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, r.total);
 	return 0;

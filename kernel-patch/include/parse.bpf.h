@@ -6,8 +6,11 @@
  *
  * Every read goes through pkt_load(), which knows where the bytes live (an
  * skb for tc/cgroup, an xdp_buff, or kernel memory for tracepoints), so one
- * parser serves all attach kinds. A read past the end is "truncated"; an
- * impossible header value is "malformed". Neither ever yields an ID.
+ * parser serves all attach kinds. It reads linear packets directly and
+ * tracepoints' packets from a one-call copy of their first bytes; helpers
+ * are the fallback, so the result never depends on the path taken. A read
+ * past the end is "truncated"; an impossible header value is "malformed".
+ * Neither ever yields an ID.
  */
 #ifndef __HOPTRACE_PARSE_BPF_H
 #define __HOPTRACE_PARSE_BPF_H
@@ -45,11 +48,28 @@ enum parse_status {
 	PARSE_NON_IP,
 };
 
+/* Packets whose bytes are all in the linear data, up to this length, are
+ * read with direct packet access; a power of two minus one, so a mask proves
+ * every offset's bound to the verifier (offset + size <= MAX_PACKET_OFF, 0xffff). */
+#define PKT_DIRECT_MAX 0x7fff
+
+/* Tracepoints copy the first PKT_COPY_MAX bytes (every header of a tunnelled
+ * packet, TCP options included) into a per-CPU buffer once; the buffer has
+ * room for a read of up to PKT_COPY_MAX bytes at any offset below it, so
+ * masks prove every access to the verifier. */
+#define PKT_COPY_MAX 256
+#define PKT_COPY_BUF (2 * PKT_COPY_MAX)
+
 struct pkt_reader {
 	void *ctx;	   /* __sk_buff * or xdp_md * */
 	const __u8 *kbase; /* PKT_KERNEL: first byte at offset 0 */
-	__u32 len;	   /* bytes readable from offset 0 */
-	__u32 total;	   /* bytes the packet has from offset 0 (> len when an skb is paged) */
+	const __u8 *data;  /* PKT_SKB/PKT_XDP with direct: linear data at offset 0 */
+	const __u8 *data_end;
+	__u8 direct;	  /* all len bytes lie in [data, data_end): plain loads, no helper */
+	const __u8 *copy; /* PKT_KERNEL: the first copy_len bytes, copied at once, or NULL */
+	__u32 copy_len;
+	__u32 len;   /* bytes readable from offset 0 */
+	__u32 total; /* bytes the packet has from offset 0 (> len when an skb is paged) */
 };
 
 /* The innermost packet: its flow, where its headers are, and its ID. */
@@ -75,6 +95,25 @@ static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, _
 {
 	if (off > r->len || n > r->len - off)
 		return -1;
+	/* Direct packet access: plain loads instead of a helper call per header.
+	 * Decided once per packet (pkt_set_direct), so the verifier walks one
+	 * way per packet, not both ways per header. */
+	if (__builtin_constant_p(n) && src != PKT_KERNEL && r->direct) {
+		const __u8 *from;
+
+		barrier_var(off);
+		from = r->data + (off & PKT_DIRECT_MAX);
+		if (from + n > r->data_end) /* cannot happen: off + n <= len */
+			return -1;
+		__builtin_memcpy(to, from, n);
+		return 0;
+	}
+	/* Tracepoints: the headers were copied in one helper call (pkt_copy_head). */
+	if (__builtin_constant_p(n) && src == PKT_KERNEL && r->copy && off + n <= r->copy_len) {
+		barrier_var(off);
+		__builtin_memcpy(to, r->copy + (off & (PKT_COPY_MAX - 1)), n);
+		return 0;
+	}
 	switch (src) {
 	case PKT_SKB:
 		return bpf_skb_load_bytes(r->ctx, off, to, n);
@@ -83,6 +122,24 @@ static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, _
 	default:
 		return bpf_probe_read_kernel(to, n, r->kbase + off);
 	}
+}
+
+/* Direct packet access when the whole packet is linear (tc, cgroup_skb, XDP
+ * without fragments): then every read pkt_load() allows is inside it. */
+static __always_inline void pkt_set_direct(struct pkt_reader *r, const __u8 *data,
+					   const __u8 *data_end)
+{
+	__u32 len = r->len;
+
+	if (len > PKT_DIRECT_MAX)
+		return;
+	barrier_var(len);
+	len &= PKT_DIRECT_MAX; /* no-op: bounds it for the verifier */
+	if (data + len > data_end)
+		return;
+	r->data = data;
+	r->data_end = data_end;
+	r->direct = 1;
 }
 
 /* Skips Ethernet and up to two VLAN tags; returns the L3 offset and ethertype. */
@@ -330,7 +387,10 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 	/* 1..40 by the data offset's 4 bits; say so to the verifier (1..64). */
 	barrier_var(optlen);
 	optlen = ((optlen - 1) & 63) + 1;
-	if (pkt_load(src, r, p->l4_off + 20, s.opts, optlen))
+	/* One fixed-size load when the packet holds all 40 option bytes (the
+	 * direct path needs a constant size); bytes past optlen are never read. */
+	if (pkt_load(src, r, p->l4_off + 20, s.opts, TCP_MAX_OPT_LEN) &&
+	    pkt_load(src, r, p->l4_off + 20, s.opts, optlen))
 		return PARSE_TRUNCATED;
 	s.len = optlen;
 	bpf_loop(TCP_MAX_OPT_LEN, tcpopt_step, &s, 0);

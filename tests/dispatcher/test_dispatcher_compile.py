@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -119,24 +118,22 @@ def test_objects_hold_exactly_the_nodes_programs(compiler: BpfCompiler, tmp_path
         assert {".maps", "license", ".BTF"} <= set(sections)
 
 
-def test_compile_is_fast_and_cached(compiler: BpfCompiler) -> None:
+def test_compile_is_cached(compiler: BpfCompiler) -> None:
+    """Objects depend only on the set of programs: a new generation, or a new dispatcher on the same cache
+    directory, runs clang for nothing. (How fast a compile is, is measured in bench/dispatcher.py.)"""
     spec = load_spec(CONTRACT_SPEC)
     compiler.warm_up()
-    started = time.monotonic()
+    before = compiler.clang_runs  # the fixture's compiler may have built these sets for another test
     first = compile_spec(spec, 1, compiler)
-    cold = time.monotonic() - started
-    started = time.monotonic()
+    assert compiler.clang_runs - before <= 2  # host-a and host-b need different program sets
+    runs = compiler.clang_runs
     second = compile_spec(spec, 2, compiler)
-    warm = time.monotonic() - started
+    assert compiler.clang_runs == runs
     assert first["host-a"].object == second["host-a"].object
     assert first["host-a"].object != first["host-b"].object
-    assert cold < 4.0, f"spec -> objects took {cold:.2f}s"  # target 2 s; margin for a loaded CI machine
-    assert warm < 0.2, f"cached compile took {warm:.2f}s"
-    # a new compiler on the same cache directory reuses the objects on disk
     again = BpfCompiler(compiler.toolchain, cache_dir=compiler.cache_dir)
-    started = time.monotonic()
     assert compile_spec(spec, 3, again)["host-b"].object == first["host-b"].object
-    assert time.monotonic() - started < 0.5
+    assert again.clang_runs == 0
 
 
 def test_clang_errors_come_back_readable(tmp_path: Path) -> None:
