@@ -85,7 +85,11 @@ def spec(name: str, topo: TwoHostTopology, hops: list[tuple[str, str, str, str, 
 def sockperf(
     topo: TwoHostTopology, seconds: float, mps: int, client: str = "c1", server: str = "c2", **popen: Any
 ) -> dict[str, float]:
-    """A sockperf UDP ping-pong ``client`` -> ``server``: sockperf's own average and percentiles (µs)."""
+    """A sockperf UDP ping-pong ``client`` -> ``server``: sockperf's own average and percentiles (µs).
+
+    ``server_prefix`` / ``client_prefix``: a command put before sockperf (e.g. ``("taskset", "-c", "1")``);
+    ``client_args``: extra ping-pong arguments.
+    """
     srv = topo.popen(
         server, *popen.pop("server_prefix", ()), "sockperf", "server", "-i", topo.addr(server),
         "-p", str(SOCKPERF_PORT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -93,7 +97,8 @@ def sockperf(
     try:
         time.sleep(0.5)
         out = topo.run(
-            client, "sockperf", "ping-pong", "-i", topo.addr(server), "-p", str(SOCKPERF_PORT),
+            client, *popen.pop("client_prefix", ()), "sockperf", "ping-pong", "-i", topo.addr(server),
+            "-p", str(SOCKPERF_PORT),
             "-t", str(int(seconds)), "--mps", str(mps), *popen.pop("client_args", ()),
             timeout=seconds + 30,
         ).stdout  # fmt: skip
@@ -145,6 +150,19 @@ def report(cluster: LocalCluster, name: str) -> dict[str, Any]:
     time.sleep(3)
     out = cluster.hoptrace("report", name, "--since", "10m", "--json")
     return json.loads(out.stdout)
+
+
+def settled_report(cluster: LocalCluster, name: str, timeout_s: float = 20) -> dict[str, Any]:
+    """``report``, repeated until every segment window is written or ``timeout_s`` has passed.
+
+    Written means the packet totals reach the per-packet end-to-end count: on a busy machine the last window
+    closes later than report's 3 s wait.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rep = report(cluster, name)
+        if rep["packets"] >= rep["end_to_end"]["count"] > 0 or time.monotonic() > deadline:
+            return rep
 
 
 def require_root() -> None:
