@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -51,24 +52,54 @@ func (s *Server) Addr() string { return s.addr }
 func (s *Server) serve() {
 	defer close(s.done)
 	buf := make([]byte, 512)
+	oob := make([]byte, 512)
+	// Like the collector's time service: T2 is the kernel's receive stamp, T3 the clock read plus the
+	// smallest recent lag to the reply's own kernel TX stamp, so both legs are timed at the same layer as
+	// the client's kernel-stamped T1 and T4.
+	kernel := enableKernelStamps(s.fd)
+	var lags []int64
 	for {
-		n, from, err := unix.Recvfrom(s.fd, buf, 0)
-		t2 := Realtime() + int64(s.Skew)
+		n, oobn, _, from, err := unix.Recvmsg(s.fd, buf, oob, 0)
+		t2 := Realtime()
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil || n == 0 || from == nil {
 			return // Close shut the socket down
 		}
+		if kernel {
+			if rt := rxStamp(oob[:oobn]); rt != 0 {
+				t2 = rt
+			}
+		}
 		req, err := ParsePacket(buf[:n])
 		if err != nil || req.Mode != modeClient {
 			continue
 		}
-		reply := Packet{Version: req.Version, Mode: modeServer, Stratum: 1, Origin: req.Transmit, Receive: ToNTP(t2)}
-		reply.Transmit = ToNTP(Realtime() + int64(s.Skew))
+		reply := Packet{Version: req.Version, Mode: modeServer, Stratum: 1, Origin: req.Transmit,
+			Receive: ToNTP(t2 + int64(s.Skew))}
+		read := Realtime()
+		lag := int64(0)
+		if len(lags) >= minLagSamples {
+			lag = slices.Min(lags)
+		}
+		reply.Transmit = ToNTP(read + lag + int64(s.Skew))
 		_ = unix.Sendto(s.fd, reply.Marshal(), 0, from)
+		if kernel {
+			if tx := txStamp(s.fd, oob); tx != 0 {
+				if lags = append(lags, tx-read); len(lags) > lagWindow {
+					lags = lags[1:]
+				}
+			}
+		}
 	}
 }
+
+// The T3 correction: the minimum TX lag of the last lagWindow replies, once there are minLagSamples.
+const (
+	lagWindow     = 256
+	minLagSamples = 16
+)
 
 // Close stops the server.
 func (s *Server) Close() error {
