@@ -119,13 +119,16 @@ def test_fixed_delay_adds_its_hold_time_to_the_rtt(
         assert len({r["hash"] for r in log}) == 2 * PINGS
     hold_fixed = statistics.median(r["hold_ns"] for r in fixed)
     hold_zero = statistics.median(r["hold_ns"] for r in zero)
-    assert abs(hold_fixed - DELAY) <= 20 * US, f"median hold {hold_fixed / US:.1f} us"
-    assert all(r["hold_ns"] >= DELAY for r in fixed)
+    # The box releases a frame early by its own recent send lag so that the kernel's TX stamp lands on the
+    # target; on a 2-core VM that lag varies by tens of us. The log holds what really happened, which is
+    # what tests compare hoptrace with; this only checks the box does roughly what it is asked.
+    assert abs(hold_fixed - DELAY) <= 30 * US, f"median hold {hold_fixed / US:.1f} us"
+    assert all(r["hold_ns"] >= DELAY - 2 * US for r in fixed)  # released early by its send lag, at most ~us
 
     # Through the box both ways: 2 x 300 us more than the plain wire. The hold starts at the kernel's receive
     # stamp, so the relay's wake-up latency is inside the 300 us; only its send path (~10-40 us) is added.
     rise = (rtt_fixed - direct) / US
-    assert 2 * DELAY / US - 20 <= rise <= 2 * DELAY / US + 160, f"RTT rose {rise:.0f} us over the plain wire"
+    assert 2 * DELAY / US - 20 <= rise <= 2 * DELAY / US + 300, f"RTT rose {rise:.0f} us over the plain wire"
     # Against the 0-delay box (which holds each frame for its wake-up latency, ~50-200 us on a VM) the RTT
     # rises by twice the difference of the logged holds: the log is the truth of what the box added.
     rise_zero = (rtt_fixed - rtt_zero) / US
@@ -209,4 +212,4 @@ def test_jitter_spreads_holds_as_asked(
     assert statistics.pstdev(targets) > 40 * US  # uniform +-100 us: sigma 58 us
     # Each frame is held for its own target, which the log states.
     errors = sorted(r["hold_ns"] - r["target_ns"] for r in log)
-    assert errors[len(errors) // 2] <= 20 * US and errors[0] >= 0
+    assert errors[len(errors) // 2] <= 30 * US and errors[0] >= -2 * US

@@ -42,6 +42,7 @@ import socket
 import struct
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -300,6 +301,7 @@ class Relay:
             "user_tx_timestamps": 0,
         }
         self.stopping = False
+        self._send_lags: deque[int] = deque(maxlen=256)
 
     def _receive(self, index: int) -> None:
         """Queue every frame waiting on socket ``index``."""
@@ -335,11 +337,18 @@ class Relay:
             self.seq += 1
             heapq.heappush(self.heap, (due, self.seq, index, t_rx, target, user_now - t_rx, frame))
 
+    @property
+    def send_lead_ns(self) -> int:
+        """How early to call send() so the frame leaves (the kernel's TX stamp) when it is due: the smallest
+        recent lag from calling send() to that stamp (the syscall and the stack down to veth_xmit)."""
+        return min(self._send_lags) if len(self._send_lags) >= 8 else 0
+
     def _send_due(self) -> None:
         heap = self.heap
-        while heap and heap[0][0] <= time.monotonic_ns():
+        while heap and heap[0][0] - self.send_lead_ns <= time.monotonic_ns():
             _, seq, index, t_rx, target, rx_lag, frame = heapq.heappop(heap)
             t_tx = time.monotonic_ns()
+            called = t_tx
             sock = self.socks[1 - index]
             try:
                 sock.send(frame)
@@ -349,6 +358,7 @@ class Relay:
             kernel_tx = tx_timestamp(sock)
             if kernel_tx:
                 t_tx = kernel_tx
+                self._send_lags.append(kernel_tx - called)
             else:
                 self.stats["user_tx_timestamps"] += 1
             self.stats["relayed"][index] += 1
@@ -359,12 +369,12 @@ class Relay:
         readers = [self.socks[0], self.socks[1], wakeup_fd]
         while not self.stopping:
             self._send_due()
-            wait = self.heap[0][0] - time.monotonic_ns() if self.heap else None
+            wait = self.heap[0][0] - self.send_lead_ns - time.monotonic_ns() if self.heap else None
             if wait is not None and wait <= SPIN_NS:
                 # Close to due: take in what arrived meanwhile, then spin.
                 self._receive(0)
                 self._receive(1)
-                due = self.heap[0][0]
+                due = self.heap[0][0] - self.send_lead_ns
                 while time.monotonic_ns() < due:
                     pass
                 continue
