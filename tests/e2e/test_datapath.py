@@ -110,7 +110,10 @@ def sockperf_ping_pong(topo: TwoHostTopology, addr: str) -> int:
     total = re.search(r"\[Total Run\].*SentMessages=(\d+); ReceivedMessages=(\d+)", out)
     assert total, f"no [Total Run] line in sockperf's output: {out[-2000:]}"
     sent, received = int(total.group(1)), int(total.group(2))
-    assert sent >= 500 and received == sent, f"sockperf sent {sent}, got {received} back: {out[-2000:]}"
+    # The last ping may still be in flight when sockperf's timer ends: it counts as sent, not received.
+    assert sent >= 500 and sent - 1 <= received <= sent, (
+        f"sockperf sent {sent}, got {received} back: {out[-2000:]}"
+    )
     return sent
 
 

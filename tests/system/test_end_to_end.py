@@ -130,7 +130,8 @@ def test_delay_box_segment_matches_ground_truth(topology_factory, influxd, tmp_p
             excess = [latencies[pid] - holds[pid] for pid in common]
             spread = p50([abs(e - p50(excess)) for e in excess])
             excess_p50[delay_us] = p50(excess)
-            assert 0 <= p50(excess) <= 50_000, f"median excess over the box's hold: {p50(excess)} ns"
+            # The box's kernel stamps are CLOCK_REALTIME, made CLOCK_MONOTONIC with two clock reads: +-1 us.
+            assert -2_000 <= p50(excess) <= 50_000, f"median excess over the box's hold: {p50(excess)} ns"
             assert spread <= 10_000, f"per-packet latency tracks the box's hold only within {spread} ns"
             data = report(cluster, trace)
             p50s[delay_us] = {f"{s['from']}>{s['to']}": s["p50_ns"] for s in data["segments"]}
