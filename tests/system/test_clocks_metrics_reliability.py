@@ -56,7 +56,7 @@ def test_skewed_host_clock_is_aligned(topology, influxd):
     assert plain.keys() == skewed.keys()
     for segment, value in plain.items():
         assert abs(skewed[segment] - value) <= 20_000, f"{segment}: {value} plain, {skewed[segment]} skewed"
-    assert 0 < skewed[CROSS_HOST] < 1_000_000  # the 3.7 ms really was taken out
+    assert abs(skewed[CROSS_HOST]) < 1_000_000  # the 3.7 ms really was taken out (the segment is ~3 us)
 
 
 def nft(topo, role: str, *commands: str) -> str:
