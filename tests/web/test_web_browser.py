@@ -195,9 +195,10 @@ def test_operator_builds_a_trace_in_the_browser_and_sees_where_the_time_goes(top
 
             counts = wait(browser, every_segment_counted, 60, "every segment with packets in the table")
             names = [hop.name for hop in spec.hops]
-            assert [name for name, _ in counts] == [
-                f"{a} → {b}" for a, b in zip(names, names[1:], strict=False)
-            ]
+            expected = [f"{a} → {b}" for a, b in zip(names, names[1:], strict=False)]
+            # a cell may carry an annotation after the segment (e.g. a same-node marker)
+            assert len(counts) == len(expected)
+            assert all(name.startswith(want) for (name, _), want in zip(counts, expected, strict=True)), counts
             chart = browser.execute_script(
                 "const c = Chart.getChart('decomposition-chart');"
                 "return {labels: c.data.labels, stacks: c.data.datasets.map(d => d.label),"
