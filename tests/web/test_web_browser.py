@@ -198,7 +198,9 @@ def test_operator_builds_a_trace_in_the_browser_and_sees_where_the_time_goes(top
             expected = [f"{a} → {b}" for a, b in zip(names, names[1:], strict=False)]
             # a cell may carry an annotation after the segment (e.g. a same-node marker)
             assert len(counts) == len(expected)
-            assert all(name.startswith(want) for (name, _), want in zip(counts, expected, strict=True)), counts
+            assert all(name.startswith(want) for (name, _), want in zip(counts, expected, strict=True)), (
+                counts
+            )
             chart = browser.execute_script(
                 "const c = Chart.getChart('decomposition-chart');"
                 "return {labels: c.data.labels, stacks: c.data.datasets.map(d => d.label),"
