@@ -89,13 +89,23 @@ agent: $(AGENT_BIN) ## build hoptrace-agent (static Go binary)
 $(AGENT_BIN): $(shell find agent -name '*.go' -o -name go.mod -o -name go.sum 2>/dev/null)
 	cd agent && CGO_ENABLED=0 go build -trimpath -o bin/hoptrace-agent ./cmd/hoptrace-agent
 
+# The mirrors of kernel-patch/include/hoptrace.h (record layout, flags, wire constants, counters) for Go,
+# Python and the proto's enum Counter, generated from the object's BTF.
+VOCAB_OUT := agent/internal/record/record_gen.go agent/internal/loader/programs_gen.go proto/gen/python/hoptrace/kernel_abi.py proto/hoptrace/v1/counters.proto
+
+.PHONY: vocab
+vocab: $(BPF_OBJ) ## regenerate the Go/Python/proto mirrors of hoptrace.h from the object's BTF
+	cd agent && go run ./cmd/vocabgen -object ../$(BPF_OBJ) -go internal/record/record_gen.go \
+		-go-programs internal/loader/programs_gen.go \
+		-python ../proto/gen/python/hoptrace/kernel_abi.py -proto ../proto/hoptrace/v1/counters.proto
+
 .PHONY: proto
-proto: $(VENV)/.stamp $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc ## regenerate Go and Python code from proto/
+proto: vocab $(VENV)/.stamp $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc ## regenerate Go and Python code from proto/
 	bash proto/generate.sh
 
 .PHONY: proto-check
 proto-check: proto ## fail if the generated code in git is stale
-	@git diff --exit-code -- agent/internal/pb proto/gen || \
+	@git diff --exit-code -- agent/internal/pb proto/gen $(VOCAB_OUT) || \
 		{ echo "generated code is stale: run 'make proto' and commit"; exit 1; }
 
 ## ---- checks ------------------------------------------------------------

@@ -128,6 +128,9 @@ def run(ctx: Any) -> dict[str, Any]:
     """Rising record rates through one agent; records/s, losses, CPU, RSS per step."""
     from common import PlanAgent, RecordSink, UsageSampler, log, metric_sum, progs_of, target
 
+    from hoptrace.dispatcher.compile import standalone_plans
+    from hoptrace.dispatcher.spec import spec_from_data
+
     rates = ctx.size([100_000, 0], [100_000, 250_000, 500_000, 1_000_000, 2_000_000, 0])
     seconds = ctx.size(1.0, 4.0)
     netns = f"{ctx.prefix()}-load"
@@ -140,13 +143,16 @@ def run(ctx: Any) -> dict[str, Any]:
             ["ip", "-n", netns, "link", "add", "ld0", "type", "veth", "peer", "name", "ld1"], check=True
         )
         subprocess.run(["ip", "-n", netns, "link", "set", "ld0", "up"], check=True)
-        plan = {
-            "trace": "agent-records",
-            "generation": 1,
-            "objectPath": str(ctx_bpf_object()),
-            "filter": {"protocol": "udp", "dstPort": LOAD_PORT},
-            "hops": [{"hopIndex": 0, "name": "load-in", "at": "tc-ingress", "dev": "ld0"}],
-        }
+        spec = spec_from_data(
+            {
+                "name": "agent-records",
+                "filter": {"protocol": "udp", "dst_port": LOAD_PORT},
+                "hops": [{"name": "load-in", "node": "load", "at": "tc-ingress", "dev": "ld0"}],
+            }
+        )
+        plan = standalone_plans(spec, ctx_bpf_object())["load"]
+        # The load generator's packets carry their IDs already: this ingress hop only records.
+        plan["hops"][0].pop("tagUdp", None)
         agent = PlanAgent(plan, "load", netns, sink.addr, ctx.workdir, "--clock-server", "off").start()
         prog_ids = [p["id"] for p in progs_of({agent.pid}).values() if p.get("name") == "hop_tc"]
         if len(prog_ids) != 1:

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # topology, influxd launcher and delay box are shared with the tests
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
-from e2e_helpers import bpf_fds, tcx_programs  # noqa: E402
+from e2e_helpers import bpf_fds, path_plans, tcx_programs  # noqa: E402, F401 (path_plans: re-exported)
 from helpers import InfluxServer, free_port, start_influxd  # noqa: E402
 from topology import TwoHostTopology  # noqa: E402
 
@@ -325,51 +325,6 @@ class PlanAgent:
     def stop(self) -> None:
         """SIGTERM (final counters, detach), then kill if it lingers."""
         stop_process(self.proc, signal.SIGTERM, 15)
-
-
-def path_plans(
-    topo: TwoHostTopology,
-    trace: str,
-    filter_: dict[str, Any],
-    sample: int = 1,
-    tcp_tagging: bool = False,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The TracePlans (protojson) of host-a's and host-b's agents for the 8-hop c1 -> c2 VXLAN path."""
-    base: dict[str, Any] = {
-        "trace": trace,
-        "generation": 1,
-        "objectPath": str(BPF_OBJECT),
-        "filter": filter_,
-        "sample": sample,
-    }
-    plan_a = dict(
-        base,
-        hops=[
-            {
-                "hopIndex": 0,
-                "name": "c1-eth0-out",
-                "at": "tc-egress",
-                "dev": "eth0",
-                "netns": topo.c1,
-                "tagUdp": True,
-            },
-            {"hopIndex": 1, "name": "a-veth-in", "at": "tracepoint:net:netif_receive_skb", "dev": "veth-c1"},
-            {"hopIndex": 2, "name": "a-vxlan-out", "at": "tc-egress", "dev": "vxlan0"},
-            {"hopIndex": 3, "name": "a-wire-out", "at": "tc-egress", "dev": "wire0"},
-        ],
-    )
-    if tcp_tagging:
-        plan_a["tcpTagging"] = {"netns": topo.c1}
-    plan_b = dict(
-        base,
-        hops=[
-            {"hopIndex": 4, "name": "b-wire-in", "at": "tc-ingress", "dev": "wire0"},
-            {"hopIndex": 5, "name": "b-vxlan-in", "at": "tc-ingress", "dev": "vxlan0"},
-            {"hopIndex": 6, "name": "b-veth-out", "at": "tracepoint:net:net_dev_xmit", "dev": "veth-c2"},
-            {"hopIndex": 7, "name": "c2-eth0-in", "at": "tc-ingress", "dev": "eth0", "netns": topo.c2},
-        ],
-    )
-    return plan_a, plan_b
 
 
 @contextlib.contextmanager

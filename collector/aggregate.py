@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from hoptrace import kernel_abi
 from hoptrace.collector.catalog import TraceCatalog, TracePath
 from hoptrace.collector.clock import ClockAligner, NodeMapping
 from hoptrace.collector.join import JoinedPacket
@@ -486,24 +487,6 @@ class SegmentAggregator:
         )
 
 
-_COUNTER_FIELDS = (
-    "seen",
-    "matched",
-    "recorded",
-    "tagged",
-    "untagged",
-    "too_big",
-    "gso_skipped",
-    "not_matched",
-    "parse_truncated",
-    "parse_malformed",
-    "parse_non_ip",
-    "ringbuf_full",
-    "bytes",
-    "tag_failed",
-)
-
-
 class HopCounterAggregator:
     """Per-interval windows per (trace, hop, node): deltas of the cumulative `HopCounters`, and the
     throughput of the recorded packets (`add_records`).
@@ -581,7 +564,8 @@ class HopCounterAggregator:
         interval = self.config.interval_ns
         lost: list[tuple[str, int, int]] = []
         for c in counters:
-            values = tuple(getattr(c, f) for f in _COUNTER_FIELDS)
+            # HopCounters.values is indexed by enum hoptrace_counter; an older agent may send fewer.
+            values = tuple(c.values) + (0,) * (len(kernel_abi.COUNTERS) - len(c.values))
             key = (trace, node, c.hop_index)
             prev = self._last.get(key)
             self._last[key] = values
@@ -601,7 +585,7 @@ class HopCounterAggregator:
             start = max(ts - ts % interval, self._closed_before)
             hop = c.hop or f"hop{c.hop_index}"
             w = self._get(trace, hop, node, start, counters=True)
-            d = dict(zip(_COUNTER_FIELDS, delta, strict=True))
+            d = dict(zip(kernel_abi.COUNTERS, delta, strict=False))
             w.matched += d["matched"]
             w.tagged += d["tagged"]
             w.untagged += d["untagged"]

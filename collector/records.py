@@ -1,7 +1,7 @@
 """Python mirror of `struct hoptrace_record` and decoding of `RecordBatch.records`.
 
-The C header `kernel-patch/include/hoptrace.h` is the one definition; `tests/collector/test_records.py`
-compares this layout with the BTF of `kernel-patch/build/hoptrace.bpf.o` so the two cannot drift.
+The C header `kernel-patch/include/hoptrace.h` is the one definition; `hoptrace.kernel_abi` is generated
+from the object's BTF (`make vocab`), and `tests/collector/test_records.py` compares it with the BTF again.
 
 Records are decoded into plain tuples (`struct.iter_unpack`), the cheapest Python object per record, in the
 field order of `RECORD_FIELDS`.
@@ -14,69 +14,32 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from hoptrace import kernel_abi
 from hoptrace.v1 import records_pb2
 
-# struct hoptrace_record: ts_ns u64, packet_id u32, flow_hash u32, ifindex u32, wire_len u32,
-# hop_index u16, trace_slot u16, cpu u16, flags u16. Little-endian, 32 bytes, no padding.
-RECORD_FORMAT = "<QIIIIHHHH"
+RECORD_FORMAT = kernel_abi.RECORD_FORMAT
 RECORD_STRUCT = struct.Struct(RECORD_FORMAT)
 RECORD_SIZE = RECORD_STRUCT.size
-RECORD_FIELDS: tuple[str, ...] = (
-    "ts_ns",
-    "packet_id",
-    "flow_hash",
-    "ifindex",
-    "wire_len",
-    "hop_index",
-    "trace_slot",
-    "cpu",
-    "flags",
-)
+RECORD_FIELDS: tuple[str, ...] = kernel_abi.RECORD_FIELDS
 
 # Tuple positions, for readers that index records.
 TS_NS, PACKET_ID, FLOW_HASH, IFINDEX, WIRE_LEN, HOP_INDEX, TRACE_SLOT, CPU, FLAGS = range(len(RECORD_FIELDS))
 
-# Packet IDs: origin node salt in the top 8 bits, a per-trace sequence in the low 24 (HOPTRACE_ID_SEQ_BITS).
-ID_SEQ_BITS = 24
-ID_SEQ_MASK = (1 << ID_SEQ_BITS) - 1
+# Packet IDs: origin node salt in the top 8 bits, a per-trace sequence in the low bits.
+ID_SEQ_BITS = kernel_abi.ID_SEQ_BITS
+ID_SEQ_MASK = kernel_abi.ID_SEQ_MASK
 
 Record = tuple[int, int, int, int, int, int, int, int, int]
 
 # Bytes hoptrace adds to a tagged packet (hoptrace.h): the UDP ID in the surplus area, the TCP option.
-HOPTRACE_UDP_ID_LEN = 4
-HOPTRACE_TCPOPT_LEN = 8
+HOPTRACE_UDP_ID_LEN = kernel_abi.UDP_ID_LEN
+HOPTRACE_TCPOPT_LEN = kernel_abi.TCPOPT_LEN
 
+RecordFlag = enum.IntFlag("RecordFlag", kernel_abi.RECORD_FLAGS)
+RecordFlag.__doc__ = "`enum hoptrace_record_flag`."
 
-class RecordFlag(enum.IntFlag):
-    """`enum hoptrace_record_flag`."""
-
-    IPV6 = 1 << 0
-    TCP = 1 << 1
-    UDP = 1 << 2
-    ENCAP_VXLAN = 1 << 3
-    ENCAP_GENEVE = 1 << 4
-    TAGGED_HERE = 1 << 5
-    VLAN = 1 << 6
-
-
-class Counter(enum.IntEnum):
-    """`enum hoptrace_counter`: index of each per-hop counter."""
-
-    SEEN = 0
-    MATCHED = 1
-    RECORDED = 2
-    TAGGED = 3
-    UNTAGGED = 4
-    TOO_BIG = 5
-    GSO_SKIPPED = 6
-    NOT_MATCHED = 7
-    PARSE_TRUNCATED = 8
-    PARSE_MALFORMED = 9
-    PARSE_NON_IP = 10
-    RINGBUF_FULL = 11
-    BYTES = 12
-    TAG_FAILED = 13
-    MAX = 14
+Counter = enum.IntEnum("Counter", {name.upper(): index for index, name in enumerate(kernel_abi.COUNTERS)})
+Counter.__doc__ = "`enum hoptrace_counter`: index of each per-hop counter in `HopCounters.values`."
 
 
 class RecordDecodeError(ValueError):
@@ -141,3 +104,19 @@ def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
         agent_dropped=batch.agent_dropped,
         watermark_ns=batch.watermark_ns,
     )
+
+
+def hop_counters(hop_index: int, hop: str, **values: int) -> records_pb2.HopCounters:
+    """A `HopCounters` with the named counters set (names of `kernel_abi.COUNTERS`), the others 0."""
+    unknown = set(values) - set(kernel_abi.COUNTERS)
+    if unknown:
+        raise ValueError(f"unknown counters {sorted(unknown)}; known: {', '.join(kernel_abi.COUNTERS)}")
+    return records_pb2.HopCounters(
+        hop_index=hop_index, hop=hop, values=[values.get(name, 0) for name in kernel_abi.COUNTERS]
+    )
+
+
+def counters_by_name(counters: records_pb2.HopCounters) -> dict[str, int]:
+    """Each counter of `counters` by its name (an older agent's missing ones are 0)."""
+    values = list(counters.values)
+    return {name: values[i] if i < len(values) else 0 for i, name in enumerate(kernel_abi.COUNTERS)}

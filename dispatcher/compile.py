@@ -10,6 +10,7 @@ setting is a load-time constant), so they are cached by content hash and a new a
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import os
 import shutil
@@ -21,13 +22,23 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from hoptrace.dispatcher.spec import parse_attach_point, tcp_tagging_enabled, udp_tagging_enabled
+from google.protobuf import json_format
+
+from hoptrace import kernel_abi
+from hoptrace.dispatcher.spec import (
+    AttachPoint,
+    parse_attach_point,
+    tcp_tagging_enabled,
+    udp_tagging_enabled,
+)
 from hoptrace.v1 import agent_pb2, trace_pb2
 
 log = logging.getLogger(__name__)
 
-# Program name (the ELF function name the agent looks up) for each attach kind.
+# The program (ELF function name) each attach kind's hops run. The program names and sections themselves
+# are hop.bpf.h's (generated into hoptrace.kernel_abi.PROGRAMS by `make vocab`).
 PROGRAM_FOR_KIND = {
     "tc": "hop_tc",
     "xdp": "hop_xdp",
@@ -37,34 +48,19 @@ PROGRAM_FOR_KIND = {
     "kprobe": "hop_kprobe",
 }
 # net:net_dev_xmit fires after a veth handed the skb to its peer: its own program matches the event's dev
-# argument instead of skb->dev (kernel-patch/include/hop.bpf.h). The agent picks it the same way.
+# argument instead of skb->dev (kernel-patch/include/hop.bpf.h).
 XMIT_TRACEPOINT_PROGRAM = "hop_tp_btf_xmit"
 TCP_TAGGER_PROGRAM = "tag_tcp"
-ALL_PROGRAMS = (*PROGRAM_FOR_KIND.values(), XMIT_TRACEPOINT_PROGRAM, TCP_TAGGER_PROGRAM)
+# ELF section of each program in the objects, and the order of programs in a generated source.
+PROGRAM_SECTIONS: dict[str, str] = dict(kernel_abi.PROGRAMS)
+ALL_PROGRAMS = tuple(PROGRAM_SECTIONS)
 
-# ELF section of each program in the objects (design.md); used to check compiled objects.
-PROGRAM_SECTIONS = {
-    "hop_tc": "tc",
-    "hop_xdp": "xdp",
-    "hop_tp_btf": "tp_btf/netif_receive_skb",
-    "hop_tp_btf_xmit": "tp_btf/net_dev_xmit",
-    "hop_cgroup_skb": "cgroup_skb/ingress",
-    "hop_fentry": "fentry/netif_receive_skb",
-    "hop_kprobe": "kprobe/netif_receive_skb",
-    "tag_tcp": "sockops",
-}
 
-# The macro of hop.bpf.h that defines each program under its contract name and section.
-PROGRAM_MACROS = {
-    "hop_tc": "HOPTRACE_PROG_TC",
-    "hop_xdp": "HOPTRACE_PROG_XDP",
-    "hop_tp_btf": "HOPTRACE_PROG_TP_BTF",
-    "hop_tp_btf_xmit": "HOPTRACE_PROG_TP_BTF_XMIT",
-    "hop_cgroup_skb": "HOPTRACE_PROG_CGROUP_SKB",
-    "hop_fentry": "HOPTRACE_PROG_FENTRY",
-    "hop_kprobe": "HOPTRACE_PROG_KPROBE",
-    "tag_tcp": "HOPTRACE_PROG_TAG_TCP",
-}
+def program_macro(program: str) -> str:
+    """The macro of hop.bpf.h that defines `program` under its name and section (hop_tc: HOPTRACE_PROG_TC)."""
+    return "HOPTRACE_PROG_" + program.removeprefix("hop_").upper()
+
+
 # The same includes as kernel-patch/hoptrace.bpf.c, so hop.bpf.h sees what it expects.
 SOURCE_PREAMBLE = (
     '#include "vmlinux.h"',
@@ -85,9 +81,8 @@ class CompileError(RuntimeError):
     """clang (or the toolchain around it) failed; the message holds the compiler's own words."""
 
 
-def program_for_hop(at: str) -> str:
-    """The program the agent attaches for a hop's `at` value."""
-    point = parse_attach_point(at)
+def program_for_point(point: AttachPoint) -> str:
+    """The program the agent attaches for a parsed attach point."""
     if point.kind == "tp_btf" and point.target == "net_dev_xmit":
         return XMIT_TRACEPOINT_PROGRAM
     return PROGRAM_FOR_KIND[point.kind]
@@ -95,10 +90,58 @@ def program_for_hop(at: str) -> str:
 
 def programs_for_plan(plan: agent_pb2.TracePlan) -> tuple[str, ...]:
     """The programs a node's object must contain for `plan`, in ALL_PROGRAMS order."""
-    needed = {program_for_hop(hop.at) for hop in plan.hops}
+    needed = {hop.program for hop in plan.hops}
     if plan.HasField("tcp_tagging"):
-        needed.add(TCP_TAGGER_PROGRAM)
+        needed.add(plan.tcp_tagging.program)
     return tuple(program for program in ALL_PROGRAMS if program in needed)
+
+
+_IP_PROTOCOLS = {"": 0, "tcp": 6, "udp": 17}
+
+
+def _network_bytes(text: str) -> tuple[int, bytes, bytes]:
+    """(family, masked network-order address, mask) of a validated address or CIDR; an IPv4-mapped IPv6
+    address is the IPv4 packet it stands for."""
+    network = ipaddress.ip_network(text, strict=False)
+    if (
+        isinstance(network, ipaddress.IPv6Network)
+        and network.network_address.ipv4_mapped
+        and network.prefixlen >= 96
+    ):
+        network = ipaddress.ip_network(f"{network.network_address.ipv4_mapped}/{network.prefixlen - 96}")
+    return network.version, network.network_address.packed, network.netmask.packed
+
+
+def flow_match(flt: trace_pb2.Filter) -> agent_pb2.FlowMatch:
+    """A validated spec filter as the BPF programs compare it: the agent never parses the user's strings."""
+    match = agent_pb2.FlowMatch(
+        ip_proto=_IP_PROTOCOLS[flt.protocol], src_port=flt.src_port, dst_port=flt.dst_port
+    )
+    if flt.src:
+        match.family, match.src_addr, match.src_mask = _network_bytes(flt.src)
+    if flt.dst:
+        match.family, match.dst_addr, match.dst_mask = _network_bytes(flt.dst)
+    return match
+
+
+def hop_attach(hop: trace_pb2.HopSpec, index: int, tag_udp: bool = False) -> agent_pb2.HopAttach:
+    """One validated hop as its node's agent attaches it: typed kind and target, and the program to run."""
+    point = parse_attach_point(hop.at)
+    attach = agent_pb2.HopAttach(
+        hop_index=index,
+        name=hop.name,
+        kind=point.attach,
+        program=program_for_point(point),
+        dev=hop.dev,
+        netns=hop.netns,
+        cgroup=hop.cgroup,
+        tag_udp=tag_udp,
+    )
+    if point.kind == "tp_btf":
+        attach.tracepoint_group, attach.tracepoint_event = point.group, point.target
+    elif point.target:
+        attach.function = point.target
+    return attach
 
 
 def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_pb2.TracePlan]:
@@ -109,27 +152,33 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
     the sock_ops attachment to its cgroup.
     """
     plans: dict[str, agent_pb2.TracePlan] = {}
+    match = flow_match(spec.filter)
     for index, hop in enumerate(spec.hops):
         plan = plans.get(hop.node)
         if plan is None:
             plan = plans[hop.node] = agent_pb2.TracePlan(
                 trace=spec.name, generation=generation, sample=spec.sample or 1
             )
-            plan.filter.CopyFrom(spec.filter)
-        plan.hops.add(
-            hop_index=index,
-            name=hop.name,
-            at=hop.at,
-            dev=hop.dev,
-            netns=hop.netns,
-            cgroup=hop.cgroup,
-            tag_udp=index == 0 and udp_tagging_enabled(spec),
-        )
+            plan.match.CopyFrom(match)
+        plan.hops.append(hop_attach(hop, index, tag_udp=index == 0 and udp_tagging_enabled(spec)))
     if spec.hops and tcp_tagging_enabled(spec):
         first = spec.hops[0]
         cgroup = first.cgroup if first.at == "cgroup-egress" else ""
-        plans[first.node].tcp_tagging.CopyFrom(agent_pb2.TcpTagging(netns=first.netns, cgroup=cgroup))
+        plans[first.node].tcp_tagging.CopyFrom(
+            agent_pb2.TcpTagging(netns=first.netns, cgroup=cgroup, program=TCP_TAGGER_PROGRAM)
+        )
     return plans
+
+
+def standalone_plans(
+    spec: trace_pb2.TraceSpec, object_path: str | Path, generation: int = 1
+) -> dict[str, dict[str, Any]]:
+    """Per-node plans of a validated spec for standalone agents (``hoptrace-agent run --plan FILE``), as
+    protojson dicts that name an object file instead of carrying one."""
+    plans = build_plans(spec, generation)
+    for plan in plans.values():
+        plan.object_path = str(object_path)
+    return {node: json_format.MessageToDict(plan) for node, plan in plans.items()}
 
 
 @dataclass(frozen=True)
@@ -160,9 +209,9 @@ def generate_source(programs: Iterable[str], kernel_patch_dir: Path) -> str:
     library = kernel_patch_dir / "include" / "hop.bpf.h"
     library_text = library.read_text(errors="replace") if library.exists() else ""
     lines = ["/* Generated by hoptrace.dispatcher.compile: the programs one node needs. */"]
-    if all(f"#define {PROGRAM_MACROS[program]}" in library_text for program in programs):
+    if all(f"#define {program_macro(program)}" in library_text for program in programs):
         lines.extend(SOURCE_PREAMBLE)
-        lines.extend(PROGRAM_MACROS[program] for program in programs)
+        lines.extend(program_macro(program) for program in programs)
         lines.extend(("", 'char LICENSE[] SEC("license") = "Dual BSD/GPL";'))
     else:
         lines.append("/* hop.bpf.h lacks a program macro: the generic object, every program. */")

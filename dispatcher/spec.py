@@ -73,10 +73,12 @@ class SpecError(ValueError):
 class AttachPoint:
     """A parsed `at` value.
 
-    kind is the program family (``tc``, ``xdp``, ``cgroup_skb``, ``tp_btf``, ``fentry``, ``kprobe``);
-    direction is ``ingress``/``egress`` for tc and cgroup hops; target is the tracepoint event or function.
+    attach is the `trace_pb2.AttachKind`; kind is its program family (``tc``, ``xdp``, ``cgroup_skb``,
+    ``tp_btf``, ``fentry``, ``kprobe``); direction is ``ingress``/``egress`` for tc and cgroup hops; group and
+    target are the tracepoint's group and event, or the function.
     """
 
+    attach: int
     kind: str
     direction: str = ""
     group: str = ""
@@ -106,25 +108,47 @@ CAPABILITY_KEYS: dict[str, tuple[str, ...]] = {
     "sock_ops": ("sock_ops",),
 }
 
-AT_FORMS = (
-    "tc-ingress, tc-egress, xdp, cgroup-ingress, cgroup-egress, tracepoint:GROUP:EVENT, "
-    "fentry:FUNCTION, kprobe:FUNCTION"
+_K = trace_pb2.AttachKind
+# Program family and direction of every attach kind (the kinds themselves are trace.proto's AttachKind;
+# tests check this table covers each).
+KIND_FAMILY: dict[int, tuple[str, str]] = {
+    _K.ATTACH_KIND_TC_INGRESS: ("tc", "ingress"),
+    _K.ATTACH_KIND_TC_EGRESS: ("tc", "egress"),
+    _K.ATTACH_KIND_XDP: ("xdp", "ingress"),
+    _K.ATTACH_KIND_CGROUP_INGRESS: ("cgroup_skb", "ingress"),
+    _K.ATTACH_KIND_CGROUP_EGRESS: ("cgroup_skb", "egress"),
+    _K.ATTACH_KIND_TRACEPOINT: ("tp_btf", ""),
+    _K.ATTACH_KIND_FENTRY: ("fentry", ""),
+    _K.ATTACH_KIND_KPROBE: ("kprobe", ""),
+}
+# Kinds whose `at` carries a target after a colon, and the target's form.
+TARGET_FORMS: dict[int, str] = {
+    _K.ATTACH_KIND_TRACEPOINT: "GROUP:EVENT",
+    _K.ATTACH_KIND_FENTRY: "FUNCTION",
+    _K.ATTACH_KIND_KPROBE: "FUNCTION",
+}
+
+
+def at_spelling(kind: int) -> str:
+    """A spec's spelling of an attach kind: ATTACH_KIND_TC_EGRESS is ``tc-egress``."""
+    return _K.Name(kind).removeprefix("ATTACH_KIND_").lower().replace("_", "-")
+
+
+_SIMPLE_KINDS = {at_spelling(kind): kind for kind in KIND_FAMILY if kind not in TARGET_FORMS}
+_TARGET_KINDS = {at_spelling(kind): kind for kind in TARGET_FORMS}
+AT_FORMS = ", ".join(
+    [*_SIMPLE_KINDS, *(f"{spelling}:{TARGET_FORMS[kind]}" for spelling, kind in _TARGET_KINDS.items())]
 )
 
 
 def parse_attach_point(at: str) -> AttachPoint:
     """Parse a hop's `at` value; raises ValueError with the reason when it is not one of the known forms."""
-    simple = {
-        "tc-ingress": AttachPoint("tc", "ingress"),
-        "tc-egress": AttachPoint("tc", "egress"),
-        "xdp": AttachPoint("xdp", "ingress"),
-        "cgroup-ingress": AttachPoint("cgroup_skb", "ingress"),
-        "cgroup-egress": AttachPoint("cgroup_skb", "egress"),
-    }
-    if at in simple:
-        return simple[at]
-    kind, _, rest = at.partition(":")
-    if kind == "tracepoint":
+    if at in _SIMPLE_KINDS:
+        kind = _SIMPLE_KINDS[at]
+        return AttachPoint(kind, *KIND_FAMILY[kind])
+    prefix, _, rest = at.partition(":")
+    kind = _TARGET_KINDS.get(prefix)
+    if kind == _K.ATTACH_KIND_TRACEPOINT:
         group, sep, event = rest.partition(":")
         if not sep or not group or not event:
             raise ValueError(
@@ -136,13 +160,13 @@ def parse_attach_point(at: str) -> AttachPoint:
             )
         if not SYMBOL_PATTERN.match(event):
             raise ValueError(f"{at!r}: {event!r} is not a tracepoint event name")
-        return AttachPoint("tp_btf", group=group, target=event)
-    if kind in ("fentry", "kprobe"):
+        return AttachPoint(kind, KIND_FAMILY[kind][0], group=group, target=event)
+    if kind is not None:
         if not rest:
-            raise ValueError(f"{at!r}: expected {kind}:FUNCTION")
+            raise ValueError(f"{at!r}: expected {prefix}:FUNCTION")
         if not SYMBOL_PATTERN.match(rest):
             raise ValueError(f"{at!r}: {rest!r} is not a kernel function name")
-        return AttachPoint(kind, target=rest)
+        return AttachPoint(kind, KIND_FAMILY[kind][0], target=rest)
     raise ValueError(f"unknown attach point {at!r}; expected one of {AT_FORMS}")
 
 

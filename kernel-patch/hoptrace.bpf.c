@@ -21,4 +21,10 @@ HOPTRACE_PROG_FENTRY
 HOPTRACE_PROG_KPROBE
 HOPTRACE_PROG_TAG_TCP
 
+/* BTF anchors: enums whose constants alone are used never reach BTF; these
+ * read-only globals put their types there for agent/cmd/vocabgen. */
+const volatile enum hoptrace_wire hoptrace_btf_wire = 0;
+const volatile enum hoptrace_record_flag hoptrace_btf_record_flag = 0;
+const volatile enum hoptrace_counter hoptrace_btf_counter = 0;
+
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,29 +1,32 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The one definition of every shape that crosses the kernel/user boundary.
- * Go (agent/internal/record) and Python (hoptrace.collector.records) mirror
- * these layouts; tests compare both against this header's BTF, so they
- * cannot drift.
+ * Go (agent/internal/record/record_gen.go), Python (hoptrace.kernel_abi) and
+ * the proto's enum Counter are generated from this object's BTF by
+ * agent/cmd/vocabgen (make vocab); make proto-check fails when they are
+ * stale, and tests compare them with the BTF again.
  */
 #ifndef __HOPTRACE_H
 #define __HOPTRACE_H
 
-/* RFC 6994: experimental TCP option 253 carrying a 16-bit ExID. */
-#define HOPTRACE_TCPOPT_KIND 253
-#define HOPTRACE_TCPOPT_EXID 0x4854 /* "HT" */
-#define HOPTRACE_TCPOPT_LEN  8	    /* kind, len, ExID(2), packet ID(4) */
-
-/* UDP: the ID is the 4-byte surplus area after the UDP length (RFC 9868). */
-#define HOPTRACE_UDP_ID_LEN 4
-
-#define HOPTRACE_VXLAN_PORT  4789
-#define HOPTRACE_GENEVE_PORT 6081
-
-/* Packet IDs: origin node salt in the top 8 bits, a per-trace sequence in
- * the low 24 bits, so IDs of one origin never repeat within 16 M packets.
- * ID 0 means "no ID". */
-#define HOPTRACE_ID_SEQ_BITS 24
-#define HOPTRACE_ID_SEQ_MASK ((1u << HOPTRACE_ID_SEQ_BITS) - 1)
+/* Wire and ID constants. An enum rather than #defines so they reach the
+ * object's BTF, from which agent/cmd/vocabgen generates the Go and Python
+ * mirrors (make vocab). */
+enum hoptrace_wire {
+	/* RFC 6994: experimental TCP option 253 carrying a 16-bit ExID. */
+	HOPTRACE_TCPOPT_KIND = 253,
+	HOPTRACE_TCPOPT_EXID = 0x4854, /* "HT" */
+	HOPTRACE_TCPOPT_LEN = 8,       /* kind, len, ExID(2), packet ID(4) */
+	/* UDP: the ID is the 4-byte surplus area after the UDP length (RFC 9868). */
+	HOPTRACE_UDP_ID_LEN = 4,
+	HOPTRACE_VXLAN_PORT = 4789,
+	HOPTRACE_GENEVE_PORT = 6081,
+	/* Packet IDs: origin node salt in the top 8 bits, a per-trace sequence in
+	 * the low 24 bits, so IDs of one origin never repeat within 16 M packets.
+	 * ID 0 means "no ID". */
+	HOPTRACE_ID_SEQ_BITS = 24,
+	HOPTRACE_ID_SEQ_MASK = (1u << 24) - 1,
+};
 
 /* record.flags */
 enum hoptrace_record_flag {
@@ -49,7 +52,9 @@ struct hoptrace_record {
 	__u16 flags; /* enum hoptrace_record_flag */
 };
 
-/* Per-hop counters: one per-CPU array entry per reason, summed by the agent. */
+/* Per-hop counters: one per-CPU array entry per reason, summed by the agent.
+ * The one list: Go, Python and the proto's enum Counter are generated from
+ * it (make vocab), and the wire carries the values indexed by it. */
 enum hoptrace_counter {
 	HOPTRACE_C_SEEN = 0,	    /* every packet the hop program ran on */
 	HOPTRACE_C_MATCHED,	    /* passed device, namespace and filter */

@@ -15,6 +15,7 @@ from hoptrace.collector.aggregate import (
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.clock import ClockAligner
 from hoptrace.collector.join import JoinedPacket
+from hoptrace.collector.records import hop_counters
 from hoptrace.v1 import records_pb2
 
 SEC = 1_000_000_000
@@ -114,7 +115,7 @@ def test_negative_cross_node_latency_is_kept_but_flagged() -> None:
 
 
 def _counters(hop_index: int, hop: str, at_s: int, **values: int) -> records_pb2.HopCounters:
-    c = records_pb2.HopCounters(hop_index=hop_index, hop=hop, **values)
+    c = hop_counters(hop_index, hop, **values)
     c.at.CopyFrom(Timestamp(seconds=at_s))
     return c
 

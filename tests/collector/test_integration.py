@@ -22,6 +22,7 @@ from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig
 from hoptrace.collector.join import JoinConfig
 from hoptrace.collector.receiver import ReceiverConfig
+from hoptrace.collector.records import hop_counters
 from hoptrace.collector.report import build_report, get_report, render_text
 from hoptrace.collector.service import CollectorConfig, start_collector
 from hoptrace.v1 import api_pb2, records_pb2, records_pb2_grpc
@@ -72,9 +73,7 @@ def expected_hop(hop: str, times: list[int]) -> dict:
 
 
 def counters(hop_index: int, hop: str, matched: int) -> records_pb2.HopCounters:
-    c = records_pb2.HopCounters(
-        hop_index=hop_index, hop=hop, matched=matched, tagged=matched, bytes=100 * matched
-    )
+    c = hop_counters(hop_index, hop, matched=matched, tagged=matched, bytes=100 * matched)
     c.at.CopyFrom(Timestamp(seconds=int(time.time()) - 20))
     return c
 

@@ -11,7 +11,7 @@ from hoptrace.collector.aggregate import END_TO_END, SegmentAggregator, jitter
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.clock import ClockAligner, mapping_of
 from hoptrace.collector.join import HopJoiner, JoinedPacket
-from hoptrace.collector.records import RecordFlag, decode_batch, pack_records
+from hoptrace.collector.records import RecordFlag, decode_batch, hop_counters, pack_records
 from hoptrace.collector.service import CollectorPipeline
 from hoptrace.v1 import records_pb2
 
@@ -132,7 +132,7 @@ def test_records_the_tracer_lost_are_not_network_loss() -> None:
     a, b = _two_hop_records()
     feed(p, "n1", a)
     # hop 1's ring buffer was full for 20 of the 50 missing records, and the agent of n2 dropped 5 more
-    counters = records_pb2.HopCounters(hop_index=1, hop="h1", matched=N, recorded=N - 50, ringbuf_full=20)
+    counters = hop_counters(1, "h1", matched=N, recorded=N - 50, ringbuf_full=20)
     counters.at.CopyFrom(Timestamp(seconds=BASE // SEC))
     feed(p, "n2", b, counters=[counters], agent_dropped=5)
     p.flush()

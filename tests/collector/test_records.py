@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import struct
 import subprocess
 
 import pytest
-from collector_helpers import BPF_OBJ, ROOT, batch, pid, rec
+from collector_helpers import BPF_OBJ, batch, pid, rec
 
+from hoptrace import kernel_abi
 from hoptrace.collector.records import (
     RECORD_FIELDS,
     RECORD_FORMAT,
@@ -23,8 +23,6 @@ from hoptrace.collector.records import (
     origin_of,
     pack_records,
 )
-
-HEADER = ROOT / "kernel-patch" / "include" / "hoptrace.h"
 
 
 def _btf_types() -> dict[int, dict]:
@@ -60,26 +58,26 @@ def test_layout_matches_btf_of_the_bpf_object() -> None:
     assert offset == st["size"]
 
 
-def _header_enum(name: str) -> dict[str, int]:
-    body = re.search(r"enum " + name + r" \{(.*?)\};", HEADER.read_text(), re.S)
-    assert body, name
-    values: dict[str, int] = {}
-    nxt = 0
-    for line in body.group(1).splitlines():
-        m = re.match(r"\s*(HOPTRACE_\w+)\s*(?:=\s*([^,]+))?,", line)
-        if not m:
-            continue
-        nxt = eval(m.group(2), {}) if m.group(2) else nxt  # noqa: S307 - "1 << 3" style constants of our header
-        values[m.group(1)] = nxt
-        nxt += 1
-    return values
+def _btf_enum(types: dict[int, dict], name: str) -> dict[str, int]:
+    enums = [t for t in types.values() if t["kind"] == "ENUM" and t.get("name") == name]
+    assert enums, f"enum {name} not in the BTF of {BPF_OBJ} (its anchor in hoptrace.bpf.c is missing)"
+    return {v["name"]: v["val"] for v in enums[0]["values"]}
 
 
-def test_flags_and_counters_match_the_header() -> None:
-    flags = _header_enum("hoptrace_record_flag")
+def test_flags_counters_and_wire_constants_match_btf() -> None:
+    """hoptrace.kernel_abi is generated from this BTF (make vocab); a stale copy fails here too."""
+    types = _btf_types()
+    flags = _btf_enum(types, "hoptrace_record_flag")
     assert {f"HOPTRACE_F_{f.name}": f.value for f in RecordFlag} == flags
-    counters = _header_enum("hoptrace_counter")
-    assert {f"HOPTRACE_C_{c.name}": c.value for c in Counter} == counters
+    counters = _btf_enum(types, "hoptrace_counter")
+    assert {f"HOPTRACE_C_{c.name}": c.value for c in Counter} == {
+        name: value for name, value in counters.items() if name != "HOPTRACE_C_MAX"
+    }
+    assert counters["HOPTRACE_C_MAX"] == len(kernel_abi.COUNTERS)
+    wire = _btf_enum(types, "hoptrace_wire")
+    assert {
+        f"HOPTRACE_{name}": getattr(kernel_abi, name) for name in (n[len("HOPTRACE_") :] for n in wire)
+    } == wire
 
 
 def test_pack_decode_roundtrip() -> None:

@@ -8,18 +8,25 @@ from pathlib import Path
 import pytest
 from test_dispatcher_spec import CONTRACT_SPEC
 
+from hoptrace import kernel_abi
 from hoptrace.dispatcher.compile import (
+    ALL_PROGRAMS,
+    PROGRAM_FOR_KIND,
     PROGRAM_SECTIONS,
+    TCP_TAGGER_PROGRAM,
+    XMIT_TRACEPOINT_PROGRAM,
     BpfCompiler,
     CompileError,
     Toolchain,
     build_plans,
     compile_spec,
     elf_sections,
+    flow_match,
     generate_source,
     programs_for_plan,
 )
-from hoptrace.dispatcher.spec import load_spec
+from hoptrace.dispatcher.spec import KIND_FAMILY, load_spec
+from hoptrace.v1 import agent_pb2, trace_pb2
 
 ALL_KINDS_SPEC = """
 name: all-kinds
@@ -70,11 +77,60 @@ def test_plans_split_by_node_with_global_hop_indexes() -> None:
     assert [hop.tag_udp for hop in host_a.hops] == [True, False, False]
     assert not any(hop.tag_udp for hop in host_b.hops)
     assert host_a.generation == host_b.generation == 7
-    assert host_a.sample == 1 and host_a.filter.dst_port == 11111 and host_b.filter.protocol == "udp"
+    assert host_a.sample == 1 and host_a.match.dst_port == 11111 and host_b.match.ip_proto == 17
     assert not host_a.HasField("tcp_tagging") and not host_b.HasField("tcp_tagging")
     assert host_a.hops[0].netns == "c1" and host_a.hops[1].dev == "veth-c1"
     assert programs_for_plan(host_a) == ("hop_tc", "hop_tp_btf")
     assert programs_for_plan(host_b) == ("hop_tc",)
+
+
+def test_plans_carry_typed_attach_points_and_programs() -> None:
+    """The agent gets the kind, target and program as fields: it never parses the user's `at`."""
+    plans = build_plans(load_spec(ALL_KINDS_SPEC), generation=1)
+    by_name = {hop.name: hop for plan in plans.values() for hop in plan.hops}
+    kinds = trace_pb2.AttachKind
+    out = by_name["out"]
+    assert out.kind == kinds.ATTACH_KIND_CGROUP_EGRESS and out.program == "hop_cgroup_skb"
+    assert by_name["tc"].kind == kinds.ATTACH_KIND_TC_INGRESS and by_name["tc"].program == "hop_tc"
+    assert by_name["xdp"].kind == kinds.ATTACH_KIND_XDP and by_name["xdp"].program == "hop_xdp"
+    tp = next(hop for hop in by_name.values() if hop.kind == kinds.ATTACH_KIND_TRACEPOINT)
+    assert (tp.tracepoint_group, tp.program) == ("net", "hop_tp_btf") and tp.tracepoint_event
+    fentry = next(hop for hop in by_name.values() if hop.kind == kinds.ATTACH_KIND_FENTRY)
+    assert fentry.function == "ip_rcv" and fentry.program == "hop_fentry"
+    assert plans["n1"].tcp_tagging.program == TCP_TAGGER_PROGRAM
+
+
+def test_every_attach_kind_has_a_family_and_every_program_exists() -> None:
+    """One list of kinds (trace.proto) and of programs (hop.bpf.h, via kernel_abi): the tables here are
+    checked against both."""
+    kinds = set(trace_pb2.AttachKind.values()) - {trace_pb2.AttachKind.ATTACH_KIND_UNSPECIFIED}
+    assert set(KIND_FAMILY) == kinds
+    assert {family for family, _ in KIND_FAMILY.values()} == set(PROGRAM_FOR_KIND)
+    used = {*PROGRAM_FOR_KIND.values(), XMIT_TRACEPOINT_PROGRAM, TCP_TAGGER_PROGRAM}
+    assert used == set(ALL_PROGRAMS) == set(kernel_abi.PROGRAMS)
+
+
+@pytest.mark.parametrize(
+    ("filter_", "expected"),
+    [
+        (
+            {"protocol": "udp", "src": "198.18.1.0/24", "dst": "198.18.2.3", "src_port": 1, "dst_port": 5000},
+            {"ip_proto": 17, "family": 4, "src_addr": bytes([198, 18, 1, 0]),
+             "src_mask": bytes([255, 255, 255, 0]), "dst_addr": bytes([198, 18, 2, 3]),
+             "dst_mask": b"\xff" * 4, "src_port": 1, "dst_port": 5000},
+        ),
+        (
+            {"protocol": "tcp", "dst": "fd00:1::/33"},
+            {"ip_proto": 6, "family": 6, "dst_addr": bytes([0xFD, 0, 0, 1] + [0] * 12),
+             "dst_mask": bytes([0xFF] * 4 + [0x80] + [0] * 11)},
+        ),
+        ({"src": "::ffff:198.18.0.1"},
+         {"family": 4, "src_addr": bytes([198, 18, 0, 1]), "src_mask": b"\xff" * 4}),
+        ({}, {}),
+    ],
+)  # fmt: skip
+def test_flow_match_is_the_filter_as_the_programs_compare_it(filter_: dict, expected: dict) -> None:
+    assert flow_match(trace_pb2.Filter(**filter_)) == agent_pb2.FlowMatch(**expected)
 
 
 def test_tcp_tagging_goes_to_the_first_hops_node_and_netns() -> None:

@@ -29,29 +29,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from google.protobuf import json_format
 from helpers import REPO_ROOT, AgentProcess
 from topology import TwoHostTopology
 
+from hoptrace import kernel_abi
+from hoptrace.dispatcher.compile import TCP_TAGGER_PROGRAM, standalone_plans
+from hoptrace.dispatcher.spec import check_spec, spec_from_data
+from hoptrace.v1 import trace_pb2
+
 BPF_OBJECT = REPO_ROOT / "kernel-patch" / "build" / "hoptrace.bpf.o"
 
-# kernel-patch/include/hoptrace.h, enum hoptrace_record_flag
-F_IPV6, F_TCP, F_UDP, F_ENCAP_VXLAN, F_TAGGED_HERE = 1 << 0, 1 << 1, 1 << 2, 1 << 3, 1 << 5
-TCPOPT_KIND, TCPOPT_EXID = 253, 0x4854  # RFC 6994 experimental option + hoptrace's ExID ("HT")
+_F = kernel_abi.RECORD_FLAGS
+F_IPV6, F_TCP, F_UDP = _F["IPV6"], _F["TCP"], _F["UDP"]
+F_ENCAP_VXLAN, F_TAGGED_HERE = _F["ENCAP_VXLAN"], _F["TAGGED_HERE"]
+TCPOPT_KIND, TCPOPT_EXID = kernel_abi.TCPOPT_KIND, kernel_abi.TCPOPT_EXID  # RFC 6994 option + hoptrace's ExID
 
-# Program names of kernel-patch/include/hop.bpf.h (what `bpftool prog show` calls them; names are cut at 15
-# characters by the kernel, none of ours is longer).
-HOPTRACE_PROGS = frozenset(
-    {
-        "hop_tc",
-        "hop_xdp",
-        "hop_cgroup_skb",
-        "hop_tp_btf",
-        "hop_tp_btf_xmit",
-        "hop_fentry",
-        "hop_kprobe",
-        "tag_tcp",
-    }
-)
+# Program names of the objects (what `bpftool prog show` calls them; the kernel cuts names at 15
+# characters, none of ours is longer).
+HOPTRACE_PROGS = frozenset(kernel_abi.PROGRAMS)
 
 HOST_A_HOPS = (0, 1, 2, 3)
 HOST_B_HOPS = (4, 5, 6, 7)
@@ -67,6 +63,36 @@ def node_salt(node: str) -> int:
     return h % 255 + 1
 
 
+def spec_plans(spec: dict[str, Any] | trace_pb2.TraceSpec) -> dict[str, dict[str, Any]]:
+    """Each node's standalone plan (protojson) of a spec, validated and compiled as the dispatcher does,
+    with the generic object."""
+    if isinstance(spec, dict):
+        spec = spec_from_data(spec)
+    check_spec(spec)
+    return standalone_plans(spec, BPF_OBJECT)
+
+
+def path_spec(
+    topo: TwoHostTopology, trace: str, filter_: dict[str, Any], sample: int = 1
+) -> trace_pb2.TraceSpec:
+    """The TraceSpec of the whole c1 -> c2 VXLAN path (`filter_` in protojson form)."""
+    spec = trace_pb2.TraceSpec(name=trace, sample=sample)
+    json_format.ParseDict(filter_, spec.filter)
+    hops = [
+        ("c1-eth0-out", "host-a", "tc-egress", "eth0", topo.c1),
+        ("a-veth-in", "host-a", "tracepoint:net:netif_receive_skb", "veth-c1", ""),
+        ("a-vxlan-out", "host-a", "tc-egress", "vxlan0", ""),
+        ("a-wire-out", "host-a", "tc-egress", "wire0", ""),
+        ("b-wire-in", "host-b", "tc-ingress", "wire0", ""),
+        ("b-vxlan-in", "host-b", "tc-ingress", "vxlan0", ""),
+        ("b-veth-out", "host-b", "tracepoint:net:net_dev_xmit", "veth-c2", ""),
+        ("c2-eth0-in", "host-b", "tc-ingress", "eth0", topo.c2),
+    ]
+    for name, node, at, dev, netns in hops:
+        spec.hops.add(name=name, node=node, at=at, dev=dev, netns=netns)
+    return spec
+
+
 def path_plans(
     topo: TwoHostTopology,
     trace: str,
@@ -75,37 +101,15 @@ def path_plans(
     tag_udp: bool = True,
     tcp_tagging: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The TracePlans (protojson) of host-a's and host-b's agents for the whole c1 -> c2 VXLAN path."""
-    base: dict[str, Any] = {
-        "trace": trace,
-        "generation": 1,
-        "objectPath": str(BPF_OBJECT),
-        "filter": filter_,
-        "sample": sample,
-    }
-    first = {"hopIndex": 0, "name": "c1-eth0-out", "at": "tc-egress", "dev": "eth0", "netns": topo.c1}
-    if tag_udp:
-        first["tagUdp"] = True
-    plan_a = dict(
-        base,
-        hops=[
-            first,
-            {"hopIndex": 1, "name": "a-veth-in", "at": "tracepoint:net:netif_receive_skb", "dev": "veth-c1"},
-            {"hopIndex": 2, "name": "a-vxlan-out", "at": "tc-egress", "dev": "vxlan0"},
-            {"hopIndex": 3, "name": "a-wire-out", "at": "tc-egress", "dev": "wire0"},
-        ],
-    )
+    """The TracePlans (protojson) of host-a's and host-b's agents for the whole c1 -> c2 VXLAN path, as the
+    dispatcher compiles them, with UDP and TCP tagging set as asked."""
+    plans = spec_plans(path_spec(topo, trace, filter_, sample))
+    plan_a, plan_b = plans["host-a"], plans["host-b"]
+    plan_a["hops"][0]["tagUdp"] = tag_udp
     if tcp_tagging:
-        plan_a["tcpTagging"] = {"netns": topo.c1}
-    plan_b = dict(
-        base,
-        hops=[
-            {"hopIndex": 4, "name": "b-wire-in", "at": "tc-ingress", "dev": "wire0"},
-            {"hopIndex": 5, "name": "b-vxlan-in", "at": "tc-ingress", "dev": "vxlan0"},
-            {"hopIndex": 6, "name": "b-veth-out", "at": "tracepoint:net:net_dev_xmit", "dev": "veth-c2"},
-            {"hopIndex": 7, "name": "c2-eth0-in", "at": "tc-ingress", "dev": "eth0", "netns": topo.c2},
-        ],
-    )
+        plan_a["tcpTagging"] = {"netns": topo.c1, "program": TCP_TAGGER_PROGRAM}
+    else:
+        plan_a.pop("tcpTagging", None)
     return plan_a, plan_b
 
 
@@ -562,13 +566,6 @@ def tcx_attachments(topo: TwoHostTopology) -> dict[str, list[int]]:
     return found
 
 
-# kernel-patch/include/hoptrace.h, enum hoptrace_counter, in order
-COUNTER_NAMES = (
-    "seen", "matched", "recorded", "tagged", "untagged", "too_big", "gso_skipped", "not_matched",
-    "parse_truncated", "parse_malformed", "parse_non_ip", "ringbuf_full", "bytes", "tag_failed",
-)  # fmt: skip
-
-
 def program_counters(pid: int, prog_name: str) -> dict[str, int]:
     """The ``counters`` map of the program ``prog_name`` that process ``pid`` holds, summed over CPUs.
 
@@ -583,5 +580,5 @@ def program_counters(pid: int, prog_name: str) -> dict[str, int]:
                 continue
             entries = bpftool_json("map", "dump", "id", str(map_id))
             sums = {e["formatted"]["key"]: sum(v["value"] for v in e["formatted"]["values"]) for e in entries}
-            return {name: sums.get(i, 0) for i, name in enumerate(COUNTER_NAMES)}
+            return {name: sums.get(i, 0) for i, name in enumerate(kernel_abi.COUNTERS)}
     raise AssertionError(f"process {pid} holds no program {prog_name} with a counters map")

@@ -18,6 +18,7 @@ from e2e_helpers import (
     bpftool_json,
     held_link_ids,
     hoptrace_links,
+    spec_plans,
     start_attached,
     tcx_attachments,
 )
@@ -25,36 +26,25 @@ from helpers import AgentProcess
 from topology import TwoHostTopology
 
 
-def plans(topo: TwoHostTopology, obj: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def plans(topo: TwoHostTopology) -> tuple[dict[str, Any], dict[str, Any]]:
     """Plans that use every attach kind that works here: tcx both ways, both tracepoint programs, XDP and
-    the sock_ops TCP tagger on the root cgroup."""
-    base = {"trace": "cleanup", "generation": 1, "objectPath": str(obj), "filter": {"dstPort": 6700}}
-    plan_a = dict(
-        base,
-        hops=[
-            {
-                "hopIndex": 0,
-                "name": "c1-out",
-                "at": "tc-egress",
-                "dev": "eth0",
-                "netns": topo.c1,
-                "tagUdp": True,
-            },
-            {"hopIndex": 1, "name": "a-veth-in", "at": "tc-ingress", "dev": "veth-c1"},
-            {"hopIndex": 2, "name": "a-rx", "at": "tracepoint:net:netif_receive_skb", "dev": "br0"},
-            {"hopIndex": 3, "name": "a-tx", "at": "tracepoint:net:net_dev_xmit", "dev": "wire0"},
-        ],
-        tcpTagging={"netns": topo.c1},
+    the sock_ops TCP tagger on the root cgroup (no protocol: UDP and TCP are both tagged)."""
+    plans = spec_plans(
+        {
+            "name": "cleanup",
+            "filter": {"dst_port": 6700},
+            "hops": [
+                {"name": "c1-out", "node": "host-a", "at": "tc-egress", "dev": "eth0", "netns": topo.c1},
+                {"name": "a-veth-in", "node": "host-a", "at": "tc-ingress", "dev": "veth-c1"},
+                {"name": "a-rx", "node": "host-a", "at": "tracepoint:net:netif_receive_skb", "dev": "br0"},
+                {"name": "a-tx", "node": "host-a", "at": "tracepoint:net:net_dev_xmit", "dev": "wire0"},
+                {"name": "b-wire-xdp", "node": "host-b", "at": "xdp", "dev": "wire0"},
+                {"name": "b-vxlan-in", "node": "host-b", "at": "tc-ingress", "dev": "vxlan0"},
+                {"name": "c2-in", "node": "host-b", "at": "tc-ingress", "dev": "eth0", "netns": topo.c2},
+            ],
+        }
     )
-    plan_b = dict(
-        base,
-        hops=[
-            {"hopIndex": 4, "name": "b-wire-xdp", "at": "xdp", "dev": "wire0"},
-            {"hopIndex": 5, "name": "b-vxlan-in", "at": "tc-ingress", "dev": "vxlan0"},
-            {"hopIndex": 6, "name": "c2-in", "at": "tc-ingress", "dev": "eth0", "netns": topo.c2},
-        ],
-    )
-    return plan_a, plan_b
+    return plans["host-a"], plans["host-b"]
 
 
 def xdp_and_tc(topo: TwoHostTopology) -> dict[str, Any]:
@@ -98,7 +88,7 @@ def test_agents_leave_no_program_attached(
     """While the agents run, their links (tcx, tracing, XDP, cgroup) exist and are theirs; after SIGINT, or
     SIGKILL, none of their links or programs is left, no tcx program stays on any device of the topology
     (BPF_PROG_QUERY) and ``bpftool net`` lists nothing in any of its namespaces."""
-    plan_a, plan_b = plans(topology, bpf_object)
+    plan_a, plan_b = plans(topology)
     agents = [
         start_attached(agent_factory, plan_a, "host-a", topology.host_a),
         start_attached(agent_factory, plan_b, "host-b", topology.host_b),

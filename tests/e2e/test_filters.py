@@ -22,6 +22,7 @@ from e2e_helpers import (
     ids_by_hop,
     path_plans,
     send_udp,
+    spec_plans,
     start_attached,
     udp_receiver,
 )
@@ -174,31 +175,18 @@ def test_each_agent_records_only_its_own_hosts_devices(
     host-a's records only host-a's receptions (veth-c1, br0), host-b's only host-b's (wire0, vxlan0), each
     once per packet, although both programs run for every packet of the machine."""
     src, dst, n = topology.addr("c1"), topology.addr("c2"), 30
-    base = {
-        "generation": 1,
-        "objectPath": str(bpf_object),
-        "filter": {"protocol": "udp", "dstPort": 6300},
-    }
-    plan_a = dict(
-        base,
-        trace="own-hops",
-        hops=[
-            {
-                "hopIndex": 0,
-                "name": "c1-out",
-                "at": "tc-egress",
-                "dev": "eth0",
-                "netns": topology.c1,
-                "tagUdp": True,
-            },
-            {"hopIndex": 1, "name": "a-any-rx", "at": "tracepoint:net:netif_receive_skb"},
-        ],
+    plans = spec_plans(
+        {
+            "name": "own-hops",
+            "filter": {"protocol": "udp", "dst_port": 6300},
+            "hops": [
+                {"name": "c1-out", "node": "host-a", "at": "tc-egress", "dev": "eth0", "netns": topology.c1},
+                {"name": "a-any-rx", "node": "host-a", "at": "tracepoint:net:netif_receive_skb"},
+                {"name": "b-any-rx", "node": "host-b", "at": "tracepoint:net:netif_receive_skb"},
+            ],
+        }
     )
-    plan_b = dict(
-        base,
-        trace="own-hops",
-        hops=[{"hopIndex": 2, "name": "b-any-rx", "at": "tracepoint:net:netif_receive_skb"}],
-    )
+    plan_a, plan_b = plans["host-a"], plans["host-b"]
     agent_a = start_attached(agent_factory, plan_a, "host-a", topology.host_a)
     agent_b = start_attached(agent_factory, plan_b, "host-b", topology.host_b)
     with udp_receiver(topology, "c2", dst, 6300) as drain:

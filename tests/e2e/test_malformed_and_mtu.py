@@ -23,6 +23,7 @@ from e2e_helpers import (
     path_plans,
     send_frames,
     send_udp,
+    spec_plans,
     start_attached,
     udp_receiver,
 )
@@ -77,24 +78,18 @@ def test_broken_frames_are_counted_and_never_yield_an_id(
     and a tracepoint hop (and at the tagger they pass); records carry only the IDs the tagger wrote for the
     legitimate datagrams sent alongside, never the planted 0xdeadbeef."""
     rounds, legit = 10, 10
-    plan = {
-        "trace": "broken",
-        "generation": 1,
-        "objectPath": str(bpf_object),
-        "filter": {"protocol": "udp", "dstPort": PORT},
-        "hops": [
-            {
-                "hopIndex": 0,
-                "name": "c1-out",
-                "at": "tc-egress",
-                "dev": "eth0",
-                "netns": topology.c1,
-                "tagUdp": True,
-            },
-            {"hopIndex": 1, "name": "a-veth-tc-in", "at": "tc-ingress", "dev": "veth-c1"},
-            {"hopIndex": 2, "name": "a-veth-rx", "at": "tracepoint:net:netif_receive_skb", "dev": "veth-c1"},
-        ],
-    }
+    a = "host-a"
+    plan = spec_plans(
+        {
+            "name": "broken",
+            "filter": {"protocol": "udp", "dst_port": PORT},
+            "hops": [
+                {"name": "c1-out", "node": a, "at": "tc-egress", "dev": "eth0", "netns": topology.c1},
+                {"name": "a-veth-tc-in", "node": a, "at": "tc-ingress", "dev": "veth-c1"},
+                {"name": "a-veth-rx", "node": a, "at": "tracepoint:net:netif_receive_skb", "dev": "veth-c1"},
+            ],
+        }
+    )[a]
     agent = start_attached(agent_factory, plan, "host-a", topology.host_a)
     frames = broken_frames(topology)
     dst = topology.addr("c2")

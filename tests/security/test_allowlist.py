@@ -25,7 +25,15 @@ def plan_for(obj) -> dict:
         "trace": "evil",
         "generation": "1",
         "objectPath": str(obj),
-        "hops": [{"hopIndex": 0, "name": "lo-out", "at": "tc-egress", "dev": "lo"}],
+        "hops": [
+            {
+                "hopIndex": 0,
+                "name": "lo-out",
+                "kind": "ATTACH_KIND_TC_EGRESS",
+                "program": "hop_tc",
+                "dev": "lo",
+            }
+        ],
     }
 
 

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/hoptrace/hoptrace/agent/internal/clock"
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
@@ -106,10 +107,10 @@ func TestSimulatedSkewIsCorrectedAndMetricsServed(t *testing.T) {
 	planPath := filepath.Join(t.TempDir(), "plan.json")
 	plan := &pb.TracePlan{
 		Trace: "sim", Generation: 1, ObjectPath: tu.ObjectPath(),
-		Filter: &pb.Filter{Protocol: "udp", DstPort: 5000},
+		Match: &pb.FlowMatch{IpProto: 17, DstPort: 5000},
 		Hops: []*pb.HopAttach{
-			{HopIndex: 0, Name: "a-out", At: "tc-egress", Dev: p.DevA, Netns: p.NsA},
-			{HopIndex: 1, Name: "b-in", At: "tc-ingress", Dev: p.DevB, Netns: p.NsB},
+			{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC, Dev: p.DevA, Netns: p.NsA},
+			{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC, Dev: p.DevB, Netns: p.NsB},
 		},
 	}
 	b, _ := protojson.Marshal(plan)

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
@@ -114,11 +115,11 @@ func TestSIGKILLedAgentLeavesNothing(t *testing.T) {
 	p := tu.NewVethPair(t, "198.18.44")
 	plan := &pb.TracePlan{
 		Trace: "killme", Generation: 1, ObjectPath: tu.ObjectPath(),
-		Filter: &pb.Filter{Protocol: "udp", DstPort: 5000},
+		Match: &pb.FlowMatch{IpProto: 17, DstPort: 5000},
 		Hops: []*pb.HopAttach{
-			{HopIndex: 0, Name: "a-out", At: "tc-egress", Dev: p.DevA, Netns: p.NsA},
-			{HopIndex: 1, Name: "b-in", At: "tc-ingress", Dev: p.DevB, Netns: p.NsB},
-			{HopIndex: 2, Name: "b-rx", At: "tracepoint:net:netif_receive_skb", Dev: p.DevB, Netns: p.NsB},
+			{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC, Dev: p.DevA, Netns: p.NsA},
+			{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC, Dev: p.DevB, Netns: p.NsB},
+			{HopIndex: 2, Name: "b-rx", Kind: pb.AttachKind_ATTACH_KIND_TRACEPOINT, TracepointGroup: "net", TracepointEvent: "netif_receive_skb", Program: loader.ProgTPBTF, Dev: p.DevB, Netns: p.NsB},
 		},
 	}
 	planPath := filepath.Join(t.TempDir(), "plan.json")

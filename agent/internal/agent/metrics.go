@@ -3,12 +3,10 @@ package agent
 import (
 	"strconv"
 
-	"google.golang.org/protobuf/reflect/protoreflect"
-
 	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	"github.com/hoptrace/hoptrace/agent/internal/collector"
 	"github.com/hoptrace/hoptrace/agent/internal/metrics"
-	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"github.com/hoptrace/hoptrace/agent/internal/session"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
 	"github.com/hoptrace/hoptrace/agent/internal/tracer"
@@ -24,19 +22,6 @@ type parts struct {
 	session   *session.Session
 	clockSync bool
 }
-
-// hopCounterFields are HopCounters' cumulative counters (every uint64
-// field), named as in the proto.
-var hopCounterFields = func() []protoreflect.FieldDescriptor {
-	var out []protoreflect.FieldDescriptor
-	fs := (&pb.HopCounters{}).ProtoReflect().Descriptor().Fields()
-	for i := range fs.Len() {
-		if f := fs.Get(i); f.Kind() == protoreflect.Uint64Kind {
-			out = append(out, f)
-		}
-	}
-	return out
-}()
 
 func newRegistry(p parts) *metrics.Registry {
 	r := &metrics.Registry{}
@@ -71,7 +56,9 @@ func newRegistry(p parts) *metrics.Registry {
 			var ring uint64
 			for _, tc := range hops() {
 				for _, h := range tc.Hops {
-					ring += h.GetRingbufFull()
+					if v := h.GetValues(); len(v) > int(record.CRingbufFull) {
+						ring += v[record.CRingbufFull]
+					}
 				}
 			}
 			_, unrouted := read()
@@ -82,16 +69,18 @@ func newRegistry(p parts) *metrics.Registry {
 			}
 		})
 	r.CounterVec("hoptrace_agent_hop_events_total",
-		"Per-hop BPF counters (HopCounters fields) since the hop was attached.",
+		"Per-hop BPF counters (enum hoptrace_counter) since the hop was attached.",
 		func() []metrics.Sample {
 			var out []metrics.Sample
 			for _, tc := range hops() {
 				for _, h := range tc.Hops {
-					m := h.ProtoReflect()
-					for _, f := range hopCounterFields {
+					for i, v := range h.GetValues() {
+						if i >= len(record.CounterKeys) {
+							break
+						}
 						out = append(out, metrics.Sample{Labels: []string{"trace", tc.Trace, "hop", h.GetHop(),
-							"hop_index", strconv.Itoa(int(h.GetHopIndex())), "counter", string(f.Name())},
-							Value: float64(m.Get(f).Uint())})
+							"hop_index", strconv.Itoa(int(h.GetHopIndex())), "counter", record.CounterKeys[i]},
+							Value: float64(v)})
 					}
 				}
 			}

@@ -21,35 +21,6 @@ import (
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 )
 
-// Kind is the parsed `at` of a hop.
-type Kind struct {
-	Name string // tc-ingress, tc-egress, xdp, tracepoint, cgroup-ingress, cgroup-egress, fentry, kprobe
-	// Group and Event for tracepoint:GROUP:EVENT; Function for fentry/kprobe.
-	Group, Event, Function string
-}
-
-// ParseAt parses HopSpec.at.
-func ParseAt(at string) (Kind, error) {
-	switch at {
-	case "tc-ingress", "tc-egress", "xdp", "cgroup-ingress", "cgroup-egress":
-		return Kind{Name: at}, nil
-	}
-	kind, rest, ok := strings.Cut(at, ":")
-	if ok && rest != "" {
-		switch kind {
-		case "tracepoint":
-			g, e, ok := strings.Cut(rest, ":")
-			if !ok || g == "" || e == "" {
-				return Kind{}, fmt.Errorf("at %q: want tracepoint:GROUP:EVENT", at)
-			}
-			return Kind{Name: kind, Group: g, Event: e}, nil
-		case "fentry", "kprobe":
-			return Kind{Name: kind, Function: rest}, nil
-		}
-	}
-	return Kind{}, fmt.Errorf("at %q: want tc-ingress, tc-egress, xdp, cgroup-ingress, cgroup-egress, tracepoint:GROUP:EVENT, fentry:FUNCTION or kprobe:FUNCTION", at)
-}
-
 // Env is what every hop of an agent shares.
 type Env struct {
 	// Netns is the agent's --netns: hops without a netns run there.
@@ -92,14 +63,15 @@ func AttachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 }
 
 func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, error) {
-	k, err := ParseAt(ha.GetAt())
-	if err != nil {
-		return nil, err
+	kind := ha.GetKind()
+	if ha.GetProgram() == "" {
+		return nil, fmt.Errorf("plan names no program for the %s hop", kindName(kind))
 	}
 	nsPath := netns.Path(ha.GetNetns(), env.Netns)
 	nsName := netns.Display(ha.GetNetns(), env.Netns)
 	cfg := env.Base
 	cfg.Name = ha.GetName()
+	cfg.Program = ha.GetProgram()
 	cfg.HopIndex = uint16(ha.GetHopIndex())
 	cfg.TagUDP = ha.GetTagUdp()
 	if ha.GetHopIndex() > 0xffff {
@@ -107,11 +79,14 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 	}
 
 	var ifindex int
-	needDev := k.Name == "tc-ingress" || k.Name == "tc-egress" || k.Name == "xdp"
+	var err error
+	isCgroup := kind == pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS || kind == pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS
+	needDev := kind == pb.AttachKind_ATTACH_KIND_TC_INGRESS || kind == pb.AttachKind_ATTACH_KIND_TC_EGRESS ||
+		kind == pb.AttachKind_ATTACH_KIND_XDP
 	if needDev && ha.GetDev() == "" {
-		return nil, fmt.Errorf("%s needs a dev", ha.GetAt())
+		return nil, fmt.Errorf("%s needs a dev", kindName(kind))
 	}
-	if ha.GetDev() != "" && k.Name != "cgroup-ingress" && k.Name != "cgroup-egress" {
+	if ha.GetDev() != "" && !isCgroup {
 		if _, err := os.Stat(nsPath); err != nil {
 			return nil, fmt.Errorf("netns %s: %w", nsName, err)
 		}
@@ -131,35 +106,26 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		return nil
 	}
 
-	switch k.Name {
-	case "tc-ingress", "tc-egress", "xdp":
-		cfg.Program = loader.ProgTC
-		if k.Name == "xdp" {
-			cfg.Program = loader.ProgXDP
-		}
+	switch kind {
+	case pb.AttachKind_ATTACH_KIND_TC_INGRESS, pb.AttachKind_ATTACH_KIND_TC_EGRESS, pb.AttachKind_ATTACH_KIND_XDP:
 		if err := load(); err != nil {
 			return nil, err
 		}
-		h.Describe = fmt.Sprintf("%s on %s in netns %s", k.Name, ha.GetDev(), nsName)
+		h.Describe = fmt.Sprintf("%s on %s in netns %s", kindName(kind), ha.GetDev(), nsName)
 		err = netns.Do(nsPath, func() error {
 			var err error
-			switch k.Name {
-			case "tc-ingress":
+			switch kind {
+			case pb.AttachKind_ATTACH_KIND_TC_INGRESS:
 				h.Link, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: h.Loaded.Program, Attach: ebpf.AttachTCXIngress})
-			case "tc-egress":
+			case pb.AttachKind_ATTACH_KIND_TC_EGRESS:
 				h.Link, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: h.Loaded.Program, Attach: ebpf.AttachTCXEgress})
 			default:
 				h.Link, err = link.AttachXDP(link.XDPOptions{Interface: ifindex, Program: h.Loaded.Program})
 			}
 			return err
 		})
-	case "tracepoint":
-		cfg.Program = loader.ProgTPBTF
-		if k.Event == "net_dev_xmit" {
-			// The skb already belongs to the peer device there; match on the event's dev argument.
-			cfg.Program = loader.ProgTPBTFXmit
-		}
-		cfg.AttachTo = k.Event
+	case pb.AttachKind_ATTACH_KIND_TRACEPOINT:
+		cfg.AttachTo = ha.GetTracepointEvent()
 		cfg.Ifindex = uint32(ifindex)
 		ino, err := netns.Inode(nsPath)
 		if err != nil {
@@ -169,12 +135,11 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		if err := load(); err != nil {
 			return nil, err
 		}
-		h.Describe = fmt.Sprintf("tp_btf %s:%s in netns %s", k.Group, k.Event, nsName)
+		h.Describe = fmt.Sprintf("tp_btf %s:%s in netns %s", ha.GetTracepointGroup(), ha.GetTracepointEvent(), nsName)
 		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
-	case "cgroup-ingress", "cgroup-egress":
-		cfg.Program = loader.ProgCgroupSKB
+	case pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS, pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS:
 		at := ebpf.AttachCGroupInetIngress
-		if k.Name == "cgroup-egress" {
+		if kind == pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS {
 			at = ebpf.AttachCGroupInetEgress
 		}
 		cfg.AttachType = at
@@ -185,11 +150,10 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		if err := load(); err != nil {
 			return nil, err
 		}
-		h.Describe = fmt.Sprintf("%s on cgroup %s", k.Name, path)
+		h.Describe = fmt.Sprintf("%s on cgroup %s", kindName(kind), path)
 		h.Link, err = link.AttachCgroup(link.CgroupOptions{Path: path, Attach: at, Program: h.Loaded.Program})
-	case "fentry":
-		cfg.Program = loader.ProgFentry
-		cfg.AttachTo = k.Function
+	case pb.AttachKind_ATTACH_KIND_FENTRY:
+		cfg.AttachTo = ha.GetFunction()
 		cfg.Ifindex = uint32(ifindex)
 		if ino, err := netns.Inode(nsPath); err == nil {
 			cfg.NetnsIno = uint32(ino)
@@ -202,13 +166,12 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 			}
 			return nil, err
 		}
-		h.Describe = "fentry " + k.Function
+		h.Describe = "fentry " + ha.GetFunction()
 		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
-	case "kprobe":
+	case pb.AttachKind_ATTACH_KIND_KPROBE:
 		if reason := KprobeUnsupported(); reason != "" {
 			return nil, errors.New(reason)
 		}
-		cfg.Program = loader.ProgKprobe
 		cfg.Ifindex = uint32(ifindex)
 		if ino, err := netns.Inode(nsPath); err == nil {
 			cfg.NetnsIno = uint32(ino)
@@ -216,14 +179,21 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		if err := load(); err != nil {
 			return nil, err
 		}
-		h.Describe = "kprobe " + k.Function
-		h.Link, err = link.Kprobe(k.Function, h.Loaded.Program, nil)
+		h.Describe = "kprobe " + ha.GetFunction()
+		h.Link, err = link.Kprobe(ha.GetFunction(), h.Loaded.Program, nil)
+	default:
+		return nil, fmt.Errorf("unknown attach kind %d", int32(kind))
 	}
 	if err != nil {
 		h.Loaded.Close()
 		return nil, fmt.Errorf("attach %s: %w", h.Describe, err)
 	}
 	return h, nil
+}
+
+// kindName is the spec's spelling of an attach kind (ATTACH_KIND_TC_EGRESS: tc-egress), for messages.
+func kindName(k pb.AttachKind) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(k.String(), "ATTACH_KIND_")), "_", "-")
 }
 
 // unwrapHopPrefix avoids "hop x: hop x: ..." since LoadHop names the hop too.
@@ -355,7 +325,10 @@ func attachTCPTagging(spec *ebpf.CollectionSpec, tt *pb.TcpTagging, env Env) (*H
 	}
 	cfg := env.Base
 	cfg.Name = "tcp-tagging"
-	cfg.Program = loader.ProgTagTCP
+	cfg.Program = tt.GetProgram()
+	if cfg.Program == "" {
+		return nil, errors.New("plan names no sock_ops program")
+	}
 	cfg.TagNetnsCookie = cookie
 	l, err := loader.LoadHop(spec, cfg, env.Load)
 	if err != nil {

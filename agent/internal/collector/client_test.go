@@ -79,7 +79,7 @@ func TestClientStreamsAndReconnects(t *testing.T) {
 	srv, s, addr := serve(t, "127.0.0.1:0")
 	q := stream.NewQueue(0)
 	counters := func() []tracer.TraceCounters {
-		return []tracer.TraceCounters{{Trace: "t", Generation: 1, Hops: []*pb.HopCounters{{Hop: "h", Seen: 3}}}}
+		return []tracer.TraceCounters{{Trace: "t", Generation: 1, Hops: []*pb.HopCounters{{Hop: "h", Values: []uint64{3}}}}}
 	}
 	c := &Client{Addr: addr, Node: "n1", Queue: q, Counters: counters, CountersEvery: 50 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())

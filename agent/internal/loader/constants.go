@@ -3,8 +3,6 @@ package loader
 import (
 	"fmt"
 	"hash/fnv"
-	"net/netip"
-	"strings"
 
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 )
@@ -21,98 +19,48 @@ type FilterConstants struct {
 	Dport   uint16
 }
 
-// FilterFromPlan translates a trace's Filter into load-time constants.
-// Addresses and masks are kept as network-order bytes (IPv4 in the first 4);
-// the family comes from the addresses, and src and dst must agree.
-func FilterFromPlan(f *pb.Filter) (FilterConstants, error) {
+// FilterFromMatch copies a plan's FlowMatch, which the dispatcher parsed and
+// validated from the user's Filter, into load-time constants. It only checks
+// that the values fit: the agent never parses the user's strings.
+func FilterFromMatch(m *pb.FlowMatch) (FilterConstants, error) {
 	var c FilterConstants
-	if f == nil {
+	if m == nil {
 		return c, nil
 	}
-	switch strings.ToLower(strings.TrimSpace(f.GetProtocol())) {
-	case "", "any":
-	case "tcp":
-		c.Proto = 6
-	case "udp":
-		c.Proto = 17
+	switch m.GetIpProto() {
+	case 0, 6, 17:
+		c.Proto = uint8(m.GetIpProto())
 	default:
-		return c, fmt.Errorf("filter protocol %q: want tcp, udp or empty", f.GetProtocol())
+		return c, fmt.Errorf("match ip_proto %d: want 0, 6 or 17", m.GetIpProto())
+	}
+	switch m.GetFamily() {
+	case 0, 4, 6:
+		c.Family = uint8(m.GetFamily())
+	default:
+		return c, fmt.Errorf("match family %d: want 0, 4 or 6", m.GetFamily())
 	}
 	for _, p := range []struct {
 		name string
 		v    uint32
 		out  *uint16
-	}{{"src_port", f.GetSrcPort(), &c.Sport}, {"dst_port", f.GetDstPort(), &c.Dport}} {
+	}{{"src_port", m.GetSrcPort(), &c.Sport}, {"dst_port", m.GetDstPort(), &c.Dport}} {
 		if p.v > 65535 {
-			return c, fmt.Errorf("filter %s %d: out of range", p.name, p.v)
+			return c, fmt.Errorf("match %s %d: out of range", p.name, p.v)
 		}
 		*p.out = uint16(p.v)
 	}
-	var fams []uint8
-	for _, a := range []struct {
-		name       string
-		s          string
-		addr, mask *[16]byte
-	}{{"src", f.GetSrc(), &c.Src, &c.SrcMask}, {"dst", f.GetDst(), &c.Dst, &c.DstMask}} {
-		if strings.TrimSpace(a.s) == "" {
-			continue
+	for _, b := range []struct {
+		name string
+		in   []byte
+		out  *[16]byte
+	}{{"src_addr", m.GetSrcAddr(), &c.Src}, {"src_mask", m.GetSrcMask(), &c.SrcMask},
+		{"dst_addr", m.GetDstAddr(), &c.Dst}, {"dst_mask", m.GetDstMask(), &c.DstMask}} {
+		if len(b.in) > len(b.out) {
+			return c, fmt.Errorf("match %s: %d bytes, at most 16", b.name, len(b.in))
 		}
-		fam, err := parsePrefix(a.s, a.addr, a.mask)
-		if err != nil {
-			return c, fmt.Errorf("filter %s: %w", a.name, err)
-		}
-		fams = append(fams, fam)
-	}
-	if len(fams) == 2 && fams[0] != fams[1] {
-		return c, fmt.Errorf("filter src is IPv%d but dst is IPv%d", fams[0], fams[1])
-	}
-	if len(fams) > 0 {
-		c.Family = fams[0]
+		copy(b.out[:], b.in)
 	}
 	return c, nil
-}
-
-// parsePrefix parses "ADDR" or "ADDR/BITS" into network-order address and
-// mask bytes; the address is masked so the BPF side can compare (pkt & mask) == addr.
-func parsePrefix(s string, addr, mask *[16]byte) (uint8, error) {
-	s = strings.TrimSpace(s)
-	var p netip.Prefix
-	var err error
-	if strings.Contains(s, "/") {
-		p, err = netip.ParsePrefix(s)
-	} else {
-		var a netip.Addr
-		a, err = netip.ParseAddr(s)
-		if err == nil {
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-	}
-	if err != nil {
-		return 0, fmt.Errorf("%q is not an address or CIDR: %w", s, err)
-	}
-	a := p.Addr()
-	if a.Zone() != "" {
-		return 0, fmt.Errorf("%q: zones are not supported", s)
-	}
-	// "::ffff:198.18.0.1" is an IPv4 packet on the wire.
-	if a.Is4In6() {
-		bits := p.Bits() - 96
-		if bits < 0 {
-			return 0, fmt.Errorf("%q: IPv4-mapped prefix shorter than /96", s)
-		}
-		p = netip.PrefixFrom(a.Unmap(), bits)
-		a = p.Addr()
-	}
-	p = p.Masked()
-	raw := p.Addr().AsSlice()
-	copy(addr[:], raw)
-	for i := 0; i < p.Bits(); i++ {
-		mask[i/8] |= 0x80 >> (i % 8)
-	}
-	if a.Is4() {
-		return 4, nil
-	}
-	return 6, nil
 }
 
 // NodeSalt maps a node name into 1..255 with FNV-1a (32 bit): the top 8

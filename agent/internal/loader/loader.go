@@ -19,18 +19,6 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
-// Program names of the contract (ELF function names).
-const (
-	ProgTC        = "hop_tc"
-	ProgXDP       = "hop_xdp"
-	ProgTPBTF     = "hop_tp_btf"
-	ProgTPBTFXmit = "hop_tp_btf_xmit"
-	ProgCgroupSKB = "hop_cgroup_skb"
-	ProgFentry    = "hop_fentry"
-	ProgKprobe    = "hop_kprobe"
-	ProgTagTCP    = "tag_tcp"
-)
-
 // Map names of the contract.
 const (
 	MapRecords  = "records"
@@ -73,7 +61,7 @@ func LoadSpec(plan *pb.TracePlan, baseDir string) (*ebpf.CollectionSpec, error) 
 // HopConfig is everything one hop's program is specialised with before load.
 type HopConfig struct {
 	Name    string // hop name, for errors
-	Program string // ProgTC, ...
+	Program string // the plan names it; constants in programs_gen.go
 
 	// Program type refinements applied to the ProgramSpec before load.
 	AttachTo   string           // tp_btf event / fentry function

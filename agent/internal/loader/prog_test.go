@@ -309,7 +309,7 @@ func TestSampleEvery(t *testing.T) {
 
 func TestFilterSelectsPackets(t *testing.T) {
 	h := newHarness(t)
-	fc, err := loader.FilterFromPlan(&pb.Filter{Protocol: "udp", Dst: "198.18.1.0/24", DstPort: 5000})
+	fc, err := loader.FilterFromMatch(&pb.FlowMatch{IpProto: 17, Family: 4, DstAddr: []byte{198, 18, 1, 0}, DstMask: []byte{255, 255, 255, 0}, DstPort: 5000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +350,7 @@ func TestFilterSelectsPackets(t *testing.T) {
 	}
 
 	// IPv6 source prefix.
-	fc6, err := loader.FilterFromPlan(&pb.Filter{Src: "fd00::/16"})
+	fc6, err := loader.FilterFromMatch(&pb.FlowMatch{Family: 6, SrcAddr: []byte{0xfd, 0x00}, SrcMask: []byte{0xff, 0xff}})
 	if err != nil {
 		t.Fatal(err)
 	}

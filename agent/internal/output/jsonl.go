@@ -92,27 +92,30 @@ func (w *Writer) Records(trace string, raw []byte, hopName func(uint16) string) 
 }
 
 // CountersLine is one counters line: the HopCounters fields in snake_case,
-// as JSON numbers.
+// as JSON numbers, named by record.CounterKeys.
 type CountersLine struct {
-	Type           string `json:"type"`
-	Trace          string `json:"trace"`
-	Hop            string `json:"hop"`
-	HopIndex       uint32 `json:"hop_index"`
-	At             string `json:"at,omitempty"`
-	Seen           uint64 `json:"seen"`
-	Matched        uint64 `json:"matched"`
-	Recorded       uint64 `json:"recorded"`
-	Tagged         uint64 `json:"tagged"`
-	Untagged       uint64 `json:"untagged"`
-	TooBig         uint64 `json:"too_big"`
-	GsoSkipped     uint64 `json:"gso_skipped"`
-	NotMatched     uint64 `json:"not_matched"`
-	ParseTruncated uint64 `json:"parse_truncated"`
-	ParseMalformed uint64 `json:"parse_malformed"`
-	ParseNonIP     uint64 `json:"parse_non_ip"`
-	RingbufFull    uint64 `json:"ringbuf_full"`
-	Bytes          uint64 `json:"bytes"`
-	TagFailed      uint64 `json:"tag_failed"`
+	Type     string
+	Trace    string
+	Hop      string
+	HopIndex uint32
+	At       string
+	Values   []uint64 // indexed by record.Counter
+}
+
+// MarshalJSON writes the fixed fields, then one field per counter.
+func (c CountersLine) MarshalJSON() ([]byte, error) {
+	out := map[string]any{"type": c.Type, "trace": c.Trace, "hop": c.Hop, "hop_index": c.HopIndex}
+	if c.At != "" {
+		out["at"] = c.At
+	}
+	for i, key := range record.CounterKeys {
+		var v uint64
+		if i < len(c.Values) {
+			v = c.Values[i]
+		}
+		out[key] = v
+	}
+	return json.Marshal(out)
 }
 
 // Counters writes one counters line per hop.
@@ -121,11 +124,7 @@ func (w *Writer) Counters(trace string, hops []*pb.HopCounters) error {
 	defer w.mu.Unlock()
 	enc := json.NewEncoder(w.w)
 	for _, c := range hops {
-		line := CountersLine{Type: "counters", Trace: trace, Hop: c.GetHop(), HopIndex: c.GetHopIndex(),
-			Seen: c.GetSeen(), Matched: c.GetMatched(), Recorded: c.GetRecorded(), Tagged: c.GetTagged(),
-			Untagged: c.GetUntagged(), TooBig: c.GetTooBig(), GsoSkipped: c.GetGsoSkipped(),
-			NotMatched: c.GetNotMatched(), ParseTruncated: c.GetParseTruncated(), ParseMalformed: c.GetParseMalformed(),
-			ParseNonIP: c.GetParseNonIp(), RingbufFull: c.GetRingbufFull(), Bytes: c.GetBytes(), TagFailed: c.GetTagFailed()}
+		line := CountersLine{Type: "counters", Trace: trace, Hop: c.GetHop(), HopIndex: c.GetHopIndex(), Values: c.GetValues()}
 		if c.GetAt() != nil {
 			line.At = c.GetAt().AsTime().UTC().Format("2006-01-02T15:04:05.000000000Z")
 		}

@@ -37,7 +37,7 @@ func TestJSONLines(t *testing.T) {
 	if err := w.Records("t", raw, func(i uint16) string { return []string{"a", "b"}[i] }); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Counters("t", []*pb.HopCounters{{HopIndex: 1, Hop: "b", Seen: 10, Recorded: 2, ParseNonIp: 1}}); err != nil {
+	if err := w.Counters("t", []*pb.HopCounters{{HopIndex: 1, Hop: "b", Values: counterValues(map[record.Counter]uint64{record.CSeen: 10, record.CRecorded: 2, record.CParseNonIP: 1})}}); err != nil {
 		t.Fatal(err)
 	}
 	got := lines(t, &buf)
@@ -69,4 +69,12 @@ func TestJSONLines(t *testing.T) {
 	if c["type"] != "counters" || c["hop"] != "b" || c["hop_index"] != 1.0 || c["seen"] != 10.0 || c["parse_non_ip"] != 1.0 || c["too_big"] != 0.0 {
 		t.Errorf("counters %v", c)
 	}
+}
+
+func counterValues(set map[record.Counter]uint64) []uint64 {
+	var c record.Counters
+	for k, v := range set {
+		c[k] = v
+	}
+	return c[:]
 }

@@ -141,7 +141,7 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		st.Error = err.Error()
 		return st
 	}
-	filter, err := loader.FilterFromPlan(plan.GetFilter())
+	filter, err := loader.FilterFromMatch(plan.GetMatch())
 	if err != nil {
 		st.Error = err.Error()
 		return st
@@ -304,25 +304,7 @@ func (m *Manager) Counters() []TraceCounters {
 
 // HopCounters converts summed counters to the wire message.
 func HopCounters(idx uint32, name string, at *timestamppb.Timestamp, c record.Counters) *pb.HopCounters {
-	return &pb.HopCounters{
-		HopIndex:       idx,
-		Hop:            name,
-		At:             at,
-		Seen:           c[record.CSeen],
-		Matched:        c[record.CMatched],
-		Recorded:       c[record.CRecorded],
-		Tagged:         c[record.CTagged],
-		Untagged:       c[record.CUntagged],
-		TooBig:         c[record.CTooBig],
-		GsoSkipped:     c[record.CGSOSkipped],
-		NotMatched:     c[record.CNotMatched],
-		ParseTruncated: c[record.CParseTruncated],
-		ParseMalformed: c[record.CParseMalformed],
-		ParseNonIp:     c[record.CParseNonIP],
-		RingbufFull:    c[record.CRingbufFull],
-		Bytes:          c[record.CBytes],
-		TagFailed:      c[record.CTagFailed],
-	}
+	return &pb.HopCounters{HopIndex: idx, Hop: name, At: at, Values: c[:]}
 }
 
 // Flush pushes every pending record batch to the queue.

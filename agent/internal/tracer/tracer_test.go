@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
@@ -46,11 +47,11 @@ func sendTaggedUDP(t *testing.T, nsA, src, dst string, id uint32) {
 func plan(p *tu.VethPair, gen uint64) *pb.TracePlan {
 	return &pb.TracePlan{
 		Trace: "t1", Generation: gen, ObjectPath: tu.ObjectPath(),
-		Filter: &pb.Filter{Protocol: "udp", DstPort: 5000},
+		Match: &pb.FlowMatch{IpProto: 17, DstPort: 5000},
 		Hops: []*pb.HopAttach{
-			{HopIndex: 0, Name: "a-out", At: "tc-egress", Dev: p.DevA, Netns: p.NsA},
-			{HopIndex: 1, Name: "b-in", At: "tc-ingress", Dev: p.DevB, Netns: p.NsB},
-			{HopIndex: 2, Name: "b-rx", At: "tracepoint:net:netif_receive_skb", Dev: p.DevB, Netns: p.NsB},
+			{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC, Dev: p.DevA, Netns: p.NsA},
+			{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC, Dev: p.DevB, Netns: p.NsB},
+			{HopIndex: 2, Name: "b-rx", Kind: pb.AttachKind_ATTACH_KIND_TRACEPOINT, TracepointGroup: "net", TracepointEvent: "netif_receive_skb", Program: loader.ProgTPBTF, Dev: p.DevB, Netns: p.NsB},
 		},
 	}
 }
@@ -186,7 +187,7 @@ func TestAttachRecordsAndDetach(t *testing.T) {
 	}
 
 	c := m.Counters()
-	if len(c) != 1 || len(c[0].Hops) != 3 || c[0].Hops[1].GetRecorded() == 0 || c[0].Hops[1].GetSeen() == 0 {
+	if len(c) != 1 || len(c[0].Hops) != 3 || c[0].Hops[1].GetValues()[record.CRecorded] == 0 || c[0].Hops[1].GetValues()[record.CSeen] == 0 {
 		t.Errorf("counters %v", c)
 	}
 
@@ -214,19 +215,21 @@ func TestAttachErrorsNameTheHop(t *testing.T) {
 	}
 	defer m.Close()
 	pl := &pb.TracePlan{Trace: "t2", Generation: 1, ObjectPath: tu.ObjectPath(), Hops: []*pb.HopAttach{
-		{HopIndex: 0, Name: "ok", At: "tc-ingress", Dev: p.DevB, Netns: p.NsB},
-		{HopIndex: 1, Name: "nodev", At: "tc-ingress", Dev: "eth9", Netns: p.NsB},
-		{HopIndex: 2, Name: "fe", At: "fentry:netif_receive_skb"},
-		{HopIndex: 3, Name: "kp", At: "kprobe:netif_receive_skb"},
-		{HopIndex: 4, Name: "bad", At: "tcx"},
+		{HopIndex: 0, Name: "ok", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC, Dev: p.DevB, Netns: p.NsB},
+		{HopIndex: 1, Name: "nodev", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC, Dev: "eth9", Netns: p.NsB},
+		{HopIndex: 2, Name: "fe", Kind: pb.AttachKind_ATTACH_KIND_FENTRY, Function: "netif_receive_skb", Program: loader.ProgFentry},
+		{HopIndex: 3, Name: "kp", Kind: pb.AttachKind_ATTACH_KIND_KPROBE, Function: "netif_receive_skb", Program: loader.ProgKprobe},
+		{HopIndex: 4, Name: "bad", Program: loader.ProgTC},
+		{HopIndex: 5, Name: "noprog", Kind: pb.AttachKind_ATTACH_KIND_XDP, Dev: p.DevB, Netns: p.NsB},
 	}}
 	st := m.Apply(pl)
 	want := map[string]string{
-		"ok":    "",
-		"nodev": "hop nodev: device eth9 not found in netns " + p.NsB,
-		"fe":    "hop fe: fentry not permitted: kernel lockdown",
-		"kp":    "hop kp: kprobe not supported: kernel has no kprobe_events",
-		"bad":   "hop bad: at \"tcx\"",
+		"ok":     "",
+		"nodev":  "hop nodev: device eth9 not found in netns " + p.NsB,
+		"fe":     "hop fe: fentry not permitted: kernel lockdown",
+		"kp":     "hop kp: kprobe not supported: kernel has no kprobe_events",
+		"bad":    "hop bad: unknown attach kind 0",
+		"noprog": "hop noprog: plan names no program for the xdp hop",
 	}
 	for _, h := range st.GetHops() {
 		w := want[h.GetName()]

@@ -779,10 +779,11 @@ type TracePlan struct {
 	// The CO-RE object (ELF) with the hop programs.
 	Object []byte `protobuf:"bytes,3,opt,name=object,proto3" json:"object,omitempty"`
 	// Standalone mode only: read the object from this file instead.
-	ObjectPath string       `protobuf:"bytes,4,opt,name=object_path,json=objectPath,proto3" json:"object_path,omitempty"`
-	Filter     *Filter      `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
-	Sample     uint32       `protobuf:"varint,6,opt,name=sample,proto3" json:"sample,omitempty"`
-	Hops       []*HopAttach `protobuf:"bytes,7,rep,name=hops,proto3" json:"hops,omitempty"`
+	ObjectPath string `protobuf:"bytes,4,opt,name=object_path,json=objectPath,proto3" json:"object_path,omitempty"`
+	// The trace's filter, parsed and validated by the dispatcher.
+	Match  *FlowMatch   `protobuf:"bytes,9,opt,name=match,proto3" json:"match,omitempty"`
+	Sample uint32       `protobuf:"varint,6,opt,name=sample,proto3" json:"sample,omitempty"`
+	Hops   []*HopAttach `protobuf:"bytes,7,rep,name=hops,proto3" json:"hops,omitempty"`
 	// TCP: tag the segments sent by sockets in this namespace (sock_ops).
 	TcpTagging    *TcpTagging `protobuf:"bytes,8,opt,name=tcp_tagging,json=tcpTagging,proto3" json:"tcp_tagging,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -847,9 +848,9 @@ func (x *TracePlan) GetObjectPath() string {
 	return ""
 }
 
-func (x *TracePlan) GetFilter() *Filter {
+func (x *TracePlan) GetMatch() *FlowMatch {
 	if x != nil {
-		return x.Filter
+		return x.Match
 	}
 	return nil
 }
@@ -875,16 +876,129 @@ func (x *TracePlan) GetTcpTagging() *TcpTagging {
 	return nil
 }
 
+// A trace's Filter as the BPF programs compare it (load-time constants).
+type FlowMatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// IP protocol number: 0 any, 6 TCP, 17 UDP.
+	IpProto uint32 `protobuf:"varint,1,opt,name=ip_proto,json=ipProto,proto3" json:"ip_proto,omitempty"`
+	// 0 any, else 4 or 6 (from the addresses; src and dst agree).
+	Family uint32 `protobuf:"varint,2,opt,name=family,proto3" json:"family,omitempty"`
+	// Network-order address bytes (IPv4 in the first 4), already masked, and
+	// their mask: a packet matches when (address & mask) == addr. Empty = any.
+	SrcAddr []byte `protobuf:"bytes,3,opt,name=src_addr,json=srcAddr,proto3" json:"src_addr,omitempty"`
+	SrcMask []byte `protobuf:"bytes,4,opt,name=src_mask,json=srcMask,proto3" json:"src_mask,omitempty"`
+	DstAddr []byte `protobuf:"bytes,5,opt,name=dst_addr,json=dstAddr,proto3" json:"dst_addr,omitempty"`
+	DstMask []byte `protobuf:"bytes,6,opt,name=dst_mask,json=dstMask,proto3" json:"dst_mask,omitempty"`
+	// 0 = any.
+	SrcPort       uint32 `protobuf:"varint,7,opt,name=src_port,json=srcPort,proto3" json:"src_port,omitempty"`
+	DstPort       uint32 `protobuf:"varint,8,opt,name=dst_port,json=dstPort,proto3" json:"dst_port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowMatch) Reset() {
+	*x = FlowMatch{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowMatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowMatch) ProtoMessage() {}
+
+func (x *FlowMatch) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowMatch.ProtoReflect.Descriptor instead.
+func (*FlowMatch) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *FlowMatch) GetIpProto() uint32 {
+	if x != nil {
+		return x.IpProto
+	}
+	return 0
+}
+
+func (x *FlowMatch) GetFamily() uint32 {
+	if x != nil {
+		return x.Family
+	}
+	return 0
+}
+
+func (x *FlowMatch) GetSrcAddr() []byte {
+	if x != nil {
+		return x.SrcAddr
+	}
+	return nil
+}
+
+func (x *FlowMatch) GetSrcMask() []byte {
+	if x != nil {
+		return x.SrcMask
+	}
+	return nil
+}
+
+func (x *FlowMatch) GetDstAddr() []byte {
+	if x != nil {
+		return x.DstAddr
+	}
+	return nil
+}
+
+func (x *FlowMatch) GetDstMask() []byte {
+	if x != nil {
+		return x.DstMask
+	}
+	return nil
+}
+
+func (x *FlowMatch) GetSrcPort() uint32 {
+	if x != nil {
+		return x.SrcPort
+	}
+	return 0
+}
+
+func (x *FlowMatch) GetDstPort() uint32 {
+	if x != nil {
+		return x.DstPort
+	}
+	return 0
+}
+
 type HopAttach struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Index in the trace's whole path (all nodes).
 	HopIndex uint32 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"`
 	Name     string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	// As HopSpec.at.
-	At     string `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
-	Dev    string `protobuf:"bytes,4,opt,name=dev,proto3" json:"dev,omitempty"`
-	Netns  string `protobuf:"bytes,5,opt,name=netns,proto3" json:"netns,omitempty"`
-	Cgroup string `protobuf:"bytes,6,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// HopSpec.at, parsed by the dispatcher: the agent never parses a user string.
+	Kind AttachKind `protobuf:"varint,8,opt,name=kind,proto3,enum=hoptrace.v1.AttachKind" json:"kind,omitempty"`
+	// ATTACH_KIND_TRACEPOINT: tracepoint:GROUP:EVENT.
+	TracepointGroup string `protobuf:"bytes,9,opt,name=tracepoint_group,json=tracepointGroup,proto3" json:"tracepoint_group,omitempty"`
+	TracepointEvent string `protobuf:"bytes,10,opt,name=tracepoint_event,json=tracepointEvent,proto3" json:"tracepoint_event,omitempty"`
+	// ATTACH_KIND_FENTRY, ATTACH_KIND_KPROBE: the kernel function.
+	Function string `protobuf:"bytes,11,opt,name=function,proto3" json:"function,omitempty"`
+	// The program of the plan's object this hop runs (its ELF function name).
+	Program string `protobuf:"bytes,12,opt,name=program,proto3" json:"program,omitempty"`
+	Dev     string `protobuf:"bytes,4,opt,name=dev,proto3" json:"dev,omitempty"`
+	Netns   string `protobuf:"bytes,5,opt,name=netns,proto3" json:"netns,omitempty"`
+	Cgroup  string `protobuf:"bytes,6,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	// UDP: this hop writes IDs into untagged matching packets (first egress hop).
 	TagUdp        bool `protobuf:"varint,7,opt,name=tag_udp,json=tagUdp,proto3" json:"tag_udp,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -893,7 +1007,7 @@ type HopAttach struct {
 
 func (x *HopAttach) Reset() {
 	*x = HopAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -905,7 +1019,7 @@ func (x *HopAttach) String() string {
 func (*HopAttach) ProtoMessage() {}
 
 func (x *HopAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -918,7 +1032,7 @@ func (x *HopAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopAttach.ProtoReflect.Descriptor instead.
 func (*HopAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HopAttach) GetHopIndex() uint32 {
@@ -935,9 +1049,37 @@ func (x *HopAttach) GetName() string {
 	return ""
 }
 
-func (x *HopAttach) GetAt() string {
+func (x *HopAttach) GetKind() AttachKind {
 	if x != nil {
-		return x.At
+		return x.Kind
+	}
+	return AttachKind_ATTACH_KIND_UNSPECIFIED
+}
+
+func (x *HopAttach) GetTracepointGroup() string {
+	if x != nil {
+		return x.TracepointGroup
+	}
+	return ""
+}
+
+func (x *HopAttach) GetTracepointEvent() string {
+	if x != nil {
+		return x.TracepointEvent
+	}
+	return ""
+}
+
+func (x *HopAttach) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *HopAttach) GetProgram() string {
+	if x != nil {
+		return x.Program
 	}
 	return ""
 }
@@ -975,14 +1117,16 @@ type TcpTagging struct {
 	// Sender namespace ("" = the agent's own).
 	Netns string `protobuf:"bytes,1,opt,name=netns,proto3" json:"netns,omitempty"`
 	// cgroup v2 path to attach sock_ops to ("" = the cgroup2 root).
-	Cgroup        string `protobuf:"bytes,2,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	Cgroup string `protobuf:"bytes,2,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// The sock_ops program of the plan's object (its ELF function name).
+	Program       string `protobuf:"bytes,3,opt,name=program,proto3" json:"program,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TcpTagging) Reset() {
 	*x = TcpTagging{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1138,7 @@ func (x *TcpTagging) String() string {
 func (*TcpTagging) ProtoMessage() {}
 
 func (x *TcpTagging) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1151,7 @@ func (x *TcpTagging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpTagging.ProtoReflect.Descriptor instead.
 func (*TcpTagging) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TcpTagging) GetNetns() string {
@@ -1024,6 +1168,13 @@ func (x *TcpTagging) GetCgroup() string {
 	return ""
 }
 
+func (x *TcpTagging) GetProgram() string {
+	if x != nil {
+		return x.Program
+	}
+	return ""
+}
+
 type RemoveTrace struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Trace         string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
@@ -1033,7 +1184,7 @@ type RemoveTrace struct {
 
 func (x *RemoveTrace) Reset() {
 	*x = RemoveTrace{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1045,7 +1196,7 @@ func (x *RemoveTrace) String() string {
 func (*RemoveTrace) ProtoMessage() {}
 
 func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1058,7 +1209,7 @@ func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTrace.ProtoReflect.Descriptor instead.
 func (*RemoveTrace) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RemoveTrace) GetTrace() string {
@@ -1082,7 +1233,7 @@ type RunPreset struct {
 
 func (x *RunPreset) Reset() {
 	*x = RunPreset{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1245,7 @@ func (x *RunPreset) String() string {
 func (*RunPreset) ProtoMessage() {}
 
 func (x *RunPreset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1258,7 @@ func (x *RunPreset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
 func (*RunPreset) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunPreset) GetId() string {
@@ -1145,7 +1296,7 @@ type PresetResult struct {
 
 func (x *PresetResult) Reset() {
 	*x = PresetResult{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1157,7 +1308,7 @@ func (x *PresetResult) String() string {
 func (*PresetResult) ProtoMessage() {}
 
 func (x *PresetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1170,7 +1321,7 @@ func (x *PresetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
 func (*PresetResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PresetResult) GetId() string {
@@ -1255,7 +1406,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x06remove\x18\x02 \x01(\v2\x18.hoptrace.v1.RemoveTraceH\x00R\x06remove\x127\n" +
 	"\n" +
 	"run_preset\x18\x03 \x01(\v2\x16.hoptrace.v1.RunPresetH\x00R\trunPresetB\x06\n" +
-	"\x04body\"\xa5\x02\n" +
+	"\x04body\"\xb4\x02\n" +
 	"\tTracePlan\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
 	"\n" +
@@ -1263,24 +1414,39 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"generation\x12\x16\n" +
 	"\x06object\x18\x03 \x01(\fR\x06object\x12\x1f\n" +
 	"\vobject_path\x18\x04 \x01(\tR\n" +
-	"objectPath\x12+\n" +
-	"\x06filter\x18\x05 \x01(\v2\x13.hoptrace.v1.FilterR\x06filter\x12\x16\n" +
+	"objectPath\x12,\n" +
+	"\x05match\x18\t \x01(\v2\x16.hoptrace.v1.FlowMatchR\x05match\x12\x16\n" +
 	"\x06sample\x18\x06 \x01(\rR\x06sample\x12*\n" +
 	"\x04hops\x18\a \x03(\v2\x16.hoptrace.v1.HopAttachR\x04hops\x128\n" +
 	"\vtcp_tagging\x18\b \x01(\v2\x17.hoptrace.v1.TcpTaggingR\n" +
-	"tcpTagging\"\xa5\x01\n" +
+	"tcpTaggingJ\x04\b\x05\x10\x06R\x06filter\"\xe0\x01\n" +
+	"\tFlowMatch\x12\x19\n" +
+	"\bip_proto\x18\x01 \x01(\rR\aipProto\x12\x16\n" +
+	"\x06family\x18\x02 \x01(\rR\x06family\x12\x19\n" +
+	"\bsrc_addr\x18\x03 \x01(\fR\asrcAddr\x12\x19\n" +
+	"\bsrc_mask\x18\x04 \x01(\fR\asrcMask\x12\x19\n" +
+	"\bdst_addr\x18\x05 \x01(\fR\adstAddr\x12\x19\n" +
+	"\bdst_mask\x18\x06 \x01(\fR\adstMask\x12\x19\n" +
+	"\bsrc_port\x18\a \x01(\rR\asrcPort\x12\x19\n" +
+	"\bdst_port\x18\b \x01(\rR\adstPort\"\xd8\x02\n" +
 	"\tHopAttach\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\x12\x0e\n" +
-	"\x02at\x18\x03 \x01(\tR\x02at\x12\x10\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12+\n" +
+	"\x04kind\x18\b \x01(\x0e2\x17.hoptrace.v1.AttachKindR\x04kind\x12)\n" +
+	"\x10tracepoint_group\x18\t \x01(\tR\x0ftracepointGroup\x12)\n" +
+	"\x10tracepoint_event\x18\n" +
+	" \x01(\tR\x0ftracepointEvent\x12\x1a\n" +
+	"\bfunction\x18\v \x01(\tR\bfunction\x12\x18\n" +
+	"\aprogram\x18\f \x01(\tR\aprogram\x12\x10\n" +
 	"\x03dev\x18\x04 \x01(\tR\x03dev\x12\x14\n" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup\x12\x17\n" +
-	"\atag_udp\x18\a \x01(\bR\x06tagUdp\":\n" +
+	"\atag_udp\x18\a \x01(\bR\x06tagUdpJ\x04\b\x03\x10\x04R\x02at\"T\n" +
 	"\n" +
 	"TcpTagging\x12\x14\n" +
 	"\x05netns\x18\x01 \x01(\tR\x05netns\x12\x16\n" +
-	"\x06cgroup\x18\x02 \x01(\tR\x06cgroup\"#\n" +
+	"\x06cgroup\x18\x02 \x01(\tR\x06cgroup\x12\x18\n" +
+	"\aprogram\x18\x03 \x01(\tR\aprogram\"#\n" +
 	"\vRemoveTrace\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\"\xa2\x01\n" +
 	"\tRunPreset\x12\x0e\n" +
@@ -1309,7 +1475,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -1322,43 +1488,45 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*HopStatus)(nil),             // 8: hoptrace.v1.HopStatus
 	(*DispatcherMessage)(nil),     // 9: hoptrace.v1.DispatcherMessage
 	(*TracePlan)(nil),             // 10: hoptrace.v1.TracePlan
-	(*HopAttach)(nil),             // 11: hoptrace.v1.HopAttach
-	(*TcpTagging)(nil),            // 12: hoptrace.v1.TcpTagging
-	(*RemoveTrace)(nil),           // 13: hoptrace.v1.RemoveTrace
-	(*RunPreset)(nil),             // 14: hoptrace.v1.RunPreset
-	(*PresetResult)(nil),          // 15: hoptrace.v1.PresetResult
-	nil,                           // 16: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 17: hoptrace.v1.RunPreset.ArgsEntry
-	(*timestamppb.Timestamp)(nil), // 18: google.protobuf.Timestamp
-	(*Filter)(nil),                // 19: hoptrace.v1.Filter
+	(*FlowMatch)(nil),             // 11: hoptrace.v1.FlowMatch
+	(*HopAttach)(nil),             // 12: hoptrace.v1.HopAttach
+	(*TcpTagging)(nil),            // 13: hoptrace.v1.TcpTagging
+	(*RemoveTrace)(nil),           // 14: hoptrace.v1.RemoveTrace
+	(*RunPreset)(nil),             // 15: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 16: hoptrace.v1.PresetResult
+	nil,                           // 17: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 18: hoptrace.v1.RunPreset.ArgsEntry
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(AttachKind)(0),               // 20: hoptrace.v1.AttachKind
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
 	7,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	15, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	16, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
 	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
 	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
 	7,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	16, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	18, // 9: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	17, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	19, // 9: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	8,  // 10: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
 	10, // 11: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	13, // 12: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	14, // 13: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	19, // 14: hoptrace.v1.TracePlan.filter:type_name -> hoptrace.v1.Filter
-	11, // 15: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	12, // 16: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	17, // 17: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 18: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 19: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	9,  // 20: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	20, // [20:21] is the sub-list for method output_type
-	19, // [19:20] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	14, // 12: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	15, // 13: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	11, // 14: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	12, // 15: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	13, // 16: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	20, // 17: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	18, // 18: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 19: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 20: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	9,  // 21: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	21, // [21:22] is the sub-list for method output_type
+	20, // [20:21] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -1384,7 +1552,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -149,26 +149,14 @@ func (x *RecordBatch) GetWatermarkNs() int64 {
 }
 
 type HopCounters struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	HopIndex       uint32                 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"`
-	Hop            string                 `protobuf:"bytes,2,opt,name=hop,proto3" json:"hop,omitempty"`
-	At             *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
-	Seen           uint64                 `protobuf:"varint,4,opt,name=seen,proto3" json:"seen,omitempty"`
-	Matched        uint64                 `protobuf:"varint,5,opt,name=matched,proto3" json:"matched,omitempty"`
-	Recorded       uint64                 `protobuf:"varint,6,opt,name=recorded,proto3" json:"recorded,omitempty"`
-	Tagged         uint64                 `protobuf:"varint,7,opt,name=tagged,proto3" json:"tagged,omitempty"`
-	Untagged       uint64                 `protobuf:"varint,8,opt,name=untagged,proto3" json:"untagged,omitempty"`
-	TooBig         uint64                 `protobuf:"varint,9,opt,name=too_big,json=tooBig,proto3" json:"too_big,omitempty"`
-	GsoSkipped     uint64                 `protobuf:"varint,10,opt,name=gso_skipped,json=gsoSkipped,proto3" json:"gso_skipped,omitempty"`
-	NotMatched     uint64                 `protobuf:"varint,11,opt,name=not_matched,json=notMatched,proto3" json:"not_matched,omitempty"`
-	ParseTruncated uint64                 `protobuf:"varint,12,opt,name=parse_truncated,json=parseTruncated,proto3" json:"parse_truncated,omitempty"`
-	ParseMalformed uint64                 `protobuf:"varint,13,opt,name=parse_malformed,json=parseMalformed,proto3" json:"parse_malformed,omitempty"`
-	ParseNonIp     uint64                 `protobuf:"varint,14,opt,name=parse_non_ip,json=parseNonIp,proto3" json:"parse_non_ip,omitempty"`
-	RingbufFull    uint64                 `protobuf:"varint,15,opt,name=ringbuf_full,json=ringbufFull,proto3" json:"ringbuf_full,omitempty"`
-	Bytes          uint64                 `protobuf:"varint,16,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	TagFailed      uint64                 `protobuf:"varint,17,opt,name=tag_failed,json=tagFailed,proto3" json:"tag_failed,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	HopIndex uint32                 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"`
+	Hop      string                 `protobuf:"bytes,2,opt,name=hop,proto3" json:"hop,omitempty"`
+	At       *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	// Indexed by Counter (counters.proto, generated from enum hoptrace_counter).
+	Values        []uint64 `protobuf:"varint,18,rep,packed,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HopCounters) Reset() {
@@ -222,102 +210,11 @@ func (x *HopCounters) GetAt() *timestamppb.Timestamp {
 	return nil
 }
 
-func (x *HopCounters) GetSeen() uint64 {
+func (x *HopCounters) GetValues() []uint64 {
 	if x != nil {
-		return x.Seen
+		return x.Values
 	}
-	return 0
-}
-
-func (x *HopCounters) GetMatched() uint64 {
-	if x != nil {
-		return x.Matched
-	}
-	return 0
-}
-
-func (x *HopCounters) GetRecorded() uint64 {
-	if x != nil {
-		return x.Recorded
-	}
-	return 0
-}
-
-func (x *HopCounters) GetTagged() uint64 {
-	if x != nil {
-		return x.Tagged
-	}
-	return 0
-}
-
-func (x *HopCounters) GetUntagged() uint64 {
-	if x != nil {
-		return x.Untagged
-	}
-	return 0
-}
-
-func (x *HopCounters) GetTooBig() uint64 {
-	if x != nil {
-		return x.TooBig
-	}
-	return 0
-}
-
-func (x *HopCounters) GetGsoSkipped() uint64 {
-	if x != nil {
-		return x.GsoSkipped
-	}
-	return 0
-}
-
-func (x *HopCounters) GetNotMatched() uint64 {
-	if x != nil {
-		return x.NotMatched
-	}
-	return 0
-}
-
-func (x *HopCounters) GetParseTruncated() uint64 {
-	if x != nil {
-		return x.ParseTruncated
-	}
-	return 0
-}
-
-func (x *HopCounters) GetParseMalformed() uint64 {
-	if x != nil {
-		return x.ParseMalformed
-	}
-	return 0
-}
-
-func (x *HopCounters) GetParseNonIp() uint64 {
-	if x != nil {
-		return x.ParseNonIp
-	}
-	return 0
-}
-
-func (x *HopCounters) GetRingbufFull() uint64 {
-	if x != nil {
-		return x.RingbufFull
-	}
-	return 0
-}
-
-func (x *HopCounters) GetBytes() uint64 {
-	if x != nil {
-		return x.Bytes
-	}
-	return 0
-}
-
-func (x *HopCounters) GetTagFailed() uint64 {
-	if x != nil {
-		return x.TagFailed
-	}
-	return 0
+	return nil
 }
 
 type NodeClock struct {
@@ -481,30 +378,12 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\ragent_dropped\x18\b \x01(\x04R\fagentDropped\x12,\n" +
 	"\x05clock\x18\t \x01(\v2\x16.hoptrace.v1.NodeClockR\x05clock\x12!\n" +
 	"\fwatermark_ns\x18\n" +
-	" \x01(\x03R\vwatermarkNs\"\x8d\x04\n" +
+	" \x01(\x03R\vwatermarkNs\"\x86\x01\n" +
 	"\vHopCounters\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x10\n" +
 	"\x03hop\x18\x02 \x01(\tR\x03hop\x12*\n" +
-	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
-	"\x04seen\x18\x04 \x01(\x04R\x04seen\x12\x18\n" +
-	"\amatched\x18\x05 \x01(\x04R\amatched\x12\x1a\n" +
-	"\brecorded\x18\x06 \x01(\x04R\brecorded\x12\x16\n" +
-	"\x06tagged\x18\a \x01(\x04R\x06tagged\x12\x1a\n" +
-	"\buntagged\x18\b \x01(\x04R\buntagged\x12\x17\n" +
-	"\atoo_big\x18\t \x01(\x04R\x06tooBig\x12\x1f\n" +
-	"\vgso_skipped\x18\n" +
-	" \x01(\x04R\n" +
-	"gsoSkipped\x12\x1f\n" +
-	"\vnot_matched\x18\v \x01(\x04R\n" +
-	"notMatched\x12'\n" +
-	"\x0fparse_truncated\x18\f \x01(\x04R\x0eparseTruncated\x12'\n" +
-	"\x0fparse_malformed\x18\r \x01(\x04R\x0eparseMalformed\x12 \n" +
-	"\fparse_non_ip\x18\x0e \x01(\x04R\n" +
-	"parseNonIp\x12!\n" +
-	"\fringbuf_full\x18\x0f \x01(\x04R\vringbufFull\x12\x14\n" +
-	"\x05bytes\x18\x10 \x01(\x04R\x05bytes\x12\x1d\n" +
-	"\n" +
-	"tag_failed\x18\x11 \x01(\x04R\ttagFailed\"\xd8\x01\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
+	"\x06values\x18\x12 \x03(\x04R\x06valuesJ\x04\b\x04\x10\x12\"\xd8\x01\n" +
 	"\tNodeClock\x127\n" +
 	"\x18monotonic_to_realtime_ns\x18\x01 \x01(\x03R\x15monotonicToRealtimeNs\x12\x1b\n" +
 	"\toffset_ns\x18\x02 \x01(\x03R\boffsetNs\x12\x19\n" +

@@ -21,6 +21,77 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Where a hop attaches. This enum is the one list of attach kinds: a spec
+// spells each as its name after ATTACH_KIND_, in lower case with '-' for '_'
+// (ATTACH_KIND_TC_EGRESS is "tc-egress"); TRACEPOINT, FENTRY and KPROBE add
+// ":TARGET" (tracepoint:GROUP:EVENT, fentry:FUNCTION, kprobe:FUNCTION).
+type AttachKind int32
+
+const (
+	AttachKind_ATTACH_KIND_UNSPECIFIED    AttachKind = 0
+	AttachKind_ATTACH_KIND_TC_INGRESS     AttachKind = 1
+	AttachKind_ATTACH_KIND_TC_EGRESS      AttachKind = 2
+	AttachKind_ATTACH_KIND_XDP            AttachKind = 3
+	AttachKind_ATTACH_KIND_CGROUP_INGRESS AttachKind = 4
+	AttachKind_ATTACH_KIND_CGROUP_EGRESS  AttachKind = 5
+	AttachKind_ATTACH_KIND_TRACEPOINT     AttachKind = 6
+	AttachKind_ATTACH_KIND_FENTRY         AttachKind = 7
+	AttachKind_ATTACH_KIND_KPROBE         AttachKind = 8
+)
+
+// Enum value maps for AttachKind.
+var (
+	AttachKind_name = map[int32]string{
+		0: "ATTACH_KIND_UNSPECIFIED",
+		1: "ATTACH_KIND_TC_INGRESS",
+		2: "ATTACH_KIND_TC_EGRESS",
+		3: "ATTACH_KIND_XDP",
+		4: "ATTACH_KIND_CGROUP_INGRESS",
+		5: "ATTACH_KIND_CGROUP_EGRESS",
+		6: "ATTACH_KIND_TRACEPOINT",
+		7: "ATTACH_KIND_FENTRY",
+		8: "ATTACH_KIND_KPROBE",
+	}
+	AttachKind_value = map[string]int32{
+		"ATTACH_KIND_UNSPECIFIED":    0,
+		"ATTACH_KIND_TC_INGRESS":     1,
+		"ATTACH_KIND_TC_EGRESS":      2,
+		"ATTACH_KIND_XDP":            3,
+		"ATTACH_KIND_CGROUP_INGRESS": 4,
+		"ATTACH_KIND_CGROUP_EGRESS":  5,
+		"ATTACH_KIND_TRACEPOINT":     6,
+		"ATTACH_KIND_FENTRY":         7,
+		"ATTACH_KIND_KPROBE":         8,
+	}
+)
+
+func (x AttachKind) Enum() *AttachKind {
+	p := new(AttachKind)
+	*p = x
+	return p
+}
+
+func (x AttachKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AttachKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_hoptrace_v1_trace_proto_enumTypes[0].Descriptor()
+}
+
+func (AttachKind) Type() protoreflect.EnumType {
+	return &file_hoptrace_v1_trace_proto_enumTypes[0]
+}
+
+func (x AttachKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AttachKind.Descriptor instead.
+func (AttachKind) EnumDescriptor() ([]byte, []int) {
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{0}
+}
+
 // A user's trace spec. The YAML and JSON forms of a spec are this message:
 // the CLI, the web UI and the gRPC API all take it.
 type TraceSpec struct {
@@ -180,8 +251,9 @@ type HopSpec struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The agent's node name that runs this hop.
 	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
-	// Attach point: tc-ingress, tc-egress, xdp, cgroup-ingress, cgroup-egress,
-	// tracepoint:GROUP:EVENT, fentry:FUNCTION, kprobe:FUNCTION.
+	// Attach point, as the user writes it: the AttachKind's spelling (below),
+	// e.g. tc-egress, tracepoint:net:netif_receive_skb, kprobe:tcp_v4_rcv.
+	// The dispatcher parses it once into HopAttach's typed fields.
 	At string `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
 	// Device name inside netns; required for tc and xdp, optional for
 	// tracepoints (absent = any device in the namespace).
@@ -289,7 +361,18 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x02at\x18\x03 \x01(\tR\x02at\x12\x10\n" +
 	"\x03dev\x18\x04 \x01(\tR\x03dev\x12\x14\n" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +
-	"\x06cgroup\x18\x06 \x01(\tR\x06cgroupBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup*\x80\x02\n" +
+	"\n" +
+	"AttachKind\x12\x1b\n" +
+	"\x17ATTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16ATTACH_KIND_TC_INGRESS\x10\x01\x12\x19\n" +
+	"\x15ATTACH_KIND_TC_EGRESS\x10\x02\x12\x13\n" +
+	"\x0fATTACH_KIND_XDP\x10\x03\x12\x1e\n" +
+	"\x1aATTACH_KIND_CGROUP_INGRESS\x10\x04\x12\x1d\n" +
+	"\x19ATTACH_KIND_CGROUP_EGRESS\x10\x05\x12\x1a\n" +
+	"\x16ATTACH_KIND_TRACEPOINT\x10\x06\x12\x16\n" +
+	"\x12ATTACH_KIND_FENTRY\x10\a\x12\x16\n" +
+	"\x12ATTACH_KIND_KPROBE\x10\bBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_trace_proto_rawDescOnce sync.Once
@@ -303,15 +386,17 @@ func file_hoptrace_v1_trace_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_trace_proto_rawDescData
 }
 
+var file_hoptrace_v1_trace_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_hoptrace_v1_trace_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_hoptrace_v1_trace_proto_goTypes = []any{
-	(*TraceSpec)(nil), // 0: hoptrace.v1.TraceSpec
-	(*Filter)(nil),    // 1: hoptrace.v1.Filter
-	(*HopSpec)(nil),   // 2: hoptrace.v1.HopSpec
+	(AttachKind)(0),   // 0: hoptrace.v1.AttachKind
+	(*TraceSpec)(nil), // 1: hoptrace.v1.TraceSpec
+	(*Filter)(nil),    // 2: hoptrace.v1.Filter
+	(*HopSpec)(nil),   // 3: hoptrace.v1.HopSpec
 }
 var file_hoptrace_v1_trace_proto_depIdxs = []int32{
-	1, // 0: hoptrace.v1.TraceSpec.filter:type_name -> hoptrace.v1.Filter
-	2, // 1: hoptrace.v1.TraceSpec.hops:type_name -> hoptrace.v1.HopSpec
+	2, // 0: hoptrace.v1.TraceSpec.filter:type_name -> hoptrace.v1.Filter
+	3, // 1: hoptrace.v1.TraceSpec.hops:type_name -> hoptrace.v1.HopSpec
 	2, // [2:2] is the sub-list for method output_type
 	2, // [2:2] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
@@ -329,13 +414,14 @@ func file_hoptrace_v1_trace_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_trace_proto_rawDesc), len(file_hoptrace_v1_trace_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_hoptrace_v1_trace_proto_goTypes,
 		DependencyIndexes: file_hoptrace_v1_trace_proto_depIdxs,
+		EnumInfos:         file_hoptrace_v1_trace_proto_enumTypes,
 		MessageInfos:      file_hoptrace_v1_trace_proto_msgTypes,
 	}.Build()
 	File_hoptrace_v1_trace_proto = out.File

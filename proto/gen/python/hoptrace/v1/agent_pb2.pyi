@@ -130,12 +130,12 @@ class DispatcherMessage(_message.Message):
     def __init__(self, apply: _Optional[_Union[TracePlan, _Mapping]] = ..., remove: _Optional[_Union[RemoveTrace, _Mapping]] = ..., run_preset: _Optional[_Union[RunPreset, _Mapping]] = ...) -> None: ...
 
 class TracePlan(_message.Message):
-    __slots__ = ("trace", "generation", "object", "object_path", "filter", "sample", "hops", "tcp_tagging")
+    __slots__ = ("trace", "generation", "object", "object_path", "match", "sample", "hops", "tcp_tagging")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
     OBJECT_PATH_FIELD_NUMBER: _ClassVar[int]
-    FILTER_FIELD_NUMBER: _ClassVar[int]
+    MATCH_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
     TCP_TAGGING_FIELD_NUMBER: _ClassVar[int]
@@ -143,37 +143,67 @@ class TracePlan(_message.Message):
     generation: int
     object: bytes
     object_path: str
-    filter: _trace_pb2.Filter
+    match: FlowMatch
     sample: int
     hops: _containers.RepeatedCompositeFieldContainer[HopAttach]
     tcp_tagging: TcpTagging
-    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., object: _Optional[bytes] = ..., object_path: _Optional[str] = ..., filter: _Optional[_Union[_trace_pb2.Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopAttach, _Mapping]]] = ..., tcp_tagging: _Optional[_Union[TcpTagging, _Mapping]] = ...) -> None: ...
+    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., object: _Optional[bytes] = ..., object_path: _Optional[str] = ..., match: _Optional[_Union[FlowMatch, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopAttach, _Mapping]]] = ..., tcp_tagging: _Optional[_Union[TcpTagging, _Mapping]] = ...) -> None: ...
+
+class FlowMatch(_message.Message):
+    __slots__ = ("ip_proto", "family", "src_addr", "src_mask", "dst_addr", "dst_mask", "src_port", "dst_port")
+    IP_PROTO_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    SRC_ADDR_FIELD_NUMBER: _ClassVar[int]
+    SRC_MASK_FIELD_NUMBER: _ClassVar[int]
+    DST_ADDR_FIELD_NUMBER: _ClassVar[int]
+    DST_MASK_FIELD_NUMBER: _ClassVar[int]
+    SRC_PORT_FIELD_NUMBER: _ClassVar[int]
+    DST_PORT_FIELD_NUMBER: _ClassVar[int]
+    ip_proto: int
+    family: int
+    src_addr: bytes
+    src_mask: bytes
+    dst_addr: bytes
+    dst_mask: bytes
+    src_port: int
+    dst_port: int
+    def __init__(self, ip_proto: _Optional[int] = ..., family: _Optional[int] = ..., src_addr: _Optional[bytes] = ..., src_mask: _Optional[bytes] = ..., dst_addr: _Optional[bytes] = ..., dst_mask: _Optional[bytes] = ..., src_port: _Optional[int] = ..., dst_port: _Optional[int] = ...) -> None: ...
 
 class HopAttach(_message.Message):
-    __slots__ = ("hop_index", "name", "at", "dev", "netns", "cgroup", "tag_udp")
+    __slots__ = ("hop_index", "name", "kind", "tracepoint_group", "tracepoint_event", "function", "program", "dev", "netns", "cgroup", "tag_udp")
     HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
-    AT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TRACEPOINT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TRACEPOINT_EVENT_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
     DEV_FIELD_NUMBER: _ClassVar[int]
     NETNS_FIELD_NUMBER: _ClassVar[int]
     CGROUP_FIELD_NUMBER: _ClassVar[int]
     TAG_UDP_FIELD_NUMBER: _ClassVar[int]
     hop_index: int
     name: str
-    at: str
+    kind: _trace_pb2.AttachKind
+    tracepoint_group: str
+    tracepoint_event: str
+    function: str
+    program: str
     dev: str
     netns: str
     cgroup: str
     tag_udp: bool
-    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., at: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ...) -> None: ...
+    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[_trace_pb2.AttachKind, str]] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., function: _Optional[str] = ..., program: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ...) -> None: ...
 
 class TcpTagging(_message.Message):
-    __slots__ = ("netns", "cgroup")
+    __slots__ = ("netns", "cgroup", "program")
     NETNS_FIELD_NUMBER: _ClassVar[int]
     CGROUP_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
     netns: str
     cgroup: str
-    def __init__(self, netns: _Optional[str] = ..., cgroup: _Optional[str] = ...) -> None: ...
+    program: str
+    def __init__(self, netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., program: _Optional[str] = ...) -> None: ...
 
 class RemoveTrace(_message.Message):
     __slots__ = ("trace",)

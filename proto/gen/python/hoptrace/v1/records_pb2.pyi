@@ -34,42 +34,16 @@ class RecordBatch(_message.Message):
     def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ...) -> None: ...
 
 class HopCounters(_message.Message):
-    __slots__ = ("hop_index", "hop", "at", "seen", "matched", "recorded", "tagged", "untagged", "too_big", "gso_skipped", "not_matched", "parse_truncated", "parse_malformed", "parse_non_ip", "ringbuf_full", "bytes", "tag_failed")
+    __slots__ = ("hop_index", "hop", "at", "values")
     HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
     HOP_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
-    SEEN_FIELD_NUMBER: _ClassVar[int]
-    MATCHED_FIELD_NUMBER: _ClassVar[int]
-    RECORDED_FIELD_NUMBER: _ClassVar[int]
-    TAGGED_FIELD_NUMBER: _ClassVar[int]
-    UNTAGGED_FIELD_NUMBER: _ClassVar[int]
-    TOO_BIG_FIELD_NUMBER: _ClassVar[int]
-    GSO_SKIPPED_FIELD_NUMBER: _ClassVar[int]
-    NOT_MATCHED_FIELD_NUMBER: _ClassVar[int]
-    PARSE_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
-    PARSE_MALFORMED_FIELD_NUMBER: _ClassVar[int]
-    PARSE_NON_IP_FIELD_NUMBER: _ClassVar[int]
-    RINGBUF_FULL_FIELD_NUMBER: _ClassVar[int]
-    BYTES_FIELD_NUMBER: _ClassVar[int]
-    TAG_FAILED_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
     hop_index: int
     hop: str
     at: _timestamp_pb2.Timestamp
-    seen: int
-    matched: int
-    recorded: int
-    tagged: int
-    untagged: int
-    too_big: int
-    gso_skipped: int
-    not_matched: int
-    parse_truncated: int
-    parse_malformed: int
-    parse_non_ip: int
-    ringbuf_full: int
-    bytes: int
-    tag_failed: int
-    def __init__(self, hop_index: _Optional[int] = ..., hop: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., seen: _Optional[int] = ..., matched: _Optional[int] = ..., recorded: _Optional[int] = ..., tagged: _Optional[int] = ..., untagged: _Optional[int] = ..., too_big: _Optional[int] = ..., gso_skipped: _Optional[int] = ..., not_matched: _Optional[int] = ..., parse_truncated: _Optional[int] = ..., parse_malformed: _Optional[int] = ..., parse_non_ip: _Optional[int] = ..., ringbuf_full: _Optional[int] = ..., bytes: _Optional[int] = ..., tag_failed: _Optional[int] = ...) -> None: ...
+    values: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, hop_index: _Optional[int] = ..., hop: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., values: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NodeClock(_message.Message):
     __slots__ = ("monotonic_to_realtime_ns", "offset_ns", "bound_ns", "drift_ppm", "delay_ns", "sampled_at_ns")

@@ -1,10 +1,32 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class AttachKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ATTACH_KIND_UNSPECIFIED: _ClassVar[AttachKind]
+    ATTACH_KIND_TC_INGRESS: _ClassVar[AttachKind]
+    ATTACH_KIND_TC_EGRESS: _ClassVar[AttachKind]
+    ATTACH_KIND_XDP: _ClassVar[AttachKind]
+    ATTACH_KIND_CGROUP_INGRESS: _ClassVar[AttachKind]
+    ATTACH_KIND_CGROUP_EGRESS: _ClassVar[AttachKind]
+    ATTACH_KIND_TRACEPOINT: _ClassVar[AttachKind]
+    ATTACH_KIND_FENTRY: _ClassVar[AttachKind]
+    ATTACH_KIND_KPROBE: _ClassVar[AttachKind]
+ATTACH_KIND_UNSPECIFIED: AttachKind
+ATTACH_KIND_TC_INGRESS: AttachKind
+ATTACH_KIND_TC_EGRESS: AttachKind
+ATTACH_KIND_XDP: AttachKind
+ATTACH_KIND_CGROUP_INGRESS: AttachKind
+ATTACH_KIND_CGROUP_EGRESS: AttachKind
+ATTACH_KIND_TRACEPOINT: AttachKind
+ATTACH_KIND_FENTRY: AttachKind
+ATTACH_KIND_KPROBE: AttachKind
 
 class TraceSpec(_message.Message):
     __slots__ = ("name", "filter", "sample", "hops")

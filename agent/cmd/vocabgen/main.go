@@ -1,0 +1,340 @@
+// Command vocabgen generates the user-space mirrors of kernel-patch/include/hoptrace.h
+// from the BTF of the compiled object, so the C header stays the one definition of
+// the record layout, its flags, the wire constants and the per-hop counters,
+// and hop.bpf.h's program macros the one definition of the program names:
+//
+//	vocabgen -object kernel-patch/build/hoptrace.bpf.o \
+//	    -go agent/internal/record/record_gen.go \
+//	    -go-programs agent/internal/loader/programs_gen.go \
+//	    -python proto/gen/python/hoptrace/kernel_abi.py \
+//	    -proto proto/hoptrace/v1/counters.proto
+//
+// `make vocab` runs it; `make proto-check` fails when its output in git is stale.
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"go/format"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+)
+
+const (
+	recordStruct = "hoptrace_record"
+	flagEnum     = "hoptrace_record_flag"
+	counterEnum  = "hoptrace_counter"
+	wireEnum     = "hoptrace_wire"
+	source       = "kernel-patch/include/hoptrace.h"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "vocabgen:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	object := flag.String("object", "", "BPF object whose BTF holds the hoptrace.h types")
+	goOut := flag.String("go", "", "Go file to write (package record)")
+	goProgramsOut := flag.String("go-programs", "", "Go file to write (package loader): program names")
+	pyOut := flag.String("python", "", "Python module to write")
+	protoOut := flag.String("proto", "", "proto file to write (enum Counter)")
+	flag.Parse()
+	if *object == "" {
+		return fmt.Errorf("need -object")
+	}
+	v, err := readVocabulary(*object)
+	if err != nil {
+		return err
+	}
+	outputs := []struct {
+		path   string
+		render func(*vocabulary) ([]byte, error)
+	}{{*goOut, renderGo}, {*goProgramsOut, renderGoPrograms}, {*pyOut, renderPython}, {*protoOut, renderProto}}
+	for _, o := range outputs {
+		if o.path == "" {
+			continue
+		}
+		text, err := o.render(v)
+		if err != nil {
+			return fmt.Errorf("%s: %w", o.path, err)
+		}
+		if err := os.WriteFile(o.path, text, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type member struct {
+	Name   string
+	Offset uint32 // bytes
+	Size   uint32 // bytes
+	Signed bool
+}
+
+type constant struct {
+	Name  string // the C name without its prefix, e.g. "SEEN"
+	Value uint64
+}
+
+type vocabulary struct {
+	RecordSize uint32
+	Record     []member
+	Flags      []constant
+	Counters   []constant // without HOPTRACE_C_MAX
+	Wire       []constant
+	Programs   []program // sorted by name
+}
+
+type program struct {
+	Name    string // ELF function name, e.g. hop_tc
+	Section string // e.g. tc, tp_btf/net_dev_xmit
+}
+
+func readVocabulary(object string) (*vocabulary, error) {
+	spec, err := btf.LoadSpec(object)
+	if err != nil {
+		return nil, fmt.Errorf("BTF of %s: %w", object, err)
+	}
+	var rec *btf.Struct
+	if err := spec.TypeByName(recordStruct, &rec); err != nil {
+		return nil, fmt.Errorf("struct %s: %w", recordStruct, err)
+	}
+	v := &vocabulary{RecordSize: rec.Size}
+	for _, m := range rec.Members {
+		in, ok := btf.UnderlyingType(m.Type).(*btf.Int)
+		if !ok || m.BitfieldSize != 0 || m.Offset%8 != 0 {
+			return nil, fmt.Errorf("struct %s: member %s is not a whole integer", recordStruct, m.Name)
+		}
+		v.Record = append(v.Record, member{m.Name, uint32(m.Offset) / 8, in.Size, in.Encoding&btf.Signed != 0})
+	}
+	enums := []struct {
+		name, prefix string
+		out          *[]constant
+	}{{flagEnum, "HOPTRACE_F_", &v.Flags}, {counterEnum, "HOPTRACE_C_", &v.Counters}, {wireEnum, "HOPTRACE_", &v.Wire}}
+	for _, e := range enums {
+		var enum *btf.Enum
+		if err := spec.TypeByName(e.name, &enum); err != nil {
+			return nil, fmt.Errorf("enum %s (is it anchored in hoptrace.bpf.c?): %w", e.name, err)
+		}
+		for _, ev := range enum.Values {
+			name, ok := strings.CutPrefix(ev.Name, e.prefix)
+			if !ok {
+				return nil, fmt.Errorf("enum %s: %s lacks the prefix %s", e.name, ev.Name, e.prefix)
+			}
+			*e.out = append(*e.out, constant{name, ev.Value})
+		}
+	}
+	last := v.Counters[len(v.Counters)-1]
+	if last.Name != "MAX" || last.Value != uint64(len(v.Counters)-1) {
+		return nil, fmt.Errorf("enum %s must be dense from 0 and end with HOPTRACE_C_MAX", counterEnum)
+	}
+	for i, c := range v.Counters {
+		if c.Value != uint64(i) {
+			return nil, fmt.Errorf("enum %s: %s = %d, want %d (dense)", counterEnum, c.Name, c.Value, i)
+		}
+	}
+	v.Counters = v.Counters[:len(v.Counters)-1]
+
+	coll, err := ebpf.LoadCollectionSpec(object)
+	if err != nil {
+		return nil, fmt.Errorf("programs of %s: %w", object, err)
+	}
+	for name, ps := range coll.Programs {
+		v.Programs = append(v.Programs, program{name, ps.SectionName})
+	}
+	sort.Slice(v.Programs, func(i, j int) bool { return v.Programs[i].Name < v.Programs[j].Name })
+	return v, nil
+}
+
+// goName turns C words into a Go identifier, keeping Go's initialisms.
+func goName(c string) string {
+	initialisms := map[string]string{
+		"ID": "ID", "IP": "IP", "IPV6": "IPv6", "TCP": "TCP", "UDP": "UDP", "VXLAN": "VXLAN",
+		"VLAN": "VLAN", "GSO": "GSO", "NS": "Ns", "CPU": "CPU", "TC": "TC", "XDP": "XDP", "TP": "TP", "BTF": "BTF", "SKB": "SKB", "TCPOPT": "TCPOpt", "EXID": "ExID",
+	}
+	var b strings.Builder
+	for _, w := range strings.Split(strings.ToUpper(c), "_") {
+		if s, ok := initialisms[w]; ok {
+			b.WriteString(s)
+			continue
+		}
+		if w != "" {
+			b.WriteString(w[:1] + strings.ToLower(w[1:]))
+		}
+	}
+	return b.String()
+}
+
+const header = "Code generated by agent/cmd/vocabgen from the BTF of kernel-patch/build/hoptrace.bpf.o (" + source + "); DO NOT EDIT. Run `make vocab`."
+
+func renderGo(v *vocabulary) ([]byte, error) {
+	var b bytes.Buffer
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("// %s\n\npackage record\n\nimport \"encoding/binary\"\n\n", header)
+	p("// Size is sizeof(struct %s).\nconst Size = %d\n\n", recordStruct, v.RecordSize)
+	p("// Record is struct %s, decoded from its little-endian bytes.\ntype Record struct {\n", recordStruct)
+	for _, m := range v.Record {
+		p("\t%s %s\n", goName(m.Name), goInt(m))
+	}
+	p("}\n\n// Fields is the layout Decode relies on, in C declaration order.\nvar Fields = []Field{\n")
+	for _, m := range v.Record {
+		p("\t{%q, %d, %d},\n", m.Name, m.Offset, m.Size)
+	}
+	p("}\n\n// Byte offsets of the members, for readers that route raw records.\nconst (\n")
+	for _, m := range v.Record {
+		p("\tOffset%s = %d\n", goName(m.Name), m.Offset)
+	}
+	p(")\n\n// Decode fills r from one ring buffer sample without allocating.\nfunc Decode(b []byte, r *Record) error {\n")
+	p("\tif len(b) < Size {\n\t\treturn errShort(len(b))\n\t}\n\tle := binary.LittleEndian\n")
+	for _, m := range v.Record {
+		p("\tr.%s = %s\n", goName(m.Name), goRead(m))
+	}
+	p("\treturn nil\n}\n\n// Encode writes r into b (len >= Size); the inverse of Decode, for tests and tools.\n")
+	p("func Encode(b []byte, r *Record) {\n\tle := binary.LittleEndian\n")
+	for _, m := range v.Record {
+		p("\t%s\n", goWrite(m, "r."+goName(m.Name)))
+	}
+	p("}\n\n// Record flags: enum %s.\nconst (\n", flagEnum)
+	for _, f := range v.Flags {
+		p("\tFlag%s = %d\n", goName(f.Name), f.Value)
+	}
+	p(")\n\n// Wire and ID constants: enum %s.\nconst (\n", wireEnum)
+	for _, w := range v.Wire {
+		p("\t%s = %d\n", goName(w.Name), w.Value)
+	}
+	p(")\n\n// Counter is enum %s: the index into a hop's percpu counters map\n", counterEnum)
+	p("// and into HopCounters.values on the wire.\ntype Counter uint32\n\nconst (\n")
+	for _, c := range v.Counters {
+		p("\tC%s Counter = %d\n", goName(c.Name), c.Value)
+	}
+	p("\tCMax Counter = %d\n)\n\n// CounterKeys names each counter as JSON output, metrics and the collector do, by index.\n", len(v.Counters))
+	p("var CounterKeys = [CMax]string{\n")
+	for _, c := range v.Counters {
+		p("\t%q,\n", strings.ToLower(c.Name))
+	}
+	p("}\n\n// counterCNames and flagCNames are the C names, for the BTF comparison in tests.\n")
+	p("var counterCNames = [CMax]string{\n")
+	for _, c := range v.Counters {
+		p("\t\"HOPTRACE_C_%s\",\n", c.Name)
+	}
+	p("}\n\nvar flagCNames = map[string]uint16{\n")
+	for _, f := range v.Flags {
+		p("\t\"HOPTRACE_F_%s\": Flag%s,\n", f.Name, goName(f.Name))
+	}
+	p("}\n")
+	return format.Source(b.Bytes())
+}
+
+// programGoName is the loader's constant for a program: ProgTC for hop_tc, ProgTagTCP for tag_tcp.
+func programGoName(name string) string {
+	return "Prog" + goName(strings.TrimPrefix(name, "hop_"))
+}
+
+func renderGoPrograms(v *vocabulary) ([]byte, error) {
+	var b bytes.Buffer
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("// %s\n\npackage loader\n\n", strings.Replace(header, "("+source+")", "(kernel-patch/include/hop.bpf.h)", 1))
+	p("// Program names of the objects (ELF function names, one per HOPTRACE_PROG_* macro).\nconst (\n")
+	for _, pr := range v.Programs {
+		p("\t%s = %q // SEC(%q)\n", programGoName(pr.Name), pr.Name, pr.Section)
+	}
+	p(")\n")
+	return format.Source(b.Bytes())
+}
+
+func goInt(m member) string {
+	t := fmt.Sprintf("uint%d", m.Size*8)
+	if m.Signed {
+		t = t[1:]
+	}
+	return t
+}
+
+func goRead(m member) string {
+	if m.Size == 1 {
+		return fmt.Sprintf("%s(b[%d])", goInt(m), m.Offset)
+	}
+	read := fmt.Sprintf("le.Uint%d(b[%d:])", m.Size*8, m.Offset)
+	if m.Signed {
+		return fmt.Sprintf("%s(%s)", goInt(m), read)
+	}
+	return read
+}
+
+func goWrite(m member, value string) string {
+	if m.Size == 1 {
+		return fmt.Sprintf("b[%d] = uint8(%s)", m.Offset, value)
+	}
+	if m.Signed {
+		value = fmt.Sprintf("uint%d(%s)", m.Size*8, value)
+	}
+	return fmt.Sprintf("le.PutUint%d(b[%d:], %s)", m.Size*8, m.Offset, value)
+}
+
+func renderPython(v *vocabulary) ([]byte, error) {
+	var b bytes.Buffer
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("# %s\n\"\"\"The kernel/user vocabulary of %s, for Python: the record layout, its flags,\nthe wire constants and the per-hop counters.\"\"\"\n\n", header, source)
+	format := "<"
+	at := uint32(0)
+	for _, m := range v.Record {
+		if m.Offset > at {
+			format += fmt.Sprintf("%dx", m.Offset-at)
+		}
+		code := map[uint32]string{1: "B", 2: "H", 4: "I", 8: "Q"}[m.Size]
+		if m.Signed {
+			code = strings.ToLower(code)
+		}
+		format += code
+		at = m.Offset + m.Size
+	}
+	if v.RecordSize > at {
+		format += fmt.Sprintf("%dx", v.RecordSize-at)
+	}
+	p("# struct %s, little-endian (struct module format).\nRECORD_FORMAT = %q\nRECORD_SIZE = %d\n", recordStruct, format, v.RecordSize)
+	p("RECORD_FIELDS = (\n")
+	for _, m := range v.Record {
+		p("    %q,\n", m.Name)
+	}
+	p(")\n\n# enum %s\nRECORD_FLAGS = {\n", flagEnum)
+	for _, f := range v.Flags {
+		p("    %q: %d,\n", f.Name, f.Value)
+	}
+	p("}\n\n# enum %s (HOPTRACE_ prefix dropped)\n", wireEnum)
+	for _, w := range v.Wire {
+		p("%s = %d\n", w.Name, w.Value)
+	}
+	p("\n# Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.\nPROGRAMS = {\n")
+	for _, pr := range v.Programs {
+		p("    %q: %q,\n", pr.Name, pr.Section)
+	}
+	p("}\n")
+	p("\n# enum %s: counter names in index order (HopCounters.values).\nCOUNTERS = (\n", counterEnum)
+	for _, c := range v.Counters {
+		p("    %q,\n", strings.ToLower(c.Name))
+	}
+	p(")\n")
+	return b.Bytes(), nil
+}
+
+func renderProto(v *vocabulary) ([]byte, error) {
+	var b bytes.Buffer
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("// %s\n\nsyntax = \"proto3\";\n\npackage hoptrace.v1;\n\n", header)
+	p("option go_package = \"github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1\";\n\n")
+	p("// The per-hop counters (enum %s): HopCounters.values is indexed by it.\nenum Counter {\n", counterEnum)
+	for _, c := range v.Counters {
+		p("  COUNTER_%s = %d;\n", c.Name, c.Value)
+	}
+	p("}\n")
+	return b.Bytes(), nil
+}

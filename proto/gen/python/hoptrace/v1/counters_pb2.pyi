@@ -1,0 +1,36 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from typing import ClassVar as _ClassVar
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Counter(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COUNTER_SEEN: _ClassVar[Counter]
+    COUNTER_MATCHED: _ClassVar[Counter]
+    COUNTER_RECORDED: _ClassVar[Counter]
+    COUNTER_TAGGED: _ClassVar[Counter]
+    COUNTER_UNTAGGED: _ClassVar[Counter]
+    COUNTER_TOO_BIG: _ClassVar[Counter]
+    COUNTER_GSO_SKIPPED: _ClassVar[Counter]
+    COUNTER_NOT_MATCHED: _ClassVar[Counter]
+    COUNTER_PARSE_TRUNCATED: _ClassVar[Counter]
+    COUNTER_PARSE_MALFORMED: _ClassVar[Counter]
+    COUNTER_PARSE_NON_IP: _ClassVar[Counter]
+    COUNTER_RINGBUF_FULL: _ClassVar[Counter]
+    COUNTER_BYTES: _ClassVar[Counter]
+    COUNTER_TAG_FAILED: _ClassVar[Counter]
+COUNTER_SEEN: Counter
+COUNTER_MATCHED: Counter
+COUNTER_RECORDED: Counter
+COUNTER_TAGGED: Counter
+COUNTER_UNTAGGED: Counter
+COUNTER_TOO_BIG: Counter
+COUNTER_GSO_SKIPPED: Counter
+COUNTER_NOT_MATCHED: Counter
+COUNTER_PARSE_TRUNCATED: Counter
+COUNTER_PARSE_MALFORMED: Counter
+COUNTER_PARSE_NON_IP: Counter
+COUNTER_RINGBUF_FULL: Counter
+COUNTER_BYTES: Counter
+COUNTER_TAG_FAILED: Counter
