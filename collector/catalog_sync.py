@@ -1,36 +1,39 @@
 """Keeps the collector's `TraceCatalog` in step with the dispatcher's traces.
 
 The dispatcher owns the specs; the collector needs each trace's path (hop names and nodes, in order) to join
-and order hops. Polling ListTraces is enough: paths change only on apply/delete, and a late path only delays
-emission (packets wait in the join window), it never mis-joins.
+and order hops. It follows the dispatcher's `WatchSpecs` stream: the whole set of applied specs at once,
+then again after every apply or delete. A late path only delays emission (packets wait in the join
+window), it never mis-joins; while the dispatcher is away, the known paths are kept.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import grpc
 
 from hoptrace.collector.catalog import TraceCatalog
-from hoptrace.v1 import api_pb2, api_pb2_grpc
+from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
 log = logging.getLogger(__name__)
 
+RETRY_S = 1.0  # between reconnects to a dispatcher that is away
 
-def sync_catalog_once(
-    catalog: TraceCatalog, stub: api_pb2_grpc.HoptraceStub, synced: set[str], timeout_s: float = 5.0
-) -> set[str]:
-    """Set every trace the dispatcher knows into `catalog` and drop those of `synced` it no longer has.
+
+def apply_spec_set(catalog: TraceCatalog, specs: Iterable[trace_pb2.TraceSpec], synced: set[str]) -> set[str]:
+    """Set every spec of one `SpecSet` into `catalog` and drop those of `synced` it no longer has.
 
     Returns the names now synced; traces the catalog got elsewhere (a --traces file) are left alone.
     """
-    traces = stub.ListTraces(api_pb2.ListTracesRequest(), timeout=timeout_s).traces
     names = set()
-    for trace in traces:
-        names.add(trace.spec.name)
-        catalog.set_spec(trace.spec)
+    for spec in specs:
+        names.add(spec.name)
+        try:
+            catalog.set_spec(spec)
+        except ValueError as error:  # a path the catalog cannot hold: that trace is not joined, the rest are
+            log.error("trace %s not followed: %s", spec.name, error)
     for name in synced - names:
         catalog.remove_trace(name)
     return names
@@ -40,13 +43,19 @@ def follow_dispatcher(
     catalog: TraceCatalog,
     address: str,
     stop: threading.Event,
-    interval_s: float = 1.0,
     channel: Callable[[], grpc.Channel] | None = None,
 ) -> threading.Thread:
-    """Start a daemon thread that syncs `catalog` from the dispatcher at `address` every `interval_s`.
+    """Start a daemon thread that follows the dispatcher's specs at `address` into `catalog` until `stop`.
 
-    `channel` makes the user API channel (TLS, token: hoptrace.cli.grpcutil.api_channel); default plaintext.
+    `channel` makes the user API channel (TLS, token: hoptrace.common api_channel); default plaintext.
     """
+    state: dict[str, grpc.Future | None] = {"call": None}
+
+    def cancel_on_stop() -> None:
+        stop.wait()
+        call = state["call"]
+        if call is not None:
+            call.cancel()
 
     def loop() -> None:
         channel_ = channel() if channel else grpc.insecure_channel(address)
@@ -55,11 +64,18 @@ def follow_dispatcher(
         synced: set[str] = set()
         while not stop.is_set():
             try:
-                synced = sync_catalog_once(catalog, stub, synced)
-                if failing:
-                    log.info("dispatcher %s reachable again", address)
-                failing = False
+                call = stub.WatchSpecs(api_pb2.WatchSpecsRequest())
+                state["call"] = call
+                if stop.is_set():
+                    call.cancel()
+                for spec_set in call:
+                    synced = apply_spec_set(catalog, spec_set.specs, synced)
+                    if failing:
+                        log.info("dispatcher %s reachable again", address)
+                    failing = False
             except grpc.RpcError as err:
+                if stop.is_set():
+                    break
                 if not failing:  # say it once per outage, keep the paths we have
                     log.warning(
                         "dispatcher %s: %s %s; keeping known trace paths",
@@ -68,9 +84,10 @@ def follow_dispatcher(
                         err.details(),
                     )
                 failing = True
-            stop.wait(interval_s)
+            stop.wait(RETRY_S)
         channel_.close()
 
+    threading.Thread(target=cancel_on_stop, name="catalog-sync-stop", daemon=True).start()
     thread = threading.Thread(target=loop, name="catalog-sync", daemon=True)
     thread.start()
     return thread

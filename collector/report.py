@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -356,7 +358,58 @@ def get_report(
     start = flux_time(request.start if request.HasField("start") else None, "-1h")
     stop = flux_time(request.end if request.HasField("end") else None, "now()")
     with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
-        return report_to_proto(query_report(client, bucket, org, request.trace, start, stop, path))
+        report = report_to_proto(query_report(client, bucket, org, request.trace, start, stop, path))
+        if request.with_series:
+            now = time.time()
+            first = request.start.ToNanoseconds() / 1e9 if request.HasField("start") else now - 3600
+            last = request.end.ToNanoseconds() / 1e9 if request.HasField("end") else now
+            window = series_window(last - first)
+            report.series.extend(query_series(client, bucket, org, request.trace, start, stop, window))
+        return report
+
+
+# At most this many points per series (the window widens beyond it).
+MAX_SERIES_POINTS = 300
+
+
+def series_window(range_s: float) -> str:
+    """The aggregation window that keeps a range of `range_s` seconds under MAX_SERIES_POINTS points
+    (at least 1 s, the collector's interval)."""
+    return f"{max(1, math.ceil(range_s / MAX_SERIES_POINTS))}s"
+
+
+def query_series(
+    client: InfluxDBClient, bucket: str, org: str, trace: str, start: str, stop: str, window: str
+) -> list[api_pb2.SegmentSeries]:
+    """Per segment (end to end left out), the per-second p50 of `segment_stats` averaged and its p99 maxed
+    over each `window`, oldest first."""
+    query = (
+        f"data = from(bucket: {_flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
+        f' |> filter(fn: (r) => r._measurement == "{SEGMENT_STATS}" and r.trace == {_flux_string(trace)}'
+        f' and r.segment != "{END_TO_END}")'
+        ' |> keep(columns: ["_time", "_value", "_field", "segment"])\n'
+        'data |> filter(fn: (r) => r._field == "p50_ns") |> group(columns: ["segment"])'
+        f' |> aggregateWindow(every: {window}, fn: mean, createEmpty: false) |> yield(name: "p50")\n'
+        'data |> filter(fn: (r) => r._field == "p99_ns") |> group(columns: ["segment"])'
+        f' |> aggregateWindow(every: {window}, fn: max, createEmpty: false) |> yield(name: "p99")\n'
+    )
+    points: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for table in client.query_api().query(query, org=org):
+        for rec in table.records:
+            segment, name, value = rec.values.get("segment"), rec.values.get("result"), rec.get_value()
+            if segment is None or name not in ("p50", "p99") or value is None:
+                continue
+            at_ns = int(rec.get_time().timestamp() * 1e9)
+            points.setdefault(segment, {"p50": [], "p99": []})[name].append((at_ns, float(value)))
+    out = []
+    for segment in sorted(points):
+        series = api_pb2.SegmentSeries(segment=segment)
+        for name, target in (("p50", series.p50), ("p99", series.p99)):
+            for at_ns, value in sorted(points[segment][name]):
+                point = target.add(ns=value)
+                point.at.FromNanoseconds(at_ns)
+        out.append(series)
+    return out
 
 
 _WINDOW_FIELDS = {

@@ -128,6 +128,17 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
                 yield stats
             time.sleep(WATCH_POLL_S)
 
+    def WatchSpecs(  # noqa: N802
+        self, request: api_pb2.WatchSpecsRequest, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.SpecSet]:
+        """Every applied spec now, then again after each apply or delete, until the client goes."""
+        version = -1
+        while context.is_active():
+            changed = self.controller.wait_specs(version, timeout_s=WATCH_POLL_S)
+            if changed is not None:
+                version, specs = changed
+                yield api_pb2.SpecSet(specs=specs)
+
     def RunPreset(  # noqa: N802
         self, request: api_pb2.RunPresetRequest, context: grpc.ServicerContext
     ) -> agent_pb2.PresetResult:

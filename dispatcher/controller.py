@@ -139,6 +139,9 @@ class TraceController:
         self._lock = threading.RLock()  # guards _traces
         self._apply_lock = threading.Lock()  # one apply/delete at a time
         self._traces: dict[str, _Trace] = {}
+        # Bumped on every change of the applied specs; watchers (WatchSpecs) wait on it.
+        self._specs_version = 0
+        self._specs_changed = threading.Condition(self._lock)
         self._statuses = _StatusBoard()
         # Presets (RunPreset) share the agents' sessions but no trace state.
         self.presets = PresetRunner(registry)
@@ -162,6 +165,22 @@ class TraceController:
         with self._lock:
             trace = self._traces.get(name)
             return trace.stored.spec if trace else None
+
+    def wait_specs(
+        self, after_version: int, timeout_s: float
+    ) -> tuple[int, list[trace_pb2.TraceSpec]] | None:
+        """The applied specs (by name) and their version once it differs from `after_version`; None when
+        nothing changed within `timeout_s`."""
+        with self._specs_changed:
+            if not self._specs_changed.wait_for(lambda: self._specs_version != after_version, timeout_s):
+                return None
+            specs = [self._traces[name].stored.spec for name in sorted(self._traces)]
+            return self._specs_version, specs
+
+    def _specs_did_change(self) -> None:
+        with self._specs_changed:
+            self._specs_version += 1
+            self._specs_changed.notify_all()
 
     def get(self, name: str) -> api_pb2.Trace:
         """The API view of one trace; NOT_FOUND when it is not applied."""
@@ -237,6 +256,7 @@ class TraceController:
             trace = _Trace(stored, plans=plans, nodes=nodes)
             with self._lock:
                 self._traces[spec.name] = trace
+            self._specs_did_change()
             if previous is not None:
                 dropped = [node for node in previous.nodes if node not in nodes]
                 for problem in self._remove_from(spec.name, dropped):
@@ -253,6 +273,7 @@ class TraceController:
                 trace = self._traces.pop(name, None)
             if trace is None:
                 raise DispatcherError(grpc.StatusCode.NOT_FOUND, f"no trace named {name!r}")
+            self._specs_did_change()
             self.store.delete(name)
             problems = self._remove_from(name, trace.nodes)
             self._statuses.forget(name)

@@ -24,10 +24,6 @@ DEFAULTS: dict[str, Any] = {
     # A callable returning the grpc.Channel to the dispatcher (mutual TLS + API token: `hoptrace web` builds
     # it with hoptrace.cli.grpcutil.api_channel); None: plaintext to DISPATCHER.
     "DISPATCHER_CHANNEL_FACTORY": None,
-    "INFLUX_URL": "http://127.0.0.1:8086",
-    "INFLUX_BUCKET": "hoptrace/autogen",
-    "INFLUX_ORG": "-",
-    "INFLUX_TOKEN": "",
     # username -> password hash (werkzeug.security.generate_password_hash).
     "USERS": {},
     # Default time range of the results page, and how often it polls while the trace runs.

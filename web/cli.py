@@ -22,14 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     (plaintext to a dispatcher started with --insecure) also allows the development login admin/admin
     and a random session key."""
     parser.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HTTP address (default {DEFAULT_LISTEN})")
-    parser.add_argument("--influx-url", default="http://127.0.0.1:8086", help="the collector's InfluxDB")
-    parser.add_argument("--influx-bucket", default="hoptrace/autogen", help="InfluxDB bucket (db/rp)")
-    parser.add_argument("--influx-org", default="-", help="InfluxDB organization")
-    parser.add_argument(
-        "--influx-token",
-        default=os.environ.get("HOPTRACE_INFLUX_TOKEN", ""),
-        help="InfluxDB token (1.8: USER:PASSWORD; default $HOPTRACE_INFLUX_TOKEN)",
-    )
     parser.add_argument(
         "--users-file",
         default=os.environ.get("HOPTRACE_WEB_USERS_FILE"),
@@ -84,10 +76,6 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {
         "DISPATCHER": args.dispatcher,
         "DISPATCHER_CHANNEL_FACTORY": channel_factory(args),
-        "INFLUX_URL": args.influx_url,
-        "INFLUX_BUCKET": args.influx_bucket,
-        "INFLUX_ORG": args.influx_org,
-        "INFLUX_TOKEN": args.influx_token,
     }
     users: dict[str, str] = {}
     if os.environ.get("HOPTRACE_WEB_USERS"):

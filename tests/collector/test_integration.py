@@ -190,6 +190,15 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
     assert proto.end_to_end.max_ns == max(e2e)
     assert [(s.loss_count, s.same_node) for s in proto.segments] == [(0, True), (10, False)]
     assert [h.hop for h in proto.hops] == HOPS
+    assert not proto.series, "series only when asked"
+
+    # The web's charts: each segment's per-second p99 maxed over windows keeps the range's maximum.
+    with_series = get_report(api_pb2.GetReportRequest(trace=trace, with_series=True), **kw)
+    p99_max = flux_totals(influx, "segment_stats", trace, "p99_ns", ["segment"], "max")
+    assert {s.segment: max(p.ns for p in s.p99) for s in with_series.series} == {
+        segment: value for segment, value in p99_max.items() if segment != "end_to_end"
+    }
+    assert all(s.p50 and len(s.p50) == len(s.p99) for s in with_series.series)
 
     text = render_text(report)
     assert text.splitlines()[0] == f"trace {trace}: {N} packets, {N - 10} complete"

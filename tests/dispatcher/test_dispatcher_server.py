@@ -3,10 +3,13 @@ state directory across restarts, and the `hoptrace` CLI as a subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +20,8 @@ import yaml
 from dispatcher_fakes import FakeAgent
 from test_dispatcher_spec import CONTRACT_SPEC
 
+from hoptrace.collector.catalog import TraceCatalog
+from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.dispatcher.compile import BpfCompiler, Toolchain
 from hoptrace.dispatcher.server import DispatcherServer
 from hoptrace.dispatcher.spec import load_spec
@@ -182,6 +187,43 @@ def test_delete_removes_everywhere(cluster: Cluster) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         cluster.api.DeleteTrace(api_pb2.DeleteTraceRequest(name="udp-a-to-b"), timeout=5)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_spec_stream_follows_apply_and_delete_into_the_collectors_catalog(cluster: Cluster) -> None:
+    """The collector's trace paths come by WatchSpecs: the applied set at once, then after every change."""
+    cluster.agent("host-a"), cluster.agent("host-b")
+    catalog, stop = TraceCatalog(), threading.Event()
+    updates: queue.Queue[list[str]] = queue.Queue()
+    stream = cluster.api.WatchSpecs(api_pb2.WatchSpecsRequest())
+
+    def read() -> None:
+        with contextlib.suppress(grpc.RpcError):  # cancelled at the end
+            for message in stream:
+                updates.put([spec.name for spec in message.specs])
+
+    threading.Thread(target=read, daemon=True).start()
+    follow_dispatcher(catalog, cluster.address, stop)
+    try:
+        assert updates.get(timeout=5) == []
+        cluster.apply(CONTRACT_SPEC)
+        assert updates.get(timeout=5) == ["udp-a-to-b"]
+        wait_until(lambda: catalog.get("udp-a-to-b") is not None, "the collector's catalog has the path")
+        assert list(catalog.get("udp-a-to-b").hop_names) == [
+            hop.name for hop in load_spec(CONTRACT_SPEC).hops
+        ]
+        cluster.api.DeleteTrace(api_pb2.DeleteTraceRequest(name="udp-a-to-b"), timeout=10)
+        assert updates.get(timeout=5) == []
+        wait_until(lambda: catalog.get("udp-a-to-b") is None, "the deleted trace left the catalog")
+    finally:
+        stop.set()
+        stream.cancel()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        time.sleep(0.02)
 
 
 def test_invalid_and_unplaceable_specs_change_nothing(cluster: Cluster) -> None:

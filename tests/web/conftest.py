@@ -32,8 +32,8 @@ def dispatcher() -> Iterator[DispatcherServer]:
 
 @pytest.fixture
 def app(dispatcher: DispatcherServer) -> Flask:
-    """The web app on the in-process dispatcher; InfluxDB points at a closed port."""
-    return create_app(web_config(DISPATCHER=dispatcher.address, INFLUX_URL="http://127.0.0.1:9"))
+    """The web app on the in-process dispatcher, which has no report store (GetReport is refused)."""
+    return create_app(web_config(DISPATCHER=dispatcher.address))
 
 
 @pytest.fixture

@@ -133,12 +133,14 @@ def test_yaml_editor_reports_the_line_of_an_error(client: FlaskClient, login):
     assert "hops[0].colour: unknown key" in response.text
 
 
-def test_results_page_says_when_influxdb_cannot_be_read(client: FlaskClient, login):
+def test_results_page_says_why_there_is_no_report(client: FlaskClient, login):
+    """The web reads results only through the dispatcher's GetReport: its refusal is shown, not a 500."""
     login()
     response = client.get("/traces/anything/results")
     assert response.status_code == 502
-    assert "cannot read InfluxDB at http://127.0.0.1:9" in response.text
-    assert client.get("/traces/anything/results.json").json["error"].startswith("cannot read InfluxDB")
+    assert "no report of anything: reports are not configured" in response.text
+    error = client.get("/traces/anything/results.json").json["error"]
+    assert error.startswith("no report of anything: reports are not configured"), error
     assert client.get("/traces/anything/results?since=forever").status_code == 400
 
 

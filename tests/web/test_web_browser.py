@@ -75,7 +75,6 @@ def test_operator_builds_a_trace_in_the_browser_and_sees_where_the_time_goes(top
     with running_cluster(topology, influxd.url) as cluster:
         app = create_app(
             web_config(DISPATCHER=cluster.dispatcher_addr, DISPATCHER_CHANNEL_FACTORY=cluster.channel)
-            | {"INFLUX_URL": influxd.url}
         )
         with live_server(app) as base:
             # -- not logged in: every page sends the browser to the login form

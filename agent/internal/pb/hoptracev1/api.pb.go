@@ -741,10 +741,12 @@ func (x *NodeClockStatus) GetDriftPpm() float64 {
 }
 
 type GetReportRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Trace         string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
-	Start         *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
-	End           *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Trace string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
+	Start *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	End   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`
+	// Also return each segment's latency over the range (Report.series).
+	WithSeries    bool `protobuf:"varint,4,opt,name=with_series,json=withSeries,proto3" json:"with_series,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -800,15 +802,24 @@ func (x *GetReportRequest) GetEnd() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *GetReportRequest) GetWithSeries() bool {
+	if x != nil {
+		return x.WithSeries
+	}
+	return false
+}
+
 type Report struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Trace    string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
 	Packets  uint64                 `protobuf:"varint,2,opt,name=packets,proto3" json:"packets,omitempty"`
 	Complete uint64                 `protobuf:"varint,3,opt,name=complete,proto3" json:"complete,omitempty"`
 	// In path order.
-	Segments      []*SegmentStats  `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
-	EndToEnd      *SegmentStats    `protobuf:"bytes,5,opt,name=end_to_end,json=endToEnd,proto3" json:"end_to_end,omitempty"`
-	Hops          []*HopThroughput `protobuf:"bytes,6,rep,name=hops,proto3" json:"hops,omitempty"`
+	Segments []*SegmentStats  `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	EndToEnd *SegmentStats    `protobuf:"bytes,5,opt,name=end_to_end,json=endToEnd,proto3" json:"end_to_end,omitempty"`
+	Hops     []*HopThroughput `protobuf:"bytes,6,rep,name=hops,proto3" json:"hops,omitempty"`
+	// Set when GetReportRequest.with_series: per segment (end to end left out).
+	Series        []*SegmentSeries `protobuf:"bytes,7,rep,name=series,proto3" json:"series,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -885,6 +896,130 @@ func (x *Report) GetHops() []*HopThroughput {
 	return nil
 }
 
+func (x *Report) GetSeries() []*SegmentSeries {
+	if x != nil {
+		return x.Series
+	}
+	return nil
+}
+
+// One segment's latency over a report's range, in windows wide enough to keep
+// each series to a few hundred points.
+type SegmentSeries struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "from>to", as the segment_stats tag.
+	Segment string `protobuf:"bytes,1,opt,name=segment,proto3" json:"segment,omitempty"`
+	// Mean of the per-second p50 in each window.
+	P50 []*SeriesPoint `protobuf:"bytes,2,rep,name=p50,proto3" json:"p50,omitempty"`
+	// Max of the per-second p99 in each window.
+	P99           []*SeriesPoint `protobuf:"bytes,3,rep,name=p99,proto3" json:"p99,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SegmentSeries) Reset() {
+	*x = SegmentSeries{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SegmentSeries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SegmentSeries) ProtoMessage() {}
+
+func (x *SegmentSeries) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SegmentSeries.ProtoReflect.Descriptor instead.
+func (*SegmentSeries) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *SegmentSeries) GetSegment() string {
+	if x != nil {
+		return x.Segment
+	}
+	return ""
+}
+
+func (x *SegmentSeries) GetP50() []*SeriesPoint {
+	if x != nil {
+		return x.P50
+	}
+	return nil
+}
+
+func (x *SegmentSeries) GetP99() []*SeriesPoint {
+	if x != nil {
+		return x.P99
+	}
+	return nil
+}
+
+type SeriesPoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	Ns            float64                `protobuf:"fixed64,2,opt,name=ns,proto3" json:"ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SeriesPoint) Reset() {
+	*x = SeriesPoint{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SeriesPoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SeriesPoint) ProtoMessage() {}
+
+func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SeriesPoint.ProtoReflect.Descriptor instead.
+func (*SeriesPoint) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SeriesPoint) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *SeriesPoint) GetNs() float64 {
+	if x != nil {
+		return x.Ns
+	}
+	return 0
+}
+
 type SegmentStats struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	From        string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
@@ -914,7 +1049,7 @@ type SegmentStats struct {
 
 func (x *SegmentStats) Reset() {
 	*x = SegmentStats{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1061,7 @@ func (x *SegmentStats) String() string {
 func (*SegmentStats) ProtoMessage() {}
 
 func (x *SegmentStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1074,7 @@ func (x *SegmentStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentStats.ProtoReflect.Descriptor instead.
 func (*SegmentStats) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SegmentStats) GetFrom() string {
@@ -1072,7 +1207,7 @@ type HopThroughput struct {
 
 func (x *HopThroughput) Reset() {
 	*x = HopThroughput{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1219,7 @@ func (x *HopThroughput) String() string {
 func (*HopThroughput) ProtoMessage() {}
 
 func (x *HopThroughput) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1232,7 @@ func (x *HopThroughput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopThroughput.ProtoReflect.Descriptor instead.
 func (*HopThroughput) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HopThroughput) GetHop() string {
@@ -1130,7 +1265,7 @@ type WatchSegmentStatsRequest struct {
 
 func (x *WatchSegmentStatsRequest) Reset() {
 	*x = WatchSegmentStatsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1277,7 @@ func (x *WatchSegmentStatsRequest) String() string {
 func (*WatchSegmentStatsRequest) ProtoMessage() {}
 
 func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1290,7 @@ func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSegmentStatsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSegmentStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchSegmentStatsRequest) GetTrace() string {
@@ -1163,6 +1298,87 @@ func (x *WatchSegmentStatsRequest) GetTrace() string {
 		return x.Trace
 	}
 	return ""
+}
+
+type WatchSpecsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchSpecsRequest) Reset() {
+	*x = WatchSpecsRequest{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchSpecsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchSpecsRequest) ProtoMessage() {}
+
+func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchSpecsRequest.ProtoReflect.Descriptor instead.
+func (*WatchSpecsRequest) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+}
+
+// Every applied trace's spec at one moment, by name.
+type SpecSet struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Specs         []*TraceSpec           `protobuf:"bytes,1,rep,name=specs,proto3" json:"specs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpecSet) Reset() {
+	*x = SpecSet{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpecSet) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpecSet) ProtoMessage() {}
+
+func (x *SpecSet) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpecSet.ProtoReflect.Descriptor instead.
+func (*SpecSet) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SpecSet) GetSpecs() []*TraceSpec {
+	if x != nil {
+		return x.Specs
+	}
+	return nil
 }
 
 type RunPresetRequest struct {
@@ -1178,7 +1394,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1190,7 +1406,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1203,7 +1419,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -1272,11 +1488,13 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x0fNodeClockStatus\x12\x1b\n" +
 	"\toffset_ns\x18\x01 \x01(\x03R\boffsetNs\x12\x19\n" +
 	"\bbound_ns\x18\x02 \x01(\x03R\aboundNs\x12\x1b\n" +
-	"\tdrift_ppm\x18\x03 \x01(\x01R\bdriftPpm\"\x88\x01\n" +
+	"\tdrift_ppm\x18\x03 \x01(\x01R\bdriftPpm\"\xa9\x01\n" +
 	"\x10GetReportRequest\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
-	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\"\xf4\x01\n" +
+	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x1f\n" +
+	"\vwith_series\x18\x04 \x01(\bR\n" +
+	"withSeries\"\xa8\x02\n" +
 	"\x06Report\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x18\n" +
 	"\apackets\x18\x02 \x01(\x04R\apackets\x12\x1a\n" +
@@ -1284,7 +1502,15 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\bsegments\x18\x04 \x03(\v2\x19.hoptrace.v1.SegmentStatsR\bsegments\x127\n" +
 	"\n" +
 	"end_to_end\x18\x05 \x01(\v2\x19.hoptrace.v1.SegmentStatsR\bendToEnd\x12.\n" +
-	"\x04hops\x18\x06 \x03(\v2\x1a.hoptrace.v1.HopThroughputR\x04hops\"\xf0\x03\n" +
+	"\x04hops\x18\x06 \x03(\v2\x1a.hoptrace.v1.HopThroughputR\x04hops\x122\n" +
+	"\x06series\x18\a \x03(\v2\x1a.hoptrace.v1.SegmentSeriesR\x06series\"\x81\x01\n" +
+	"\rSegmentSeries\x12\x18\n" +
+	"\asegment\x18\x01 \x01(\tR\asegment\x12*\n" +
+	"\x03p50\x18\x02 \x03(\v2\x18.hoptrace.v1.SeriesPointR\x03p50\x12*\n" +
+	"\x03p99\x18\x03 \x03(\v2\x18.hoptrace.v1.SeriesPointR\x03p99\"I\n" +
+	"\vSeriesPoint\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x0e\n" +
+	"\x02ns\x18\x02 \x01(\x01R\x02ns\"\xf0\x03\n" +
 	"\fSegmentStats\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\x12\x14\n" +
@@ -1313,14 +1539,17 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
 	"\vbytes_per_s\x18\x03 \x01(\x01R\tbytesPerS\"0\n" +
 	"\x18WatchSegmentStatsRequest\x12\x14\n" +
-	"\x05trace\x18\x01 \x01(\tR\x05trace\"\xb4\x01\n" +
+	"\x05trace\x18\x01 \x01(\tR\x05trace\"\x13\n" +
+	"\x11WatchSpecsRequest\"7\n" +
+	"\aSpecSet\x12,\n" +
+	"\x05specs\x18\x01 \x03(\v2\x16.hoptrace.v1.TraceSpecR\x05specs\"\xb4\x01\n" +
 	"\x10RunPresetRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06preset\x18\x02 \x01(\tR\x06preset\x12;\n" +
 	"\x04args\x18\x03 \x03(\v2'.hoptrace.v1.RunPresetRequest.ArgsEntryR\x04args\x1a7\n" +
 	"\tArgsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xf1\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xb7\x06\n" +
 	"\bHoptrace\x12V\n" +
 	"\rValidateTrace\x12!.hoptrace.v1.ValidateTraceRequest\x1a\".hoptrace.v1.ValidateTraceResponse\x12@\n" +
 	"\n" +
@@ -1333,7 +1562,9 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"ListAgents\x12\x1e.hoptrace.v1.ListAgentsRequest\x1a\x1f.hoptrace.v1.ListAgentsResponse\x12<\n" +
 	"\bGetAgent\x12\x1c.hoptrace.v1.GetAgentRequest\x1a\x12.hoptrace.v1.Agent\x12?\n" +
 	"\tGetReport\x12\x1d.hoptrace.v1.GetReportRequest\x1a\x13.hoptrace.v1.Report\x12W\n" +
-	"\x11WatchSegmentStats\x12%.hoptrace.v1.WatchSegmentStatsRequest\x1a\x19.hoptrace.v1.SegmentStats0\x01\x12E\n" +
+	"\x11WatchSegmentStats\x12%.hoptrace.v1.WatchSegmentStatsRequest\x1a\x19.hoptrace.v1.SegmentStats0\x01\x12D\n" +
+	"\n" +
+	"WatchSpecs\x12\x1e.hoptrace.v1.WatchSpecsRequest\x1a\x14.hoptrace.v1.SpecSet0\x01\x12E\n" +
 	"\tRunPreset\x12\x1d.hoptrace.v1.RunPresetRequest\x1a\x19.hoptrace.v1.PresetResultBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
@@ -1348,7 +1579,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -1367,61 +1598,72 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*NodeClockStatus)(nil),          // 14: hoptrace.v1.NodeClockStatus
 	(*GetReportRequest)(nil),         // 15: hoptrace.v1.GetReportRequest
 	(*Report)(nil),                   // 16: hoptrace.v1.Report
-	(*SegmentStats)(nil),             // 17: hoptrace.v1.SegmentStats
-	(*HopThroughput)(nil),            // 18: hoptrace.v1.HopThroughput
-	(*WatchSegmentStatsRequest)(nil), // 19: hoptrace.v1.WatchSegmentStatsRequest
-	(*RunPresetRequest)(nil),         // 20: hoptrace.v1.RunPresetRequest
-	nil,                              // 21: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 22: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 23: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 24: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 25: hoptrace.v1.Register
-	(*PresetResult)(nil),             // 26: hoptrace.v1.PresetResult
+	(*SegmentSeries)(nil),            // 17: hoptrace.v1.SegmentSeries
+	(*SeriesPoint)(nil),              // 18: hoptrace.v1.SeriesPoint
+	(*SegmentStats)(nil),             // 19: hoptrace.v1.SegmentStats
+	(*HopThroughput)(nil),            // 20: hoptrace.v1.HopThroughput
+	(*WatchSegmentStatsRequest)(nil), // 21: hoptrace.v1.WatchSegmentStatsRequest
+	(*WatchSpecsRequest)(nil),        // 22: hoptrace.v1.WatchSpecsRequest
+	(*SpecSet)(nil),                  // 23: hoptrace.v1.SpecSet
+	(*RunPresetRequest)(nil),         // 24: hoptrace.v1.RunPresetRequest
+	nil,                              // 25: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 26: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 28: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 29: hoptrace.v1.Register
+	(*PresetResult)(nil),             // 30: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	22, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	26, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	22, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	22, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	23, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	24, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	26, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	26, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	27, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	28, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	25, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	23, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	29, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	27, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	23, // 11: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	23, // 12: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
-	17, // 13: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
-	17, // 14: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
-	18, // 15: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
-	23, // 16: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	21, // 17: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	1,  // 18: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 19: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 20: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 21: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 22: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 23: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 24: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 25: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	19, // 26: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	20, // 27: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	2,  // 28: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 29: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 30: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 31: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 32: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 33: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 34: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 35: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	17, // 36: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	26, // 37: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	28, // [28:38] is the sub-list for method output_type
-	18, // [18:28] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	27, // 11: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	27, // 12: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	19, // 13: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
+	19, // 14: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
+	20, // 15: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
+	17, // 16: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
+	18, // 17: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
+	18, // 18: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
+	27, // 19: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	27, // 20: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	26, // 21: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	25, // 22: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	1,  // 23: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 24: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 25: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 26: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 27: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 28: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 29: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 30: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	21, // 31: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	22, // 32: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	24, // 33: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	2,  // 34: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 35: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 36: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 37: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 38: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 39: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 40: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 41: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	19, // 42: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	23, // 43: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	30, // 44: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	34, // [34:45] is the sub-list for method output_type
+	23, // [23:34] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -1437,7 +1679,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,7 @@ const (
 	Hoptrace_GetAgent_FullMethodName          = "/hoptrace.v1.Hoptrace/GetAgent"
 	Hoptrace_GetReport_FullMethodName         = "/hoptrace.v1.Hoptrace/GetReport"
 	Hoptrace_WatchSegmentStats_FullMethodName = "/hoptrace.v1.Hoptrace/WatchSegmentStats"
+	Hoptrace_WatchSpecs_FullMethodName        = "/hoptrace.v1.Hoptrace/WatchSpecs"
 	Hoptrace_RunPreset_FullMethodName         = "/hoptrace.v1.Hoptrace/RunPreset"
 )
 
@@ -51,6 +52,9 @@ type HoptraceClient interface {
 	GetReport(ctx context.Context, in *GetReportRequest, opts ...grpc.CallOption) (*Report, error)
 	// Per-segment statistics, one message per segment per interval, while the trace runs.
 	WatchSegmentStats(ctx context.Context, in *WatchSegmentStatsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SegmentStats], error)
+	// The applied specs: the whole set now, then again after every apply or delete, until the client goes.
+	// The collector follows it for the trace paths it joins on.
+	WatchSpecs(ctx context.Context, in *WatchSpecsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SpecSet], error)
 	// Run a preset (mace, iron) on one node for its duration and return its summary.
 	RunPreset(ctx context.Context, in *RunPresetRequest, opts ...grpc.CallOption) (*PresetResult, error)
 }
@@ -162,6 +166,25 @@ func (c *hoptraceClient) WatchSegmentStats(ctx context.Context, in *WatchSegment
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Hoptrace_WatchSegmentStatsClient = grpc.ServerStreamingClient[SegmentStats]
 
+func (c *hoptraceClient) WatchSpecs(ctx context.Context, in *WatchSpecsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SpecSet], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Hoptrace_ServiceDesc.Streams[1], Hoptrace_WatchSpecs_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchSpecsRequest, SpecSet]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Hoptrace_WatchSpecsClient = grpc.ServerStreamingClient[SpecSet]
+
 func (c *hoptraceClient) RunPreset(ctx context.Context, in *RunPresetRequest, opts ...grpc.CallOption) (*PresetResult, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PresetResult)
@@ -192,6 +215,9 @@ type HoptraceServer interface {
 	GetReport(context.Context, *GetReportRequest) (*Report, error)
 	// Per-segment statistics, one message per segment per interval, while the trace runs.
 	WatchSegmentStats(*WatchSegmentStatsRequest, grpc.ServerStreamingServer[SegmentStats]) error
+	// The applied specs: the whole set now, then again after every apply or delete, until the client goes.
+	// The collector follows it for the trace paths it joins on.
+	WatchSpecs(*WatchSpecsRequest, grpc.ServerStreamingServer[SpecSet]) error
 	// Run a preset (mace, iron) on one node for its duration and return its summary.
 	RunPreset(context.Context, *RunPresetRequest) (*PresetResult, error)
 	mustEmbedUnimplementedHoptraceServer()
@@ -230,6 +256,9 @@ func (UnimplementedHoptraceServer) GetReport(context.Context, *GetReportRequest)
 }
 func (UnimplementedHoptraceServer) WatchSegmentStats(*WatchSegmentStatsRequest, grpc.ServerStreamingServer[SegmentStats]) error {
 	return status.Error(codes.Unimplemented, "method WatchSegmentStats not implemented")
+}
+func (UnimplementedHoptraceServer) WatchSpecs(*WatchSpecsRequest, grpc.ServerStreamingServer[SpecSet]) error {
+	return status.Error(codes.Unimplemented, "method WatchSpecs not implemented")
 }
 func (UnimplementedHoptraceServer) RunPreset(context.Context, *RunPresetRequest) (*PresetResult, error) {
 	return nil, status.Error(codes.Unimplemented, "method RunPreset not implemented")
@@ -410,6 +439,17 @@ func _Hoptrace_WatchSegmentStats_Handler(srv interface{}, stream grpc.ServerStre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Hoptrace_WatchSegmentStatsServer = grpc.ServerStreamingServer[SegmentStats]
 
+func _Hoptrace_WatchSpecs_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchSpecsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(HoptraceServer).WatchSpecs(m, &grpc.GenericServerStream[WatchSpecsRequest, SpecSet]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Hoptrace_WatchSpecsServer = grpc.ServerStreamingServer[SpecSet]
+
 func _Hoptrace_RunPreset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RunPresetRequest)
 	if err := dec(in); err != nil {
@@ -476,6 +516,11 @@ var Hoptrace_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchSegmentStats",
 			Handler:       _Hoptrace_WatchSegmentStats_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "WatchSpecs",
+			Handler:       _Hoptrace_WatchSpecs_Handler,
 			ServerStreams: true,
 		},
 	},

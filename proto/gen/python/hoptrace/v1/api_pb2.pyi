@@ -116,30 +116,52 @@ class NodeClockStatus(_message.Message):
     def __init__(self, offset_ns: _Optional[int] = ..., bound_ns: _Optional[int] = ..., drift_ppm: _Optional[float] = ...) -> None: ...
 
 class GetReportRequest(_message.Message):
-    __slots__ = ("trace", "start", "end")
+    __slots__ = ("trace", "start", "end", "with_series")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    WITH_SERIES_FIELD_NUMBER: _ClassVar[int]
     trace: str
     start: _timestamp_pb2.Timestamp
     end: _timestamp_pb2.Timestamp
-    def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    with_series: bool
+    def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., with_series: bool = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("trace", "packets", "complete", "segments", "end_to_end", "hops")
+    __slots__ = ("trace", "packets", "complete", "segments", "end_to_end", "hops", "series")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     PACKETS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     END_TO_END_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
+    SERIES_FIELD_NUMBER: _ClassVar[int]
     trace: str
     packets: int
     complete: int
     segments: _containers.RepeatedCompositeFieldContainer[SegmentStats]
     end_to_end: SegmentStats
     hops: _containers.RepeatedCompositeFieldContainer[HopThroughput]
-    def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ...) -> None: ...
+    series: _containers.RepeatedCompositeFieldContainer[SegmentSeries]
+    def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[SegmentSeries, _Mapping]]] = ...) -> None: ...
+
+class SegmentSeries(_message.Message):
+    __slots__ = ("segment", "p50", "p99")
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    P50_FIELD_NUMBER: _ClassVar[int]
+    P99_FIELD_NUMBER: _ClassVar[int]
+    segment: str
+    p50: _containers.RepeatedCompositeFieldContainer[SeriesPoint]
+    p99: _containers.RepeatedCompositeFieldContainer[SeriesPoint]
+    def __init__(self, segment: _Optional[str] = ..., p50: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ..., p99: _Optional[_Iterable[_Union[SeriesPoint, _Mapping]]] = ...) -> None: ...
+
+class SeriesPoint(_message.Message):
+    __slots__ = ("at", "ns")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    NS_FIELD_NUMBER: _ClassVar[int]
+    at: _timestamp_pb2.Timestamp
+    ns: float
+    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ns: _Optional[float] = ...) -> None: ...
 
 class SegmentStats(_message.Message):
     __slots__ = ("to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete", "loss_count", "loss_rate", "jitter_ns", "jitter_p99_ns", "at", "below_clock_bound", "tracer_lost", "same_node")
@@ -193,6 +215,16 @@ class WatchSegmentStatsRequest(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     trace: str
     def __init__(self, trace: _Optional[str] = ...) -> None: ...
+
+class WatchSpecsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SpecSet(_message.Message):
+    __slots__ = ("specs",)
+    SPECS_FIELD_NUMBER: _ClassVar[int]
+    specs: _containers.RepeatedCompositeFieldContainer[_trace_pb2.TraceSpec]
+    def __init__(self, specs: _Optional[_Iterable[_Union[_trace_pb2.TraceSpec, _Mapping]]] = ...) -> None: ...
 
 class RunPresetRequest(_message.Message):
     __slots__ = ("node", "preset", "args")

@@ -81,6 +81,11 @@ class HoptraceStub(object):
                 request_serializer=hoptrace_dot_v1_dot_api__pb2.WatchSegmentStatsRequest.SerializeToString,
                 response_deserializer=hoptrace_dot_v1_dot_api__pb2.SegmentStats.FromString,
                 _registered_method=True)
+        self.WatchSpecs = channel.unary_stream(
+                '/hoptrace.v1.Hoptrace/WatchSpecs',
+                request_serializer=hoptrace_dot_v1_dot_api__pb2.WatchSpecsRequest.SerializeToString,
+                response_deserializer=hoptrace_dot_v1_dot_api__pb2.SpecSet.FromString,
+                _registered_method=True)
         self.RunPreset = channel.unary_unary(
                 '/hoptrace.v1.Hoptrace/RunPreset',
                 request_serializer=hoptrace_dot_v1_dot_api__pb2.RunPresetRequest.SerializeToString,
@@ -151,6 +156,14 @@ class HoptraceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchSpecs(self, request, context):
+        """The applied specs: the whole set now, then again after every apply or delete, until the client goes.
+        The collector follows it for the trace paths it joins on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RunPreset(self, request, context):
         """Run a preset (mace, iron) on one node for its duration and return its summary.
         """
@@ -205,6 +218,11 @@ def add_HoptraceServicer_to_server(servicer, server):
                     servicer.WatchSegmentStats,
                     request_deserializer=hoptrace_dot_v1_dot_api__pb2.WatchSegmentStatsRequest.FromString,
                     response_serializer=hoptrace_dot_v1_dot_api__pb2.SegmentStats.SerializeToString,
+            ),
+            'WatchSpecs': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSpecs,
+                    request_deserializer=hoptrace_dot_v1_dot_api__pb2.WatchSpecsRequest.FromString,
+                    response_serializer=hoptrace_dot_v1_dot_api__pb2.SpecSet.SerializeToString,
             ),
             'RunPreset': grpc.unary_unary_rpc_method_handler(
                     servicer.RunPreset,
@@ -456,6 +474,33 @@ class Hoptrace(object):
             '/hoptrace.v1.Hoptrace/WatchSegmentStats',
             hoptrace_dot_v1_dot_api__pb2.WatchSegmentStatsRequest.SerializeToString,
             hoptrace_dot_v1_dot_api__pb2.SegmentStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchSpecs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hoptrace.v1.Hoptrace/WatchSpecs',
+            hoptrace_dot_v1_dot_api__pb2.WatchSpecsRequest.SerializeToString,
+            hoptrace_dot_v1_dot_api__pb2.SpecSet.FromString,
             options,
             channel_credentials,
             insecure,
