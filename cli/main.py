@@ -89,11 +89,12 @@ def _call(args: argparse.Namespace, method: str, request: Any, timeout: float = 
         raise CliError(details) from None
 
 
-def _read_spec_text(path: str) -> str:
+def _read_spec_text(path: str) -> bytes:
+    """The spec file's bytes (load_spec decodes them and says so when they are not text)."""
     if path == "-":
-        return sys.stdin.read()
+        return sys.stdin.buffer.read()
     try:
-        return Path(path).read_text()
+        return Path(path).read_bytes()
     except OSError as error:
         raise CliError(f"cannot read {path}: {error.strerror}") from None
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hoptrace import kernel_abi
 from hoptrace.v1 import trace_pb2
 
-# hop_index is a u16 in the record; a path longer than this is refused (keeps per-packet state bounded).
-MAX_HOPS = 64
+# A path longer than this is refused (hoptrace.h: keeps per-packet join state bounded).
+MAX_HOPS = kernel_abi.MAX_HOPS
 
 
 @dataclass(frozen=True, slots=True)

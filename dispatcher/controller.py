@@ -19,7 +19,7 @@ import grpc
 from hoptrace.dispatcher.compile import BpfCompiler, CompileError, build_plans, compile_spec
 from hoptrace.dispatcher.presets import PresetRunner
 from hoptrace.dispatcher.registry import AgentConnection, AgentRegistry
-from hoptrace.dispatcher.spec import FieldError, validate_spec
+from hoptrace.dispatcher.spec import FieldError, format_errors, validate_spec
 from hoptrace.dispatcher.state import StateStore, StoredTrace, now
 from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
 
@@ -220,7 +220,7 @@ class TraceController:
             if errors:
                 raise DispatcherError(
                     grpc.StatusCode.INVALID_ARGUMENT,
-                    "invalid trace spec:\n" + "\n".join(str(error) for error in errors),
+                    "invalid trace spec:\n" + format_errors(errors),
                 )
             nodes = spec_nodes(spec)
             missing = [node for node in nodes if self.registry.connection(node) is None]

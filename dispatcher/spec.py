@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from hoptrace import kernel_abi
 from hoptrace.v1 import agent_pb2, trace_pb2
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -27,6 +28,11 @@ SYMBOL_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
 TRACEPOINT_GROUPS = ("net", "skb")
 PROTOCOLS = ("udp", "tcp")
 MAX_SAMPLE = 2**32 - 1
+MAX_HOPS = kernel_abi.MAX_HOPS
+# A spec is a few hundred bytes; these bound what a hostile one can cost before it is refused.
+MAX_SPEC_BYTES = 1 << 20
+MAX_NESTING = 16  # mappings and lists inside each other (a spec needs 3)
+MAX_REPORTED_ERRORS = 30  # in a message; SpecError.errors keeps them all
 
 TOP_LEVEL_KEYS = ("name", "filter", "sample", "hops")
 FILTER_KEYS = ("protocol", "src", "dst", "src_port", "dst_port")
@@ -66,7 +72,15 @@ class SpecError(ValueError):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        return "\n".join(str(error) for error in self.errors)
+        return format_errors(self.errors)
+
+
+def format_errors(errors: Sequence[FieldError]) -> str:
+    """One line per error, at most MAX_REPORTED_ERRORS of them (messages travel in gRPC trailers)."""
+    lines = [str(error) for error in errors[:MAX_REPORTED_ERRORS]]
+    if len(errors) > MAX_REPORTED_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_REPORTED_ERRORS} more problems")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -218,17 +232,43 @@ def _index_yaml_nodes(node: yaml.Node, path: str, index: _LineIndex, errors: lis
             _index_yaml_nodes(item, f"{path}[{position}]", index, errors)
 
 
+def _check_yaml_shape(text: str) -> None:
+    """Refuse, in one pass over the parser's events and before anything is built, what a spec never needs
+    and a hostile document uses: aliases (whose expansion is exponential) and deep nesting."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            line = event.start_mark.line + 1
+            reason = f"line {line}: YAML aliases (*{event.anchor}) are not allowed"
+            raise SpecError([FieldError("spec", reason)])
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_NESTING:
+                line = event.start_mark.line + 1
+                raise SpecError(
+                    [FieldError("spec", f"line {line}: nested more than {MAX_NESTING} levels deep")]
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def parse_document(text: str | bytes) -> tuple[Any, _LineIndex]:
     """Parse YAML or JSON (JSON when the text starts with '{'); raises SpecError naming line and column."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError([FieldError("spec", f"{len(text)} bytes: a spec is at most {MAX_SPEC_BYTES} bytes")])
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as error:
             raise SpecError([FieldError("spec", f"not UTF-8 text: {error}")]) from None
+    if "\x00" in text:
+        raise SpecError([FieldError("spec", "not text: it contains NUL bytes")])
     index = _LineIndex()
     if text.lstrip().startswith("{"):
         try:
             return json.loads(text), index
+        except RecursionError:
+            raise SpecError([FieldError("spec", f"nested more than {MAX_NESTING} levels deep")]) from None
         except json.JSONDecodeError as error:
             raise SpecError(
                 [
@@ -238,6 +278,7 @@ def parse_document(text: str | bytes) -> tuple[Any, _LineIndex]:
                 ]
             ) from None
     try:
+        _check_yaml_shape(text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as error:
@@ -327,6 +368,8 @@ class _Converter:
                 self.error("hops", "required: the points the packets pass, in path order")
         elif not isinstance(hops, list):
             self.error("hops", f"must be a list of hops, got {_type_name(hops)}")
+        elif len(hops) > MAX_HOPS:
+            self.error("hops", f"a path has at most {MAX_HOPS} hops, got {len(hops)}")
         else:
             for position, hop in enumerate(hops):
                 self.convert_hop(hop, f"hops[{position}]", spec.hops.add())
@@ -627,6 +670,9 @@ def validate_spec(
     _validate_filter(spec, errors)
     if not spec.hops:
         errors.append(FieldError("hops", "must list at least one hop"))
+        return errors
+    if len(spec.hops) > MAX_HOPS:
+        errors.append(FieldError("hops", f"a path has at most {MAX_HOPS} hops, got {len(spec.hops)}"))
         return errors
     points: list[AttachPoint | None] = []
     first_use: dict[str, int] = {}

@@ -26,6 +26,9 @@ enum hoptrace_wire {
 	 * ID 0 means "no ID". */
 	HOPTRACE_ID_SEQ_BITS = 24,
 	HOPTRACE_ID_SEQ_MASK = (1u << 24) - 1,
+	/* Hops in one trace's path (hop_index < this): the dispatcher refuses
+	 * longer paths and the collector keeps per-packet join state bounded. */
+	HOPTRACE_MAX_HOPS = 64,
 };
 
 /* record.flags */

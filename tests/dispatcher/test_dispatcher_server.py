@@ -460,6 +460,12 @@ def test_cli_spec_errors_print_field_reason_lines(cluster: Cluster, tmp_path: Pa
     failing = _hoptrace(cluster.address, "trace", "apply", "-f", str(tmp_path / "missing.yaml"))
     assert failing.returncode == 1 and "cannot read" in failing.stderr
 
+    binary = tmp_path / "binary.yaml"  # finding 6: a UnicodeDecodeError traceback before
+    binary.write_bytes(bytes(range(256)))
+    result = _hoptrace(cluster.address, "trace", "apply", "-f", str(binary))
+    assert result.returncode == 1 and "spec: not UTF-8 text" in result.stderr
+    assert "Traceback" not in result.stderr
+
 
 def test_cli_reports_attach_failures(tmp_path: Path, compiler: BpfCompiler) -> None:
     cluster = Cluster(tmp_path / "state", compiler)

@@ -133,6 +133,18 @@ def test_yaml_editor_reports_the_line_of_an_error(client: FlaskClient, login):
     assert "hops[0].colour: unknown key" in response.text
 
 
+def test_yaml_editor_refuses_alias_bombs_and_deep_nesting(client: FlaskClient, login):
+    """Findings 3 and 6: a 376-byte alias bomb grew the web process to 1.7 GB, 5,000 nested '[' gave a 500."""
+    login()
+    token = token_of(client.get("/traces/yaml").text)
+    laughs = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
+    )
+    for text, words in ((laughs, "YAML aliases (*a) are not allowed"), ("[" * 5000, "nested more than")):
+        response = client.post("/traces/yaml", data={"csrf_token": token, "spec": text, "action": "validate"})
+        assert response.status_code == 422 and words in response.text
+
+
 def test_results_page_says_why_there_is_no_report(client: FlaskClient, login):
     """The web reads results only through the dispatcher's GetReport: its refusal is shown, not a 500."""
     login()

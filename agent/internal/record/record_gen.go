@@ -99,6 +99,7 @@ const (
 	GenevePort = 6081
 	IDSeqBits  = 24
 	IDSeqMask  = 16777215
+	MaxHops    = 64
 )
 
 // Counter is enum hoptrace_counter: the index into a hop's percpu counters map

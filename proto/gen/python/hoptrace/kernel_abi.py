@@ -37,6 +37,7 @@ VXLAN_PORT = 4789
 GENEVE_PORT = 6081
 ID_SEQ_BITS = 24
 ID_SEQ_MASK = 16777215
+MAX_HOPS = 64
 
 # Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.
 PROGRAMS = {
