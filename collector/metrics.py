@@ -118,6 +118,12 @@ def render_metrics(service: CollectorService) -> str:
         [({"reason": r}, v) for r, v in sorted(drops.items())],
     )
     w.metric(
+        "foreign_records_total",
+        "counter",
+        "Records and counters a node sent for hops of another node: refused (forged or corrupt).",
+        [({"node": n}, v) for n, v in sorted(pipe.foreign_records.items())],
+    )
+    w.metric(
         "tracer_lost_records_total",
         "counter",
         "Records lost before the collector (ring buffer full, agent drops); never network loss.",

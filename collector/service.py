@@ -15,7 +15,8 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Protocol
 
 import grpc
@@ -36,7 +37,7 @@ from hoptrace.collector.influx import InfluxConfig, InfluxExporter, ensure_datab
 from hoptrace.collector.join import HopJoiner, JoinConfig, JoinedPacket
 from hoptrace.collector.metrics import MetricsServer, start_metrics_server
 from hoptrace.collector.receiver import CollectorReceiver, ReceiverConfig, start_receiver
-from hoptrace.collector.records import DecodedBatch
+from hoptrace.collector.records import HOP_INDEX, DecodedBatch
 from hoptrace.collector.timeservice import TimeServer, parse_addr
 
 log = logging.getLogger(__name__)
@@ -101,10 +102,38 @@ class CollectorPipeline:
         self._lock = threading.Lock()
         self._agent_dropped: dict[str, int] = {}  # node -> last cumulative agent_dropped
         self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
+        # node -> records and counters it sent for hops of another node (refused, see own_hops_only)
+        self.foreign_records: dict[str, int] = {}
+
+    def own_hops_only(self, batch: DecodedBatch) -> DecodedBatch:
+        """The batch without records and counters at hops its node does not run: an agent only ever
+        records its own hops, so others are forged or corrupt (with mutual TLS, `batch.node` is the
+        sender's certificate) and would move another node's segments."""
+        path = self.catalog.get(batch.trace)
+        if path is None or not path.known or not any(path.hop_nodes):
+            return batch  # no path with nodes to check against yet (records wait in the join)
+        own = {i for i, node in enumerate(path.hop_nodes) if node in ("", batch.node)}
+        if set(map(itemgetter(HOP_INDEX), batch.records)) <= own and all(
+            c.hop_index in own for c in batch.counters
+        ):
+            return batch
+        records = [r for r in batch.records if r[HOP_INDEX] in own]
+        counters = [c for c in batch.counters if c.hop_index in own]
+        refused = len(batch.records) - len(records) + len(batch.counters) - len(counters)
+        if not self.foreign_records.get(batch.node):
+            log.warning(
+                "node %s sent %d records/counters for other nodes' hops of trace %s: refused",
+                batch.node,
+                refused,
+                batch.trace,
+            )
+        self.foreign_records[batch.node] = self.foreign_records.get(batch.node, 0) + refused
+        return replace(batch, records=records, counters=counters)
 
     def consume(self, batch: DecodedBatch) -> None:
         """Process one decoded batch through every stage and export what is ready."""
         with self._lock:
+            batch = self.own_hops_only(batch)
             mapping = self.clock.update(batch.node, batch.clock)
             for c in batch.counters:
                 if c.hop:
@@ -187,6 +216,7 @@ class CollectorPipeline:
             "late": self.segments.stats.late,
             "late_records": self.counters.stats.late_records,
             "tracer_lost": self.segments.stats.tracer_lost,
+            "foreign_records": dict(self.foreign_records),
         }
 
 

@@ -208,3 +208,20 @@ def test_throughput_per_hop_without_the_id_bytes() -> None:
     assert (first.packets, first.packets_per_s, first.bytes_per_s) == (20, 20.0, 10 * 100 + 10 * 200)
     assert (w[("h0", BASE + SEC)].packets_per_s, w[("h0", BASE + SEC)].bytes_per_s) == (1.0, 60.0)
     assert not first.has_counters  # no HopCounters in the batch: only the throughput fields are written
+
+
+def test_records_for_another_nodes_hops_are_refused_and_counted() -> None:
+    """Review finding 2: with host-a's certificate, 50 records at host-b's hop turned a report from
+    count 500, max 100 us into mean 454 ms. A node's records and counters count only at its own hops."""
+    p, out = pipeline(["a-out", "b-in"], ["host-a", "host-b"])
+    honest = [[rec(BASE + i * 1_000, pid(i + 1), 0)] for i in range(20)]
+    for i, records in enumerate(honest):
+        feed(p, "host-a", records)
+        feed(p, "host-b", [rec(BASE + i * 1_000 + 100_000, pid(i + 1), 1)])
+    forged = [rec(BASE + 5 * SEC, pid(i + 1), 1) for i in range(10)]  # 5 s "latency" at b-in
+    feed(p, "host-a", forged, counters=[hop_counters(1, "b-in", matched=10**6)])
+    p.flush()
+    latencies = [s.latency_ns for s in out.samples if s.segment == "a-out>b-in"]
+    assert len(latencies) == 20 and max(latencies) == 100_000
+    assert p.foreign_records == {"host-a": 11}
+    assert all(c.matched < 10**6 for c in out.counters)

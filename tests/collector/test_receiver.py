@@ -38,3 +38,24 @@ def test_stream_records_counts_per_node_across_reconnects() -> None:
     # seq 2 -> 4 skips one; the resent seq 1 is a duplicate; the 33-byte batch does not decode
     assert (n1.seq_gaps, n1.duplicates, n1.decode_errors) == (1, 1, 1)
     assert stats["n2"].batches == 1
+
+
+def test_an_oversized_message_is_refused_and_the_receiver_goes_on() -> None:
+    """Review finding 9: one 60 MiB batch raised RSS by 1.4 GB. Past 4 MiB (128x an agent's largest
+    batch), gRPC refuses the message before it is decoded."""
+    got: list[DecodedBatch] = []
+    server, port = start_receiver(CollectorReceiver(got.append), ReceiverConfig(listen="127.0.0.1:0"))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = records_pb2_grpc.CollectorStub(ch)
+            huge = records_pb2.RecordBatch(node="n1", trace="t", batch_seq=1, records=b"\0" * (5 << 20))
+            try:
+                stub.StreamRecords(iter([huge]))
+                raise AssertionError("a 5 MiB message was accepted")
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+            summary = stub.StreamRecords(iter([batch("n1", "t", [rec(1, pid(1), 0)], seq=2)]))
+            assert (summary.batches, summary.records) == (1, 1)
+    finally:
+        server.stop(None)
+    assert [len(b.records) for b in got] == [1]
