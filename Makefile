@@ -91,12 +91,15 @@ $(AGENT_BIN): $(shell find agent -name '*.go' -o -name go.mod -o -name go.sum 2>
 
 # The mirrors of kernel-patch/include/hoptrace.h (record layout, flags, wire constants, counters) for Go,
 # Python and the proto's enum Counter, generated from the object's BTF.
-VOCAB_OUT := agent/internal/record/record_gen.go agent/internal/loader/programs_gen.go proto/gen/python/hoptrace/kernel_abi.py proto/hoptrace/v1/counters.proto
+VOCAB_OUT := agent/internal/record/record_gen.go agent/internal/loader/programs_gen.go \
+	agent/internal/allowlist/policy_gen.go proto/gen/python/hoptrace/kernel_abi.py proto/hoptrace/v1/counters.proto
 
 .PHONY: vocab
-vocab: $(BPF_OBJ) ## regenerate the Go/Python/proto mirrors of hoptrace.h from the object's BTF
+vocab: $(BPF_OBJS) ## regenerate the mirrors of hoptrace.h and the agent's allowlist from the objects
 	cd agent && go run ./cmd/vocabgen -object ../$(BPF_OBJ) -go internal/record/record_gen.go \
 		-go-programs internal/loader/programs_gen.go \
+		-allowlist internal/allowlist/policy_gen.go \
+		-allowlist-objects hops=../$(BPF_OBJ),mace=../$(BPF_BUILD)/mace.bpf.o,iron=../$(BPF_BUILD)/iron.bpf.o \
 		-python ../proto/gen/python/hoptrace/kernel_abi.py -proto ../proto/hoptrace/v1/counters.proto
 
 .PHONY: proto

@@ -107,8 +107,10 @@ def cmd_iron(args: argparse.Namespace) -> int:
         else None
     )
     if is_remote(args.node):
+        if influx:  # a node's root agent posts only where whoever runs it on the node says
+            print("error: --influx-url is for local runs only (run hoptrace iron there)", file=sys.stderr)
+            return 2
         remote_args = {"duration": f"{args.duration}s", "host-netns": args.host_netns or ""}
-        remote_args.update({f"influx-{key}": value for key, value in (influx or {}).items()})
         report = report_of_summary(run_remote_preset(args, "iron", remote_args))
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         return 0

@@ -20,13 +20,12 @@ from hoptrace.dispatcher.spec import FieldError
 from hoptrace.v1 import agent_pb2
 
 # The flags each preset takes remotely (hoptrace-agent mace|iron, without dashes). Left out on purpose:
-# "object" (a file on the node to load as BPF), "packets" (per-packet lines a summary does not carry) and
-# "node" (the dispatcher sets it to the node's name).
+# "object" (a file on the node to load as BPF), "influx-*" (a node's root agent would send to any URL a
+# user names), "packets" (per-packet lines a summary does not carry) and "node" (the dispatcher sets it to
+# the node's name). The agent refuses the local-only ones too.
 PRESET_ARGS: dict[str, frozenset[str]] = {
     "mace": frozenset({"container", "path", "host-netns", "inner", "outer", "peer", "duration"}),
-    "iron": frozenset(
-        {"host-netns", "duration", "influx-url", "influx-bucket", "influx-org", "influx-token"}
-    ),
+    "iron": frozenset({"host-netns", "duration"}),
 }
 REQUIRED_ARGS: dict[str, frozenset[str]] = {"mace": frozenset({"container"}), "iron": frozenset()}
 MACE_PATHS = ("inner-dev", "max-dev", "syscalls")

@@ -16,7 +16,14 @@ from hoptrace.cli.localcluster import AGENT_BINARY
 from hoptrace.v1 import agent_pb2, agent_pb2_grpc, records_pb2, records_pb2_grpc
 
 # Helper numbers of include/uapi/linux/bpf.h (enum bpf_func_id): stable ABI.
-HELPER_IDS = {"bpf_probe_write_user": 36, "bpf_override_return": 58, "bpf_send_signal": 109}
+HELPER_IDS = {
+    "": 0,  # none
+    "bpf_clone_redirect": 13,
+    "bpf_redirect": 23,
+    "bpf_probe_write_user": 36,
+    "bpf_override_return": 58,
+    "bpf_send_signal": 109,
+}
 
 EVIL_SOURCE = """
 /* A tc program that calls one helper the agent must refuse. No vmlinux.h: only the ELF matters. */
@@ -25,19 +32,22 @@ typedef unsigned int __u32;
 static long (*helper)(void *a, const void *b, __u32 c) = (void *)HELPER_ID;
 SEC("tc") int hop_tc(void *ctx)
 {
+#if HELPER_ID
     char buf[4] = {};
     helper(buf, buf, sizeof(buf));
-    return 0;
+#endif
+    return VERDICT;
 }
 char LICENSE[] SEC("license") = "GPL";
 """
 
 
-def build_evil_object(workdir: Path, helper: str) -> Path:
-    """Compile (clang -target bpf) a tc program `hop_tc` that calls `helper`; returns the object's path."""
-    source = workdir / f"evil-{helper}.c"
+def build_evil_object(workdir: Path, helper: str, verdict: int = 0) -> Path:
+    """Compile (clang -target bpf) a tc program `hop_tc` that calls `helper` ("": none) and returns
+    `verdict`; returns the object's path."""
+    source = workdir / f"evil-{helper}-{verdict}.c"
     source.write_text(EVIL_SOURCE)
-    obj = workdir / f"evil-{helper}.o"
+    obj = workdir / f"evil-{helper}-{verdict}.o"
     subprocess.run(
         [
             "clang",
@@ -45,6 +55,7 @@ def build_evil_object(workdir: Path, helper: str) -> Path:
             "-target",
             "bpf",
             f"-DHELPER_ID={HELPER_IDS[helper]}",
+            f"-DVERDICT={verdict}",
             "-c",
             str(source),
             "-o",

@@ -37,11 +37,22 @@ def plan_for(obj) -> dict:
     }
 
 
-@pytest.mark.parametrize("helper", ["bpf_probe_write_user", "bpf_send_signal", "bpf_override_return"])
-def test_standalone_agent_refuses_forbidden_helper(helper, tmp_path):
-    """`hoptrace-agent run --plan` prints a failed status naming program and helper, and exits non-zero."""
+@pytest.mark.parametrize(
+    ("helper", "verdict", "reason"),
+    [
+        ("bpf_probe_write_user", 0, "calls bpf_probe_write_user"),
+        ("bpf_send_signal", 0, "calls bpf_send_signal"),
+        ("bpf_override_return", 0, "calls bpf_override_return"),
+        # review finding 10: TC_ACT_SHOT and bpf_clone_redirect took a namespace to 100 % loss
+        ("bpf_clone_redirect", 0, "calls bpf_clone_redirect"),
+        ("bpf_redirect", 0, "calls bpf_redirect"),
+        ("", 2, "returns 2, which is not TC_ACT_OK or TC_ACT_UNSPEC"),
+    ],
+)
+def test_standalone_agent_refuses_what_hoptrace_programs_never_do(helper, verdict, reason, tmp_path):
+    """`hoptrace-agent run --plan` prints a failed status naming program and reason, and exits non-zero."""
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(plan_for(build_evil_object(tmp_path, helper))))
+    plan.write_text(json.dumps(plan_for(build_evil_object(tmp_path, helper, verdict))))
     result = subprocess.run(
         [str(AGENT_BINARY), "run", "--plan", str(plan), "--out", "-", "--metrics-listen", ""],
         capture_output=True,
@@ -51,9 +62,9 @@ def test_standalone_agent_refuses_forbidden_helper(helper, tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     statuses = [json.loads(line) for line in result.stdout.splitlines() if '"type":"status"' in line]
     assert len(statuses) == 1, result.stdout
-    assert statuses[0]["error"] == f"program hop_tc calls {helper} (not allowed)"
+    assert statuses[0]["error"] == f"program hop_tc {reason} (not allowed)"
     assert not statuses[0].get("active")
-    assert f"program hop_tc calls {helper} (not allowed)" in result.stderr
+    assert f"program hop_tc {reason} (not allowed)" in result.stderr
     # Nothing was loaded: no program of that name exists.
     progs = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True)
     assert not any(

@@ -66,6 +66,13 @@ func flagSet(ctx context.Context, name string, w io.Writer) (*flag.FlagSet, func
 	return fs, run, nil
 }
 
+// localOnly are flags a remote run (RunPreset from the dispatcher) may not
+// set: which object file to load as BPF, and where a node's root agent sends
+// data. Only whoever runs hoptrace-agent on the node chooses those.
+var localOnly = map[string]bool{
+	"object": true, "influx-url": true, "influx-bucket": true, "influx-org": true, "influx-token": true,
+}
+
 // RemoteDefaultDuration bounds a preset run for the dispatcher when its args
 // give no duration: a remote run must end on its own.
 const RemoteDefaultDuration = 10 * time.Second
@@ -88,6 +95,9 @@ func Run(ctx context.Context, name string, args map[string]string) (string, erro
 	for _, k := range keys {
 		if fs.Lookup(k) == nil {
 			return "", fmt.Errorf("%s: unknown argument %q", name, k)
+		}
+		if localOnly[k] {
+			return "", fmt.Errorf("%s: argument %s is for local runs only (hoptrace-agent %s --%s)", name, k, name, k)
 		}
 		if err := fs.Set(k, args[k]); err != nil {
 			return "", fmt.Errorf("%s: argument %s: %w", name, k, err)

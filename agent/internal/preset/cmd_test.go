@@ -3,8 +3,14 @@ package preset
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hoptrace/hoptrace/agent/internal/allowlist"
 )
 
 func TestRunRefusesUnknownPresetAndArgs(t *testing.T) {
@@ -17,6 +23,9 @@ func TestRunRefusesUnknownPresetAndArgs(t *testing.T) {
 		{"mace", map[string]string{"container": "c1", "colour": "red"}, `unknown argument "colour"`},
 		{"iron", map[string]string{"duration": "soon"}, "argument duration"},
 		{"mace", map[string]string{"container": "c1", "duration": "0s"}, "duration: must be > 0"},
+		// Review findings 1 and 8: a remote run chose the object to load and where a root agent sends data.
+		{"mace", map[string]string{"container": "c1", "object": "/tmp/evil.o"}, "argument object is for local runs only"},
+		{"iron", map[string]string{"influx-url": "http://198.18.0.9/"}, "argument influx-url is for local runs only"},
 	} {
 		_, err := Run(context.Background(), tc.name, tc.args)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -52,5 +61,14 @@ func TestSummaryOfFoldsIronLines(t *testing.T) {
 	m, err := summaryOf([]byte(`{"type":"echo"}` + "\n" + `{"type":"summary","path":"inner-dev"}` + "\n"))
 	if err != nil || strings.Contains(m, "per_container") {
 		t.Fatalf("mace summary %s, %v", m, err)
+	}
+}
+
+// A local run given another object than the preset's own is refused before anything loads.
+func TestPresetLoadsOnlyAnObjectOfItsKind(t *testing.T) {
+	hops := filepath.Join("..", "..", "..", "kernel-patch", "build", "hoptrace.bpf.o")
+	err := RunIron(context.Background(), IronConfig{Object: hops, Duration: time.Second}, io.Discard)
+	if !errors.Is(err, allowlist.ErrNotAllowed) {
+		t.Fatalf("iron with the hop programs' object: %v, want a refusal", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/hoptrace/hoptrace/agent/internal/allowlist"
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 )
@@ -218,6 +219,9 @@ func RunIron(ctx context.Context, cfg IronConfig, w io.Writer) error {
 	spec, err := ebpf.LoadCollectionSpec(objPath)
 	if err != nil {
 		return fmt.Errorf("load %s: %w", objPath, err)
+	}
+	if err := allowlist.Check(spec, allowlist.Iron); err != nil {
+		return fmt.Errorf("%s: %w", objPath, err)
 	}
 	if err := setVariables(spec, map[string]any{"host_netns_ino": uint32(hostIno)}); err != nil {
 		return err

@@ -11,6 +11,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
+
+	"github.com/hoptrace/hoptrace/agent/internal/allowlist"
 )
 
 // MACE event paths (include/mace.h enum mace_path).
@@ -281,6 +283,9 @@ func RunMace(ctx context.Context, cfg MaceConfig, w io.Writer) error {
 	spec, err := ebpf.LoadCollectionSpec(objPath)
 	if err != nil {
 		return fmt.Errorf("load %s: %w", objPath, err)
+	}
+	if err := allowlist.Check(spec, allowlist.MACE); err != nil {
+		return fmt.Errorf("%s: %w", objPath, err)
 	}
 	if err := keepPrograms(spec, macePrograms[cfg.Path]); err != nil {
 		return err

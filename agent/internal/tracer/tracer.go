@@ -137,7 +137,7 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		return st
 	}
 	// Nothing of an object is loaded unless all its programs are allowed.
-	if err := allowlist.Check(spec); err != nil {
+	if err := allowlist.Check(spec, allowlist.Hops); err != nil {
 		st.Error = err.Error()
 		return st
 	}
