@@ -1,8 +1,8 @@
 """hoptrace.web: the operator UI (Flask). Agents, traces (form and YAML), per-hop results, presets.
 
 The UI is a client of the dispatcher's user API (`hoptrace.v1.Hoptrace` over gRPC): every spec check it shows
-is the dispatcher's own (`ValidateTrace`), every change goes through `ApplyTrace`/`DeleteTrace`. Results are
-read from the collector's InfluxDB with the collector's report functions.
+is the dispatcher's own (`ValidateTrace`), every change goes through `ApplyTrace`/`DeleteTrace`, and results
+come from `GetReport`: the web UI has no database connection of its own.
 
 Configuration (defaults below; `HOPTRACE_WEB_<KEY>` environment variables override them, JSON-parsed when
 they parse, e.g. ``HOPTRACE_WEB_USERS='{"alice": "scrypt:..."}'``; `test_config` overrides both).
@@ -14,7 +14,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, redirect, url_for
+from flask import Flask, Response, redirect, url_for
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 WEB_DIR = Path(__file__).resolve().parent
 
@@ -29,11 +30,32 @@ DEFAULTS: dict[str, Any] = {
     # Default time range of the results page, and how often it polls while the trace runs.
     "RESULTS_SINCE": "15m",
     "POLL_INTERVAL_MS": 2000,
+    # Failed logins allowed per client address and per username (Flask-Limiter syntax).
+    "LOGIN_RATE_LIMIT": "10 per minute",
+    # Served behind a TLS-terminating reverse proxy: Secure cookies, the proxy's X-Forwarded-* trusted.
+    "BEHIND_HTTPS_PROXY": False,
     # Where `npm ci --prefix web` put the chart library.
     "NODE_MODULES": str(WEB_DIR / "node_modules"),
     "SESSION_COOKIE_SAMESITE": "Lax",
     "SESSION_COOKIE_HTTPONLY": True,
 }
+
+
+# Scripts and styles only from this site (Chart.js and results.js are files; templates set inline style
+# attributes, hence 'unsafe-inline' for styles only); no framing, no MIME sniffing.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+
+
+def security_headers(response: Response) -> Response:
+    """The headers every answer carries."""
+    response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+    response.headers.setdefault("X-Frame-Options", "DENY")
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    return response
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
@@ -53,11 +75,17 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     auth.init_app(app)  # before csrf: an anonymous POST is sent to the login page, not refused
     csrf.init_app(app)
     app.register_blueprint(auth.bp)
+    auth.limit_logins(app)
     app.register_blueprint(agents.bp)
     app.register_blueprint(traces.bp)
     app.register_blueprint(results.bp)
     app.register_blueprint(presets.bp)
     app.jinja_env.filters["ns"] = results.format_ns
+    app.after_request(security_headers)
+    if app.config["BEHIND_HTTPS_PROXY"]:
+        # The proxy terminates TLS: trust its X-Forwarded-Proto/-For (one hop), send cookies only over HTTPS.
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1, x_proto=1)  # type: ignore[method-assign]
+        app.config["SESSION_COOKIE_SECURE"] = True
 
     @app.get("/")
     def index():  # noqa: ANN202 - a view

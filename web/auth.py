@@ -1,16 +1,37 @@
 """Login: users and their password hashes come from the configuration (`USERS`); every page but /login,
-the static files and the chart library requires a logged-in session."""
+the static files and the chart library requires a logged-in session.
+
+Sessions are signed cookies that also name a server-side session id: logging out forgets the id, so a
+cookie copied before the logout no longer works. Failed logins are rate-limited per client address and
+per username (Flask-Limiter); past the limit even the right password waits.
+"""
 
 from __future__ import annotations
 
+import secrets
+import threading
 from urllib.parse import urlsplit
 
-from flask import Blueprint, Flask, flash, g, redirect, render_template, request, session, url_for
+from flask import (
+    Blueprint,
+    Flask,
+    current_app,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
+from flask_limiter import Limiter
+from flask_limiter.util import get_remote_address
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from hoptrace.web.csrf import rotate_token
 
 bp = Blueprint("auth", __name__)
+MAX_SESSIONS = 10_000  # live logins kept; the oldest is forgotten beyond it
 
 # Endpoints anyone may reach.
 PUBLIC_ENDPOINTS = frozenset({"auth.login", "static", "results.chartjs"})
@@ -28,10 +49,43 @@ def _safe_next(target: str | None) -> str:
     return target
 
 
+class SessionIds:
+    """The ids of live logins (this process's): a session cookie counts only while its id is here."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[str, str] = {}  # id -> username, oldest first
+
+    def new(self, username: str) -> str:
+        """A fresh id for `username`'s new login."""
+        sid = secrets.token_urlsafe(24)
+        with self._lock:
+            self._ids[sid] = username
+            while len(self._ids) > MAX_SESSIONS:
+                self._ids.pop(next(iter(self._ids)))
+        return sid
+
+    def user_of(self, sid: object) -> str | None:
+        """The username of a live id, or None."""
+        with self._lock:
+            return self._ids.get(sid) if isinstance(sid, str) else None
+
+    def end(self, sid: object) -> None:
+        """Forget an id (logout)."""
+        with self._lock:
+            if isinstance(sid, str):
+                self._ids.pop(sid, None)
+
+
+def _sessions() -> SessionIds:
+    return current_app.extensions["hoptrace_sessions"]
+
+
 def load_user() -> None:
     """g.user is the logged-in username (or None); anonymous requests to private pages go to /login."""
     username = session.get("user")
-    g.user = username if username in _users() else None
+    live = _sessions().user_of(session.get("sid")) == username
+    g.user = username if live and username in _users() else None
     if g.user is None and request.endpoint not in PUBLIC_ENDPOINTS:
         if request.endpoint is None:
             return  # 404s stay 404s
@@ -48,9 +102,15 @@ def _json_unauthorized():  # noqa: ANN202 - a response
 
 
 def _users() -> dict[str, str]:
-    from flask import current_app
-
     return current_app.config.get("USERS") or {}
+
+
+def _failed(response) -> bool:  # noqa: ANN001 - a Flask response
+    return response.status_code == 401
+
+
+def _login_limit() -> str:
+    return current_app.config["LOGIN_RATE_LIMIT"]
 
 
 @bp.route("/login", methods=("GET", "POST"))
@@ -66,8 +126,10 @@ def login():  # noqa: ANN201 - a view
             error = "No users are configured: set USERS (see docs/operations.md)."
         elif check_password_hash(stored, password) and username in users:
             target = _safe_next(request.args.get("next"))
+            _sessions().end(session.get("sid"))
             session.clear()
             session["user"] = username
+            session["sid"] = _sessions().new(username)
             rotate_token()
             return redirect(target)
         else:
@@ -77,12 +139,34 @@ def login():  # noqa: ANN201 - a view
 
 @bp.post("/logout")
 def logout():  # noqa: ANN201 - a view
-    """End the session."""
+    """End the session: its id is forgotten, so the cookie is worthless even if someone kept a copy."""
+    _sessions().end(session.get("sid"))
     session.clear()
     flash("Logged out.")
     return redirect(url_for("auth.login"))
 
 
+def _too_many_logins(error: Exception):  # noqa: ANN202 - a response
+    message = "Too many failed logins; wait a minute and try again."
+    return render_template("login.html", error=message), 429
+
+
 def init_app(app: Flask) -> None:
     """Require login on every request (registered before the CSRF check)."""
+    app.extensions["hoptrace_sessions"] = SessionIds()
     app.before_request(load_user)
+
+
+def limit_logins(app: Flask) -> None:
+    """Count failed logins per client address and per username, each app on its own (call after the
+    blueprint is registered)."""
+    limiter = Limiter(key_func=get_remote_address, app=app, storage_uri="memory://")
+    by_user = limiter.limit(
+        _login_limit,
+        methods=["POST"],
+        deduct_when=_failed,
+        key_func=lambda: "user:" + request.form.get("username", ""),
+    )
+    by_address = limiter.limit(_login_limit, methods=["POST"], deduct_when=_failed)
+    app.view_functions["auth.login"] = by_address(by_user(app.view_functions["auth.login"]))
+    app.register_error_handler(429, _too_many_logins)

@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("HOPTRACE_WEB_SECRET_KEY_FILE"),
         help="file holding the session signing key (or set $HOPTRACE_WEB_SECRET_KEY)",
     )
+    parser.add_argument(
+        "--behind-https-proxy",
+        action="store_true",
+        help="served through a TLS-terminating reverse proxy: Secure session cookies, X-Forwarded-* trusted",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
 
 
@@ -76,6 +81,7 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     config: dict[str, Any] = {
         "DISPATCHER": args.dispatcher,
         "DISPATCHER_CHANNEL_FACTORY": channel_factory(args),
+        "BEHIND_HTTPS_PROXY": bool(getattr(args, "behind_https_proxy", False)),
     }
     users: dict[str, str] = {}
     if os.environ.get("HOPTRACE_WEB_USERS"):

@@ -160,3 +160,54 @@ def test_chart_library_is_served_from_node_modules(client: FlaskClient):
     response = client.get("/vendor/chart.umd.js")
     assert response.status_code == 200, "run `npm ci --prefix web`"
     assert b"Chart" in response.data[:2000]
+
+
+def test_failed_logins_are_rate_limited_even_for_the_right_password(app, client: FlaskClient):
+    """Review finding 7: 100 wrong passwords at 7/s, then the right one, were accepted."""
+    limit = int(app.config["LOGIN_RATE_LIMIT"].split()[0])
+    token = token_of(client.get("/login").text)
+    for _ in range(limit):
+        wrong = client.post("/login", data={"username": USERNAME, "password": "guess", "csrf_token": token})
+        assert wrong.status_code == 401
+    right = client.post("/login", data={"username": USERNAME, "password": PASSWORD, "csrf_token": token})
+    assert right.status_code == 429 and "Too many failed logins" in right.text
+    # another client address is not locked out by this one, but the username is
+    other = app.test_client()
+    token = token_of(other.get("/login").text)
+    env = {"REMOTE_ADDR": "198.18.0.77"}
+    blocked = other.post(
+        "/login", data={"username": USERNAME, "password": PASSWORD, "csrf_token": token}, environ_base=env
+    )
+    assert blocked.status_code == 429
+
+
+def test_a_cookie_kept_from_before_logout_no_longer_works(client: FlaskClient, login):
+    login()
+    cookie = client.get_cookie("session")
+    assert client.get("/traces/").status_code == 200
+    token = token_of(client.get("/traces/").text)
+    assert client.post("/logout", data={"csrf_token": token}).status_code == 302
+    client.set_cookie("session", cookie.value)  # the copy an attacker kept
+    response = client.get("/traces/")
+    assert response.status_code == 302 and "/login" in response.headers["Location"]
+
+
+def test_security_headers_and_secure_cookies_behind_a_tls_proxy(dispatcher):
+    from web_helpers import web_config
+
+    from hoptrace.web import create_app
+
+    app = create_app(web_config(DISPATCHER=dispatcher.address, BEHIND_HTTPS_PROXY=True))
+    client = app.test_client()
+    page = client.get("/login", headers={"X-Forwarded-Proto": "https"})
+    assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+    assert page.headers["X-Frame-Options"] == "DENY" and page.headers["X-Content-Type-Options"] == "nosniff"
+    token = token_of(page.text)
+    done = client.post(
+        "/login",
+        data={"username": USERNAME, "password": PASSWORD, "csrf_token": token},
+        headers={"X-Forwarded-Proto": "https"},
+    )
+    assert done.status_code == 302
+    assert "Secure" in done.headers["Set-Cookie"] and "HttpOnly" in done.headers["Set-Cookie"]
