@@ -124,7 +124,22 @@ lint: $(VENV)/.stamp ## ruff, gofmt, go vet, clang-format
 test: setup build proto-check lint ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
 	$(PY) -m pytest -v tests
+	$(MAKE) --no-print-directory fuzz FUZZ_TIME=50000x FUZZ_EXAMPLES=1000
 	$(PY) bench/run.py --quick
+
+# Go native fuzzing (the record decoder; the BPF parser through BPF_PROG_TEST_RUN) and Hypothesis over
+# the spec loader. make test runs them briefly.
+FUZZ_TIME ?= 5m
+FUZZ_EXAMPLES ?= 20000
+FUZZ_TARGETS := internal/record:FuzzDecode internal/loader:FuzzRecordingHop internal/loader:FuzzTaggingHop
+
+.PHONY: fuzz
+fuzz: setup build ## the fuzzers: FUZZ_TIME per Go target (5m, or 50000x runs), FUZZ_EXAMPLES random specs
+	@for target in $(FUZZ_TARGETS); do \
+		echo "fuzz $$target for $(FUZZ_TIME)"; \
+		(cd agent && go test -run '^$$' -fuzz "^$${target##*:}$$" -fuzztime $(FUZZ_TIME) ./$${target%%:*}) || exit 1; \
+	done
+	HOPTRACE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/dispatcher/test_spec_hostile.py
 
 .PHONY: bench
 bench: setup build ## every benchmark, full size (~12 min): bench/results/<time>.{json,md,png}

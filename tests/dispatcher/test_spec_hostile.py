@@ -4,6 +4,7 @@ unbounded time or memory (issue "Security and robustness", findings 3, 4 and 6).
 from __future__ import annotations
 
 import json
+import os
 import re
 import string
 import time
@@ -130,14 +131,18 @@ def check_outcome(text: str | bytes) -> None:
     assert time.monotonic() - started < 1.0
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# `make fuzz` raises the number of examples.
+EXAMPLES = int(os.environ.get("HOPTRACE_FUZZ_EXAMPLES", "300"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_random_documents_give_a_spec_or_field_errors(document: object) -> None:
     check_outcome(json.dumps(document))
     check_outcome(yaml.safe_dump(document))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=EXAMPLES, deadline=None)
 @given(st.one_of(st.binary(max_size=300), st.text(alphabet=string.printable + "[]{}&*!|>%@`", max_size=300)))
 def test_random_text_gives_a_spec_or_field_errors(text: str | bytes) -> None:
     check_outcome(text)

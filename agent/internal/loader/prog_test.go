@@ -25,7 +25,7 @@ type harness struct {
 	rd      *ringbuf.Reader
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t testing.TB) *harness {
 	t.Helper()
 	tu.RequireRoot(t)
 	spec := tu.LoadSpec(t)
@@ -47,7 +47,7 @@ func newHarness(t *testing.T) *harness {
 	return &harness{spec: spec, records: records, idState: ids, rd: rd}
 }
 
-func (h *harness) load(t *testing.T, cfg loader.HopConfig) *loader.Hop {
+func (h *harness) load(t testing.TB, cfg loader.HopConfig) *loader.Hop {
 	t.Helper()
 	if cfg.Program == "" {
 		cfg.Program = loader.ProgTC
@@ -71,7 +71,7 @@ func (h *harness) load(t *testing.T, cfg loader.HopConfig) *loader.Hop {
 
 // run sends pkt through the program and returns the output packet and the
 // records it wrote.
-func (h *harness) run(t *testing.T, hop *loader.Hop, pkt []byte) ([]byte, []record.Record) {
+func (h *harness) run(t testing.TB, hop *loader.Hop, pkt []byte) ([]byte, []record.Record) {
 	t.Helper()
 	out := make([]byte, len(pkt)+256)
 	opts := &ebpf.RunOptions{Data: pkt, DataOut: out}
@@ -85,7 +85,7 @@ func (h *harness) run(t *testing.T, hop *loader.Hop, pkt []byte) ([]byte, []reco
 	return opts.DataOut, h.drain(t)
 }
 
-func (h *harness) drain(t *testing.T) []record.Record {
+func (h *harness) drain(t testing.TB) []record.Record {
 	t.Helper()
 	var recs []record.Record
 	var rr ringbuf.Record
@@ -106,7 +106,7 @@ func (h *harness) drain(t *testing.T) []record.Record {
 	}
 }
 
-func counters(t *testing.T, hop *loader.Hop) record.Counters {
+func counters(t testing.TB, hop *loader.Hop) record.Counters {
 	t.Helper()
 	c, err := hop.ReadCounters()
 	if err != nil {

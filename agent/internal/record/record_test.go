@@ -138,3 +138,33 @@ func TestDecodeEncodeRoundTrip(t *testing.T) {
 		t.Fatal("Decode allocates")
 	}
 }
+
+// FuzzDecode: any bytes decode without panicking or allocating; a whole record encodes back to itself.
+func FuzzDecode(f *testing.F) {
+	var b [Size]byte
+	Encode(b[:], &Record{TsNs: 1, PacketID: 0x07000001, HopIndex: 2, Flags: FlagUDP})
+	f.Add(b[:])
+	f.Add([]byte{})
+	f.Add(make([]byte, Size-1))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		var r Record
+		err := Decode(raw, &r)
+		if len(raw) < Size {
+			if err == nil {
+				t.Fatalf("%d bytes decoded", len(raw))
+			}
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var again [Size]byte
+		Encode(again[:], &r)
+		if string(again[:]) != string(raw[:Size]) {
+			t.Fatalf("round trip: %x -> %+v -> %x", raw[:Size], r, again)
+		}
+		if TraceSlot(raw) != r.TraceSlot || HopIndex(raw) != r.HopIndex {
+			t.Fatal("TraceSlot/HopIndex disagree with Decode")
+		}
+	})
+}

@@ -1,0 +1,143 @@
+package loader_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+)
+
+// Native Go fuzzing of the BPF parser through BPF_PROG_TEST_RUN: arbitrary frames go through hop_tc in the
+// kernel. `go test` runs the seeds; `make fuzz` (and, briefly, `make test`) explores.
+
+// fuzzSeeds are frames the parser handles in every way: IDs in UDP and TCP, tunnels, VLANs, and breakage.
+func fuzzSeeds(f *testing.F) {
+	inner := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(1000, 2000, []byte("in")), 4), tu.ID(0x07000021))
+	for _, frame := range [][]byte{
+		udp4(0x07000001),
+		udp4(0x07000002, 0x8100),
+		udp4(0x07000003, 0x88a8, 0x8100),
+		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(1, 2, []byte("six")), 4), tu.ID(0x07000005)),
+		tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(1, 2, tu.TCPIDOption(0x07000011), []byte("t")), 0)),
+		tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(5, 4789, tu.VXLAN(42, inner)), 0)),
+		udp4(0x07000001)[:30],
+		{},
+		bytes.Repeat([]byte{0xff}, 64),
+	} {
+		f.Add(frame)
+	}
+}
+
+// runFrame runs frame through hop like harness.run; ok is false when the kernel will not build an skb of
+// it (BPF_PROG_TEST_RUN refuses an IP ethertype whose IP header is cut short with EINVAL: such a frame
+// never reaches tc).
+func runFrame(t *testing.T, h *harness, hop *loader.Hop, frame []byte) (out []byte, recs []record.Record, ok bool) {
+	t.Helper()
+	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256)}
+	ret, err := hop.Program.Run(opts)
+	if errors.Is(err, unix.EINVAL) {
+		return nil, nil, false
+	}
+	if err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	if int32(ret) != -1 {
+		t.Fatalf("hop_tc returned %d, want TCX_NEXT (-1), for %x", int32(ret), frame)
+	}
+	return opts.DataOut, h.drain(t), true
+}
+
+// idIn reports whether id's four bytes (network order) occur in frame: the only place a parser may take
+// an ID from.
+func idIn(frame []byte, id uint32) bool {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], id)
+	return bytes.Contains(frame, b[:])
+}
+
+// FuzzRecordingHop: a hop that only records never changes or drops a frame, counts it exactly once, and
+// records only an ID the frame carries.
+func FuzzRecordingHop(f *testing.F) {
+	fuzzSeeds(f)
+	h := newHarness(f)
+	hop := h.load(f, loader.HopConfig{})
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		if len(frame) < 14 || len(frame) > 9000 {
+			return // BPF_PROG_TEST_RUN wants an Ethernet header and at most a jumbo frame
+		}
+		before := counters(t, hop)
+		out, recs, ok := runFrame(t, h, hop, frame)
+		if !ok {
+			return
+		}
+		after := counters(t, hop)
+		d := func(c record.Counter) uint64 { return after[c] - before[c] }
+
+		if !bytes.Equal(out[:len(frame)], frame) || len(out) != len(frame) {
+			t.Fatalf("a recording hop changed the frame:\nin  %x\nout %x", frame, out)
+		}
+		if d(record.CSeen) != 1 {
+			t.Fatalf("seen +%d, want +1", d(record.CSeen))
+		}
+		outcomes := d(record.CParseTruncated) + d(record.CParseMalformed) + d(record.CParseNonIP) +
+			d(record.CNotMatched) + d(record.CMatched)
+		if outcomes != 1 {
+			t.Fatalf("one frame counted in %d outcomes: %v", outcomes, after)
+		}
+		if d(record.CMatched) == 1 && d(record.CUntagged)+d(record.CRecorded)+d(record.CRingbufFull) != 1 {
+			t.Fatalf("a matched frame neither untagged, recorded nor lost: %v", after)
+		}
+		if uint64(len(recs)) != d(record.CRecorded) {
+			t.Fatalf("%d records for recorded +%d", len(recs), d(record.CRecorded))
+		}
+		for _, r := range recs {
+			if r.PacketID == 0 || !idIn(frame, r.PacketID) {
+				t.Fatalf("recorded ID %#x, which the frame does not carry: %x", r.PacketID, frame)
+			}
+			if r.WireLen != uint32(len(frame)) || r.HopIndex != 0 {
+				t.Fatalf("record %+v for a %d-byte frame", r, len(frame))
+			}
+		}
+	})
+}
+
+// FuzzTaggingHop: a tagging hop grows a frame by the 4-byte ID or not at all, never drops it, and a
+// frame it grew carries an ID of this node (salt 7) in the record and at the end of the UDP payload.
+func FuzzTaggingHop(f *testing.F) {
+	fuzzSeeds(f)
+	f.Add(tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(40000, 5000, []byte("untagged")), 0)))
+	h := newHarness(f)
+	hop := h.load(f, loader.HopConfig{TagUDP: true})
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		if len(frame) < 14 || len(frame) > 9000 {
+			return
+		}
+		before := counters(t, hop)
+		out, recs, ok := runFrame(t, h, hop, frame)
+		if !ok {
+			return
+		}
+		after := counters(t, hop)
+		grew := len(out) - len(frame)
+		tagged := after[record.CTagged] - before[record.CTagged]
+		switch {
+		case grew == 0 && tagged == 0:
+		case grew == record.UDPIDLen && tagged == 1:
+			if len(recs) != 1 || recs[0].PacketID>>24 != 7 || recs[0].Flags&record.FlagTaggedHere == 0 {
+				t.Fatalf("tagged, but the record is %+v", recs)
+			}
+			if !idIn(out, recs[0].PacketID) {
+				t.Fatalf("the ID %#x is not in the tagged frame %x", recs[0].PacketID, out)
+			}
+		default:
+			t.Fatalf("frame grew by %d bytes with tagged +%d", grew, tagged)
+		}
+	})
+}
