@@ -6,7 +6,8 @@ index is outside its trace's path), `decode_error` (batches whose records did no
 (record whose throughput window had closed), `late_sample` (segment sample whose window had closed; its
 `hop_latency` point is still written), and the exporter's `queue_full`, `spool_overflow`, `spool_error`,
 `rejected`, `closed` (points). Records the tracer lost before the collector (ring buffer full, agent drops)
-are `hoptrace_collector_tracer_lost_records_total`.
+are `hoptrace_collector_tracer_lost_records_total`. The per-segment latency, loss and jitter users alert on
+follow them (`hoptrace.collector.segment_metrics`).
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def render_metrics(service: CollectorService) -> str:
     )
     ts = service.time_server
     w.one("time_requests_total", "counter", "NTP requests answered.", ts.requests if ts else 0)
-    return "\n".join(w.lines) + "\n"
+    return "\n".join(w.lines) + "\n" + pipe.segment_metrics.render()
 
 
 class MetricsServer:

@@ -38,6 +38,7 @@ from hoptrace.collector.join import HopJoiner, JoinConfig, JoinedPacket
 from hoptrace.collector.metrics import MetricsServer, start_metrics_server
 from hoptrace.collector.receiver import CollectorReceiver, ReceiverConfig, start_receiver
 from hoptrace.collector.records import HOP_INDEX, DecodedBatch
+from hoptrace.collector.segment_metrics import SegmentMetrics
 from hoptrace.collector.timeservice import TimeServer, parse_addr
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class CollectorPipeline:
         self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
         # node -> records and counters it sent for hops of another node (refused, see own_hops_only)
         self.foreign_records: dict[str, int] = {}
+        self.segment_metrics = SegmentMetrics()
 
     def own_hops_only(self, batch: DecodedBatch) -> DecodedBatch:
         """The batch without records and counters at hops its node does not run: an agent only ever
@@ -182,6 +184,9 @@ class CollectorPipeline:
         counters = self.counters.close_windows(upto)
         clocks = self.clock.due_points()
         losses = self.segments.take_tracer_loss()
+        self.segment_metrics.observe(samples, windows)
+        if windows:  # once a second: drop the series of deleted traces
+            self.segment_metrics.forget_traces(set(self.catalog.names()))
         if samples or windows or counters or clocks or losses:
             self.exporter.export(samples, windows, counters, clocks, losses)
 
@@ -190,6 +195,7 @@ class CollectorPipeline:
         with self._lock:
             samples = self.segments.add_packets(self.joiner.flush())
             windows = self.segments.flush()
+            self.segment_metrics.observe(samples, windows)
             self.exporter.export(
                 samples,
                 windows,

@@ -25,7 +25,7 @@ HOPS = ["a-out", "a-br", "b-in"]
 NODES = ["node-a", "node-a", "node-b"]
 SECONDS = 30  # seconds of master time the synthetic trace spans
 PER_SECOND = 100
-_SAMPLE = re.compile(r'^([a-z_]+)(\{(?:[a-z_]+="(?:[^"\\]|\\.)*",?)*\})? (-?[0-9.e+]+|NaN)$')
+_SAMPLE = re.compile(r'^([a-z_]+)(\{(?:[a-z_]+="(?:[^"\\]|\\.)*",?)*\})? (-?[0-9.e+-]+|NaN|[+-]Inf)$')
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -36,7 +36,7 @@ def scrape(port: int) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#"):
-            assert re.match(r"^# (HELP|TYPE) hoptrace_collector_[a-z_]+ ", line), line
+            assert re.match(r"^# (HELP|TYPE) hoptrace_(collector|segment)_[a-z_]+ ", line), line
             continue
         m = _SAMPLE.match(line)
         assert m, f"malformed sample line: {line!r}"
