@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from hoptrace.cli.grpcutil import (
+from hoptrace.common.grpcutil import (
     ROLE_AGENT,
     ROLE_CLIENT,
     ROLE_COLLECTOR,

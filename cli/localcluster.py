@@ -25,7 +25,7 @@ from pathlib import Path
 import grpc
 
 from hoptrace.cli.certs import CertBundle, add_agent, create_bundle
-from hoptrace.cli.grpcutil import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, TLSFiles, api_channel
+from hoptrace.common.grpcutil import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, TLSFiles, api_channel
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
 # The checkout this runs from (editable install), or $HOPTRACE_REPO: demo and tests use its topology.

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hoptrace.cli.netns import inet_checksum, netns_path, socket_in_netns
+from hoptrace.cli.api import CliError, api_call
+from hoptrace.common.netns import inet_checksum, netns_path, socket_in_netns
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_AGENT = REPO_ROOT / "agent" / "bin" / "hoptrace-agent"
@@ -220,7 +221,6 @@ def is_remote(node: str | None) -> bool:
 
 def run_remote_preset(args: argparse.Namespace, preset: str, preset_args: dict[str, str]) -> dict[str, Any]:
     """Run ``preset`` on ``args.node`` through the dispatcher (RunPreset); its summary object."""
-    from hoptrace.cli.main import CliError, _call  # lazy: cli.main imports this module
     from hoptrace.v1 import api_pb2
 
     if not hasattr(args, "dispatcher"):
@@ -229,7 +229,7 @@ def run_remote_preset(args: argparse.Namespace, preset: str, preset_args: dict[s
         node=args.node, preset=preset, args={k: v for k, v in preset_args.items() if v}
     )
     # The dispatcher answers after the preset's duration (plus its own grace for loading and reading).
-    result = _call(args, "RunPreset", request, timeout=args.duration + 60)
+    result = api_call(args, "RunPreset", request, timeout=args.duration + 60)
     return json.loads(result.summary_json)
 
 

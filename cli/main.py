@@ -9,7 +9,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -17,76 +16,28 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import grpc
 from google.protobuf import json_format
 
-from hoptrace.cli.grpcutil import (
+from hoptrace.cli.api import CliError, api_call
+from hoptrace.common.client import APPLY_TIMEOUT_S
+from hoptrace.common.durations import parse_duration
+from hoptrace.common.grpcutil import (
     CA_ENV,
     CERT_ENV,
     KEY_ENV,
     TOKEN_ENV,
     add_server_tls_arguments,
     add_token,
-    api_channel,
     server_tls_from_args,
 )
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
-from hoptrace.v1 import api_pb2, api_pb2_grpc
+from hoptrace.v1 import api_pb2
 
 DEFAULT_DISPATCHER = "127.0.0.1:7070"
 DISPATCHER_ENV = "HOPTRACE_DISPATCHER"
-# Apply waits for every agent (a few seconds) after compiling; the others answer at once.
-APPLY_TIMEOUT_S = 60.0
-CALL_TIMEOUT_S = 15.0
-# gRPC's own words when the dispatcher itself cannot be reached (as opposed to an UNAVAILABLE it answered).
-_TRANSPORT_FAILURES = (
-    "failed to connect",
-    "connection refused",
-    "dns resolution",
-    "socket closed",
-    "backends",
-)
-
-
-class CliError(Exception):
-    """A failure to report on stderr; the command exits 1."""
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
-
-
-def _stub(args: argparse.Namespace) -> api_pb2_grpc.HoptraceStub:
-    try:
-        channel = api_channel(
-            args.dispatcher,
-            ca=args.ca,
-            cert=args.cert,
-            key=args.key,
-            token=args.token,
-            insecure=args.insecure,
-        )
-    except (OSError, ValueError) as error:
-        raise CliError(f"cannot set up the connection to {args.dispatcher}: {error}") from None
-    return api_pb2_grpc.HoptraceStub(channel)
-
-
-def _call(args: argparse.Namespace, method: str, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
-    """Call one API method; gRPC errors become CliError with the dispatcher's message."""
-    try:
-        return getattr(_stub(args), method)(request, timeout=timeout)
-    except grpc.RpcError as error:
-        details = error.details() or str(error.code())
-        if error.code() == grpc.StatusCode.UNAVAILABLE and any(
-            phrase in details.lower() for phrase in _TRANSPORT_FAILURES
-        ):
-            raise CliError(f"cannot reach the dispatcher at {args.dispatcher}: {details}") from None
-        if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise CliError(
-                f"the dispatcher at {args.dispatcher} did not answer within {timeout:g}s"
-            ) from None
-        if error.code() == grpc.StatusCode.UNAUTHENTICATED:
-            raise CliError(f"the dispatcher refused the request: {details}") from None
-        raise CliError(details) from None
 
 
 def _read_spec_text(path: str) -> bytes:
@@ -122,13 +73,12 @@ def _timestamp_text(timestamp) -> str:
     return timestamp.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds")
 
 
-def parse_duration(text: str) -> timedelta:
-    """A duration such as 30s, 10m, 1h30m, 2d (units ms, s, m, h, d, w)."""
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text)
-    if not parts or "".join(number + unit for number, unit in parts) != text:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use e.g. 30s, 10m, 1h, 1h30m, 2d")
-    return timedelta(seconds=sum(float(number) * units[unit] for number, unit in parts))
+def since_duration(text: str) -> timedelta:
+    """`--since`: a duration such as 30s, 10m, 1h30m, 2d (hoptrace.common.durations)."""
+    try:
+        return timedelta(seconds=parse_duration(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 # ---- trace commands ------------------------------------------------------------------------------------
@@ -142,7 +92,7 @@ def _node_summary(trace: api_pb2.Trace) -> str:
 def cmd_trace_apply(args: argparse.Namespace) -> int:
     """hoptrace trace apply -f SPEC."""
     spec = _load_spec_file(args.file)
-    trace = _call(args, "ApplyTrace", api_pb2.ApplyTraceRequest(spec=spec), timeout=APPLY_TIMEOUT_S)
+    trace = api_call(args, "ApplyTrace", api_pb2.ApplyTraceRequest(spec=spec), timeout=APPLY_TIMEOUT_S)
     nodes = ", ".join(status_node(trace, index) for index in range(len(trace.nodes)))
     print(f"trace {trace.spec.name} applied: generation {trace.generation} on {nodes}")
     return 0
@@ -158,7 +108,7 @@ def cmd_trace_validate(args: argparse.Namespace) -> int:
     """hoptrace trace validate -f SPEC: the schema locally, then the agents through the dispatcher."""
     spec = _load_spec_file(args.file)
     if not args.offline:
-        response = _call(args, "ValidateTrace", api_pb2.ValidateTraceRequest(spec=spec))
+        response = api_call(args, "ValidateTrace", api_pb2.ValidateTraceRequest(spec=spec))
         if response.errors:
             lines = "\n".join(f"{error.field}: {error.reason}" for error in response.errors)
             raise CliError(f"invalid trace spec ({args.file}), checked against the agents:\n{lines}")
@@ -169,7 +119,7 @@ def cmd_trace_validate(args: argparse.Namespace) -> int:
 
 def cmd_trace_ls(args: argparse.Namespace) -> int:
     """hoptrace trace ls."""
-    response = _call(args, "ListTraces", api_pb2.ListTracesRequest())
+    response = api_call(args, "ListTraces", api_pb2.ListTracesRequest())
     rows = [["NAME", "GENERATION", "HOPS", "NODES", "STATUS", "APPLIED"]]
     for trace in response.traces:
         nodes = ",".join(dict.fromkeys(hop.node for hop in trace.spec.hops))
@@ -192,7 +142,7 @@ def cmd_trace_ls(args: argparse.Namespace) -> int:
 
 def cmd_trace_get(args: argparse.Namespace) -> int:
     """hoptrace trace get NAME [-o yaml|json]: the applied spec, re-appliable as is."""
-    trace = _call(args, "GetTrace", api_pb2.GetTraceRequest(name=args.name))
+    trace = api_call(args, "GetTrace", api_pb2.GetTraceRequest(name=args.name))
     if args.output == "json":
         print(spec_to_json(trace.spec))
         return 0
@@ -209,7 +159,7 @@ def cmd_trace_get(args: argparse.Namespace) -> int:
 
 def cmd_trace_rm(args: argparse.Namespace) -> int:
     """hoptrace trace rm NAME."""
-    _call(args, "DeleteTrace", api_pb2.DeleteTraceRequest(name=args.name), timeout=APPLY_TIMEOUT_S)
+    api_call(args, "DeleteTrace", api_pb2.DeleteTraceRequest(name=args.name), timeout=APPLY_TIMEOUT_S)
     print(f"trace {args.name} removed")
     return 0
 
@@ -239,7 +189,7 @@ def agent_to_data(agent: api_pb2.Agent) -> dict[str, Any]:
 
 def cmd_agents(args: argparse.Namespace) -> int:
     """hoptrace agents [--json]."""
-    response = _call(args, "ListAgents", api_pb2.ListAgentsRequest())
+    response = api_call(args, "ListAgents", api_pb2.ListAgentsRequest())
     if args.json:
         print(json.dumps([agent_to_data(agent) for agent in response.agents], indent=2))
         return 0
@@ -282,7 +232,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     request = api_pb2.GetReportRequest(trace=args.name)
     if args.since is not None:
         request.start.FromDatetime(datetime.now(UTC) - args.since)
-    report = report_to_data(_call(args, "GetReport", request, timeout=APPLY_TIMEOUT_S))
+    report = report_to_data(api_call(args, "GetReport", request, timeout=APPLY_TIMEOUT_S))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -580,7 +530,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         description="Per-segment latency (count, mean, p50/p90/p99, max, incomplete) in path order.",
     )
     report.add_argument("name", help="trace name")
-    report.add_argument("--since", type=parse_duration, help="time range ending now, e.g. 30s, 10m, 1h")
+    report.add_argument("--since", type=since_duration, help="time range ending now, e.g. 30s, 10m, 1h")
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.set_defaults(func=cmd_report)
 

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import grpc
 
-from hoptrace.cli.grpcutil import TOKEN_ENV, add_server_tls_arguments, api_channel, server_tls_from_args
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.collector.service import run_collector
+from hoptrace.common.grpcutil import TOKEN_ENV, add_server_tls_arguments, api_channel, server_tls_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

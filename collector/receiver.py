@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from hoptrace.cli.grpcutil import (
+from hoptrace.collector.records import DecodedBatch, RecordDecodeError, decode_batch
+from hoptrace.common.grpcutil import (
     STREAM_RECORDS_METHOD,
     AgentIdentityInterceptor,
     TLSFiles,
@@ -27,7 +28,6 @@ from hoptrace.cli.grpcutil import (
     insecure_warning,
     server_credentials,
 )
-from hoptrace.collector.records import DecodedBatch, RecordDecodeError, decode_batch
 from hoptrace.v1 import records_pb2, records_pb2_grpc
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,6 @@ from typing import Protocol
 
 import grpc
 
-from hoptrace.cli.grpcutil import TLSFiles
 from hoptrace.collector.aggregate import (
     AggregateConfig,
     HopCounterAggregator,
@@ -40,6 +39,7 @@ from hoptrace.collector.receiver import CollectorReceiver, ReceiverConfig, start
 from hoptrace.collector.records import HOP_INDEX, DecodedBatch
 from hoptrace.collector.segment_metrics import SegmentMetrics
 from hoptrace.collector.timeservice import TimeServer, parse_addr
+from hoptrace.common.grpcutil import TLSFiles
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,13 @@ names its field (``preset``, ``args.container``, ...) instead of failing on the 
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import uuid
 
 import grpc
 
+from hoptrace.common.durations import parse_duration
 from hoptrace.dispatcher.registry import AgentRegistry
 from hoptrace.dispatcher.spec import FieldError
 from hoptrace.v1 import agent_pb2
@@ -33,16 +33,6 @@ DEFAULT_DURATION_S = 10.0
 MAX_DURATION_S = 3600.0
 # Beyond the preset's duration: loading and attaching its programs, reading its maps, the stream both ways.
 RESULT_GRACE_S = 30.0
-_DURATION = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)?$")
-_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(text: str) -> float | None:
-    """Seconds in ``text`` ("3", "3s", "500ms", "2m"), or None when it is not a duration."""
-    match = _DURATION.match(text.strip())
-    if match is None:
-        return None
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
 
 
 def validate_preset_request(
@@ -65,8 +55,11 @@ def validate_preset_request(
     for key in sorted(REQUIRED_ARGS[preset] - {k for k, v in args.items() if v}):
         errors.append(FieldError(f"args.{key}", "required"))
     if "duration" in args:
-        seconds = parse_duration(args["duration"])
-        if seconds is None or not 0 < seconds <= MAX_DURATION_S:
+        try:
+            seconds = parse_duration(args["duration"])
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds <= MAX_DURATION_S:
             errors.append(
                 FieldError("args.duration", f"{args['duration']!r}: want 0 < duration <= 1h, e.g. 3s")
             )

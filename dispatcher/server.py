@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from hoptrace.cli.grpcutil import (
+from hoptrace.common.grpcutil import (
     AGENT_CONNECT_METHOD,
     AgentIdentityInterceptor,
     TLSFiles,

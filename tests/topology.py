@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from hoptrace.cli.netns import inet_checksum, socket_in_netns
+from hoptrace.common.netns import inet_checksum, socket_in_netns
 
 Overlay = Literal["vxlan", "routed"]
 

@@ -23,7 +23,7 @@ DEFAULTS: dict[str, Any] = {
     # HOST:PORT of the dispatcher's user API.
     "DISPATCHER": "127.0.0.1:7070",
     # A callable returning the grpc.Channel to the dispatcher (mutual TLS + API token: `hoptrace web` builds
-    # it with hoptrace.cli.grpcutil.api_channel); None: plaintext to DISPATCHER.
+    # it with hoptrace.common.grpcutil.api_channel); None: plaintext to DISPATCHER.
     "DISPATCHER_CHANNEL_FACTORY": None,
     # username -> password hash (werkzeug.security.generate_password_hash).
     "USERS": {},

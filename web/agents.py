@@ -8,8 +8,9 @@ from typing import Any
 
 from flask import Blueprint, jsonify, render_template
 
+from hoptrace.common.client import ApiError
 from hoptrace.v1 import api_pb2
-from hoptrace.web.dispatcher import DispatcherError, get_client
+from hoptrace.web.dispatcher import get_client
 
 bp = Blueprint("agents", __name__, url_prefix="/agents")
 
@@ -66,7 +67,7 @@ def agent_views() -> tuple[list[dict[str, Any]], str | None]:
     """Every agent's view, and the error text when the dispatcher could not be asked."""
     try:
         agents = get_client().agents()
-    except DispatcherError as error:
+    except ApiError as error:
         return [], error.message
     return sorted((agent_view(agent) for agent in agents), key=lambda view: view["node"]), None
 

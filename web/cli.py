@@ -57,7 +57,7 @@ def read_users_file(path: str) -> dict[str, str]:
 def channel_factory(args: argparse.Namespace):  # noqa: ANN201 - Callable[[], grpc.Channel]
     """Makes the dispatcher channel the way every API client does: mutual TLS (--ca/--cert/--key) and the
     token, or plaintext with --insecure."""
-    from hoptrace.cli.grpcutil import api_channel
+    from hoptrace.common.grpcutil import api_channel
 
     def make():  # noqa: ANN202
         return api_channel(

@@ -14,9 +14,11 @@ from typing import Any
 import grpc
 from flask import Blueprint, render_template, request
 
+from hoptrace.common.client import ApiError
+from hoptrace.common.durations import parse_duration
 from hoptrace.v1 import api_pb2
 from hoptrace.web.agents import agent_views
-from hoptrace.web.dispatcher import DispatcherError, get_client
+from hoptrace.web.dispatcher import get_client
 
 bp = Blueprint("presets", __name__, url_prefix="/presets")
 
@@ -62,10 +64,10 @@ class PresetForm:
 
 def duration_s(text: str) -> float:
     """Seconds of a duration as the form takes it ("5", "5s", "500ms"); 10 when unreadable."""
-    from hoptrace.dispatcher.presets import parse_duration
-
-    seconds = parse_duration(text) if text else None
-    return seconds if seconds is not None else 10.0
+    try:
+        return parse_duration(text) if text else 10.0
+    except ValueError:
+        return 10.0
 
 
 def field_of(message: str) -> str:
@@ -103,7 +105,7 @@ def index():  # noqa: ANN201 - a view
             "RunPreset", form.request(), timeout=duration_s(form.duration) + CALL_GRACE_S
         )
         summary = json.loads(result.summary_json)
-    except DispatcherError as failure:
+    except ApiError as failure:
         if failure.code == grpc.StatusCode.INVALID_ARGUMENT:
             for problem in failure.message.split("; "):
                 field_errors.setdefault(field_of(problem), []).append(problem)

@@ -18,8 +18,9 @@ from typing import Any
 from flask import Blueprint, abort, current_app, jsonify, render_template, request, send_from_directory
 
 from hoptrace.collector.report import format_ns, report_from_proto
+from hoptrace.common.client import ApiError
 from hoptrace.v1 import api_pb2
-from hoptrace.web.dispatcher import DispatcherError, get_client
+from hoptrace.web.dispatcher import get_client
 
 bp = Blueprint("results", __name__)
 
@@ -65,12 +66,12 @@ def _trace_state(name: str) -> dict[str, Any] | None:
 
     try:
         return trace_view(get_client().trace(name))
-    except DispatcherError:
+    except ApiError:
         return None
 
 
 def results_data(name: str, since: str) -> dict[str, Any]:
-    """Everything the results page shows, JSON-ready; raises DispatcherError when there is no report."""
+    """Everything the results page shows, JSON-ready; raises ApiError when there is no report."""
     view = _trace_state(name)
     report_request = api_pb2.GetReportRequest(trace=name, with_series=True)
     report_request.start.FromSeconds(int(time.time()) - since_seconds(since))
@@ -91,7 +92,7 @@ def page(name: str):  # noqa: ANN201 - a view
     since = _since()
     try:
         data, error = results_data(name, since), None
-    except DispatcherError as exc:  # no report (store down, not configured): say so instead of a 500
+    except ApiError as exc:  # no report (store down, not configured): say so instead of a 500
         data, error = None, f"no report of {name}: {exc.message}"
     return render_template(
         "results.html",
@@ -110,7 +111,7 @@ def data_json(name: str):  # noqa: ANN201 - a view
     since = _since()
     try:
         return jsonify(results_data(name, since))
-    except DispatcherError as exc:  # same as the page: a readable error, not a 500
+    except ApiError as exc:  # same as the page: a readable error, not a 500
         return jsonify({"error": f"no report of {name}: {exc.message}"}), 502
 
 

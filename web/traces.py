@@ -15,6 +15,7 @@ from typing import Any
 
 from flask import Blueprint, Response, abort, flash, jsonify, redirect, render_template, request, url_for
 
+from hoptrace.common.client import ApiError
 from hoptrace.dispatcher.spec import (
     FILTER_KEYS,
     HOP_KEYS,
@@ -26,7 +27,7 @@ from hoptrace.dispatcher.spec import (
 )
 from hoptrace.v1 import api_pb2, trace_pb2
 from hoptrace.web.agents import agent_views
-from hoptrace.web.dispatcher import DispatcherError, get_client
+from hoptrace.web.dispatcher import get_client
 
 bp = Blueprint("traces", __name__, url_prefix="/traces")
 
@@ -215,7 +216,7 @@ def index():  # noqa: ANN201 - a view
     """Every applied trace with its state."""
     try:
         traces = [trace_view(trace) for trace in get_client().traces()]
-    except DispatcherError as error:
+    except ApiError as error:
         return render_template("traces/list.html", traces=[], error=error.message), 502
     return render_template("traces/list.html", traces=traces, error=None)
 
@@ -264,7 +265,7 @@ def _handle_form(form: TraceForm, editing: str | None):  # noqa: ANN202
         return _render_form(form, editing=editing)
     try:
         spec, errors = check_form(form)
-    except DispatcherError as error:
+    except ApiError as error:
         return _render_form(form, editing=editing, message=error.message, status=502)
     if errors or spec is None:
         return _render_form(form, errors, editing=editing, status=422)
@@ -272,7 +273,7 @@ def _handle_form(form: TraceForm, editing: str | None):  # noqa: ANN202
         return _valid(form, editing)
     try:
         trace = get_client().apply(spec)
-    except DispatcherError as error:
+    except ApiError as error:
         return _render_form(form, editing=editing, message=f"apply failed: {error.message}", status=422)
     flash(f"Trace {trace.spec.name} applied (generation {trace.generation}).")
     return redirect(url_for("traces.detail", name=trace.spec.name))
@@ -307,7 +308,7 @@ def validate_json():  # noqa: ANN201 - a view
     form = TraceForm.from_request(request.form)
     try:
         _, errors = check_form(form)
-    except DispatcherError as error:
+    except ApiError as error:
         return jsonify({"errors": [], "general": [error.message]}), 502
     placed = []
     for error in errors:
@@ -323,7 +324,7 @@ def validate_json():  # noqa: ANN201 - a view
 def _get_trace_or_404(name: str) -> api_pb2.Trace:
     try:
         return get_client().trace(name)
-    except DispatcherError as error:
+    except ApiError as error:
         if error.code is not None and error.code.name == "NOT_FOUND":
             abort(404, description=error.message)
         abort(502, description=error.message)
@@ -360,14 +361,14 @@ def yaml_editor():  # noqa: ANN201 - a view
             errors = [str(error) for error in get_client().validate(spec)]
         except SpecError as error:
             spec, errors = None, [str(item) for item in error.errors]
-        except DispatcherError as error:
+        except ApiError as error:
             spec, errors = None, [error.message]
         if errors or spec is None:
             status = 422
         elif request.form.get("action") == "apply":
             try:
                 trace = get_client().apply(spec)
-            except DispatcherError as error:
+            except ApiError as error:
                 errors, status = [f"apply failed: {error.message}"], 422
             else:
                 flash(f"Trace {trace.spec.name} applied (generation {trace.generation}).")
@@ -384,7 +385,7 @@ def delete(name: str):  # noqa: ANN201 - a view
     """Detach a trace everywhere."""
     try:
         get_client().delete(name)
-    except DispatcherError as error:
+    except ApiError as error:
         flash(f"Deleting {name} failed: {error.message}", "error")
         return redirect(url_for("traces.index"))
     flash(f"Trace {name} deleted.")

@@ -504,7 +504,7 @@ def test_cli_unreachable_dispatcher_and_help() -> None:
     usage = _hoptrace(None, "trace", "apply")
     assert usage.returncode == 2 and "-f/--file" in usage.stderr
     bad_since = _hoptrace(None, "report", "x", "--since", "ten minutes")
-    assert bad_since.returncode == 2 and "bad duration" in bad_since.stderr
+    assert bad_since.returncode == 2 and "is not a duration" in bad_since.stderr
 
 
 def test_cli_dispatcher_command_serves_and_persists(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ import pytest
 from security_helpers import never, register_as, start_daemon_agent, stream_as, tls_args
 
 from hoptrace.cli.certs import CertBundle
-from hoptrace.cli.grpcutil import TLSFiles
 from hoptrace.cli.localcluster import LocalCluster
+from hoptrace.common.grpcutil import TLSFiles
 from hoptrace.dispatcher.server import DispatcherServer
 from hoptrace.v1 import api_pb2
 

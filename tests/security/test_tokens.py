@@ -7,8 +7,8 @@ import os
 import subprocess
 
 from hoptrace.cli.certs import CertBundle
-from hoptrace.cli.grpcutil import CA_ENV, TOKEN_ENV, add_token
 from hoptrace.cli.localcluster import HOPTRACE, LocalCluster
+from hoptrace.common.grpcutil import CA_ENV, TOKEN_ENV, add_token
 
 
 def run_cli(cluster: LocalCluster, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

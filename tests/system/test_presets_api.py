@@ -14,7 +14,7 @@ import grpc
 import pytest
 from system_helpers import UdpSender, running_cluster
 
-from hoptrace.dispatcher.presets import parse_duration, validate_preset_request
+from hoptrace.dispatcher.presets import validate_preset_request
 from hoptrace.v1 import agent_pb2, api_pb2
 
 
@@ -138,9 +138,3 @@ def test_validate_preset_request_names_the_field(args, field):
     errors = validate_preset_request("n", "mace", args, registration)
     assert [e.field for e in errors] == [field]
 
-
-def test_parse_duration():
-    """Seconds from the durations a user types."""
-    assert parse_duration("3") == 3.0 and parse_duration("3s") == 3.0
-    assert parse_duration("500ms") == 0.5 and parse_duration("2m") == 120.0
-    assert parse_duration("3 days") is None

@@ -35,7 +35,6 @@ import ipaddress
 import json
 import os
 import random
-import re
 import select
 import signal
 import socket
@@ -46,6 +45,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from hoptrace.common.durations import parse_duration_ns
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
@@ -73,15 +74,10 @@ LOG_FIELDS = [
     "vni", "outer_src", "outer_dst", "outer_sport",
 ]  # fmt: skip
 
-_UNITS = {"ns": 1, "us": 1_000, "µs": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
-
 
 def parse_duration(text: str) -> int:
     """Nanoseconds in a duration like "300us", "1.5ms", "250ns", "0"; a bare number is in us (as in tc)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ns|us|µs|ms|s)?\s*", text)
-    if not match:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 300us, 1ms, 250ns)")
-    return round(float(match.group(1)) * _UNITS[match.group(2) or "us"])
+    return parse_duration_ns(text, bare_unit="us")
 
 
 # ---- frame description (for the log; never on the relay's hot path) -------------------------------------

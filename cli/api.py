@@ -1,0 +1,41 @@
+"""The CLI's side of the user API: an ApiClient (hoptrace.common.client) from the client flags, and
+CliError, which every command turns into a message on stderr and exit status 1."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from hoptrace.common.client import CALL_TIMEOUT_S, ApiClient, ApiError
+from hoptrace.common.grpcutil import api_channel
+
+
+class CliError(Exception):
+    """A failure to report on stderr; the command exits 1."""
+
+
+def client_of(args: argparse.Namespace) -> ApiClient:
+    """The API client the flags describe (--dispatcher, --ca/--cert/--key, --token, --insecure)."""
+
+    def channel() -> Any:
+        try:
+            return api_channel(
+                args.dispatcher,
+                ca=args.ca,
+                cert=args.cert,
+                key=args.key,
+                token=args.token,
+                insecure=args.insecure,
+            )
+        except (OSError, ValueError) as error:
+            raise CliError(f"cannot set up the connection to {args.dispatcher}: {error}") from None
+
+    return ApiClient(args.dispatcher, channel)
+
+
+def api_call(args: argparse.Namespace, method: str, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+    """Call one API method; its failure becomes CliError with the dispatcher's message."""
+    try:
+        return client_of(args).call(method, request, timeout=timeout)
+    except ApiError as error:
+        raise CliError(error.message) from None
