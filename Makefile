@@ -112,10 +112,34 @@ proto-check: proto ## fail if the generated code in git is stale
 		{ echo "generated code is stale: run 'make proto' and commit"; exit 1; }
 
 ## ---- checks ------------------------------------------------------------
+# import-linter reads packages from the file system, but hoptrace's parts are mapped into one package by
+# pyproject's package-dir: rebuild that layout as symlinks for it to read.
+IMPORT_TREE := .tools/import-tree
+define IMPORT_TREE_PY
+import os, pathlib, tomllib
+dirs = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+tree = pathlib.Path("$(IMPORT_TREE)")
+for package, source in sorted(dirs.items()):
+    target = tree.joinpath(*package.split("."))
+    if package == "hoptrace":
+        target.mkdir(parents=True)
+        for entry in pathlib.Path(source).iterdir():
+            if f"hoptrace.{entry.name}" not in dirs:  # mapped packages are linked below
+                os.symlink(entry.resolve(), target / entry.name)
+    elif not target.exists():
+        os.symlink(pathlib.Path(source).resolve(), target)
+endef
+export IMPORT_TREE_PY
+
+.PHONY: lint-imports
+lint-imports: $(VENV)/.stamp ## the layering of the parts (import-linter contracts in pyproject.toml)
+	@rm -rf $(IMPORT_TREE) && $(PY) -c "$$IMPORT_TREE_PY"
+	PYTHONPATH=$(ROOT)/$(IMPORT_TREE) $(VENV)/bin/lint-imports
+
 .PHONY: lint
-lint: $(VENV)/.stamp ## ruff, gofmt, go vet, clang-format
-	$(VENV)/bin/ruff check dispatcher collector web cli tests bench
-	$(VENV)/bin/ruff format --check dispatcher collector web cli tests bench
+lint: $(VENV)/.stamp lint-imports ## ruff, import layering, gofmt, go vet, clang-format
+	$(VENV)/bin/ruff check dispatcher collector web cli common lab tests bench
+	$(VENV)/bin/ruff format --check dispatcher collector web cli common lab tests bench
 	@test -z "$$(gofmt -l agent)" || { gofmt -l agent; exit 1; }
 	cd agent && go vet ./...
 	clang-format --dry-run -Werror kernel-patch/*.c kernel-patch/include/*.h

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Any
 
 from common import (
-    REPO,
     BenchContext,
     TwoHostTopology,
     log,
@@ -35,15 +33,11 @@ from common import (
     target,
     wait_report,
 )
-
-sys.path.insert(0, str(REPO / "tests" / "system"))
-
-from helpers import udp_transfer  # noqa: E402
-from system_helpers import segment_latencies  # noqa: E402
-from tools.delaybox import read_log  # noqa: E402
-
-from hoptrace.cli.demo import vxlan_path_spec  # noqa: E402
-from hoptrace.v1 import api_pb2  # noqa: E402
+from hoptrace.lab.delaybox import read_log
+from hoptrace.lab.influx import segment_latencies
+from hoptrace.lab.processes import udp_transfer
+from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.v1 import api_pb2
 
 BOX_SEGMENT = "a-wire-out>b-wire-in"
 PORT = 11111

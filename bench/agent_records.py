@@ -127,7 +127,6 @@ def loadgen(prog_id: int, rate: int, seconds: float) -> dict[str, Any]:
 def run(ctx: Any) -> dict[str, Any]:
     """Rising record rates through one agent; records/s, losses, CPU, RSS per step."""
     from common import PlanAgent, RecordSink, UsageSampler, log, metric_sum, progs_of, target
-
     from hoptrace.dispatcher.compile import standalone_plans
     from hoptrace.dispatcher.spec import spec_from_data
 

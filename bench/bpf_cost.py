@@ -41,12 +41,12 @@ from common import (
 )
 
 TC_HOPS = {  # hop name -> (role, device, direction)
-    "c1-eth0-out": ("c1", "eth0", "egress"),
+    "a-c1-eth0-out": ("c1", "eth0", "egress"),
     "a-vxlan-out": ("host-a", "vxlan0", "egress"),
     "a-wire-out": ("host-a", "wire0", "egress"),
     "b-wire-in": ("host-b", "wire0", "ingress"),
     "b-vxlan-in": ("host-b", "vxlan0", "ingress"),
-    "c2-eth0-in": ("c2", "eth0", "ingress"),
+    "b-c2-eth0-in": ("c2", "eth0", "ingress"),
 }
 TP_HOPS = {"a-veth-in": ("host-a", "hop_tp_btf"), "b-veth-out": ("host-b", "hop_tp_btf_xmit")}
 OTHER_PORT = 22222
@@ -176,7 +176,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         summary[f"{condition}_median_hop_ns"] = median(values)
         # every hop of a tagged packet but the tagger (it also grows the packet: reported alone)
         summary[f"{condition}_median_hop_ns_excl_tagger"] = median(
-            [h["ns_per_run"] for n, h in data["hops"].items() if n != "c1-eth0-out" and h["ns_per_run"]]
+            [h["ns_per_run"] for n, h in data["hops"].items() if n != "a-c1-eth0-out" and h["ns_per_run"]]
         )
     results["summary"] = summary
     results["targets"] = [

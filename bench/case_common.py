@@ -20,15 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tests" / "presets"))
-from conftest import add_container  # noqa: E402
-from helpers import start_influxd  # noqa: E402
-from topology import Overlay, TwoHostTopology  # noqa: E402
+from hoptrace.lab.localcluster import LocalCluster
+from hoptrace.lab.processes import start_influxd
+from hoptrace.lab.topology import Overlay, TwoHostTopology, add_container
+from hoptrace.v1 import trace_pb2
 
-from hoptrace.cli.localcluster import LocalCluster  # noqa: E402
-from hoptrace.v1 import trace_pb2  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SOCKPERF_PORT = 11111
 

@@ -37,7 +37,7 @@ from case_common import (
     traced_topology,
 )
 
-from hoptrace.cli.demo import vxlan_path_spec
+from hoptrace.lab.reference import vxlan_path_spec
 
 RESULTS = REPO / "bench" / "results"
 HOST_HOPS = [

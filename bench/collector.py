@@ -18,10 +18,9 @@ import time
 from typing import Any
 
 from common import REPO, BenchContext, TwoHostTopology, log, median, pctl, start_cluster, udp_socket
-
-from hoptrace.cli.demo import vxlan_path_spec
 from hoptrace.collector.aggregate import LatencySample
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter, latency_line
+from hoptrace.lab.reference import vxlan_path_spec
 
 
 def join_throughput(packets: int) -> dict[str, Any]:

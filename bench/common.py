@@ -29,15 +29,13 @@ from typing import Any
 
 import grpc
 
+from hoptrace.lab.bpfstate import bpf_fds, tcx_programs
+from hoptrace.lab.processes import InfluxServer, free_port, start_influxd
+from hoptrace.lab.reference import path_plans  # noqa: F401 (re-exported to the benchmarks)
+from hoptrace.lab.topology import TwoHostTopology
+from hoptrace.v1 import records_pb2, records_pb2_grpc
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))  # topology, influxd launcher and delay box are shared with the tests
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-
-from e2e_helpers import bpf_fds, path_plans, tcx_programs  # noqa: E402, F401 (path_plans: re-exported)
-from helpers import InfluxServer, free_port, start_influxd  # noqa: E402
-from topology import TwoHostTopology  # noqa: E402
-
-from hoptrace.v1 import records_pb2, records_pb2_grpc  # noqa: E402
 
 AGENT_BINARY = REPO / "agent" / "bin" / "hoptrace-agent"
 BPF_OBJECT = REPO / "kernel-patch" / "build" / "hoptrace.bpf.o"
@@ -425,7 +423,7 @@ def start_cluster(
     With an agent that takes TLS flags the cluster runs as LocalCluster sets it up (TLS and tokens); with an
     older agent binary, plaintext on loopback (the agents then get no TLS flags).
     """
-    from hoptrace.cli.localcluster import LocalCluster
+    from hoptrace.lab.localcluster import LocalCluster
 
     workdir.mkdir(parents=True, exist_ok=True)
     tls = _agent_speaks_tls()
@@ -447,7 +445,7 @@ def start_cluster(
 
 
 def _plain_cluster(influx_url: str, workdir: Path) -> Any:
-    from hoptrace.cli.localcluster import LocalCluster
+    from hoptrace.lab.localcluster import LocalCluster
 
     try:
         return LocalCluster(influx_url=influx_url, workdir=workdir, secure=False)  # type: ignore[call-arg]

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from common import BenchContext, TwoHostTopology, log, median, start_cluster, target
-
-from hoptrace.cli.demo import vxlan_path_spec
 from hoptrace.dispatcher.compile import BpfCompiler, compile_spec
+from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import api_pb2
 
 

@@ -20,11 +20,9 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cli.iron import run_iron  # noqa: E402
+from hoptrace.cli.iron import run_iron
 
 VICTIM_CPU = "1"
 SENDER_CPU = "0"

@@ -18,15 +18,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hoptrace.cli import mace
+from hoptrace.lab import flood as flood_script
+from hoptrace.lab.topology import TwoHostTopology, add_container
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "tests" / "presets"))
-from conftest import add_container  # noqa: E402
-from topology import TwoHostTopology  # noqa: E402
 
-from hoptrace.cli import mace  # noqa: E402
-
-FLOOD = REPO / "tests" / "presets" / "flood.py"
+FLOOD = Path(flood_script.__file__)  # run in a container namespace
 
 
 def trimmed_mean(values: list[float], trim: float = 0.01) -> float:

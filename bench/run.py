@@ -24,10 +24,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
+from common import BenchContext, log  # bench/ is the script's own directory, first on sys.path
 
-from common import BenchContext, log  # noqa: E402
+BENCH = Path(__file__).resolve().parent
 
 BENCHMARKS = ["bpf_cost", "agent_records", "collector", "dispatcher", "overhead", "accuracy", "scale"]
 RESULTS = BENCH / "results"

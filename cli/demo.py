@@ -17,40 +17,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-from hoptrace.cli.localcluster import REPO, LocalCluster
 from hoptrace.dispatcher.spec import spec_to_yaml
-from hoptrace.v1 import trace_pb2
-
-sys.path.insert(0, str(REPO / "tests"))  # the topology and influxd launcher are shared with the tests
-
-from helpers import start_influxd  # noqa: E402
-from topology import TwoHostTopology  # noqa: E402
-
-SOCKPERF_PORT = 11111
-
-
-def vxlan_path_spec(
-    topo: TwoHostTopology, name: str, protocol: str = "udp", port: int = SOCKPERF_PORT, sample: int = 1
-) -> trace_pb2.TraceSpec:
-    """The spec of a c1 -> c2 flow through every layer of the VXLAN topology, in path order."""
-    hops = [
-        ("a-c1-eth0-out", "host-a", "tc-egress", "eth0", topo.c1),
-        ("a-veth-in", "host-a", "tracepoint:net:netif_receive_skb", "veth-c1", ""),
-        ("a-vxlan-out", "host-a", "tc-egress", "vxlan0", ""),
-        ("a-wire-out", "host-a", "tc-egress", "wire0", ""),
-        ("b-wire-in", "host-b", "tc-ingress", "wire0", ""),
-        ("b-vxlan-in", "host-b", "tc-ingress", "vxlan0", ""),
-        ("b-veth-out", "host-b", "tracepoint:net:net_dev_xmit", "veth-c2", ""),
-        ("b-c2-eth0-in", "host-b", "tc-ingress", "eth0", topo.c2),
-    ]
-    return trace_pb2.TraceSpec(
-        name=name,
-        filter=trace_pb2.Filter(protocol=protocol, src=topo.addr("c1"), dst=topo.addr("c2"), dst_port=port),
-        sample=sample,
-        hops=[
-            trace_pb2.HopSpec(name=n, node=node, at=at, dev=dev, netns=ns) for n, node, at, dev, ns in hops
-        ],
-    )
+from hoptrace.lab.localcluster import LocalCluster
+from hoptrace.lab.processes import start_influxd
+from hoptrace.lab.reference import SOCKPERF_PORT, vxlan_path_spec
+from hoptrace.lab.topology import TwoHostTopology
 
 
 def run_sockperf(topo: TwoHostTopology, seconds: float, mps: int) -> str:

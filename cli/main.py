@@ -341,7 +341,7 @@ def _add_collector_parser(subparsers, command: str | None) -> None:
 
 def cmd_certs(args: argparse.Namespace) -> int:
     """hoptrace certs --out DIR [--hosts H ...] [--agent NODE ...]: CA, certificates, tokens."""
-    from hoptrace.cli.certs import DEFAULT_CLIENTS, create_bundle
+    from hoptrace.common.certs import DEFAULT_CLIENTS, create_bundle
 
     try:
         clients = args.client or DEFAULT_CLIENTS

@@ -36,7 +36,7 @@ TOKEN_ENV = "HOPTRACE_TOKEN"
 CA_ENV, CERT_ENV, KEY_ENV = "HOPTRACE_CA", "HOPTRACE_CERT", "HOPTRACE_KEY"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # reports and plans carry up to a few MB
 
-# Certificate roles (the subject's OU), written by hoptrace.cli.certs.
+# Certificate roles (the subject's OU), written by hoptrace.common.certs.
 ROLE_AGENT, ROLE_CLIENT, ROLE_DISPATCHER, ROLE_COLLECTOR = "agent", "client", "dispatcher", "collector"
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import AGENT_BINARY, AgentProcess, InfluxServer, start_influxd
-from topology import TwoHostTopology, netns_list
+
+from hoptrace.lab.processes import AGENT_BINARY, AgentProcess, InfluxServer, start_influxd
+from hoptrace.lab.topology import TwoHostTopology, netns_list
 
 # Prefixes handed out in this session, to prove at the end that none of their namespaces is left.
 _PREFIXES: set[str] = set()

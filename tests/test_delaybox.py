@@ -11,13 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import udp_transfer
 from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Ether
 from scapy.layers.vxlan import VXLAN
-from tools import delaybox
-from topology import TwoHostTopology
+
+from hoptrace.lab import delaybox
+from hoptrace.lab.processes import udp_transfer
+from hoptrace.lab.topology import TwoHostTopology
 
 US = 1_000
 DELAY = 300 * US

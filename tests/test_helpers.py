@@ -8,7 +8,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import AgentProcess
+
+from hoptrace.lab.processes import AgentProcess
 
 FAKE_AGENT = textwrap.dedent(
     """\

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 import uuid
 
-from helpers import InfluxServer
 from influxdb_client import InfluxDBClient, Point
 from influxdb_client.client.write_api import SYNCHRONOUS
+
+from hoptrace.lab.processes import InfluxServer
 
 
 def test_write_and_flux_query_round_trip(influxd: InfluxServer) -> None:

@@ -8,8 +8,9 @@ import subprocess
 from collections.abc import Callable
 
 import pytest
-from helpers import udp_transfer
-from topology import VXLAN_MTU, TopologyError, TwoHostTopology, netns_list
+
+from hoptrace.lab.processes import udp_transfer
+from hoptrace.lab.topology import VXLAN_MTU, TopologyError, TwoHostTopology, netns_list
 
 ALL_PAIRS = (("c1", "c2"), ("c2", "c1"), ("host-a", "host-b"), ("host-b", "host-a"))
 

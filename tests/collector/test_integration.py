@@ -15,7 +15,6 @@ import uuid
 import grpc
 from collector_helpers import ROOT, batch, pid, rec
 from google.protobuf.timestamp_pb2 import Timestamp
-from helpers import InfluxServer
 from influxdb_client import InfluxDBClient
 
 from hoptrace.collector.catalog import TraceCatalog
@@ -25,6 +24,7 @@ from hoptrace.collector.receiver import ReceiverConfig
 from hoptrace.collector.records import hop_counters
 from hoptrace.collector.report import build_report, get_report, render_text
 from hoptrace.collector.service import CollectorConfig, start_collector
+from hoptrace.lab.processes import InfluxServer
 from hoptrace.v1 import api_pb2, records_pb2, records_pb2_grpc
 
 SEC = 1_000_000_000

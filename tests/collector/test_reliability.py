@@ -10,7 +10,6 @@ from pathlib import Path
 
 import grpc
 from collector_helpers import batch, pid, rec
-from helpers import InfluxServer
 from influxdb_client import InfluxDBClient
 
 from hoptrace.collector.catalog import TraceCatalog
@@ -18,6 +17,7 @@ from hoptrace.collector.influx import InfluxConfig, InfluxExporter, Spool
 from hoptrace.collector.join import JoinConfig
 from hoptrace.collector.receiver import ReceiverConfig
 from hoptrace.collector.service import CollectorConfig, start_collector
+from hoptrace.lab.processes import InfluxServer
 from hoptrace.v1 import records_pb2_grpc
 
 SEC = 1_000_000_000

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from helpers import udp_transfer
-from topology import TwoHostTopology, netns_list
 
-from hoptrace.cli.demo import vxlan_path_spec
-from hoptrace.cli.localcluster import LocalCluster
+from hoptrace.lab.localcluster import LocalCluster
+from hoptrace.lab.processes import udp_transfer
+from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.lab.topology import TwoHostTopology, netns_list
 
 BUCKET = "hoptrace/autogen"
 TRACE = "grafana-udp"

@@ -13,32 +13,22 @@ Hops 0-3 belong to host-a's agent, hops 4-7 to host-b's.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import ipaddress
-import json
-import os
 import socket
 import struct
-import subprocess
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from google.protobuf import json_format
-from helpers import REPO_ROOT, AgentProcess
-from topology import TwoHostTopology
-
 from hoptrace import kernel_abi
-from hoptrace.dispatcher.compile import TCP_TAGGER_PROGRAM, standalone_plans
-from hoptrace.dispatcher.spec import check_spec, spec_from_data
-from hoptrace.v1 import trace_pb2
-
-BPF_OBJECT = REPO_ROOT / "kernel-patch" / "build" / "hoptrace.bpf.o"
+from hoptrace.common.netns import inet_checksum
+from hoptrace.lab.bpfstate import *  # noqa: F403 (the e2e tests take the BPF introspection from here)
+from hoptrace.lab.processes import AgentProcess
+from hoptrace.lab.reference import BPF_OBJECT, path_plans, spec_plans  # noqa: F401 (re-exported)
+from hoptrace.lab.topology import TwoHostTopology
 
 _F = kernel_abi.RECORD_FLAGS
 F_IPV6, F_TCP, F_UDP = _F["IPV6"], _F["TCP"], _F["UDP"]
@@ -61,56 +51,6 @@ def node_salt(node: str) -> int:
     for byte in node.encode():
         h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
     return h % 255 + 1
-
-
-def spec_plans(spec: dict[str, Any] | trace_pb2.TraceSpec) -> dict[str, dict[str, Any]]:
-    """Each node's standalone plan (protojson) of a spec, validated and compiled as the dispatcher does,
-    with the generic object."""
-    if isinstance(spec, dict):
-        spec = spec_from_data(spec)
-    check_spec(spec)
-    return standalone_plans(spec, BPF_OBJECT)
-
-
-def path_spec(
-    topo: TwoHostTopology, trace: str, filter_: dict[str, Any], sample: int = 1
-) -> trace_pb2.TraceSpec:
-    """The TraceSpec of the whole c1 -> c2 VXLAN path (`filter_` in protojson form)."""
-    spec = trace_pb2.TraceSpec(name=trace, sample=sample)
-    json_format.ParseDict(filter_, spec.filter)
-    hops = [
-        ("c1-eth0-out", "host-a", "tc-egress", "eth0", topo.c1),
-        ("a-veth-in", "host-a", "tracepoint:net:netif_receive_skb", "veth-c1", ""),
-        ("a-vxlan-out", "host-a", "tc-egress", "vxlan0", ""),
-        ("a-wire-out", "host-a", "tc-egress", "wire0", ""),
-        ("b-wire-in", "host-b", "tc-ingress", "wire0", ""),
-        ("b-vxlan-in", "host-b", "tc-ingress", "vxlan0", ""),
-        ("b-veth-out", "host-b", "tracepoint:net:net_dev_xmit", "veth-c2", ""),
-        ("c2-eth0-in", "host-b", "tc-ingress", "eth0", topo.c2),
-    ]
-    for name, node, at, dev, netns in hops:
-        spec.hops.add(name=name, node=node, at=at, dev=dev, netns=netns)
-    return spec
-
-
-def path_plans(
-    topo: TwoHostTopology,
-    trace: str,
-    filter_: dict[str, Any],
-    sample: int = 1,
-    tag_udp: bool = True,
-    tcp_tagging: bool = False,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The TracePlans (protojson) of host-a's and host-b's agents for the whole c1 -> c2 VXLAN path, as the
-    dispatcher compiles them, with UDP and TCP tagging set as asked."""
-    plans = spec_plans(path_spec(topo, trace, filter_, sample))
-    plan_a, plan_b = plans["host-a"], plans["host-b"]
-    plan_a["hops"][0]["tagUdp"] = tag_udp
-    if tcp_tagging:
-        plan_a["tcpTagging"] = {"netns": topo.c1, "program": TCP_TAGGER_PROGRAM}
-    else:
-        plan_a.pop("tcpTagging", None)
-    return plan_a, plan_b
 
 
 def start_attached(
@@ -273,16 +213,6 @@ def mac_bytes(mac: str) -> bytes:
     return bytes(int(x, 16) for x in mac.split(":"))
 
 
-def inet_checksum(data: bytes) -> int:
-    """RFC 1071."""
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return ~total & 0xFFFF
-
-
 def ipv4_header(src: str, dst: str, proto: int, tot_len: int, ihl: int = 5) -> bytes:
     """A 20-byte IPv4 header with the given (possibly lying) total length and IHL, checksummed."""
     hdr = struct.pack(
@@ -440,145 +370,3 @@ def parse_tcp(frame: bytes) -> TcpSegment | None:
 
 
 # ---- kernel queries: BPF links and tcx attachments -------------------------------------------------------
-
-
-def bpftool_json(*args: str, netns: str | None = None) -> Any:
-    """``bpftool -j ARGS`` (inside ``netns`` when given), parsed."""
-    cmd = ["bpftool", "-j", *args]
-    if netns:
-        cmd = ["ip", "netns", "exec", netns, *cmd]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-    except FileNotFoundError as exc:
-        raise AssertionError("bpftool not found: install it (apt-get install bpftool)") from exc
-    assert proc.returncode == 0, f"{' '.join(cmd)}: exit {proc.returncode}: {proc.stderr}"
-    return json.loads(proc.stdout or "null")
-
-
-def hoptrace_links() -> list[dict[str, Any]]:
-    """Every BPF link in the system whose program is one of hoptrace's (by program name)."""
-    names = {p["id"]: p.get("name", "") for p in bpftool_json("prog", "show") or []}
-    links = bpftool_json("link", "show") or []
-    return [
-        dict(link, prog_name=names.get(link.get("prog_id")))
-        for link in links
-        if names.get(link.get("prog_id")) in HOPTRACE_PROGS
-    ]
-
-
-def bpf_fds(pid: int) -> dict[str, set[int]]:
-    """The BPF link and program IDs a process holds, from /proc/PID/fdinfo: {"link": ..., "prog": ...}."""
-    out: dict[str, set[int]] = {"link": set(), "prog": set()}
-    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
-        try:
-            text = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
-        except OSError:
-            continue
-        info = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-        info = {k.strip(): v.strip() for k, v in info.items()}
-        if "link_id" in info:
-            out["link"].add(int(info["link_id"]))
-        elif "prog_id" in info:
-            out["prog"].add(int(info["prog_id"]))
-    return out
-
-
-def held_link_ids() -> set[int]:
-    """IDs of the BPF links some live process holds an fd of."""
-    held: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                held |= bpf_fds(int(entry))["link"]
-            except OSError:
-                continue
-    return held
-
-
-_SYS_BPF = 321  # x86_64
-_BPF_PROG_QUERY = 16
-BPF_TCX_INGRESS, BPF_TCX_EGRESS = 46, 47
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _QueryAttr(ctypes.Structure):
-    """The BPF_PROG_QUERY member of union bpf_attr (include/uapi/linux/bpf.h)."""
-
-    _fields_ = [
-        ("target_ifindex", ctypes.c_uint32),
-        ("attach_type", ctypes.c_uint32),
-        ("query_flags", ctypes.c_uint32),
-        ("attach_flags", ctypes.c_uint32),
-        ("prog_ids", ctypes.c_uint64),
-        ("count", ctypes.c_uint32),
-        ("_pad", ctypes.c_uint32),
-        ("prog_attach_flags", ctypes.c_uint64),
-        ("link_ids", ctypes.c_uint64),
-        ("link_attach_flags", ctypes.c_uint64),
-        ("revision", ctypes.c_uint64),
-        ("_tail", ctypes.c_uint8 * 64),  # the union is larger: zero the rest
-    ]
-
-
-def tcx_programs(netns_path: str, ifindex: int) -> dict[str, list[int]]:
-    """Program IDs attached with tcx to a device: {"ingress": [...], "egress": [...]}.
-
-    bpftool 7.1's ``net show`` predates tcx (Linux 6.6) and lists nothing for it, so this asks the kernel
-    directly: BPF_PROG_QUERY on the device, from a thread that entered the device's namespace.
-    """
-    result: dict[str, Any] = {}
-
-    def query() -> None:
-        try:
-            with open(netns_path, "rb") as nsfile:
-                if _libc.setns(nsfile.fileno(), 0x40000000) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns {netns_path}")
-            for name, attach_type in (("ingress", BPF_TCX_INGRESS), ("egress", BPF_TCX_EGRESS)):
-                ids = (ctypes.c_uint32 * 64)()
-                attr = _QueryAttr(target_ifindex=ifindex, attach_type=attach_type, count=64)
-                attr.prog_ids = ctypes.addressof(ids)
-                rc = _libc.syscall(_SYS_BPF, _BPF_PROG_QUERY, ctypes.byref(attr), ctypes.sizeof(attr))
-                if rc != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"BPF_PROG_QUERY ifindex {ifindex} {name}: {errno.errorcode.get(err)}")
-                result[name] = list(ids[: attr.count])
-        except BaseException as exc:  # handed to the caller's thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=query, name="tcx-query")
-    thread.start()
-    thread.join()
-    if "error" in result:
-        raise result["error"]
-    return result
-
-
-def tcx_attachments(topo: TwoHostTopology) -> dict[str, list[int]]:
-    """Every tcx program on every device of the topology: {"role/dev/direction": [prog ids]}, if any."""
-    found: dict[str, list[int]] = {}
-    for role in topo.roles:
-        out = topo.run(role, "ip", "-j", "link", "show").stdout
-        for link in json.loads(out):
-            progs = tcx_programs(topo.netns_path(role), int(link["ifindex"]))
-            for direction, ids in progs.items():
-                if ids:
-                    found[f"{role}/{link['ifname']}/{direction}"] = ids
-    return found
-
-
-def program_counters(pid: int, prog_name: str) -> dict[str, int]:
-    """The ``counters`` map of the program ``prog_name`` that process ``pid`` holds, summed over CPUs.
-
-    For the TCP tagger (``tag_tcp``), whose counters the agent does not print: it is not a hop of the plan.
-    """
-    for prog_id in bpf_fds(pid)["prog"]:
-        info = bpftool_json("prog", "show", "id", str(prog_id))
-        if info.get("name") != prog_name:
-            continue
-        for map_id in info.get("map_ids", []):
-            if bpftool_json("map", "show", "id", str(map_id)).get("name") != "counters":
-                continue
-            entries = bpftool_json("map", "dump", "id", str(map_id))
-            sums = {e["formatted"]["key"]: sum(v["value"] for v in e["formatted"]["values"]) for e in entries}
-            return {name: sums.get(i, 0) for i, name in enumerate(kernel_abi.COUNTERS)}
-    raise AssertionError(f"process {pid} holds no program {prog_name} with a counters map")

@@ -22,8 +22,9 @@ from e2e_helpers import (
     start_attached,
     tcx_attachments,
 )
-from helpers import AgentProcess
-from topology import TwoHostTopology
+
+from hoptrace.lab.processes import AgentProcess
+from hoptrace.lab.topology import TwoHostTopology
 
 
 def plans(topo: TwoHostTopology) -> tuple[dict[str, Any], dict[str, Any]]:

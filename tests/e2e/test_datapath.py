@@ -39,8 +39,9 @@ from e2e_helpers import (
     program_counters,
     start_attached,
 )
-from helpers import AgentProcess, udp_transfer
-from topology import TwoHostTopology
+
+from hoptrace.lab.processes import AgentProcess, udp_transfer
+from hoptrace.lab.topology import TwoHostTopology
 
 SOCKPERF_PORT = 11111
 IPERF_PORT = 5201

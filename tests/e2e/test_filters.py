@@ -26,8 +26,9 @@ from e2e_helpers import (
     start_attached,
     udp_receiver,
 )
-from helpers import AgentProcess
-from topology import TwoHostTopology
+
+from hoptrace.lab.processes import AgentProcess
+from hoptrace.lab.topology import TwoHostTopology
 
 UDP = 17
 

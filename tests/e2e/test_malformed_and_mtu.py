@@ -27,8 +27,9 @@ from e2e_helpers import (
     start_attached,
     udp_receiver,
 )
-from helpers import AgentProcess, udp_transfer
-from topology import TwoHostTopology
+
+from hoptrace.lab.processes import AgentProcess, udp_transfer
+from hoptrace.lab.topology import TwoHostTopology
 
 FAKE_ID = b"\xde\xad\xbe\xef"
 PORT = 6500

@@ -20,12 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import add_container
-from topology import TwoHostTopology
-
 from hoptrace.cli import mace
+from hoptrace.lab import flood as flood_script
+from hoptrace.lab.topology import TwoHostTopology, add_container
 
-FLOOD = Path(__file__).resolve().parent / "flood.py"
+FLOOD = Path(flood_script.__file__)  # run in a container namespace
 BOUND_NS = 20_000
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hoptrace.cli.certs import CertBundle, create_bundle
-from hoptrace.cli.localcluster import LocalCluster
+from hoptrace.common.certs import CertBundle, create_bundle
+from hoptrace.lab.localcluster import LocalCluster
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import grpc
 
-from hoptrace.cli.localcluster import AGENT_BINARY
 from hoptrace.common.grpcutil import TLSFiles, channel_credentials
+from hoptrace.lab.localcluster import AGENT_BINARY
 from hoptrace.v1 import agent_pb2, agent_pb2_grpc, records_pb2, records_pb2_grpc
 
 # Helper numbers of include/uapi/linux/bpf.h (enum bpf_func_id): stable ABI.

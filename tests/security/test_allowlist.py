@@ -12,10 +12,10 @@ import grpc
 import pytest
 from security_helpers import build_evil_object, start_daemon_agent, tls_args
 
-from hoptrace.cli.certs import CertBundle
-from hoptrace.cli.localcluster import AGENT_BINARY
+from hoptrace.common.certs import CertBundle
 from hoptrace.common.grpcutil import api_channel
 from hoptrace.dispatcher.server import DispatcherServer
+from hoptrace.lab.localcluster import AGENT_BINARY
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
 

@@ -9,10 +9,10 @@ import grpc
 import pytest
 from security_helpers import never, register_as, start_daemon_agent, stream_as, tls_args
 
-from hoptrace.cli.certs import CertBundle
-from hoptrace.cli.localcluster import LocalCluster
+from hoptrace.common.certs import CertBundle
 from hoptrace.common.grpcutil import TLSFiles
 from hoptrace.dispatcher.server import DispatcherServer
+from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.v1 import api_pb2
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 
-from helpers import udp_transfer
-
-from hoptrace.cli.demo import vxlan_path_spec
-from hoptrace.cli.localcluster import LocalCluster
+from hoptrace.lab.localcluster import LocalCluster
+from hoptrace.lab.processes import udp_transfer
+from hoptrace.lab.reference import vxlan_path_spec
 
 
 def test_trace_end_to_end_with_mtls_and_token(topology, influxd):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 
-from hoptrace.cli.certs import CertBundle
-from hoptrace.cli.localcluster import HOPTRACE, LocalCluster
+from hoptrace.common.certs import CertBundle
 from hoptrace.common.grpcutil import CA_ENV, TOKEN_ENV, add_token
+from hoptrace.lab.localcluster import HOPTRACE, LocalCluster
 
 
 def run_cli(cluster: LocalCluster, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

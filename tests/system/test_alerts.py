@@ -10,7 +10,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from system_helpers import running_cluster, wait_report
 
-from hoptrace.cli.demo import vxlan_path_spec
+from hoptrace.lab.reference import vxlan_path_spec
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yaml"
 PACKETS = 200
@@ -43,7 +43,7 @@ def selected_metrics(expr: str) -> set[str]:
 
 
 def test_segment_metrics_count_every_packet_and_every_alert_selects_real_series(topology, influxd):
-    from helpers import udp_transfer
+    from hoptrace.lab.processes import udp_transfer
 
     spec = vxlan_path_spec(topology, "alerting")
     hops = [hop.name for hop in spec.hops]

@@ -23,7 +23,7 @@ from system_helpers import (
     wait_report,
 )
 
-from hoptrace.cli.demo import vxlan_path_spec
+from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import api_pb2
 
 CROSS_HOST = "a-wire-out>b-wire-in"
@@ -97,7 +97,7 @@ def test_loss_on_the_wire_matches_the_nftables_counter(topology, influxd):
 
 def test_jitter_across_the_delay_box_matches_its_log(topology_factory, influxd, tmp_path):
     """200 us +- 50 us random delay: the box segment's jitter is the box's own, within 10 %."""
-    from tools.delaybox import read_log
+    from hoptrace.lab.delaybox import read_log
 
     topo = topology_factory("vxlan", delay_box=True)
     jitter: dict[str, dict[str, float]] = {}

@@ -23,13 +23,13 @@ from system_helpers import (
     wait_report,
 )
 
-from hoptrace.cli.demo import vxlan_path_spec
+from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import api_pb2, trace_pb2
 
 
 def send_udp(topo, count: int, port: int = 11111, gap_s: float = 0.002) -> None:
     """Send `count` datagrams c1 -> c2 and require every one to arrive byte-identical."""
-    from helpers import udp_transfer
+    from hoptrace.lab.processes import udp_transfer
 
     payloads = [os.urandom(64) for _ in range(count)]
     assert udp_transfer(topo, "c1", "c2", payloads, 4, port, gap_s) == payloads
@@ -112,7 +112,7 @@ def test_delay_box_segment_matches_ground_truth(topology_factory, influxd, tmp_p
             wait_report(cluster, trace, 300)
             topo.stop_delay_box()
 
-            from tools.delaybox import read_log
+            from hoptrace.lab.delaybox import read_log
 
             holds = {
                 row["packet_id"]: row["hold_ns"]

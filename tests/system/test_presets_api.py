@@ -137,4 +137,3 @@ def test_validate_preset_request_names_the_field(args, field):
     registration = agent_pb2.Register(node="n", namespaces=[agent_pb2.Namespace(name="c")])
     errors = validate_preset_request("n", "mace", args, registration)
     assert [e.field for e in errors] == [field]
-

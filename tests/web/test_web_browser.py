@@ -13,7 +13,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from helpers import udp_transfer
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -22,8 +21,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 from system_helpers import running_cluster
 from web_helpers import PASSWORD, USERNAME, live_server, screenshot, web_config
 
-from hoptrace.cli.demo import vxlan_path_spec
 from hoptrace.dispatcher.spec import load_spec, spec_to_yaml
+from hoptrace.lab.processes import udp_transfer
+from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import api_pb2
 from hoptrace.web import create_app
 

@@ -4,7 +4,6 @@ configuration, a live server in a thread, Chromium's flags, screenshots into tes
 from __future__ import annotations
 
 import shutil
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,8 +15,6 @@ from werkzeug.security import generate_password_hash
 from werkzeug.serving import make_server
 
 TESTS = Path(__file__).resolve().parents[1]
-# running_cluster lives beside the system tests; importable from there only (no copy of it here).
-sys.path.append(str(TESTS / "system"))
 ARTIFACTS = TESTS.parent / "test-artifacts" / "web"
 
 USERNAME = "operator"

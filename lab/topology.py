@@ -8,7 +8,7 @@ imported as a plain module::
 
 ``overlay="vxlan"`` carries container traffic in ``vxlan0`` (VNI 42, UDP 4789) over the wire, the way
 flannel's vxlan backend does; ``overlay="routed"`` routes it on the wire directly. ``delay_box=True`` splits
-the wire through a namespace ``box`` whose user-space relay (``tests/tools/delaybox.py``) holds every frame
+the wire through a namespace ``box`` whose user-space relay (``lab/delaybox.py``) holds every frame
 for a set delay: ``host-a wire0 -- in0 [box] out0 -- wire0 host-b``. The wire carries nothing until
 ``start_delay_box()`` runs the relay.
 
@@ -43,7 +43,7 @@ Overlay = Literal["vxlan", "routed"]
 
 HOST_ROLES = ("host-a", "host-b", "c1", "c2")
 BOX_ROLE = "box"
-DELAYBOX_SCRIPT = Path(__file__).resolve().parent / "tools" / "delaybox.py"
+DELAYBOX_SCRIPT = Path(__file__).resolve().parent / "delaybox.py"
 
 VXLAN_ID = 42
 VXLAN_PORT = 4789
@@ -587,3 +587,40 @@ def icmp_echo(
             if seq + 1 < count and interval_s > 0:
                 time.sleep(interval_s)
     return rtts
+
+
+def add_container(topo: TwoHostTopology, name: str, addr: str, mac: str) -> str:
+    """A third container netns ``{prefix}-{name}`` on host-a's bridge (198.18.1.0/24); returns its netns.
+
+    topo.destroy() does not know it: the caller deletes it (``ip netns del``).
+    """
+    ns = f"{topo.prefix}-{name}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    port = f"veth-{name}"
+    cmds = [
+        [
+            "ip",
+            "-n",
+            topo.host_a,
+            "link",
+            "add",
+            port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "address",
+            mac,
+            "netns",
+            ns,
+        ],
+        ["ip", "-n", topo.host_a, "link", "set", port, "master", "br0", "up"],
+        ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ["ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0"],
+        ["ip", "-n", ns, "link", "set", "eth0", "up"],
+        ["ip", "-n", ns, "route", "add", "default", "via", topo.addr("host-a", 4, "br0")],
+    ]
+    for cmd in cmds:
+        subprocess.run(cmd, check=True, capture_output=True)
+    return ns

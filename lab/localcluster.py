@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 
-from hoptrace.cli.certs import CertBundle, add_agent, create_bundle
+from hoptrace.common.certs import CertBundle, add_agent, create_bundle
 from hoptrace.common.grpcutil import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, TLSFiles, api_channel
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 

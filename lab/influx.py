@@ -1,0 +1,51 @@
+"""What the collector wrote to InfluxDB, read back directly: the tests' and benchmarks' view of the store
+(the product reads it only through hoptrace.collector.report)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from influxdb_client import InfluxDBClient
+
+BUCKET = "hoptrace/autogen"  # LocalCluster's default
+
+
+def flux(influx_url: str, query: str) -> list[dict[str, Any]]:
+    """Run a Flux query; returns every record's values."""
+    with InfluxDBClient(url=influx_url, token="", org="-", timeout=30_000) as client:
+        tables = client.query_api().query(query)
+    return [record.values for table in tables for record in table.records]
+
+
+def segment_counts(influx_url: str, trace: str) -> dict[str, int]:
+    """Points in hop_latency per segment of a trace (end_to_end included), from InfluxDB itself."""
+    rows = flux(
+        influx_url,
+        f'from(bucket: "{BUCKET}") |> range(start: -1h) '
+        f'|> filter(fn: (r) => r._measurement == "hop_latency" and r.trace == "{trace}" '
+        f'and r._field == "latency_ns") |> group(columns: ["segment"]) |> count()',
+    )
+    return {row["segment"]: int(row["_value"]) for row in rows}
+
+
+def distinct_packets(influx_url: str, trace: str) -> dict[str, int]:
+    """Distinct packet IDs in hop_latency per segment: what "no packet missing" is about."""
+    rows = flux(
+        influx_url,
+        f'from(bucket: "{BUCKET}") |> range(start: -1h) '
+        f'|> filter(fn: (r) => r._measurement == "hop_latency" and r.trace == "{trace}" '
+        f'and r._field == "packet_id") |> group(columns: ["segment"]) |> distinct() |> count()',
+    )
+    return {row["segment"]: int(row["_value"]) for row in rows}
+
+
+def segment_latencies(influx_url: str, trace: str, segment: str) -> dict[int, int]:
+    """packet_id -> latency_ns of one segment, from InfluxDB."""
+    rows = flux(
+        influx_url,
+        f'from(bucket: "{BUCKET}") |> range(start: -1h) '
+        f'|> filter(fn: (r) => r._measurement == "hop_latency" and r.trace == "{trace}" '
+        f'and r.segment == "{segment}") '
+        f'|> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+    )
+    return {int(row["packet_id"]): int(row["latency_ns"]) for row in rows}
