@@ -24,6 +24,15 @@ from hoptrace.lab.reference import SOCKPERF_PORT, vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
 
 
+class _Stopped(Exception):
+    """SIGTERM arrived."""
+
+
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one teardown, even if the signal comes again
+    raise _Stopped
+
+
 def run_sockperf(topo: TwoHostTopology, seconds: float, mps: int) -> str:
     """A sockperf UDP ping-pong c1 -> c2; returns the client's summary lines."""
     server = topo.popen(
@@ -62,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"hoptrace demo: {tool} is missing: run `make setup`", file=sys.stderr)
             return 1
 
+    # SIGTERM (kill PID, systemd, docker stop) tears down like Ctrl-C: the finally block below runs.
+    signal.signal(signal.SIGTERM, _stop_on_signal)
     influx = None
     cluster = None
     topo = TwoHostTopology(f"htdemo{os.getpid() % 1000}", overlay="vxlan")
@@ -109,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report.returncode
     except KeyboardInterrupt:
         return 130
+    except _Stopped:
+        return 143
     except Exception as err:  # the demo reports what failed, with the component's log, then cleans up
         print(f"hoptrace demo failed: {err}", file=sys.stderr)
         if cluster:
@@ -116,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"--- {component.name} log:\n{component.log_tail(15)}", file=sys.stderr)
         return 1
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
         say("cleaning up")
         if cluster:
             cluster.stop()

@@ -26,6 +26,7 @@ import grpc
 
 from hoptrace.common.certs import CertBundle, add_agent, create_bundle
 from hoptrace.common.grpcutil import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, TLSFiles, api_channel
+from hoptrace.lab.lifecycle import die_with_parent
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
 # The checkout this runs from (editable install), or $HOPTRACE_REPO: demo and tests use its topology.
@@ -122,7 +123,9 @@ class LocalCluster:
     def _spawn(self, name: str, argv: list[str]) -> Component:
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
+            )
         component = Component(name, process, log_path)
         self.components[name] = component
         return component

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from hoptrace.lab.lifecycle import die_with_parent
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INFLUXD_BINARY = REPO_ROOT / ".tools" / "bin" / "influxd"
 AGENT_BINARY = REPO_ROOT / "agent" / "bin" / "hoptrace-agent"
@@ -141,6 +143,7 @@ class InfluxServer:
                 [binary, "run", "-config", str(self.workdir / "influxdb.conf")],
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent,
             )
         assert wait_http_ok(f"{self.url}/ping", timeout_s, self.process), "influxd did not restart"
 
@@ -238,6 +241,7 @@ def start_influxd(binary: Path = INFLUXD_BINARY, timeout_s: float = 60.0, attemp
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "INFLUXDB_DATA_QUERY_LOG_ENABLED": "false"},
+                preexec_fn=die_with_parent,
             )
         if wait_http_ok(f"{server.url}/ping", timeout_s, server.process):
             server.query_v1(f"CREATE DATABASE {INFLUX_DATABASE}")
@@ -300,7 +304,12 @@ class AgentProcess:
         """Start the agent and the reader thread."""
         self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            self.command, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            bufsize=1,
+            preexec_fn=die_with_parent,
         )
         self._reader = threading.Thread(target=self._read, name=f"agent-{self.node}-reader", daemon=True)
         self._reader.start()

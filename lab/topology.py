@@ -38,6 +38,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from hoptrace.common.netns import inet_checksum, socket_in_netns
+from hoptrace.lab.lifecycle import Reaper, die_with_parent
 
 Overlay = Literal["vxlan", "routed"]
 
@@ -166,6 +167,7 @@ class TwoHostTopology:
         if self.box:
             self._namespaces[BOX_ROLE] = self.box
         self._created: list[str] = []
+        self._reaper: Reaper | None = None  # deletes the namespaces if this process dies first
         self._procs: list[subprocess.Popen[Any]] = []
         self._box_proc: subprocess.Popen[str] | None = None
         self._box_stderr: Path | None = None
@@ -232,6 +234,7 @@ class TwoHostTopology:
 
     def popen(self, role: str, *cmd: str, **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``cmd`` inside the namespace of ``role``; ``destroy()`` kills it if it still runs."""
+        kwargs.setdefault("preexec_fn", die_with_parent)
         proc = subprocess.Popen(["ip", "netns", "exec", self.netns(role), *cmd], **kwargs)
         with self._lock:
             self._procs.append(proc)
@@ -279,9 +282,15 @@ class TwoHostTopology:
             if name in existing:
                 _run(["ip", "netns", "del", name], check=False)
         self._created = []
+        if self._reaper is not None:
+            self._reaper.release()
+            self._reaper = None
 
     def _add_netns(self, role: str) -> None:
         name = self.netns(role)
+        if self._reaper is None:
+            self._reaper = Reaper()
+        self._reaper.watch_netns(name)
         _run(["ip", "netns", "add", name])
         self._created.append(name)
         # Before any link exists, so every interface inherits them from "default": addresses usable at once
@@ -474,7 +483,11 @@ class TwoHostTopology:
         self._box_stderr = Path(stderr_name)
         with os.fdopen(fd, "w") as stderr:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.box, *cmd], stdout=subprocess.PIPE, stderr=stderr, text=True
+                ["ip", "netns", "exec", self.box, *cmd],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                preexec_fn=die_with_parent,
             )
         self._box_proc = proc
         line = _readline_with_timeout(proc, ready_timeout_s)

@@ -1,0 +1,88 @@
+"""Nothing the lab starts outlives it.
+
+- `die_with_parent` (a `preexec_fn`): every child process the lab starts gets PR_SET_PDEATHSIG, so the
+  kernel kills it when the lab's process dies, however it dies (SIGKILL included). Agents then close
+  their BPF links on the way (fd-based: the kernel detaches them).
+- `Reaper`: network namespaces are files, not processes; a small watchdog in its own session holds the
+  read end of a pipe. When the lab's process dies its end closes, and the watchdog kills what still runs in
+  the namespaces it was told about and deletes them. A clean shutdown tells it to leave quietly.
+
+Run as ``python -m hoptrace.lab.lifecycle FD`` by `Reaper` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: be killed when the parent dies (kept across exec, prctl(2))."""
+    parent = os.getppid()
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died between fork and prctl
+        os._exit(1)
+
+
+class Reaper:
+    """Deletes the namespaces it was told about if this process dies without releasing it."""
+
+    def __init__(self) -> None:
+        read_end, self._write_end = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "hoptrace.lab.lifecycle", str(read_end)],
+            pass_fds=[read_end],
+            start_new_session=True,  # a Ctrl-C to the lab's process group must not reach it
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(read_end)
+
+    def watch_netns(self, name: str) -> None:
+        """Delete netns `name` if this process dies."""
+        os.write(self._write_end, f"netns {name}\n".encode())
+
+    def release(self) -> None:
+        """The lab cleaned up itself: the watchdog exits without touching anything."""
+        if self._write_end < 0:
+            return
+        try:
+            os.write(self._write_end, b"done\n")
+        finally:
+            os.close(self._write_end)
+            self._write_end = -1
+        self.process.wait(10)
+
+
+def _delete_netns(name: str) -> None:
+    pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _watch(fd: int) -> int:
+    namespaces: list[str] = []
+    with os.fdopen(fd, "r") as pipe:
+        for line in pipe:
+            word, _, arg = line.strip().partition(" ")
+            if word == "done":
+                return 0
+            if word == "netns" and arg:
+                namespaces.append(arg)
+    # EOF without "done": the lab's process died
+    for name in reversed(namespaces):
+        _delete_netns(name)
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(_watch(int(sys.argv[1])))

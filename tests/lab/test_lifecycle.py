@@ -1,0 +1,108 @@
+"""The demo (a LocalCluster on a two-host topology) stopped as users stop things: SIGTERM, SIGINT, or
+SIGKILL. Afterwards no process, network namespace, BPF link or tc filter of it is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hoptrace.lab.topology import netns_list
+
+READY = "everything stays up"
+
+
+def hoptrace_links() -> list[dict]:
+    """BPF links whose program is one of hoptrace's (bpftool's view of the whole machine)."""
+
+    def bpftool(*args: str) -> list[dict]:
+        return json.loads(subprocess.run(["bpftool", "-j", *args], capture_output=True, text=True).stdout)
+
+    links, progs = bpftool("link", "list"), bpftool("prog", "list")
+    ours = {p["id"] for p in progs if p.get("name", "").startswith(("hop_", "tag_tcp"))}
+    return [link for link in links if link.get("prog_id") in ours]
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below `root` (children, their children, ...)."""
+    parents: dict[int, int] = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    parents[int(pid)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (zombies count as gone)."""
+    running = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    running.add(pid)
+        except OSError:
+            continue
+    return running
+
+
+def wait_until(condition, what: str, timeout_s: float) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_demo_leaves_nothing_behind(sig: signal.Signals) -> None:
+    links_before = {link["id"] for link in hoptrace_links()}
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "hoptrace.cli.demo", "--keep", "--seconds", "1", "--mps", "200"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    prefix = f"htdemo{demo.pid % 1000}"
+    output: list[str] = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # the demo says when everything is up; nothing is slept on
+            output.append(line)
+            if READY in line:
+                break
+        assert any(READY in line for line in output), "".join(output[-40:])
+        assert any(name.startswith(prefix) for name in netns_list()), "the demo's namespaces are not there"
+        assert hoptrace_links(), "the agents attached nothing"
+
+        children = descendants(demo.pid)
+        assert len(children) >= 6, children  # influxd, dispatcher, collector, two agents, web
+        demo.send_signal(sig)
+        demo.wait(60)
+        rest = demo.stdout.read()
+        if sig != signal.SIGKILL:
+            assert "cleaning up" in rest and demo.returncode in (130, 143), rest[-2000:]
+        # after SIGKILL the children die with it (PDEATHSIG) and the reaper removes the namespaces
+        wait_until(lambda: not [n for n in netns_list() if n.startswith(prefix)], "namespaces deleted", 30)
+        wait_until(lambda: not alive(children), f"the demo's processes gone: {alive(children)}", 30)
+        wait_until(lambda: {link["id"] for link in hoptrace_links()} <= links_before, "links gone", 30)
+        tc = subprocess.run(["tc", "filter", "show", "dev", "lo", "egress"], capture_output=True, text=True)
+        assert "hop_" not in tc.stdout
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        for name in netns_list():
+            if name.startswith(prefix):
+                subprocess.run(["ip", "netns", "del", name], check=False)
