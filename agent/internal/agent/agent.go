@@ -12,9 +12,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -104,7 +104,36 @@ func ReadPlan(path string) (*pb.TracePlan, error) {
 // plan if given, prints JSON lines if Out is set, and talks to the
 // dispatcher and collector if their addresses are set. On the way out it
 // flushes records, prints final counters, and detaches everything.
+//
+// Its goroutines run in three stages, started in this order and stopped in
+// the reverse one: aux (the clock and /metrics, which the other stages read),
+// records (the JSON printer and the collector stream, which drain the
+// queue), plans (the dispatcher session, which changes what is attached).
 func Run(ctx context.Context, cfg Config) error {
+	cfg = cfg.withDefaults()
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		defer cancel()
+	}
+	a, err := start(cfg)
+	if err != nil {
+		return err
+	}
+	defer a.close()
+
+	a.startAux()
+	a.startRecords()
+	if err := a.applyPlan(); err != nil {
+		a.shutdown()
+		return err
+	}
+	a.startPlans(ctx)
+	a.printCountersUntil(ctx)
+	return a.shutdown()
+}
+
+func (cfg Config) withDefaults() Config {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
@@ -112,227 +141,276 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Stdout = os.Stdout
 	}
 	if cfg.Node == "" {
-		h, _ := os.Hostname()
-		cfg.Node = h
+		cfg.Node, _ = os.Hostname()
 	}
-	if cfg.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
-		defer cancel()
-	}
+	return cfg
+}
 
-	dispatcherCreds, collectorCreds, err := transportCredentials(cfg)
-	if err != nil {
-		return err
-	}
+// stage is a group of goroutines stopped together.
+type stage struct {
+	g      errgroup.Group
+	ctx    context.Context
+	cancel context.CancelFunc
+}
 
-	var plan *pb.TracePlan
+func newStage() *stage {
+	s := &stage{}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s
+}
+
+// stop cancels the stage and waits for its goroutines.
+func (s *stage) stop() error {
+	s.cancel()
+	return s.g.Wait()
+}
+
+// wait waits for the goroutines to end by themselves, and cancels them after timeout.
+func (s *stage) wait(timeout time.Duration) (inTime bool) {
+	done := make(chan struct{})
+	go func() { s.g.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(timeout):
+		s.cancel()
+		<-done
+		return false
+	}
+}
+
+// running is one agent between start and shutdown.
+type running struct {
+	cfg                            Config
+	plan                           *pb.TracePlan
+	out                            *output.Writer
+	outFile                        *os.File
+	metricsLis                     net.Listener
+	mgr                            *tracer.Manager
+	mgrClosed                      bool
+	queue, collectorQueue          *stream.Queue
+	nodeClock                      *clock.Node
+	client                         *collector.Client
+	sess                           *session.Session
+	dispatcherCreds, collectorCred credentials.TransportCredentials
+	aux, records, plans            *stage
+}
+
+// start opens what the agent needs: credentials, the plan file, the output,
+// the /metrics listener, the tracer and its queues. Nothing runs yet.
+func start(cfg Config) (*running, error) {
+	a := &running{cfg: cfg, aux: newStage(), records: newStage(), plans: newStage()}
+	var err error
+	if a.dispatcherCreds, a.collectorCred, err = transportCredentials(cfg); err != nil {
+		return nil, err
+	}
 	baseDir := ""
 	if cfg.Plan != "" {
-		var err error
-		if plan, err = ReadPlan(cfg.Plan); err != nil {
-			return err
+		if a.plan, err = ReadPlan(cfg.Plan); err != nil {
+			return nil, err
 		}
 		baseDir = filepath.Dir(cfg.Plan)
 	}
-
-	var out *output.Writer
 	switch cfg.Out {
 	case "":
 	case "-":
-		out = output.NewWriter(cfg.Stdout)
+		a.out = output.NewWriter(cfg.Stdout)
 	default:
-		f, err := os.Create(cfg.Out)
-		if err != nil {
-			return fmt.Errorf("open --out: %w", err)
+		if a.outFile, err = os.Create(cfg.Out); err != nil {
+			return nil, fmt.Errorf("open --out: %w", err)
 		}
-		defer f.Close()
-		out = output.NewWriter(f)
+		a.out = output.NewWriter(a.outFile)
 	}
-
-	var metricsLis net.Listener
 	if cfg.MetricsListen != "" {
 		// Not fatal: tracing matters more than its metrics, and a second
 		// agent on the same machine may have left the default port taken.
-		if lis, err := metrics.Listen(cfg.MetricsListen); err != nil {
+		if a.metricsLis, err = metrics.Listen(cfg.MetricsListen); err != nil {
 			cfg.Log.Warn("no /metrics (pass a free --metrics-listen, or \"\" to turn it off)", "err", err)
-		} else {
-			metricsLis = lis
-			defer lis.Close()
 		}
 	}
-
-	queue := stream.NewQueue(cfg.BufferBytes)
-	mgr, err := tracer.New(tracer.Config{Node: cfg.Node, Netns: cfg.Netns, BaseDir: baseDir, RingBytes: cfg.RingBytes, Queue: queue})
+	a.queue = stream.NewQueue(cfg.BufferBytes)
+	a.mgr, err = tracer.New(tracer.Config{Node: cfg.Node, Netns: cfg.Netns, BaseDir: baseDir, RingBytes: cfg.RingBytes, Queue: a.queue})
 	if err != nil {
-		return err
+		a.close()
+		return nil, err
 	}
-	closed := false
-	defer func() {
-		if !closed {
-			mgr.Close()
-		}
-	}()
-
 	// When both a printer and a collector want the records, the printer
 	// consumes the queue and forwards to the collector's own queue.
-	collectorQueue := queue
-	if out != nil && cfg.Collector != "" {
-		collectorQueue = stream.NewQueue(cfg.BufferBytes)
+	a.collectorQueue = a.queue
+	if a.out != nil && cfg.Collector != "" {
+		a.collectorQueue = stream.NewQueue(cfg.BufferBytes)
 	}
-
-	var wg sync.WaitGroup
-	bg, stopBG := context.WithCancel(context.Background())
-	defer stopBG()
-
-	if out != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				b := queue.Pop(bg)
-				if b == nil {
-					if collectorQueue != queue {
-						collectorQueue.Close()
-					}
-					return
-				}
-				if err := out.Records(b.Trace, b.Records, func(i uint16) string { return mgr.HopName(b.Trace, i) }); err != nil {
-					cfg.Log.Error("write records", "err", err)
-				}
-				if collectorQueue != queue {
-					collectorQueue.Push(b)
-				}
-			}
-		}()
-	}
-	// The node's clock: the monotonic→realtime mapping always, Cristian
+	// The node's clock: the monotonic->realtime mapping always, Cristian
 	// rounds against the collector's time service when there is one.
-	nodeClock := clock.NewNode(clock.Config{Server: cfg.ClockServerAddr(), Interval: cfg.ClockInterval,
+	a.nodeClock = clock.NewNode(clock.Config{Server: cfg.ClockServerAddr(), Interval: cfg.ClockInterval,
 		Probes: cfg.ClockProbes, Source: clock.NewSource(cfg.ClockOffset, cfg.ClockDriftPPM), Log: cfg.Log})
-	if nodeClock.Source().Simulated() {
+	if a.nodeClock.Source().Simulated() {
 		cfg.Log.Warn("SIMULATED clock error", "offset", cfg.ClockOffset, "drift_ppm", cfg.ClockDriftPPM)
 	}
-	// Clock and /metrics live until Run returns (aux), after the records
-	// have gone out.
-	var aux sync.WaitGroup
-	auxCtx, stopAux := context.WithCancel(context.Background())
-	defer func() { stopAux(); aux.Wait() }()
-	aux.Add(1)
-	go func() { defer aux.Done(); nodeClock.Run(auxCtx) }()
-
-	collectorDone := make(chan struct{})
-	var client *collector.Client
 	if cfg.Collector != "" {
-		client = &collector.Client{Addr: cfg.Collector, Node: cfg.Node, Queue: collectorQueue, Counters: mgr.Counters,
-			Clock: nodeClock.NodeClock, Log: cfg.Log, Creds: collectorCreds}
-		go func() {
-			defer close(collectorDone)
-			// Records wait (in the queue) for the first clock round, so
-			// the first batches already carry an offset; bounded, as the
-			// time service may be away.
-			if cfg.ClockServerAddr() != "" && !nodeClock.WaitFirst(bg, 3*time.Second) {
-				cfg.Log.Warn("no clock estimate yet; sending records without an offset", "server", cfg.ClockServerAddr())
-			}
-			if err := client.Run(bg); err != nil {
-				cfg.Log.Error("collector", "err", err)
-			}
-		}()
-	} else {
-		close(collectorDone)
+		a.client = &collector.Client{Addr: cfg.Collector, Node: cfg.Node, Queue: a.collectorQueue, Counters: a.mgr.Counters,
+			Clock: a.nodeClock.NodeClock, Log: cfg.Log, Creds: a.collectorCred}
 	}
-
-	if plan != nil {
-		st := mgr.Apply(plan)
-		if out != nil {
-			if err := out.Status(st); err != nil {
-				return err
-			}
-		}
-		if !st.GetActive() {
-			return fmt.Errorf("trace %s: %s", st.GetTrace(), st.GetError())
-		}
-		for _, h := range st.GetHops() {
-			if h.GetError() != "" {
-				cfg.Log.Warn("hop not attached", "err", h.GetError())
-			}
-		}
-	}
-
-	sessCtx, stopSess := context.WithCancel(ctx)
-	defer stopSess()
-	sessDone := make(chan struct{})
-	var sess *session.Session
 	if cfg.Dispatcher != "" {
-		sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
-			Capabilities: probe.Capabilities(), Tracer: mgr, Presets: preset.Run, Log: cfg.Log, Creds: dispatcherCreds}
-		s := sess
-		go func() {
-			defer close(sessDone)
-			if err := s.Run(sessCtx); err != nil {
-				cfg.Log.Error("dispatcher session", "err", err)
-			}
-		}()
-	} else {
-		close(sessDone)
+		a.sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
+			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: preset.Run, Log: cfg.Log, Creds: a.dispatcherCreds}
 	}
+	return a, nil
+}
 
-	if metricsLis != nil {
-		queues := []*stream.Queue{queue}
-		if collectorQueue != queue {
-			queues = append(queues, collectorQueue)
-		}
-		reg := newRegistry(parts{mgr: mgr, queues: queues, outQueue: collectorQueue, clock: nodeClock,
-			client: client, session: sess, clockSync: cfg.ClockServerAddr() != ""})
-		aux.Add(1)
-		go func() { defer aux.Done(); metrics.Serve(auxCtx, metricsLis, metrics.Handler(reg, nil), cfg.Log) }()
+// close releases what start opened (after shutdown, or on a failed start).
+func (a *running) close() {
+	if a.mgr != nil && !a.mgrClosed {
+		a.mgr.Close()
 	}
+	if a.metricsLis != nil {
+		a.metricsLis.Close()
+	}
+	if a.outFile != nil {
+		a.outFile.Close()
+	}
+}
 
-	printCounters := func() {
-		if out == nil {
-			return
-		}
-		for _, tc := range mgr.Counters() {
-			if err := out.Counters(tc.Trace, tc.Hops); err != nil {
-				cfg.Log.Error("write counters", "err", err)
+// startAux runs the clock and /metrics: they live until the very end.
+func (a *running) startAux() {
+	a.aux.g.Go(func() error { a.nodeClock.Run(a.aux.ctx); return nil })
+	if a.metricsLis == nil {
+		return
+	}
+	queues := []*stream.Queue{a.queue}
+	if a.collectorQueue != a.queue {
+		queues = append(queues, a.collectorQueue)
+	}
+	reg := newRegistry(parts{mgr: a.mgr, queues: queues, outQueue: a.collectorQueue, clock: a.nodeClock,
+		client: a.client, session: a.sess, clockSync: a.cfg.ClockServerAddr() != ""})
+	a.aux.g.Go(func() error {
+		metrics.Serve(a.aux.ctx, a.metricsLis, metrics.Handler(reg, nil), a.cfg.Log)
+		return nil
+	})
+}
+
+// startRecords runs the printer and the collector stream: they take records
+// from the queue until it is closed and drained (or the stage is cancelled).
+func (a *running) startRecords() {
+	ctx := a.records.ctx
+	if a.out != nil {
+		a.records.g.Go(func() error {
+			for {
+				b := a.queue.Pop(ctx)
+				if b == nil {
+					if a.collectorQueue != a.queue {
+						a.collectorQueue.Close()
+					}
+					return nil
+				}
+				if err := a.out.Records(b.Trace, b.Records, func(i uint16) string { return a.mgr.HopName(b.Trace, i) }); err != nil {
+					a.cfg.Log.Error("write records", "err", err)
+				}
+				if a.collectorQueue != a.queue {
+					a.collectorQueue.Push(b)
+				}
 			}
+		})
+	}
+	if a.client != nil {
+		a.records.g.Go(func() error {
+			// Records wait (in the queue) for the first clock round, so the
+			// first batches already carry an offset; bounded, as the time
+			// service may be away.
+			if a.cfg.ClockServerAddr() != "" && !a.nodeClock.WaitFirst(ctx, 3*time.Second) {
+				a.cfg.Log.Warn("no clock estimate yet; sending records without an offset", "server", a.cfg.ClockServerAddr())
+			}
+			if err := a.client.Run(ctx); err != nil {
+				a.cfg.Log.Error("collector", "err", err)
+			}
+			return nil
+		})
+	}
+}
+
+// applyPlan applies the standalone plan, if any; a plan that does not
+// become active is an error.
+func (a *running) applyPlan() error {
+	if a.plan == nil {
+		return nil
+	}
+	st := a.mgr.Apply(a.plan)
+	if a.out != nil {
+		if err := a.out.Status(st); err != nil {
+			return err
 		}
 	}
+	if !st.GetActive() {
+		return fmt.Errorf("trace %s: %s", st.GetTrace(), st.GetError())
+	}
+	for _, h := range st.GetHops() {
+		if h.GetError() != "" {
+			a.cfg.Log.Warn("hop not attached", "err", h.GetError())
+		}
+	}
+	return nil
+}
+
+// startPlans runs the dispatcher session until ctx ends or shutdown stops it.
+func (a *running) startPlans(ctx context.Context) {
+	if a.sess == nil {
+		return
+	}
+	sessCtx, cancel := context.WithCancel(ctx)
+	stageCancel := a.plans.cancel
+	a.plans.cancel = func() { cancel(); stageCancel() }
+	a.plans.g.Go(func() error {
+		if err := a.sess.Run(sessCtx); err != nil {
+			a.cfg.Log.Error("dispatcher session", "err", err)
+		}
+		return nil
+	})
+}
+
+func (a *running) printCounters() {
+	if a.out == nil {
+		return
+	}
+	for _, tc := range a.mgr.Counters() {
+		if err := a.out.Counters(tc.Trace, tc.Hops); err != nil {
+			a.cfg.Log.Error("write counters", "err", err)
+		}
+	}
+}
+
+// printCountersUntil prints the counters every second until ctx ends.
+func (a *running) printCountersUntil(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-loop:
 	for {
 		select {
 		case <-ctx.Done():
-			break loop
+			return
 		case <-tick.C:
-			printCounters()
+			a.printCounters()
 		}
 	}
+}
 
-	// Shutdown: stop taking plans, flush records, final counters, detach.
-	stopSess()
-	<-sessDone
-	mgr.Flush()
-	printCounters()
-	err = mgr.Close() // detaches, flushes the reader, closes the queue
-	closed = true
-	if out == nil && cfg.Collector == "" {
-		stopBG()
+// shutdown stops taking plans, flushes the records and the final counters,
+// detaches everything, lets the printer and the collector take what is left
+// (bounded), then stops the clock and /metrics.
+func (a *running) shutdown() error {
+	a.plans.stop()
+	a.mgr.Flush()
+	a.printCounters()
+	err := a.mgr.Close() // detaches, flushes the reader, closes the queue
+	a.mgrClosed = true
+	if a.out == nil && a.client == nil {
+		a.records.cancel() // nothing drains the queue
 	}
-	// Let the printer and the collector take what is left (bounded wait).
-	waitDone := make(chan struct{})
-	go func() { wg.Wait(); <-collectorDone; close(waitDone) }()
-	select {
-	case <-waitDone:
-	case <-time.After(5 * time.Second):
-		cfg.Log.Warn("collector did not take the last batches in time")
-		stopBG()
-		<-waitDone
+	if !a.records.wait(5 * time.Second) {
+		a.cfg.Log.Warn("collector did not take the last batches in time")
 	}
-	if out != nil {
-		out.Flush()
+	if a.out != nil {
+		a.out.Flush()
 	}
+	a.aux.stop()
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}

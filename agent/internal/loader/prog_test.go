@@ -4,12 +4,16 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"path/filepath"
+	"sort"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
@@ -370,16 +374,82 @@ func TestFilterSelectsPackets(t *testing.T) {
 }
 
 // Every program of the object passes the verifier the way the agent loads it.
+// TestEveryProgramLoads loads every program of every object the agent loads, each alone as the agent
+// does, enumerated from the objects (nothing listed by hand). A program this kernel refuses fails the
+// test unless the refusal is a known one whose condition is checked here: fentry under kernel lockdown
+// (integrity or confidentiality forbid reading kernel memory with BPF).
 func TestEveryProgramLoads(t *testing.T) {
 	h := newHarness(t)
-	for _, c := range []loader.HopConfig{
-		{Program: loader.ProgTC, TagUDP: true},
-		{Program: loader.ProgXDP},
-		{Program: loader.ProgCgroupSKB, AttachType: ebpf.AttachCGroupInetEgress},
-		{Program: loader.ProgTPBTF, AttachTo: "net_dev_xmit"},
-		{Program: loader.ProgTPBTF, AttachTo: "netif_receive_skb", Ifindex: 1, NetnsIno: 1},
-		{Program: loader.ProgTagTCP, TagNetnsCookie: 1},
-	} {
-		t.Run(c.Program+"/"+c.AttachTo, func(t *testing.T) { h.load(t, c) })
+	for _, name := range sortedPrograms(h.spec) {
+		ps := h.spec.Programs[name]
+		cfg := loader.HopConfig{Program: name, Ifindex: 1, NetnsIno: 1, TagNetnsCookie: 1}
+		if ps.Type == ebpf.CGroupSKB {
+			cfg.AttachType = ebpf.AttachCGroupInetEgress
+		}
+		if ps.Type == ebpf.Tracing {
+			_, cfg.AttachTo, _ = strings.Cut(ps.SectionName, "/")
+		}
+		t.Run("hoptrace.bpf.o/"+name, func(t *testing.T) {
+			cfg.Name = name
+			hop, err := loader.LoadHop(h.spec, cfg, loader.Options{Records: h.records, IDState: h.idState})
+			if err == nil {
+				hop.Close()
+				return
+			}
+			if why := knownRefusal(ps, err); why != "" {
+				t.Logf("refused, as this kernel must: %s", why)
+				return
+			}
+			t.Fatalf("%s does not load: %v", name, err)
+		})
 	}
+	for _, object := range []string{"mace.bpf.o", "iron.bpf.o"} {
+		spec, err := ebpf.LoadCollectionSpec(filepath.Join(filepath.Dir(tu.ObjectPath()), object))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range sortedPrograms(spec) {
+			t.Run(object+"/"+name, func(t *testing.T) {
+				alone := spec.Copy()
+				for other := range alone.Programs {
+					if other != name {
+						delete(alone.Programs, other)
+					}
+				}
+				coll, err := ebpf.NewCollection(alone)
+				if err != nil {
+					if why := knownRefusal(spec.Programs[name], err); why != "" {
+						t.Logf("refused, as this kernel must: %s", why)
+						return
+					}
+					t.Fatalf("%s does not load: %v", name, err)
+				}
+				coll.Close()
+			})
+		}
+	}
+}
+
+func sortedPrograms(spec *ebpf.CollectionSpec) []string {
+	names := make([]string, 0, len(spec.Programs))
+	for name := range spec.Programs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	if len(names) == 0 {
+		panic("an object without programs")
+	}
+	return names
+}
+
+// knownRefusal says why this kernel refuses ps with err, when that is expected and verified here; "" when
+// the refusal is a failure.
+func knownRefusal(ps *ebpf.ProgramSpec, err error) string {
+	fentry := ps.Type == ebpf.Tracing && (ps.AttachType == ebpf.AttachTraceFEntry || ps.AttachType == ebpf.AttachTraceFExit)
+	if fentry && errors.Is(err, os.ErrPermission) {
+		if lockdown := attach.LockdownReason(); strings.HasPrefix(lockdown, "kernel lockdown (") {
+			return "fentry needs a kernel without lockdown; this one has " + lockdown
+		}
+	}
+	return ""
 }

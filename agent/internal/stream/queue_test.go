@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"go.uber.org/goleak"
 	"testing"
 	"time"
 
@@ -78,3 +79,6 @@ func TestQueueManyBatchesKeepsBound(t *testing.T) {
 		t.Fatalf("dropped %d with %d batches left", q.Dropped(), n)
 	}
 }
+
+// The queue's waiters and the reader's loop must not outlive their users.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -36,6 +36,8 @@ type Reader struct {
 
 	mu     sync.Mutex
 	routes map[uint16]*route
+	// Drain callers waiting for the read loop to reach their flush point.
+	drained []chan struct{}
 
 	read     atomic.Uint64
 	unrouted atomic.Uint64
@@ -105,7 +107,16 @@ func (r *Reader) run() error {
 		switch {
 		case err == nil:
 			r.add(rec.RawSample)
-		case errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, ringbuf.ErrFlushed):
+		case errors.Is(err, ringbuf.ErrFlushed):
+			// Every sample pending at the Flush has been read.
+			r.mu.Lock()
+			waiting := r.drained
+			r.drained = nil
+			r.mu.Unlock()
+			for _, ch := range waiting {
+				close(ch)
+			}
+		case errors.Is(err, os.ErrDeadlineExceeded):
 		case errors.Is(err, ringbuf.ErrClosed):
 			r.FlushAll()
 			return nil
@@ -171,12 +182,27 @@ func (r *Reader) FlushAll() {
 	}
 }
 
-// Drain reads whatever is in the ring buffer right now (without waiting)
-// and flushes it: used before detaching, so no record is left behind.
+// drainTimeout bounds Drain when the read loop cannot answer (it stopped).
+const drainTimeout = time.Second
+
+// Drain has the read loop take every record in the ring buffer now, then
+// flushes the batches: used before detaching, so no record is left behind.
+// It waits for the loop to reach the flush point (ringbuf.ErrFlushed), not a
+// fixed time.
 func (r *Reader) Drain() {
-	// Wake the Run loop so it consumes what is there; then flush.
-	_ = r.rd.Flush()
-	time.Sleep(10 * time.Millisecond)
+	if r.started.Load() {
+		reached := make(chan struct{})
+		r.mu.Lock()
+		r.drained = append(r.drained, reached)
+		r.mu.Unlock()
+		if err := r.rd.Flush(); err == nil {
+			select {
+			case <-reached:
+			case <-r.done:
+			case <-time.After(drainTimeout):
+			}
+		}
+	}
 	r.FlushAll()
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"go.uber.org/goleak"
 	"net"
 	"net/netip"
 	"os"
@@ -297,13 +298,14 @@ func TestKilledAgentLeavesNothing(t *testing.T) {
 }
 
 // TestMain turns the test binary into the agent child of
-// TestKilledAgentLeavesNothing when HTGO_CHILD is set.
+// TestKilledAgentLeavesNothing when HTGO_CHILD is set; otherwise it runs the
+// tests and checks that no reader loop or queue waiter outlived them.
 func TestMain(m *testing.M) {
 	if os.Getenv("HTGO_CHILD") != "" {
 		childAgent()
 		return
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 func childAgent() {
