@@ -144,8 +144,18 @@ lint: $(VENV)/.stamp lint-imports ## ruff, import layering, gofmt, go vet, clang
 	cd agent && go vet ./...
 	clang-format --dry-run -Werror kernel-patch/*.c kernel-patch/include/*.h
 
+# The unit tier runs as nobody to prove it needs no root. The venv's interpreter lives under /root (pyenv),
+# so Debian's python3.11 (same ABI) runs it with the venv's site-packages.
+UNIT_HOME := /tmp/hoptrace-unit-home
+.PHONY: test-unit
+test-unit: setup ## the pure tests (marker unit), as an unprivileged user
+	@mkdir -p $(UNIT_HOME) && chmod 1777 $(UNIT_HOME)
+	setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=$(UNIT_HOME) PYTHONDONTWRITEBYTECODE=1 \
+		/usr/bin/python3.11 -c "import site, sys; site.addsitedir('$(VENV)/lib/python3.11/site-packages'); \
+		import pytest; sys.exit(pytest.main(['-q', '-m', 'unit', '-p', 'no:cacheprovider', 'tests']))"
+
 .PHONY: test
-test: setup build proto-check lint ## run every test tier (needs root)
+test: setup build proto-check lint test-unit ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
 	$(PY) -m pytest -v tests
 	$(MAKE) --no-print-directory fuzz FUZZ_TIME=50000x FUZZ_EXAMPLES=1000

@@ -17,10 +17,11 @@ from hoptrace.lab.topology import TwoHostTopology, netns_list
 _PREFIXES: set[str] = set()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def require_root() -> None:
-    """The tests build namespaces and load BPF programs: they need root, and fail (never skip) without it."""
-    if os.geteuid() != 0:
+@pytest.fixture(autouse=True)
+def require_root(request: pytest.FixtureRequest) -> None:
+    """The tests build namespaces and load BPF programs: they need root, and fail (never skip) without it.
+    Only the unit tier (marker `unit`: pure code, `make test-unit`) runs anywhere."""
+    if request.node.get_closest_marker("unit") is None and os.geteuid() != 0:
         pytest.fail(
             "hoptrace tests must run as root (namespaces, BPF): run `sudo make test` "
             "or `sudo .venv/bin/python -m pytest tests`",

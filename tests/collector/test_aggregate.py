@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from hoptrace.collector.aggregate import (
@@ -17,6 +18,8 @@ from hoptrace.collector.clock import ClockAligner
 from hoptrace.collector.join import JoinedPacket
 from hoptrace.collector.records import hop_counters
 from hoptrace.v1 import records_pb2
+
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
 SEC = 1_000_000_000
 HOPS = ["a", "b", "c"]

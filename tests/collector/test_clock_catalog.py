@@ -11,6 +11,8 @@ from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.clock import ClockAligner
 from hoptrace.v1 import records_pb2, trace_pb2
 
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
+
 
 def test_master_time_formula_and_latest_mapping_wins() -> None:
     c = ClockAligner()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hoptrace.collector.aggregate import HopCounterWindow, LatencySample, SegmentWindow, TracerLossWindow
 from hoptrace.collector.clock import NodeClockPoint
 from hoptrace.collector.influx import (
@@ -14,6 +16,8 @@ from hoptrace.collector.influx import (
     segment_line,
     tracer_loss_line,
 )
+
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
 
 def sample(ts: int, pid: int = 5, latency: int = 1_234, flag: bool = False) -> LatencySample:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from collector_helpers import pid, rec
 
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.join import HopJoiner, JoinConfig, join_hops
+
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
 HOPS = ["a-egress", "bridge", "b-ingress"]
 NODES = ["node-a", "node-a", "node-b"]

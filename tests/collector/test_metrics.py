@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from collector_helpers import pid, rec
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -14,6 +15,8 @@ from hoptrace.collector.join import HopJoiner, JoinedPacket
 from hoptrace.collector.records import RecordFlag, decode_batch, hop_counters, pack_records
 from hoptrace.collector.service import CollectorPipeline
 from hoptrace.v1 import records_pb2
+
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
 SEC = 1_000_000_000
 BASE = 1_700_000_000 * SEC  # master time of the first packet (a second boundary)

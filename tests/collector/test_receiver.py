@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import grpc
+import pytest
 from collector_helpers import batch, pid, rec
 
 from hoptrace.collector.receiver import CollectorReceiver, ReceiverConfig, start_receiver
 from hoptrace.collector.records import DecodedBatch
 from hoptrace.v1 import records_pb2, records_pb2_grpc
+
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
 
 def test_stream_records_counts_per_node_across_reconnects() -> None:

@@ -24,6 +24,8 @@ from hoptrace.collector.records import (
     pack_records,
 )
 
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
+
 
 def _btf_types() -> dict[int, dict]:
     if not BPF_OBJ.exists():

@@ -9,6 +9,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from hoptrace.collector.report import _order, flux_time, format_ns, render_text, report_to_proto
 
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
+
 
 def stats(a: str, b: str, count: int = 3) -> dict:
     return {

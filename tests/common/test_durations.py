@@ -6,6 +6,8 @@ import pytest
 
 from hoptrace.common.durations import parse_duration, parse_duration_ns
 
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
+
 
 @pytest.mark.parametrize(
     ("text", "ns"),

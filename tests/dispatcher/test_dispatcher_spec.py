@@ -22,6 +22,8 @@ from hoptrace.dispatcher.spec import (
 )
 from hoptrace.v1 import trace_pb2
 
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
+
 CONTRACT_SPEC = """\
 name: udp-a-to-b                 # [a-z0-9-]+, unique
 filter:                          # every field optional; fields are ANDed

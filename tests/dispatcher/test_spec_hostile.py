@@ -27,6 +27,8 @@ from hoptrace.dispatcher.spec import (
 )
 from hoptrace.v1 import trace_pb2
 
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
+
 # "billion laughs": 9 levels of 9 aliases each, 376 bytes that expand to 9^9 strings.
 BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{','.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
