@@ -18,7 +18,6 @@ the device check for packets of other devices, so their mean is over all of thos
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from typing import Any
 
@@ -34,11 +33,10 @@ from common import (
     path_agents,
     path_plans,
     progs_of,
-    stop_process,
     target,
     tcx_prog_ids,
-    wait_listening,
 )
+from hoptrace.lab.workloads import sockperf
 
 TC_HOPS = {  # hop name -> (role, device, direction)
     "a-c1-eth0-out": ("c1", "eth0", "egress"),
@@ -80,38 +78,7 @@ def prog_stats(ids: dict[str, int]) -> dict[str, tuple[int, int]]:
 
 def sockperf_throughput(topo: TwoHostTopology, seconds: int, mps: int) -> dict[str, Any]:
     """sockperf UDP throughput c1 -> c2 for `seconds` at `mps` messages/s (64-byte messages)."""
-    server = topo.popen(
-        "c2",
-        "sockperf",
-        "server",
-        "-i",
-        topo.addr("c2"),
-        "-p",
-        str(SOCKPERF_PORT),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_listening(topo, "c2", "udp", SOCKPERF_PORT)
-        out = topo.run(
-            "c1",
-            "sockperf",
-            "throughput",
-            "-i",
-            topo.addr("c2"),
-            "-p",
-            str(SOCKPERF_PORT),
-            "-t",
-            str(seconds),
-            "--mps",
-            str(mps),
-            "-m",
-            "64",
-            timeout=seconds + 30,
-        )
-    finally:
-        stop_process(server)
-    text = out.stdout + out.stderr
+    text = sockperf(topo, "throughput", seconds, "--mps", str(mps), "-m", "64")
     sent = re.search(r"Total of (\d+) messages sent", text)
     if not sent:
         raise RuntimeError(f"sockperf throughput: no SentMessages in {text[-1500:]}")

@@ -23,6 +23,7 @@ from typing import Any
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import start_influxd
 from hoptrace.lab.topology import Overlay, TwoHostTopology, add_container
+from hoptrace.lab.workloads import sockperf as run_sockperf
 from hoptrace.v1 import trace_pb2
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,12 +41,7 @@ def traced_topology(overlay: Overlay) -> Iterator[tuple[TwoHostTopology, LocalCl
         topo.create()
         influx = start_influxd()
         cluster = LocalCluster(influx_url=influx.url)
-        cluster.start_dispatcher()
-        cluster.start_collector()
-        cluster.wait_listening()
-        cluster.start_agent("host-a", topo.host_a)
-        cluster.start_agent("host-b", topo.host_b)
-        cluster.wait_agents(["host-a", "host-b"])
+        cluster.start_on(topo)
         topo.extra_netns = extra  # type: ignore[attr-defined]
         yield topo, cluster
     finally:
@@ -87,21 +83,11 @@ def sockperf(
     ``server_prefix`` / ``client_prefix``: a command put before sockperf (e.g. ``("taskset", "-c", "1")``);
     ``client_args``: extra ping-pong arguments.
     """
-    srv = topo.popen(
-        server, *popen.pop("server_prefix", ()), "sockperf", "server", "-i", topo.addr(server),
-        "-p", str(SOCKPERF_PORT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    out = run_sockperf(
+        topo, "ping-pong", seconds, "--mps", str(mps), *popen.pop("client_args", ()),
+        client=client, server=server, server_prefix=popen.pop("server_prefix", ()),
+        client_prefix=popen.pop("client_prefix", ()),
     )  # fmt: skip
-    try:
-        time.sleep(0.5)
-        out = topo.run(
-            client, *popen.pop("client_prefix", ()), "sockperf", "ping-pong", "-i", topo.addr(server),
-            "-p", str(SOCKPERF_PORT),
-            "-t", str(int(seconds)), "--mps", str(mps), *popen.pop("client_args", ()),
-            timeout=seconds + 30,
-        ).stdout  # fmt: skip
-    finally:
-        srv.send_signal(signal.SIGINT)
-        srv.wait(5)
     result: dict[str, float] = {}
     if m := re.search(r"avg-latency=([\d.]+)", out):
         result["avg_us"] = float(m.group(1))

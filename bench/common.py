@@ -33,6 +33,7 @@ from hoptrace.lab.bpfstate import bpf_fds, tcx_programs
 from hoptrace.lab.processes import InfluxServer, free_port, start_influxd
 from hoptrace.lab.reference import path_plans  # noqa: F401 (re-exported to the benchmarks)
 from hoptrace.lab.topology import TwoHostTopology
+from hoptrace.lab.workloads import wait_listening  # noqa: F401 (re-exported to the benchmarks)
 from hoptrace.v1 import records_pb2, records_pb2_grpc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -386,18 +387,6 @@ def bpf_stats_enabled() -> Iterator[None]:
 
 
 # ---- namespaces ----------------------------------------------------------------------------------
-
-
-def wait_listening(topo: TwoHostTopology, role: str, proto: str, port: int, timeout_s: float = 5.0) -> None:
-    """Wait until something listens on `port` (tcp/udp) inside `role`'s namespace."""
-    deadline = time.monotonic() + timeout_s
-    flag = "-tln" if proto == "tcp" else "-uln"
-    while time.monotonic() < deadline:
-        out = topo.run(role, "ss", "-H", flag, check=False).stdout
-        if re.search(rf":{port}\b", out):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {proto}/{port} in {role}")
 
 
 def udp_socket(topo: TwoHostTopology, role: str) -> socket.socket:

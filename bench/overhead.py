@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    SOCKPERF_PORT,
     BenchContext,
     RecordSink,
     TwoHostTopology,
@@ -44,6 +43,7 @@ from common import (
     stop_process,
     wait_listening,
 )
+from hoptrace.lab.workloads import sockperf
 
 IPERF_PORT = 5201
 PATH_DEVICES = [  # (role, device) of the 8 hops
@@ -68,36 +68,7 @@ TRACEFS = Path("/sys/kernel/tracing")
 
 def sockperf_ping_pong(topo: TwoHostTopology, seconds: int) -> dict[str, float]:
     """Half round-trip latency in µs: mean, p99, p99.9."""
-    server = topo.popen(
-        "c2",
-        "sockperf",
-        "server",
-        "-i",
-        topo.addr("c2"),
-        "-p",
-        str(SOCKPERF_PORT),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_listening(topo, "c2", "udp", SOCKPERF_PORT)
-        out = topo.run(
-            "c1",
-            "sockperf",
-            "ping-pong",
-            "-i",
-            topo.addr("c2"),
-            "-p",
-            str(SOCKPERF_PORT),
-            "-t",
-            str(seconds),
-            "-m",
-            "64",
-            timeout=seconds + 30,
-        )
-    finally:
-        stop_process(server)
-    text = out.stdout + out.stderr
+    text = sockperf(topo, "ping-pong", seconds, "-m", "64")
     mean = re.search(r"avg-latency=([\d.]+)", text)
     p99 = re.search(r"percentile 99\.000 =\s+([\d.]+)", text)
     p999 = re.search(r"percentile 99\.900 =\s+([\d.]+)", text)

@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -20,8 +19,9 @@ from collections.abc import Sequence
 from hoptrace.dispatcher.spec import spec_to_yaml
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import start_influxd
-from hoptrace.lab.reference import SOCKPERF_PORT, vxlan_path_spec
+from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
+from hoptrace.lab.workloads import sockperf
 
 
 class _Stopped(Exception):
@@ -35,19 +35,7 @@ def _stop_on_signal(signum: int, _frame: object) -> None:
 
 def run_sockperf(topo: TwoHostTopology, seconds: float, mps: int) -> str:
     """A sockperf UDP ping-pong c1 -> c2; returns the client's summary lines."""
-    server = topo.popen(
-        "c2", "sockperf", "server", "-i", topo.addr("c2"), "-p", str(SOCKPERF_PORT),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        time.sleep(0.5)
-        out = topo.run(
-            "c1", "sockperf", "ping-pong", "-i", topo.addr("c2"), "-p", str(SOCKPERF_PORT),
-            "-t", str(int(seconds)), "--mps", str(mps),
-        ).stdout  # fmt: skip
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(5)
+    out = sockperf(topo, "ping-pong", seconds, "--mps", str(mps))
     return "\n".join(line for line in out.splitlines() if "avg-latency" in line or "Summary" in line)
 
 
@@ -84,12 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("InfluxDB, collector, dispatcher, one agent per host")
         influx = start_influxd()
         cluster = LocalCluster(influx_url=influx.url)
-        cluster.start_dispatcher()
-        cluster.start_collector()
-        cluster.wait_listening()
-        cluster.start_agent("host-a", topo.host_a)
-        cluster.start_agent("host-b", topo.host_b)
-        cluster.wait_agents(["host-a", "host-b"])
+        cluster.start_on(topo)
         print(
             f"dispatcher {cluster.dispatcher_addr}, collector {cluster.collector_addr}, influxdb {influx.url}"
         )

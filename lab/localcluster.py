@@ -19,8 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -314,6 +316,20 @@ class LocalCluster:
     def api(self) -> api_pb2_grpc.HoptraceStub:
         """A stub of the user API on the dispatcher."""
         return api_pb2_grpc.HoptraceStub(self.channel())
+
+    def start_on(
+        self, topo: Any, collector_args: Sequence[str] = (), agent_args: dict[str, list[str]] | None = None
+    ) -> LocalCluster:
+        """Dispatcher, collector and one agent per emulated host of `topo` (host-a, host-b), all up and
+        registered; `agent_args` adds flags per node."""
+        agent_args = agent_args or {}
+        self.start_dispatcher()
+        self.start_collector(*collector_args)
+        self.wait_listening()
+        self.start_agent("host-a", topo.host_a, *agent_args.get("host-a", []))
+        self.start_agent("host-b", topo.host_b, *agent_args.get("host-b", []))
+        self.wait_agents(["host-a", "host-b"])
+        return self
 
     def wait_agents(self, nodes: list[str], timeout_s: float = 30.0) -> list[api_pb2.Agent]:
         """Wait until every node in `nodes` is registered and connected."""

@@ -106,14 +106,7 @@ def running_cluster(
     `agent_args` adds flags per node, e.g. {"host-b": ["--clock-offset", "3.7ms"]}.
     """
     cluster = LocalCluster(influx_url=influx_url)
-    agent_args = agent_args or {}
     try:
-        cluster.start_dispatcher()
-        cluster.start_collector("--join-window", "1")
-        cluster.wait_listening()
-        cluster.start_agent("host-a", topo.host_a, *agent_args.get("host-a", []))
-        cluster.start_agent("host-b", topo.host_b, *agent_args.get("host-b", []))
-        cluster.wait_agents(["host-a", "host-b"])
-        yield cluster
+        yield cluster.start_on(topo, ["--join-window", "1"], agent_args)
     finally:
         cluster.stop()
