@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from hoptrace.common.client import CALL_TIMEOUT_S, ApiClient, ApiError
-from hoptrace.common.grpcutil import api_channel
+from hoptrace.common.grpcutil import TOKEN_ENV, api_channel, secret_from
 
 
 class CliError(Exception):
@@ -24,7 +24,7 @@ def client_of(args: argparse.Namespace) -> ApiClient:
                 ca=args.ca,
                 cert=args.cert,
                 key=args.key,
-                token=args.token,
+                token=secret_from(args, "token", TOKEN_ENV) or None,
                 insecure=args.insecure,
             )
         except (OSError, ValueError) as error:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hoptrace.cli.mace import agent_binary, is_remote, run_remote_preset
+from hoptrace.common.grpcutil import INFLUX_TOKEN_ENV, add_secret_argument, secret_from
 
 
 def run_iron(
@@ -89,7 +90,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--influx-url", help="write net_cpu to this InfluxDB")
     parser.add_argument("--influx-bucket", default="hoptrace/autogen", help="bucket (1.8: db/rp)")
     parser.add_argument("--influx-org", default="-", help="organization")
-    parser.add_argument("--influx-token", default="", help="token (1.8: USER:PASSWORD)")
+    add_secret_argument(parser, "influx-token", INFLUX_TOKEN_ENV, "the InfluxDB token (1.8: USER:PASSWORD)")
     parser.set_defaults(func=cmd_iron)
     return parser
 
@@ -101,7 +102,7 @@ def cmd_iron(args: argparse.Namespace) -> int:
             "url": args.influx_url,
             "bucket": args.influx_bucket,
             "org": args.influx_org,
-            "token": args.influx_token,
+            "token": secret_from(args, "influx-token", INFLUX_TOKEN_ENV),
         }
         if args.influx_url
         else None

@@ -24,10 +24,14 @@ from hoptrace.common.durations import parse_duration
 from hoptrace.common.grpcutil import (
     CA_ENV,
     CERT_ENV,
+    INFLUX_TOKEN_ENV,
     KEY_ENV,
+    ROLES,
     TOKEN_ENV,
+    add_secret_argument,
     add_server_tls_arguments,
     add_token,
+    secret_from,
     server_tls_from_args,
 )
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
@@ -268,7 +272,12 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
     if args.influx_url:
         from hoptrace.dispatcher.reports import influx_report_provider, influx_window_provider
 
-        influx = (args.influx_url, args.influx_bucket, args.influx_org, args.influx_token)
+        influx = (
+            args.influx_url,
+            args.influx_bucket,
+            args.influx_org,
+            secret_from(args, "influx-token", INFLUX_TOKEN_ENV),
+        )
         report_provider = influx_report_provider(*influx)
         window_provider = influx_window_provider(*influx)
     try:
@@ -328,7 +337,7 @@ def _add_collector_parser(subparsers, command: str | None) -> None:
     parser.add_argument("--influx-url", required=command == "collector", help="InfluxDB URL")
     parser.add_argument("--influx-bucket", required=command == "collector", help="InfluxDB bucket (db/rp)")
     parser.add_argument("--influx-org", default="-", help="InfluxDB organization")
-    parser.add_argument("--influx-token", default="", help="InfluxDB token (1.8: USER:PASSWORD)")
+    add_secret_argument(parser, "influx-token", INFLUX_TOKEN_ENV, "the InfluxDB token (1.8: USER:PASSWORD)")
 
     def unavailable(args: argparse.Namespace) -> int:
         raise CliError("the collector is not installed (hoptrace.collector.main is missing)")
@@ -358,12 +367,26 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_token_create(args: argparse.Namespace) -> int:
     """hoptrace token create NAME --tokens FILE: append the token's hash, print the token once."""
     try:
-        token = add_token(args.tokens, args.name)
+        token = add_token(args.tokens, args.name, args.role)
     except (OSError, ValueError) as error:
         raise CliError(f"token: {error}") from None
     print(token)
-    print(f"token {args.name} added to {args.tokens}; pass it with --token or ${TOKEN_ENV}", file=sys.stderr)
+    print(
+        f"token {args.name} ({args.role}) added to {args.tokens}; keep it in a file for --token-file, "
+        f"or in ${TOKEN_ENV}",
+        file=sys.stderr,
+    )
     return 0
+
+
+class _SecretOnCommandLine(argparse.Action):
+    """Refuses a secret given as a flag's value: every local user can read /proc/PID/cmdline."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        parser.error(
+            f"{self.option_strings[0]} is not taken on the command line (anyone on the host can read it): "
+            f"use --token-file FILE or ${TOKEN_ENV}"
+        )
 
 
 def _add_client_security_arguments(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
@@ -372,7 +395,14 @@ def _add_client_security_arguments(parser: argparse.ArgumentParser, *, top_level
     def default(env: str) -> str | None:
         return (os.environ.get(env) or None) if top_level else argparse.SUPPRESS
 
-    parser.add_argument("--token", default=default(TOKEN_ENV), help=f"user API token (default ${TOKEN_ENV})")
+    # --token used to take the token itself; say why it does not any more (and never read it as a file).
+    parser.add_argument("--token", action=_SecretOnCommandLine, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        default=default(f"{TOKEN_ENV}_FILE"),
+        help=f"file holding the user API token (or put the token in ${TOKEN_ENV}; never on the command line)",
+    )
     parser.add_argument("--ca", default=default(CA_ENV), metavar="PEM", help=f"CA certificate (${CA_ENV})")
     parser.add_argument("--cert", default=default(CERT_ENV), metavar="PEM", help=f"client cert (${CERT_ENV})")
     parser.add_argument("--key", default=default(KEY_ENV), metavar="PEM", help=f"client key (${KEY_ENV})")
@@ -413,6 +443,12 @@ def _add_security_commands(subparsers) -> None:
     )
     create.add_argument("name", help="token name (who uses it)")
     create.add_argument("--tokens", required=True, metavar="FILE", help="the dispatcher's --tokens file")
+    create.add_argument(
+        "--role",
+        choices=ROLES,
+        default="viewer",
+        help="viewer: read (agents, traces, reports); operator: also apply, delete, run presets; admin: all",
+    )
     create.set_defaults(func=cmd_token_create)
 
 
@@ -425,7 +461,7 @@ def _command_of(argv: Sequence[str]) -> str | None:
     for argument in argv:
         if skip:
             skip = False
-        elif argument in ("--dispatcher", "--token", "--ca", "--cert", "--key"):
+        elif argument in ("--dispatcher", "--token-file", "--ca", "--cert", "--key"):
             skip = True
         elif not argument.startswith("-"):
             return argument
@@ -461,13 +497,15 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     dispatcher.add_argument("--influx-url", help="collector's InfluxDB, for reports (unset: no GetReport)")
     dispatcher.add_argument("--influx-bucket", default="hoptrace/autogen", help="InfluxDB bucket (db/rp)")
     dispatcher.add_argument("--influx-org", default="-", help="InfluxDB organization")
-    dispatcher.add_argument("--influx-token", default="", help="InfluxDB token (1.8: USER:PASSWORD)")
+    add_secret_argument(
+        dispatcher, "influx-token", INFLUX_TOKEN_ENV, "the InfluxDB token (1.8: USER:PASSWORD)"
+    )
     dispatcher.add_argument(
         "--ack-timeout", type=float, default=5.0, help="seconds to wait for each agent's status on apply"
     )
     dispatcher.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     dispatcher.add_argument(
-        "--tokens", metavar="FILE", help="user API tokens, NAME:SHA256HEX lines (required with TLS)"
+        "--tokens", metavar="FILE", help="user API tokens, NAME:ROLE:SHA256HEX lines (required with TLS)"
     )
     add_server_tls_arguments(dispatcher)
     dispatcher.set_defaults(func=cmd_dispatcher)

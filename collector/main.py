@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -14,7 +13,15 @@ import grpc
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.collector.service import run_collector
-from hoptrace.common.grpcutil import TOKEN_ENV, add_server_tls_arguments, api_channel, server_tls_from_args
+from hoptrace.common.grpcutil import (
+    INFLUX_TOKEN_ENV,
+    TOKEN_ENV,
+    add_secret_argument,
+    add_server_tls_arguments,
+    api_channel,
+    secret_from,
+    server_tls_from_args,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--influx-bucket", default="hoptrace/autogen", help="bucket; InfluxDB 1.8: DATABASE/RETENTION-POLICY"
     )
     parser.add_argument("--influx-org", default="-", help="organization (InfluxDB 1.8: ignored, '-')")
-    parser.add_argument("--influx-token", default="", help="token; InfluxDB 1.8: USER:PASSWORD or empty")
+    add_secret_argument(parser, "influx-token", INFLUX_TOKEN_ENV, "the InfluxDB token (1.8: USER:PASSWORD)")
     parser.add_argument(
         "--traces", default=None, metavar="FILE", help="JSON/YAML trace specs giving each trace's hop path"
     )
@@ -70,12 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="bound of the in-memory export queue (points)",
     )
-    parser.add_argument(
-        "--dispatcher-token",
-        default=None,
-        metavar="TOKEN",
-        help=f"token for the dispatcher's user API (default ${TOKEN_ENV}); with TLS, --ca/--cert/--key are "
-        "used toward the dispatcher too",
+    add_secret_argument(
+        parser,
+        "dispatcher-token",
+        TOKEN_ENV,
+        "the token for the dispatcher's user API (a viewer's is enough); with TLS, --ca/--cert/--key "
+        "are used toward the dispatcher too",
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_server_tls_arguments(parser)
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     catalog = TraceCatalog()
     stop_sync = threading.Event()
     if args.dispatcher:
-        token = args.dispatcher_token or os.environ.get(TOKEN_ENV)
+        token = secret_from(args, "dispatcher-token", TOKEN_ENV) or None
         address = args.dispatcher
 
         def channel() -> grpc.Channel:
@@ -107,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             args.influx_url,
             args.influx_bucket,
             args.influx_org,
-            args.influx_token,
+            secret_from(args, "influx-token", INFLUX_TOKEN_ENV),
             catalog=catalog,
             catalog_file=args.traces,
             join_window_s=args.join_window,

@@ -35,6 +35,7 @@ from influxdb_client import InfluxDBClient
 
 from hoptrace.collector.aggregate import END_TO_END
 from hoptrace.collector.influx import HOP_COUNTERS, HOP_LATENCY, SEGMENT_STATS
+from hoptrace.common.grpcutil import INFLUX_TOKEN_ENV, add_secret_argument, secret_from
 from hoptrace.v1 import api_pb2
 
 _DURATION = re.compile(r"^(\d+(ns|us|µs|ms|s|m|h|d|w))+$")
@@ -537,7 +538,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--influx-url", default="http://127.0.0.1:8086")
     parser.add_argument("--influx-bucket", default="hoptrace/autogen")
     parser.add_argument("--influx-org", default="-")
-    parser.add_argument("--influx-token", default="")
+    add_secret_argument(parser, "influx-token", INFLUX_TOKEN_ENV, "the InfluxDB token (1.8: USER:PASSWORD)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -547,7 +548,7 @@ def run(args: argparse.Namespace) -> int:
         url=args.influx_url,
         bucket=args.influx_bucket,
         org=args.influx_org,
-        token=args.influx_token,
+        token=secret_from(args, "influx-token", INFLUX_TOKEN_ENV),
         since=args.since,
     )
     sys.stdout.write(json.dumps(report, indent=2) + "\n" if args.json else render_text(report))

@@ -42,7 +42,9 @@ from hoptrace.common.grpcutil import (
 ORGANIZATION = "hoptrace"
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 DEFAULT_CLIENTS = ("admin", "web")
-DEFAULT_TOKENS = ("admin", "web", "collector")
+# The tokens `hoptrace certs` makes and their roles: each component gets only what it needs (the web
+# applies traces and runs presets, the collector only follows the applied specs).
+DEFAULT_TOKENS = {"admin": "admin", "web": "operator", "collector": "viewer"}
 CA_DAYS = 3650
 LEAF_DAYS = 825  # the longest validity clients such as browsers still accept for a server certificate
 _DNS_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -229,7 +231,7 @@ def create_bundle(
     hosts: Sequence[str] = (),
     agents: Sequence[str] = (),
     clients: Sequence[str] = DEFAULT_CLIENTS,
-    tokens: Sequence[str] = DEFAULT_TOKENS,
+    tokens: dict[str, str] = DEFAULT_TOKENS,
 ) -> CertBundle:
     """Create (or extend) the certificates in `out`: CA, dispatcher and collector (server certificates for
     `hosts` plus loopback), one agent certificate per node of `agents`, client certificates, tokens."""
@@ -249,9 +251,9 @@ def create_bundle(
         issue(out, ca, name, name, ROLE_CLIENT)
     token_file = out / "tokens"
     known = read_token_file(token_file) if token_file.exists() else {}
-    for name in tokens:
+    for name, role in tokens.items():
         if name not in known:
-            _write_private(out / f"{name}.token", (add_token(token_file, name) + "\n").encode())
+            _write_private(out / f"{name}.token", (add_token(token_file, name, role) + "\n").encode())
     return CertBundle(out, list(agents), list(clients))
 
 

@@ -162,6 +162,30 @@ def api_channel(
     return grpc.secure_channel(address, credentials, options=options)
 
 
+# ---- secrets on the command line: never --------------------------------------------------------------
+
+INFLUX_TOKEN_ENV = "HOPTRACE_INFLUX_TOKEN"
+
+
+def add_secret_argument(parser: Any, flag: str, env: str, what: str) -> None:
+    """`--FLAG-file FILE` for a secret: read from the file (default $ENV_FILE), else from $ENV. A value on
+    the command line would be readable by every local user in /proc/PID/cmdline."""
+    parser.add_argument(
+        f"--{flag}-file",
+        metavar="FILE",
+        default=os.environ.get(f"{env}_FILE"),
+        help=f"file holding {what} (or put it in ${env})",
+    )
+
+
+def secret_from(args: Any, flag: str, env: str) -> str:
+    """The secret of `add_secret_argument(parser, flag, env, ...)`: the file's content, else $ENV, else ""."""
+    path = getattr(args, f"{flag.replace('-', '_')}_file", None)
+    if path:
+        return Path(path).read_text().strip()
+    return os.environ.get(env, "")
+
+
 # ---- tokens --------------------------------------------------------------------------------------------
 
 
@@ -175,32 +199,72 @@ def new_token() -> str:
     return "ht_" + secrets.token_urlsafe(32)
 
 
-def read_token_file(path: str | Path) -> dict[str, str]:
-    """name -> sha256 hex of a token file (`name:sha256hex` lines; blank lines and `#` comments skipped)."""
-    hashes: dict[str, str] = {}
+# What a token may do on the user API, each role including the ones before it.
+ROLES = ("viewer", "operator", "admin")
+# The least role each user API method needs; a method not listed needs admin (fail closed).
+METHOD_ROLES = {
+    "ListAgents": "viewer",
+    "GetAgent": "viewer",
+    "ListTraces": "viewer",
+    "GetTrace": "viewer",
+    "GetReport": "viewer",
+    "WatchSegmentStats": "viewer",
+    "WatchSpecs": "viewer",
+    "ValidateTrace": "viewer",
+    "ApplyTrace": "operator",
+    "DeleteTrace": "operator",
+    "RunPreset": "operator",
+}
+# The most a client certificate's role (subject OU) allows, whatever its token says: the collector only
+# reads, agents have no business on the user API.
+CERTIFICATE_CAPS = {"client": "admin", "collector": "viewer", "dispatcher": "viewer"}
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    """One line of a token file."""
+
+    name: str
+    role: str
+    digest: str  # sha256 hex of the token
+
+
+def read_token_file(path: str | Path) -> dict[str, TokenEntry]:
+    """name -> entry of a token file: `name:role:sha256hex` lines (`name:sha256hex`, the old form, is an
+    admin); blank lines and `#` comments skipped."""
+    entries: dict[str, TokenEntry] = {}
     for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        name, sep, digest = line.partition(":")
-        digest = digest.strip().lower()
-        if not sep or not name.strip() or not re.fullmatch(r"[0-9a-f]{64}", digest):
-            raise ValueError(f"{path}:{number}: expected NAME:SHA256HEX")
-        hashes[name.strip()] = digest
-    return hashes
+        parts = [part.strip() for part in line.split(":")]
+        name, role, digest = (parts[0], "admin", parts[1]) if len(parts) == 2 else (parts + ["", "", ""])[:3]
+        digest = digest.lower()
+        if (
+            len(parts) not in (2, 3)
+            or not name
+            or role not in ROLES
+            or not re.fullmatch(r"[0-9a-f]{64}", digest)
+        ):
+            raise ValueError(f"{path}:{number}: expected NAME:ROLE:SHA256HEX, ROLE one of {', '.join(ROLES)}")
+        entries[name] = TokenEntry(name, role, digest)
+    return entries
 
 
-def add_token(path: str | Path, name: str) -> str:
-    """Create a token `name`, append its hash to the token file `path` (mode 0600); return the token."""
+def add_token(path: str | Path, name: str, role: str = "viewer") -> str:
+    """Create a token `name` with `role`, append its hash to the token file `path` (mode 0600); return the
+    token."""
     if not name or ":" in name or any(c.isspace() for c in name):
         raise ValueError(f"bad token name {name!r}: no ':' and no spaces")
+    if role not in ROLES:
+        raise ValueError(f"bad role {role!r}: one of {', '.join(ROLES)}")
     path = Path(path)
     if path.exists() and name in read_token_file(path):
         raise ValueError(f"{path} already has a token called {name!r}")
     token = new_token()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     with os.fdopen(fd, "a") as out:
-        out.write(f"{name}:{hash_token(token)}\n")
+        out.write(f"{name}:{role}:{hash_token(token)}\n")
     return token
 
 
@@ -211,31 +275,31 @@ class TokenFile:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
-        self._hashes: dict[str, str] = {}
+        self._entries: dict[str, TokenEntry] = {}
         self._load()  # a bad file fails the server's start, not its first call
 
     def _load(self) -> None:
         stat = self.path.stat()
         stamp = (stat.st_mtime_ns, stat.st_size)
         if stamp != self._stamp:
-            self._hashes = read_token_file(self.path)
+            self._entries = read_token_file(self.path)
             self._stamp = stamp
-            if not self._hashes:
+            if not self._entries:
                 log.warning("token file %s has no tokens: every user API call will be refused", self.path)
 
-    def match(self, token: str) -> str | None:
-        """The name of `token`, or None when no line has its hash (constant-time comparisons)."""
+    def match(self, token: str) -> TokenEntry | None:
+        """The entry of `token`, or None when no line has its hash (constant-time comparisons)."""
         with self._lock:
             try:
                 self._load()
             except (OSError, ValueError) as error:  # keep the last good set rather than lock everyone out
                 log.error("token file %s: %s (keeping the tokens read before)", self.path, error)
-            hashes = dict(self._hashes)
+            entries = list(self._entries.values())
         digest = hash_token(token)
         found = None
-        for name, known in hashes.items():
-            if hmac.compare_digest(digest, known):
-                found = name
+        for entry in entries:
+            if hmac.compare_digest(digest, entry.digest):
+                found = entry
         return found
 
 
@@ -263,32 +327,107 @@ def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: st
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
-    """Calls of the user API need `authorization: Bearer <token>` with a token of `tokens`; others pass."""
+    """Calls of the user API need `authorization: Bearer <token>` with a token of `tokens` whose role (capped
+    by the client certificate's) allows the method (METHOD_ROLES); other services' calls pass."""
 
     def __init__(self, tokens: TokenFile, prefix: str = API_SERVICE_PREFIX) -> None:
         self.tokens = tokens
         self.prefix = prefix
 
-    def _problem(self, metadata: Any) -> str | None:
+    def _token(self, metadata: Any) -> tuple[TokenEntry | None, str]:
         values = [value for key, value in (metadata or ()) if key == "authorization"]
         if not values:
-            return f"missing token: pass --token or set ${TOKEN_ENV} (metadata authorization: Bearer <token>)"
+            return (
+                None,
+                f"missing token: use --token-file or set ${TOKEN_ENV} (authorization: Bearer <token>)",
+            )
         scheme, _, token = str(values[0]).partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return "malformed authorization metadata: expected 'Bearer <token>'"
-        if self.tokens.match(token.strip()) is None:
-            return "invalid token: not in the dispatcher's token file (`hoptrace token create` makes one)"
-        return None
+            return None, "malformed authorization metadata: expected 'Bearer <token>'"
+        entry = self.tokens.match(token.strip())
+        if entry is None:
+            return (
+                None,
+                "invalid token: not in the dispatcher's token file (`hoptrace token create` makes one)",
+            )
+        return entry, ""
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
-        """Pass authenticated user API calls (and every other service's) on; refuse the rest."""
+        """Pass authorized user API calls (and every other service's) on; refuse the rest."""
         if not handler_call_details.method.startswith(self.prefix):
             return continuation(handler_call_details)
-        problem = self._problem(handler_call_details.invocation_metadata)
         handler = continuation(handler_call_details)
-        if problem is None or handler is None:
+        if handler is None:
             return handler
-        return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, problem)
+        entry, problem = self._token(handler_call_details.invocation_metadata)
+        if entry is None:
+            return _refusing(handler, grpc.StatusCode.UNAUTHENTICATED, problem)
+        method = handler_call_details.method.removeprefix(self.prefix)
+        needed = METHOD_ROLES.get(method, "admin")
+        if ROLES.index(entry.role) < ROLES.index(needed):
+            message = f"token {entry.name!r} has role {entry.role}; {method} needs {needed}"
+            return _refusing(handler, grpc.StatusCode.PERMISSION_DENIED, message)
+        return _certificate_capped(handler, entry, method, needed)
+
+
+def _certificate_capped(
+    handler: grpc.RpcMethodHandler, entry: TokenEntry, method: str, needed: str
+) -> grpc.RpcMethodHandler:
+    """`handler`, refusing calls whose client certificate's role caps below `needed` (a collector's
+    certificate with an operator's token still only reads). Checked in the call: the peer's certificate
+    is known there, not in the interceptor."""
+
+    def check(context: grpc.ServicerContext) -> None:
+        peer = peer_identity(context)
+        if peer is None:  # plaintext (--insecure): no certificate to cap by
+            return
+        cap = CERTIFICATE_CAPS.get(peer.role)
+        if cap is None or ROLES.index(cap) < ROLES.index(needed):
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"certificate {peer.name!r} has role {peer.role!r}, which may not call {method}",
+            )
+
+    return _wrapped(handler, check)
+
+
+def _wrapped(handler: grpc.RpcMethodHandler, check: Any) -> grpc.RpcMethodHandler:
+    """A handler like `handler` that runs `check(context)` first."""
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        inner = handler.stream_stream
+
+        def stream_stream(requests: Any, context: grpc.ServicerContext) -> Any:
+            check(context)
+            yield from inner(requests, context)
+
+        return grpc.stream_stream_rpc_method_handler(stream_stream, **kwargs)
+    if handler.request_streaming:
+        inner_su = handler.stream_unary
+
+        def stream_unary(requests: Any, context: grpc.ServicerContext) -> Any:
+            check(context)
+            return inner_su(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(stream_unary, **kwargs)
+    if handler.response_streaming:
+        inner_us = handler.unary_stream
+
+        def unary_stream(request: Any, context: grpc.ServicerContext) -> Any:
+            check(context)
+            yield from inner_us(request, context)
+
+        return grpc.unary_stream_rpc_method_handler(unary_stream, **kwargs)
+    inner_uu = handler.unary_unary
+
+    def unary_unary(request: Any, context: grpc.ServicerContext) -> Any:
+        check(context)
+        return inner_uu(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(unary_unary, **kwargs)
 
 
 @dataclass(frozen=True)

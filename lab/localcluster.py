@@ -148,7 +148,7 @@ class LocalCluster:
         else:
             files = self.certs.files("web")
             client = ["--ca", str(files.ca), "--cert", str(files.cert), "--key", str(files.key)]
-            client += ["--token", self.certs.token("web")]
+            client += ["--token-file", str(self.certs.out / "web.token")]
         component = self._spawn(
             "web",
             [
@@ -229,7 +229,7 @@ class LocalCluster:
                 "--spool-dir",
                 str(self.workdir / "spool"),
                 *self._tls_flags(self.certs and self.certs.files("collector")),
-                *(["--dispatcher-token", self.certs.token("collector")] if self.certs else []),
+                *(["--dispatcher-token-file", str(self.certs.out / "collector.token")] if self.certs else []),
                 *extra,
             ],
         )

@@ -57,7 +57,7 @@ def read_users_file(path: str) -> dict[str, str]:
 def channel_factory(args: argparse.Namespace):  # noqa: ANN201 - Callable[[], grpc.Channel]
     """Makes the dispatcher channel the way every API client does: mutual TLS (--ca/--cert/--key) and the
     token, or plaintext with --insecure."""
-    from hoptrace.common.grpcutil import api_channel
+    from hoptrace.common.grpcutil import TOKEN_ENV, api_channel, secret_from
 
     def make():  # noqa: ANN202
         return api_channel(
@@ -65,7 +65,7 @@ def channel_factory(args: argparse.Namespace):  # noqa: ANN201 - Callable[[], gr
             ca=getattr(args, "ca", None),
             cert=getattr(args, "cert", None),
             key=getattr(args, "key", None),
-            token=getattr(args, "token", None),
+            token=secret_from(args, "token", TOKEN_ENV) or None,
             insecure=bool(getattr(args, "insecure", False)),
         )
 

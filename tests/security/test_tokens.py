@@ -33,7 +33,7 @@ def test_cli_needs_a_valid_token(servers: LocalCluster, certs: CertBundle):
     assert missing.returncode == 1
     assert "the dispatcher refused the request: missing token" in missing.stderr, missing.stderr
 
-    wrong = run_cli(servers, env, "trace", "ls", "--token", "ht_not-a-token")
+    wrong = run_cli(servers, {**env, TOKEN_ENV: "ht_not-a-token"}, "trace", "ls")
     assert wrong.returncode == 1
     assert "the dispatcher refused the request: invalid token" in wrong.stderr, wrong.stderr
 
@@ -106,3 +106,45 @@ def test_servers_need_tls_or_an_explicit_insecure(tmp_path):
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_roles_limit_what_a_token_may_do(servers: LocalCluster, certs: CertBundle, tmp_path):
+    """Review finding 5: any valid token with any CA-signed certificate could apply, delete and run presets.
+    A viewer reads; an operator also applies; the collector's certificate only reads, whatever its token."""
+    env = servers.client_env()
+    viewer = add_token(certs.tokens, "view-only", "viewer")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: roles\nhops:\n  - {name: a, node: nowhere, at: tc-egress, dev: eth0}\n")
+
+    listed = run_cli(servers, {**env, TOKEN_ENV: viewer}, "trace", "ls")
+    assert listed.returncode == 0, listed.stderr
+    applied = run_cli(servers, {**env, TOKEN_ENV: viewer}, "trace", "apply", "-f", str(spec))
+    assert applied.returncode == 1
+    assert "token 'view-only' has role viewer; ApplyTrace needs operator" in applied.stderr, applied.stderr
+    preset = run_cli(servers, {**env, TOKEN_ENV: viewer}, "iron", "--node", "sec-a", "--duration", "1")
+    assert preset.returncode == 1 and "RunPreset needs operator" in preset.stderr, preset.stderr
+
+    # the collector's certificate with the admin's token: still only a reader
+    collector = certs.files("collector")
+    as_collector = {**env, "HOPTRACE_CERT": str(collector.cert), "HOPTRACE_KEY": str(collector.key)}
+    reads = run_cli(servers, as_collector, "trace", "ls")
+    assert reads.returncode == 0, reads.stderr
+    writes = run_cli(servers, as_collector, "trace", "apply", "-f", str(spec))
+    assert writes.returncode == 1
+    assert "has role 'collector', which may not call ApplyTrace" in writes.stderr, writes.stderr
+
+
+def test_tokens_never_travel_on_the_command_line(servers: LocalCluster, certs: CertBundle):
+    """Finding 5: tokens were passed as --token/--dispatcher-token values, readable in /proc/PID/cmdline.
+    Clients take --token-file or $HOPTRACE_TOKEN; the cluster's collector and web get files."""
+    env = {k: v for k, v in servers.client_env().items() if k != TOKEN_ENV}
+    by_file = run_cli(servers, env, "trace", "ls", "--token-file", str(certs.out / "admin.token"))
+    assert by_file.returncode == 0, by_file.stderr
+    on_argv = run_cli(servers, env, "trace", "ls", "--token", certs.token("admin"))
+    assert on_argv.returncode == 2 and "--token is not taken on the command line" in on_argv.stderr
+    assert certs.token("admin") not in on_argv.stderr
+    for component in servers.components.values():
+        with open(f"/proc/{component.process.pid}/cmdline", "rb") as cmdline:
+            text = cmdline.read().decode(errors="replace")
+        for name in ("admin", "web", "collector"):
+            assert certs.token(name) not in text, f"{component.name} has the {name} token on its command line"
