@@ -14,7 +14,7 @@ AGENT_BIN := agent/bin/hoptrace-agent
 INFLUXD := $(TOOLS)/influxd
 
 APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 sockperf iperf3 tcpdump nftables clang-format \
-	ethtool chromium chromium-driver bpftrace
+	ethtool chromium chromium-driver bpftrace qemu-system-x86 kmod busybox-static
 
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
@@ -25,7 +25,18 @@ help: ## this list
 
 ## ---- setup -------------------------------------------------------------
 .PHONY: setup
-setup: .tools/apt.stamp $(VENV)/.stamp $(INFLUXD) web/node_modules/.package-lock.json .tools/compose-venv/bin/docker-compose ## install everything the build, demo and tests need
+setup: .tools/apt.stamp $(VENV)/.stamp $(INFLUXD) web/node_modules/.package-lock.json .tools/compose-venv/bin/docker-compose \
+	vm-kernels ## install everything the build, demo and tests need
+
+# The kernel matrix's guests (lab/vm.py): Debian's 5.10, 6.1 and 6.12, fetched into a private apt state.
+KERNEL_SUITES := bullseye bookworm bookworm-backports
+
+.PHONY: vm-kernels
+vm-kernels: .tools/kernels/.stamp ## fetch the Debian kernels the kernel matrix boots (about 30 s, once)
+
+.tools/kernels/.stamp: lab/kernels.sh
+	bash lab/kernels.sh .tools/kernels $(KERNEL_SUITES)
+	@touch $@
 
 .tools/apt.stamp: Makefile
 	@mkdir -p .tools
@@ -157,6 +168,8 @@ test-unit: setup ## the pure tests (marker unit), as an unprivileged user
 .PHONY: test
 test: setup build proto-check lint test-unit ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
+	@# the _floor variants (kernels 5.10-5.17), proven here on a fast kernel too
+	cd agent && HOPTRACE_FLOOR=1 go test -count=1 ./internal/loader ./internal/tracer
 	$(PY) -m pytest -v tests
 	$(MAKE) --no-print-directory fuzz FUZZ_TIME=50000x FUZZ_EXAMPLES=1000
 	$(PY) bench/run.py --quick

@@ -6,6 +6,12 @@
  * needs, with the same names, through the HOPTRACE_PROG_* macros below.
  *
  * Include vmlinux.h and the libbpf headers before this file.
+ *
+ * Every program comes twice: NAME for kernels from 5.18, and NAME_floor for
+ * 5.10 up to them, which does without bpf_loop (5.17), fetching atomics and
+ * bpf_check_mtu (5.12), bpf_xdp_get_buff_len (5.18) and the netns cookie in
+ * sock_ops (5.15). The agent picks the variant its kernel runs; the floor
+ * argument below is a compile-time constant that selects the code.
  */
 #ifndef __HOPTRACE_HOP_BPF_H
 #define __HOPTRACE_HOP_BPF_H
@@ -41,12 +47,18 @@ struct {
 	__uint(max_entries, 8 << 20);
 } records SEC(".maps");
 
-/* One per trace per node: the sequence that sampling and IDs come from. */
+/* One per trace per node: the sequence that sampling and IDs come from. The
+ * floor variants take the lock: their kernels cannot fetch-and-add. */
+struct id_seq {
+	__u64 next;
+	struct bpf_spin_lock lock;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct id_seq);
 } id_state SEC(".maps");
 
 /* One per loaded hop: a counter for every outcome. */
@@ -157,15 +169,21 @@ static __always_inline __u32 flow_hash(const struct pkt_info *p)
  * packet is sampled, 0 when it is not. IDs are (salt << 24 | seq), so an
  * origin's IDs do not repeat within 16 M sampled packets.
  */
-static __always_inline __u32 next_id(void)
+static __always_inline __u32 next_id(bool floor)
 {
 	__u32 key = 0;
-	__u64 *seq = bpf_map_lookup_elem(&id_state, &key);
+	struct id_seq *seq = bpf_map_lookup_elem(&id_state, &key);
 	__u64 n;
 
 	if (!seq)
 		return 0;
-	n = __sync_fetch_and_add(seq, 1);
+	if (floor) {
+		bpf_spin_lock(&seq->lock);
+		n = seq->next++;
+		bpf_spin_unlock(&seq->lock);
+	} else {
+		n = __sync_fetch_and_add(&seq->next, 1);
+	}
 	if (sample_every > 1) {
 		if (n % sample_every)
 			return 0;
@@ -202,9 +220,41 @@ static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex,
 	count(HOPTRACE_C_RECORDED, 1);
 }
 
-extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+/* 6.2+; weak, so that the agent's loader turns it into NULL where it is missing. */
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym __weak;
 
 #define CHECKSUM_PARTIAL_ 3
+
+/*
+ * tc's ctx is the kernel's struct sk_buff. Where the kfunc that says so is
+ * missing (before 6.2), read the fields through bpf_probe_read_kernel from
+ * the ctx address itself (a root agent may pass a pointer to a helper).
+ */
+static __always_inline __u8 skb_ip_summed(struct __sk_buff *skb, bool floor)
+{
+	struct sk_buff *kskb;
+
+	if (!floor && bpf_cast_to_kern_ctx) {
+		kskb = bpf_cast_to_kern_ctx(skb);
+		return BPF_CORE_READ_BITFIELD(kskb, ip_summed);
+	}
+	kskb = (struct sk_buff *)skb;
+	return BPF_CORE_READ_BITFIELD_PROBED(kskb, ip_summed);
+}
+
+/* Would growing the packet by `grow` bytes pass the device's MTU? */
+static __always_inline bool exceeds_mtu(struct __sk_buff *skb, __u32 grow, bool floor)
+{
+	struct sk_buff *kskb = (struct sk_buff *)skb;
+	__u32 mtu_len = 0, mtu, network_len;
+
+	if (!floor)
+		return bpf_check_mtu(skb, 0, &mtu_len, grow, 0) != 0;
+	/* Before 5.12: what bpf_check_mtu checks, from the device itself. */
+	mtu = BPF_CORE_READ(kskb, dev, mtu);
+	network_len = skb->len - BPF_CORE_READ(kskb, dev, hard_header_len);
+	return !mtu || network_len + grow > mtu;
+}
 
 /*
  * A CHECKSUM_PARTIAL packet's UDP checksum is finished later (by the stack
@@ -215,12 +265,11 @@ extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
  * the other way round (RFC 1071 byte-order independence).
  */
 static __always_inline int udp_csum_exclude_id(struct __sk_buff *skb, const struct pkt_info *p,
-					       __be32 id_be)
+					       __be32 id_be, bool floor)
 {
-	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
 	__u32 share = id_be;
 
-	if (BPF_CORE_READ_BITFIELD(kskb, ip_summed) != CHECKSUM_PARTIAL_)
+	if (skb_ip_summed(skb, floor) != CHECKSUM_PARTIAL_)
 		return 0; /* a finished checksum covers the UDP length only already */
 	if (p->udp_len & 1)
 		share = ((share & 0x00ff00ff) << 8) | ((share & 0xff00ff00) >> 8);
@@ -237,10 +286,9 @@ static __always_inline int udp_csum_exclude_id(struct __sk_buff *skb, const stru
  * get their bytes unchanged; the UDP checksum does not cover it. Only the IP
  * length (and the IPv4 header checksum) change.
  */
-static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info *p)
+static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info *p, bool floor)
 {
 	__u32 ip_end = p->l3_off + p->ip_len;
-	__u32 mtu_len = 0;
 	__u32 id;
 	__be32 id_be;
 
@@ -251,10 +299,10 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 	if (skb->gso_segs > 1 || skb->gso_size)
 		return HOPTRACE_C_GSO_SKIPPED;
 	/* Never grow past the device MTU: the packet goes out untagged instead. */
-	if (bpf_check_mtu(skb, 0, &mtu_len, HOPTRACE_UDP_ID_LEN, 0))
+	if (exceeds_mtu(skb, HOPTRACE_UDP_ID_LEN, floor))
 		return HOPTRACE_C_TOO_BIG;
 
-	id = next_id();
+	id = next_id(floor);
 	if (!id)
 		return HOPTRACE_C_UNTAGGED;
 	if (bpf_skb_change_tail(skb, skb->len + HOPTRACE_UDP_ID_LEN, 0))
@@ -262,7 +310,7 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 	id_be = bpf_htonl(id);
 	if (bpf_skb_store_bytes(skb, ip_end, &id_be, sizeof(id_be), 0))
 		return HOPTRACE_C_TAG_FAILED;
-	if (udp_csum_exclude_id(skb, p, id_be))
+	if (udp_csum_exclude_id(skb, p, id_be, floor))
 		return HOPTRACE_C_TAG_FAILED;
 
 	if (p->family == 4) {
@@ -310,12 +358,12 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 }
 
 /* tc (tcx) ingress or egress: the frame starts with its Ethernet header. */
-static __always_inline int hop_skb_l2(struct __sk_buff *skb)
+static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 {
 	/* Read ctx fields once, up front: clang must not fold them into one
 	 * offset pointer, which the verifier refuses for ctx. */
 	__u32 ifindex = skb->ifindex, len = skb->len;
-	struct pkt_reader r = {.ctx = skb, .len = len, .total = len};
+	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
 	int status;
 
@@ -326,7 +374,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb)
 	status = parse_packet(PKT_SKB, &r, 0, 0, &p);
 	if (!status && !p.id && !p.fragment && hop_tag_udp && p.proto == IPPROTO_UDP_ &&
 	    flow_match(p.family, p.proto, p.saddr, p.daddr, p.sport, p.dport)) {
-		int outcome = tag_udp_packet(skb, &p);
+		int outcome = tag_udp_packet(skb, &p, floor);
 
 		if (outcome == HOPTRACE_C_TAGGED) {
 			count(HOPTRACE_C_TAGGED, 1);
@@ -341,11 +389,11 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb)
 }
 
 /* cgroup_skb: the packet starts at its IP header. */
-static __always_inline int hop_skb_l3(struct __sk_buff *skb)
+static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 {
 	__u32 ifindex = skb->ifindex, len = skb->len;
 	__u16 ethertype = bpf_ntohs(skb->protocol);
-	struct pkt_reader r = {.ctx = skb, .len = len, .total = len};
+	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
 
 	barrier_var(ifindex);
@@ -357,11 +405,11 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb)
 	return SK_PASS_;
 }
 
-static __always_inline int hop_xdp_frame(struct xdp_md *ctx)
+static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 {
 	__u32 ifindex = ctx->ingress_ifindex;
-	__u32 len = bpf_xdp_get_buff_len(ctx);
-	struct pkt_reader r = {.ctx = ctx, .len = len, .total = len};
+	__u32 len = floor ? ctx->data_end - ctx->data : bpf_xdp_get_buff_len(ctx);
+	struct pkt_reader r = {.ctx = ctx, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
 
 	barrier_var(ifindex);
@@ -394,9 +442,9 @@ static __always_inline void pkt_copy_head(struct pkt_reader *r)
  * The device and namespace checks come first: they are what make a
  * system-wide event cheap for the packets of other hops and other agents.
  */
-static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device *dev)
+static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device *dev, bool floor)
 {
-	struct pkt_reader r = {};
+	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
 	__u16 mac, nh, ethertype = 0;
 	__u32 ifindex, start, tail, len;
@@ -451,13 +499,14 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	} while (0)
 
 /* sock_ops: does this socket send the traced flow? */
-static __always_inline bool sock_match(struct bpf_sock_ops *skops)
+static __always_inline bool sock_match(struct bpf_sock_ops *skops, bool floor)
 {
 	__u32 saddr[4] = {}, daddr[4] = {};
 	__u32 sk_family, local_port, remote_port;
 	__u8 family;
 
-	if (tag_netns_cookie && bpf_get_netns_cookie(skops) != tag_netns_cookie)
+	/* Before 5.15 sock_ops has no netns cookie: the agent refuses a netns there. */
+	if (!floor && tag_netns_cookie && bpf_get_netns_cookie(skops) != tag_netns_cookie)
 		return false;
 	READ_SKOPS(sk_family, family);
 	if (sk_family == 2 /* AF_INET */) {
@@ -488,7 +537,7 @@ static __always_inline bool sock_match(struct bpf_sock_ops *skops)
  * option 253 + ExID + ID (RFC 6994). The kernel accounts the reserved
  * option bytes in the MSS, so segments never outgrow the MTU.
  */
-static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops)
+static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floor)
 {
 	__u32 op, cb_flags;
 
@@ -498,23 +547,23 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops)
 	case BPF_SOCK_OPS_TCP_LISTEN_CB:
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
-		if (!sock_match(skops))
+		if (!sock_match(skops, floor))
 			break;
 		READ_SKOPS(cb_flags, bpf_sock_ops_cb_flags);
 		bpf_sock_ops_cb_flags_set(skops, cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 		break;
 	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
-		if (sock_match(skops))
+		if (sock_match(skops, floor))
 			bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0);
 		break;
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB: {
 		__u8 opt[HOPTRACE_TCPOPT_LEN];
 		__u32 id;
 
-		if (!sock_match(skops))
+		if (!sock_match(skops, floor))
 			break;
 		count(HOPTRACE_C_MATCHED, 1);
-		id = next_id();
+		id = next_id(floor);
 		if (!id) { /* sampled out: the reserved bytes go out as NOPs */
 			count(HOPTRACE_C_UNTAGGED, 1);
 			break;
@@ -537,28 +586,45 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops)
 	return SK_PASS_;
 }
 
-/* Program definitions: same names in every object the agent loads. */
+/* Program definitions: same names in every object the agent loads, each with
+ * its _floor variant (see the top of this file). */
 #define HOPTRACE_PROG_TC                                                                           \
 	SEC("tc") int hop_tc(struct __sk_buff *skb)                                                \
 	{                                                                                          \
-		return hop_skb_l2(skb);                                                            \
+		return hop_skb_l2(skb, false);                                                     \
+	}                                                                                          \
+	SEC("tc") int hop_tc_floor(struct __sk_buff *skb)                                          \
+	{                                                                                          \
+		return hop_skb_l2(skb, true);                                                      \
 	}
 #define HOPTRACE_PROG_XDP                                                                          \
 	SEC("xdp") int hop_xdp(struct xdp_md *ctx)                                                 \
 	{                                                                                          \
-		return hop_xdp_frame(ctx);                                                         \
+		return hop_xdp_frame(ctx, false);                                                  \
+	}                                                                                          \
+	SEC("xdp") int hop_xdp_floor(struct xdp_md *ctx)                                           \
+	{                                                                                          \
+		return hop_xdp_frame(ctx, true);                                                   \
 	}
 #define HOPTRACE_PROG_CGROUP_SKB                                                                   \
 	SEC("cgroup_skb/ingress") int hop_cgroup_skb(struct __sk_buff *skb)                        \
 	{                                                                                          \
-		return hop_skb_l3(skb);                                                            \
+		return hop_skb_l3(skb, false);                                                     \
+	}                                                                                          \
+	SEC("cgroup_skb/ingress") int hop_cgroup_skb_floor(struct __sk_buff *skb)                  \
+	{                                                                                          \
+		return hop_skb_l3(skb, true);                                                      \
 	}
 /* The agent retargets the event (AttachTo) before load: any event whose
  * first argument is the skb (net:net_dev_xmit, net:netif_receive_skb, ...). */
 #define HOPTRACE_PROG_TP_BTF                                                                       \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev));                               \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), false);                        \
+	}                                                                                          \
+	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf_floor, struct sk_buff *skb)        \
+	{                                                                                          \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), true);                         \
 	}
 /* net:net_dev_xmit fires after the driver took the skb: a veth has already
  * moved it to its peer (__dev_forward_skb sets skb->dev), so the device is the
@@ -567,22 +633,39 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops)
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit, struct sk_buff *skb, int rc, struct net_device *dev)         \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev);                                                   \
+		return hop_kernel_skb(skb, dev, false);                                            \
+	}                                                                                          \
+	SEC("tp_btf/net_dev_xmit")                                                                 \
+	int BPF_PROG(hop_tp_btf_xmit_floor, struct sk_buff *skb, int rc, struct net_device *dev)   \
+	{                                                                                          \
+		return hop_kernel_skb(skb, dev, true);                                             \
 	}
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev));                               \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), false);                        \
+	}                                                                                          \
+	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry_floor, struct sk_buff *skb)        \
+	{                                                                                          \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), true);                         \
 	}
 #define HOPTRACE_PROG_KPROBE                                                                       \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe, struct sk_buff *skb)            \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev));                               \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), false);                        \
+	}                                                                                          \
+	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe_floor, struct sk_buff *skb)      \
+	{                                                                                          \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), true);                         \
 	}
 #define HOPTRACE_PROG_TAG_TCP                                                                      \
 	SEC("sockops") int tag_tcp(struct bpf_sock_ops *skops)                                     \
 	{                                                                                          \
-		return tag_tcp_segment(skops);                                                     \
+		return tag_tcp_segment(skops, false);                                              \
+	}                                                                                          \
+	SEC("sockops") int tag_tcp_floor(struct bpf_sock_ops *skops)                               \
+	{                                                                                          \
+		return tag_tcp_segment(skops, true);                                               \
 	}
 
 #endif /* __HOPTRACE_HOP_BPF_H */

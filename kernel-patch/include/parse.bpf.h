@@ -70,6 +70,7 @@ struct pkt_reader {
 	__u32 copy_len;
 	__u32 len;   /* bytes readable from offset 0 */
 	__u32 total; /* bytes the packet has from offset 0 (> len when an skb is paged) */
+	__u8 floor;  /* a compile-time constant: the floor variant (hop.bpf.h), no bpf_loop */
 };
 
 /* The innermost packet: its flow, where its headers are, and its ID. */
@@ -118,7 +119,8 @@ static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, _
 	case PKT_SKB:
 		return bpf_skb_load_bytes(r->ctx, off, to, n);
 	case PKT_XDP:
-		return bpf_xdp_load_bytes(r->ctx, off, to, n);
+		/* Before 5.18 (the floor) an XDP frame is one buffer: direct reads only. */
+		return r->floor ? -1 : bpf_xdp_load_bytes(r->ctx, off, to, n);
 	default:
 		return bpf_probe_read_kernel(to, n, r->kbase + off);
 	}
@@ -170,13 +172,27 @@ static __always_inline int parse_l2(enum pkt_source src, struct pkt_reader *r, _
 	return PARSE_OK;
 }
 
-struct ext_walk {
-	struct pkt_reader r;
+struct ext_state {
 	__u32 l4;
 	__u8 next;
 	__u8 fragment;
 	int status;
 };
+
+struct ext_walk {
+	struct pkt_reader r;
+	struct ext_state st;
+};
+
+/* The floor variants' walk state: in a map, not on the stack, because the
+ * verifier does not track map values. Each pass of their bounded loops then
+ * starts from the same state and is pruned, instead of forking per header. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ext_state);
+} ext_scratch SEC(".maps");
 
 static __always_inline bool ipv6_is_ext(__u8 next)
 {
@@ -186,14 +202,14 @@ static __always_inline bool ipv6_is_ext(__u8 next)
 
 /* One IPv6 extension header per call; bpf_loop keeps the verifier's work
  * linear in the number of headers. */
-static __always_inline long ext_step(enum pkt_source src, struct ext_walk *w)
+static __always_inline long ext_step(enum pkt_source src, struct pkt_reader *r, struct ext_state *w)
 {
 	__u8 ext[8];
 
 	if (!ipv6_is_ext(w->next))
 		return 1;
 	/* Every extension header is at least 8 bytes (RFC 8200 4.3-4.6, RFC 4302). */
-	if (pkt_load(src, &w->r, w->l4, ext, sizeof(ext))) {
+	if (pkt_load(src, r, w->l4, ext, sizeof(ext))) {
 		w->status = PARSE_TRUNCATED;
 		return 1;
 	}
@@ -217,17 +233,23 @@ static __always_inline long ext_step(enum pkt_source src, struct ext_walk *w)
 
 static long ext_step_skb(__u64 index, void *data)
 {
-	return ext_step(PKT_SKB, data);
+	struct ext_walk *w = data;
+
+	return ext_step(PKT_SKB, &w->r, &w->st);
 }
 
 static long ext_step_xdp(__u64 index, void *data)
 {
-	return ext_step(PKT_XDP, data);
+	struct ext_walk *w = data;
+
+	return ext_step(PKT_XDP, &w->r, &w->st);
 }
 
 static long ext_step_kernel(__u64 index, void *data)
 {
-	return ext_step(PKT_KERNEL, data);
+	struct ext_walk *w = data;
+
+	return ext_step(PKT_KERNEL, &w->r, &w->st);
 }
 
 /* IPv4 or IPv6 header and the L4 ports. Fills the flow and offsets. */
@@ -275,19 +297,40 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 		p->flags |= HOPTRACE_F_IPV6;
 		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
-		{
-			struct ext_walk w = {.r = *r, .l4 = l4, .next = ip6.nexthdr};
+		if (r->floor) {
+			/* Without bpf_loop (before 5.17): the same step, unrolled. */
+			__u32 key = 0;
+			struct ext_state *w = bpf_map_lookup_elem(&ext_scratch, &key);
+
+			if (!w)
+				return PARSE_TRUNCATED;
+			w->l4 = l4;
+			w->next = ip6.nexthdr;
+			w->fragment = 0;
+			w->status = 0;
+			/* Unrolled: 5.10 refuses a loop whose back-edge is a fall-through. */
+#pragma unroll
+			for (int i = 0; i < MAX_IPV6_EXT_HDRS; i++)
+				if (ext_step(src, r, w))
+					break;
+			if (w->status)
+				return w->status;
+			l4 = w->l4;
+			next = w->next;
+			p->fragment = w->fragment;
+		} else {
+			struct ext_walk w = {.r = *r, .st = {.l4 = l4, .next = ip6.nexthdr}};
 
 			bpf_loop(MAX_IPV6_EXT_HDRS,
 				 src == PKT_SKB	  ? ext_step_skb
 				 : src == PKT_XDP ? ext_step_xdp
 						  : ext_step_kernel,
 				 &w, 0);
-			if (w.status)
-				return w.status;
-			l4 = w.l4;
-			next = w.next;
-			p->fragment = w.fragment;
+			if (w.st.status)
+				return w.st.status;
+			l4 = w.st.l4;
+			next = w.st.next;
+			p->fragment = w.st.fragment;
 		}
 		if (l4 > off + p->ip_len)
 			return PARSE_MALFORMED;
@@ -329,6 +372,14 @@ struct tcpopt_scan {
 	__u32 id;
 	int status;
 };
+
+/* The floor variants' option scan state, in a map as ext_scratch is. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tcpopt_scan);
+} tcpopt_scratch SEC(".maps");
 
 /* One option per call. Driven by bpf_loop so the verifier checks one step,
  * not every path through 40 options. */
@@ -393,7 +444,23 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 	    pkt_load(src, r, p->l4_off + 20, s.opts, optlen))
 		return PARSE_TRUNCATED;
 	s.len = optlen;
-	bpf_loop(TCP_MAX_OPT_LEN, tcpopt_step, &s, 0);
+	if (r->floor) {
+		/* Without bpf_loop (before 5.17): the same step, unrolled. */
+		__u32 key = 0;
+		struct tcpopt_scan *scan = bpf_map_lookup_elem(&tcpopt_scratch, &key);
+
+		if (!scan)
+			return PARSE_TRUNCATED;
+		__builtin_memcpy(scan, &s, sizeof(s));
+#pragma unroll
+		for (__u32 i = 0; i < TCP_MAX_OPT_LEN; i++)
+			if (tcpopt_step(i, scan))
+				break;
+		p->id = scan->id;
+		return scan->status;
+	} else {
+		bpf_loop(TCP_MAX_OPT_LEN, tcpopt_step, &s, 0);
+	}
 	p->id = s.id;
 	return s.status;
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/hoptrace/hoptrace/agent/internal/agent"
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/preset"
 )
 
@@ -35,6 +36,10 @@ func main() {
 }
 
 func run(args []string) error {
+	// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK (often 64 KiB).
+	if err := loader.AllowLockedMemory(); err != nil {
+		return fmt.Errorf("lift RLIMIT_MEMLOCK for BPF: %w", err)
+	}
 	if len(args) > 0 && (args[0] == "mace" || args[0] == "iron") {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()

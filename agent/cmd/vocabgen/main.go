@@ -162,7 +162,17 @@ func readVocabulary(object string) (*vocabulary, error) {
 	if err != nil {
 		return nil, fmt.Errorf("programs of %s: %w", object, err)
 	}
+	// Plans name a program; its _floor variant (hop.bpf.h) is the loader's choice, not a name of its own.
 	for name, ps := range coll.Programs {
+		if base, ok := strings.CutSuffix(name, floorSuffix); ok {
+			if coll.Programs[base] == nil {
+				return nil, fmt.Errorf("program %s has no %s to be the floor variant of", name, base)
+			}
+			continue
+		}
+		if coll.Programs[name+floorSuffix] == nil {
+			return nil, fmt.Errorf("program %s has no %s%s variant (hop.bpf.h's program macros)", name, name, floorSuffix)
+		}
 		v.Programs = append(v.Programs, program{name, ps.SectionName})
 	}
 	sort.Slice(v.Programs, func(i, j int) bool { return v.Programs[i].Name < v.Programs[j].Name })
@@ -248,6 +258,9 @@ func renderGo(v *vocabulary) ([]byte, error) {
 	return format.Source(b.Bytes())
 }
 
+// floorSuffix names a program's variant for kernels from 5.10 (hop.bpf.h).
+const floorSuffix = "_floor"
+
 // programGoName is the loader's constant for a program: ProgTC for hop_tc, ProgTagTCP for tag_tcp.
 func programGoName(name string) string {
 	return "Prog" + goName(strings.TrimPrefix(name, "hop_"))
@@ -261,7 +274,7 @@ func renderGoPrograms(v *vocabulary) ([]byte, error) {
 	for _, pr := range v.Programs {
 		p("\t%s = %q // SEC(%q)\n", programGoName(pr.Name), pr.Name, pr.Section)
 	}
-	p(")\n")
+	p(")\n\n// FloorSuffix names each program's variant for kernels from 5.10 (hop.bpf.h).\nconst FloorSuffix = %q\n", floorSuffix)
 	return format.Source(b.Bytes())
 }
 

@@ -23,12 +23,12 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.SchedCLS: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnCheckMtu, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnL3CsumReplace, asm.FnL4CsumReplace, asm.FnLoop, asm.FnMapLookupElem, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbChangeTail, asm.FnSkbLoadBytes, asm.FnSkbStoreBytes),
+			helpers: set(asm.FnCheckMtu, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnL3CsumReplace, asm.FnL4CsumReplace, asm.FnLoop, asm.FnMapLookupElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbChangeTail, asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnSpinLock, asm.FnSpinUnlock),
 			kfuncs:  set[string]("bpf_cast_to_kern_ctx"),
 		},
 		ebpf.SockOps: {
 			attach:  set(ebpf.AttachCGroupSockOps),
-			helpers: set(asm.FnGetNetnsCookie, asm.FnMapLookupElem, asm.FnReserveHdrOpt, asm.FnSockOpsCbFlagsSet, asm.FnStoreHdrOpt),
+			helpers: set(asm.FnGetNetnsCookie, asm.FnMapLookupElem, asm.FnReserveHdrOpt, asm.FnSockOpsCbFlagsSet, asm.FnSpinLock, asm.FnSpinUnlock, asm.FnStoreHdrOpt),
 			kfuncs:  set[string](),
 		},
 		ebpf.Tracing: {

@@ -36,7 +36,8 @@ type Hop struct {
 	Index    uint32
 	Loaded   *loader.Hop
 	Link     link.Link
-	Describe string // e.g. "tcx egress on eth0 in netns c1"
+	filter   *clsactFilter // a tc hop on a kernel without tcx, instead of Link
+	Describe string        // e.g. "tcx egress on eth0 in netns c1"
 }
 
 // Close detaches first, then releases the program and maps.
@@ -48,6 +49,10 @@ func (h *Hop) Close() error {
 	if h.Link != nil {
 		err = h.Link.Close()
 		h.Link = nil
+	}
+	if h.filter != nil {
+		err = errors.Join(err, h.filter.Close())
+		h.filter = nil
 	}
 	h.Loaded.Close()
 	return err
@@ -112,18 +117,15 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 			return nil, err
 		}
 		h.Describe = fmt.Sprintf("%s on %s in netns %s", kindName(kind), ha.GetDev(), nsName)
-		err = netns.Do(nsPath, func() error {
-			var err error
-			switch kind {
-			case pb.AttachKind_ATTACH_KIND_TC_INGRESS:
-				h.Link, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: h.Loaded.Program, Attach: ebpf.AttachTCXIngress})
-			case pb.AttachKind_ATTACH_KIND_TC_EGRESS:
-				h.Link, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: h.Loaded.Program, Attach: ebpf.AttachTCXEgress})
-			default:
+		if kind == pb.AttachKind_ATTACH_KIND_XDP {
+			err = netns.Do(nsPath, func() error {
+				var err error
 				h.Link, err = link.AttachXDP(link.XDPOptions{Interface: ifindex, Program: h.Loaded.Program})
-			}
-			return err
-		})
+				return err
+			})
+		} else {
+			h.Link, h.filter, err = attachTC(nsPath, ifindex, h.Loaded.Program, kind == pb.AttachKind_ATTACH_KIND_TC_INGRESS)
+		}
 	case pb.AttachKind_ATTACH_KIND_TRACEPOINT:
 		cfg.AttachTo = ha.GetTracepointEvent()
 		cfg.Ifindex = uint32(ifindex)

@@ -178,12 +178,13 @@ func LoadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 
 func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, error) {
 	s := spec.Copy()
-	ps, ok := s.Programs[cfg.Program]
+	program := ProgramFor(spec, cfg.Program)
+	ps, ok := s.Programs[program]
 	if !ok {
 		return nil, fmt.Errorf("object has no program %s (has %s)", cfg.Program, strings.Join(programNames(spec), ", "))
 	}
 	for name := range s.Programs {
-		if name != cfg.Program {
+		if name != program {
 			delete(s.Programs, name)
 		}
 	}
@@ -235,7 +236,7 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", cfg.Program, verifierTail(err))
 	}
-	h := &Hop{Collection: coll, Program: coll.Programs[cfg.Program], Counters: coll.Maps[MapCounters]}
+	h := &Hop{Collection: coll, Program: coll.Programs[program], Counters: coll.Maps[MapCounters]}
 	return h, nil
 }
 

@@ -13,3 +13,6 @@ const (
 	ProgXDP       = "hop_xdp"         // SEC("xdp")
 	ProgTagTCP    = "tag_tcp"         // SEC("sockops")
 )
+
+// FloorSuffix names each program's variant for kernels from 5.10 (hop.bpf.h).
+const FloorSuffix = "_floor"

@@ -59,13 +59,9 @@ func typ(pt ebpf.ProgramType, kind string) error {
 }
 
 func tcx() error {
-	// tcx links came with Linux 6.6 (e420bed02507, "bpf: Add fd-based tcx multi-prog infra").
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, AttachType: ebpf.AttachTCXIngress,
-		License: "GPL", Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()}})
-	if err != nil {
-		return fmt.Errorf("tcx not supported: %w", err)
+	if reason := attach.TCXUnsupported(); reason != "" {
+		return errors.New(reason)
 	}
-	prog.Close()
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
 )
 
 // ObjectPath is kernel-patch/build/hoptrace.bpf.o, built by `make bpf`.
@@ -37,5 +38,9 @@ func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("this test loads BPF programs: run it as root")
+	}
+	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		t.Fatalf("lift RLIMIT_MEMLOCK: %v", err)
 	}
 }

@@ -1,0 +1,126 @@
+package attach
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/hoptrace/hoptrace/agent/internal/netns"
+)
+
+// clsactPriority places hoptrace's filters after those of a priority-1 user; filters of the same
+// priority run in handle order.
+const clsactPriority = 0xc000
+
+var clsactHandles atomic.Uint32
+
+// clsactFilter is a tc BPF filter on a clsact qdisc: how a tc hop attaches where the kernel has no
+// tcx (before 6.6). Unlike a link, a filter is not tied to the agent's file descriptors, so Close
+// removes it explicitly.
+type clsactFilter struct {
+	nsPath string
+	filter *netlink.BpfFilter
+}
+
+// TCXUnsupported probes once whether this kernel has tcx links (6.6, e420bed02507): by attaching a
+// program that lets every packet through (TCX_NEXT) to the loopback device, and detaching it. Loading
+// alone proves nothing: older kernels accept the attach type and ignore it. "" means supported.
+var TCXUnsupported = sync.OnceValue(func() string {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, AttachType: ebpf.AttachTCXIngress,
+		License: "GPL", Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()}})
+	if err != nil {
+		return fmt.Sprintf("tcx not supported: %v", err)
+	}
+	defer prog.Close()
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		return fmt.Sprintf("tcx not probed: %v", err)
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: lo.Index, Program: prog, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return fmt.Sprintf("tcx not supported (Linux 6.6+): %v", err)
+	}
+	l.Close()
+	return ""
+})
+
+// attachTC attaches prog at a device's tc ingress or egress: tcx where the kernel has it, else a
+// clsact filter in direct-action mode (the program's verdict is TC_ACT_UNSPEC: it never decides).
+func attachTC(nsPath string, ifindex int, prog *ebpf.Program, ingress bool) (link.Link, *clsactFilter, error) {
+	if TCXUnsupported() == "" {
+		at := ebpf.AttachTCXEgress
+		if ingress {
+			at = ebpf.AttachTCXIngress
+		}
+		var l link.Link
+		err := netns.Do(nsPath, func() error {
+			var err error
+			l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
+			return err
+		})
+		return l, nil, err
+	}
+	f, err := attachClsact(nsPath, ifindex, prog, ingress)
+	return nil, f, err
+}
+
+// attachClsact adds prog as a direct-action filter at the device's clsact ingress or egress.
+func attachClsact(nsPath string, ifindex int, prog *ebpf.Program, ingress bool) (*clsactFilter, error) {
+	parent := uint32(netlink.HANDLE_MIN_EGRESS)
+	if ingress {
+		parent = netlink.HANDLE_MIN_INGRESS
+	}
+	info, _ := prog.Info()
+	name := "hoptrace"
+	if info != nil && info.Name != "" {
+		name = info.Name
+	}
+	f := &clsactFilter{nsPath: nsPath, filter: &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: ifindex,
+			Parent:    parent,
+			Handle:    netlink.MakeHandle(0, uint16(clsactHandles.Add(1))),
+			Protocol:  unix.ETH_P_ALL,
+			Priority:  clsactPriority,
+		},
+		Fd:           prog.FD(),
+		Name:         name,
+		DirectAction: true,
+	}}
+	err := netns.Do(nsPath, func() error {
+		qdisc := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
+			LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT,
+		}}
+		// Another hop or tool may have made the qdisc already; it stays after us either way.
+		if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add clsact qdisc: %w", err)
+		}
+		if err := netlink.FilterAdd(f.filter); err != nil {
+			return fmt.Errorf("add tc filter: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Close removes the filter; a device that is gone took it along.
+func (f *clsactFilter) Close() error {
+	err := netns.Do(f.nsPath, func() error {
+		return netlink.FilterDel(f.filter)
+	})
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.EINVAL) {
+		return nil
+	}
+	return err
+}

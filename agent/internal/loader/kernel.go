@@ -1,0 +1,76 @@
+package loader
+
+import (
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/rlimit"
+)
+
+// KernelFeature is one thing the programs' full variants use that older
+// kernels lack; without any of them the agent loads the _floor variants.
+type KernelFeature struct {
+	Name      string // as users know it: "bpf_loop"
+	MinKernel string // the first mainline release with it
+	Present   bool
+}
+
+var (
+	probeOnce sync.Once
+	probed    []KernelFeature
+)
+
+// KernelFeatures probes this kernel once (cilium/ebpf's features package).
+func KernelFeatures() []KernelFeature {
+	probeOnce.Do(func() {
+		helper := func(pt ebpf.ProgramType, fn asm.BuiltinFunc) bool {
+			return features.HaveProgramHelper(pt, fn) == nil
+		}
+		probed = []KernelFeature{
+			{"bpf_loop", "5.17", helper(ebpf.SchedCLS, asm.FnLoop)},
+			{"bpf_check_mtu and fetching atomics", "5.12", helper(ebpf.SchedCLS, asm.FnCheckMtu)},
+			{"bpf_get_netns_cookie in sock_ops", "5.15", helper(ebpf.SockOps, asm.FnGetNetnsCookie)},
+			{"bpf_xdp_get_buff_len", "5.18", helper(ebpf.XDP, asm.FnXdpGetBuffLen)},
+		}
+	})
+	return probed
+}
+
+// NeedsFloor says whether this kernel runs only the _floor variants, and why. HOPTRACE_FLOOR=1
+// asks for them on any kernel (the tests prove them on a fast kernel this way).
+func NeedsFloor() (bool, string) {
+	if os.Getenv("HOPTRACE_FLOOR") == "1" {
+		return true, "HOPTRACE_FLOOR=1"
+	}
+	var missing []string
+	for _, f := range KernelFeatures() {
+		if !f.Present {
+			missing = append(missing, f.Name+" ("+f.MinKernel+")")
+		}
+	}
+	if len(missing) == 0 {
+		return false, ""
+	}
+	return true, "kernel lacks " + strings.Join(missing, ", ")
+}
+
+// ProgramFor is the program of spec that runs `name` on this kernel: its
+// _floor variant where the kernel needs it and the object has it.
+func ProgramFor(spec *ebpf.CollectionSpec, name string) string {
+	if floor, _ := NeedsFloor(); floor {
+		if _, ok := spec.Programs[name+FloorSuffix]; ok {
+			return name + FloorSuffix
+		}
+	}
+	return name
+}
+
+// AllowLockedMemory lifts RLIMIT_MEMLOCK where the kernel charges BPF memory
+// to it (before 5.11); a no-op on newer kernels.
+func AllowLockedMemory() error {
+	return rlimit.RemoveMemlock()
+}

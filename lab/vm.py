@@ -1,0 +1,153 @@
+"""Guests with the kernels users run: Debian's kernel packages booted in qemu by virtme-ng.
+
+A guest shares this machine's root file system (read-only) and the directories it is given (writable),
+so it runs this checkout's binaries and tests under its own kernel. `make vm-kernels` fetches the kernels
+(lab/kernels.sh) and `make setup` installs qemu and virtme-ng.
+
+KVM is used when it boots a stock kernel here, TCG otherwise (slower, 5-15x, but it always works):
+`kvm_usable` tries instead of assuming. A guest is killed with the process that started it, however
+that process dies (PDEATHSIG on virtme-ng, which execs qemu).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hoptrace.lab.lifecycle import die_with_parent
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+KERNELS_DIR = REPO_ROOT / ".tools" / "kernels"
+
+
+def timeout_scale() -> float:
+    """HOPTRACE_TIMEOUT_SCALE stretches the lab's waits (a slow TCG guest, a loaded CI machine)."""
+    try:
+        return max(1.0, float(os.environ.get("HOPTRACE_TIMEOUT_SCALE", "1")))
+    except ValueError:
+        return 1.0
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel fetched by lab/kernels.sh: its release (uname -r), Debian suite and image."""
+
+    release: str
+    suite: str
+    vmlinuz: Path
+
+    @property
+    def version(self) -> tuple[int, int]:
+        major, minor = self.release.split(".")[:2]
+        return int(major), int(minor)
+
+
+def kernels(directory: Path = KERNELS_DIR) -> list[Kernel]:
+    """The fetched kernels whose modules are in place, oldest first."""
+    found = []
+    for image in sorted(directory.glob("*/vmlinuz")):
+        release = image.parent.name
+        suite_file = image.parent / "suite"
+        if Path("/lib/modules", release).is_dir():
+            suite = suite_file.read_text().strip() if suite_file.exists() else "?"
+            found.append(Kernel(release, suite, image))
+    return sorted(found, key=lambda k: k.version)
+
+
+def _vng() -> str:
+    """virtme-ng from this interpreter's environment (the venv), else from PATH."""
+    beside = Path(sys.executable).parent / "vng"
+    found = str(beside) if beside.exists() else shutil.which("vng")
+    if not found:
+        raise FileNotFoundError("virtme-ng (vng) is not installed: run 'make setup'")
+    return found
+
+
+@functools.cache
+def kvm_usable() -> bool:
+    """Whether qemu can run a stock guest with KVM here (some hosts expose a /dev/kvm that cannot)."""
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return False
+    qemu = shutil.which("qemu-system-x86_64")
+    if not qemu:
+        return False
+    probe = subprocess.run(
+        [
+            qemu,
+            "-accel",
+            "kvm",
+            "-cpu",
+            "host",
+            "-machine",
+            "q35",
+            "-display",
+            "none",
+            "-S",
+            "-monitor",
+            "stdio",
+        ],
+        input="quit\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return probe.returncode == 0 and "error" not in probe.stderr.lower()
+
+
+@dataclass
+class GuestRun:
+    """What a command printed in a guest, with the guest's serial noise removed."""
+
+    kernel: Kernel
+    returncode: int
+    output: str
+
+
+def run(
+    kernel: Kernel,
+    command: str,
+    *,
+    timeout: float,
+    writable: tuple[Path, ...] = (),
+    memory: str = "2G",
+    cpus: int = 2,
+) -> GuestRun:
+    """Boots `kernel`, runs `command` as root in it (bpffs and tracefs mounted) and powers it off.
+
+    `timeout` is in this machine's seconds before HOPTRACE_TIMEOUT_SCALE; a guest past it is killed
+    and the run fails with what it printed so far.
+    """
+    setup = (
+        "mount -t bpf bpf /sys/fs/bpf 2>/dev/null; mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null; "
+    )
+    argv = [_vng(), "--run", str(kernel.vmlinuz), "--memory", memory, "--cpus", str(cpus)]
+    if not kvm_usable():
+        argv.append("--disable-kvm")
+    for directory in writable:
+        argv += ["--rwdir", str(directory)]
+    argv += ["--exec", setup + command]
+    env = dict(os.environ, PATH=f"{Path(_vng()).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        preexec_fn=die_with_parent,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout * timeout_scale())
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        output += f"\n[hoptrace lab] guest {kernel.release} killed after {timeout * timeout_scale():.0f} s\n"
+        code = -9
+    return GuestRun(kernel, code, output.replace("\r", ""))

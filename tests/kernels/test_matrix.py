@@ -1,0 +1,72 @@
+"""The kernel matrix: hoptrace's BPF in guests running the kernels users run (lab/vm.py).
+
+In each guest: every program of every object loads the way the agent loads it (the variant that kernel
+needs), the parser, tagging, sampling and filter tests pass through BPF_PROG_TEST_RUN, and a tc hop
+attached the way that kernel allows (tcx from 6.6, else a clsact filter) sees real packets on a veth.
+The test binaries are built here and run there: the guest shares this machine's root.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hoptrace.lab import vm
+
+AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
+
+# The tests each guest runs, per package. All of them must report PASS there.
+GUEST_TESTS = {
+    "loader": "TestEveryProgramLoads|TestParserFindsIDs|TestParserRejectsMalformed|TestTagUDP|TestSampleEvery"
+    "|TestFilterSelectsPackets",
+    "attach": "TestClsactFallback",
+}
+
+# Kernels the matrix requires: Debian 12 (6.1, also the base of Amazon Linux 2023 and COS) and its
+# backports (6.12). 5.10 (Debian 11) is fetched too, but its verifier does not yet accept the floor
+# variants within its budget: see the issue's notes.
+REQUIRED = ("6.1", "6.12")
+
+
+def matrix_kernels() -> list[vm.Kernel]:
+    found = {f"{k.version[0]}.{k.version[1]}": k for k in vm.kernels()}
+    missing = [version for version in REQUIRED if version not in found]
+    if missing:
+        pytest.fail(f"kernels {', '.join(missing)} are not fetched: run 'make vm-kernels'")
+    return [found[version] for version in REQUIRED]
+
+
+@pytest.fixture(scope="module")
+def test_binaries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("guest-tests")
+    for package in GUEST_TESTS:
+        subprocess.run(
+            ["go", "test", "-c", "-o", str(out / f"{package}.test"), f"./internal/{package}"],
+            cwd=AGENT_DIR,
+            check=True,
+        )
+    return out
+
+
+@pytest.mark.parametrize("version", REQUIRED)
+def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
+    kernel = next(k for k in matrix_kernels() if f"{k.version[0]}.{k.version[1]}" == version)
+    commands = [
+        f"cd {AGENT_DIR}/internal/{package} && {test_binaries}/{package}.test -test.v -test.count=1 "
+        f"-test.run '^({pattern})$'; echo \"exit {package} $?\""
+        for package, pattern in GUEST_TESTS.items()
+    ]
+    result = vm.run(kernel, "uname -r; " + "; ".join(commands), timeout=480, writable=(test_binaries,))
+    output = result.output
+    assert kernel.release in output, f"the guest did not boot {kernel.release}:\n{output[-3000:]}"
+    for package in GUEST_TESTS:
+        assert f"exit {package} 0" in output, f"{package} tests failed on {kernel.release}:\n{output[-6000:]}"
+    passed = re.findall(r"--- PASS: (\S+)", output)
+    # Every requested test ran and passed (a pattern that matched nothing would pass on nothing).
+    for name in "|".join(GUEST_TESTS.values()).split("|"):
+        assert name in passed, f"{name} did not pass on {kernel.release}: {passed}"
+    loads = [name for name in passed if name.startswith("TestEveryProgramLoads/")]
+    assert len(loads) >= 20, f"only {len(loads)} programs loaded on {kernel.release}"
