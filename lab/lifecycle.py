@@ -5,7 +5,8 @@
   their BPF links on the way (fd-based: the kernel detaches them).
 - `Reaper`: network namespaces are files, not processes; a small watchdog in its own session holds the
   read end of a pipe. When the lab's process dies its end closes, and the watchdog kills what still runs in
-  the namespaces it was told about and deletes them. A clean shutdown tells it to leave quietly.
+  the namespaces it was told about and deletes them, and kills the process groups it was told about (a
+  guest's qemu, which PDEATHSIG does not reach). A clean shutdown tells it to leave quietly.
 
 Run as ``python -m hoptrace.lab.lifecycle FD`` by `Reaper` only.
 """
@@ -48,6 +49,11 @@ class Reaper:
         """Delete netns `name` if this process dies."""
         os.write(self._write_end, f"netns {name}\n".encode())
 
+    def watch_process_group(self, pgid: int) -> None:
+        """Kill process group `pgid` if this process dies (for trees PDEATHSIG cannot reach: it acts on
+        a direct child only, and a guest's qemu is virtme-ng's grandchild)."""
+        os.write(self._write_end, f"pgroup {pgid}\n".encode())
+
     def release(self) -> None:
         """The lab cleaned up itself: the watchdog exits without touching anything."""
         if self._write_end < 0:
@@ -70,6 +76,7 @@ def _delete_netns(name: str) -> None:
 
 def _watch(fd: int) -> int:
     namespaces: list[str] = []
+    groups: list[int] = []
     with os.fdopen(fd, "r") as pipe:
         for line in pipe:
             word, _, arg = line.strip().partition(" ")
@@ -77,7 +84,12 @@ def _watch(fd: int) -> int:
                 return 0
             if word == "netns" and arg:
                 namespaces.append(arg)
+            if word == "pgroup" and arg.isdigit():
+                groups.append(int(arg))
     # EOF without "done": the lab's process died
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
     for name in reversed(namespaces):
         _delete_netns(name)
     return 0

@@ -6,20 +6,22 @@ so it runs this checkout's binaries and tests under its own kernel. `make vm-ker
 
 KVM is used when it boots a stock kernel here, TCG otherwise (slower, 5-15x, but it always works):
 `kvm_usable` tries instead of assuming. A guest is killed with the process that started it, however
-that process dies (PDEATHSIG on virtme-ng, which execs qemu).
+that process dies (lifecycle.Reaper kills its process group).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hoptrace.lab.lifecycle import die_with_parent
+from hoptrace.lab.lifecycle import Reaper
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KERNELS_DIR = REPO_ROOT / ".tools" / "kernels"
@@ -126,13 +128,18 @@ def run(
     setup = (
         "mount -t bpf bpf /sys/fs/bpf 2>/dev/null; mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null; "
     )
-    argv = [_vng(), "--run", str(kernel.vmlinuz), "--memory", memory, "--cpus", str(cpus)]
+    vng = _vng()
+    argv = [vng, "--run", str(kernel.vmlinuz), "--memory", memory, "--cpus", str(cpus)]
     if not kvm_usable():
         argv.append("--disable-kvm")
     for directory in writable:
         argv += ["--rwdir", str(directory)]
     argv += ["--exec", setup + command]
-    env = dict(os.environ, PATH=f"{Path(_vng()).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    # vng runs virtme-run, which lives beside it in the venv.
+    env = dict(os.environ, PATH=f"{Path(vng).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    # vng forks virtme-run, which forks qemu: the guest is the whole process group, and the group is
+    # killed when the run ends, times out, or this process dies (the Reaper).
+    reaper = Reaper()
     process = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -140,14 +147,20 @@ def run(
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
-        preexec_fn=die_with_parent,
+        start_new_session=True,
     )
+    reaper.watch_process_group(process.pid)
     try:
         output, _ = process.communicate(timeout=timeout * timeout_scale())
         code = process.returncode
     except subprocess.TimeoutExpired:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         output += f"\n[hoptrace lab] guest {kernel.release} killed after {timeout * timeout_scale():.0f} s\n"
         code = -9
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        reaper.release()
     return GuestRun(kernel, code, output.replace("\r", ""))

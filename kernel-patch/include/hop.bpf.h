@@ -505,7 +505,7 @@ static __always_inline bool sock_match(struct bpf_sock_ops *skops, bool floor)
 	__u32 sk_family, local_port, remote_port;
 	__u8 family;
 
-	/* Before 5.15 sock_ops has no netns cookie: the agent refuses a netns there. */
+	/* Before 5.15 sock_ops has no netns cookie: the floor tags in every netns (attach.go). */
 	if (!floor && tag_netns_cookie && bpf_get_netns_cookie(skops) != tag_netns_cookie)
 		return false;
 	READ_SKOPS(sk_family, family);

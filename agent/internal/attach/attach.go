@@ -317,7 +317,14 @@ func AttachTCPTagging(spec *ebpf.CollectionSpec, tt *pb.TcpTagging, env Env) (*H
 
 func attachTCPTagging(spec *ebpf.CollectionSpec, tt *pb.TcpTagging, env Env) (*Hop, error) {
 	nsPath := netns.Path(tt.GetNetns(), env.Netns)
+	scope := "for netns " + netns.Display(tt.GetNetns(), env.Netns)
 	cookie, err := netns.Cookie(nsPath)
+	if floor, _ := loader.NeedsFloor(); floor {
+		// The floor variant cannot read a socket's netns (bpf_get_netns_cookie in sock_ops is 5.15,
+		// SO_NETNS_COOKIE 5.14): the flow filter alone picks the sockets, in every netns of the cgroup.
+		cookie, err = 0, nil
+		scope = "in every netns (this kernel's sock_ops cannot tell them apart)"
+	}
 	if err != nil {
 		return nil, fmt.Errorf("netns %s cookie: %w", netns.Display(tt.GetNetns(), env.Netns), err)
 	}
@@ -337,7 +344,7 @@ func attachTCPTagging(spec *ebpf.CollectionSpec, tt *pb.TcpTagging, env Env) (*H
 		return nil, unwrapHopPrefix(err, cfg.Name)
 	}
 	h := &Hop{Name: cfg.Name, Index: uint32(cfg.HopIndex), Loaded: l,
-		Describe: fmt.Sprintf("sock_ops on cgroup %s for netns %s", path, netns.Display(tt.GetNetns(), env.Netns))}
+		Describe: fmt.Sprintf("sock_ops on cgroup %s %s", path, scope)}
 	h.Link, err = link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: l.Program})
 	if err != nil {
 		l.Close()

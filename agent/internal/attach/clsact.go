@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"sync"
-	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -19,8 +18,6 @@ import (
 // clsactPriority places hoptrace's filters after those of a priority-1 user; filters of the same
 // priority run in handle order.
 const clsactPriority = 0xc000
-
-var clsactHandles atomic.Uint32
 
 // clsactFilter is a tc BPF filter on a clsact qdisc: how a tc hop attaches where the kernel has no
 // tcx (before 6.6). Unlike a link, a filter is not tied to the agent's file descriptors, so Close
@@ -78,24 +75,28 @@ func attachClsact(nsPath string, ifindex int, prog *ebpf.Program, ingress bool) 
 	if ingress {
 		parent = netlink.HANDLE_MIN_INGRESS
 	}
-	info, _ := prog.Info()
-	name := "hoptrace"
-	if info != nil && info.Name != "" {
-		name = info.Name
+	info, err := prog.Info()
+	if err != nil {
+		return nil, fmt.Errorf("program info: %w", err)
+	}
+	// The program's ID is the filter's handle: unique while the program lives, across agents too.
+	id, ok := info.ID()
+	if !ok {
+		return nil, errors.New("kernel reports no program ID")
 	}
 	f := &clsactFilter{nsPath: nsPath, filter: &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
 			LinkIndex: ifindex,
 			Parent:    parent,
-			Handle:    netlink.MakeHandle(0, uint16(clsactHandles.Add(1))),
+			Handle:    uint32(id),
 			Protocol:  unix.ETH_P_ALL,
 			Priority:  clsactPriority,
 		},
 		Fd:           prog.FD(),
-		Name:         name,
+		Name:         info.Name,
 		DirectAction: true,
 	}}
-	err := netns.Do(nsPath, func() error {
+	err = netns.Do(nsPath, func() error {
 		qdisc := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
 			LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT,
 		}}
@@ -119,7 +120,7 @@ func (f *clsactFilter) Close() error {
 	err := netns.Do(f.nsPath, func() error {
 		return netlink.FilterDel(f.filter)
 	})
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.EINVAL) {
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) {
 		return nil
 	}
 	return err

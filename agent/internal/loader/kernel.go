@@ -19,26 +19,18 @@ type KernelFeature struct {
 	Present   bool
 }
 
-var (
-	probeOnce sync.Once
-	probed    []KernelFeature
-)
-
 // KernelFeatures probes this kernel once (cilium/ebpf's features package).
-func KernelFeatures() []KernelFeature {
-	probeOnce.Do(func() {
-		helper := func(pt ebpf.ProgramType, fn asm.BuiltinFunc) bool {
-			return features.HaveProgramHelper(pt, fn) == nil
-		}
-		probed = []KernelFeature{
-			{"bpf_loop", "5.17", helper(ebpf.SchedCLS, asm.FnLoop)},
-			{"bpf_check_mtu and fetching atomics", "5.12", helper(ebpf.SchedCLS, asm.FnCheckMtu)},
-			{"bpf_get_netns_cookie in sock_ops", "5.15", helper(ebpf.SockOps, asm.FnGetNetnsCookie)},
-			{"bpf_xdp_get_buff_len", "5.18", helper(ebpf.XDP, asm.FnXdpGetBuffLen)},
-		}
-	})
-	return probed
-}
+var KernelFeatures = sync.OnceValue(func() []KernelFeature {
+	helper := func(pt ebpf.ProgramType, fn asm.BuiltinFunc) bool {
+		return features.HaveProgramHelper(pt, fn) == nil
+	}
+	return []KernelFeature{
+		{"bpf_loop", "5.17", helper(ebpf.SchedCLS, asm.FnLoop)},
+		{"bpf_check_mtu and fetching atomics", "5.12", helper(ebpf.SchedCLS, asm.FnCheckMtu)},
+		{"bpf_get_netns_cookie in sock_ops", "5.15", helper(ebpf.SockOps, asm.FnGetNetnsCookie)},
+		{"bpf_xdp_get_buff_len", "5.18", helper(ebpf.XDP, asm.FnXdpGetBuffLen)},
+	}
+})
 
 // NeedsFloor says whether this kernel runs only the _floor variants, and why. HOPTRACE_FLOOR=1
 // asks for them on any kernel (the tests prove them on a fast kernel this way).

@@ -1,0 +1,72 @@
+"""A guest (lab/vm.py) is gone after its run however the run ends: on time, past its timeout, or with the
+process that started it SIGKILLed (virtme-ng forks qemu, so PDEATHSIG alone would leave qemu running)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hoptrace.lab import vm
+
+
+def guests() -> list[int]:
+    """Running qemu processes that boot one of the lab's kernels."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if (
+            argv
+            and argv[0].endswith(b"qemu-system-x86_64")
+            and str(vm.KERNELS_DIR).encode() in b" ".join(argv)
+        ):
+            found.append(int(pid))
+    return found
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.fixture
+def kernel() -> vm.Kernel:
+    kernels = vm.kernels()
+    if not kernels:
+        pytest.fail("no kernels fetched: run 'make vm-kernels'")
+    assert not guests(), f"qemu guests already running: {guests()}"
+    return kernels[-1]
+
+
+def test_guest_past_its_timeout_is_killed(kernel: vm.Kernel) -> None:
+    started = time.monotonic()
+    result = vm.run(kernel, "sleep 600", timeout=15)
+    assert result.returncode == -9 and "killed after" in result.output
+    assert time.monotonic() - started < 60
+    assert wait_for(lambda: not guests(), 10), f"qemu left after the timeout: {guests()}"
+
+
+def test_guest_dies_with_a_sigkilled_lab(kernel: vm.Kernel) -> None:
+    code = "from hoptrace.lab import vm; vm.run(vm.kernels()[-1], 'sleep 600', timeout=600)"
+    lab = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        assert wait_for(lambda: bool(guests()), 30), "the guest's qemu never started"
+        os.kill(lab.pid, signal.SIGKILL)
+        lab.wait()
+        assert wait_for(lambda: not guests(), 15), f"qemu left after the lab was SIGKILLed: {guests()}"
+    finally:
+        lab.kill()
+        for pid in guests():
+            os.kill(pid, signal.SIGKILL)
