@@ -308,9 +308,9 @@ def run_agent(plan_file: Path, *args: str) -> subprocess.Popen[str]:
 
 
 def test_standalone_signed_plan_file(certs: CertBundle, netns, tmp_path):
-    """`run --plan` takes a plan file the dispatcher's certificate signed (checked against --ca) and attaches
-    it; one signed by an agent's certificate, or a bare plan without --allow-unsigned-plan, is refused with
-    the reason and nothing attached."""
+    """`run --plan` takes a plan file signed with the dispatcher's certificate (`hoptrace plan sign`, checked
+    against --ca) and attaches it; one signed by an agent's certificate, or a bare plan without
+    --allow-unsigned-plan, is refused with the reason and nothing attached."""
     plan = standalone_plan(GENERIC_OBJECT.read_bytes())
     payload = plan.SerializeToString()
 
@@ -319,8 +319,22 @@ def test_standalone_signed_plan_file(certs: CertBundle, netns, tmp_path):
         path.write_text(json_format.MessageToJson(signer.sign(PLAN_TYPE, NODE, payload)))
         return path
 
+    # `hoptrace plan sign` embeds the object a plan names and signs the whole for one node.
+    by_path = agent_pb2.TracePlan()
+    by_path.CopyFrom(plan)
+    by_path.ClearField("object")
+    by_path.object_path = str(GENERIC_OBJECT)
+    (tmp_path / "plan.json").write_text(json_format.MessageToJson(by_path))
     dispatcher = certs.files("dispatcher")
-    signed = write("signed.json", MessageSigner.from_files(dispatcher.cert, dispatcher.key))
+    signed = tmp_path / "signed.json"
+    subprocess.run(
+        [*HOPTRACE, "plan", "sign", str(tmp_path / "plan.json"), "--node", NODE, "--out", str(signed)]
+        + ["--signer-cert", str(dispatcher.cert), "--signer-key", str(dispatcher.key)],
+        check=True,
+        timeout=60,
+    )
+    message = json_format.Parse(signed.read_text(), agent_pb2.SignedMessage())
+    assert agent_pb2.TracePlan.FromString(message.payload) == plan
     agent = run_agent(signed, "--ca", str(certs.ca))
     try:
         assert agent.stdout is not None
