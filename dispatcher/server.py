@@ -111,6 +111,11 @@ class DispatcherServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen}")
         self._server.start()
+        signer = self.controller.signer
+        if signer.signs:
+            log.info("plans and presets are signed by %s", signer.subject)
+        else:
+            log.warning("WARNING: plans and presets go unsigned: only agents run with --insecure take them")
         threading.Thread(target=self.compiler.warm_up, name="bpf-warm-up", daemon=True).start()
         log.info("dispatcher listening on %s (state in %s)", self.address, self.store.state_dir)
         return self

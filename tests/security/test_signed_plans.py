@@ -94,6 +94,8 @@ class InTransit:
     def __init__(self, signer: MessageSigner, edit: Callable[[agent_pb2.TracePlan], None]) -> None:
         self.signer = signer
         self.edit = edit
+        self.signs = signer.signs
+        self.subject = signer.subject
 
     def apply(self, node: str, plan: agent_pb2.TracePlan) -> agent_pb2.DispatcherMessage:
         """Signed as usual, then changed."""
