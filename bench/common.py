@@ -284,6 +284,8 @@ class PlanAgent:
         ]
         if _agent_speaks_tls():
             self.argv.append("--insecure")  # the sink is plaintext on loopback
+        if _agent_takes_unsigned_flag():
+            self.argv.append("--allow-unsigned-plan")  # the benchmark's own plan, objects by path
         if netns:
             self.argv += ["--netns", netns]
         self.proc: subprocess.Popen[bytes] | None = None
@@ -402,6 +404,13 @@ def _agent_speaks_tls() -> bool:
     takes."""
     out = subprocess.run([str(AGENT_BINARY), "run", "--help"], capture_output=True, text=True)
     return bool(re.search(r"^\s+-(ca|insecure)\b", out.stdout + out.stderr, re.M))
+
+
+def _agent_takes_unsigned_flag() -> bool:
+    """Whether the built agent wants --allow-unsigned-plan for a bare plan file (agents before signed plans
+    do not know the flag)."""
+    out = subprocess.run([str(AGENT_BINARY), "run", "--help"], capture_output=True, text=True)
+    return "-allow-unsigned-plan" in out.stdout + out.stderr
 
 
 def start_cluster(

@@ -379,6 +379,31 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan_sign(args: argparse.Namespace) -> int:
+    """hoptrace plan sign PLAN --node N --signer-cert C --signer-key K --out FILE: a signed plan file for
+    ``hoptrace-agent run --plan FILE --ca CA`` (docs/security.md, "Signed plans and presets")."""
+    from hoptrace.dispatcher.signing import PLAN_TYPE, MessageSigner
+    from hoptrace.v1 import agent_pb2
+
+    plan_path = Path(args.plan)
+    try:
+        plan = json_format.Parse(plan_path.read_text(), agent_pb2.TracePlan())
+        if plan.object_path:
+            # The signature must cover the object, not its name: embed the file (relative to the plan, as
+            # the agent reads it).
+            plan.object = (plan_path.parent / plan.object_path).read_bytes()
+            plan.ClearField("object_path")
+        if not plan.object:
+            raise ValueError("the plan has no object (object or objectPath)")
+        signer = MessageSigner.from_files(args.signer_cert, args.signer_key)
+        signed = signer.sign(PLAN_TYPE, args.node, plan.SerializeToString())
+        Path(args.out).write_text(json_format.MessageToJson(signed) + "\n")
+    except (OSError, ValueError, json_format.ParseError) as error:
+        raise CliError(f"plan sign {plan_path}: {error}") from None
+    print(f"plan {plan.trace!r} for node {args.node} signed by {signer.subject}: {args.out}")
+    return 0
+
+
 class _SecretOnCommandLine(argparse.Action):
     """Refuses a secret given as a flag's value: every local user can read /proc/PID/cmdline."""
 
@@ -450,6 +475,23 @@ def _add_security_commands(subparsers) -> None:
         help="viewer: read (agents, traces, reports); operator: also apply, delete, run presets; admin: all",
     )
     create.set_defaults(func=cmd_token_create)
+
+    plan = subparsers.add_parser(
+        "plan", help="standalone plan files", description="Plan files for hoptrace-agent run --plan."
+    )
+    plan_commands = plan.add_subparsers(dest="plan_command", metavar="ACTION", required=True)
+    sign = plan_commands.add_parser(
+        "sign",
+        help="sign a plan file for one node",
+        description="Sign a TracePlan (protojson) for NODE with a dispatcher certificate; its object file "
+        "is embedded. The agent runs it with --ca instead of --allow-unsigned-plan.",
+    )
+    sign.add_argument("plan", help="the TracePlan file (protojson)")
+    sign.add_argument("--node", required=True, help="the node whose agent runs it (its --node)")
+    sign.add_argument("--signer-cert", required=True, metavar="PEM", help="a dispatcher certificate")
+    sign.add_argument("--signer-key", required=True, metavar="PEM", help="its private key")
+    sign.add_argument("--out", required=True, metavar="FILE", help="where to write the signed plan")
+    sign.set_defaults(func=cmd_plan_sign)
 
 
 # ---- parser --------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import grpc
 from hoptrace.dispatcher.compile import BpfCompiler, CompileError, build_plans, compile_spec
 from hoptrace.dispatcher.presets import PresetRunner
 from hoptrace.dispatcher.registry import AgentConnection, AgentRegistry
+from hoptrace.dispatcher.signing import MessageSigner
 from hoptrace.dispatcher.spec import FieldError, format_errors, validate_spec
 from hoptrace.dispatcher.state import StateStore, StoredTrace, now
 from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
@@ -131,8 +132,11 @@ class TraceController:
         store: StateStore,
         compiler: BpfCompiler,
         ack_timeout: float = 5.0,
+        signer: MessageSigner | None = None,
     ) -> None:
         self.registry = registry
+        # Signs every plan and preset sent (an unsigning one when --insecure): docs/security.md.
+        self.signer = signer or MessageSigner()
         self.store = store
         self.compiler = compiler
         self.ack_timeout = ack_timeout
@@ -144,7 +148,7 @@ class TraceController:
         self._specs_changed = threading.Condition(self._lock)
         self._statuses = _StatusBoard()
         # Presets (RunPreset) share the agents' sessions but no trace state.
-        self.presets = PresetRunner(registry)
+        self.presets = PresetRunner(registry, signer=self.signer)
         for stored in store.load():
             self._traces[stored.spec.name] = _Trace(stored, nodes=spec_nodes(stored.spec))
         if self._traces:
@@ -288,7 +292,7 @@ class TraceController:
         sent = []
         for node, plan in plans.items():
             connection = self.registry.connection(node)
-            if connection is None or not connection.send(agent_pb2.DispatcherMessage(apply=plan)):
+            if connection is None or not connection.send(self.signer.apply(node, plan)):
                 failures.append(f"node {node}: agent disconnected")
             else:
                 sent.append(node)
@@ -389,7 +393,7 @@ class TraceController:
                 )
                 continue
             log.info("pushing %s generation %d to node %s", name, plan.generation, node)
-            connection.send(agent_pb2.DispatcherMessage(apply=plan))
+            connection.send(self.signer.apply(node, plan))
         for name in running:
             if name not in wanted_names:
                 log.info("node %s runs %s, which is not applied there: removing", node, name)

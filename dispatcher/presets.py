@@ -16,6 +16,7 @@ import grpc
 
 from hoptrace.common.durations import parse_duration
 from hoptrace.dispatcher.registry import AgentRegistry
+from hoptrace.dispatcher.signing import MessageSigner
 from hoptrace.dispatcher.spec import FieldError
 from hoptrace.v1 import agent_pb2
 
@@ -94,8 +95,11 @@ class PresetError(Exception):
 class PresetRunner:
     """Sends RunPreset to agents and hands each PresetResult to the request waiting for it."""
 
-    def __init__(self, registry: AgentRegistry, grace_s: float = RESULT_GRACE_S) -> None:
+    def __init__(
+        self, registry: AgentRegistry, grace_s: float = RESULT_GRACE_S, signer: MessageSigner | None = None
+    ) -> None:
         self.registry = registry
+        self.signer = signer or MessageSigner()
         self.grace_s = grace_s
         self._lock = threading.Lock()
         self._waiting: dict[str, tuple[threading.Event, list[agent_pb2.PresetResult]]] = {}
@@ -117,7 +121,7 @@ class PresetRunner:
         with self._lock:
             self._waiting[request.id] = (done, box)
         try:
-            if not connection.send(agent_pb2.DispatcherMessage(run_preset=request)):
+            if not connection.send(self.signer.run_preset(node, request)):
                 raise PresetError(grpc.StatusCode.UNAVAILABLE, f"node {node}: agent disconnected")
             deadline = time.monotonic() + timeout
             while not done.wait(min(0.5, max(0.0, deadline - time.monotonic()))):

@@ -24,6 +24,7 @@ from hoptrace.dispatcher.compile import BpfCompiler, Toolchain
 from hoptrace.dispatcher.controller import TraceController
 from hoptrace.dispatcher.registry import AgentRegistry
 from hoptrace.dispatcher.session import AgentSessionServicer
+from hoptrace.dispatcher.signing import MessageSigner
 from hoptrace.dispatcher.state import StateStore
 from hoptrace.v1 import agent_pb2_grpc, api_pb2_grpc
 
@@ -50,7 +51,8 @@ class DispatcherServer:
 
     With `tls`, the port is mutual TLS (every client needs a certificate of `tls.ca`) and an agent may only
     register as the node its certificate names; without, it is plaintext (a WARNING is logged). With
-    `tokens_file`, user API calls need a bearer token of that file (docs/security.md).
+    `tokens_file`, user API calls need a bearer token of that file (docs/security.md). Plans and presets are
+    signed by `signer`, by default with `tls`'s certificate and key (unsigned without `tls`).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class DispatcherServer:
         max_agents: int = 256,
         tls: TLSFiles | None = None,
         tokens_file: str | Path | None = None,
+        signer: MessageSigner | None = None,
     ) -> None:
         self.listen = listen
         self.tls = tls
@@ -77,7 +80,11 @@ class DispatcherServer:
         self.store = StateStore(state_dir)
         self.registry = AgentRegistry()
         self.compiler = compiler or BpfCompiler(Toolchain.default(), cache_dir=self.store.state_dir / "cache")
-        self.controller = TraceController(self.registry, self.store, self.compiler, ack_timeout=ack_timeout)
+        if signer is None:
+            signer = MessageSigner.from_files(tls.cert, tls.key) if tls is not None else MessageSigner()
+        self.controller = TraceController(
+            self.registry, self.store, self.compiler, ack_timeout=ack_timeout, signer=signer
+        )
         # Every connected agent holds one worker for its stream; leave room for user calls.
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_agents + 32, thread_name_prefix="dispatcher"),
@@ -104,6 +111,11 @@ class DispatcherServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen}")
         self._server.start()
+        signer = self.controller.signer
+        if signer.signs:
+            log.info("plans and presets are signed by %s", signer.subject)
+        else:
+            log.warning("WARNING: plans and presets go unsigned: only agents run with --insecure take them")
         threading.Thread(target=self.compiler.warm_up, name="bpf-warm-up", daemon=True).start()
         log.info("dispatcher listening on %s (state in %s)", self.address, self.store.state_dir)
         return self

@@ -255,7 +255,7 @@ def start_influxd(binary: Path = INFLUXD_BINARY, timeout_s: float = 60.0, attemp
 
 
 class AgentProcess:
-    """``hoptrace-agent run --plan FILE --out - --node N [--netns NS]`` as a subprocess.
+    """``hoptrace-agent run --plan FILE --allow-unsigned-plan --out - --node N [--netns NS]`` as a subprocess.
 
     A reader thread parses its JSON lines (design.md, "Standalone agent") into ``statuses``, ``records`` and
     ``counters``; anything that is not JSON goes to ``other_lines``, stderr to a file (``stderr_text()``).
@@ -295,7 +295,9 @@ class AgentProcess:
     @property
     def command(self) -> list[str]:
         """The agent's command line."""
-        cmd = [self.binary, "run", "--plan", str(self.plan_path), "--out", "-", "--node", self.node]
+        # The lab writes its own plans (object files by path): unsigned, said so explicitly.
+        cmd = [self.binary, "run", "--plan", str(self.plan_path), "--allow-unsigned-plan", "--out", "-"]
+        cmd += ["--node", self.node]
         if self.netns:
             cmd += ["--netns", self.netns]
         return cmd + self.extra_args

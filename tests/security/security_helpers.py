@@ -100,14 +100,14 @@ class DaemonAgent:
 
 
 def start_daemon_agent(
-    workdir: Path, node: str, dispatcher: str, collector: str, tls_args: list[str]
+    workdir: Path, node: str, dispatcher: str, collector: str, tls_args: list[str], metrics_listen: str = ""
 ) -> DaemonAgent:
-    """Start a daemon agent in the host's namespace (no clock rounds, no /metrics)."""
+    """Start a daemon agent in the host's namespace (no clock rounds; /metrics only on `metrics_listen`)."""
     log_path = workdir / f"agent-{node}-{time.monotonic_ns()}.log"
     argv = [
         str(AGENT_BINARY),
         "--node", node, "--dispatcher", dispatcher, "--collector", collector,
-        "--clock-server", "off", "--metrics-listen", "", *tls_args,
+        "--clock-server", "off", "--metrics-listen", metrics_listen, *tls_args,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)

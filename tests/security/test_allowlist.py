@@ -54,7 +54,8 @@ def test_standalone_agent_refuses_what_hoptrace_programs_never_do(helper, verdic
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(plan_for(build_evil_object(tmp_path, helper, verdict))))
     result = subprocess.run(
-        [str(AGENT_BINARY), "run", "--plan", str(plan), "--out", "-", "--metrics-listen", ""],
+        [str(AGENT_BINARY), "run", "--plan", str(plan), "--allow-unsigned-plan", "--out", "-"]
+        + ["--metrics-listen", ""],
         capture_output=True,
         text=True,
         timeout=60,

@@ -2,7 +2,7 @@
 // node and ships their records. See docs/design.md.
 //
 //	hoptrace-agent --node N --dispatcher ADDR --collector ADDR [--netns NS]
-//	hoptrace-agent run --plan FILE --out - [--node N] [--netns NS] [--duration D]
+//	hoptrace-agent run --plan FILE --ca CA | --allow-unsigned-plan --out - [--node N] [--netns NS] [--duration D]
 //	hoptrace-agent probe
 //	hoptrace-agent mace --container NS [--path inner-dev|max-dev|syscalls] [--duration D]
 //	hoptrace-agent iron [--duration D] [--influx-url URL]
@@ -58,7 +58,8 @@ func run(args []string) error {
 	var ring uint
 	fs.StringVar(&cfg.Node, "node", "", "node name (default: hostname)")
 	fs.StringVar(&cfg.Netns, "netns", "", "the emulated host's network namespace (/run/netns name or path); hops without netns run there")
-	fs.StringVar(&cfg.Plan, "plan", "", "TracePlan in protojson to run")
+	fs.StringVar(&cfg.Plan, "plan", "", "plan file to run: a plan signed by a dispatcher certificate of --ca (hoptrace plan sign), or a bare TracePlan in protojson with --allow-unsigned-plan")
+	fs.BoolVar(&cfg.AllowUnsignedPlan, "allow-unsigned-plan", false, "run a --plan file no dispatcher signed (root's own debugging: whoever can write the file chooses what is loaded); logs a WARNING")
 	fs.StringVar(&cfg.Out, "out", "", `write JSON lines here ("-" = stdout)`)
 	fs.StringVar(&cfg.Dispatcher, "dispatcher", "", "dispatcher gRPC address (host:port)")
 	fs.StringVar(&cfg.Collector, "collector", "", "collector gRPC address (host:port)")

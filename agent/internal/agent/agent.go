@@ -26,6 +26,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/preset"
 	"github.com/hoptrace/hoptrace/agent/internal/probe"
 	"github.com/hoptrace/hoptrace/agent/internal/session"
+	"github.com/hoptrace/hoptrace/agent/internal/signing"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
 	"github.com/hoptrace/hoptrace/agent/internal/tlsconf"
 	"github.com/hoptrace/hoptrace/agent/internal/tracer"
@@ -36,15 +37,19 @@ var Version = "0.1.0"
 
 // Config is the parsed command line.
 type Config struct {
-	Node        string
-	Netns       string
-	Plan        string // plan file (protojson TracePlan)
-	Out         string // "-" = stdout, else a file; "" = no JSON lines
-	Dispatcher  string
-	Collector   string
-	Duration    time.Duration
-	BufferBytes int
-	RingBytes   uint32
+	Node  string
+	Netns string
+	Plan  string // plan file (protojson SignedMessage of a TracePlan, or a TracePlan)
+	// AllowUnsignedPlan runs a Plan file that is a bare TracePlan, with a
+	// warning; without it only a plan signed by a dispatcher certificate of
+	// --ca runs (docs/security.md).
+	AllowUnsignedPlan bool
+	Out               string // "-" = stdout, else a file; "" = no JSON lines
+	Dispatcher        string
+	Collector         string
+	Duration          time.Duration
+	BufferBytes       int
+	RingBytes         uint32
 	// Clock alignment: the collector's time service ("" = the collector's
 	// host, port DefaultClockPort; "off" = none), rounds and probes.
 	ClockServer   string
@@ -87,16 +92,37 @@ func (cfg Config) ClockServerAddr() string {
 	return cfg.ClockServer
 }
 
-// ReadPlan reads a protojson TracePlan.
-func ReadPlan(path string) (*pb.TracePlan, error) {
+// ReadPlan reads a plan file: a signed plan (a SignedMessage in protojson,
+// checked by v for node) or, only with allowUnsigned, a bare TracePlan.
+func ReadPlan(path, node string, v *signing.Verifier, allowUnsigned bool, log *slog.Logger) (*pb.TracePlan, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read plan: %w", err)
+	}
+	signed := &pb.SignedMessage{}
+	if protojson.Unmarshal(b, signed) == nil && len(signed.GetPayload()) > 0 {
+		if v == nil {
+			return nil, fmt.Errorf("plan %s is signed: pass --ca with the CA of the dispatcher that signed it", path)
+		}
+		plan, err := v.Plan(node, signed)
+		if err != nil {
+			return nil, fmt.Errorf("plan %s refused, nothing attached: %w", path, err)
+		}
+		return plan, nil
 	}
 	plan := &pb.TracePlan{}
 	if err := protojson.Unmarshal(b, plan); err != nil {
 		return nil, fmt.Errorf("plan %s: %w", path, err)
 	}
+	if !allowUnsigned {
+		if v != nil {
+			v.Count(signing.TypePlan, signing.ReasonUnsigned)
+		}
+		return nil, fmt.Errorf("plan %s is not signed: sign it (`hoptrace plan sign`) and pass --ca, "+
+			"or pass --allow-unsigned-plan to run what the file says", path)
+	}
+	log.Warn("WARNING: --allow-unsigned-plan: running a plan no dispatcher signed; whoever can write "+
+		"the file (and the object it names) chooses what this agent loads", "plan", path)
 	return plan, nil
 }
 
@@ -193,6 +219,7 @@ type running struct {
 	client                         *collector.Client
 	sess                           *session.Session
 	dispatcherCreds, collectorCred credentials.TransportCredentials
+	verifier                       *signing.Verifier
 	aux, records, plans            *stage
 }
 
@@ -204,9 +231,15 @@ func start(cfg Config) (*running, error) {
 	if a.dispatcherCreds, a.collectorCred, err = transportCredentials(cfg); err != nil {
 		return nil, err
 	}
+	// With a CA, plans and presets must carry a dispatcher's signature.
+	if !cfg.Insecure && cfg.TLS.CA != "" {
+		if a.verifier, err = signing.LoadVerifier(cfg.TLS.CA); err != nil {
+			return nil, err
+		}
+	}
 	baseDir := ""
 	if cfg.Plan != "" {
-		if a.plan, err = ReadPlan(cfg.Plan); err != nil {
+		if a.plan, err = ReadPlan(cfg.Plan, cfg.Node, a.verifier, cfg.AllowUnsignedPlan, cfg.Log); err != nil {
 			return nil, err
 		}
 		baseDir = filepath.Dir(cfg.Plan)
@@ -253,7 +286,8 @@ func start(cfg Config) (*running, error) {
 	}
 	if cfg.Dispatcher != "" {
 		a.sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
-			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: preset.Run, Log: cfg.Log, Creds: a.dispatcherCreds}
+			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: preset.Run, Log: cfg.Log, Creds: a.dispatcherCreds,
+			Verifier: a.verifier}
 	}
 	return a, nil
 }
@@ -282,7 +316,7 @@ func (a *running) startAux() {
 		queues = append(queues, a.collectorQueue)
 	}
 	reg := newRegistry(parts{mgr: a.mgr, queues: queues, outQueue: a.collectorQueue, clock: a.nodeClock,
-		client: a.client, session: a.sess, clockSync: a.cfg.ClockServerAddr() != ""})
+		client: a.client, session: a.sess, clockSync: a.cfg.ClockServerAddr() != "", verifier: a.verifier})
 	a.aux.g.Go(func() error {
 		metrics.Serve(a.aux.ctx, a.metricsLis, metrics.Handler(reg, nil), a.cfg.Log)
 		return nil
@@ -428,7 +462,7 @@ func transportCredentials(cfg Config) (dispatcher, collector credentials.Transpo
 		if !cfg.TLS.Empty() {
 			return nil, nil, errors.New("--insecure and --ca/--cert/--key exclude each other")
 		}
-		cfg.Log.Warn("WARNING: --insecure: plans and records travel in plaintext and the dispatcher is not authenticated; loopback demos and tests only")
+		cfg.Log.Warn("WARNING: --insecure: plans and records travel in plaintext, the dispatcher is not authenticated and its plans and presets are taken unsigned; loopback demos and tests only")
 		return nil, nil, nil
 	}
 	dispatcher, _, err = tlsconf.Credentials(cfg.TLS, tlsconf.RoleDispatcher)

@@ -135,7 +135,7 @@ func TestSimulatedSkewIsCorrectedAndMetricsServed(t *testing.T) {
 
 	const offset, ppm = 3700 * time.Microsecond, 50.0
 	metricsAddr := freePort(t)
-	cfg := Config{Node: "host-b", Plan: planPath, Collector: lis.Addr().String(), Insecure: true, ClockServer: ntp.Addr(),
+	cfg := Config{Node: "host-b", Plan: planPath, AllowUnsignedPlan: true, Collector: lis.Addr().String(), Insecure: true, ClockServer: ntp.Addr(),
 		ClockInterval: 300 * time.Millisecond, ClockProbes: 50, ClockOffset: offset, ClockDriftPPM: ppm,
 		MetricsListen: metricsAddr, BufferBytes: 1 << 20,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}

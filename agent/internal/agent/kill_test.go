@@ -30,7 +30,7 @@ import (
 // for TestSIGKILLedAgentLeavesNothing when HTGO_AGENT_PLAN is set.
 func TestMain(m *testing.M) {
 	if plan := os.Getenv("HTGO_AGENT_PLAN"); plan != "" {
-		err := Run(context.Background(), Config{Node: "killed", Plan: plan, Out: "-",
+		err := Run(context.Background(), Config{Node: "killed", Plan: plan, AllowUnsignedPlan: true, Out: "-",
 			Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 		fmt.Fprintln(os.Stderr, "agent child:", err)
 		os.Exit(1)

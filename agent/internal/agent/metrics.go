@@ -8,6 +8,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/metrics"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"github.com/hoptrace/hoptrace/agent/internal/session"
+	"github.com/hoptrace/hoptrace/agent/internal/signing"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
 	"github.com/hoptrace/hoptrace/agent/internal/tracer"
 )
@@ -20,6 +21,7 @@ type parts struct {
 	clock     *clock.Node
 	client    *collector.Client
 	session   *session.Session
+	verifier  *signing.Verifier // nil: --insecure, nothing checked
 	clockSync bool
 }
 
@@ -86,6 +88,17 @@ func newRegistry(p parts) *metrics.Registry {
 			}
 			return out
 		})
+	if p.verifier != nil {
+		r.CounterVec("hoptrace_agent_signature_refusals_total",
+			"Plans and presets refused before anything was loaded or run, by type (plan, preset) and reason: unsigned, node (signed for another), certificate (not of the trusted CA, expired), role (not a dispatcher certificate), signature (bytes changed), payload.",
+			func() []metrics.Sample {
+				var out []metrics.Sample
+				for _, r := range p.verifier.Refusals() {
+					out = append(out, metrics.Sample{Labels: []string{"type", r.Type, "reason", string(r.Reason)}, Value: float64(r.Count)})
+				}
+				return out
+			})
+	}
 	r.Gauge("hoptrace_agent_traces_active", "Traces attached on this node.",
 		func() float64 { return float64(len(p.mgr.Running())) })
 

@@ -17,11 +17,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/hoptrace/hoptrace/agent/internal/backoff"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/signing"
 )
 
 // Tracer is what the session drives (tracer.Manager).
@@ -48,6 +50,9 @@ type Session struct {
 	Heartbeat   time.Duration
 	Log         *slog.Logger
 	DialOptions []grpc.DialOption
+	// Verifier checks the dispatcher's signature on every plan and preset
+	// (nil = --insecure: unsigned ones are taken; docs/security.md).
+	Verifier *signing.Verifier
 	// Creds are the transport credentials when DialOptions is nil (nil =
 	// plaintext, --insecure): mutual TLS from internal/tlsconf.
 	Creds credentials.TransportCredentials
@@ -197,7 +202,14 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 		}
 		var status *pb.TraceStatus
 		switch b := m.GetBody().(type) {
-		case *pb.DispatcherMessage_RunPreset:
+		case *pb.DispatcherMessage_RunPreset, *pb.DispatcherMessage_SignedRunPreset:
+			req, refused := s.presetOf(m)
+			if refused != nil {
+				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_PresetResult{PresetResult: refused}}); err != nil {
+					return true, err
+				}
+				continue
+			}
 			// A preset runs for its duration: on its own goroutine, so
 			// applies and heartbeats go on meanwhile. It ends with the session.
 			wg.Add(1)
@@ -207,10 +219,15 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_PresetResult{PresetResult: res}}); err != nil {
 					cancel()
 				}
-			}(b.RunPreset)
+			}(req)
 			continue
-		case *pb.DispatcherMessage_Apply:
-			status = s.Tracer.Apply(b.Apply)
+		case *pb.DispatcherMessage_Apply, *pb.DispatcherMessage_SignedApply:
+			plan, refused := s.planOf(m)
+			if refused != nil {
+				status = refused
+				break
+			}
+			status = s.Tracer.Apply(plan)
 			s.Log.Info("applied trace", "trace", status.GetTrace(), "generation", status.GetGeneration(),
 				"active", status.GetActive(), "error", status.GetError())
 		case *pb.DispatcherMessage_Remove:
@@ -223,6 +240,65 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 			return true, err
 		}
 	}
+}
+
+// planOf is the plan an apply message carries once its signature is
+// checked, or the status that refuses it (nothing attached). Without a
+// Verifier (--insecure) plans are taken unsigned.
+func (s *Session) planOf(m *pb.DispatcherMessage) (*pb.TracePlan, *pb.TraceStatus) {
+	var plan *pb.TracePlan
+	var err error
+	switch {
+	case m.GetApply() != nil && s.Verifier == nil:
+		return m.GetApply(), nil
+	case m.GetApply() != nil:
+		plan, err = m.GetApply(), s.Verifier.Unsigned(signing.TypePlan)
+	case s.Verifier == nil:
+		// No CA to check against: as good as unsigned, and taken like it.
+		plan = &pb.TracePlan{}
+		if err = proto.Unmarshal(m.GetSignedApply().GetPayload(), plan); err == nil {
+			return plan, nil
+		}
+	default:
+		if plan, err = s.Verifier.Plan(s.Node, m.GetSignedApply()); err == nil {
+			return plan, nil
+		}
+		// Refused: the payload's trace and generation only label the answer
+		// (the dispatcher matches statuses by them); nothing of it is used.
+		plan = &pb.TracePlan{}
+		_ = proto.Unmarshal(m.GetSignedApply().GetPayload(), plan)
+	}
+	s.Log.Warn("refused a plan: nothing attached", "trace", plan.GetTrace(), "generation", plan.GetGeneration(),
+		"reason", signing.ReasonOf(err), "err", err)
+	return nil, &pb.TraceStatus{Trace: plan.GetTrace(), Generation: plan.GetGeneration(),
+		Error: "plan refused, nothing attached: " + err.Error()}
+}
+
+// presetOf is the preset request a message carries once its signature is
+// checked, or the result that refuses it (nothing run).
+func (s *Session) presetOf(m *pb.DispatcherMessage) (*pb.RunPreset, *pb.PresetResult) {
+	var req *pb.RunPreset
+	var err error
+	switch {
+	case m.GetRunPreset() != nil && s.Verifier == nil:
+		return m.GetRunPreset(), nil
+	case m.GetRunPreset() != nil:
+		req, err = m.GetRunPreset(), s.Verifier.Unsigned(signing.TypePreset)
+	case s.Verifier == nil:
+		req = &pb.RunPreset{}
+		if err = proto.Unmarshal(m.GetSignedRunPreset().GetPayload(), req); err == nil {
+			return req, nil
+		}
+	default:
+		if req, err = s.Verifier.Preset(s.Node, m.GetSignedRunPreset()); err == nil {
+			return req, nil
+		}
+		req = &pb.RunPreset{}
+		_ = proto.Unmarshal(m.GetSignedRunPreset().GetPayload(), req)
+	}
+	s.Log.Warn("refused a preset: nothing run", "preset", req.GetPreset(), "id", req.GetId(),
+		"reason", signing.ReasonOf(err), "err", err)
+	return nil, &pb.PresetResult{Id: req.GetId(), Error: "preset refused, nothing run: " + err.Error()}
 }
 
 func (s *Session) runPreset(ctx context.Context, req *pb.RunPreset) *pb.PresetResult {

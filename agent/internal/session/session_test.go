@@ -4,14 +4,18 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/signing"
+	"github.com/hoptrace/hoptrace/agent/internal/testutil"
 )
 
 // fakeTracer stands in for tracer.Manager: the session's job is the
@@ -214,6 +218,147 @@ func TestSessionRunsPresets(t *testing.T) {
 	}
 	if r := got["2"]; r.GetSummaryJson() != "" || r.GetError() != `unknown preset "nope"` {
 		t.Fatalf("unknown preset result %v", r)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	close(d.done)
+}
+
+// TestSessionVerifiesSignatures: with a Verifier, only plans and presets the
+// dispatcher signed for this node reach the tracer and the preset runner;
+// everything else is answered with a refusal naming the reason, and counted.
+func TestSessionVerifiesSignatures(t *testing.T) {
+	defer goleak.VerifyNone(t)
+
+	ca := testutil.NewPKI(t)
+	dispatcherCert := ca.Issue(t, "dispatcher", "dispatcher", nil, nil)
+	collectorCert := ca.Issue(t, "collector", "collector", nil, nil)
+	v, err := signing.NewVerifier(ca.PEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, d, addr := startDispatcher(t, "127.0.0.1:0")
+	defer srv.Stop()
+	ft := &fakeTracer{running: map[string]*pb.TraceStatus{}}
+	var presetRuns sync.Map
+	presets := func(ctx context.Context, name string, args map[string]string) (string, error) {
+		presetRuns.Store(args["container"], true)
+		return `{"type":"summary"}`, nil
+	}
+	s := &Session{Addr: addr, Node: "n1", Version: "test", Tracer: ft, Presets: presets, Heartbeat: time.Hour, Verifier: v}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	st := recvSession(t, d)
+	if _, err := st.Recv(); err != nil { // Register
+		t.Fatal(err)
+	}
+	signed := func(by testutil.Leaf, typ, node string, m proto.Message) *pb.SignedMessage {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sm, err := signing.Sign(by.Key, by.DER, typ, node, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sm
+	}
+	apply := func(m *pb.SignedMessage) *pb.DispatcherMessage {
+		return &pb.DispatcherMessage{Body: &pb.DispatcherMessage_SignedApply{SignedApply: m}}
+	}
+	status := func() *pb.TraceStatus {
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := m.GetTraceStatus(); s != nil {
+				return s
+			}
+		}
+	}
+	tampered := signed(dispatcherCert, signing.TypePlan, "n1", &pb.TracePlan{Trace: "t3", Generation: 3, Object: []byte("obj")})
+	tampered.Payload[len(tampered.Payload)-1] ^= 1
+	for _, tc := range []struct {
+		msg  *pb.DispatcherMessage
+		want string
+	}{
+		{&pb.DispatcherMessage{Body: &pb.DispatcherMessage_Apply{Apply: &pb.TracePlan{Trace: "t1", Generation: 1}}},
+			"plan refused, nothing attached: not signed: this agent trusts a CA and takes only plans signed by a dispatcher certificate"},
+		{apply(signed(collectorCert, signing.TypePlan, "n1", &pb.TracePlan{Trace: "t2", Generation: 2})),
+			`plan refused, nothing attached: signer certificate "collector" has role [collector], not dispatcher`},
+		{apply(tampered), `plan refused, nothing attached: signature by "dispatcher" does not match the plan's bytes`},
+	} {
+		if err := st.Send(tc.msg); err != nil {
+			t.Fatal(err)
+		}
+		got := status()
+		if got.GetActive() || !strings.HasPrefix(got.GetError(), tc.want) {
+			t.Fatalf("status %v, want an error starting %q", got, tc.want)
+		}
+		if len(ft.Running()) != 0 {
+			t.Fatalf("a refused plan reached the tracer: %v", ft.Running())
+		}
+	}
+	// The refusals name the trace and generation the dispatcher waits for.
+	if err := st.Send(apply(signed(dispatcherCert, signing.TypePlan, "n1", &pb.TracePlan{Trace: "ok", Generation: 9}))); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(); got.GetTrace() != "ok" || got.GetGeneration() != 9 || !got.GetActive() || got.GetError() != "" {
+		t.Fatalf("signed plan: status %v", got)
+	}
+
+	// Presets: an unsigned one and one signed by the collector are refused
+	// with their ids; the dispatcher's runs.
+	for _, m := range []*pb.DispatcherMessage{
+		{Body: &pb.DispatcherMessage_RunPreset{RunPreset: &pb.RunPreset{Id: "p1", Preset: "mace", Args: map[string]string{"container": "unsigned"}}}},
+		{Body: &pb.DispatcherMessage_SignedRunPreset{SignedRunPreset: signed(collectorCert, signing.TypePreset, "n1",
+			&pb.RunPreset{Id: "p2", Preset: "mace", Args: map[string]string{"container": "collector"}})}},
+		{Body: &pb.DispatcherMessage_SignedRunPreset{SignedRunPreset: signed(dispatcherCert, signing.TypePreset, "n1",
+			&pb.RunPreset{Id: "p3", Preset: "mace", Args: map[string]string{"container": "dispatcher"}})}},
+	} {
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]*pb.PresetResult{}
+	for len(got) < 3 {
+		m, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := m.GetPresetResult(); r != nil {
+			got[r.GetId()] = r
+		}
+	}
+	if r := got["p1"]; !strings.HasPrefix(r.GetError(), "preset refused, nothing run: not signed") {
+		t.Fatalf("unsigned preset: %v", r)
+	}
+	if r := got["p2"]; !strings.Contains(r.GetError(), `has role [collector], not dispatcher`) {
+		t.Fatalf("preset signed by the collector: %v", r)
+	}
+	if r := got["p3"]; r.GetError() != "" || r.GetSummaryJson() != `{"type":"summary"}` {
+		t.Fatalf("signed preset: %v", r)
+	}
+	if _, ran := presetRuns.Load("unsigned"); ran {
+		t.Fatal("the unsigned preset ran")
+	}
+	if _, ran := presetRuns.Load("collector"); ran {
+		t.Fatal("the preset signed by the collector ran")
+	}
+	counts := map[string]uint64{}
+	for _, r := range v.Refusals() {
+		counts[r.Type+"/"+string(r.Reason)] = r.Count
+	}
+	want := map[string]uint64{"plan/unsigned": 1, "plan/role": 1, "plan/signature": 1, "preset/unsigned": 1, "preset/role": 1}
+	for _, r := range v.Refusals() {
+		k := r.Type + "/" + string(r.Reason)
+		if counts[k] != want[k] {
+			t.Fatalf("refusals %v, want %v", counts, want)
+		}
 	}
 	cancel()
 	if err := <-done; err != nil {

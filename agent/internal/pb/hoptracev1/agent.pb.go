@@ -676,6 +676,8 @@ type DispatcherMessage struct {
 	//	*DispatcherMessage_Apply
 	//	*DispatcherMessage_Remove
 	//	*DispatcherMessage_RunPreset
+	//	*DispatcherMessage_SignedApply
+	//	*DispatcherMessage_SignedRunPreset
 	Body          isDispatcherMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -745,11 +747,31 @@ func (x *DispatcherMessage) GetRunPreset() *RunPreset {
 	return nil
 }
 
+func (x *DispatcherMessage) GetSignedApply() *SignedMessage {
+	if x != nil {
+		if x, ok := x.Body.(*DispatcherMessage_SignedApply); ok {
+			return x.SignedApply
+		}
+	}
+	return nil
+}
+
+func (x *DispatcherMessage) GetSignedRunPreset() *SignedMessage {
+	if x != nil {
+		if x, ok := x.Body.(*DispatcherMessage_SignedRunPreset); ok {
+			return x.SignedRunPreset
+		}
+	}
+	return nil
+}
+
 type isDispatcherMessage_Body interface {
 	isDispatcherMessage_Body()
 }
 
 type DispatcherMessage_Apply struct {
+	// Unsigned plan: only an agent without TLS (--insecure) takes it; an agent
+	// with a CA refuses it (docs/security.md, "Signed plans and presets").
 	Apply *TracePlan `protobuf:"bytes,1,opt,name=apply,proto3,oneof"`
 }
 
@@ -758,8 +780,19 @@ type DispatcherMessage_Remove struct {
 }
 
 type DispatcherMessage_RunPreset struct {
-	// Run a ready-made trace (hoptrace-agent mace|iron) once and answer with a PresetResult.
+	// Run a ready-made trace (hoptrace-agent mace|iron) once and answer with a
+	// PresetResult. Unsigned, like apply: only an agent without TLS takes it.
 	RunPreset *RunPreset `protobuf:"bytes,3,opt,name=run_preset,json=runPreset,proto3,oneof"`
+}
+
+type DispatcherMessage_SignedApply struct {
+	// A TracePlan signed by the dispatcher: what an agent with a CA requires.
+	SignedApply *SignedMessage `protobuf:"bytes,4,opt,name=signed_apply,json=signedApply,proto3,oneof"`
+}
+
+type DispatcherMessage_SignedRunPreset struct {
+	// A RunPreset signed by the dispatcher.
+	SignedRunPreset *SignedMessage `protobuf:"bytes,5,opt,name=signed_run_preset,json=signedRunPreset,proto3,oneof"`
 }
 
 func (*DispatcherMessage_Apply) isDispatcherMessage_Body() {}
@@ -767,6 +800,96 @@ func (*DispatcherMessage_Apply) isDispatcherMessage_Body() {}
 func (*DispatcherMessage_Remove) isDispatcherMessage_Body() {}
 
 func (*DispatcherMessage_RunPreset) isDispatcherMessage_Body() {}
+
+func (*DispatcherMessage_SignedApply) isDispatcherMessage_Body() {}
+
+func (*DispatcherMessage_SignedRunPreset) isDispatcherMessage_Body() {}
+
+// A message and the dispatcher's detached signature over its exact bytes.
+// The agent checks the signature over `payload` as received and only then
+// parses it: protobuf has no canonical encoding, so nothing is re-encoded to
+// be checked, and no field (object bytes or attach plan) can change unseen.
+// The standalone agent (hoptrace-agent run --plan FILE) also reads this
+// message as JSON: a signed plan file.
+type SignedMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The serialized TracePlan (signed_apply) or RunPreset (signed_run_preset).
+	Payload []byte `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
+	// The node the message is for; the agent refuses one signed for another.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The signer's signature over
+	//
+	//	"hoptrace-signed-message-v1" 0x00 TYPE 0x00 node 0x00 payload
+	//
+	// where TYPE is the payload's full message name ("hoptrace.v1.TracePlan",
+	// "hoptrace.v1.RunPreset"), so a signed preset cannot pass as a plan nor a
+	// plan for one node as another's. ECDSA keys: ASN.1 DER over SHA-256;
+	// Ed25519 keys: the 64-byte signature.
+	Signature []byte `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
+	// The signer's X.509 certificate (DER). It must chain to the CA the agent
+	// trusts and carry the role dispatcher (subject OU).
+	SignerCert    []byte `protobuf:"bytes,4,opt,name=signer_cert,json=signerCert,proto3" json:"signer_cert,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignedMessage) Reset() {
+	*x = SignedMessage{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignedMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignedMessage) ProtoMessage() {}
+
+func (x *SignedMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignedMessage.ProtoReflect.Descriptor instead.
+func (*SignedMessage) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SignedMessage) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *SignedMessage) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *SignedMessage) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+func (x *SignedMessage) GetSignerCert() []byte {
+	if x != nil {
+		return x.SignerCert
+	}
+	return nil
+}
 
 // What one node runs for one trace: a CO-RE object and where to attach it.
 // The standalone agent (hoptrace-agent run --plan FILE) reads this message as
@@ -792,7 +915,7 @@ type TracePlan struct {
 
 func (x *TracePlan) Reset() {
 	*x = TracePlan{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +927,7 @@ func (x *TracePlan) String() string {
 func (*TracePlan) ProtoMessage() {}
 
 func (x *TracePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +940,7 @@ func (x *TracePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracePlan.ProtoReflect.Descriptor instead.
 func (*TracePlan) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TracePlan) GetTrace() string {
@@ -898,7 +1021,7 @@ type FlowMatch struct {
 
 func (x *FlowMatch) Reset() {
 	*x = FlowMatch{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1033,7 @@ func (x *FlowMatch) String() string {
 func (*FlowMatch) ProtoMessage() {}
 
 func (x *FlowMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1046,7 @@ func (x *FlowMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowMatch.ProtoReflect.Descriptor instead.
 func (*FlowMatch) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *FlowMatch) GetIpProto() uint32 {
@@ -1007,7 +1130,7 @@ type HopAttach struct {
 
 func (x *HopAttach) Reset() {
 	*x = HopAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1019,7 +1142,7 @@ func (x *HopAttach) String() string {
 func (*HopAttach) ProtoMessage() {}
 
 func (x *HopAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1032,7 +1155,7 @@ func (x *HopAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopAttach.ProtoReflect.Descriptor instead.
 func (*HopAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HopAttach) GetHopIndex() uint32 {
@@ -1126,7 +1249,7 @@ type TcpTagging struct {
 
 func (x *TcpTagging) Reset() {
 	*x = TcpTagging{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1261,7 @@ func (x *TcpTagging) String() string {
 func (*TcpTagging) ProtoMessage() {}
 
 func (x *TcpTagging) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1274,7 @@ func (x *TcpTagging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpTagging.ProtoReflect.Descriptor instead.
 func (*TcpTagging) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TcpTagging) GetNetns() string {
@@ -1184,7 +1307,7 @@ type RemoveTrace struct {
 
 func (x *RemoveTrace) Reset() {
 	*x = RemoveTrace{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1319,7 @@ func (x *RemoveTrace) String() string {
 func (*RemoveTrace) ProtoMessage() {}
 
 func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1332,7 @@ func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTrace.ProtoReflect.Descriptor instead.
 func (*RemoveTrace) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RemoveTrace) GetTrace() string {
@@ -1233,7 +1356,7 @@ type RunPreset struct {
 
 func (x *RunPreset) Reset() {
 	*x = RunPreset{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1368,7 @@ func (x *RunPreset) String() string {
 func (*RunPreset) ProtoMessage() {}
 
 func (x *RunPreset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1381,7 @@ func (x *RunPreset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
 func (*RunPreset) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunPreset) GetId() string {
@@ -1296,7 +1419,7 @@ type PresetResult struct {
 
 func (x *PresetResult) Reset() {
 	*x = PresetResult{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1431,7 @@ func (x *PresetResult) String() string {
 func (*PresetResult) ProtoMessage() {}
 
 func (x *PresetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1444,7 @@ func (x *PresetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
 func (*PresetResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PresetResult) GetId() string {
@@ -1400,13 +1523,21 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
 	"\battached\x18\x03 \x01(\bR\battached\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\xb8\x01\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xc3\x02\n" +
 	"\x11DispatcherMessage\x12.\n" +
 	"\x05apply\x18\x01 \x01(\v2\x16.hoptrace.v1.TracePlanH\x00R\x05apply\x122\n" +
 	"\x06remove\x18\x02 \x01(\v2\x18.hoptrace.v1.RemoveTraceH\x00R\x06remove\x127\n" +
 	"\n" +
-	"run_preset\x18\x03 \x01(\v2\x16.hoptrace.v1.RunPresetH\x00R\trunPresetB\x06\n" +
-	"\x04body\"\xb4\x02\n" +
+	"run_preset\x18\x03 \x01(\v2\x16.hoptrace.v1.RunPresetH\x00R\trunPreset\x12?\n" +
+	"\fsigned_apply\x18\x04 \x01(\v2\x1a.hoptrace.v1.SignedMessageH\x00R\vsignedApply\x12H\n" +
+	"\x11signed_run_preset\x18\x05 \x01(\v2\x1a.hoptrace.v1.SignedMessageH\x00R\x0fsignedRunPresetB\x06\n" +
+	"\x04body\"|\n" +
+	"\rSignedMessage\x12\x18\n" +
+	"\apayload\x18\x01 \x01(\fR\apayload\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1c\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\x12\x1f\n" +
+	"\vsigner_cert\x18\x04 \x01(\fR\n" +
+	"signerCert\"\xb4\x02\n" +
 	"\tTracePlan\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
 	"\n" +
@@ -1475,7 +1606,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -1487,46 +1618,49 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*TraceStatus)(nil),           // 7: hoptrace.v1.TraceStatus
 	(*HopStatus)(nil),             // 8: hoptrace.v1.HopStatus
 	(*DispatcherMessage)(nil),     // 9: hoptrace.v1.DispatcherMessage
-	(*TracePlan)(nil),             // 10: hoptrace.v1.TracePlan
-	(*FlowMatch)(nil),             // 11: hoptrace.v1.FlowMatch
-	(*HopAttach)(nil),             // 12: hoptrace.v1.HopAttach
-	(*TcpTagging)(nil),            // 13: hoptrace.v1.TcpTagging
-	(*RemoveTrace)(nil),           // 14: hoptrace.v1.RemoveTrace
-	(*RunPreset)(nil),             // 15: hoptrace.v1.RunPreset
-	(*PresetResult)(nil),          // 16: hoptrace.v1.PresetResult
-	nil,                           // 17: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 18: hoptrace.v1.RunPreset.ArgsEntry
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(AttachKind)(0),               // 20: hoptrace.v1.AttachKind
+	(*SignedMessage)(nil),         // 10: hoptrace.v1.SignedMessage
+	(*TracePlan)(nil),             // 11: hoptrace.v1.TracePlan
+	(*FlowMatch)(nil),             // 12: hoptrace.v1.FlowMatch
+	(*HopAttach)(nil),             // 13: hoptrace.v1.HopAttach
+	(*TcpTagging)(nil),            // 14: hoptrace.v1.TcpTagging
+	(*RemoveTrace)(nil),           // 15: hoptrace.v1.RemoveTrace
+	(*RunPreset)(nil),             // 16: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 17: hoptrace.v1.PresetResult
+	nil,                           // 18: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 19: hoptrace.v1.RunPreset.ArgsEntry
+	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
+	(AttachKind)(0),               // 21: hoptrace.v1.AttachKind
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
 	7,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	16, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	17, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
 	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
 	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
 	7,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	17, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	19, // 9: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	18, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	20, // 9: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	8,  // 10: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	10, // 11: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	14, // 12: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	15, // 13: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	11, // 14: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	12, // 15: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	13, // 16: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	20, // 17: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	18, // 18: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 19: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 20: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	9,  // 21: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	21, // [21:22] is the sub-list for method output_type
-	20, // [20:21] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	11, // 11: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	15, // 12: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	16, // 13: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	10, // 14: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	10, // 15: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	12, // 16: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	13, // 17: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	14, // 18: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	21, // 19: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	19, // 20: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 21: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 22: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	9,  // 23: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -1545,6 +1679,8 @@ func file_hoptrace_v1_agent_proto_init() {
 		(*DispatcherMessage_Apply)(nil),
 		(*DispatcherMessage_Remove)(nil),
 		(*DispatcherMessage_RunPreset)(nil),
+		(*DispatcherMessage_SignedApply)(nil),
+		(*DispatcherMessage_SignedRunPreset)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1552,7 +1688,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

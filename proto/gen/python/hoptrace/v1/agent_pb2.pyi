@@ -120,14 +120,30 @@ class HopStatus(_message.Message):
     def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ...) -> None: ...
 
 class DispatcherMessage(_message.Message):
-    __slots__ = ("apply", "remove", "run_preset")
+    __slots__ = ("apply", "remove", "run_preset", "signed_apply", "signed_run_preset")
     APPLY_FIELD_NUMBER: _ClassVar[int]
     REMOVE_FIELD_NUMBER: _ClassVar[int]
     RUN_PRESET_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_APPLY_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_RUN_PRESET_FIELD_NUMBER: _ClassVar[int]
     apply: TracePlan
     remove: RemoveTrace
     run_preset: RunPreset
-    def __init__(self, apply: _Optional[_Union[TracePlan, _Mapping]] = ..., remove: _Optional[_Union[RemoveTrace, _Mapping]] = ..., run_preset: _Optional[_Union[RunPreset, _Mapping]] = ...) -> None: ...
+    signed_apply: SignedMessage
+    signed_run_preset: SignedMessage
+    def __init__(self, apply: _Optional[_Union[TracePlan, _Mapping]] = ..., remove: _Optional[_Union[RemoveTrace, _Mapping]] = ..., run_preset: _Optional[_Union[RunPreset, _Mapping]] = ..., signed_apply: _Optional[_Union[SignedMessage, _Mapping]] = ..., signed_run_preset: _Optional[_Union[SignedMessage, _Mapping]] = ...) -> None: ...
+
+class SignedMessage(_message.Message):
+    __slots__ = ("payload", "node", "signature", "signer_cert")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SIGNER_CERT_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    node: str
+    signature: bytes
+    signer_cert: bytes
+    def __init__(self, payload: _Optional[bytes] = ..., node: _Optional[str] = ..., signature: _Optional[bytes] = ..., signer_cert: _Optional[bytes] = ...) -> None: ...
 
 class TracePlan(_message.Message):
     __slots__ = ("trace", "generation", "object", "object_path", "match", "sample", "hops", "tcp_tagging")
