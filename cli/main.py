@@ -34,6 +34,7 @@ from hoptrace.common.grpcutil import (
     secret_from,
     server_tls_from_args,
 )
+from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
 from hoptrace.v1 import api_pb2
 
@@ -173,6 +174,8 @@ def cmd_trace_rm(args: argparse.Namespace) -> int:
 
 def agent_to_data(agent: api_pb2.Agent) -> dict[str, Any]:
     """One agent as the JSON object `hoptrace agents --json` prints."""
+    from hoptrace.collector.report import clock_data  # influxdb_client is loaded only where it is used
+
     registration = json_format.MessageToDict(
         agent.registration, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
@@ -188,6 +191,7 @@ def agent_to_data(agent: api_pb2.Agent) -> dict[str, Any]:
         "namespaces": registration.get("namespaces", []),
         "running": registration.get("running", []),
         "lost_records": agent.lost_records,
+        "clock": clock_data(agent.clock),
     }
 
 
@@ -200,8 +204,16 @@ def cmd_agents(args: argparse.Namespace) -> int:
     if not response.agents:
         print("no agents registered")
         return 0
-    rows = [["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "NAMESPACES", "UNSUPPORTED"]]
+    rows = [
+        [
+            *["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "CLOCK OFFSET", "BOUND", "DRIFT"],
+            *["CLOCK MEASURED", "NAMESPACES", "UNSUPPORTED"],
+        ]
+    ]
+    from hoptrace.collector.report import clock_texts
+
     for agent in response.agents:
+        clock = clock_texts(agent.clock)
         registration = agent.registration
         namespaces = ",".join(namespace.name or "(own)" for namespace in registration.namespaces)
         unsupported = ",".join(
@@ -216,6 +228,10 @@ def cmd_agents(args: argparse.Namespace) -> int:
                 registration.kernel_release or "-",
                 registration.agent_version or "-",
                 _timestamp_text(agent.last_heartbeat),
+                clock["offset"],
+                clock["bound"],
+                clock["drift"],
+                clock["measured"],
                 namespaces or "-",
                 unsupported or "-",
             ]
@@ -246,6 +262,39 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_version(args: argparse.Namespace) -> int:
+    """hoptrace version [--json]: this package and its API; the dispatcher's and the agents' versions when
+    the dispatcher answers (exit 0 either way: the local part is always known)."""
+    data: dict[str, Any] = {
+        "hoptrace": package_version(),
+        "api": API_VERSION,
+        "dispatcher": {"address": args.dispatcher, "version": None, "api": None, "error": None},
+        "agents": {},
+    }
+    try:
+        version = api_call(args, "GetVersion", api_pb2.GetVersionRequest(), timeout=10)
+        data["dispatcher"].update(version=version.dispatcher, api=version.api)
+        agents = api_call(args, "ListAgents", api_pb2.ListAgentsRequest(), timeout=10).agents
+        data["agents"] = {agent.registration.node: agent.registration.agent_version for agent in agents}
+    except CliError as error:
+        data["dispatcher"]["error"] = str(error)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"hoptrace {data['hoptrace']} (API {data['api']})")
+    dispatcher = data["dispatcher"]
+    if dispatcher["error"]:
+        print(f"dispatcher {args.dispatcher}: not reached: {dispatcher['error']}")
+        return 0
+    mismatch = "" if dispatcher["api"] == API_VERSION else f" - not this client's API {API_VERSION}"
+    print(
+        f"dispatcher {args.dispatcher}: hoptrace {dispatcher['version']} (API {dispatcher['api']}){mismatch}"
+    )
+    for node, agent_version in sorted(data["agents"].items()):
+        print(f"agent {node}: {agent_version or 'unknown'}")
+    return 0
+
+
 # ---- servers -------------------------------------------------------------------------------------------
 
 
@@ -268,9 +317,13 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
         raise CliError(f"dispatcher: {error}") from None
     if tls is not None and not args.tokens:
         raise CliError("dispatcher: TLS needs --tokens FILE for the user API (`hoptrace certs` writes one)")
-    report_provider = window_provider = None
+    report_provider = window_provider = clock_provider = None
     if args.influx_url:
-        from hoptrace.dispatcher.reports import influx_report_provider, influx_window_provider
+        from hoptrace.dispatcher.reports import (
+            influx_clock_provider,
+            influx_report_provider,
+            influx_window_provider,
+        )
 
         influx = (
             args.influx_url,
@@ -280,12 +333,14 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
         )
         report_provider = influx_report_provider(*influx)
         window_provider = influx_window_provider(*influx)
+        clock_provider = influx_clock_provider(*influx)
     try:
         server = DispatcherServer(
             args.listen,
             args.state_dir,
             report_provider=report_provider,
             window_provider=window_provider,
+            clock_provider=clock_provider,
             ack_timeout=args.ack_timeout,
             tls=tls,
             tokens_file=args.tokens,
@@ -571,6 +626,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     report.add_argument("--since", type=since_duration, help="time range ending now, e.g. 30s, 10m, 1h")
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.set_defaults(func=cmd_report)
+
+    version = subparsers.add_parser(
+        "version",
+        parents=[client],
+        help="versions: this client, its API, the dispatcher and the agents",
+        description="Print this hoptrace's version and API; with a dispatcher that answers, its version and "
+        "each registered agent's.",
+    )
+    version.add_argument("--json", action="store_true", help="print JSON")
+    version.set_defaults(func=cmd_version)
 
     # Presets (ready-made traces on this node): cli/mace.py, cli/iron.py.
     from hoptrace.cli import iron, mace

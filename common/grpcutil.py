@@ -211,6 +211,7 @@ METHOD_ROLES = {
     "WatchSegmentStats": "viewer",
     "WatchSpecs": "viewer",
     "ValidateTrace": "viewer",
+    "GetVersion": "viewer",
     "ApplyTrace": "operator",
     "DeleteTrace": "operator",
     "RunPreset": "operator",

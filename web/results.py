@@ -17,7 +17,15 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, render_template, request, send_from_directory
 
-from hoptrace.collector.report import format_ns, report_from_proto
+from hoptrace.collector.report import (
+    LATENCY_FIELDS,
+    WITHIN_CLOCK_BOUND,
+    bound_text,
+    format_ns,
+    latency_text,
+    most_time_text,
+    report_from_proto,
+)
 from hoptrace.common.client import ApiError
 from hoptrace.v1 import api_pb2
 from hoptrace.web.dispatcher import get_client
@@ -59,6 +67,15 @@ def series_data(report: api_pb2.Report) -> dict[str, dict[str, list[list[float]]
     }
 
 
+def with_display(segment: dict[str, Any]) -> dict[str, Any]:
+    """A report segment plus `display`: its latencies as the CLI's table shows them ("≤ ±170ns" for one
+    within the clock bound, never a negative number) and, when its median is, the label's note."""
+    display: dict[str, str] = {field: latency_text(segment, field) for field in LATENCY_FIELDS}
+    if segment.get("below_clock_bound"):
+        display["clock_note"] = f"{bound_text(segment)} ({WITHIN_CLOCK_BOUND})"
+    return {**segment, "display": display}
+
+
 def _trace_state(name: str) -> dict[str, Any] | None:
     """The applied trace's view (its state); None when it is not applied (any more): its data is still
     shown."""
@@ -76,12 +93,17 @@ def results_data(name: str, since: str) -> dict[str, Any]:
     report_request = api_pb2.GetReportRequest(trace=name, with_series=True)
     report_request.start.FromSeconds(int(time.time()) - since_seconds(since))
     report = get_client().call("GetReport", report_request, timeout=REPORT_TIMEOUT_S)
+    data = report_from_proto(report)  # the numbers of `hoptrace report --json`, raw
+    summary = most_time_text(data)
+    data["segments"] = [with_display(segment) for segment in data["segments"]]
+    data["end_to_end"] = with_display(data["end_to_end"])
     return {
         "trace": name,
         "since": since,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "state": view["state"] if view else "not applied",
-        "report": report_from_proto(report),
+        "report": data,
+        "summary": summary,
         "series": series_data(report),
     }
 
