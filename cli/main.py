@@ -24,10 +24,12 @@ from hoptrace.common.durations import parse_duration
 from hoptrace.common.grpcutil import (
     CA_ENV,
     CERT_ENV,
+    DISPATCHER_ENV,
     INFLUX_TOKEN_ENV,
     KEY_ENV,
     ROLES,
     TOKEN_ENV,
+    TOKEN_FILE_ENV,
     add_secret_argument,
     add_server_tls_arguments,
     add_token,
@@ -39,7 +41,6 @@ from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to
 from hoptrace.v1 import api_pb2
 
 DEFAULT_DISPATCHER = "127.0.0.1:7070"
-DISPATCHER_ENV = "HOPTRACE_DISPATCHER"
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
@@ -455,7 +456,7 @@ def _add_client_security_arguments(parser: argparse.ArgumentParser, *, top_level
     parser.add_argument(
         "--token-file",
         metavar="FILE",
-        default=default(f"{TOKEN_ENV}_FILE"),
+        default=default(TOKEN_FILE_ENV),
         help=f"file holding the user API token (or put the token in ${TOKEN_ENV}; never on the command line)",
     )
     parser.add_argument("--ca", default=default(CA_ENV), metavar="PEM", help=f"CA certificate (${CA_ENV})")

@@ -1,0 +1,84 @@
+"""`make demo DEMO_ARGS=--keep` prints `export` lines; pasted into a fresh shell, they are all `hoptrace
+trace ls` and `hoptrace report` need to work against the running demo."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+from hoptrace.lab.topology import netns_list
+
+READY = "everything stays up"
+
+
+def test_the_printed_exports_are_all_the_cli_needs() -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "hoptrace.cli.demo", "--keep", "--seconds", "2", "--mps", "500"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    prefix = f"htdemo{demo.pid % 1000}"
+    output: list[str] = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:  # the demo says when everything is up; nothing is slept on
+            output.append(line)
+            if READY in line:
+                break
+        assert any(READY in line for line in output), "".join(output[-40:])
+        exports = [line.rstrip("\n") for line in output if line.startswith("export ")]
+        names = [line.split("=", 1)[0].removeprefix("export ") for line in exports]
+        assert names == [
+            "PATH",
+            "HOPTRACE_DISPATCHER",
+            "HOPTRACE_CA",
+            "HOPTRACE_CERT",
+            "HOPTRACE_KEY",
+            "HOPTRACE_TOKEN_FILE",
+        ], exports
+
+        def pasted(*command: str) -> subprocess.CompletedProcess[str]:
+            """`command` in a fresh shell that has only the pasted lines (no variable of this process)."""
+            script = "\n".join([*exports, " ".join(command)])
+            return subprocess.run(
+                ["env", "-i", "PATH=/usr/bin:/bin", "bash", "-c", script],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        listed = pasted("hoptrace", "trace", "ls")
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.splitlines()[1].split()[:2] == ["demo-udp", "1"], listed.stdout
+        report = pasted("hoptrace", "report", "demo-udp", "--since", "10m")
+        assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
+        lines = report.stdout.splitlines()
+        assert lines[0].startswith("trace demo-udp: ") and lines[1].startswith("most time: "), lines
+        assert any(line.startswith("end to end (") for line in lines), lines
+        as_json = pasted("hoptrace", "report", "demo-udp", "--since", "10m", "--json")
+        assert as_json.returncode == 0, as_json.stderr
+        data = json.loads(as_json.stdout)
+        counts = [segment["count"] for segment in data["segments"]]
+        assert len(counts) == 7 and all(count > 0 for count in counts), counts  # the VXLAN path's segments
+        # without the lines, the same command cannot reach the demo's dispatcher
+        bare = subprocess.run(
+            ["env", "-i", "PATH=/usr/bin:/bin", "bash", "-c", f"{exports[0]}\nhoptrace trace ls"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert bare.returncode == 1 and "Traceback" not in bare.stderr, bare.stderr
+    finally:
+        if demo.poll() is None:
+            demo.send_signal(signal.SIGTERM)
+            try:
+                demo.wait(60)
+            except subprocess.TimeoutExpired:
+                demo.kill()
+                demo.wait()
+        for name in netns_list():
+            if name.startswith(prefix):
+                subprocess.run(["ip", "netns", "del", name], check=False)
