@@ -318,10 +318,11 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
         raise CliError(f"dispatcher: {error}") from None
     if tls is not None and not args.tokens:
         raise CliError("dispatcher: TLS needs --tokens FILE for the user API (`hoptrace certs` writes one)")
-    report_provider = window_provider = clock_provider = None
+    report_provider = window_provider = clock_provider = packets_provider = None
     if args.influx_url:
         from hoptrace.dispatcher.reports import (
             influx_clock_provider,
+            influx_packets_provider,
             influx_report_provider,
             influx_window_provider,
         )
@@ -335,6 +336,7 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
         report_provider = influx_report_provider(*influx)
         window_provider = influx_window_provider(*influx)
         clock_provider = influx_clock_provider(*influx)
+        packets_provider = influx_packets_provider(*influx)
     try:
         server = DispatcherServer(
             args.listen,
@@ -342,6 +344,7 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
             report_provider=report_provider,
             window_provider=window_provider,
             clock_provider=clock_provider,
+            packets_provider=packets_provider,
             ack_timeout=args.ack_timeout,
             tls=tls,
             tokens_file=args.tokens,

@@ -21,6 +21,8 @@ are raw: a cross-node latency within its clock bound may be negative. Readers sh
 `latency_text`, which says "≤ ±BOUND" for it, and `most_time_text` names the segment with the largest p50.
 
 `node_clocks` reads each node's last `node_clock` point: the clock status `ListAgents` reports.
+`get_packets` answers `GetPackets`: per-packet timelines (the web's waterfall) from `hop_latency`, whose
+points carry each packet's ID.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -482,6 +484,139 @@ def segment_windows(
                 rows.append((stats.at.ToNanoseconds(), order.get(segment, len(order)), stats))
     rows.sort(key=lambda row: row[:2])
     return [stats for _, _, stats in rows]
+
+
+# GetPackets: how many slowest packets by default and at most; how far around a packet's first hop its other
+# points are looked for (a packet's whole passage, with room for clock error).
+DEFAULT_SLOWEST, MAX_SLOWEST = 10, 50
+PASSAGE_MARGIN_NS = 100_000_000
+
+
+def get_packets(
+    request: api_pb2.GetPacketsRequest,
+    *,
+    url: str,
+    bucket: str,
+    org: str = "-",
+    token: str = "",
+    path: Sequence[str] | None = None,
+) -> api_pb2.PacketList:
+    """Answer `Hoptrace.GetPackets`: the slowest packets end to end over the range, slowest first, or the
+    one packet `request.packet_id` (its latest passage), each with its segments in path order."""
+    start = flux_time(request.start if request.HasField("start") else None, "-1h")
+    stop = flux_time(request.end if request.HasField("end") else None, "now()")
+    base = (
+        f"from(bucket: {_flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
+        f' |> filter(fn: (r) => r._measurement == "{HOP_LATENCY}"'
+        f" and r.trace == {_flux_string(request.trace)}"
+    )
+    out = api_pb2.PacketList()
+    with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
+        q = client.query_api()
+        if request.packet_id:
+            # Its points, any segment: the latest one places the passage.
+            found = (
+                f'{base} and r._field == "packet_id" and r._value == {int(request.packet_id)})'
+                ' |> group() |> sort(columns: ["_time"], desc: true) |> limit(n: 1)'
+            )
+            times = [_ns(rec.get_time()) for table in q.query(found, org=org) for rec in table.records]
+            if times:
+                timeline = _packet_timeline(q, bucket, org, request.trace, request.packet_id, times[0], path)
+                if timeline is not None:
+                    out.packets.append(timeline)
+            return out
+        count = min(request.slowest or DEFAULT_SLOWEST, MAX_SLOWEST)
+        slowest = (
+            f'{base} and r.segment == "{END_TO_END}"'
+            ' and (r._field == "latency_ns" or r._field == "packet_id"))'
+            ' |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")'
+            f' |> group() |> top(n: {count}, columns: ["latency_ns"])'
+        )
+        found_packets = [
+            (int(rec.values["packet_id"]), _ns(rec.get_time()))
+            for table in q.query(slowest, org=org)
+            for rec in table.records
+            if rec.values.get("packet_id") is not None
+        ]
+        for packet_id, at_ns in found_packets:
+            timeline = _packet_timeline(q, bucket, org, request.trace, packet_id, at_ns, path)
+            if timeline is not None:
+                out.packets.append(timeline)
+    out.packets.sort(key=lambda p: -p.end_to_end_ns)
+    return out
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _ns(when: datetime) -> int:
+    """Unix ns of a record time (the client's datetimes are microsecond precise), in integers."""
+    return (when - _EPOCH) // timedelta(microseconds=1) * 1000
+
+
+def _packet_timeline(
+    q: Any, bucket: str, org: str, trace: str, packet_id: int, around_ns: int, path: Sequence[str] | None
+) -> api_pb2.PacketTimeline | None:
+    """One packet's points near `around_ns` (unix ns), as a timeline; None when none is found."""
+    query = (
+        f"from(bucket: {_flux_string(bucket)})"
+        f" |> range(start: time(v: {around_ns - PASSAGE_MARGIN_NS}),"
+        f" stop: time(v: {around_ns + PASSAGE_MARGIN_NS}))"
+        f' |> filter(fn: (r) => r._measurement == "{HOP_LATENCY}" and r.trace == {_flux_string(trace)}'
+        ' and (r._field == "latency_ns" or r._field == "packet_id" or r._field == "below_clock_bound"))'
+        ' |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")'
+        f" |> filter(fn: (r) => r.packet_id == {int(packet_id)})"
+    )
+    rows: dict[str, dict[str, Any]] = {}
+    for table in q.query(query, org=org):
+        for rec in table.records:
+            values = rec.values
+            segment = values.get("segment")
+            if segment is None or values.get("latency_ns") is None:
+                continue
+            at = _ns(rec.get_time())
+            # The same ID again (IDs wrap): keep the passage nearest `around_ns`.
+            if segment in rows and abs(rows[segment]["at"] - around_ns) <= abs(at - around_ns):
+                continue
+            rows[segment] = {
+                "at": at,
+                "from": values.get("from_hop", ""),
+                "to": values.get("to_hop", ""),
+                "from_node": values.get("from_node", ""),
+                "to_node": values.get("to_node", ""),
+                "latency_ns": int(values["latency_ns"]),
+                "below": bool(values.get("below_clock_bound")),
+            }
+    if not rows:
+        return None
+    e2e = rows.pop(END_TO_END, None)
+    segments = [
+        rows[s] for s in _order({s: (r["from"], r["to"]) for s, r in rows.items()}, path) if s in rows
+    ]
+    first = e2e["at"] if e2e is not None else min(r["at"] for r in segments)
+    timeline = api_pb2.PacketTimeline(packet_id=packet_id, end_to_end_ns=e2e["latency_ns"] if e2e else 0)
+    timeline.at.FromNanoseconds(first)
+    previous: dict[str, Any] | None = None
+    for r in segments:
+        # A segment starts where the one before it ended (exact, from the latencies); after a segment the
+        # packet did not complete, from its own time (microsecond precise as read back).
+        if previous is not None and previous["to"] == r["from"]:
+            r["offset"] = previous["offset"] + previous["latency_ns"]
+        elif previous is None and (e2e is None or e2e["from"] == r["from"]):
+            r["offset"] = 0
+        else:
+            r["offset"] = r["at"] - first
+        previous = r
+        segment = timeline.segments.add(
+            to=r["to"],
+            offset_ns=r["offset"],
+            latency_ns=r["latency_ns"],
+            below_clock_bound=r["below"],
+            from_node=r["from_node"],
+            to_node=r["to_node"],
+        )
+        setattr(segment, "from", r["from"])  # noqa: B010
+    return timeline
 
 
 # How far back `node_clocks` looks for a node's last estimate (points come at most once a second per node).

@@ -214,6 +214,7 @@ METHOD_ROLES = {
     "WatchSpecs": "viewer",
     "ValidateTrace": "viewer",
     "GetVersion": "viewer",
+    "GetPackets": "viewer",
     "ApplyTrace": "operator",
     "DeleteTrace": "operator",
     "RunPreset": "operator",

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 # Answers GetReport: the request and the trace's applied spec (None if the trace is not applied any more),
 # whose hop names give the path order. hoptrace.collector.report.get_report fits, bound to its InfluxDB.
 ReportProvider = Callable[[api_pb2.GetReportRequest, trace_pb2.TraceSpec | None], api_pb2.Report]
+# Answers GetPackets, like ReportProvider; hoptrace.collector.report.get_packets fits.
+PacketsProvider = Callable[[api_pb2.GetPacketsRequest, trace_pb2.TraceSpec | None], api_pb2.PacketList]
 # (trace, after unix ns, spec) -> the closed per-second segment windows after that time, oldest first.
 WindowProvider = Callable[[str, int, trace_pb2.TraceSpec | None], list[api_pb2.SegmentStats]]
 # node -> its clock as the collector last measured it (nodes it never measured are absent).
@@ -39,12 +41,14 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         report_provider: ReportProvider | None = None,
         window_provider: WindowProvider | None = None,
         clock_provider: ClockProvider | None = None,
+        packets_provider: PacketsProvider | None = None,
     ) -> None:
         self.controller = controller
         self.registry = registry
         self.report_provider = report_provider
         self.window_provider = window_provider
         self.clock_provider = clock_provider
+        self.packets_provider = packets_provider
         self._clock_lock = threading.Lock()
         self._clocks: tuple[float, dict[str, api_pb2.NodeClockStatus]] = (0.0, {})
 
@@ -144,6 +148,24 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         except Exception as error:  # the store is another process: report its failure, do not crash
             log.exception("report of trace %s failed", request.trace)
             context.abort(grpc.StatusCode.UNAVAILABLE, f"report of trace {request.trace} failed: {error}")
+        raise AssertionError("unreachable")
+
+    def GetPackets(  # noqa: N802
+        self, request: api_pb2.GetPacketsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PacketList:
+        """Per-packet timelines of the trace (the slowest, or one by ID), from the collector's store."""
+        if self.packets_provider is None:
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "packets are not configured: start the dispatcher with --influx-url and --influx-bucket",
+            )
+        if not request.trace:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trace: required")
+        try:
+            return self.packets_provider(request, self.controller.spec_of(request.trace))
+        except Exception as error:  # the store is another process: report its failure, do not crash
+            log.exception("packets of trace %s failed", request.trace)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"packets of trace {request.trace} failed: {error}")
         raise AssertionError("unreachable")
 
     def WatchSegmentStats(  # noqa: N802

@@ -3,7 +3,7 @@ hoptrace.collector.report."""
 
 from __future__ import annotations
 
-from hoptrace.dispatcher.api import ClockProvider, ReportProvider, WindowProvider
+from hoptrace.dispatcher.api import ClockProvider, PacketsProvider, ReportProvider, WindowProvider
 from hoptrace.v1 import api_pb2, trace_pb2
 
 
@@ -37,5 +37,16 @@ def influx_clock_provider(url: str, bucket: str, org: str = "-", token: str = ""
 
     def provide() -> dict[str, api_pb2.NodeClockStatus]:
         return report.node_clocks(url=url, bucket=bucket, org=org, token=token)
+
+    return provide
+
+
+def influx_packets_provider(url: str, bucket: str, org: str = "-", token: str = "") -> PacketsProvider:
+    """A PacketsProvider reading per-packet `hop_latency` points; segments follow the spec's hop order."""
+    from hoptrace.collector import report
+
+    def provide(request: api_pb2.GetPacketsRequest, spec: trace_pb2.TraceSpec | None) -> api_pb2.PacketList:
+        path = [hop.name for hop in spec.hops] if spec is not None else None
+        return report.get_packets(request, url=url, bucket=bucket, org=org, token=token, path=path)
 
     return provide

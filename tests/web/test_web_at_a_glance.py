@@ -1,6 +1,7 @@
 """The web UI answers at a glance: each node's clock as the collector measured it (or "unknown"), a
 cross-host latency within its clock bound read as "≤ ±170ns (within clock bound)" instead of a negative
-number, and the one-line "most time: ..." summary on the results page.
+number, the one-line "most time: ..." summary on the results page, and each packet's passage as a waterfall
+(the slowest of a range, or one by ID).
 
 Real InfluxDB holding what the collector writes (its exporter and its own point types), a real dispatcher
 reading it through GetReport and ListAgents, agents registered over AgentSession, the web app through
@@ -27,7 +28,11 @@ from web_helpers import PASSWORD, USERNAME, live_server, screenshot, web_config
 from hoptrace.collector.aggregate import END_TO_END, LatencySample, SegmentWindow
 from hoptrace.collector.clock import NodeClockPoint
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter
-from hoptrace.dispatcher.reports import influx_clock_provider, influx_report_provider
+from hoptrace.dispatcher.reports import (
+    influx_clock_provider,
+    influx_packets_provider,
+    influx_report_provider,
+)
 from hoptrace.dispatcher.server import DispatcherServer
 from hoptrace.lab.processes import InfluxServer
 from hoptrace.v1 import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc
@@ -40,6 +45,13 @@ BOUND_NS = 170  # host-a's clock bound 85 ns + host-b's 85 ns
 # -150 + 4 i ns, i.e. -150..246 ns: its mean (48 ns) and p50 (46 ns) lie within ±170 ns, its p90 (206 ns) not.
 HOST_LATENCY = [3000 + 10 * i for i in range(PACKETS)]
 WIRE_LATENCY = [-150 + 4 * i for i in range(PACKETS)]
+
+
+def pid(i: int) -> int:
+    """Packet i's ID: origin salt 7 in the top byte (IDs are never 0), sequence i + 1."""
+    return (7 << 24) | (i + 1)
+
+
 WHERE_MOST_TIME = "most time: a-c1-out > a-wire-out (99 % of p50, 94 % of p99)"  # 3490/3536, 3980/4222
 
 
@@ -63,7 +75,16 @@ def write_trace_and_clocks(influxd: InfluxServer, trace: str, measured: str, pee
         host, wire = HOST_LATENCY[i], WIRE_LATENCY[i]
         samples.append(
             LatencySample(
-                trace, "a-c1-out>a-wire-out", "a-c1-out", "a-wire-out", measured, measured, ts, host, i, False
+                trace,
+                "a-c1-out>a-wire-out",
+                "a-c1-out",
+                "a-wire-out",
+                measured,
+                measured,
+                ts,
+                host,
+                pid(i),
+                False,
             )
         )
         samples.append(
@@ -76,13 +97,13 @@ def write_trace_and_clocks(influxd: InfluxServer, trace: str, measured: str, pee
                 peer,
                 ts + host,
                 wire,
-                i,
+                pid(i),
                 wire < BOUND_NS,
             )
         )
         e2e.append(
             LatencySample(
-                trace, END_TO_END, "a-c1-out", "b-wire-in", measured, peer, ts, host + wire, i, False
+                trace, END_TO_END, "a-c1-out", "b-wire-in", measured, peer, ts, host + wire, pid(i), False
             )
         )
     windows = [
@@ -165,6 +186,7 @@ def glance(tmp_path: Path, influxd: InfluxServer) -> Iterator[Glance]:
         tmp_path / "state",
         report_provider=influx_report_provider(*store),
         clock_provider=influx_clock_provider(*store),
+        packets_provider=influx_packets_provider(*store),
     ).start()
     channel = grpc.insecure_channel(world.dispatcher.address)
     done = threading.Event()
@@ -286,3 +308,73 @@ def test_the_browser_draws_the_same(glance: Glance, browser: Any) -> None:
         }
         assert offsets == {glance.measured: "-231ns", glance.unmeasured: "unknown"}
         screenshot(browser, "agents-clocks")
+
+        # the waterfall as laid out: each bar starts where the one before it ended
+        browser.get(f"{base}/traces/{glance.trace}/packets?since=15m&slowest=5")
+        sections = browser.find_elements(By.CSS_SELECTOR, "section.waterfall")
+        assert [int(s.get_attribute("data-packet")) for s in sections] == [pid(i) for i in range(99, 94, -1)]
+        bars = [b.rect for b in sections[0].find_elements(By.CSS_SELECTOR, ".wf-bar")]
+        assert len(bars) == 2 and bars[0]["width"] > 10 * bars[1]["width"] > 0
+        assert abs(bars[1]["x"] - (bars[0]["x"] + bars[0]["width"])) < 2, bars
+        screenshot(browser, "waterfall-synthetic")
+
+
+def waterfalls(page: str) -> list[dict[str, Any]]:
+    """The packets page's waterfalls: packet ID, end to end, and per segment its name, bar and text."""
+    out = []
+    for packet, body in re.findall(
+        r'<section class="waterfall" data-packet="(\d+)">(.*?)</section>', page, re.S
+    ):
+        rows = re.findall(
+            r'<span class="wf-name">([^<]+)</span>.*?style="left: ([\d.]+)%; width: ([\d.]+)%".*?'
+            r'<span class="wf-text"[^>]*>([^<]+)</span>',
+            body,
+            re.S,
+        )
+        e2e = re.search(r'<span class="e2e">([^<]+)</span>', body).group(1)
+        out.append(
+            {
+                "id": int(packet),
+                "e2e": e2e,
+                "segments": [
+                    (html.unescape(n), float(left), float(w), html.unescape(x)) for n, left, w, x in rows
+                ],
+            }
+        )
+    return out
+
+
+def test_waterfall_of_the_slowest_packets_and_of_one_packet(glance: Glance) -> None:
+    client = logged_in(create_app(web_config(DISPATCHER=glance.dispatcher.address)))
+    page = client.get(f"/traces/{glance.trace}/packets?since=15m&slowest=3")
+    assert page.status_code == 200, page.text
+    slowest = waterfalls(page.text)
+    # end to end 2850 + 14 i ns: packets 99, 98, 97 are the slowest, slowest first
+    assert [p["id"] for p in slowest] == [pid(99), pid(98), pid(97)]
+    assert [p["e2e"] for p in slowest] == ["4.2us", "4.2us", "4.2us"]
+    first = slowest[0]["segments"]
+    assert [name for name, *_ in first] == ["a-c1-out → a-wire-out", "a-wire-out → b-wire-in"]
+    # Jaeger-style: the second bar starts where the first ends (3990 of 4236 ns), the texts are the latencies
+    (_, left1, width1, text1), (_, left2, width2, text2) = first
+    assert left1 == 0 and abs(width1 - 100 * 3990 / 4236) < 0.01 and abs(left2 - width1) < 0.01
+    assert abs(width2 - 100 * 246 / 4236) < 0.01 and (text1, text2) == ("4.0us", "246ns")
+
+    # one packet by ID (hex as shown, or decimal): packet 10 crossed the wire within the clock bound
+    for shown in (f"0x{pid(10):08x}", str(pid(10))):
+        one = waterfalls(client.get(f"/traces/{glance.trace}/packets?since=15m&packet={shown}").text)
+        assert [p["id"] for p in one] == [pid(10)] and one[0]["e2e"] == "3.0us"  # 3100 - 110 ns
+        (_, _, _, host_text), (_, left, width, wire_text) = one[0]["segments"]
+        assert host_text == "3.1us" and wire_text == "within clock bound" and width >= 0.4 and left > 99
+    missing = client.get(f"/traces/{glance.trace}/packets?since=15m&packet=0x07ffffff")
+    assert missing.status_code == 200 and "Packet 0x07ffffff was not seen in the last 15m." in missing.text
+    assert client.get(f"/traces/{glance.trace}/packets?packet=zzz").status_code == 400
+    assert client.get(f"/traces/{glance.trace}/packets?packet=0").status_code == 400
+    results = client.get(f"/traces/{glance.trace}/results?since=15m").text
+    assert f'href="/traces/{glance.trace}/packets?since=15m" id="slowest-packets"' in results
+
+
+def test_waterfall_without_a_store_says_why(client, login) -> None:
+    """The conftest's dispatcher has no store: the page says so (502), no traceback."""
+    login()
+    page = client.get("/traces/x/packets")
+    assert page.status_code == 502 and "no packets of x: packets are not configured" in page.text

@@ -1421,6 +1421,297 @@ func (x *SpecSet) GetSpecs() []*TraceSpec {
 	return nil
 }
 
+type GetPacketsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Trace string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
+	// Unset start = 1 h ago, unset end = now.
+	Start *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	End   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`
+	// Set: this packet only (its latest passage in the range). IDs are never 0 (their top byte is the
+	// origin node's salt, 1..255).
+	PacketId uint32 `protobuf:"varint,4,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
+	// Else the slowest packets end to end, at most this many (0 = 10; at most 50).
+	Slowest       uint32 `protobuf:"varint,5,opt,name=slowest,proto3" json:"slowest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPacketsRequest) Reset() {
+	*x = GetPacketsRequest{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPacketsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPacketsRequest) ProtoMessage() {}
+
+func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
+func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetPacketsRequest) GetTrace() string {
+	if x != nil {
+		return x.Trace
+	}
+	return ""
+}
+
+func (x *GetPacketsRequest) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *GetPacketsRequest) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+func (x *GetPacketsRequest) GetPacketId() uint32 {
+	if x != nil {
+		return x.PacketId
+	}
+	return 0
+}
+
+func (x *GetPacketsRequest) GetSlowest() uint32 {
+	if x != nil {
+		return x.Slowest
+	}
+	return 0
+}
+
+type PacketList struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Slowest first (by ID: one entry, or none when the ID was not seen in the range).
+	Packets       []*PacketTimeline `protobuf:"bytes,1,rep,name=packets,proto3" json:"packets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PacketList) Reset() {
+	*x = PacketList{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PacketList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PacketList) ProtoMessage() {}
+
+func (x *PacketList) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
+func (*PacketList) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PacketList) GetPackets() []*PacketTimeline {
+	if x != nil {
+		return x.Packets
+	}
+	return nil
+}
+
+// One packet's passage along the path: where each segment started and how long it took.
+type PacketTimeline struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	PacketId uint32                 `protobuf:"varint,1,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
+	// Master time at its first hop.
+	At *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	// 0 when the packet did not reach the last hop.
+	EndToEndNs int64 `protobuf:"varint,3,opt,name=end_to_end_ns,json=endToEndNs,proto3" json:"end_to_end_ns,omitempty"`
+	// In path order; a segment the packet did not complete is absent.
+	Segments      []*PacketSegment `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PacketTimeline) Reset() {
+	*x = PacketTimeline{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PacketTimeline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PacketTimeline) ProtoMessage() {}
+
+func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
+func (*PacketTimeline) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PacketTimeline) GetPacketId() uint32 {
+	if x != nil {
+		return x.PacketId
+	}
+	return 0
+}
+
+func (x *PacketTimeline) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *PacketTimeline) GetEndToEndNs() int64 {
+	if x != nil {
+		return x.EndToEndNs
+	}
+	return 0
+}
+
+func (x *PacketTimeline) GetSegments() []*PacketSegment {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+type PacketSegment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	From  string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To    string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	// Start of the segment after the packet's first hop.
+	OffsetNs  int64 `protobuf:"varint,3,opt,name=offset_ns,json=offsetNs,proto3" json:"offset_ns,omitempty"`
+	LatencyNs int64 `protobuf:"varint,4,opt,name=latency_ns,json=latencyNs,proto3" json:"latency_ns,omitempty"`
+	// Cross-node and below the clocks' alignment bound: it cannot be told from zero.
+	BelowClockBound bool   `protobuf:"varint,5,opt,name=below_clock_bound,json=belowClockBound,proto3" json:"below_clock_bound,omitempty"`
+	FromNode        string `protobuf:"bytes,6,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	ToNode          string `protobuf:"bytes,7,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PacketSegment) Reset() {
+	*x = PacketSegment{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PacketSegment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PacketSegment) ProtoMessage() {}
+
+func (x *PacketSegment) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
+func (*PacketSegment) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *PacketSegment) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *PacketSegment) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *PacketSegment) GetOffsetNs() int64 {
+	if x != nil {
+		return x.OffsetNs
+	}
+	return 0
+}
+
+func (x *PacketSegment) GetLatencyNs() int64 {
+	if x != nil {
+		return x.LatencyNs
+	}
+	return 0
+}
+
+func (x *PacketSegment) GetBelowClockBound() bool {
+	if x != nil {
+		return x.BelowClockBound
+	}
+	return false
+}
+
+func (x *PacketSegment) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *PacketSegment) GetToNode() string {
+	if x != nil {
+		return x.ToNode
+	}
+	return ""
+}
+
 type GetVersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1429,7 +1720,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1732,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1745,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 type Version struct {
@@ -1469,7 +1760,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1481,7 +1772,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1494,7 +1785,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -1524,7 +1815,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1827,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1840,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -1677,7 +1968,31 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\"\x13\n" +
 	"\x11WatchSpecsRequest\"7\n" +
 	"\aSpecSet\x12,\n" +
-	"\x05specs\x18\x01 \x03(\v2\x16.hoptrace.v1.TraceSpecR\x05specs\"\x13\n" +
+	"\x05specs\x18\x01 \x03(\v2\x16.hoptrace.v1.TraceSpecR\x05specs\"\xc0\x01\n" +
+	"\x11GetPacketsRequest\x12\x14\n" +
+	"\x05trace\x18\x01 \x01(\tR\x05trace\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x1b\n" +
+	"\tpacket_id\x18\x04 \x01(\rR\bpacketId\x12\x18\n" +
+	"\aslowest\x18\x05 \x01(\rR\aslowest\"C\n" +
+	"\n" +
+	"PacketList\x125\n" +
+	"\apackets\x18\x01 \x03(\v2\x1b.hoptrace.v1.PacketTimelineR\apackets\"\xb4\x01\n" +
+	"\x0ePacketTimeline\x12\x1b\n" +
+	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12!\n" +
+	"\rend_to_end_ns\x18\x03 \x01(\x03R\n" +
+	"endToEndNs\x126\n" +
+	"\bsegments\x18\x04 \x03(\v2\x1a.hoptrace.v1.PacketSegmentR\bsegments\"\xd1\x01\n" +
+	"\rPacketSegment\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\x12\x1b\n" +
+	"\toffset_ns\x18\x03 \x01(\x03R\boffsetNs\x12\x1d\n" +
+	"\n" +
+	"latency_ns\x18\x04 \x01(\x03R\tlatencyNs\x12*\n" +
+	"\x11below_clock_bound\x18\x05 \x01(\bR\x0fbelowClockBound\x12\x1b\n" +
+	"\tfrom_node\x18\x06 \x01(\tR\bfromNode\x12\x17\n" +
+	"\ato_node\x18\a \x01(\tR\x06toNode\"\x13\n" +
 	"\x11GetVersionRequest\";\n" +
 	"\aVersion\x12\x1e\n" +
 	"\n" +
@@ -1690,7 +2005,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x04args\x18\x03 \x03(\v2'.hoptrace.v1.RunPresetRequest.ArgsEntryR\x04args\x1a7\n" +
 	"\tArgsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xfb\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xc2\a\n" +
 	"\bHoptrace\x12V\n" +
 	"\rValidateTrace\x12!.hoptrace.v1.ValidateTraceRequest\x1a\".hoptrace.v1.ValidateTraceResponse\x12@\n" +
 	"\n" +
@@ -1708,7 +2023,9 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"WatchSpecs\x12\x1e.hoptrace.v1.WatchSpecsRequest\x1a\x14.hoptrace.v1.SpecSet0\x01\x12E\n" +
 	"\tRunPreset\x12\x1d.hoptrace.v1.RunPresetRequest\x1a\x19.hoptrace.v1.PresetResult\x12B\n" +
 	"\n" +
-	"GetVersion\x12\x1e.hoptrace.v1.GetVersionRequest\x1a\x14.hoptrace.v1.VersionBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"GetVersion\x12\x1e.hoptrace.v1.GetVersionRequest\x1a\x14.hoptrace.v1.Version\x12E\n" +
+	"\n" +
+	"GetPackets\x12\x1e.hoptrace.v1.GetPacketsRequest\x1a\x17.hoptrace.v1.PacketListBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_api_proto_rawDescOnce sync.Once
@@ -1722,7 +2039,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -1748,70 +2065,81 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*WatchSegmentStatsRequest)(nil), // 21: hoptrace.v1.WatchSegmentStatsRequest
 	(*WatchSpecsRequest)(nil),        // 22: hoptrace.v1.WatchSpecsRequest
 	(*SpecSet)(nil),                  // 23: hoptrace.v1.SpecSet
-	(*GetVersionRequest)(nil),        // 24: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 25: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 26: hoptrace.v1.RunPresetRequest
-	nil,                              // 27: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 28: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 29: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 30: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 31: hoptrace.v1.Register
-	(*PresetResult)(nil),             // 32: hoptrace.v1.PresetResult
+	(*GetPacketsRequest)(nil),        // 24: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 25: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 26: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 27: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 28: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 29: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 30: hoptrace.v1.RunPresetRequest
+	nil,                              // 31: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 32: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 33: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 34: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 35: hoptrace.v1.Register
+	(*PresetResult)(nil),             // 36: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	28, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	32, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	28, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	28, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	29, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	30, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	32, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	32, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	33, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	34, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	31, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	29, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	35, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	33, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	29, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	29, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	29, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	33, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	33, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	33, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	19, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	19, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
 	20, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
 	17, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
 	18, // 18: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
 	18, // 19: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	29, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	29, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	28, // 22: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	27, // 23: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	1,  // 24: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 25: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 26: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 27: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 28: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 29: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 30: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 31: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	21, // 32: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	22, // 33: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	26, // 34: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	24, // 35: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	2,  // 36: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 37: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 38: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 39: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 40: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 41: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 42: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 43: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	19, // 44: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	23, // 45: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	32, // 46: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	25, // 47: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	36, // [36:48] is the sub-list for method output_type
-	24, // [24:36] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	33, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	33, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	32, // 22: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	33, // 23: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	33, // 24: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	26, // 25: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	33, // 26: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	27, // 27: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	31, // 28: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	1,  // 29: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 30: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 31: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 32: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 33: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 34: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 35: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 36: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	21, // 37: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	22, // 38: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	30, // 39: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	28, // 40: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	24, // 41: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	2,  // 42: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 43: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 44: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 45: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 46: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 47: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 48: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 49: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	19, // 50: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	23, // 51: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	36, // 52: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	29, // 53: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	25, // 54: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	42, // [42:55] is the sub-list for method output_type
+	29, // [29:42] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -1827,7 +2155,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

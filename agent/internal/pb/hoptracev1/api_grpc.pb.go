@@ -31,6 +31,7 @@ const (
 	Hoptrace_WatchSpecs_FullMethodName        = "/hoptrace.v1.Hoptrace/WatchSpecs"
 	Hoptrace_RunPreset_FullMethodName         = "/hoptrace.v1.Hoptrace/RunPreset"
 	Hoptrace_GetVersion_FullMethodName        = "/hoptrace.v1.Hoptrace/GetVersion"
+	Hoptrace_GetPackets_FullMethodName        = "/hoptrace.v1.Hoptrace/GetPackets"
 )
 
 // HoptraceClient is the client API for Hoptrace service.
@@ -60,6 +61,8 @@ type HoptraceClient interface {
 	RunPreset(ctx context.Context, in *RunPresetRequest, opts ...grpc.CallOption) (*PresetResult, error)
 	// The dispatcher's own version and the API version it serves (agents' versions: ListAgents).
 	GetVersion(ctx context.Context, in *GetVersionRequest, opts ...grpc.CallOption) (*Version, error)
+	// Per-packet timelines (a waterfall): the slowest packets end to end over a range, or one packet by ID.
+	GetPackets(ctx context.Context, in *GetPacketsRequest, opts ...grpc.CallOption) (*PacketList, error)
 }
 
 type hoptraceClient struct {
@@ -208,6 +211,16 @@ func (c *hoptraceClient) GetVersion(ctx context.Context, in *GetVersionRequest, 
 	return out, nil
 }
 
+func (c *hoptraceClient) GetPackets(ctx context.Context, in *GetPacketsRequest, opts ...grpc.CallOption) (*PacketList, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PacketList)
+	err := c.cc.Invoke(ctx, Hoptrace_GetPackets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HoptraceServer is the server API for Hoptrace service.
 // All implementations must embed UnimplementedHoptraceServer
 // for forward compatibility.
@@ -235,6 +248,8 @@ type HoptraceServer interface {
 	RunPreset(context.Context, *RunPresetRequest) (*PresetResult, error)
 	// The dispatcher's own version and the API version it serves (agents' versions: ListAgents).
 	GetVersion(context.Context, *GetVersionRequest) (*Version, error)
+	// Per-packet timelines (a waterfall): the slowest packets end to end over a range, or one packet by ID.
+	GetPackets(context.Context, *GetPacketsRequest) (*PacketList, error)
 	mustEmbedUnimplementedHoptraceServer()
 }
 
@@ -280,6 +295,9 @@ func (UnimplementedHoptraceServer) RunPreset(context.Context, *RunPresetRequest)
 }
 func (UnimplementedHoptraceServer) GetVersion(context.Context, *GetVersionRequest) (*Version, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetVersion not implemented")
+}
+func (UnimplementedHoptraceServer) GetPackets(context.Context, *GetPacketsRequest) (*PacketList, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPackets not implemented")
 }
 func (UnimplementedHoptraceServer) mustEmbedUnimplementedHoptraceServer() {}
 func (UnimplementedHoptraceServer) testEmbeddedByValue()                  {}
@@ -504,6 +522,24 @@ func _Hoptrace_GetVersion_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hoptrace_GetPackets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPacketsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HoptraceServer).GetPackets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hoptrace_GetPackets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HoptraceServer).GetPackets(ctx, req.(*GetPacketsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hoptrace_ServiceDesc is the grpc.ServiceDesc for Hoptrace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -550,6 +586,10 @@ var Hoptrace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetVersion",
 			Handler:    _Hoptrace_GetVersion_Handler,
+		},
+		{
+			MethodName: "GetPackets",
+			Handler:    _Hoptrace_GetPackets_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

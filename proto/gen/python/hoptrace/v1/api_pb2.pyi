@@ -234,6 +234,55 @@ class SpecSet(_message.Message):
     specs: _containers.RepeatedCompositeFieldContainer[_trace_pb2.TraceSpec]
     def __init__(self, specs: _Optional[_Iterable[_Union[_trace_pb2.TraceSpec, _Mapping]]] = ...) -> None: ...
 
+class GetPacketsRequest(_message.Message):
+    __slots__ = ("trace", "start", "end", "packet_id", "slowest")
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    PACKET_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOWEST_FIELD_NUMBER: _ClassVar[int]
+    trace: str
+    start: _timestamp_pb2.Timestamp
+    end: _timestamp_pb2.Timestamp
+    packet_id: int
+    slowest: int
+    def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., packet_id: _Optional[int] = ..., slowest: _Optional[int] = ...) -> None: ...
+
+class PacketList(_message.Message):
+    __slots__ = ("packets",)
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    packets: _containers.RepeatedCompositeFieldContainer[PacketTimeline]
+    def __init__(self, packets: _Optional[_Iterable[_Union[PacketTimeline, _Mapping]]] = ...) -> None: ...
+
+class PacketTimeline(_message.Message):
+    __slots__ = ("packet_id", "at", "end_to_end_ns", "segments")
+    PACKET_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    END_TO_END_NS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    packet_id: int
+    at: _timestamp_pb2.Timestamp
+    end_to_end_ns: int
+    segments: _containers.RepeatedCompositeFieldContainer[PacketSegment]
+    def __init__(self, packet_id: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_to_end_ns: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[PacketSegment, _Mapping]]] = ...) -> None: ...
+
+class PacketSegment(_message.Message):
+    __slots__ = ("to", "offset_ns", "latency_ns", "below_clock_bound", "from_node", "to_node")
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_NS_FIELD_NUMBER: _ClassVar[int]
+    BELOW_CLOCK_BOUND_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    TO_NODE_FIELD_NUMBER: _ClassVar[int]
+    to: str
+    offset_ns: int
+    latency_ns: int
+    below_clock_bound: bool
+    from_node: str
+    to_node: str
+    def __init__(self, to: _Optional[str] = ..., offset_ns: _Optional[int] = ..., latency_ns: _Optional[int] = ..., below_clock_bound: bool = ..., from_node: _Optional[str] = ..., to_node: _Optional[str] = ..., **kwargs) -> None: ...
+
 class GetVersionRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
