@@ -1,5 +1,6 @@
 """`make demo DEMO_ARGS=--keep` prints `export` lines; pasted into a fresh shell, they are all `hoptrace
-trace ls` and `hoptrace report` need to work against the running demo."""
+trace ls`, `hoptrace report`, `hoptrace agents` and `hoptrace version` need to work against the running demo
+(whose agents' clocks the collector has measured by then)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,23 @@ def test_the_printed_exports_are_all_the_cli_needs() -> None:
         data = json.loads(as_json.stdout)
         counts = [segment["count"] for segment in data["segments"]]
         assert len(counts) == 7 and all(count > 0 for count in counts), counts  # the VXLAN path's segments
+        # the agents' clocks as the collector measured them during the flow: real numbers, not zeros
+        agents = pasted("hoptrace", "agents", "--json")
+        assert agents.returncode == 0, agents.stderr
+        clocks = {agent["node"]: agent["clock"] for agent in json.loads(agents.stdout)}
+        assert set(clocks) == {"host-a", "host-b"}, clocks
+        for clock in clocks.values():
+            assert clock["measured"] and clock["bound_ns"] > 0 and clock["measured_at"], clocks
+        table = pasted("hoptrace", "agents")
+        assert table.returncode == 0 and "unknown" not in table.stdout and "±" in table.stdout, table.stdout
+        version = pasted("hoptrace", "version", "--json")
+        assert version.returncode == 0, version.stderr
+        versions = json.loads(version.stdout)
+        assert versions["dispatcher"]["api"] == "hoptrace.v1" and not versions["dispatcher"]["error"], (
+            versions
+        )
+        assert set(versions["agents"]) == {"host-a", "host-b"}, versions
+
         # without the lines, the same command cannot reach the demo's dispatcher
         bare = subprocess.run(
             ["env", "-i", "PATH=/usr/bin:/bin", "bash", "-c", f"{exports[0]}\nhoptrace trace ls"],
