@@ -263,6 +263,44 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def packet_id_argument(text: str) -> int:
+    """--id: a packet ID as shown (0x07000123) or in decimal; 32-bit, never 0."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        value = 0
+    if not 0 < value < 1 << 32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a packet ID (e.g. 0x07000123)")
+    return value
+
+
+def slowest_argument(text: str) -> int:
+    """--slowest: how many packets, 1 to 50."""
+    if not text.isdigit() or not 1 <= int(text) <= 50:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of packets from 1 to 50")
+    return int(text)
+
+
+def cmd_packets(args: argparse.Namespace) -> int:
+    """hoptrace packets NAME [--since D] [--slowest N | --id ID] [--json]: per-packet waterfalls."""
+    from hoptrace.collector.report import packets_from_proto, render_packets_text
+
+    request = api_pb2.GetPacketsRequest(trace=args.name, packet_id=args.id or 0, slowest=args.slowest)
+    if args.since is not None:
+        request.start.FromDatetime(datetime.now(UTC) - args.since)
+    packets = packets_from_proto(api_call(args, "GetPackets", request, timeout=APPLY_TIMEOUT_S))
+    if args.json:
+        print(json.dumps(packets, indent=2))
+        return 0
+    if not packets:
+        print(
+            f"packet 0x{args.id:08x} was not seen" if args.id else f"no packet of {args.name} went end to end"
+        )
+        return 0
+    sys.stdout.write(render_packets_text(packets))
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     """hoptrace version [--json]: this package and its API; the dispatcher's and the agents' versions when
     the dispatcher answers (exit 0 either way: the local part is always known)."""
@@ -630,6 +668,23 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     report.add_argument("--since", type=since_duration, help="time range ending now, e.g. 30s, 10m, 1h")
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.set_defaults(func=cmd_report)
+
+    packets = subparsers.add_parser(
+        "packets",
+        parents=[client],
+        help="per-packet waterfalls: the slowest packets or one by ID",
+        description="Each packet's passage, segment by segment: the slowest end to end (default 10), or one "
+        "packet by its ID.",
+    )
+    packets.add_argument("name", help="trace name")
+    packets.add_argument("--since", type=since_duration, help="time range ending now (default 1h)")
+    which = packets.add_mutually_exclusive_group()
+    which.add_argument(
+        "--slowest", type=slowest_argument, default=10, metavar="N", help="the N slowest (at most 50)"
+    )
+    which.add_argument("--id", type=packet_id_argument, metavar="ID", help="one packet, e.g. 0x07000123")
+    packets.add_argument("--json", action="store_true", help="print JSON")
+    packets.set_defaults(func=cmd_packets)
 
     version = subparsers.add_parser(
         "version",

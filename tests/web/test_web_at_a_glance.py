@@ -10,8 +10,11 @@ Flask's test client and in headless Chromium (for the tables results.js redraws)
 from __future__ import annotations
 
 import html
+import json
 import re
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -378,3 +381,31 @@ def test_waterfall_without_a_store_says_why(client, login) -> None:
     login()
     page = client.get("/traces/x/packets")
     assert page.status_code == 502 and "no packets of x: packets are not configured" in page.text
+
+
+def test_the_cli_draws_the_same_waterfall(glance: Glance) -> None:
+    def hoptrace(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [
+            sys.executable,
+            "-m",
+            "hoptrace.cli.main",
+            "--insecure",
+            "--dispatcher",
+            glance.dispatcher.address,
+        ]
+        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
+
+    result = hoptrace("packets", glance.trace, "--since", "15m", "--slowest", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    packets = json.loads(result.stdout)
+    assert [p["packet_id"] for p in packets] == [pid(99), pid(98)]
+    assert [(s["offset_ns"], s["latency_ns"]) for s in packets[0]["segments"]] == [(0, 3990), (3990, 246)]
+    text = hoptrace("packets", glance.trace, "--since", "15m", "--id", f"0x{pid(10):08x}").stdout.splitlines()
+    assert text[0].startswith(f"packet 0x{pid(10):08x}  ") and text[0].endswith("end to end 3.0us"), text
+    host, wire = text[1], text[2]
+    assert host.split()[:6] == ["a-c1-out", ">", "a-wire-out", glance.measured, "+0ns", "3.1us"], host
+    assert "within clock bound" in wire and "-" not in wire.split(glance.unmeasured)[1], wire
+    assert host.endswith("|" + "#" * 40 + "|") and wire.endswith("#|"), text  # 3.1 us of 3.0 us: all
+    for bad in (["--id", "0"], ["--id", "zz"], ["--slowest", "-3"], ["--slowest", "51"]):
+        refused = hoptrace("packets", glance.trace, *bad)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, (bad, refused.stderr)
