@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.keep:
             say("the CLI against this demo: paste these lines into another shell (as root), then run")
             print(shell_exports(cluster.client_exports()))
-            print("hoptrace trace ls\nhoptrace report demo-udp\nhoptrace agents", flush=True)
+            commands = ["trace ls", "report demo-udp", "packets demo-udp --slowest 3", "agents"]
+            print("\n".join(f"hoptrace {command}" for command in commands), flush=True)
             say(f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up")
             signal.pause()
         return report.returncode

@@ -500,6 +500,7 @@ def test_cli_unreachable_dispatcher_and_help() -> None:
         ["agents"],
         ["report"],
         ["version"],
+        ["packets"],
     ):
         shown = _hoptrace(None, *command, "--help")
         assert shown.returncode == 0 and "usage: hoptrace" in shown.stdout, (command, shown.stderr)

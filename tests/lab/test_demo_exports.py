@@ -64,6 +64,22 @@ def test_the_printed_exports_are_all_the_cli_needs() -> None:
         data = json.loads(as_json.stdout)
         counts = [segment["count"] for segment in data["segments"]]
         assert len(counts) == 7 and all(count > 0 for count in counts), counts  # the VXLAN path's segments
+        # the slowest packets' passages, every segment of the path, each starting where the last ended
+        waterfall = pasted("hoptrace", "packets", "demo-udp", "--since", "10m", "--slowest", "3", "--json")
+        assert waterfall.returncode == 0, waterfall.stderr
+        slowest = json.loads(waterfall.stdout)
+        assert len(slowest) == 3 and all(len(p["segments"]) == 7 for p in slowest), slowest
+        assert [p["end_to_end_ns"] for p in slowest] == sorted(
+            (p["end_to_end_ns"] for p in slowest), reverse=True
+        )
+        for packet in slowest:
+            steps = packet["segments"]
+            assert all(
+                b["offset_ns"] == a["offset_ns"] + a["latency_ns"]
+                for a, b in zip(steps, steps[1:], strict=False)
+            )
+            assert steps[-1]["offset_ns"] + steps[-1]["latency_ns"] == packet["end_to_end_ns"]
+
         # the agents' clocks as the collector measured them during the flow: real numbers, not zeros
         agents = pasted("hoptrace", "agents", "--json")
         assert agents.returncode == 0, agents.stderr
