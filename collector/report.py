@@ -686,12 +686,13 @@ CLOCK_LOOKBACK = "-30d"
 
 
 def node_clocks(
-    *, url: str, bucket: str, org: str = "-", token: str = ""
+    *, url: str, bucket: str, org: str = "-", token: str = "", timeout_ms: int = 3_000
 ) -> dict[str, api_pb2.NodeClockStatus]:
     """Each node's clock as the collector last measured it: its last `node_clock` point, by node.
 
     A node without a point is absent (its clock is unknown); a point with `bound_ns` 0 came from an agent
     that had no estimate yet (Cristian's bound is never 0), so it is returned with `measured` false.
+    `timeout_ms` is short: ListAgents waits for this, and answers without clocks when the store is slow.
     """
     query = (
         f"from(bucket: {_flux_string(bucket)}) |> range(start: {CLOCK_LOOKBACK})"
@@ -699,7 +700,7 @@ def node_clocks(
         ' |> group(columns: ["node", "_field"]) |> last()'
     )
     fields: dict[str, dict[str, Any]] = {}
-    with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
+    with InfluxDBClient(url=url, token=token, org=org, timeout=timeout_ms) as client:
         for table in client.query_api().query(query, org=org):
             for rec in table.records:
                 node = rec.values.get("node")

@@ -18,7 +18,7 @@ from hoptrace.collector.report import MAX_SLOWEST, WITHIN_CLOCK_BOUND, format_ns
 from hoptrace.common.client import ApiError
 from hoptrace.v1 import api_pb2
 from hoptrace.web.dispatcher import get_client
-from hoptrace.web.results import REPORT_TIMEOUT_S, SINCE_CHOICES, _since, since_seconds
+from hoptrace.web.results import REPORT_TIMEOUT_S, SINCE_CHOICES, requested_since, since_seconds
 
 bp = Blueprint("packets", __name__)
 
@@ -71,7 +71,7 @@ def packet_view(timeline: api_pb2.PacketTimeline) -> dict[str, Any]:
 @bp.get("/traces/<name>/packets")
 def page(name: str):  # noqa: ANN201 - a view
     """The slowest packets of the range (?since=, ?slowest=) or one packet (?packet=ID) as waterfalls."""
-    since = _since()
+    since = requested_since()
     packet_text = request.args.get("packet", "").strip()
     packet_id = parse_packet_id(packet_text) if packet_text else 0
     try:

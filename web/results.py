@@ -42,7 +42,7 @@ REPORT_TIMEOUT_S = 60.0
 __all__ = ["bp", "format_ns"]
 
 
-def _since() -> str:
+def requested_since() -> str:
     """The requested time range (?since=15m), checked; the configured default otherwise."""
     since = request.args.get("since") or current_app.config["RESULTS_SINCE"]
     if not _DURATION.match(since):
@@ -111,7 +111,7 @@ def results_data(name: str, since: str) -> dict[str, Any]:
 @bp.get("/traces/<name>/results")
 def page(name: str):  # noqa: ANN201 - a view
     """The results page (tables rendered here; charts and polling in static/results.js)."""
-    since = _since()
+    since = requested_since()
     try:
         data, error = results_data(name, since), None
     except ApiError as exc:  # no report (store down, not configured): say so instead of a 500
@@ -130,7 +130,7 @@ def page(name: str):  # noqa: ANN201 - a view
 @bp.get("/traces/<name>/results.json")
 def data_json(name: str):  # noqa: ANN201 - a view
     """The results as JSON (polled every 2 s by the page while it is open)."""
-    since = _since()
+    since = requested_since()
     try:
         return jsonify(results_data(name, since))
     except ApiError as exc:  # same as the page: a readable error, not a 500
