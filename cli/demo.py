@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import sys
@@ -37,6 +38,18 @@ def run_sockperf(topo: TwoHostTopology, seconds: float, mps: int) -> str:
     """A sockperf UDP ping-pong c1 -> c2; returns the client's summary lines."""
     out = sockperf(topo, "ping-pong", seconds, "--mps", str(mps))
     return "\n".join(line for line in out.splitlines() if "avg-latency" in line or "Summary" in line)
+
+
+def shell_exports(variables: dict[str, str]) -> str:
+    """`export NAME=VALUE` lines a POSIX shell takes as they are (values quoted; `$PATH` left to expand)."""
+    lines = []
+    for name, value in variables.items():
+        if value.endswith(":$PATH"):
+            text = shlex.quote(value.removesuffix(":$PATH")) + ':"$PATH"'
+        else:
+            text = shlex.quote(value)
+        lines.append(f"export {name}={text}")
+    return "\n".join(lines)
 
 
 def say(text: str) -> None:
@@ -98,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.keep:
             print("it stops with the demo now; `make demo DEMO_ARGS=--keep` keeps everything up until Ctrl-C")
         if args.keep:
+            say("the CLI against this demo: paste these lines into another shell (as root), then run")
+            print(shell_exports(cluster.client_exports()))
+            commands = ["trace ls", "report demo-udp", "packets demo-udp --slowest 3", "agents"]
+            print("\n".join(f"hoptrace {command}" for command in commands), flush=True)
             say(f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up")
             signal.pause()
         return report.returncode

@@ -24,21 +24,23 @@ from hoptrace.common.durations import parse_duration
 from hoptrace.common.grpcutil import (
     CA_ENV,
     CERT_ENV,
+    DISPATCHER_ENV,
     INFLUX_TOKEN_ENV,
     KEY_ENV,
     ROLES,
     TOKEN_ENV,
+    TOKEN_FILE_ENV,
     add_secret_argument,
     add_server_tls_arguments,
     add_token,
     secret_from,
     server_tls_from_args,
 )
+from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
 from hoptrace.v1 import api_pb2
 
 DEFAULT_DISPATCHER = "127.0.0.1:7070"
-DISPATCHER_ENV = "HOPTRACE_DISPATCHER"
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
@@ -173,6 +175,8 @@ def cmd_trace_rm(args: argparse.Namespace) -> int:
 
 def agent_to_data(agent: api_pb2.Agent) -> dict[str, Any]:
     """One agent as the JSON object `hoptrace agents --json` prints."""
+    from hoptrace.collector.report import clock_data  # influxdb_client is loaded only where it is used
+
     registration = json_format.MessageToDict(
         agent.registration, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
@@ -188,6 +192,7 @@ def agent_to_data(agent: api_pb2.Agent) -> dict[str, Any]:
         "namespaces": registration.get("namespaces", []),
         "running": registration.get("running", []),
         "lost_records": agent.lost_records,
+        "clock": clock_data(agent.clock),
     }
 
 
@@ -200,8 +205,16 @@ def cmd_agents(args: argparse.Namespace) -> int:
     if not response.agents:
         print("no agents registered")
         return 0
-    rows = [["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "NAMESPACES", "UNSUPPORTED"]]
+    rows = [
+        [
+            *["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "CLOCK OFFSET", "BOUND", "DRIFT"],
+            *["CLOCK MEASURED", "NAMESPACES", "UNSUPPORTED"],
+        ]
+    ]
+    from hoptrace.collector.report import clock_texts
+
     for agent in response.agents:
+        clock = clock_texts(agent.clock)
         registration = agent.registration
         namespaces = ",".join(namespace.name or "(own)" for namespace in registration.namespaces)
         unsupported = ",".join(
@@ -216,6 +229,10 @@ def cmd_agents(args: argparse.Namespace) -> int:
                 registration.kernel_release or "-",
                 registration.agent_version or "-",
                 _timestamp_text(agent.last_heartbeat),
+                clock["offset"],
+                clock["bound"],
+                clock["drift"],
+                clock["measured"],
                 namespaces or "-",
                 unsupported or "-",
             ]
@@ -246,6 +263,77 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def packet_id_argument(text: str) -> int:
+    """--id: a packet ID as shown (0x07000123) or in decimal; 32-bit, never 0."""
+    try:
+        value = int(text, 0)
+    except ValueError:
+        value = 0
+    if not 0 < value < 1 << 32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a packet ID (e.g. 0x07000123)")
+    return value
+
+
+def slowest_argument(text: str) -> int:
+    """--slowest: how many packets, 1 to 50."""
+    if not text.isdigit() or not 1 <= int(text) <= 50:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of packets from 1 to 50")
+    return int(text)
+
+
+def cmd_packets(args: argparse.Namespace) -> int:
+    """hoptrace packets NAME [--since D] [--slowest N | --id ID] [--json]: per-packet waterfalls."""
+    from hoptrace.collector.report import packets_from_proto, render_packets_text
+
+    request = api_pb2.GetPacketsRequest(trace=args.name, packet_id=args.id or 0, slowest=args.slowest)
+    if args.since is not None:
+        request.start.FromDatetime(datetime.now(UTC) - args.since)
+    packets = packets_from_proto(api_call(args, "GetPackets", request, timeout=APPLY_TIMEOUT_S))
+    if args.json:
+        print(json.dumps(packets, indent=2))
+        return 0
+    if not packets:
+        print(
+            f"packet 0x{args.id:08x} was not seen" if args.id else f"no packet of {args.name} went end to end"
+        )
+        return 0
+    sys.stdout.write(render_packets_text(packets))
+    return 0
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    """hoptrace version [--json]: this package and its API; the dispatcher's and the agents' versions when
+    the dispatcher answers (exit 0 either way: the local part is always known)."""
+    data: dict[str, Any] = {
+        "hoptrace": package_version(),
+        "api": API_VERSION,
+        "dispatcher": {"address": args.dispatcher, "version": None, "api": None, "error": None},
+        "agents": {},
+    }
+    try:
+        version = api_call(args, "GetVersion", api_pb2.GetVersionRequest(), timeout=10)
+        data["dispatcher"].update(version=version.dispatcher, api=version.api)
+        agents = api_call(args, "ListAgents", api_pb2.ListAgentsRequest(), timeout=10).agents
+        data["agents"] = {agent.registration.node: agent.registration.agent_version for agent in agents}
+    except CliError as error:
+        data["dispatcher"]["error"] = str(error)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"hoptrace {data['hoptrace']} (API {data['api']})")
+    dispatcher = data["dispatcher"]
+    if dispatcher["error"]:
+        print(f"dispatcher {args.dispatcher}: not reached: {dispatcher['error']}")
+        return 0
+    mismatch = "" if dispatcher["api"] == API_VERSION else f" - not this client's API {API_VERSION}"
+    print(
+        f"dispatcher {args.dispatcher}: hoptrace {dispatcher['version']} (API {dispatcher['api']}){mismatch}"
+    )
+    for node, agent_version in sorted(data["agents"].items()):
+        print(f"agent {node}: {agent_version or 'unknown'}")
+    return 0
+
+
 # ---- servers -------------------------------------------------------------------------------------------
 
 
@@ -268,9 +356,14 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
         raise CliError(f"dispatcher: {error}") from None
     if tls is not None and not args.tokens:
         raise CliError("dispatcher: TLS needs --tokens FILE for the user API (`hoptrace certs` writes one)")
-    report_provider = window_provider = None
+    report_provider = window_provider = clock_provider = packets_provider = None
     if args.influx_url:
-        from hoptrace.dispatcher.reports import influx_report_provider, influx_window_provider
+        from hoptrace.dispatcher.reports import (
+            influx_clock_provider,
+            influx_packets_provider,
+            influx_report_provider,
+            influx_window_provider,
+        )
 
         influx = (
             args.influx_url,
@@ -280,12 +373,16 @@ def cmd_dispatcher(args: argparse.Namespace) -> int:
         )
         report_provider = influx_report_provider(*influx)
         window_provider = influx_window_provider(*influx)
+        clock_provider = influx_clock_provider(*influx)
+        packets_provider = influx_packets_provider(*influx)
     try:
         server = DispatcherServer(
             args.listen,
             args.state_dir,
             report_provider=report_provider,
             window_provider=window_provider,
+            clock_provider=clock_provider,
+            packets_provider=packets_provider,
             ack_timeout=args.ack_timeout,
             tls=tls,
             tokens_file=args.tokens,
@@ -425,7 +522,7 @@ def _add_client_security_arguments(parser: argparse.ArgumentParser, *, top_level
     parser.add_argument(
         "--token-file",
         metavar="FILE",
-        default=default(f"{TOKEN_ENV}_FILE"),
+        default=default(TOKEN_FILE_ENV),
         help=f"file holding the user API token (or put the token in ${TOKEN_ENV}; never on the command line)",
     )
     parser.add_argument("--ca", default=default(CA_ENV), metavar="PEM", help=f"CA certificate (${CA_ENV})")
@@ -613,6 +710,33 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     report.add_argument("--since", type=since_duration, help="time range ending now, e.g. 30s, 10m, 1h")
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.set_defaults(func=cmd_report)
+
+    packets = subparsers.add_parser(
+        "packets",
+        parents=[client],
+        help="per-packet waterfalls: the slowest packets or one by ID",
+        description="Each packet's passage, segment by segment: the slowest end to end (default 10), or one "
+        "packet by its ID.",
+    )
+    packets.add_argument("name", help="trace name")
+    packets.add_argument("--since", type=since_duration, help="time range ending now (default 1h)")
+    which = packets.add_mutually_exclusive_group()
+    which.add_argument(
+        "--slowest", type=slowest_argument, default=10, metavar="N", help="the N slowest (at most 50)"
+    )
+    which.add_argument("--id", type=packet_id_argument, metavar="ID", help="one packet, e.g. 0x07000123")
+    packets.add_argument("--json", action="store_true", help="print JSON")
+    packets.set_defaults(func=cmd_packets)
+
+    version = subparsers.add_parser(
+        "version",
+        parents=[client],
+        help="versions: this client, its API, the dispatcher and the agents",
+        description="Print this hoptrace's version and API; with a dispatcher that answers, its version and "
+        "each registered agent's.",
+    )
+    version.add_argument("--json", action="store_true", help="print JSON")
+    version.set_defaults(func=cmd_version)
 
     # Presets (ready-made traces on this node): cli/mace.py, cli/iron.py.
     from hoptrace.cli import iron, mace

@@ -16,7 +16,9 @@ same rule as Flux `quantile(method: "exact_selector")`, so reports and windows a
 
 Cross-node clocks: a latency below the clocks' alignment bound (below 0 while the bound is unknown) is kept
 but flagged `below_clock_bound`; a segment window is flagged when at least half its packets are (its median
-latency is below the bound).
+latency is below the bound). Each cross-node window also carries `clock_bound_ns`, the sum of its two nodes'
+bounds (the largest seen in the window): what a reader needs to say "within ±N ns" instead of showing a
+latency the clocks cannot resolve.
 
 vNetTracer's metrics (section III-D of the paper), per segment and window:
 
@@ -112,6 +114,7 @@ class SegmentWindow:
     same_node: bool = False
     below_clock_bound: bool = False
     below_bound_count: int = 0
+    clock_bound_ns: int = 0  # cross-node: bound(from node) + bound(to node); 0 = same node or unknown
 
 
 @dataclass(slots=True)
@@ -218,6 +221,7 @@ class _Window:
         "cut_lost",
         "flagged",
         "same_node",
+        "clock_bound",
     )
 
     def __init__(self, from_hop: str, to_hop: str) -> None:
@@ -234,6 +238,7 @@ class _Window:
         self.cut_lost = 0
         self.flagged = 0
         self.same_node: bool | None = None
+        self.clock_bound = 0
 
 
 def path_segments(path: TracePath | None, width: int) -> list[tuple[int, int]]:
@@ -288,12 +293,14 @@ class SegmentAggregator:
         out, self._loss_out = self._loss_out, []
         return out
 
-    def _below_bound(self, latency: int, from_node: str, to_node: str) -> bool:
-        if latency < 0:
-            return True
+    def _segment_bound(self, from_node: str, to_node: str) -> int:
+        """The clock error bound of a latency between two nodes' timestamps (0: one node, or unknown)."""
         if from_node == to_node or self.clock is None:
-            return False
-        return latency < self.clock.bound_ns(from_node) + self.clock.bound_ns(to_node)
+            return 0
+        return self.clock.bound_ns(from_node) + self.clock.bound_ns(to_node)
+
+    def _below_bound(self, latency: int, bound: int) -> bool:
+        return latency < 0 or latency < bound
 
     def _window(self, trace: str, segment: str, ts: int, from_hop: str, to_hop: str) -> _Window | None:
         start = ts - ts % self.config.interval_ns
@@ -342,7 +349,8 @@ class SegmentAggregator:
                         w.incomplete += 1
                     continue
                 latency = tb - ta
-                flag = self._below_bound(latency, from_node, to_node)
+                bound = self._segment_bound(from_node, to_node)
+                flag = self._below_bound(latency, bound)
                 stats.samples += 1
                 if flag:
                     stats.below_clock_bound += 1
@@ -350,6 +358,7 @@ class SegmentAggregator:
                     w.values.append(latency)
                     w.times.append(ta)
                     w.flagged += flag
+                    w.clock_bound = max(w.clock_bound, bound)
                 out.append(
                     LatencySample(
                         p.trace, segment, from_hop, to_hop, from_node, to_node, ta, latency, p.packet_id, flag
@@ -375,11 +384,13 @@ class SegmentAggregator:
                     w.incomplete += 1
                 continue
             latency = tn - t0
-            flag = self._below_bound(latency, from_node, to_node)
+            bound = self._segment_bound(from_node, to_node)
+            flag = self._below_bound(latency, bound)
             if w is not None:
                 w.values.append(latency)
                 w.times.append(t0)
                 w.flagged += flag
+                w.clock_bound = max(w.clock_bound, bound)
             out.append(
                 LatencySample(
                     p.trace,
@@ -484,6 +495,7 @@ class SegmentAggregator:
             same_node=same_node,
             below_clock_bound=count > 0 and 2 * w.flagged >= count,
             below_bound_count=w.flagged,
+            clock_bound_ns=w.clock_bound,
         )
 
 

@@ -19,7 +19,8 @@ Schema (a contract: dashboards, the report and the web UI query these names):
   (`aggregate.py` says how): `from_count` (N_i, packets seen at from_hop), `loss_count`, `loss_rate` (float),
   `tracer_lost` (records the tracer lost, never in loss_count), `jitter_ns` (float), `jitter_p99_ns`,
   `same_node` (bool: both hops on one node, the latency is that node's processing time),
-  `below_clock_bound` (bool: median latency below the two nodes' clock bounds) and `below_bound_count`.
+  `below_clock_bound` (bool: median latency below the two nodes' clock bounds), `below_bound_count` and
+  `clock_bound_ns` (the sum of the two nodes' clock bounds, the largest in the window; 0 on one node).
 * `hop_counters` - per trace, hop, node and interval. Tags `trace`, `hop`, `node`; int fields `matched`,
   `tagged`, `untagged`, `parse_errors`, `lost_events`, `bytes` (deltas of the agent's counters over the
   interval), and from the records themselves `packets` (int), `packets_per_s`, `bytes_per_s` (floats; bytes
@@ -118,7 +119,7 @@ def segment_line(w: SegmentWindow) -> str:
         f"tracer_lost={w.tracer_lost}i,jitter_ns={float(w.jitter_ns)!r},jitter_p99_ns={w.jitter_p99_ns}i,"
         f"same_node={'true' if w.same_node else 'false'},"
         f"below_clock_bound={'true' if w.below_clock_bound else 'false'},"
-        f"below_bound_count={w.below_bound_count}i"
+        f"below_bound_count={w.below_bound_count}i,clock_bound_ns={w.clock_bound_ns}i"
     )
     return f"{SEGMENT_STATS}{tags} {fields} {w.start_ns}"
 

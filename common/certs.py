@@ -76,9 +76,13 @@ class CertBundle:
         """The dispatcher's token file (hashes)."""
         return self.out / "tokens"
 
+    def token_file(self, name: str) -> Path:
+        """The file holding the token called `name` (admin, web, collector)."""
+        return self.out / f"{name}.token"
+
     def token(self, name: str) -> str:
         """The token called `name` (admin, web, collector)."""
-        return (self.out / f"{name}.token").read_text().strip()
+        return self.token_file(name).read_text().strip()
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -33,6 +33,8 @@ API_SERVICE_PREFIX = "/hoptrace.v1.Hoptrace/"
 AGENT_CONNECT_METHOD = "/hoptrace.v1.AgentSession/Connect"
 STREAM_RECORDS_METHOD = "/hoptrace.v1.Collector/StreamRecords"
 TOKEN_ENV = "HOPTRACE_TOKEN"
+TOKEN_FILE_ENV = f"{TOKEN_ENV}_FILE"  # the file holding it (--token-file)
+DISPATCHER_ENV = "HOPTRACE_DISPATCHER"  # the user API's address (--dispatcher)
 CA_ENV, CERT_ENV, KEY_ENV = "HOPTRACE_CA", "HOPTRACE_CERT", "HOPTRACE_KEY"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # reports and plans carry up to a few MB
 
@@ -211,6 +213,8 @@ METHOD_ROLES = {
     "WatchSegmentStats": "viewer",
     "WatchSpecs": "viewer",
     "ValidateTrace": "viewer",
+    "GetVersion": "viewer",
+    "GetPackets": "viewer",
     "ApplyTrace": "operator",
     "DeleteTrace": "operator",
     "RunPreset": "operator",

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 import grpc
 
+from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.controller import DispatcherError, TraceController
 from hoptrace.dispatcher.presets import PresetError
 from hoptrace.dispatcher.registry import AgentRegistry
@@ -18,9 +20,15 @@ log = logging.getLogger(__name__)
 # Answers GetReport: the request and the trace's applied spec (None if the trace is not applied any more),
 # whose hop names give the path order. hoptrace.collector.report.get_report fits, bound to its InfluxDB.
 ReportProvider = Callable[[api_pb2.GetReportRequest, trace_pb2.TraceSpec | None], api_pb2.Report]
+# Answers GetPackets, like ReportProvider; hoptrace.collector.report.get_packets fits.
+PacketsProvider = Callable[[api_pb2.GetPacketsRequest, trace_pb2.TraceSpec | None], api_pb2.PacketList]
 # (trace, after unix ns, spec) -> the closed per-second segment windows after that time, oldest first.
 WindowProvider = Callable[[str, int, trace_pb2.TraceSpec | None], list[api_pb2.SegmentStats]]
+# node -> its clock as the collector last measured it (nodes it never measured are absent).
+# hoptrace.collector.report.node_clocks fits, bound to its InfluxDB.
+ClockProvider = Callable[[], dict[str, api_pb2.NodeClockStatus]]
 WATCH_POLL_S = 1.0  # the collector closes one window per second
+CLOCK_CACHE_S = 1.0  # the collector writes at most one estimate per node per second
 
 
 class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
@@ -32,11 +40,42 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         registry: AgentRegistry,
         report_provider: ReportProvider | None = None,
         window_provider: WindowProvider | None = None,
+        clock_provider: ClockProvider | None = None,
+        packets_provider: PacketsProvider | None = None,
     ) -> None:
         self.controller = controller
         self.registry = registry
         self.report_provider = report_provider
         self.window_provider = window_provider
+        self.clock_provider = clock_provider
+        self.packets_provider = packets_provider
+        self._clock_lock = threading.Lock()
+        self._clocks: tuple[float, dict[str, api_pb2.NodeClockStatus]] = (0.0, {})
+
+    def _node_clocks(self) -> dict[str, api_pb2.NodeClockStatus]:
+        """The collector's clock estimates, asked at most once per CLOCK_CACHE_S; none when there is no store
+        or it fails (every clock then reads unknown, `measured` false)."""
+        if self.clock_provider is None:
+            return {}
+        with self._clock_lock:
+            fetched_at, clocks = self._clocks
+            if time.monotonic() - fetched_at < CLOCK_CACHE_S:
+                return clocks
+            try:
+                clocks = self.clock_provider()
+            except Exception as error:  # the store is another process: agents are still listed
+                log.warning("node clocks unavailable: %s", error)
+                clocks = {}
+            self._clocks = (time.monotonic(), clocks)
+            return clocks
+
+    def _with_clocks(self, agents: list[api_pb2.Agent]) -> list[api_pb2.Agent]:
+        clocks = self._node_clocks()
+        for agent in agents:
+            clock = clocks.get(agent.registration.node)
+            if clock is not None:
+                agent.clock.CopyFrom(clock)
+        return agents
 
     def _run(self, context: grpc.ServicerContext, action: Callable[[], object]) -> object:
         try:
@@ -78,15 +117,22 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
     def ListAgents(  # noqa: N802
         self, request: api_pb2.ListAgentsRequest, context: grpc.ServicerContext
     ) -> api_pb2.ListAgentsResponse:
-        """Every agent that registered since the dispatcher started, connected or not."""
-        return api_pb2.ListAgentsResponse(agents=self.registry.agents())
+        """Every agent that registered since the dispatcher started, connected or not, with its clock as the
+        collector measured it."""
+        return api_pb2.ListAgentsResponse(agents=self._with_clocks(self.registry.agents()))
 
     def GetAgent(self, request: api_pb2.GetAgentRequest, context: grpc.ServicerContext) -> api_pb2.Agent:  # noqa: N802
         """One agent; NOT_FOUND if that node never registered."""
         agent = self.registry.agent(request.node)
         if agent is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no agent registered for node {request.node!r}")
-        return agent
+        return self._with_clocks([agent])[0]
+
+    def GetVersion(
+        self, request: api_pb2.GetVersionRequest, context: grpc.ServicerContext
+    ) -> api_pb2.Version:  # noqa: N802
+        """The dispatcher's package version and the API it serves."""
+        return api_pb2.Version(dispatcher=package_version(), api=API_VERSION)
 
     def GetReport(self, request: api_pb2.GetReportRequest, context: grpc.ServicerContext) -> api_pb2.Report:  # noqa: N802
         """The trace's latency decomposition, from the configured report provider (the collector's store)."""
@@ -102,6 +148,24 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         except Exception as error:  # the store is another process: report its failure, do not crash
             log.exception("report of trace %s failed", request.trace)
             context.abort(grpc.StatusCode.UNAVAILABLE, f"report of trace {request.trace} failed: {error}")
+        raise AssertionError("unreachable")
+
+    def GetPackets(  # noqa: N802
+        self, request: api_pb2.GetPacketsRequest, context: grpc.ServicerContext
+    ) -> api_pb2.PacketList:
+        """Per-packet timelines of the trace (the slowest, or one by ID), from the collector's store."""
+        if self.packets_provider is None:
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "packets are not configured: start the dispatcher with --influx-url and --influx-bucket",
+            )
+        if not request.trace:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trace: required")
+        try:
+            return self.packets_provider(request, self.controller.spec_of(request.trace))
+        except Exception as error:  # the store is another process: report its failure, do not crash
+            log.exception("packets of trace %s failed", request.trace)
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"packets of trace {request.trace} failed: {error}")
         raise AssertionError("unreachable")
 
     def WatchSegmentStats(  # noqa: N802

@@ -7,7 +7,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hoptrace.v1 import agent_pb2, api_pb2
 
@@ -57,7 +57,6 @@ class AgentEntry:
     connection: AgentConnection | None
     last_heartbeat: float
     lost_records: int = 0
-    clock: api_pb2.NodeClockStatus = field(default_factory=api_pb2.NodeClockStatus)
 
     @property
     def connected(self) -> bool:
@@ -130,5 +129,4 @@ def _agent_message(entry: AgentEntry) -> api_pb2.Agent:
     agent = api_pb2.Agent(connected=entry.connected, lost_records=entry.lost_records)
     agent.registration.CopyFrom(entry.registration)
     agent.last_heartbeat.FromNanoseconds(int(entry.last_heartbeat * 1e9))
-    agent.clock.CopyFrom(entry.clock)
-    return agent
+    return agent  # its clock is the collector's measurement: the API adds it (HoptraceServicer)

@@ -1,8 +1,9 @@
-"""GetReport's source: the collector's InfluxDB, queried through hoptrace.collector.report."""
+"""GetReport's and ListAgents' clocks' source: the collector's InfluxDB, queried through
+hoptrace.collector.report."""
 
 from __future__ import annotations
 
-from hoptrace.dispatcher.api import ReportProvider, WindowProvider
+from hoptrace.dispatcher.api import ClockProvider, PacketsProvider, ReportProvider, WindowProvider
 from hoptrace.v1 import api_pb2, trace_pb2
 
 
@@ -26,5 +27,26 @@ def influx_window_provider(url: str, bucket: str, org: str = "-", token: str = "
         return report.segment_windows(
             trace, url=url, bucket=bucket, org=org, token=token, after_ns=after_ns, path=path
         )
+
+    return provide
+
+
+def influx_clock_provider(url: str, bucket: str, org: str = "-", token: str = "") -> ClockProvider:
+    """A ClockProvider reading the collector's last `node_clock` point of each node from InfluxDB."""
+    from hoptrace.collector import report
+
+    def provide() -> dict[str, api_pb2.NodeClockStatus]:
+        return report.node_clocks(url=url, bucket=bucket, org=org, token=token)
+
+    return provide
+
+
+def influx_packets_provider(url: str, bucket: str, org: str = "-", token: str = "") -> PacketsProvider:
+    """A PacketsProvider reading per-packet `hop_latency` points; segments follow the spec's hop order."""
+    from hoptrace.collector import report
+
+    def provide(request: api_pb2.GetPacketsRequest, spec: trace_pb2.TraceSpec | None) -> api_pb2.PacketList:
+        path = [hop.name for hop in spec.hops] if spec is not None else None
+        return report.get_packets(request, url=url, bucket=bucket, org=org, token=token, path=path)
 
     return provide

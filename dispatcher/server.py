@@ -19,7 +19,13 @@ from hoptrace.common.grpcutil import (
     register_node,
     server_credentials,
 )
-from hoptrace.dispatcher.api import HoptraceServicer, ReportProvider, WindowProvider
+from hoptrace.dispatcher.api import (
+    ClockProvider,
+    HoptraceServicer,
+    PacketsProvider,
+    ReportProvider,
+    WindowProvider,
+)
 from hoptrace.dispatcher.compile import BpfCompiler, Toolchain
 from hoptrace.dispatcher.controller import TraceController
 from hoptrace.dispatcher.registry import AgentRegistry
@@ -62,6 +68,8 @@ class DispatcherServer:
         *,
         report_provider: ReportProvider | None = None,
         window_provider: WindowProvider | None = None,
+        clock_provider: ClockProvider | None = None,
+        packets_provider: PacketsProvider | None = None,
         compiler: BpfCompiler | None = None,
         ack_timeout: float = 5.0,
         max_agents: int = 256,
@@ -92,7 +100,15 @@ class DispatcherServer:
             interceptors=interceptors,
         )
         api_pb2_grpc.add_HoptraceServicer_to_server(
-            HoptraceServicer(self.controller, self.registry, report_provider, window_provider), self._server
+            HoptraceServicer(
+                self.controller,
+                self.registry,
+                report_provider,
+                window_provider,
+                clock_provider,
+                packets_provider,
+            ),
+            self._server,
         )
         agent_pb2_grpc.add_AgentSessionServicer_to_server(
             AgentSessionServicer(self.registry, self.controller), self._server

@@ -27,7 +27,16 @@ from typing import Any
 import grpc
 
 from hoptrace.common.certs import CertBundle, add_agent, create_bundle
-from hoptrace.common.grpcutil import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, TLSFiles, api_channel
+from hoptrace.common.grpcutil import (
+    CA_ENV,
+    CERT_ENV,
+    DISPATCHER_ENV,
+    KEY_ENV,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    TLSFiles,
+    api_channel,
+)
 from hoptrace.lab.lifecycle import die_with_parent
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
@@ -115,6 +124,21 @@ class LocalCluster:
             KEY_ENV: str(admin.key),
             TOKEN_ENV: self.certs.token("admin"),
         }
+
+    def client_exports(self) -> dict[str, str]:
+        """What a user's shell needs to run `hoptrace` against this cluster, as environment variables the CLI
+        reads: the dispatcher's address, the admin certificate and key, the CA, and the token's file (not
+        the token: a file keeps it out of shell history). PATH first, for the `hoptrace` of this checkout."""
+        exports = {"PATH": f"{Path(sys.executable).parent}:$PATH", DISPATCHER_ENV: self.dispatcher_addr}
+        if self.certs is not None:
+            admin = self.certs.files("admin")
+            exports |= {
+                CA_ENV: str(admin.ca),
+                CERT_ENV: str(admin.cert),
+                KEY_ENV: str(admin.key),
+                TOKEN_FILE_ENV: str(self.certs.token_file("admin")),
+            }
+        return exports
 
     def metrics_addr(self, name: str) -> str:
         """The /metrics address of component `name` (a fresh port per component, kept across restarts)."""

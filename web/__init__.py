@@ -69,7 +69,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         # Sessions then last as long as the process; `hoptrace web` requires a key unless --insecure.
         app.config["SECRET_KEY"] = secrets.token_hex(32)
 
-    from hoptrace.web import agents, auth, csrf, dispatcher, presets, results, traces
+    from hoptrace.web import agents, auth, csrf, dispatcher, packets, presets, results, traces
 
     dispatcher.init_app(app)
     auth.init_app(app)  # before csrf: an anonymous POST is sent to the login page, not refused
@@ -79,6 +79,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(agents.bp)
     app.register_blueprint(traces.bp)
     app.register_blueprint(results.bp)
+    app.register_blueprint(packets.bp)
     app.register_blueprint(presets.bp)
     app.jinja_env.filters["ns"] = results.format_ns
     app.after_request(security_headers)

@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import Blueprint, jsonify, render_template
 
+from hoptrace.collector.report import clock_data, clock_texts
 from hoptrace.common.client import ApiError
 from hoptrace.v1 import api_pb2
 from hoptrace.web.dispatcher import get_client
@@ -54,11 +55,9 @@ def agent_view(agent: api_pb2.Agent) -> dict[str, Any]:
             for namespace in registration.namespaces
         ],
         "running": [f"{status.trace} (generation {status.generation})" for status in registration.running],
-        "clock": {
-            "offset_ns": agent.clock.offset_ns,
-            "bound_ns": agent.clock.bound_ns,
-            "drift_ppm": agent.clock.drift_ppm,
-        },
+        # as the collector measured it (ListAgents), or "unknown"; the texts are the CLI's
+        "clock": clock_data(agent.clock),
+        "clock_text": clock_texts(agent.clock),
         "lost_records": agent.lost_records,
     }
 

@@ -17,7 +17,15 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, render_template, request, send_from_directory
 
-from hoptrace.collector.report import format_ns, report_from_proto
+from hoptrace.collector.report import (
+    LATENCY_FIELDS,
+    WITHIN_CLOCK_BOUND,
+    bound_text,
+    format_ns,
+    latency_text,
+    most_time_text,
+    report_from_proto,
+)
 from hoptrace.common.client import ApiError
 from hoptrace.v1 import api_pb2
 from hoptrace.web.dispatcher import get_client
@@ -34,7 +42,7 @@ REPORT_TIMEOUT_S = 60.0
 __all__ = ["bp", "format_ns"]
 
 
-def _since() -> str:
+def requested_since() -> str:
     """The requested time range (?since=15m), checked; the configured default otherwise."""
     since = request.args.get("since") or current_app.config["RESULTS_SINCE"]
     if not _DURATION.match(since):
@@ -59,6 +67,15 @@ def series_data(report: api_pb2.Report) -> dict[str, dict[str, list[list[float]]
     }
 
 
+def with_display(segment: dict[str, Any]) -> dict[str, Any]:
+    """A report segment plus `display`: its latencies as the CLI's table shows them ("≤ ±170ns" for one
+    within the clock bound, never a negative number) and, when its median is, the label's note."""
+    display: dict[str, str] = {field: latency_text(segment, field) for field in LATENCY_FIELDS}
+    if segment.get("below_clock_bound"):
+        display["clock_note"] = f"{bound_text(segment)} ({WITHIN_CLOCK_BOUND})"
+    return {**segment, "display": display}
+
+
 def _trace_state(name: str) -> dict[str, Any] | None:
     """The applied trace's view (its state); None when it is not applied (any more): its data is still
     shown."""
@@ -76,12 +93,17 @@ def results_data(name: str, since: str) -> dict[str, Any]:
     report_request = api_pb2.GetReportRequest(trace=name, with_series=True)
     report_request.start.FromSeconds(int(time.time()) - since_seconds(since))
     report = get_client().call("GetReport", report_request, timeout=REPORT_TIMEOUT_S)
+    data = report_from_proto(report)  # the numbers of `hoptrace report --json`, raw
+    summary = most_time_text(data)
+    data["segments"] = [with_display(segment) for segment in data["segments"]]
+    data["end_to_end"] = with_display(data["end_to_end"])
     return {
         "trace": name,
         "since": since,
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "state": view["state"] if view else "not applied",
-        "report": report_from_proto(report),
+        "report": data,
+        "summary": summary,
         "series": series_data(report),
     }
 
@@ -89,7 +111,7 @@ def results_data(name: str, since: str) -> dict[str, Any]:
 @bp.get("/traces/<name>/results")
 def page(name: str):  # noqa: ANN201 - a view
     """The results page (tables rendered here; charts and polling in static/results.js)."""
-    since = _since()
+    since = requested_since()
     try:
         data, error = results_data(name, since), None
     except ApiError as exc:  # no report (store down, not configured): say so instead of a 500
@@ -108,7 +130,7 @@ def page(name: str):  # noqa: ANN201 - a view
 @bp.get("/traces/<name>/results.json")
 def data_json(name: str):  # noqa: ANN201 - a view
     """The results as JSON (polled every 2 s by the page while it is open)."""
-    since = _since()
+    since = requested_since()
     try:
         return jsonify(results_data(name, since))
     except ApiError as exc:  # same as the page: a readable error, not a 500

@@ -115,6 +115,11 @@ def test_negative_cross_node_latency_is_kept_but_flagged() -> None:
     samples = agg.add_packets([packet(2, [SEC, SEC + 100, SEC + 400])])
     assert next(s for s in samples if s.segment == "b>c").below_clock_bound
     assert agg.stats.below_clock_bound >= 2
+    clock.update("n2", records_pb2.NodeClock(bound_ns=70))
+    agg.add_packets([packet(3, [SEC, SEC + 100, SEC + 700])])
+    # each cross-node window carries the two nodes' bounds summed, the largest seen; one node carries none
+    bounds = {w.segment: w.clock_bound_ns for w in agg.flush()}
+    assert bounds == {"a>b": 0, "b>c": 570, END_TO_END: 570}
 
 
 def _counters(hop_index: int, hop: str, at_s: int, **values: int) -> records_pb2.HopCounters:

@@ -40,14 +40,15 @@ def test_segment_stats_and_counters_lines() -> None:
         "segment_stats,from_hop=a,segment=a>b,to_hop=b,trace=t "
         "count=3i,mean_ns=12.5,p50_ns=10i,p90_ns=11i,p99_ns=12i,max_ns=13i,incomplete=2i,"
         "from_count=0i,loss_count=0i,loss_rate=0.0,tracer_lost=0i,jitter_ns=0.0,jitter_p99_ns=0i,"
-        "same_node=false,below_clock_bound=false,below_bound_count=0i 7"
+        "same_node=false,below_clock_bound=false,below_bound_count=0i,clock_bound_ns=0i 7"
     )
     w.packets, w.complete = 5, 4
     w.from_count, w.loss_count, w.loss_rate, w.tracer_lost = 100, 5, 0.05, 2
-    w.jitter_ns, w.jitter_p99_ns, w.same_node = 1.5, 3, True
+    w.jitter_ns, w.jitter_p99_ns, w.same_node, w.clock_bound_ns = 1.5, 3, True, 170
     assert segment_line(w).endswith(
         "incomplete=2i,packets=5i,complete=4i,from_count=100i,loss_count=5i,loss_rate=0.05,tracer_lost=2i,"
-        "jitter_ns=1.5,jitter_p99_ns=3i,same_node=true,below_clock_bound=false,below_bound_count=0i 7"
+        "jitter_ns=1.5,jitter_p99_ns=3i,same_node=true,below_clock_bound=false,below_bound_count=0i,"
+        "clock_bound_ns=170i 7"
     )
     c = HopCounterWindow("t", "a", "", 8, 1, 2, 3, 4, 5, 6)  # empty node tag is left out
     assert counters_line(c) == (

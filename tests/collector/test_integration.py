@@ -60,6 +60,7 @@ def expected_stats(
         "jitter_p99_ns": nearest_rank(diffs, 0.99),
         "same_node": same_node,
         "below_clock_bound": False,
+        "clock_bound_ns": 0,  # the batches carry no clock bound
     }
 
 

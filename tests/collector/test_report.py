@@ -7,7 +7,15 @@ from datetime import UTC, datetime
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from hoptrace.collector.report import _order, flux_time, format_ns, render_text, report_to_proto
+from hoptrace.collector.report import (
+    _order,
+    flux_time,
+    format_ns,
+    most_time_text,
+    render_text,
+    report_from_proto,
+    report_to_proto,
+)
 
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
@@ -57,21 +65,25 @@ def test_text_table_and_proto() -> None:
     report["hops"] = [{"hop": "a", "packets_per_s": 100.0, "bytes_per_s": 12_800.0}]
     lines = render_text(report).splitlines()
     assert lines[0] == "trace demo: 4 packets, 3 complete"
+    assert lines[1] == "most time: a > b (100 % of p50, 100 % of p99)"  # a tie: the first in path order
     head = ["segment", "count", "mean", "p50", "p90", "p99", "max", "incomplete", "loss", "loss%", "jitter"]
-    assert lines[1].split() == head
-    assert lines[2].split() == [
+    assert lines[2].split() == head
+    assert lines[3].split() == [
         *["a", ">", "b", "[node]", "3", "1.5us", "1.2us", "2.0us", "2.5us", "3.00ms", "1"],
         *["2", "2.00", "350ns"],
     ]
-    assert lines[3].split()[:4] == ["b", ">", "c", "[<clock]"]
-    assert lines[4].startswith("end to end (a > c)")
-    assert len({len(line) for line in lines[1:5]}) == 1  # aligned columns
-    assert lines[6].split() == ["hop", "packets/s", "bytes/s"] and lines[7].split() == [
+    assert lines[4].split()[:6] == ["b", ">", "c", "(within", "clock", "bound)"]
+    assert lines[5].startswith("end to end (a > c)")
+    assert len({len(line) for line in lines[2:6]}) == 1  # aligned columns
+    assert lines[7].split() == ["hop", "packets/s", "bytes/s"] and lines[8].split() == [
         "a",
         "100.0",
         "12800.0",
     ]
-    assert "note: b > c: latency below the clocks' alignment bound" in lines
+    assert (
+        "note: b > c: p50 ≤ ±? (within clock bound): the collector has not measured its nodes' clocks yet"
+        in lines
+    )
     assert "note: b > c: 7 records lost by the tracer (not counted)" in lines
     assert format_ns(850) == "850ns" and format_ns(2.5e9) == "2.50s"
     proto = report_to_proto(report)
@@ -85,3 +97,49 @@ def test_text_table_and_proto() -> None:
     assert proto.segments[0].same_node and proto.segments[1].below_clock_bound
     assert proto.segments[1].tracer_lost == 7
     assert [(h.hop, h.packets_per_s, h.bytes_per_s) for h in proto.hops] == [("a", 100.0, 12_800.0)]
+
+
+def test_a_latency_within_the_clock_bound_reads_as_such_and_json_keeps_the_numbers() -> None:
+    """The issue's case: a cross-host segment whose p50 came out at -231 ns with clocks good to ±170 ns."""
+    wire = {
+        **stats("a-wire-out", "b-wire-in", count=1000),
+        "mean_ns": -100.0,
+        "p50_ns": -231,
+        "p90_ns": 80,
+        "p99_ns": 400,
+        "max_ns": 2_000,
+        "below_clock_bound": True,
+        "clock_bound_ns": 170,
+    }
+    veth = {**stats("a-c1-out", "a-wire-out", count=1000), "p50_ns": 3_700, "p99_ns": 10_000}
+    veth["same_node"] = True
+    e2e = {**stats("a-c1-out", "b-wire-in", count=1000), "p50_ns": 4_000, "p99_ns": 12_500}
+    e2e["clock_bound_ns"] = 170
+    report = {"trace": "t", "packets": 1000, "complete": 1000, "segments": [veth, wire], "end_to_end": e2e}
+    text = render_text(report)
+    lines = text.splitlines()
+    assert lines[1] == "most time: a-c1-out > a-wire-out (92 % of p50, 80 % of p99)"
+    row = next(line for line in lines if line.startswith("a-wire-out > b-wire-in"))
+    assert row.split()[3:11] == [
+        *["(within", "clock", "bound)", "1000"],
+        *["≤", "±170ns", "≤", "±170ns"],  # mean -100 ns, p50 -231 ns
+    ]
+    cells = row.split("  ")
+    assert [c.strip() for c in cells if c.strip().startswith("≤")] == ["≤ ±170ns"] * 3  # + p90 (80 ns)
+    numbers = row.split("(within clock bound)")[1]
+    assert "400ns" in numbers and "2.0us" in numbers and "-" not in numbers  # never a negative number
+    assert (
+        "note: a-wire-out > b-wire-in: p50 ≤ ±170ns (within clock bound): its two nodes' clocks agree only "
+        "that closely, so its latency cannot be told from zero" in lines
+    )
+    # the JSON keeps the raw numbers and adds the bound, through the API's message and back
+    data = report_from_proto(report_to_proto({**report, "hops": []}))
+    assert data["segments"][1]["p50_ns"] == -231 and data["segments"][1]["clock_bound_ns"] == 170
+    assert data["segments"][1]["below_clock_bound"] and data["segments"][0]["clock_bound_ns"] == 0
+
+
+def test_no_summary_without_packets_end_to_end() -> None:
+    empty = {**stats("a", "c", count=0), "p50_ns": 0, "p99_ns": 0}
+    report = {"trace": "t", "packets": 0, "complete": 0, "segments": [], "end_to_end": empty}
+    assert most_time_text(report) is None
+    assert not any(line.startswith("most time") for line in render_text(report).splitlines())

@@ -353,6 +353,7 @@ def test_agents_and_report_hook(tmp_path: Path, compiler: BpfCompiler) -> None:
                 "jitter_p99_ns": 0.0,
                 "same_node": False,
                 "below_clock_bound": False,
+                "clock_bound_ns": 0,
             }
         ]
         assert data["hops"] == []
@@ -498,6 +499,8 @@ def test_cli_unreachable_dispatcher_and_help() -> None:
         ["trace", "validate"],
         ["agents"],
         ["report"],
+        ["version"],
+        ["packets"],
     ):
         shown = _hoptrace(None, *command, "--help")
         assert shown.returncode == 0 and "usage: hoptrace" in shown.stdout, (command, shown.stderr)

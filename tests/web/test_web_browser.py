@@ -231,6 +231,21 @@ def test_operator_builds_a_trace_in_the_browser_and_sees_where_the_time_goes(top
             screenshot(browser, "results-full-page")
             browser.set_window_size(1280, 800)
 
+            # -- the slowest packets as waterfalls: one bar per segment of the path, each after the last
+            assert "most time: " in browser.find_element(By.ID, "most-time").text
+            browser.find_element(By.ID, "slowest-packets").click()
+            wait(browser, expected_conditions.url_contains("/packets"), what="the packets page")
+            sections = browser.find_elements(By.CSS_SELECTOR, "section.waterfall")
+            assert sections, browser.find_element(By.TAG_NAME, "main").text
+            for section in sections:
+                names = [n.text for n in section.find_elements(By.CSS_SELECTOR, ".wf-name")]
+                assert names == expected, names  # every segment of the path, in path order
+            slowest = int(sections[0].get_attribute("data-packet"))
+            screenshot(browser, "waterfall")
+            browser.get(f"{base}/traces/{TRACE}/packets?since=15m&packet=0x{slowest:08x}")
+            one = browser.find_elements(By.CSS_SELECTOR, "section.waterfall")
+            assert [int(s.get_attribute("data-packet")) for s in one] == [slowest]
+
             # -- the same table without JavaScript (server-rendered), for the session's cookie
             cookies = {c["name"]: c["value"] for c in browser.get_cookies()}
             status, _, body = fetch(base, f"/traces/{TRACE}/results?since=15m", cookies)

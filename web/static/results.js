@@ -29,14 +29,24 @@
     const tr = document.createElement("tr");
     const name = cell(label);
     if (s.same_node) name.insertAdjacentHTML("beforeend", ' <small class="tag">same node</small>');
-    if (s.below_clock_bound) name.insertAdjacentHTML("beforeend", ' <small class="tag warn">&lt; clock bound</small>');
+    if (s.display.clock_note) {
+      const note = document.createElement("small");
+      note.className = "tag warn clock-note";
+      note.textContent = s.display.clock_note;  // "≤ ±170ns (within clock bound)", made by the server
+      name.append(" ", note);
+    }
     tr.append(name);
     const count = cell(String(s.count), true);
     count.classList.add("count");
+    // Latencies as the server wrote them (hoptrace.collector.report.latency_text): never negative.
+    const p50 = cell(s.display.p50_ns, true);
+    p50.classList.add("p50");
+    const p99 = cell(s.display.p99_ns, true);
+    p99.classList.add("p99");
     tr.append(
       count,
-      cell(fmtNs(s.mean_ns), true), cell(fmtNs(s.p50_ns), true), cell(fmtNs(s.p90_ns), true),
-      cell(fmtNs(s.p99_ns), true), cell(fmtNs(s.max_ns), true), cell(String(s.incomplete), true),
+      cell(s.display.mean_ns, true), p50, cell(s.display.p90_ns, true),
+      p99, cell(s.display.max_ns, true), cell(String(s.incomplete), true),
       cell(String(s.loss_count), true), cell(`${(100 * s.loss_rate).toFixed(2)}%`, true),
       cell(String(s.tracer_lost), true), cell(fmtNs(s.jitter_ns), true), cell(fmtNs(s.jitter_p99_ns), true),
     );
@@ -57,6 +67,9 @@
         return tr;
       }),
     );
+    const summary = document.getElementById("most-time");
+    summary.textContent = data.summary || "";
+    summary.hidden = !data.summary;
     document.getElementById("status").textContent =
       `${data.state} · ${r.packets} packets, ${r.complete} complete · ${data.generated_at}`;
   }

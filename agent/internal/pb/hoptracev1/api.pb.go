@@ -680,11 +680,20 @@ func (x *Agent) GetLostRecords() uint64 {
 	return 0
 }
 
+// The node's clock as the collector last measured it (its `node_clock` point).
 type NodeClockStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	OffsetNs      int64                  `protobuf:"varint,1,opt,name=offset_ns,json=offsetNs,proto3" json:"offset_ns,omitempty"`
-	BoundNs       int64                  `protobuf:"varint,2,opt,name=bound_ns,json=boundNs,proto3" json:"bound_ns,omitempty"`
-	DriftPpm      float64                `protobuf:"fixed64,3,opt,name=drift_ppm,json=driftPpm,proto3" json:"drift_ppm,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node wall clock - master clock, and the error bound of that offset.
+	OffsetNs int64   `protobuf:"varint,1,opt,name=offset_ns,json=offsetNs,proto3" json:"offset_ns,omitempty"`
+	BoundNs  int64   `protobuf:"varint,2,opt,name=bound_ns,json=boundNs,proto3" json:"bound_ns,omitempty"`
+	DriftPpm float64 `protobuf:"fixed64,3,opt,name=drift_ppm,json=driftPpm,proto3" json:"drift_ppm,omitempty"`
+	// False when the collector has no estimate of this node (or the dispatcher has no store to ask):
+	// the other fields are then meaningless, not zero.
+	Measured bool `protobuf:"varint,4,opt,name=measured,proto3" json:"measured,omitempty"`
+	// When the collector received this estimate (master time).
+	MeasuredAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=measured_at,json=measuredAt,proto3" json:"measured_at,omitempty"`
+	// Round-trip delay of the probe the estimate comes from.
+	DelayNs       int64 `protobuf:"varint,6,opt,name=delay_ns,json=delayNs,proto3" json:"delay_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -736,6 +745,27 @@ func (x *NodeClockStatus) GetBoundNs() int64 {
 func (x *NodeClockStatus) GetDriftPpm() float64 {
 	if x != nil {
 		return x.DriftPpm
+	}
+	return 0
+}
+
+func (x *NodeClockStatus) GetMeasured() bool {
+	if x != nil {
+		return x.Measured
+	}
+	return false
+}
+
+func (x *NodeClockStatus) GetMeasuredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.MeasuredAt
+	}
+	return nil
+}
+
+func (x *NodeClockStatus) GetDelayNs() int64 {
+	if x != nil {
+		return x.DelayNs
 	}
 	return 0
 }
@@ -1042,7 +1072,10 @@ type SegmentStats struct {
 	// collector drops): subtracted from loss_count, never counted as network loss.
 	TracerLost uint64 `protobuf:"varint,16,opt,name=tracer_lost,json=tracerLost,proto3" json:"tracer_lost,omitempty"`
 	// Both hops on one node: the latency is that node's processing time.
-	SameNode      bool `protobuf:"varint,17,opt,name=same_node,json=sameNode,proto3" json:"same_node,omitempty"`
+	SameNode bool `protobuf:"varint,17,opt,name=same_node,json=sameNode,proto3" json:"same_node,omitempty"`
+	// Cross-node segment: the sum of its two nodes' clock error bounds (the largest over the range);
+	// a latency below it cannot be told from zero. 0 = same node or unknown.
+	ClockBoundNs  int64 `protobuf:"varint,18,opt,name=clock_bound_ns,json=clockBoundNs,proto3" json:"clock_bound_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1194,6 +1227,13 @@ func (x *SegmentStats) GetSameNode() bool {
 		return x.SameNode
 	}
 	return false
+}
+
+func (x *SegmentStats) GetClockBoundNs() int64 {
+	if x != nil {
+		return x.ClockBoundNs
+	}
+	return 0
 }
 
 type HopThroughput struct {
@@ -1381,6 +1421,387 @@ func (x *SpecSet) GetSpecs() []*TraceSpec {
 	return nil
 }
 
+type GetPacketsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Trace string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
+	// Unset start = 1 h ago, unset end = now.
+	Start *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	End   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=end,proto3" json:"end,omitempty"`
+	// Set: this packet only (its latest passage in the range). IDs are never 0 (their top byte is the
+	// origin node's salt, 1..255).
+	PacketId uint32 `protobuf:"varint,4,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
+	// Else the slowest packets end to end, at most this many (0 = 10; at most 50).
+	Slowest       uint32 `protobuf:"varint,5,opt,name=slowest,proto3" json:"slowest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPacketsRequest) Reset() {
+	*x = GetPacketsRequest{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPacketsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPacketsRequest) ProtoMessage() {}
+
+func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
+func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetPacketsRequest) GetTrace() string {
+	if x != nil {
+		return x.Trace
+	}
+	return ""
+}
+
+func (x *GetPacketsRequest) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *GetPacketsRequest) GetEnd() *timestamppb.Timestamp {
+	if x != nil {
+		return x.End
+	}
+	return nil
+}
+
+func (x *GetPacketsRequest) GetPacketId() uint32 {
+	if x != nil {
+		return x.PacketId
+	}
+	return 0
+}
+
+func (x *GetPacketsRequest) GetSlowest() uint32 {
+	if x != nil {
+		return x.Slowest
+	}
+	return 0
+}
+
+type PacketList struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Slowest first (by ID: one entry, or none when the ID was not seen in the range).
+	Packets       []*PacketTimeline `protobuf:"bytes,1,rep,name=packets,proto3" json:"packets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PacketList) Reset() {
+	*x = PacketList{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PacketList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PacketList) ProtoMessage() {}
+
+func (x *PacketList) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
+func (*PacketList) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PacketList) GetPackets() []*PacketTimeline {
+	if x != nil {
+		return x.Packets
+	}
+	return nil
+}
+
+// One packet's passage along the path: where each segment started and how long it took.
+type PacketTimeline struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	PacketId uint32                 `protobuf:"varint,1,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
+	// Master time at its first hop.
+	At *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	// 0 when the packet did not reach the last hop.
+	EndToEndNs int64 `protobuf:"varint,3,opt,name=end_to_end_ns,json=endToEndNs,proto3" json:"end_to_end_ns,omitempty"`
+	// In path order; a segment the packet did not complete is absent.
+	Segments      []*PacketSegment `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PacketTimeline) Reset() {
+	*x = PacketTimeline{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PacketTimeline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PacketTimeline) ProtoMessage() {}
+
+func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
+func (*PacketTimeline) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PacketTimeline) GetPacketId() uint32 {
+	if x != nil {
+		return x.PacketId
+	}
+	return 0
+}
+
+func (x *PacketTimeline) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *PacketTimeline) GetEndToEndNs() int64 {
+	if x != nil {
+		return x.EndToEndNs
+	}
+	return 0
+}
+
+func (x *PacketTimeline) GetSegments() []*PacketSegment {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+type PacketSegment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	From  string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	To    string                 `protobuf:"bytes,2,opt,name=to,proto3" json:"to,omitempty"`
+	// Start of the segment after the packet's first hop.
+	OffsetNs  int64 `protobuf:"varint,3,opt,name=offset_ns,json=offsetNs,proto3" json:"offset_ns,omitempty"`
+	LatencyNs int64 `protobuf:"varint,4,opt,name=latency_ns,json=latencyNs,proto3" json:"latency_ns,omitempty"`
+	// Cross-node and below the clocks' alignment bound: it cannot be told from zero.
+	BelowClockBound bool   `protobuf:"varint,5,opt,name=below_clock_bound,json=belowClockBound,proto3" json:"below_clock_bound,omitempty"`
+	FromNode        string `protobuf:"bytes,6,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	ToNode          string `protobuf:"bytes,7,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *PacketSegment) Reset() {
+	*x = PacketSegment{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PacketSegment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PacketSegment) ProtoMessage() {}
+
+func (x *PacketSegment) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
+func (*PacketSegment) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *PacketSegment) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *PacketSegment) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *PacketSegment) GetOffsetNs() int64 {
+	if x != nil {
+		return x.OffsetNs
+	}
+	return 0
+}
+
+func (x *PacketSegment) GetLatencyNs() int64 {
+	if x != nil {
+		return x.LatencyNs
+	}
+	return 0
+}
+
+func (x *PacketSegment) GetBelowClockBound() bool {
+	if x != nil {
+		return x.BelowClockBound
+	}
+	return false
+}
+
+func (x *PacketSegment) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *PacketSegment) GetToNode() string {
+	if x != nil {
+		return x.ToNode
+	}
+	return ""
+}
+
+type GetVersionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetVersionRequest) Reset() {
+	*x = GetVersionRequest{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetVersionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetVersionRequest) ProtoMessage() {}
+
+func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
+func (*GetVersionRequest) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
+}
+
+type Version struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The hoptrace package version of the dispatcher, e.g. "0.1.0".
+	Dispatcher string `protobuf:"bytes,1,opt,name=dispatcher,proto3" json:"dispatcher,omitempty"`
+	// The API package it serves, e.g. "hoptrace.v1".
+	Api           string `protobuf:"bytes,2,opt,name=api,proto3" json:"api,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Version) Reset() {
+	*x = Version{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Version) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Version) ProtoMessage() {}
+
+func (x *Version) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Version.ProtoReflect.Descriptor instead.
+func (*Version) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Version) GetDispatcher() string {
+	if x != nil {
+		return x.Dispatcher
+	}
+	return ""
+}
+
+func (x *Version) GetApi() string {
+	if x != nil {
+		return x.Api
+	}
+	return ""
+}
+
 type RunPresetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -1394,7 +1815,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1827,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1840,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -1484,11 +1905,15 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\tconnected\x18\x02 \x01(\bR\tconnected\x12A\n" +
 	"\x0elast_heartbeat\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x122\n" +
 	"\x05clock\x18\x04 \x01(\v2\x1c.hoptrace.v1.NodeClockStatusR\x05clock\x12!\n" +
-	"\flost_records\x18\x05 \x01(\x04R\vlostRecords\"f\n" +
+	"\flost_records\x18\x05 \x01(\x04R\vlostRecords\"\xda\x01\n" +
 	"\x0fNodeClockStatus\x12\x1b\n" +
 	"\toffset_ns\x18\x01 \x01(\x03R\boffsetNs\x12\x19\n" +
 	"\bbound_ns\x18\x02 \x01(\x03R\aboundNs\x12\x1b\n" +
-	"\tdrift_ppm\x18\x03 \x01(\x01R\bdriftPpm\"\xa9\x01\n" +
+	"\tdrift_ppm\x18\x03 \x01(\x01R\bdriftPpm\x12\x1a\n" +
+	"\bmeasured\x18\x04 \x01(\bR\bmeasured\x12;\n" +
+	"\vmeasured_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"measuredAt\x12\x19\n" +
+	"\bdelay_ns\x18\x06 \x01(\x03R\adelayNs\"\xa9\x01\n" +
 	"\x10GetReportRequest\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
@@ -1510,7 +1935,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x03p99\x18\x03 \x03(\v2\x18.hoptrace.v1.SeriesPointR\x03p99\"I\n" +
 	"\vSeriesPoint\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x0e\n" +
-	"\x02ns\x18\x02 \x01(\x01R\x02ns\"\xf0\x03\n" +
+	"\x02ns\x18\x02 \x01(\x01R\x02ns\"\x96\x04\n" +
 	"\fSegmentStats\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\x12\x14\n" +
@@ -1533,7 +1958,8 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x11below_clock_bound\x18\x0f \x01(\bR\x0fbelowClockBound\x12\x1f\n" +
 	"\vtracer_lost\x18\x10 \x01(\x04R\n" +
 	"tracerLost\x12\x1b\n" +
-	"\tsame_node\x18\x11 \x01(\bR\bsameNode\"e\n" +
+	"\tsame_node\x18\x11 \x01(\bR\bsameNode\x12$\n" +
+	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"e\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
@@ -1542,14 +1968,44 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\"\x13\n" +
 	"\x11WatchSpecsRequest\"7\n" +
 	"\aSpecSet\x12,\n" +
-	"\x05specs\x18\x01 \x03(\v2\x16.hoptrace.v1.TraceSpecR\x05specs\"\xb4\x01\n" +
+	"\x05specs\x18\x01 \x03(\v2\x16.hoptrace.v1.TraceSpecR\x05specs\"\xc0\x01\n" +
+	"\x11GetPacketsRequest\x12\x14\n" +
+	"\x05trace\x18\x01 \x01(\tR\x05trace\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
+	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x1b\n" +
+	"\tpacket_id\x18\x04 \x01(\rR\bpacketId\x12\x18\n" +
+	"\aslowest\x18\x05 \x01(\rR\aslowest\"C\n" +
+	"\n" +
+	"PacketList\x125\n" +
+	"\apackets\x18\x01 \x03(\v2\x1b.hoptrace.v1.PacketTimelineR\apackets\"\xb4\x01\n" +
+	"\x0ePacketTimeline\x12\x1b\n" +
+	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12!\n" +
+	"\rend_to_end_ns\x18\x03 \x01(\x03R\n" +
+	"endToEndNs\x126\n" +
+	"\bsegments\x18\x04 \x03(\v2\x1a.hoptrace.v1.PacketSegmentR\bsegments\"\xd1\x01\n" +
+	"\rPacketSegment\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
+	"\x02to\x18\x02 \x01(\tR\x02to\x12\x1b\n" +
+	"\toffset_ns\x18\x03 \x01(\x03R\boffsetNs\x12\x1d\n" +
+	"\n" +
+	"latency_ns\x18\x04 \x01(\x03R\tlatencyNs\x12*\n" +
+	"\x11below_clock_bound\x18\x05 \x01(\bR\x0fbelowClockBound\x12\x1b\n" +
+	"\tfrom_node\x18\x06 \x01(\tR\bfromNode\x12\x17\n" +
+	"\ato_node\x18\a \x01(\tR\x06toNode\"\x13\n" +
+	"\x11GetVersionRequest\";\n" +
+	"\aVersion\x12\x1e\n" +
+	"\n" +
+	"dispatcher\x18\x01 \x01(\tR\n" +
+	"dispatcher\x12\x10\n" +
+	"\x03api\x18\x02 \x01(\tR\x03api\"\xb4\x01\n" +
 	"\x10RunPresetRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06preset\x18\x02 \x01(\tR\x06preset\x12;\n" +
 	"\x04args\x18\x03 \x03(\v2'.hoptrace.v1.RunPresetRequest.ArgsEntryR\x04args\x1a7\n" +
 	"\tArgsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xb7\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xc2\a\n" +
 	"\bHoptrace\x12V\n" +
 	"\rValidateTrace\x12!.hoptrace.v1.ValidateTraceRequest\x1a\".hoptrace.v1.ValidateTraceResponse\x12@\n" +
 	"\n" +
@@ -1565,7 +2021,11 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x11WatchSegmentStats\x12%.hoptrace.v1.WatchSegmentStatsRequest\x1a\x19.hoptrace.v1.SegmentStats0\x01\x12D\n" +
 	"\n" +
 	"WatchSpecs\x12\x1e.hoptrace.v1.WatchSpecsRequest\x1a\x14.hoptrace.v1.SpecSet0\x01\x12E\n" +
-	"\tRunPreset\x12\x1d.hoptrace.v1.RunPresetRequest\x1a\x19.hoptrace.v1.PresetResultBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"\tRunPreset\x12\x1d.hoptrace.v1.RunPresetRequest\x1a\x19.hoptrace.v1.PresetResult\x12B\n" +
+	"\n" +
+	"GetVersion\x12\x1e.hoptrace.v1.GetVersionRequest\x1a\x14.hoptrace.v1.Version\x12E\n" +
+	"\n" +
+	"GetPackets\x12\x1e.hoptrace.v1.GetPacketsRequest\x1a\x17.hoptrace.v1.PacketListBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_api_proto_rawDescOnce sync.Once
@@ -1579,7 +2039,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -1605,65 +2065,81 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*WatchSegmentStatsRequest)(nil), // 21: hoptrace.v1.WatchSegmentStatsRequest
 	(*WatchSpecsRequest)(nil),        // 22: hoptrace.v1.WatchSpecsRequest
 	(*SpecSet)(nil),                  // 23: hoptrace.v1.SpecSet
-	(*RunPresetRequest)(nil),         // 24: hoptrace.v1.RunPresetRequest
-	nil,                              // 25: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 26: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 28: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 29: hoptrace.v1.Register
-	(*PresetResult)(nil),             // 30: hoptrace.v1.PresetResult
+	(*GetPacketsRequest)(nil),        // 24: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 25: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 26: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 27: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 28: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 29: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 30: hoptrace.v1.RunPresetRequest
+	nil,                              // 31: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 32: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 33: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 34: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 35: hoptrace.v1.Register
+	(*PresetResult)(nil),             // 36: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	26, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	32, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	26, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	26, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	27, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	28, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	32, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	32, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	33, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	34, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	29, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	27, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	35, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	33, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	27, // 11: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	27, // 12: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
-	19, // 13: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
-	19, // 14: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
-	20, // 15: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
-	17, // 16: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
-	18, // 17: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
-	18, // 18: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	27, // 19: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	27, // 20: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	26, // 21: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	25, // 22: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	1,  // 23: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 24: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 25: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 26: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 27: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 28: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 29: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 30: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	21, // 31: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	22, // 32: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	24, // 33: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	2,  // 34: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 35: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 36: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 37: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 38: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 39: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 40: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 41: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	19, // 42: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	23, // 43: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	30, // 44: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	34, // [34:45] is the sub-list for method output_type
-	23, // [23:34] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	33, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	33, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	33, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	19, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
+	19, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
+	20, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
+	17, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
+	18, // 18: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
+	18, // 19: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
+	33, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	33, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	32, // 22: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	33, // 23: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	33, // 24: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	26, // 25: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	33, // 26: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	27, // 27: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	31, // 28: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	1,  // 29: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 30: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 31: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 32: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 33: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 34: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 35: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 36: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	21, // 37: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	22, // 38: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	30, // 39: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	28, // 40: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	24, // 41: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	2,  // 42: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 43: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 44: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 45: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 46: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 47: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 48: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 49: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	19, // 50: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	23, // 51: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	36, // 52: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	29, // 53: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	25, // 54: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	42, // [42:55] is the sub-list for method output_type
+	29, // [29:42] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -1679,7 +2155,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,8 @@ const (
 	Hoptrace_WatchSegmentStats_FullMethodName = "/hoptrace.v1.Hoptrace/WatchSegmentStats"
 	Hoptrace_WatchSpecs_FullMethodName        = "/hoptrace.v1.Hoptrace/WatchSpecs"
 	Hoptrace_RunPreset_FullMethodName         = "/hoptrace.v1.Hoptrace/RunPreset"
+	Hoptrace_GetVersion_FullMethodName        = "/hoptrace.v1.Hoptrace/GetVersion"
+	Hoptrace_GetPackets_FullMethodName        = "/hoptrace.v1.Hoptrace/GetPackets"
 )
 
 // HoptraceClient is the client API for Hoptrace service.
@@ -57,6 +59,10 @@ type HoptraceClient interface {
 	WatchSpecs(ctx context.Context, in *WatchSpecsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SpecSet], error)
 	// Run a preset (mace, iron) on one node for its duration and return its summary.
 	RunPreset(ctx context.Context, in *RunPresetRequest, opts ...grpc.CallOption) (*PresetResult, error)
+	// The dispatcher's own version and the API version it serves (agents' versions: ListAgents).
+	GetVersion(ctx context.Context, in *GetVersionRequest, opts ...grpc.CallOption) (*Version, error)
+	// Per-packet timelines (a waterfall): the slowest packets end to end over a range, or one packet by ID.
+	GetPackets(ctx context.Context, in *GetPacketsRequest, opts ...grpc.CallOption) (*PacketList, error)
 }
 
 type hoptraceClient struct {
@@ -195,6 +201,26 @@ func (c *hoptraceClient) RunPreset(ctx context.Context, in *RunPresetRequest, op
 	return out, nil
 }
 
+func (c *hoptraceClient) GetVersion(ctx context.Context, in *GetVersionRequest, opts ...grpc.CallOption) (*Version, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Version)
+	err := c.cc.Invoke(ctx, Hoptrace_GetVersion_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *hoptraceClient) GetPackets(ctx context.Context, in *GetPacketsRequest, opts ...grpc.CallOption) (*PacketList, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PacketList)
+	err := c.cc.Invoke(ctx, Hoptrace_GetPackets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HoptraceServer is the server API for Hoptrace service.
 // All implementations must embed UnimplementedHoptraceServer
 // for forward compatibility.
@@ -220,6 +246,10 @@ type HoptraceServer interface {
 	WatchSpecs(*WatchSpecsRequest, grpc.ServerStreamingServer[SpecSet]) error
 	// Run a preset (mace, iron) on one node for its duration and return its summary.
 	RunPreset(context.Context, *RunPresetRequest) (*PresetResult, error)
+	// The dispatcher's own version and the API version it serves (agents' versions: ListAgents).
+	GetVersion(context.Context, *GetVersionRequest) (*Version, error)
+	// Per-packet timelines (a waterfall): the slowest packets end to end over a range, or one packet by ID.
+	GetPackets(context.Context, *GetPacketsRequest) (*PacketList, error)
 	mustEmbedUnimplementedHoptraceServer()
 }
 
@@ -262,6 +292,12 @@ func (UnimplementedHoptraceServer) WatchSpecs(*WatchSpecsRequest, grpc.ServerStr
 }
 func (UnimplementedHoptraceServer) RunPreset(context.Context, *RunPresetRequest) (*PresetResult, error) {
 	return nil, status.Error(codes.Unimplemented, "method RunPreset not implemented")
+}
+func (UnimplementedHoptraceServer) GetVersion(context.Context, *GetVersionRequest) (*Version, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetVersion not implemented")
+}
+func (UnimplementedHoptraceServer) GetPackets(context.Context, *GetPacketsRequest) (*PacketList, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPackets not implemented")
 }
 func (UnimplementedHoptraceServer) mustEmbedUnimplementedHoptraceServer() {}
 func (UnimplementedHoptraceServer) testEmbeddedByValue()                  {}
@@ -468,6 +504,42 @@ func _Hoptrace_RunPreset_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hoptrace_GetVersion_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetVersionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HoptraceServer).GetVersion(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hoptrace_GetVersion_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HoptraceServer).GetVersion(ctx, req.(*GetVersionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Hoptrace_GetPackets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPacketsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HoptraceServer).GetPackets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hoptrace_GetPackets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HoptraceServer).GetPackets(ctx, req.(*GetPacketsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hoptrace_ServiceDesc is the grpc.ServiceDesc for Hoptrace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -510,6 +582,14 @@ var Hoptrace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RunPreset",
 			Handler:    _Hoptrace_RunPreset_Handler,
+		},
+		{
+			MethodName: "GetVersion",
+			Handler:    _Hoptrace_GetVersion_Handler,
+		},
+		{
+			MethodName: "GetPackets",
+			Handler:    _Hoptrace_GetPackets_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

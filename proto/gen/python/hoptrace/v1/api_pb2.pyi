@@ -106,14 +106,20 @@ class Agent(_message.Message):
     def __init__(self, registration: _Optional[_Union[_agent_pb2.Register, _Mapping]] = ..., connected: bool = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., clock: _Optional[_Union[NodeClockStatus, _Mapping]] = ..., lost_records: _Optional[int] = ...) -> None: ...
 
 class NodeClockStatus(_message.Message):
-    __slots__ = ("offset_ns", "bound_ns", "drift_ppm")
+    __slots__ = ("offset_ns", "bound_ns", "drift_ppm", "measured", "measured_at", "delay_ns")
     OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
     BOUND_NS_FIELD_NUMBER: _ClassVar[int]
     DRIFT_PPM_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
+    DELAY_NS_FIELD_NUMBER: _ClassVar[int]
     offset_ns: int
     bound_ns: int
     drift_ppm: float
-    def __init__(self, offset_ns: _Optional[int] = ..., bound_ns: _Optional[int] = ..., drift_ppm: _Optional[float] = ...) -> None: ...
+    measured: bool
+    measured_at: _timestamp_pb2.Timestamp
+    delay_ns: int
+    def __init__(self, offset_ns: _Optional[int] = ..., bound_ns: _Optional[int] = ..., drift_ppm: _Optional[float] = ..., measured: bool = ..., measured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., delay_ns: _Optional[int] = ...) -> None: ...
 
 class GetReportRequest(_message.Message):
     __slots__ = ("trace", "start", "end", "with_series")
@@ -164,7 +170,7 @@ class SeriesPoint(_message.Message):
     def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ns: _Optional[float] = ...) -> None: ...
 
 class SegmentStats(_message.Message):
-    __slots__ = ("to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete", "loss_count", "loss_rate", "jitter_ns", "jitter_p99_ns", "at", "below_clock_bound", "tracer_lost", "same_node")
+    __slots__ = ("to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete", "loss_count", "loss_rate", "jitter_ns", "jitter_p99_ns", "at", "below_clock_bound", "tracer_lost", "same_node", "clock_bound_ns")
     FROM_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +188,7 @@ class SegmentStats(_message.Message):
     BELOW_CLOCK_BOUND_FIELD_NUMBER: _ClassVar[int]
     TRACER_LOST_FIELD_NUMBER: _ClassVar[int]
     SAME_NODE_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_BOUND_NS_FIELD_NUMBER: _ClassVar[int]
     to: str
     count: int
     mean_ns: float
@@ -198,7 +205,8 @@ class SegmentStats(_message.Message):
     below_clock_bound: bool
     tracer_lost: int
     same_node: bool
-    def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., tracer_lost: _Optional[int] = ..., same_node: bool = ..., **kwargs) -> None: ...
+    clock_bound_ns: int
+    def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., tracer_lost: _Optional[int] = ..., same_node: bool = ..., clock_bound_ns: _Optional[int] = ..., **kwargs) -> None: ...
 
 class HopThroughput(_message.Message):
     __slots__ = ("hop", "packets_per_s", "bytes_per_s")
@@ -225,6 +233,67 @@ class SpecSet(_message.Message):
     SPECS_FIELD_NUMBER: _ClassVar[int]
     specs: _containers.RepeatedCompositeFieldContainer[_trace_pb2.TraceSpec]
     def __init__(self, specs: _Optional[_Iterable[_Union[_trace_pb2.TraceSpec, _Mapping]]] = ...) -> None: ...
+
+class GetPacketsRequest(_message.Message):
+    __slots__ = ("trace", "start", "end", "packet_id", "slowest")
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    PACKET_ID_FIELD_NUMBER: _ClassVar[int]
+    SLOWEST_FIELD_NUMBER: _ClassVar[int]
+    trace: str
+    start: _timestamp_pb2.Timestamp
+    end: _timestamp_pb2.Timestamp
+    packet_id: int
+    slowest: int
+    def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., packet_id: _Optional[int] = ..., slowest: _Optional[int] = ...) -> None: ...
+
+class PacketList(_message.Message):
+    __slots__ = ("packets",)
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    packets: _containers.RepeatedCompositeFieldContainer[PacketTimeline]
+    def __init__(self, packets: _Optional[_Iterable[_Union[PacketTimeline, _Mapping]]] = ...) -> None: ...
+
+class PacketTimeline(_message.Message):
+    __slots__ = ("packet_id", "at", "end_to_end_ns", "segments")
+    PACKET_ID_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    END_TO_END_NS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    packet_id: int
+    at: _timestamp_pb2.Timestamp
+    end_to_end_ns: int
+    segments: _containers.RepeatedCompositeFieldContainer[PacketSegment]
+    def __init__(self, packet_id: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_to_end_ns: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[PacketSegment, _Mapping]]] = ...) -> None: ...
+
+class PacketSegment(_message.Message):
+    __slots__ = ("to", "offset_ns", "latency_ns", "below_clock_bound", "from_node", "to_node")
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_NS_FIELD_NUMBER: _ClassVar[int]
+    BELOW_CLOCK_BOUND_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    TO_NODE_FIELD_NUMBER: _ClassVar[int]
+    to: str
+    offset_ns: int
+    latency_ns: int
+    below_clock_bound: bool
+    from_node: str
+    to_node: str
+    def __init__(self, to: _Optional[str] = ..., offset_ns: _Optional[int] = ..., latency_ns: _Optional[int] = ..., below_clock_bound: bool = ..., from_node: _Optional[str] = ..., to_node: _Optional[str] = ..., **kwargs) -> None: ...
+
+class GetVersionRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Version(_message.Message):
+    __slots__ = ("dispatcher", "api")
+    DISPATCHER_FIELD_NUMBER: _ClassVar[int]
+    API_FIELD_NUMBER: _ClassVar[int]
+    dispatcher: str
+    api: str
+    def __init__(self, dispatcher: _Optional[str] = ..., api: _Optional[str] = ...) -> None: ...
 
 class RunPresetRequest(_message.Message):
     __slots__ = ("node", "preset", "args")

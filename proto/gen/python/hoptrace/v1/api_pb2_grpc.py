@@ -91,6 +91,16 @@ class HoptraceStub(object):
                 request_serializer=hoptrace_dot_v1_dot_api__pb2.RunPresetRequest.SerializeToString,
                 response_deserializer=hoptrace_dot_v1_dot_agent__pb2.PresetResult.FromString,
                 _registered_method=True)
+        self.GetVersion = channel.unary_unary(
+                '/hoptrace.v1.Hoptrace/GetVersion',
+                request_serializer=hoptrace_dot_v1_dot_api__pb2.GetVersionRequest.SerializeToString,
+                response_deserializer=hoptrace_dot_v1_dot_api__pb2.Version.FromString,
+                _registered_method=True)
+        self.GetPackets = channel.unary_unary(
+                '/hoptrace.v1.Hoptrace/GetPackets',
+                request_serializer=hoptrace_dot_v1_dot_api__pb2.GetPacketsRequest.SerializeToString,
+                response_deserializer=hoptrace_dot_v1_dot_api__pb2.PacketList.FromString,
+                _registered_method=True)
 
 
 class HoptraceServicer(object):
@@ -171,6 +181,20 @@ class HoptraceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetVersion(self, request, context):
+        """The dispatcher's own version and the API version it serves (agents' versions: ListAgents).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPackets(self, request, context):
+        """Per-packet timelines (a waterfall): the slowest packets end to end over a range, or one packet by ID.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HoptraceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -228,6 +252,16 @@ def add_HoptraceServicer_to_server(servicer, server):
                     servicer.RunPreset,
                     request_deserializer=hoptrace_dot_v1_dot_api__pb2.RunPresetRequest.FromString,
                     response_serializer=hoptrace_dot_v1_dot_agent__pb2.PresetResult.SerializeToString,
+            ),
+            'GetVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVersion,
+                    request_deserializer=hoptrace_dot_v1_dot_api__pb2.GetVersionRequest.FromString,
+                    response_serializer=hoptrace_dot_v1_dot_api__pb2.Version.SerializeToString,
+            ),
+            'GetPackets': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPackets,
+                    request_deserializer=hoptrace_dot_v1_dot_api__pb2.GetPacketsRequest.FromString,
+                    response_serializer=hoptrace_dot_v1_dot_api__pb2.PacketList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -528,6 +562,60 @@ class Hoptrace(object):
             '/hoptrace.v1.Hoptrace/RunPreset',
             hoptrace_dot_v1_dot_api__pb2.RunPresetRequest.SerializeToString,
             hoptrace_dot_v1_dot_agent__pb2.PresetResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hoptrace.v1.Hoptrace/GetVersion',
+            hoptrace_dot_v1_dot_api__pb2.GetVersionRequest.SerializeToString,
+            hoptrace_dot_v1_dot_api__pb2.Version.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPackets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hoptrace.v1.Hoptrace/GetPackets',
+            hoptrace_dot_v1_dot_api__pb2.GetPacketsRequest.SerializeToString,
+            hoptrace_dot_v1_dot_api__pb2.PacketList.FromString,
             options,
             channel_credentials,
             insecure,

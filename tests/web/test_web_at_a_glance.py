@@ -1,0 +1,411 @@
+"""The web UI answers at a glance: each node's clock as the collector measured it (or "unknown"), a
+cross-host latency within its clock bound read as "≤ ±170ns (within clock bound)" instead of a negative
+number, the one-line "most time: ..." summary on the results page, and each packet's passage as a waterfall
+(the slowest of a range, or one by ID).
+
+Real InfluxDB holding what the collector writes (its exporter and its own point types), a real dispatcher
+reading it through GetReport and ListAgents, agents registered over AgentSession, the web app through
+Flask's test client and in headless Chromium (for the tables results.js redraws)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+from web_helpers import PASSWORD, USERNAME, live_server, screenshot, web_config
+
+from hoptrace.collector.aggregate import END_TO_END, LatencySample, SegmentWindow
+from hoptrace.collector.clock import NodeClockPoint
+from hoptrace.collector.influx import InfluxConfig, InfluxExporter
+from hoptrace.dispatcher.reports import (
+    influx_clock_provider,
+    influx_packets_provider,
+    influx_report_provider,
+)
+from hoptrace.dispatcher.server import DispatcherServer
+from hoptrace.lab.processes import InfluxServer
+from hoptrace.v1 import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc
+from hoptrace.web import create_app
+
+SEC = 1_000_000_000
+PACKETS = 100
+BOUND_NS = 170  # host-a's clock bound 85 ns + host-b's 85 ns
+# Per packet i: a-c1-out > a-wire-out (host-a) 3000 + 10 i ns; a-wire-out > b-wire-in (cross-host)
+# -150 + 4 i ns, i.e. -150..246 ns: its mean (48 ns) and p50 (46 ns) lie within ±170 ns, its p90 (206 ns) not.
+HOST_LATENCY = [3000 + 10 * i for i in range(PACKETS)]
+WIRE_LATENCY = [-150 + 4 * i for i in range(PACKETS)]
+
+
+def pid(i: int) -> int:
+    """Packet i's ID: origin salt 7 in the top byte (IDs are never 0), sequence i + 1."""
+    return (7 << 24) | (i + 1)
+
+
+WHERE_MOST_TIME = "most time: a-c1-out > a-wire-out (99 % of p50, 94 % of p99)"  # 3490/3536, 3980/4222
+
+
+@dataclass
+class Glance:
+    """The test's world: node names, trace name, the dispatcher."""
+
+    trace: str
+    measured: str  # has a clock estimate
+    unmeasured: str  # registered, never measured
+    dispatcher: DispatcherServer
+
+
+def write_trace_and_clocks(influxd: InfluxServer, trace: str, measured: str, peer: str) -> None:
+    """What the collector writes for the trace and the measured node's clock, through its exporter."""
+    now = time.time_ns()
+    start = now - now % SEC - 3 * SEC
+    samples, e2e = [], []
+    for i in range(PACKETS):
+        ts = start + i * (SEC // PACKETS)
+        host, wire = HOST_LATENCY[i], WIRE_LATENCY[i]
+        samples.append(
+            LatencySample(
+                trace,
+                "a-c1-out>a-wire-out",
+                "a-c1-out",
+                "a-wire-out",
+                measured,
+                measured,
+                ts,
+                host,
+                pid(i),
+                False,
+            )
+        )
+        samples.append(
+            LatencySample(
+                trace,
+                "a-wire-out>b-wire-in",
+                "a-wire-out",
+                "b-wire-in",
+                measured,
+                peer,
+                ts + host,
+                wire,
+                pid(i),
+                wire < BOUND_NS,
+            )
+        )
+        e2e.append(
+            LatencySample(
+                trace, END_TO_END, "a-c1-out", "b-wire-in", measured, peer, ts, host + wire, pid(i), False
+            )
+        )
+    windows = [
+        SegmentWindow(
+            trace,
+            "a-c1-out>a-wire-out",
+            "a-c1-out",
+            "a-wire-out",
+            start,
+            PACKETS,
+            0.0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            from_count=PACKETS,
+            same_node=True,
+        ),
+        SegmentWindow(
+            trace,
+            "a-wire-out>b-wire-in",
+            "a-wire-out",
+            "b-wire-in",
+            start,
+            PACKETS,
+            0.0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            from_count=PACKETS,
+            below_clock_bound=True,
+            below_bound_count=PACKETS,
+            clock_bound_ns=BOUND_NS,
+        ),
+        SegmentWindow(
+            trace,
+            END_TO_END,
+            "a-c1-out",
+            "b-wire-in",
+            start,
+            PACKETS,
+            0.0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            packets=PACKETS,
+            complete=PACKETS,
+            from_count=PACKETS,
+            clock_bound_ns=BOUND_NS,
+        ),
+    ]
+    exporter = InfluxExporter(
+        InfluxConfig(url=influxd.url, bucket=influxd.bucket, org=influxd.org, token=influxd.token)
+    )
+    try:
+        exporter.export(
+            samples=samples + e2e,
+            segments=windows,
+            clocks=[NodeClockPoint(measured, now, -231, 150, 85, 1.5)],
+        )
+        assert exporter.flush(timeout_s=30), "points not written"
+    finally:
+        exporter.close()
+
+
+@pytest.fixture
+def glance(tmp_path: Path, influxd: InfluxServer) -> Iterator[Glance]:
+    """Data in InfluxDB, a dispatcher reading it, two registered agents (one never measured)."""
+    tag = secrets.token_hex(3)
+    world = Glance(f"glance-{tag}", f"glance-{tag}-a", f"glance-{tag}-b", None)  # type: ignore[arg-type]
+    write_trace_and_clocks(influxd, world.trace, world.measured, world.unmeasured)
+    store = (influxd.url, influxd.bucket, influxd.org, influxd.token)
+    world.dispatcher = DispatcherServer(
+        "127.0.0.1:0",
+        tmp_path / "state",
+        report_provider=influx_report_provider(*store),
+        clock_provider=influx_clock_provider(*store),
+        packets_provider=influx_packets_provider(*store),
+    ).start()
+    channel = grpc.insecure_channel(world.dispatcher.address)
+    done = threading.Event()
+
+    def session(node: str) -> Iterator[agent_pb2.AgentMessage]:
+        registration = agent_pb2.Register(node=node, kernel_release="6.18.0", agent_version="0.1.0")
+        yield agent_pb2.AgentMessage(register=registration)
+        done.wait()
+
+    streams = [
+        agent_pb2_grpc.AgentSessionStub(channel).Connect(session(node))
+        for node in (world.measured, world.unmeasured)
+    ]
+    try:
+        api = api_pb2_grpc.HoptraceStub(channel)
+        deadline = time.monotonic() + 10
+        while (
+            len([a for a in api.ListAgents(api_pb2.ListAgentsRequest(), timeout=5).agents if a.connected]) < 2
+        ):
+            assert time.monotonic() < deadline, "agents did not register"
+            time.sleep(0.05)
+        yield world
+    finally:
+        done.set()
+        for stream in streams:
+            stream.cancel()
+        channel.close()
+        world.dispatcher.stop(grace=0)
+
+
+def logged_in(app: Any) -> Any:
+    """A test client of `app`, logged in through the form."""
+    client = app.test_client()
+    page = client.get("/login").text
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
+    response = client.post("/login", data={"username": USERNAME, "password": PASSWORD, "csrf_token": token})
+    assert response.status_code == 302
+    return client
+
+
+def test_agents_page_shows_each_nodes_measured_clock_or_unknown(glance: Glance) -> None:
+    client = logged_in(create_app(web_config(DISPATCHER=glance.dispatcher.address)))
+    page = client.get("/agents/")
+    assert page.status_code == 200
+    rows = dict(re.findall(r'<tr data-node="([^"]+)">(.*?)</tr>', page.text, re.S))
+    cells = {
+        node: [
+            html.unescape(re.sub(r"<[^>]+>", "", c)).strip()
+            for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        ]
+        for node, row in rows.items()
+    }
+    measured, unmeasured = cells[glance.measured], cells[glance.unmeasured]
+    assert measured[5:8] == ["-231ns", "±85ns", "1.50 ppm"], measured
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00 \(\d+ s ago\)", measured[8]), measured
+    assert unmeasured[5:9] == ["unknown", "-", "-", "-"], unmeasured
+    data = {a["node"]: a["clock"] for a in client.get("/agents/agents.json").json["agents"]}
+    assert (data[glance.measured]["offset_ns"], data[glance.measured]["bound_ns"]) == (-231, 85)
+    assert data[glance.unmeasured] == {
+        "measured": False,
+        "offset_ns": None,
+        "bound_ns": None,
+        "drift_ppm": None,
+        "delay_ns": None,
+        "measured_at": None,
+    }
+
+
+def test_results_read_within_clock_bound_and_name_where_most_time_goes(glance: Glance) -> None:
+    client = logged_in(create_app(web_config(DISPATCHER=glance.dispatcher.address)))
+    page = client.get(f"/traces/{glance.trace}/results?since=15m")
+    assert page.status_code == 200, page.text
+    text = html.unescape(page.text)
+    assert re.search(
+        r'<p class="summary" id="most-time"[^>]*>' + re.escape(WHERE_MOST_TIME) + "</p>", text
+    ), text
+    table = text[text.index('id="decomposition"') : text.index("</table>", text.index('id="decomposition"'))]
+    wire = re.search(r"<tr>\s*<td>a-wire-out → b-wire-in(.*?)</tr>", table, re.S).group(1)
+    assert "≤ ±170ns (within clock bound)" in wire
+    numbers = [
+        re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r'<td class="num[^"]*">(.*?)</td>', wire)
+    ]
+    assert numbers[:6] == [str(PACKETS), "≤ ±170ns", "≤ ±170ns", "206ns", "242ns", "246ns"], numbers
+    assert not any(n.startswith("-") for n in numbers), numbers  # never a negative latency
+
+    data = client.get(f"/traces/{glance.trace}/results.json?since=15m").json
+    assert data["summary"] == WHERE_MOST_TIME
+    raw = data["report"]["segments"][1]
+    # the JSON keeps the raw numbers and adds the bound
+    assert (raw["p50_ns"], raw["clock_bound_ns"], raw["below_clock_bound"]) == (46, BOUND_NS, True)
+    assert raw["display"]["p50_ns"] == "≤ ±170ns" and raw["display"]["p99_ns"] == "242ns"
+
+
+def test_the_browser_draws_the_same(glance: Glance, browser: Any) -> None:
+    """results.js redraws the tables from the JSON every poll: what it draws must read the same."""
+    app = create_app(web_config(DISPATCHER=glance.dispatcher.address))
+    with live_server(app) as base:
+        browser.get(base + "/login")
+        browser.find_element(By.ID, "username").send_keys(USERNAME)
+        browser.find_element(By.ID, "password").send_keys(PASSWORD)
+        browser.find_element(By.ID, "login").click()
+        WebDriverWait(browser, 20).until(lambda d: "/login" not in d.current_url)
+        browser.get(f"{base}/traces/{glance.trace}/results?since=15m")
+        # wait for the script's own redraw (it marks the root with the data's time)
+        WebDriverWait(browser, 30).until(
+            lambda d: d.find_element(By.ID, "results").get_attribute("data-updated"), "the first poll"
+        )
+        assert browser.find_element(By.ID, "most-time").text == WHERE_MOST_TIME
+        row = browser.find_elements(By.CSS_SELECTOR, "#decomposition tbody tr")[1]
+        assert "a-wire-out → b-wire-in" in row.text and "≤ ±170ns (within clock bound)" in row.text
+        assert row.find_element(By.CSS_SELECTOR, "td.p50").text == "≤ ±170ns"
+        assert row.find_element(By.CSS_SELECTOR, "td.p99").text == "242ns"
+        browser.execute_script("document.getElementById('decomposition').scrollIntoView()")
+        screenshot(browser, "results-within-clock-bound")
+        browser.get(f"{base}/agents/")
+        offsets = {
+            r.get_attribute("data-node"): r.find_element(By.CSS_SELECTOR, "td.clock-offset").text
+            for r in browser.find_elements(By.CSS_SELECTOR, "#agents tbody tr")
+        }
+        assert offsets == {glance.measured: "-231ns", glance.unmeasured: "unknown"}
+        screenshot(browser, "agents-clocks")
+
+        # the waterfall as laid out: each bar starts where the one before it ended
+        browser.get(f"{base}/traces/{glance.trace}/packets?since=15m&slowest=5")
+        sections = browser.find_elements(By.CSS_SELECTOR, "section.waterfall")
+        assert [int(s.get_attribute("data-packet")) for s in sections] == [pid(i) for i in range(99, 94, -1)]
+        bars = [b.rect for b in sections[0].find_elements(By.CSS_SELECTOR, ".wf-bar")]
+        assert len(bars) == 2 and bars[0]["width"] > 10 * bars[1]["width"] > 0
+        assert abs(bars[1]["x"] - (bars[0]["x"] + bars[0]["width"])) < 2, bars
+        screenshot(browser, "waterfall-synthetic")
+
+
+def waterfalls(page: str) -> list[dict[str, Any]]:
+    """The packets page's waterfalls: packet ID, end to end, and per segment its name, bar and text."""
+    out = []
+    for packet, body in re.findall(
+        r'<section class="waterfall" data-packet="(\d+)">(.*?)</section>', page, re.S
+    ):
+        rows = re.findall(
+            r'<span class="wf-name">([^<]+)</span>.*?style="left: ([\d.]+)%; width: ([\d.]+)%".*?'
+            r'<span class="wf-text"[^>]*>([^<]+)</span>',
+            body,
+            re.S,
+        )
+        e2e = re.search(r'<span class="e2e">([^<]+)</span>', body).group(1)
+        out.append(
+            {
+                "id": int(packet),
+                "e2e": e2e,
+                "segments": [
+                    (html.unescape(n), float(left), float(w), html.unescape(x)) for n, left, w, x in rows
+                ],
+            }
+        )
+    return out
+
+
+def test_waterfall_of_the_slowest_packets_and_of_one_packet(glance: Glance) -> None:
+    client = logged_in(create_app(web_config(DISPATCHER=glance.dispatcher.address)))
+    page = client.get(f"/traces/{glance.trace}/packets?since=15m&slowest=3")
+    assert page.status_code == 200, page.text
+    slowest = waterfalls(page.text)
+    # end to end 2850 + 14 i ns: packets 99, 98, 97 are the slowest, slowest first
+    assert [p["id"] for p in slowest] == [pid(99), pid(98), pid(97)]
+    assert [p["e2e"] for p in slowest] == ["4.2us", "4.2us", "4.2us"]
+    first = slowest[0]["segments"]
+    assert [name for name, *_ in first] == ["a-c1-out → a-wire-out", "a-wire-out → b-wire-in"]
+    # Jaeger-style: the second bar starts where the first ends (3990 of 4236 ns), the texts are the latencies
+    (_, left1, width1, text1), (_, left2, width2, text2) = first
+    assert left1 == 0 and abs(width1 - 100 * 3990 / 4236) < 0.01 and abs(left2 - width1) < 0.01
+    assert abs(width2 - 100 * 246 / 4236) < 0.01 and (text1, text2) == ("4.0us", "246ns")
+
+    # one packet by ID (hex as shown, or decimal): packet 10 crossed the wire within the clock bound
+    for shown in (f"0x{pid(10):08x}", str(pid(10))):
+        one = waterfalls(client.get(f"/traces/{glance.trace}/packets?since=15m&packet={shown}").text)
+        assert [p["id"] for p in one] == [pid(10)] and one[0]["e2e"] == "3.0us"  # 3100 - 110 ns
+        (_, _, _, host_text), (_, left, width, wire_text) = one[0]["segments"]
+        assert host_text == "3.1us" and wire_text == "within clock bound" and width >= 0.4 and left > 99
+    missing = client.get(f"/traces/{glance.trace}/packets?since=15m&packet=0x07ffffff")
+    assert missing.status_code == 200 and "Packet 0x07ffffff was not seen in the last 15m." in missing.text
+    assert client.get(f"/traces/{glance.trace}/packets?packet=zzz").status_code == 400
+    assert client.get(f"/traces/{glance.trace}/packets?packet=0").status_code == 400
+    results = client.get(f"/traces/{glance.trace}/results?since=15m").text
+    assert f'href="/traces/{glance.trace}/packets?since=15m" id="slowest-packets"' in results
+
+
+def test_waterfall_without_a_store_says_why(client, login) -> None:
+    """The conftest's dispatcher has no store: the page says so (502), no traceback."""
+    login()
+    page = client.get("/traces/x/packets")
+    assert page.status_code == 502 and "no packets of x: packets are not configured" in page.text
+
+
+def test_the_cli_draws_the_same_waterfall(glance: Glance) -> None:
+    def hoptrace(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [
+            sys.executable,
+            "-m",
+            "hoptrace.cli.main",
+            "--insecure",
+            "--dispatcher",
+            glance.dispatcher.address,
+        ]
+        return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
+
+    result = hoptrace("packets", glance.trace, "--since", "15m", "--slowest", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    packets = json.loads(result.stdout)
+    assert [p["packet_id"] for p in packets] == [pid(99), pid(98)]
+    assert [(s["offset_ns"], s["latency_ns"]) for s in packets[0]["segments"]] == [(0, 3990), (3990, 246)]
+    text = hoptrace("packets", glance.trace, "--since", "15m", "--id", f"0x{pid(10):08x}").stdout.splitlines()
+    assert text[0].startswith(f"packet 0x{pid(10):08x}  ") and text[0].endswith("end to end 3.0us"), text
+    host, wire = text[1], text[2]
+    assert host.split()[:6] == ["a-c1-out", ">", "a-wire-out", glance.measured, "+0ns", "3.1us"], host
+    assert "within clock bound" in wire and "-" not in wire.split(glance.unmeasured)[1], wire
+    assert host.endswith("|" + "#" * 40 + "|") and wire.endswith("#|"), text  # 3.1 us of 3.0 us: all
+    for bad in (["--id", "0"], ["--id", "zz"], ["--slowest", "-3"], ["--slowest", "51"]):
+        refused = hoptrace("packets", glance.trace, *bad)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, (bad, refused.stderr)

@@ -1,0 +1,100 @@
+"""Packets of a trace as a waterfall (Jaeger-style): each segment of one packet's passage as a bar, placed
+where the packet entered it and as long as it took there. The slowest packets end to end over a range, or
+one packet by its ID, through the dispatcher's `GetPackets` (the web reads no InfluxDB itself).
+
+Rendered on the server (bars are positioned with inline widths in percent of the packet's whole passage):
+the page needs no JavaScript.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from flask import Blueprint, abort, render_template, request
+
+from hoptrace.collector.report import MAX_SLOWEST, WITHIN_CLOCK_BOUND, format_ns
+from hoptrace.common.client import ApiError
+from hoptrace.v1 import api_pb2
+from hoptrace.web.dispatcher import get_client
+from hoptrace.web.results import REPORT_TIMEOUT_S, SINCE_CHOICES, requested_since, since_seconds
+
+bp = Blueprint("packets", __name__)
+
+_PACKET_ID = re.compile(r"^(0x[0-9a-fA-F]{1,8}|[0-9]{1,10})$")
+MIN_BAR_PERCENT = 0.4  # a bar of a few ns on a passage of ms stays visible
+
+
+def parse_packet_id(text: str) -> int:
+    """A packet ID as shown (0x07000123) or in decimal; 400 when it is not one (IDs are 32-bit, never 0)."""
+    text = text.strip()
+    value = int(text, 0) if _PACKET_ID.match(text) else 0
+    if not 0 < value < 1 << 32:
+        abort(400, description=f"bad packet ID {text!r}: use e.g. 0x07000123 or 117440803")
+    return value
+
+
+def packet_view(timeline: api_pb2.PacketTimeline) -> dict[str, Any]:
+    """One packet's waterfall: its segments with their bars' position and width in percent of the span."""
+    ends = [max(s.offset_ns, 0) + max(s.latency_ns, 0) for s in timeline.segments]
+    span = max([timeline.end_to_end_ns, *ends, 1])
+    rows = []
+    for s in timeline.segments:
+        left = 100 * max(s.offset_ns, 0) / span
+        width = max(100 * max(s.latency_ns, 0) / span, MIN_BAR_PERCENT)
+        nodes = s.from_node if s.from_node == s.to_node else f"{s.from_node} → {s.to_node}"
+        rows.append(
+            {
+                "name": f"{getattr(s, 'from')} → {s.to}",
+                "nodes": nodes,
+                "cross_node": s.from_node != s.to_node,
+                "left": round(min(left, 100 - MIN_BAR_PERCENT), 3),
+                "width": round(min(width, 100 - min(left, 100 - MIN_BAR_PERCENT)), 3),
+                "offset": format_ns(s.offset_ns),
+                "latency_ns": s.latency_ns,
+                "latency": WITHIN_CLOCK_BOUND if s.below_clock_bound else format_ns(s.latency_ns),
+                "below_clock_bound": s.below_clock_bound,
+            }
+        )
+    return {
+        "id": timeline.packet_id,
+        "hex": f"0x{timeline.packet_id:08x}",
+        "at": timeline.at.ToDatetime().isoformat(timespec="microseconds") + "Z",
+        "end_to_end": format_ns(timeline.end_to_end_ns) if timeline.end_to_end_ns else "incomplete",
+        "span": format_ns(span),
+        "ticks": [format_ns(span * q / 4) for q in range(5)],
+        "segments": rows,
+    }
+
+
+@bp.get("/traces/<name>/packets")
+def page(name: str):  # noqa: ANN201 - a view
+    """The slowest packets of the range (?since=, ?slowest=) or one packet (?packet=ID) as waterfalls."""
+    since = requested_since()
+    packet_text = request.args.get("packet", "").strip()
+    packet_id = parse_packet_id(packet_text) if packet_text else 0
+    try:
+        slowest = int(request.args.get("slowest") or 10)
+    except ValueError:
+        abort(400, description="slowest: a number of packets, e.g. 10")
+    slowest = max(1, min(slowest, MAX_SLOWEST))
+    query = api_pb2.GetPacketsRequest(trace=name, packet_id=packet_id, slowest=slowest)
+    query.start.FromSeconds(int(time.time()) - since_seconds(since))
+    error = None
+    packets: list[dict[str, Any]] = []
+    try:
+        answer = get_client().call("GetPackets", query, timeout=REPORT_TIMEOUT_S)
+        packets = [packet_view(timeline) for timeline in answer.packets]
+    except ApiError as exc:  # no store, store down: say so instead of a 500
+        error = f"no packets of {name}: {exc.message}"
+    return render_template(
+        "packets.html",
+        name=name,
+        since=since,
+        since_choices=SINCE_CHOICES,
+        slowest=slowest,
+        packet_id=packet_id,
+        packets=packets,
+        error=error,
+    ), 502 if error else 200
