@@ -11,6 +11,7 @@
 #include <bpf/bpf_tracing.h>
 
 #include "hop.bpf.h"
+#include "discover.bpf.h"
 
 HOPTRACE_PROG_TC
 HOPTRACE_PROG_XDP
@@ -20,6 +21,7 @@ HOPTRACE_PROG_TP_BTF_XMIT
 HOPTRACE_PROG_FENTRY
 HOPTRACE_PROG_KPROBE
 HOPTRACE_PROG_TAG_TCP
+HOPTRACE_PROG_DISCOVER
 
 /* BTF anchors: enums whose constants alone are used never reach BTF; these
  * read-only globals put their types there for agent/cmd/vocabgen. */

@@ -40,7 +40,7 @@ func run(args []string) error {
 	if err := loader.AllowLockedMemory(); err != nil {
 		return fmt.Errorf("lift RLIMIT_MEMLOCK for BPF: %w", err)
 	}
-	if len(args) > 0 && (args[0] == "mace" || args[0] == "iron") {
+	if len(args) > 0 && (args[0] == "mace" || args[0] == "iron" || args[0] == "discover") {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return preset.Command(ctx, args[0], args[1:], os.Stdout)
@@ -58,6 +58,7 @@ func run(args []string) error {
 	var ring uint
 	fs.StringVar(&cfg.Node, "node", "", "node name (default: hostname)")
 	fs.StringVar(&cfg.Netns, "netns", "", "the emulated host's network namespace (/run/netns name or path); hops without netns run there")
+	fs.StringVar(&cfg.NetnsOwned, "netns-owned", "", "the host's other namespaces, /run/netns names comma-separated (default: every /run/netns entry): discover attributes a device crossing to this node only in --netns and these (emulated hosts share one kernel)")
 	fs.StringVar(&cfg.Plan, "plan", "", "plan file to run: a plan signed by a dispatcher certificate of --ca (hoptrace plan sign), or a bare TracePlan in protojson with --allow-unsigned-plan")
 	fs.BoolVar(&cfg.AllowUnsignedPlan, "allow-unsigned-plan", false, "run a --plan file no dispatcher signed (root's own debugging: whoever can write the file chooses what is loaded); logs a WARNING")
 	fs.StringVar(&cfg.Out, "out", "", `write JSON lines here ("-" = stdout)`)

@@ -39,7 +39,10 @@ var Version = "0.1.0"
 type Config struct {
 	Node  string
 	Netns string
-	Plan  string // plan file (protojson SignedMessage of a TracePlan, or a TracePlan)
+	// NetnsOwned: the host's other namespaces (/run/netns names), for
+	// discover's attribution of crossings; empty = every /run/netns entry.
+	NetnsOwned string
+	Plan       string // plan file (protojson SignedMessage of a TracePlan, or a TracePlan)
 	// AllowUnsignedPlan runs a Plan file that is a bare TracePlan, with a
 	// warning; without it only a plan signed by a dispatcher certificate of
 	// --ca runs (docs/security.md).
@@ -286,7 +289,7 @@ func start(cfg Config) (*running, error) {
 	}
 	if cfg.Dispatcher != "" {
 		a.sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
-			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: preset.Run, Log: cfg.Log, Creds: a.dispatcherCreds,
+			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: a.runPreset, NetnsOwned: cfg.NetnsOwned, Log: cfg.Log, Creds: a.dispatcherCreds,
 			Verifier: a.verifier}
 	}
 	return a, nil
@@ -488,4 +491,14 @@ func Probe(w io.Writer) error {
 	}
 	_, err = fmt.Fprintln(w, string(b))
 	return err
+}
+
+// runPreset runs a preset for the dispatcher; discover's timestamps go out
+// on the master's clock, through this agent's clock estimate (as its records
+// are mapped by the collector: ts + monotonic_to_realtime - offset).
+func (a *running) runPreset(ctx context.Context, name string, args map[string]string) (string, error) {
+	return preset.RunAligned(ctx, name, args, func(mono int64) (int64, int64, bool) {
+		c := a.nodeClock.NodeClock(mono)
+		return mono + c.GetMonotonicToRealtimeNs() - c.GetOffsetNs(), c.GetBoundNs(), c.GetSampledAtNs() != 0
+	})
 }

@@ -9,13 +9,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"time"
 )
 
 // Command runs `hoptrace-agent mace|iron ARGS`, writing JSON lines to w.
 func Command(ctx context.Context, name string, args []string, w io.Writer) error {
-	fs, run, err := flagSet(ctx, name, w)
+	fs, run, err := flagSet(ctx, name, w, nil)
 	if err != nil {
 		return err
 	}
@@ -32,7 +33,7 @@ func Command(ctx context.Context, name string, args []string, w io.Writer) error
 }
 
 // flagSet declares the flags of one preset; run runs it with what was set.
-func flagSet(ctx context.Context, name string, w io.Writer) (*flag.FlagSet, func() error, error) {
+func flagSet(ctx context.Context, name string, w io.Writer, align Aligner) (*flag.FlagSet, func() error, error) {
 	fs := flag.NewFlagSet("hoptrace-agent "+name, flag.ContinueOnError)
 	var run func() error
 	switch name {
@@ -60,6 +61,21 @@ func flagSet(ctx context.Context, name string, w io.Writer) (*flag.FlagSet, func
 		fs.StringVar(&c.InfluxOrg, "influx-org", "-", "InfluxDB organization")
 		fs.StringVar(&c.InfluxToken, "influx-token", "", "InfluxDB token (1.8: USER:PASSWORD)")
 		run = func() error { return RunIron(ctx, c, w) }
+	case "discover":
+		c := DiscoverConfig{Align: align}
+		fs.StringVar(&c.Node, "node", "", "node name in the summary (default: hostname)")
+		fs.StringVar(&c.HostNetns, "host-netns", "", "this host's own netns (default: the agent's)")
+		fs.StringVar(&c.Owned, "netns-owned", "", "the host's other namespaces (/run/netns names, comma-separated; default: every /run/netns entry)")
+		fs.StringVar(&c.Match, "match", "", "the flow: a FlowMatch in protojson (the dispatcher sends it), e.g. {\"ipProto\":17,\"family\":4,\"srcAddr\":\"xhIBAg==\",\"srcMask\":\"/////w==\"}")
+		fs.DurationVar(&c.Duration, "duration", 5*time.Second, "how long to look")
+		fs.IntVar(&c.Packets, "packets", 0, "stop once this many tagged packets were seen (0 = run the duration)")
+		fs.StringVar(&c.Object, "object", "", "hoptrace.bpf.o (default: searched, see $"+ObjectDirEnv+")")
+		run = func() error {
+			if c.Node == "" {
+				c.Node, _ = os.Hostname()
+			}
+			return RunDiscover(ctx, c, w)
+		}
 	default:
 		return nil, nil, fmt.Errorf("unknown preset %q", name)
 	}
@@ -82,8 +98,14 @@ const RemoteDefaultDuration = 10 * time.Second
 // JSON. Iron's summary also lists its "container" lines (per_container) and
 // "task" lines (per_task), which a remote caller cannot read otherwise.
 func Run(ctx context.Context, name string, args map[string]string) (string, error) {
+	return RunAligned(ctx, name, args, nil)
+}
+
+// RunAligned is Run with the agent's clock: discover reports its crossings'
+// timestamps on the master's clock through align.
+func RunAligned(ctx context.Context, name string, args map[string]string, align Aligner) (string, error) {
 	var buf bytes.Buffer
-	fs, run, err := flagSet(ctx, name, &buf)
+	fs, run, err := flagSet(ctx, name, &buf, align)
 	if err != nil {
 		return "", err
 	}

@@ -46,7 +46,9 @@ type Session struct {
 	Capabilities *pb.Capabilities
 	Tracer       Tracer
 	// Presets answers RunPreset (nil = every RunPreset fails with an error).
-	Presets     PresetRunner
+	Presets PresetRunner
+	// NetnsOwned is passed to discover as netns-owned (the agent's --netns-owned).
+	NetnsOwned  string
 	Heartbeat   time.Duration
 	Log         *slog.Logger
 	DialOptions []grpc.DialOption
@@ -315,6 +317,9 @@ func (s *Session) runPreset(ctx context.Context, req *pb.RunPreset) *pb.PresetRe
 	// which need not be the one the process runs in.
 	if _, ok := args["host-netns"]; !ok && s.Netns != "" {
 		args["host-netns"] = s.Netns
+	}
+	if _, ok := args["netns-owned"]; !ok && s.NetnsOwned != "" && req.GetPreset() == "discover" {
+		args["netns-owned"] = s.NetnsOwned
 	}
 	logged := map[string]string{}
 	for k, v := range args {

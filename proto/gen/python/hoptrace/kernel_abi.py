@@ -41,6 +41,8 @@ MAX_HOPS = 64
 
 # Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.
 PROGRAMS = {
+    "discover_queue": "tp_btf/net_dev_queue",
+    "discover_recv": "tp_btf/netif_receive_skb",
     "hop_cgroup_skb": "cgroup_skb/ingress",
     "hop_fentry": "fentry/netif_receive_skb",
     "hop_kprobe": "kprobe/netif_receive_skb",

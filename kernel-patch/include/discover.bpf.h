@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Path discovery: every device crossing of a tagged, matching packet in the
+ * namespaces this agent owns, as struct hoptrace_crossing records. Read-only
+ * tracing programs: they never change, drop or redirect a packet. The
+ * packets are tagged by the ordinary taggers (hop_tc with hop_tag_udp,
+ * tag_tcp) in the sender's namespace.
+ *
+ * Egress is net:net_dev_queue, not net_dev_xmit: it fires in
+ * __dev_queue_xmit after tc egress (so a packet tagged there already carries
+ * its ID) and before the driver, so a tunnel's own crossing comes before the
+ * underlay's (net_dev_xmit of vxlan0 fires after wire0's, nested inside it).
+ * Ingress is net:netif_receive_skb (__netif_receive_skb_core), once per
+ * device the packet is received on: a bridge port, then the bridge when the
+ * frame goes up, a tunnel after decapsulation.
+ *
+ * Include hop.bpf.h before this file (maps, filter, flow hash, parser).
+ */
+#ifndef __HOPTRACE_DISCOVER_BPF_H
+#define __HOPTRACE_DISCOVER_BPF_H
+
+#include "discover.h"
+
+/* The netns inodes this agent owns (its host's): on one kernel shared by
+ * emulated hosts every agent's tracepoints see every namespace, so each
+ * crossing must be attributed to exactly one node. Filled before attach. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u8);
+} discover_netns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} crossings SEC(".maps");
+
+const struct hoptrace_crossing *unused_crossing_type __attribute__((unused));
+const enum hoptrace_direction *unused_direction_type __attribute__((unused));
+
+static __always_inline void emit_crossing(const struct pkt_info *p, __u32 ifindex, __u32 ino,
+					  __u32 wire_len, __u8 direction)
+{
+	struct hoptrace_crossing *c;
+
+	c = bpf_ringbuf_reserve(&crossings, sizeof(*c), 0);
+	if (!c) {
+		count(HOPTRACE_C_RINGBUF_FULL, 1);
+		return;
+	}
+	c->ts_ns = bpf_ktime_get_ns();
+	c->packet_id = p->id;
+	c->flow_hash = flow_hash(p);
+	c->ifindex = ifindex;
+	c->netns_ino = ino;
+	c->wire_len = wire_len;
+	c->direction = direction;
+	c->pad = 0;
+	c->flags = p->flags;
+	/* Discovery runs for seconds and the agent polls: no wakeup per record. */
+	bpf_ringbuf_submit(c, BPF_RB_NO_WAKEUP);
+	count(HOPTRACE_C_RECORDED, 1);
+}
+
+/* The device of skb (skb->dev at both events), checked against the owned
+ * namespaces first: that is what keeps the program cheap for everything
+ * else on the machine. Packet location as in hop_kernel_skb. */
+static __always_inline int discover_skb(struct sk_buff *skb, __u8 direction, bool floor)
+{
+	struct pkt_reader r = {.floor = floor};
+	struct pkt_info p = {};
+	struct net_device *dev;
+	__u16 mac, nh, ethertype = 0;
+	__u32 ifindex, ino, start, tail, len;
+	unsigned char *head;
+	int status;
+
+	count(HOPTRACE_C_SEEN, 1);
+	dev = BPF_CORE_READ(skb, dev);
+	if (!dev) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	ino = BPF_CORE_READ(dev, nd_net.net, ns.inum);
+	if (!bpf_map_lookup_elem(&discover_netns, &ino)) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	ifindex = BPF_CORE_READ(dev, ifindex);
+
+	head = BPF_CORE_READ(skb, head);
+	mac = BPF_CORE_READ(skb, mac_header);
+	nh = BPF_CORE_READ(skb, network_header);
+	tail = BPF_CORE_READ(skb, tail);
+	len = BPF_CORE_READ(skb, len);
+	if (mac != (__u16)~0U && nh > mac && nh - mac >= ETH_HLEN_) {
+		start = mac;
+	} else {
+		start = nh;
+		ethertype = bpf_ntohs(BPF_CORE_READ(skb, protocol));
+	}
+	if (tail < start) {
+		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
+		return 0;
+	}
+	r.kbase = head + start;
+	r.len = tail - start;
+	r.total = len + (BPF_CORE_READ(skb, data) - (head + start));
+	if (r.total < r.len)
+		r.total = r.len;
+	pkt_copy_head(&r);
+	status = parse_packet(PKT_KERNEL, &r, 0, ethertype, &p);
+	if (status) {
+		count_parse_error(status);
+		return 0;
+	}
+	if (!flow_match(p.family, p.proto, p.saddr, p.daddr, p.sport, p.dport)) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	count(HOPTRACE_C_MATCHED, 1);
+	if (!p.id) {
+		count(HOPTRACE_C_UNTAGGED, 1);
+		return 0;
+	}
+	emit_crossing(&p, ifindex, ino, r.total, direction);
+	return 0;
+}
+
+/* Program definitions, each with its _floor twin (hop.bpf.h). */
+#define HOPTRACE_PROG_DISCOVER                                                                     \
+	SEC("tp_btf/netif_receive_skb") int BPF_PROG(discover_recv, struct sk_buff *skb)           \
+	{                                                                                          \
+		return discover_skb(skb, HOPTRACE_DIR_INGRESS, false);                             \
+	}                                                                                          \
+	SEC("tp_btf/netif_receive_skb") int BPF_PROG(discover_recv_floor, struct sk_buff *skb)     \
+	{                                                                                          \
+		return discover_skb(skb, HOPTRACE_DIR_INGRESS, true);                              \
+	}                                                                                          \
+	SEC("tp_btf/net_dev_queue") int BPF_PROG(discover_queue, struct sk_buff *skb)              \
+	{                                                                                          \
+		return discover_skb(skb, HOPTRACE_DIR_EGRESS, false);                              \
+	}                                                                                          \
+	SEC("tp_btf/net_dev_queue") int BPF_PROG(discover_queue_floor, struct sk_buff *skb)        \
+	{                                                                                          \
+		return discover_skb(skb, HOPTRACE_DIR_EGRESS, true);                               \
+	}
+
+#endif /* __HOPTRACE_DISCOVER_BPF_H */
