@@ -739,10 +739,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     version.set_defaults(func=cmd_version)
 
     # Presets (ready-made traces on this node): cli/mace.py, cli/iron.py.
-    from hoptrace.cli import iron, mace
+    from hoptrace.cli import discover, iron, mace
 
     mace.add_parser(subparsers)
     iron.add_parser(subparsers)
+    discover.add_parser(subparsers, client)
     return parser
 
 

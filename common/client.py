@@ -5,7 +5,7 @@ opened on first use and shared by threads, and one mapping of gRPC failures to m
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -62,16 +62,27 @@ class ApiClient:
         try:
             return getattr(self._get_stub(), method)(request, timeout=timeout)
         except grpc.RpcError as error:
-            details = error.details() or str(error.code())
-            if error.code() == grpc.StatusCode.UNAVAILABLE and any(
-                phrase in details.lower() for phrase in _TRANSPORT_FAILURES
-            ):
-                details = f"cannot reach the dispatcher at {self.address}: {details}"
-            elif error.code() == grpc.StatusCode.UNAUTHENTICATED:
-                details = f"the dispatcher refused the request: {details}"
-            elif error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                details = f"the dispatcher at {self.address} did not answer within {timeout:g}s"
-            raise ApiError(details, error.code()) from None
+            raise self._error(error, timeout) from None
+
+    def stream(self, method: str, request: Any, timeout: float) -> Iterator[Any]:
+        """Call one server-streaming API method and yield its messages; gRPC errors become ApiError, as in
+        call()."""
+        try:
+            yield from getattr(self._get_stub(), method)(request, timeout=timeout)
+        except grpc.RpcError as error:
+            raise self._error(error, timeout) from None
+
+    def _error(self, error: grpc.RpcError, timeout: float) -> ApiError:
+        details = error.details() or str(error.code())
+        if error.code() == grpc.StatusCode.UNAVAILABLE and any(
+            phrase in details.lower() for phrase in _TRANSPORT_FAILURES
+        ):
+            details = f"cannot reach the dispatcher at {self.address}: {details}"
+        elif error.code() == grpc.StatusCode.UNAUTHENTICATED:
+            details = f"the dispatcher refused the request: {details}"
+        elif error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            details = f"the dispatcher at {self.address} did not answer within {timeout:g}s"
+        return ApiError(details, error.code())
 
     def agents(self) -> list[api_pb2.Agent]:
         """Every registered agent."""

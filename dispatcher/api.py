@@ -11,6 +11,7 @@ import grpc
 
 from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.controller import DispatcherError, TraceController
+from hoptrace.dispatcher.discover import run_discovery
 from hoptrace.dispatcher.presets import PresetError
 from hoptrace.dispatcher.registry import AgentRegistry
 from hoptrace.v1 import agent_pb2, api_pb2, api_pb2_grpc, trace_pb2
@@ -202,6 +203,17 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
             if changed is not None:
                 version, specs = changed
                 yield api_pb2.SpecSet(specs=specs)
+
+    def Discover(  # noqa: N802
+        self, request: api_pb2.DiscoverRequest, context: grpc.ServicerContext
+    ) -> Iterator[api_pb2.DiscoverEvent]:
+        """Path discovery on the nodes (all connected agents by default): progress, then the result.
+        INVALID_ARGUMENT names the field; a node that failed fails the discovery with its reason."""
+        connected = [node for node in self.registry.registrations() if self.registry.connection(node)]
+        try:
+            yield from run_discovery(self.controller.presets, connected, request)
+        except PresetError as error:
+            context.abort(error.code, error.message)
 
     def RunPreset(  # noqa: N802
         self, request: api_pb2.RunPresetRequest, context: grpc.ServicerContext

@@ -27,8 +27,14 @@ from hoptrace.v1 import agent_pb2
 PRESET_ARGS: dict[str, frozenset[str]] = {
     "mace": frozenset({"container", "path", "host-netns", "inner", "outer", "peer", "duration"}),
     "iron": frozenset({"host-netns", "duration"}),
+    # Path discovery (dispatcher/discover.py): the flow as a FlowMatch in protojson, the dispatcher's own.
+    "discover": frozenset({"match", "duration", "packets"}),
 }
-REQUIRED_ARGS: dict[str, frozenset[str]] = {"mace": frozenset({"container"}), "iron": frozenset()}
+REQUIRED_ARGS: dict[str, frozenset[str]] = {
+    "mace": frozenset({"container"}),
+    "iron": frozenset(),
+    "discover": frozenset({"match"}),
+}
 MACE_PATHS = ("inner-dev", "max-dev", "syscalls")
 DEFAULT_DURATION_S = 10.0
 MAX_DURATION_S = 3600.0

@@ -350,8 +350,10 @@ class LocalCluster:
         self.start_dispatcher()
         self.start_collector(*collector_args)
         self.wait_listening()
-        self.start_agent("host-a", topo.host_a, *agent_args.get("host-a", []))
-        self.start_agent("host-b", topo.host_b, *agent_args.get("host-b", []))
+        # Each emulated host owns its own namespace and its container's, as a real host would: discover
+        # attributes a device crossing to exactly one node (all agents' tracepoints see every netns).
+        self.start_agent("host-a", topo.host_a, "--netns-owned", topo.c1, *agent_args.get("host-a", []))
+        self.start_agent("host-b", topo.host_b, "--netns-owned", topo.c2, *agent_args.get("host-b", []))
         self.wait_agents(["host-a", "host-b"])
         return self
 

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/hoptrace/hoptrace/agent/internal/allowlist"
@@ -282,6 +283,13 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 		links = append(links, l)
 	}
 
+	align := cfg.Align
+	if align == nil {
+		align = func(mono int64) (int64, int64, bool) { return mono, 0, false }
+	}
+	// The time every crossing program listened, on the master's clock: the dispatcher keeps only packets
+	// that crossed while every node listened, so none looks shorter for a node's later start.
+	listenFrom, _, _ := align(monotonicNow())
 	out := newLineWriter(w)
 	start := time.Now()
 	deadline := start.Add(cfg.Duration)
@@ -386,6 +394,7 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 		}
 	}
 	untag()
+	listenUntil, _, _ := align(monotonicNow())
 	closeLinks(links)
 	links = nil
 	poll()
@@ -407,11 +416,7 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 		if c.Direction == DirIngress {
 			dc.Direction = "ingress"
 		}
-		if cfg.Align != nil {
-			dc.MasterNs, bound, aligned = cfg.Align(int64(c.TsNs))
-		} else {
-			dc.MasterNs = int64(c.TsNs)
-		}
+		dc.MasterNs, bound, aligned = align(int64(c.TsNs))
 		crossings = append(crossings, dc)
 	}
 	sort.SliceStable(crossings, func(i, j int) bool { return crossings[i].MonoNs < crossings[j].MonoNs })
@@ -433,6 +438,13 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 	}
 	return out.write(map[string]any{"type": "summary", "node": cfg.Node, "tagging": tagging,
 		"namespaces": namespaces, "packets": len(seen), "packets_dropped": dropped,
-		"crossings": crossings, "clock_aligned": aligned, "clock_bound_ns": bound,
+		"crossings": crossings, "listen_from_ns": listenFrom, "listen_until_ns": listenUntil, "clock_aligned": aligned, "clock_bound_ns": bound,
 		"duration_ms": time.Since(start).Milliseconds(), "counters": counters})
+}
+
+// monotonicNow is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns().
+func monotonicNow() int64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
 }

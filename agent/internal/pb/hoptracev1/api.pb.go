@@ -1864,6 +1864,398 @@ func (x *RunPresetRequest) GetArgs() map[string]string {
 	return nil
 }
 
+type DiscoverRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The flow, as in a spec: protocol (udp or tcp) and src are required, because packets are
+	// tagged in the namespace that sends them.
+	Filter *Filter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Nodes to look on; empty = every connected agent.
+	Nodes []string `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// How long to look; 0 = 5 s.
+	DurationMs uint32 `protobuf:"varint,3,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// Stop once this many tagged packets were seen; 0 = look for the whole duration.
+	Packets uint32 `protobuf:"varint,4,opt,name=packets,proto3" json:"packets,omitempty"`
+	// Name of the spec in the result; empty = "discovered".
+	Name          string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoverRequest) Reset() {
+	*x = DiscoverRequest{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoverRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoverRequest) ProtoMessage() {}
+
+func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
+func (*DiscoverRequest) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *DiscoverRequest) GetFilter() *Filter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *DiscoverRequest) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *DiscoverRequest) GetDurationMs() uint32 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *DiscoverRequest) GetPackets() uint32 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
+func (x *DiscoverRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DiscoverEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Body:
+	//
+	//	*DiscoverEvent_Progress
+	//	*DiscoverEvent_Result
+	Body          isDiscoverEvent_Body `protobuf_oneof:"body"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoverEvent) Reset() {
+	*x = DiscoverEvent{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoverEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoverEvent) ProtoMessage() {}
+
+func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
+func (*DiscoverEvent) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *DiscoverEvent) GetProgress() *DiscoverProgress {
+	if x != nil {
+		if x, ok := x.Body.(*DiscoverEvent_Progress); ok {
+			return x.Progress
+		}
+	}
+	return nil
+}
+
+func (x *DiscoverEvent) GetResult() *DiscoverResult {
+	if x != nil {
+		if x, ok := x.Body.(*DiscoverEvent_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
+type isDiscoverEvent_Body interface {
+	isDiscoverEvent_Body()
+}
+
+type DiscoverEvent_Progress struct {
+	Progress *DiscoverProgress `protobuf:"bytes,1,opt,name=progress,proto3,oneof"`
+}
+
+type DiscoverEvent_Result struct {
+	// The last message of the stream.
+	Result *DiscoverResult `protobuf:"bytes,2,opt,name=result,proto3,oneof"`
+}
+
+func (*DiscoverEvent_Progress) isDiscoverEvent_Body() {}
+
+func (*DiscoverEvent_Result) isDiscoverEvent_Body() {}
+
+type DiscoverProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What happened, e.g. "host-b: 12 packets, 60 crossings".
+	Message string `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	// The node it is about; empty for the whole discovery.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// Tagged packets the node saw (when it finished).
+	Packets uint32 `protobuf:"varint,3,opt,name=packets,proto3" json:"packets,omitempty"`
+	// Nodes still looking.
+	NodesPending  uint32 `protobuf:"varint,4,opt,name=nodes_pending,json=nodesPending,proto3" json:"nodes_pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoverProgress) Reset() {
+	*x = DiscoverProgress{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoverProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoverProgress) ProtoMessage() {}
+
+func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
+func (*DiscoverProgress) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DiscoverProgress) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DiscoverProgress) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *DiscoverProgress) GetPackets() uint32 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
+func (x *DiscoverProgress) GetNodesPending() uint32 {
+	if x != nil {
+		return x.NodesPending
+	}
+	return 0
+}
+
+// One path: the device crossings, in order, that some of the packets took.
+type DiscoveredPath struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Packets that took exactly this path, and their share of all packets seen.
+	Packets uint32  `protobuf:"varint,1,opt,name=packets,proto3" json:"packets,omitempty"`
+	Share   float64 `protobuf:"fixed64,2,opt,name=share,proto3" json:"share,omitempty"`
+	// One hop per crossing: node, netns, dev, at (tc-egress or tc-ingress) and a generated name.
+	Hops []*HopSpec `protobuf:"bytes,3,rep,name=hops,proto3" json:"hops,omitempty"`
+	// Median time of each crossing after the first, over the path's packets (clock-aligned across
+	// nodes; hops[0] is 0).
+	SinceFirstNs  []int64 `protobuf:"varint,4,rep,packed,name=since_first_ns,json=sinceFirstNs,proto3" json:"since_first_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoveredPath) Reset() {
+	*x = DiscoveredPath{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoveredPath) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoveredPath) ProtoMessage() {}
+
+func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
+func (*DiscoveredPath) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *DiscoveredPath) GetPackets() uint32 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
+func (x *DiscoveredPath) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *DiscoveredPath) GetHops() []*HopSpec {
+	if x != nil {
+		return x.Hops
+	}
+	return nil
+}
+
+func (x *DiscoveredPath) GetSinceFirstNs() []int64 {
+	if x != nil {
+		return x.SinceFirstNs
+	}
+	return nil
+}
+
+type DiscoverResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The flow's filter and the most common path's hops: a spec ready to apply.
+	// Empty hops when no packet was seen.
+	Spec *TraceSpec `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// Every path seen, most packets first.
+	Paths []*DiscoveredPath `protobuf:"bytes,2,rep,name=paths,proto3" json:"paths,omitempty"`
+	// Tagged packets seen in all.
+	Packets uint32 `protobuf:"varint,3,opt,name=packets,proto3" json:"packets,omitempty"`
+	// The nodes that looked.
+	Nodes []string `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Set when nothing was found, e.g. "no packet of the flow was seen in 5s on host-a, host-b".
+	Message       string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoverResult) Reset() {
+	*x = DiscoverResult{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoverResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoverResult) ProtoMessage() {}
+
+func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
+func (*DiscoverResult) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *DiscoverResult) GetSpec() *TraceSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *DiscoverResult) GetPaths() []*DiscoveredPath {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+func (x *DiscoverResult) GetPackets() uint32 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
+func (x *DiscoverResult) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *DiscoverResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 var File_hoptrace_v1_api_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_api_proto_rawDesc = "" +
@@ -2005,7 +2397,34 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x04args\x18\x03 \x03(\v2'.hoptrace.v1.RunPresetRequest.ArgsEntryR\x04args\x1a7\n" +
 	"\tArgsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x012\xc2\a\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x01\n" +
+	"\x0fDiscoverRequest\x12+\n" +
+	"\x06filter\x18\x01 \x01(\v2\x13.hoptrace.v1.FilterR\x06filter\x12\x14\n" +
+	"\x05nodes\x18\x02 \x03(\tR\x05nodes\x12\x1f\n" +
+	"\vduration_ms\x18\x03 \x01(\rR\n" +
+	"durationMs\x12\x18\n" +
+	"\apackets\x18\x04 \x01(\rR\apackets\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\"\x8b\x01\n" +
+	"\rDiscoverEvent\x12;\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1d.hoptrace.v1.DiscoverProgressH\x00R\bprogress\x125\n" +
+	"\x06result\x18\x02 \x01(\v2\x1b.hoptrace.v1.DiscoverResultH\x00R\x06resultB\x06\n" +
+	"\x04body\"\x7f\n" +
+	"\x10DiscoverProgress\x12\x18\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x18\n" +
+	"\apackets\x18\x03 \x01(\rR\apackets\x12#\n" +
+	"\rnodes_pending\x18\x04 \x01(\rR\fnodesPending\"\x90\x01\n" +
+	"\x0eDiscoveredPath\x12\x18\n" +
+	"\apackets\x18\x01 \x01(\rR\apackets\x12\x14\n" +
+	"\x05share\x18\x02 \x01(\x01R\x05share\x12(\n" +
+	"\x04hops\x18\x03 \x03(\v2\x14.hoptrace.v1.HopSpecR\x04hops\x12$\n" +
+	"\x0esince_first_ns\x18\x04 \x03(\x03R\fsinceFirstNs\"\xb9\x01\n" +
+	"\x0eDiscoverResult\x12*\n" +
+	"\x04spec\x18\x01 \x01(\v2\x16.hoptrace.v1.TraceSpecR\x04spec\x121\n" +
+	"\x05paths\x18\x02 \x03(\v2\x1b.hoptrace.v1.DiscoveredPathR\x05paths\x12\x18\n" +
+	"\apackets\x18\x03 \x01(\rR\apackets\x12\x14\n" +
+	"\x05nodes\x18\x04 \x03(\tR\x05nodes\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage2\x8a\b\n" +
 	"\bHoptrace\x12V\n" +
 	"\rValidateTrace\x12!.hoptrace.v1.ValidateTraceRequest\x1a\".hoptrace.v1.ValidateTraceResponse\x12@\n" +
 	"\n" +
@@ -2025,7 +2444,8 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\n" +
 	"GetVersion\x12\x1e.hoptrace.v1.GetVersionRequest\x1a\x14.hoptrace.v1.Version\x12E\n" +
 	"\n" +
-	"GetPackets\x12\x1e.hoptrace.v1.GetPacketsRequest\x1a\x17.hoptrace.v1.PacketListBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"GetPackets\x12\x1e.hoptrace.v1.GetPacketsRequest\x1a\x17.hoptrace.v1.PacketList\x12F\n" +
+	"\bDiscover\x12\x1c.hoptrace.v1.DiscoverRequest\x1a\x1a.hoptrace.v1.DiscoverEvent0\x01BFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_api_proto_rawDescOnce sync.Once
@@ -2039,7 +2459,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -2072,74 +2492,89 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*GetVersionRequest)(nil),        // 28: hoptrace.v1.GetVersionRequest
 	(*Version)(nil),                  // 29: hoptrace.v1.Version
 	(*RunPresetRequest)(nil),         // 30: hoptrace.v1.RunPresetRequest
-	nil,                              // 31: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 32: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 33: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 34: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 35: hoptrace.v1.Register
-	(*PresetResult)(nil),             // 36: hoptrace.v1.PresetResult
+	(*DiscoverRequest)(nil),          // 31: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 32: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 33: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 34: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 35: hoptrace.v1.DiscoverResult
+	nil,                              // 36: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 37: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 38: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 39: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 40: hoptrace.v1.Register
+	(*Filter)(nil),                   // 41: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 42: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 43: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	32, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	37, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	32, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	32, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	33, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	34, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	37, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	37, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	38, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	39, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	35, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	33, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	40, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	38, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	33, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	33, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	33, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	38, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	38, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	38, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	19, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	19, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
 	20, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
 	17, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
 	18, // 18: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
 	18, // 19: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	33, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	33, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	32, // 22: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	33, // 23: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	33, // 24: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	38, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	38, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	37, // 22: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	38, // 23: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	38, // 24: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
 	26, // 25: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	33, // 26: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	38, // 26: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
 	27, // 27: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	31, // 28: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	1,  // 29: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 30: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 31: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 32: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 33: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 34: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 35: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 36: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	21, // 37: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	22, // 38: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	30, // 39: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	28, // 40: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	24, // 41: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	2,  // 42: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 43: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 44: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 45: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 46: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 47: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 48: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 49: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	19, // 50: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	23, // 51: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	36, // 52: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	29, // 53: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	25, // 54: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	42, // [42:55] is the sub-list for method output_type
-	29, // [29:42] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	36, // 28: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	41, // 29: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	33, // 30: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	35, // 31: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	42, // 32: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	37, // 33: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	34, // 34: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	1,  // 35: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 36: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 37: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 38: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 39: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 40: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 41: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 42: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	21, // 43: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	22, // 44: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	30, // 45: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	28, // 46: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	24, // 47: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	31, // 48: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 49: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 50: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 51: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 52: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 53: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 54: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 55: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 56: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	19, // 57: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	23, // 58: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	43, // 59: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	29, // 60: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	25, // 61: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	32, // 62: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	49, // [49:63] is the sub-list for method output_type
+	35, // [35:49] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -2149,13 +2584,17 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
+	file_hoptrace_v1_api_proto_msgTypes[32].OneofWrappers = []any{
+		(*DiscoverEvent_Progress)(nil),
+		(*DiscoverEvent_Result)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   32,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,7 @@ const (
 	Hoptrace_RunPreset_FullMethodName         = "/hoptrace.v1.Hoptrace/RunPreset"
 	Hoptrace_GetVersion_FullMethodName        = "/hoptrace.v1.Hoptrace/GetVersion"
 	Hoptrace_GetPackets_FullMethodName        = "/hoptrace.v1.Hoptrace/GetPackets"
+	Hoptrace_Discover_FullMethodName          = "/hoptrace.v1.Hoptrace/Discover"
 )
 
 // HoptraceClient is the client API for Hoptrace service.
@@ -63,6 +64,10 @@ type HoptraceClient interface {
 	GetVersion(ctx context.Context, in *GetVersionRequest, opts ...grpc.CallOption) (*Version, error)
 	// Per-packet timelines (a waterfall): the slowest packets end to end over a range, or one packet by ID.
 	GetPackets(ctx context.Context, in *GetPacketsRequest, opts ...grpc.CallOption) (*PacketList, error)
+	// Path discovery: tag the flow where it is sent and record every device its packets cross on the
+	// nodes, for a duration or until enough packets were seen; progress as it runs, then the result,
+	// whose spec has the crossed devices as hops in path order.
+	Discover(ctx context.Context, in *DiscoverRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DiscoverEvent], error)
 }
 
 type hoptraceClient struct {
@@ -221,6 +226,25 @@ func (c *hoptraceClient) GetPackets(ctx context.Context, in *GetPacketsRequest, 
 	return out, nil
 }
 
+func (c *hoptraceClient) Discover(ctx context.Context, in *DiscoverRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DiscoverEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Hoptrace_ServiceDesc.Streams[2], Hoptrace_Discover_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DiscoverRequest, DiscoverEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Hoptrace_DiscoverClient = grpc.ServerStreamingClient[DiscoverEvent]
+
 // HoptraceServer is the server API for Hoptrace service.
 // All implementations must embed UnimplementedHoptraceServer
 // for forward compatibility.
@@ -250,6 +274,10 @@ type HoptraceServer interface {
 	GetVersion(context.Context, *GetVersionRequest) (*Version, error)
 	// Per-packet timelines (a waterfall): the slowest packets end to end over a range, or one packet by ID.
 	GetPackets(context.Context, *GetPacketsRequest) (*PacketList, error)
+	// Path discovery: tag the flow where it is sent and record every device its packets cross on the
+	// nodes, for a duration or until enough packets were seen; progress as it runs, then the result,
+	// whose spec has the crossed devices as hops in path order.
+	Discover(*DiscoverRequest, grpc.ServerStreamingServer[DiscoverEvent]) error
 	mustEmbedUnimplementedHoptraceServer()
 }
 
@@ -298,6 +326,9 @@ func (UnimplementedHoptraceServer) GetVersion(context.Context, *GetVersionReques
 }
 func (UnimplementedHoptraceServer) GetPackets(context.Context, *GetPacketsRequest) (*PacketList, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetPackets not implemented")
+}
+func (UnimplementedHoptraceServer) Discover(*DiscoverRequest, grpc.ServerStreamingServer[DiscoverEvent]) error {
+	return status.Error(codes.Unimplemented, "method Discover not implemented")
 }
 func (UnimplementedHoptraceServer) mustEmbedUnimplementedHoptraceServer() {}
 func (UnimplementedHoptraceServer) testEmbeddedByValue()                  {}
@@ -540,6 +571,17 @@ func _Hoptrace_GetPackets_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Hoptrace_Discover_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DiscoverRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(HoptraceServer).Discover(m, &grpc.GenericServerStream[DiscoverRequest, DiscoverEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Hoptrace_DiscoverServer = grpc.ServerStreamingServer[DiscoverEvent]
+
 // Hoptrace_ServiceDesc is the grpc.ServiceDesc for Hoptrace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -601,6 +643,11 @@ var Hoptrace_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "WatchSpecs",
 			Handler:       _Hoptrace_WatchSpecs_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Discover",
+			Handler:       _Hoptrace_Discover_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -311,3 +311,63 @@ class RunPresetRequest(_message.Message):
     preset: str
     args: _containers.ScalarMap[str, str]
     def __init__(self, node: _Optional[str] = ..., preset: _Optional[str] = ..., args: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class DiscoverRequest(_message.Message):
+    __slots__ = ("filter", "nodes", "duration_ms", "packets", "name")
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    filter: _trace_pb2.Filter
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    duration_ms: int
+    packets: int
+    name: str
+    def __init__(self, filter: _Optional[_Union[_trace_pb2.Filter, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ..., duration_ms: _Optional[int] = ..., packets: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DiscoverEvent(_message.Message):
+    __slots__ = ("progress", "result")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    progress: DiscoverProgress
+    result: DiscoverResult
+    def __init__(self, progress: _Optional[_Union[DiscoverProgress, _Mapping]] = ..., result: _Optional[_Union[DiscoverResult, _Mapping]] = ...) -> None: ...
+
+class DiscoverProgress(_message.Message):
+    __slots__ = ("message", "node", "packets", "nodes_pending")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    NODES_PENDING_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    node: str
+    packets: int
+    nodes_pending: int
+    def __init__(self, message: _Optional[str] = ..., node: _Optional[str] = ..., packets: _Optional[int] = ..., nodes_pending: _Optional[int] = ...) -> None: ...
+
+class DiscoveredPath(_message.Message):
+    __slots__ = ("packets", "share", "hops", "since_first_ns")
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    HOPS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIRST_NS_FIELD_NUMBER: _ClassVar[int]
+    packets: int
+    share: float
+    hops: _containers.RepeatedCompositeFieldContainer[_trace_pb2.HopSpec]
+    since_first_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, packets: _Optional[int] = ..., share: _Optional[float] = ..., hops: _Optional[_Iterable[_Union[_trace_pb2.HopSpec, _Mapping]]] = ..., since_first_ns: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DiscoverResult(_message.Message):
+    __slots__ = ("spec", "paths", "packets", "nodes", "message")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    spec: _trace_pb2.TraceSpec
+    paths: _containers.RepeatedCompositeFieldContainer[DiscoveredPath]
+    packets: int
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    message: str
+    def __init__(self, spec: _Optional[_Union[_trace_pb2.TraceSpec, _Mapping]] = ..., paths: _Optional[_Iterable[_Union[DiscoveredPath, _Mapping]]] = ..., packets: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ...) -> None: ...

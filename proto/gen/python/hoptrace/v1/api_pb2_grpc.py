@@ -101,6 +101,11 @@ class HoptraceStub(object):
                 request_serializer=hoptrace_dot_v1_dot_api__pb2.GetPacketsRequest.SerializeToString,
                 response_deserializer=hoptrace_dot_v1_dot_api__pb2.PacketList.FromString,
                 _registered_method=True)
+        self.Discover = channel.unary_stream(
+                '/hoptrace.v1.Hoptrace/Discover',
+                request_serializer=hoptrace_dot_v1_dot_api__pb2.DiscoverRequest.SerializeToString,
+                response_deserializer=hoptrace_dot_v1_dot_api__pb2.DiscoverEvent.FromString,
+                _registered_method=True)
 
 
 class HoptraceServicer(object):
@@ -195,6 +200,15 @@ class HoptraceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Discover(self, request, context):
+        """Path discovery: tag the flow where it is sent and record every device its packets cross on the
+        nodes, for a duration or until enough packets were seen; progress as it runs, then the result,
+        whose spec has the crossed devices as hops in path order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HoptraceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -262,6 +276,11 @@ def add_HoptraceServicer_to_server(servicer, server):
                     servicer.GetPackets,
                     request_deserializer=hoptrace_dot_v1_dot_api__pb2.GetPacketsRequest.FromString,
                     response_serializer=hoptrace_dot_v1_dot_api__pb2.PacketList.SerializeToString,
+            ),
+            'Discover': grpc.unary_stream_rpc_method_handler(
+                    servicer.Discover,
+                    request_deserializer=hoptrace_dot_v1_dot_api__pb2.DiscoverRequest.FromString,
+                    response_serializer=hoptrace_dot_v1_dot_api__pb2.DiscoverEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -616,6 +635,33 @@ class Hoptrace(object):
             '/hoptrace.v1.Hoptrace/GetPackets',
             hoptrace_dot_v1_dot_api__pb2.GetPacketsRequest.SerializeToString,
             hoptrace_dot_v1_dot_api__pb2.PacketList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Discover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hoptrace.v1.Hoptrace/Discover',
+            hoptrace_dot_v1_dot_api__pb2.DiscoverRequest.SerializeToString,
+            hoptrace_dot_v1_dot_api__pb2.DiscoverEvent.FromString,
             options,
             channel_credentials,
             insecure,

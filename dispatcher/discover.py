@@ -1,0 +1,280 @@
+"""Path discovery (`Hoptrace.Discover`, `hoptrace discover`): which devices a flow's packets cross, in order.
+
+The dispatcher runs the agents' ``discover`` preset on every node at once (RunPreset down each session):
+each agent tags the flow in the namespace that sends it (the ordinary taggers: tc egress for UDP, sock_ops
+for TCP) and records every device crossing of a tagged packet in the namespaces it owns (its ``--netns``
+plus ``--netns-owned``), each with its timestamp on the master's clock (the agent's own Cristian estimate
+against the collector's time service, as its records are aligned). Here the nodes' crossings are merged per
+packet into paths:
+
+* within a node, crossings keep the order of their own CLOCK_MONOTONIC timestamps (exact);
+* across nodes, the per-node sequences are merged by their aligned timestamps (a k-way merge), so a path
+  that leaves a node and comes back is ordered too;
+* packets that took exactly the same crossings form one path; each path is reported with its share (ECMP, a
+  changed route, packets lost on the way).
+
+Each crossing becomes a hop at ``tc-egress`` / ``tc-ingress`` of its device, named
+``NODE-[NETNS-]DEV-out|in`` with the common prefixes of node and namespace names left out (``a-veth-c1-in``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import queue
+import re
+import statistics
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf import json_format
+
+from hoptrace.dispatcher.compile import flow_match
+from hoptrace.dispatcher.presets import MAX_DURATION_S, PresetError, PresetRunner
+from hoptrace.dispatcher.spec import FieldError, _validate_filter, format_errors
+from hoptrace.v1 import api_pb2, trace_pb2
+
+DEFAULT_DURATION_MS = 5000
+DEFAULT_NAME = "discovered"
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """One device crossing of one packet, as a node's agent reported it."""
+
+    node: str
+    packet: tuple[int, int]  # (packet ID, flow hash): IDs of different origins may collide
+    mono_ns: int
+    master_ns: int
+    netns: str
+    dev: str
+    direction: str  # "ingress" or "egress"
+
+    @property
+    def place(self) -> tuple[str, str, str, str]:
+        """Where the crossing happened: (node, netns, dev, direction)."""
+        return (self.node, self.netns, self.dev, self.direction)
+
+
+def validate_request(request: api_pb2.DiscoverRequest, connected: Iterable[str]) -> list[FieldError]:
+    """The request's problems, each naming its field."""
+    errors: list[FieldError] = []
+    _validate_filter(trace_pb2.TraceSpec(filter=request.filter), errors)
+    if request.filter.protocol not in ("udp", "tcp"):
+        errors.append(FieldError("filter.protocol", "required: udp or tcp (the tagger depends on it)"))
+    if not request.filter.src:
+        errors.append(
+            FieldError("filter.src", "required: packets are tagged in the namespace that sends them")
+        )
+    if request.duration_ms and not 0 < request.duration_ms <= MAX_DURATION_S * 1000:
+        errors.append(FieldError("duration_ms", f"{request.duration_ms}: want 0 < duration <= 1h"))
+    if request.name and not NAME_RE.match(request.name):
+        errors.append(FieldError("name", f"{request.name!r}: want [a-z0-9-]+"))
+    known = set(connected)
+    for index, node in enumerate(request.nodes):
+        if node not in known:
+            errors.append(FieldError(f"nodes[{index}]", f"no agent connected for node {node!r}"))
+    return errors
+
+
+def crossings_of(node: str, summary: dict) -> list[Crossing]:
+    """The crossings of one node's discover summary."""
+    return [
+        Crossing(
+            node=node,
+            packet=(int(c["packet_id"]), int(c["flow_hash"])),
+            mono_ns=int(c["mono_ns"]),
+            master_ns=int(c["master_ns"]),
+            netns=c["netns"],
+            dev=c["dev"],
+            direction=c["direction"],
+        )
+        for c in summary.get("crossings") or []
+    ]
+
+
+def order_packet(crossings: Sequence[Crossing]) -> list[Crossing]:
+    """One packet's crossings in path order: each node's in its own clock's order, the nodes' sequences
+    merged by their aligned timestamps."""
+    per_node: dict[str, list[Crossing]] = defaultdict(list)
+    for crossing in crossings:
+        per_node[crossing.node].append(crossing)
+    runs = [sorted(run, key=lambda c: c.mono_ns) for run in per_node.values()]
+    return list(heapq.merge(*runs, key=lambda c: c.master_ns))
+
+
+def _common_prefix(names: Sequence[str]) -> str:
+    """The common prefix of `names` up to and including its last '-' (empty with fewer than two names)."""
+    names = sorted(set(names))
+    if len(names) < 2:
+        return ""
+    first, last = names[0], names[-1]
+    size = 0
+    while size < min(len(first), len(last)) and first[size] == last[size]:
+        size += 1
+    return first[: first.rfind("-", 0, size) + 1]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
+
+
+class HopNamer:
+    """Readable, unique hop names: ``a-veth-c1-in`` for veth-c1 of node host-a receiving."""
+
+    def __init__(self, nodes: Sequence[str], namespaces: Sequence[str]) -> None:
+        self.node_prefix = _common_prefix(nodes)
+        self.netns_prefix = _common_prefix([ns for ns in namespaces if ns])
+        self.used: set[str] = set()
+
+    def name(self, node: str, netns: str, dev: str, direction: str) -> str:
+        """The name of one crossing's hop, unique among those this namer gave."""
+        parts = [node.removeprefix(self.node_prefix) or node]
+        if netns:
+            parts.append(netns.rsplit("/", 1)[-1].removeprefix(self.netns_prefix))
+        parts += [dev, "in" if direction == "ingress" else "out"]
+        base = _slug("-".join(parts))
+        name, suffix = base, 2
+        while name in self.used:
+            name, suffix = f"{base}-{suffix}", suffix + 1
+        self.used.add(name)
+        return name
+
+
+def build_paths(
+    crossings: Sequence[Crossing], window: tuple[int, int] | None = None
+) -> list[api_pb2.DiscoveredPath]:
+    """Every path the packets took, most packets first, with generated hop names. With `window` (master
+    time in which every node listened), only packets that crossed everything inside it count: a node that
+    started listening later, or stopped earlier, would otherwise cut paths short."""
+    by_packet: dict[tuple[int, int], list[Crossing]] = defaultdict(list)
+    for crossing in crossings:
+        by_packet[crossing.packet].append(crossing)
+    ordered = {packet: order_packet(cs) for packet, cs in by_packet.items()}
+    if window is not None:
+        ordered = {
+            packet: path
+            for packet, path in ordered.items()
+            if window[0] <= min(c.master_ns for c in path) and max(c.master_ns for c in path) <= window[1]
+        }
+    counts: Counter[tuple[tuple[str, str, str, str], ...]] = Counter()
+    offsets: dict[tuple, list[list[int]]] = defaultdict(list)
+    for path in ordered.values():
+        key = tuple(c.place for c in path)
+        counts[key] += 1
+        offsets[key].append([c.master_ns - path[0].master_ns for c in path])
+    total = sum(counts.values())
+    nodes = sorted({c.node for c in crossings})
+    namespaces = sorted({c.netns for c in crossings})
+    result = []
+    for key, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        namer = HopNamer(nodes, namespaces)
+        hops = [
+            trace_pb2.HopSpec(
+                name=namer.name(node, netns, dev, direction),
+                node=node,
+                at="tc-ingress" if direction == "ingress" else "tc-egress",
+                dev=dev,
+                netns=netns,
+            )
+            for node, netns, dev, direction in key
+        ]
+        since_first = [int(statistics.median(column)) for column in zip(*offsets[key], strict=True)]
+        result.append(
+            api_pb2.DiscoveredPath(packets=count, share=count / total, hops=hops, since_first_ns=since_first)
+        )
+    return result
+
+
+def build_result(
+    request: api_pb2.DiscoverRequest, summaries: dict[str, dict], duration_ms: int
+) -> api_pb2.DiscoverResult:
+    """The result of the nodes' summaries: every path, and a spec of the most common one."""
+    crossings = [c for node, summary in summaries.items() for c in crossings_of(node, summary)]
+    window = None
+    if summaries and all("listen_from_ns" in s for s in summaries.values()):
+        window = (
+            max(int(s["listen_from_ns"]) for s in summaries.values()),
+            min(int(s["listen_until_ns"]) for s in summaries.values()),
+        )
+    paths = build_paths(crossings, window)
+    spec = trace_pb2.TraceSpec(name=request.name or DEFAULT_NAME, filter=request.filter)
+    nodes = sorted(summaries)
+    result = api_pb2.DiscoverResult(
+        spec=spec, paths=paths, packets=sum(p.packets for p in paths), nodes=nodes
+    )
+    if paths:
+        result.spec.hops.extend(paths[0].hops)
+    else:
+        result.message = (
+            f"no packet of the flow was seen in {duration_ms / 1000:g}s on {', '.join(nodes)}: "
+            "is it sending, and does the source address belong to a namespace of one of these nodes?"
+        )
+    return result
+
+
+def run_discovery(
+    presets: PresetRunner, connected: Sequence[str], request: api_pb2.DiscoverRequest
+) -> Iterator[api_pb2.DiscoverEvent]:
+    """Run discover on the nodes at once; progress events as nodes finish, then the result.
+    Raises PresetError (with the status to answer) for a bad request or a failed node."""
+    errors = validate_request(request, connected)
+    if errors:
+        raise PresetError(grpc.StatusCode.INVALID_ARGUMENT, format_errors(errors))
+    nodes = list(dict.fromkeys(request.nodes)) or sorted(connected)
+    if not nodes:
+        raise PresetError(grpc.StatusCode.FAILED_PRECONDITION, "no agent is connected")
+    duration_ms = request.duration_ms or DEFAULT_DURATION_MS
+    args = {
+        "match": json_format.MessageToJson(flow_match(request.filter), indent=None),
+        "duration": f"{duration_ms / 1000:g}s",
+        "packets": str(request.packets),
+    }
+    done: queue.Queue[tuple[str, dict | None, PresetError | None]] = queue.Queue()
+
+    def run(node: str) -> None:
+        try:
+            result = presets.run(node, "discover", args)
+            done.put((node, json.loads(result.summary_json), None))
+        except PresetError as error:
+            done.put((node, None, error))
+        except Exception as error:  # a thread must always answer, or the stream waits forever
+            done.put((node, None, PresetError(grpc.StatusCode.INTERNAL, f"node {node}: {error}")))
+
+    for node in nodes:
+        threading.Thread(target=run, args=(node,), name=f"discover-{node}", daemon=True).start()
+    yield api_pb2.DiscoverEvent(
+        progress=api_pb2.DiscoverProgress(
+            message=f"looking on {', '.join(nodes)} for up to {duration_ms / 1000:g}s",
+            nodes_pending=len(nodes),
+        )
+    )
+    summaries: dict[str, dict] = {}
+    failures: list[PresetError] = []
+    for pending in range(len(nodes) - 1, -1, -1):
+        node, summary, error = done.get()
+        if error is not None:
+            failures.append(error)
+            message = error.message
+            packets = 0
+        else:
+            summaries[node] = summary
+            packets = int(summary.get("packets", 0))
+            crossings = len(summary.get("crossings") or [])
+            tagging = summary.get("tagging") or []
+            message = f"{node}: {packets} packets, {crossings} crossings" + (
+                f"; tagged with {', '.join(tagging)}" if tagging else ""
+            )
+        yield api_pb2.DiscoverEvent(
+            progress=api_pb2.DiscoverProgress(
+                message=message, node=node, packets=packets, nodes_pending=pending
+            )
+        )
+    if failures:
+        # Half a path would look like a whole one: fail, naming each node and its reason.
+        raise PresetError(failures[0].code, "; ".join(f.message for f in failures))
+    yield api_pb2.DiscoverEvent(result=build_result(request, summaries, duration_ms))
