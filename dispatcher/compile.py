@@ -53,7 +53,10 @@ XMIT_TRACEPOINT_PROGRAM = "hop_tp_btf_xmit"
 TCP_TAGGER_PROGRAM = "tag_tcp"
 # ELF section of each program in the objects, and the order of programs in a generated source.
 PROGRAM_SECTIONS: dict[str, str] = dict(kernel_abi.PROGRAMS)
-ALL_PROGRAMS = tuple(PROGRAM_SECTIONS)
+# Path discovery's programs (kernel-patch/include/discover.bpf.h) are no hops: the agent's discover preset
+# loads them from the generic object, never from a per-node object.
+DISCOVERY_PROGRAMS = ("discover_queue", "discover_recv")
+ALL_PROGRAMS = tuple(program for program in PROGRAM_SECTIONS if program not in DISCOVERY_PROGRAMS)
 
 
 def program_macro(program: str) -> str:
