@@ -1,0 +1,131 @@
+"""Path discovery's merge (dispatcher/discover.py) on crafted crossings: per-node order, the cross-node merge
+by aligned time, one path per distinct crossing sequence with its share (ECMP), the listening window, hop
+names, and the request checks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hoptrace.dispatcher.discover import (
+    Crossing,
+    HopNamer,
+    build_paths,
+    build_result,
+    order_packet,
+    validate_request,
+)
+from hoptrace.v1 import api_pb2, trace_pb2
+
+pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
+
+# Two hosts, a container each; packet 1 takes the path through "wire0", the ECMP twin through "wire1".
+PATH = [
+    ("host-a", "t-c1", "eth0", "egress"),
+    ("host-a", "", "veth-c1", "ingress"),
+    ("host-a", "", "vxlan0", "egress"),
+    ("host-a", "", "wire0", "egress"),
+    ("host-b", "", "wire0", "ingress"),
+    ("host-b", "", "vxlan0", "ingress"),
+    ("host-b", "t-c2", "eth0", "ingress"),
+]
+TWIN = [place if place[2] != "wire0" else (*place[:2], "wire1", place[3]) for place in PATH]
+
+
+def crossings(packet: int, path, start_ns: int, skew: dict[str, int] | None = None) -> list[Crossing]:
+    """One packet's crossings 1 us apart; each node's mono clock is offset from the master by `skew`."""
+    skew = skew or {}
+    out = []
+    for i, (node, netns, dev, way) in enumerate(path):
+        master = start_ns + 1000 * i
+        out.append(Crossing(node, (packet, 99), master + skew.get(node, 0), master, netns, dev, way))
+    return out
+
+
+def places(path: api_pb2.DiscoveredPath) -> list[tuple[str, str, str, str]]:
+    return [(h.node, h.netns, h.dev, "ingress" if h.at == "tc-ingress" else "egress") for h in path.hops]
+
+
+def test_paths_in_order_from_shuffled_crossings_with_shares() -> None:
+    """90 packets on one path, 30 on its ECMP twin, crossings shuffled, node clocks far apart (mono): two
+    paths, exact sequences, 75 % / 25 %."""
+    all_crossings = []
+    for packet in range(120):
+        path = TWIN if packet % 4 == 3 else PATH
+        all_crossings += crossings(packet, path, 10_000_000 * packet, {"host-a": 5_000_000_000, "host-b": -7})
+    random.Random(4).shuffle(all_crossings)
+    paths = build_paths(all_crossings)
+    assert [(p.packets, p.share) for p in paths] == [(90, 0.75), (30, 0.25)]
+    assert places(paths[0]) == PATH and places(paths[1]) == TWIN
+    assert list(paths[0].since_first_ns) == [1000 * i for i in range(len(PATH))]
+    assert [h.name for h in paths[0].hops] == [
+        "a-c1-eth0-out", "a-veth-c1-in", "a-vxlan0-out", "a-wire0-out", "b-wire0-in", "b-vxlan0-in",
+        "b-c2-eth0-in",
+    ]  # fmt: skip
+    assert [h.at for h in paths[0].hops][:2] == ["tc-egress", "tc-ingress"]
+
+
+def test_within_a_node_its_own_clock_decides_across_nodes_the_aligned_time() -> None:
+    """Aligned times that disagree with a node's own order (an estimate off by more than a hop's latency)
+    do not reorder that node's crossings; a path that returns to a node is merged in time order."""
+    a1 = Crossing("a", (1, 1), 100, 1000, "", "x", "egress")
+    a2 = Crossing("a", (1, 1), 200, 990, "", "y", "egress")  # aligned time says earlier: mono wins
+    b1 = Crossing("b", (1, 1), 50, 1100, "", "z", "ingress")
+    b2 = Crossing("b", (1, 1), 80, 1300, "", "z", "egress")
+    a3 = Crossing("a", (1, 1), 500, 1400, "", "x", "ingress")
+    assert order_packet([b2, a3, a1, b1, a2]) == [a1, a2, b1, b2, a3]
+
+
+def test_packets_outside_the_common_listening_window_do_not_count() -> None:
+    """A packet seen before the last node started listening would look cut short: it is left out."""
+    early = crossings(1, PATH[:4], 100)  # host-b was not listening yet
+    inside = crossings(2, PATH, 10_000)
+    paths = build_paths(early + inside, window=(5_000, 1_000_000))
+    assert [(p.packets, places(p)) for p in paths] == [(1, PATH)]
+    assert len(build_paths(early + inside)) == 2
+
+
+def test_hop_names_are_readable_and_unique() -> None:
+    namer = HopNamer(["host-a", "host-b"], ["", "lab-c1", "lab-c2"])
+    assert namer.name("host-a", "lab-c1", "eth0", "egress") == "a-c1-eth0-out"
+    assert namer.name("host-a", "", "veth-c1", "ingress") == "a-veth-c1-in"
+    assert namer.name("host-a", "", "veth-c1", "ingress") == "a-veth-c1-in-2"
+    single = HopNamer(["node1"], ["/proc/42/ns/net"])
+    assert single.name("node1", "/proc/42/ns/net", "eth0", "ingress") == "node1-net-eth0-in"
+
+
+def test_result_spec_is_the_main_path_and_nothing_seen_says_so() -> None:
+    request = api_pb2.DiscoverRequest(filter=trace_pb2.Filter(protocol="udp", src="198.18.1.2"), name="x")
+
+    def summary(node: str) -> dict:
+        cs = [c for c in crossings(7, PATH, 1000) if c.node == node]
+        return {
+            "crossings": [
+                {"packet_id": 7, "flow_hash": 99, "mono_ns": c.mono_ns, "master_ns": c.master_ns,
+                 "netns": c.netns, "dev": c.dev, "direction": c.direction}
+                for c in cs
+            ],
+            "listen_from_ns": 0,
+            "listen_until_ns": 10**12,
+        }  # fmt: skip
+
+    result = build_result(request, {"host-a": summary("host-a"), "host-b": summary("host-b")}, 5000)
+    assert result.spec.name == "x" and result.spec.filter.src == "198.18.1.2"
+    assert [(h.node, h.netns, h.dev) for h in result.spec.hops] == [p[:3] for p in PATH]
+    assert result.packets == 1 and list(result.nodes) == ["host-a", "host-b"] and not result.message
+    empty = build_result(request, {"host-a": {"crossings": []}}, 5000)
+    assert not empty.paths and not empty.spec.hops
+    assert empty.message.startswith("no packet of the flow was seen in 5s on host-a")
+
+
+def test_request_problems_name_their_fields() -> None:
+    bad = api_pb2.DiscoverRequest(
+        filter=trace_pb2.Filter(protocol="icmp", dst="198.18.0.0/15"), nodes=["nope"], name="Bad Name"
+    )
+    fields = {e.field for e in validate_request(bad, ["host-a"])}
+    assert fields == {"filter.protocol", "filter.src", "nodes[0]", "name"}
+    good = api_pb2.DiscoverRequest(
+        filter=trace_pb2.Filter(protocol="tcp", src="198.18.1.2"), nodes=["host-a"]
+    )
+    assert validate_request(good, ["host-a"]) == []
