@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from hoptrace.lab.processes import AGENT_BINARY, AgentProcess, InfluxServer, start_influxd
+from hoptrace.lab.routed import RoutedTopology
 from hoptrace.lab.topology import TwoHostTopology, netns_list
 
 # Prefixes handed out in this session, to prove at the end that none of their namespaces is left.
@@ -75,6 +76,14 @@ def topology(topology_factory: Callable[..., TwoHostTopology]) -> TwoHostTopolog
 def routed_topology(topology_factory: Callable[..., TwoHostTopology]) -> TwoHostTopology:
     """Two hosts and two containers, container traffic routed on the wire (no overlay)."""
     return topology_factory("routed")
+
+
+@pytest.fixture
+def three_host_topology() -> Iterator[RoutedTopology]:
+    """host-a (c1) -- two equal-cost wires -- host-r (router) -- host-b (c2): lab/routed.py; destroyed after
+    the test, whatever happened."""
+    with RoutedTopology(unique_prefix()) as topo:
+        yield topo
 
 
 @pytest.fixture(scope="session")

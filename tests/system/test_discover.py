@@ -64,15 +64,19 @@ def assert_reference_in_order(topo, hops) -> None:
     assert positions == sorted(positions), (positions, found)
 
 
-def assert_nothing_attached(topo, cluster=None) -> None:
-    """No tcx program on any device of the topology, no discovery program loaded anywhere (bpftool), and
-    no BPF link held by a running agent of `cluster` (its /proc fdinfo)."""
-    assert tcx_attachments(topo) == {}
+def assert_nothing_attached_anywhere(cluster=None) -> None:
+    """No discovery program loaded anywhere (bpftool), no BPF link held by a running agent of `cluster`."""
     names = [p.get("name", "") for p in bpftool_json("prog", "show") or []]
     assert [n for n in names if n.startswith("discover_")] == []
     for name, component in cluster.components.items() if cluster else []:
         if name.startswith("agent-") and component.process.poll() is None:
             assert bpf_fds(component.process.pid)["link"] == set(), name
+
+
+def assert_nothing_attached(topo, cluster=None) -> None:
+    """No tcx program on any device of the topology, and nothing else attached (above)."""
+    assert tcx_attachments(topo) == {}
+    assert_nothing_attached_anywhere(cluster)
 
 
 class TcpConnector:
