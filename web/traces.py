@@ -13,9 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 from flask import Blueprint, Response, abort, flash, jsonify, redirect, render_template, request, url_for
 
 from hoptrace.common.client import ApiError
+from hoptrace.common.durations import parse_duration
 from hoptrace.dispatcher.spec import (
     FILTER_KEYS,
     HOP_KEYS,
@@ -48,6 +50,9 @@ AT_CHOICES = (
 # The capability key (Register.capabilities.attach) behind each `at` form, to mark unsupported choices.
 AT_KIND = {"tc": "tcx", "xdp": "xdp", "cgroup": "cgroup_skb", "tracepoint": "tp_btf"}
 _HOP_FIELD = re.compile(r"^hops\[(\d+)\](?:\.(\w+))?$")
+# "Discover hops" on the form (Hoptrace.Discover): how long the page waits for the agents to look.
+DEFAULT_DISCOVER_S = 3
+MAX_DISCOVER_S = 30
 _ROW_KEY = re.compile(r"^hops-(\d+)-(\w+)$")
 
 
@@ -122,7 +127,7 @@ class TraceForm:
 def input_name(field_path: str) -> str | None:
     """The form input a FieldError's path is about (``hops[2].dev`` -> ``hops-2-dev``), None for the
     spec as a whole."""
-    if field_path in ("name", "sample"):
+    if field_path in ("name", "sample", "discover_duration"):
         return field_path
     if field_path.startswith("filter."):
         return field_path.removeprefix("filter.")
@@ -228,6 +233,8 @@ def _render_form(
     editing: str | None = None,
     message: str | None = None,
     status: int = 200,
+    discovered: list[dict[str, Any]] | None = None,
+    discover_duration: str = "",
 ):  # noqa: ANN202
     agents, agent_error = agent_views()
     placed, general = errors_by_input(errors)
@@ -245,14 +252,99 @@ def _render_form(
             agents=agents,
             agent_error=agent_error,
             at_choices=AT_CHOICES,
+            discovered=discovered or [],
+            discover_duration=discover_duration or str(DEFAULT_DISCOVER_S),
         ),
         status,
     )
 
 
+def discover_request(form: TraceForm, duration: str) -> tuple[api_pb2.DiscoverRequest, list[FieldError]]:
+    """The Discover request of the form's filter (hop rows are not needed), and the boxes that hold no
+    number where one belongs."""
+    errors: list[FieldError] = []
+    flt = trace_pb2.Filter(protocol=form.protocol, src=form.src, dst=form.dst)
+    for key in ("src_port", "dst_port"):
+        text = getattr(form, key)
+        if text and not re.fullmatch(r"\d{1,5}", text):
+            errors.append(FieldError(f"filter.{key}", f"{text!r} is not a port number"))
+        elif text:
+            setattr(flt, key, int(text))
+    try:
+        seconds = parse_duration(duration if not duration.replace(".", "", 1).isdigit() else duration + "s")
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= MAX_DISCOVER_S:
+        errors.append(FieldError("discover_duration", f"{duration!r}: want 0 < seconds <= {MAX_DISCOVER_S}"))
+        seconds = DEFAULT_DISCOVER_S
+    request_ = api_pb2.DiscoverRequest(filter=flt, duration_ms=int(seconds * 1000), name=form.name)
+    return request_, errors
+
+
+def discovered_paths(result: api_pb2.DiscoverResult) -> list[dict[str, Any]]:
+    """The paths of a discovery for the template: share, packets and each hop with its time."""
+    return [
+        {
+            "packets": path.packets,
+            "share": path.share,
+            "hops": [
+                {
+                    "name": hop.name,
+                    "node": hop.node,
+                    "netns": hop.netns,
+                    "dev": hop.dev,
+                    "at": hop.at,
+                    "since": t,
+                }
+                for hop, t in zip(path.hops, path.since_first_ns, strict=True)
+            ],
+        }
+        for path in result.paths
+    ]
+
+
+def _discover(form: TraceForm, editing: str | None):  # noqa: ANN202
+    """Run Discover on the form's filter; the most common path fills the hop rows, every path is shown."""
+    duration = request.form.get("discover_duration", "").strip() or str(DEFAULT_DISCOVER_S)
+    request_, errors = discover_request(form, duration)
+    if errors:
+        return _render_form(form, errors, editing=editing, status=422, discover_duration=duration)
+    result = None
+    try:
+        for event in get_client().stream("Discover", request_, timeout=request_.duration_ms / 1000 + 45):
+            if event.HasField("result"):
+                result = event.result
+    except ApiError as error:
+        if error.code == grpc.StatusCode.INVALID_ARGUMENT:
+            field_errors = [
+                FieldError(*line.split(": ", 1)) for line in error.message.splitlines() if ": " in line
+            ]
+            return _render_form(form, field_errors, editing=editing, status=422, discover_duration=duration)
+        return _render_form(
+            form, editing=editing, message=f"discovery failed: {error.message}", status=502,
+            discover_duration=duration,
+        )  # fmt: skip
+    if result is None or not result.paths:
+        message = (
+            result.message if result is not None else "the dispatcher ended the discovery without a result"
+        )
+        return _render_form(form, editing=editing, message=message, status=200, discover_duration=duration)
+    form.hops = [{key: getattr(hop, key) for key in HOP_KEYS} for hop in result.spec.hops]
+    form.rows = list(range(len(form.hops)))
+    flash(
+        f"Discovered {len(result.paths)} path(s) from {result.packets} packets; the most common one fills "
+        "the hops below. Apply it to trace it."
+    )
+    return _render_form(
+        form, editing=editing, discovered=discovered_paths(result), discover_duration=duration
+    )
+
+
 def _handle_form(form: TraceForm, editing: str | None):  # noqa: ANN202
-    """POST of the form: add/remove a row, validate, or validate then apply."""
+    """POST of the form: add/remove a row, discover the hops, validate, or validate then apply."""
     action = request.form.get("action", "validate")
+    if action == "discover":
+        return _discover(form, editing)
     if action == "add-hop":
         form.hops.append(dict.fromkeys(HOP_KEYS, ""))
         return _render_form(form, editing=editing)
