@@ -8,8 +8,9 @@ against the collector's time service, as its records are aligned). Here the node
 packet into paths:
 
 * within a node, crossings keep the order of their own CLOCK_MONOTONIC timestamps (exact);
-* across nodes, the per-node sequences are merged by their aligned timestamps (a k-way merge), so a path
-  that leaves a node and comes back is ordered too;
+* across nodes, each node's crossings form one run, and runs are ordered by their first aligned timestamp
+  (a wire is faster than clocks agree, so single crossings are never interleaved by time); a run splits
+  where the packet clearly left the node and came back (order_packet);
 * packets that took exactly the same crossings form one path; each path is reported with its share (ECMP, a
   changed route, packets lost on the way).
 
@@ -19,12 +20,13 @@ Each crossing becomes a hop at ``tc-egress`` / ``tc-ingress`` of its device, nam
 
 from __future__ import annotations
 
-import heapq
+import itertools
 import json
 import queue
 import re
 import statistics
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,6 +41,10 @@ from hoptrace.v1 import api_pb2, trace_pb2
 
 DEFAULT_DURATION_MS = 5000
 DEFAULT_NAME = "discovered"
+PROGRESS_EVERY_S = 1.0
+# A node's crossings of one packet are split into two visits only around another node's crossings that lie
+# this far inside the gap: well above clock bounds between hosts (tens of microseconds at worst on a LAN).
+SPLIT_TOLERANCE_NS = 50_000
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 
@@ -98,13 +104,31 @@ def crossings_of(node: str, summary: dict) -> list[Crossing]:
 
 
 def order_packet(crossings: Sequence[Crossing]) -> list[Crossing]:
-    """One packet's crossings in path order: each node's in its own clock's order, the nodes' sequences
-    merged by their aligned timestamps."""
+    """One packet's crossings in path order.
+
+    Within a node, the node's own monotonic clock orders them (exact). Across nodes, aligned clocks are only
+    good to their bounds, and a wire between two emulated hosts takes less than that: ordering single
+    crossings by aligned time would swap a sender's last egress with the receiver's first ingress. So each
+    node's crossings stay together as one run, and runs are ordered by their first crossing; a run is split
+    only where another node's crossings fall inside its gap by more than SPLIT_TOLERANCE_NS on both sides
+    (the packet left the node and came back)."""
     per_node: dict[str, list[Crossing]] = defaultdict(list)
     for crossing in crossings:
         per_node[crossing.node].append(crossing)
-    runs = [sorted(run, key=lambda c: c.mono_ns) for run in per_node.values()]
-    return list(heapq.merge(*runs, key=lambda c: c.master_ns))
+    segments: list[list[Crossing]] = []
+    for node, run in per_node.items():
+        run.sort(key=lambda c: c.mono_ns)
+        elsewhere = [c.master_ns for c in crossings if c.node != node]
+        segment = [run[0]]
+        for previous, current in itertools.pairwise(run):
+            low, high = previous.master_ns + SPLIT_TOLERANCE_NS, current.master_ns - SPLIT_TOLERANCE_NS
+            if low < high and any(low < t < high for t in elsewhere):
+                segments.append(segment)
+                segment = []
+            segment.append(current)
+        segments.append(segment)
+    segments.sort(key=lambda segment: segment[0].master_ns)
+    return [crossing for segment in segments for crossing in segment]
 
 
 def _common_prefix(names: Sequence[str]) -> str:
@@ -255,8 +279,19 @@ def run_discovery(
     )
     summaries: dict[str, dict] = {}
     failures: list[PresetError] = []
+    started = time.monotonic()
     for pending in range(len(nodes) - 1, -1, -1):
-        node, summary, error = done.get()
+        while True:
+            try:
+                node, summary, error = done.get(timeout=PROGRESS_EVERY_S)
+                break
+            except queue.Empty:
+                # While the agents look: a heartbeat the user sees, and that keeps the stream alive.
+                left = duration_ms / 1000 - (time.monotonic() - started)
+                text = f"{left:.0f}s left" if left > 0 else "waiting for the agents' answers"
+                yield api_pb2.DiscoverEvent(
+                    progress=api_pb2.DiscoverProgress(message=f"looking: {text}", nodes_pending=pending + 1)
+                )
         if error is not None:
             failures.append(error)
             message = error.message

@@ -66,15 +66,22 @@ def test_paths_in_order_from_shuffled_crossings_with_shares() -> None:
     assert [h.at for h in paths[0].hops][:2] == ["tc-egress", "tc-ingress"]
 
 
-def test_within_a_node_its_own_clock_decides_across_nodes_the_aligned_time() -> None:
-    """Aligned times that disagree with a node's own order (an estimate off by more than a hop's latency)
-    do not reorder that node's crossings; a path that returns to a node is merged in time order."""
-    a1 = Crossing("a", (1, 1), 100, 1000, "", "x", "egress")
-    a2 = Crossing("a", (1, 1), 200, 990, "", "y", "egress")  # aligned time says earlier: mono wins
-    b1 = Crossing("b", (1, 1), 50, 1100, "", "z", "ingress")
-    b2 = Crossing("b", (1, 1), 80, 1300, "", "z", "egress")
-    a3 = Crossing("a", (1, 1), 500, 1400, "", "x", "ingress")
-    assert order_packet([b2, a3, a1, b1, a2]) == [a1, a2, b1, b2, a3]
+def test_within_a_node_its_own_clock_decides_across_nodes_its_run_stays_together() -> None:
+    """Aligned times that disagree with a node's own order do not reorder that node's crossings; a receiver
+    whose aligned clock puts its first ingress before the sender's last egress (a wire faster than the clock
+    bound) still comes after it."""
+    us = 1000
+    r1 = Crossing("r", (1, 1), 100, 0, "", "ra1", "ingress")
+    r2 = Crossing("r", (1, 1), 200, 5 * us, "", "rb0", "egress")
+    b1 = Crossing("b", (1, 1), 50, 3 * us, "", "wb0", "ingress")  # 2 us early: clock error
+    b2 = Crossing("b", (1, 1), 80, 9 * us, "", "br0", "egress")
+    assert order_packet([b2, r2, b1, r1]) == [r1, r2, b1, b2]
+    a1 = Crossing("a", (1, 1), 100, 1 * us, "", "x", "egress")
+    a2 = Crossing("a", (1, 1), 200, 0, "", "y", "egress")  # aligned time says earlier: mono wins
+    a3 = Crossing("a", (1, 1), 900, 300 * us, "", "x", "ingress")  # back on a after b
+    c1 = Crossing("b", (1, 1), 10, 100 * us, "", "z", "ingress")
+    c2 = Crossing("b", (1, 1), 20, 200 * us, "", "z", "egress")
+    assert order_packet([c2, a3, a1, c1, a2]) == [a1, a2, c1, c2, a3]
 
 
 def test_packets_outside_the_common_listening_window_do_not_count() -> None:

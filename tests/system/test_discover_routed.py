@@ -168,3 +168,55 @@ def test_a_flow_per_wire_gets_its_own_path_and_its_spec_decomposes(routed, clust
     assert segments == list(zip(names, names[1:], strict=False))
     assert all(s["count"] == sent for s in report["segments"][: len(names) - 1]), report["segments"]
     cluster3.api().DeleteTrace(api_pb2.DeleteTraceRequest(name=spec.name))
+
+
+def test_tcp_connections_over_equal_cost_wires_each_take_an_exact_path(routed, cluster3):
+    """New TCP connections (ephemeral source ports) spread over both wires: every discovered path is one of
+    the two exact sequences, and the two together hold every packet."""
+    server = routed.socket("c2", socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((routed.addr("c2"), PORT))
+    server.listen(64)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(1)
+                try:
+                    while conn.recv(4096):
+                        pass
+                except OSError:
+                    pass
+
+    def connect() -> None:
+        while not stop.is_set():
+            with routed.socket("c1", socket.AF_INET, socket.SOCK_STREAM) as client:
+                client.settimeout(1)
+                client.connect((routed.addr("c2"), PORT))
+                client.sendall(b"z" * 100)
+            stop.wait(0.03)
+
+    threads = [threading.Thread(target=accept, daemon=True), threading.Thread(target=connect, daemon=True)]
+    for thread in threads:
+        thread.start()
+    try:
+        result = cluster3.hoptrace(
+            "discover", "--protocol", "tcp", "--src", routed.addr("c1"), "--dst", routed.addr("c2"),
+            "--dst-port", str(PORT), "--duration", "3s", "--json",
+        )  # fmt: skip
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        server.close()
+    data = json.loads(result.stdout)
+    assert "discover: looking:" in result.stderr  # progress while the agents look
+    sequences = [hop_tuples(p["hops"]) for p in data["paths"]]
+    assert sequences and all(s in (expected(routed, 0), expected(routed, 1)) for s in sequences), sequences
+    assert sum(p["packets"] for p in data["paths"]) == data["packets"] > 0
