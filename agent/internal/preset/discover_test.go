@@ -73,6 +73,11 @@ func TestCrossingLayoutMatchesBTF(t *testing.T) {
 	}
 }
 
+// Real packets rather than BPF_PROG_TEST_RUN: the kernel test-runs tracing
+// programs only for fentry/fexit/fmod_ret (bpf_prog_test_run_tracing), and
+// refuses a tp_btf program with ENOTSUPP. The parser they share with the hop
+// programs is covered by loader/prog_test.go's crafted frames.
+//
 // Real packets on a veth pair between two namespaces of one "host": the
 // tagger in the sender's netns tags them, and every packet is seen leaving
 // vha in netns a and arriving on vhb in netns b, in that order, with the
