@@ -73,10 +73,11 @@ func TestCrossingLayoutMatchesBTF(t *testing.T) {
 	}
 }
 
-// Real packets rather than BPF_PROG_TEST_RUN: the kernel test-runs tracing
-// programs only for fentry/fexit/fmod_ret (bpf_prog_test_run_tracing), and
-// refuses a tp_btf program with ENOTSUPP. The parser they share with the hop
-// programs is covered by loader/prog_test.go's crafted frames.
+// Real packets rather than BPF_PROG_TEST_RUN: a tp_btf program's context is
+// the event's raw arguments, here a struct sk_buff pointer, and no skb can be
+// crafted in kernel memory from user space (this kernel answers EFAULT). The
+// parser they share with the hop programs is covered by loader/prog_test.go's
+// crafted frames.
 //
 // Real packets on a veth pair between two namespaces of one "host": the
 // tagger in the sender's netns tags them, and every packet is seen leaving
