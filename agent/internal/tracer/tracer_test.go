@@ -207,6 +207,90 @@ func TestAttachRecordsAndDetach(t *testing.T) {
 	}
 }
 
+// TestTracerStreamsRealTraffic is what the kernel matrix runs in each guest: the
+// agent's own Apply, on whatever attach mode and program variant this kernel
+// gets (tcx or a clsact filter, full or _floor), tags a real packet, and every
+// hop's record of it reaches the stream in path order.
+func TestTracerStreamsRealTraffic(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.41")
+	q := stream.NewQueue(0)
+	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	floor, why := loader.NeedsFloor()
+	t.Logf("floor variants: %v %s", floor, why)
+
+	pl := plan(p, 1)
+	pl.Hops[0].TagUdp = true
+	st := m.Apply(pl)
+	if !st.GetActive() || st.GetError() != "" {
+		t.Fatalf("status %v", st)
+	}
+	for _, h := range st.GetHops() {
+		if !h.GetAttached() {
+			t.Fatalf("hop %s: %s", h.GetName(), h.GetError())
+		}
+	}
+	// An untagged datagram: the first hop tags it, the other two read the ID it wrote.
+	err = netns.Do(netns.Path(p.NsA, ""), func() error {
+		conn, err := net.Dial("udp4", net.JoinHostPort(p.AddrB, "5000"))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_, err = conn.Write([]byte("hoptrace"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	// Records by packet ID and hop, until one tagged packet has all three.
+	seen := map[uint32]map[uint16]record.Record{}
+	var got map[uint16]record.Record
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for got == nil {
+		b := q.Pop(ctx)
+		if b == nil {
+			t.Fatalf("no packet has a record from every hop: %v", seen)
+		}
+		for off := 0; off < len(b.Records); off += record.Size {
+			var r record.Record
+			if err := record.Decode(b.Records[off:], &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.PacketID == 0 {
+				continue
+			}
+			if seen[r.PacketID] == nil {
+				seen[r.PacketID] = map[uint16]record.Record{}
+			}
+			seen[r.PacketID][r.HopIndex] = r
+			if len(seen[r.PacketID]) == len(pl.Hops) {
+				got = seen[r.PacketID]
+			}
+		}
+	}
+	if got[0].Flags&record.FlagTaggedHere == 0 {
+		t.Errorf("the first hop did not tag: %+v", got[0])
+	}
+	for i, r := range got {
+		if r.Flags&record.FlagUDP == 0 || r.TraceSlot == 0 {
+			t.Errorf("hop %d record %+v", i, r)
+		}
+	}
+	// Egress on one end before the other end's receive (netif_receive_skb fires before tc ingress).
+	if !(got[0].TsNs <= got[2].TsNs && got[2].TsNs <= got[1].TsNs) {
+		t.Errorf("records out of path order: %+v", got)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+}
+
 func TestAttachErrorsNameTheHop(t *testing.T) {
 	tu.RequireRoot(t)
 	p := tu.NewVethPair(t, "198.18.41")
