@@ -1,0 +1,327 @@
+"""The local compose stack (deploy/local/): the Docker engine, the Debian base image, the images, the stack.
+
+On a machine that reaches no image registry every image is built from a base made here
+(`debootstrap --variant=minbase` + `docker import`) and from artifacts the Makefile already built (the
+agent's static binary, influxd, wheels of the Python package, web/node_modules, kernel-patch/), staged into
+one build context.
+
+The engine: `DockerEngine.ensure()` starts `dockerd` when none answers, with its default bridge and address
+pool inside 198.18.0.0/15 and `--iptables=false` (measured: containers on one compose bridge talk to each
+other, published ports work through docker-proxy, and the root namespace's FORWARD policy and ip_forward
+stay as they were); `stop()` stops only a dockerd it started, and removes the docker0 bridge it left.
+
+    python -m hoptrace.lab.compose base      # the base image (about a minute, once)
+    python -m hoptrace.lab.compose images    # base + stage + docker-compose build
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(os.environ.get("HOPTRACE_REPO") or Path(__file__).resolve().parent.parent)
+COMPOSE_FILE = REPO / "deploy" / "local" / "docker-compose.yml"
+DOCKERFILE = REPO / "deploy" / "local" / "Dockerfile"
+STATE = REPO / ".tools" / "compose"  # this tier's tool state: base rootfs, build context, dockerd log
+CONTEXT = STATE / "context"
+# Debian's docker-compose (1.29.2 on docker-py 5): the PyPI one in .tools/compose-venv validates files,
+# but docker-py 7 there no longer talks to an engine with compose 1.29 (kwargs_from_env lost ssl_version).
+DOCKER_COMPOSE = Path("/usr/bin/docker-compose")
+PROJECT = "hoptrace-local"
+BASE_IMAGE = "hoptrace/debian:bookworm"
+IMAGES = ("hoptrace/influxd:local", "hoptrace/python:local", "hoptrace/dispatcher:local", "hoptrace/agent:local")
+
+# dockerd's own networks, inside the benchmarking range 198.18.0.0/15 (RFC 2544) like every test network
+# here; the compose file's networks are 198.19.249.0/24 (control) and 198.19.250.0/24 (apps).
+DOCKERD_FLAGS = (
+    "--bip=198.19.248.1/24",
+    "--default-address-pool=base=198.19.252.0/22,size=24",
+    # No NAT or FORWARD rules: with iptables on, dockerd sets the root namespace's FORWARD policy to DROP,
+    # which other tests forwarding through the root namespace would feel.
+    "--iptables=false",
+    "--ip-forward=false",
+    "--ip-masq=false",
+)
+
+
+class ComposeError(RuntimeError):
+    """A docker, dockerd, debootstrap or docker-compose step failed; the message has its own output."""
+
+
+def run(argv: Sequence[str], timeout_s: float = 600.0, check: bool = True, **kwargs) -> subprocess.CompletedProcess[str]:
+    """Run a command, capture its output; ComposeError with the output's tail when `check` and it fails."""
+    try:
+        result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, **kwargs)
+    except FileNotFoundError as error:
+        raise ComposeError(f"{argv[0]} is missing: run `make setup`") from error
+    except subprocess.TimeoutExpired as error:
+        raise ComposeError(f"{' '.join(map(str, argv))} took longer than {timeout_s:.0f} s") from error
+    if check and result.returncode != 0:
+        output = (result.stdout + result.stderr)[-4000:]
+        raise ComposeError(f"{' '.join(map(str, argv))} exited with {result.returncode}:\n{output}")
+    return result
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+# The root namespace's settings dockerd could change; `HostState` compares them before and after.
+HOST_SETTINGS = (
+    "/proc/sys/net/ipv4/ip_forward",
+    "/proc/sys/net/ipv6/conf/all/forwarding",
+    "/proc/sys/net/bridge/bridge-nf-call-iptables",
+    "/proc/sys/net/bridge/bridge-nf-call-ip6tables",
+)
+
+
+@dataclass
+class HostState:
+    """The root namespace's forwarding sysctls and iptables filter FORWARD policy, to restore and compare."""
+
+    sysctls: dict[str, str]
+    forward_policy: str
+
+    @classmethod
+    def capture(cls) -> HostState:
+        """The settings as they are now."""
+        return cls({path: _read(path) for path in HOST_SETTINGS}, _forward_policy())
+
+    def restore(self) -> list[str]:
+        """Put back every setting that differs; returns what was put back."""
+        changed = []
+        for path, value in self.sysctls.items():
+            if value and _read(path) != value:
+                Path(path).write_text(value)
+                changed.append(f"{path}={value}")
+        if self.forward_policy and _forward_policy() != self.forward_policy:
+            run(["iptables", "-P", "FORWARD", self.forward_policy], check=False)
+            changed.append(f"iptables FORWARD policy {self.forward_policy}")
+        return changed
+
+
+def _forward_policy() -> str:
+    """The filter table's FORWARD policy ('' when iptables is absent or has no filter table)."""
+    if shutil.which("iptables") is None:
+        return ""
+    result = run(["iptables", "-S", "FORWARD"], check=False, timeout_s=30)
+    for line in result.stdout.splitlines():
+        if line.startswith("-P FORWARD "):
+            return line.split()[2]
+    return ""
+
+
+@dataclass
+class DockerEngine:
+    """dockerd: used as it is when it answers, else started here (and then stopped by `stop`)."""
+
+    log_path: Path = STATE / "dockerd.log"
+    process: subprocess.Popen[bytes] | None = None
+    host_state: HostState | None = None
+    had_docker0: bool = True
+    started_s: float = 0.0
+
+    def answers(self) -> bool:
+        """Whether a Docker engine answers on the default socket."""
+        return run(["docker", "info", "--format", "{{.ServerVersion}}"], check=False, timeout_s=30).returncode == 0
+
+    def ensure(self, timeout_s: float = 60.0) -> DockerEngine:
+        """Start dockerd unless one answers; wait until it does."""
+        if self.answers():
+            return self
+        if shutil.which("dockerd") is None:
+            raise ComposeError("dockerd is missing: run `make setup` (Debian package docker.io)")
+        self.host_state = HostState.capture()
+        self.had_docker0 = Path("/sys/class/net/docker0").exists()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            # Its own session: a Ctrl-C to the tests must not stop it before the stack is down.
+            self.process = subprocess.Popen(
+                ["dockerd", *DOCKERD_FLAGS], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while not self.answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                self.stop()
+                raise ComposeError(f"dockerd did not start; its log ({self.log_path}):\n{tail}")
+            time.sleep(0.2)
+        self.started_s = time.monotonic() - start
+        return self
+
+    @property
+    def started_here(self) -> bool:
+        """Whether `ensure` started the engine (and `stop` will stop it)."""
+        return self.process is not None
+
+    def stop(self, timeout_s: float = 30.0) -> list[str]:
+        """Stop the dockerd started here (nothing else), remove its docker0 bridge, restore the host's
+        forwarding settings; returns the settings that had to be restored."""
+        if self.process is None:
+            return []
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.process = None
+        if not self.had_docker0 and Path("/sys/class/net/docker0").exists():
+            run(["ip", "link", "del", "docker0"], check=False, timeout_s=30)
+        return self.host_state.restore() if self.host_state else []
+
+
+def image_exists(name: str) -> bool:
+    """Whether the engine has image `name`."""
+    return run(["docker", "image", "inspect", name], check=False, timeout_s=60).returncode == 0
+
+
+def debian_mirror() -> str:
+    """The Debian archive URI this machine's apt uses (deb822 sources or one-line lists)."""
+    sources = sorted(Path("/etc/apt/sources.list.d").glob("*")) + [Path("/etc/apt/sources.list")]
+    for path in sources:
+        text = _read(str(path))
+        for line in text.splitlines():
+            words = line.split()
+            if words[:1] == ["URIs:"] and len(words) > 1 and "security" not in words[1]:
+                return words[1]
+            if words[:1] == ["deb"] and len(words) > 2 and "security" not in line:
+                uri = next(w for w in words[1:] if "://" in w)
+                return uri
+    raise ComposeError("no Debian mirror in /etc/apt/sources.list.d or /etc/apt/sources.list")
+
+
+def build_base_image(name: str = BASE_IMAGE, suite: str = "bookworm") -> bool:
+    """debootstrap a minimal Debian into STATE/rootfs and `docker import` it as `name`, unless the engine
+    has it; True when it was built."""
+    if image_exists(name):
+        return False
+    rootfs = STATE / "rootfs"
+    shutil.rmtree(rootfs, ignore_errors=True)
+    rootfs.parent.mkdir(parents=True, exist_ok=True)
+    mirror = debian_mirror()
+    print(f"debootstrap --variant=minbase {suite} from {mirror} (about a minute, once)", flush=True)
+    run(["debootstrap", "--variant=minbase", suite, str(rootfs), mirror], timeout_s=1200)
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    try:
+        run(["docker", "import", "-", name], stdin=tar.stdout, timeout_s=600)
+    finally:
+        if tar.stdout:
+            tar.stdout.close()
+        tar.wait()
+    shutil.rmtree(rootfs, ignore_errors=True)
+    return True
+
+
+def stage_context(python: str = sys.executable) -> Path:
+    """The build context of deploy/local/Dockerfile: the Dockerfile, the agent binary, influxd, wheels of
+    hoptrace and its dependencies, web/node_modules, kernel-patch/ sources, influxdb.conf."""
+    agent = REPO / "agent" / "bin" / "hoptrace-agent"
+    influxd = REPO / ".tools" / "bin" / "influxd"
+    node_modules = REPO / "web" / "node_modules"
+    for needed, make in ((agent, "make agent"), (influxd, "make setup"), (node_modules, "make setup")):
+        if not needed.exists():
+            raise ComposeError(f"{needed} is missing: run `{make}`")
+    CONTEXT.mkdir(parents=True, exist_ok=True)
+    for name in ("hoptrace-agent", "influxd", "node_modules", "kernel-patch"):
+        target = CONTEXT / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+    shutil.copy2(DOCKERFILE, CONTEXT / "Dockerfile")
+    shutil.copy2(REPO / "deploy" / "local" / "influxdb.conf", CONTEXT / "influxdb.conf")
+    shutil.copy2(agent, CONTEXT / "hoptrace-agent")
+    shutil.copy2(influxd.resolve(), CONTEXT / "influxd")
+    shutil.copytree(node_modules, CONTEXT / "node_modules", symlinks=False)
+    # Sources only: vmlinux.h comes from the BTF of the kernel the dispatcher runs on.
+    shutil.copytree(REPO / "kernel-patch", CONTEXT / "kernel-patch", ignore=shutil.ignore_patterns("build"))
+    wheels = CONTEXT / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    # The source tree's wheel and its dependencies' (cached by pip; the PyPI index at first).
+    run([python, "-m", "pip", "wheel", "-q", "--wheel-dir", str(wheels), str(REPO)], cwd=REPO, timeout_s=900)
+    return CONTEXT
+
+
+def compose_command(*args: str) -> list[str]:
+    """docker-compose on the local compose file, project hoptrace-local."""
+    if not DOCKER_COMPOSE.exists():
+        raise ComposeError(f"{DOCKER_COMPOSE} is missing: run `make setup` (Debian package docker-compose)")
+    return [str(DOCKER_COMPOSE), "-f", str(COMPOSE_FILE), "-p", PROJECT, *args]
+
+
+def compose_env(**settings: str) -> dict[str, str]:
+    """The environment docker-compose reads the file's ${HOPTRACE_*} settings from."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("HOPTRACE_")}
+    env.update(settings)
+    return env
+
+
+def build_images() -> float:
+    """Base image, staged context, `docker-compose build` of every image; returns the seconds it took."""
+    start = time.monotonic()
+    build_base_image()
+    stage_context()
+    run(
+        compose_command("build"),
+        env=compose_env(HOPTRACE_NODE="build", HOPTRACE_BASE_IMAGE=os.environ.get("HOPTRACE_BASE_IMAGE", BASE_IMAGE)),
+        timeout_s=1800,
+    )
+    missing = [image for image in IMAGES if not image_exists(image)]
+    if missing:
+        raise ComposeError(f"docker-compose build did not make {missing}")
+    return time.monotonic() - start
+
+
+@dataclass
+class Timings:
+    """Seconds per step, for the report of a run."""
+
+    steps: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def step(self, name: str):
+        """Time the block as step `name`."""
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.steps[name] = time.monotonic() - start
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`base` or `images`, starting (and then stopping) the engine when none runs."""
+    parser = argparse.ArgumentParser(prog="python -m hoptrace.lab.compose", description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=("base", "images"))
+    args = parser.parse_args(argv)
+    engine = DockerEngine()
+    try:
+        engine.ensure()
+        if args.what == "base":
+            print(f"{BASE_IMAGE}: {'built' if build_base_image() else 'already there'}")
+        else:
+            print(f"images {', '.join(IMAGES)} built in {build_images():.0f} s")
+    except ComposeError as error:
+        print(f"hoptrace.lab.compose: {error}", file=sys.stderr)
+        return 1
+    finally:
+        engine.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
