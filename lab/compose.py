@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import json
 import os
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,7 +42,12 @@ CONTEXT = STATE / "context"
 DOCKER_COMPOSE = Path("/usr/bin/docker-compose")
 PROJECT = "hoptrace-local"
 BASE_IMAGE = "hoptrace/debian:bookworm"
-IMAGES = ("hoptrace/influxd:local", "hoptrace/python:local", "hoptrace/dispatcher:local", "hoptrace/agent:local")
+IMAGES = (
+    "hoptrace/influxd:local",
+    "hoptrace/python:local",
+    "hoptrace/dispatcher:local",
+    "hoptrace/agent:local",
+)
 
 # dockerd's own networks, inside the benchmarking range 198.18.0.0/15 (RFC 2544) like every test network
 # here; the compose file's networks are 198.19.249.0/24 (control) and 198.19.250.0/24 (apps).
@@ -57,7 +66,9 @@ class ComposeError(RuntimeError):
     """A docker, dockerd, debootstrap or docker-compose step failed; the message has its own output."""
 
 
-def run(argv: Sequence[str], timeout_s: float = 600.0, check: bool = True, **kwargs) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: Sequence[str], timeout_s: float = 600.0, check: bool = True, **kwargs
+) -> subprocess.CompletedProcess[str]:
     """Run a command, capture its output; ComposeError with the output's tail when `check` and it fails."""
     try:
         result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, **kwargs)
@@ -135,7 +146,10 @@ class DockerEngine:
 
     def answers(self) -> bool:
         """Whether a Docker engine answers on the default socket."""
-        return run(["docker", "info", "--format", "{{.ServerVersion}}"], check=False, timeout_s=30).returncode == 0
+        return (
+            run(["docker", "info", "--format", "{{.ServerVersion}}"], check=False, timeout_s=30).returncode
+            == 0
+        )
 
     def ensure(self, timeout_s: float = 60.0) -> DockerEngine:
         """Start dockerd unless one answers; wait until it does."""
@@ -271,20 +285,252 @@ def compose_env(**settings: str) -> dict[str, str]:
     return env
 
 
+# What goes into the images besides the base: a digest of it labels them, so an unchanged tree rebuilds
+# nothing (not even the staging).
+INPUT_LABEL = "org.hoptrace.inputs"
+PYTHON_SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "proto/gen/python",
+    "cli",
+    "common",
+    "dispatcher",
+    "lab",
+    "collector",
+    "web",
+)
+
+
+def inputs_digest() -> str:
+    """sha256 over the Dockerfile, influxdb.conf, the agent and influxd binaries, the Python package's
+    sources, web/node_modules and kernel-patch/ sources."""
+    paths = [DOCKERFILE, COMPOSE_FILE.parent / "influxdb.conf", REPO / "agent" / "bin" / "hoptrace-agent"]
+    paths.append((REPO / ".tools" / "bin" / "influxd").resolve())
+    for top in (*PYTHON_SOURCES, "kernel-patch"):
+        root = REPO / top
+        if root.is_file():
+            paths.append(root)
+            continue
+        for path in sorted(root.rglob("*")):
+            parts = set(path.relative_to(REPO).parts)
+            if path.is_file() and not parts & {"__pycache__", "build", ".pytest_cache"}:
+                paths.append(path)
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(str(path.relative_to(REPO) if path.is_relative_to(REPO) else path.name).encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:32]
+
+
+def image_label(image: str, label: str) -> str:
+    """The value of `label` on `image` ('' when the image or the label is absent)."""
+    result = run(
+        ["docker", "image", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}', image], check=False
+    )
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
 def build_images() -> float:
-    """Base image, staged context, `docker-compose build` of every image; returns the seconds it took."""
+    """Base image, staged context, `docker-compose build` of every image, unless every image already
+    carries the digest of today's inputs; returns the seconds it took."""
     start = time.monotonic()
     build_base_image()
+    digest = inputs_digest()
+    if all(image_label(image, INPUT_LABEL) == digest for image in IMAGES):
+        return time.monotonic() - start
     stage_context()
+    base = os.environ.get("HOPTRACE_BASE_IMAGE", BASE_IMAGE)
     run(
         compose_command("build"),
-        env=compose_env(HOPTRACE_NODE="build", HOPTRACE_BASE_IMAGE=os.environ.get("HOPTRACE_BASE_IMAGE", BASE_IMAGE)),
+        env=compose_env(HOPTRACE_NODE="build", HOPTRACE_BASE_IMAGE=base, HOPTRACE_INPUTS_DIGEST=digest),
         timeout_s=1800,
     )
-    missing = [image for image in IMAGES if not image_exists(image)]
-    if missing:
-        raise ComposeError(f"docker-compose build did not make {missing}")
+    stale = [image for image in IMAGES if image_label(image, INPUT_LABEL) != digest]
+    if stale:
+        raise ComposeError(f"docker-compose build did not make {stale} from today's inputs")
     return time.monotonic() - start
+
+
+# ---- the stack --------------------------------------------------------------------------------------------
+
+CONTROL_SERVICES = ("influxdb", "dispatcher", "collector", "web")
+APP_SERVICES = ("app-a", "app-b")
+APP_ADDRESSES = {"app-a": "198.19.250.10", "app-b": "198.19.250.11"}  # deploy/local/docker-compose.yml
+APPS_BRIDGE = "ht-apps0"
+WEB_UID = 10001  # the images' hoptrace user: it reads the mounted certificates
+
+
+def _free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mount_kernel_filesystems() -> None:
+    """bpffs and tracefs where the agent's container expects the host's (idempotent), and /run/netns."""
+    for fstype, target in (("bpf", "/sys/fs/bpf"), ("tracefs", "/sys/kernel/tracing")):
+        if run(["mountpoint", "-q", target], check=False, timeout_s=30).returncode != 0:
+            run(["mount", "-t", fstype, fstype, target], timeout_s=30)
+    Path("/run/netns").mkdir(parents=True, exist_ok=True)
+
+
+def bpf_ids_held_by(pid: int) -> tuple[set[int], set[int]]:
+    """(link IDs, program IDs) of the BPF fds process `pid` holds (its /proc/PID/fdinfo)."""
+    links, programs = set(), set()
+    for info in Path(f"/proc/{pid}/fdinfo").glob("*"):
+        with contextlib.suppress(OSError):
+            for line in info.read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key == "link_id":
+                    links.add(int(value))
+                elif key == "prog_id":
+                    programs.add(int(value))
+    return links, programs
+
+
+def bpf_ids_alive() -> tuple[set[int], set[int]]:
+    """(link IDs, program IDs) the kernel has now."""
+    links = json.loads(run(["bpftool", "-j", "link", "show"], timeout_s=60).stdout or "[]")
+    programs = json.loads(run(["bpftool", "-j", "prog", "show"], timeout_s=60).stdout or "[]")
+    return {link["id"] for link in links}, {prog["id"] for prog in programs}
+
+
+def netns_inodes_in_use() -> set[int]:
+    """Inodes of every network namespace a process is in."""
+    inodes = set()
+    for ns in Path("/proc").glob("[0-9]*/ns/net"):
+        with contextlib.suppress(OSError):
+            inodes.add(ns.stat().st_ino)
+    return inodes
+
+
+@dataclass
+class ComposeStack:
+    """The local compose stack for one node: certificates, free loopback ports, up, down, and what it
+    left behind. Every port is published on 127.0.0.1 only."""
+
+    workdir: Path
+    node: str = "compose-node"
+    web_password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
+    ports: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.certs = self.workdir / "certs"
+        self.ports = self.ports or {
+            "HOPTRACE_DISPATCHER_PORT": str(_free_port()),
+            "HOPTRACE_COLLECTOR_PORT": str(_free_port()),
+            "HOPTRACE_CLOCK_PORT": str(_free_port(socket.SOCK_DGRAM)),
+            "HOPTRACE_WEB_PORT": str(_free_port()),
+            "HOPTRACE_INFLUX_PORT": str(_free_port()),
+            "HOPTRACE_AGENT_METRICS": f"127.0.0.1:{_free_port()}",
+        }
+
+    @property
+    def dispatcher(self) -> str:
+        """The dispatcher's published address."""
+        return f"127.0.0.1:{self.ports['HOPTRACE_DISPATCHER_PORT']}"
+
+    @property
+    def web_url(self) -> str:
+        """The web UI's published URL."""
+        return f"http://127.0.0.1:{self.ports['HOPTRACE_WEB_PORT']}"
+
+    def env(self) -> dict[str, str]:
+        """docker-compose's environment for this stack."""
+        return compose_env(HOPTRACE_NODE=self.node, HOPTRACE_CERTS_DIR=str(self.certs), **self.ports)
+
+    def compose(
+        self, *args: str, timeout_s: float = 300.0, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """docker-compose ARGS (profile apps included) for this stack."""
+        return run(
+            compose_command("--profile", "apps", *args), env=self.env(), timeout_s=timeout_s, check=check
+        )
+
+    def write_secrets(self) -> None:
+        """`hoptrace certs` material (dispatcher and collector also as their compose service names), the web
+        UI's one user (admin) and session key; readable by the images' hoptrace user."""
+        from werkzeug.security import generate_password_hash
+
+        from hoptrace.common.certs import create_bundle
+
+        create_bundle(self.certs, hosts=["dispatcher", "collector"], agents=[self.node])
+        (self.certs / "web-users").write_text(f"admin:{generate_password_hash(self.web_password)}\n")
+        (self.certs / "web-secret-key").write_text(secrets.token_hex(32))
+        # Certificates are public (0644); a key or token is readable by its user only: the agent runs as
+        # root without CAP_DAC_OVERRIDE, every other service as the images' hoptrace user.
+        self.certs.chmod(0o711)
+        for path in self.certs.iterdir():
+            if path.suffix == ".pem":
+                path.chmod(0o644)
+                continue
+            os.chown(path, 0 if path.name.startswith(("agent-", "ca.")) else WEB_UID, 0)
+            path.chmod(0o600)
+
+    def client_env(self) -> dict[str, str]:
+        """Environment of a `hoptrace` client of this stack: admin certificate and token."""
+        from hoptrace.common.grpcutil import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV
+
+        return {
+            **{key: value for key, value in os.environ.items() if not key.startswith("HOPTRACE_")},
+            "HOPTRACE_DISPATCHER": self.dispatcher,
+            CA_ENV: str(self.certs / "ca.pem"),
+            CERT_ENV: str(self.certs / "admin.pem"),
+            KEY_ENV: str(self.certs / "admin.key"),
+            TOKEN_ENV: (self.certs / "admin.token").read_text().strip(),
+        }
+
+    def up(self) -> None:
+        """The control plane and the two application containers, then the agent: it reports the devices
+        it sees when it registers, so the applications' veths exist by then."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.write_secrets()
+        mount_kernel_filesystems()
+        self.compose("up", "-d", *CONTROL_SERVICES, *APP_SERVICES)
+        self.compose("up", "-d", "--no-deps", "agent")
+
+    def container(self, service: str) -> str:
+        """The container name of `service` (compose v1: PROJECT_SERVICE_1)."""
+        return f"{PROJECT}_{service}_1"
+
+    def inspect(self, service: str, template: str) -> str:
+        """`docker inspect -f TEMPLATE` of `service`'s container."""
+        return run(
+            ["docker", "inspect", "-f", template, self.container(service)], timeout_s=60
+        ).stdout.strip()
+
+    def pid(self, service: str) -> int:
+        """The host PID of `service`'s main process."""
+        return int(self.inspect(service, "{{.State.Pid}}"))
+
+    def exec(self, service: str, *argv: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run ARGV in `service`'s container."""
+        return run(["docker", "exec", self.container(service), *argv], timeout_s=timeout_s)
+
+    def host_veth(self, service: str) -> str:
+        """The host side of `service`'s eth0: the host device whose ifindex is eth0's iflink."""
+        peer = int(self.exec(service, "cat", "/sys/class/net/eth0/iflink").stdout)
+        for device in Path("/sys/class/net").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                if int((device / "ifindex").read_text()) == peer:
+                    return device.name
+        raise ComposeError(f"no host device with ifindex {peer} ({service}'s eth0 peer)")
+
+    def logs(self) -> str:
+        """The last lines of every service's log."""
+        return self.compose("logs", "--no-color", "--tail", "40", check=False).stdout[-8000:]
+
+    def down(self) -> None:
+        """Stop and remove every container, network and volume of the project."""
+        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "10", timeout_s=180)
+
+    def project_objects(self) -> dict[str, list[str]]:
+        """The project's containers and networks the engine still has."""
+        label = f"label=com.docker.compose.project={PROJECT}"
+        containers = run(["docker", "ps", "-a", "-q", "--filter", label], timeout_s=60).stdout.split()
+        networks = run(["docker", "network", "ls", "-q", "--filter", label], timeout_s=60).stdout.split()
+        volumes = run(["docker", "volume", "ls", "-q", "--filter", label], timeout_s=60).stdout.split()
+        return {"containers": containers, "networks": networks, "volumes": volumes}
 
 
 @dataclass
@@ -305,7 +551,9 @@ class Timings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`base` or `images`, starting (and then stopping) the engine when none runs."""
-    parser = argparse.ArgumentParser(prog="python -m hoptrace.lab.compose", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m hoptrace.lab.compose", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("what", choices=("base", "images"))
     args = parser.parse_args(argv)
     engine = DockerEngine()
