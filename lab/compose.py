@@ -37,6 +37,7 @@ COMPOSE_FILE = REPO / "deploy" / "local" / "docker-compose.yml"
 DOCKERFILE = REPO / "deploy" / "local" / "Dockerfile"
 STATE = REPO / ".tools" / "compose"  # this tier's tool state: base rootfs, build context, dockerd log
 CONTEXT = STATE / "context"
+MARKER = STATE / "dockerd.json"  # the dockerd this module started: PID, start time, the host's settings
 # Debian's docker-compose (1.29.2 on docker-py 5): the PyPI one in .tools/compose-venv validates files,
 # but docker-py 7 there no longer talks to an engine with compose 1.29 (kwargs_from_env lost ssl_version).
 DOCKER_COMPOSE = Path("/usr/bin/docker-compose")
@@ -140,6 +141,7 @@ class DockerEngine:
 
     log_path: Path = STATE / "dockerd.log"
     process: subprocess.Popen[bytes] | None = None
+    pid: int | None = None
     host_state: HostState | None = None
     had_docker0: bool = True
     started_s: float = 0.0
@@ -152,8 +154,10 @@ class DockerEngine:
         )
 
     def ensure(self, timeout_s: float = 60.0) -> DockerEngine:
-        """Start dockerd unless one answers; wait until it does."""
+        """Start dockerd unless one answers; wait until it does. An engine a killed run of this module
+        started (its marker file says so) is taken over, to be stopped by `stop`."""
         if self.answers():
+            self._adopt()
             return self
         if shutil.which("dockerd") is None:
             raise ComposeError("dockerd is missing: run `make setup` (Debian package docker.io)")
@@ -166,6 +170,18 @@ class DockerEngine:
             self.process = subprocess.Popen(
                 ["dockerd", *DOCKERD_FLAGS], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+        self.pid = self.process.pid
+        MARKER.write_text(
+            json.dumps(
+                {
+                    "pid": self.pid,
+                    "start": _start_time(self.pid),
+                    "had_docker0": self.had_docker0,
+                    "sysctls": self.host_state.sysctls,
+                    "forward_policy": self.host_state.forward_policy,
+                }
+            )
+        )
         deadline = time.monotonic() + timeout_s
         while not self.answers():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -176,27 +192,56 @@ class DockerEngine:
         self.started_s = time.monotonic() - start
         return self
 
+    def _adopt(self) -> None:
+        """Take over the running dockerd if the marker names it (same PID and start time)."""
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            marker = json.loads(MARKER.read_text())
+            if marker["start"] and _start_time(marker["pid"]) == marker["start"]:
+                self.pid = marker["pid"]
+                self.had_docker0 = marker["had_docker0"]
+                self.host_state = HostState(marker["sysctls"], marker["forward_policy"])
+
     @property
     def started_here(self) -> bool:
-        """Whether `ensure` started the engine (and `stop` will stop it)."""
-        return self.process is not None
+        """Whether `ensure` started the engine, or took over one a killed run started (`stop` stops it)."""
+        return self.pid is not None
 
     def stop(self, timeout_s: float = 30.0) -> list[str]:
         """Stop the dockerd started here (nothing else), remove its docker0 bridge, restore the host's
         forwarding settings; returns the settings that had to be restored."""
-        if self.process is None:
+        if self.pid is None:
             return []
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait(10)
+        else:  # taken over: not our child, so wait for its /proc entry to go
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while Path(f"/proc/{self.pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
         self.process = None
+        self.pid = None
+        MARKER.unlink(missing_ok=True)
         if not self.had_docker0 and Path("/sys/class/net/docker0").exists():
             run(["ip", "link", "del", "docker0"], check=False, timeout_s=30)
         return self.host_state.restore() if self.host_state else []
+
+
+def _start_time(pid: int) -> str:
+    """The start time of process `pid` (field 22 of /proc/PID/stat): with the PID, names one process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def image_exists(name: str) -> bool:
