@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 REPO = Path(os.environ.get("HOPTRACE_REPO") or Path(__file__).resolve().parent.parent)
 COMPOSE_FILE = REPO / "deploy" / "local" / "docker-compose.yml"
 DOCKERFILE = REPO / "deploy" / "local" / "Dockerfile"
@@ -544,6 +546,10 @@ class ComposeStack:
             ["docker", "inspect", "-f", template, self.container(service)], timeout_s=60
         ).stdout.strip()
 
+    def inspect_container(self, container: str, template: str) -> str:
+        """`docker inspect -f TEMPLATE CONTAINER`."""
+        return run(["docker", "inspect", "-f", template, container], timeout_s=60).stdout.strip()
+
     def pid(self, service: str) -> int:
         """The host PID of `service`'s main process."""
         return int(self.inspect(service, "{{.State.Pid}}"))
@@ -560,6 +566,26 @@ class ComposeStack:
                 if int((device / "ifindex").read_text()) == peer:
                     return device.name
         raise ComposeError(f"no host device with ifindex {peer} ({service}'s eth0 peer)")
+
+    def run_agent_with(self, capabilities: Sequence[str], name: str) -> str:
+        """Run the compose file's agent (image, command, mounts, host namespaces) as container `name` with
+        only `capabilities`, labelled as part of the project; returns the container's name."""
+        agent = yaml.safe_load(self.compose("config").stdout)["services"]["agent"]
+        argv = ["docker", "run", "-d", "--name", name, "--label", f"com.docker.compose.project={PROJECT}"]
+        argv += ["--network", "host", "--pid", "host", "--cap-drop", "ALL"]
+        for capability in capabilities:
+            argv += ["--cap-add", capability]
+        for volume in agent["volumes"]:
+            if isinstance(volume, str):
+                argv += ["-v", volume]
+            else:
+                readonly = ",readonly" if volume.get("read_only") else ""
+                argv += [
+                    "--mount",
+                    f"type=bind,source={volume['source']},target={volume['target']}{readonly}",
+                ]
+        run([*argv, agent["image"], *agent["command"]], timeout_s=120)
+        return name
 
     def logs(self) -> str:
         """The last lines of every service's log."""
