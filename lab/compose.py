@@ -604,22 +604,6 @@ class ComposeStack:
         return {"containers": containers, "networks": networks, "volumes": volumes}
 
 
-@dataclass
-class Timings:
-    """Seconds per step, for the report of a run."""
-
-    steps: dict[str, float] = field(default_factory=dict)
-
-    @contextlib.contextmanager
-    def step(self, name: str):
-        """Time the block as step `name`."""
-        start = time.monotonic()
-        try:
-            yield
-        finally:
-            self.steps[name] = time.monotonic() - start
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """`base` or `images`, starting (and then stopping) the engine when none runs."""
     parser = argparse.ArgumentParser(
