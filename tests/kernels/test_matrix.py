@@ -3,7 +3,8 @@
 In each guest: every program of every object loads the way the agent loads it (the variant that kernel
 needs), the parser, tagging, sampling and filter tests pass through BPF_PROG_TEST_RUN, a tc hop
 attached the way that kernel allows (tcx from 6.6, else a clsact filter) sees real packets on a veth, and
-the agent's tracer tags a real datagram and streams every hop's record of it.
+the agent's tracer tags a real datagram and streams every hop's record of it, kprobe and fentry hops
+included (this host refuses both; Debian's kernels allow them).
 The test binaries are built here and run there: the guest shares this machine's root.
 """
 
@@ -24,7 +25,7 @@ GUEST_TESTS = {
     "loader": "TestEveryProgramLoads|TestParserFindsIDs|TestParserRejectsMalformed|TestTagUDP|TestSampleEvery"
     "|TestFilterSelectsPackets",
     "attach": "TestClsactFallback",
-    "tracer": "TestTracerStreamsRealTraffic",
+    "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops",
 }
 
 # Kernels the matrix requires: Debian 11 (5.10, also Amazon Linux 2's), Debian 12 (6.1, also the base of
@@ -69,5 +70,8 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
     # Every requested test ran and passed (a pattern that matched nothing would pass on nothing).
     for name in "|".join(GUEST_TESTS.values()).split("|"):
         assert name in passed, f"{name} did not pass on {kernel.release}: {passed}"
+    # Debian's kernels have kprobes and no lockdown: both kernel-function hops must record, not be refused.
+    for kind in ("kprobe", "fentry"):
+        assert f"recorded by {kind} ip_rcv" in output, f"{kind} hop recorded nothing on {kernel.release}"
     loads = [name for name in passed if name.startswith("TestEveryProgramLoads/")]
     assert len(loads) >= 20, f"only {len(loads)} programs loaded on {kernel.release}"
