@@ -14,7 +14,8 @@ AGENT_BIN := agent/bin/hoptrace-agent
 INFLUXD := $(TOOLS)/influxd
 
 APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 sockperf iperf3 tcpdump nftables clang-format \
-	ethtool chromium chromium-driver bpftrace qemu-system-x86 kmod busybox-static
+	ethtool chromium chromium-driver bpftrace qemu-system-x86 kmod busybox-static \
+	docker.io docker-compose debootstrap
 
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
@@ -170,9 +171,25 @@ test: setup build proto-check lint test-unit ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
 	@# the _floor variants (kernels 5.10-5.17), proven here on a fast kernel too
 	cd agent && HOPTRACE_FLOOR=1 go test -count=1 ./internal/loader ./internal/tracer
-	$(PY) -m pytest -v tests
+	$(PY) -m pytest -v tests --ignore=tests/deploy/test_compose.py
+	$(MAKE) --no-print-directory compose-test
 	$(MAKE) --no-print-directory fuzz FUZZ_TIME=50000x FUZZ_EXAMPLES=1000
 	$(PY) bench/run.py --quick
+
+## ---- compose stack (deploy/local) ----------------------------------------
+# Docker engine (started if none runs, inside 198.18.0.0/15, no iptables), images from one local Debian
+# base and the artifacts built above; state in .tools/compose. hoptrace.lab.compose has the details.
+.PHONY: compose-base
+compose-base: setup ## the Debian base image hoptrace/debian:bookworm (debootstrap + docker import, ~1 min once)
+	$(PY) -m hoptrace.lab.compose base
+
+.PHONY: compose-images
+compose-images: setup build ## every image of deploy/local/docker-compose.yml (~1 min; nothing when unchanged)
+	$(PY) -m hoptrace.lab.compose images
+
+.PHONY: compose-test
+compose-test: setup build ## the compose stack up, two containers traced via CLI and web UI, all down (~40 s)
+	$(PY) -m pytest -v -s tests/deploy/test_compose.py
 
 # Go native fuzzing (the record decoder; the BPF parser through BPF_PROG_TEST_RUN) and Hypothesis over
 # the spec loader. make test runs them briefly.

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from hoptrace.common.timeouts import scaled
 from hoptrace.dispatcher.spec import spec_to_yaml
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import start_influxd
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         say(f"sockperf UDP ping-pong c1 -> c2 for {args.seconds:g} s at {args.mps} msg/s")
         print(run_sockperf(topo, args.seconds, args.mps))
-        time.sleep(3)  # the collector's join window closes and the last points reach InfluxDB
+        time.sleep(scaled(3))  # the collector's join window closes and the last points reach InfluxDB
 
         say("where the time went (hoptrace report demo-udp)")
         report = cluster.hoptrace("report", "demo-udp", "--since", "5m", check=False)

@@ -36,6 +36,7 @@ from hoptrace.common.grpcutil import (
     secret_from,
     server_tls_from_args,
 )
+from hoptrace.common.timeouts import scaled
 from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
 from hoptrace.v1 import api_pb2
@@ -640,7 +641,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         dispatcher, "influx-token", INFLUX_TOKEN_ENV, "the InfluxDB token (1.8: USER:PASSWORD)"
     )
     dispatcher.add_argument(
-        "--ack-timeout", type=float, default=5.0, help="seconds to wait for each agent's status on apply"
+        "--ack-timeout",
+        type=float,
+        default=scaled(5.0),
+        help="seconds to wait for each agent's status on apply (5, times HOPTRACE_TIMEOUT_SCALE)",
     )
     dispatcher.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     dispatcher.add_argument(

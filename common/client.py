@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from hoptrace.common.timeouts import scaled
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
 # Apply compiles and waits for every agent's status (seconds); the other calls answer at once.
@@ -60,7 +61,7 @@ class ApiClient:
         """Call one API method; gRPC errors become ApiError with the dispatcher's message (or why it could
         not be reached)."""
         try:
-            return getattr(self._get_stub(), method)(request, timeout=timeout)
+            return getattr(self._get_stub(), method)(request, timeout=scaled(timeout))
         except grpc.RpcError as error:
             raise self._error(error, timeout) from None
 

@@ -97,8 +97,11 @@ static __always_inline void add_caused(__u32 owner, __u64 ns, __u64 packets)
 		if (!c)
 			return;
 	}
+	/* Plain atomic adds only (BPF_XADD, every kernel): clang turns an add of a
+	 * constant 0 into an atomic OR, which 5.10 refuses (atomic ops are 5.12). */
 	__sync_fetch_and_add(&c->ns, ns);
-	__sync_fetch_and_add(&c->packets, packets);
+	if (packets)
+		__sync_fetch_and_add(&c->packets, packets);
 }
 
 static __always_inline void note_owner(struct cpu_state *s, __u32 owner)
@@ -146,7 +149,8 @@ static __always_inline void close_segment(struct cpu_state *s, __u64 now)
 SEC("tp_btf/softirq_entry")
 int BPF_PROG(iron_softirq_entry, unsigned int vec)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
+	/* bpf_get_current_task_btf is 5.11: read the task with CO-RE instead. */
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct cpu_state *s;
 	char comm[10];
 

@@ -37,6 +37,7 @@ from hoptrace.common.grpcutil import (
     TLSFiles,
     api_channel,
 )
+from hoptrace.common.timeouts import scaled
 from hoptrace.lab.lifecycle import die_with_parent
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
@@ -197,7 +198,7 @@ class LocalCluster:
         import urllib.error
         import urllib.request
 
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         while True:
             self.check_running()
             try:
@@ -286,7 +287,7 @@ class LocalCluster:
 
     def wait_listening(self, timeout_s: float = 30.0) -> None:
         """Wait until the dispatcher and collector accept connections (agents then connect at once)."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         for addr in (self.dispatcher_addr, self.collector_addr):
             host, _, port = addr.rpartition(":")
             while True:
@@ -359,7 +360,7 @@ class LocalCluster:
 
     def wait_agents(self, nodes: list[str], timeout_s: float = 30.0) -> list[api_pb2.Agent]:
         """Wait until every node in `nodes` is registered and connected."""
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         last_error = ""
         while time.monotonic() < deadline:
             self.check_running()
@@ -376,7 +377,7 @@ class LocalCluster:
 
     def apply(self, spec: trace_pb2.TraceSpec, timeout_s: float = 30.0) -> api_pb2.Trace:
         """Apply a trace through the API; raises grpc.RpcError with the dispatcher's message on failure."""
-        return self.api().ApplyTrace(api_pb2.ApplyTraceRequest(spec=spec), timeout=timeout_s)
+        return self.api().ApplyTrace(api_pb2.ApplyTraceRequest(spec=spec), timeout=scaled(timeout_s))
 
     def hoptrace(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run the `hoptrace` CLI against this cluster's dispatcher."""
@@ -385,6 +386,6 @@ class LocalCluster:
             capture_output=True,
             text=True,
             check=check,
-            timeout=60,
+            timeout=scaled(90),  # beyond the CLI's own deadlines
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.client_env()},
         )

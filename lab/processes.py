@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from hoptrace.common.timeouts import scaled
 from hoptrace.lab.lifecycle import die_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +205,7 @@ bind-address = "127.0.0.1:{rpc_port}"
 
 def wait_http_ok(url: str, timeout_s: float, proc: subprocess.Popen[Any] | None = None) -> bool:
     """Poll ``url`` until it answers 2xx; False on timeout or if ``proc`` exits meanwhile."""
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             return False
@@ -357,7 +358,7 @@ class AgentProcess:
 
         Raises AssertionError naming ``what`` and showing the agent's stderr on timeout or agent exit.
         """
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + scaled(timeout_s)
         with self._cond:
             while True:
                 value = predicate()

@@ -21,18 +21,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hoptrace.common.timeouts import timeout_scale
 from hoptrace.lab.lifecycle import Reaper
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KERNELS_DIR = REPO_ROOT / ".tools" / "kernels"
-
-
-def timeout_scale() -> float:
-    """HOPTRACE_TIMEOUT_SCALE stretches the lab's waits (a slow TCG guest, a loaded CI machine)."""
-    try:
-        return max(1.0, float(os.environ.get("HOPTRACE_TIMEOUT_SCALE", "1")))
-    except ValueError:
-        return 1.0
 
 
 @dataclass(frozen=True)

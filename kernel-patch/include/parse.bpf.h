@@ -382,10 +382,11 @@ struct {
 } tcpopt_scratch SEC(".maps");
 
 /* One option per call. Driven by bpf_loop so the verifier checks one step,
- * not every path through 40 options. */
-static long tcpopt_step(__u64 index, void *data)
+ * not every path through 40 options. Always inlined where the floor unrolls
+ * it: a BPF-to-BPF call stops precision backtracking before 6.3 (every scalar
+ * is then marked precise), and without pruning 5.10 never finishes the walk. */
+static __always_inline long tcpopt_scan_step(struct tcpopt_scan *s)
 {
-	struct tcpopt_scan *s = data;
 	__u32 i = s->pos;
 	__u8 kind, len;
 
@@ -417,6 +418,11 @@ static long tcpopt_step(__u64 index, void *data)
 	}
 	s->pos = i + len;
 	return 0;
+}
+
+static long tcpopt_step(__u64 index, void *data)
+{
+	return tcpopt_scan_step(data);
 }
 
 /* RFC 6994 option 253 with hoptrace's ExID; 0 when absent. */
@@ -454,7 +460,7 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 		__builtin_memcpy(scan, &s, sizeof(s));
 #pragma unroll
 		for (__u32 i = 0; i < TCP_MAX_OPT_LEN; i++)
-			if (tcpopt_step(i, scan))
+			if (tcpopt_scan_step(scan))
 				break;
 		p->id = scan->id;
 		return scan->status;

@@ -1,6 +1,8 @@
 """The deployment files are accepted by their own tools: docker-compose parses and resolves the compose file,
-the Kubernetes manifests parse and carry the agent's host namespaces, mounts and exact capabilities, and
-systemd-analyze verifies the units. (No Docker engine, cluster or systemd host runs them here.)"""
+the Kubernetes manifests validate against the API's own schemas (kubernetes-validate, schemas bundled in the
+package: nothing is fetched) and carry the agent's host namespaces, mounts and exact capabilities, and
+systemd-analyze verifies the units. (No cluster or systemd host runs them here; the local compose stack runs
+in tests/deploy/test_compose.py.)"""
 
 from __future__ import annotations
 
@@ -71,7 +73,8 @@ def test_docker_compose_accepts_the_compose_file():
     services = config["services"]
     assert set(services) == {"influxdb", "grafana", "collector", "dispatcher", "web", "agent"}
     agent = services["agent"]
-    assert agent["privileged"] is True and agent["network_mode"] == "host" and agent["pid"] == "host"
+    assert "privileged" not in agent and agent["network_mode"] == "host" and agent["pid"] == "host"
+    assert agent["cap_drop"] == ["ALL"] and set(agent["cap_add"]) == AGENT_CAPABILITIES
     targets = {volume_target(volume) for volume in agent["volumes"]}
     assert targets >= AGENT_MOUNTS, targets
     grafana_targets = {volume_target(volume) for volume in services["grafana"]["volumes"]}
@@ -136,6 +139,29 @@ def test_kubernetes_manifests_parse_and_name_every_part():
     assert "hoptrace-influxdb" in by_kind("StatefulSet")
     for doc in k8s_documents():
         assert doc["apiVersion"] and doc["metadata"]["name"]
+
+
+# The oldest and the newest Kubernetes minor whose schemas kubernetes-validate bundles and we support.
+K8S_VERSIONS = ("1.29.0", "1.37.0")
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_kubernetes_manifests_validate_against_the_api_schemas(version: str):
+    """Strict: a field the API does not have (a typo, a wrong indentation) is an error, not ignored."""
+    import kubernetes_validate
+
+    documents = k8s_documents()
+    assert len(documents) >= 10
+    for document in documents:
+        kubernetes_validate.validate(document, version, strict=True)
+    # The validator does reject what the API would: a misspelt field and a wrong type.
+    daemonset = by_kind("DaemonSet")["hoptrace-agent"]
+    for broken in (
+        {**daemonset, "spec": {**daemonset["spec"], "updateStrategyy": {}}},
+        {**daemonset, "spec": 3},
+    ):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, version, strict=True)
 
 
 def test_agent_daemonset_has_host_namespaces_mounts_and_exactly_its_capabilities():

@@ -1,8 +1,10 @@
 """The kernel matrix: hoptrace's BPF in guests running the kernels users run (lab/vm.py).
 
 In each guest: every program of every object loads the way the agent loads it (the variant that kernel
-needs), the parser, tagging, sampling and filter tests pass through BPF_PROG_TEST_RUN, and a tc hop
-attached the way that kernel allows (tcx from 6.6, else a clsact filter) sees real packets on a veth.
+needs), the parser, tagging, sampling and filter tests pass through BPF_PROG_TEST_RUN, a tc hop
+attached the way that kernel allows (tcx from 6.6, else a clsact filter) sees real packets on a veth, and
+the agent's tracer tags a real datagram and streams every hop's record of it, kprobe and fentry hops
+included (this host refuses both; Debian's kernels allow them).
 The test binaries are built here and run there: the guest shares this machine's root.
 """
 
@@ -23,12 +25,12 @@ GUEST_TESTS = {
     "loader": "TestEveryProgramLoads|TestParserFindsIDs|TestParserRejectsMalformed|TestTagUDP|TestSampleEvery"
     "|TestFilterSelectsPackets",
     "attach": "TestClsactFallback",
+    "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops",
 }
 
-# Kernels the matrix requires: Debian 12 (6.1, also the base of Amazon Linux 2023 and COS) and its
-# backports (6.12). 5.10 (Debian 11) is fetched too, but its verifier does not yet accept the floor
-# variants within its budget: see the issue's notes.
-REQUIRED = ("6.1", "6.12")
+# Kernels the matrix requires: Debian 11 (5.10, also Amazon Linux 2's), Debian 12 (6.1, also the base of
+# Amazon Linux 2023 and COS) and its backports (6.12). 5.10 runs the _floor variants.
+REQUIRED = ("5.10", "6.1", "6.12")
 
 
 def matrix_kernels() -> list[vm.Kernel]:
@@ -68,5 +70,8 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
     # Every requested test ran and passed (a pattern that matched nothing would pass on nothing).
     for name in "|".join(GUEST_TESTS.values()).split("|"):
         assert name in passed, f"{name} did not pass on {kernel.release}: {passed}"
+    # Debian's kernels have kprobes and no lockdown: both kernel-function hops must record, not be refused.
+    for kind in ("kprobe", "fentry"):
+        assert f"recorded by {kind} ip_rcv" in output, f"{kind} hop recorded nothing on {kernel.release}"
     loads = [name for name in passed if name.startswith("TestEveryProgramLoads/")]
     assert len(loads) >= 20, f"only {len(loads)} programs loaded on {kernel.release}"

@@ -50,14 +50,14 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.Tracing: {
 			attach:  set(ebpf.AttachTraceRawTp),
-			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit),
+			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit),
 			kfuncs:  set[string](),
 		},
 	},
 	"iron": {
 		ebpf.Tracing: {
 			attach:  set(ebpf.AttachTraceRawTp),
-			helpers: set(asm.FnGetCurrentCgroupId, asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetCurrentTaskBtf, asm.FnKtimeGetNs, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel),
+			helpers: set(asm.FnGetCurrentCgroupId, asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetCurrentTask, asm.FnKtimeGetNs, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel),
 			kfuncs:  set[string](),
 		},
 	},

@@ -383,6 +383,39 @@ func TestFilterSelectsPackets(t *testing.T) {
 // does, enumerated from the objects (nothing listed by hand). A program this kernel refuses fails the
 // test unless the refusal is a known one whose condition is checked here: fentry under kernel lockdown
 // (integrity or confidentiality forbid reading kernel memory with BPF).
+// TestFloorVariantsHaveNoCalls keeps 5.10 loading: before 6.3 a BPF-to-BPF call
+// stops the verifier's precision backtracking (every scalar is marked precise),
+// nothing prunes, and 5.10 never finishes verifying an unrolled parser. MACE's
+// programs parse with the floor code everywhere, so they are held to it too.
+func TestFloorVariantsHaveNoCalls(t *testing.T) {
+	objects := map[string]func(name string) bool{
+		"hoptrace.bpf.o": func(name string) bool { return strings.HasSuffix(name, loader.FloorSuffix) },
+		"mace.bpf.o":     func(string) bool { return true },
+		"iron.bpf.o":     func(string) bool { return true },
+	}
+	checked := 0
+	for object, held := range objects {
+		spec, err := ebpf.LoadCollectionSpec(filepath.Join(filepath.Dir(tu.ObjectPath()), object))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, ps := range spec.Programs {
+			if !held(name) {
+				continue
+			}
+			checked++
+			for _, ins := range ps.Instructions {
+				if ins.IsFunctionCall() || ins.IsLoadOfFunctionPointer() {
+					t.Errorf("%s/%s calls or references a BPF function (%v): inline it", object, name, ins)
+				}
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("only %d programs checked", checked)
+	}
+}
+
 func TestEveryProgramLoads(t *testing.T) {
 	h := newHarness(t)
 	floor, why := loader.NeedsFloor()

@@ -18,6 +18,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
@@ -204,6 +205,157 @@ func TestAttachRecordsAndDetach(t *testing.T) {
 	}
 	if n := tcxCount(t, p); n != 0 {
 		t.Errorf("%d tcx programs left after Close", n)
+	}
+}
+
+// TestTracerStreamsRealTraffic is what the kernel matrix runs in each guest: the
+// agent's own Apply, on whatever attach mode and program variant this kernel
+// gets (tcx or a clsact filter, full or _floor), tags a real packet, and every
+// hop's record of it reaches the stream in path order.
+func TestTracerStreamsRealTraffic(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.41")
+	floor, why := loader.NeedsFloor()
+	t.Logf("floor variants: %v %s", floor, why)
+	got := traceOneDatagram(t, p, plan(p, 1))
+	for i, r := range got {
+		if r.Flags&record.FlagUDP == 0 || r.TraceSlot == 0 {
+			t.Errorf("hop %d record %+v", i, r)
+		}
+	}
+	// Egress on one end before the other end's receive (netif_receive_skb fires before tc ingress).
+	if !(got[0].TsNs <= got[2].TsNs && got[2].TsNs <= got[1].TsNs) {
+		t.Errorf("records out of path order: %+v", got)
+	}
+}
+
+// TestKernelFunctionHops attaches a kprobe and an fentry hop at ip_rcv (every
+// IPv4 packet a device hands up passes it, after tc ingress; netif_receive_skb
+// itself is not on a veth's path, which delivers through the backlog). Where
+// the kernel cannot (this host: no kprobe_events, fentry refused by lockdown),
+// the refusal names the hop and the reason, and nothing stays attached; the
+// kernel matrix requires the records in Debian's kernels, which allow both.
+func TestKernelFunctionHops(t *testing.T) {
+	tu.RequireRoot(t)
+	for _, kind := range []pb.AttachKind{pb.AttachKind_ATTACH_KIND_KPROBE, pb.AttachKind_ATTACH_KIND_FENTRY} {
+		t.Run(spelling(kind), func(t *testing.T) {
+			p := tu.NewVethPair(t, "198.18.42")
+			pl := plan(p, 1)
+			program := map[pb.AttachKind]string{pb.AttachKind_ATTACH_KIND_KPROBE: loader.ProgKprobe,
+				pb.AttachKind_ATTACH_KIND_FENTRY: loader.ProgFentry}[kind]
+			pl.Hops[2] = &pb.HopAttach{HopIndex: 2, Name: "b-ip-rcv", Kind: kind, Function: "ip_rcv",
+				Program: program, Dev: p.DevB, Netns: p.NsB}
+			refusal := attach.KprobeUnsupported()
+			if kind == pb.AttachKind_ATTACH_KIND_FENTRY {
+				refusal = ""
+				if lockdown := attach.LockdownReason(); strings.HasPrefix(lockdown, "kernel lockdown (") {
+					refusal = "fentry not permitted: " + lockdown
+				}
+			}
+			if refusal != "" {
+				q := stream.NewQueue(0)
+				m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer m.Close()
+				// The agent reports each hop's outcome; the dispatcher rolls the whole trace back.
+				hop := m.Apply(pl).GetHops()[2]
+				if hop.GetAttached() || !strings.Contains(hop.GetError(), "hop b-ip-rcv") || !strings.Contains(hop.GetError(), refusal) {
+					t.Fatalf("want a refusal naming hop b-ip-rcv and %q, got %v", refusal, hop)
+				}
+				if err := m.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if n := tcxCount(t, p); n != 0 {
+					t.Fatalf("%d tc programs left attached", n)
+				}
+				t.Logf("refused, as this kernel must: %s", hop.GetError())
+				return
+			}
+			got := traceOneDatagram(t, p, pl)
+			rcv := got[2]
+			if rcv.Flags&record.FlagUDP == 0 || rcv.Ifindex == 0 || rcv.Ifindex != got[1].Ifindex {
+				t.Errorf("ip_rcv record %+v, tc ingress record %+v", rcv, got[1])
+			}
+			if !(got[0].TsNs <= got[1].TsNs && got[1].TsNs <= rcv.TsNs) {
+				t.Errorf("records out of path order: %+v", got)
+			}
+			t.Logf("recorded by %s ip_rcv: packet %#x, %d ns after tc ingress", spelling(kind), rcv.PacketID, rcv.TsNs-got[1].TsNs)
+		})
+	}
+}
+
+// spelling is the spec's name of an attach kind (ATTACH_KIND_KPROBE: kprobe).
+func spelling(k pb.AttachKind) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(k.String(), "ATTACH_KIND_")), "_", "-")
+}
+
+// traceOneDatagram applies pl (hop 0 tags UDP), sends one datagram from the
+// pair's A end to B, and returns the records of the first packet that has one
+// from every hop of the plan.
+func traceOneDatagram(t *testing.T, p *tu.VethPair, pl *pb.TracePlan) map[uint16]record.Record {
+	t.Helper()
+	q := stream.NewQueue(0)
+	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	}()
+	pl.Hops[0].TagUdp = true
+	st := m.Apply(pl)
+	if !st.GetActive() || st.GetError() != "" {
+		t.Fatalf("status %v", st)
+	}
+	for _, h := range st.GetHops() {
+		if !h.GetAttached() {
+			t.Fatalf("hop %s: %s", h.GetName(), h.GetError())
+		}
+	}
+	// An untagged datagram: the first hop tags it, the others read the ID it wrote.
+	err = netns.Do(netns.Path(p.NsA, ""), func() error {
+		conn, err := net.Dial("udp4", net.JoinHostPort(p.AddrB, "5000"))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_, err = conn.Write([]byte("hoptrace"))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	seen := map[uint32]map[uint16]record.Record{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		b := q.Pop(ctx)
+		if b == nil {
+			t.Fatalf("no packet has a record from every hop: %v", seen)
+		}
+		for off := 0; off < len(b.Records); off += record.Size {
+			var r record.Record
+			if err := record.Decode(b.Records[off:], &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.PacketID == 0 {
+				continue
+			}
+			if seen[r.PacketID] == nil {
+				seen[r.PacketID] = map[uint16]record.Record{}
+			}
+			seen[r.PacketID][r.HopIndex] = r
+			if got := seen[r.PacketID]; len(got) == len(pl.Hops) {
+				if got[0].Flags&record.FlagTaggedHere == 0 {
+					t.Errorf("the first hop did not tag: %+v", got[0])
+				}
+				return got
+			}
+		}
 	}
 }
 

@@ -1,0 +1,406 @@
+"""The local compose stack, started for real (`make compose-test`): the Docker engine (started if none runs,
+inside 198.18.0.0/15, and stopped again), images from the local Debian base, dispatcher, collector,
+InfluxDB, web UI and agent in containers, two application containers on a compose network. A trace of
+their UDP traffic is applied through the `hoptrace` CLI, read back through `hoptrace report` and through
+the logged-in web UI, and everything is brought down: no container, network, volume, namespace or BPF
+link of the run is left, and the root namespace's forwarding settings are as they were."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hoptrace.lab.compose import (
+    APP_ADDRESSES,
+    APPS_BRIDGE,
+    COMPOSE_FILE,
+    DOCKER_COMPOSE,
+    ComposeError,
+    ComposeStack,
+    DockerEngine,
+    HostState,
+    bpf_ids_alive,
+    bpf_ids_held_by,
+    build_images,
+    netns_inodes_in_use,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+TRACE = "compose-udp"
+PORT = 11111
+PACKETS = 400
+# The agent's capabilities in deploy/kubernetes/agent-daemonset.yaml and the systemd unit's bounding set
+# (tests/deploy/test_manifests.py). The compose agent runs with exactly these but BPF and PERFMON, which
+# Debian 12's Docker 20.10 cannot name; the kernel accepts CAP_SYS_ADMIN for both (bpf_capable(),
+# perfmon_capable()).
+AGENT_CAPABILITIES = {"BPF", "PERFMON", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}
+IMPLIED_BY_SYS_ADMIN = {"BPF", "PERFMON"}
+CAP_BITS = {"NET_ADMIN": 12, "SYS_PTRACE": 19, "SYS_ADMIN": 21}  # linux/capability.h
+
+RECEIVER = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+print("ready", flush=True)
+s.settimeout(float(sys.argv[2]))
+n = 0
+try:
+    while True:
+        s.recv(65535)
+        n += 1
+except socket.timeout:
+    pass
+print(n, flush=True)
+"""
+
+SENDER = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for i in range(int(sys.argv[3])):
+    s.sendto(i.to_bytes(4, "big") * 16, (sys.argv[1], int(sys.argv[2])))
+    time.sleep(0.002)
+"""
+
+
+_SETUP_FAILURE: list[str] = []
+
+
+@dataclass
+class Run:
+    """The stack of this module and what the tests learned about it."""
+
+    stack: ComposeStack
+    engine: DockerEngine
+    timings: dict[str, float] = field(default_factory=dict)
+    app_pids: dict[str, int] = field(default_factory=dict)
+    app_netns: set[int] = field(default_factory=set)
+    app_veths: set[str] = field(default_factory=set)
+    sandboxes: set[str] = field(default_factory=set)
+    agent_links: set[int] = field(default_factory=set)
+    agent_programs: set[int] = field(default_factory=set)
+    report: dict[str, Any] = field(default_factory=dict)
+    spec: dict[str, Any] = field(default_factory=dict)
+    down: bool = False
+
+
+def hoptrace(stack: ComposeStack, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The `hoptrace` CLI against the stack's dispatcher (admin certificate and token in the environment)."""
+    return subprocess.run(
+        [sys.executable, "-m", "hoptrace.cli.main", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=stack.client_env(),
+    )
+
+
+def wait_for(what: str, check, timeout_s: float, interval_s: float = 0.5):  # noqa: ANN001, ANN201
+    """Poll `check()` until it returns something true; fail with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout_s:.0f} s", pytrace=False)
+        time.sleep(interval_s)
+
+
+@pytest.fixture(scope="module")
+def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    """Engine, images, stack up with the agent registered; down, engine stopped (if started here) and the
+    host's settings compared afterwards, whatever the tests did."""
+    for tool in ("dockerd", "docker", "debootstrap", "bpftool"):
+        assert shutil.which(tool), f"{tool} is missing: run `make setup`"
+    assert DOCKER_COMPOSE.exists(), f"{DOCKER_COMPOSE} is missing: run `make setup`"
+    if _SETUP_FAILURE:  # pytest sets a failed module fixture up again for every test: once is enough
+        pytest.fail(f"the compose stack did not come up (first error: {_SETUP_FAILURE[0]})", pytrace=False)
+    before = HostState.capture()
+    engine = DockerEngine()
+    run = Run(ComposeStack(tmp_path_factory.mktemp("compose")), engine)
+    start = time.monotonic()
+    try:
+        engine.ensure()
+        run.timings["engine start"] = time.monotonic() - start
+        run.timings["images (build or cache)"] = build_images()
+        run.stack.down()  # a run killed before its teardown left its project behind
+        up = time.monotonic()
+        run.stack.up()
+        node = run.stack.node
+
+        def registered() -> bool:
+            if run.stack.inspect("agent", "{{.State.Status}}") != "running":
+                _SETUP_FAILURE.append("the agent exited")
+                pytest.fail(f"the agent's container exited:\n{run.stack.logs()}", pytrace=False)
+            result = hoptrace(run.stack, "agents", "--json")
+            return result.returncode == 0 and any(
+                agent.get("node") == node and agent.get("connected") for agent in json.loads(result.stdout)
+            )
+
+        wait_for(f"agent {node} registered with the dispatcher\n{run.stack.logs()}", registered, 60)
+        run.timings["stack up, agent registered"] = time.monotonic() - up
+        for service in ("influxdb", "dispatcher", "collector", "web", "app-a", "app-b"):
+            run.sandboxes.add(run.stack.inspect(service, "{{.NetworkSettings.SandboxKey}}"))
+        yield run
+    except ComposeError as error:
+        _SETUP_FAILURE.append(str(error).splitlines()[0])
+        pytest.fail(f"{error}\n{run.stack.logs() if engine.answers() else ''}", pytrace=False)
+    finally:
+        teardown = time.monotonic()
+        try:
+            if not run.down and engine.answers():
+                run.stack.down()
+        finally:
+            started_here = engine.started_here
+            restored = engine.stop()
+            run.timings["down and engine stop"] = time.monotonic() - teardown
+            run.timings["whole tier"] = time.monotonic() - start
+            print("\ncompose tier timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in run.timings.items()))
+        if started_here:
+            assert not left_sandboxes(run), f"namespaces left: {left_sandboxes(run)}"
+        assert not restored, f"the engine changed the root namespace's settings (restored): {restored}"
+        after = HostState.capture()
+        assert after == before, f"host settings before {before}, after {after}"
+
+
+def left_sandboxes(run: Run) -> list[str]:
+    """The containers' network namespace files (Docker's SandboxKey) that still exist."""
+    return [key for key in run.sandboxes if Path(key).exists()]
+
+
+def test_compose_file_agent_has_exactly_the_daemonset_capabilities():
+    """The compose agent runs with the DaemonSet's capability list (not privileged, not ALL) less what
+    CAP_SYS_ADMIN implies: the traced run below proves that is enough."""
+    compose = yaml.safe_load(COMPOSE_FILE.read_text())
+    agent = compose["services"]["agent"]
+    assert "privileged" not in agent
+    assert agent["cap_drop"] == ["ALL"]
+    assert set(agent["cap_add"]) == AGENT_CAPABILITIES - IMPLIED_BY_SYS_ADMIN
+    assert agent["network_mode"] == "host" and agent["pid"] == "host"
+    daemonset = yaml.safe_load((REPO / "deploy" / "kubernetes" / "agent-daemonset.yaml").read_text())
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert set(container["securityContext"]["capabilities"]["add"]) == AGENT_CAPABILITIES
+    for name, network in compose["networks"].items():
+        for subnet in network["ipam"]["config"]:
+            assert subnet["subnet"].startswith(("198.18.", "198.19.")), (name, subnet)
+
+
+def test_stack_runs_with_the_agent_capabilities(compose_run: Run):
+    stack = compose_run.stack
+    status = stack.inspect("agent", "{{.State.Status}} {{.HostConfig.Privileged}}")
+    assert status == "running false", status
+    capabilities = stack.inspect("agent", "{{json .HostConfig.CapAdd}}")
+    assert {cap.removeprefix("CAP_") for cap in json.loads(capabilities)} == set(CAP_BITS)
+    # What the agent process really holds: exactly those, nothing else (bits of linux/capability.h).
+    status = Path(f"/proc/{stack.pid('agent')}/status").read_text()
+    effective = int(re.search(r"^CapEff:\s+([0-9a-f]+)$", status, re.M).group(1), 16)
+    assert effective == sum(1 << bit for bit in CAP_BITS.values()), hex(effective)
+    for service in ("influxdb", "dispatcher", "collector", "web", "app-a", "app-b"):
+        assert stack.inspect(service, "{{.State.Status}}") == "running", service
+    agents = json.loads(hoptrace(stack, "agents", "--json").stdout)
+    (agent,) = [a for a in agents if a["node"] == stack.node]
+    assert agent["kernel_release"] and "tc" in json.dumps(agent)
+
+
+def test_trace_of_two_containers_through_the_cli(compose_run: Run):
+    stack = compose_run.stack
+    for service in ("app-a", "app-b"):
+        compose_run.app_pids[service] = pid = stack.pid(service)
+        compose_run.app_netns.add(Path(f"/proc/{pid}/ns/net").stat().st_ino)
+        compose_run.app_veths.add(stack.host_veth(service))
+    veth_a, veth_b = stack.host_veth("app-a"), stack.host_veth("app-b")
+    assert Path(f"/sys/class/net/{veth_a}/master").resolve().name == APPS_BRIDGE
+    node = stack.node
+    netns = {service: f"/proc/{pid}/ns/net" for service, pid in compose_run.app_pids.items()}
+    spec = {
+        "name": TRACE,
+        "filter": {
+            "protocol": "udp",
+            "src": APP_ADDRESSES["app-a"],
+            "dst": APP_ADDRESSES["app-b"],
+            "dst_port": PORT,
+        },
+        "sample": 1,
+        "hops": [
+            # eth0 inside app-a's namespace (by path: Docker's namespaces are not under /run/netns),
+            # where UDP packets get their ID; the host sides of both veths; eth0 inside app-b.
+            {"name": "a-eth0-out", "node": node, "at": "tc-egress", "dev": "eth0", "netns": netns["app-a"]},
+            {"name": "a-veth-in", "node": node, "at": "tc-ingress", "dev": veth_a},
+            {"name": "b-veth-out", "node": node, "at": "tc-egress", "dev": veth_b},
+            {"name": "b-eth0-in", "node": node, "at": "tc-ingress", "dev": "eth0", "netns": netns["app-b"]},
+        ],
+    }
+    compose_run.spec = spec
+    start = time.monotonic()
+    applied = hoptrace(stack, "trace", "apply", "-f", "-", stdin=yaml.safe_dump(spec))
+    assert applied.returncode == 0, applied.stderr + stack.logs()
+    wait_for(
+        f"trace {TRACE} active on {node}",
+        lambda: "1/1 nodes active" in hoptrace(stack, "trace", "ls").stdout,
+        60,
+    )
+    compose_run.timings["trace applied and active"] = time.monotonic() - start
+    agent_pid = stack.pid("agent")
+    compose_run.agent_links, compose_run.agent_programs = bpf_ids_held_by(agent_pid)
+    assert len(compose_run.agent_links) >= 4, compose_run.agent_links  # one per hop at least
+
+    receiver = subprocess.Popen(
+        ["docker", "exec", stack.container("app-b"), "python3", "-c", RECEIVER, str(PORT), "3"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
+        stack.exec("app-a", "python3", "-c", SENDER, APP_ADDRESSES["app-b"], str(PORT), str(PACKETS))
+        received = int(receiver.stdout.readline())
+    finally:
+        if receiver.poll() is None:  # `docker exec` itself; the receiver in app-b ends after 3 s idle
+            receiver.kill()
+        receiver.wait(30)
+    assert received == PACKETS
+
+    def complete_report() -> dict[str, Any] | None:
+        result = hoptrace(stack, "report", TRACE, "--json")
+        if result.returncode != 0:
+            return None
+        report = json.loads(result.stdout)
+        # Windows close and points are written one after the other: wait until every part is in.
+        counts = [report["packets"], report["complete"], report["end_to_end"].get("count")]
+        counts += [segment["count"] for segment in report["segments"]]
+        return report if counts == [PACKETS] * 6 and len(report["hops"]) == 4 else None
+
+    start = time.monotonic()
+    report = wait_for(f"{PACKETS} packets end to end in `hoptrace report`", complete_report, 60)
+    compose_run.timings["traffic to complete report"] = time.monotonic() - start
+    compose_run.report = report
+    assert report["packets"] == report["complete"] == PACKETS
+    names = [(s["from"], s["to"]) for s in report["segments"]]
+    assert names == [("a-eth0-out", "a-veth-in"), ("a-veth-in", "b-veth-out"), ("b-veth-out", "b-eth0-in")]
+    for segment in [*report["segments"], report["end_to_end"]]:
+        assert segment["count"] == PACKETS and segment["incomplete"] == 0 and segment["loss_count"] == 0
+        assert segment["same_node"] is True
+        # Real latencies: a veth crossing or a bridge takes microseconds, never nothing, never seconds.
+        assert 0 < segment["p50_ns"] <= segment["p90_ns"] <= segment["p99_ns"] <= segment["max_ns"] < 1e9
+        assert segment["p50_ns"] < 1_000_000, segment
+    # Every packet crossed every segment: the end-to-end mean is the sum of the segments' means.
+    total = sum(s["mean_ns"] for s in report["segments"])
+    assert abs(report["end_to_end"]["mean_ns"] - total) < 1.0, (report["end_to_end"]["mean_ns"], total)
+    for hop in report["hops"]:
+        assert hop["packets_per_s"] > 0 and hop["bytes_per_s"] > 0, hop
+
+    text = hoptrace(stack, "report", TRACE)
+    assert text.returncode == 0, text.stderr
+    assert f"trace {TRACE}: {PACKETS} packets, {PACKETS} complete" in text.stdout
+    for from_hop, to_hop in names:
+        assert re.search(rf"{from_hop} > {to_hop} \[node\]\s+{PACKETS}\s", text.stdout), text.stdout
+
+
+def test_web_ui_shows_the_same_decomposition_logged_in(compose_run: Run):
+    assert compose_run.report, "needs the traced run of test_trace_of_two_containers_through_the_cli"
+    url = compose_run.stack.web_url
+    jar = http.cookiejar.CookieJar()
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{url}/traces/{TRACE}/results.json", timeout=30)
+    assert refused.value.code == 401
+    login_page = browser.open(f"{url}/login", timeout=30).read().decode()
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', login_page).group(1)
+    form = {"username": "admin", "password": compose_run.stack.web_password, "csrf_token": csrf}
+    with browser.open(f"{url}/login", urllib.parse.urlencode(form).encode(), timeout=30) as answer:
+        assert answer.status == 200 and not answer.url.endswith("/login"), answer.url
+    with browser.open(f"{url}/traces/{TRACE}/results.json", timeout=60) as answer:
+        web = json.loads(answer.read())["report"]
+    cli = json.loads(hoptrace(compose_run.stack, "report", TRACE, "--json").stdout)
+    assert web["packets"] == cli["packets"] == PACKETS
+    assert [(s["from"], s["to"], s["count"]) for s in web["segments"]] == [
+        (s["from"], s["to"], s["count"]) for s in cli["segments"]
+    ]
+    assert web["end_to_end"]["p50_ns"] == cli["end_to_end"]["p50_ns"] > 0
+    page = browser.open(f"{url}/traces/{TRACE}/results", timeout=60).read().decode()
+    for hop in ("a-eth0-out", "a-veth-in", "b-veth-out", "b-eth0-in"):
+        assert hop in page
+    agents_page = browser.open(f"{url}/agents/", timeout=60).read().decode()
+    assert compose_run.stack.node in agents_page
+
+
+@pytest.mark.parametrize(
+    ("missing", "symptom"),
+    [
+        # setns into the containers' namespaces is refused, and bpf() too (no CAP_BPF either): the agent
+        # stops at its first BPF call (cilium/ebpf then tries RLIMIT_MEMLOCK, also refused).
+        ("SYS_ADMIN", "operation not permitted"),
+        # /proc/PID/ns/net of the applications (uid 10001) needs ptrace read access.
+        ("SYS_PTRACE", "permission denied"),
+    ],
+)
+def test_the_agent_fails_without_each_capability(compose_run: Run, missing: str, symptom: str):
+    """The capability list is not just enough but needed: without SYS_ADMIN or SYS_PTRACE the same trace
+    fails, with the kernel's refusal in the agent's words. (NET_ADMIN is not provable here: tcx links,
+    6.6+, also accept CAP_SYS_ADMIN; clsact filters on older kernels need CAP_NET_ADMIN itself.)"""
+    assert compose_run.report, "needs the traced run of test_trace_of_two_containers_through_the_cli"
+    stack = compose_run.stack
+    stack.compose("stop", "agent")
+    name = f"hoptrace-local-without-{missing.lower().replace('_', '-')}"
+    stack.run_agent_with(sorted(set(CAP_BITS) - {missing}), name)
+    try:
+        status = stack.inspect_container(name, "{{.State.Status}}")
+
+        def refused() -> str | None:
+            logs = run_logs(name)
+            if symptom in logs:
+                return logs
+            result = hoptrace(stack, "trace", "apply", "-f", "-", stdin=yaml.safe_dump(compose_run.spec))
+            return result.stderr if result.returncode != 0 and symptom in result.stderr else None
+
+        message = wait_for(f"the agent without CAP_{missing} refused ({status})", refused, 30, 1)
+        assert "Traceback" not in message
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
+        stack.compose("start", "agent")
+
+
+def run_logs(container: str) -> str:
+    """A container's output (stdout and stderr)."""
+    result = subprocess.run(["docker", "logs", container], capture_output=True, text=True, timeout=60)
+    return result.stdout + result.stderr
+
+
+def test_down_leaves_no_container_network_namespace_or_bpf_link(compose_run: Run):
+    assert compose_run.agent_links, "needs the traced run of test_trace_of_two_containers_through_the_cli"
+    # The agent as it runs now (restarted by the capability test), with whatever it holds now.
+    links, programs = bpf_ids_held_by(compose_run.stack.pid("agent"))
+    compose_run.agent_links |= links
+    compose_run.agent_programs |= programs
+    start = time.monotonic()
+    compose_run.stack.down()
+    compose_run.down = True
+    compose_run.timings["compose down"] = time.monotonic() - start
+    left = compose_run.stack.project_objects()
+    assert left == {"containers": [], "networks": [], "volumes": []}, left
+    devices = {path.name for path in Path("/sys/class/net").iterdir()}
+    assert not devices & {APPS_BRIDGE, *compose_run.app_veths}, devices
+    assert not netns_inodes_in_use() & compose_run.app_netns
+    # Docker's handles on the containers' namespaces (bind mounts of nsfs) go with dockerd's periodic
+    # sandbox clean-up (every 60 s) or when it stops; a dockerd started here stops in the fixture's
+    # teardown, which checks them then.
+    if not compose_run.engine.started_here:
+        wait_for("Docker released the containers' namespaces", lambda: not left_sandboxes(compose_run), 90, 2)
+    links, programs = bpf_ids_alive()
+    assert not links & compose_run.agent_links, links & compose_run.agent_links
+    assert not programs & compose_run.agent_programs, programs & compose_run.agent_programs
