@@ -16,7 +16,9 @@ instead (`agent/internal/kafka`) and any number of collectors share it:
   its partitions are replayed from there by their next owner.
 * what is replayed was possibly written before: a replayed packet's `hop_latency` points have the same
   series, timestamp and fields, and InfluxDB keeps one point per series and timestamp, so they overwrite
-  themselves (not counted twice). Per-second aggregates (`segment_stats`, `hop_counters`) are computed per
+  themselves (not counted twice). For that, a replay in the same process (a partition lost and assigned
+  back) must not take the 1 ns collision shift of the exporter's deduper: `ReplayDeduper` hands a packet
+  seen again its first timestamp. Per-second aggregates (`segment_stats`, `hop_counters`) are computed per
   partition and would overwrite each other's share: merging them across partitions and collectors is the
   job of the sketches (issue 14, part 3), not of this stage.
 
@@ -32,7 +34,7 @@ import logging
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from google.protobuf.message import DecodeError
 
+from hoptrace.collector.aggregate import LatencySample
 from hoptrace.collector.catalog import TraceCatalog
-from hoptrace.collector.influx import InfluxConfig, InfluxExporter, ensure_database
+from hoptrace.collector.influx import InfluxConfig, InfluxExporter, TimestampDeduper, ensure_database
 from hoptrace.collector.metrics import MetricsServer, _Writer, start_metrics_server
 from hoptrace.collector.receiver import SeenBatches
 from hoptrace.collector.records import RecordDecodeError, decode_batch
@@ -128,6 +131,31 @@ class KafkaConfig:
         }
 
 
+class ReplayDeduper(TimestampDeduper):
+    """`TimestampDeduper` that gives a packet seen again (a partition replayed in this process after a
+    rebalance) the timestamp it got the first time, so its points overwrite themselves instead of moving
+    1 ns on as a collision and being counted twice. Remembers the last `capacity` points."""
+
+    def __init__(self, capacity: int = 2_000_000) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.replayed = 0
+        self._given: OrderedDict[tuple[str, str, str, str, int, int], int] = OrderedDict()
+
+    def unique(self, s: LatencySample) -> int:
+        """The timestamp of `s`: the one it had before if this packet's point was made already."""
+        key = (s.trace, s.segment, s.from_node, s.to_node, s.ts_ns, s.packet_id)
+        ts = self._given.get(key)
+        if ts is not None:
+            self.replayed += 1
+            return ts
+        ts = super().unique(s)
+        self._given[key] = ts
+        if len(self._given) > self.capacity:
+            self._given.popitem(last=False)
+        return ts
+
+
 class CommitTrackingExporter(InfluxExporter):
     """The InfluxDB exporter, counting points in the order they pass: `accepted` (queued) and `settled`
     (written, or dropped for good). The exporter writes in queue order (the spool is replayed before
@@ -137,6 +165,7 @@ class CommitTrackingExporter(InfluxExporter):
     def __init__(self, config: InfluxConfig) -> None:
         super().__init__(config)
         self.accepted = 0
+        self.dedupe = ReplayDeduper()
 
     def submit_lines(self, lines: list[str]) -> None:
         """Queue lines (see `InfluxExporter.submit_lines`), counting those accepted."""
@@ -502,6 +531,12 @@ def render_kafka_metrics(service: KafkaCollectorService) -> str:
         "counter",
         "Messages skipped: foreign (no hoptrace header) or malformed (undecodable).",
         [({"reason": "foreign"}, st.foreign), ({"reason": "malformed"}, st.malformed)],
+    )
+    w.one(
+        "kafka_replayed_points_total",
+        "counter",
+        "hop_latency points made again for replayed packets (written over themselves, not twice).",
+        getattr(exp.dedupe, "replayed", 0),
     )
     w.one("kafka_commits_total", "counter", "Offset commits (after the points were written).", st.commits)
     w.one("kafka_commit_errors_total", "counter", "Offset commits that failed (retried).", st.commit_errors)

@@ -242,9 +242,9 @@ func (p *Producer) options() ([]kgo.Opt, error) {
 		// Partitions are chosen here (PartitionOf), never by the client.
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.MaxBufferedBytes(maxBuf),
-		// Retry for as long as the brokers are away: the buffer bound, not a
-		// timeout, decides what is given up (in the agent's counted queue).
-		kgo.RecordRetries(-1),
+		// Retry for as long as the brokers are away (franz-go's default: no
+		// retry limit, no delivery timeout): the buffer bound, not a timeout,
+		// decides what is given up (in the agent's counted queue).
 		kgo.RecordDeliveryTimeout(0),
 		kgo.UnknownTopicRetries(-1),
 		kgo.ProducerLinger(5 * time.Millisecond),
