@@ -287,6 +287,9 @@ func start(cfg Config) (*running, error) {
 		cfg.Log.Warn("SIMULATED clock error", "offset", cfg.ClockOffset, "drift_ppm", cfg.ClockDriftPPM)
 	}
 	if cfg.Kafka != nil {
+		if cfg.ClockServer == "" {
+			cfg.Log.Warn("no --clock-server with --kafka-brokers: records carry no clock offset; name a collector's time service (host:7123)")
+		}
 		a.producer = &kafka.Producer{Config: *cfg.Kafka, Node: cfg.Node, Queue: a.collectorQueue, Counters: a.mgr.Counters,
 			Clock: a.nodeClock.NodeClock, Log: cfg.Log}
 	} else if cfg.Collector != "" {
