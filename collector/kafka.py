@@ -317,27 +317,38 @@ class KafkaCollectorService:
         tick_at = commit_at = time.monotonic()
         while not self._stop.is_set():
             try:
-                messages = self.consumer.consume(num_messages=500, timeout=0.1)
-            except KafkaException as err:  # a fatal consumer error: log, count, go on
+                tick_at, commit_at = self._run_once(tick_at, commit_at)
+            except KafkaException as err:  # a consumer error: log, count, go on
                 self.stats.consumer_errors += 1
                 log.error("kafka consume: %s", err)
                 time.sleep(0.5)
-                continue
-            for msg in messages:
-                try:
-                    self._handle(msg)
-                except Exception:  # noqa: BLE001 - one bad message must not stop the partition
-                    self.stats.malformed += 1
-                    log.exception("kafka: message %s/%s skipped", msg.partition(), msg.offset())
-            now = time.monotonic()
-            if now >= tick_at:
-                tick_at = now + self.config.tick_s
-                for state in list(self.partitions.values()):
-                    state.pipeline.tick()
-            if now >= commit_at:
-                commit_at = now + self.kafka.commit_interval_s
-                self._take_checkpoint()
-                self._commit_settled()
+            except Exception as err:  # noqa: BLE001 - a bug must not stop consuming (nor show a traceback)
+                self.stats.consumer_errors += 1
+                log.error("kafka consumer loop: %r", err)
+                log.debug("kafka consumer loop", exc_info=True)
+                time.sleep(0.5)
+
+    def _run_once(self, tick_at: float, commit_at: float) -> tuple[float, float]:
+        """Consume what is there (up to 500 messages, 0.1 s), tick the pipelines, commit what is done."""
+        for msg in self.consumer.consume(num_messages=500, timeout=0.1):
+            try:
+                self._handle(msg)
+            except Exception as err:  # noqa: BLE001 - one bad message must not stop the partition
+                self.stats.malformed += 1
+                log.error(
+                    "kafka: message at partition %s offset %s skipped: %r", msg.partition(), msg.offset(), err
+                )
+                log.debug("kafka: message skipped", exc_info=True)
+        now = time.monotonic()
+        if now >= tick_at:
+            tick_at = now + self.config.tick_s
+            for state in list(self.partitions.values()):
+                state.pipeline.tick()
+        if now >= commit_at:
+            commit_at = now + self.kafka.commit_interval_s
+            self._take_checkpoint()
+            self._commit_settled()
+        return tick_at, commit_at
 
     def _handle(self, msg: Any) -> None:
         err = msg.error()
