@@ -34,7 +34,7 @@ import logging
 import socket
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,25 +134,42 @@ class KafkaConfig:
 class ReplayDeduper(TimestampDeduper):
     """`TimestampDeduper` that gives a packet seen again (a partition replayed in this process after a
     rebalance) the timestamp it got the first time, so its points overwrite themselves instead of moving
-    1 ns on as a collision and being counted twice. Remembers the last `capacity` points."""
+    1 ns on as a collision and being counted twice. Like its base it remembers each series' timestamps over
+    `horizon_ns` of master time (a replay older than that finds its timestamps free again: the same ones),
+    each with the packet that took it."""
 
-    def __init__(self, capacity: int = 2_000_000) -> None:
-        super().__init__()
-        self.capacity = capacity
+    def __init__(self, horizon_ns: int = 10_000_000_000) -> None:
+        super().__init__(horizon_ns)
         self.replayed = 0
-        self._given: OrderedDict[tuple[str, str, str, str, int, int], int] = OrderedDict()
+        self._owner: dict[tuple[str, str, str, str], dict[int, int]] = {}
+        self._newest_owner: dict[tuple[str, str, str, str], int] = {}
 
     def unique(self, s: LatencySample) -> int:
-        """The timestamp of `s`: the one it had before if this packet's point was made already."""
-        key = (s.trace, s.segment, s.from_node, s.to_node, s.ts_ns, s.packet_id)
-        ts = self._given.get(key)
-        if ts is not None:
-            self.replayed += 1
-            return ts
-        ts = super().unique(s)
-        self._given[key] = ts
-        if len(self._given) > self.capacity:
-            self._given.popitem(last=False)
+        """The timestamp of `s`: its own again if this packet's point was made already, else the first
+        free one from its time on."""
+        series = (s.trace, s.segment, s.from_node, s.to_node)
+        owner = self._owner.get(series)
+        if owner is None:
+            owner = self._owner[series] = {}
+            self._newest_owner[series] = s.ts_ns
+        ts = s.ts_ns
+        while (pid := owner.get(ts)) is not None:
+            if pid == s.packet_id:
+                self.replayed += 1
+                return ts
+            ts += 1
+            self.moved += 1
+        owner[ts] = s.packet_id
+        if ts > self._newest_owner[series] + self.horizon_ns // 4:
+            self._newest_owner[series] = ts
+            cutoff = ts - self.horizon_ns
+            old = []
+            for t in owner:  # insertion order is nearly time order
+                if t >= cutoff:
+                    break
+                old.append(t)
+            for t in old:
+                del owner[t]
         return ts
 
 

@@ -15,12 +15,14 @@ def sample(ts: int, packet_id: int) -> LatencySample:
 
 
 def test_replayed_packet_keeps_its_timestamp_collisions_still_move() -> None:
-    d = ReplayDeduper(capacity=10)
+    d = ReplayDeduper(horizon_ns=10_000)
     first = [d.unique(sample(1000, 1)), d.unique(sample(1000, 2)), d.unique(sample(2000, 3))]
     assert first == [1000, 1001, 2000]  # packet 2 collided with 1 at 1000 ns: moved on
     again = [d.unique(sample(1000, 2)), d.unique(sample(1000, 1)), d.unique(sample(2000, 3))]
     assert again == [1001, 1000, 2000] and d.replayed == 3  # a replay lands on the same points
     assert d.unique(sample(1000, 4)) == 1002  # a new packet at a used time still moves
+    assert d.unique(sample(50_000, 5)) == 50_000  # far ahead: the old times are forgotten (bounded memory)
+    assert d.unique(sample(1000, 6)) == 1000
 
 
 def test_kafka_config_validate() -> None:
