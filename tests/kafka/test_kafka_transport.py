@@ -217,6 +217,40 @@ def test_broker_down_20s_agents_buffer_nothing_lost(
     print(f"{sent} packets, broker away {outage:.1f} s; agent during: {shown}")
 
 
+def test_broker_unreachable_at_agent_start_records_wait(
+    topology: TwoHostTopology, agent_factory: Callable[..., AgentProcess], kafka_lab: Callable[..., Any]
+) -> None:
+    """Agents started while the broker is down: traffic is traced, records wait in the agent's bounded queue
+    (its /metrics: partitions unknown, not connected, queue bytes), and reach InfluxDB once it is up."""
+    trace = f"kafka-late-{os.urandom(2).hex()}"
+    spec, plan_a, plan_b = traced_path(topology, trace)
+    lab = kafka_lab(spec, partitions=2)
+    lab.broker.stop_process()
+    (agent_a, metrics_a), (agent_b, _) = start_agents(
+        agent_factory, topology, (plan_a, plan_b), lab.broker.bootstrap, lab.topic
+    )
+    flow = UdpFlow(topology, rate_pps=300).start()
+    deadline = time.monotonic() + 15
+    waiting: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        waiting = scrape_agent(metrics_a)
+        if waiting.get("hoptrace_agent_queue_bytes", 0) > 0:
+            break
+        time.sleep(0.5)
+    assert waiting.get("hoptrace_agent_kafka_partitions") == 0, waiting
+    assert waiting.get('hoptrace_agent_connected{peer="kafka"}') == 0, waiting
+    assert waiting.get("hoptrace_agent_queue_bytes", 0) > 0, waiting
+    lab.broker.restart()
+    collector = lab.start_collector()
+    collector.wait_metric(lambda m: m.get("hoptrace_collector_kafka_messages_total", 0) > 0, 60, "records")
+    sent = flow.stop()
+    agent_a.stop()
+    agent_b.stop()
+    assert tagged_at_exit(agent_a) == sent
+    assert_every_packet_once(lab.influx.url, trace, sent, timeout_s=90)
+    assert "cannot read the topic's partitions yet" in agent_a.stderr_text()
+
+
 def scrape_agent(addr: str) -> dict[str, float]:
     """The agent's /metrics, or {} while it does not answer."""
     try:
