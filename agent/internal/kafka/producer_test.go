@@ -2,10 +2,18 @@ package kafka
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
 	"testing"
+	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/hoptrace/hoptrace/agent/internal/record"
+	"github.com/hoptrace/hoptrace/agent/internal/stream"
 )
 
 func packed(ids []uint32) []byte {
@@ -92,5 +100,34 @@ func BenchmarkSplitByPartition(b *testing.B) {
 				SplitByPartition("udp-a-to-b", recs, parts)
 			}
 		})
+	}
+}
+
+// Brokers that never answer: Run keeps the records queued (nothing
+// dropped, partitions unknown, not up) and returns when its context ends,
+// leaving no goroutine of franz-go behind.
+func TestUnreachableBrokersQueueAndStopClean(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now: connection refused
+	q := stream.NewQueue(1 << 20)
+	q.Push(&stream.Batch{Trace: "t", Records: packed([]uint32{1, 2, 3})})
+	p := &Producer{Config: Config{Brokers: []string{addr}, Topic: "t"}, Node: "n", Queue: q,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	if err := p.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := p.Stats()
+	if st.Partitions != 0 || st.Up || st.RecordsSent != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	if n, _ := q.Len(); n != 1 || q.Dropped() != 0 {
+		t.Errorf("queue holds %d batches, dropped %d; want the batch kept", n, q.Dropped())
 	}
 }
