@@ -27,7 +27,7 @@ help: ## this list
 ## ---- setup -------------------------------------------------------------
 .PHONY: setup
 setup: .tools/apt.stamp $(VENV)/.stamp $(INFLUXD) web/node_modules/.package-lock.json .tools/compose-venv/bin/docker-compose \
-	vm-kernels ## install everything the build, demo and tests need
+	vm-kernels kafka ## install everything the build, demo and tests need
 
 # The kernel matrix's guests (lab/vm.py): Debian's 5.10, 6.1 and 6.12, fetched into a private apt state.
 KERNEL_SUITES := bullseye bookworm bookworm-backports
@@ -64,6 +64,21 @@ web/node_modules/.package-lock.json: web/package.json web/package-lock.json
 	.tools/compose-venv/bin/pip install -q "cython<3" wheel "setuptools<70"
 	.tools/compose-venv/bin/pip install -q --no-build-isolation PyYAML==5.4.1
 	.tools/compose-venv/bin/pip install -q docker-compose==1.29.2
+
+# Apache Kafka (KRaft) for the Kafka tests (lab/kafka.py): the broker's jars and their dependencies from
+# Maven Central, as lab/kafka/pom.xml lists them; Java 17 runs them.
+KAFKA_STAMP := .tools/kafka/libs/.stamp
+
+.PHONY: kafka
+kafka: $(KAFKA_STAMP) ## fetch Apache Kafka 4.4 (KRaft broker) jars from Maven Central into .tools/kafka (once)
+
+$(KAFKA_STAMP): lab/kafka/pom.xml
+	@command -v mvn >/dev/null && command -v java >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven openjdk-17-jre-headless; }
+	rm -rf .tools/kafka/libs
+	mvn -q -B -f lab/kafka/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+		-DoutputDirectory=$(ROOT)/.tools/kafka/libs
+	@touch $@
 
 $(INFLUXD):
 	@mkdir -p $(TOOLS)

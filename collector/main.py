@@ -12,6 +12,7 @@ import grpc
 
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
+from hoptrace.collector.kafka import KafkaConfig, read_secret_file
 from hoptrace.collector.service import run_collector
 from hoptrace.common.grpcutil import (
     INFLUX_TOKEN_ENV,
@@ -84,6 +85,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the token for the dispatcher's user API (a viewer's is enough); with TLS, --ca/--cert/--key "
         "are used toward the dispatcher too",
     )
+    kafka = parser.add_argument_group(
+        "Kafka", "consume the agents' records from a Kafka topic in a consumer group instead of serving gRPC"
+    )
+    kafka.add_argument(
+        "--kafka-brokers", default=None, metavar="HOST:PORT,...", help="bootstrap brokers (turns Kafka on)"
+    )
+    kafka.add_argument("--kafka-topic", default="hoptrace-records", help="the records topic")
+    kafka.add_argument(
+        "--kafka-group", default="hoptrace-collectors", help="consumer group of the collectors"
+    )
+    kafka.add_argument(
+        "--kafka-session-timeout-ms",
+        type=int,
+        default=10_000,
+        metavar="MS",
+        help="how long the group waits for a silent collector before moving its partitions",
+    )
+    kafka.add_argument(
+        "--kafka-security-protocol",
+        default="PLAINTEXT",
+        choices=["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"],
+        help="toward the brokers (production: SSL or SASL_SSL)",
+    )
+    kafka.add_argument("--kafka-ca", default=None, metavar="PEM", help="CA of the brokers' certificates")
+    kafka.add_argument("--kafka-cert", default=None, metavar="PEM", help="client certificate, if brokers ask")
+    kafka.add_argument("--kafka-key", default=None, metavar="PEM", help="its private key")
+    kafka.add_argument(
+        "--kafka-sasl-mechanism", default=None, choices=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    )
+    kafka.add_argument("--kafka-sasl-user", default=None)
+    kafka.add_argument(
+        "--kafka-sasl-password-file", default=None, metavar="FILE", help="the SASL password (never inline)"
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_server_tls_arguments(parser)
 
@@ -96,6 +130,26 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"hoptrace collector: {error}", file=sys.stderr)
         return 2
+    kafka: KafkaConfig | None = None
+    if args.kafka_brokers:
+        try:
+            kafka = KafkaConfig(
+                brokers=args.kafka_brokers,
+                topic=args.kafka_topic,
+                group=args.kafka_group,
+                session_timeout_ms=args.kafka_session_timeout_ms,
+                security_protocol=args.kafka_security_protocol,
+                ssl_ca=args.kafka_ca,
+                ssl_cert=args.kafka_cert,
+                ssl_key=args.kafka_key,
+                sasl_mechanism=args.kafka_sasl_mechanism,
+                sasl_user=args.kafka_sasl_user,
+                sasl_password=read_secret_file(args.kafka_sasl_password_file),
+            )
+            kafka.validate()
+        except (ValueError, OSError) as error:
+            print(f"hoptrace collector: {error}", file=sys.stderr)
+            return 2
     catalog = TraceCatalog()
     stop_sync = threading.Event()
     if args.dispatcher:
@@ -125,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             spool_bytes=args.spool_bytes,
             max_export_points=args.max_export_points,
             tls=tls,
+            kafka=kafka,
         )
     finally:
         stop_sync.set()

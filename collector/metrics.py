@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -182,9 +182,8 @@ def render_metrics(service: CollectorService) -> str:
 class MetricsServer:
     """`ThreadingHTTPServer` serving GET /metrics in a daemon thread."""
 
-    def __init__(self, listen: str, service: CollectorService) -> None:
+    def __init__(self, listen: str, service: Any, render: Callable[[Any], str] = render_metrics) -> None:
         host, port = parse_addr(listen)
-        render = render_metrics
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -224,6 +223,9 @@ class MetricsServer:
         self.httpd.server_close()
 
 
-def start_metrics_server(listen: str, service: CollectorService) -> MetricsServer:
-    """Serve `/metrics` of `service` on `listen` ("HOST:PORT"; port 0 picks one: see `.port`)."""
-    return MetricsServer(listen, service).start()
+def start_metrics_server(
+    listen: str, service: Any, render: Callable[[Any], str] = render_metrics
+) -> MetricsServer:
+    """Serve `/metrics` of `service` on `listen` ("HOST:PORT"; port 0 picks one: see `.port`), rendered by
+    `render` (the gRPC collector's by default; the Kafka collector brings its own)."""
+    return MetricsServer(listen, service, render).start()

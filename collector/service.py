@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -313,8 +313,12 @@ def run_collector(
     spool_bytes: int = 1 << 30,
     max_export_points: int = 1_000_000,
     tls: TLSFiles | None = None,
+    kafka: Any = None,
 ) -> int:
-    """Run the collector until SIGTERM/SIGINT (or `stop_event`), then flush everything. Returns 0."""
+    """Run the collector until SIGTERM/SIGINT (or `stop_event`), then flush everything. Returns 0.
+
+    With `kafka` (a `hoptrace.collector.kafka.KafkaConfig`) it consumes the records topic in a consumer
+    group instead of serving gRPC on `listen`."""
     config = CollectorConfig(
         receiver=ReceiverConfig(listen=listen, tls=tls),
         join=JoinConfig(window_ns=int(join_window_s * 1e9), max_entries=max_entries),
@@ -335,7 +339,13 @@ def run_collector(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    service = start_collector(config, catalog)
+    service: Any
+    if kafka is not None:
+        from hoptrace.collector.kafka import KafkaCollectorService  # imports this module
+
+        service = KafkaCollectorService(config, kafka, catalog)
+    else:
+        service = start_collector(config, catalog)
     try:
         while not stop.wait(0.5):  # short waits keep the main thread responsive to signals
             pass

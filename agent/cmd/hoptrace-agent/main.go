@@ -2,6 +2,7 @@
 // node and ships their records. See docs/design.md.
 //
 //	hoptrace-agent --node N --dispatcher ADDR --collector ADDR [--netns NS]
+//	hoptrace-agent --node N --dispatcher ADDR --kafka-brokers B1,B2 --kafka-topic T --clock-server ADDR
 //	hoptrace-agent run --plan FILE --ca CA | --allow-unsigned-plan --out - [--node N] [--netns NS] [--duration D]
 //	hoptrace-agent probe
 //	hoptrace-agent mace --container NS [--path inner-dev|max-dev|syscalls] [--duration D]
@@ -16,10 +17,12 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/hoptrace/hoptrace/agent/internal/agent"
+	"github.com/hoptrace/hoptrace/agent/internal/kafka"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/preset"
 )
@@ -78,6 +81,19 @@ func run(args []string) error {
 	fs.StringVar(&cfg.TLS.Cert, "cert", "", "this agent's certificate (PEM; its CN must be --node): `hoptrace certs --agent NODE`")
 	fs.StringVar(&cfg.TLS.Key, "key", "", "this agent's private key (PEM)")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "talk to the dispatcher and collector in plaintext, unauthenticated (loopback demos and tests only)")
+	var kcfg kafka.Config
+	var kafkaBrokers, kafkaCA, kafkaCert, kafkaKey, kafkaPasswordFile string
+	var kafkaTLS bool
+	fs.StringVar(&kafkaBrokers, "kafka-brokers", "", "publish records to Kafka instead of --collector: bootstrap brokers host:port[,host:port...] (docs/operations.md, Kafka)")
+	fs.StringVar(&kcfg.Topic, "kafka-topic", "hoptrace-records", "Kafka topic of the records (it must exist; its partitions spread packets over the collectors)")
+	fs.IntVar(&kcfg.MaxBufferedBytes, "kafka-buffer-bytes", 64<<20, "bound of what the Kafka client holds unacknowledged; beyond it --buffer-bytes holds (drop-oldest, counted)")
+	fs.BoolVar(&kafkaTLS, "kafka-tls", false, "TLS toward the brokers (verified against --kafka-ca, or the system's roots)")
+	fs.StringVar(&kafkaCA, "kafka-ca", "", "CA certificate (PEM) of the brokers; implies --kafka-tls")
+	fs.StringVar(&kafkaCert, "kafka-cert", "", "client certificate (PEM) for brokers that require one; implies --kafka-tls")
+	fs.StringVar(&kafkaKey, "kafka-key", "", "its private key (PEM)")
+	fs.StringVar(&kcfg.SASLMechanism, "kafka-sasl-mechanism", "", "SASL toward the brokers: plain, scram-sha-256 or scram-sha-512 (use with TLS)")
+	fs.StringVar(&kcfg.SASLUser, "kafka-sasl-user", "", "SASL user name")
+	fs.StringVar(&kafkaPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (never on the command line)")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9172", `serve Prometheus /metrics and /healthz here ("" = off; several agents on one machine need distinct ports)`)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of hoptrace-agent %s:\n", mode)
@@ -91,15 +107,39 @@ func run(args []string) error {
 		return err
 	}
 	cfg.RingBytes = uint32(ring)
+	if kafkaBrokers != "" {
+		if cfg.Collector != "" {
+			return fmt.Errorf("--kafka-brokers and --collector exclude each other: records go one way")
+		}
+		kcfg.Brokers = strings.Split(kafkaBrokers, ",")
+		if kafkaTLS || kafkaCA != "" || kafkaCert != "" {
+			tlsCfg, err := kafka.TLSConfig(kafkaCA, kafkaCert, kafkaKey)
+			if err != nil {
+				return err
+			}
+			kcfg.TLS = tlsCfg
+		}
+		if kafkaPasswordFile != "" {
+			b, err := os.ReadFile(kafkaPasswordFile)
+			if err != nil {
+				return fmt.Errorf("--kafka-sasl-password-file: %w", err)
+			}
+			kcfg.SASLPassword = strings.TrimSpace(string(b))
+		}
+		if err := kcfg.Validate(); err != nil {
+			return err
+		}
+		cfg.Kafka = &kcfg
+	}
 	if mode == "run" {
 		if cfg.Plan == "" {
 			return fmt.Errorf("run needs --plan")
 		}
-		if cfg.Out == "" && cfg.Collector == "" {
+		if cfg.Out == "" && cfg.Collector == "" && cfg.Kafka == nil {
 			cfg.Out = "-"
 		}
-	} else if cfg.Dispatcher == "" && !(cfg.Collector != "" && cfg.Plan != "") {
-		return fmt.Errorf("need --dispatcher, or --collector with --plan")
+	} else if cfg.Dispatcher == "" && !((cfg.Collector != "" || cfg.Kafka != nil) && cfg.Plan != "") {
+		return fmt.Errorf("need --dispatcher, or --collector (or --kafka-brokers) with --plan")
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	"github.com/hoptrace/hoptrace/agent/internal/collector"
+	"github.com/hoptrace/hoptrace/agent/internal/kafka"
 	"github.com/hoptrace/hoptrace/agent/internal/metrics"
 	"github.com/hoptrace/hoptrace/agent/internal/output"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
@@ -50,9 +51,13 @@ type Config struct {
 	Out               string // "-" = stdout, else a file; "" = no JSON lines
 	Dispatcher        string
 	Collector         string
-	Duration          time.Duration
-	BufferBytes       int
-	RingBytes         uint32
+	// Kafka, when set, publishes records to a topic instead of streaming
+	// them to Collector (internal/kafka); the clock server is then named
+	// by ClockServer.
+	Kafka       *kafka.Config
+	Duration    time.Duration
+	BufferBytes int
+	RingBytes   uint32
 	// Clock alignment: the collector's time service ("" = the collector's
 	// host, port DefaultClockPort; "off" = none), rounds and probes.
 	ClockServer   string
@@ -220,6 +225,7 @@ type running struct {
 	queue, collectorQueue          *stream.Queue
 	nodeClock                      *clock.Node
 	client                         *collector.Client
+	producer                       *kafka.Producer
 	sess                           *session.Session
 	dispatcherCreds, collectorCred credentials.TransportCredentials
 	verifier                       *signing.Verifier
@@ -273,7 +279,7 @@ func start(cfg Config) (*running, error) {
 	// When both a printer and a collector want the records, the printer
 	// consumes the queue and forwards to the collector's own queue.
 	a.collectorQueue = a.queue
-	if a.out != nil && cfg.Collector != "" {
+	if a.out != nil && (cfg.Collector != "" || cfg.Kafka != nil) {
 		a.collectorQueue = stream.NewQueue(cfg.BufferBytes)
 	}
 	// The node's clock: the monotonic->realtime mapping always, Cristian
@@ -283,7 +289,13 @@ func start(cfg Config) (*running, error) {
 	if a.nodeClock.Source().Simulated() {
 		cfg.Log.Warn("SIMULATED clock error", "offset", cfg.ClockOffset, "drift_ppm", cfg.ClockDriftPPM)
 	}
-	if cfg.Collector != "" {
+	if cfg.Kafka != nil {
+		if cfg.ClockServer == "" {
+			cfg.Log.Warn("no --clock-server with --kafka-brokers: records carry no clock offset; name a collector's time service (host:7123)")
+		}
+		a.producer = &kafka.Producer{Config: *cfg.Kafka, Node: cfg.Node, Queue: a.collectorQueue, Counters: a.mgr.Counters,
+			Clock: a.nodeClock.NodeClock, Log: cfg.Log}
+	} else if cfg.Collector != "" {
 		a.client = &collector.Client{Addr: cfg.Collector, Node: cfg.Node, Queue: a.collectorQueue, Counters: a.mgr.Counters,
 			Clock: a.nodeClock.NodeClock, Log: cfg.Log, Creds: a.collectorCred}
 	}
@@ -319,7 +331,7 @@ func (a *running) startAux() {
 		queues = append(queues, a.collectorQueue)
 	}
 	reg := newRegistry(parts{mgr: a.mgr, queues: queues, outQueue: a.collectorQueue, clock: a.nodeClock,
-		client: a.client, session: a.sess, clockSync: a.cfg.ClockServerAddr() != "", verifier: a.verifier})
+		client: a.client, producer: a.producer, session: a.sess, clockSync: a.cfg.ClockServerAddr() != "", verifier: a.verifier})
 	a.aux.g.Go(func() error {
 		metrics.Serve(a.aux.ctx, a.metricsLis, metrics.Handler(reg, nil), a.cfg.Log)
 		return nil
@@ -359,6 +371,17 @@ func (a *running) startRecords() {
 			}
 			if err := a.client.Run(ctx); err != nil {
 				a.cfg.Log.Error("collector", "err", err)
+			}
+			return nil
+		})
+	}
+	if a.producer != nil {
+		a.records.g.Go(func() error {
+			if a.cfg.ClockServerAddr() != "" && !a.nodeClock.WaitFirst(ctx, 3*time.Second) {
+				a.cfg.Log.Warn("no clock estimate yet; publishing records without an offset", "server", a.cfg.ClockServerAddr())
+			}
+			if err := a.producer.Run(ctx); err != nil {
+				a.cfg.Log.Error("kafka", "err", err)
 			}
 			return nil
 		})
@@ -438,7 +461,7 @@ func (a *running) shutdown() error {
 	a.printCounters()
 	err := a.mgr.Close() // detaches, flushes the reader, closes the queue
 	a.mgrClosed = true
-	if a.out == nil && a.client == nil {
+	if a.out == nil && a.client == nil && a.producer == nil {
 		a.records.cancel() // nothing drains the queue
 	}
 	if !a.records.wait(5 * time.Second) {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	"github.com/hoptrace/hoptrace/agent/internal/collector"
+	"github.com/hoptrace/hoptrace/agent/internal/kafka"
 	"github.com/hoptrace/hoptrace/agent/internal/metrics"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"github.com/hoptrace/hoptrace/agent/internal/session"
@@ -20,6 +21,7 @@ type parts struct {
 	outQueue  *stream.Queue   // the one toward the collector (or the printer)
 	clock     *clock.Node
 	client    *collector.Client
+	producer  *kafka.Producer
 	session   *session.Session
 	verifier  *signing.Verifier // nil: --insecure, nothing checked
 	clockSync bool
@@ -37,6 +39,23 @@ func newRegistry(p parts) *metrics.Registry {
 			func() float64 { return float64(p.client.Stats().BatchesSent) })
 		r.Counter("hoptrace_agent_batches_resent_total", "Batches sent again, with their batch_seq, after a broken stream.",
 			func() float64 { return float64(p.client.Stats().BatchesResent) })
+	}
+	if p.producer != nil {
+		ks := func() kafka.Stats { return p.producer.Stats() }
+		r.Counter("hoptrace_agent_records_sent_total", "Records acknowledged by the Kafka brokers.",
+			func() float64 { return float64(ks().RecordsSent) })
+		r.Counter("hoptrace_agent_kafka_messages_sent_total", "Messages acknowledged by the Kafka brokers (a batch is split into one per partition).",
+			func() float64 { return float64(ks().MessagesSent) })
+		r.Counter("hoptrace_agent_kafka_heartbeats_total", "Heartbeats (counters, watermark, clock) published to every partition.",
+			func() float64 { return float64(ks().Heartbeats) })
+		r.Counter("hoptrace_agent_kafka_produce_errors_total", "Messages the brokers refused for good (their records are counted as dropped, reason kafka_refused).",
+			func() float64 { return float64(ks().ProduceErrors) })
+		r.Gauge("hoptrace_agent_kafka_buffered_bytes", "Bytes produced but not yet acknowledged (bounded by --kafka-buffer-bytes; beyond it the queue holds).",
+			func() float64 { return float64(ks().BufferedBytes) })
+		r.Gauge("hoptrace_agent_kafka_buffered_messages", "Messages produced but not yet acknowledged.",
+			func() float64 { return float64(ks().BufferedRecords) })
+		r.Gauge("hoptrace_agent_kafka_partitions", "Partitions of the topic as last read (0 = not known yet: records wait in the queue).",
+			func() float64 { return float64(ks().Partitions) })
 	}
 	r.Gauge("hoptrace_agent_queue_bytes", "Record bytes waiting for the collector.",
 		func() float64 { _, b := p.outQueue.Len(); return float64(b) })
@@ -64,7 +83,12 @@ func newRegistry(p parts) *metrics.Registry {
 				}
 			}
 			_, unrouted := read()
+			var refused uint64
+			if p.producer != nil {
+				refused = p.producer.Stats().RecordsFailed
+			}
 			return []metrics.Sample{
+				{Labels: []string{"reason", "kafka_refused"}, Value: float64(refused)},
 				{Labels: []string{"reason", "queue_full"}, Value: float64(queued)},
 				{Labels: []string{"reason", "ringbuf_full"}, Value: float64(ring)},
 				{Labels: []string{"reason", "unrouted"}, Value: float64(unrouted)},
@@ -140,6 +164,9 @@ func newRegistry(p parts) *metrics.Registry {
 			}
 			if p.client != nil {
 				out = append(out, metrics.Sample{Labels: []string{"peer", "collector"}, Value: b2f(p.client.Stats().Connected)})
+			}
+			if p.producer != nil {
+				out = append(out, metrics.Sample{Labels: []string{"peer", "kafka"}, Value: b2f(p.producer.Stats().Up)})
 			}
 			return out
 		})

@@ -1,0 +1,224 @@
+"""A real Apache Kafka broker for the tests: KRaft mode (broker and controller in one JVM), all state in a
+temporary directory, loopback listeners on free ports. The jars come from Maven Central (`make kafka`, run by
+`make setup`: `lab/kafka/pom.xml` into `.tools/kafka/libs`).
+
+Like `start_influxd`: `start_kafka()` returns a running `KafkaBroker`; `stop_process()` / `restart()` keep its
+data and ports (an outage), `stop()` removes everything.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+from hoptrace.lab.lifecycle import die_with_parent
+from hoptrace.lab.processes import REPO_ROOT, free_port
+
+KAFKA_LIBS = REPO_ROOT / ".tools" / "kafka" / "libs"
+JAVA = shutil.which("java") or "/usr/bin/java"
+
+
+def _server_properties(workdir: Path, port: int, controller_port: int) -> str:
+    return f"""\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs={workdir}/data
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=3
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
+"""
+
+
+_LOG4J2 = """\
+Configuration:
+  status: warn
+  Appenders:
+    Console:
+      name: STDOUT
+      PatternLayout:
+        Pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Root:
+      level: WARN
+      AppenderRef:
+        - ref: STDOUT
+    Logger:
+      - name: kafka.server.KafkaRaftServer
+        level: INFO
+"""
+
+
+@dataclass
+class KafkaBroker:
+    """A running single-node Kafka (KRaft) on loopback."""
+
+    bootstrap: str
+    workdir: Path
+    process: subprocess.Popen[bytes] | None = None
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def log_path(self) -> Path:
+        """The broker's output."""
+        return self.workdir / "kafka.log"
+
+    def admin(self) -> AdminClient:
+        """An admin client of this broker."""
+        return AdminClient({"bootstrap.servers": self.bootstrap})
+
+    def create_topic(self, name: str, partitions: int, timeout_s: float = 30.0) -> None:
+        """Create a topic (replication 1) and wait until every partition has a leader."""
+        admin = self.admin()
+        admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name].result(
+            timeout_s
+        )
+        self._wait_partitions(admin, name, partitions, timeout_s)
+
+    def add_partitions(self, name: str, total: int, timeout_s: float = 30.0) -> None:
+        """Grow a topic to `total` partitions."""
+        admin = self.admin()
+        admin.create_partitions([NewPartitions(name, total)])[name].result(timeout_s)
+        self._wait_partitions(admin, name, total, timeout_s)
+
+    @staticmethod
+    def _wait_partitions(admin: AdminClient, name: str, partitions: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            meta = admin.list_topics(name, timeout=5).topics.get(name)
+            if (
+                meta is not None
+                and meta.error is None
+                and len(meta.partitions) == partitions
+                and all(p.leader >= 0 for p in meta.partitions.values())
+            ):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(
+            f"topic {name}: {partitions} partitions with leaders not there after {timeout_s} s"
+        )
+
+    def produce(
+        self, topic: str, value: bytes, partition: int, headers: list[tuple[str, bytes]] | None = None
+    ) -> None:
+        """Publish one message (e.g. a foreign or malformed one) and wait for the acknowledgement."""
+        producer = Producer({"bootstrap.servers": self.bootstrap})
+        producer.produce(topic, value=value, partition=partition, headers=headers or [])
+        if producer.flush(30) != 0:
+            raise TimeoutError("the broker did not acknowledge the message")
+
+    def stop_process(self) -> None:
+        """Kill the broker (SIGKILL: an outage, not a clean shutdown), keeping its data and ports."""
+        proc = self.process
+        assert proc is not None and proc.poll() is None
+        proc.kill()
+        proc.wait()
+
+    def restart(self, timeout_s: float = 60.0) -> None:
+        """Start the broker again on the same data and ports; wait until it answers."""
+        self._spawn()
+        if not _wait_port(self.bootstrap, timeout_s, self.process):
+            raise RuntimeError(f"kafka did not restart; its log:\n{_tail(self.log_path)}")
+
+    def _spawn(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+            )
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, SIGKILL after 15 s) and remove its directory."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _wait_port(addr: str, timeout_s: float, proc: subprocess.Popen[bytes] | None) -> bool:
+    host, _, port = addr.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection((host, int(port)), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def start_kafka(timeout_s: float = 90.0, heap: str = "512m") -> KafkaBroker:
+    """Format a KRaft log directory and start the broker; returns once it serves metadata."""
+    if not KAFKA_LIBS.is_dir() or not any(KAFKA_LIBS.glob("kafka_2.13-*.jar")):
+        raise RuntimeError(f"{KAFKA_LIBS} is missing: run `make setup` (or `make kafka`)")
+    workdir = Path(tempfile.mkdtemp(prefix="hoptrace-kafka-"))
+    port, controller_port = free_port(), free_port()
+    props = workdir / "server.properties"
+    props.write_text(_server_properties(workdir, port, controller_port))
+    (workdir / "log4j2.yaml").write_text(_LOG4J2)
+    java = [JAVA, f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
+    java += [f"-Dlog4j2.configurationFile={workdir / 'log4j2.yaml'}", "-cp", f"{KAFKA_LIBS}/*"]
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    fmt = subprocess.run(
+        [*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if fmt.returncode != 0:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise RuntimeError(f"kafka storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
+    broker = KafkaBroker(
+        bootstrap=f"127.0.0.1:{port}", workdir=workdir, command=[*java, "kafka.Kafka", str(props)]
+    )
+    broker._spawn()
+    if not _wait_port(broker.bootstrap, timeout_s, broker.process):
+        error = _tail(broker.log_path)
+        broker.stop()
+        raise RuntimeError(f"kafka did not start; its log:\n{error}")
+    # serving metadata (the controller elected itself)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            broker.admin().list_topics(timeout=5)
+            return broker
+        except Exception as err:  # noqa: BLE001 - KafkaException until the broker is ready
+            if time.monotonic() > deadline:
+                broker.stop()
+                raise RuntimeError(f"kafka serves no metadata: {err}") from err
+            time.sleep(0.2)

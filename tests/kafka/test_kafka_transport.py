@@ -1,0 +1,289 @@
+"""The Kafka transport on a real broker, the real kernel and a real InfluxDB: agents publish, collectors of
+one consumer group join their partitions; a collector killed and one added, the broker down for ~20 s,
+foreign and malformed messages, and a topic with too few partitions."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import json_format
+from kafka_helpers import scrape
+
+from hoptrace.lab.influx import distinct_packets, segment_counts
+from hoptrace.lab.processes import AgentProcess, free_port
+from hoptrace.lab.reference import path_plans, vxlan_path_spec
+from hoptrace.lab.topology import TwoHostTopology
+from hoptrace.v1 import records_pb2
+
+PORT = 7788
+SEGMENTS = 8  # 7 hop-to-hop segments of the 8-hop VXLAN path and end_to_end
+
+
+class UdpFlow:
+    """Numbered UDP datagrams c1 -> c2 (198.18.0.0/15 addresses of the topology) at a steady rate."""
+
+    def __init__(self, topo: TwoHostTopology, rate_pps: float) -> None:
+        self.topo, self.rate_pps, self.sent = topo, rate_pps, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        with self.topo.socket("c1", socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            target = (self.topo.addr("c2"), PORT)
+            gap, next_at = 1.0 / self.rate_pps, time.monotonic()
+            while not self._stop.is_set():
+                sock.sendto(self.sent.to_bytes(8, "big") + os.urandom(56), target)
+                self.sent += 1
+                next_at += gap
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    self._stop.wait(delay)
+
+    def start(self) -> UdpFlow:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.sent
+
+
+def traced_path(topo: TwoHostTopology, trace: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The spec (for the collectors' --traces) and the two agents' plans of the c1 -> c2 UDP flow."""
+    spec = json_format.MessageToDict(vxlan_path_spec(topo, trace, port=PORT))
+    plan_a, plan_b = path_plans(
+        topo, trace, {"protocol": "udp", "src": topo.addr("c1"), "dst": topo.addr("c2"), "dstPort": PORT}
+    )
+    return spec, plan_a, plan_b
+
+
+def start_agents(
+    agent_factory: Callable[..., AgentProcess],
+    topo: TwoHostTopology,
+    plans: tuple,
+    bootstrap: str,
+    topic: str,
+) -> list[tuple[AgentProcess, str]]:
+    """Both hosts' agents publishing to `topic`; each with its /metrics address."""
+    out = []
+    for plan, node, netns in ((plans[0], "host-a", topo.host_a), (plans[1], "host-b", topo.host_b)):
+        metrics = f"127.0.0.1:{free_port()}"
+        extra = ("--kafka-brokers", bootstrap, "--kafka-topic", topic, "--clock-server", "off")
+        agent = agent_factory(plan, node, netns, (*extra, "--metrics-listen", metrics))
+        status = agent.wait_status()
+        assert status.get("active") and all(h.get("attached") for h in status["hops"]), status
+        out.append((agent, metrics))
+    return out
+
+
+def tagged_at_exit(agent: AgentProcess) -> int:
+    """The tagger's (hop 0) `tagged` counter in the agent's last counters line."""
+    last = [c for c in agent.counters if int(c["hop_index"]) == 0][-1]
+    return int(last["tagged"])
+
+
+def wait_points(influx_url: str, trace: str, packets: int, timeout_s: float) -> dict[str, int]:
+    """Poll InfluxDB until every segment has `packets` hop_latency points; return the last counts."""
+    deadline = time.monotonic() + timeout_s
+    counts: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        counts = segment_counts(influx_url, trace)
+        if len(counts) == SEGMENTS and all(n >= packets for n in counts.values()):
+            time.sleep(3)  # a last replay would show as extra points
+            return segment_counts(influx_url, trace)
+        time.sleep(1)
+    return counts
+
+
+def assert_every_packet_once(influx_url: str, trace: str, packets: int, timeout_s: float) -> None:
+    counts = wait_points(influx_url, trace, packets, timeout_s)
+    assert len(counts) == SEGMENTS, f"segments in InfluxDB: {counts}"
+    assert all(n == packets for n in counts.values()), f"{packets} packets sent, points per segment {counts}"
+    distinct = distinct_packets(influx_url, trace)
+    assert all(n == packets for n in distinct.values()), f"distinct packet IDs per segment {distinct}"
+
+
+def test_group_survives_a_killed_collector_and_a_new_one(
+    topology: TwoHostTopology, agent_factory: Callable[..., AgentProcess], kafka_lab: Callable[..., Any]
+) -> None:
+    """Three collectors share 6 partitions; one is SIGKILLed mid-stream, a fourth joins: every packet is in
+    InfluxDB exactly once per segment (the killed one's uncommitted tail is replayed by the partitions' new
+    owners and overwrites itself), every segment complete."""
+    trace = f"kafka-kill-{os.urandom(2).hex()}"
+    spec, plan_a, plan_b = traced_path(topology, trace)
+    lab = kafka_lab(spec, partitions=6)
+    collectors = [lab.start_collector() for _ in range(3)]
+    for c in collectors:
+        c.wait_metric(
+            lambda m: m.get("hoptrace_collector_kafka_partitions_assigned", 0) >= 1, 60, "partitions"
+        )
+    (agent_a, _), (agent_b, _) = start_agents(
+        agent_factory, topology, (plan_a, plan_b), lab.broker.bootstrap, lab.topic
+    )
+
+    flow = UdpFlow(topology, rate_pps=400).start()
+    victim = collectors[1]
+    try:  # killed with a committed head and an uncommitted tail
+        before_kill = victim.wait_metric(
+            lambda m: m.get("hoptrace_collector_kafka_commits_total", 0) >= 1
+            and m.get("hoptrace_collector_kafka_uncommitted_messages", 0) > 0,
+            30,
+            "a commit",
+        )
+    except AssertionError as err:
+        raise AssertionError(f"{err}\nagent host-a:\n{agent_a.stderr_text()[-3000:]}") from None
+    victim.kill()
+    newcomer = lab.start_collector()
+    newcomer.wait_metric(
+        lambda m: m.get("hoptrace_collector_kafka_partitions_assigned", 0) >= 1, 60, "partitions"
+    )
+    time.sleep(2)
+    sent = flow.stop()
+    agent_a.stop()
+    agent_b.stop()
+    tagged = tagged_at_exit(agent_a)
+    assert tagged == sent, f"{sent} datagrams sent, {tagged} tagged"
+
+    assert_every_packet_once(lab.influx.url, trace, sent, timeout_s=90)
+    survivors = [collectors[0], collectors[2], newcomer]
+    owned = [c.metrics_now()["hoptrace_collector_kafka_partitions_assigned"] for c in survivors]
+    assert sum(owned) == 6, f"partitions owned by the live collectors: {owned}"
+    assert before_kill["hoptrace_collector_kafka_partitions_assigned"] >= 1
+    print(
+        f"{sent} packets; the victim had consumed "
+        f"{before_kill['hoptrace_collector_kafka_messages_total']:.0f} messages, "
+        f"{before_kill['hoptrace_collector_kafka_uncommitted_messages']:.0f} not committed"
+    )
+
+
+def test_broker_down_20s_agents_buffer_nothing_lost(
+    topology: TwoHostTopology, agent_factory: Callable[..., AgentProcess], kafka_lab: Callable[..., Any]
+) -> None:
+    """The broker killed for ~20 s mid-stream: the agents buffer (their /metrics say so), the collectors keep
+    running, and once it is back every packet reaches InfluxDB once."""
+    trace = f"kafka-outage-{os.urandom(2).hex()}"
+    spec, plan_a, plan_b = traced_path(topology, trace)
+    lab = kafka_lab(spec, partitions=4)
+    collectors = [lab.start_collector() for _ in range(2)]
+    for c in collectors:
+        c.wait_metric(
+            lambda m: m.get("hoptrace_collector_kafka_partitions_assigned", 0) >= 1, 60, "partitions"
+        )
+    (agent_a, metrics_a), (agent_b, _) = start_agents(
+        agent_factory, topology, (plan_a, plan_b), lab.broker.bootstrap, lab.topic
+    )
+    flow = UdpFlow(topology, rate_pps=300).start()
+    collectors[0].wait_metric(
+        lambda m: m.get("hoptrace_collector_kafka_messages_total", 0) >= 10, 30, "consuming"
+    )
+
+    lab.broker.stop_process()
+    down = time.monotonic()
+    deadline = down + 15
+    during: dict[str, float] = {}
+    while time.monotonic() < deadline:  # the agent says it is holding records
+        during = scrape_agent(metrics_a)
+        if during.get('hoptrace_agent_connected{peer="kafka"}') == 0 and (
+            during.get("hoptrace_agent_kafka_buffered_messages", 0) > 0
+        ):
+            break
+        time.sleep(0.5)
+    assert during.get('hoptrace_agent_connected{peer="kafka"}') == 0, during
+    assert during["hoptrace_agent_kafka_buffered_messages"] > 0, during
+    time.sleep(max(0.0, down + 8 - time.monotonic()))
+    lab.broker.restart()  # ~10 s until it serves again: ~20 s without a broker
+    outage = time.monotonic() - down
+    time.sleep(2)
+    sent = flow.stop()
+    agent_a.stop()
+    agent_b.stop()
+    assert tagged_at_exit(agent_a) == sent
+    for c in collectors:
+        assert c.proc is not None and c.proc.poll() is None, f"{c.name} died:\n{c.log()[-3000:]}"
+    assert_every_packet_once(lab.influx.url, trace, sent, timeout_s=120)
+    dropped = [line for line in agent_a.stderr_text().splitlines() if "records lost" in line]
+    assert not dropped, dropped
+    assert 'hoptrace_agent_records_dropped_total{reason="queue_full"}' in during
+    assert during['hoptrace_agent_records_dropped_total{reason="queue_full"}'] == 0
+    shown = {
+        k: v for k, v in during.items() if k.startswith(("hoptrace_agent_kafka", "hoptrace_agent_queue"))
+    }
+    print(f"{sent} packets, broker away {outage:.1f} s; agent during: {shown}")
+
+
+def test_broker_unreachable_at_agent_start_records_wait(
+    topology: TwoHostTopology, agent_factory: Callable[..., AgentProcess], kafka_lab: Callable[..., Any]
+) -> None:
+    """Agents started while the broker is down: traffic is traced, records wait in the agent's bounded queue
+    (its /metrics: partitions unknown, not connected, queue bytes), and reach InfluxDB once it is up."""
+    trace = f"kafka-late-{os.urandom(2).hex()}"
+    spec, plan_a, plan_b = traced_path(topology, trace)
+    lab = kafka_lab(spec, partitions=2)
+    lab.broker.stop_process()
+    (agent_a, metrics_a), (agent_b, _) = start_agents(
+        agent_factory, topology, (plan_a, plan_b), lab.broker.bootstrap, lab.topic
+    )
+    flow = UdpFlow(topology, rate_pps=300).start()
+    deadline = time.monotonic() + 15
+    waiting: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        waiting = scrape_agent(metrics_a)
+        if waiting.get("hoptrace_agent_queue_bytes", 0) > 0:
+            break
+        time.sleep(0.5)
+    assert waiting.get("hoptrace_agent_kafka_partitions") == 0, waiting
+    assert waiting.get('hoptrace_agent_connected{peer="kafka"}') == 0, waiting
+    assert waiting.get("hoptrace_agent_queue_bytes", 0) > 0, waiting
+    lab.broker.restart()
+    collector = lab.start_collector()
+    collector.wait_metric(lambda m: m.get("hoptrace_collector_kafka_messages_total", 0) > 0, 60, "records")
+    sent = flow.stop()
+    agent_a.stop()
+    agent_b.stop()
+    assert tagged_at_exit(agent_a) == sent
+    assert_every_packet_once(lab.influx.url, trace, sent, timeout_s=90)
+    assert "cannot read the topic's partitions yet" in agent_a.stderr_text()
+
+
+def scrape_agent(addr: str) -> dict[str, float]:
+    """The agent's /metrics, or {} while it does not answer."""
+    try:
+        return scrape(addr)
+    except OSError:
+        return {}
+
+
+def test_foreign_and_malformed_messages_skipped_too_few_partitions_reported(
+    kafka_lab: Callable[..., Any],
+) -> None:
+    """One partition for two collectors: one owns it, the other idles and both say so (metric and log); a
+    message without the hoptrace header and one that does not decode are counted and skipped, and the
+    partition goes on with the next message."""
+    lab = kafka_lab({"name": "kafka-faults", "hops": [{"name": "h0", "node": "n"}]}, partitions=1)
+    a, b = lab.start_collector(), lab.start_collector()
+    for c in (a, b):
+        c.wait_metric(lambda m: m.get("hoptrace_collector_kafka_idle") == 1, 40, "the idle report")
+    owner = a if a.metrics_now()["hoptrace_collector_kafka_partitions_assigned"] == 1 else b
+    idle = b if owner is a else a
+    assert idle.metrics_now()["hoptrace_collector_kafka_partitions_assigned"] == 0
+    assert "1 partitions for 2 collectors" in a.log() + b.log()
+
+    header = [("hoptrace-format", b"RecordBatch/v1")]
+    lab.broker.produce(lab.topic, b'{"some": "other producer"}', 0)
+    lab.broker.produce(lab.topic, b"\xff\xff\xff\x07garbage", 0, header)
+    good = records_pb2.RecordBatch(node="n", trace="kafka-faults", batch_seq=1, record_size=32)
+    lab.broker.produce(lab.topic, good.SerializeToString(), 0, header)
+    m = owner.wait_metric(
+        lambda m: m.get("hoptrace_collector_kafka_messages_total", 0) >= 1,
+        30,
+        "the good message after the bad",
+    )
+    assert m['hoptrace_collector_kafka_skipped_total{reason="foreign"}'] == 1
+    assert m['hoptrace_collector_kafka_skipped_total{reason="malformed"}'] == 1
+    assert "Traceback" not in owner.log() + idle.log()
