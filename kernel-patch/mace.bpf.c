@@ -210,30 +210,12 @@ static __always_inline __u64 skb_key(const struct sk_buff *skb, __u8 *proto)
 	/* The unrolled parser (no bpf_loop, 5.17) on every kernel: one object from 5.10 up. MACE
 	 * loads once per run, so its larger verification costs nothing per packet. */
 	struct pkt_reader r = {.floor = 1};
-	__u16 mac, nh, ethertype = 0;
-	__u32 start, tail, len;
-	unsigned char *head;
+	__u16 ethertype;
 
-	head = BPF_CORE_READ(skb, head);
-	mac = BPF_CORE_READ(skb, mac_header);
-	nh = BPF_CORE_READ(skb, network_header);
-	tail = BPF_CORE_READ(skb, tail);
-	len = BPF_CORE_READ(skb, len);
-	if (mac != (__u16)~0U && nh > mac && nh - mac >= ETH_HLEN_) {
-		start = mac;
-	} else {
-		start = nh;
-		ethertype = bpf_ntohs(BPF_CORE_READ(skb, protocol));
-	}
-	if (tail < start) {
+	if (pkt_reader_from_skb(skb, &r, &ethertype)) {
 		mace_count(MACE_C_PARSE_ERROR);
 		return 0;
 	}
-	r.kbase = head + start;
-	r.len = tail - start;
-	r.total = len + (BPF_CORE_READ(skb, data) - (head + start));
-	if (r.total < r.len)
-		r.total = r.len;
 	return packet_key(PKT_KERNEL, &r, ethertype, proto);
 }
 

@@ -71,9 +71,8 @@ static __always_inline int discover_skb(struct sk_buff *skb, __u8 direction, boo
 	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
 	struct net_device *dev;
-	__u16 mac, nh, ethertype = 0;
-	__u32 ifindex, ino, start, tail, len;
-	unsigned char *head;
+	__u16 ethertype;
+	__u32 ifindex, ino;
 	int status;
 
 	count(HOPTRACE_C_SEEN, 1);
@@ -89,26 +88,10 @@ static __always_inline int discover_skb(struct sk_buff *skb, __u8 direction, boo
 	}
 	ifindex = BPF_CORE_READ(dev, ifindex);
 
-	head = BPF_CORE_READ(skb, head);
-	mac = BPF_CORE_READ(skb, mac_header);
-	nh = BPF_CORE_READ(skb, network_header);
-	tail = BPF_CORE_READ(skb, tail);
-	len = BPF_CORE_READ(skb, len);
-	if (mac != (__u16)~0U && nh > mac && nh - mac >= ETH_HLEN_) {
-		start = mac;
-	} else {
-		start = nh;
-		ethertype = bpf_ntohs(BPF_CORE_READ(skb, protocol));
-	}
-	if (tail < start) {
+	if (pkt_reader_from_skb(skb, &r, &ethertype)) {
 		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
 		return 0;
 	}
-	r.kbase = head + start;
-	r.len = tail - start;
-	r.total = len + (BPF_CORE_READ(skb, data) - (head + start));
-	if (r.total < r.len)
-		r.total = r.len;
 	pkt_copy_head(&r);
 	status = parse_packet(PKT_KERNEL, &r, 0, ethertype, &p);
 	if (status) {

@@ -446,9 +446,8 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 {
 	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
-	__u16 mac, nh, ethertype = 0;
-	__u32 ifindex, start, tail, len;
-	unsigned char *head;
+	__u16 ethertype;
+	__u32 ifindex;
 
 	count(HOPTRACE_C_SEEN, 1);
 	if (!dev) {
@@ -462,28 +461,10 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		return 0;
 	}
 
-	head = BPF_CORE_READ(skb, head);
-	mac = BPF_CORE_READ(skb, mac_header);
-	nh = BPF_CORE_READ(skb, network_header);
-	tail = BPF_CORE_READ(skb, tail);
-	len = BPF_CORE_READ(skb, len);
-	/* Parse from the Ethernet header when the skb has one, else from L3. */
-	if (mac != (__u16)~0U && nh > mac && nh - mac >= ETH_HLEN_) {
-		start = mac;
-	} else {
-		start = nh;
-		ethertype = bpf_ntohs(BPF_CORE_READ(skb, protocol));
-	}
-	if (tail < start) {
+	if (pkt_reader_from_skb(skb, &r, &ethertype)) {
 		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
 		return 0;
 	}
-	r.kbase = head + start;
-	r.len = tail - start;
-	/* skb->len counts from skb->data; add what lies between start and data. */
-	r.total = len + (BPF_CORE_READ(skb, data) - (head + start));
-	if (r.total < r.len)
-		r.total = r.len;
 	pkt_copy_head(&r);
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
 	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, r.total);

@@ -144,6 +144,37 @@ static __always_inline void pkt_set_direct(struct pkt_reader *r, const __u8 *dat
 	r->direct = 1;
 }
 
+/* A struct sk_buff in kernel memory (tracepoints, fentry, kprobes) as a
+ * reader: from the Ethernet header when the skb has one, else from L3, and
+ * then *ethertype is the skb's protocol. -1 when its offsets disagree. */
+static __always_inline int pkt_reader_from_skb(const struct sk_buff *skb, struct pkt_reader *r,
+					       __u16 *ethertype)
+{
+	unsigned char *head = BPF_CORE_READ(skb, head);
+	__u16 mac = BPF_CORE_READ(skb, mac_header);
+	__u16 nh = BPF_CORE_READ(skb, network_header);
+	__u32 tail = BPF_CORE_READ(skb, tail);
+	__u32 len = BPF_CORE_READ(skb, len);
+	__u32 start;
+
+	*ethertype = 0;
+	if (mac != (__u16)~0U && nh > mac && nh - mac >= ETH_HLEN_) {
+		start = mac;
+	} else {
+		start = nh;
+		*ethertype = bpf_ntohs(BPF_CORE_READ(skb, protocol));
+	}
+	if (tail < start)
+		return -1;
+	r->kbase = head + start;
+	r->len = tail - start;
+	/* skb->len counts from skb->data; add what lies between start and data. */
+	r->total = len + (BPF_CORE_READ(skb, data) - (head + start));
+	if (r->total < r->len)
+		r->total = r->len;
+	return 0;
+}
+
 /* Skips Ethernet and up to two VLAN tags; returns the L3 offset and ethertype. */
 static __always_inline int parse_l2(enum pkt_source src, struct pkt_reader *r, __u32 *off,
 				    __u16 *ethertype, __u16 *flags)
