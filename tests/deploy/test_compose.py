@@ -342,9 +342,9 @@ def test_web_ui_shows_the_same_decomposition_logged_in(compose_run: Run):
 @pytest.mark.parametrize(
     ("missing", "symptom"),
     [
-        # setns into the containers' namespaces is refused, and bpf() too (no CAP_BPF either): the agent
-        # stops at its first BPF call (cilium/ebpf then tries RLIMIT_MEMLOCK, also refused).
-        ("SYS_ADMIN", "operation not permitted"),
+        # bpf() is refused (no CAP_BPF either): the agent stops at its first BPF call and names the
+        # capabilities it needs.
+        ("SYS_ADMIN", "BPF not permitted: the agent needs CAP_SYS_ADMIN"),
         # /proc/PID/ns/net of the applications (uid 10001) needs ptrace read access.
         ("SYS_PTRACE", "permission denied"),
     ],

@@ -41,6 +41,11 @@ func main() {
 func run(args []string) error {
 	// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK (often 64 KiB).
 	if err := loader.AllowLockedMemory(); err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			// The probe behind it creates a map: EPERM means no BPF at all, not a low limit.
+			return fmt.Errorf("BPF not permitted: the agent needs CAP_SYS_ADMIN (or CAP_BPF with CAP_PERFMON and "+
+				"CAP_NET_ADMIN, from 5.8), and CAP_SYS_RESOURCE before 5.11 (RLIMIT_MEMLOCK): %w", err)
+		}
 		return fmt.Errorf("lift RLIMIT_MEMLOCK for BPF: %w", err)
 	}
 	if len(args) > 0 && (args[0] == "mace" || args[0] == "iron" || args[0] == "discover") {
