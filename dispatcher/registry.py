@@ -88,12 +88,19 @@ class AgentRegistry:
             if entry is not None and entry.connection is connection:
                 entry.connection = None
 
-    def heartbeat(self, node: str) -> None:
-        """Note that `node` is alive now."""
+    def heartbeat(self, node: str, inventory: agent_pb2.Inventory | None = None) -> None:
+        """Note that `node` is alive now; an `inventory` replaces the namespaces and devices it registered
+        with (a container started after the agent), so specs are validated against what is there now."""
         with self._lock:
             entry = self._entries.get(node)
             if entry is not None:
                 entry.last_heartbeat = time.time()
+                if inventory is not None:
+                    registration = agent_pb2.Register()
+                    registration.CopyFrom(entry.registration)
+                    del registration.namespaces[:]
+                    registration.namespaces.extend(inventory.namespaces)
+                    entry.registration = registration
 
     def connection(self, node: str) -> AgentConnection | None:
         """The node's open stream, or None when it is not connected."""

@@ -71,7 +71,8 @@ class AgentSessionServicer(agent_pb2_grpc.AgentSessionServicer):
             for message in request_iterator:
                 kind = message.WhichOneof("body")
                 if kind == "heartbeat":
-                    self.registry.heartbeat(connection.node)
+                    beat = message.heartbeat
+                    self.registry.heartbeat(connection.node, beat.inventory if beat.HasField("inventory") else None)
                 elif kind == "trace_status":
                     self.registry.heartbeat(connection.node)
                     self.controller.on_status(connection.node, message.trace_status)

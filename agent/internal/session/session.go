@@ -168,7 +168,8 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 		defer sendMu.Unlock()
 		return st.Send(m)
 	}
-	if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_Register{Register: s.Register()}}); err != nil {
+	registration := s.Register()
+	if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_Register{Register: registration}}); err != nil {
 		return false, fmt.Errorf("register: %w", err)
 	}
 	s.Log.Info("registered with dispatcher", "addr", s.Addr, "node", s.Node)
@@ -182,12 +183,19 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 		defer wg.Done()
 		t := time.NewTicker(s.Heartbeat)
 		defer t.Stop()
+		said := &pb.Inventory{Namespaces: registration.GetNamespaces()}
 		for {
 			select {
 			case <-sctx.Done():
 				return
 			case <-t.C:
-				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_Heartbeat{Heartbeat: &pb.Heartbeat{SentAt: timestamppb.Now()}}}); err != nil {
+				hb := &pb.Heartbeat{SentAt: timestamppb.Now()}
+				// Devices and namespaces appear after the agent registered (a container
+				// started later): the dispatcher validates specs against what it last heard.
+				if now := (&pb.Inventory{Namespaces: Namespaces(s.Netns)}); !proto.Equal(now, said) {
+					hb.Inventory, said = now, now
+				}
+				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_Heartbeat{Heartbeat: hb}}); err != nil {
 					cancel()
 					return
 				}

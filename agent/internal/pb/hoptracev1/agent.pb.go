@@ -479,8 +479,11 @@ func (x *AttachSupport) GetReason() string {
 }
 
 type Heartbeat struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SentAt        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	SentAt *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	// Set when the agent's namespaces or devices changed since it last said
+	// (containers and pods come and go): replaces Register.namespaces.
+	Inventory     *Inventory `protobuf:"bytes,2,opt,name=inventory,proto3" json:"inventory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -522,6 +525,57 @@ func (x *Heartbeat) GetSentAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Heartbeat) GetInventory() *Inventory {
+	if x != nil {
+		return x.Inventory
+	}
+	return nil
+}
+
+type Inventory struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Namespaces    []*Namespace           `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Inventory) Reset() {
+	*x = Inventory{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Inventory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Inventory) ProtoMessage() {}
+
+func (x *Inventory) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
+func (*Inventory) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Inventory) GetNamespaces() []*Namespace {
+	if x != nil {
+		return x.Namespaces
+	}
+	return nil
+}
+
 type TraceStatus struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Trace      string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
@@ -536,7 +590,7 @@ type TraceStatus struct {
 
 func (x *TraceStatus) Reset() {
 	*x = TraceStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -548,7 +602,7 @@ func (x *TraceStatus) String() string {
 func (*TraceStatus) ProtoMessage() {}
 
 func (x *TraceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -561,7 +615,7 @@ func (x *TraceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceStatus.ProtoReflect.Descriptor instead.
 func (*TraceStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TraceStatus) GetTrace() string {
@@ -613,7 +667,7 @@ type HopStatus struct {
 
 func (x *HopStatus) Reset() {
 	*x = HopStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -625,7 +679,7 @@ func (x *HopStatus) String() string {
 func (*HopStatus) ProtoMessage() {}
 
 func (x *HopStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -638,7 +692,7 @@ func (x *HopStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopStatus.ProtoReflect.Descriptor instead.
 func (*HopStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HopStatus) GetHopIndex() uint32 {
@@ -685,7 +739,7 @@ type DispatcherMessage struct {
 
 func (x *DispatcherMessage) Reset() {
 	*x = DispatcherMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -697,7 +751,7 @@ func (x *DispatcherMessage) String() string {
 func (*DispatcherMessage) ProtoMessage() {}
 
 func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -710,7 +764,7 @@ func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatcherMessage.ProtoReflect.Descriptor instead.
 func (*DispatcherMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DispatcherMessage) GetBody() isDispatcherMessage_Body {
@@ -835,7 +889,7 @@ type SignedMessage struct {
 
 func (x *SignedMessage) Reset() {
 	*x = SignedMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -847,7 +901,7 @@ func (x *SignedMessage) String() string {
 func (*SignedMessage) ProtoMessage() {}
 
 func (x *SignedMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -860,7 +914,7 @@ func (x *SignedMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedMessage.ProtoReflect.Descriptor instead.
 func (*SignedMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SignedMessage) GetPayload() []byte {
@@ -915,7 +969,7 @@ type TracePlan struct {
 
 func (x *TracePlan) Reset() {
 	*x = TracePlan{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +981,7 @@ func (x *TracePlan) String() string {
 func (*TracePlan) ProtoMessage() {}
 
 func (x *TracePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +994,7 @@ func (x *TracePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracePlan.ProtoReflect.Descriptor instead.
 func (*TracePlan) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TracePlan) GetTrace() string {
@@ -1021,7 +1075,7 @@ type FlowMatch struct {
 
 func (x *FlowMatch) Reset() {
 	*x = FlowMatch{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1087,7 @@ func (x *FlowMatch) String() string {
 func (*FlowMatch) ProtoMessage() {}
 
 func (x *FlowMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1100,7 @@ func (x *FlowMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowMatch.ProtoReflect.Descriptor instead.
 func (*FlowMatch) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FlowMatch) GetIpProto() uint32 {
@@ -1130,7 +1184,7 @@ type HopAttach struct {
 
 func (x *HopAttach) Reset() {
 	*x = HopAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1196,7 @@ func (x *HopAttach) String() string {
 func (*HopAttach) ProtoMessage() {}
 
 func (x *HopAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1209,7 @@ func (x *HopAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopAttach.ProtoReflect.Descriptor instead.
 func (*HopAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HopAttach) GetHopIndex() uint32 {
@@ -1249,7 +1303,7 @@ type TcpTagging struct {
 
 func (x *TcpTagging) Reset() {
 	*x = TcpTagging{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1315,7 @@ func (x *TcpTagging) String() string {
 func (*TcpTagging) ProtoMessage() {}
 
 func (x *TcpTagging) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1328,7 @@ func (x *TcpTagging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpTagging.ProtoReflect.Descriptor instead.
 func (*TcpTagging) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TcpTagging) GetNetns() string {
@@ -1307,7 +1361,7 @@ type RemoveTrace struct {
 
 func (x *RemoveTrace) Reset() {
 	*x = RemoveTrace{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1373,7 @@ func (x *RemoveTrace) String() string {
 func (*RemoveTrace) ProtoMessage() {}
 
 func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1386,7 @@ func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTrace.ProtoReflect.Descriptor instead.
 func (*RemoveTrace) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveTrace) GetTrace() string {
@@ -1356,7 +1410,7 @@ type RunPreset struct {
 
 func (x *RunPreset) Reset() {
 	*x = RunPreset{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1422,7 @@ func (x *RunPreset) String() string {
 func (*RunPreset) ProtoMessage() {}
 
 func (x *RunPreset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1435,7 @@ func (x *RunPreset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
 func (*RunPreset) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunPreset) GetId() string {
@@ -1419,7 +1473,7 @@ type PresetResult struct {
 
 func (x *PresetResult) Reset() {
 	*x = PresetResult{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1431,7 +1485,7 @@ func (x *PresetResult) String() string {
 func (*PresetResult) ProtoMessage() {}
 
 func (x *PresetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1444,7 +1498,7 @@ func (x *PresetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
 func (*PresetResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PresetResult) GetId() string {
@@ -1508,9 +1562,14 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x1a.hoptrace.v1.AttachSupportR\x05value:\x028\x01\"E\n" +
 	"\rAttachSupport\x12\x1c\n" +
 	"\tsupported\x18\x01 \x01(\bR\tsupported\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"@\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"v\n" +
 	"\tHeartbeat\x123\n" +
-	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\x9d\x01\n" +
+	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x124\n" +
+	"\tinventory\x18\x02 \x01(\v2\x16.hoptrace.v1.InventoryR\tinventory\"C\n" +
+	"\tInventory\x126\n" +
+	"\n" +
+	"namespaces\x18\x01 \x03(\v2\x16.hoptrace.v1.NamespaceR\n" +
+	"namespaces\"\x9d\x01\n" +
 	"\vTraceStatus\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
 	"\n" +
@@ -1606,7 +1665,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -1615,52 +1674,55 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*Capabilities)(nil),          // 4: hoptrace.v1.Capabilities
 	(*AttachSupport)(nil),         // 5: hoptrace.v1.AttachSupport
 	(*Heartbeat)(nil),             // 6: hoptrace.v1.Heartbeat
-	(*TraceStatus)(nil),           // 7: hoptrace.v1.TraceStatus
-	(*HopStatus)(nil),             // 8: hoptrace.v1.HopStatus
-	(*DispatcherMessage)(nil),     // 9: hoptrace.v1.DispatcherMessage
-	(*SignedMessage)(nil),         // 10: hoptrace.v1.SignedMessage
-	(*TracePlan)(nil),             // 11: hoptrace.v1.TracePlan
-	(*FlowMatch)(nil),             // 12: hoptrace.v1.FlowMatch
-	(*HopAttach)(nil),             // 13: hoptrace.v1.HopAttach
-	(*TcpTagging)(nil),            // 14: hoptrace.v1.TcpTagging
-	(*RemoveTrace)(nil),           // 15: hoptrace.v1.RemoveTrace
-	(*RunPreset)(nil),             // 16: hoptrace.v1.RunPreset
-	(*PresetResult)(nil),          // 17: hoptrace.v1.PresetResult
-	nil,                           // 18: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 19: hoptrace.v1.RunPreset.ArgsEntry
-	(*timestamppb.Timestamp)(nil), // 20: google.protobuf.Timestamp
-	(AttachKind)(0),               // 21: hoptrace.v1.AttachKind
+	(*Inventory)(nil),             // 7: hoptrace.v1.Inventory
+	(*TraceStatus)(nil),           // 8: hoptrace.v1.TraceStatus
+	(*HopStatus)(nil),             // 9: hoptrace.v1.HopStatus
+	(*DispatcherMessage)(nil),     // 10: hoptrace.v1.DispatcherMessage
+	(*SignedMessage)(nil),         // 11: hoptrace.v1.SignedMessage
+	(*TracePlan)(nil),             // 12: hoptrace.v1.TracePlan
+	(*FlowMatch)(nil),             // 13: hoptrace.v1.FlowMatch
+	(*HopAttach)(nil),             // 14: hoptrace.v1.HopAttach
+	(*TcpTagging)(nil),            // 15: hoptrace.v1.TcpTagging
+	(*RemoveTrace)(nil),           // 16: hoptrace.v1.RemoveTrace
+	(*RunPreset)(nil),             // 17: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 18: hoptrace.v1.PresetResult
+	nil,                           // 19: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 20: hoptrace.v1.RunPreset.ArgsEntry
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(AttachKind)(0),               // 22: hoptrace.v1.AttachKind
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
-	7,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	17, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	8,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
+	18, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
 	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
 	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
-	7,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
+	8,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	18, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	20, // 9: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	8,  // 10: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	11, // 11: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	15, // 12: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	16, // 13: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	10, // 14: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	10, // 15: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	12, // 16: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	13, // 17: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	14, // 18: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	21, // 19: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	19, // 20: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 21: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 22: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	9,  // 23: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	23, // [23:24] is the sub-list for method output_type
-	22, // [22:23] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	19, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	21, // 9: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	7,  // 10: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
+	2,  // 11: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
+	9,  // 12: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	12, // 13: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	16, // 14: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	17, // 15: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	11, // 16: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	11, // 17: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	13, // 18: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	14, // 19: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	15, // 20: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	22, // 21: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	20, // 22: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 23: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 24: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	10, // 25: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	25, // [25:26] is the sub-list for method output_type
+	24, // [24:25] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -1675,7 +1737,7 @@ func file_hoptrace_v1_agent_proto_init() {
 		(*AgentMessage_TraceStatus)(nil),
 		(*AgentMessage_PresetResult)(nil),
 	}
-	file_hoptrace_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
+	file_hoptrace_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
 		(*DispatcherMessage_Apply)(nil),
 		(*DispatcherMessage_Remove)(nil),
 		(*DispatcherMessage_RunPreset)(nil),
@@ -1688,7 +1750,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
