@@ -72,7 +72,8 @@ class AgentSessionServicer(agent_pb2_grpc.AgentSessionServicer):
                 kind = message.WhichOneof("body")
                 if kind == "heartbeat":
                     beat = message.heartbeat
-                    self.registry.heartbeat(connection.node, beat.inventory if beat.HasField("inventory") else None)
+                    inventory = beat.inventory if beat.HasField("inventory") else None
+                    self.registry.heartbeat(connection.node, inventory)
                 elif kind == "trace_status":
                     self.registry.heartbeat(connection.node)
                     self.controller.on_status(connection.node, message.trace_status)

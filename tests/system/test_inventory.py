@@ -35,7 +35,8 @@ def test_a_namespace_made_after_the_agent_registered_can_be_traced(topology, inf
 
         subprocess.run(["ip", "netns", "add", late], check=True)
         try:
-            subprocess.run(["ip", "-n", late, "link", "add", "late0", "type", "veth", "peer", "name", "late1"], check=True)
+            veth = ["link", "add", "late0", "type", "veth", "peer", "name", "late1"]
+            subprocess.run(["ip", "-n", late, *veth], check=True)
             subprocess.run(["ip", "-n", late, "link", "set", "late0", "up"], check=True)
             # The agent says what changed with its next heartbeat (every 2 s).
             deadline = time.monotonic() + 20
