@@ -748,7 +748,25 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     mace.add_parser(subparsers)
     iron.add_parser(subparsers)
     discover.add_parser(subparsers, client)
+
+    completion = subparsers.add_parser(
+        "completion",
+        help="shell completion script: bash, zsh or tcsh",
+        description="Print a completion script for SHELL, e.g. `hoptrace completion bash > "
+        "/etc/bash_completion.d/hoptrace`, or `source <(hoptrace completion bash)` in a running shell.",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    completion.set_defaults(func=cmd_completion)
     return parser
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """hoptrace completion SHELL: the script, generated from this very parser (every command and flag, the
+    collector's included), so it cannot drift from the CLI."""
+    import shtab
+
+    print(shtab.complete(build_parser(["collector"]), shell=args.shell, root_prefix="hoptrace"))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,3 +28,31 @@ def test_a_reader_that_left_gets_no_traceback() -> None:
         os.close(write_end)
     assert "Traceback" not in run.stderr and "BrokenPipeError" not in run.stderr, run.stderr
     assert run.returncode == 141, (run.returncode, run.stderr)
+
+
+def complete(script: str, *words: str) -> list[str]:
+    """What bash offers after `words` with `script` sourced (the last word is the one being completed)."""
+    line = " ".join(words)
+    program = (
+        f"source {script}; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; COMP_LINE='{line}'; "
+        'COMP_POINT=${#COMP_LINE}; _shtab_hoptrace; printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    out = subprocess.run(["bash", "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.split()
+
+
+def test_bash_completion_knows_every_command_and_flag(tmp_path) -> None:
+    script = tmp_path / "hoptrace.bash"
+    generated = subprocess.run(
+        [sys.executable, "-m", "hoptrace.cli.main", "completion", "bash"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    script.write_text(generated.stdout)
+    assert complete(str(script), "hoptrace", "tr") == ["trace"]
+    assert complete(str(script), "hoptrace", "trace", "ap") == ["apply"]
+    assert complete(str(script), "hoptrace", "report", "--si") == ["--since"]
+    # The collector's own flags (loaded only when it is the command) are there too.
+    assert complete(str(script), "hoptrace", "collector", "--kafka-b") == ["--kafka-brokers"]
