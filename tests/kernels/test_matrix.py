@@ -53,6 +53,19 @@ def test_binaries(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+# What each guest showed, for the README's kernel table (test_readme_table_is_this_matrix).
+RESULTS: dict[str, dict[str, str]] = {}
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def table_row(result: dict[str, str]) -> str:
+    """One README table row of a kernel the matrix ran."""
+    return (
+        f"| {result['release']} | {result['suite']} | {result['variant']} | {result['tc']} "
+        f"| {result['functions']} | the matrix tests in a guest |"
+    )
+
+
 @pytest.mark.parametrize("version", REQUIRED)
 def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
     kernel = next(k for k in matrix_kernels() if f"{k.version[0]}.{k.version[1]}" == version)
@@ -75,3 +88,22 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
         assert f"recorded by {kind} ip_rcv" in output, f"{kind} hop recorded nothing on {kernel.release}"
     loads = [name for name in passed if name.startswith("TestEveryProgramLoads/")]
     assert len(loads) >= 20, f"only {len(loads)} programs loaded on {kernel.release}"
+    tc = re.search(r"tc attach: (\w+)", output)
+    assert tc, f"the tracer test did not say how tc hops attach on {kernel.release}"
+    RESULTS[version] = {
+        "release": kernel.release,
+        "suite": kernel.suite,
+        "variant": "floor" if "floor variants: true" in output else "full",
+        "tc": tc.group(1),
+        "functions": "kprobe, fentry",
+    }
+
+
+def test_readme_table_is_this_matrix() -> None:
+    """The README's kernel table says what the guests showed in this run, row for row."""
+    missing = [version for version in REQUIRED if version not in RESULTS]
+    assert not missing, f"the matrix did not pass on {missing}: no table to check"
+    rows = [table_row(RESULTS[version]) for version in reversed(REQUIRED)]
+    text = README.read_text()
+    stale = [row for row in rows if row not in text]
+    assert not stale, "README.md's kernel table is not this run's; its rows should be:\n" + "\n".join(rows)

@@ -217,6 +217,11 @@ func TestTracerStreamsRealTraffic(t *testing.T) {
 	p := tu.NewVethPair(t, "198.18.41")
 	floor, why := loader.NeedsFloor()
 	t.Logf("floor variants: %v %s", floor, why)
+	mode := "tcx"
+	if attach.TCXUnsupported() != "" {
+		mode = "clsact"
+	}
+	t.Logf("tc attach: %s", mode) // the kernel matrix's table reads this line
 	got := traceOneDatagram(t, p, plan(p, 1))
 	for i, r := range got {
 		if r.Flags&record.FlagUDP == 0 || r.TraceSlot == 0 {
