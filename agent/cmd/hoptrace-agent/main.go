@@ -38,6 +38,9 @@ func main() {
 	}
 }
 
+// kernelBTFEnv names the --kernel-btf file for every mode, the presets' included.
+const kernelBTFEnv = "HOPTRACE_KERNEL_BTF"
+
 func run(args []string) error {
 	// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK (often 64 KiB).
 	if err := loader.AllowLockedMemory(); err != nil {
@@ -49,6 +52,9 @@ func run(args []string) error {
 		return fmt.Errorf("lift RLIMIT_MEMLOCK for BPF: %w", err)
 	}
 	if len(args) > 0 && (args[0] == "mace" || args[0] == "iron" || args[0] == "discover") {
+		if err := loader.UseKernelBTF(os.Getenv(kernelBTFEnv)); err != nil {
+			return err
+		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return preset.Command(ctx, args[0], args[1:], os.Stdout)
@@ -63,6 +69,9 @@ func run(args []string) error {
 
 	fs := flag.NewFlagSet("hoptrace-agent "+mode, flag.ContinueOnError)
 	var cfg agent.Config
+	var kernelBTF string
+	fs.StringVar(&kernelBTF, "kernel-btf", os.Getenv(kernelBTFEnv), "BTF of this kernel for a kernel without "+loader.KernelBTFPath+
+		" (e.g. BTFHub's file for its release; $"+kernelBTFEnv+")")
 	var ring uint
 	fs.StringVar(&cfg.Node, "node", "", "node name (default: hostname)")
 	fs.StringVar(&cfg.Netns, "netns", "", "the emulated host's network namespace (/run/netns name or path); hops without netns run there")
@@ -109,6 +118,9 @@ func run(args []string) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
+		return err
+	}
+	if err := loader.UseKernelBTF(kernelBTF); err != nil {
 		return err
 	}
 	cfg.RingBytes = uint32(ring)

@@ -230,7 +230,7 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 
 	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
 		MapReplacements: repl,
-		Programs:        ebpf.ProgramOptions{LogLevel: opts.LogLevel},
+		Programs:        ProgramOptions(opts.LogLevel),
 		Cache:           opts.Cache,
 	})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/hoptrace/hoptrace/agent/internal/allowlist"
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 )
 
@@ -226,7 +227,7 @@ func RunIron(ctx context.Context, cfg IronConfig, w io.Writer) error {
 	if err := setVariables(spec, map[string]any{"host_netns_ino": uint32(hostIno)}); err != nil {
 		return err
 	}
-	coll, err := ebpf.NewCollection(spec)
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Programs: loader.ProgramOptions(0)})
 	if err != nil {
 		return fmt.Errorf("load iron programs: %w", err)
 	}

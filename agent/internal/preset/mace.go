@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/hoptrace/hoptrace/agent/internal/allowlist"
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
 )
 
 // MACE event paths (include/mace.h enum mace_path).
@@ -299,7 +300,7 @@ func RunMace(ctx context.Context, cfg MaceConfig, w io.Writer) error {
 	}); err != nil {
 		return err
 	}
-	coll, err := ebpf.NewCollection(spec)
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{Programs: loader.ProgramOptions(0)})
 	if err != nil {
 		return fmt.Errorf("load mace programs: %w", err)
 	}
