@@ -42,17 +42,26 @@ vNetTracer's metrics (section III-D of the paper), per segment and window:
 
 from __future__ import annotations
 
+import heapq
 import math
+import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hoptrace import kernel_abi
 from hoptrace.collector.catalog import TraceCatalog, TracePath
 from hoptrace.collector.clock import ClockAligner, NodeMapping
 from hoptrace.collector.join import JoinedPacket
-from hoptrace.collector.records import HOPTRACE_TCPOPT_LEN, HOPTRACE_UDP_ID_LEN, Record, RecordFlag
+from hoptrace.collector.records import (
+    HOPTRACE_TCPOPT_LEN,
+    HOPTRACE_UDP_ID_LEN,
+    ID_SEQ_MASK,
+    Record,
+    RecordFlag,
+)
+from hoptrace.collector.sketch import LatencySketch
 from hoptrace.v1 import records_pb2
 
 END_TO_END = "end_to_end"
@@ -61,18 +70,35 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 @dataclass
 class AggregateConfig:
-    """Statistics interval of the aggregation stage."""
+    """Statistics interval, exemplars and instance name of the aggregation stage.
+
+    Exemplars are the packets written one point per segment (`hop_latency`): per trace and window the
+    `exemplar_slowest` slowest end to end, and every packet whose ID sequence is a multiple of
+    `exemplar_every` (deterministic: every collector and every replay picks the same; 1 = every packet,
+    0 = none). `instance` tags this collector's windows, so windows of one trace, segment and second written
+    by several collectors add up instead of overwriting each other.
+    """
 
     interval_ns: int = 1_000_000_000
+    exemplar_slowest: int = 3
+    exemplar_every: int = 1000
+    instance: str = field(default_factory=socket.gethostname)
 
     def validate(self) -> None:
         """Raise ValueError on an unusable setting."""
         if self.interval_ns <= 0:
             raise ValueError(f"aggregation interval must be positive, got {self.interval_ns} ns")
+        if self.exemplar_slowest < 0 or self.exemplar_every < 0:
+            raise ValueError(
+                f"exemplar settings must be >= 0, got slowest {self.exemplar_slowest},"
+                f" every {self.exemplar_every}"
+            )
+        if not self.instance or any(c in self.instance for c in "\n\r"):
+            raise ValueError(f"collector instance name must be one non-empty line, got {self.instance!r}")
 
 
 class LatencySample(NamedTuple):
-    """One packet in one segment (a `hop_latency` point)."""
+    """One packet in one segment (a `hop_latency` point, written for exemplar packets only)."""
 
     trace: str
     segment: str
@@ -115,6 +141,16 @@ class SegmentWindow:
     below_clock_bound: bool = False
     below_bound_count: int = 0
     clock_bound_ns: int = 0  # cross-node: bound(from node) + bound(to node); 0 = same node or unknown
+    # Mergeable over time and collectors (`sketch.py`): the sum and min of the latencies, their sketch, and
+    # the jitter's (sum, count and sketch of |dT(i+1) - dT(i)|). `instance`: the collector that wrote it.
+    sum_ns: int = 0
+    min_ns: int = 0
+    sketch: LatencySketch = field(default_factory=LatencySketch)
+    jitter_sum_ns: int = 0
+    jitter_count: int = 0
+    jitter_sketch: LatencySketch = field(default_factory=LatencySketch)
+    instance: str = ""
+    values: list[int] = field(default_factory=list, repr=False)  # the latencies (metrics), not written
 
 
 @dataclass(slots=True)
@@ -188,12 +224,19 @@ def summarize(values: Iterable[int]) -> tuple[int, float, int, int, int, int]:
     return n, sum(v) / n, quantile(v, 0.5), quantile(v, 0.9), quantile(v, 0.99), v[-1]
 
 
+def jitter_diffs(times: list[int], latencies: list[int]) -> list[int]:
+    """|dT(i+1) - dT(i)| of consecutive packets ordered by `times`, sorted; empty below 2 packets."""
+    if len(latencies) < 2:
+        return []
+    ordered = [lat for _, lat in sorted(zip(times, latencies, strict=True))]
+    return sorted(abs(b - a) for a, b in zip(ordered, ordered[1:], strict=False))
+
+
 def jitter(times: list[int], latencies: list[int]) -> tuple[float, int]:
     """(mean, nearest-rank p99) of |dT(i+1) - dT(i)|, packets ordered by `times`; (0, 0) below 2."""
-    if len(latencies) < 2:
+    diffs = jitter_diffs(times, latencies)
+    if not diffs:
         return 0.0, 0
-    ordered = [lat for _, lat in sorted(zip(times, latencies, strict=True))]
-    diffs = sorted(abs(b - a) for a, b in zip(ordered, ordered[1:], strict=False))
     return sum(diffs) / len(diffs), quantile(diffs, 0.99)
 
 
@@ -268,6 +311,10 @@ class SegmentAggregator:
         self._lost_node: dict[tuple[str, str, int], int] = {}
         self._loss_points: dict[tuple[str, str, str, str, int], int] = {}
         self._loss_out: list[TracerLossWindow] = []
+        # slowest packets per (trace, window start): min-heaps of (rank, seq, samples)
+        self._slowest: dict[tuple[str, int], list] = {}
+        self._exemplar_seq = 0
+        self._exemplar_out: list[LatencySample] = []
 
     def note_tracer_lost(
         self, trace: str, hop: str, node: str, ts_ns: int, records: int, reason: str
@@ -314,9 +361,16 @@ class SegmentAggregator:
         return w
 
     def add_packets(self, packets: Iterable[JoinedPacket]) -> list[LatencySample]:
-        """Account joined packets into the open windows; return their per-segment latency samples."""
+        """Account joined packets into the open windows (their latencies go into the windows' sketches).
+
+        Returns the per-segment samples of the packets sampled as exemplars by ID (`exemplar_every`); the
+        slowest of each window come with `take_exemplars` once it closes.
+        """
         out: list[LatencySample] = []
         stats = self.stats
+        config = self.config
+        every = config.exemplar_every
+        slowest = config.exemplar_slowest
         paths: dict[str, TracePath | None] = {}
         for p in packets:
             if p.trace in paths:
@@ -330,6 +384,20 @@ class SegmentAggregator:
             earliest = min(seen)
             width = max(i for i, t in enumerate(times) if t is not None) + 1
             n = len(path.hop_names) if path is not None and path.hop_names else width
+            last = n - 1
+            t0 = times[0] if times else None
+            tn = times[last] if 0 < last < len(times) else None
+            # Exemplars: sampled by ID, or a candidate for its window's slowest (ranked end to end, or by
+            # its whole seen passage when incomplete).
+            sampled = every > 0 and (p.packet_id & ID_SEQ_MASK) % every == 0
+            rank = tn - t0 if t0 is not None and tn is not None else max(seen) - earliest
+            e2e_start = t0 if t0 is not None else earliest
+            heap: list | None = None
+            if not sampled and slowest > 0:
+                heap = self._slowest_heap(p.trace, e2e_start)
+                if heap is not None and len(heap) >= slowest and rank <= heap[0][0]:
+                    heap = None
+            keep: list[LatencySample] | None = [] if sampled or heap is not None else None
 
             def name(i: int, path: TracePath | None = path) -> str:
                 return path.hop_name(i) if path is not None else f"hop{i}"
@@ -359,17 +427,24 @@ class SegmentAggregator:
                     w.times.append(ta)
                     w.flagged += flag
                     w.clock_bound = max(w.clock_bound, bound)
-                out.append(
-                    LatencySample(
-                        p.trace, segment, from_hop, to_hop, from_node, to_node, ta, latency, p.packet_id, flag
+                if keep is not None:
+                    keep.append(
+                        LatencySample(
+                            p.trace,
+                            segment,
+                            from_hop,
+                            to_hop,
+                            from_node,
+                            to_node,
+                            ta,
+                            latency,
+                            p.packet_id,
+                            flag,
+                        )
                     )
-                )
             # end to end: first -> last hop of the path
-            last = n - 1
-            t0 = times[0] if times else None
-            tn = times[last] if 0 < last < len(times) else None
             first_hop, last_hop = name(0), name(last)
-            w = self._window(p.trace, END_TO_END, t0 if t0 is not None else earliest, first_hop, last_hop)
+            w = self._window(p.trace, END_TO_END, e2e_start, first_hop, last_hop)
             from_node = nodes[0] or (path.hop_node(0) if path else "")
             to_node = (
                 nodes[last] if last < len(nodes) and nodes[last] else (path.hop_node(last) if path else "")
@@ -382,30 +457,62 @@ class SegmentAggregator:
             if t0 is None or tn is None:
                 if w is not None:
                     w.incomplete += 1
-                continue
-            latency = tn - t0
-            bound = self._segment_bound(from_node, to_node)
-            flag = self._below_bound(latency, bound)
-            if w is not None:
-                w.values.append(latency)
-                w.times.append(t0)
-                w.flagged += flag
-                w.clock_bound = max(w.clock_bound, bound)
-            out.append(
-                LatencySample(
-                    p.trace,
-                    END_TO_END,
-                    first_hop,
-                    last_hop,
-                    from_node,
-                    to_node,
-                    t0,
-                    latency,
-                    p.packet_id,
-                    flag,
-                )
-            )
+            else:
+                latency = tn - t0
+                bound = self._segment_bound(from_node, to_node)
+                flag = self._below_bound(latency, bound)
+                if w is not None:
+                    w.values.append(latency)
+                    w.times.append(t0)
+                    w.flagged += flag
+                    w.clock_bound = max(w.clock_bound, bound)
+                if keep is not None:
+                    keep.append(
+                        LatencySample(
+                            p.trace,
+                            END_TO_END,
+                            first_hop,
+                            last_hop,
+                            from_node,
+                            to_node,
+                            t0,
+                            latency,
+                            p.packet_id,
+                            flag,
+                        )
+                    )
+            if keep:
+                if sampled:
+                    out.extend(keep)
+                elif heap is not None:
+                    self._exemplar_seq += 1
+                    item = (rank, self._exemplar_seq, keep)
+                    if len(heap) < slowest:
+                        heapq.heappush(heap, item)
+                    else:
+                        heapq.heapreplace(heap, item)
         return out
+
+    def _slowest_heap(self, trace: str, ts: int) -> list | None:
+        """The min-heap of the slowest packets of `trace` in the window of `ts`; None when it is closed."""
+        start = ts - ts % self.config.interval_ns
+        if start < self._closed_before:
+            return None
+        key = (trace, start)
+        heap = self._slowest.get(key)
+        if heap is None:
+            heap = self._slowest[key] = []
+        return heap
+
+    def take_exemplars(self) -> list[LatencySample]:
+        """The samples of the slowest packets of the windows closed since the last call."""
+        out, self._exemplar_out = self._exemplar_out, []
+        return out
+
+    def _close_exemplars(self, closed: Callable[[int], bool]) -> None:
+        for key in sorted((k for k in self._slowest if closed(k[1])), key=lambda k: k[1]):
+            for _, _, samples in sorted(self._slowest.pop(key)):
+                self._exemplar_out.extend(samples)
 
     @staticmethod
     def _count_path(
@@ -438,12 +545,14 @@ class SegmentAggregator:
         done = [k for k in self._windows if k[2] < cut]
         out = [self._close(k) for k in sorted(done, key=lambda k: k[2])]
         self._close_losses(lambda start: start < cut)
+        self._close_exemplars(lambda start: start < cut)
         return out
 
     def flush(self) -> list[SegmentWindow]:
         """Close every window (shutdown)."""
         out = [self._close(k) for k in sorted(self._windows, key=lambda k: k[2])]
         self._close_losses(lambda start: True)
+        self._close_exemplars(lambda start: True)
         return out
 
     def _close_losses(self, closed: Callable[[int], bool]) -> None:
@@ -462,7 +571,9 @@ class SegmentAggregator:
         if w.to_node:
             lost_at_to += self._lost_node.get((trace, w.to_node, start), 0)
         loss = max(0, w.lost - lost_at_to)
-        jit, jit_p99 = jitter(w.times, w.values)
+        diffs = jitter_diffs(w.times, w.values)
+        jit = sum(diffs) / len(diffs) if diffs else 0.0
+        jit_p99 = quantile(diffs, 0.99) if diffs else 0
         same_node = bool(w.same_node)
         if w.same_node is None:  # no packet crossed it: use the path's nodes
             path = self.catalog.get(trace)
@@ -496,6 +607,14 @@ class SegmentAggregator:
             below_clock_bound=count > 0 and 2 * w.flagged >= count,
             below_bound_count=w.flagged,
             clock_bound_ns=w.clock_bound,
+            sum_ns=sum(w.values),
+            min_ns=min(w.values) if w.values else 0,
+            sketch=LatencySketch.of(w.values),
+            jitter_sum_ns=sum(diffs),
+            jitter_count=len(diffs),
+            jitter_sketch=LatencySketch.of(diffs),
+            instance=self.config.instance,
+            values=w.values,
         )
 
 

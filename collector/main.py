@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import grpc
 
+from hoptrace.collector.aggregate import AggregateConfig
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.collector.service import run_collector
@@ -84,6 +85,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the token for the dispatcher's user API (a viewer's is enough); with TLS, --ca/--cert/--key "
         "are used toward the dispatcher too",
     )
+    parser.add_argument(
+        "--exemplar-slowest",
+        type=int,
+        default=AggregateConfig.exemplar_slowest,
+        metavar="K",
+        help="per trace and second, write the K slowest packets one point per segment (hop_latency)",
+    )
+    parser.add_argument(
+        "--exemplar-every",
+        type=int,
+        default=AggregateConfig.exemplar_every,
+        metavar="N",
+        help="also write every packet whose ID is a multiple of N (1 = every packet, 0 = none)",
+    )
+    parser.add_argument(
+        "--instance",
+        default=None,
+        metavar="NAME",
+        help="this collector's name, the `collector` tag of its windows (default: the host name); "
+        "keep it across restarts so that a replay overwrites instead of adding",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_server_tls_arguments(parser)
 
@@ -93,6 +115,12 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO))
     try:
         tls = server_tls_from_args(args)
+        aggregate = AggregateConfig(
+            exemplar_slowest=args.exemplar_slowest, exemplar_every=args.exemplar_every
+        )
+        if args.instance is not None:
+            aggregate.instance = args.instance
+        aggregate.validate()
     except ValueError as error:
         print(f"hoptrace collector: {error}", file=sys.stderr)
         return 2
@@ -125,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
             spool_bytes=args.spool_bytes,
             max_export_points=args.max_export_points,
             tls=tls,
+            aggregate=aggregate,
         )
     finally:
         stop_sync.set()
