@@ -180,16 +180,20 @@ def tracer_loss_line(w: TracerLossWindow) -> str:
 
 
 class TimestampDeduper:
-    """Makes `hop_latency` timestamps unique per series by moving collisions forward 1 ns at a time."""
+    """Makes `hop_latency` timestamps unique per series by moving collisions forward 1 ns at a time.
+
+    The same packet written again (same series, time and packet ID: an exemplar exported twice) gets its
+    first timestamp back, so its point overwrites itself instead of appearing twice.
+    """
 
     def __init__(self, horizon_ns: int = 10_000_000_000) -> None:
         self.horizon_ns = horizon_ns
         self.moved = 0
-        self._used: dict[tuple[str, str, str, str], dict[int, None]] = {}
+        self._used: dict[tuple[str, str, str, str], dict[int, tuple[int, int]]] = {}
         self._newest: dict[tuple[str, str, str, str], int] = {}
 
     def unique(self, s: LatencySample) -> int:
-        """Return a timestamp for `s` not used before in its series (within the horizon)."""
+        """Return a timestamp for `s` not used before in its series by another packet (within the horizon)."""
         series = (s.trace, s.segment, s.from_node, s.to_node)
         used = self._used.get(series)
         if used is None:
@@ -197,9 +201,11 @@ class TimestampDeduper:
             self._newest[series] = s.ts_ns
         ts = s.ts_ns
         while ts in used:
+            if used[ts] == (s.ts_ns, s.packet_id):
+                return ts  # this very packet again
             ts += 1
             self.moved += 1
-        used[ts] = None
+        used[ts] = (s.ts_ns, s.packet_id)
         newest = self._newest[series]
         if ts > newest + self.horizon_ns // 4:
             # prune now and then: the dict is in insertion order, which is nearly time order

@@ -95,6 +95,9 @@ def test_distinct_packets_never_share_a_timestamp_in_a_series() -> None:
     assert d.unique(sample(101)) == 104
     assert d.unique(sample(100)._replace(segment="b>c")) == 100  # another series
     assert d.moved == 1 + 2 + 3 + 3
+    # the same packet again (an exemplar exported twice, a replay): its first timestamp, so it overwrites
+    assert d.unique(sample(100, 2)) == 102 and d.unique(sample(101)) == 104
+    assert d.moved == 1 + 2 + 3 + 3 + 2 + 3
 
 
 def test_config_validate() -> None:
