@@ -1,18 +1,23 @@
 """Aggregation stage: per-packet segment latencies, per-second segment statistics, per-second hop counters.
 
 Segments are the consecutive pairs of the trace's path, `"from>to"`, plus `end_to_end` (first hop -> last
-hop of the path), which also gets one `LatencySample` per packet so reports compute exact end-to-end
-percentiles. A packet contributes a latency sample to a segment when it was seen at both endpoints;
-otherwise it counts as `incomplete` for that segment. A packet's time in a segment is its master time at the
-segment's first hop (or its earliest time seen when that hop is missing).
+hop of the path), accounted like the others. A packet contributes a latency to a segment when it was seen
+at both endpoints; otherwise it counts as `incomplete` for that segment. A packet's time in a segment is its
+master time at the segment's first hop (or its earliest time seen when that hop is missing).
 
 Statistics windows are `interval_ns` of master time (default 1 s). A window closes once the caller's master
 watermark is `lateness_ns` past its end (the pipeline uses the join window + 1 interval): packets of a window
-arrive late by at most the join window. A packet arriving after its window closed still yields `hop_latency`
-points but is left out of `segment_stats` (counted in `AggregateStats.late`).
+arrive late by at most the join window. A packet arriving after its window closed is left out of
+`segment_stats` (counted in `AggregateStats.late`); it is still an exemplar when its ID is sampled.
 
-Percentiles are exact nearest-rank over the window's values: the value at sorted index ceil(q * n) - 1, the
-same rule as Flux `quantile(method: "exact_selector")`, so reports and windows agree.
+Each window also carries what merges across windows and collectors (`sketch.py`): the sum and min of its
+latencies, their sketch (DDSketch buckets), and the jitter's sum, count and sketch. Per-packet samples
+(`LatencySample`, `hop_latency` points) are made only for exemplars: per trace and window the
+`exemplar_slowest` slowest packets end to end (kept in a min-heap, emitted when the window closes:
+`take_exemplars`), and at once every packet whose ID sequence is a multiple of `exemplar_every`.
+
+A window's own percentiles are exact nearest-rank over its values: the value at sorted index ceil(q * n) - 1,
+the rule the sketches' quantiles follow too (`sketch.py`), so reports and windows agree.
 
 Cross-node clocks: a latency below the clocks' alignment bound (below 0 while the bound is unknown) is kept
 but flagged `below_clock_bound`; a segment window is flagged when at least half its packets are (its median
