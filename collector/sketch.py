@@ -20,6 +20,7 @@ exact nearest-rank value, whatever was merged.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -31,6 +32,47 @@ from ddsketch.mapping import LogarithmicMapping
 RELATIVE_ACCURACY = 0.005
 MAPPING = LogarithmicMapping(RELATIVE_ACCURACY)
 GAMMA = MAPPING.gamma
+
+_MULTIPLIER = MAPPING._multiplier  # noqa: SLF001 - the mapping's own constant, for the inlined key()
+
+
+def bucket_keys(values: list[int]) -> list[int]:
+    """`MAPPING.key(v)` of each positive value, inlined (the same float operations, a list at a time:
+    about 3x faster than a method call per value)."""
+    if MAPPING._offset:  # noqa: SLF001 - LogarithmicMapping(a) has none; keep key()'s result otherwise
+        return [MAPPING.key(v) for v in values]
+    log, ceil, multiplier = math.log, math.ceil, _MULTIPLIER
+    return [ceil(log(v, 2) * multiplier) for v in values]
+
+
+# From this many sorted values on, counting bucket by bucket (a few key() calls and a bisection per bucket)
+# beats one key() per value: a window holds a few hundred buckets at most.
+SORTED_RUN = 2048
+
+
+def _key(v: int) -> int:
+    return math.ceil(math.log(v, 2) * _MULTIPLIER) if not MAPPING._offset else MAPPING.key(v)  # noqa: SLF001
+
+
+def sorted_bucket_counts(values: list[int], lo: int = 0) -> dict[int, int]:
+    """{key: count} of the positive integers `values[lo:]`, sorted ascending: the same as counting
+    `MAPPING.key(v)` of each, found bucket by bucket. key() is non-decreasing over the integers, so each
+    bucket is a run; its last integer is found from gamma^k and checked with key() itself."""
+    counts: dict[int, int] = {}
+    n = len(values)
+    i = lo
+    while i < n:
+        k = _key(values[i])
+        top = max(values[i], int(GAMMA**k))  # about the bucket's upper bound; made exact below
+        while _key(top + 1) <= k:
+            top += 1
+        while _key(top) > k:
+            top -= 1
+        j = bisect.bisect_right(values, top, lo=i)
+        counts[k] = j - i
+        i = j
+    return counts
+
 
 LATENCY_PREFIX = "b"
 JITTER_PREFIX = "j"
@@ -53,9 +95,24 @@ class LatencySketch:
         sketch.add(values)
         return sketch
 
+    @classmethod
+    def of_sorted(cls, values: list[int]) -> LatencySketch:
+        """The sketch of integer `values` sorted in ascending order: split by sign with two bisections, and
+        a long positive run counted bucket by bucket (`sorted_bucket_counts`)."""
+        sketch = cls()
+        zero = bisect.bisect_left(values, 0)
+        positive = bisect.bisect_right(values, 0, lo=zero)
+        if zero:
+            sketch.negative.update(bucket_keys([-v for v in values[:zero]]))
+        sketch.zeros = positive - zero
+        if len(values) - positive >= SORTED_RUN:
+            sketch.positive.update(sorted_bucket_counts(values, positive))
+        else:
+            sketch.positive.update(bucket_keys(values[positive:]))
+        return sketch
+
     def add(self, values: Iterable[int]) -> None:
         """Count `values` into their buckets."""
-        key = MAPPING.key
         pos: list[int] = []
         neg: list[int] = []
         zeros = 0
@@ -66,9 +123,9 @@ class LatencySketch:
                 neg.append(-v)
             else:
                 zeros += 1
-        self.positive.update(map(key, pos))
+        self.positive.update(bucket_keys(pos))
         if neg:
-            self.negative.update(map(key, neg))
+            self.negative.update(bucket_keys(neg))
         self.zeros += zeros
 
     @property

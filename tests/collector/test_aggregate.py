@@ -227,3 +227,42 @@ def test_windows_carry_mergeable_sums_and_sketches() -> None:
     diffs = [30, 40, 110, 50]
     assert (ab.jitter_count, ab.jitter_sum_ns, ab.jitter_sketch.count) == (4, sum(diffs), 4)
     assert ab.jitter_ns == sum(diffs) / 4
+
+
+def test_the_batch_path_of_complete_packets_equals_the_one_by_one_path() -> None:
+    """Complete packets of a known path take the batch path; it must give exactly what the per-packet path
+    gives: windows (across second boundaries, negative and bound-flagged latencies), stats and exemplars."""
+    import random
+
+    rng = random.Random(5)
+    packets = []
+    for i in range(3_000):
+        t0 = SEC + i * 1_000_000 + rng.randint(0, 999)  # 3 s of packets
+        t1 = t0 + rng.randint(-200, 5_000)
+        packets.append(packet(i + 1, [t0, t1, t1 + rng.randint(-500, 90_000)]))
+
+    def run(batch: bool) -> tuple:
+        clock = ClockAligner()
+        clock.update("n2", records_pb2.NodeClock(bound_ns=300))
+        agg = SegmentAggregator(catalog(), clock, AggregateConfig(exemplar_slowest=4, exemplar_every=97))
+        sampled, closed = [], []
+        for k in range(0, len(packets), 256):
+            part = packets[k : k + 256]
+            if batch:
+                sampled += agg.add_packets(part)
+            else:
+                agg._add_each(part, {"t": agg.catalog.get("t")}, sampled)
+            if k == 512:  # close the first second while packets of it are still coming: late ones
+                closed += agg.close_windows(2 * SEC)
+        windows = [
+            (w.segment, w.start_ns, w.count, w.sum_ns, w.max_ns, w.p99_ns, w.below_bound_count, w.from_count)
+            + (w.packets, w.complete, w.clock_bound_ns, w.same_node, w.jitter_sum_ns, w.sketch.fields())
+            for w in closed + agg.flush()
+        ]
+        return windows, sorted(sampled), sorted(agg.take_exemplars()), agg.stats
+
+    assert run(batch=True) == run(batch=False)
+    windows, sampled, slowest, stats = run(batch=True)
+    assert len(windows) == 3 * 3 and stats.below_clock_bound > 0 and stats.late > 0
+    assert {s.packet_id for s in sampled} == {pid for pid in range(1, 3_001) if pid % 97 == 0}
+    assert len({s.packet_id for s in slowest}) == 4 * 3

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 
 import pytest
 
 from hoptrace.collector.aggregate import quantile
 from hoptrace.collector.sketch import (
+    GAMMA,
     JITTER_PREFIX,
+    MAPPING,
     RELATIVE_ACCURACY,
+    SORTED_RUN,
     LatencySketch,
+    bucket_keys,
     sketch_from_fields,
+    sorted_bucket_counts,
 )
 
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
@@ -42,6 +48,7 @@ def test_percentiles_within_one_percent_of_the_exact_nearest_rank(name: str) -> 
     exact_sorted = sorted(values)
     sketch = LatencySketch.of(values)
     assert sketch.count == len(values)
+    assert LatencySketch.of_sorted(exact_sorted).fields() == sketch.fields()
     for q in QS:
         exact = quantile(exact_sorted, q)
         got = sketch.quantile(q)
@@ -64,6 +71,22 @@ def test_merging_parts_is_the_sketch_of_the_whole_and_fields_round_trip() -> Non
     fields = {**whole.fields(), **jitter.fields(JITTER_PREFIX), "count": 3, "below_bound_count": 1}
     assert sketch_from_fields(fields, JITTER_PREFIX).fields(JITTER_PREFIX) == jitter.fields(JITTER_PREFIX)
     assert sketch_from_fields(fields).fields() == whole.fields()
+
+
+def test_inlined_bucket_keys_are_the_librarys() -> None:
+    rng = random.Random(3)
+    values = [rng.randint(1, 10**10) for _ in range(50_000)] + [1, 2, 3, 1000, 10**12]
+    values += [round(GAMMA**k) for k in range(0, 4_000, 7)]  # near bucket edges
+    assert bucket_keys(values) == [MAPPING.key(v) for v in values]
+    # long sorted runs are counted bucket by bucket: the same counts
+    values.sort()
+    assert sorted_bucket_counts(values) == Counter(MAPPING.key(v) for v in values)
+    assert (
+        len(values) >= SORTED_RUN
+        and LatencySketch.of_sorted(values).fields() == LatencySketch.of(values).fields()
+    )
+    dense = sorted(rng.randint(1, 3_000) for _ in range(20_000))  # every integer of many buckets
+    assert sorted_bucket_counts(dense, 5) == Counter(MAPPING.key(v) for v in dense[5:])
 
 
 def test_empty_sketch() -> None:
