@@ -137,15 +137,24 @@ def query_report(
         ' or r._field == "jitter_sum_ns" or r._field == "jitter_count"))'
         ' |> group(columns: ["segment", "from_hop", "to_hop", "_field"]) |> sum()'
     )
+    # A segment's windows may carry other hop names over the range (end to end while the path was still
+    # being learned: hop0 > hop3): its tables add up by segment, named after the hops most packets had.
     stats: dict[str, dict[str, Any]] = {}
     fields: dict[str, dict[str, int]] = {}
+    named: dict[str, dict[tuple[str, str], int]] = {}
     for table in q.query(merged, org=org):
         for rec in table.records:
             seg = rec.values.get("segment")
             if seg is None:
                 continue
-            stats.setdefault(seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", "")))
-            fields.setdefault(seg, {})[rec.get_field()] = int(rec.get_value() or 0)
+            hops = (rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
+            value = int(rec.get_value() or 0)
+            found = fields.setdefault(seg, {})
+            found[rec.get_field()] = found.get(rec.get_field(), 0) + value
+            by_hops = named.setdefault(seg, {})
+            by_hops[hops] = by_hops.get(hops, 0) + (value if rec.get_field() == "count" else 0)
+    for seg, by_hops in named.items():
+        stats[seg] = _empty_stats(*max(by_hops, key=by_hops.__getitem__))
     below: dict[str, int] = {}
     for seg, found in fields.items():
         entry = stats[seg]
@@ -183,16 +192,16 @@ def query_report(
             value = int(rec.get_value() or 0)
             field = rec.get_field()
             if seg == END_TO_END and field == "packets":
-                packets = value
+                packets += value
             elif seg == END_TO_END and field == "complete":
-                complete = value
+                complete += value
             elif field == "from_count":
-                from_count[seg] = value
+                from_count[seg] = from_count.get(seg, 0) + value
             elif field in ("incomplete", "loss_count", "tracer_lost"):
                 entry = stats.setdefault(
                     seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
                 )
-                entry[field] = value
+                entry[field] += value
     same = (
         f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "same_node")'
         ' |> group(columns: ["segment"]) |> sort(columns: ["_time"]) |> last()'
