@@ -511,7 +511,9 @@ def wait_report(
                 complete
                 and report.complete >= complete
                 and all(
-                    s.count + s.incomplete >= report.complete for s in [*report.segments, report.end_to_end]
+                    s.count + s.incomplete >= report.complete
+                    for s in [*report.segments, report.end_to_end]
+                    if not re.fullmatch(r"hop\d+", getattr(s, "from"))  # placeholders: path not known yet
                 )
             ):
                 return report
