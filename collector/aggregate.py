@@ -437,10 +437,10 @@ class SegmentAggregator:
         closed = self._closed_before
         segments = self._segments_of(path, nodes)
         all_times = [p.times for p in group]
-        for a, b, segment, from_hop, to_hop, _from_node, to_node, bound in segments:
+        for a, b, segment, from_hop, to_hop, from_node, to_node, bound in segments:
             e2e = segment == END_TO_END
             threshold = bound if bound > 0 else 0  # `_below_bound`: below 0, or below a known bound
-            same = bool(_from_node) and _from_node == to_node
+            same = bool(from_node) and from_node == to_node
             starts = [t[a] for t in all_times]
             latencies = [t[b] - t[a] for t in all_times]
             lo, hi = min(starts), max(starts)
