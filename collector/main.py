@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -103,11 +104,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--instance",
         default=None,
         metavar="NAME",
-        help="this collector's name, the `collector` tag of its windows (default: the host name); "
-        "keep it across restarts so that a replay overwrites instead of adding",
+        help="this collector's name, the `collector` tag of its windows (default: HOSTNAME:PORT of --listen, "
+        "so collectors on one host differ); keep it across restarts so that a replay overwrites instead of "
+        "adding",
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_server_tls_arguments(parser)
+
+
+def default_instance(listen: str) -> str:
+    """The host name and the gRPC port of `listen` (HOST:PORT): distinct for collectors sharing a host, the
+    same after a restart on the same address. An ephemeral port (0) leaves just the host name."""
+    port = listen.rsplit(":", 1)[-1] if ":" in listen else ""
+    host = socket.gethostname()
+    return f"{host}:{port}" if port and port != "0" else host
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,8 +128,7 @@ def run(args: argparse.Namespace) -> int:
         aggregate = AggregateConfig(
             exemplar_slowest=args.exemplar_slowest, exemplar_every=args.exemplar_every
         )
-        if args.instance is not None:
-            aggregate.instance = args.instance
+        aggregate.instance = args.instance if args.instance is not None else default_instance(args.listen)
         aggregate.validate()
     except ValueError as error:
         print(f"hoptrace collector: {error}", file=sys.stderr)

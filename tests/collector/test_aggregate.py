@@ -266,3 +266,14 @@ def test_the_batch_path_of_complete_packets_equals_the_one_by_one_path() -> None
     assert len(windows) == 3 * 3 and stats.below_clock_bound > 0 and stats.late > 0
     assert {s.packet_id for s in sampled} == {pid for pid in range(1, 3_001) if pid % 97 == 0}
     assert len({s.packet_id for s in slowest}) == 4 * 3
+
+
+def test_default_instance_tells_collectors_on_one_host_apart() -> None:
+    import socket
+
+    from hoptrace.collector.main import default_instance
+
+    host = socket.gethostname()
+    assert default_instance("127.0.0.1:7071") == f"{host}:7071" != default_instance("127.0.0.1:7072")
+    assert default_instance("[::1]:7071") == f"{host}:7071"
+    assert default_instance("127.0.0.1:0") == host  # an ephemeral port says nothing stable
