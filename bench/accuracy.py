@@ -34,7 +34,7 @@ from common import (
     wait_report,
 )
 from hoptrace.lab.delaybox import read_log
-from hoptrace.lab.influx import segment_latencies
+from hoptrace.lab.influx import EVERY_PACKET, segment_latencies
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import api_pb2
@@ -57,7 +57,9 @@ def delay_sweep(ctx: BenchContext, delays_us: list[int], packets: int) -> list[d
     out = []
     try:
         topo.create()
-        cluster = start_cluster(influx.url, topo, ctx.workdir / "acc-delay", "--join-window", "1")
+        cluster = start_cluster(
+            influx.url, topo, ctx.workdir / "acc-delay", "--join-window", "1", *EVERY_PACKET
+        )
         for delay_us in delays_us:
             log_path = ctx.workdir / f"box-{delay_us}.jsonl"
             topo.start_delay_box(delay_us * 1000, log_path=log_path)
@@ -127,7 +129,9 @@ def clock_and_loss(ctx: BenchContext, offsets: list[str], losses: list[int], pac
     loss_rows: list[dict[str, Any]] = []
     try:
         topo.create()
-        cluster = start_cluster(ctx.influx().url, topo, ctx.workdir / "acc-clock", "--join-window", "1")
+        cluster = start_cluster(
+            ctx.influx().url, topo, ctx.workdir / "acc-clock", "--join-window", "1", *EVERY_PACKET
+        )
         baseline = None
         for offset in ["unskewed", *offsets]:  # a last "unskewed" shows the run-to-run spread
             flags = [] if offset == "unskewed" else ["--clock-offset", offset, "--clock-drift-ppm", "50"]

@@ -505,7 +505,17 @@ def wait_report(
         except _grpc.RpcError:
             report = None
         if report is not None:
-            if complete and report.complete >= complete:
+            # every segment has counted the complete packets: a packet's later segments may fall into the
+            # next 1 s window, which closes a second later
+            if (
+                complete
+                and report.complete >= complete
+                and all(
+                    s.count + s.incomplete >= report.complete
+                    for s in [*report.segments, report.end_to_end]
+                    if not re.fullmatch(r"hop\d+", getattr(s, "from"))  # placeholders: path not known yet
+                )
+            ):
                 return report
             if stable_s:
                 if report.packets != last_packets:

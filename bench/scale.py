@@ -3,8 +3,8 @@
 The agents are synthetic (the simplest way to have 32 of them on 2 cores): sender processes (this file with
 `--send`) open one `Collector/StreamRecords` stream per emulated node and send RecordBatches at a fixed record
 rate per node, exactly what an agent sends (32-byte records, `batch_seq`, `NodeClock`). Each node has its own
-two-hop trace (from `--traces`), so every packet is joined and written as `hop_latency` points into a
-real influxd.
+two-hop trace (from `--traces`), so every packet is joined and aggregated into the per-second windows and
+sketches written to a real influxd (per-packet `hop_latency` points only for the exemplars since issue 14).
 Measured over each step: records offered, records the collector received, packets it emitted, points InfluxDB
 took, and the collector's CPU (1.0 = one core) and peak RSS. The senders share the 2 cores with the collector.
 """

@@ -1,18 +1,23 @@
 """Aggregation stage: per-packet segment latencies, per-second segment statistics, per-second hop counters.
 
 Segments are the consecutive pairs of the trace's path, `"from>to"`, plus `end_to_end` (first hop -> last
-hop of the path), which also gets one `LatencySample` per packet so reports compute exact end-to-end
-percentiles. A packet contributes a latency sample to a segment when it was seen at both endpoints;
-otherwise it counts as `incomplete` for that segment. A packet's time in a segment is its master time at the
-segment's first hop (or its earliest time seen when that hop is missing).
+hop of the path), accounted like the others. A packet contributes a latency to a segment when it was seen
+at both endpoints; otherwise it counts as `incomplete` for that segment. A packet's time in a segment is its
+master time at the segment's first hop (or its earliest time seen when that hop is missing).
 
 Statistics windows are `interval_ns` of master time (default 1 s). A window closes once the caller's master
 watermark is `lateness_ns` past its end (the pipeline uses the join window + 1 interval): packets of a window
-arrive late by at most the join window. A packet arriving after its window closed still yields `hop_latency`
-points but is left out of `segment_stats` (counted in `AggregateStats.late`).
+arrive late by at most the join window. A packet arriving after its window closed is left out of
+`segment_stats` (counted in `AggregateStats.late`); it is still an exemplar when its ID is sampled.
 
-Percentiles are exact nearest-rank over the window's values: the value at sorted index ceil(q * n) - 1, the
-same rule as Flux `quantile(method: "exact_selector")`, so reports and windows agree.
+Each window also carries what merges across windows and collectors (`sketch.py`): the sum and min of its
+latencies, their sketch (DDSketch buckets), and the jitter's sum, count and sketch. Per-packet samples
+(`LatencySample`, `hop_latency` points) are made only for exemplars: per trace and window the
+`exemplar_slowest` slowest packets end to end (kept in a min-heap, emitted when the window closes:
+`take_exemplars`), and at once every packet whose ID sequence is a multiple of `exemplar_every`.
+
+A window's own percentiles are exact nearest-rank over its values: the value at sorted index ceil(q * n) - 1,
+the rule the sketches' quantiles follow too (`sketch.py`), so reports and windows agree.
 
 Cross-node clocks: a latency below the clocks' alignment bound (below 0 while the bound is unknown) is kept
 but flagged `below_clock_bound`; a segment window is flagged when at least half its packets are (its median
@@ -42,17 +47,26 @@ vNetTracer's metrics (section III-D of the paper), per segment and window:
 
 from __future__ import annotations
 
+import heapq
 import math
+import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hoptrace import kernel_abi
 from hoptrace.collector.catalog import TraceCatalog, TracePath
 from hoptrace.collector.clock import ClockAligner, NodeMapping
 from hoptrace.collector.join import JoinedPacket
-from hoptrace.collector.records import HOPTRACE_TCPOPT_LEN, HOPTRACE_UDP_ID_LEN, Record, RecordFlag
+from hoptrace.collector.records import (
+    HOPTRACE_TCPOPT_LEN,
+    HOPTRACE_UDP_ID_LEN,
+    ID_SEQ_MASK,
+    Record,
+    RecordFlag,
+)
+from hoptrace.collector.sketch import LatencySketch
 from hoptrace.v1 import records_pb2
 
 END_TO_END = "end_to_end"
@@ -61,18 +75,35 @@ QUANTILES = (0.5, 0.9, 0.99)
 
 @dataclass
 class AggregateConfig:
-    """Statistics interval of the aggregation stage."""
+    """Statistics interval, exemplars and instance name of the aggregation stage.
+
+    Exemplars are the packets written one point per segment (`hop_latency`): per trace and window the
+    `exemplar_slowest` slowest end to end, and every packet whose ID sequence is a multiple of
+    `exemplar_every` (deterministic: every collector and every replay picks the same; 1 = every packet,
+    0 = none). `instance` tags this collector's windows, so windows of one trace, segment and second written
+    by several collectors add up instead of overwriting each other.
+    """
 
     interval_ns: int = 1_000_000_000
+    exemplar_slowest: int = 3
+    exemplar_every: int = 1000
+    instance: str = field(default_factory=socket.gethostname)
 
     def validate(self) -> None:
         """Raise ValueError on an unusable setting."""
         if self.interval_ns <= 0:
             raise ValueError(f"aggregation interval must be positive, got {self.interval_ns} ns")
+        if self.exemplar_slowest < 0 or self.exemplar_every < 0:
+            raise ValueError(
+                f"exemplar settings must be >= 0, got slowest {self.exemplar_slowest},"
+                f" every {self.exemplar_every}"
+            )
+        if not self.instance or any(c in self.instance for c in "\n\r"):
+            raise ValueError(f"collector instance name must be one non-empty line, got {self.instance!r}")
 
 
 class LatencySample(NamedTuple):
-    """One packet in one segment (a `hop_latency` point)."""
+    """One packet in one segment (a `hop_latency` point, written for exemplar packets only)."""
 
     trace: str
     segment: str
@@ -115,6 +146,16 @@ class SegmentWindow:
     below_clock_bound: bool = False
     below_bound_count: int = 0
     clock_bound_ns: int = 0  # cross-node: bound(from node) + bound(to node); 0 = same node or unknown
+    # Mergeable over time and collectors (`sketch.py`): the sum and min of the latencies, their sketch, and
+    # the jitter's (sum, count and sketch of |dT(i+1) - dT(i)|). `instance`: the collector that wrote it.
+    sum_ns: int = 0
+    min_ns: int = 0
+    sketch: LatencySketch = field(default_factory=LatencySketch)
+    jitter_sum_ns: int = 0
+    jitter_count: int = 0
+    jitter_sketch: LatencySketch = field(default_factory=LatencySketch)
+    instance: str = ""
+    values: list[int] = field(default_factory=list, repr=False)  # the latencies (metrics), not written
 
 
 @dataclass(slots=True)
@@ -188,12 +229,24 @@ def summarize(values: Iterable[int]) -> tuple[int, float, int, int, int, int]:
     return n, sum(v) / n, quantile(v, 0.5), quantile(v, 0.9), quantile(v, 0.99), v[-1]
 
 
+def jitter_diffs(times: list[int], latencies: list[int]) -> list[int]:
+    """|dT(i+1) - dT(i)| of consecutive packets ordered by `times` (ties in arrival order), sorted; empty
+    below 2 packets."""
+    if len(latencies) < 2:
+        return []
+    if sorted(times) == times:  # the usual case, checked in C: packets leave the join nearly in time order
+        ordered = latencies
+    else:
+        ordered = [latencies[i] for i in sorted(range(len(times)), key=times.__getitem__)]
+    diffs = [b - a for a, b in zip(ordered, ordered[1:], strict=False)]
+    return sorted(map(abs, diffs))
+
+
 def jitter(times: list[int], latencies: list[int]) -> tuple[float, int]:
     """(mean, nearest-rank p99) of |dT(i+1) - dT(i)|, packets ordered by `times`; (0, 0) below 2."""
-    if len(latencies) < 2:
+    diffs = jitter_diffs(times, latencies)
+    if not diffs:
         return 0.0, 0
-    ordered = [lat for _, lat in sorted(zip(times, latencies, strict=True))]
-    diffs = sorted(abs(b - a) for a, b in zip(ordered, ordered[1:], strict=False))
     return sum(diffs) / len(diffs), quantile(diffs, 0.99)
 
 
@@ -268,6 +321,10 @@ class SegmentAggregator:
         self._lost_node: dict[tuple[str, str, int], int] = {}
         self._loss_points: dict[tuple[str, str, str, str, int], int] = {}
         self._loss_out: list[TracerLossWindow] = []
+        # slowest packets per (trace, window start): min-heaps of (rank, seq, samples)
+        self._slowest: dict[tuple[str, int], list] = {}
+        self._exemplar_seq = 0
+        self._exemplar_out: list[LatencySample] = []
 
     def note_tracer_lost(
         self, trace: str, hop: str, node: str, ts_ns: int, records: int, reason: str
@@ -314,15 +371,193 @@ class SegmentAggregator:
         return w
 
     def add_packets(self, packets: Iterable[JoinedPacket]) -> list[LatencySample]:
-        """Account joined packets into the open windows; return their per-segment latency samples."""
+        """Account joined packets into the open windows (their latencies go into the windows' sketches).
+
+        Returns the per-segment samples of the packets sampled as exemplars by ID (`exemplar_every`); the
+        slowest of each window come with `take_exemplars` once it closes.
+        """
         out: list[LatencySample] = []
-        stats = self.stats
         paths: dict[str, TracePath | None] = {}
+        # Complete packets of a known path go through the batch path (per segment, list at a time),
+        # grouped by trace and the nodes that saw them; the rest one by one.
+        groups: dict[tuple[str, tuple[str | None, ...]], list[JoinedPacket]] = {}
+        others: list[JoinedPacket] = []
         for p in packets:
-            if p.trace in paths:
-                path = paths[p.trace]
+            trace = p.trace
+            if trace in paths:
+                path = paths[trace]
             else:
-                path = paths[p.trace] = self.catalog.get(p.trace)
+                path = paths[trace] = self.catalog.get(trace)
+            if p.complete and path is not None and path.known and len(p.times) == len(path.hop_names) > 1:
+                key = (trace, tuple(p.nodes))
+                group = groups.get(key)
+                if group is None:
+                    groups[key] = [p]
+                else:
+                    group.append(p)
+            else:
+                others.append(p)
+        for (trace, nodes), group in groups.items():
+            path = paths[trace]
+            assert path is not None
+            self._add_complete(trace, path, nodes, group, out)
+        if others:
+            self._add_each(others, paths, out)
+        return out
+
+    def _segments_of(
+        self, path: TracePath, nodes: tuple[str | None, ...]
+    ) -> list[tuple[int, int, str, str, str, str, str, int]]:
+        """(a, b, segment, from_hop, to_hop, from_node, to_node, clock bound) of each segment of a known
+        path, end to end last, for packets seen by `nodes`."""
+        names = path.hop_names
+        n = len(names)
+        pairs = [(i, i + 1, f"{names[i]}>{names[i + 1]}") for i in range(n - 1)] + [(0, n - 1, END_TO_END)]
+        out = []
+        for a, b, segment in pairs:
+            from_node = nodes[a] or path.hop_node(a)
+            to_node = nodes[b] or path.hop_node(b)
+            bound = self._segment_bound(from_node, to_node)
+            out.append((a, b, segment, names[a], names[b], from_node, to_node, bound))
+        return out
+
+    def _add_complete(
+        self,
+        trace: str,
+        path: TracePath,
+        nodes: tuple[str | None, ...],
+        group: list[JoinedPacket],
+        out: list[LatencySample],
+    ) -> None:
+        """Account complete packets of one trace seen by the same nodes: a list per segment at a time (the
+        same result as `_add_each`, several times faster)."""
+        interval = self.config.interval_ns
+        stats = self.stats
+        windows = self._windows
+        closed = self._closed_before
+        segments = self._segments_of(path, nodes)
+        all_times = [p.times for p in group]
+        for a, b, segment, from_hop, to_hop, from_node, to_node, bound in segments:
+            e2e = segment == END_TO_END
+            threshold = bound if bound > 0 else 0  # `_below_bound`: below 0, or below a known bound
+            same = bool(from_node) and from_node == to_node
+            starts = [t[a] for t in all_times]
+            latencies = [t[b] - t[a] for t in all_times]
+            lo, hi = min(starts), max(starts)
+            if lo - lo % interval == hi - hi % interval:
+                parts = [(lo - lo % interval, starts, latencies)]
+            else:  # the batch spans windows
+                split: dict[int, tuple[list[int], list[int]]] = {}
+                for ta, latency in zip(starts, latencies, strict=True):
+                    part = split.get(ta - ta % interval)
+                    if part is None:
+                        part = split[ta - ta % interval] = ([], [])
+                    part[0].append(ta)
+                    part[1].append(latency)
+                parts = [(start, ts, lats) for start, (ts, lats) in split.items()]
+            for start, ts, lats in parts:
+                m = len(lats)
+                flagged = sum(1 for x in lats if x < threshold)
+                if not e2e:
+                    stats.samples += m
+                    stats.below_clock_bound += flagged
+                if start < closed:
+                    stats.late += m
+                    continue
+                key = (trace, segment, start)
+                w = windows.get(key)
+                if w is None:
+                    w = windows[key] = _Window(from_hop, to_hop)
+                w.values.extend(lats)
+                w.times.extend(ts)
+                w.flagged += flagged
+                w.from_count += m
+                if e2e:
+                    w.packets += m
+                    w.complete += m
+                if to_node and not w.to_node:
+                    w.to_node = to_node
+                w.same_node = same if w.same_node is None else (w.same_node and same)
+                if bound > w.clock_bound:
+                    w.clock_bound = bound
+        self._complete_exemplars(trace, segments, group, out)
+
+    def _complete_exemplars(
+        self,
+        trace: str,
+        segments: list[tuple[int, int, str, str, str, str, str, int]],
+        group: list[JoinedPacket],
+        out: list[LatencySample],
+    ) -> None:
+        """The exemplars among complete packets: sampled by ID (into `out`), and the slowest candidates of
+        their windows (into the windows' heaps)."""
+        every = self.config.exemplar_every
+        slowest = self.config.exemplar_slowest
+        interval = self.config.interval_ns
+        candidates: dict[int, list[int]] = {}  # e2e window start -> indices in group
+        for i, p in enumerate(group):
+            if every > 0 and (p.packet_id & ID_SEQ_MASK) % every == 0:
+                out.extend(self._complete_samples(trace, segments, p))
+            elif slowest > 0:
+                t0 = p.times[0]
+                start = t0 - t0 % interval
+                found = candidates.get(start)
+                if found is None:
+                    candidates[start] = [i]
+                else:
+                    found.append(i)
+        last = len(segments) - 1
+        for start, indices in candidates.items():
+            heap = self._slowest_heap(trace, start)
+            if heap is None:
+                continue
+            ranks = {i: group[i].times[segments[last][1]] - group[i].times[0] for i in indices}
+            for i in heapq.nlargest(slowest, indices, key=ranks.__getitem__):
+                rank = ranks[i]
+                if len(heap) >= slowest and rank <= heap[0][0]:
+                    break
+                self._exemplar_seq += 1
+                item = (rank, self._exemplar_seq, self._complete_samples(trace, segments, group[i]))
+                if len(heap) < slowest:
+                    heapq.heappush(heap, item)
+                else:
+                    heapq.heapreplace(heap, item)
+
+    @staticmethod
+    def _complete_samples(
+        trace: str, segments: list[tuple[int, int, str, str, str, str, str, int]], p: JoinedPacket
+    ) -> list[LatencySample]:
+        """The per-segment samples (end to end last) of one complete packet."""
+        times = p.times
+        out = []
+        for a, b, segment, from_hop, to_hop, from_node, to_node, bound in segments:
+            latency = times[b] - times[a]
+            out.append(
+                LatencySample(
+                    trace,
+                    segment,
+                    from_hop,
+                    to_hop,
+                    from_node,
+                    to_node,
+                    times[a],
+                    latency,
+                    p.packet_id,
+                    latency < 0 or latency < bound,
+                )
+            )
+        return out
+
+    def _add_each(
+        self, packets: list[JoinedPacket], paths: dict[str, TracePath | None], out: list[LatencySample]
+    ) -> None:
+        """Account packets one by one: incomplete ones, and those of a path not known yet."""
+        stats = self.stats
+        config = self.config
+        every = config.exemplar_every
+        slowest = config.exemplar_slowest
+        for p in packets:
+            path = paths[p.trace]
             times, nodes = p.times, p.nodes
             seen = [t for t in times if t is not None]
             if not seen:
@@ -330,6 +565,20 @@ class SegmentAggregator:
             earliest = min(seen)
             width = max(i for i, t in enumerate(times) if t is not None) + 1
             n = len(path.hop_names) if path is not None and path.hop_names else width
+            last = n - 1
+            t0 = times[0] if times else None
+            tn = times[last] if 0 < last < len(times) else None
+            # Exemplars: sampled by ID, or a candidate for its window's slowest (ranked end to end, or by
+            # its whole seen passage when incomplete).
+            sampled = every > 0 and (p.packet_id & ID_SEQ_MASK) % every == 0
+            rank = tn - t0 if t0 is not None and tn is not None else max(seen) - earliest
+            e2e_start = t0 if t0 is not None else earliest
+            heap: list | None = None
+            if not sampled and slowest > 0:
+                heap = self._slowest_heap(p.trace, e2e_start)
+                if heap is not None and len(heap) >= slowest and rank <= heap[0][0]:
+                    heap = None
+            keep: list[LatencySample] | None = [] if sampled or heap is not None else None
 
             def name(i: int, path: TracePath | None = path) -> str:
                 return path.hop_name(i) if path is not None else f"hop{i}"
@@ -359,17 +608,24 @@ class SegmentAggregator:
                     w.times.append(ta)
                     w.flagged += flag
                     w.clock_bound = max(w.clock_bound, bound)
-                out.append(
-                    LatencySample(
-                        p.trace, segment, from_hop, to_hop, from_node, to_node, ta, latency, p.packet_id, flag
+                if keep is not None:
+                    keep.append(
+                        LatencySample(
+                            p.trace,
+                            segment,
+                            from_hop,
+                            to_hop,
+                            from_node,
+                            to_node,
+                            ta,
+                            latency,
+                            p.packet_id,
+                            flag,
+                        )
                     )
-                )
             # end to end: first -> last hop of the path
-            last = n - 1
-            t0 = times[0] if times else None
-            tn = times[last] if 0 < last < len(times) else None
             first_hop, last_hop = name(0), name(last)
-            w = self._window(p.trace, END_TO_END, t0 if t0 is not None else earliest, first_hop, last_hop)
+            w = self._window(p.trace, END_TO_END, e2e_start, first_hop, last_hop)
             from_node = nodes[0] or (path.hop_node(0) if path else "")
             to_node = (
                 nodes[last] if last < len(nodes) and nodes[last] else (path.hop_node(last) if path else "")
@@ -382,30 +638,61 @@ class SegmentAggregator:
             if t0 is None or tn is None:
                 if w is not None:
                     w.incomplete += 1
-                continue
-            latency = tn - t0
-            bound = self._segment_bound(from_node, to_node)
-            flag = self._below_bound(latency, bound)
-            if w is not None:
-                w.values.append(latency)
-                w.times.append(t0)
-                w.flagged += flag
-                w.clock_bound = max(w.clock_bound, bound)
-            out.append(
-                LatencySample(
-                    p.trace,
-                    END_TO_END,
-                    first_hop,
-                    last_hop,
-                    from_node,
-                    to_node,
-                    t0,
-                    latency,
-                    p.packet_id,
-                    flag,
-                )
-            )
+            else:
+                latency = tn - t0
+                bound = self._segment_bound(from_node, to_node)
+                flag = self._below_bound(latency, bound)
+                if w is not None:
+                    w.values.append(latency)
+                    w.times.append(t0)
+                    w.flagged += flag
+                    w.clock_bound = max(w.clock_bound, bound)
+                if keep is not None:
+                    keep.append(
+                        LatencySample(
+                            p.trace,
+                            END_TO_END,
+                            first_hop,
+                            last_hop,
+                            from_node,
+                            to_node,
+                            t0,
+                            latency,
+                            p.packet_id,
+                            flag,
+                        )
+                    )
+            if keep:
+                if sampled:
+                    out.extend(keep)
+                elif heap is not None:
+                    self._exemplar_seq += 1
+                    item = (rank, self._exemplar_seq, keep)
+                    if len(heap) < slowest:
+                        heapq.heappush(heap, item)
+                    else:
+                        heapq.heapreplace(heap, item)
+
+    def _slowest_heap(self, trace: str, ts: int) -> list | None:
+        """The min-heap of the slowest packets of `trace` in the window of `ts`; None when it is closed."""
+        start = ts - ts % self.config.interval_ns
+        if start < self._closed_before:
+            return None
+        key = (trace, start)
+        heap = self._slowest.get(key)
+        if heap is None:
+            heap = self._slowest[key] = []
+        return heap
+
+    def take_exemplars(self) -> list[LatencySample]:
+        """The samples of the slowest packets of the windows closed since the last call."""
+        out, self._exemplar_out = self._exemplar_out, []
         return out
+
+    def _close_exemplars(self, closed: Callable[[int], bool]) -> None:
+        for key in sorted((k for k in self._slowest if closed(k[1])), key=lambda k: k[1]):
+            for _, _, samples in sorted(self._slowest.pop(key)):
+                self._exemplar_out.extend(samples)
 
     @staticmethod
     def _count_path(
@@ -438,12 +725,14 @@ class SegmentAggregator:
         done = [k for k in self._windows if k[2] < cut]
         out = [self._close(k) for k in sorted(done, key=lambda k: k[2])]
         self._close_losses(lambda start: start < cut)
+        self._close_exemplars(lambda start: start < cut)
         return out
 
     def flush(self) -> list[SegmentWindow]:
         """Close every window (shutdown)."""
         out = [self._close(k) for k in sorted(self._windows, key=lambda k: k[2])]
         self._close_losses(lambda start: True)
+        self._close_exemplars(lambda start: True)
         return out
 
     def _close_losses(self, closed: Callable[[int], bool]) -> None:
@@ -455,14 +744,23 @@ class SegmentAggregator:
 
     def _close(self, key: tuple[str, str, int]) -> SegmentWindow:
         w = self._windows.pop(key)
-        count, mean, p50, p90, p99, mx = summarize(w.values)
+        ordered = sorted(w.values)
+        count = len(ordered)
+        total = sum(ordered)
+        if count:
+            mean, mx = total / count, ordered[-1]
+            p50, p90, p99 = (quantile(ordered, q) for q in QUANTILES)
+        else:
+            mean, p50, p90, p99, mx = 0.0, 0, 0, 0, 0
         e2e = key[1] == END_TO_END
         trace, start = key[0], key[2]
         lost_at_to = self._lost_hop.get((trace, w.to_hop, start), 0)
         if w.to_node:
             lost_at_to += self._lost_node.get((trace, w.to_node, start), 0)
         loss = max(0, w.lost - lost_at_to)
-        jit, jit_p99 = jitter(w.times, w.values)
+        diffs = jitter_diffs(w.times, w.values)
+        jit = sum(diffs) / len(diffs) if diffs else 0.0
+        jit_p99 = quantile(diffs, 0.99) if diffs else 0
         same_node = bool(w.same_node)
         if w.same_node is None:  # no packet crossed it: use the path's nodes
             path = self.catalog.get(trace)
@@ -496,6 +794,14 @@ class SegmentAggregator:
             below_clock_bound=count > 0 and 2 * w.flagged >= count,
             below_bound_count=w.flagged,
             clock_bound_ns=w.clock_bound,
+            sum_ns=total,
+            min_ns=ordered[0] if ordered else 0,
+            sketch=LatencySketch.of_sorted(ordered),
+            jitter_sum_ns=sum(diffs),
+            jitter_count=len(diffs),
+            jitter_sketch=LatencySketch.of_sorted(diffs),
+            instance=self.config.instance,
+            values=w.values,
         )
 
 

@@ -2,25 +2,30 @@
 
 Schema (a contract: dashboards, the report and the web UI query these names):
 
-* `hop_latency` - one point per packet per segment. Tags `trace`, `segment` ("from>to"), `from_hop`,
-  `to_hop`, `from_node`, `to_node`; fields `latency_ns` (int), `packet_id` (int), and `below_clock_bound`
-  (bool, written only when true: a cross-node latency below the clocks' alignment bound, e.g. negative).
-  Time: the packet's master time at `from_hop`. Each packet seen at the first and last hop of the path also
-  gets a point with segment `end_to_end` (from_hop = first hop, to_hop = last hop): filter on `segment` when
-  summing over segments.
-  InfluxDB keeps one point per measurement + tag set + timestamp, so two packets of a segment seen at the
-  same nanosecond would overwrite each other. The packet ID is NOT a tag (one series per packet would explode
-  the series index); instead the exporter moves a colliding point's timestamp forward by 1 ns until it is
-  unused in that series (tracked over `dedupe_horizon_ns`). `latency_ns` is never changed.
-* `segment_stats` - per trace, segment and interval (1 s, time = window start). Tags `trace`, `segment`,
-  `from_hop`, `to_hop`; fields `count`, `mean_ns` (float), `p50_ns`, `p90_ns`, `p99_ns`, `max_ns`,
-  `incomplete` (ints). Segment `end_to_end` (first hop -> last hop of the path) also carries `packets`
-  (packets joined in the window) and `complete` (packets seen at every hop). vNetTracer's metrics
+* `segment_stats` - per trace, segment, interval (1 s, time = window start) and collector. Tags `trace`,
+  `segment` ("from>to"), `from_hop`, `to_hop`, `collector` (the writing collector's `--instance`: windows of
+  one trace, segment and second from several collectors are separate points that add up, never overwrite
+  each other). Mergeable fields, which the report and the dashboards sum over time and collectors: `count`,
+  `sum_ns`, `min_ns`, `max_ns`, `below_bound_count` (ints), the latency sketch `bp<k>`/`bn<k>`/`bz` and the
+  jitter's `jitter_sum_ns`, `jitter_count` and sketch `jp<k>`/`jz` (bucket counts, `sketch.py`).
+  Window-only fields (exact over this window and collector): `mean_ns` (float), `p50_ns`, `p90_ns`,
+  `p99_ns`, `incomplete` (ints). Segment `end_to_end` (first hop -> last hop of the path) also carries
+  `packets` (packets joined in the window) and `complete` (packets seen at every hop). vNetTracer's metrics
   (`aggregate.py` says how): `from_count` (N_i, packets seen at from_hop), `loss_count`, `loss_rate` (float),
   `tracer_lost` (records the tracer lost, never in loss_count), `jitter_ns` (float), `jitter_p99_ns`,
   `same_node` (bool: both hops on one node, the latency is that node's processing time),
   `below_clock_bound` (bool: median latency below the two nodes' clock bounds), `below_bound_count` and
   `clock_bound_ns` (the sum of the two nodes' clock bounds, the largest in the window; 0 on one node).
+* `hop_latency` - exemplars: one point per segment of the packets kept as examples (`AggregateConfig`: the
+  slowest few per trace and window, and 1 in N by packet ID). Tags `trace`, `segment` ("from>to"),
+  `from_hop`, `to_hop`, `from_node`, `to_node`; fields `latency_ns` (int), `packet_id` (int), and
+  `below_clock_bound` (bool, written only when true: a cross-node latency below the clocks' alignment
+  bound, e.g. negative). Time: the packet's master time at `from_hop`. Each exemplar seen at the first and
+  last hop of the path also gets a point with segment `end_to_end` (from_hop = first hop, to_hop = last
+  hop). InfluxDB keeps one point per measurement + tag set + timestamp, so two packets of a segment seen at
+  the same nanosecond would overwrite each other. The packet ID is NOT a tag (one series per packet would
+  explode the series index); instead the exporter moves a colliding point's timestamp forward by 1 ns until
+  it is unused in that series (tracked over `dedupe_horizon_ns`). `latency_ns` is never changed.
 * `hop_counters` - per trace, hop, node and interval. Tags `trace`, `hop`, `node`; int fields `matched`,
   `tagged`, `untagged`, `parse_errors`, `lost_events`, `bytes` (deltas of the agent's counters over the
   interval), and from the records themselves `packets` (int), `packets_per_s`, `bytes_per_s` (floats; bytes
@@ -68,6 +73,7 @@ from influxdb_client.rest import ApiException
 
 from hoptrace.collector.aggregate import HopCounterWindow, LatencySample, SegmentWindow, TracerLossWindow
 from hoptrace.collector.clock import NodeClockPoint
+from hoptrace.collector.sketch import JITTER_PREFIX, LATENCY_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +112,16 @@ def latency_line(s: LatencySample, ts_ns: int | None = None) -> str:
 
 
 def segment_line(w: SegmentWindow) -> str:
-    """Line protocol of one `segment_stats` point."""
-    tags = _tags((("from_hop", w.from_hop), ("segment", w.segment), ("to_hop", w.to_hop), ("trace", w.trace)))
+    """Line protocol of one `segment_stats` point (its window statistics and sketches)."""
+    tags = _tags(
+        (
+            ("collector", w.instance),
+            ("from_hop", w.from_hop),
+            ("segment", w.segment),
+            ("to_hop", w.to_hop),
+            ("trace", w.trace),
+        )
+    )
     fields = (
         f"count={w.count}i,mean_ns={float(w.mean_ns)!r},p50_ns={w.p50_ns}i,p90_ns={w.p90_ns}i,"
         f"p99_ns={w.p99_ns}i,max_ns={w.max_ns}i,incomplete={w.incomplete}i"
@@ -119,8 +133,13 @@ def segment_line(w: SegmentWindow) -> str:
         f"tracer_lost={w.tracer_lost}i,jitter_ns={float(w.jitter_ns)!r},jitter_p99_ns={w.jitter_p99_ns}i,"
         f"same_node={'true' if w.same_node else 'false'},"
         f"below_clock_bound={'true' if w.below_clock_bound else 'false'},"
-        f"below_bound_count={w.below_bound_count}i,clock_bound_ns={w.clock_bound_ns}i"
+        f"below_bound_count={w.below_bound_count}i,clock_bound_ns={w.clock_bound_ns}i,"
+        f"sum_ns={w.sum_ns}i,min_ns={w.min_ns}i,jitter_sum_ns={w.jitter_sum_ns}i,jitter_count={w.jitter_count}i"
     )
+    buckets = [f"{k}={n}i" for k, n in w.sketch.fields(LATENCY_PREFIX).items()]
+    buckets.extend(f"{k}={n}i" for k, n in w.jitter_sketch.fields(JITTER_PREFIX).items())
+    if buckets:
+        fields += "," + ",".join(buckets)
     return f"{SEGMENT_STATS}{tags} {fields} {w.start_ns}"
 
 
@@ -161,16 +180,20 @@ def tracer_loss_line(w: TracerLossWindow) -> str:
 
 
 class TimestampDeduper:
-    """Makes `hop_latency` timestamps unique per series by moving collisions forward 1 ns at a time."""
+    """Makes `hop_latency` timestamps unique per series by moving collisions forward 1 ns at a time.
+
+    The same packet written again (same series, time and packet ID: an exemplar exported twice) gets its
+    first timestamp back, so its point overwrites itself instead of appearing twice.
+    """
 
     def __init__(self, horizon_ns: int = 10_000_000_000) -> None:
         self.horizon_ns = horizon_ns
         self.moved = 0
-        self._used: dict[tuple[str, str, str, str], dict[int, None]] = {}
+        self._used: dict[tuple[str, str, str, str], dict[int, tuple[int, int]]] = {}
         self._newest: dict[tuple[str, str, str, str], int] = {}
 
     def unique(self, s: LatencySample) -> int:
-        """Return a timestamp for `s` not used before in its series (within the horizon)."""
+        """Return a timestamp for `s` not used before in its series by another packet (within the horizon)."""
         series = (s.trace, s.segment, s.from_node, s.to_node)
         used = self._used.get(series)
         if used is None:
@@ -178,9 +201,11 @@ class TimestampDeduper:
             self._newest[series] = s.ts_ns
         ts = s.ts_ns
         while ts in used:
+            if used[ts] == (s.ts_ns, s.packet_id):
+                return ts  # this very packet again
             ts += 1
             self.moved += 1
-        used[ts] = None
+        used[ts] = (s.ts_ns, s.packet_id)
         newest = self._newest[series]
         if ts > newest + self.horizon_ns // 4:
             # prune now and then: the dict is in insertion order, which is nearly time order
@@ -389,7 +414,7 @@ class InfluxExporter:
         clocks: Iterable[NodeClockPoint] = (),
         tracer_loss: Iterable[TracerLossWindow] = (),
     ) -> None:
-        """Queue the pipeline's output as points of the measurements."""
+        """Queue the pipeline's output as points of the measurements (`samples`: the exemplars)."""
         unique = self.dedupe.unique
         lines = [latency_line(s, unique(s)) for s in samples]
         lines.extend(segment_line(w) for w in segments)

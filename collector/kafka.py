@@ -30,6 +30,7 @@ on /metrics (`hoptrace_collector_kafka_idle`, `..._group_members`, `..._topic_pa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -292,7 +293,12 @@ class KafkaCollectorService:
     # -- partitions ---------------------------------------------------------------------------------------
 
     def _new_partition(self, partition: int) -> PartitionState:
-        pipeline = CollectorPipeline(self.exporter, self.catalog, self.config.join, self.config.aggregate)
+        # Windows are tagged by partition, not by collector: the partitions' windows of one second add up
+        # in the report, and a partition replayed by its next owner overwrites its own windows.
+        aggregate = dataclasses.replace(
+            self.config.aggregate, instance=f"{self.kafka.topic}/partition-{partition}"
+        )
+        pipeline = CollectorPipeline(self.exporter, self.catalog, self.config.join, aggregate)
         return PartitionState(partition, pipeline)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 import threading
 from collections.abc import Sequence
 
 import grpc
 
+from hoptrace.collector.aggregate import AggregateConfig
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.collector.kafka import KafkaConfig, read_secret_file
@@ -118,8 +120,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kafka.add_argument(
         "--kafka-sasl-password-file", default=None, metavar="FILE", help="the SASL password (never inline)"
     )
+    parser.add_argument(
+        "--exemplar-slowest",
+        type=int,
+        default=AggregateConfig.exemplar_slowest,
+        metavar="K",
+        help="per trace and second, write the K slowest packets one point per segment (hop_latency)",
+    )
+    parser.add_argument(
+        "--exemplar-every",
+        type=int,
+        default=AggregateConfig.exemplar_every,
+        metavar="N",
+        help="also write every packet whose ID is a multiple of N (1 = every packet, 0 = none)",
+    )
+    parser.add_argument(
+        "--instance",
+        default=None,
+        metavar="NAME",
+        help="this collector's name, the `collector` tag of its windows (default: HOSTNAME:PORT of --listen, "
+        "so collectors on one host differ); keep it across restarts so that a replay overwrites instead of "
+        "adding",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_server_tls_arguments(parser)
+
+
+def default_instance(listen: str) -> str:
+    """The host name and the gRPC port of `listen` (HOST:PORT): distinct for collectors sharing a host, the
+    same after a restart on the same address. An ephemeral port (0) leaves just the host name."""
+    port = listen.rsplit(":", 1)[-1] if ":" in listen else ""
+    host = socket.gethostname()
+    return f"{host}:{port}" if port and port != "0" else host
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,6 +159,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO))
     try:
         tls = server_tls_from_args(args)
+        aggregate = AggregateConfig(
+            exemplar_slowest=args.exemplar_slowest, exemplar_every=args.exemplar_every
+        )
+        aggregate.instance = args.instance if args.instance is not None else default_instance(args.listen)
+        aggregate.validate()
     except ValueError as error:
         print(f"hoptrace collector: {error}", file=sys.stderr)
         return 2
@@ -180,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             max_export_points=args.max_export_points,
             tls=tls,
             kafka=kafka,
+            aggregate=aggregate,
         )
     finally:
         stop_sync.set()

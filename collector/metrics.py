@@ -3,11 +3,11 @@ plain `http.server` in a thread on `--metrics-listen` (default 127.0.0.1:9171).
 
 Every drop is counted by reason in `hoptrace_collector_dropped_total{reason}`: `out_of_path` (record whose hop
 index is outside its trace's path), `decode_error` (batches whose records did not decode), `late_record`
-(record whose throughput window had closed), `late_sample` (segment sample whose window had closed; its
-`hop_latency` point is still written), and the exporter's `queue_full`, `spool_overflow`, `spool_error`,
-`rejected`, `closed` (points). Records the tracer lost before the collector (ring buffer full, agent drops)
-are `hoptrace_collector_tracer_lost_records_total`. The per-segment latency, loss and jitter users alert on
-follow them (`hoptrace.collector.segment_metrics`).
+(record whose throughput window had closed), `late_sample` (segment sample whose window had closed: left
+out of the window and its sketch; still an exemplar when its ID is sampled), and the exporter's
+`queue_full`, `spool_overflow`, `spool_error`, `rejected`, `closed` (points). Records the tracer lost
+before the collector (ring buffer full, agent drops) are `hoptrace_collector_tracer_lost_records_total`.
+The per-segment latency, loss and jitter users alert on follow them (`hoptrace.collector.segment_metrics`).
 """
 
 from __future__ import annotations

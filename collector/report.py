@@ -1,12 +1,15 @@
 """`hoptrace report NAME [--since DURATION] [--json]`: the per-hop latency decomposition, from InfluxDB.
 
-Statistics come from Flux over `hop_latency` (one point per packet and segment, so count, mean, max and the
-exact nearest-rank percentiles of `quantile(method: "exact_selector")` are over every packet in the range);
-jitter too: the mean and p99 of |dT(i+1) - dT(i)| over the segment's packets in time order across the whole
-range. `incomplete`, `packets`, `complete`, `loss_count` and `tracer_lost` are sums over `segment_stats`;
-`loss_rate` = sum(loss_count) / sum(from_count); `same_node` is the last window's. A segment is
-`below_clock_bound` when at least half its packets were (its median latency is below the clocks' bound);
-its `clock_bound_ns` is the largest of its windows' (the sum of its two nodes' clock bounds; 0 on one node).
+Statistics come from the `segment_stats` windows of the range, of every collector, merged by content:
+InfluxDB sums each field over the windows (`count`, `sum_ns`, the sketches' bucket counts, ...), so count,
+mean and max are exact and p50/p90/p99 are the nearest-rank percentiles of every packet in the range within
+`sketch.RELATIVE_ACCURACY` (0.5 %). Jitter: `jitter_ns` is the mean of |dT(i+1) - dT(i)| over consecutive
+packets within each window (pairs across a window's edge are left out), `jitter_p99_ns` their p99 from the
+merged jitter sketch. `incomplete`, `packets`, `complete`, `loss_count` and `tracer_lost` are sums over
+`segment_stats`; `loss_rate` = sum(loss_count) / sum(from_count); `same_node` is the last window's. A
+segment is `below_clock_bound` when at least half its packets were (its median latency is below the clocks'
+bound); its `clock_bound_ns` is the largest of its windows' (the sum of its two nodes' clock bounds; 0 on
+one node).
 Per hop, `packets_per_s` and `bytes_per_s` are the means of `hop_counters` over the seconds with traffic.
 
 JSON shape (a contract):
@@ -21,8 +24,8 @@ are raw: a cross-node latency within its clock bound may be negative. Readers sh
 `latency_text`, which says "≤ ±BOUND" for it, and `most_time_text` names the segment with the largest p50.
 
 `node_clocks` reads each node's last `node_clock` point: the clock status `ListAgents` reports.
-`get_packets` answers `GetPackets`: per-packet timelines (the web's waterfall) from `hop_latency`, whose
-points carry each packet's ID.
+`get_packets` answers `GetPackets`: per-packet timelines (the web's waterfall) from `hop_latency`, the
+exemplars (the slowest packets of each window and 1 in N by ID), whose points carry each packet's ID.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from influxdb_client import InfluxDBClient
 
-from hoptrace.collector.aggregate import END_TO_END
+from hoptrace.collector.aggregate import END_TO_END, QUANTILES
 from hoptrace.collector.influx import HOP_COUNTERS, HOP_LATENCY, NODE_CLOCK, SEGMENT_STATS
+from hoptrace.collector.sketch import JITTER_PREFIX, LATENCY_PREFIX, sketch_from_fields
 from hoptrace.common.grpcutil import INFLUX_TOKEN_ENV, add_secret_argument, secret_from
 from hoptrace.v1 import api_pb2
 
@@ -126,58 +130,52 @@ def query_report(
         f"from(bucket: {_flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
         f" |> filter(fn: (r) => r.trace == {_flux_string(trace)}"
     )
-    lat = (
-        f'data = {base} and r._measurement == "{HOP_LATENCY}" and r._field == "latency_ns")'
-        ' |> group(columns: ["segment", "from_hop", "to_hop"])\n'
-        'data |> count() |> yield(name: "count")\n'
-        'data |> mean() |> yield(name: "mean_ns")\n'
-        'data |> max() |> yield(name: "max_ns")\n'
-        'data |> quantile(q: 0.5, method: "exact_selector") |> yield(name: "p50_ns")\n'
-        'data |> quantile(q: 0.9, method: "exact_selector") |> yield(name: "p90_ns")\n'
-        'data |> quantile(q: 0.99, method: "exact_selector") |> yield(name: "p99_ns")\n'
+    # Sketches and mergeable sums of every window of the range, from every collector: summed by InfluxDB.
+    merged = (
+        f'{base} and r._measurement == "{SEGMENT_STATS}" and (r._field =~ /^[bj][pnz][0-9]*$/'
+        ' or r._field == "count" or r._field == "sum_ns" or r._field == "below_bound_count"'
+        ' or r._field == "jitter_sum_ns" or r._field == "jitter_count"))'
+        ' |> group(columns: ["segment", "from_hop", "to_hop", "_field"]) |> sum()'
     )
+    # A segment's windows may carry other hop names over the range (end to end while the path was still
+    # being learned: hop0 > hop3): its tables add up by segment, named after the hops most packets had.
     stats: dict[str, dict[str, Any]] = {}
-    for table in q.query(lat, org=org):
+    fields: dict[str, dict[str, int]] = {}
+    named: dict[str, dict[tuple[str, str], int]] = {}
+    for table in q.query(merged, org=org):
         for rec in table.records:
             seg = rec.values.get("segment")
             if seg is None:
                 continue
-            entry = stats.setdefault(
-                seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
-            )
-            name = rec.values.get("result")
-            value = rec.get_value()
-            if name == "mean_ns":
-                entry[name] = float(value or 0.0)
-            elif name in _STATS:
-                entry[name] = int(value or 0)
-    jit = (
-        f'{base} and r._measurement == "{HOP_LATENCY}" and r._field == "latency_ns")'
-        ' |> group(columns: ["segment", "from_hop", "to_hop"]) |> sort(columns: ["_time"])'
-        " |> difference()"
-        " |> map(fn: (r) => ({r with _value: if r._value < 0 then -r._value else r._value}))\n"
-        'jit |> mean() |> yield(name: "jitter_ns")\n'
-        'jit |> quantile(q: 0.99, method: "exact_selector") |> yield(name: "jitter_p99_ns")\n'
-        f'{base} and r._measurement == "{HOP_LATENCY}" and r._field == "below_clock_bound")'
-        ' |> group(columns: ["segment", "from_hop", "to_hop"]) |> count() |> yield(name: "below")\n'
-    )
+            hops = (rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
+            value = int(rec.get_value() or 0)
+            found = fields.setdefault(seg, {})
+            found[rec.get_field()] = found.get(rec.get_field(), 0) + value
+            by_hops = named.setdefault(seg, {})
+            by_hops[hops] = by_hops.get(hops, 0) + (value if rec.get_field() == "count" else 0)
+    for seg, by_hops in named.items():
+        stats[seg] = _empty_stats(*max(by_hops, key=by_hops.__getitem__))
     below: dict[str, int] = {}
-    for table in q.query("jit = " + jit, org=org):
+    for seg, found in fields.items():
+        entry = stats[seg]
+        latency = sketch_from_fields(found, LATENCY_PREFIX)
+        count = found.get("count", 0)
+        entry["count"] = count
+        entry["mean_ns"] = found.get("sum_ns", 0) / count if count else 0.0
+        entry["p50_ns"], entry["p90_ns"], entry["p99_ns"] = (latency.quantile(q) for q in QUANTILES)
+        jitter_count = found.get("jitter_count", 0)
+        entry["jitter_ns"] = found.get("jitter_sum_ns", 0) / jitter_count if jitter_count else 0.0
+        entry["jitter_p99_ns"] = sketch_from_fields(found, JITTER_PREFIX).quantile(0.99)
+        below[seg] = found.get("below_bound_count", 0)
+    extremes = (
+        f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "max_ns")'
+        ' |> group(columns: ["segment"]) |> max()'
+    )
+    for table in q.query(extremes, org=org):
         for rec in table.records:
             seg = rec.values.get("segment")
-            if seg is None:
-                continue
-            name = rec.values.get("result")
-            if name == "below":
-                below[seg] = int(rec.get_value() or 0)
-                continue
-            entry = stats.setdefault(
-                seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
-            )
-            if name == "jitter_ns":
-                entry[name] = float(rec.get_value() or 0.0)
-            elif name == "jitter_p99_ns":
-                entry[name] = int(rec.get_value() or 0)
+            if seg in stats and stats[seg]["count"]:
+                stats[seg]["max_ns"] = int(rec.get_value() or 0)
     sums = (
         f'{base} and r._measurement == "{SEGMENT_STATS}"'
         ' and (r._field == "incomplete" or r._field == "packets" or r._field == "complete"'
@@ -194,16 +192,16 @@ def query_report(
             value = int(rec.get_value() or 0)
             field = rec.get_field()
             if seg == END_TO_END and field == "packets":
-                packets = value
+                packets += value
             elif seg == END_TO_END and field == "complete":
-                complete = value
+                complete += value
             elif field == "from_count":
-                from_count[seg] = value
+                from_count[seg] = from_count.get(seg, 0) + value
             elif field in ("incomplete", "loss_count", "tracer_lost"):
                 entry = stats.setdefault(
                     seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
                 )
-                entry[field] = value
+                entry[field] += value
     same = (
         f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "same_node")'
         ' |> group(columns: ["segment"]) |> sort(columns: ["_time"]) |> last()'
@@ -465,7 +463,8 @@ def segment_windows(
     a window, segments in path order (end to end last). Feeds `Hoptrace.WatchSegmentStats`."""
     query = (
         f"from(bucket: {_flux_string(bucket)}) |> range(start: time(v: {after_ns + 1}))"
-        f' |> filter(fn: (r) => r._measurement == "{SEGMENT_STATS}" and r.trace == {_flux_string(trace)})'
+        f' |> filter(fn: (r) => r._measurement == "{SEGMENT_STATS}" and r.trace == {_flux_string(trace)}'
+        " and r._field !~ /^[bj][pnz][0-9]*$/)"  # not the sketches' buckets
         ' |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")'
     )
     order = {f"{a}>{b}": i for i, (a, b) in enumerate(zip(path or [], (path or [])[1:], strict=False))}

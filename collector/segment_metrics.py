@@ -1,7 +1,8 @@
 """Segment metrics users alert on, for Prometheus (`/metrics`, beside the collector's own counters).
 
 Per trace and segment (end to end included, as `segment="end_to_end"`):
-- `hoptrace_segment_latency_seconds` (histogram): every joined packet's latency in the segment;
+- `hoptrace_segment_latency_seconds` (histogram): every joined packet's latency in the segment, observed
+  when its 1 s window closes;
 - `hoptrace_segment_lost_packets_total` (counter): network loss (the tracer's own losses excluded);
 - `hoptrace_segment_jitter_seconds` (gauge): mean jitter of the last closed 1 s window;
 - `hoptrace_segment_below_clock_bound` (gauge, 0/1): the last window's median was within the clocks' bound,
@@ -27,7 +28,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from hoptrace.collector.aggregate import LatencySample, SegmentWindow
+from hoptrace.collector.aggregate import SegmentWindow
 
 disable_created_metrics()  # no *_created series: they double the lines and nobody alerts on them
 
@@ -85,16 +86,16 @@ class SegmentMetrics:
         self._series.add(key)
         return True
 
-    def observe(self, samples: Iterable[LatencySample], windows: Iterable[SegmentWindow]) -> None:
-        """Account packets (their latencies) and closed windows (loss, jitter)."""
+    def observe(self, windows: Iterable[SegmentWindow]) -> None:
+        """Account closed windows: their packets' latencies, loss, jitter."""
         with self._lock:
-            for sample in samples:
-                if self._admit(sample.trace, sample.segment):
-                    self.latency.labels(sample.trace, sample.segment).observe(sample.latency_ns / 1e9)
             for window in windows:
                 if not self._admit(window.trace, window.segment):
                     continue
                 labels = (window.trace, window.segment)
+                histogram = self.latency.labels(*labels)
+                for latency in window.values:
+                    histogram.observe(latency / 1e9)
                 self.lost.labels(*labels).inc(window.loss_count)
                 self.jitter.labels(*labels).set(window.jitter_ns / 1e9)
                 self.below_bound.labels(*labels).set(1 if window.below_clock_bound else 0)

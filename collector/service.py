@@ -181,10 +181,11 @@ class CollectorPipeline:
         samples = self.segments.add_packets(packets) if packets else []
         upto = self.joiner.watermark_ns - self.joiner.config.window_ns - self.segments.config.interval_ns
         windows = self.segments.close_windows(upto)
+        samples.extend(self.segments.take_exemplars())
         counters = self.counters.close_windows(upto)
         clocks = self.clock.due_points()
         losses = self.segments.take_tracer_loss()
-        self.segment_metrics.observe(samples, windows)
+        self.segment_metrics.observe(windows)
         if windows:  # once a second: drop the series of deleted traces
             self.segment_metrics.forget_traces(set(self.catalog.names()))
         if samples or windows or counters or clocks or losses:
@@ -195,7 +196,8 @@ class CollectorPipeline:
         with self._lock:
             samples = self.segments.add_packets(self.joiner.flush())
             windows = self.segments.flush()
-            self.segment_metrics.observe(samples, windows)
+            samples.extend(self.segments.take_exemplars())
+            self.segment_metrics.observe(windows)
             self.exporter.export(
                 samples,
                 windows,
@@ -314,6 +316,7 @@ def run_collector(
     max_export_points: int = 1_000_000,
     tls: TLSFiles | None = None,
     kafka: Any = None,
+    aggregate: AggregateConfig | None = None,
 ) -> int:
     """Run the collector until SIGTERM/SIGINT (or `stop_event`), then flush everything. Returns 0.
 
@@ -322,6 +325,7 @@ def run_collector(
     config = CollectorConfig(
         receiver=ReceiverConfig(listen=listen, tls=tls),
         join=JoinConfig(window_ns=int(join_window_s * 1e9), max_entries=max_entries),
+        aggregate=aggregate or AggregateConfig(),
         influx=InfluxConfig(
             url=influx_url,
             bucket=influx_bucket,

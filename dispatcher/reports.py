@@ -42,7 +42,7 @@ def influx_clock_provider(url: str, bucket: str, org: str = "-", token: str = ""
 
 
 def influx_packets_provider(url: str, bucket: str, org: str = "-", token: str = "") -> PacketsProvider:
-    """A PacketsProvider reading per-packet `hop_latency` points; segments follow the spec's hop order."""
+    """A PacketsProvider reading the exemplars' `hop_latency` points; segments follow the spec's hop order."""
     from hoptrace.collector import report
 
     def provide(request: api_pb2.GetPacketsRequest, spec: trace_pb2.TraceSpec | None) -> api_pb2.PacketList:

@@ -8,6 +8,9 @@ from typing import Any
 from influxdb_client import InfluxDBClient
 
 BUCKET = "hoptrace/autogen"  # LocalCluster's default
+# Collector flags that keep every packet as an exemplar (one hop_latency point per packet and segment), for
+# tests and benchmarks that compare packet by packet with a ground truth.
+EVERY_PACKET = ("--exemplar-every", "1")
 
 
 def flux(influx_url: str, query: str) -> list[dict[str, Any]]:
@@ -18,18 +21,20 @@ def flux(influx_url: str, query: str) -> list[dict[str, Any]]:
 
 
 def segment_counts(influx_url: str, trace: str) -> dict[str, int]:
-    """Points in hop_latency per segment of a trace (end_to_end included), from InfluxDB itself."""
+    """Packets counted per segment of a trace (end_to_end included): the `count` of its `segment_stats`
+    windows summed over time and collectors, from InfluxDB itself."""
     rows = flux(
         influx_url,
         f'from(bucket: "{BUCKET}") |> range(start: -1h) '
-        f'|> filter(fn: (r) => r._measurement == "hop_latency" and r.trace == "{trace}" '
-        f'and r._field == "latency_ns") |> group(columns: ["segment"]) |> count()',
+        f'|> filter(fn: (r) => r._measurement == "segment_stats" and r.trace == "{trace}" '
+        f'and r._field == "count") |> group(columns: ["segment"]) |> sum()',
     )
     return {row["segment"]: int(row["_value"]) for row in rows}
 
 
 def distinct_packets(influx_url: str, trace: str) -> dict[str, int]:
-    """Distinct packet IDs in hop_latency per segment: what "no packet missing" is about."""
+    """Distinct packet IDs in hop_latency per segment: what "no packet missing" is about. hop_latency holds
+    the exemplars: every packet only with the collector's `--exemplar-every 1` (EVERY_PACKET)."""
     rows = flux(
         influx_url,
         f'from(bucket: "{BUCKET}") |> range(start: -1h) '
@@ -40,7 +45,8 @@ def distinct_packets(influx_url: str, trace: str) -> dict[str, int]:
 
 
 def segment_latencies(influx_url: str, trace: str, segment: str) -> dict[int, int]:
-    """packet_id -> latency_ns of one segment, from InfluxDB."""
+    """packet_id -> latency_ns of one segment, from InfluxDB (the exemplars: every packet only with the
+    collector's `--exemplar-every 1`, EVERY_PACKET)."""
     rows = flux(
         influx_url,
         f'from(bucket: "{BUCKET}") |> range(start: -1h) '

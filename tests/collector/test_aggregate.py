@@ -47,8 +47,12 @@ def test_quantiles_by_hand() -> None:
     assert summarize(v)[2:] == (100, 180, 198, 200)
 
 
+# Every packet an exemplar: its per-segment samples come back from add_packets at once.
+EVERY_PACKET = AggregateConfig(exemplar_every=1)
+
+
 def test_segments_in_path_order_and_incomplete() -> None:
-    agg = SegmentAggregator(catalog())
+    agg = SegmentAggregator(catalog(), config=EVERY_PACKET)
     samples = agg.add_packets(
         [
             packet(1, [SEC, SEC + 100, SEC + 1_100]),
@@ -83,7 +87,7 @@ def test_segment_order_follows_the_path_not_the_hop_arrival() -> None:
 
 
 def test_one_second_windows_and_late_packets() -> None:
-    agg = SegmentAggregator(catalog(), config=AggregateConfig(interval_ns=SEC))
+    agg = SegmentAggregator(catalog(), config=AggregateConfig(interval_ns=SEC, exemplar_every=1))
     agg.add_packets(
         [packet(1, [SEC + 5, SEC + 10, SEC + 20]), packet(2, [2 * SEC + 5, 2 * SEC + 7, 2 * SEC + 9])]
     )
@@ -105,7 +109,7 @@ def test_one_second_windows_and_late_packets() -> None:
 
 def test_negative_cross_node_latency_is_kept_but_flagged() -> None:
     clock = ClockAligner()
-    agg = SegmentAggregator(catalog(), clock)
+    agg = SegmentAggregator(catalog(), clock, EVERY_PACKET)
     samples = agg.add_packets([packet(1, [SEC, SEC + 100, SEC + 40])])  # c before b: clocks disagree
     bc = next(s for s in samples if s.segment == "b>c")
     assert bc.latency_ns == -60 and bc.below_clock_bound
@@ -178,3 +182,98 @@ def test_hop_counter_deltas_per_second() -> None:
     agg.add_counters("t", "n1", [_counters(0, "a", 13, matched=5)])
     assert agg.stats.counter_resets == 1
     assert [w.matched for w in agg.flush()] == [5]
+
+
+def test_exemplars_are_the_slowest_of_each_window_and_one_in_n_by_id() -> None:
+    """Per-packet points only for exemplars: the K slowest end to end per window, and IDs that are a
+    multiple of N (the same packets on every collector and every replay). The windows still count all."""
+    agg = SegmentAggregator(catalog(), config=AggregateConfig(exemplar_slowest=2, exemplar_every=10))
+    # 25 packets in second 1, 5 in second 2; end-to-end latency 1000 + 7 * (pid % 13): slowest are known
+    packets = [packet(i, [SEC + i, SEC + i + 100, SEC + i + 1_000 + 7 * (i % 13)]) for i in range(1, 26)]
+    packets += [packet(i, [2 * SEC + i, 2 * SEC + i + 50, 2 * SEC + i + 500 + i]) for i in range(26, 31)]
+    sampled = agg.add_packets(packets)
+    # pid 10, 20, 30: every segment and end to end, at once
+    assert sorted({s.packet_id for s in sampled}) == [10, 20, 30]
+    assert len(sampled) == 3 * 3
+    assert agg.take_exemplars() == []  # the slowest wait for their window to close
+    windows = agg.close_windows(2 * SEC)
+    assert sum(w.count for w in windows if w.segment == END_TO_END) == 25
+    slowest = agg.take_exemplars()
+    # second 1 without the sampled 10 and 20: slowest by 7 * (pid % 13) are 12 (84) and 25 (84) / 11 (77)
+    e2e = {s.packet_id: s.latency_ns for s in slowest if s.segment == END_TO_END}
+    assert e2e == {12: 1_084, 25: 1_084}
+    assert {(s.packet_id, s.segment) for s in slowest} == {
+        (pid, seg) for pid in (12, 25) for seg in ("a>b", "b>c", END_TO_END)
+    }
+    agg.flush()
+    assert {s.packet_id for s in agg.take_exemplars() if s.segment == END_TO_END} == {28, 29}
+    # 0/0 keeps none; the windows do not change
+    none = SegmentAggregator(catalog(), config=AggregateConfig(exemplar_slowest=0, exemplar_every=0))
+    assert none.add_packets(packets) == []
+    assert sum(w.count for w in none.flush() if w.segment == END_TO_END) == 30
+    assert none.take_exemplars() == []
+    with pytest.raises(ValueError, match="exemplar"):
+        AggregateConfig(exemplar_every=-1).validate()
+
+
+def test_windows_carry_mergeable_sums_and_sketches() -> None:
+    agg = SegmentAggregator(catalog(), config=AggregateConfig(instance="c1"))
+    # a>b latencies 100, 130, 90, 200, 150 in packet order
+    lat = [100, 130, 90, 200, 150]
+    agg.add_packets([packet(i + 1, [SEC + i, SEC + i + v, SEC + i + v + 10]) for i, v in enumerate(lat)])
+    ab = {w.segment: w for w in agg.flush()}["a>b"]
+    assert (ab.instance, ab.count, ab.sum_ns, ab.min_ns, ab.max_ns) == ("c1", 5, 670, 90, 200)
+    assert ab.sketch.count == 5 and ab.sketch.quantile(0.5) == pytest.approx(130, rel=0.01)
+    diffs = [30, 40, 110, 50]
+    assert (ab.jitter_count, ab.jitter_sum_ns, ab.jitter_sketch.count) == (4, sum(diffs), 4)
+    assert ab.jitter_ns == sum(diffs) / 4
+
+
+def test_the_batch_path_of_complete_packets_equals_the_one_by_one_path() -> None:
+    """Complete packets of a known path take the batch path; it must give exactly what the per-packet path
+    gives: windows (across second boundaries, negative and bound-flagged latencies), stats and exemplars."""
+    import random
+
+    rng = random.Random(5)
+    packets = []
+    for i in range(3_000):
+        t0 = SEC + i * 1_000_000 + rng.randint(0, 999)  # 3 s of packets
+        t1 = t0 + rng.randint(-200, 5_000)
+        packets.append(packet(i + 1, [t0, t1, t1 + rng.randint(-500, 90_000)]))
+
+    def run(batch: bool) -> tuple:
+        clock = ClockAligner()
+        clock.update("n2", records_pb2.NodeClock(bound_ns=300))
+        agg = SegmentAggregator(catalog(), clock, AggregateConfig(exemplar_slowest=4, exemplar_every=97))
+        sampled, closed = [], []
+        for k in range(0, len(packets), 256):
+            part = packets[k : k + 256]
+            if batch:
+                sampled += agg.add_packets(part)
+            else:
+                agg._add_each(part, {"t": agg.catalog.get("t")}, sampled)
+            if k == 512:  # close the first second while packets of it are still coming: late ones
+                closed += agg.close_windows(2 * SEC)
+        windows = [
+            (w.segment, w.start_ns, w.count, w.sum_ns, w.max_ns, w.p99_ns, w.below_bound_count, w.from_count)
+            + (w.packets, w.complete, w.clock_bound_ns, w.same_node, w.jitter_sum_ns, w.sketch.fields())
+            for w in closed + agg.flush()
+        ]
+        return windows, sorted(sampled), sorted(agg.take_exemplars()), agg.stats
+
+    assert run(batch=True) == run(batch=False)
+    windows, sampled, slowest, stats = run(batch=True)
+    assert len(windows) == 3 * 3 and stats.below_clock_bound > 0 and stats.late > 0
+    assert {s.packet_id for s in sampled} == {pid for pid in range(1, 3_001) if pid % 97 == 0}
+    assert len({s.packet_id for s in slowest}) == 4 * 3
+
+
+def test_default_instance_tells_collectors_on_one_host_apart() -> None:
+    import socket
+
+    from hoptrace.collector.main import default_instance
+
+    host = socket.gethostname()
+    assert default_instance("127.0.0.1:7071") == f"{host}:7071" != default_instance("127.0.0.1:7072")
+    assert default_instance("[::1]:7071") == f"{host}:7071"
+    assert default_instance("127.0.0.1:0") == host  # an ephemeral port says nothing stable

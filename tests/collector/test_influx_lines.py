@@ -16,6 +16,7 @@ from hoptrace.collector.influx import (
     segment_line,
     tracer_loss_line,
 )
+from hoptrace.collector.sketch import MAPPING, LatencySketch
 
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
@@ -40,7 +41,8 @@ def test_segment_stats_and_counters_lines() -> None:
         "segment_stats,from_hop=a,segment=a>b,to_hop=b,trace=t "
         "count=3i,mean_ns=12.5,p50_ns=10i,p90_ns=11i,p99_ns=12i,max_ns=13i,incomplete=2i,"
         "from_count=0i,loss_count=0i,loss_rate=0.0,tracer_lost=0i,jitter_ns=0.0,jitter_p99_ns=0i,"
-        "same_node=false,below_clock_bound=false,below_bound_count=0i,clock_bound_ns=0i 7"
+        "same_node=false,below_clock_bound=false,below_bound_count=0i,clock_bound_ns=0i,"
+        "sum_ns=0i,min_ns=0i,jitter_sum_ns=0i,jitter_count=0i 7"
     )
     w.packets, w.complete = 5, 4
     w.from_count, w.loss_count, w.loss_rate, w.tracer_lost = 100, 5, 0.05, 2
@@ -48,7 +50,20 @@ def test_segment_stats_and_counters_lines() -> None:
     assert segment_line(w).endswith(
         "incomplete=2i,packets=5i,complete=4i,from_count=100i,loss_count=5i,loss_rate=0.05,tracer_lost=2i,"
         "jitter_ns=1.5,jitter_p99_ns=3i,same_node=true,below_clock_bound=false,below_bound_count=0i,"
-        "clock_bound_ns=170i 7"
+        "clock_bound_ns=170i,sum_ns=0i,min_ns=0i,jitter_sum_ns=0i,jitter_count=0i 7"
+    )
+    # the collector's tag and the sketches: one field per non-empty bucket (sketch.py names them)
+    w.instance, w.sum_ns, w.min_ns, w.jitter_sum_ns, w.jitter_count = "coll 1", 2_100, -100, 1_200, 2
+    w.sketch, w.jitter_sketch = (
+        LatencySketch.of([1_000, 1_000, 1_200, 0, -100]),
+        LatencySketch.of([200, 1_000]),
+    )
+    line = segment_line(w)
+    assert line.startswith(r"segment_stats,collector=coll\ 1,from_hop=a,segment=a>b,to_hop=b,trace=t ")
+    k = MAPPING.key
+    assert line.endswith(
+        f"sum_ns=2100i,min_ns=-100i,jitter_sum_ns=1200i,jitter_count=2i,bp{k(1_000)}=2i,bp{k(1_200)}=1i,"
+        f"bn{k(100)}=1i,bz=1i,jp{k(200)}=1i,jp{k(1_000)}=1i 7"
     )
     c = HopCounterWindow("t", "a", "", 8, 1, 2, 3, 4, 5, 6)  # empty node tag is left out
     assert counters_line(c) == (
@@ -80,6 +95,9 @@ def test_distinct_packets_never_share_a_timestamp_in_a_series() -> None:
     assert d.unique(sample(101)) == 104
     assert d.unique(sample(100)._replace(segment="b>c")) == 100  # another series
     assert d.moved == 1 + 2 + 3 + 3
+    # the same packet again (an exemplar exported twice, a replay): its first timestamp, so it overwrites
+    assert d.unique(sample(100, 2)) == 102 and d.unique(sample(101)) == 104
+    assert d.moved == 1 + 2 + 3 + 3 + 2 + 3
 
 
 def test_config_validate() -> None:

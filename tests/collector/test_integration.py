@@ -13,6 +13,7 @@ import time
 import uuid
 
 import grpc
+import pytest
 from collector_helpers import ROOT, batch, pid, rec
 from google.protobuf.timestamp_pb2 import Timestamp
 from influxdb_client import InfluxDBClient
@@ -39,10 +40,22 @@ def nearest_rank(values: list[int], q: float) -> int:
 
 
 def expected_stats(
-    values: list[int], incomplete: int, a: str, b: str, lost: int = 0, sent: int = 0, same_node: bool = False
+    values: list[int],
+    starts: list[int],
+    incomplete: int,
+    a: str,
+    b: str,
+    lost: int = 0,
+    sent: int = 0,
+    same_node: bool = False,
 ) -> dict:
-    """Values in packet order (time at the first hop): jitter is over consecutive ones."""
-    diffs = [abs(y - x) for x, y in zip(values, values[1:], strict=False)]
+    """Values in packet order, `starts` their times at the first hop: percentiles are over all of them,
+    jitter over consecutive packets of each 1 s window (the windows are what the store merges)."""
+    diffs = [
+        abs(values[i + 1] - values[i])
+        for i in range(len(values) - 1)
+        if starts[i] // SEC == starts[i + 1] // SEC
+    ]
     return {
         "from": a,
         "to": b,
@@ -62,6 +75,19 @@ def expected_stats(
         "below_clock_bound": False,
         "clock_bound_ns": 0,  # the batches carry no clock bound
     }
+
+
+# Read from the merged sketches: within 1 % of the exact nearest-rank value (RELATIVE_ACCURACY is 0.5 %).
+SKETCHED = ("p50_ns", "p90_ns", "p99_ns", "jitter_p99_ns")
+
+
+def assert_report_matches(got: dict, expected: dict) -> None:
+    """Every number exact, except the sketched percentiles: within 1 % of the exact ones."""
+    for key in SKETCHED:
+        assert abs(got[key] - expected[key]) <= 0.01 * abs(expected[key]), (key, got, expected)
+    assert {k: v for k, v in got.items() if k not in SKETCHED} == pytest.approx(
+        {k: v for k, v in expected.items() if k not in SKETCHED}
+    )
 
 
 def expected_hop(hop: str, times: list[int]) -> dict:
@@ -113,6 +139,7 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
     base = time.time_ns() - 30 * SEC  # master time of the first packet
     delta_a, delta_b = base - SEC, base - 7 * SEC  # each node's monotonic -> master mapping
     ab, bc, e2e = [], [], []
+    bc_starts, e2e_starts = [], []
     recs_a, recs_b = [], []
     times: list[list[int]] = [[], [], []]
     for i in range(N):
@@ -129,6 +156,8 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
         times[2].append(t2)
         bc.append(t2 - t1)
         e2e.append(t2 - t0)
+        bc_starts.append(t1)
+        e2e_starts.append(t0)
     try:
         with grpc.insecure_channel(f"127.0.0.1:{service.port}") as ch:
             stub = records_pb2_grpc.CollectorStub(ch)
@@ -155,12 +184,16 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
     finally:
         service.stop()
 
-    # hop_latency: one point per packet and segment, none overwritten
-    assert flux_totals(influx, "hop_latency", trace, "latency_ns", ["segment"], "count") == {
+    # segment_stats: every packet counted once, over the windows of the one collector
+    assert flux_totals(influx, "segment_stats", trace, "count", ["segment"], "sum") == {
         "a-egress>a-bridge": N,
         "a-bridge>b-ingress": N - 10,
         "end_to_end": N - 10,
     }
+    # hop_latency: exemplars only (the 3 slowest of each window and IDs that are multiples of 1000)
+    exemplars = flux_totals(influx, "hop_latency", trace, "latency_ns", ["segment"], "count")
+    windows = len({t // SEC for t in times[0]})
+    assert 3 <= exemplars["end_to_end"] <= 3 * windows, exemplars
     assert flux_totals(influx, "hop_counters", trace, "matched", ["hop", "node"], "sum") == {
         ("a-egress", "node-a"): N,
         ("a-bridge", "node-a"): N,
@@ -172,21 +205,27 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
         "packets": N,
         "complete": N - 10,
         "segments": [
-            expected_stats(ab, 0, "a-egress", "a-bridge", sent=N, same_node=True),
-            expected_stats(bc, 10, "a-bridge", "b-ingress", lost=10, sent=N),
+            expected_stats(ab, times[0], 0, "a-egress", "a-bridge", sent=N, same_node=True),
+            expected_stats(bc, bc_starts, 10, "a-bridge", "b-ingress", lost=10, sent=N),
         ],
-        "end_to_end": expected_stats(e2e, 10, "a-egress", "b-ingress", lost=10, sent=N),
+        "end_to_end": expected_stats(e2e, e2e_starts, 10, "a-egress", "b-ingress", lost=10, sent=N),
         "hops": [expected_hop(h, t) for h, t in zip(HOPS, times, strict=True)],
     }
     kw = {"url": influx.url, "bucket": influx.bucket, "org": influx.org, "token": influx.token}
+    report = json.loads(json.dumps(build_report(trace, since="1h", path=HOPS, **kw)))
+    got_segments, got_e2e = report.pop("segments"), report.pop("end_to_end")
+    assert report == {k: v for k, v in expected.items() if k not in ("segments", "end_to_end")}
+    assert len(got_segments) == 2
+    for got, want in zip(got_segments, expected["segments"], strict=True):
+        assert_report_matches(got, want)
+    assert_report_matches(got_e2e, expected["end_to_end"])
     report = build_report(trace, since="1h", path=HOPS, **kw)
-    assert json.loads(json.dumps(report)) == expected
     assert build_report(trace, since="1h", **kw) == report  # path order recovered without the catalog
 
     proto = get_report(api_pb2.GetReportRequest(trace=trace), **kw)
     assert (proto.packets, proto.complete) == (N, N - 10)
     assert [(getattr(s, "from"), s.to, s.count, s.p99_ns) for s in proto.segments] == [
-        (s["from"], s["to"], s["count"], s["p99_ns"]) for s in expected["segments"]
+        (s["from"], s["to"], s["count"], s["p99_ns"]) for s in report["segments"]
     ]
     assert proto.end_to_end.max_ns == max(e2e)
     assert [(s.loss_count, s.same_node) for s in proto.segments] == [(0, True), (10, False)]
@@ -258,7 +297,7 @@ def test_sigterm_flushes_pending_packets(influxd: InfluxServer) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert flux_totals(influx, "hop_latency", trace, "latency_ns", ["segment"], "count") == {
+    assert flux_totals(influx, "segment_stats", trace, "count", ["segment"], "sum") == {
         "x>y": 20,
         "end_to_end": 20,
     }

@@ -224,7 +224,8 @@ def test_records_for_another_nodes_hops_are_refused_and_counted() -> None:
     forged = [rec(BASE + 5 * SEC, pid(i + 1), 1) for i in range(10)]  # 5 s "latency" at b-in
     feed(p, "host-a", forged, counters=[hop_counters(1, "b-in", matched=10**6)])
     p.flush()
-    latencies = [s.latency_ns for s in out.samples if s.segment == "a-out>b-in"]
-    assert len(latencies) == 20 and max(latencies) == 100_000
+    windows = [w for w in out.segments if w.segment == "a-out>b-in"]
+    assert sum(w.count for w in windows) == 20 and max(w.max_ns for w in windows) == 100_000
+    assert {s.latency_ns for s in out.samples if s.segment == "a-out>b-in"} == {100_000}  # the exemplars
     assert p.foreign_records == {"host-a": 11}
     assert all(c.matched < 10**6 for c in out.counters)

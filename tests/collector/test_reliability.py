@@ -12,6 +12,7 @@ import grpc
 from collector_helpers import batch, pid, rec
 from influxdb_client import InfluxDBClient
 
+from hoptrace.collector.aggregate import AggregateConfig
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter, Spool
 from hoptrace.collector.join import JoinConfig
@@ -78,6 +79,9 @@ def test_influxd_outage_loses_and_duplicates_nothing(
     config = CollectorConfig(
         receiver=ReceiverConfig(listen="127.0.0.1:0"),
         join=JoinConfig(window_ns=2 * SEC),
+        # every packet an exemplar: one hop_latency point per packet and segment, so that "each point
+        # exactly once" is checked packet by packet, beside the windows' counts
+        aggregate=AggregateConfig(exemplar_every=1),
         influx=InfluxConfig(
             url=influx.url,
             bucket=influx.bucket,
@@ -160,7 +164,8 @@ def test_influxd_outage_loses_and_duplicates_nothing(
     )
     assert 'hoptrace_collector_node_clock_offset_ns{node="node-b"}' in after
 
-    # every point exactly once: one hop_latency point per packet and segment, one window per second
+    # every point exactly once: one hop_latency point per packet and segment (every packet an exemplar
+    # here), one window per second, and the windows' counts add up to the packets
     rng = f'from(bucket: "{influx.bucket}") |> range(start: -1h) |> filter(fn: (r) => r.trace == "{trace}"'
     n = SECONDS * PER_SECOND
     assert flux_count(

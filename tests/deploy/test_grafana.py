@@ -107,3 +107,39 @@ def test_every_dashboard_query_returns_series(traced_influx, where, query):
     assert any(value is not None for value in values) or any(
         len(record) > 3 for table in series for record in table
     ), f"{where}: only empty values"
+
+
+def test_dashboard_sketch_percentiles_use_the_collectors_bucket_width():
+    """The dashboards turn bucket fields into values with the collector's gamma, written out in Flux."""
+    from hoptrace.collector.sketch import GAMMA
+
+    sketched = [query for _, query in flux_queries() if "b[pnz]" in query]
+    assert len(sketched) == 4, "the decomposition's three percentiles and the table read the sketches"
+    for query in sketched:
+        assert re.findall(r"\d+\.\d{10,}", query) == [repr(GAMMA)] * 2, query
+
+
+def test_dashboard_table_agrees_with_the_report(traced_influx):
+    """The percentiles table merges the same sketches as `hoptrace report`: the same count, mean and max,
+    and the same p50/p90/p99 (the report rounds them to whole ns)."""
+    from hoptrace.collector.report import build_report
+
+    board = json.loads((GRAFANA / "dashboards" / "hoptrace-latency.json").read_text())
+    table = next(p for p in panels(board) if p["title"].startswith("Segment percentiles"))
+    query = substitute(table["targets"][0]["query"], traced_influx.trace, traced_influx.bucket)
+    rows = {row["segment"]: row for t in run_flux(traced_influx.url, query) for row in t}
+    report = build_report(
+        traced_influx.trace,
+        url=traced_influx.url,
+        bucket=traced_influx.bucket,
+        since="1h",
+        path=traced_influx.hops,
+    )
+    assert len(rows) == len(report["segments"]) == len(traced_influx.hops) - 1
+    for segment in report["segments"]:
+        row = rows[f"{segment['from']}>{segment['to']}"]
+        assert segment["count"] > 0 and row["count"] == segment["count"], (row, segment)
+        assert row["max"] == segment["max_ns"]
+        assert abs(row["mean"] - segment["mean_ns"]) <= 1e-6 * abs(segment["mean_ns"]) + 1e-6
+        for key in ("p50", "p90", "p99"):
+            assert abs(row[key] - segment[f"{key}_ns"]) <= 0.5, (key, row, segment)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from kafka_helpers import scrape
 
+from hoptrace.lab.influx import EVERY_PACKET
 from hoptrace.lab.kafka import KafkaBroker, start_kafka
 from hoptrace.lab.lifecycle import die_with_parent
 from hoptrace.lab.processes import InfluxServer, free_port
@@ -133,6 +134,8 @@ class KafkaLab:
             metrics,
             "--spool-dir",
             str(self.workdir / f"spool-{n}"),
+            # The tests count every packet's hop_latency points: keep every packet, not exemplars only.
+            *EVERY_PACKET,
             *extra,
         ]
         c = CollectorProcess(f"collector-{n}", argv, metrics, self.workdir / f"collector-{n}.log").start()

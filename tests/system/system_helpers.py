@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from hoptrace.lab.influx import (  # noqa: F401
     BUCKET,  # noqa: F401
+    EVERY_PACKET,
     distinct_packets,
     flux,
     segment_counts,
@@ -75,7 +77,8 @@ def report(cluster: LocalCluster, trace: str) -> dict[str, Any]:
 
 
 def wait_report(cluster: LocalCluster, trace: str, packets: int, timeout_s: float = 30.0) -> dict[str, Any]:
-    """Poll the report until it has `packets` complete packets (the join window and export take a moment)."""
+    """Poll the report until it has `packets` complete packets, counted in every segment (the join window and
+    export take a moment, and a packet's later segments may fall into the next 1 s window, closed later)."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
@@ -83,7 +86,16 @@ def wait_report(cluster: LocalCluster, trace: str, packets: int, timeout_s: floa
         result = cluster.hoptrace("report", trace, "--since", "30m", "--json", check=False)
         if result.returncode == 0:
             data = json.loads(result.stdout)
-            if data.get("complete", 0) >= packets:
+            complete = data.get("complete", 0)
+            # (not the placeholders hop<i> > hop<j> of windows written before the collector knew the path)
+            segments = [
+                s
+                for s in [*data.get("segments", []), data.get("end_to_end", {})]
+                if not re.fullmatch(r"hop\d+", s.get("from", ""))
+            ]
+            if complete >= packets and all(
+                s.get("count", 0) + s.get("incomplete", 0) >= complete for s in segments
+            ):
                 return data
             last = result.stdout
         else:  # no data yet is an error answer too
@@ -99,14 +111,18 @@ def p50(values: list[int]) -> float:
 
 @contextmanager
 def running_cluster(
-    topo: Any, influx_url: str, agent_args: dict[str, list[str]] | None = None
+    topo: Any,
+    influx_url: str,
+    agent_args: dict[str, list[str]] | None = None,
+    collector_args: Sequence[str] = (),
 ) -> Iterator[LocalCluster]:
     """Dispatcher, collector and an agent per emulated host on `topo`; all stopped afterwards.
 
-    `agent_args` adds flags per node, e.g. {"host-b": ["--clock-offset", "3.7ms"]}.
+    `agent_args` adds flags per node, e.g. {"host-b": ["--clock-offset", "3.7ms"]}; `collector_args` adds
+    collector flags, e.g. EVERY_PACKET (one hop_latency point per packet, for per-packet ground truth).
     """
     cluster = LocalCluster(influx_url=influx_url)
     try:
-        yield cluster.start_on(topo, ["--join-window", "1"], agent_args)
+        yield cluster.start_on(topo, ["--join-window", "1", *collector_args], agent_args)
     finally:
         cluster.stop()

@@ -13,6 +13,7 @@ import subprocess
 import time
 
 from system_helpers import (
+    EVERY_PACKET,
     UdpSender,
     distinct_packets,
     p50,
@@ -101,7 +102,7 @@ def test_jitter_across_the_delay_box_matches_its_log(topology_factory, influxd, 
 
     topo = topology_factory("vxlan", delay_box=True)
     jitter: dict[str, dict[str, float]] = {}
-    with running_cluster(topo, influxd.url) as cluster:
+    with running_cluster(topo, influxd.url, collector_args=EVERY_PACKET) as cluster:
         for name, jitter_us in (("jit-fixed", 0), ("jit-random", 50)):
             log = tmp_path / f"{name}.jsonl"
             topo.start_delay_box(200_000, jitter_ns=jitter_us * 1000, log_path=log, seed=7)
@@ -130,16 +131,16 @@ def test_collector_down_for_20s_loses_nothing(topology, influxd):
 
     Delivery is at least once: an agent resends the batches its broken stream had in flight, and a collector
     killed mid-way may have exported some of them already, so a few packets can be counted twice; none is
-    missing, which is what is checked here (packet IDs).
+    missing, which is what is checked here (packet IDs: every packet is an exemplar here).
     """
-    with running_cluster(topology, influxd.url) as cluster:
+    with running_cluster(topology, influxd.url, collector_args=EVERY_PACKET) as cluster:
         spec = vxlan_path_spec(topology, "coll-down")
         cluster.apply(spec)
         sender = UdpSender(topology, "c1", "c2", 11111, rate_pps=200).start()
         time.sleep(3)
         cluster.components["collector"].stop(signal.SIGKILL)
         time.sleep(20)
-        cluster.start_collector("--join-window", "1")
+        cluster.start_collector("--join-window", "1", *EVERY_PACKET)
         time.sleep(3)
         sent = sender.stop()
         data = wait_report(cluster, "coll-down", sent, timeout_s=90)

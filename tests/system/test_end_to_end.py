@@ -14,6 +14,7 @@ import time
 
 import pytest
 from system_helpers import (
+    EVERY_PACKET,
     UdpSender,
     p50,
     report,
@@ -120,7 +121,7 @@ def test_delay_box_segment_matches_ground_truth(topology_factory, influxd, tmp_p
     held_segment = "a-wire-out>box-out"
     p50s: dict[int, dict[str, float]] = {}
     hold_p50: dict[int, float] = {}  # the box's own logged holds, never its setting
-    with running_cluster(topo, influxd.url) as cluster:
+    with running_cluster(topo, influxd.url, collector_args=EVERY_PACKET) as cluster:
         cluster.apply(spec)
         for delay_us in (200, 500):
             log = tmp_path / f"box-{delay_us}.jsonl"
