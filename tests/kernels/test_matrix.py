@@ -23,9 +23,10 @@ AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
 # The tests each guest runs, per package. All of them must report PASS there.
 GUEST_TESTS = {
     "loader": "TestEveryProgramLoads|TestParserFindsIDs|TestParserRejectsMalformed|TestTagUDP|TestSampleEvery"
-    "|TestFilterSelectsPackets",
+    "|TestFilterSelectsPackets|TestActionCountEqualsMatchedPackets|TestActionCountByCPUAndMark"
+    "|TestActionHistogramOfLen|TestActionLatencyFromPreviousHop|TestNoActionsTouchNothing",
     "attach": "TestClsactFallback",
-    "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops",
+    "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestTracerActionsOnRealTraffic",
 }
 
 # Kernels the matrix requires: Debian 11 (5.10, also Amazon Linux 2's), Debian 12 (6.1, also the base of
