@@ -18,7 +18,7 @@ from flask import Blueprint, Response, abort, flash, jsonify, redirect, render_t
 from hoptrace.common.client import ApiError
 from hoptrace.dispatcher.spec import (
     FILTER_KEYS,
-    HOP_KEYS,
+    HOP_STRING_KEYS,
     FieldError,
     SpecError,
     load_spec,
@@ -77,7 +77,7 @@ class TraceForm:
             src_port=str(flt.src_port) if flt.src_port else "",
             dst_port=str(flt.dst_port) if flt.dst_port else "",
             sample=str(spec.sample or 1),
-            hops=[{key: getattr(hop, key) for key in HOP_KEYS} for hop in spec.hops],
+            hops=[{key: getattr(hop, key) for key in HOP_STRING_KEYS} for hop in spec.hops],
             rows=list(range(len(spec.hops))),
         )
 
@@ -88,11 +88,11 @@ class TraceForm:
         rows: dict[int, dict[str, str]] = {}
         for key, value in form.items():
             match = _ROW_KEY.match(key)
-            if match and match.group(2) in HOP_KEYS:
+            if match and match.group(2) in HOP_STRING_KEYS:
                 rows.setdefault(int(match.group(1)), {})[match.group(2)] = value.strip()
         hops, numbers = [], []
         for number in sorted(rows):
-            hop = {key: rows[number].get(key, "") for key in HOP_KEYS}
+            hop = {key: rows[number].get(key, "") for key in HOP_STRING_KEYS}
             if any(hop.values()):
                 hops.append(hop)
                 numbers.append(number)
@@ -233,7 +233,7 @@ def _render_form(
     placed, general = errors_by_input(errors)
     if message:
         general = [message, *general]
-    hops = form.hops + [dict.fromkeys(HOP_KEYS, "")]  # one blank row to fill in
+    hops = form.hops + [dict.fromkeys(HOP_STRING_KEYS, "")]  # one blank row to fill in
     return (
         render_template(
             "traces/form.html",
@@ -254,7 +254,7 @@ def _handle_form(form: TraceForm, editing: str | None):  # noqa: ANN202
     """POST of the form: add/remove a row, validate, or validate then apply."""
     action = request.form.get("action", "validate")
     if action == "add-hop":
-        form.hops.append(dict.fromkeys(HOP_KEYS, ""))
+        form.hops.append(dict.fromkeys(HOP_STRING_KEYS, ""))
         return _render_form(form, editing=editing)
     if action.startswith("remove-hop-"):
         number = (
