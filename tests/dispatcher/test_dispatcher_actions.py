@@ -3,6 +3,8 @@ compile to typed HopActions (no user text reaches the object)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from dispatcher_fakes import example_registrations, make_registration
 
@@ -146,3 +148,9 @@ def test_an_agent_that_reports_no_fields_is_refused_by_field() -> None:
         "hops[1].actions[1]: node host-b's agent cannot read field 'len'; it reports: none (an older agent)"
         " (line 5)"
     ]
+
+
+def test_the_example_spec_with_actions_is_valid() -> None:
+    text = (Path(__file__).resolve().parents[2] / "examples" / "udp-actions.yaml").read_text()
+    spec = load_spec(text, example_registrations())
+    assert [len(hop.actions) for hop in spec.hops] == [0, 3, 0, 3, 0]
