@@ -228,7 +228,7 @@ static __always_inline __u32 next_id(bool floor)
 }
 
 static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex, __u32 wire_len,
-				       __u64 ts)
+					__u64 ts)
 {
 	struct hoptrace_record *rec;
 
@@ -599,7 +599,8 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	__u32 len = floor ? ctx->data_end - ctx->data : bpf_xdp_get_buff_len(ctx);
 	struct pkt_reader r = {.ctx = ctx, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
-	struct hop_meta m = {}; /* XDP has no sk_buff: no mark, no priority (the dispatcher refuses them) */
+	/* XDP has no sk_buff: no mark, no priority (the dispatcher refuses them) */
+	struct hop_meta m = {};
 
 	barrier_var(ifindex);
 	pkt_set_direct(&r, (const __u8 *)(long)ctx->data, (const __u8 *)(long)ctx->data_end);

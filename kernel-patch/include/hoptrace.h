@@ -83,8 +83,8 @@ enum hoptrace_counter {
 	HOPTRACE_C_RINGBUF_FULL,    /* record lost: ring buffer full */
 	HOPTRACE_C_BYTES,	    /* wire bytes of matched packets */
 	HOPTRACE_C_TAG_FAILED,	    /* a helper refused to grow or write the packet */
-	HOPTRACE_C_LATENCY_MISS,    /* latency histogram: no earlier hop's timestamp of the packet
-				       on this node (evicted from prev_ts, or that hop did not see it) */
+	HOPTRACE_C_LATENCY_MISS,    /* latency: no earlier timestamp of the packet on this node
+				       (evicted from prev_ts, or that hop did not see it) */
 	HOPTRACE_C_COUNT_KEYS_FULL, /* count by FIELD: a new key found count_keys full */
 	HOPTRACE_C_MAX,
 };

@@ -107,7 +107,7 @@ type vocabulary struct {
 	Counters   []constant // without HOPTRACE_C_MAX
 	Wire       []constant
 	Fields     []constant // without HOPTRACE_FIELD_MAX
-	Programs   []program // sorted by name
+	Programs   []program  // sorted by name
 }
 
 type program struct {

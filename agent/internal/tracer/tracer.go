@@ -56,7 +56,7 @@ type Manager struct {
 	// prevTS: traced packets' last timestamps on this node (the latency
 	// field), created with the first object that has the map.
 	prevTS *ebpf.Map
-	cache   *btf.Cache
+	cache  *btf.Cache
 
 	mu       sync.Mutex
 	traces   map[string]*Trace
