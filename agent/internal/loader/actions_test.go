@@ -215,3 +215,39 @@ func TestNoActionsTouchNothing(t *testing.T) {
 		}
 	}
 }
+
+// The verifier's cost of every action at once stays far from its 1M-instruction limit, on the floor variants
+// (the ones 5.10's verifier walks) and the full ones; a hop without actions costs what it did before them
+// (their branches are constant-false and never walked). verified_insns is reported from 5.16.
+func TestActionsVerifierCost(t *testing.T) {
+	h := newHarness(t)
+	all := loader.Actions{Count: true, CountBy: record.FieldMark, Histogram: record.FieldLatency, PrevTS: true}
+	for _, program := range []string{loader.ProgTC, loader.ProgTPBTF, loader.ProgXDP} {
+		cost := map[bool]uint32{}
+		for _, with := range []bool{false, true} {
+			cfg := loader.HopConfig{Program: program}
+			if with {
+				cfg.Actions = all
+				if program == loader.ProgXDP {
+					cfg.Actions.CountBy = record.FieldCPU // XDP has no mark
+				}
+			}
+			hop := h.load(t, cfg)
+			info, err := hop.Program.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, ok := info.VerifiedInstructions()
+			if !ok {
+				t.Skip("verified_insns needs Linux 5.16")
+			}
+			cost[with] = n
+		}
+		t.Logf("%s (%s): %d verified instructions without actions, %d with all of them", program,
+			loader.ProgramFor(h.spec, program), cost[false], cost[true])
+		if cost[true] >= 1_000_000 || cost[true] > cost[false]+cost[false]/10 {
+			t.Errorf("%s with every action: %d verified instructions (%d without): want under 1M and at most 10 %% more",
+				program, cost[true], cost[false])
+		}
+	}
+}
