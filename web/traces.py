@@ -8,6 +8,8 @@ The YAML shown is `spec_to_yaml`, so `hoptrace trace apply -f` of it applies the
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +18,7 @@ from typing import Any
 from flask import Blueprint, Response, abort, flash, jsonify, redirect, render_template, request, url_for
 
 from hoptrace.common.client import ApiError
+from hoptrace.dispatcher.actions import action_to_data
 from hoptrace.dispatcher.spec import (
     FILTER_KEYS,
     HOP_STRING_KEYS,
@@ -28,6 +31,15 @@ from hoptrace.dispatcher.spec import (
 from hoptrace.v1 import api_pb2, trace_pb2
 from hoptrace.web.agents import agent_views
 from hoptrace.web.dispatcher import get_client
+
+# A hop row's inputs: the spec's string keys, and its actions carried as JSON in a hidden input (the form
+# does not edit them yet; editing a trace keeps them).
+ROW_KEYS = (*HOP_STRING_KEYS, "actions")
+
+
+def _actions_json(hop: trace_pb2.HopSpec) -> str:
+    return json.dumps([action_to_data(action) for action in hop.actions]) if hop.actions else ""
+
 
 bp = Blueprint("traces", __name__, url_prefix="/traces")
 
@@ -77,7 +89,10 @@ class TraceForm:
             src_port=str(flt.src_port) if flt.src_port else "",
             dst_port=str(flt.dst_port) if flt.dst_port else "",
             sample=str(spec.sample or 1),
-            hops=[{key: getattr(hop, key) for key in HOP_STRING_KEYS} for hop in spec.hops],
+            hops=[
+                {**{key: getattr(hop, key) for key in HOP_STRING_KEYS}, "actions": _actions_json(hop)}
+                for hop in spec.hops
+            ],
             rows=list(range(len(spec.hops))),
         )
 
@@ -88,11 +103,11 @@ class TraceForm:
         rows: dict[int, dict[str, str]] = {}
         for key, value in form.items():
             match = _ROW_KEY.match(key)
-            if match and match.group(2) in HOP_STRING_KEYS:
+            if match and match.group(2) in ROW_KEYS:
                 rows.setdefault(int(match.group(1)), {})[match.group(2)] = value.strip()
         hops, numbers = [], []
         for number in sorted(rows):
-            hop = {key: rows[number].get(key, "") for key in HOP_STRING_KEYS}
+            hop = {key: rows[number].get(key, "") for key in ROW_KEYS}
             if any(hop.values()):
                 hops.append(hop)
                 numbers.append(number)
@@ -116,6 +131,10 @@ class TraceForm:
         if self.sample:
             data["sample"] = number(self.sample)
         data["hops"] = [{key: value for key, value in hop.items() if value} for hop in self.hops]
+        for hop in data["hops"]:
+            if "actions" in hop:
+                with contextlib.suppress(ValueError):  # left as text: the spec check says "must be a list"
+                    hop["actions"] = json.loads(hop["actions"])
         return data
 
 
@@ -233,7 +252,7 @@ def _render_form(
     placed, general = errors_by_input(errors)
     if message:
         general = [message, *general]
-    hops = form.hops + [dict.fromkeys(HOP_STRING_KEYS, "")]  # one blank row to fill in
+    hops = form.hops + [dict.fromkeys(ROW_KEYS, "")]  # one blank row to fill in
     return (
         render_template(
             "traces/form.html",
@@ -254,7 +273,7 @@ def _handle_form(form: TraceForm, editing: str | None):  # noqa: ANN202
     """POST of the form: add/remove a row, validate, or validate then apply."""
     action = request.form.get("action", "validate")
     if action == "add-hop":
-        form.hops.append(dict.fromkeys(HOP_STRING_KEYS, ""))
+        form.hops.append(dict.fromkeys(ROW_KEYS, ""))
         return _render_form(form, editing=editing)
     if action.startswith("remove-hop-"):
         number = (
