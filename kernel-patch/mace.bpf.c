@@ -207,8 +207,8 @@ static __always_inline __u64 packet_key(enum pkt_source src, struct pkt_reader *
 /* The key of a struct sk_buff in kernel memory (as hop_kernel_skb reads it). */
 static __always_inline __u64 skb_key(const struct sk_buff *skb, __u8 *proto)
 {
-	/* The unrolled parser (no bpf_loop, 5.17) on every kernel: one object from 5.10 up. MACE loads
-	 * once per run, so its larger verification costs nothing per packet. */
+	/* The unrolled parser (no bpf_loop, 5.17) on every kernel: one object from 5.10 up. MACE
+	 * loads once per run, so its larger verification costs nothing per packet. */
 	struct pkt_reader r = {.floor = 1};
 	__u16 mac, nh, ethertype = 0;
 	__u32 start, tail, len;
