@@ -43,6 +43,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from influxdb_client import InfluxDBClient
 
+from hoptrace.collector.actions import count_text, histogram_text, query_hop_actions
 from hoptrace.collector.aggregate import END_TO_END, QUANTILES
 from hoptrace.collector.influx import HOP_COUNTERS, HOP_LATENCY, NODE_CLOCK, SEGMENT_STATS
 from hoptrace.collector.sketch import JITTER_PREFIX, LATENCY_PREFIX, sketch_from_fields
@@ -225,12 +226,14 @@ def query_report(
         entry["below_clock_bound"] = entry["count"] > 0 and 2 * below.get(seg, 0) >= entry["count"]
     e2e = stats.pop(END_TO_END, None)
     pairs = {s: (v["from"], v["to"]) for s, v in stats.items()}
-    segments = [stats[s] for s in _order(pairs, path)]
+    # A path whose segments have no latency yet (just applied, or only action points) has none to show.
+    segments = [stats[s] for s in _order(pairs, path) if s in stats]
     if e2e is None:
         first = path[0] if path else (segments[0]["from"] if segments else "")
         last = path[-1] if path else (segments[-1]["to"] if segments else "")
         e2e = _empty_stats(first, last)
     hops = _query_hops(q, org, base, path or _hop_order(segments))
+    _add_hop_actions(hops, query_hop_actions(q, org, base), path or _hop_order(segments))
     return {
         "trace": trace,
         "packets": packets,
@@ -268,6 +271,21 @@ def _query_hops(q: Any, org: str, base: str, order: Sequence[str]) -> list[dict[
             entry[rec.get_field()] = float(rec.get_value() or 0.0)
     names = [h for h in order if h in found] + sorted(h for h in found if h not in order)
     return [found[h] for h in names]
+
+
+def _add_hop_actions(
+    hops: list[dict[str, Any]], found: dict[str, dict[str, list[dict[str, Any]]]], order: Sequence[str]
+) -> None:
+    """Every hop entry gets its "counts" and "histograms" (empty lists when it has none); a hop with actions
+    but no throughput points gets an entry of its own, in path order."""
+    by_name = {h["hop"]: h for h in hops}
+    for name in [h for h in order if h in found] + sorted(h for h in found if h not in order):
+        if name not in by_name:
+            by_name[name] = {"hop": name, "packets_per_s": 0.0, "bytes_per_s": 0.0}
+            hops.append(by_name[name])
+    for entry in hops:
+        entry["counts"] = found.get(entry["hop"], {}).get("counts", [])
+        entry["histograms"] = found.get(entry["hop"], {}).get("histograms", [])
 
 
 def build_report(
@@ -319,7 +337,19 @@ def report_to_proto(report: dict[str, Any]) -> api_pb2.Report:
         end_to_end=_stats_proto(report["end_to_end"]),
         hops=[
             api_pb2.HopThroughput(
-                hop=h["hop"], packets_per_s=h["packets_per_s"], bytes_per_s=h["bytes_per_s"]
+                hop=h["hop"],
+                packets_per_s=h["packets_per_s"],
+                bytes_per_s=h["bytes_per_s"],
+                counts=[api_pb2.HopCount(**c) for c in h.get("counts", [])],
+                histograms=[
+                    api_pb2.HopHistogram(
+                        node=g["node"],
+                        field=g["field"],
+                        total=g["total"],
+                        buckets=[api_pb2.HistogramBucket(**b) for b in g["buckets"]],
+                    )
+                    for g in h.get("histograms", [])
+                ],
             )
             for h in report.get("hops", [])
         ],
@@ -357,7 +387,21 @@ def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
         "segments": [_stats_data(segment) for segment in report.segments],
         "end_to_end": _stats_data(report.end_to_end),
         "hops": [
-            {"hop": h.hop, "packets_per_s": h.packets_per_s, "bytes_per_s": h.bytes_per_s}
+            {
+                "hop": h.hop,
+                "packets_per_s": h.packets_per_s,
+                "bytes_per_s": h.bytes_per_s,
+                "counts": [{"node": c.node, "by": c.by, "key": c.key, "count": c.count} for c in h.counts],
+                "histograms": [
+                    {
+                        "node": g.node,
+                        "field": g.field,
+                        "total": g.total,
+                        "buckets": [{"le": b.le, "count": b.count} for b in g.buckets],
+                    }
+                    for g in h.histograms
+                ],
+            }
             for h in report.hops
         ],
     }
@@ -876,10 +920,27 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append("")
         for r in hrows:
             lines.append("  ".join([r[0].ljust(hw[0]), r[1].rjust(hw[1]), r[2].rjust(hw[2])]).rstrip())
+    action_lines = hop_actions_lines(report.get("hops", []))
+    if action_lines:
+        lines.append("")
+        lines.extend(action_lines)
     if notes:
         lines.append("")
         lines.extend(f"note: {n}" for n in notes)
     return "\n".join(lines) + "\n"
+
+
+def hop_actions_lines(hops: list[dict[str, Any]]) -> list[str]:
+    """Hops' counts and histograms, briefly: one line per hop and node for counts, one per histogram."""
+    out: list[str] = []
+    for h in hops:
+        for node in dict.fromkeys(c["node"] for c in h.get("counts", [])):
+            mine = [c for c in h["counts"] if c["node"] == node]
+            out.append(f"{h['hop']} @{node}: {count_text(mine)}")
+        for g in h.get("histograms", []):
+            fmt = format_ns if g["field"] == "latency" else str
+            out.append(f"{h['hop']} @{g['node']}: histogram {histogram_text(g, fmt)}")
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from hoptrace.collector.actions import HopActionsStage
 from hoptrace.collector.aggregate import (
     AggregateConfig,
     HopCounterAggregator,
@@ -100,6 +101,7 @@ class CollectorPipeline:
         self.joiner = HopJoiner(self.catalog, join_config)
         self.segments = SegmentAggregator(self.catalog, self.clock, aggregate_config)
         self.counters = HopCounterAggregator(self.clock, aggregate_config, self.catalog)
+        self.hop_actions = HopActionsStage(self.clock)
         self._lock = threading.Lock()
         self._agent_dropped: dict[str, int] = {}  # node -> last cumulative agent_dropped
         self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
@@ -159,8 +161,18 @@ class CollectorPipeline:
                     batch.trace, batch.node, batch.counters, now_ns=now
                 ):
                     self.segments.note_tracer_lost(batch.trace, hop, batch.node, ts, lost, "ringbuf_full")
+                self._export_actions(
+                    self.hop_actions.add_counters(batch.trace, batch.node, batch.counters, now_ns=now)
+                )
             self._note_agent_dropped(batch, now)
             self._export(packets)
+
+    def _export_actions(self, lines: list[str]) -> None:
+        """Hop counts and histograms (collector/actions.py) go out as they come, to exporters that take
+        lines (InfluxExporter); others (test lists) do not see them."""
+        submit = getattr(self.exporter, "submit_lines", None)
+        if lines and submit is not None:
+            submit(lines)
 
     def _note_agent_dropped(self, batch: DecodedBatch, now: int) -> None:
         """`agent_dropped` is cumulative per agent; its growth is tracer loss of the batch's node."""

@@ -27,6 +27,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from hoptrace import kernel_abi
+from hoptrace.dispatcher.actions import hop_actions
 from hoptrace.dispatcher.spec import (
     AttachPoint,
     parse_attach_point,
@@ -127,8 +128,14 @@ def flow_match(flt: trace_pb2.Filter) -> agent_pb2.FlowMatch:
     return match
 
 
-def hop_attach(hop: trace_pb2.HopSpec, index: int, tag_udp: bool = False) -> agent_pb2.HopAttach:
-    """One validated hop as its node's agent attaches it: typed kind and target, and the program to run."""
+def hop_attach(
+    hop: trace_pb2.HopSpec,
+    index: int,
+    tag_udp: bool = False,
+    actions: agent_pb2.HopActions | None = None,
+) -> agent_pb2.HopAttach:
+    """One validated hop as its node's agent attaches it: typed kind and target, the program to run, and
+    its actions (typed: `hoptrace.dispatcher.actions.hop_actions`)."""
     point = parse_attach_point(hop.at)
     attach = agent_pb2.HopAttach(
         hop_index=index,
@@ -140,6 +147,8 @@ def hop_attach(hop: trace_pb2.HopSpec, index: int, tag_udp: bool = False) -> age
         cgroup=hop.cgroup,
         tag_udp=tag_udp,
     )
+    if actions is not None and actions.ByteSize():
+        attach.actions.CopyFrom(actions)
     if point.kind == "tp_btf":
         attach.tracepoint_group, attach.tracepoint_event = point.group, point.target
     elif point.target:
@@ -156,6 +165,7 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
     """
     plans: dict[str, agent_pb2.TracePlan] = {}
     match = flow_match(spec.filter)
+    actions = hop_actions(spec.hops)
     for index, hop in enumerate(spec.hops):
         plan = plans.get(hop.node)
         if plan is None:
@@ -163,7 +173,9 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
                 trace=spec.name, generation=generation, sample=spec.sample or 1
             )
             plan.match.CopyFrom(match)
-        plan.hops.append(hop_attach(hop, index, tag_udp=index == 0 and udp_tagging_enabled(spec)))
+        plan.hops.append(
+            hop_attach(hop, index, tag_udp=index == 0 and udp_tagging_enabled(spec), actions=actions[index])
+        )
     if spec.hops and tcp_tagging_enabled(spec):
         first = spec.hops[0]
         cgroup = first.cgroup if first.at == "cgroup-egress" else ""

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from hoptrace import kernel_abi
+from hoptrace.dispatcher import actions as hop_actions
 from hoptrace.v1 import agent_pb2, trace_pb2
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -36,7 +37,9 @@ MAX_REPORTED_ERRORS = 30  # in a message; SpecError.errors keeps them all
 
 TOP_LEVEL_KEYS = ("name", "filter", "sample", "hops")
 FILTER_KEYS = ("protocol", "src", "dst", "src_port", "dst_port")
-HOP_KEYS = ("name", "node", "at", "dev", "netns", "cgroup")
+HOP_KEYS = ("name", "node", "at", "dev", "netns", "cgroup", "actions")
+# The hop keys whose values are strings.
+HOP_STRING_KEYS = HOP_KEYS[:-1]
 
 # Receive-side events: a packet seen there was not sent by this node, so such a hop cannot be where the
 # sender's packets get their ID. Transmit-side and unknown events are accepted.
@@ -395,8 +398,10 @@ class _Converter:
             self.error(field, f"must be a mapping ({', '.join(HOP_KEYS)}), got {_type_name(value)}")
             return
         self.check_keys(value, HOP_KEYS, field)
-        for key in HOP_KEYS:
+        for key in HOP_STRING_KEYS:
             setattr(target, key, self.string(value, key, f"{field}.{key}"))
+        for where, reason in hop_actions.convert_actions(value.get("actions"), f"{field}.actions", target):
+            self.error(where, reason)
 
 
 def spec_from_data(data: Any) -> trace_pb2.TraceSpec:
@@ -467,7 +472,12 @@ def spec_to_data(spec: trace_pb2.TraceSpec) -> dict[str, Any]:
     if filter_data:
         data["filter"] = filter_data
     data["sample"] = spec.sample or 1
-    data["hops"] = [{key: getattr(hop, key) for key in HOP_KEYS if getattr(hop, key)} for hop in spec.hops]
+    data["hops"] = []
+    for hop in spec.hops:
+        hop_data: dict[str, Any] = {key: getattr(hop, key) for key in HOP_STRING_KEYS if getattr(hop, key)}
+        if hop.actions:
+            hop_data["actions"] = [hop_actions.action_to_data(action) for action in hop.actions]
+        data["hops"].append(hop_data)
     return data
 
 
@@ -542,6 +552,10 @@ def _validate_hop(hop: trace_pb2.HopSpec, field: str, errors: list[FieldError]) 
         )
     if hop.cgroup and ".." in hop.cgroup.split("/"):
         errors.append(FieldError(f"{field}.cgroup", f"{hop.cgroup!r}: '..' is not allowed"))
+    errors.extend(
+        FieldError(where, reason)
+        for where, reason in hop_actions.validate_actions(hop, point.kind if point else None, field)
+    )
     if point is None:
         return None
     if point.kind in ("tc", "xdp") and not hop.dev:
@@ -618,6 +632,12 @@ def _validate_against_agents(
             refusal = _attach_refusal(registration, point.kind)
             if refusal:
                 errors.append(FieldError(f"{field}.at", f"{hop.at} on node {hop.node}: {refusal}"))
+        already = {error.field for error in errors}  # an action refused for its kind needs no second word
+        errors.extend(
+            FieldError(where, reason)
+            for where, reason in hop_actions.validate_against_agent(hop, field, registration)
+            if where not in already
+        )
         namespace = _namespace_by_name(registration, hop.netns)
         if namespace is None:
             if hop.netns.startswith("/"):

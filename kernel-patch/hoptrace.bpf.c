@@ -28,5 +28,6 @@ HOPTRACE_PROG_DISCOVER
 const volatile enum hoptrace_wire hoptrace_btf_wire = 0;
 const volatile enum hoptrace_record_flag hoptrace_btf_record_flag = 0;
 const volatile enum hoptrace_counter hoptrace_btf_counter = 0;
+const volatile enum hoptrace_field hoptrace_btf_field = 0;
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

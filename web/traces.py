@@ -8,6 +8,8 @@ The YAML shown is `spec_to_yaml`, so `hoptrace trace apply -f` of it applies the
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,9 +20,10 @@ from flask import Blueprint, Response, abort, flash, jsonify, redirect, render_t
 
 from hoptrace.common.client import ApiError
 from hoptrace.common.durations import parse_duration
+from hoptrace.dispatcher.actions import action_to_data
 from hoptrace.dispatcher.spec import (
     FILTER_KEYS,
-    HOP_KEYS,
+    HOP_STRING_KEYS,
     FieldError,
     SpecError,
     load_spec,
@@ -30,6 +33,15 @@ from hoptrace.dispatcher.spec import (
 from hoptrace.v1 import api_pb2, trace_pb2
 from hoptrace.web.agents import agent_views
 from hoptrace.web.dispatcher import get_client
+
+# A hop row's inputs: the spec's string keys, and its actions carried as JSON in a hidden input (the form
+# does not edit them yet; editing a trace keeps them).
+ROW_KEYS = (*HOP_STRING_KEYS, "actions")
+
+
+def _actions_json(hop: trace_pb2.HopSpec) -> str:
+    return json.dumps([action_to_data(action) for action in hop.actions]) if hop.actions else ""
+
 
 bp = Blueprint("traces", __name__, url_prefix="/traces")
 
@@ -82,7 +94,10 @@ class TraceForm:
             src_port=str(flt.src_port) if flt.src_port else "",
             dst_port=str(flt.dst_port) if flt.dst_port else "",
             sample=str(spec.sample or 1),
-            hops=[{key: getattr(hop, key) for key in HOP_KEYS} for hop in spec.hops],
+            hops=[
+                {**{key: getattr(hop, key) for key in HOP_STRING_KEYS}, "actions": _actions_json(hop)}
+                for hop in spec.hops
+            ],
             rows=list(range(len(spec.hops))),
         )
 
@@ -93,11 +108,11 @@ class TraceForm:
         rows: dict[int, dict[str, str]] = {}
         for key, value in form.items():
             match = _ROW_KEY.match(key)
-            if match and match.group(2) in HOP_KEYS:
+            if match and match.group(2) in ROW_KEYS:
                 rows.setdefault(int(match.group(1)), {})[match.group(2)] = value.strip()
         hops, numbers = [], []
         for number in sorted(rows):
-            hop = {key: rows[number].get(key, "") for key in HOP_KEYS}
+            hop = {key: rows[number].get(key, "") for key in ROW_KEYS}
             if any(hop.values()):
                 hops.append(hop)
                 numbers.append(number)
@@ -121,6 +136,10 @@ class TraceForm:
         if self.sample:
             data["sample"] = number(self.sample)
         data["hops"] = [{key: value for key, value in hop.items() if value} for hop in self.hops]
+        for hop in data["hops"]:
+            if "actions" in hop:
+                with contextlib.suppress(ValueError):  # left as text: the spec check says "must be a list"
+                    hop["actions"] = json.loads(hop["actions"])
         return data
 
 
@@ -240,7 +259,7 @@ def _render_form(
     placed, general = errors_by_input(errors)
     if message:
         general = [message, *general]
-    hops = form.hops + [dict.fromkeys(HOP_KEYS, "")]  # one blank row to fill in
+    hops = form.hops + [dict.fromkeys(ROW_KEYS, "")]  # one blank row to fill in
     return (
         render_template(
             "traces/form.html",
@@ -329,7 +348,10 @@ def _discover(form: TraceForm, editing: str | None):  # noqa: ANN202
             result.message if result is not None else "the dispatcher ended the discovery without a result"
         )
         return _render_form(form, editing=editing, message=message, status=200, discover_duration=duration)
-    form.hops = [{key: getattr(hop, key) for key in HOP_KEYS} for hop in result.spec.hops]
+    form.hops = [
+        {**{key: getattr(hop, key) for key in HOP_STRING_KEYS}, "actions": _actions_json(hop)}
+        for hop in result.spec.hops
+    ]
     form.rows = list(range(len(form.hops)))
     flash(
         f"Discovered {len(result.paths)} path(s) from {result.packets} packets; the most common one fills "
@@ -346,7 +368,7 @@ def _handle_form(form: TraceForm, editing: str | None):  # noqa: ANN202
     if action == "discover":
         return _discover(form, editing)
     if action == "add-hop":
-        form.hops.append(dict.fromkeys(HOP_KEYS, ""))
+        form.hops.append(dict.fromkeys(ROW_KEYS, ""))
         return _render_form(form, editing=editing)
     if action.startswith("remove-hop-"):
         number = (

@@ -40,6 +40,14 @@ const volatile __u32 filter_dst_mask[4] = {};
 const volatile __u16 filter_sport = 0;
 const volatile __u16 filter_dport = 0;
 const volatile __u64 tag_netns_cookie = 0;
+/* Hop actions (issue 11; docs/design.md). Each is a load-time constant, so an
+ * action a hop does not use is a constant-false branch the verifier never
+ * walks: the object stays generic and the hot path pays nothing for it. */
+const volatile __u8 act_count = 0;    /* 1: count matched packets (count_keys) */
+const volatile __u8 act_count_by = 0; /* enum hoptrace_field keying the count; NONE = one total */
+const volatile __u8 act_hist = 0;     /* enum hoptrace_field of the log2 histogram; NONE = none */
+const volatile __u8 act_prev_ts = 0;  /* 1: remember this hop's timestamp of each traced packet
+					 (prev_ts) for a later hop's latency on this node */
 
 /* One per agent: every hop of every trace writes here. */
 struct {
@@ -68,6 +76,33 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } counters SEC(".maps");
+
+/* Hop actions: one per loaded hop. count by FIELD: key = the field's value
+ * (0 without by); the values take non-fetching atomic adds (5.10 has them). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, HOPTRACE_COUNT_KEYS);
+	__type(key, __u64);
+	__type(value, __u64);
+} count_keys SEC(".maps");
+
+/* histogram: FIELD, log2 buckets per CPU (summed by the agent, like counters). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, HOPTRACE_HIST_BUCKETS);
+	__type(key, __u32);
+	__type(value, __u64);
+} hist_buckets SEC(".maps");
+
+/* The last timestamp of each traced packet on this node, written by hops
+ * with act_prev_ts: ONE per agent (MapReplacements), LRU so it stays bounded;
+ * a hop whose packet has no entry counts HOPTRACE_C_LATENCY_MISS. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, HOPTRACE_PREV_TS_ENTRIES);
+	__type(key, struct hoptrace_prev_ts_key);
+	__type(value, __u64);
+} prev_ts SEC(".maps");
 
 /* Tracepoints' copy of a packet's first bytes (pkt_copy_head). */
 struct pkt_copy {
@@ -192,7 +227,8 @@ static __always_inline __u32 next_id(bool floor)
 	return ((__u32)node_salt << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
 }
 
-static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex, __u32 wire_len)
+static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex, __u32 wire_len,
+					__u64 ts)
 {
 	struct hoptrace_record *rec;
 
@@ -201,7 +237,7 @@ static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex,
 		count(HOPTRACE_C_RINGBUF_FULL, 1);
 		return;
 	}
-	rec->ts_ns = bpf_ktime_get_ns();
+	rec->ts_ns = ts;
 	rec->packet_id = p->id;
 	rec->flow_hash = flow_hash(p);
 	rec->ifindex = ifindex;
@@ -336,10 +372,135 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 	return HOPTRACE_C_TAGGED;
 }
 
+/* What the hop programs read for the action fields beyond the record's own
+ * (enum hoptrace_field); filled only when an action asks for them. */
+struct hop_meta {
+	__u32 mark;
+	__u32 priority;
+};
+
+/* Does this hop's count or histogram read `field`? Load-time constant. */
+static __always_inline bool act_reads(enum hoptrace_field field)
+{
+	return (act_count && act_count_by == field) || act_hist == field;
+}
+
+/* floor(log2(v)) + 1, 0 for 0: unrolled, no loop (5.10 has no bpf_loop, and a
+ * bounded loop costs verifier states). */
+static __always_inline __u32 log2_bucket(__u64 v)
+{
+	__u32 b = 0;
+
+	if (v >> 32) {
+		v >>= 32;
+		b += 32;
+	}
+	if (v >> 16) {
+		v >>= 16;
+		b += 16;
+	}
+	if (v >> 8) {
+		v >>= 8;
+		b += 8;
+	}
+	if (v >> 4) {
+		v >>= 4;
+		b += 4;
+	}
+	if (v >> 2) {
+		v >>= 2;
+		b += 2;
+	}
+	if (v >> 1) {
+		v >>= 1;
+		b += 1;
+	}
+	return b + (__u32)(v & 1);
+}
+
+static __always_inline __u64 field_value(__u8 field, __u32 ifindex, __u32 wire_len,
+					 const struct hop_meta *m, __u64 latency)
+{
+	switch (field) {
+	case HOPTRACE_FIELD_CPU:
+		return bpf_get_smp_processor_id();
+	case HOPTRACE_FIELD_LEN:
+		return wire_len;
+	case HOPTRACE_FIELD_IFINDEX:
+		return ifindex;
+	case HOPTRACE_FIELD_MARK:
+		return m->mark;
+	case HOPTRACE_FIELD_PRIORITY:
+		return m->priority;
+	case HOPTRACE_FIELD_LATENCY:
+		return latency;
+	}
+	return 0;
+}
+
+static __always_inline void count_by_key(__u64 key)
+{
+	__u64 one = 1, *v = bpf_map_lookup_elem(&count_keys, &key);
+
+	if (v) {
+		__sync_fetch_and_add(v, 1); /* result unused: a plain atomic add, 5.10 has it */
+		return;
+	}
+	if (!bpf_map_update_elem(&count_keys, &key, &one, BPF_NOEXIST))
+		return;
+	/* Another CPU added the key first, or the map is full. */
+	v = bpf_map_lookup_elem(&count_keys, &key);
+	if (v)
+		__sync_fetch_and_add(v, 1);
+	else
+		count(HOPTRACE_C_COUNT_KEYS_FULL, 1);
+}
+
+static __always_inline void hist_add(__u64 value)
+{
+	__u32 key = log2_bucket(value);
+	__u64 *v;
+
+	barrier_var(key);
+	if (key >= HOPTRACE_HIST_BUCKETS)
+		return;
+	v = bpf_map_lookup_elem(&hist_buckets, &key);
+	if (v)
+		*v += 1;
+}
+
+/*
+ * The latency field: time since the previous hop of the same packet on this
+ * node, from prev_ts; then this hop's own timestamp for the next one.
+ * Returns false when the packet has no earlier timestamp here (a miss).
+ */
+static __always_inline bool prev_hop_latency(const struct pkt_info *p, __u64 ts, __u64 *latency)
+{
+	struct hoptrace_prev_ts_key key = {.packet_id = p->id, .trace_slot = trace_slot};
+	bool found = false;
+
+	if (act_hist == HOPTRACE_FIELD_LATENCY) {
+		__u64 *prev = bpf_map_lookup_elem(&prev_ts, &key);
+
+		if (prev && *prev <= ts) {
+			*latency = ts - *prev;
+			found = true;
+		} else {
+			count(HOPTRACE_C_LATENCY_MISS, 1);
+		}
+	}
+	if (act_prev_ts)
+		bpf_map_update_elem(&prev_ts, &key, &ts, BPF_ANY);
+	return found;
+}
+
 /* The part every hop shares once it has parsed the packet. */
 static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifindex,
-				       __u32 wire_len)
+				       __u32 wire_len, const struct hop_meta *m)
 {
+	__u64 ts, latency = 0;
+	bool has_latency = false;
+
 	if (status) {
 		count_parse_error(status);
 		return;
@@ -350,11 +511,34 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 	}
 	count(HOPTRACE_C_MATCHED, 1);
 	count(HOPTRACE_C_BYTES, wire_len);
+	/* count and histogram (other than latency) see every matched packet, sampled or not */
+	if (act_count)
+		count_by_key(act_count_by ? field_value(act_count_by, ifindex, wire_len, m, 0) : 0);
+	if (act_hist && act_hist != HOPTRACE_FIELD_LATENCY)
+		hist_add(field_value(act_hist, ifindex, wire_len, m, 0));
 	if (!p->id) {
 		count(HOPTRACE_C_UNTAGGED, 1);
 		return;
 	}
-	emit_record(p, ifindex, wire_len);
+	ts = bpf_ktime_get_ns();
+	if (act_prev_ts || act_hist == HOPTRACE_FIELD_LATENCY)
+		has_latency = prev_hop_latency(p, ts, &latency);
+	if (act_hist == HOPTRACE_FIELD_LATENCY && has_latency)
+		hist_add(latency);
+	emit_record(p, ifindex, wire_len, ts);
+}
+
+/* tc and cgroup_skb: the action fields in __sk_buff, read only when asked for. */
+static __always_inline void skb_meta(struct __sk_buff *skb, struct hop_meta *m)
+{
+	if (act_reads(HOPTRACE_FIELD_MARK)) {
+		m->mark = skb->mark;
+		barrier_var(m->mark);
+	}
+	if (act_reads(HOPTRACE_FIELD_PRIORITY)) {
+		m->priority = skb->priority;
+		barrier_var(m->priority);
+	}
 }
 
 /* tc (tcx) ingress or egress: the frame starts with its Ethernet header. */
@@ -365,10 +549,12 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 	__u32 ifindex = skb->ifindex, len = skb->len;
 	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
+	struct hop_meta m = {};
 	int status;
 
 	barrier_var(ifindex);
 	barrier_var(len);
+	skb_meta(skb, &m);
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end);
 	count(HOPTRACE_C_SEEN, 1);
 	status = parse_packet(PKT_SKB, &r, 0, 0, &p);
@@ -384,7 +570,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 			      1); /* too big, GSO, or failed: also counted untagged below */
 		}
 	}
-	hop_finish(status, &p, ifindex, len);
+	hop_finish(status, &p, ifindex, len, &m);
 	return TCX_NEXT_;
 }
 
@@ -395,13 +581,15 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	__u16 ethertype = bpf_ntohs(skb->protocol);
 	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
+	struct hop_meta m = {};
 
 	barrier_var(ifindex);
 	barrier_var(len);
+	skb_meta(skb, &m);
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end);
 	count(HOPTRACE_C_SEEN, 1);
 	hop_finish(parse_packet(PKT_SKB, &r, 0, ethertype ? ethertype : ETH_P_IP_, &p), &p, ifindex,
-		   len);
+		   len, &m);
 	return SK_PASS_;
 }
 
@@ -411,11 +599,13 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	__u32 len = floor ? ctx->data_end - ctx->data : bpf_xdp_get_buff_len(ctx);
 	struct pkt_reader r = {.ctx = ctx, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
+	/* XDP has no sk_buff: no mark, no priority (the dispatcher refuses them) */
+	struct hop_meta m = {};
 
 	barrier_var(ifindex);
 	pkt_set_direct(&r, (const __u8 *)(long)ctx->data, (const __u8 *)(long)ctx->data_end);
 	count(HOPTRACE_C_SEEN, 1);
-	hop_finish(parse_packet(PKT_XDP, &r, 0, 0, &p), &p, ifindex, len);
+	hop_finish(parse_packet(PKT_XDP, &r, 0, 0, &p), &p, ifindex, len, &m);
 	return XDP_PASS;
 }
 
@@ -446,6 +636,7 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 {
 	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
+	struct hop_meta m = {};
 	__u16 ethertype;
 	__u32 ifindex;
 
@@ -466,8 +657,12 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		return 0;
 	}
 	pkt_copy_head(&r);
+	if (act_reads(HOPTRACE_FIELD_MARK))
+		m.mark = BPF_CORE_READ(skb, mark);
+	if (act_reads(HOPTRACE_FIELD_PRIORITY))
+		m.priority = BPF_CORE_READ(skb, priority);
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
-	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, r.total);
+	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, r.total, &m);
 	return 0;
 }
 

@@ -29,6 +29,15 @@ enum hoptrace_wire {
 	/* Hops in one trace's path (hop_index < this): the dispatcher refuses
 	 * longer paths and the collector keeps per-packet join state bounded. */
 	HOPTRACE_MAX_HOPS = 64,
+	/* Hop actions' maps. log2 buckets: bucket b holds values in
+	 * [2^(b-1), 2^b - 1], bucket 0 holds 0, so 65 cover every u64. */
+	HOPTRACE_HIST_BUCKETS = 65,
+	/* Distinct keys of one hop's count by FIELD; a key beyond them is
+	 * counted in HOPTRACE_C_COUNT_KEYS_FULL. */
+	HOPTRACE_COUNT_KEYS = 1024,
+	/* Packets whose last timestamp on a node is remembered for the latency
+	 * field (LRU, one map per agent; misses: HOPTRACE_C_LATENCY_MISS). */
+	HOPTRACE_PREV_TS_ENTRIES = 65536,
 };
 
 /* record.flags */
@@ -74,7 +83,36 @@ enum hoptrace_counter {
 	HOPTRACE_C_RINGBUF_FULL,    /* record lost: ring buffer full */
 	HOPTRACE_C_BYTES,	    /* wire bytes of matched packets */
 	HOPTRACE_C_TAG_FAILED,	    /* a helper refused to grow or write the packet */
+	HOPTRACE_C_LATENCY_MISS,    /* latency: no earlier timestamp of the packet on this node
+				       (evicted from prev_ts, or that hop did not see it) */
+	HOPTRACE_C_COUNT_KEYS_FULL, /* count by FIELD: a new key found count_keys full */
 	HOPTRACE_C_MAX,
+};
+
+/*
+ * The field catalogue of hop actions (count by FIELD, histogram: FIELD): the
+ * one list. Go (record.Field*), Python (hoptrace.kernel_abi.FIELDS) and the
+ * proto's enum Field are generated from it (make vocab). Which attach kinds
+ * can give each field is hoptrace.dispatcher.actions.FIELD_AVAILABILITY,
+ * checked against this list by tests.
+ */
+enum hoptrace_field {
+	HOPTRACE_FIELD_NONE = 0,
+	HOPTRACE_FIELD_CPU,	 /* bpf_get_smp_processor_id(): every hop */
+	HOPTRACE_FIELD_LEN,	 /* the record's wire_len: every hop */
+	HOPTRACE_FIELD_IFINDEX,	 /* the record's ifindex: every hop */
+	HOPTRACE_FIELD_MARK,	 /* skb->mark: hops that see an sk_buff (not xdp) */
+	HOPTRACE_FIELD_PRIORITY, /* skb->priority: hops that see an sk_buff (not xdp) */
+	HOPTRACE_FIELD_LATENCY,	 /* ns since the previous hop of the same packet on the same node
+				    (prev_ts); traced (ID-carrying) packets only */
+	HOPTRACE_FIELD_MAX,
+};
+
+/* prev_ts key: a packet of one trace on this node. */
+struct hoptrace_prev_ts_key {
+	__u32 packet_id;
+	__u16 trace_slot;
+	__u16 pad;
 };
 
 #endif /* __HOPTRACE_H */

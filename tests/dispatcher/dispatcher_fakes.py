@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from hoptrace import kernel_abi
 from hoptrace.v1 import agent_pb2, agent_pb2_grpc
 
 # What this machine's kernel allows (docs/ENVIRONMENT): fentry refused by lockdown, kprobes not compiled in.
@@ -39,6 +40,8 @@ def make_registration(
     registration.capabilities.btf = True
     registration.capabilities.ring_buffer = True
     registration.capabilities.tcp_header_options = True
+    # Every field of the catalogue, as probe.Capabilities reports it.
+    registration.capabilities.action_fields.extend(range(1, len(kernel_abi.FIELDS)))
     for kind, (supported, reason) in ATTACH_SUPPORT.items():
         registration.capabilities.attach[kind].supported = supported
         registration.capabilities.attach[kind].reason = reason

@@ -3,6 +3,7 @@ CSRF, and the dispatcher's own errors placed next to the form's fields."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from flask.testing import FlaskClient
@@ -211,3 +212,23 @@ def test_security_headers_and_secure_cookies_behind_a_tls_proxy(dispatcher):
     )
     assert done.status_code == 302
     assert "Secure" in done.headers["Set-Cookie"] and "HttpOnly" in done.headers["Set-Cookie"]
+
+
+def test_editing_a_trace_in_the_form_keeps_its_hop_actions():
+    """The form does not edit actions yet; a trace edited there must keep them (a hidden input per row)."""
+    from hoptrace.dispatcher.spec import load_spec
+    from hoptrace.web.traces import TraceForm
+
+    spec = load_spec(
+        "name: acts\nfilter: {protocol: udp}\nhops:\n"
+        "  - {name: a, node: host-a, at: tc-egress, dev: eth0}\n"
+        "  - {name: b, node: host-a, at: tc-egress, dev: wire0,"
+        " actions: [timestamp, {count: {by: cpu}}, {histogram: latency}]}\n"
+    )
+    shown = TraceForm.from_spec(spec)
+    posted = {"name": shown.name, "protocol": shown.protocol, "sample": shown.sample}
+    for row, hop in enumerate(shown.hops):
+        posted.update({f"hops-{row}-{key}": value for key, value in hop.items()})
+    assert "hops-0-actions" not in posted or posted["hops-0-actions"] == ""
+    again = load_spec(json.dumps(TraceForm.from_request(posted).to_data()))
+    assert again == spec

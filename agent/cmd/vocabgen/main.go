@@ -32,6 +32,7 @@ const (
 	flagEnum     = "hoptrace_record_flag"
 	counterEnum  = "hoptrace_counter"
 	wireEnum     = "hoptrace_wire"
+	fieldEnum    = "hoptrace_field"
 	source       = "kernel-patch/include/hoptrace.h"
 )
 
@@ -105,7 +106,8 @@ type vocabulary struct {
 	Flags      []constant
 	Counters   []constant // without HOPTRACE_C_MAX
 	Wire       []constant
-	Programs   []program // sorted by name
+	Fields     []constant // without HOPTRACE_FIELD_MAX
+	Programs   []program  // sorted by name
 }
 
 type program struct {
@@ -133,7 +135,7 @@ func readVocabulary(object string) (*vocabulary, error) {
 	enums := []struct {
 		name, prefix string
 		out          *[]constant
-	}{{flagEnum, "HOPTRACE_F_", &v.Flags}, {counterEnum, "HOPTRACE_C_", &v.Counters}, {wireEnum, "HOPTRACE_", &v.Wire}}
+	}{{flagEnum, "HOPTRACE_F_", &v.Flags}, {counterEnum, "HOPTRACE_C_", &v.Counters}, {wireEnum, "HOPTRACE_", &v.Wire}, {fieldEnum, "HOPTRACE_FIELD_", &v.Fields}}
 	for _, e := range enums {
 		var enum *btf.Enum
 		if err := spec.TypeByName(e.name, &enum); err != nil {
@@ -157,6 +159,15 @@ func readVocabulary(object string) (*vocabulary, error) {
 		}
 	}
 	v.Counters = v.Counters[:len(v.Counters)-1]
+	for i, f := range v.Fields {
+		if f.Value != uint64(i) {
+			return nil, fmt.Errorf("enum %s: %s = %d, want %d (dense)", fieldEnum, f.Name, f.Value, i)
+		}
+	}
+	if len(v.Fields) < 2 || v.Fields[0].Name != "NONE" || v.Fields[len(v.Fields)-1].Name != "MAX" {
+		return nil, fmt.Errorf("enum %s must start with HOPTRACE_FIELD_NONE and end with HOPTRACE_FIELD_MAX", fieldEnum)
+	}
+	v.Fields = v.Fields[:len(v.Fields)-1]
 
 	coll, err := ebpf.LoadCollectionSpec(object)
 	if err != nil {
@@ -244,6 +255,15 @@ func renderGo(v *vocabulary) ([]byte, error) {
 	p("var CounterKeys = [CMax]string{\n")
 	for _, c := range v.Counters {
 		p("\t%q,\n", strings.ToLower(c.Name))
+	}
+	p("}\n\n// ActionField is enum %s: what a hop's count (by) or histogram reads.\ntype ActionField uint8\n\nconst (\n", fieldEnum)
+	for _, f := range v.Fields {
+		p("\tField%s ActionField = %d\n", goName(f.Name), f.Value)
+	}
+	p("\tFieldMax ActionField = %d\n)\n\n// FieldKeys names each field as specs, the collector and reports do, by value.\n", len(v.Fields))
+	p("var FieldKeys = [FieldMax]string{\n")
+	for _, f := range v.Fields {
+		p("\t%q,\n", strings.ToLower(f.Name))
 	}
 	p("}\n\n// counterCNames and flagCNames are the C names, for the BTF comparison in tests.\n")
 	p("var counterCNames = [CMax]string{\n")
@@ -350,6 +370,11 @@ func renderPython(v *vocabulary) ([]byte, error) {
 		p("    %q,\n", strings.ToLower(c.Name))
 	}
 	p(")\n")
+	p("\n# enum %s: field names by value (\"none\" = 0), as specs spell them.\nFIELDS = (\n", fieldEnum)
+	for _, f := range v.Fields {
+		p("    %q,\n", strings.ToLower(f.Name))
+	}
+	p(")\n")
 	return b.Bytes(), nil
 }
 
@@ -361,6 +386,14 @@ func renderProto(v *vocabulary) ([]byte, error) {
 	p("// The per-hop counters (enum %s): HopCounters.values is indexed by it.\nenum Counter {\n", counterEnum)
 	for _, c := range v.Counters {
 		p("  COUNTER_%s = %d;\n", c.Name, c.Value)
+	}
+	p("}\n\n// The field catalogue of hop actions (enum %s).\nenum Field {\n", fieldEnum)
+	for _, f := range v.Fields {
+		name := "FIELD_" + f.Name
+		if f.Name == "NONE" {
+			name = "FIELD_UNSPECIFIED"
+		}
+		p("  %s = %d;\n", name, f.Value)
 	}
 	p("}\n")
 	return b.Bytes(), nil

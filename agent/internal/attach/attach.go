@@ -79,6 +79,11 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 	cfg.Program = ha.GetProgram()
 	cfg.HopIndex = uint16(ha.GetHopIndex())
 	cfg.TagUDP = ha.GetTagUdp()
+	actions, aerr := loader.ActionsFromPlan(ha.GetActions())
+	if aerr != nil {
+		return nil, aerr
+	}
+	cfg.Actions = actions
 	if ha.GetHopIndex() > 0xffff {
 		return nil, fmt.Errorf("hop_index %d out of range", ha.GetHopIndex())
 	}

@@ -24,6 +24,10 @@ const (
 	MapRecords  = "records"
 	MapIDState  = "id_state"
 	MapCounters = "counters"
+	// Hop actions (hop.bpf.h): per hop, except prev_ts, one per agent.
+	MapCountKeys   = "count_keys"
+	MapHistBuckets = "hist_buckets"
+	MapPrevTS      = "prev_ts"
 )
 
 // LoadSpec parses the plan's object: inline bytes, else object_path
@@ -77,13 +81,77 @@ type HopConfig struct {
 	SampleEvery    uint32
 	Filter         FilterConstants
 	TagNetnsCookie uint64
+	Actions        Actions
 }
 
-// Hop is one loaded hop program with its own counters map.
+// Actions are a hop's count and histogram actions (HopActions, typed by the
+// dispatcher): the act_* const volatile variables of hop.bpf.h.
+type Actions struct {
+	Count     bool
+	CountBy   record.ActionField // FieldNone: one total
+	Histogram record.ActionField // FieldNone: no histogram
+	PrevTS    bool               // remember traced packets' timestamps for a later hop's latency
+}
+
+// ActionsFromPlan checks a plan's HopActions against the field catalogue.
+func ActionsFromPlan(a *pb.HopActions) (Actions, error) {
+	if a == nil {
+		return Actions{}, nil
+	}
+	for _, f := range []pb.Field{a.GetCountBy(), a.GetHistogram()} {
+		if f < 0 || int(f) >= int(record.FieldMax) {
+			return Actions{}, fmt.Errorf("actions: field %d is not in the catalogue (0..%d)", f, record.FieldMax-1)
+		}
+	}
+	if a.GetCountBy() != 0 && !a.GetCount() {
+		return Actions{}, errors.New("actions: count_by without count")
+	}
+	return Actions{Count: a.GetCount(), CountBy: record.ActionField(a.GetCountBy()),
+		Histogram: record.ActionField(a.GetHistogram()), PrevTS: a.GetPrevTs()}, nil
+}
+
+// Hop is one loaded hop program with its own counters and action maps.
 type Hop struct {
 	Collection *ebpf.Collection
 	Program    *ebpf.Program
 	Counters   *ebpf.Map
+	Actions    Actions
+	CountKeys  *ebpf.Map // nil when the object has no actions
+	Hist       *ebpf.Map
+}
+
+// ActionValues are a hop's cumulative count and histogram.
+type ActionValues struct {
+	Counts  map[uint64]uint64          // count key -> packets (nil without count)
+	Buckets [record.HistBuckets]uint64 // log2 buckets summed over CPUs
+}
+
+// ReadActions reads the hop's count and histogram (zero values for actions it does not run).
+func (h *Hop) ReadActions() (ActionValues, error) {
+	var out ActionValues
+	if h.Actions.Count && h.CountKeys != nil {
+		out.Counts = map[uint64]uint64{}
+		var k, v uint64
+		it := h.CountKeys.Iterate()
+		for it.Next(&k, &v) {
+			out.Counts[k] = v
+		}
+		if err := it.Err(); err != nil {
+			return out, fmt.Errorf("read %s: %w", MapCountKeys, err)
+		}
+	}
+	if h.Actions.Histogram != record.FieldNone && h.Hist != nil {
+		var per []uint64
+		for i := uint32(0); i < record.HistBuckets && i < h.Hist.MaxEntries(); i++ {
+			if err := h.Hist.Lookup(i, &per); err != nil {
+				return out, fmt.Errorf("read %s[%d]: %w", MapHistBuckets, i, err)
+			}
+			for _, v := range per {
+				out.Buckets[i] += v
+			}
+		}
+	}
+	return out, nil
 }
 
 // Close releases the programs and maps (links are closed by the caller first).
@@ -151,7 +219,18 @@ func (c *HopConfig) variables() []struct {
 		{"filter_sport", f.Sport, f.Sport == 0},
 		{"filter_dport", f.Dport, f.Dport == 0},
 		{"tag_netns_cookie", c.TagNetnsCookie, c.TagNetnsCookie == 0},
+		{"act_count", boolU8(c.Actions.Count), !c.Actions.Count},
+		{"act_count_by", uint8(c.Actions.CountBy), c.Actions.CountBy == record.FieldNone},
+		{"act_hist", uint8(c.Actions.Histogram), c.Actions.Histogram == record.FieldNone},
+		{"act_prev_ts", boolU8(c.Actions.PrevTS), !c.Actions.PrevTS},
 	}
+}
+
+func boolU8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Options are the agent-wide inputs of every load.
@@ -160,6 +239,9 @@ type Options struct {
 	Records *ebpf.Map
 	// IDState is the trace's ID sequence, shared by its taggers.
 	IDState *ebpf.Map
+	// PrevTS is the agent's one map of traced packets' last timestamps (the
+	// latency field); nil = the object's own (tests of a single load).
+	PrevTS *ebpf.Map
 	// Cache shares decoded kernel BTF between loads.
 	Cache *btf.Cache
 	// LogLevel for the verifier; on failure the log tail is in the error anyway.
@@ -227,6 +309,11 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 			repl[MapIDState] = opts.IDState
 		}
 	}
+	if opts.PrevTS != nil {
+		if _, ok := s.Maps[MapPrevTS]; ok {
+			repl[MapPrevTS] = opts.PrevTS
+		}
+	}
 
 	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
 		MapReplacements: repl,
@@ -236,7 +323,8 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", cfg.Program, verifierTail(err))
 	}
-	h := &Hop{Collection: coll, Program: coll.Programs[program], Counters: coll.Maps[MapCounters]}
+	h := &Hop{Collection: coll, Program: coll.Programs[program], Counters: coll.Maps[MapCounters],
+		Actions: cfg.Actions, CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets]}
 	return h, nil
 }
 
@@ -255,6 +343,22 @@ func NewRecords(spec *ebpf.CollectionSpec, size uint32) (*ebpf.Map, error) {
 	m, err := ebpf.NewMap(ms)
 	if err != nil {
 		return nil, fmt.Errorf("create %s ring buffer: %w", MapRecords, err)
+	}
+	return m, nil
+}
+
+// NewPrevTS creates the agent's prev_ts map (the latency field) from the
+// object's map spec; nil when the object has none.
+func NewPrevTS(spec *ebpf.CollectionSpec) (*ebpf.Map, error) {
+	ms, ok := spec.Maps[MapPrevTS]
+	if !ok {
+		return nil, nil
+	}
+	ms = ms.Copy()
+	ms.Name = "ht_prev_ts"
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", MapPrevTS, err)
 	}
 	return m, nil
 }

@@ -100,6 +100,7 @@ type CountersLine struct {
 	HopIndex uint32
 	At       string
 	Values   []uint64 // indexed by record.Counter
+	Actions  *pb.HopActionValues
 }
 
 // MarshalJSON writes the fixed fields, then one field per counter.
@@ -115,7 +116,34 @@ func (c CountersLine) MarshalJSON() ([]byte, error) {
 		}
 		out[key] = v
 	}
+	// Hop actions: "count": {"by": FIELD or "", "keys": {KEY: N}}, "histogram": {"field", "buckets": [{"le", "count"}]}.
+	if a := c.Actions; a != nil {
+		if a.GetCount() {
+			keys := map[string]uint64{}
+			for k, v := range a.GetCounts() {
+				keys[fmt.Sprint(k)] = v
+			}
+			out["count"] = map[string]any{"by": fieldKey(a.GetCountBy()), "keys": keys}
+		}
+		if a.GetHistogram() != 0 {
+			var buckets []map[string]uint64
+			for b, n := range a.GetBuckets() {
+				if n != 0 {
+					buckets = append(buckets, map[string]uint64{"le": 1<<uint(b) - 1, "count": n})
+				}
+			}
+			out["histogram"] = map[string]any{"field": fieldKey(a.GetHistogram()), "buckets": buckets}
+		}
+	}
 	return json.Marshal(out)
+}
+
+// fieldKey names a Field as specs do ("" for none).
+func fieldKey(f pb.Field) string {
+	if f <= 0 || int(f) >= len(record.FieldKeys) {
+		return ""
+	}
+	return record.FieldKeys[f]
 }
 
 // Counters writes one counters line per hop.
@@ -124,7 +152,8 @@ func (w *Writer) Counters(trace string, hops []*pb.HopCounters) error {
 	defer w.mu.Unlock()
 	enc := json.NewEncoder(w.w)
 	for _, c := range hops {
-		line := CountersLine{Type: "counters", Trace: trace, Hop: c.GetHop(), HopIndex: c.GetHopIndex(), Values: c.GetValues()}
+		line := CountersLine{Type: "counters", Trace: trace, Hop: c.GetHop(), HopIndex: c.GetHopIndex(), Values: c.GetValues(),
+			Actions: c.GetActions()}
 		if c.GetAt() != nil {
 			line.At = c.GetAt().AsTime().UTC().Format("2006-01-02T15:04:05.000000000Z")
 		}

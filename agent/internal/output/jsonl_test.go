@@ -78,3 +78,24 @@ func counterValues(set map[record.Counter]uint64) []uint64 {
 	}
 	return c[:]
 }
+
+func TestCountersLineCarriesActions(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	hc := &pb.HopCounters{HopIndex: 2, Hop: "c", Values: counterValues(nil), Actions: &pb.HopActionValues{
+		Count: true, CountBy: pb.Field_FIELD_CPU, Counts: map[uint64]uint64{0: 7, 1: 3},
+		Histogram: pb.Field_FIELD_LEN, Buckets: []uint64{0, 0, 0, 0, 0, 0, 0, 10}}}
+	if err := w.Counters("t", []*pb.HopCounters{hc}); err != nil {
+		t.Fatal(err)
+	}
+	c := lines(t, &buf)[0]
+	count := c["count"].(map[string]any)
+	if count["by"] != "cpu" || count["keys"].(map[string]any)["0"] != 7.0 || count["keys"].(map[string]any)["1"] != 3.0 {
+		t.Errorf("count %v", count)
+	}
+	hist := c["histogram"].(map[string]any)
+	buckets := hist["buckets"].([]any)
+	if hist["field"] != "len" || len(buckets) != 1 || buckets[0].(map[string]any)["le"] != 127.0 || buckets[0].(map[string]any)["count"] != 10.0 {
+		t.Errorf("histogram %v", hist)
+	}
+}

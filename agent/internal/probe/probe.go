@@ -15,11 +15,17 @@ import (
 
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
 // Capabilities probes the running kernel.
 func Capabilities() *pb.Capabilities {
 	c := &pb.Capabilities{Attach: map[string]*pb.AttachSupport{}}
+	// Every field of the catalogue: the hop programs read each with CO-RE or
+	// from their ctx; which attach kinds give which is the dispatcher's table.
+	for f := record.ActionField(1); f < record.FieldMax; f++ {
+		c.ActionFields = append(c.ActionFields, pb.Field(f))
+	}
 	_, err := btf.LoadKernelSpec()
 	c.Btf = err == nil
 

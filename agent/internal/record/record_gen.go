@@ -91,15 +91,18 @@ const (
 
 // Wire and ID constants: enum hoptrace_wire.
 const (
-	TCPOptKind = 253
-	TCPOptExID = 18516
-	TCPOptLen  = 8
-	UDPIDLen   = 4
-	VXLANPort  = 4789
-	GenevePort = 6081
-	IDSeqBits  = 24
-	IDSeqMask  = 16777215
-	MaxHops    = 64
+	TCPOptKind    = 253
+	TCPOptExID    = 18516
+	TCPOptLen     = 8
+	UDPIDLen      = 4
+	VXLANPort     = 4789
+	GenevePort    = 6081
+	IDSeqBits     = 24
+	IDSeqMask     = 16777215
+	MaxHops       = 64
+	HistBuckets   = 65
+	CountKeys     = 1024
+	PrevTsEntries = 65536
 )
 
 // Counter is enum hoptrace_counter: the index into a hop's percpu counters map
@@ -121,7 +124,9 @@ const (
 	CRingbufFull    Counter = 11
 	CBytes          Counter = 12
 	CTagFailed      Counter = 13
-	CMax            Counter = 14
+	CLatencyMiss    Counter = 14
+	CCountKeysFull  Counter = 15
+	CMax            Counter = 16
 )
 
 // CounterKeys names each counter as JSON output, metrics and the collector do, by index.
@@ -140,6 +145,33 @@ var CounterKeys = [CMax]string{
 	"ringbuf_full",
 	"bytes",
 	"tag_failed",
+	"latency_miss",
+	"count_keys_full",
+}
+
+// ActionField is enum hoptrace_field: what a hop's count (by) or histogram reads.
+type ActionField uint8
+
+const (
+	FieldNone     ActionField = 0
+	FieldCPU      ActionField = 1
+	FieldLen      ActionField = 2
+	FieldIfindex  ActionField = 3
+	FieldMark     ActionField = 4
+	FieldPriority ActionField = 5
+	FieldLatency  ActionField = 6
+	FieldMax      ActionField = 7
+)
+
+// FieldKeys names each field as specs, the collector and reports do, by value.
+var FieldKeys = [FieldMax]string{
+	"none",
+	"cpu",
+	"len",
+	"ifindex",
+	"mark",
+	"priority",
+	"latency",
 }
 
 // counterCNames and flagCNames are the C names, for the BTF comparison in tests.
@@ -158,6 +190,8 @@ var counterCNames = [CMax]string{
 	"HOPTRACE_C_RINGBUF_FULL",
 	"HOPTRACE_C_BYTES",
 	"HOPTRACE_C_TAG_FAILED",
+	"HOPTRACE_C_LATENCY_MISS",
+	"HOPTRACE_C_COUNT_KEYS_FULL",
 }
 
 var flagCNames = map[string]uint16{

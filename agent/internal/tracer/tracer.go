@@ -53,7 +53,10 @@ type Manager struct {
 	cfg     Config
 	records *ebpf.Map
 	reader  *stream.Reader
-	cache   *btf.Cache
+	// prevTS: traced packets' last timestamps on this node (the latency
+	// field), created with the first object that has the map.
+	prevTS *ebpf.Map
+	cache  *btf.Cache
 
 	mu       sync.Mutex
 	traces   map[string]*Trace
@@ -146,6 +149,12 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		st.Error = err.Error()
 		return st
 	}
+	if m.prevTS == nil {
+		if m.prevTS, err = loader.NewPrevTS(spec); err != nil {
+			st.Error = err.Error()
+			return st
+		}
+	}
 	slot, err := m.allocSlot()
 	if err != nil {
 		st.Error = err.Error()
@@ -180,7 +189,7 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 			SampleEvery: plan.GetSample(),
 			Filter:      filter,
 		},
-		Load: loader.Options{Records: m.records, IDState: t.idState, Cache: m.cache},
+		Load: loader.Options{Records: m.records, IDState: t.idState, PrevTS: m.prevTS, Cache: m.cache},
 	}
 	attached := 0
 	for _, ha := range plan.GetHops() {
@@ -294,7 +303,15 @@ func (m *Manager) Counters() []TraceCounters {
 			if err != nil {
 				continue
 			}
-			tc.Hops = append(tc.Hops, HopCounters(h.Index, h.Name, now, c))
+			hc := HopCounters(h.Index, h.Name, now, c)
+			if a := h.Loaded.Actions; a.Count || a.Histogram != record.FieldNone {
+				v, err := h.Loaded.ReadActions()
+				if err != nil {
+					continue
+				}
+				hc.Actions = ActionValues(a, v)
+			}
+			tc.Hops = append(tc.Hops, hc)
 		}
 		out = append(out, tc)
 	}
@@ -305,6 +322,16 @@ func (m *Manager) Counters() []TraceCounters {
 // HopCounters converts summed counters to the wire message.
 func HopCounters(idx uint32, name string, at *timestamppb.Timestamp, c record.Counters) *pb.HopCounters {
 	return &pb.HopCounters{HopIndex: idx, Hop: name, At: at, Values: c[:]}
+}
+
+// ActionValues converts a hop's count and histogram to the wire message.
+func ActionValues(a loader.Actions, v loader.ActionValues) *pb.HopActionValues {
+	out := &pb.HopActionValues{Count: a.Count, CountBy: pb.Field(a.CountBy), Counts: v.Counts,
+		Histogram: pb.Field(a.Histogram)}
+	if a.Histogram != record.FieldNone {
+		out.Buckets = append([]uint64(nil), v.Buckets[:]...)
+	}
+	return out
 }
 
 // Flush pushes every pending record batch to the queue.
@@ -326,6 +353,9 @@ func (m *Manager) Close() error {
 	m.mu.Unlock()
 	err := m.reader.Close()
 	m.records.Close()
+	if m.prevTS != nil {
+		m.prevTS.Close()
+	}
 	m.cfg.Queue.Close()
 	return err
 }

@@ -362,7 +362,10 @@ type Capabilities struct {
 	TcpHeaderOptions bool                   `protobuf:"varint,3,opt,name=tcp_header_options,json=tcpHeaderOptions,proto3" json:"tcp_header_options,omitempty"`
 	// Keyed by attach kind: "tc", "tcx", "xdp", "tp_btf", "raw_tp",
 	// "cgroup_skb", "sock_ops", "fentry", "kprobe".
-	Attach        map[string]*AttachSupport `protobuf:"bytes,4,rep,name=attach,proto3" json:"attach,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Attach map[string]*AttachSupport `protobuf:"bytes,4,rep,name=attach,proto3" json:"attach,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The hop action fields (enum Field) this agent's programs can read;
+	// which attach kinds give each is the dispatcher's catalogue.
+	ActionFields  []Field `protobuf:"varint,5,rep,packed,name=action_fields,json=actionFields,proto3,enum=hoptrace.v1.Field" json:"action_fields,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -421,6 +424,13 @@ func (x *Capabilities) GetTcpHeaderOptions() bool {
 func (x *Capabilities) GetAttach() map[string]*AttachSupport {
 	if x != nil {
 		return x.Attach
+	}
+	return nil
+}
+
+func (x *Capabilities) GetActionFields() []Field {
+	if x != nil {
+		return x.ActionFields
 	}
 	return nil
 }
@@ -1177,7 +1187,9 @@ type HopAttach struct {
 	Netns   string `protobuf:"bytes,5,opt,name=netns,proto3" json:"netns,omitempty"`
 	Cgroup  string `protobuf:"bytes,6,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
 	// UDP: this hop writes IDs into untagged matching packets (first egress hop).
-	TagUdp        bool `protobuf:"varint,7,opt,name=tag_udp,json=tagUdp,proto3" json:"tag_udp,omitempty"`
+	TagUdp bool `protobuf:"varint,7,opt,name=tag_udp,json=tagUdp,proto3" json:"tag_udp,omitempty"`
+	// HopSpec.actions, parsed and checked by the dispatcher (load-time constants).
+	Actions       *HopActions `protobuf:"bytes,13,opt,name=actions,proto3" json:"actions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1289,6 +1301,87 @@ func (x *HopAttach) GetTagUdp() bool {
 	return false
 }
 
+func (x *HopAttach) GetActions() *HopActions {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+// A hop's actions as its program runs them (hop.bpf.h's act_* constants).
+// The timestamp record is always emitted in this version.
+type HopActions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Count matched packets, keyed by count_by (FIELD_UNSPECIFIED = one total).
+	Count   bool  `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	CountBy Field `protobuf:"varint,2,opt,name=count_by,json=countBy,proto3,enum=hoptrace.v1.Field" json:"count_by,omitempty"`
+	// Keep log2 buckets of this field (FIELD_UNSPECIFIED = no histogram).
+	Histogram Field `protobuf:"varint,3,opt,name=histogram,proto3,enum=hoptrace.v1.Field" json:"histogram,omitempty"`
+	// Remember each traced packet's timestamp here for the latency of a later
+	// hop of the same trace on this node.
+	PrevTs        bool `protobuf:"varint,4,opt,name=prev_ts,json=prevTs,proto3" json:"prev_ts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopActions) Reset() {
+	*x = HopActions{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopActions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopActions) ProtoMessage() {}
+
+func (x *HopActions) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopActions.ProtoReflect.Descriptor instead.
+func (*HopActions) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *HopActions) GetCount() bool {
+	if x != nil {
+		return x.Count
+	}
+	return false
+}
+
+func (x *HopActions) GetCountBy() Field {
+	if x != nil {
+		return x.CountBy
+	}
+	return Field_FIELD_UNSPECIFIED
+}
+
+func (x *HopActions) GetHistogram() Field {
+	if x != nil {
+		return x.Histogram
+	}
+	return Field_FIELD_UNSPECIFIED
+}
+
+func (x *HopActions) GetPrevTs() bool {
+	if x != nil {
+		return x.PrevTs
+	}
+	return false
+}
+
 type TcpTagging struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sender namespace ("" = the agent's own).
@@ -1303,7 +1396,7 @@ type TcpTagging struct {
 
 func (x *TcpTagging) Reset() {
 	*x = TcpTagging{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1315,7 +1408,7 @@ func (x *TcpTagging) String() string {
 func (*TcpTagging) ProtoMessage() {}
 
 func (x *TcpTagging) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1328,7 +1421,7 @@ func (x *TcpTagging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpTagging.ProtoReflect.Descriptor instead.
 func (*TcpTagging) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TcpTagging) GetNetns() string {
@@ -1361,7 +1454,7 @@ type RemoveTrace struct {
 
 func (x *RemoveTrace) Reset() {
 	*x = RemoveTrace{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1373,7 +1466,7 @@ func (x *RemoveTrace) String() string {
 func (*RemoveTrace) ProtoMessage() {}
 
 func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1386,7 +1479,7 @@ func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTrace.ProtoReflect.Descriptor instead.
 func (*RemoveTrace) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RemoveTrace) GetTrace() string {
@@ -1410,7 +1503,7 @@ type RunPreset struct {
 
 func (x *RunPreset) Reset() {
 	*x = RunPreset{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1515,7 @@ func (x *RunPreset) String() string {
 func (*RunPreset) ProtoMessage() {}
 
 func (x *RunPreset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1528,7 @@ func (x *RunPreset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
 func (*RunPreset) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunPreset) GetId() string {
@@ -1473,7 +1566,7 @@ type PresetResult struct {
 
 func (x *PresetResult) Reset() {
 	*x = PresetResult{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1578,7 @@ func (x *PresetResult) String() string {
 func (*PresetResult) ProtoMessage() {}
 
 func (x *PresetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1591,7 @@ func (x *PresetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
 func (*PresetResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PresetResult) GetId() string {
@@ -1526,7 +1619,7 @@ var File_hoptrace_v1_agent_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x17hoptrace/v1/agent.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17hoptrace/v1/trace.proto\"\x84\x02\n" +
+	"\x17hoptrace/v1/agent.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\x1a\x17hoptrace/v1/trace.proto\"\x84\x02\n" +
 	"\fAgentMessage\x123\n" +
 	"\bregister\x18\x01 \x01(\v2\x15.hoptrace.v1.RegisterH\x00R\bregister\x126\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.hoptrace.v1.HeartbeatH\x00R\theartbeat\x12=\n" +
@@ -1550,13 +1643,14 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aifindex\x18\x02 \x01(\rR\aifindex\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x12\n" +
-	"\x04kind\x18\x04 \x01(\tR\x04kind\"\x85\x02\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\"\xbe\x02\n" +
 	"\fCapabilities\x12\x10\n" +
 	"\x03btf\x18\x01 \x01(\bR\x03btf\x12\x1f\n" +
 	"\vring_buffer\x18\x02 \x01(\bR\n" +
 	"ringBuffer\x12,\n" +
 	"\x12tcp_header_options\x18\x03 \x01(\bR\x10tcpHeaderOptions\x12=\n" +
-	"\x06attach\x18\x04 \x03(\v2%.hoptrace.v1.Capabilities.AttachEntryR\x06attach\x1aU\n" +
+	"\x06attach\x18\x04 \x03(\v2%.hoptrace.v1.Capabilities.AttachEntryR\x06attach\x127\n" +
+	"\raction_fields\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\factionFields\x1aU\n" +
 	"\vAttachEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
 	"\x05value\x18\x02 \x01(\v2\x1a.hoptrace.v1.AttachSupportR\x05value:\x028\x01\"E\n" +
@@ -1618,7 +1712,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\bdst_addr\x18\x05 \x01(\fR\adstAddr\x12\x19\n" +
 	"\bdst_mask\x18\x06 \x01(\fR\adstMask\x12\x19\n" +
 	"\bsrc_port\x18\a \x01(\rR\asrcPort\x12\x19\n" +
-	"\bdst_port\x18\b \x01(\rR\adstPort\"\xd8\x02\n" +
+	"\bdst_port\x18\b \x01(\rR\adstPort\"\x8b\x03\n" +
 	"\tHopAttach\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12+\n" +
@@ -1631,7 +1725,14 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x03dev\x18\x04 \x01(\tR\x03dev\x12\x14\n" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup\x12\x17\n" +
-	"\atag_udp\x18\a \x01(\bR\x06tagUdpJ\x04\b\x03\x10\x04R\x02at\"T\n" +
+	"\atag_udp\x18\a \x01(\bR\x06tagUdp\x121\n" +
+	"\aactions\x18\r \x01(\v2\x17.hoptrace.v1.HopActionsR\aactionsJ\x04\b\x03\x10\x04R\x02at\"\x9c\x01\n" +
+	"\n" +
+	"HopActions\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\bR\x05count\x12-\n" +
+	"\bcount_by\x18\x02 \x01(\x0e2\x12.hoptrace.v1.FieldR\acountBy\x120\n" +
+	"\thistogram\x18\x03 \x01(\x0e2\x12.hoptrace.v1.FieldR\thistogram\x12\x17\n" +
+	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\"T\n" +
 	"\n" +
 	"TcpTagging\x12\x14\n" +
 	"\x05netns\x18\x01 \x01(\tR\x05netns\x12\x16\n" +
@@ -1665,7 +1766,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -1682,47 +1783,53 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*TracePlan)(nil),             // 12: hoptrace.v1.TracePlan
 	(*FlowMatch)(nil),             // 13: hoptrace.v1.FlowMatch
 	(*HopAttach)(nil),             // 14: hoptrace.v1.HopAttach
-	(*TcpTagging)(nil),            // 15: hoptrace.v1.TcpTagging
-	(*RemoveTrace)(nil),           // 16: hoptrace.v1.RemoveTrace
-	(*RunPreset)(nil),             // 17: hoptrace.v1.RunPreset
-	(*PresetResult)(nil),          // 18: hoptrace.v1.PresetResult
-	nil,                           // 19: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 20: hoptrace.v1.RunPreset.ArgsEntry
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
-	(AttachKind)(0),               // 22: hoptrace.v1.AttachKind
+	(*HopActions)(nil),            // 15: hoptrace.v1.HopActions
+	(*TcpTagging)(nil),            // 16: hoptrace.v1.TcpTagging
+	(*RemoveTrace)(nil),           // 17: hoptrace.v1.RemoveTrace
+	(*RunPreset)(nil),             // 18: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 19: hoptrace.v1.PresetResult
+	nil,                           // 20: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 21: hoptrace.v1.RunPreset.ArgsEntry
+	(Field)(0),                    // 22: hoptrace.v1.Field
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(AttachKind)(0),               // 24: hoptrace.v1.AttachKind
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
 	8,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	18, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	19, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
 	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
 	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
 	8,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	19, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	21, // 9: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	7,  // 10: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
-	2,  // 11: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
-	9,  // 12: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	12, // 13: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	16, // 14: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	17, // 15: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	11, // 16: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	11, // 17: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	13, // 18: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	14, // 19: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	15, // 20: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	22, // 21: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	20, // 22: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 23: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 24: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	10, // 25: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	25, // [25:26] is the sub-list for method output_type
-	24, // [24:25] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	20, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	22, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
+	23, // 10: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	7,  // 11: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
+	2,  // 12: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
+	9,  // 13: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	12, // 14: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	17, // 15: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	18, // 16: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	11, // 17: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	11, // 18: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	13, // 19: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	14, // 20: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	16, // 21: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	24, // 22: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	15, // 23: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	22, // 24: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	22, // 25: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	21, // 26: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 27: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 28: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	10, // 29: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	29, // [29:30] is the sub-list for method output_type
+	28, // [28:29] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -1730,6 +1837,7 @@ func file_hoptrace_v1_agent_proto_init() {
 	if File_hoptrace_v1_agent_proto != nil {
 		return
 	}
+	file_hoptrace_v1_counters_proto_init()
 	file_hoptrace_v1_trace_proto_init()
 	file_hoptrace_v1_agent_proto_msgTypes[0].OneofWrappers = []any{
 		(*AgentMessage_Register)(nil),
@@ -1750,7 +1858,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1237,10 +1237,13 @@ func (x *SegmentStats) GetClockBoundNs() int64 {
 }
 
 type HopThroughput struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Hop           string                 `protobuf:"bytes,1,opt,name=hop,proto3" json:"hop,omitempty"`
-	PacketsPerS   float64                `protobuf:"fixed64,2,opt,name=packets_per_s,json=packetsPerS,proto3" json:"packets_per_s,omitempty"`
-	BytesPerS     float64                `protobuf:"fixed64,3,opt,name=bytes_per_s,json=bytesPerS,proto3" json:"bytes_per_s,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Hop         string                 `protobuf:"bytes,1,opt,name=hop,proto3" json:"hop,omitempty"`
+	PacketsPerS float64                `protobuf:"fixed64,2,opt,name=packets_per_s,json=packetsPerS,proto3" json:"packets_per_s,omitempty"`
+	BytesPerS   float64                `protobuf:"fixed64,3,opt,name=bytes_per_s,json=bytesPerS,proto3" json:"bytes_per_s,omitempty"`
+	// The hop's count and histogram actions over the report's range.
+	Counts        []*HopCount     `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
+	Histograms    []*HopHistogram `protobuf:"bytes,5,rep,name=histograms,proto3" json:"histograms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1296,6 +1299,211 @@ func (x *HopThroughput) GetBytesPerS() float64 {
 	return 0
 }
 
+func (x *HopThroughput) GetCounts() []*HopCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+func (x *HopThroughput) GetHistograms() []*HopHistogram {
+	if x != nil {
+		return x.Histograms
+	}
+	return nil
+}
+
+// One key of a hop's count on one node ("by" empty: the total, key 0).
+type HopCount struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	By            string                 `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
+	Key           uint64                 `protobuf:"varint,3,opt,name=key,proto3" json:"key,omitempty"`
+	Count         uint64                 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopCount) Reset() {
+	*x = HopCount{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopCount) ProtoMessage() {}
+
+func (x *HopCount) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopCount.ProtoReflect.Descriptor instead.
+func (*HopCount) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *HopCount) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *HopCount) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *HopCount) GetKey() uint64 {
+	if x != nil {
+		return x.Key
+	}
+	return 0
+}
+
+func (x *HopCount) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// A hop's log2 histogram of a field on one node: non-empty buckets only.
+type HopHistogram struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Field         string                 `protobuf:"bytes,2,opt,name=field,proto3" json:"field,omitempty"`
+	Total         uint64                 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
+	Buckets       []*HistogramBucket     `protobuf:"bytes,4,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopHistogram) Reset() {
+	*x = HopHistogram{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopHistogram) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopHistogram) ProtoMessage() {}
+
+func (x *HopHistogram) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopHistogram.ProtoReflect.Descriptor instead.
+func (*HopHistogram) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *HopHistogram) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *HopHistogram) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *HopHistogram) GetTotal() uint64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *HopHistogram) GetBuckets() []*HistogramBucket {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+type HistogramBucket struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The bucket's upper bound, inclusive (2^b - 1).
+	Le            uint64 `protobuf:"varint,1,opt,name=le,proto3" json:"le,omitempty"`
+	Count         uint64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HistogramBucket) Reset() {
+	*x = HistogramBucket{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HistogramBucket) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HistogramBucket) ProtoMessage() {}
+
+func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HistogramBucket.ProtoReflect.Descriptor instead.
+func (*HistogramBucket) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *HistogramBucket) GetLe() uint64 {
+	if x != nil {
+		return x.Le
+	}
+	return 0
+}
+
+func (x *HistogramBucket) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 type WatchSegmentStatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Trace         string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
@@ -1305,7 +1513,7 @@ type WatchSegmentStatsRequest struct {
 
 func (x *WatchSegmentStatsRequest) Reset() {
 	*x = WatchSegmentStatsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1525,7 @@ func (x *WatchSegmentStatsRequest) String() string {
 func (*WatchSegmentStatsRequest) ProtoMessage() {}
 
 func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1538,7 @@ func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSegmentStatsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSegmentStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WatchSegmentStatsRequest) GetTrace() string {
@@ -1348,7 +1556,7 @@ type WatchSpecsRequest struct {
 
 func (x *WatchSpecsRequest) Reset() {
 	*x = WatchSpecsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1568,7 @@ func (x *WatchSpecsRequest) String() string {
 func (*WatchSpecsRequest) ProtoMessage() {}
 
 func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1581,7 @@ func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSpecsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSpecsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 // Every applied trace's spec at one moment, by name.
@@ -1386,7 +1594,7 @@ type SpecSet struct {
 
 func (x *SpecSet) Reset() {
 	*x = SpecSet{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1398,7 +1606,7 @@ func (x *SpecSet) String() string {
 func (*SpecSet) ProtoMessage() {}
 
 func (x *SpecSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1411,7 +1619,7 @@ func (x *SpecSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpecSet.ProtoReflect.Descriptor instead.
 func (*SpecSet) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SpecSet) GetSpecs() []*TraceSpec {
@@ -1438,7 +1646,7 @@ type GetPacketsRequest struct {
 
 func (x *GetPacketsRequest) Reset() {
 	*x = GetPacketsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1658,7 @@ func (x *GetPacketsRequest) String() string {
 func (*GetPacketsRequest) ProtoMessage() {}
 
 func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1671,7 @@ func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
 func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetPacketsRequest) GetTrace() string {
@@ -1511,7 +1719,7 @@ type PacketList struct {
 
 func (x *PacketList) Reset() {
 	*x = PacketList{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1731,7 @@ func (x *PacketList) String() string {
 func (*PacketList) ProtoMessage() {}
 
 func (x *PacketList) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1744,7 @@ func (x *PacketList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
 func (*PacketList) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PacketList) GetPackets() []*PacketTimeline {
@@ -1562,7 +1770,7 @@ type PacketTimeline struct {
 
 func (x *PacketTimeline) Reset() {
 	*x = PacketTimeline{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +1782,7 @@ func (x *PacketTimeline) String() string {
 func (*PacketTimeline) ProtoMessage() {}
 
 func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +1795,7 @@ func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
 func (*PacketTimeline) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PacketTimeline) GetPacketId() uint32 {
@@ -1635,7 +1843,7 @@ type PacketSegment struct {
 
 func (x *PacketSegment) Reset() {
 	*x = PacketSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1647,7 +1855,7 @@ func (x *PacketSegment) String() string {
 func (*PacketSegment) ProtoMessage() {}
 
 func (x *PacketSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1660,7 +1868,7 @@ func (x *PacketSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
 func (*PacketSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PacketSegment) GetFrom() string {
@@ -1720,7 +1928,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1940,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1953,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 type Version struct {
@@ -1760,7 +1968,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1980,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1993,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -1815,7 +2023,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1827,7 +2035,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1840,7 +2048,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -1883,7 +2091,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2103,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2116,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DiscoverRequest) GetFilter() *Filter {
@@ -1959,7 +2167,7 @@ type DiscoverEvent struct {
 
 func (x *DiscoverEvent) Reset() {
 	*x = DiscoverEvent{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2179,7 @@ func (x *DiscoverEvent) String() string {
 func (*DiscoverEvent) ProtoMessage() {}
 
 func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2192,7 @@ func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
 func (*DiscoverEvent) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
@@ -2045,7 +2253,7 @@ type DiscoverProgress struct {
 
 func (x *DiscoverProgress) Reset() {
 	*x = DiscoverProgress{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2265,7 @@ func (x *DiscoverProgress) String() string {
 func (*DiscoverProgress) ProtoMessage() {}
 
 func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2278,7 @@ func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
 func (*DiscoverProgress) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DiscoverProgress) GetMessage() string {
@@ -2118,7 +2326,7 @@ type DiscoveredPath struct {
 
 func (x *DiscoveredPath) Reset() {
 	*x = DiscoveredPath{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +2338,7 @@ func (x *DiscoveredPath) String() string {
 func (*DiscoveredPath) ProtoMessage() {}
 
 func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +2351,7 @@ func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
 func (*DiscoveredPath) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DiscoveredPath) GetPackets() uint32 {
@@ -2193,7 +2401,7 @@ type DiscoverResult struct {
 
 func (x *DiscoverResult) Reset() {
 	*x = DiscoverResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2413,7 @@ func (x *DiscoverResult) String() string {
 func (*DiscoverResult) ProtoMessage() {}
 
 func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2426,7 @@ func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
 func (*DiscoverResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DiscoverResult) GetSpec() *TraceSpec {
@@ -2351,11 +2559,28 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\vtracer_lost\x18\x10 \x01(\x04R\n" +
 	"tracerLost\x12\x1b\n" +
 	"\tsame_node\x18\x11 \x01(\bR\bsameNode\x12$\n" +
-	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"e\n" +
+	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\xcf\x01\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
-	"\vbytes_per_s\x18\x03 \x01(\x01R\tbytesPerS\"0\n" +
+	"\vbytes_per_s\x18\x03 \x01(\x01R\tbytesPerS\x12-\n" +
+	"\x06counts\x18\x04 \x03(\v2\x15.hoptrace.v1.HopCountR\x06counts\x129\n" +
+	"\n" +
+	"histograms\x18\x05 \x03(\v2\x19.hoptrace.v1.HopHistogramR\n" +
+	"histograms\"V\n" +
+	"\bHopCount\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x0e\n" +
+	"\x02by\x18\x02 \x01(\tR\x02by\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05count\x18\x04 \x01(\x04R\x05count\"\x86\x01\n" +
+	"\fHopHistogram\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05field\x18\x02 \x01(\tR\x05field\x12\x14\n" +
+	"\x05total\x18\x03 \x01(\x04R\x05total\x126\n" +
+	"\abuckets\x18\x04 \x03(\v2\x1c.hoptrace.v1.HistogramBucketR\abuckets\"7\n" +
+	"\x0fHistogramBucket\x12\x0e\n" +
+	"\x02le\x18\x01 \x01(\x04R\x02le\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\"0\n" +
 	"\x18WatchSegmentStatsRequest\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\"\x13\n" +
 	"\x11WatchSpecsRequest\"7\n" +
@@ -2459,7 +2684,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -2482,99 +2707,105 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*SeriesPoint)(nil),              // 18: hoptrace.v1.SeriesPoint
 	(*SegmentStats)(nil),             // 19: hoptrace.v1.SegmentStats
 	(*HopThroughput)(nil),            // 20: hoptrace.v1.HopThroughput
-	(*WatchSegmentStatsRequest)(nil), // 21: hoptrace.v1.WatchSegmentStatsRequest
-	(*WatchSpecsRequest)(nil),        // 22: hoptrace.v1.WatchSpecsRequest
-	(*SpecSet)(nil),                  // 23: hoptrace.v1.SpecSet
-	(*GetPacketsRequest)(nil),        // 24: hoptrace.v1.GetPacketsRequest
-	(*PacketList)(nil),               // 25: hoptrace.v1.PacketList
-	(*PacketTimeline)(nil),           // 26: hoptrace.v1.PacketTimeline
-	(*PacketSegment)(nil),            // 27: hoptrace.v1.PacketSegment
-	(*GetVersionRequest)(nil),        // 28: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 29: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 30: hoptrace.v1.RunPresetRequest
-	(*DiscoverRequest)(nil),          // 31: hoptrace.v1.DiscoverRequest
-	(*DiscoverEvent)(nil),            // 32: hoptrace.v1.DiscoverEvent
-	(*DiscoverProgress)(nil),         // 33: hoptrace.v1.DiscoverProgress
-	(*DiscoveredPath)(nil),           // 34: hoptrace.v1.DiscoveredPath
-	(*DiscoverResult)(nil),           // 35: hoptrace.v1.DiscoverResult
-	nil,                              // 36: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 37: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 38: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 39: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 40: hoptrace.v1.Register
-	(*Filter)(nil),                   // 41: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 42: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 43: hoptrace.v1.PresetResult
+	(*HopCount)(nil),                 // 21: hoptrace.v1.HopCount
+	(*HopHistogram)(nil),             // 22: hoptrace.v1.HopHistogram
+	(*HistogramBucket)(nil),          // 23: hoptrace.v1.HistogramBucket
+	(*WatchSegmentStatsRequest)(nil), // 24: hoptrace.v1.WatchSegmentStatsRequest
+	(*WatchSpecsRequest)(nil),        // 25: hoptrace.v1.WatchSpecsRequest
+	(*SpecSet)(nil),                  // 26: hoptrace.v1.SpecSet
+	(*GetPacketsRequest)(nil),        // 27: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 28: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 29: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 30: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 31: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 32: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 33: hoptrace.v1.RunPresetRequest
+	(*DiscoverRequest)(nil),          // 34: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 35: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 36: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 37: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 38: hoptrace.v1.DiscoverResult
+	nil,                              // 39: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 40: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 42: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 43: hoptrace.v1.Register
+	(*Filter)(nil),                   // 44: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 45: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 46: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	37, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	40, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	37, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	37, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	38, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	39, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	40, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	40, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	41, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	42, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	40, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	38, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	43, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	41, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	38, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	38, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	38, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	41, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	41, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	41, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	19, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	19, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
 	20, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
 	17, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
 	18, // 18: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
 	18, // 19: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	38, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	38, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	37, // 22: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	38, // 23: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	38, // 24: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	26, // 25: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	38, // 26: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	27, // 27: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	36, // 28: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	41, // 29: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	33, // 30: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	35, // 31: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	42, // 32: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	37, // 33: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	34, // 34: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	1,  // 35: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 36: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 37: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 38: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 39: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 40: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 41: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 42: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	21, // 43: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	22, // 44: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	30, // 45: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	28, // 46: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	24, // 47: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	31, // 48: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 49: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 50: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 51: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 52: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 53: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 54: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 55: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 56: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	19, // 57: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	23, // 58: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	43, // 59: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	29, // 60: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	25, // 61: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	32, // 62: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	49, // [49:63] is the sub-list for method output_type
-	35, // [35:49] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	41, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	41, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	21, // 22: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	22, // 23: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	23, // 24: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	40, // 25: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	41, // 26: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	41, // 27: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	29, // 28: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	41, // 29: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	30, // 30: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	39, // 31: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	44, // 32: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	36, // 33: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	38, // 34: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	45, // 35: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	40, // 36: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	37, // 37: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	1,  // 38: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 39: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 40: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 41: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 42: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 43: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 44: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 45: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	24, // 46: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	25, // 47: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	33, // 48: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	31, // 49: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	27, // 50: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	34, // 51: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 52: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 53: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 54: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 55: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 56: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 57: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 58: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 59: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	19, // 60: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	26, // 61: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	46, // 62: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	32, // 63: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	28, // 64: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	35, // 65: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	52, // [52:66] is the sub-list for method output_type
+	38, // [38:52] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -2584,7 +2815,7 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
-	file_hoptrace_v1_api_proto_msgTypes[32].OneofWrappers = []any{
+	file_hoptrace_v1_api_proto_msgTypes[35].OneofWrappers = []any{
 		(*DiscoverEvent_Progress)(nil),
 		(*DiscoverEvent_Result)(nil),
 	}
@@ -2594,7 +2825,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -41,6 +41,8 @@ const (
 	Counter_COUNTER_RINGBUF_FULL    Counter = 11
 	Counter_COUNTER_BYTES           Counter = 12
 	Counter_COUNTER_TAG_FAILED      Counter = 13
+	Counter_COUNTER_LATENCY_MISS    Counter = 14
+	Counter_COUNTER_COUNT_KEYS_FULL Counter = 15
 )
 
 // Enum value maps for Counter.
@@ -60,6 +62,8 @@ var (
 		11: "COUNTER_RINGBUF_FULL",
 		12: "COUNTER_BYTES",
 		13: "COUNTER_TAG_FAILED",
+		14: "COUNTER_LATENCY_MISS",
+		15: "COUNTER_COUNT_KEYS_FULL",
 	}
 	Counter_value = map[string]int32{
 		"COUNTER_SEEN":            0,
@@ -76,6 +80,8 @@ var (
 		"COUNTER_RINGBUF_FULL":    11,
 		"COUNTER_BYTES":           12,
 		"COUNTER_TAG_FAILED":      13,
+		"COUNTER_LATENCY_MISS":    14,
+		"COUNTER_COUNT_KEYS_FULL": 15,
 	}
 )
 
@@ -106,11 +112,73 @@ func (Counter) EnumDescriptor() ([]byte, []int) {
 	return file_hoptrace_v1_counters_proto_rawDescGZIP(), []int{0}
 }
 
+// The field catalogue of hop actions (enum hoptrace_field).
+type Field int32
+
+const (
+	Field_FIELD_UNSPECIFIED Field = 0
+	Field_FIELD_CPU         Field = 1
+	Field_FIELD_LEN         Field = 2
+	Field_FIELD_IFINDEX     Field = 3
+	Field_FIELD_MARK        Field = 4
+	Field_FIELD_PRIORITY    Field = 5
+	Field_FIELD_LATENCY     Field = 6
+)
+
+// Enum value maps for Field.
+var (
+	Field_name = map[int32]string{
+		0: "FIELD_UNSPECIFIED",
+		1: "FIELD_CPU",
+		2: "FIELD_LEN",
+		3: "FIELD_IFINDEX",
+		4: "FIELD_MARK",
+		5: "FIELD_PRIORITY",
+		6: "FIELD_LATENCY",
+	}
+	Field_value = map[string]int32{
+		"FIELD_UNSPECIFIED": 0,
+		"FIELD_CPU":         1,
+		"FIELD_LEN":         2,
+		"FIELD_IFINDEX":     3,
+		"FIELD_MARK":        4,
+		"FIELD_PRIORITY":    5,
+		"FIELD_LATENCY":     6,
+	}
+)
+
+func (x Field) Enum() *Field {
+	p := new(Field)
+	*p = x
+	return p
+}
+
+func (x Field) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Field) Descriptor() protoreflect.EnumDescriptor {
+	return file_hoptrace_v1_counters_proto_enumTypes[1].Descriptor()
+}
+
+func (Field) Type() protoreflect.EnumType {
+	return &file_hoptrace_v1_counters_proto_enumTypes[1]
+}
+
+func (x Field) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Field.Descriptor instead.
+func (Field) EnumDescriptor() ([]byte, []int) {
+	return file_hoptrace_v1_counters_proto_rawDescGZIP(), []int{1}
+}
+
 var File_hoptrace_v1_counters_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\n" +
-	"\x1ahoptrace/v1/counters.proto\x12\vhoptrace.v1*\xd0\x02\n" +
+	"\x1ahoptrace/v1/counters.proto\x12\vhoptrace.v1*\x87\x03\n" +
 	"\aCounter\x12\x10\n" +
 	"\fCOUNTER_SEEN\x10\x00\x12\x13\n" +
 	"\x0fCOUNTER_MATCHED\x10\x01\x12\x14\n" +
@@ -126,7 +194,18 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\x12\x18\n" +
 	"\x14COUNTER_RINGBUF_FULL\x10\v\x12\x11\n" +
 	"\rCOUNTER_BYTES\x10\f\x12\x16\n" +
-	"\x12COUNTER_TAG_FAILED\x10\rBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"\x12COUNTER_TAG_FAILED\x10\r\x12\x18\n" +
+	"\x14COUNTER_LATENCY_MISS\x10\x0e\x12\x1b\n" +
+	"\x17COUNTER_COUNT_KEYS_FULL\x10\x0f*\x86\x01\n" +
+	"\x05Field\x12\x15\n" +
+	"\x11FIELD_UNSPECIFIED\x10\x00\x12\r\n" +
+	"\tFIELD_CPU\x10\x01\x12\r\n" +
+	"\tFIELD_LEN\x10\x02\x12\x11\n" +
+	"\rFIELD_IFINDEX\x10\x03\x12\x0e\n" +
+	"\n" +
+	"FIELD_MARK\x10\x04\x12\x12\n" +
+	"\x0eFIELD_PRIORITY\x10\x05\x12\x11\n" +
+	"\rFIELD_LATENCY\x10\x06BFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_counters_proto_rawDescOnce sync.Once
@@ -140,9 +219,10 @@ func file_hoptrace_v1_counters_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_counters_proto_rawDescData
 }
 
-var file_hoptrace_v1_counters_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_hoptrace_v1_counters_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_hoptrace_v1_counters_proto_goTypes = []any{
 	(Counter)(0), // 0: hoptrace.v1.Counter
+	(Field)(0),   // 1: hoptrace.v1.Field
 }
 var file_hoptrace_v1_counters_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -162,7 +242,7 @@ func file_hoptrace_v1_counters_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_counters_proto_rawDesc), len(file_hoptrace_v1_counters_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   0,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -154,7 +154,10 @@ type HopCounters struct {
 	Hop      string                 `protobuf:"bytes,2,opt,name=hop,proto3" json:"hop,omitempty"`
 	At       *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
 	// Indexed by Counter (counters.proto, generated from enum hoptrace_counter).
-	Values        []uint64 `protobuf:"varint,18,rep,packed,name=values,proto3" json:"values,omitempty"`
+	Values []uint64 `protobuf:"varint,18,rep,packed,name=values,proto3" json:"values,omitempty"`
+	// The hop's count and histogram actions, cumulative since attach; absent
+	// when the hop has neither.
+	Actions       *HopActionValues `protobuf:"bytes,19,opt,name=actions,proto3" json:"actions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -217,6 +220,91 @@ func (x *HopCounters) GetValues() []uint64 {
 	return nil
 }
 
+func (x *HopCounters) GetActions() *HopActionValues {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+type HopActionValues struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// count: key (the count_by field's value; 0 without by) -> matched packets.
+	Count   bool              `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	CountBy Field             `protobuf:"varint,2,opt,name=count_by,json=countBy,proto3,enum=hoptrace.v1.Field" json:"count_by,omitempty"`
+	Counts  map[uint64]uint64 `protobuf:"bytes,3,rep,name=counts,proto3" json:"counts,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// histogram: bucket b counts values in [2^(b-1), 2^b - 1]; bucket 0 counts 0.
+	Histogram     Field    `protobuf:"varint,4,opt,name=histogram,proto3,enum=hoptrace.v1.Field" json:"histogram,omitempty"`
+	Buckets       []uint64 `protobuf:"varint,5,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopActionValues) Reset() {
+	*x = HopActionValues{}
+	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopActionValues) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopActionValues) ProtoMessage() {}
+
+func (x *HopActionValues) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopActionValues.ProtoReflect.Descriptor instead.
+func (*HopActionValues) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HopActionValues) GetCount() bool {
+	if x != nil {
+		return x.Count
+	}
+	return false
+}
+
+func (x *HopActionValues) GetCountBy() Field {
+	if x != nil {
+		return x.CountBy
+	}
+	return Field_FIELD_UNSPECIFIED
+}
+
+func (x *HopActionValues) GetCounts() map[uint64]uint64 {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+func (x *HopActionValues) GetHistogram() Field {
+	if x != nil {
+		return x.Histogram
+	}
+	return Field_FIELD_UNSPECIFIED
+}
+
+func (x *HopActionValues) GetBuckets() []uint64 {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
 type NodeClock struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// CLOCK_REALTIME - CLOCK_MONOTONIC on the node, sampled by the agent:
@@ -237,7 +325,7 @@ type NodeClock struct {
 
 func (x *NodeClock) Reset() {
 	*x = NodeClock{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -249,7 +337,7 @@ func (x *NodeClock) String() string {
 func (*NodeClock) ProtoMessage() {}
 
 func (x *NodeClock) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -262,7 +350,7 @@ func (x *NodeClock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeClock.ProtoReflect.Descriptor instead.
 func (*NodeClock) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{2}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *NodeClock) GetMonotonicToRealtimeNs() int64 {
@@ -317,7 +405,7 @@ type StreamSummary struct {
 
 func (x *StreamSummary) Reset() {
 	*x = StreamSummary{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +417,7 @@ func (x *StreamSummary) String() string {
 func (*StreamSummary) ProtoMessage() {}
 
 func (x *StreamSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +430,7 @@ func (x *StreamSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamSummary.ProtoReflect.Descriptor instead.
 func (*StreamSummary) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{3}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StreamSummary) GetBatches() uint64 {
@@ -363,7 +451,7 @@ var File_hoptrace_v1_records_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\n" +
-	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x02\n" +
+	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\xdb\x02\n" +
 	"\vRecordBatch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05trace\x18\x02 \x01(\tR\x05trace\x12\x1e\n" +
@@ -378,12 +466,22 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\ragent_dropped\x18\b \x01(\x04R\fagentDropped\x12,\n" +
 	"\x05clock\x18\t \x01(\v2\x16.hoptrace.v1.NodeClockR\x05clock\x12!\n" +
 	"\fwatermark_ns\x18\n" +
-	" \x01(\x03R\vwatermarkNs\"\x86\x01\n" +
+	" \x01(\x03R\vwatermarkNs\"\xbe\x01\n" +
 	"\vHopCounters\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x10\n" +
 	"\x03hop\x18\x02 \x01(\tR\x03hop\x12*\n" +
 	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
-	"\x06values\x18\x12 \x03(\x04R\x06valuesJ\x04\b\x04\x10\x12\"\xd8\x01\n" +
+	"\x06values\x18\x12 \x03(\x04R\x06values\x126\n" +
+	"\aactions\x18\x13 \x01(\v2\x1c.hoptrace.v1.HopActionValuesR\aactionsJ\x04\b\x04\x10\x12\"\x9f\x02\n" +
+	"\x0fHopActionValues\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\bR\x05count\x12-\n" +
+	"\bcount_by\x18\x02 \x01(\x0e2\x12.hoptrace.v1.FieldR\acountBy\x12@\n" +
+	"\x06counts\x18\x03 \x03(\v2(.hoptrace.v1.HopActionValues.CountsEntryR\x06counts\x120\n" +
+	"\thistogram\x18\x04 \x01(\x0e2\x12.hoptrace.v1.FieldR\thistogram\x12\x18\n" +
+	"\abuckets\x18\x05 \x03(\x04R\abuckets\x1a9\n" +
+	"\vCountsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xd8\x01\n" +
 	"\tNodeClock\x127\n" +
 	"\x18monotonic_to_realtime_ns\x18\x01 \x01(\x03R\x15monotonicToRealtimeNs\x12\x1b\n" +
 	"\toffset_ns\x18\x02 \x01(\x03R\boffsetNs\x12\x19\n" +
@@ -409,25 +507,32 @@ func file_hoptrace_v1_records_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_records_proto_rawDescData
 }
 
-var file_hoptrace_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_hoptrace_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_hoptrace_v1_records_proto_goTypes = []any{
 	(*RecordBatch)(nil),           // 0: hoptrace.v1.RecordBatch
 	(*HopCounters)(nil),           // 1: hoptrace.v1.HopCounters
-	(*NodeClock)(nil),             // 2: hoptrace.v1.NodeClock
-	(*StreamSummary)(nil),         // 3: hoptrace.v1.StreamSummary
-	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(*HopActionValues)(nil),       // 2: hoptrace.v1.HopActionValues
+	(*NodeClock)(nil),             // 3: hoptrace.v1.NodeClock
+	(*StreamSummary)(nil),         // 4: hoptrace.v1.StreamSummary
+	nil,                           // 5: hoptrace.v1.HopActionValues.CountsEntry
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(Field)(0),                    // 7: hoptrace.v1.Field
 }
 var file_hoptrace_v1_records_proto_depIdxs = []int32{
 	1, // 0: hoptrace.v1.RecordBatch.counters:type_name -> hoptrace.v1.HopCounters
-	2, // 1: hoptrace.v1.RecordBatch.clock:type_name -> hoptrace.v1.NodeClock
-	4, // 2: hoptrace.v1.HopCounters.at:type_name -> google.protobuf.Timestamp
-	0, // 3: hoptrace.v1.Collector.StreamRecords:input_type -> hoptrace.v1.RecordBatch
-	3, // 4: hoptrace.v1.Collector.StreamRecords:output_type -> hoptrace.v1.StreamSummary
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	3, // 1: hoptrace.v1.RecordBatch.clock:type_name -> hoptrace.v1.NodeClock
+	6, // 2: hoptrace.v1.HopCounters.at:type_name -> google.protobuf.Timestamp
+	2, // 3: hoptrace.v1.HopCounters.actions:type_name -> hoptrace.v1.HopActionValues
+	7, // 4: hoptrace.v1.HopActionValues.count_by:type_name -> hoptrace.v1.Field
+	5, // 5: hoptrace.v1.HopActionValues.counts:type_name -> hoptrace.v1.HopActionValues.CountsEntry
+	7, // 6: hoptrace.v1.HopActionValues.histogram:type_name -> hoptrace.v1.Field
+	0, // 7: hoptrace.v1.Collector.StreamRecords:input_type -> hoptrace.v1.RecordBatch
+	4, // 8: hoptrace.v1.Collector.StreamRecords:output_type -> hoptrace.v1.StreamSummary
+	8, // [8:9] is the sub-list for method output_type
+	7, // [7:8] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_records_proto_init() }
@@ -435,13 +540,14 @@ func file_hoptrace_v1_records_proto_init() {
 	if File_hoptrace_v1_records_proto != nil {
 		return
 	}
+	file_hoptrace_v1_counters_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_records_proto_rawDesc), len(file_hoptrace_v1_records_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

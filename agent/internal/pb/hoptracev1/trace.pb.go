@@ -262,7 +262,11 @@ type HopSpec struct {
 	// Empty = the node's own namespace.
 	Netns string `protobuf:"bytes,5,opt,name=netns,proto3" json:"netns,omitempty"`
 	// cgroup v2 path (relative to the cgroup2 mount), for cgroup-* hops.
-	Cgroup        string `protobuf:"bytes,6,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	Cgroup string `protobuf:"bytes,6,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	// What the hop does with each matched packet; empty = [timestamp], the
+	// record joined across nodes. The dispatcher parses these once into
+	// HopAttach.actions (typed).
+	Actions       []*ActionSpec `protobuf:"bytes,7,rep,name=actions,proto3" json:"actions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -339,6 +343,79 @@ func (x *HopSpec) GetCgroup() string {
 	return ""
 }
 
+func (x *HopSpec) GetActions() []*ActionSpec {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+// One hop action as the user writes it. Field names are the field
+// catalogue's (enum Field, generated from kernel-patch/include/hoptrace.h),
+// in lower case: cpu, len, ifindex, mark, priority, latency.
+type ActionSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "timestamp", "count" or "histogram".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// count: the field the count is keyed by ("" = one total).
+	By string `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
+	// histogram: the field whose log2 buckets are kept.
+	Field         string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ActionSpec) Reset() {
+	*x = ActionSpec{}
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ActionSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ActionSpec) ProtoMessage() {}
+
+func (x *ActionSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ActionSpec.ProtoReflect.Descriptor instead.
+func (*ActionSpec) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ActionSpec) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ActionSpec) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *ActionSpec) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
 var File_hoptrace_v1_trace_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_trace_proto_rawDesc = "" +
@@ -354,14 +431,20 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x03src\x18\x02 \x01(\tR\x03src\x12\x10\n" +
 	"\x03dst\x18\x03 \x01(\tR\x03dst\x12\x19\n" +
 	"\bsrc_port\x18\x04 \x01(\rR\asrcPort\x12\x19\n" +
-	"\bdst_port\x18\x05 \x01(\rR\adstPort\"\x81\x01\n" +
+	"\bdst_port\x18\x05 \x01(\rR\adstPort\"\xb4\x01\n" +
 	"\aHopSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02at\x18\x03 \x01(\tR\x02at\x12\x10\n" +
 	"\x03dev\x18\x04 \x01(\tR\x03dev\x12\x14\n" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +
-	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup*\x80\x02\n" +
+	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup\x121\n" +
+	"\aactions\x18\a \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\"F\n" +
+	"\n" +
+	"ActionSpec\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
+	"\x02by\x18\x02 \x01(\tR\x02by\x12\x14\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field*\x80\x02\n" +
 	"\n" +
 	"AttachKind\x12\x1b\n" +
 	"\x17ATTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
@@ -387,21 +470,23 @@ func file_hoptrace_v1_trace_proto_rawDescGZIP() []byte {
 }
 
 var file_hoptrace_v1_trace_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_hoptrace_v1_trace_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_hoptrace_v1_trace_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_hoptrace_v1_trace_proto_goTypes = []any{
-	(AttachKind)(0),   // 0: hoptrace.v1.AttachKind
-	(*TraceSpec)(nil), // 1: hoptrace.v1.TraceSpec
-	(*Filter)(nil),    // 2: hoptrace.v1.Filter
-	(*HopSpec)(nil),   // 3: hoptrace.v1.HopSpec
+	(AttachKind)(0),    // 0: hoptrace.v1.AttachKind
+	(*TraceSpec)(nil),  // 1: hoptrace.v1.TraceSpec
+	(*Filter)(nil),     // 2: hoptrace.v1.Filter
+	(*HopSpec)(nil),    // 3: hoptrace.v1.HopSpec
+	(*ActionSpec)(nil), // 4: hoptrace.v1.ActionSpec
 }
 var file_hoptrace_v1_trace_proto_depIdxs = []int32{
 	2, // 0: hoptrace.v1.TraceSpec.filter:type_name -> hoptrace.v1.Filter
 	3, // 1: hoptrace.v1.TraceSpec.hops:type_name -> hoptrace.v1.HopSpec
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	4, // 2: hoptrace.v1.HopSpec.actions:type_name -> hoptrace.v1.ActionSpec
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_trace_proto_init() }
@@ -415,7 +500,7 @@ func file_hoptrace_v1_trace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_trace_proto_rawDesc), len(file_hoptrace_v1_trace_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -38,6 +38,9 @@ GENEVE_PORT = 6081
 ID_SEQ_BITS = 24
 ID_SEQ_MASK = 16777215
 MAX_HOPS = 64
+HIST_BUCKETS = 65
+COUNT_KEYS = 1024
+PREV_TS_ENTRIES = 65536
 
 # Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.
 PROGRAMS = {
@@ -69,4 +72,17 @@ COUNTERS = (
     "ringbuf_full",
     "bytes",
     "tag_failed",
+    "latency_miss",
+    "count_keys_full",
+)
+
+# enum hoptrace_field: field names by value ("none" = 0), as specs spell them.
+FIELDS = (
+    "none",
+    "cpu",
+    "len",
+    "ifindex",
+    "mark",
+    "priority",
+    "latency",
 )

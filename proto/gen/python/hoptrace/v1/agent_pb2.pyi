@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from hoptrace.v1 import counters_pb2 as _counters_pb2
 from hoptrace.v1 import trace_pb2 as _trace_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -61,7 +62,7 @@ class Device(_message.Message):
     def __init__(self, name: _Optional[str] = ..., ifindex: _Optional[int] = ..., mtu: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("btf", "ring_buffer", "tcp_header_options", "attach")
+    __slots__ = ("btf", "ring_buffer", "tcp_header_options", "attach", "action_fields")
     class AttachEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,11 +74,13 @@ class Capabilities(_message.Message):
     RING_BUFFER_FIELD_NUMBER: _ClassVar[int]
     TCP_HEADER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     ATTACH_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELDS_FIELD_NUMBER: _ClassVar[int]
     btf: bool
     ring_buffer: bool
     tcp_header_options: bool
     attach: _containers.MessageMap[str, AttachSupport]
-    def __init__(self, btf: bool = ..., ring_buffer: bool = ..., tcp_header_options: bool = ..., attach: _Optional[_Mapping[str, AttachSupport]] = ...) -> None: ...
+    action_fields: _containers.RepeatedScalarFieldContainer[_counters_pb2.Field]
+    def __init__(self, btf: bool = ..., ring_buffer: bool = ..., tcp_header_options: bool = ..., attach: _Optional[_Mapping[str, AttachSupport]] = ..., action_fields: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ...) -> None: ...
 
 class AttachSupport(_message.Message):
     __slots__ = ("supported", "reason")
@@ -194,7 +197,7 @@ class FlowMatch(_message.Message):
     def __init__(self, ip_proto: _Optional[int] = ..., family: _Optional[int] = ..., src_addr: _Optional[bytes] = ..., src_mask: _Optional[bytes] = ..., dst_addr: _Optional[bytes] = ..., dst_mask: _Optional[bytes] = ..., src_port: _Optional[int] = ..., dst_port: _Optional[int] = ...) -> None: ...
 
 class HopAttach(_message.Message):
-    __slots__ = ("hop_index", "name", "kind", "tracepoint_group", "tracepoint_event", "function", "program", "dev", "netns", "cgroup", "tag_udp")
+    __slots__ = ("hop_index", "name", "kind", "tracepoint_group", "tracepoint_event", "function", "program", "dev", "netns", "cgroup", "tag_udp", "actions")
     HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +209,7 @@ class HopAttach(_message.Message):
     NETNS_FIELD_NUMBER: _ClassVar[int]
     CGROUP_FIELD_NUMBER: _ClassVar[int]
     TAG_UDP_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
     hop_index: int
     name: str
     kind: _trace_pb2.AttachKind
@@ -217,7 +221,20 @@ class HopAttach(_message.Message):
     netns: str
     cgroup: str
     tag_udp: bool
-    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[_trace_pb2.AttachKind, str]] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., function: _Optional[str] = ..., program: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ...) -> None: ...
+    actions: HopActions
+    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[_trace_pb2.AttachKind, str]] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., function: _Optional[str] = ..., program: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ..., actions: _Optional[_Union[HopActions, _Mapping]] = ...) -> None: ...
+
+class HopActions(_message.Message):
+    __slots__ = ("count", "count_by", "histogram", "prev_ts")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_BY_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    PREV_TS_FIELD_NUMBER: _ClassVar[int]
+    count: bool
+    count_by: _counters_pb2.Field
+    histogram: _counters_pb2.Field
+    prev_ts: bool
+    def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., prev_ts: bool = ...) -> None: ...
 
 class TcpTagging(_message.Message):
     __slots__ = ("netns", "cgroup", "program")

@@ -209,14 +209,50 @@ class SegmentStats(_message.Message):
     def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., tracer_lost: _Optional[int] = ..., same_node: bool = ..., clock_bound_ns: _Optional[int] = ..., **kwargs) -> None: ...
 
 class HopThroughput(_message.Message):
-    __slots__ = ("hop", "packets_per_s", "bytes_per_s")
+    __slots__ = ("hop", "packets_per_s", "bytes_per_s", "counts", "histograms")
     HOP_FIELD_NUMBER: _ClassVar[int]
     PACKETS_PER_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAMS_FIELD_NUMBER: _ClassVar[int]
     hop: str
     packets_per_s: float
     bytes_per_s: float
-    def __init__(self, hop: _Optional[str] = ..., packets_per_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ...) -> None: ...
+    counts: _containers.RepeatedCompositeFieldContainer[HopCount]
+    histograms: _containers.RepeatedCompositeFieldContainer[HopHistogram]
+    def __init__(self, hop: _Optional[str] = ..., packets_per_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., counts: _Optional[_Iterable[_Union[HopCount, _Mapping]]] = ..., histograms: _Optional[_Iterable[_Union[HopHistogram, _Mapping]]] = ...) -> None: ...
+
+class HopCount(_message.Message):
+    __slots__ = ("node", "by", "key", "count")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    by: str
+    key: int
+    count: int
+    def __init__(self, node: _Optional[str] = ..., by: _Optional[str] = ..., key: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class HopHistogram(_message.Message):
+    __slots__ = ("node", "field", "total", "buckets")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    field: str
+    total: int
+    buckets: _containers.RepeatedCompositeFieldContainer[HistogramBucket]
+    def __init__(self, node: _Optional[str] = ..., field: _Optional[str] = ..., total: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ...) -> None: ...
+
+class HistogramBucket(_message.Message):
+    __slots__ = ("le", "count")
+    LE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    le: int
+    count: int
+    def __init__(self, le: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class WatchSegmentStatsRequest(_message.Message):
     __slots__ = ("trace",)

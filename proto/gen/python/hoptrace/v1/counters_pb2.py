@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahoptrace/v1/counters.proto\x12\x0bhoptrace.v1*\xd0\x02\n\x07\x43ounter\x12\x10\n\x0c\x43OUNTER_SEEN\x10\x00\x12\x13\n\x0f\x43OUNTER_MATCHED\x10\x01\x12\x14\n\x10\x43OUNTER_RECORDED\x10\x02\x12\x12\n\x0e\x43OUNTER_TAGGED\x10\x03\x12\x14\n\x10\x43OUNTER_UNTAGGED\x10\x04\x12\x13\n\x0f\x43OUNTER_TOO_BIG\x10\x05\x12\x17\n\x13\x43OUNTER_GSO_SKIPPED\x10\x06\x12\x17\n\x13\x43OUNTER_NOT_MATCHED\x10\x07\x12\x1b\n\x17\x43OUNTER_PARSE_TRUNCATED\x10\x08\x12\x1b\n\x17\x43OUNTER_PARSE_MALFORMED\x10\t\x12\x18\n\x14\x43OUNTER_PARSE_NON_IP\x10\n\x12\x18\n\x14\x43OUNTER_RINGBUF_FULL\x10\x0b\x12\x11\n\rCOUNTER_BYTES\x10\x0c\x12\x16\n\x12\x43OUNTER_TAG_FAILED\x10\rBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ahoptrace/v1/counters.proto\x12\x0bhoptrace.v1*\x87\x03\n\x07\x43ounter\x12\x10\n\x0c\x43OUNTER_SEEN\x10\x00\x12\x13\n\x0f\x43OUNTER_MATCHED\x10\x01\x12\x14\n\x10\x43OUNTER_RECORDED\x10\x02\x12\x12\n\x0e\x43OUNTER_TAGGED\x10\x03\x12\x14\n\x10\x43OUNTER_UNTAGGED\x10\x04\x12\x13\n\x0f\x43OUNTER_TOO_BIG\x10\x05\x12\x17\n\x13\x43OUNTER_GSO_SKIPPED\x10\x06\x12\x17\n\x13\x43OUNTER_NOT_MATCHED\x10\x07\x12\x1b\n\x17\x43OUNTER_PARSE_TRUNCATED\x10\x08\x12\x1b\n\x17\x43OUNTER_PARSE_MALFORMED\x10\t\x12\x18\n\x14\x43OUNTER_PARSE_NON_IP\x10\n\x12\x18\n\x14\x43OUNTER_RINGBUF_FULL\x10\x0b\x12\x11\n\rCOUNTER_BYTES\x10\x0c\x12\x16\n\x12\x43OUNTER_TAG_FAILED\x10\r\x12\x18\n\x14\x43OUNTER_LATENCY_MISS\x10\x0e\x12\x1b\n\x17\x43OUNTER_COUNT_KEYS_FULL\x10\x0f*\x86\x01\n\x05\x46ield\x12\x15\n\x11\x46IELD_UNSPECIFIED\x10\x00\x12\r\n\tFIELD_CPU\x10\x01\x12\r\n\tFIELD_LEN\x10\x02\x12\x11\n\rFIELD_IFINDEX\x10\x03\x12\x0e\n\nFIELD_MARK\x10\x04\x12\x12\n\x0e\x46IELD_PRIORITY\x10\x05\x12\x11\n\rFIELD_LATENCY\x10\x06\x42\x46ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1'
   _globals['_COUNTER']._serialized_start=44
-  _globals['_COUNTER']._serialized_end=380
+  _globals['_COUNTER']._serialized_end=435
+  _globals['_FIELD']._serialized_start=438
+  _globals['_FIELD']._serialized_end=572
 # @@protoc_insertion_point(module_scope)

@@ -20,6 +20,18 @@ class Counter(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COUNTER_RINGBUF_FULL: _ClassVar[Counter]
     COUNTER_BYTES: _ClassVar[Counter]
     COUNTER_TAG_FAILED: _ClassVar[Counter]
+    COUNTER_LATENCY_MISS: _ClassVar[Counter]
+    COUNTER_COUNT_KEYS_FULL: _ClassVar[Counter]
+
+class Field(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FIELD_UNSPECIFIED: _ClassVar[Field]
+    FIELD_CPU: _ClassVar[Field]
+    FIELD_LEN: _ClassVar[Field]
+    FIELD_IFINDEX: _ClassVar[Field]
+    FIELD_MARK: _ClassVar[Field]
+    FIELD_PRIORITY: _ClassVar[Field]
+    FIELD_LATENCY: _ClassVar[Field]
 COUNTER_SEEN: Counter
 COUNTER_MATCHED: Counter
 COUNTER_RECORDED: Counter
@@ -34,3 +46,12 @@ COUNTER_PARSE_NON_IP: Counter
 COUNTER_RINGBUF_FULL: Counter
 COUNTER_BYTES: Counter
 COUNTER_TAG_FAILED: Counter
+COUNTER_LATENCY_MISS: Counter
+COUNTER_COUNT_KEYS_FULL: Counter
+FIELD_UNSPECIFIED: Field
+FIELD_CPU: Field
+FIELD_LEN: Field
+FIELD_IFINDEX: Field
+FIELD_MARK: Field
+FIELD_PRIORITY: Field
+FIELD_LATENCY: Field

@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from hoptrace.v1 import counters_pb2 as _counters_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -34,16 +35,39 @@ class RecordBatch(_message.Message):
     def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ...) -> None: ...
 
 class HopCounters(_message.Message):
-    __slots__ = ("hop_index", "hop", "at", "values")
+    __slots__ = ("hop_index", "hop", "at", "values", "actions")
     HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
     HOP_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
     hop_index: int
     hop: str
     at: _timestamp_pb2.Timestamp
     values: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, hop_index: _Optional[int] = ..., hop: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., values: _Optional[_Iterable[int]] = ...) -> None: ...
+    actions: HopActionValues
+    def __init__(self, hop_index: _Optional[int] = ..., hop: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., values: _Optional[_Iterable[int]] = ..., actions: _Optional[_Union[HopActionValues, _Mapping]] = ...) -> None: ...
+
+class HopActionValues(_message.Message):
+    __slots__ = ("count", "count_by", "counts", "histogram", "buckets")
+    class CountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_BY_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    count: bool
+    count_by: _counters_pb2.Field
+    counts: _containers.ScalarMap[int, int]
+    histogram: _counters_pb2.Field
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., counts: _Optional[_Mapping[int, int]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., buckets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class NodeClock(_message.Message):
     __slots__ = ("monotonic_to_realtime_ns", "offset_ns", "bound_ns", "drift_ppm", "delay_ns", "sampled_at_ns")

@@ -55,17 +55,29 @@ class Filter(_message.Message):
     def __init__(self, protocol: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., src_port: _Optional[int] = ..., dst_port: _Optional[int] = ...) -> None: ...
 
 class HopSpec(_message.Message):
-    __slots__ = ("name", "node", "at", "dev", "netns", "cgroup")
+    __slots__ = ("name", "node", "at", "dev", "netns", "cgroup", "actions")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     DEV_FIELD_NUMBER: _ClassVar[int]
     NETNS_FIELD_NUMBER: _ClassVar[int]
     CGROUP_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     node: str
     at: str
     dev: str
     netns: str
     cgroup: str
-    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ...) -> None: ...
+    actions: _containers.RepeatedCompositeFieldContainer[ActionSpec]
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ...) -> None: ...
+
+class ActionSpec(_message.Message):
+    __slots__ = ("kind", "by", "field")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    by: str
+    field: str
+    def __init__(self, kind: _Optional[str] = ..., by: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...

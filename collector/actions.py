@@ -1,0 +1,170 @@
+"""Hop actions stage: the in-kernel counts and histograms of hops (`HopCounters.actions`) as InfluxDB points,
+and their per-hop totals for the report.
+
+Agents send cumulative values since the hop was attached; this stage writes their growth since the previous
+report (a value that went down means the hop was attached again: it counts in full), so any range of points
+sums to what the hops saw in it, as `hop_counters` does. Measurements:
+
+* `hop_counts` - tags `trace`, `hop`, `node`, `by` (a field name, or `total`), `key` (the field's value,
+  0 for `total`); int field `count`.
+* `hop_histogram` - tags `trace`, `hop`, `node`, `field`, `le` (the log2 bucket's inclusive upper bound,
+  2^b - 1); int field `count`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from hoptrace import kernel_abi
+from hoptrace.v1 import records_pb2
+
+HOP_COUNTS = "hop_counts"
+HOP_HISTOGRAM = "hop_histogram"
+TOTAL = "total"  # the `by` tag of a count without by
+
+
+class WallToMaster(Protocol):
+    """The clock stage's mapping of a node's wall clock onto the master's."""
+
+    def wall_to_master(self, node: str, ts_ns: int) -> int: ...
+
+
+def field_name(number: int) -> str:
+    """The field catalogue's name of a `Field` number (enum hoptrace_field)."""
+    return kernel_abi.FIELDS[number] if 0 < number < len(kernel_abi.FIELDS) else f"field{number}"
+
+
+def bucket_le(bucket: int) -> int:
+    """Inclusive upper bound of log2 bucket `bucket` (hop.bpf.h: bucket b holds [2^(b-1), 2^b - 1])."""
+    return (1 << bucket) - 1
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
+
+
+class HopActionsStage:
+    """Turns each batch's cumulative `HopCounters.actions` into `hop_counts` / `hop_histogram` lines."""
+
+    def __init__(self, clock: WallToMaster | None = None) -> None:
+        self.clock = clock
+        # (trace, node, hop_index, "count"|"hist", by-or-field, key-or-bucket) -> last cumulative value
+        self._last: dict[tuple[str, str, int, str, int, int], int] = {}
+        self.resets = 0
+
+    def _delta(self, key: tuple[str, str, int, str, int, int], value: int) -> int:
+        prev = self._last.get(key)
+        self._last[key] = value
+        if prev is None or value < prev:
+            if prev is not None:
+                self.resets += 1
+            return value
+        return value - prev
+
+    def add_counters(
+        self, trace: str, node: str, counters: Iterable[records_pb2.HopCounters], now_ns: int | None = None
+    ) -> list[str]:
+        """Line protocol for the growth of every hop's count and histogram in one batch."""
+        lines: list[str] = []
+        for c in counters:
+            if not c.HasField("actions"):
+                continue
+            a = c.actions
+            if c.HasField("at"):
+                ts = c.at.ToNanoseconds()
+                if self.clock is not None:
+                    ts = self.clock.wall_to_master(node, ts)
+            else:
+                ts = now_ns if now_ns is not None else time.time_ns()
+            hop = c.hop or f"hop{c.hop_index}"
+            base = f",hop={_escape(hop)},node={_escape(node)},trace={_escape(trace)}"
+            if a.count:
+                by = field_name(a.count_by) if a.count_by else TOTAL
+                for key, value in sorted(a.counts.items()):
+                    delta = self._delta((trace, node, c.hop_index, "count", a.count_by, key), value)
+                    if delta:
+                        lines.append(f"{HOP_COUNTS},by={_escape(by)}{base},key={key} count={delta}i {ts}")
+            if a.histogram:
+                name = field_name(a.histogram)
+                for bucket, value in enumerate(a.buckets):
+                    delta = self._delta((trace, node, c.hop_index, "hist", a.histogram, bucket), value)
+                    if delta:
+                        lines.append(
+                            f"{HOP_HISTOGRAM},field={_escape(name)}{base},le={bucket_le(bucket)}"
+                            f" count={delta}i {ts}"
+                        )
+        return lines
+
+
+def query_hop_actions(q: Any, org: str, base: str) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """Per hop, its counts and histograms summed over the query's range: `base` is the report's
+    ``from(...) |> range(...) |> filter(fn: (r) => r.trace == ...`` prefix, left open for more conditions."""
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    counts = (
+        f'{base} and r._measurement == "{HOP_COUNTS}" and r._field == "count")'
+        ' |> group(columns: ["hop", "node", "by", "key"]) |> sum()'
+    )
+    for table in q.query(counts, org=org):
+        for rec in table.records:
+            hop = rec.values.get("hop")
+            if hop is None:
+                continue
+            entry = out.setdefault(hop, {"counts": [], "histograms": []})
+            entry["counts"].append(
+                {
+                    "node": rec.values.get("node", ""),
+                    "by": "" if rec.values.get("by") == TOTAL else rec.values.get("by", ""),
+                    "key": int(rec.values.get("key") or 0),
+                    "count": int(rec.get_value() or 0),
+                }
+            )
+    hist = (
+        f'{base} and r._measurement == "{HOP_HISTOGRAM}" and r._field == "count")'
+        ' |> group(columns: ["hop", "node", "field", "le"]) |> sum()'
+    )
+    histograms: dict[tuple[str, str, str], dict[int, int]] = {}
+    for table in q.query(hist, org=org):
+        for rec in table.records:
+            hop = rec.values.get("hop")
+            if hop is None:
+                continue
+            key = (hop, rec.values.get("node", ""), rec.values.get("field", ""))
+            le = int(rec.values.get("le") or 0)
+            histograms.setdefault(key, {})[le] = int(rec.get_value() or 0)
+    for (hop, node, name), buckets in sorted(histograms.items()):
+        entry = out.setdefault(hop, {"counts": [], "histograms": []})
+        entry["histograms"].append(
+            {
+                "node": node,
+                "field": name,
+                "total": sum(buckets.values()),
+                "buckets": [{"le": le, "count": n} for le, n in sorted(buckets.items()) if n],
+            }
+        )
+    for entry in out.values():
+        entry["counts"].sort(key=lambda c: (c["node"], c["by"], c["key"]))
+    return out
+
+
+def count_text(counts: list[dict[str, Any]], limit: int = 8) -> str:
+    """A hop's counts in one line: ``count 20`` or ``count by cpu: 0=12 1=8``."""
+    if not counts:
+        return ""
+    parts = []
+    for by in dict.fromkeys(c["by"] for c in counts):
+        mine = [c for c in counts if c["by"] == by]
+        if not by:
+            parts.append(f"count {sum(c['count'] for c in mine)}")
+            continue
+        keys = sorted(mine, key=lambda c: -c["count"])[:limit]
+        more = f" (+{len(mine) - limit} keys)" if len(mine) > limit else ""
+        parts.append(f"count by {by}: " + " ".join(f"{c['key']}={c['count']}" for c in keys) + more)
+    return "; ".join(parts)
+
+
+def histogram_text(histogram: dict[str, Any], format_value: Any = str) -> str:
+    """A histogram in one line: ``latency (n=20): <=1.0us 3, <=2.0us 17``."""
+    buckets = ", ".join(f"<={format_value(b['le'])} {b['count']}" for b in histogram["buckets"])
+    return f"{histogram['field']} (n={histogram['total']}): {buckets}"

@@ -1,0 +1,222 @@
+"""Hop actions (``actions:`` on a hop): their spec forms, their checks, and the typed `HopActions` the agent
+loads as constants.
+
+The field catalogue is kernel-patch/include/hoptrace.h's ``enum hoptrace_field`` (``kernel_abi.FIELDS``,
+``trace_pb2``'s ``Field``); this module says which attach kinds can give each field. Nothing the user wrote
+reaches C: a spec's field names become ``Field`` numbers, set as the hop program's ``act_*`` constants.
+
+Spec forms (in a hop's ``actions`` list)::
+
+    - timestamp                 # the record joined across nodes (always on in this version)
+    - count                     # matched packets, one total
+    - count: {by: cpu}          # ... keyed by a field (also `- {count: , by: cpu}`)
+    - histogram: latency        # log2 buckets of a field
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hoptrace import kernel_abi
+from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
+
+ACTION_KINDS = ("timestamp", "count", "histogram")
+# Issue 11 names these too; they are not built yet and are refused with that reason.
+PLANNED_KINDS = ("record",)
+# The catalogue's names, without "none" (value 0).
+FIELDS: tuple[str, ...] = tuple(kernel_abi.FIELDS[1:])
+FIELD_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kernel_abi.FIELDS) if number}
+
+# Program families (hoptrace.dispatcher.spec.KIND_FAMILY) whose hop programs see an sk_buff.
+SKB_FAMILIES = frozenset({"tc", "cgroup_skb", "tp_btf", "fentry", "kprobe"})
+ALL_FAMILIES = SKB_FAMILIES | {"xdp"}
+# Which program families can give each field (tests check every catalogue field is here).
+FIELD_AVAILABILITY: dict[str, frozenset[str]] = {
+    "cpu": ALL_FAMILIES,
+    "len": ALL_FAMILIES,
+    "ifindex": ALL_FAMILIES,
+    "mark": SKB_FAMILIES,
+    "priority": SKB_FAMILIES,
+    "latency": ALL_FAMILIES,
+}
+# A count is keyed by a discrete value; latency is a duration, only for histograms.
+HISTOGRAM_ONLY = frozenset({"latency"})
+# How a family is named in messages ("tracepoint hops", not "tp_btf hops").
+FAMILY_NAMES = {"tp_btf": "tracepoint", "cgroup_skb": "cgroup"}
+
+ActionError = tuple[str, str]  # (field path, reason)
+
+
+def available_fields(family: str) -> list[str]:
+    """The catalogue's fields a hop of this program family can give, in catalogue order."""
+    return [name for name in FIELDS if family in FIELD_AVAILABILITY.get(name, frozenset())]
+
+
+def _kind_and_args(value: Any) -> tuple[str | None, dict[str, Any], str | None]:
+    """(kind, arguments, structural problem) of one spec action."""
+    if isinstance(value, str):
+        return value, {}, None
+    if not isinstance(value, dict) or not value:
+        return None, {}, "must be an action name or a mapping such as {histogram: len}"
+    kinds = [key for key in value if key in ACTION_KINDS or key in PLANNED_KINDS]
+    if len(kinds) != 1:
+        others = ", ".join(repr(key) for key in value)
+        return None, {}, f"one action per item ({', '.join(ACTION_KINDS)}), got keys {others}"
+    kind = kinds[0]
+    argument = value[kind]
+    extra = {key: v for key, v in value.items() if key != kind}
+    if kind == "count":
+        if isinstance(argument, dict):
+            extra = {**argument, **extra}
+        elif argument is not None:
+            return kind, {}, f"count takes {{by: FIELD}} or nothing, got {argument!r}"
+        return kind, extra, None
+    if extra:
+        return kind, {}, f"{kind} takes no other keys, got {', '.join(repr(key) for key in extra)}"
+    return kind, {"field": argument}, None
+
+
+def convert_actions(value: Any, field: str, target: trace_pb2.HopSpec) -> list[ActionError]:
+    """Fill `target.actions` from a hop's ``actions`` value; returns the structural problems."""
+    errors: list[ActionError] = []
+    if value is None:
+        return errors
+    if not isinstance(value, list):
+        return [(field, f"must be a list of actions ({', '.join(ACTION_KINDS)})")]
+    for position, item in enumerate(value):
+        where = f"{field}[{position}]"
+        kind, args, problem = _kind_and_args(item)
+        if problem:
+            errors.append((where, problem))
+            continue
+        assert kind is not None
+        action = target.actions.add(kind=kind)
+        if kind == "count":
+            unknown = [key for key in args if key != "by"]
+            if unknown:
+                errors.append((where, f"count takes only 'by', got {', '.join(repr(k) for k in unknown)}"))
+            by = args.get("by")
+            if by is not None and not isinstance(by, str):
+                errors.append((where, f"count by: must be a field name, got {by!r}"))
+            elif by:
+                action.by = by
+        elif kind in ("histogram",) or kind in PLANNED_KINDS:
+            argument = args.get("field")
+            if kind == "histogram" and not isinstance(argument, str):
+                errors.append(
+                    (where, f"histogram: must name one field ({', '.join(FIELDS)}), got {argument!r}")
+                )
+            elif isinstance(argument, str):
+                action.field = argument
+    return errors
+
+
+def action_to_data(action: trace_pb2.ActionSpec) -> Any:
+    """One action in the spec's canonical form (the inverse of convert_actions)."""
+    if action.kind == "count":
+        return {"count": {"by": action.by}} if action.by else "count"
+    if action.kind == "histogram":
+        return {"histogram": action.field}
+    return action.kind
+
+
+def _field_problem(name: str, family: str, kind: str) -> str | None:
+    if name not in FIELD_NUMBERS:
+        return f"unknown field {name!r}; fields: {', '.join(FIELDS)}"
+    if kind == "count" and name in HISTOGRAM_ONLY:
+        return f"field {name!r} is a duration: use histogram: {name}, not count by"
+    if family not in FIELD_AVAILABILITY.get(name, frozenset()):
+        where = FAMILY_NAMES.get(family, family)
+        return (
+            f"field {name!r} is not available at {where} hops; available: "
+            f"{', '.join(available_fields(family))}"
+        )
+    return None
+
+
+def validate_actions(hop: trace_pb2.HopSpec, family: str | None, field: str) -> list[ActionError]:
+    """Problems of one hop's actions; `family` is its program family (None when `at` did not parse)."""
+    errors: list[ActionError] = []
+    if not hop.actions:
+        return errors
+    seen: dict[str, int] = {}
+    for position, action in enumerate(hop.actions):
+        where = f"{field}.actions[{position}]"
+        if action.kind in PLANNED_KINDS:
+            errors.append(
+                (where, f"{action.kind!r} is not available yet; actions: {', '.join(ACTION_KINDS)}")
+            )
+            continue
+        if action.kind not in ACTION_KINDS:
+            errors.append((where, f"unknown action {action.kind!r}; expected {', '.join(ACTION_KINDS)}"))
+            continue
+        if action.kind in seen:
+            errors.append(
+                (where, f"a hop has one {action.kind} action (also {field}.actions[{seen[action.kind]}])")
+            )
+            continue
+        seen[action.kind] = position
+        name = action.by if action.kind == "count" else action.field
+        if name and family is not None:
+            problem = _field_problem(name, family, action.kind)
+            if problem:
+                errors.append((where, problem))
+    if "timestamp" not in seen:
+        errors.append(
+            (
+                f"{field}.actions",
+                "must include timestamp: every hop's record is joined across nodes in this version "
+                "(leave actions out for [timestamp] alone)",
+            )
+        )
+    return errors
+
+
+def validate_against_agent(
+    hop: trace_pb2.HopSpec, field: str, registration: agent_pb2.Register
+) -> list[ActionError]:
+    """Fields the hop's node did not report among the ones its agent can read."""
+    reported = {
+        counters_pb2.Field.Name(f).removeprefix("FIELD_").lower()
+        for f in registration.capabilities.action_fields
+    }
+    errors: list[ActionError] = []
+    for position, action in enumerate(hop.actions):
+        name = action.by if action.kind == "count" else action.field if action.kind == "histogram" else ""
+        if name and name in FIELD_NUMBERS and name not in reported:
+            listed = ", ".join(sorted(reported, key=FIELDS.index)) if reported else "none (an older agent)"
+            errors.append(
+                (
+                    f"{field}.actions[{position}]",
+                    f"node {hop.node}'s agent cannot read field {name!r}; it reports: {listed}",
+                )
+            )
+    return errors
+
+
+def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopActions]:
+    """Each hop's typed HopActions, by index: count and histogram as written, and prev_ts on every hop
+    before a latency histogram on the same node, so that hop finds the packet's previous timestamp."""
+    out: dict[int, agent_pb2.HopActions] = {}
+    latency_after: dict[str, int] = {}  # node -> index of the last hop there with a latency histogram
+    for index, hop in enumerate(hops):
+        actions = agent_pb2.HopActions()
+        for action in hop.actions:
+            if action.kind == "count":
+                actions.count = True
+                actions.count_by = FIELD_NUMBERS.get(action.by, 0)
+            elif action.kind == "histogram":
+                actions.histogram = FIELD_NUMBERS.get(action.field, 0)
+                if action.field == "latency":
+                    latency_after[hop.node] = index
+        out[index] = actions
+    for index, hop in enumerate(hops):
+        if index < latency_after.get(hop.node, -1):
+            out[index].prev_ts = True
+    return out
+
+
+def field_name(number: int) -> str:
+    """The catalogue name of a Field number ("" for none or unknown)."""
+    return kernel_abi.FIELDS[number] if 0 < number < len(kernel_abi.FIELDS) else ""

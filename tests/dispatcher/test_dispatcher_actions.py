@@ -1,0 +1,156 @@
+"""Hop actions in specs: each bad action or field is refused naming its spec field; good ones round-trip and
+compile to typed HopActions (no user text reaches the object)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dispatcher_fakes import example_registrations, make_registration
+
+from hoptrace import kernel_abi
+from hoptrace.dispatcher import actions
+from hoptrace.dispatcher.compile import build_plans
+from hoptrace.dispatcher.spec import KIND_FAMILY, SpecError, load_spec, spec_to_json, spec_to_yaml
+from hoptrace.v1 import counters_pb2
+
+pytestmark = pytest.mark.unit
+
+HEAD = """\
+name: acts
+filter: {protocol: udp, dst_port: 5000}
+hops:
+  - {name: a-out, node: host-a, at: tc-egress, dev: eth0, netns: c1}
+"""
+
+
+def _spec(*hops: str) -> str:
+    return HEAD + "".join(f"  - {hop}\n" for hop in hops)
+
+
+def _errors(text: str, agents=None) -> list[str]:
+    with pytest.raises(SpecError) as caught:
+        load_spec(text, example_registrations() if agents is None else agents)
+    return [str(error) for error in caught.value.errors]
+
+
+def test_catalogue_is_the_generated_one_and_every_field_has_its_kinds() -> None:
+    assert tuple(kernel_abi.FIELDS[1:]) == actions.FIELDS
+    assert set(actions.FIELD_AVAILABILITY) == set(actions.FIELDS)
+    # The proto's enum Field is generated from the same enum: names and numbers agree.
+    for number, name in enumerate(kernel_abi.FIELDS):
+        expected = "FIELD_UNSPECIFIED" if number == 0 else f"FIELD_{name.upper()}"
+        assert counters_pb2.Field.Name(number) == expected
+    families = {family for family, _ in KIND_FAMILY.values()}
+    for name, where in actions.FIELD_AVAILABILITY.items():
+        assert where <= families, name
+
+
+def test_actions_round_trip_and_compile_to_typed_constants() -> None:
+    text = _spec(
+        "{name: a-wire, node: host-a, at: tc-egress, dev: wire0,"
+        " actions: [timestamp, {count: {by: cpu}}, {histogram: latency}]}",
+        "{name: b-in, node: host-b, at: tc-ingress, dev: wire0,"
+        " actions: [timestamp, count, {histogram: len}]}",
+        "{name: b-c2, node: host-b, at: tc-ingress, dev: eth0, netns: c2,"
+        " actions: [timestamp, {count: , by: mark}]}",
+    )
+    spec = load_spec(text, example_registrations())
+    assert load_spec(spec_to_yaml(spec)) == spec
+    assert load_spec(spec_to_json(spec)) == spec
+    plans = build_plans(spec, 1)
+    a = {hop.name: hop.actions for hop in plans["host-a"].hops}
+    b = {hop.name: hop.actions for hop in plans["host-b"].hops}
+    # a-out precedes a latency histogram on its node: it remembers timestamps; nothing else.
+    assert not a["a-out"].count and a["a-out"].histogram == 0 and a["a-out"].prev_ts
+    assert a["a-wire"].count and a["a-wire"].count_by == counters_pb2.FIELD_CPU
+    assert a["a-wire"].histogram == counters_pb2.FIELD_LATENCY and not a["a-wire"].prev_ts
+    assert b["b-in"].count and b["b-in"].count_by == 0 and b["b-in"].histogram == counters_pb2.FIELD_LEN
+    assert not b["b-in"].prev_ts  # latency is per node: host-b has no latency hop
+    assert b["b-c2"].count_by == counters_pb2.FIELD_MARK
+
+
+def test_hops_without_actions_compile_to_no_actions() -> None:
+    spec = load_spec(_spec("{name: b-in, node: host-b, at: tc-ingress, dev: wire0}"), example_registrations())
+    for plan in build_plans(spec, 1).values():
+        for hop in plan.hops:
+            assert not hop.HasField("actions")
+
+
+@pytest.mark.parametrize(
+    ("hop", "expected"),
+    [
+        (
+            "{name: x, node: host-b, at: xdp, dev: wire0, actions: [timestamp, {count: {by: mark}}]}",
+            "hops[1].actions[1]: field 'mark' is not available at xdp hops;"
+            " available: cpu, len, ifindex, latency",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {histogram: colour}]}",
+            "hops[1].actions[1]: unknown field 'colour'; fields: " + ", ".join(actions.FIELDS),
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, sum]}",
+            "hops[1].actions[1]: unknown action 'sum'; expected timestamp, count, histogram",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0,"
+            " actions: [timestamp, {count: {by: latency}}]}",
+            "hops[1].actions[1]: field 'latency' is a duration: use histogram: latency, not count by",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, count, count]}",
+            "hops[1].actions[2]: a hop has one count action (also hops[1].actions[1])",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [count]}",
+            "hops[1].actions: must include timestamp",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {record: [len]}]}",
+            "hops[1].actions[1]: 'record' is not available yet",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: {histogram: len}}",
+            "hops[1].actions: must be a list of actions",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {histogram: [len]}]}",
+            "hops[1].actions[1]: histogram: must name one field",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {count: {per: cpu}}]}",
+            "hops[1].actions[1]: count takes only 'by'",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0,"
+            " actions: [timestamp, {count: , histogram: len}]}",
+            "hops[1].actions[1]: one action per item",
+        ),
+    ],
+)
+def test_bad_actions_name_their_field(hop: str, expected: str) -> None:
+    errors = _errors(_spec(hop))
+    assert any(error.startswith(expected) for error in errors), errors
+    assert len(errors) == 1, errors  # one problem, said once
+
+
+def test_an_agent_that_reports_no_fields_is_refused_by_field() -> None:
+    agents = example_registrations()
+    old = make_registration("host-b", {"": ["wire0"]})
+    del old.capabilities.action_fields[:]
+    agents["host-b"] = old
+    errors = _errors(
+        _spec("{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {histogram: len}]}"),
+        agents,
+    )
+    assert errors == [
+        "hops[1].actions[1]: node host-b's agent cannot read field 'len'; it reports: none (an older agent)"
+        " (line 5)"
+    ]
+
+
+def test_the_example_spec_with_actions_is_valid() -> None:
+    text = (Path(__file__).resolve().parents[2] / "examples" / "udp-actions.yaml").read_text()
+    spec = load_spec(text, example_registrations())
+    assert [len(hop.actions) for hop in spec.hops] == [0, 3, 0, 3, 0]

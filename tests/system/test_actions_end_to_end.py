@@ -1,0 +1,84 @@
+"""Hop actions end to end: a spec with count, count by cpu, histogram of len and of latency goes through the
+dispatcher (validation, typed constants), both agents (in-kernel maps), the collector and InfluxDB into
+`hoptrace report --json`, whose per-hop counts and histograms must equal the packets sent."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from system_helpers import running_cluster, wait_report
+
+from hoptrace.lab.processes import udp_transfer
+from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.v1 import trace_pb2
+
+SENT = 200
+
+
+def _actions(*items: tuple[str, str, str]) -> list[trace_pb2.ActionSpec]:
+    return [trace_pb2.ActionSpec(kind=kind, by=by, field=field) for kind, by, field in items]
+
+
+def _hop(data: dict, name: str) -> dict:
+    return next(h for h in data["hops"] if h["hop"] == name)
+
+
+def test_counts_and_histograms_reach_the_report(topology, influxd):
+    spec = vxlan_path_spec(topology, "e2e-actions")
+    hops = {hop.name: hop for hop in spec.hops}
+    # host-a: time from the container's egress to the bridge's receive, and which CPUs receive there.
+    hops["a-veth-in"].actions.extend(
+        _actions(("timestamp", "", ""), ("count", "cpu", ""), ("histogram", "", "latency"))
+    )
+    # host-b: every packet that reached the wire, and their sizes there (VXLAN included).
+    hops["b-wire-in"].actions.extend(
+        _actions(("timestamp", "", ""), ("count", "", ""), ("histogram", "", "len"))
+    )
+    with running_cluster(topology, influxd.url) as cluster:
+        cluster.apply(spec)
+        payloads = [os.urandom(64) for _ in range(SENT)]
+        assert udp_transfer(topology, "c1", "c2", payloads, 4, 11111, 0.002) == payloads
+        data = wait_report(cluster, "e2e-actions", SENT)
+        # Counts come with the agents' counters (every second): wait for all of them.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            wire = _hop(data, "b-wire-in")
+            veth = _hop(data, "a-veth-in")
+            if (
+                sum(c["count"] for c in wire["counts"]) >= SENT
+                and sum(c["count"] for c in veth["counts"]) >= SENT
+                and all(g["total"] >= SENT for g in wire["histograms"] + veth["histograms"])
+                and wire["histograms"]
+                and veth["histograms"]
+            ):
+                break
+            time.sleep(1)
+            data = wait_report(cluster, "e2e-actions", SENT)
+
+    wire, veth = _hop(data, "b-wire-in"), _hop(data, "a-veth-in")
+    assert wire["counts"] == [{"node": "host-b", "by": "", "key": 0, "count": SENT}], wire
+    (sizes,) = wire["histograms"]
+    assert (sizes["node"], sizes["field"], sizes["total"]) == ("host-b", "len", SENT), sizes
+    # Every datagram has the same size: one bucket, whose bound covers a VXLAN frame of 64 bytes' payload.
+    assert len(sizes["buckets"]) == 1 and 128 <= sizes["buckets"][0]["le"] <= 255, sizes
+
+    assert {c["by"] for c in veth["counts"]} == {"cpu"}
+    assert sum(c["count"] for c in veth["counts"]) == SENT, veth
+    assert all(0 <= c["key"] < os.cpu_count() for c in veth["counts"]), veth
+    (latency,) = veth["histograms"]
+    assert (latency["node"], latency["field"], latency["total"]) == ("host-a", "latency", SENT), latency
+    # The in-kernel histogram and the joined records use the same timestamps (one node): the max falls in
+    # the top bucket, and the p50 (nearest rank) in the bucket where the cumulative count passes half.
+    segment = next(s for s in data["segments"] if (s["from"], s["to"]) == ("a-c1-eth0-out", "a-veth-in"))
+    assert segment["count"] == SENT
+    le_of = lambda ns: (1 << int(ns).bit_length()) - 1  # noqa: E731 - hop.bpf.h's log2 bucket bound
+    assert latency["buckets"][-1]["le"] == le_of(segment["max_ns"]), (segment, latency)
+    running, median_le = 0, None
+    for bucket in latency["buckets"]:
+        running += bucket["count"]
+        if median_le is None and running >= SENT // 2:
+            median_le = bucket["le"]
+    assert median_le == le_of(segment["p50_ns"]), (segment, latency)
+    # Hops without actions report none.
+    assert _hop(data, "a-c1-eth0-out")["counts"] == [] and _hop(data, "a-c1-eth0-out")["histograms"] == []
