@@ -11,13 +11,23 @@ import pytest
 pytestmark = pytest.mark.unit  # no root, no server: make test-unit runs it without root
 
 
+def cli(*args: str) -> list[str]:
+    """argv of the `hoptrace` CLI in a child with this interpreter's site directories (make test-unit runs
+    Debian's python with the venv's added at run time; the editable install's finder comes with them)."""
+    sites = [path for path in sys.path if path.endswith("site-packages")]
+    code = (
+        f"import site, sys; [site.addsitedir(p) for p in {sites!r}]; "
+        "from hoptrace.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    )
+    return [sys.executable, "-c", code, *args]
+
+
 def test_a_reader_that_left_gets_no_traceback() -> None:
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader is gone before the first line is written
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "hoptrace.cli.main", "version", "--dispatcher", "127.0.0.1:9"]
-            + ["--insecure"],
+            cli("version", "--dispatcher", "127.0.0.1:9", "--insecure"),
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
@@ -44,7 +54,7 @@ def complete(script: str, *words: str) -> list[str]:
 def test_bash_completion_knows_every_command_and_flag(tmp_path) -> None:
     script = tmp_path / "hoptrace.bash"
     generated = subprocess.run(
-        [sys.executable, "-m", "hoptrace.cli.main", "completion", "bash"],
+        cli("completion", "bash"),
         capture_output=True,
         text=True,
         timeout=60,
