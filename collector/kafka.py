@@ -46,12 +46,11 @@ from google.protobuf.message import DecodeError
 
 from hoptrace.collector.aggregate import LatencySample
 from hoptrace.collector.catalog import TraceCatalog
-from hoptrace.collector.influx import InfluxConfig, InfluxExporter, TimestampDeduper, ensure_database
+from hoptrace.collector.influx import InfluxConfig, InfluxExporter, TimestampDeduper
 from hoptrace.collector.metrics import MetricsServer, _Writer, start_metrics_server
 from hoptrace.collector.receiver import SeenBatches
 from hoptrace.collector.records import RecordDecodeError, decode_batch
-from hoptrace.collector.service import CollectorConfig, CollectorPipeline
-from hoptrace.collector.timeservice import TimeServer
+from hoptrace.collector.service import CollectorConfig, CollectorPipeline, start_shared_parts
 from hoptrace.v1 import records_pb2
 
 log = logging.getLogger(__name__)
@@ -243,17 +242,7 @@ class KafkaCollectorService:
         kafka.validate()
         self.config = config
         self.kafka = kafka
-        self.catalog = catalog if catalog is not None else TraceCatalog()
-        if config.catalog_file:
-            self.catalog.load_file(config.catalog_file)
-        if config.create_database:
-            ensure_database(config.influx.url, config.influx.bucket, config.influx.token)
-        self.time_server: TimeServer | None = None
-        if config.clock_listen is not None:
-            try:
-                self.time_server = TimeServer(config.clock_listen).start()
-            except OSError as err:
-                log.error("time service: cannot listen on udp %s: %s", config.clock_listen, err)
+        self.catalog, self.time_server = start_shared_parts(config, catalog)
         self.exporter = CommitTrackingExporter(config.influx)
         self.stats = KafkaStats()
         self.partitions: dict[int, PartitionState] = {}

@@ -240,23 +240,32 @@ class CollectorPipeline:
         }
 
 
+def start_shared_parts(
+    config: CollectorConfig, catalog: TraceCatalog | None
+) -> tuple[TraceCatalog, TimeServer | None]:
+    """What a collector sets up before it takes records, whichever way they come (gRPC or Kafka): the trace
+    catalogue (with its file), the InfluxDB database and the time service."""
+    catalog = catalog if catalog is not None else TraceCatalog()
+    if config.catalog_file:
+        catalog.load_file(config.catalog_file)
+    if config.create_database:
+        ensure_database(config.influx.url, config.influx.bucket, config.influx.token)
+    time_server = None
+    if config.clock_listen is not None:
+        try:
+            time_server = TimeServer(config.clock_listen).start()
+        except OSError as err:  # records still flow; agents then report an unknown clock bound
+            log.error("time service: cannot listen on udp %s: %s", config.clock_listen, err)
+    return catalog, time_server
+
+
 class CollectorService:
     """A running collector: gRPC server, pipeline, exporter and ticker."""
 
     def __init__(self, config: CollectorConfig, catalog: TraceCatalog | None = None) -> None:
         config.validate()
         self.config = config
-        self.catalog = catalog if catalog is not None else TraceCatalog()
-        if config.catalog_file:
-            self.catalog.load_file(config.catalog_file)
-        if config.create_database:
-            ensure_database(config.influx.url, config.influx.bucket, config.influx.token)
-        self.time_server: TimeServer | None = None
-        if config.clock_listen is not None:
-            try:
-                self.time_server = TimeServer(config.clock_listen).start()
-            except OSError as err:  # records still flow; agents then report an unknown clock bound
-                log.error("time service: cannot listen on udp %s: %s", config.clock_listen, err)
+        self.catalog, self.time_server = start_shared_parts(config, catalog)
         self.exporter = InfluxExporter(config.influx)
         self.pipeline = CollectorPipeline(self.exporter, self.catalog, config.join, config.aggregate)
         self.receiver = CollectorReceiver(self.pipeline.consume)
