@@ -322,6 +322,9 @@ def compose_command(*args: str) -> list[str]:
     """docker-compose on the local compose file, project hoptrace-local."""
     if not DOCKER_COMPOSE.exists():
         raise ComposeError(f"{DOCKER_COMPOSE} is missing: run `make setup` (Debian package docker-compose)")
+    # docker-compose checks every service's build path on any command, `down` too; a clean clone whose
+    # images are cached (same engine, same inputs) has not staged the context.
+    CONTEXT.mkdir(parents=True, exist_ok=True)
     return [str(DOCKER_COMPOSE), "-f", str(COMPOSE_FILE), "-p", PROJECT, *args]
 
 
