@@ -134,6 +134,7 @@
     if (!dataNode) return;
     const graph = JSON.parse(dataNode.textContent);
     graphBox.querySelectorAll("button.apply-path").forEach((button) => {
+      button.hidden = false;  // hidden without script: applying a path fills the rows in the page
       button.addEventListener("click", () => {
         const path = graph.paths[Number(button.dataset.path) - 1];
         fillRows(path.hops);
