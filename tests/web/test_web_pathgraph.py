@@ -6,16 +6,15 @@ then the graph: one box per host with exactly the discovered device crossings of
 both ECMP paths with their shares, and on every edge the median and p99 the dispatcher's Discover answer gave
 (read off the gRPC stream the web app itself received). "Apply path 1 as trace" applies that path; its
 results page draws the same hops with the report's p50/p99 (GetReport) on the edges. A flow nobody sends
-gives the dispatcher's "no packet ... seen" message after the duration.
+gives the dispatcher's "no packet ... seen" message after the duration. The screenshots (test-artifacts/web/
+discover-path-graph.png, results-path-graph.png) are the ones in docs/screenshots/.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -33,7 +32,6 @@ from hoptrace.lab.routed import RoutedTopology
 from hoptrace.v1 import api_pb2, trace_pb2
 from hoptrace.web import create_app
 
-DOCS_SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 TRACE = "web-graph"
 
 
@@ -124,12 +122,6 @@ def per_node(places: list[tuple[str, str, str, str]]) -> dict[str, list[tuple[st
     return out
 
 
-def keep_screenshot(browser: Any, name: str) -> None:
-    """Into test-artifacts/web, and the copy docs/screenshots/ links to."""
-    DOCS_SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(screenshot(browser, name), DOCS_SCREENSHOTS / f"{name}.png")
-
-
 def test_graph_of_two_ecmp_paths_applied_then_on_results(routed, cluster3, browser):  # noqa: F811 (fixtures)
     """Discovery over both wires: the graph per host, the edges' latencies, the shares; path 2 applied
     from the graph; its results page draws the same hops with the report's numbers."""
@@ -192,7 +184,7 @@ def test_graph_of_two_ecmp_paths_applied_then_on_results(routed, cluster3, brows
         )
         assert names == [h.name for h in result.paths[0].hops]
         browser.execute_script("document.getElementById('discover').scrollIntoView()")
-        keep_screenshot(browser, "discover-path-graph")
+        screenshot(browser, "discover-path-graph")
 
         # -- apply the second path (the minor wire) from the graph
         browser.find_element(By.CSS_SELECTOR, "button.apply-path[data-path='2']").click()
@@ -226,7 +218,7 @@ def test_graph_of_two_ecmp_paths_applied_then_on_results(routed, cluster3, brows
             assert edge["median"] == latency_text(segment, "p50_ns"), edge
             assert edge["p99"] == f"p99 {latency_text(segment, 'p99_ns')}", edge
         browser.execute_script("document.getElementById('path-graph').scrollIntoView()")
-        keep_screenshot(browser, "results-path-graph")
+        screenshot(browser, "results-path-graph")
         cluster3.api().DeleteTrace(api_pb2.DeleteTraceRequest(name=TRACE))
 
 
