@@ -13,6 +13,9 @@ packet into paths:
   where the packet clearly left the node and came back (order_packet);
 * packets that took exactly the same crossings form one path; each path is reported with its share (ECMP, a
   changed route, packets lost on the way).
+* each step from one crossing to the next that some packets made is an edge of the path graph
+  (DiscoverResult.segments), with the median and p99 of those packets' step times: one node's own clock
+  within a node, the aligned clocks across nodes.
 
 Each crossing becomes a hop at ``tc-egress`` / ``tc-ingress`` of its device, named
 ``NODE-[NETNS-]DEV-out|in`` with the common prefixes of node and namespace names left out (``a-veth-c1-in``).
