@@ -13,6 +13,9 @@ packet into paths:
   where the packet clearly left the node and came back (order_packet);
 * packets that took exactly the same crossings form one path; each path is reported with its share (ECMP, a
   changed route, packets lost on the way).
+* each step from one crossing to the next that some packets made is an edge of the path graph
+  (DiscoverResult.segments), with the median and p99 of those packets' step times: one node's own clock
+  within a node, the aligned clocks across nodes.
 
 Each crossing becomes a hop at ``tc-egress`` / ``tc-ingress`` of its device, named
 ``NODE-[NETNS-]DEV-out|in`` with the common prefixes of node and namespace names left out (``a-veth-c1-in``).
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import json_format
 
+from hoptrace.collector.aggregate import quantile
 from hoptrace.dispatcher.compile import flow_match
 from hoptrace.dispatcher.presets import MAX_DURATION_S, PresetError, PresetRunner
 from hoptrace.dispatcher.spec import FieldError, _validate_filter, format_errors
@@ -175,6 +179,23 @@ def build_paths(
     """Every path the packets took, most packets first, with generated hop names. With `window` (master
     time in which every node listened), only packets that crossed everything inside it count: a node that
     started listening later, or stopped earlier, would otherwise cut paths short."""
+    return build_graph(crossings, window)[0]
+
+
+def _step_ns(before: Crossing, after: Crossing) -> int:
+    """Time from one crossing of a packet to its next: the node's own clock when both are on one node
+    (exact), the aligned clocks across nodes."""
+    if before.node == after.node:
+        return after.mono_ns - before.mono_ns
+    return after.master_ns - before.master_ns
+
+
+def build_graph(
+    crossings: Sequence[Crossing], window: tuple[int, int] | None = None
+) -> tuple[list[api_pb2.DiscoveredPath], list[api_pb2.DiscoveredSegment]]:
+    """The paths (as build_paths) and the path graph's edges: each step some packets made from one
+    crossing to the next, with its packets, share and the median and p99 of those packets' own step
+    times, in the order the steps first appear along the paths (most common path first)."""
     by_packet: dict[tuple[int, int], list[Crossing]] = defaultdict(list)
     for crossing in crossings:
         by_packet[crossing.packet].append(crossing)
@@ -187,14 +208,18 @@ def build_paths(
         }
     counts: Counter[tuple[tuple[str, str, str, str], ...]] = Counter()
     offsets: dict[tuple, list[list[int]]] = defaultdict(list)
+    steps: dict[tuple, list[int]] = defaultdict(list)
     for path in ordered.values():
         key = tuple(c.place for c in path)
         counts[key] += 1
         offsets[key].append([c.master_ns - path[0].master_ns for c in path])
+        for before, after in itertools.pairwise(path):
+            steps[(before.place, after.place)].append(_step_ns(before, after))
     total = sum(counts.values())
     nodes = sorted({c.node for c in crossings})
     namespaces = sorted({c.netns for c in crossings})
     result = []
+    segments: dict[tuple, api_pb2.DiscoveredSegment] = {}
     for key, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
         namer = HopNamer(nodes, namespaces)
         hops = [
@@ -211,7 +236,19 @@ def build_paths(
         result.append(
             api_pb2.DiscoveredPath(packets=count, share=count / total, hops=hops, since_first_ns=since_first)
         )
-    return result
+        for index, step in enumerate(itertools.pairwise(key)):
+            if step in segments:
+                continue
+            times = sorted(steps[step])
+            segments[step] = api_pb2.DiscoveredSegment(
+                from_hop=hops[index],
+                to_hop=hops[index + 1],
+                packets=len(times),
+                share=len(times) / total,
+                median_ns=quantile(times, 0.5),
+                p99_ns=quantile(times, 0.99),
+            )
+    return result, list(segments.values())
 
 
 def build_result(
@@ -225,11 +262,11 @@ def build_result(
             max(int(s["listen_from_ns"]) for s in summaries.values()),
             min(int(s["listen_until_ns"]) for s in summaries.values()),
         )
-    paths = build_paths(crossings, window)
+    paths, segments = build_graph(crossings, window)
     spec = trace_pb2.TraceSpec(name=request.name or DEFAULT_NAME, filter=request.filter)
     nodes = sorted(summaries)
     result = api_pb2.DiscoverResult(
-        spec=spec, paths=paths, packets=sum(p.packets for p in paths), nodes=nodes
+        spec=spec, paths=paths, packets=sum(p.packets for p in paths), nodes=nodes, segments=segments
     )
     if paths:
         result.spec.hops.extend(paths[0].hops)

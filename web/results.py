@@ -28,6 +28,7 @@ from hoptrace.collector.report import (
 )
 from hoptrace.common.client import ApiError
 from hoptrace.v1 import api_pb2
+from hoptrace.web import pathgraph
 from hoptrace.web.dispatcher import get_client
 
 bp = Blueprint("results", __name__)
@@ -76,20 +77,20 @@ def with_display(segment: dict[str, Any]) -> dict[str, Any]:
     return {**segment, "display": display}
 
 
-def _trace_state(name: str) -> dict[str, Any] | None:
-    """The applied trace's view (its state); None when it is not applied (any more): its data is still
-    shown."""
-    from hoptrace.web.traces import trace_view
-
+def _applied_trace(name: str) -> api_pb2.Trace | None:
+    """The applied trace; None when it is not applied (any more): its data is still shown."""
     try:
-        return trace_view(get_client().trace(name))
+        return get_client().trace(name)
     except ApiError:
         return None
 
 
 def results_data(name: str, since: str) -> dict[str, Any]:
     """Everything the results page shows, JSON-ready; raises ApiError when there is no report."""
-    view = _trace_state(name)
+    from hoptrace.web.traces import trace_view
+
+    trace = _applied_trace(name)
+    view = trace_view(trace) if trace is not None else None
     report_request = api_pb2.GetReportRequest(trace=name, with_series=True)
     report_request.start.FromSeconds(int(time.time()) - since_seconds(since))
     report = get_client().call("GetReport", report_request, timeout=REPORT_TIMEOUT_S)
@@ -105,6 +106,11 @@ def results_data(name: str, since: str) -> dict[str, Any]:
         "report": data,
         "summary": summary,
         "series": series_data(report),
+        # The path graph of the trace's hops with each segment's p50/p99 (none once it is deleted: the
+        # report keeps hop names, not where they were).
+        "graph_html": pathgraph.render(pathgraph.from_trace(trace.spec, data["segments"]))
+        if trace is not None and trace.spec.hops
+        else "",
     }
 
 

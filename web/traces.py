@@ -11,12 +11,23 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from flask import Blueprint, Response, abort, flash, jsonify, redirect, render_template, request, url_for
+from flask import (
+    Blueprint,
+    Response,
+    abort,
+    flash,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    stream_with_context,
+    url_for,
+)
 
 from hoptrace.common.client import ApiError
 from hoptrace.common.durations import parse_duration
@@ -31,6 +42,7 @@ from hoptrace.dispatcher.spec import (
     spec_to_yaml,
 )
 from hoptrace.v1 import api_pb2, trace_pb2
+from hoptrace.web import pathgraph
 from hoptrace.web.agents import agent_views
 from hoptrace.web.dispatcher import get_client
 
@@ -254,6 +266,7 @@ def _render_form(
     status: int = 200,
     discovered: list[dict[str, Any]] | None = None,
     discover_duration: str = "",
+    discovered_graph: str = "",
 ):  # noqa: ANN202
     agents, agent_error = agent_views()
     placed, general = errors_by_input(errors)
@@ -273,14 +286,18 @@ def _render_form(
             at_choices=AT_CHOICES,
             discovered=discovered or [],
             discover_duration=discover_duration or str(DEFAULT_DISCOVER_S),
+            discover_nodes=request.form.getlist("discover_nodes") if request.method == "POST" else [],
+            discovered_graph=discovered_graph,
         ),
         status,
     )
 
 
-def discover_request(form: TraceForm, duration: str) -> tuple[api_pb2.DiscoverRequest, list[FieldError]]:
-    """The Discover request of the form's filter (hop rows are not needed), and the boxes that hold no
-    number where one belongs."""
+def discover_request(
+    form: TraceForm, duration: str, nodes: Sequence[str] = ()
+) -> tuple[api_pb2.DiscoverRequest, list[FieldError]]:
+    """The Discover request of the form's filter (hop rows are not needed) on `nodes` (none: every connected
+    agent), and the boxes that hold no number where one belongs."""
     errors: list[FieldError] = []
     flt = trace_pb2.Filter(protocol=form.protocol, src=form.src, dst=form.dst)
     for key in ("src_port", "dst_port"):
@@ -296,7 +313,9 @@ def discover_request(form: TraceForm, duration: str) -> tuple[api_pb2.DiscoverRe
     if not 0 < seconds <= MAX_DISCOVER_S:
         errors.append(FieldError("discover_duration", f"{duration!r}: want 0 < seconds <= {MAX_DISCOVER_S}"))
         seconds = DEFAULT_DISCOVER_S
-    request_ = api_pb2.DiscoverRequest(filter=flt, duration_ms=int(seconds * 1000), name=form.name)
+    request_ = api_pb2.DiscoverRequest(
+        filter=flt, duration_ms=int(seconds * 1000), name=form.name, nodes=[n for n in nodes if n]
+    )
     return request_, errors
 
 
@@ -322,22 +341,37 @@ def discovered_paths(result: api_pb2.DiscoverResult) -> list[dict[str, Any]]:
     ]
 
 
-def _discover(form: TraceForm, editing: str | None):  # noqa: ANN202
-    """Run Discover on the form's filter; the most common path fills the hop rows, every path is shown."""
+def _discover_timeout_s(request_: api_pb2.DiscoverRequest) -> float:
+    # The agents look for the duration, then answer: leave room for their summaries.
+    return request_.duration_ms / 1000 + 45
+
+
+def _dispatcher_field_errors(error: ApiError) -> list[FieldError]:
+    """The FieldErrors of an INVALID_ARGUMENT answer (one "field: reason" per line)."""
+    return [FieldError(*line.split(": ", 1)) for line in error.message.splitlines() if ": " in line]
+
+
+def _discover_form_input() -> tuple[TraceForm, api_pb2.DiscoverRequest, str, list[FieldError]]:
+    form = TraceForm.from_request(request.form)
     duration = request.form.get("discover_duration", "").strip() or str(DEFAULT_DISCOVER_S)
-    request_, errors = discover_request(form, duration)
+    request_, errors = discover_request(form, duration, request.form.getlist("discover_nodes"))
+    return form, request_, duration, errors
+
+
+def _discover(form: TraceForm, editing: str | None):  # noqa: ANN202
+    """Run Discover on the form's filter (no script: the page waits); the most common path fills the hop
+    rows, every path is shown, as a list and as the path graph."""
+    _, request_, duration, errors = _discover_form_input()
     if errors:
         return _render_form(form, errors, editing=editing, status=422, discover_duration=duration)
     result = None
     try:
-        for event in get_client().stream("Discover", request_, timeout=request_.duration_ms / 1000 + 45):
+        for event in get_client().stream("Discover", request_, timeout=_discover_timeout_s(request_)):
             if event.HasField("result"):
                 result = event.result
     except ApiError as error:
         if error.code == grpc.StatusCode.INVALID_ARGUMENT:
-            field_errors = [
-                FieldError(*line.split(": ", 1)) for line in error.message.splitlines() if ": " in line
-            ]
+            field_errors = _dispatcher_field_errors(error)
             return _render_form(form, field_errors, editing=editing, status=422, discover_duration=duration)
         return _render_form(
             form, editing=editing, message=f"discovery failed: {error.message}", status=502,
@@ -358,8 +392,57 @@ def _discover(form: TraceForm, editing: str | None):  # noqa: ANN202
         "the hops below. Apply it to trace it."
     )
     return _render_form(
-        form, editing=editing, discovered=discovered_paths(result), discover_duration=duration
-    )
+        form, editing=editing, discovered=discovered_paths(result), discover_duration=duration,
+        discovered_graph=pathgraph.render(pathgraph.from_discovery(result), applicable=True),
+    )  # fmt: skip
+
+
+def discovery_view(result: api_pb2.DiscoverResult) -> dict[str, Any]:
+    """A Discover result as the new-trace page's script takes it: the graph (SVG and data), the message
+    when nothing was seen."""
+    view: dict[str, Any] = {
+        "packets": result.packets,
+        "nodes": list(result.nodes),
+        "message": result.message,
+        "name": result.spec.name,
+    }
+    if result.paths:
+        graph = pathgraph.from_discovery(result)
+        view["graph"] = graph.to_data()
+        view["graph_html"] = pathgraph.render(graph, applicable=True)
+    return view
+
+
+@bp.post("/discover.ndjson")
+def discover_stream():  # noqa: ANN201 - a view
+    """Discover from the form's filter, streamed as JSON lines while the agents look: ``{"progress": ...}``
+    for each of the dispatcher's progress events, then ``{"result": ...}`` (discovery_view) or
+    ``{"error": ...}``. A form the request cannot be made of is refused at once (422, errors by input)."""
+    form, request_, _, errors = _discover_form_input()
+    if errors:
+        return jsonify({"errors": _placed(form, errors), "general": []}), 422
+    client = get_client()
+
+    def events() -> Iterator[str]:
+        try:
+            for event in client.stream("Discover", request_, timeout=_discover_timeout_s(request_)):
+                if event.HasField("result"):
+                    line: dict[str, Any] = {"result": discovery_view(event.result)}
+                else:
+                    fields = ("message", "node", "packets", "nodes_pending")
+                    line = {"progress": {key: getattr(event.progress, key) for key in fields}}
+                yield json.dumps(line) + "\n"
+        except ApiError as error:
+            failure: dict[str, Any] = {"error": f"discovery failed: {error.message}"}
+            if error.code == grpc.StatusCode.INVALID_ARGUMENT:
+                failure["errors"] = _placed(form, _dispatcher_field_errors(error))
+            yield json.dumps(failure) + "\n"
+
+    # No buffering on the way (a proxy would otherwise hold the progress back until the end).
+    return Response(
+        stream_with_context(events()), mimetype="application/x-ndjson",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )  # fmt: skip
 
 
 def _handle_form(form: TraceForm, editing: str | None):  # noqa: ANN202
@@ -424,6 +507,11 @@ def validate_json():  # noqa: ANN201 - a view
         _, errors = check_form(form)
     except ApiError as error:
         return jsonify({"errors": [], "general": [error.message]}), 502
+    return jsonify({"errors": _placed(form, errors), "valid": not errors})
+
+
+def _placed(form: TraceForm, errors: Sequence[FieldError]) -> list[dict[str, str | None]]:
+    """Each error with the input it belongs to, by the row numbers of the request."""
     placed = []
     for error in errors:
         name = input_name(error.field)
@@ -432,7 +520,7 @@ def validate_json():  # noqa: ANN201 - a view
             row = form.rows[int(match.group(1))]
             name = f"hops-{row}-{match.group(2)}" if match.group(2) else f"hops-{row}"
         placed.append({"field": error.field, "reason": error.reason, "input": name})
-    return jsonify({"errors": placed, "valid": not errors})
+    return placed
 
 
 def _get_trace_or_404(name: str) -> api_pb2.Trace:

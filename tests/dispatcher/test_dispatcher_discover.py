@@ -11,6 +11,7 @@ import pytest
 from hoptrace.dispatcher.discover import (
     Crossing,
     HopNamer,
+    build_graph,
     build_paths,
     build_result,
     order_packet,
@@ -64,6 +65,42 @@ def test_paths_in_order_from_shuffled_crossings_with_shares() -> None:
         "b-c2-eth0-in",
     ]  # fmt: skip
     assert [h.at for h in paths[0].hops][:2] == ["tc-egress", "tc-ingress"]
+
+
+def test_segments_carry_each_steps_median_and_p99_over_every_path_that_makes_it() -> None:
+    """100 packets, 1 in 4 over the twin wire; packet k spends (k + 1) us between wire egress and ingress
+    (across nodes: aligned time) and its steps within a node are told by the node's own clock even where
+    aligned time is off. Each edge: its packets, share, nearest-rank median and p99 of exactly those
+    packets' step times; an edge both paths take counts both."""
+    all_crossings = []
+    for packet in range(100):
+        path = TWIN if packet % 4 == 3 else PATH
+        cs = []
+        master = 1_000_000_000 * (packet + 1)
+        for i, (node, netns, dev, way) in enumerate(path):
+            master += (packet + 1) * 1000 if i == 4 else 500 * (i + 1)
+            # host-a's aligned clock wobbles by 40 us per crossing; its mono clock (skewed 5 s) is exact.
+            mono = master + (5_000_000_000 if node == "host-a" else 0)
+            aligned = master + (40_000 * (i % 2) if node == "host-a" else 0)
+            cs.append(Crossing(node, (packet, 7), mono, aligned, netns, dev, way))
+        all_crossings += cs
+    paths, segments = build_graph(all_crossings)
+    by_step = {(s.from_hop.name, s.to_hop.name): s for s in segments}
+    assert list(by_step)[:6] == [
+        ("a-c1-eth0-out", "a-veth-c1-in"), ("a-veth-c1-in", "a-vxlan0-out"), ("a-vxlan0-out", "a-wire0-out"),
+        ("a-wire0-out", "b-wire0-in"), ("b-wire0-in", "b-vxlan0-in"), ("b-vxlan0-in", "b-c2-eth0-in"),
+    ]  # fmt: skip
+    shared = by_step[("a-c1-eth0-out", "a-veth-c1-in")]
+    assert (shared.packets, shared.share, shared.median_ns, shared.p99_ns) == (100, 1.0, 1000, 1000)
+    # The wire: packets 0,1,2,4,5,6,... over wire0 (75), k spending (k + 1) us; aligned times on host-a
+    # at even positions (wire0-out is the 4th crossing, i=3: +40 us) shift the step by -40 us.
+    wire0 = sorted((k + 1) * 1000 - 40_000 for k in range(100) if k % 4 != 3)
+    step = by_step[("a-wire0-out", "b-wire0-in")]
+    assert (step.packets, step.share) == (75, 0.75)
+    assert step.median_ns == wire0[37] and step.p99_ns == wire0[74]  # nearest rank: ceil(q * 75) - 1
+    twin = by_step[("a-wire1-out", "b-wire1-in")]
+    assert (twin.packets, twin.share) == (25, 0.25)
+    assert sum(p.packets for p in paths) == 100
 
 
 def test_within_a_node_its_own_clock_decides_across_nodes_its_run_stays_together() -> None:

@@ -137,6 +137,14 @@ def test_flows_over_equal_cost_wires_give_two_paths_each_exact(routed, cluster3)
     # Round-robin over the ports: each wire's share is its ports' share (within a packet or two per port).
     assert abs(by_wire[1]["share"] - on_wire1 / len(sports)) < 0.05, (by_wire[1]["share"], on_wire1)
     assert [h["name"] for h in by_wire[0]["hops"]][3:6] == ["a-wa0-out", "r-ra0-in", "r-rb0-out"]
+    # The path graph's edges: 6 steps both wires share (every packet) and 3 of each wire's own.
+    steps = {(s["from"], s["to"]): s for s in data["segments"]}
+    assert len(steps) == 12
+    assert steps[("a-c1-eth0-out", "a-veth-c1-in")]["packets"] == data["packets"]
+    assert steps[("a-wa1-out", "r-ra1-in")]["packets"] == by_wire[1]["packets"]
+    node_of = {h["name"]: h["node"] for p in paths for h in p["hops"]}
+    within = [s for (a, b), s in steps.items() if node_of[a] == node_of[b]]
+    assert len(within) == 9 and all(s["median_ns"] > 0 for s in within)  # one clock: never below zero
 
 
 def test_a_flow_per_wire_gets_its_own_path_and_its_spec_decomposes(routed, cluster3):

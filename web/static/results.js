@@ -67,6 +67,9 @@
         return tr;
       }),
     );
+    // The path graph, drawn by the server from the same report (hoptrace.web.pathgraph).
+    const graph = document.getElementById("path-graph");
+    if (graph && data.graph_html !== undefined) graph.innerHTML = data.graph_html;
     const summary = document.getElementById("most-time");
     summary.textContent = data.summary || "";
     summary.hidden = !data.summary;

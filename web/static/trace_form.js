@@ -107,4 +107,119 @@
 
   form.addEventListener("input", scheduleValidation);
   form.addEventListener("change", scheduleValidation);
+
+  // Discovery from the filter: the dispatcher's progress streamed as JSON lines, then the path graph (drawn
+  // by the server) and, for each path, "apply as trace" (fills the hop rows and applies them).
+  const discover = document.getElementById("discover");
+  const discoverButton = document.getElementById("discover-button");
+  const progress = document.getElementById("discover-progress");
+  const discoverMessage = document.getElementById("discover-message");
+  const graphBox = document.getElementById("path-graph");
+
+  function fillRows(hops) {
+    tbody.replaceChildren();
+    for (const hop of hops) {
+      const row = addRow();
+      for (const [key, value] of Object.entries(hop)) {
+        const input = row.querySelector(`[name$="-${key}"]`);
+        if (input) input.value = value;
+      }
+      refreshChoices(row);
+    }
+    addRow();  // one blank row to fill in, as the server renders it
+  }
+
+  function wireGraph() {
+    const dataNode = graphBox.querySelector("script.pathgraph-data");
+    if (!dataNode) return;
+    const graph = JSON.parse(dataNode.textContent);
+    graphBox.querySelectorAll("button.apply-path").forEach((button) => {
+      button.hidden = false;  // hidden without script: applying a path fills the rows in the page
+      button.addEventListener("click", () => {
+        const path = graph.paths[Number(button.dataset.path) - 1];
+        fillRows(path.hops);
+        const name = document.getElementById("name");
+        if (!name.value) name.value = graphBox.dataset.name || "discovered";
+        form.requestSubmit(document.getElementById("apply"));
+      });
+    });
+  }
+
+  function say(element, text) {
+    element.textContent = text;
+    element.hidden = !text;
+  }
+
+  async function runDiscovery() {
+    const body = new FormData(form);
+    body.set("action", "discover");
+    discoverButton.disabled = true;
+    say(discoverMessage, "");
+    say(progress, "starting discovery…");
+    graphBox.hidden = true;
+    discover.dataset.state = "running";
+    try {
+      const response = await fetch(discover.dataset.streamUrl, {
+        method: "POST", body, headers: { "X-CSRF-Token": token }, credentials: "same-origin",
+      });
+      if (!response.ok) {
+        const result = await response.json().catch(() => ({ general: [response.statusText] }));
+        showErrors(result);
+        say(progress, "");
+        return;
+      }
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (value) buffer += decoder.decode(value, { stream: true });
+        let newline;
+        while ((newline = buffer.indexOf("\n")) >= 0) {
+          const line = buffer.slice(0, newline);
+          buffer = buffer.slice(newline + 1);
+          if (line.trim()) handle(JSON.parse(line));
+        }
+        if (done) break;
+      }
+    } catch (error) {
+      say(discoverMessage, `discovery failed: ${error.message || error}`);
+    } finally {
+      discoverButton.disabled = false;
+      discover.dataset.state = "done";
+    }
+  }
+
+  function handle(event) {
+    if (event.progress) {
+      const p = event.progress;
+      say(progress, `${p.message}${p.nodes_pending ? ` (${p.nodes_pending} node(s) still looking)` : ""}`);
+    } else if (event.error) {
+      if (event.errors) showErrors({ errors: event.errors, general: [] });
+      say(discoverMessage, event.error);
+      say(progress, "");
+    } else if (event.result) {
+      const r = event.result;
+      if (!r.graph_html) {
+        say(discoverMessage, r.message);
+        say(progress, "");
+        return;
+      }
+      graphBox.innerHTML = r.graph_html;  // markup the server rendered, values escaped there
+      graphBox.dataset.name = r.name;
+      graphBox.hidden = false;
+      wireGraph();
+      fillRows(r.graph.paths[0].hops);
+      say(progress, `found ${r.graph.paths.length} path(s) from ${r.packets} packets on ${r.nodes.join(", ")}; ` +
+        "the most common one fills the hops below");
+    }
+  }
+
+  if (discover && discoverButton) {
+    discoverButton.addEventListener("click", (event) => {
+      event.preventDefault();
+      runDiscovery();
+    });
+    wireGraph();
+  }
 })();

@@ -2394,7 +2394,11 @@ type DiscoverResult struct {
 	// The nodes that looked.
 	Nodes []string `protobuf:"bytes,4,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// Set when nothing was found, e.g. "no packet of the flow was seen in 5s on host-a, host-b".
-	Message       string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	// The path graph's edges: every pair of crossings some packets made one right after the other, over
+	// all paths (an edge two ECMP paths share holds both paths' packets), in the order first seen along the
+	// paths (most common path first).
+	Segments      []*DiscoveredSegment `protobuf:"bytes,6,rep,name=segments,proto3" json:"segments,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2462,6 +2466,102 @@ func (x *DiscoverResult) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *DiscoverResult) GetSegments() []*DiscoveredSegment {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+// One edge of the path graph, with the latency of the packets that crossed it.
+type DiscoveredSegment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The crossing before and the one after, as in DiscoveredPath.hops (same names).
+	FromHop *HopSpec `protobuf:"bytes,1,opt,name=from_hop,json=fromHop,proto3" json:"from_hop,omitempty"`
+	ToHop   *HopSpec `protobuf:"bytes,2,opt,name=to_hop,json=toHop,proto3" json:"to_hop,omitempty"`
+	// Packets that made this step, and their share of all packets seen.
+	Packets uint32  `protobuf:"varint,3,opt,name=packets,proto3" json:"packets,omitempty"`
+	Share   float64 `protobuf:"fixed64,4,opt,name=share,proto3" json:"share,omitempty"`
+	// Median and 99th percentile of (to - from) over those packets, from each packet's own timestamps:
+	// exact within a node (one monotonic clock), clock-aligned across nodes (good to the clocks' bounds).
+	MedianNs      int64 `protobuf:"varint,5,opt,name=median_ns,json=medianNs,proto3" json:"median_ns,omitempty"`
+	P99Ns         int64 `protobuf:"varint,6,opt,name=p99_ns,json=p99Ns,proto3" json:"p99_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DiscoveredSegment) Reset() {
+	*x = DiscoveredSegment{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DiscoveredSegment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DiscoveredSegment) ProtoMessage() {}
+
+func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DiscoveredSegment.ProtoReflect.Descriptor instead.
+func (*DiscoveredSegment) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DiscoveredSegment) GetFromHop() *HopSpec {
+	if x != nil {
+		return x.FromHop
+	}
+	return nil
+}
+
+func (x *DiscoveredSegment) GetToHop() *HopSpec {
+	if x != nil {
+		return x.ToHop
+	}
+	return nil
+}
+
+func (x *DiscoveredSegment) GetPackets() uint32 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
+func (x *DiscoveredSegment) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *DiscoveredSegment) GetMedianNs() int64 {
+	if x != nil {
+		return x.MedianNs
+	}
+	return 0
+}
+
+func (x *DiscoveredSegment) GetP99Ns() int64 {
+	if x != nil {
+		return x.P99Ns
+	}
+	return 0
 }
 
 var File_hoptrace_v1_api_proto protoreflect.FileDescriptor
@@ -2643,13 +2743,21 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\apackets\x18\x01 \x01(\rR\apackets\x12\x14\n" +
 	"\x05share\x18\x02 \x01(\x01R\x05share\x12(\n" +
 	"\x04hops\x18\x03 \x03(\v2\x14.hoptrace.v1.HopSpecR\x04hops\x12$\n" +
-	"\x0esince_first_ns\x18\x04 \x03(\x03R\fsinceFirstNs\"\xb9\x01\n" +
+	"\x0esince_first_ns\x18\x04 \x03(\x03R\fsinceFirstNs\"\xf5\x01\n" +
 	"\x0eDiscoverResult\x12*\n" +
 	"\x04spec\x18\x01 \x01(\v2\x16.hoptrace.v1.TraceSpecR\x04spec\x121\n" +
 	"\x05paths\x18\x02 \x03(\v2\x1b.hoptrace.v1.DiscoveredPathR\x05paths\x12\x18\n" +
 	"\apackets\x18\x03 \x01(\rR\apackets\x12\x14\n" +
 	"\x05nodes\x18\x04 \x03(\tR\x05nodes\x12\x18\n" +
-	"\amessage\x18\x05 \x01(\tR\amessage2\x8a\b\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12:\n" +
+	"\bsegments\x18\x06 \x03(\v2\x1e.hoptrace.v1.DiscoveredSegmentR\bsegments\"\xd5\x01\n" +
+	"\x11DiscoveredSegment\x12/\n" +
+	"\bfrom_hop\x18\x01 \x01(\v2\x14.hoptrace.v1.HopSpecR\afromHop\x12+\n" +
+	"\x06to_hop\x18\x02 \x01(\v2\x14.hoptrace.v1.HopSpecR\x05toHop\x12\x18\n" +
+	"\apackets\x18\x03 \x01(\rR\apackets\x12\x14\n" +
+	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x1b\n" +
+	"\tmedian_ns\x18\x05 \x01(\x03R\bmedianNs\x12\x15\n" +
+	"\x06p99_ns\x18\x06 \x01(\x03R\x05p99Ns2\x8a\b\n" +
 	"\bHoptrace\x12V\n" +
 	"\rValidateTrace\x12!.hoptrace.v1.ValidateTraceRequest\x1a\".hoptrace.v1.ValidateTraceResponse\x12@\n" +
 	"\n" +
@@ -2684,7 +2792,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -2725,87 +2833,91 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*DiscoverProgress)(nil),         // 36: hoptrace.v1.DiscoverProgress
 	(*DiscoveredPath)(nil),           // 37: hoptrace.v1.DiscoveredPath
 	(*DiscoverResult)(nil),           // 38: hoptrace.v1.DiscoverResult
-	nil,                              // 39: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 40: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 42: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 43: hoptrace.v1.Register
-	(*Filter)(nil),                   // 44: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 45: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 46: hoptrace.v1.PresetResult
+	(*DiscoveredSegment)(nil),        // 39: hoptrace.v1.DiscoveredSegment
+	nil,                              // 40: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 41: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 42: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 43: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 44: hoptrace.v1.Register
+	(*Filter)(nil),                   // 45: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 46: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 47: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	40, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	41, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	40, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	40, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	41, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	42, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	41, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	41, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	42, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	43, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	43, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	41, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	44, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	42, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	41, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	41, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	41, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	42, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	42, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	42, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	19, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	19, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
 	20, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
 	17, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
 	18, // 18: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
 	18, // 19: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	41, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	41, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	42, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	42, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
 	21, // 22: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
 	22, // 23: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
 	23, // 24: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	40, // 25: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	41, // 26: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	41, // 27: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	41, // 25: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	42, // 26: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	42, // 27: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
 	29, // 28: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	41, // 29: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	42, // 29: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
 	30, // 30: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	39, // 31: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	44, // 32: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	40, // 31: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	45, // 32: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
 	36, // 33: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
 	38, // 34: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	45, // 35: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	40, // 36: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	46, // 35: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	41, // 36: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
 	37, // 37: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	1,  // 38: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 39: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 40: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 41: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 42: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 43: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 44: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 45: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	24, // 46: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	25, // 47: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	33, // 48: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	31, // 49: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	27, // 50: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	34, // 51: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 52: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 53: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 54: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 55: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 56: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 57: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 58: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 59: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	19, // 60: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	26, // 61: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	46, // 62: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	32, // 63: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	28, // 64: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	35, // 65: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	52, // [52:66] is the sub-list for method output_type
-	38, // [38:52] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	39, // 38: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
+	46, // 39: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	46, // 40: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	1,  // 41: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 42: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 43: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 44: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 45: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 46: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 47: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 48: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	24, // 49: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	25, // 50: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	33, // 51: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	31, // 52: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	27, // 53: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	34, // 54: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 55: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 56: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 57: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 58: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 59: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 60: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 61: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 62: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	19, // 63: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	26, // 64: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	47, // 65: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	32, // 66: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	28, // 67: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	35, // 68: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	55, // [55:69] is the sub-list for method output_type
+	41, // [41:55] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -2825,7 +2937,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -395,15 +395,33 @@ class DiscoveredPath(_message.Message):
     def __init__(self, packets: _Optional[int] = ..., share: _Optional[float] = ..., hops: _Optional[_Iterable[_Union[_trace_pb2.HopSpec, _Mapping]]] = ..., since_first_ns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DiscoverResult(_message.Message):
-    __slots__ = ("spec", "paths", "packets", "nodes", "message")
+    __slots__ = ("spec", "paths", "packets", "nodes", "message", "segments")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     PACKETS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     spec: _trace_pb2.TraceSpec
     paths: _containers.RepeatedCompositeFieldContainer[DiscoveredPath]
     packets: int
     nodes: _containers.RepeatedScalarFieldContainer[str]
     message: str
-    def __init__(self, spec: _Optional[_Union[_trace_pb2.TraceSpec, _Mapping]] = ..., paths: _Optional[_Iterable[_Union[DiscoveredPath, _Mapping]]] = ..., packets: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ...) -> None: ...
+    segments: _containers.RepeatedCompositeFieldContainer[DiscoveredSegment]
+    def __init__(self, spec: _Optional[_Union[_trace_pb2.TraceSpec, _Mapping]] = ..., paths: _Optional[_Iterable[_Union[DiscoveredPath, _Mapping]]] = ..., packets: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[DiscoveredSegment, _Mapping]]] = ...) -> None: ...
+
+class DiscoveredSegment(_message.Message):
+    __slots__ = ("from_hop", "to_hop", "packets", "share", "median_ns", "p99_ns")
+    FROM_HOP_FIELD_NUMBER: _ClassVar[int]
+    TO_HOP_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_NS_FIELD_NUMBER: _ClassVar[int]
+    P99_NS_FIELD_NUMBER: _ClassVar[int]
+    from_hop: _trace_pb2.HopSpec
+    to_hop: _trace_pb2.HopSpec
+    packets: int
+    share: float
+    median_ns: int
+    p99_ns: int
+    def __init__(self, from_hop: _Optional[_Union[_trace_pb2.HopSpec, _Mapping]] = ..., to_hop: _Optional[_Union[_trace_pb2.HopSpec, _Mapping]] = ..., packets: _Optional[int] = ..., share: _Optional[float] = ..., median_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ...) -> None: ...

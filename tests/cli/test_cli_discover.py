@@ -1,0 +1,30 @@
+"""`hoptrace discover`'s output of the path graph's segments: each step's median and p99, as text and JSON."""
+
+from __future__ import annotations
+
+import pytest
+
+from hoptrace.cli.discover import paths_text, segment_to_data
+from hoptrace.v1 import api_pb2, trace_pb2
+
+pytestmark = pytest.mark.unit
+
+
+def test_segments_are_printed_with_median_p99_and_share() -> None:
+    out = trace_pb2.HopSpec(name="a-eth0-out", node="host-a", dev="eth0", at="tc-egress")
+    into = trace_pb2.HopSpec(name="b-eth0-in", node="host-b", dev="eth0", at="tc-ingress")
+    step = api_pb2.DiscoveredSegment(
+        from_hop=out, to_hop=into, packets=30, share=0.75, median_ns=12_345, p99_ns=2_500_000
+    )
+    result = api_pb2.DiscoverResult(
+        packets=40,
+        paths=[api_pb2.DiscoveredPath(packets=40, share=1.0, hops=[out, into], since_first_ns=[0, 12_000])],
+        segments=[step],
+    )
+    assert segment_to_data(step) == {
+        "from": "a-eth0-out", "to": "b-eth0-in", "packets": 30, "share": 0.75, "median_ns": 12_345,
+        "p99_ns": 2_500_000,
+    }  # fmt: skip
+    lines = paths_text(result).splitlines()
+    assert lines[-2] == "segments (median / p99 of each step, share of packets):"
+    assert lines[-1].split() == ["a-eth0-out", "->", "b-eth0-in", "12.3us", "/", "2.50ms", "75%"]
