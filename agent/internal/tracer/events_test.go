@@ -27,11 +27,8 @@ func killEvent(where ...*pb.EventTerm) *pb.EventAttach {
 
 func objectSpec(t *testing.T) *ebpf.CollectionSpec {
 	t.Helper()
-	spec, err := ebpf.LoadCollectionSpec(tu.ObjectPath())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return spec
+	tu.RequireRoot(t)
+	return tu.LoadSpec(t)
 }
 
 func TestEventCountsWhereTermsHold(t *testing.T) {
