@@ -368,7 +368,7 @@ class _Converter:
                 spec.sample = sample
         hops = data.get("hops")
         if hops is None:
-            if "hops" not in data:
+            if "hops" not in data and not data.get("events"):  # a spec of event probes alone has no path
                 self.error("hops", "required: the points the packets pass, in path order")
         elif not isinstance(hops, list):
             self.error("hops", f"must be a list of hops, got {_type_name(hops)}")
@@ -693,7 +693,7 @@ def validate_spec(
             )
         )
     _validate_filter(spec, errors)
-    if not spec.hops:
+    if not spec.hops and not spec.events:
         errors.append(FieldError("hops", "must list at least one hop"))
         return errors
     if len(spec.hops) > MAX_HOPS:
@@ -713,7 +713,7 @@ def validate_spec(
                 )
             else:
                 first_use[hop.name] = position
-    if points[0] is not None:
+    if points and points[0] is not None:
         _validate_tagging(spec, points[0], errors)
     errors.extend(FieldError(where, reason) for where, reason in event_probes.validate_events(spec))
     if agents is not None:
