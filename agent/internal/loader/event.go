@@ -147,7 +147,7 @@ type Event struct {
 }
 
 // LoadEvent loads the object's event program with cfg's constants; maps are
-// the program's own (count_keys, hist_buckets, counters).
+// the program's own (count_keys, hist_buckets, counters), nothing shared.
 func LoadEvent(spec *ebpf.CollectionSpec, cfg EventConfig, opts Options) (*Event, error) {
 	s := spec.Copy()
 	program := ProgramFor(spec, cfg.Program)
@@ -163,6 +163,24 @@ func LoadEvent(spec *ebpf.CollectionSpec, cfg EventConfig, opts Options) (*Event
 			delete(s.Programs, name)
 		}
 	}
+	// Only the maps the event program uses: the object's others (the LRU prev_ts, the ring buffer, the
+	// discovery maps) would be created for nothing by every event load.
+	used := map[string]bool{}
+	for _, ins := range ps.Instructions {
+		if ref := ins.Reference(); ref != "" {
+			used[ref] = true
+		}
+	}
+	for name := range s.Maps {
+		if !used[name] {
+			delete(s.Maps, name)
+		}
+	}
+	for name, v := range s.Variables {
+		if !used[v.SectionName] {
+			delete(s.Variables, name)
+		}
+	}
 	vars, err := cfg.variables()
 	if err != nil {
 		return nil, err
@@ -176,19 +194,9 @@ func LoadEvent(spec *ebpf.CollectionSpec, cfg EventConfig, opts Options) (*Event
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
-	// The event program never writes records: an object's own ring buffer
-	// would only cost memory, so the agent's is passed when there is one.
-	repl := map[string]*ebpf.Map{}
-	if opts.Records != nil {
-		if ms, ok := s.Maps[MapRecords]; ok {
-			ms.MaxEntries = opts.Records.MaxEntries()
-			repl[MapRecords] = opts.Records
-		}
-	}
 	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
-		MapReplacements: repl,
-		Programs:        ProgramOptions(opts.LogLevel),
-		Cache:           opts.Cache,
+		Programs: ProgramOptions(opts.LogLevel),
+		Cache:    opts.Cache,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", program, verifierTail(err))
@@ -210,12 +218,18 @@ func (e *Event) Read() (record.Counters, ActionValues, error) {
 	if err != nil {
 		return c, ActionValues{}, err
 	}
-	h := Hop{Actions: Actions{Count: e.Config.Count}, CountKeys: e.CountKeys, Hist: e.Hist}
-	if e.Config.Hist {
-		h.Actions.Histogram = record.FieldLen // any field but none: read the buckets
+	var v ActionValues
+	if e.Config.Count {
+		if v.Counts, err = readCountKeys(e.CountKeys); err != nil {
+			return c, v, err
+		}
 	}
-	v, err := h.ReadActions()
-	return c, v, err
+	if e.Config.Hist {
+		if v.Buckets, err = readBuckets(e.Hist); err != nil {
+			return c, v, err
+		}
+	}
+	return c, v, nil
 }
 
 // IsFieldError says whether err names a spec field (the user's input is at
