@@ -66,17 +66,26 @@ def test_event_counts_and_histograms_reach_the_report(topology, influxd):
                 "where": [{"arg": "len", "op": "in", "values": [WIRE_FRAME, 7]}],
                 "actions": [{"count": {"by": "len"}}],
             },
-            {
-                "name": "net-rx",
-                "node": "host-a",
-                "tracepoint": "irq:softirq_entry",
-                "where": "vec == 3",
-                "actions": [{"count": {"by": "cpu"}}],
-            },
         ],
+    )
+    # A spec of event probes alone: no path, no records.
+    softirqs = spec_from_data(
+        {
+            "name": "e2e-softirqs",
+            "events": [
+                {
+                    "name": "net-rx",
+                    "node": "host-a",
+                    "tracepoint": "irq:softirq_entry",
+                    "where": "vec == 3",
+                    "actions": [{"count": {"by": "cpu"}}],
+                }
+            ],
+        }
     )
     with running_cluster(topology, influxd.url) as cluster:
         cluster.apply(spec)
+        cluster.apply(softirqs)
         payloads = [os.urandom(PAYLOAD) for _ in range(SENT)]
         assert udp_transfer(topology, "c1", "c2", payloads, 4, OTHER_PORT, 0.002) == payloads
         # Event results come with the agents' counters (every second): wait until they are all in.
@@ -92,11 +101,11 @@ def test_event_counts_and_histograms_reach_the_report(topology, influxd):
                     frames["count"] >= SENT
                     and by_len["count"] >= SENT
                     and sum(b["count"] for b in frames["histogram"]) >= SENT
-                    and _event(data, "net-rx")["count"] > 0
                 ):
                     break
             time.sleep(1)
         text = cluster.hoptrace("report", "e2e-events", "--since", "30m").stdout
+        rx_data = json.loads(cluster.hoptrace("report", "e2e-softirqs", "--since", "30m", "--json").stdout)
 
     frames = _event(data, "wire-frames")
     assert (frames["node"], frames["count"], frames["count_by"]) == ("host-a", SENT, "cpu"), frames
@@ -113,7 +122,8 @@ def test_event_counts_and_histograms_reach_the_report(topology, influxd):
     )
     assert by_len["histogram"] == []
 
-    net_rx = _event(data, "net-rx")
+    assert rx_data["segments"] == [] and rx_data["packets"] == 0  # no path: no records
+    net_rx = _event(rx_data, "net-rx")
     assert net_rx["count_by"] == "cpu" and net_rx["count"] > 0, net_rx
     assert all(0 <= int(cpu) < cpus for cpu in net_rx["by"]), net_rx
     assert sum(net_rx["by"].values()) == net_rx["count"]
@@ -170,4 +180,53 @@ def test_bad_operator_is_refused_by_the_dispatcher(topology, influxd):
         with pytest.raises(grpc.RpcError) as refused:
             cluster.apply(spec)
         assert "events[0].where[0]: unknown operator number 42" in refused.value.details()
+        assert _event_programs() == []
+
+
+def test_events_update_and_delete_at_runtime(topology, influxd):
+    """A new generation replaces the probe (new where:, counting from zero), and the report sums both
+    generations; delete detaches it."""
+
+    def sized(length: int) -> trace_pb2.TraceSpec:
+        return spec_from_data(
+            {
+                "name": "e2e-event-update",
+                "events": [
+                    {"name": "frames", "node": "host-b", "tracepoint": "net:net_dev_xmit",
+                     "where": f"len == {length}"},
+                ],
+            }
+        )  # fmt: skip
+
+    first, second = 40, 25
+    with running_cluster(topology, influxd.url) as cluster:
+        cluster.apply(sized(WIRE_FRAME))
+        assert len(_event_programs()) == 1
+        payloads = [os.urandom(PAYLOAD) for _ in range(first)]
+        assert udp_transfer(topology, "c1", "c2", payloads, 4, OTHER_PORT, 0.002) == payloads
+        # Second generation: frames 2 bytes longer; the first generation's probe is detached.
+        cluster.apply(sized(WIRE_FRAME + 2))
+        assert len(_event_programs()) == 1
+        payloads = [os.urandom(PAYLOAD + 2) for _ in range(second)]
+        payloads += [os.urandom(PAYLOAD) for _ in range(7)]  # the old size: no longer counted
+        assert udp_transfer(topology, "c1", "c2", payloads, 4, OTHER_PORT, 0.002) == payloads
+        deadline = time.monotonic() + 30
+        frames: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            result = cluster.hoptrace("report", "e2e-event-update", "--since", "30m", "--json", check=False)
+            if result.returncode == 0:
+                frames = _event(json.loads(result.stdout), "frames")
+                if frames["count"] >= first + second:
+                    break
+            time.sleep(1)
+        time.sleep(2)  # a late extra count would show now
+        frames = _event(
+            json.loads(cluster.hoptrace("report", "e2e-event-update", "--since", "30m", "--json").stdout),
+            "frames",
+        )
+        assert (frames["count"], frames["count_by"], frames["by"]) == (first + second, "", {}), frames
+        cluster.hoptrace("trace", "rm", "e2e-event-update")
+        deadline = time.monotonic() + 10
+        while _event_programs() and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert _event_programs() == []
