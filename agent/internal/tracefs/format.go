@@ -22,13 +22,13 @@ import (
 // Mounts tried in order; the first with an events/ directory wins.
 var mountPoints = []string{"/sys/kernel/tracing", "/sys/kernel/debug/tracing"}
 
-var mountOnce sync.Mutex
+var mountMu sync.Mutex
 
 // Root is the tracefs directory, mounted at /sys/kernel/tracing when no
 // tracefs is mounted yet (idempotent: an existing mount is used as is).
 func Root() (string, error) {
-	mountOnce.Lock()
-	defer mountOnce.Unlock()
+	mountMu.Lock()
+	defer mountMu.Unlock()
 	for _, m := range mountPoints {
 		if st, err := os.Stat(filepath.Join(m, "events")); err == nil && st.IsDir() {
 			return m, nil
