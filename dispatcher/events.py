@@ -30,6 +30,7 @@ from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 EVENT_KEYS = ("name", "node", "tracepoint", "where", "actions")
 EVENT_PROGRAM = "event_tp"
 MAX_EVENTS = 64
+MAX_NAME_LEN = 63  # as trace and hop names
 # Operators as users write them -> enum hoptrace_event_op (kernel_abi.EVENT_OPS) names.
 OPERATORS: dict[str, str] = {"==": "eq", "!=": "ne", "<": "lt", ">": "gt", "&": "bit", "in": "in"}
 OP_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kernel_abi.EVENT_OPS) if number}
@@ -234,8 +235,10 @@ def validate_event(event: trace_pb2.EventSpec, field: str) -> list[EventError]:
     errors: list[EventError] = []
     if not event.name:
         errors.append((f"{field}.name", "required: the event's name, [a-z0-9-]+"))
-    elif not _NAME.match(event.name):
-        errors.append((f"{field}.name", f"{event.name!r} must match [a-z0-9-]+"))
+    elif not _NAME.match(event.name) or len(event.name) > MAX_NAME_LEN:
+        errors.append(
+            (f"{field}.name", f"{event.name!r} must match [a-z0-9-]+, at most {MAX_NAME_LEN} characters")
+        )
     if not event.node:
         errors.append((f"{field}.node", "required: the node whose kernel runs this probe"))
     if not event.tracepoint:
