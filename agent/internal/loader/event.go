@@ -1,7 +1,6 @@
 package loader
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 
@@ -230,11 +229,4 @@ func (e *Event) Read() (record.Counters, ActionValues, error) {
 		}
 	}
 	return c, v, nil
-}
-
-// IsFieldError says whether err names a spec field (the user's input is at
-// fault, not the node).
-func IsFieldError(err error) bool {
-	var fe *FieldError
-	return errors.As(err, &fe)
 }
