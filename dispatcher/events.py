@@ -20,7 +20,7 @@ Spec form::
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hoptrace import kernel_abi
@@ -303,7 +303,7 @@ def validate_events(spec: trace_pb2.TraceSpec) -> list[EventError]:
 
 
 def validate_against_agents(
-    spec: trace_pb2.TraceSpec, agents: dict[str, agent_pb2.Register] | Any
+    spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register]
 ) -> list[EventError]:
     """Events on nodes that are not registered. Tracepoints and arguments are the node's kernel's: its agent
     checks them at apply time."""
