@@ -9,7 +9,9 @@ One VXLAN TwoHostTopology carries both flows on the same wire (the veth pair hos
 Hops in examples/case-studies/container-overlay{,-host}.yaml. Same sockperf load (UDP ping-pong, --mps).
 Before the traces exist (so the agents' records add no loopback traffic): an idle interval (the background
 softirq rate), sockperf over each path and an iperf3 TCP stream over each (throughput, vNetTracer's Fig. 12),
-with /proc/softirqs (NET_RX, NET_TX per CPU) before and after each. Then sockperf again under each trace.
+with the NET_RX and NET_TX softirqs per CPU before and after each, counted by hoptrace itself (an
+events-only trace, co-softirqs: irq:softirq_entry where vec == 3 / 2, count by cpu). Then sockperf again
+under each trace.
 Writes bench/results/<time>-container-overlay.json (everything).
 
     sudo .venv/bin/python bench/case_container_overlay.py [--seconds 8] [--mps 1000] [--iperf-seconds 3]
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -37,6 +40,7 @@ from case_common import (
     traced_topology,
 )
 
+from hoptrace.dispatcher.spec import load_spec
 from hoptrace.lab.reference import vxlan_path_spec
 
 RESULTS = REPO / "bench" / "results"
@@ -58,16 +62,40 @@ IPERF_PORT = 5301
 SOFTIRQS = ("NET_RX", "NET_TX")
 
 
-def softirqs() -> dict[str, list[int]]:
-    """NET_RX and NET_TX per CPU from /proc/softirqs (each time the handler ran, machine-wide)."""
-    counts = {}
-    with open("/proc/softirqs") as f:
-        lines = f.read().splitlines()[1:]
-    for line in lines:
-        name, *values = line.split()
-        if name.rstrip(":") in SOFTIRQS:
-            counts[name.rstrip(":")] = [int(v) for v in values]
-    return counts
+SOFTIRQ_SPEC = REPO / "examples" / "case-studies" / "container-overlay-softirqs.yaml"
+SOFTIRQ_EVENTS = {"net-rx": "NET_RX", "net-tx": "NET_TX"}
+
+
+class SoftirqCounter:
+    """NET_RX and NET_TX handler runs per CPU, counted by hoptrace's event probes (irq:softirq_entry, trace
+    co-softirqs, examples/case-studies/container-overlay-softirqs.yaml): cumulative since the trace was
+    applied, read from `hoptrace report --json`."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        cluster.apply(load_spec(SOFTIRQ_SPEC.read_text()))
+
+    def _totals(self) -> dict[str, list[int]]:
+        data = json.loads(self.cluster.hoptrace("report", "co-softirqs", "--since", "1h", "--json").stdout)
+        cpus = os.cpu_count() or 1
+        counts = {name: [0] * cpus for name in SOFTIRQ_EVENTS.values()}
+        for event in data.get("events", []):
+            name = SOFTIRQ_EVENTS.get(event["name"])
+            for cpu, n in (event["by"] if name else {}).items():
+                counts[name][int(cpu)] += n
+        return counts
+
+    def __call__(self) -> dict[str, list[int]]:
+        """The counts as of the agent's first counters sample after this call: they come once a second,
+        so wait until the report moves past what it said at the call, at most 3 s."""
+        first = self._totals()
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            now = self._totals()
+            if now != first:
+                return now
+        return first
 
 
 def softirq_delta(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, list[int]]:
@@ -75,7 +103,9 @@ def softirq_delta(before: dict[str, list[int]], after: dict[str, list[int]]) -> 
     return {k: [a - b for a, b in zip(after[k], before[k], strict=True)] for k in SOFTIRQS}
 
 
-def iperf3(topo: TwoHostTopology, client: str, server: str, seconds: float) -> dict[str, Any]:
+def iperf3(
+    topo: TwoHostTopology, client: str, server: str, seconds: float, softirqs: SoftirqCounter
+) -> dict[str, Any]:
     """One iperf3 TCP stream ``client`` -> ``server``: received Gbit/s and the softirqs meanwhile."""
     srv = topo.popen(
         server,
@@ -94,7 +124,8 @@ def iperf3(topo: TwoHostTopology, client: str, server: str, seconds: float) -> d
             client, "iperf3", "-c", topo.addr(server), "-p", str(IPERF_PORT), "-t", str(int(seconds)), "-J",
             timeout=seconds + 30,
         ).stdout  # fmt: skip
-        elapsed, delta = time.monotonic() - start, softirq_delta(before, softirqs())
+        delta = softirq_delta(before, softirqs())  # the window: from one counters sample to another
+        elapsed = time.monotonic() - start
     finally:
         if srv.poll() is None:
             srv.send_signal(signal.SIGINT)
@@ -121,12 +152,13 @@ def host_spec(topo: TwoHostTopology, name: str) -> Any:
 
 
 def counted_sockperf(
-    topo: TwoHostTopology, client: str, server: str, seconds: float, mps: int
+    topo: TwoHostTopology, client: str, server: str, seconds: float, mps: int, softirqs: SoftirqCounter
 ) -> dict[str, Any]:
     """sockperf ``client`` -> ``server``: its numbers and the softirqs during the run."""
     before, start = softirqs(), time.monotonic()
     app = sockperf(topo, seconds, mps, client=client, server=server)
-    elapsed, delta = time.monotonic() - start, softirq_delta(before, softirqs())
+    delta = softirq_delta(before, softirqs())  # the window: from one counters sample to another
+    elapsed = time.monotonic() - start
     return {"sockperf": app, "softirqs": delta, "seconds": elapsed, "round_trips": int(mps * int(seconds))}
 
 
@@ -140,17 +172,20 @@ def run(seconds: float = 8, mps: int = 1000, iperf_seconds: float = 3) -> dict[s
     iperf3 over each path with the softirqs they cause. Then each path's sockperf again under its trace.
     """
     with traced_topology("vxlan") as (topo, cluster):
-        before = softirqs()
+        softirqs = SoftirqCounter(cluster)
+        before, start = softirqs(), time.monotonic()
         time.sleep(2)
-        idle = {"seconds": 2.0, "softirqs": softirq_delta(before, softirqs())}
+        idle_delta = softirq_delta(before, softirqs())
+        idle = {"seconds": time.monotonic() - start, "softirqs": idle_delta}
         untraced = {
-            path: counted_sockperf(topo, client, server, max(seconds / 2, 2), mps)
+            path: counted_sockperf(topo, client, server, max(seconds / 2, 2), mps, softirqs)
             for path, (client, server) in PATHS.items()
         }
         throughput = {}
         if iperf_seconds > 0:
             throughput = {
-                path: iperf3(topo, client, server, iperf_seconds) for path, (client, server) in PATHS.items()
+                path: iperf3(topo, client, server, iperf_seconds, softirqs)
+                for path, (client, server) in PATHS.items()
             }
         cluster.apply(overlay_spec(topo, "co-overlay"))
         cluster.apply(host_spec(topo, "co-host"))

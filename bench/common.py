@@ -289,7 +289,7 @@ class PlanAgent:
         if netns:
             self.argv += ["--netns", netns]
         self.proc: subprocess.Popen[bytes] | None = None
-        self.hops = len(plan["hops"])
+        self.hops = len(plan.get("hops", []))
 
     def start(self, timeout_s: float = 20.0) -> PlanAgent:
         """Start and wait until every hop of the plan is attached (the trace counted active)."""

@@ -34,6 +34,12 @@ Schema (a contract: dashboards, the report and the web UI query these names):
   `offset_ns`, `delay_ns`, `bound_ns` (ints), `drift_ppm` (float). Time: master time of arrival.
 * `tracer_loss` - records the tracer lost, per interval. Tags `trace`, `node`, `hop` (absent for a node-wide
   loss), `reason` (`ringbuf_full`, `agent_dropped`, `collector_cut`); int field `records`.
+* `hop_counts`, `hop_histogram` - hops' in-kernel count and histogram actions (`collector/actions.py`).
+* `event_counts` - a spec's event probes (`events:`), per trace, event, node and counters report: tags
+  `trace`, `event`, `node`, `by` (`cpu`, the argument, or `total`), `key` (its value, 0 for `total`); int
+  field `count` (the growth since the agent's previous report). `event_histogram` - tags `trace`, `event`,
+  `node`, `arg`, `le` (a log2 bucket's inclusive upper bound, 2^b - 1); int field `count`
+  (`collector/events.py`).
 
 Tags with an empty value are left out (line protocol does not allow them).
 

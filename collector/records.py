@@ -89,6 +89,7 @@ class DecodedBatch:
     clock: records_pb2.NodeClock | None = None
     agent_dropped: int = 0
     watermark_ns: int = 0  # node CLOCK_MONOTONIC: every record not sent yet is at least this recent
+    events: list[records_pb2.EventValues] = field(default_factory=list)  # event probes, cumulative
 
 
 def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
@@ -103,6 +104,7 @@ def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
         clock=batch.clock if batch.HasField("clock") else None,
         agent_dropped=batch.agent_dropped,
         watermark_ns=batch.watermark_ns,
+        events=list(batch.events),
     )
 
 

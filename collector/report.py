@@ -45,6 +45,7 @@ from influxdb_client import InfluxDBClient
 
 from hoptrace.collector.actions import count_text, histogram_text, query_hop_actions
 from hoptrace.collector.aggregate import END_TO_END, QUANTILES
+from hoptrace.collector.events import events_lines, query_events
 from hoptrace.collector.influx import HOP_COUNTERS, HOP_LATENCY, NODE_CLOCK, SEGMENT_STATS
 from hoptrace.collector.sketch import JITTER_PREFIX, LATENCY_PREFIX, sketch_from_fields
 from hoptrace.common.grpcutil import INFLUX_TOKEN_ENV, add_secret_argument, secret_from
@@ -241,6 +242,7 @@ def query_report(
         "segments": segments,
         "end_to_end": e2e,
         "hops": hops,
+        "events": query_events(q, org, base),
     }
 
 
@@ -353,6 +355,18 @@ def report_to_proto(report: dict[str, Any]) -> api_pb2.Report:
             )
             for h in report.get("hops", [])
         ],
+        events=[
+            api_pb2.EventResult(
+                name=e["name"],
+                node=e["node"],
+                count=e["count"],
+                count_by=e.get("count_by", ""),
+                by=e.get("by", {}),
+                histogram_arg=e.get("histogram_arg", ""),
+                histogram=[api_pb2.HistogramBucket(**b) for b in e.get("histogram", [])],
+            )
+            for e in report.get("events", [])
+        ],
     )
 
 
@@ -403,6 +417,18 @@ def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
                 ],
             }
             for h in report.hops
+        ],
+        "events": [
+            {
+                "name": e.name,
+                "node": e.node,
+                "count": e.count,
+                "count_by": e.count_by,
+                "by": dict(sorted(e.by.items(), key=lambda item: (len(item[0]), item[0]))),
+                "histogram_arg": e.histogram_arg,
+                "histogram": [{"le": b.le, "count": b.count} for b in e.histogram],
+            }
+            for e in report.events
         ],
     }
 
@@ -924,6 +950,10 @@ def render_text(report: dict[str, Any]) -> str:
     if action_lines:
         lines.append("")
         lines.extend(action_lines)
+    if report.get("events"):
+        lines.append("")
+        lines.append("events:")
+        lines.extend(f"  {line}" for line in events_lines(report["events"]))
     if notes:
         lines.append("")
         lines.extend(f"note: {n}" for n in notes)

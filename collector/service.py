@@ -33,6 +33,7 @@ from hoptrace.collector.aggregate import (
 )
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.clock import ClockAligner, NodeClockPoint
+from hoptrace.collector.events import EventsStage
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter, ensure_database
 from hoptrace.collector.join import HopJoiner, JoinConfig, JoinedPacket
 from hoptrace.collector.metrics import MetricsServer, start_metrics_server
@@ -102,6 +103,7 @@ class CollectorPipeline:
         self.segments = SegmentAggregator(self.catalog, self.clock, aggregate_config)
         self.counters = HopCounterAggregator(self.clock, aggregate_config, self.catalog)
         self.hop_actions = HopActionsStage(self.clock)
+        self.events = EventsStage(self.clock)
         self._lock = threading.Lock()
         self._agent_dropped: dict[str, int] = {}  # node -> last cumulative agent_dropped
         self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
@@ -163,6 +165,10 @@ class CollectorPipeline:
                     self.segments.note_tracer_lost(batch.trace, hop, batch.node, ts, lost, "ringbuf_full")
                 self._export_actions(
                     self.hop_actions.add_counters(batch.trace, batch.node, batch.counters, now_ns=now)
+                )
+            if batch.events:
+                self._export_actions(
+                    self.events.add_events(batch.trace, batch.node, batch.events, now_ns=now)
                 )
             self._note_agent_dropped(batch, now)
             self._export(packets)

@@ -77,8 +77,10 @@ def _kind_and_args(value: Any) -> tuple[str | None, dict[str, Any], str | None]:
     return kind, {"field": argument}, None
 
 
-def convert_actions(value: Any, field: str, target: trace_pb2.HopSpec) -> list[ActionError]:
-    """Fill `target.actions` from a hop's ``actions`` value; returns the structural problems."""
+def convert_actions(
+    value: Any, field: str, target: trace_pb2.HopSpec | trace_pb2.EventSpec
+) -> list[ActionError]:
+    """Fill `target.actions` from a hop's (or event's) ``actions`` value; returns the structural problems."""
     errors: list[ActionError] = []
     if value is None:
         return errors

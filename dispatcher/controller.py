@@ -37,8 +37,8 @@ class DispatcherError(Exception):
 
 
 def spec_nodes(spec: trace_pb2.TraceSpec) -> list[str]:
-    """The spec's nodes in path order, each once."""
-    return list(dict.fromkeys(hop.node for hop in spec.hops))
+    """The spec's nodes in path order, each once, then the nodes of its events."""
+    return list(dict.fromkeys([*(hop.node for hop in spec.hops), *(event.node for event in spec.events)]))
 
 
 def status_failures(node: str, status: agent_pb2.TraceStatus, plan: agent_pb2.TracePlan | None) -> list[str]:
@@ -54,7 +54,17 @@ def status_failures(node: str, status: agent_pb2.TraceStatus, plan: agent_pb2.Tr
         if reason.startswith(prefix):
             reason = reason[len(prefix) :]
         failures.append(f"hop {hop.name} (hops[{hop.hop_index}]) on node {node}: {reason}")
+    for event in status.events:
+        if not event.attached:
+            # The agent's reason names the spec field (events[i].where[j]: ...).
+            failures.append(f"event {event.name} on node {node}: {event.error or 'not attached'}")
     if plan is not None and not status.error:
+        reported_events = {event.event_index for event in status.events}
+        for event in plan.events:
+            if event.event_index not in reported_events:
+                failures.append(
+                    f"event {event.name} (events[{event.event_index}]) on node {node}: no status reported"
+                )
         reported = {hop.hop_index for hop in status.hops}
         for hop in plan.hops:
             if hop.hop_index not in reported:

@@ -18,6 +18,7 @@ import yaml
 
 from hoptrace import kernel_abi
 from hoptrace.dispatcher import actions as hop_actions
+from hoptrace.dispatcher import events as event_probes
 from hoptrace.v1 import agent_pb2, trace_pb2
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -35,7 +36,7 @@ MAX_SPEC_BYTES = 1 << 20
 MAX_NESTING = 16  # mappings and lists inside each other (a spec needs 3)
 MAX_REPORTED_ERRORS = 30  # in a message; SpecError.errors keeps them all
 
-TOP_LEVEL_KEYS = ("name", "filter", "sample", "hops")
+TOP_LEVEL_KEYS = ("name", "filter", "sample", "hops", "events")
 FILTER_KEYS = ("protocol", "src", "dst", "src_port", "dst_port")
 HOP_KEYS = ("name", "node", "at", "dev", "netns", "cgroup", "actions")
 # The hop keys whose values are strings.
@@ -367,7 +368,7 @@ class _Converter:
                 spec.sample = sample
         hops = data.get("hops")
         if hops is None:
-            if "hops" not in data:
+            if "hops" not in data and not data.get("events"):  # a spec of event probes alone has no path
                 self.error("hops", "required: the points the packets pass, in path order")
         elif not isinstance(hops, list):
             self.error("hops", f"must be a list of hops, got {_type_name(hops)}")
@@ -376,6 +377,8 @@ class _Converter:
         else:
             for position, hop in enumerate(hops):
                 self.convert_hop(hop, f"hops[{position}]", spec.hops.add())
+        for where, reason in event_probes.convert_events(data.get("events"), spec):
+            self.error(where, reason)
         return spec
 
     def convert_filter(self, value: Any, target: trace_pb2.Filter) -> None:
@@ -417,7 +420,7 @@ def _field_order(error: FieldError) -> tuple[int, int]:
     """Sort key putting errors in spec order: name, filter, sample, hops (by index)."""
     head = re.match(r"[a-z_]+", error.field)
     top = TOP_LEVEL_KEYS.index(head.group()) if head and head.group() in TOP_LEVEL_KEYS else -1
-    hop = re.match(r"hops\[(\d+)\]", error.field)
+    hop = re.match(r"(?:hops|events)\[(\d+)\]", error.field)
     return top, int(hop.group(1)) if hop else -1
 
 
@@ -478,6 +481,8 @@ def spec_to_data(spec: trace_pb2.TraceSpec) -> dict[str, Any]:
         if hop.actions:
             hop_data["actions"] = [hop_actions.action_to_data(action) for action in hop.actions]
         data["hops"].append(hop_data)
+    if spec.events:
+        data["events"] = [event_probes.event_to_data(event) for event in spec.events]
     return data
 
 
@@ -688,7 +693,7 @@ def validate_spec(
             )
         )
     _validate_filter(spec, errors)
-    if not spec.hops:
+    if not spec.hops and not spec.events:
         errors.append(FieldError("hops", "must list at least one hop"))
         return errors
     if len(spec.hops) > MAX_HOPS:
@@ -708,10 +713,14 @@ def validate_spec(
                 )
             else:
                 first_use[hop.name] = position
-    if points[0] is not None:
+    if points and points[0] is not None:
         _validate_tagging(spec, points[0], errors)
+    errors.extend(FieldError(where, reason) for where, reason in event_probes.validate_events(spec))
     if agents is not None:
         _validate_against_agents(spec, points, agents, errors)
+        errors.extend(
+            FieldError(where, reason) for where, reason in event_probes.validate_against_agents(spec, agents)
+        )
     return errors
 
 

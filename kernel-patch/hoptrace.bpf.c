@@ -12,6 +12,7 @@
 
 #include "hop.bpf.h"
 #include "discover.bpf.h"
+#include "event.bpf.h"
 
 HOPTRACE_PROG_TC
 HOPTRACE_PROG_XDP
@@ -22,6 +23,7 @@ HOPTRACE_PROG_FENTRY
 HOPTRACE_PROG_KPROBE
 HOPTRACE_PROG_TAG_TCP
 HOPTRACE_PROG_DISCOVER
+HOPTRACE_PROG_EVENT_TP
 
 /* BTF anchors: enums whose constants alone are used never reach BTF; these
  * read-only globals put their types there for agent/cmd/vocabgen. */
@@ -29,5 +31,7 @@ const volatile enum hoptrace_wire hoptrace_btf_wire = 0;
 const volatile enum hoptrace_record_flag hoptrace_btf_record_flag = 0;
 const volatile enum hoptrace_counter hoptrace_btf_counter = 0;
 const volatile enum hoptrace_field hoptrace_btf_field = 0;
+const volatile enum hoptrace_event_op hoptrace_btf_event_op = 0;
+const volatile enum hoptrace_event_key hoptrace_btf_event_key = 0;
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -38,6 +38,12 @@ enum hoptrace_wire {
 	/* Packets whose last timestamp on a node is remembered for the latency
 	 * field (LRU, one map per agent; misses: HOPTRACE_C_LATENCY_MISS). */
 	HOPTRACE_PREV_TS_ENTRIES = 65536,
+	/* Event probes (event.bpf.h): predicate terms of one event's where:
+	 * (unrolled), values of one `in [..]` term, and the highest byte offset
+	 * of an argument in a tracepoint's record (tracefs format). */
+	HOPTRACE_EVENT_TERMS = 4,
+	HOPTRACE_EVENT_IN_VALUES = 8,
+	HOPTRACE_EVENT_ARGS_BYTES = 4096,
 };
 
 /* record.flags */
@@ -106,6 +112,29 @@ enum hoptrace_field {
 	HOPTRACE_FIELD_LATENCY,	 /* ns since the previous hop of the same packet on the same node
 				    (prev_ts); traced (ID-carrying) packets only */
 	HOPTRACE_FIELD_MAX,
+};
+
+/*
+ * The operators of an event's where: terms (events[i].where, event.bpf.h):
+ * the one list. Go (record.EventOp*), Python (hoptrace.kernel_abi.EVENT_OPS)
+ * and the proto's enum EventOp are generated from it (make vocab).
+ */
+enum hoptrace_event_op {
+	HOPTRACE_EVENT_OP_NONE = 0,
+	HOPTRACE_EVENT_OP_EQ,  /* arg == value */
+	HOPTRACE_EVENT_OP_NE,  /* arg != value */
+	HOPTRACE_EVENT_OP_LT,  /* arg < value (signed if the argument is) */
+	HOPTRACE_EVENT_OP_GT,  /* arg > value (signed if the argument is) */
+	HOPTRACE_EVENT_OP_BIT, /* (arg & value) != 0 */
+	HOPTRACE_EVENT_OP_IN,  /* arg equals one of up to HOPTRACE_EVENT_IN_VALUES values */
+	HOPTRACE_EVENT_OP_MAX,
+};
+
+/* What an event's count is keyed by (events[i].actions count by:). */
+enum hoptrace_event_key {
+	HOPTRACE_EVENT_KEY_TOTAL = 0, /* one total, key 0 */
+	HOPTRACE_EVENT_KEY_CPU,	      /* bpf_get_smp_processor_id() */
+	HOPTRACE_EVENT_KEY_ARG,	      /* an argument's value */
 };
 
 /* prev_ts key: a packet of one trace on this node. */

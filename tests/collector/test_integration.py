@@ -210,6 +210,7 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
         ],
         "end_to_end": expected_stats(e2e, e2e_starts, 10, "a-egress", "b-ingress", lost=10, sent=N),
         "hops": [expected_hop(h, t) for h, t in zip(HOPS, times, strict=True)],
+        "events": [],
     }
     kw = {"url": influx.url, "bucket": influx.bucket, "org": influx.org, "token": influx.token}
     report = json.loads(json.dumps(build_report(trace, since="1h", path=HOPS, **kw)))

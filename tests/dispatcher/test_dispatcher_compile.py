@@ -26,6 +26,7 @@ from hoptrace.dispatcher.compile import (
     generate_source,
     programs_for_plan,
 )
+from hoptrace.dispatcher.events import EVENT_PROGRAM
 from hoptrace.dispatcher.spec import KIND_FAMILY, load_spec
 from hoptrace.v1 import agent_pb2, trace_pb2
 
@@ -107,7 +108,7 @@ def test_every_attach_kind_has_a_family_and_every_program_exists() -> None:
     kinds = set(trace_pb2.AttachKind.values()) - {trace_pb2.AttachKind.ATTACH_KIND_UNSPECIFIED}
     assert set(KIND_FAMILY) == kinds
     assert {family for family, _ in KIND_FAMILY.values()} == set(PROGRAM_FOR_KIND)
-    used = {*PROGRAM_FOR_KIND.values(), XMIT_TRACEPOINT_PROGRAM, TCP_TAGGER_PROGRAM}
+    used = {*PROGRAM_FOR_KIND.values(), XMIT_TRACEPOINT_PROGRAM, TCP_TAGGER_PROGRAM, EVENT_PROGRAM}
     assert used == set(ALL_PROGRAMS) == set(kernel_abi.PROGRAMS) - set(DISCOVERY_PROGRAMS)
 
 

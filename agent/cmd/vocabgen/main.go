@@ -33,6 +33,8 @@ const (
 	counterEnum  = "hoptrace_counter"
 	wireEnum     = "hoptrace_wire"
 	fieldEnum    = "hoptrace_field"
+	eventOpEnum  = "hoptrace_event_op"
+	eventKeyEnum = "hoptrace_event_key"
 	source       = "kernel-patch/include/hoptrace.h"
 )
 
@@ -107,7 +109,9 @@ type vocabulary struct {
 	Counters   []constant // without HOPTRACE_C_MAX
 	Wire       []constant
 	Fields     []constant // without HOPTRACE_FIELD_MAX
-	Programs   []program  // sorted by name
+	EventOps   []constant // without HOPTRACE_EVENT_OP_MAX
+	EventKeys  []constant
+	Programs   []program // sorted by name
 }
 
 type program struct {
@@ -135,7 +139,8 @@ func readVocabulary(object string) (*vocabulary, error) {
 	enums := []struct {
 		name, prefix string
 		out          *[]constant
-	}{{flagEnum, "HOPTRACE_F_", &v.Flags}, {counterEnum, "HOPTRACE_C_", &v.Counters}, {wireEnum, "HOPTRACE_", &v.Wire}, {fieldEnum, "HOPTRACE_FIELD_", &v.Fields}}
+	}{{flagEnum, "HOPTRACE_F_", &v.Flags}, {counterEnum, "HOPTRACE_C_", &v.Counters}, {wireEnum, "HOPTRACE_", &v.Wire}, {fieldEnum, "HOPTRACE_FIELD_", &v.Fields},
+		{eventOpEnum, "HOPTRACE_EVENT_OP_", &v.EventOps}, {eventKeyEnum, "HOPTRACE_EVENT_KEY_", &v.EventKeys}}
 	for _, e := range enums {
 		var enum *btf.Enum
 		if err := spec.TypeByName(e.name, &enum); err != nil {
@@ -168,6 +173,15 @@ func readVocabulary(object string) (*vocabulary, error) {
 		return nil, fmt.Errorf("enum %s must start with HOPTRACE_FIELD_NONE and end with HOPTRACE_FIELD_MAX", fieldEnum)
 	}
 	v.Fields = v.Fields[:len(v.Fields)-1]
+	for i, o := range v.EventOps {
+		if o.Value != uint64(i) {
+			return nil, fmt.Errorf("enum %s: %s = %d, want %d (dense)", eventOpEnum, o.Name, o.Value, i)
+		}
+	}
+	if len(v.EventOps) < 2 || v.EventOps[0].Name != "NONE" || v.EventOps[len(v.EventOps)-1].Name != "MAX" {
+		return nil, fmt.Errorf("enum %s must start with HOPTRACE_EVENT_OP_NONE and end with HOPTRACE_EVENT_OP_MAX", eventOpEnum)
+	}
+	v.EventOps = v.EventOps[:len(v.EventOps)-1]
 
 	coll, err := ebpf.LoadCollectionSpec(object)
 	if err != nil {
@@ -265,7 +279,16 @@ func renderGo(v *vocabulary) ([]byte, error) {
 	for _, f := range v.Fields {
 		p("\t%q,\n", strings.ToLower(f.Name))
 	}
-	p("}\n\n// counterCNames and flagCNames are the C names, for the BTF comparison in tests.\n")
+	p("}\n\n// EventOp is enum %s: the operator of an event's where: term.\ntype EventOp uint8\n\nconst (\n", eventOpEnum)
+	for _, o := range v.EventOps {
+		p("\tEventOp%s EventOp = %d\n", goName(o.Name), o.Value)
+	}
+	p("\tEventOpMax EventOp = %d\n)\n\n// EventKey is enum %s: what an event's count is keyed by.\ntype EventKey uint8\n\nconst (\n", len(v.EventOps), eventKeyEnum)
+	for _, k := range v.EventKeys {
+		p("\tEventKey%s EventKey = %d\n", goName(k.Name), k.Value)
+	}
+	p(")\n")
+	p("\n// counterCNames and flagCNames are the C names, for the BTF comparison in tests.\n")
 	p("var counterCNames = [CMax]string{\n")
 	for _, c := range v.Counters {
 		p("\t\"HOPTRACE_C_%s\",\n", c.Name)
@@ -375,6 +398,16 @@ func renderPython(v *vocabulary) ([]byte, error) {
 		p("    %q,\n", strings.ToLower(f.Name))
 	}
 	p(")\n")
+	p("\n# enum %s: event where: operators by value (\"none\" = 0).\nEVENT_OPS = (\n", eventOpEnum)
+	for _, o := range v.EventOps {
+		p("    %q,\n", strings.ToLower(o.Name))
+	}
+	p(")\n")
+	p("\n# enum %s: what an event's count is keyed by, by value.\nEVENT_KEYS = (\n", eventKeyEnum)
+	for _, k := range v.EventKeys {
+		p("    %q,\n", strings.ToLower(k.Name))
+	}
+	p(")\n")
 	return b.Bytes(), nil
 }
 
@@ -394,6 +427,18 @@ func renderProto(v *vocabulary) ([]byte, error) {
 			name = "FIELD_UNSPECIFIED"
 		}
 		p("  %s = %d;\n", name, f.Value)
+	}
+	p("}\n\n// The operators of an event's where: terms (enum %s).\nenum EventOp {\n", eventOpEnum)
+	for _, o := range v.EventOps {
+		name := "EVENT_OP_" + o.Name
+		if o.Name == "NONE" {
+			name = "EVENT_OP_UNSPECIFIED"
+		}
+		p("  %s = %d;\n", name, o.Value)
+	}
+	p("}\n\n// What an event's count is keyed by (enum %s).\nenum EventKey {\n", eventKeyEnum)
+	for _, k := range v.EventKeys {
+		p("  EVENT_KEY_%s = %d;\n", k.Name, k.Value)
 	}
 	p("}\n")
 	return b.Bytes(), nil

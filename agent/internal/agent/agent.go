@@ -435,6 +435,9 @@ func (a *running) printCounters() {
 		if err := a.out.Counters(tc.Trace, tc.Hops); err != nil {
 			a.cfg.Log.Error("write counters", "err", err)
 		}
+		if err := a.out.Events(tc.Trace, tc.Events); err != nil {
+			a.cfg.Log.Error("write events", "err", err)
+		}
 	}
 }
 

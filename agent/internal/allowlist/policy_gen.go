@@ -31,6 +31,11 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 			helpers: set(asm.FnGetNetnsCookie, asm.FnMapLookupElem, asm.FnReserveHdrOpt, asm.FnSockOpsCbFlagsSet, asm.FnSpinLock, asm.FnSpinUnlock, asm.FnStoreHdrOpt),
 			kfuncs:  set[string](),
 		},
+		ebpf.TracePoint: {
+			attach:  set(ebpf.AttachNone),
+			helpers: set(asm.FnGetSmpProcessorId, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel),
+			kfuncs:  set[string](),
+		},
 		ebpf.Tracing: {
 			attach:  set(ebpf.AttachTraceFEntry, ebpf.AttachTraceRawTp),
 			helpers: set(asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit),

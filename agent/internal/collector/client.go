@@ -211,6 +211,7 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 		for _, tc := range c.Counters() {
 			b := c.batch(tc.Trace, tc.Generation, nil, 0)
 			b.Counters = tc.Hops
+			b.Events = tc.Events
 			b.WatermarkNs = watermark
 			if err := send(b); err != nil {
 				return err

@@ -129,26 +129,50 @@ type ActionValues struct {
 // ReadActions reads the hop's count and histogram (zero values for actions it does not run).
 func (h *Hop) ReadActions() (ActionValues, error) {
 	var out ActionValues
+	var err error
 	if h.Actions.Count && h.CountKeys != nil {
-		out.Counts = map[uint64]uint64{}
-		var k, v uint64
-		it := h.CountKeys.Iterate()
-		for it.Next(&k, &v) {
-			out.Counts[k] = v
-		}
-		if err := it.Err(); err != nil {
-			return out, fmt.Errorf("read %s: %w", MapCountKeys, err)
+		if out.Counts, err = readCountKeys(h.CountKeys); err != nil {
+			return out, err
 		}
 	}
 	if h.Actions.Histogram != record.FieldNone && h.Hist != nil {
-		var per []uint64
-		for i := uint32(0); i < record.HistBuckets && i < h.Hist.MaxEntries(); i++ {
-			if err := h.Hist.Lookup(i, &per); err != nil {
-				return out, fmt.Errorf("read %s[%d]: %w", MapHistBuckets, i, err)
-			}
-			for _, v := range per {
-				out.Buckets[i] += v
-			}
+		if out.Buckets, err = readBuckets(h.Hist); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// readCountKeys reads a count_keys map: key -> count.
+func readCountKeys(m *ebpf.Map) (map[uint64]uint64, error) {
+	out := map[uint64]uint64{}
+	if m == nil {
+		return out, nil
+	}
+	var k, v uint64
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	if err := it.Err(); err != nil {
+		return out, fmt.Errorf("read %s: %w", MapCountKeys, err)
+	}
+	return out, nil
+}
+
+// readBuckets sums a hist_buckets map over CPUs.
+func readBuckets(m *ebpf.Map) ([record.HistBuckets]uint64, error) {
+	var out [record.HistBuckets]uint64
+	if m == nil {
+		return out, nil
+	}
+	var per []uint64
+	for i := uint32(0); i < record.HistBuckets && i < m.MaxEntries(); i++ {
+		if err := m.Lookup(i, &per); err != nil {
+			return out, fmt.Errorf("read %s[%d]: %w", MapHistBuckets, i, err)
+		}
+		for _, v := range per {
+			out[i] += v
 		}
 	}
 	return out, nil

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -159,6 +160,52 @@ func (w *Writer) Counters(trace string, hops []*pb.HopCounters) error {
 		}
 		if err := enc.Encode(&line); err != nil {
 			return fmt.Errorf("counters line: %w", err)
+		}
+	}
+	return w.w.Flush()
+}
+
+// EventLine is one event probe's cumulative results (a spec's events:).
+type EventLine struct {
+	Type       string            `json:"type"` // "event"
+	Trace      string            `json:"trace"`
+	Event      string            `json:"event"`
+	EventIndex uint32            `json:"event_index"`
+	Seen       uint64            `json:"seen"`
+	Matched    uint64            `json:"matched"`
+	CountBy    string            `json:"count_by,omitempty"`
+	Counts     map[string]uint64 `json:"counts,omitempty"`
+	Histogram  string            `json:"histogram,omitempty"`
+	Buckets    []BucketLine      `json:"buckets,omitempty"`
+}
+
+// BucketLine is one non-empty log2 bucket: le = 2^b - 1.
+type BucketLine struct {
+	Le    uint64 `json:"le"`
+	Count uint64 `json:"count"`
+}
+
+// Events writes one event line per event probe.
+func (w *Writer) Events(trace string, events []*pb.EventValues) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	enc := json.NewEncoder(w.w)
+	for _, e := range events {
+		line := EventLine{Type: "event", Trace: trace, Event: e.GetEvent(), EventIndex: e.GetEventIndex(),
+			Seen: e.GetSeen(), Matched: e.GetMatched(), CountBy: e.GetCountBy(), Histogram: e.GetHistogram()}
+		if e.GetCount() {
+			line.Counts = map[string]uint64{}
+			for k, v := range e.GetCounts() {
+				line.Counts[strconv.FormatUint(k, 10)] = v
+			}
+		}
+		for b, n := range e.GetBuckets() {
+			if n > 0 {
+				line.Buckets = append(line.Buckets, BucketLine{Le: 1<<uint(b) - 1, Count: n})
+			}
+		}
+		if err := enc.Encode(&line); err != nil {
+			return fmt.Errorf("event line: %w", err)
 		}
 	}
 	return w.w.Flush()

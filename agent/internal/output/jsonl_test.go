@@ -99,3 +99,31 @@ func TestCountersLineCarriesActions(t *testing.T) {
 		t.Errorf("histogram %v", hist)
 	}
 }
+
+func TestEventLine(t *testing.T) {
+	var b bytes.Buffer
+	w := NewWriter(&b)
+	buckets := make([]uint64, record.HistBuckets)
+	buckets[11], buckets[64] = 150, 1
+	err := w.Events("tr", []*pb.EventValues{{EventIndex: 1, Event: "frames", Count: true, CountBy: "cpu",
+		Counts: map[uint64]uint64{0: 100, 1: 51}, Histogram: "len", Buckets: buckets, Seen: 900, Matched: 151}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := lines(t, &b)
+	if len(got) != 1 {
+		t.Fatalf("%d lines", len(got))
+	}
+	l := got[0]
+	if l["type"] != "event" || l["event"] != "frames" || l["event_index"] != 1.0 || l["matched"] != 151.0 || l["seen"] != 900.0 {
+		t.Fatalf("line %v", l)
+	}
+	if c := l["counts"].(map[string]any); c["0"] != 100.0 || c["1"] != 51.0 || l["count_by"] != "cpu" {
+		t.Fatalf("counts %v", l["counts"])
+	}
+	bs := l["buckets"].([]any)
+	if len(bs) != 2 || bs[0].(map[string]any)["le"] != 2047.0 || bs[0].(map[string]any)["count"] != 150.0 ||
+		bs[1].(map[string]any)["le"] != float64(^uint64(0)) {
+		t.Fatalf("buckets %v", bs)
+	}
+}

@@ -91,18 +91,21 @@ const (
 
 // Wire and ID constants: enum hoptrace_wire.
 const (
-	TCPOptKind    = 253
-	TCPOptExID    = 18516
-	TCPOptLen     = 8
-	UDPIDLen      = 4
-	VXLANPort     = 4789
-	GenevePort    = 6081
-	IDSeqBits     = 24
-	IDSeqMask     = 16777215
-	MaxHops       = 64
-	HistBuckets   = 65
-	CountKeys     = 1024
-	PrevTsEntries = 65536
+	TCPOptKind     = 253
+	TCPOptExID     = 18516
+	TCPOptLen      = 8
+	UDPIDLen       = 4
+	VXLANPort      = 4789
+	GenevePort     = 6081
+	IDSeqBits      = 24
+	IDSeqMask      = 16777215
+	MaxHops        = 64
+	HistBuckets    = 65
+	CountKeys      = 1024
+	PrevTsEntries  = 65536
+	EventTerms     = 4
+	EventInValues  = 8
+	EventArgsBytes = 4096
 )
 
 // Counter is enum hoptrace_counter: the index into a hop's percpu counters map
@@ -173,6 +176,29 @@ var FieldKeys = [FieldMax]string{
 	"priority",
 	"latency",
 }
+
+// EventOp is enum hoptrace_event_op: the operator of an event's where: term.
+type EventOp uint8
+
+const (
+	EventOpNone EventOp = 0
+	EventOpEq   EventOp = 1
+	EventOpNe   EventOp = 2
+	EventOpLt   EventOp = 3
+	EventOpGt   EventOp = 4
+	EventOpBit  EventOp = 5
+	EventOpIn   EventOp = 6
+	EventOpMax  EventOp = 7
+)
+
+// EventKey is enum hoptrace_event_key: what an event's count is keyed by.
+type EventKey uint8
+
+const (
+	EventKeyTotal EventKey = 0
+	EventKeyCPU   EventKey = 1
+	EventKeyArg   EventKey = 2
+)
 
 // counterCNames and flagCNames are the C names, for the BTF comparison in tests.
 var counterCNames = [CMax]string{

@@ -44,6 +44,7 @@ type Trace struct {
 	Slot       uint16
 	Hops       []*attach.Hop
 	Tagger     *attach.Hop
+	Events     []*Event
 	Status     *pb.TraceStatus
 	idState    *ebpf.Map
 }
@@ -212,6 +213,18 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 			t.Tagger = h
 		}
 	}
+	for _, ea := range plan.GetEvents() {
+		es := &pb.EventStatus{EventIndex: ea.GetEventIndex(), Name: ea.GetName()}
+		e, err := AttachEvent(spec, ea, loader.Options{Records: m.records, Cache: m.cache})
+		if err != nil {
+			es.Error = err.Error()
+		} else {
+			es.Attached = true
+			t.Events = append(t.Events, e)
+			attached++
+		}
+		st.Events = append(st.Events, es)
+	}
 	if attached == 0 && t.Tagger == nil {
 		if st.Error == "" {
 			st.Error = "no hop attached"
@@ -239,6 +252,9 @@ func (m *Manager) closeTrace(t *Trace) {
 	for _, h := range t.Hops {
 		h.Close()
 	}
+	for _, e := range t.Events {
+		e.Close()
+	}
 	m.reader.Drain()
 	m.reader.RemoveRoute(t.Slot)
 	delete(m.slots, t.Slot)
@@ -248,6 +264,9 @@ func (m *Manager) closeTrace(t *Trace) {
 	t.Status.Active = false
 	for _, hs := range t.Status.Hops {
 		hs.Attached = false
+	}
+	for _, es := range t.Status.Events {
+		es.Attached = false
 	}
 }
 
@@ -288,6 +307,7 @@ type TraceCounters struct {
 	Trace      string
 	Generation uint64
 	Hops       []*pb.HopCounters
+	Events     []*pb.EventValues
 }
 
 // Counters reads every running hop's counters, summed over CPUs.
@@ -312,6 +332,13 @@ func (m *Manager) Counters() []TraceCounters {
 				hc.Actions = ActionValues(a, v)
 			}
 			tc.Hops = append(tc.Hops, hc)
+		}
+		for _, e := range t.Events {
+			ev, err := EventValues(e, now)
+			if err != nil {
+				continue
+			}
+			tc.Events = append(tc.Events, ev)
 		}
 		out = append(out, tc)
 	}
@@ -364,6 +391,9 @@ func cloneStatus(s *pb.TraceStatus) *pb.TraceStatus {
 	c := &pb.TraceStatus{Trace: s.Trace, Generation: s.Generation, Active: s.Active, Error: s.Error}
 	for _, h := range s.Hops {
 		c.Hops = append(c.Hops, &pb.HopStatus{HopIndex: h.HopIndex, Name: h.Name, Attached: h.Attached, Error: h.Error})
+	}
+	for _, e := range s.Events {
+		c.Events = append(c.Events, &pb.EventStatus{EventIndex: e.EventIndex, Name: e.Name, Attached: e.Attached, Error: e.Error})
 	}
 	return c
 }

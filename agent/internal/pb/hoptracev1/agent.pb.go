@@ -593,7 +593,8 @@ type TraceStatus struct {
 	Active     bool                   `protobuf:"varint,3,opt,name=active,proto3" json:"active,omitempty"`
 	Hops       []*HopStatus           `protobuf:"bytes,4,rep,name=hops,proto3" json:"hops,omitempty"`
 	// Set when the whole plan failed (e.g. the object did not load).
-	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Error         string         `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Events        []*EventStatus `protobuf:"bytes,6,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -663,6 +664,83 @@ func (x *TraceStatus) GetError() string {
 	return ""
 }
 
+func (x *TraceStatus) GetEvents() []*EventStatus {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type EventStatus struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	EventIndex uint32                 `protobuf:"varint,1,opt,name=event_index,json=eventIndex,proto3" json:"event_index,omitempty"`
+	Name       string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Attached   bool                   `protobuf:"varint,3,opt,name=attached,proto3" json:"attached,omitempty"`
+	// Names the spec field and the reason, e.g. "events[0].where[0]:
+	// irq:softirq_entry has no argument vecc (arguments: vec)".
+	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventStatus) Reset() {
+	*x = EventStatus{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventStatus) ProtoMessage() {}
+
+func (x *EventStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventStatus.ProtoReflect.Descriptor instead.
+func (*EventStatus) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *EventStatus) GetEventIndex() uint32 {
+	if x != nil {
+		return x.EventIndex
+	}
+	return 0
+}
+
+func (x *EventStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EventStatus) GetAttached() bool {
+	if x != nil {
+		return x.Attached
+	}
+	return false
+}
+
+func (x *EventStatus) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type HopStatus struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	HopIndex uint32                 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"`
@@ -677,7 +755,7 @@ type HopStatus struct {
 
 func (x *HopStatus) Reset() {
 	*x = HopStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +767,7 @@ func (x *HopStatus) String() string {
 func (*HopStatus) ProtoMessage() {}
 
 func (x *HopStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +780,7 @@ func (x *HopStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopStatus.ProtoReflect.Descriptor instead.
 func (*HopStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HopStatus) GetHopIndex() uint32 {
@@ -749,7 +827,7 @@ type DispatcherMessage struct {
 
 func (x *DispatcherMessage) Reset() {
 	*x = DispatcherMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +839,7 @@ func (x *DispatcherMessage) String() string {
 func (*DispatcherMessage) ProtoMessage() {}
 
 func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +852,7 @@ func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatcherMessage.ProtoReflect.Descriptor instead.
 func (*DispatcherMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DispatcherMessage) GetBody() isDispatcherMessage_Body {
@@ -899,7 +977,7 @@ type SignedMessage struct {
 
 func (x *SignedMessage) Reset() {
 	*x = SignedMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +989,7 @@ func (x *SignedMessage) String() string {
 func (*SignedMessage) ProtoMessage() {}
 
 func (x *SignedMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1002,7 @@ func (x *SignedMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedMessage.ProtoReflect.Descriptor instead.
 func (*SignedMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SignedMessage) GetPayload() []byte {
@@ -972,14 +1050,16 @@ type TracePlan struct {
 	Sample uint32       `protobuf:"varint,6,opt,name=sample,proto3" json:"sample,omitempty"`
 	Hops   []*HopAttach `protobuf:"bytes,7,rep,name=hops,proto3" json:"hops,omitempty"`
 	// TCP: tag the segments sent by sockets in this namespace (sock_ops).
-	TcpTagging    *TcpTagging `protobuf:"bytes,8,opt,name=tcp_tagging,json=tcpTagging,proto3" json:"tcp_tagging,omitempty"`
+	TcpTagging *TcpTagging `protobuf:"bytes,8,opt,name=tcp_tagging,json=tcpTagging,proto3" json:"tcp_tagging,omitempty"`
+	// The trace's event probes on this node.
+	Events        []*EventAttach `protobuf:"bytes,10,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TracePlan) Reset() {
 	*x = TracePlan{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1071,7 @@ func (x *TracePlan) String() string {
 func (*TracePlan) ProtoMessage() {}
 
 func (x *TracePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1084,7 @@ func (x *TracePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracePlan.ProtoReflect.Descriptor instead.
 func (*TracePlan) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TracePlan) GetTrace() string {
@@ -1063,6 +1143,13 @@ func (x *TracePlan) GetTcpTagging() *TcpTagging {
 	return nil
 }
 
+func (x *TracePlan) GetEvents() []*EventAttach {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 // A trace's Filter as the BPF programs compare it (load-time constants).
 type FlowMatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1085,7 +1172,7 @@ type FlowMatch struct {
 
 func (x *FlowMatch) Reset() {
 	*x = FlowMatch{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1184,7 @@ func (x *FlowMatch) String() string {
 func (*FlowMatch) ProtoMessage() {}
 
 func (x *FlowMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1197,7 @@ func (x *FlowMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowMatch.ProtoReflect.Descriptor instead.
 func (*FlowMatch) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FlowMatch) GetIpProto() uint32 {
@@ -1196,7 +1283,7 @@ type HopAttach struct {
 
 func (x *HopAttach) Reset() {
 	*x = HopAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1295,7 @@ func (x *HopAttach) String() string {
 func (*HopAttach) ProtoMessage() {}
 
 func (x *HopAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1308,7 @@ func (x *HopAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopAttach.ProtoReflect.Descriptor instead.
 func (*HopAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HopAttach) GetHopIndex() uint32 {
@@ -1326,7 +1413,7 @@ type HopActions struct {
 
 func (x *HopActions) Reset() {
 	*x = HopActions{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1425,7 @@ func (x *HopActions) String() string {
 func (*HopActions) ProtoMessage() {}
 
 func (x *HopActions) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1438,7 @@ func (x *HopActions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopActions.ProtoReflect.Descriptor instead.
 func (*HopActions) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HopActions) GetCount() bool {
@@ -1382,6 +1469,129 @@ func (x *HopActions) GetPrevTs() bool {
 	return false
 }
 
+// One event probe as the agent loads it (event.bpf.h's ev_* constants). The
+// agent resolves argument names against the node's tracefs format file.
+type EventAttach struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Index in the spec's events (errors name events[i]).
+	EventIndex      uint32 `protobuf:"varint,1,opt,name=event_index,json=eventIndex,proto3" json:"event_index,omitempty"`
+	Name            string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	TracepointGroup string `protobuf:"bytes,3,opt,name=tracepoint_group,json=tracepointGroup,proto3" json:"tracepoint_group,omitempty"`
+	TracepointEvent string `protobuf:"bytes,4,opt,name=tracepoint_event,json=tracepointEvent,proto3" json:"tracepoint_event,omitempty"`
+	// The program to load from the object (event_tp).
+	Program string       `protobuf:"bytes,5,opt,name=program,proto3" json:"program,omitempty"`
+	Where   []*EventTerm `protobuf:"bytes,6,rep,name=where,proto3" json:"where,omitempty"`
+	Count   bool         `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
+	// What the count is keyed by; count_by_arg names the argument for
+	// EVENT_KEY_ARG.
+	CountBy    EventKey `protobuf:"varint,8,opt,name=count_by,json=countBy,proto3,enum=hoptrace.v1.EventKey" json:"count_by,omitempty"`
+	CountByArg string   `protobuf:"bytes,9,opt,name=count_by_arg,json=countByArg,proto3" json:"count_by_arg,omitempty"`
+	// The argument whose log2 histogram is kept ("" = none).
+	HistogramArg  string `protobuf:"bytes,10,opt,name=histogram_arg,json=histogramArg,proto3" json:"histogram_arg,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventAttach) Reset() {
+	*x = EventAttach{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventAttach) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventAttach) ProtoMessage() {}
+
+func (x *EventAttach) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventAttach.ProtoReflect.Descriptor instead.
+func (*EventAttach) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EventAttach) GetEventIndex() uint32 {
+	if x != nil {
+		return x.EventIndex
+	}
+	return 0
+}
+
+func (x *EventAttach) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EventAttach) GetTracepointGroup() string {
+	if x != nil {
+		return x.TracepointGroup
+	}
+	return ""
+}
+
+func (x *EventAttach) GetTracepointEvent() string {
+	if x != nil {
+		return x.TracepointEvent
+	}
+	return ""
+}
+
+func (x *EventAttach) GetProgram() string {
+	if x != nil {
+		return x.Program
+	}
+	return ""
+}
+
+func (x *EventAttach) GetWhere() []*EventTerm {
+	if x != nil {
+		return x.Where
+	}
+	return nil
+}
+
+func (x *EventAttach) GetCount() bool {
+	if x != nil {
+		return x.Count
+	}
+	return false
+}
+
+func (x *EventAttach) GetCountBy() EventKey {
+	if x != nil {
+		return x.CountBy
+	}
+	return EventKey_EVENT_KEY_TOTAL
+}
+
+func (x *EventAttach) GetCountByArg() string {
+	if x != nil {
+		return x.CountByArg
+	}
+	return ""
+}
+
+func (x *EventAttach) GetHistogramArg() string {
+	if x != nil {
+		return x.HistogramArg
+	}
+	return ""
+}
+
 type TcpTagging struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sender namespace ("" = the agent's own).
@@ -1396,7 +1606,7 @@ type TcpTagging struct {
 
 func (x *TcpTagging) Reset() {
 	*x = TcpTagging{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1618,7 @@ func (x *TcpTagging) String() string {
 func (*TcpTagging) ProtoMessage() {}
 
 func (x *TcpTagging) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1631,7 @@ func (x *TcpTagging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpTagging.ProtoReflect.Descriptor instead.
 func (*TcpTagging) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TcpTagging) GetNetns() string {
@@ -1454,7 +1664,7 @@ type RemoveTrace struct {
 
 func (x *RemoveTrace) Reset() {
 	*x = RemoveTrace{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1676,7 @@ func (x *RemoveTrace) String() string {
 func (*RemoveTrace) ProtoMessage() {}
 
 func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1689,7 @@ func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTrace.ProtoReflect.Descriptor instead.
 func (*RemoveTrace) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RemoveTrace) GetTrace() string {
@@ -1503,7 +1713,7 @@ type RunPreset struct {
 
 func (x *RunPreset) Reset() {
 	*x = RunPreset{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1725,7 @@ func (x *RunPreset) String() string {
 func (*RunPreset) ProtoMessage() {}
 
 func (x *RunPreset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1738,7 @@ func (x *RunPreset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
 func (*RunPreset) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RunPreset) GetId() string {
@@ -1566,7 +1776,7 @@ type PresetResult struct {
 
 func (x *PresetResult) Reset() {
 	*x = PresetResult{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1578,7 +1788,7 @@ func (x *PresetResult) String() string {
 func (*PresetResult) ProtoMessage() {}
 
 func (x *PresetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1591,7 +1801,7 @@ func (x *PresetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
 func (*PresetResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PresetResult) GetId() string {
@@ -1663,7 +1873,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\tInventory\x126\n" +
 	"\n" +
 	"namespaces\x18\x01 \x03(\v2\x16.hoptrace.v1.NamespaceR\n" +
-	"namespaces\"\x9d\x01\n" +
+	"namespaces\"\xcf\x01\n" +
 	"\vTraceStatus\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
 	"\n" +
@@ -1671,7 +1881,14 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"generation\x12\x16\n" +
 	"\x06active\x18\x03 \x01(\bR\x06active\x12*\n" +
 	"\x04hops\x18\x04 \x03(\v2\x16.hoptrace.v1.HopStatusR\x04hops\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"n\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x120\n" +
+	"\x06events\x18\x06 \x03(\v2\x18.hoptrace.v1.EventStatusR\x06events\"t\n" +
+	"\vEventStatus\x12\x1f\n" +
+	"\vevent_index\x18\x01 \x01(\rR\n" +
+	"eventIndex\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
+	"\battached\x18\x03 \x01(\bR\battached\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"n\n" +
 	"\tHopStatus\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
@@ -1690,7 +1907,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1c\n" +
 	"\tsignature\x18\x03 \x01(\fR\tsignature\x12\x1f\n" +
 	"\vsigner_cert\x18\x04 \x01(\fR\n" +
-	"signerCert\"\xb4\x02\n" +
+	"signerCert\"\xe6\x02\n" +
 	"\tTracePlan\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
 	"\n" +
@@ -1703,7 +1920,9 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x06sample\x18\x06 \x01(\rR\x06sample\x12*\n" +
 	"\x04hops\x18\a \x03(\v2\x16.hoptrace.v1.HopAttachR\x04hops\x128\n" +
 	"\vtcp_tagging\x18\b \x01(\v2\x17.hoptrace.v1.TcpTaggingR\n" +
-	"tcpTaggingJ\x04\b\x05\x10\x06R\x06filter\"\xe0\x01\n" +
+	"tcpTagging\x120\n" +
+	"\x06events\x18\n" +
+	" \x03(\v2\x18.hoptrace.v1.EventAttachR\x06eventsJ\x04\b\x05\x10\x06R\x06filter\"\xe0\x01\n" +
 	"\tFlowMatch\x12\x19\n" +
 	"\bip_proto\x18\x01 \x01(\rR\aipProto\x12\x16\n" +
 	"\x06family\x18\x02 \x01(\rR\x06family\x12\x19\n" +
@@ -1732,7 +1951,21 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x05count\x18\x01 \x01(\bR\x05count\x12-\n" +
 	"\bcount_by\x18\x02 \x01(\x0e2\x12.hoptrace.v1.FieldR\acountBy\x120\n" +
 	"\thistogram\x18\x03 \x01(\x0e2\x12.hoptrace.v1.FieldR\thistogram\x12\x17\n" +
-	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\"T\n" +
+	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\"\xef\x02\n" +
+	"\vEventAttach\x12\x1f\n" +
+	"\vevent_index\x18\x01 \x01(\rR\n" +
+	"eventIndex\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
+	"\x10tracepoint_group\x18\x03 \x01(\tR\x0ftracepointGroup\x12)\n" +
+	"\x10tracepoint_event\x18\x04 \x01(\tR\x0ftracepointEvent\x12\x18\n" +
+	"\aprogram\x18\x05 \x01(\tR\aprogram\x12,\n" +
+	"\x05where\x18\x06 \x03(\v2\x16.hoptrace.v1.EventTermR\x05where\x12\x14\n" +
+	"\x05count\x18\a \x01(\bR\x05count\x120\n" +
+	"\bcount_by\x18\b \x01(\x0e2\x15.hoptrace.v1.EventKeyR\acountBy\x12 \n" +
+	"\fcount_by_arg\x18\t \x01(\tR\n" +
+	"countByArg\x12#\n" +
+	"\rhistogram_arg\x18\n" +
+	" \x01(\tR\fhistogramArg\"T\n" +
 	"\n" +
 	"TcpTagging\x12\x14\n" +
 	"\x05netns\x18\x01 \x01(\tR\x05netns\x12\x16\n" +
@@ -1766,7 +1999,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -1777,59 +2010,67 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*Heartbeat)(nil),             // 6: hoptrace.v1.Heartbeat
 	(*Inventory)(nil),             // 7: hoptrace.v1.Inventory
 	(*TraceStatus)(nil),           // 8: hoptrace.v1.TraceStatus
-	(*HopStatus)(nil),             // 9: hoptrace.v1.HopStatus
-	(*DispatcherMessage)(nil),     // 10: hoptrace.v1.DispatcherMessage
-	(*SignedMessage)(nil),         // 11: hoptrace.v1.SignedMessage
-	(*TracePlan)(nil),             // 12: hoptrace.v1.TracePlan
-	(*FlowMatch)(nil),             // 13: hoptrace.v1.FlowMatch
-	(*HopAttach)(nil),             // 14: hoptrace.v1.HopAttach
-	(*HopActions)(nil),            // 15: hoptrace.v1.HopActions
-	(*TcpTagging)(nil),            // 16: hoptrace.v1.TcpTagging
-	(*RemoveTrace)(nil),           // 17: hoptrace.v1.RemoveTrace
-	(*RunPreset)(nil),             // 18: hoptrace.v1.RunPreset
-	(*PresetResult)(nil),          // 19: hoptrace.v1.PresetResult
-	nil,                           // 20: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 21: hoptrace.v1.RunPreset.ArgsEntry
-	(Field)(0),                    // 22: hoptrace.v1.Field
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(AttachKind)(0),               // 24: hoptrace.v1.AttachKind
+	(*EventStatus)(nil),           // 9: hoptrace.v1.EventStatus
+	(*HopStatus)(nil),             // 10: hoptrace.v1.HopStatus
+	(*DispatcherMessage)(nil),     // 11: hoptrace.v1.DispatcherMessage
+	(*SignedMessage)(nil),         // 12: hoptrace.v1.SignedMessage
+	(*TracePlan)(nil),             // 13: hoptrace.v1.TracePlan
+	(*FlowMatch)(nil),             // 14: hoptrace.v1.FlowMatch
+	(*HopAttach)(nil),             // 15: hoptrace.v1.HopAttach
+	(*HopActions)(nil),            // 16: hoptrace.v1.HopActions
+	(*EventAttach)(nil),           // 17: hoptrace.v1.EventAttach
+	(*TcpTagging)(nil),            // 18: hoptrace.v1.TcpTagging
+	(*RemoveTrace)(nil),           // 19: hoptrace.v1.RemoveTrace
+	(*RunPreset)(nil),             // 20: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 21: hoptrace.v1.PresetResult
+	nil,                           // 22: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 23: hoptrace.v1.RunPreset.ArgsEntry
+	(Field)(0),                    // 24: hoptrace.v1.Field
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(AttachKind)(0),               // 26: hoptrace.v1.AttachKind
+	(*EventTerm)(nil),             // 27: hoptrace.v1.EventTerm
+	(EventKey)(0),                 // 28: hoptrace.v1.EventKey
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
 	8,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	19, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	21, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
 	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
 	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
 	8,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	20, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	22, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
-	23, // 10: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	22, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	24, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
+	25, // 10: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	7,  // 11: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
 	2,  // 12: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
-	9,  // 13: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	12, // 14: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	17, // 15: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	18, // 16: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	11, // 17: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	11, // 18: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	13, // 19: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	14, // 20: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	16, // 21: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	24, // 22: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	15, // 23: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
-	22, // 24: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
-	22, // 25: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	21, // 26: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 27: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 28: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	10, // 29: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	29, // [29:30] is the sub-list for method output_type
-	28, // [28:29] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	10, // 13: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	9,  // 14: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
+	13, // 15: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	19, // 16: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	20, // 17: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	12, // 18: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	12, // 19: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	14, // 20: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	15, // 21: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	18, // 22: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	17, // 23: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
+	26, // 24: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	16, // 25: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	24, // 26: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	24, // 27: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	27, // 28: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
+	28, // 29: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
+	23, // 30: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 31: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 32: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	11, // 33: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	33, // [33:34] is the sub-list for method output_type
+	32, // [32:33] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -1845,7 +2086,7 @@ func file_hoptrace_v1_agent_proto_init() {
 		(*AgentMessage_TraceStatus)(nil),
 		(*AgentMessage_PresetResult)(nil),
 	}
-	file_hoptrace_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_hoptrace_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*DispatcherMessage_Apply)(nil),
 		(*DispatcherMessage_Remove)(nil),
 		(*DispatcherMessage_RunPreset)(nil),
@@ -1858,7 +2099,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -849,7 +849,9 @@ type Report struct {
 	EndToEnd *SegmentStats    `protobuf:"bytes,5,opt,name=end_to_end,json=endToEnd,proto3" json:"end_to_end,omitempty"`
 	Hops     []*HopThroughput `protobuf:"bytes,6,rep,name=hops,proto3" json:"hops,omitempty"`
 	// Set when GetReportRequest.with_series: per segment (end to end left out).
-	Series        []*SegmentSeries `protobuf:"bytes,7,rep,name=series,proto3" json:"series,omitempty"`
+	Series []*SegmentSeries `protobuf:"bytes,7,rep,name=series,proto3" json:"series,omitempty"`
+	// The spec's event probes over the report's range, per event and node.
+	Events        []*EventResult `protobuf:"bytes,8,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -933,6 +935,107 @@ func (x *Report) GetSeries() []*SegmentSeries {
 	return nil
 }
 
+func (x *Report) GetEvents() []*EventResult {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+type EventResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Node  string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// Hits that passed where: (the sum of by).
+	Count uint64 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	// "cpu", the argument, or "" for a plain count.
+	CountBy       string             `protobuf:"bytes,4,opt,name=count_by,json=countBy,proto3" json:"count_by,omitempty"`
+	By            map[string]uint64  `protobuf:"bytes,5,rep,name=by,proto3" json:"by,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	HistogramArg  string             `protobuf:"bytes,6,opt,name=histogram_arg,json=histogramArg,proto3" json:"histogram_arg,omitempty"`
+	Histogram     []*HistogramBucket `protobuf:"bytes,7,rep,name=histogram,proto3" json:"histogram,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventResult) Reset() {
+	*x = EventResult{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventResult) ProtoMessage() {}
+
+func (x *EventResult) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
+func (*EventResult) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *EventResult) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EventResult) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *EventResult) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *EventResult) GetCountBy() string {
+	if x != nil {
+		return x.CountBy
+	}
+	return ""
+}
+
+func (x *EventResult) GetBy() map[string]uint64 {
+	if x != nil {
+		return x.By
+	}
+	return nil
+}
+
+func (x *EventResult) GetHistogramArg() string {
+	if x != nil {
+		return x.HistogramArg
+	}
+	return ""
+}
+
+func (x *EventResult) GetHistogram() []*HistogramBucket {
+	if x != nil {
+		return x.Histogram
+	}
+	return nil
+}
+
 // One segment's latency over a report's range, in windows wide enough to keep
 // each series to a few hundred points.
 type SegmentSeries struct {
@@ -949,7 +1052,7 @@ type SegmentSeries struct {
 
 func (x *SegmentSeries) Reset() {
 	*x = SegmentSeries{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1064,7 @@ func (x *SegmentSeries) String() string {
 func (*SegmentSeries) ProtoMessage() {}
 
 func (x *SegmentSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1077,7 @@ func (x *SegmentSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentSeries.ProtoReflect.Descriptor instead.
 func (*SegmentSeries) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SegmentSeries) GetSegment() string {
@@ -1008,7 +1111,7 @@ type SeriesPoint struct {
 
 func (x *SeriesPoint) Reset() {
 	*x = SeriesPoint{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1020,7 +1123,7 @@ func (x *SeriesPoint) String() string {
 func (*SeriesPoint) ProtoMessage() {}
 
 func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1033,7 +1136,7 @@ func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeriesPoint.ProtoReflect.Descriptor instead.
 func (*SeriesPoint) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SeriesPoint) GetAt() *timestamppb.Timestamp {
@@ -1082,7 +1185,7 @@ type SegmentStats struct {
 
 func (x *SegmentStats) Reset() {
 	*x = SegmentStats{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1094,7 +1197,7 @@ func (x *SegmentStats) String() string {
 func (*SegmentStats) ProtoMessage() {}
 
 func (x *SegmentStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1107,7 +1210,7 @@ func (x *SegmentStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentStats.ProtoReflect.Descriptor instead.
 func (*SegmentStats) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SegmentStats) GetFrom() string {
@@ -1250,7 +1353,7 @@ type HopThroughput struct {
 
 func (x *HopThroughput) Reset() {
 	*x = HopThroughput{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1365,7 @@ func (x *HopThroughput) String() string {
 func (*HopThroughput) ProtoMessage() {}
 
 func (x *HopThroughput) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1378,7 @@ func (x *HopThroughput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopThroughput.ProtoReflect.Descriptor instead.
 func (*HopThroughput) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HopThroughput) GetHop() string {
@@ -1326,7 +1429,7 @@ type HopCount struct {
 
 func (x *HopCount) Reset() {
 	*x = HopCount{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1441,7 @@ func (x *HopCount) String() string {
 func (*HopCount) ProtoMessage() {}
 
 func (x *HopCount) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1454,7 @@ func (x *HopCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopCount.ProtoReflect.Descriptor instead.
 func (*HopCount) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HopCount) GetNode() string {
@@ -1395,7 +1498,7 @@ type HopHistogram struct {
 
 func (x *HopHistogram) Reset() {
 	*x = HopHistogram{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1510,7 @@ func (x *HopHistogram) String() string {
 func (*HopHistogram) ProtoMessage() {}
 
 func (x *HopHistogram) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1523,7 @@ func (x *HopHistogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopHistogram.ProtoReflect.Descriptor instead.
 func (*HopHistogram) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HopHistogram) GetNode() string {
@@ -1462,7 +1565,7 @@ type HistogramBucket struct {
 
 func (x *HistogramBucket) Reset() {
 	*x = HistogramBucket{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1577,7 @@ func (x *HistogramBucket) String() string {
 func (*HistogramBucket) ProtoMessage() {}
 
 func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1590,7 @@ func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistogramBucket.ProtoReflect.Descriptor instead.
 func (*HistogramBucket) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HistogramBucket) GetLe() uint64 {
@@ -1513,7 +1616,7 @@ type WatchSegmentStatsRequest struct {
 
 func (x *WatchSegmentStatsRequest) Reset() {
 	*x = WatchSegmentStatsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1525,7 +1628,7 @@ func (x *WatchSegmentStatsRequest) String() string {
 func (*WatchSegmentStatsRequest) ProtoMessage() {}
 
 func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1538,7 +1641,7 @@ func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSegmentStatsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSegmentStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchSegmentStatsRequest) GetTrace() string {
@@ -1556,7 +1659,7 @@ type WatchSpecsRequest struct {
 
 func (x *WatchSpecsRequest) Reset() {
 	*x = WatchSpecsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1671,7 @@ func (x *WatchSpecsRequest) String() string {
 func (*WatchSpecsRequest) ProtoMessage() {}
 
 func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1684,7 @@ func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSpecsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSpecsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 // Every applied trace's spec at one moment, by name.
@@ -1594,7 +1697,7 @@ type SpecSet struct {
 
 func (x *SpecSet) Reset() {
 	*x = SpecSet{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1709,7 @@ func (x *SpecSet) String() string {
 func (*SpecSet) ProtoMessage() {}
 
 func (x *SpecSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1722,7 @@ func (x *SpecSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpecSet.ProtoReflect.Descriptor instead.
 func (*SpecSet) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SpecSet) GetSpecs() []*TraceSpec {
@@ -1646,7 +1749,7 @@ type GetPacketsRequest struct {
 
 func (x *GetPacketsRequest) Reset() {
 	*x = GetPacketsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1761,7 @@ func (x *GetPacketsRequest) String() string {
 func (*GetPacketsRequest) ProtoMessage() {}
 
 func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1774,7 @@ func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
 func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetPacketsRequest) GetTrace() string {
@@ -1719,7 +1822,7 @@ type PacketList struct {
 
 func (x *PacketList) Reset() {
 	*x = PacketList{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1834,7 @@ func (x *PacketList) String() string {
 func (*PacketList) ProtoMessage() {}
 
 func (x *PacketList) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1847,7 @@ func (x *PacketList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
 func (*PacketList) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PacketList) GetPackets() []*PacketTimeline {
@@ -1770,7 +1873,7 @@ type PacketTimeline struct {
 
 func (x *PacketTimeline) Reset() {
 	*x = PacketTimeline{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +1885,7 @@ func (x *PacketTimeline) String() string {
 func (*PacketTimeline) ProtoMessage() {}
 
 func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +1898,7 @@ func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
 func (*PacketTimeline) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PacketTimeline) GetPacketId() uint32 {
@@ -1843,7 +1946,7 @@ type PacketSegment struct {
 
 func (x *PacketSegment) Reset() {
 	*x = PacketSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +1958,7 @@ func (x *PacketSegment) String() string {
 func (*PacketSegment) ProtoMessage() {}
 
 func (x *PacketSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +1971,7 @@ func (x *PacketSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
 func (*PacketSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PacketSegment) GetFrom() string {
@@ -1928,7 +2031,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2043,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2056,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 type Version struct {
@@ -1968,7 +2071,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2083,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2096,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -2023,7 +2126,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2035,7 +2138,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2048,7 +2151,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -2091,7 +2194,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2206,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2219,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DiscoverRequest) GetFilter() *Filter {
@@ -2167,7 +2270,7 @@ type DiscoverEvent struct {
 
 func (x *DiscoverEvent) Reset() {
 	*x = DiscoverEvent{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2282,7 @@ func (x *DiscoverEvent) String() string {
 func (*DiscoverEvent) ProtoMessage() {}
 
 func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2295,7 @@ func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
 func (*DiscoverEvent) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
@@ -2253,7 +2356,7 @@ type DiscoverProgress struct {
 
 func (x *DiscoverProgress) Reset() {
 	*x = DiscoverProgress{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2368,7 @@ func (x *DiscoverProgress) String() string {
 func (*DiscoverProgress) ProtoMessage() {}
 
 func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2381,7 @@ func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
 func (*DiscoverProgress) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DiscoverProgress) GetMessage() string {
@@ -2326,7 +2429,7 @@ type DiscoveredPath struct {
 
 func (x *DiscoveredPath) Reset() {
 	*x = DiscoveredPath{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2441,7 @@ func (x *DiscoveredPath) String() string {
 func (*DiscoveredPath) ProtoMessage() {}
 
 func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2454,7 @@ func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
 func (*DiscoveredPath) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DiscoveredPath) GetPackets() uint32 {
@@ -2405,7 +2508,7 @@ type DiscoverResult struct {
 
 func (x *DiscoverResult) Reset() {
 	*x = DiscoverResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2520,7 @@ func (x *DiscoverResult) String() string {
 func (*DiscoverResult) ProtoMessage() {}
 
 func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2533,7 @@ func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
 func (*DiscoverResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DiscoverResult) GetSpec() *TraceSpec {
@@ -2494,7 +2597,7 @@ type DiscoveredSegment struct {
 
 func (x *DiscoveredSegment) Reset() {
 	*x = DiscoveredSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2506,7 +2609,7 @@ func (x *DiscoveredSegment) String() string {
 func (*DiscoveredSegment) ProtoMessage() {}
 
 func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2519,7 +2622,7 @@ func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredSegment.ProtoReflect.Descriptor instead.
 func (*DiscoveredSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DiscoveredSegment) GetFromHop() *HopSpec {
@@ -2619,7 +2722,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
 	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x1f\n" +
 	"\vwith_series\x18\x04 \x01(\bR\n" +
-	"withSeries\"\xa8\x02\n" +
+	"withSeries\"\xda\x02\n" +
 	"\x06Report\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x18\n" +
 	"\apackets\x18\x02 \x01(\x04R\apackets\x12\x1a\n" +
@@ -2628,7 +2731,19 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\n" +
 	"end_to_end\x18\x05 \x01(\v2\x19.hoptrace.v1.SegmentStatsR\bendToEnd\x12.\n" +
 	"\x04hops\x18\x06 \x03(\v2\x1a.hoptrace.v1.HopThroughputR\x04hops\x122\n" +
-	"\x06series\x18\a \x03(\v2\x1a.hoptrace.v1.SegmentSeriesR\x06series\"\x81\x01\n" +
+	"\x06series\x18\a \x03(\v2\x1a.hoptrace.v1.SegmentSeriesR\x06series\x120\n" +
+	"\x06events\x18\b \x03(\v2\x18.hoptrace.v1.EventResultR\x06events\"\xb0\x02\n" +
+	"\vEventResult\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\x12\x19\n" +
+	"\bcount_by\x18\x04 \x01(\tR\acountBy\x120\n" +
+	"\x02by\x18\x05 \x03(\v2 .hoptrace.v1.EventResult.ByEntryR\x02by\x12#\n" +
+	"\rhistogram_arg\x18\x06 \x01(\tR\fhistogramArg\x12:\n" +
+	"\thistogram\x18\a \x03(\v2\x1c.hoptrace.v1.HistogramBucketR\thistogram\x1a5\n" +
+	"\aByEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x81\x01\n" +
 	"\rSegmentSeries\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\tR\asegment\x12*\n" +
 	"\x03p50\x18\x02 \x03(\v2\x18.hoptrace.v1.SeriesPointR\x03p50\x12*\n" +
@@ -2792,7 +2907,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -2811,113 +2926,118 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*NodeClockStatus)(nil),          // 14: hoptrace.v1.NodeClockStatus
 	(*GetReportRequest)(nil),         // 15: hoptrace.v1.GetReportRequest
 	(*Report)(nil),                   // 16: hoptrace.v1.Report
-	(*SegmentSeries)(nil),            // 17: hoptrace.v1.SegmentSeries
-	(*SeriesPoint)(nil),              // 18: hoptrace.v1.SeriesPoint
-	(*SegmentStats)(nil),             // 19: hoptrace.v1.SegmentStats
-	(*HopThroughput)(nil),            // 20: hoptrace.v1.HopThroughput
-	(*HopCount)(nil),                 // 21: hoptrace.v1.HopCount
-	(*HopHistogram)(nil),             // 22: hoptrace.v1.HopHistogram
-	(*HistogramBucket)(nil),          // 23: hoptrace.v1.HistogramBucket
-	(*WatchSegmentStatsRequest)(nil), // 24: hoptrace.v1.WatchSegmentStatsRequest
-	(*WatchSpecsRequest)(nil),        // 25: hoptrace.v1.WatchSpecsRequest
-	(*SpecSet)(nil),                  // 26: hoptrace.v1.SpecSet
-	(*GetPacketsRequest)(nil),        // 27: hoptrace.v1.GetPacketsRequest
-	(*PacketList)(nil),               // 28: hoptrace.v1.PacketList
-	(*PacketTimeline)(nil),           // 29: hoptrace.v1.PacketTimeline
-	(*PacketSegment)(nil),            // 30: hoptrace.v1.PacketSegment
-	(*GetVersionRequest)(nil),        // 31: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 32: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 33: hoptrace.v1.RunPresetRequest
-	(*DiscoverRequest)(nil),          // 34: hoptrace.v1.DiscoverRequest
-	(*DiscoverEvent)(nil),            // 35: hoptrace.v1.DiscoverEvent
-	(*DiscoverProgress)(nil),         // 36: hoptrace.v1.DiscoverProgress
-	(*DiscoveredPath)(nil),           // 37: hoptrace.v1.DiscoveredPath
-	(*DiscoverResult)(nil),           // 38: hoptrace.v1.DiscoverResult
-	(*DiscoveredSegment)(nil),        // 39: hoptrace.v1.DiscoveredSegment
-	nil,                              // 40: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 41: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 42: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 43: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 44: hoptrace.v1.Register
-	(*Filter)(nil),                   // 45: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 46: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 47: hoptrace.v1.PresetResult
+	(*EventResult)(nil),              // 17: hoptrace.v1.EventResult
+	(*SegmentSeries)(nil),            // 18: hoptrace.v1.SegmentSeries
+	(*SeriesPoint)(nil),              // 19: hoptrace.v1.SeriesPoint
+	(*SegmentStats)(nil),             // 20: hoptrace.v1.SegmentStats
+	(*HopThroughput)(nil),            // 21: hoptrace.v1.HopThroughput
+	(*HopCount)(nil),                 // 22: hoptrace.v1.HopCount
+	(*HopHistogram)(nil),             // 23: hoptrace.v1.HopHistogram
+	(*HistogramBucket)(nil),          // 24: hoptrace.v1.HistogramBucket
+	(*WatchSegmentStatsRequest)(nil), // 25: hoptrace.v1.WatchSegmentStatsRequest
+	(*WatchSpecsRequest)(nil),        // 26: hoptrace.v1.WatchSpecsRequest
+	(*SpecSet)(nil),                  // 27: hoptrace.v1.SpecSet
+	(*GetPacketsRequest)(nil),        // 28: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 29: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 30: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 31: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 32: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 33: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 34: hoptrace.v1.RunPresetRequest
+	(*DiscoverRequest)(nil),          // 35: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 36: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 37: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 38: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 39: hoptrace.v1.DiscoverResult
+	(*DiscoveredSegment)(nil),        // 40: hoptrace.v1.DiscoveredSegment
+	nil,                              // 41: hoptrace.v1.EventResult.ByEntry
+	nil,                              // 42: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 43: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 44: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 45: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 46: hoptrace.v1.Register
+	(*Filter)(nil),                   // 47: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 48: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 49: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	41, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	43, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	41, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	41, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	42, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	43, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	43, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	43, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	44, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	45, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	44, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	42, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	46, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	44, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	42, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	42, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	42, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
-	19, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
-	19, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
-	20, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
-	17, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
-	18, // 18: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
-	18, // 19: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	42, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	42, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	21, // 22: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
-	22, // 23: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
-	23, // 24: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	41, // 25: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	42, // 26: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	42, // 27: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	29, // 28: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	42, // 29: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	30, // 30: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	40, // 31: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	45, // 32: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	36, // 33: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	38, // 34: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	46, // 35: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	41, // 36: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	37, // 37: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	39, // 38: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
-	46, // 39: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
-	46, // 40: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
-	1,  // 41: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 42: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 43: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 44: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 45: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 46: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 47: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 48: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	24, // 49: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	25, // 50: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	33, // 51: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	31, // 52: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	27, // 53: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	34, // 54: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 55: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 56: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 57: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 58: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 59: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 60: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 61: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 62: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	19, // 63: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	26, // 64: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	47, // 65: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	32, // 66: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	28, // 67: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	35, // 68: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	55, // [55:69] is the sub-list for method output_type
-	41, // [41:55] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	44, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	44, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	44, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	20, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
+	20, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
+	21, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
+	18, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
+	17, // 18: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
+	41, // 19: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
+	24, // 20: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
+	19, // 21: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
+	19, // 22: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
+	44, // 23: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	44, // 24: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	22, // 25: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	23, // 26: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	24, // 27: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	43, // 28: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	44, // 29: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	44, // 30: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	30, // 31: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	44, // 32: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	31, // 33: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	42, // 34: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	47, // 35: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	37, // 36: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	39, // 37: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	48, // 38: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	43, // 39: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	38, // 40: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	40, // 41: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
+	48, // 42: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	48, // 43: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	1,  // 44: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 45: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 46: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 47: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 48: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 49: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 50: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 51: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	25, // 52: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	26, // 53: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	34, // 54: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	32, // 55: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	28, // 56: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	35, // 57: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 58: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 59: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 60: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 61: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 62: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 63: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 64: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 65: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	20, // 66: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	27, // 67: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	49, // 68: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	33, // 69: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	29, // 70: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	36, // 71: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	58, // [58:72] is the sub-list for method output_type
+	44, // [44:58] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -2927,7 +3047,7 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
-	file_hoptrace_v1_api_proto_msgTypes[35].OneofWrappers = []any{
+	file_hoptrace_v1_api_proto_msgTypes[36].OneofWrappers = []any{
 		(*DiscoverEvent_Progress)(nil),
 		(*DiscoverEvent_Result)(nil),
 	}
@@ -2937,7 +3057,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   41,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -174,6 +174,118 @@ func (Field) EnumDescriptor() ([]byte, []int) {
 	return file_hoptrace_v1_counters_proto_rawDescGZIP(), []int{1}
 }
 
+// The operators of an event's where: terms (enum hoptrace_event_op).
+type EventOp int32
+
+const (
+	EventOp_EVENT_OP_UNSPECIFIED EventOp = 0
+	EventOp_EVENT_OP_EQ          EventOp = 1
+	EventOp_EVENT_OP_NE          EventOp = 2
+	EventOp_EVENT_OP_LT          EventOp = 3
+	EventOp_EVENT_OP_GT          EventOp = 4
+	EventOp_EVENT_OP_BIT         EventOp = 5
+	EventOp_EVENT_OP_IN          EventOp = 6
+)
+
+// Enum value maps for EventOp.
+var (
+	EventOp_name = map[int32]string{
+		0: "EVENT_OP_UNSPECIFIED",
+		1: "EVENT_OP_EQ",
+		2: "EVENT_OP_NE",
+		3: "EVENT_OP_LT",
+		4: "EVENT_OP_GT",
+		5: "EVENT_OP_BIT",
+		6: "EVENT_OP_IN",
+	}
+	EventOp_value = map[string]int32{
+		"EVENT_OP_UNSPECIFIED": 0,
+		"EVENT_OP_EQ":          1,
+		"EVENT_OP_NE":          2,
+		"EVENT_OP_LT":          3,
+		"EVENT_OP_GT":          4,
+		"EVENT_OP_BIT":         5,
+		"EVENT_OP_IN":          6,
+	}
+)
+
+func (x EventOp) Enum() *EventOp {
+	p := new(EventOp)
+	*p = x
+	return p
+}
+
+func (x EventOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EventOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_hoptrace_v1_counters_proto_enumTypes[2].Descriptor()
+}
+
+func (EventOp) Type() protoreflect.EnumType {
+	return &file_hoptrace_v1_counters_proto_enumTypes[2]
+}
+
+func (x EventOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EventOp.Descriptor instead.
+func (EventOp) EnumDescriptor() ([]byte, []int) {
+	return file_hoptrace_v1_counters_proto_rawDescGZIP(), []int{2}
+}
+
+// What an event's count is keyed by (enum hoptrace_event_key).
+type EventKey int32
+
+const (
+	EventKey_EVENT_KEY_TOTAL EventKey = 0
+	EventKey_EVENT_KEY_CPU   EventKey = 1
+	EventKey_EVENT_KEY_ARG   EventKey = 2
+)
+
+// Enum value maps for EventKey.
+var (
+	EventKey_name = map[int32]string{
+		0: "EVENT_KEY_TOTAL",
+		1: "EVENT_KEY_CPU",
+		2: "EVENT_KEY_ARG",
+	}
+	EventKey_value = map[string]int32{
+		"EVENT_KEY_TOTAL": 0,
+		"EVENT_KEY_CPU":   1,
+		"EVENT_KEY_ARG":   2,
+	}
+)
+
+func (x EventKey) Enum() *EventKey {
+	p := new(EventKey)
+	*p = x
+	return p
+}
+
+func (x EventKey) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EventKey) Descriptor() protoreflect.EnumDescriptor {
+	return file_hoptrace_v1_counters_proto_enumTypes[3].Descriptor()
+}
+
+func (EventKey) Type() protoreflect.EnumType {
+	return &file_hoptrace_v1_counters_proto_enumTypes[3]
+}
+
+func (x EventKey) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EventKey.Descriptor instead.
+func (EventKey) EnumDescriptor() ([]byte, []int) {
+	return file_hoptrace_v1_counters_proto_rawDescGZIP(), []int{3}
+}
+
 var File_hoptrace_v1_counters_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_counters_proto_rawDesc = "" +
@@ -205,7 +317,19 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\n" +
 	"FIELD_MARK\x10\x04\x12\x12\n" +
 	"\x0eFIELD_PRIORITY\x10\x05\x12\x11\n" +
-	"\rFIELD_LATENCY\x10\x06BFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"\rFIELD_LATENCY\x10\x06*\x8a\x01\n" +
+	"\aEventOp\x12\x18\n" +
+	"\x14EVENT_OP_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vEVENT_OP_EQ\x10\x01\x12\x0f\n" +
+	"\vEVENT_OP_NE\x10\x02\x12\x0f\n" +
+	"\vEVENT_OP_LT\x10\x03\x12\x0f\n" +
+	"\vEVENT_OP_GT\x10\x04\x12\x10\n" +
+	"\fEVENT_OP_BIT\x10\x05\x12\x0f\n" +
+	"\vEVENT_OP_IN\x10\x06*E\n" +
+	"\bEventKey\x12\x13\n" +
+	"\x0fEVENT_KEY_TOTAL\x10\x00\x12\x11\n" +
+	"\rEVENT_KEY_CPU\x10\x01\x12\x11\n" +
+	"\rEVENT_KEY_ARG\x10\x02BFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_counters_proto_rawDescOnce sync.Once
@@ -219,10 +343,12 @@ func file_hoptrace_v1_counters_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_counters_proto_rawDescData
 }
 
-var file_hoptrace_v1_counters_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_hoptrace_v1_counters_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_hoptrace_v1_counters_proto_goTypes = []any{
-	(Counter)(0), // 0: hoptrace.v1.Counter
-	(Field)(0),   // 1: hoptrace.v1.Field
+	(Counter)(0),  // 0: hoptrace.v1.Counter
+	(Field)(0),    // 1: hoptrace.v1.Field
+	(EventOp)(0),  // 2: hoptrace.v1.EventOp
+	(EventKey)(0), // 3: hoptrace.v1.EventKey
 }
 var file_hoptrace_v1_counters_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -242,7 +368,7 @@ func file_hoptrace_v1_counters_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_counters_proto_rawDesc), len(file_hoptrace_v1_counters_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      4,
 			NumMessages:   0,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -43,7 +43,9 @@ type RecordBatch struct {
 	// The node's watermark (its CLOCK_MONOTONIC, like ts_ns): every record it has not sent yet is at least
 	// this recent. A collector finalizes a packet only when every node on its path is past it, so records
 	// that wait in an agent's queue (collector restart, slow link) are still joined. 0 = unknown.
-	WatermarkNs   int64 `protobuf:"varint,10,opt,name=watermark_ns,json=watermarkNs,proto3" json:"watermark_ns,omitempty"`
+	WatermarkNs int64 `protobuf:"varint,10,opt,name=watermark_ns,json=watermarkNs,proto3" json:"watermark_ns,omitempty"`
+	// Cumulative results of the trace's event probes on this node.
+	Events        []*EventValues `protobuf:"bytes,11,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -148,6 +150,134 @@ func (x *RecordBatch) GetWatermarkNs() int64 {
 	return 0
 }
 
+func (x *RecordBatch) GetEvents() []*EventValues {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// One event probe's count and histogram, cumulative since it was attached.
+type EventValues struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	EventIndex uint32                 `protobuf:"varint,1,opt,name=event_index,json=eventIndex,proto3" json:"event_index,omitempty"`
+	Event      string                 `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	At         *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	// "cpu", the argument's name, or "" (one total, key 0).
+	CountBy string `protobuf:"bytes,4,opt,name=count_by,json=countBy,proto3" json:"count_by,omitempty"`
+	// key -> hits that passed where: (present when the event counts).
+	Counts map[uint64]uint64 `protobuf:"bytes,5,rep,name=counts,proto3" json:"counts,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Count  bool              `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	// The histogram's argument ("" = none); buckets as HopActionValues.buckets.
+	Histogram string   `protobuf:"bytes,7,opt,name=histogram,proto3" json:"histogram,omitempty"`
+	Buckets   []uint64 `protobuf:"varint,8,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
+	// Hits of the tracepoint, and those that passed where:.
+	Seen          uint64 `protobuf:"varint,9,opt,name=seen,proto3" json:"seen,omitempty"`
+	Matched       uint64 `protobuf:"varint,10,opt,name=matched,proto3" json:"matched,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventValues) Reset() {
+	*x = EventValues{}
+	mi := &file_hoptrace_v1_records_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventValues) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventValues) ProtoMessage() {}
+
+func (x *EventValues) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_records_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventValues.ProtoReflect.Descriptor instead.
+func (*EventValues) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EventValues) GetEventIndex() uint32 {
+	if x != nil {
+		return x.EventIndex
+	}
+	return 0
+}
+
+func (x *EventValues) GetEvent() string {
+	if x != nil {
+		return x.Event
+	}
+	return ""
+}
+
+func (x *EventValues) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *EventValues) GetCountBy() string {
+	if x != nil {
+		return x.CountBy
+	}
+	return ""
+}
+
+func (x *EventValues) GetCounts() map[uint64]uint64 {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+func (x *EventValues) GetCount() bool {
+	if x != nil {
+		return x.Count
+	}
+	return false
+}
+
+func (x *EventValues) GetHistogram() string {
+	if x != nil {
+		return x.Histogram
+	}
+	return ""
+}
+
+func (x *EventValues) GetBuckets() []uint64 {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+func (x *EventValues) GetSeen() uint64 {
+	if x != nil {
+		return x.Seen
+	}
+	return 0
+}
+
+func (x *EventValues) GetMatched() uint64 {
+	if x != nil {
+		return x.Matched
+	}
+	return 0
+}
+
 type HopCounters struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	HopIndex uint32                 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"`
@@ -164,7 +294,7 @@ type HopCounters struct {
 
 func (x *HopCounters) Reset() {
 	*x = HopCounters{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[1]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +306,7 @@ func (x *HopCounters) String() string {
 func (*HopCounters) ProtoMessage() {}
 
 func (x *HopCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[1]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +319,7 @@ func (x *HopCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopCounters.ProtoReflect.Descriptor instead.
 func (*HopCounters) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{1}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HopCounters) GetHopIndex() uint32 {
@@ -242,7 +372,7 @@ type HopActionValues struct {
 
 func (x *HopActionValues) Reset() {
 	*x = HopActionValues{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +384,7 @@ func (x *HopActionValues) String() string {
 func (*HopActionValues) ProtoMessage() {}
 
 func (x *HopActionValues) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +397,7 @@ func (x *HopActionValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopActionValues.ProtoReflect.Descriptor instead.
 func (*HopActionValues) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{2}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HopActionValues) GetCount() bool {
@@ -325,7 +455,7 @@ type NodeClock struct {
 
 func (x *NodeClock) Reset() {
 	*x = NodeClock{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -337,7 +467,7 @@ func (x *NodeClock) String() string {
 func (*NodeClock) ProtoMessage() {}
 
 func (x *NodeClock) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -350,7 +480,7 @@ func (x *NodeClock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeClock.ProtoReflect.Descriptor instead.
 func (*NodeClock) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{3}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NodeClock) GetMonotonicToRealtimeNs() int64 {
@@ -405,7 +535,7 @@ type StreamSummary struct {
 
 func (x *StreamSummary) Reset() {
 	*x = StreamSummary{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +547,7 @@ func (x *StreamSummary) String() string {
 func (*StreamSummary) ProtoMessage() {}
 
 func (x *StreamSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +560,7 @@ func (x *StreamSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamSummary.ProtoReflect.Descriptor instead.
 func (*StreamSummary) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{4}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StreamSummary) GetBatches() uint64 {
@@ -451,7 +581,7 @@ var File_hoptrace_v1_records_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\n" +
-	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\xdb\x02\n" +
+	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\x8d\x03\n" +
 	"\vRecordBatch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05trace\x18\x02 \x01(\tR\x05trace\x12\x1e\n" +
@@ -466,7 +596,24 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\ragent_dropped\x18\b \x01(\x04R\fagentDropped\x12,\n" +
 	"\x05clock\x18\t \x01(\v2\x16.hoptrace.v1.NodeClockR\x05clock\x12!\n" +
 	"\fwatermark_ns\x18\n" +
-	" \x01(\x03R\vwatermarkNs\"\xbe\x01\n" +
+	" \x01(\x03R\vwatermarkNs\x120\n" +
+	"\x06events\x18\v \x03(\v2\x18.hoptrace.v1.EventValuesR\x06events\"\x80\x03\n" +
+	"\vEventValues\x12\x1f\n" +
+	"\vevent_index\x18\x01 \x01(\rR\n" +
+	"eventIndex\x12\x14\n" +
+	"\x05event\x18\x02 \x01(\tR\x05event\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x19\n" +
+	"\bcount_by\x18\x04 \x01(\tR\acountBy\x12<\n" +
+	"\x06counts\x18\x05 \x03(\v2$.hoptrace.v1.EventValues.CountsEntryR\x06counts\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\bR\x05count\x12\x1c\n" +
+	"\thistogram\x18\a \x01(\tR\thistogram\x12\x18\n" +
+	"\abuckets\x18\b \x03(\x04R\abuckets\x12\x12\n" +
+	"\x04seen\x18\t \x01(\x04R\x04seen\x12\x18\n" +
+	"\amatched\x18\n" +
+	" \x01(\x04R\amatched\x1a9\n" +
+	"\vCountsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xbe\x01\n" +
 	"\vHopCounters\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x10\n" +
 	"\x03hop\x18\x02 \x01(\tR\x03hop\x12*\n" +
@@ -507,32 +654,37 @@ func file_hoptrace_v1_records_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_records_proto_rawDescData
 }
 
-var file_hoptrace_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_hoptrace_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_hoptrace_v1_records_proto_goTypes = []any{
 	(*RecordBatch)(nil),           // 0: hoptrace.v1.RecordBatch
-	(*HopCounters)(nil),           // 1: hoptrace.v1.HopCounters
-	(*HopActionValues)(nil),       // 2: hoptrace.v1.HopActionValues
-	(*NodeClock)(nil),             // 3: hoptrace.v1.NodeClock
-	(*StreamSummary)(nil),         // 4: hoptrace.v1.StreamSummary
-	nil,                           // 5: hoptrace.v1.HopActionValues.CountsEntry
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
-	(Field)(0),                    // 7: hoptrace.v1.Field
+	(*EventValues)(nil),           // 1: hoptrace.v1.EventValues
+	(*HopCounters)(nil),           // 2: hoptrace.v1.HopCounters
+	(*HopActionValues)(nil),       // 3: hoptrace.v1.HopActionValues
+	(*NodeClock)(nil),             // 4: hoptrace.v1.NodeClock
+	(*StreamSummary)(nil),         // 5: hoptrace.v1.StreamSummary
+	nil,                           // 6: hoptrace.v1.EventValues.CountsEntry
+	nil,                           // 7: hoptrace.v1.HopActionValues.CountsEntry
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(Field)(0),                    // 9: hoptrace.v1.Field
 }
 var file_hoptrace_v1_records_proto_depIdxs = []int32{
-	1, // 0: hoptrace.v1.RecordBatch.counters:type_name -> hoptrace.v1.HopCounters
-	3, // 1: hoptrace.v1.RecordBatch.clock:type_name -> hoptrace.v1.NodeClock
-	6, // 2: hoptrace.v1.HopCounters.at:type_name -> google.protobuf.Timestamp
-	2, // 3: hoptrace.v1.HopCounters.actions:type_name -> hoptrace.v1.HopActionValues
-	7, // 4: hoptrace.v1.HopActionValues.count_by:type_name -> hoptrace.v1.Field
-	5, // 5: hoptrace.v1.HopActionValues.counts:type_name -> hoptrace.v1.HopActionValues.CountsEntry
-	7, // 6: hoptrace.v1.HopActionValues.histogram:type_name -> hoptrace.v1.Field
-	0, // 7: hoptrace.v1.Collector.StreamRecords:input_type -> hoptrace.v1.RecordBatch
-	4, // 8: hoptrace.v1.Collector.StreamRecords:output_type -> hoptrace.v1.StreamSummary
-	8, // [8:9] is the sub-list for method output_type
-	7, // [7:8] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	2,  // 0: hoptrace.v1.RecordBatch.counters:type_name -> hoptrace.v1.HopCounters
+	4,  // 1: hoptrace.v1.RecordBatch.clock:type_name -> hoptrace.v1.NodeClock
+	1,  // 2: hoptrace.v1.RecordBatch.events:type_name -> hoptrace.v1.EventValues
+	8,  // 3: hoptrace.v1.EventValues.at:type_name -> google.protobuf.Timestamp
+	6,  // 4: hoptrace.v1.EventValues.counts:type_name -> hoptrace.v1.EventValues.CountsEntry
+	8,  // 5: hoptrace.v1.HopCounters.at:type_name -> google.protobuf.Timestamp
+	3,  // 6: hoptrace.v1.HopCounters.actions:type_name -> hoptrace.v1.HopActionValues
+	9,  // 7: hoptrace.v1.HopActionValues.count_by:type_name -> hoptrace.v1.Field
+	7,  // 8: hoptrace.v1.HopActionValues.counts:type_name -> hoptrace.v1.HopActionValues.CountsEntry
+	9,  // 9: hoptrace.v1.HopActionValues.histogram:type_name -> hoptrace.v1.Field
+	0,  // 10: hoptrace.v1.Collector.StreamRecords:input_type -> hoptrace.v1.RecordBatch
+	5,  // 11: hoptrace.v1.Collector.StreamRecords:output_type -> hoptrace.v1.StreamSummary
+	11, // [11:12] is the sub-list for method output_type
+	10, // [10:11] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_records_proto_init() }
@@ -547,7 +699,7 @@ func file_hoptrace_v1_records_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_records_proto_rawDesc), len(file_hoptrace_v1_records_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -103,7 +103,10 @@ type TraceSpec struct {
 	// Trace 1 packet in N (per origin node). 0 or 1: every packet.
 	Sample uint32 `protobuf:"varint,3,opt,name=sample,proto3" json:"sample,omitempty"`
 	// Points the packets pass, in path order.
-	Hops          []*HopSpec `protobuf:"bytes,4,rep,name=hops,proto3" json:"hops,omitempty"`
+	Hops []*HopSpec `protobuf:"bytes,4,rep,name=hops,proto3" json:"hops,omitempty"`
+	// Probes not tied to a traced packet: kernel tracepoints whose hits are
+	// counted and histogrammed in the kernel (issue 11).
+	Events        []*EventSpec `protobuf:"bytes,5,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -166,6 +169,162 @@ func (x *TraceSpec) GetHops() []*HopSpec {
 	return nil
 }
 
+func (x *TraceSpec) GetEvents() []*EventSpec {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// One event probe as the user writes it; the dispatcher checks it once and
+// the agent resolves its arguments against the node's tracefs format file.
+type EventSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique within the trace's events.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The agent's node name that runs this probe (as HopSpec.node).
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// "GROUP:EVENT", any tracepoint the node's kernel lists, e.g. irq:softirq_entry.
+	Tracepoint string `protobuf:"bytes,3,opt,name=tracepoint,proto3" json:"tracepoint,omitempty"`
+	// Terms on the event's arguments, ANDed. The YAML form is a string
+	// ("vec == 3 and len > 100") or a list of {arg, op, value|values}; both
+	// arrive here typed.
+	Where []*EventTerm `protobuf:"bytes,4,rep,name=where,proto3" json:"where,omitempty"`
+	// count (by: cpu or an argument) and histogram: ARG; empty = [count].
+	Actions       []*ActionSpec `protobuf:"bytes,5,rep,name=actions,proto3" json:"actions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventSpec) Reset() {
+	*x = EventSpec{}
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventSpec) ProtoMessage() {}
+
+func (x *EventSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventSpec.ProtoReflect.Descriptor instead.
+func (*EventSpec) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EventSpec) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *EventSpec) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *EventSpec) GetTracepoint() string {
+	if x != nil {
+		return x.Tracepoint
+	}
+	return ""
+}
+
+func (x *EventSpec) GetWhere() []*EventTerm {
+	if x != nil {
+		return x.Where
+	}
+	return nil
+}
+
+func (x *EventSpec) GetActions() []*ActionSpec {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+// One term of an event's where: predicate.
+type EventTerm struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The argument's name in the tracepoint's format.
+	Arg string  `protobuf:"bytes,1,opt,name=arg,proto3" json:"arg,omitempty"`
+	Op  EventOp `protobuf:"varint,2,opt,name=op,proto3,enum=hoptrace.v1.EventOp" json:"op,omitempty"`
+	// One value; several for EVENT_OP_IN. Two's complement for values above
+	// 2^63 - 1.
+	Values        []int64 `protobuf:"varint,3,rep,packed,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventTerm) Reset() {
+	*x = EventTerm{}
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventTerm) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventTerm) ProtoMessage() {}
+
+func (x *EventTerm) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventTerm.ProtoReflect.Descriptor instead.
+func (*EventTerm) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EventTerm) GetArg() string {
+	if x != nil {
+		return x.Arg
+	}
+	return ""
+}
+
+func (x *EventTerm) GetOp() EventOp {
+	if x != nil {
+		return x.Op
+	}
+	return EventOp_EVENT_OP_UNSPECIFIED
+}
+
+func (x *EventTerm) GetValues() []int64 {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
 type Filter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "udp", "tcp", or empty for either.
@@ -182,7 +341,7 @@ type Filter struct {
 
 func (x *Filter) Reset() {
 	*x = Filter{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[1]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -194,7 +353,7 @@ func (x *Filter) String() string {
 func (*Filter) ProtoMessage() {}
 
 func (x *Filter) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[1]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -207,7 +366,7 @@ func (x *Filter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Filter.ProtoReflect.Descriptor instead.
 func (*Filter) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{1}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Filter) GetProtocol() string {
@@ -273,7 +432,7 @@ type HopSpec struct {
 
 func (x *HopSpec) Reset() {
 	*x = HopSpec{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -285,7 +444,7 @@ func (x *HopSpec) String() string {
 func (*HopSpec) ProtoMessage() {}
 
 func (x *HopSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -298,7 +457,7 @@ func (x *HopSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopSpec.ProtoReflect.Descriptor instead.
 func (*HopSpec) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{2}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *HopSpec) GetName() string {
@@ -367,7 +526,7 @@ type ActionSpec struct {
 
 func (x *ActionSpec) Reset() {
 	*x = ActionSpec{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +538,7 @@ func (x *ActionSpec) String() string {
 func (*ActionSpec) ProtoMessage() {}
 
 func (x *ActionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +551,7 @@ func (x *ActionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActionSpec.ProtoReflect.Descriptor instead.
 func (*ActionSpec) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{3}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ActionSpec) GetKind() string {
@@ -420,12 +579,25 @@ var File_hoptrace_v1_trace_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\n" +
-	"\x17hoptrace/v1/trace.proto\x12\vhoptrace.v1\"\x8e\x01\n" +
+	"\x17hoptrace/v1/trace.proto\x12\vhoptrace.v1\x1a\x1ahoptrace/v1/counters.proto\"\xbe\x01\n" +
 	"\tTraceSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x06filter\x18\x02 \x01(\v2\x13.hoptrace.v1.FilterR\x06filter\x12\x16\n" +
 	"\x06sample\x18\x03 \x01(\rR\x06sample\x12(\n" +
-	"\x04hops\x18\x04 \x03(\v2\x14.hoptrace.v1.HopSpecR\x04hops\"~\n" +
+	"\x04hops\x18\x04 \x03(\v2\x14.hoptrace.v1.HopSpecR\x04hops\x12.\n" +
+	"\x06events\x18\x05 \x03(\v2\x16.hoptrace.v1.EventSpecR\x06events\"\xb4\x01\n" +
+	"\tEventSpec\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1e\n" +
+	"\n" +
+	"tracepoint\x18\x03 \x01(\tR\n" +
+	"tracepoint\x12,\n" +
+	"\x05where\x18\x04 \x03(\v2\x16.hoptrace.v1.EventTermR\x05where\x121\n" +
+	"\aactions\x18\x05 \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\"[\n" +
+	"\tEventTerm\x12\x10\n" +
+	"\x03arg\x18\x01 \x01(\tR\x03arg\x12$\n" +
+	"\x02op\x18\x02 \x01(\x0e2\x14.hoptrace.v1.EventOpR\x02op\x12\x16\n" +
+	"\x06values\x18\x03 \x03(\x03R\x06values\"~\n" +
 	"\x06Filter\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x10\n" +
 	"\x03src\x18\x02 \x01(\tR\x03src\x12\x10\n" +
@@ -470,23 +642,30 @@ func file_hoptrace_v1_trace_proto_rawDescGZIP() []byte {
 }
 
 var file_hoptrace_v1_trace_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_hoptrace_v1_trace_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_hoptrace_v1_trace_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_hoptrace_v1_trace_proto_goTypes = []any{
 	(AttachKind)(0),    // 0: hoptrace.v1.AttachKind
 	(*TraceSpec)(nil),  // 1: hoptrace.v1.TraceSpec
-	(*Filter)(nil),     // 2: hoptrace.v1.Filter
-	(*HopSpec)(nil),    // 3: hoptrace.v1.HopSpec
-	(*ActionSpec)(nil), // 4: hoptrace.v1.ActionSpec
+	(*EventSpec)(nil),  // 2: hoptrace.v1.EventSpec
+	(*EventTerm)(nil),  // 3: hoptrace.v1.EventTerm
+	(*Filter)(nil),     // 4: hoptrace.v1.Filter
+	(*HopSpec)(nil),    // 5: hoptrace.v1.HopSpec
+	(*ActionSpec)(nil), // 6: hoptrace.v1.ActionSpec
+	(EventOp)(0),       // 7: hoptrace.v1.EventOp
 }
 var file_hoptrace_v1_trace_proto_depIdxs = []int32{
-	2, // 0: hoptrace.v1.TraceSpec.filter:type_name -> hoptrace.v1.Filter
-	3, // 1: hoptrace.v1.TraceSpec.hops:type_name -> hoptrace.v1.HopSpec
-	4, // 2: hoptrace.v1.HopSpec.actions:type_name -> hoptrace.v1.ActionSpec
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 0: hoptrace.v1.TraceSpec.filter:type_name -> hoptrace.v1.Filter
+	5, // 1: hoptrace.v1.TraceSpec.hops:type_name -> hoptrace.v1.HopSpec
+	2, // 2: hoptrace.v1.TraceSpec.events:type_name -> hoptrace.v1.EventSpec
+	3, // 3: hoptrace.v1.EventSpec.where:type_name -> hoptrace.v1.EventTerm
+	6, // 4: hoptrace.v1.EventSpec.actions:type_name -> hoptrace.v1.ActionSpec
+	7, // 5: hoptrace.v1.EventTerm.op:type_name -> hoptrace.v1.EventOp
+	6, // 6: hoptrace.v1.HopSpec.actions:type_name -> hoptrace.v1.ActionSpec
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_trace_proto_init() }
@@ -494,13 +673,14 @@ func file_hoptrace_v1_trace_proto_init() {
 	if File_hoptrace_v1_trace_proto != nil {
 		return
 	}
+	file_hoptrace_v1_counters_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_trace_proto_rawDesc), len(file_hoptrace_v1_trace_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -41,11 +41,15 @@ MAX_HOPS = 64
 HIST_BUCKETS = 65
 COUNT_KEYS = 1024
 PREV_TS_ENTRIES = 65536
+EVENT_TERMS = 4
+EVENT_IN_VALUES = 8
+EVENT_ARGS_BYTES = 4096
 
 # Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.
 PROGRAMS = {
     "discover_queue": "tp_btf/net_dev_queue",
     "discover_recv": "tp_btf/netif_receive_skb",
+    "event_tp": "tracepoint",
     "hop_cgroup_skb": "cgroup_skb/ingress",
     "hop_fentry": "fentry/netif_receive_skb",
     "hop_kprobe": "kprobe/netif_receive_skb",
@@ -85,4 +89,22 @@ FIELDS = (
     "mark",
     "priority",
     "latency",
+)
+
+# enum hoptrace_event_op: event where: operators by value ("none" = 0).
+EVENT_OPS = (
+    "none",
+    "eq",
+    "ne",
+    "lt",
+    "gt",
+    "bit",
+    "in",
+)
+
+# enum hoptrace_event_key: what an event's count is keyed by, by value.
+EVENT_KEYS = (
+    "total",
+    "cpu",
+    "arg",
 )

@@ -105,18 +105,32 @@ class Inventory(_message.Message):
     def __init__(self, namespaces: _Optional[_Iterable[_Union[Namespace, _Mapping]]] = ...) -> None: ...
 
 class TraceStatus(_message.Message):
-    __slots__ = ("trace", "generation", "active", "hops", "error")
+    __slots__ = ("trace", "generation", "active", "hops", "error", "events")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     trace: str
     generation: int
     active: bool
     hops: _containers.RepeatedCompositeFieldContainer[HopStatus]
     error: str
-    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., active: bool = ..., hops: _Optional[_Iterable[_Union[HopStatus, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[EventStatus]
+    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., active: bool = ..., hops: _Optional[_Iterable[_Union[HopStatus, _Mapping]]] = ..., error: _Optional[str] = ..., events: _Optional[_Iterable[_Union[EventStatus, _Mapping]]] = ...) -> None: ...
+
+class EventStatus(_message.Message):
+    __slots__ = ("event_index", "name", "attached", "error")
+    EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    event_index: int
+    name: str
+    attached: bool
+    error: str
+    def __init__(self, event_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ...) -> None: ...
 
 class HopStatus(_message.Message):
     __slots__ = ("hop_index", "name", "attached", "error")
@@ -157,7 +171,7 @@ class SignedMessage(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ..., node: _Optional[str] = ..., signature: _Optional[bytes] = ..., signer_cert: _Optional[bytes] = ...) -> None: ...
 
 class TracePlan(_message.Message):
-    __slots__ = ("trace", "generation", "object", "object_path", "match", "sample", "hops", "tcp_tagging")
+    __slots__ = ("trace", "generation", "object", "object_path", "match", "sample", "hops", "tcp_tagging", "events")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +180,7 @@ class TracePlan(_message.Message):
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
     TCP_TAGGING_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     trace: str
     generation: int
     object: bytes
@@ -174,7 +189,8 @@ class TracePlan(_message.Message):
     sample: int
     hops: _containers.RepeatedCompositeFieldContainer[HopAttach]
     tcp_tagging: TcpTagging
-    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., object: _Optional[bytes] = ..., object_path: _Optional[str] = ..., match: _Optional[_Union[FlowMatch, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopAttach, _Mapping]]] = ..., tcp_tagging: _Optional[_Union[TcpTagging, _Mapping]] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[EventAttach]
+    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., object: _Optional[bytes] = ..., object_path: _Optional[str] = ..., match: _Optional[_Union[FlowMatch, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopAttach, _Mapping]]] = ..., tcp_tagging: _Optional[_Union[TcpTagging, _Mapping]] = ..., events: _Optional[_Iterable[_Union[EventAttach, _Mapping]]] = ...) -> None: ...
 
 class FlowMatch(_message.Message):
     __slots__ = ("ip_proto", "family", "src_addr", "src_mask", "dst_addr", "dst_mask", "src_port", "dst_port")
@@ -235,6 +251,30 @@ class HopActions(_message.Message):
     histogram: _counters_pb2.Field
     prev_ts: bool
     def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., prev_ts: bool = ...) -> None: ...
+
+class EventAttach(_message.Message):
+    __slots__ = ("event_index", "name", "tracepoint_group", "tracepoint_event", "program", "where", "count", "count_by", "count_by_arg", "histogram_arg")
+    EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TRACEPOINT_GROUP_FIELD_NUMBER: _ClassVar[int]
+    TRACEPOINT_EVENT_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_BY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_BY_ARG_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAM_ARG_FIELD_NUMBER: _ClassVar[int]
+    event_index: int
+    name: str
+    tracepoint_group: str
+    tracepoint_event: str
+    program: str
+    where: _containers.RepeatedCompositeFieldContainer[_trace_pb2.EventTerm]
+    count: bool
+    count_by: _counters_pb2.EventKey
+    count_by_arg: str
+    histogram_arg: str
+    def __init__(self, event_index: _Optional[int] = ..., name: _Optional[str] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., program: _Optional[str] = ..., where: _Optional[_Iterable[_Union[_trace_pb2.EventTerm, _Mapping]]] = ..., count: bool = ..., count_by: _Optional[_Union[_counters_pb2.EventKey, str]] = ..., count_by_arg: _Optional[str] = ..., histogram_arg: _Optional[str] = ...) -> None: ...
 
 class TcpTagging(_message.Message):
     __slots__ = ("netns", "cgroup", "program")

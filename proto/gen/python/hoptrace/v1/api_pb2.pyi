@@ -134,7 +134,7 @@ class GetReportRequest(_message.Message):
     def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., with_series: bool = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("trace", "packets", "complete", "segments", "end_to_end", "hops", "series")
+    __slots__ = ("trace", "packets", "complete", "segments", "end_to_end", "hops", "series", "events")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     PACKETS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,7 @@ class Report(_message.Message):
     END_TO_END_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
     SERIES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     trace: str
     packets: int
     complete: int
@@ -149,7 +150,33 @@ class Report(_message.Message):
     end_to_end: SegmentStats
     hops: _containers.RepeatedCompositeFieldContainer[HopThroughput]
     series: _containers.RepeatedCompositeFieldContainer[SegmentSeries]
-    def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[SegmentSeries, _Mapping]]] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[EventResult]
+    def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[SegmentSeries, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventResult, _Mapping]]] = ...) -> None: ...
+
+class EventResult(_message.Message):
+    __slots__ = ("name", "node", "count", "count_by", "by", "histogram_arg", "histogram")
+    class ByEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_BY_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAM_ARG_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    node: str
+    count: int
+    count_by: str
+    by: _containers.ScalarMap[str, int]
+    histogram_arg: str
+    histogram: _containers.RepeatedCompositeFieldContainer[HistogramBucket]
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., count: _Optional[int] = ..., count_by: _Optional[str] = ..., by: _Optional[_Mapping[str, int]] = ..., histogram_arg: _Optional[str] = ..., histogram: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ...) -> None: ...
 
 class SegmentSeries(_message.Message):
     __slots__ = ("segment", "p50", "p99")

@@ -32,6 +32,22 @@ class Field(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FIELD_MARK: _ClassVar[Field]
     FIELD_PRIORITY: _ClassVar[Field]
     FIELD_LATENCY: _ClassVar[Field]
+
+class EventOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_OP_UNSPECIFIED: _ClassVar[EventOp]
+    EVENT_OP_EQ: _ClassVar[EventOp]
+    EVENT_OP_NE: _ClassVar[EventOp]
+    EVENT_OP_LT: _ClassVar[EventOp]
+    EVENT_OP_GT: _ClassVar[EventOp]
+    EVENT_OP_BIT: _ClassVar[EventOp]
+    EVENT_OP_IN: _ClassVar[EventOp]
+
+class EventKey(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KEY_TOTAL: _ClassVar[EventKey]
+    EVENT_KEY_CPU: _ClassVar[EventKey]
+    EVENT_KEY_ARG: _ClassVar[EventKey]
 COUNTER_SEEN: Counter
 COUNTER_MATCHED: Counter
 COUNTER_RECORDED: Counter
@@ -55,3 +71,13 @@ FIELD_IFINDEX: Field
 FIELD_MARK: Field
 FIELD_PRIORITY: Field
 FIELD_LATENCY: Field
+EVENT_OP_UNSPECIFIED: EventOp
+EVENT_OP_EQ: EventOp
+EVENT_OP_NE: EventOp
+EVENT_OP_LT: EventOp
+EVENT_OP_GT: EventOp
+EVENT_OP_BIT: EventOp
+EVENT_OP_IN: EventOp
+EVENT_KEY_TOTAL: EventKey
+EVENT_KEY_CPU: EventKey
+EVENT_KEY_ARG: EventKey

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RecordBatch(_message.Message):
-    __slots__ = ("node", "trace", "generation", "batch_seq", "records", "record_size", "counters", "agent_dropped", "clock", "watermark_ns")
+    __slots__ = ("node", "trace", "generation", "batch_seq", "records", "record_size", "counters", "agent_dropped", "clock", "watermark_ns", "events")
     NODE_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class RecordBatch(_message.Message):
     AGENT_DROPPED_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_NS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     node: str
     trace: str
     generation: int
@@ -32,7 +33,39 @@ class RecordBatch(_message.Message):
     agent_dropped: int
     clock: NodeClock
     watermark_ns: int
-    def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[EventValues]
+    def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ..., events: _Optional[_Iterable[_Union[EventValues, _Mapping]]] = ...) -> None: ...
+
+class EventValues(_message.Message):
+    __slots__ = ("event_index", "event", "at", "count_by", "counts", "count", "histogram", "buckets", "seen", "matched")
+    class CountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_BY_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    SEEN_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    event_index: int
+    event: str
+    at: _timestamp_pb2.Timestamp
+    count_by: str
+    counts: _containers.ScalarMap[int, int]
+    count: bool
+    histogram: str
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    seen: int
+    matched: int
+    def __init__(self, event_index: _Optional[int] = ..., event: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count_by: _Optional[str] = ..., counts: _Optional[_Mapping[int, int]] = ..., count: bool = ..., histogram: _Optional[str] = ..., buckets: _Optional[_Iterable[int]] = ..., seen: _Optional[int] = ..., matched: _Optional[int] = ...) -> None: ...
 
 class HopCounters(_message.Message):
     __slots__ = ("hop_index", "hop", "at", "values", "actions")

@@ -1,3 +1,4 @@
+from hoptrace.v1 import counters_pb2 as _counters_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -29,16 +30,42 @@ ATTACH_KIND_FENTRY: AttachKind
 ATTACH_KIND_KPROBE: AttachKind
 
 class TraceSpec(_message.Message):
-    __slots__ = ("name", "filter", "sample", "hops")
+    __slots__ = ("name", "filter", "sample", "hops", "events")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     filter: Filter
     sample: int
     hops: _containers.RepeatedCompositeFieldContainer[HopSpec]
-    def __init__(self, name: _Optional[str] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopSpec, _Mapping]]] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[EventSpec]
+    def __init__(self, name: _Optional[str] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopSpec, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventSpec, _Mapping]]] = ...) -> None: ...
+
+class EventSpec(_message.Message):
+    __slots__ = ("name", "node", "tracepoint", "where", "actions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TRACEPOINT_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    node: str
+    tracepoint: str
+    where: _containers.RepeatedCompositeFieldContainer[EventTerm]
+    actions: _containers.RepeatedCompositeFieldContainer[ActionSpec]
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., tracepoint: _Optional[str] = ..., where: _Optional[_Iterable[_Union[EventTerm, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ...) -> None: ...
+
+class EventTerm(_message.Message):
+    __slots__ = ("arg", "op", "values")
+    ARG_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    arg: str
+    op: _counters_pb2.EventOp
+    values: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, arg: _Optional[str] = ..., op: _Optional[_Union[_counters_pb2.EventOp, str]] = ..., values: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Filter(_message.Message):
     __slots__ = ("protocol", "src", "dst", "src_port", "dst_port")

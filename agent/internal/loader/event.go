@@ -1,0 +1,232 @@
+package loader
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/cilium/ebpf"
+
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	"github.com/hoptrace/hoptrace/agent/internal/tracefs"
+)
+
+// EventArg is one tracepoint argument as event.bpf.h reads it.
+type EventArg struct {
+	Offset uint16
+	Size   uint8 // 0 = not used
+	Signed bool
+}
+
+// EventTerm is one resolved where: term.
+type EventTerm struct {
+	Arg    EventArg
+	Op     record.EventOp
+	Values []uint64
+}
+
+// EventConfig is everything one event program is specialised with (the
+// ev_* and act_count constants of event.bpf.h).
+type EventConfig struct {
+	Program string
+	Terms   []EventTerm
+	Count   bool
+	Key     record.EventKey
+	KeyArg  EventArg
+	Hist    bool
+	HistArg EventArg
+}
+
+// FieldError is a problem with one field of the user's spec
+// ("events[0].where[1]"): the dispatcher shows it as is.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// ResolveEvent checks an EventAttach against the tracepoint's format on this
+// node and returns its load-time constants. Errors are *FieldError naming
+// events[i] and the part of it at fault.
+func ResolveEvent(ea *pb.EventAttach, format *tracefs.Format) (EventConfig, error) {
+	field := fmt.Sprintf("events[%d]", ea.GetEventIndex())
+	tp := ea.GetTracepointGroup() + ":" + ea.GetTracepointEvent()
+	cfg := EventConfig{Program: ea.GetProgram(), Count: ea.GetCount()}
+	arg := func(name, where string) (EventArg, error) {
+		a, ok := format.Arg(name)
+		if !ok {
+			return EventArg{}, &FieldError{where, fmt.Sprintf("tracepoint %s has no argument %q (arguments: %s)", tp, name, format.Names())}
+		}
+		if a.Unsupported != "" {
+			return EventArg{}, &FieldError{where, fmt.Sprintf("argument %s of %s is %s: only integers of 1, 2, 4 or 8 bytes can be compared, keyed or histogrammed", name, tp, a.Unsupported)}
+		}
+		if int(a.Offset)+int(a.Size) > record.EventArgsBytes {
+			return EventArg{}, &FieldError{where, fmt.Sprintf("argument %s of %s is at offset %d, beyond %d", name, tp, a.Offset, record.EventArgsBytes)}
+		}
+		return EventArg{Offset: a.Offset, Size: a.Size, Signed: a.Signed}, nil
+	}
+	if len(ea.GetWhere()) > record.EventTerms {
+		return cfg, &FieldError{field + ".where", fmt.Sprintf("at most %d terms, got %d", record.EventTerms, len(ea.GetWhere()))}
+	}
+	for i, t := range ea.GetWhere() {
+		where := fmt.Sprintf("%s.where[%d]", field, i)
+		a, err := arg(t.GetArg(), where)
+		if err != nil {
+			return cfg, err
+		}
+		op := record.EventOp(t.GetOp())
+		if op == record.EventOpNone || op >= record.EventOpMax {
+			return cfg, &FieldError{where, fmt.Sprintf("operator %d is not one of the catalogue's", t.GetOp())}
+		}
+		n := len(t.GetValues())
+		if n == 0 || n > record.EventInValues || (op != record.EventOpIn && n != 1) {
+			return cfg, &FieldError{where, fmt.Sprintf("%d values (one, or 1..%d for in)", n, record.EventInValues)}
+		}
+		term := EventTerm{Arg: a, Op: op}
+		for _, v := range t.GetValues() {
+			term.Values = append(term.Values, uint64(v))
+		}
+		cfg.Terms = append(cfg.Terms, term)
+	}
+	switch ea.GetCountBy() {
+	case pb.EventKey_EVENT_KEY_TOTAL:
+	case pb.EventKey_EVENT_KEY_CPU:
+		cfg.Key = record.EventKeyCPU
+	case pb.EventKey_EVENT_KEY_ARG:
+		a, err := arg(ea.GetCountByArg(), field+".actions")
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Key, cfg.KeyArg = record.EventKeyArg, a
+	default:
+		return cfg, &FieldError{field + ".actions", fmt.Sprintf("count key %d unknown", ea.GetCountBy())}
+	}
+	if h := ea.GetHistogramArg(); h != "" {
+		a, err := arg(h, field+".actions")
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Hist, cfg.HistArg = true, a
+	}
+	return cfg, nil
+}
+
+func (c *EventConfig) variables() (map[string]any, error) {
+	var (
+		size, signed, op, nvalues [record.EventTerms]uint8
+		offs                      [record.EventTerms]uint16
+		values                    [record.EventTerms][record.EventInValues]uint64
+	)
+	for i, t := range c.Terms {
+		if i >= record.EventTerms {
+			return nil, fmt.Errorf("%d terms, at most %d", len(c.Terms), record.EventTerms)
+		}
+		offs[i], size[i], signed[i], op[i], nvalues[i] = t.Arg.Offset, t.Arg.Size, boolU8(t.Arg.Signed), uint8(t.Op), uint8(len(t.Values))
+		copy(values[i][:], t.Values)
+	}
+	return map[string]any{
+		"ev_term_off": offs, "ev_term_size": size, "ev_term_signed": signed, "ev_term_op": op,
+		"ev_term_nvalues": nvalues, "ev_term_values": values,
+		"act_count": boolU8(c.Count), "ev_key": uint8(c.Key),
+		"ev_key_off": c.KeyArg.Offset, "ev_key_size": c.KeyArg.Size, "ev_key_signed": boolU8(c.KeyArg.Signed),
+		"ev_hist":     boolU8(c.Hist),
+		"ev_hist_off": c.HistArg.Offset, "ev_hist_size": c.HistArg.Size, "ev_hist_signed": boolU8(c.HistArg.Signed),
+	}, nil
+}
+
+// Event is one loaded event program with its own counters and action maps.
+type Event struct {
+	Collection *ebpf.Collection
+	Program    *ebpf.Program
+	Counters   *ebpf.Map
+	CountKeys  *ebpf.Map
+	Hist       *ebpf.Map
+	Config     EventConfig
+}
+
+// LoadEvent loads the object's event program with cfg's constants; maps are
+// the program's own (count_keys, hist_buckets, counters), nothing shared.
+func LoadEvent(spec *ebpf.CollectionSpec, cfg EventConfig, opts Options) (*Event, error) {
+	s := spec.Copy()
+	program := ProgramFor(spec, cfg.Program)
+	ps, ok := s.Programs[program]
+	if !ok {
+		return nil, fmt.Errorf("object has no program %s (has %s)", cfg.Program, strings.Join(programNames(spec), ", "))
+	}
+	if ps.Type != ebpf.TracePoint {
+		return nil, fmt.Errorf("program %s is a %s, not a tracepoint program", program, ps.Type)
+	}
+	for name := range s.Programs {
+		if name != program {
+			delete(s.Programs, name)
+		}
+	}
+	// Only the maps the event program uses: the object's others (the LRU prev_ts, the ring buffer, the
+	// discovery maps) would be created for nothing by every event load.
+	used := map[string]bool{}
+	for _, ins := range ps.Instructions {
+		if ref := ins.Reference(); ref != "" {
+			used[ref] = true
+		}
+	}
+	for name := range s.Maps {
+		if !used[name] {
+			delete(s.Maps, name)
+		}
+	}
+	for name, v := range s.Variables {
+		if !used[v.SectionName] {
+			delete(s.Variables, name)
+		}
+	}
+	vars, err := cfg.variables()
+	if err != nil {
+		return nil, err
+	}
+	for name, val := range vars {
+		vs, ok := s.Variables[name]
+		if !ok {
+			return nil, fmt.Errorf("set %s: object has no such variable", name)
+		}
+		if err := vs.Set(val); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
+		Programs: ProgramOptions(opts.LogLevel),
+		Cache:    opts.Cache,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", program, verifierTail(err))
+	}
+	return &Event{Collection: coll, Program: coll.Programs[program], Counters: coll.Maps[MapCounters],
+		CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets], Config: cfg}, nil
+}
+
+// Close releases the program and its maps (the link is closed by the caller first).
+func (e *Event) Close() {
+	if e != nil && e.Collection != nil {
+		e.Collection.Close()
+	}
+}
+
+// Read returns the event's counters and its count and histogram.
+func (e *Event) Read() (record.Counters, ActionValues, error) {
+	c, err := ReadCounters(e.Counters)
+	if err != nil {
+		return c, ActionValues{}, err
+	}
+	var v ActionValues
+	if e.Config.Count {
+		if v.Counts, err = readCountKeys(e.CountKeys); err != nil {
+			return c, v, err
+		}
+	}
+	if e.Config.Hist {
+		if v.Buckets, err = readBuckets(e.Hist); err != nil {
+			return c, v, err
+		}
+	}
+	return c, v, nil
+}

@@ -1,0 +1,80 @@
+package tracer
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	"github.com/hoptrace/hoptrace/agent/internal/tracefs"
+)
+
+// Event is one attached event probe of a trace.
+type Event struct {
+	Index  uint32
+	Name   string
+	Loaded *loader.Event
+	Link   link.Link
+	// CountBy names the count's key on the wire: "cpu", an argument, "".
+	CountBy string
+	Hist    string
+}
+
+// Close detaches the probe, then releases its program and maps.
+func (e *Event) Close() {
+	if e.Link != nil {
+		e.Link.Close()
+	}
+	e.Loaded.Close()
+}
+
+// AttachEvent resolves an event's arguments against this kernel's tracefs
+// format, loads the event program with them and attaches it to the
+// tracepoint. Errors name the spec field (events[i]...).
+func AttachEvent(spec *ebpf.CollectionSpec, ea *pb.EventAttach, opts loader.Options) (*Event, error) {
+	field := fmt.Sprintf("events[%d]", ea.GetEventIndex())
+	format, err := tracefs.ReadFormat(ea.GetTracepointGroup(), ea.GetTracepointEvent())
+	if err != nil {
+		return nil, &loader.FieldError{Field: field + ".tracepoint", Reason: err.Error()}
+	}
+	cfg, err := loader.ResolveEvent(ea, format)
+	if err != nil {
+		return nil, err
+	}
+	loaded, err := loader.LoadEvent(spec, cfg, opts)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	l, err := link.Tracepoint(ea.GetTracepointGroup(), ea.GetTracepointEvent(), loaded.Program, nil)
+	if err != nil {
+		loaded.Close()
+		return nil, fmt.Errorf("%s: attach to tracepoint %s:%s: %w", field, ea.GetTracepointGroup(), ea.GetTracepointEvent(), err)
+	}
+	e := &Event{Index: ea.GetEventIndex(), Name: ea.GetName(), Loaded: loaded, Link: l, Hist: ea.GetHistogramArg()}
+	switch cfg.Key {
+	case record.EventKeyCPU:
+		e.CountBy = "cpu"
+	case record.EventKeyArg:
+		e.CountBy = ea.GetCountByArg()
+	}
+	return e, nil
+}
+
+// EventValues reads an event's results as the wire message.
+func EventValues(e *Event, at *timestamppb.Timestamp) (*pb.EventValues, error) {
+	c, v, err := e.Loaded.Read()
+	if err != nil {
+		return nil, fmt.Errorf("event %s: %w", e.Name, err)
+	}
+	out := &pb.EventValues{EventIndex: e.Index, Event: e.Name, At: at, Count: e.Loaded.Config.Count,
+		CountBy: e.CountBy, Counts: v.Counts, Histogram: e.Hist,
+		Seen: c[record.CSeen], Matched: c[record.CMatched]}
+	if e.Loaded.Config.Hist {
+		out.Buckets = append([]uint64(nil), v.Buckets[:]...)
+	}
+	return out, nil
+}

@@ -1,0 +1,156 @@
+package tracer_test
+
+import (
+	"errors"
+	"math/bits"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+	"github.com/hoptrace/hoptrace/agent/internal/tracer"
+)
+
+// Event probes on the real kernel: syscalls:sys_enter_kill fires once per
+// kill(2), so the test knows exactly how many hits pass its where: terms.
+
+func killEvent(where ...*pb.EventTerm) *pb.EventAttach {
+	return &pb.EventAttach{EventIndex: 0, Name: "kills", TracepointGroup: "syscalls", TracepointEvent: "sys_enter_kill",
+		Program: loader.ProgEventTP, Where: where, Count: true}
+}
+
+func objectSpec(t *testing.T) *ebpf.CollectionSpec {
+	t.Helper()
+	tu.RequireRoot(t)
+	return tu.LoadSpec(t)
+}
+
+func TestEventCountsWhereTermsHold(t *testing.T) {
+	for _, floor := range []bool{false, true} {
+		name := "full"
+		if floor {
+			name = "floor"
+		}
+		t.Run(name, func(t *testing.T) {
+			if floor {
+				t.Setenv("HOPTRACE_FLOOR", "1")
+			}
+			me := int64(os.Getpid())
+			ea := killEvent(
+				&pb.EventTerm{Arg: "pid", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{me}},
+				&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_IN, Values: []int64{7, 0, 9}},
+				&pb.EventTerm{Arg: "pid", Op: pb.EventOp_EVENT_OP_GT, Values: []int64{me - 1}},
+				&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_LT, Values: []int64{1}},
+			)
+			ea.CountBy, ea.CountByArg, ea.HistogramArg = pb.EventKey_EVENT_KEY_ARG, "sig", "pid"
+			e, err := tracer.AttachEvent(objectSpec(t), ea, loader.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			const sent = 37
+			for i := 0; i < sent; i++ {
+				if err := unix.Kill(int(me), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Not matched: another signal number, another pid (1 exists, signal 0 only checks).
+			_ = unix.Kill(int(me), unix.SIGWINCH)
+			_ = unix.Kill(1, 0)
+			v, err := tracer.EventValues(e, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.GetCounts()[0] != sent || len(v.GetCounts()) != 1 {
+				t.Fatalf("counts by sig = %v, want {0: %d}", v.GetCounts(), sent)
+			}
+			if v.GetMatched() != sent || v.GetSeen() < sent+2 {
+				t.Fatalf("matched %d seen %d, want %d and >= %d", v.GetMatched(), v.GetSeen(), sent, sent+2)
+			}
+			b := bits.Len64(uint64(me))
+			if v.GetBuckets()[b] != sent {
+				t.Fatalf("histogram bucket %d (le %d) = %d, want %d (buckets %v)", b, uint64(1)<<b-1, v.GetBuckets()[b], sent, v.GetBuckets())
+			}
+		})
+	}
+}
+
+func TestEventBitTermAndCountByCPU(t *testing.T) {
+	me := int64(os.Getpid())
+	ea := killEvent(
+		&pb.EventTerm{Arg: "pid", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{me}},
+		&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_BIT, Values: []int64{1 << 3}}, // SIGFPE = 8: bit 3
+		&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_NE, Values: []int64{0}},
+	)
+	ea.CountBy = pb.EventKey_EVENT_KEY_CPU
+	e, err := tracer.AttachEvent(objectSpec(t), ea, loader.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	// SIGWINCH (28) has bit 3 and is ignored; SIGURG (23) has not; signal 0 fails both terms.
+	const matched = 6
+	for i := 0; i < matched; i++ {
+		if err := unix.Kill(int(me), unix.SIGWINCH); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		_ = unix.Kill(int(me), unix.SIGURG)
+		_ = unix.Kill(int(me), 0)
+	}
+	v, err := tracer.EventValues(e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total uint64
+	for cpu, n := range v.GetCounts() {
+		if cpu >= uint64(runtime.NumCPU()) {
+			t.Fatalf("key %d is no CPU of this machine (%d CPUs)", cpu, runtime.NumCPU())
+		}
+		total += n
+	}
+	if total != matched || v.GetMatched() != matched || v.GetCountBy() != "cpu" {
+		t.Fatalf("counts by %q %v (matched %d), want %d in all", v.GetCountBy(), v.GetCounts(), v.GetMatched(), matched)
+	}
+}
+
+func TestEventBadInputNamesTheField(t *testing.T) {
+	spec := objectSpec(t)
+	for _, c := range []struct {
+		name  string
+		ea    *pb.EventAttach
+		field string
+		words string
+	}{
+		{"unknown tracepoint", &pb.EventAttach{EventIndex: 2, TracepointGroup: "net", TracepointEvent: "no_such_event", Program: loader.ProgEventTP, Count: true},
+			"events[2].tracepoint", "no such tracepoint"},
+		{"unknown argument", killEvent(&pb.EventTerm{Arg: "signal", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{1}}),
+			"events[0].where[0]", `no argument "signal" (arguments: __syscall_nr, pid, sig)`},
+		{"string argument", &pb.EventAttach{TracepointGroup: "net", TracepointEvent: "net_dev_xmit", Program: loader.ProgEventTP, Count: true,
+			Where: []*pb.EventTerm{{Arg: "len", Op: pb.EventOp_EVENT_OP_GT, Values: []int64{0}}, {Arg: "name", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{1}}}},
+			"events[0].where[1]", "string"},
+		{"bad operator", killEvent(&pb.EventTerm{Arg: "sig", Op: pb.EventOp(42), Values: []int64{1}}),
+			"events[0].where[0]", "operator 42"},
+		{"histogram of a string", &pb.EventAttach{TracepointGroup: "net", TracepointEvent: "net_dev_xmit", Program: loader.ProgEventTP, HistogramArg: "name"},
+			"events[0].actions", "string"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e, err := tracer.AttachEvent(spec, c.ea, loader.Options{})
+			if err == nil {
+				e.Close()
+				t.Fatal("attached")
+			}
+			var fe *loader.FieldError
+			if !errors.As(err, &fe) || fe.Field != c.field || !strings.Contains(err.Error(), c.words) {
+				t.Fatalf("error %q, want field %s with %q", err, c.field, c.words)
+			}
+		})
+	}
+}

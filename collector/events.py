@@ -1,0 +1,154 @@
+"""Events stage: the in-kernel counts and histograms of a trace's event probes (`RecordBatch.events`) as
+InfluxDB points, and their totals per event and node for the report.
+
+Agents send cumulative values since the probe was attached; this stage writes their growth since the
+previous batch (a value that went down means the probe was attached again: it counts in full), as
+`collector/actions.py` does for hops, so any range of points sums to what the probe saw in it.
+Measurements:
+
+* `event_counts` - tags `trace`, `event`, `node`, `by` (`cpu`, the argument, or `total`), `key` (its value,
+  0 for `total`); int field `count`.
+* `event_histogram` - tags `trace`, `event`, `node`, `arg`, `le` (the log2 bucket's inclusive upper bound,
+  2^b - 1); int field `count`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from hoptrace.collector.actions import TOTAL, WallToMaster, bucket_le
+from hoptrace.v1 import records_pb2
+
+EVENT_COUNTS = "event_counts"
+EVENT_HISTOGRAM = "event_histogram"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
+
+
+class EventsStage:
+    """Turns each batch's cumulative `EventValues` into `event_counts` / `event_histogram` lines."""
+
+    def __init__(self, clock: WallToMaster | None = None) -> None:
+        self.clock = clock
+        # (trace, node, event_index, "count"|"hist", key-or-bucket) -> last cumulative value
+        self._last: dict[tuple[str, str, int, str, int], int] = {}
+        self.resets = 0
+
+    def _delta(self, key: tuple[str, str, int, str, int], value: int) -> int:
+        prev = self._last.get(key)
+        self._last[key] = value
+        if prev is None or value < prev:
+            if prev is not None:
+                self.resets += 1
+            return value
+        return value - prev
+
+    def add_events(
+        self, trace: str, node: str, events: Iterable[records_pb2.EventValues], now_ns: int | None = None
+    ) -> list[str]:
+        """Line protocol for the growth of every event's count and histogram in one batch."""
+        lines: list[str] = []
+        for e in events:
+            if e.HasField("at"):
+                ts = e.at.ToNanoseconds()
+                if self.clock is not None:
+                    ts = self.clock.wall_to_master(node, ts)
+            else:
+                ts = now_ns if now_ns is not None else time.time_ns()
+            name = e.event or f"event{e.event_index}"
+            base = f",event={_escape(name)},node={_escape(node)},trace={_escape(trace)}"
+            if e.count:
+                by = e.count_by or TOTAL
+                for key, value in sorted(e.counts.items()):
+                    delta = self._delta((trace, node, e.event_index, "count", key), value)
+                    if delta:
+                        lines.append(f"{EVENT_COUNTS},by={_escape(by)}{base},key={key} count={delta}i {ts}")
+            if e.histogram:
+                for bucket, value in enumerate(e.buckets):
+                    delta = self._delta((trace, node, e.event_index, "hist", bucket), value)
+                    if delta:
+                        lines.append(
+                            f"{EVENT_HISTOGRAM},arg={_escape(e.histogram)}{base},le={bucket_le(bucket)}"
+                            f" count={delta}i {ts}"
+                        )
+        return lines
+
+
+def query_events(q: Any, org: str, base: str) -> list[dict[str, Any]]:
+    """Per event and node, its count (by key) and histogram summed over the query's range, as the report's
+    ``"events"``: `base` is the report's ``from(...) |> range(...) |> filter(fn: (r) => r.trace == ...``
+    prefix, left open for more conditions."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def entry(name: str, node: str) -> dict[str, Any]:
+        return found.setdefault(
+            (name, node),
+            {
+                "name": name,
+                "node": node,
+                "count": 0,
+                "count_by": "",
+                "by": {},
+                "histogram_arg": "",
+                "histogram": [],
+            },
+        )
+
+    counts = (
+        f'{base} and r._measurement == "{EVENT_COUNTS}" and r._field == "count")'
+        ' |> group(columns: ["event", "node", "by", "key"]) |> sum()'
+    )
+    for table in q.query(counts, org=org):
+        for rec in table.records:
+            name = rec.values.get("event")
+            if name is None:
+                continue
+            e = entry(name, rec.values.get("node", ""))
+            n = int(rec.get_value() or 0)
+            by = rec.values.get("by", TOTAL)
+            e["count"] += n
+            if by != TOTAL:
+                e["count_by"] = by
+                key = str(rec.values.get("key") or 0)
+                e["by"][key] = e["by"].get(key, 0) + n
+    hist = (
+        f'{base} and r._measurement == "{EVENT_HISTOGRAM}" and r._field == "count")'
+        ' |> group(columns: ["event", "node", "arg", "le"]) |> sum()'
+    )
+    buckets: dict[tuple[str, str], dict[int, int]] = {}
+    for table in q.query(hist, org=org):
+        for rec in table.records:
+            name = rec.values.get("event")
+            if name is None:
+                continue
+            node = rec.values.get("node", "")
+            entry(name, node)["histogram_arg"] = rec.values.get("arg", "")
+            le = int(rec.values.get("le") or 0)
+            per = buckets.setdefault((name, node), {})
+            per[le] = per.get(le, 0) + int(rec.get_value() or 0)
+    for key, per in buckets.items():
+        found[key]["histogram"] = [{"le": le, "count": n} for le, n in sorted(per.items()) if n]
+    for e in found.values():
+        e["by"] = dict(sorted(e["by"].items(), key=lambda item: int(item[0])))
+    return [found[key] for key in sorted(found)]
+
+
+def events_lines(events: list[dict[str, Any]], limit: int = 16) -> list[str]:
+    """The report's text section: one line per event and node, one more for its histogram."""
+    lines = []
+    for e in events:
+        line = f"{e['name']} on {e['node']}: count {e['count']}"
+        if e["count_by"]:
+            keys = list(e["by"].items())
+            more = f" (+{len(keys) - limit} keys)" if len(keys) > limit else ""
+            line += f"; by {e['count_by']}: " + " ".join(f"{k}={n}" for k, n in keys[:limit]) + more
+        lines.append(line)
+        if e["histogram"]:
+            total = sum(b["count"] for b in e["histogram"])
+            buckets = ", ".join(f"<={b['le']} {b['count']}" for b in e["histogram"])
+            lines.append(f"  {e['histogram_arg']} (n={total}): {buckets}")
+    return lines

@@ -1,0 +1,339 @@
+"""Event probes (``events:`` beside ``hops:``): their spec forms, their checks, and the typed `EventAttach`
+each node's agent loads as constants of the one event program (kernel-patch/include/event.bpf.h).
+
+The user's ``where:`` text is parsed here, once, into `EventTerm` messages (argument name, `EventOp`
+number, integer values); nothing the user wrote reaches C. Which arguments a tracepoint has, and their
+offsets, sizes and signedness, are the node's kernel's: its agent reads them from tracefs at apply time and
+refuses an argument the tracepoint lacks (naming ``events[i].where[j]``), and the apply is all-or-nothing.
+
+Spec form::
+
+    events:
+      - name: net-rx-softirqs
+        node: host-a
+        tracepoint: irq:softirq_entry
+        where: "vec == 3"                 # or: vec in [2, 3] and ..., or a list of terms:
+        # where: [{arg: vec, op: "==", value: 3}, {arg: len, op: in, values: [1, 2]}]
+        actions: [{count: {by: cpu}}]     # count (by: cpu | ARG), histogram: ARG; default [count]
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hoptrace import kernel_abi
+from hoptrace.dispatcher import actions as hop_actions
+from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
+
+EVENT_KEYS = ("name", "node", "tracepoint", "where", "actions")
+EVENT_PROGRAM = "event_tp"
+MAX_EVENTS = 64
+MAX_NAME_LEN = 63  # as trace and hop names
+# Operators as users write them -> enum hoptrace_event_op (kernel_abi.EVENT_OPS) names.
+OPERATORS: dict[str, str] = {"==": "eq", "!=": "ne", "<": "lt", ">": "gt", "&": "bit", "in": "in"}
+OP_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kernel_abi.EVENT_OPS) if number}
+OP_SPELLING: dict[int, str] = {OP_NUMBERS[name]: text for text, name in OPERATORS.items()}
+EVENT_ACTIONS = ("count", "histogram")
+CPU_KEY = "cpu"
+
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TRACEPOINT = re.compile(r"^([A-Za-z0-9_]+):([A-Za-z0-9_]+)$")
+_TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|<|>|&|\bin\b)\s*(.*?)\s*$")
+_AND = re.compile(r"\s+and\s+")
+_INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
+
+EventError = tuple[str, str]  # (field path, reason)
+
+
+def _to_int64(value: int) -> int:
+    """A value as the proto's int64: two's complement above 2^63 - 1 (the kernel compares 64-bit words)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _integer(value: Any) -> int | None:
+    """An integer from YAML (int) or text (decimal, 0x hex, negative); None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip(), 0)
+        except ValueError:
+            return None
+    return None
+
+
+def _values(op: str, raw: Any, text: str) -> tuple[list[int], str | None]:
+    """The integer values of one term and a problem, if any."""
+    if op == "in":
+        if isinstance(raw, str):
+            inner = raw.strip()
+            if not (inner.startswith("[") and inner.endswith("]")):
+                return [], f"'in' takes a list such as [1, 3], got {inner!r} in {text!r}"
+            items: list[Any] = [item for item in inner[1:-1].split(",") if item.strip()]
+        elif isinstance(raw, list):
+            items = raw
+        else:
+            return [], f"'in' takes a list of integers, got {raw!r}"
+        if not 1 <= len(items) <= kernel_abi.EVENT_IN_VALUES:
+            return [], f"'in' takes 1 to {kernel_abi.EVENT_IN_VALUES} values, got {len(items)}"
+    else:
+        items = [raw]
+    out = []
+    for item in items:
+        number = _integer(item)
+        if number is None:
+            return [], f"{item!r} is not an integer (decimal or 0x hex) in {text!r}"
+        if not _INT64_MIN <= number <= _UINT64_MAX:
+            return [], f"{number} does not fit in 64 bits"
+        out.append(_to_int64(number))
+    return out, None
+
+
+def _term(arg: Any, op: Any, raw: Any, text: str) -> tuple[trace_pb2.EventTerm | None, str | None]:
+    if not isinstance(arg, str) or not _IDENTIFIER.match(arg):
+        return None, f"argument must be a name such as vec, got {arg!r}"
+    if op not in OPERATORS:
+        return None, f"unknown operator {op!r} in {text!r}; operators: {', '.join(OPERATORS)}"
+    values, problem = _values(op, raw, text)
+    if problem:
+        return None, problem
+    return trace_pb2.EventTerm(arg=arg, op=OP_NUMBERS[OPERATORS[op]], values=values), None
+
+
+def parse_where(text: str) -> tuple[list[trace_pb2.EventTerm], str | None]:
+    """Parse the short form ``"vec == 3 and len > 100"`` into typed terms; (terms, problem)."""
+    terms = []
+    if not text.strip():
+        return [], "must not be empty (leave where out to count every hit)"
+    for part in _AND.split(text.strip()):
+        match = _TERM.match(part)
+        if match is None:
+            bad = re.match(r"^\s*[A-Za-z_][A-Za-z0-9_]*\s*([^\sA-Za-z0-9_\[\-]+)", part)
+            if bad:
+                operators = ", ".join(OPERATORS)
+                return [], f"unknown operator {bad.group(1)!r} in {part.strip()!r}; operators: {operators}"
+            return [], f"cannot read term {part.strip()!r}: want ARG OP VALUE, e.g. vec == 3"
+        term, problem = _term(match.group(1), match.group(2), match.group(3), part.strip())
+        if problem:
+            return [], problem
+        assert term is not None
+        terms.append(term)
+    return terms, None
+
+
+def where_text(terms: Sequence[trace_pb2.EventTerm]) -> str:
+    """The short form of typed terms (the inverse of parse_where)."""
+    parts = []
+    for term in terms:
+        op = OP_SPELLING.get(term.op, "?")
+        values = [v + (1 << 64) if v < 0 and op == "&" else v for v in term.values]
+        value = f"[{', '.join(str(v) for v in values)}]" if op == "in" else str(values[0] if values else "")
+        parts.append(f"{term.arg} {op} {value}")
+    return " and ".join(parts)
+
+
+def _convert_where(value: Any, field: str, target: trace_pb2.EventSpec) -> list[EventError]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        terms, problem = parse_where(value)
+        if problem:
+            return [(field, problem)]
+        target.where.extend(terms)
+        return []
+    if not isinstance(value, list):
+        return [(field, f"must be a string such as 'vec == 3' or a list of terms, got {value!r}")]
+    errors: list[EventError] = []
+    for position, item in enumerate(value):
+        where = f"{field}[{position}]"
+        if isinstance(item, str):
+            terms, problem = parse_where(item)
+            if problem:
+                errors.append((where, problem))
+            elif len(terms) != 1:
+                errors.append((where, f"one term per list item, got {len(terms)}"))
+            else:
+                target.where.extend(terms)
+            continue
+        if not isinstance(item, dict):
+            errors.append((where, f"must be a term such as {{arg: vec, op: '==', value: 3}}, got {item!r}"))
+            continue
+        unknown = [key for key in item if key not in ("arg", "op", "value", "values")]
+        if unknown:
+            errors.append(
+                (where, f"unknown keys {', '.join(map(repr, unknown))}; expected arg, op, value(s)")
+            )
+            continue
+        op = item.get("op")
+        raw = item.get("values") if op == "in" else item.get("value")
+        if raw is None:
+            errors.append((where, "needs " + ("values: [..]" if op == "in" else "value")))
+            continue
+        term, problem = _term(item.get("arg"), op, raw, f"{item.get('arg')} {op} {raw}")
+        if problem:
+            errors.append((where, problem))
+        else:
+            assert term is not None
+            target.where.append(term)
+    return errors
+
+
+def convert_event(value: Any, field: str, target: trace_pb2.EventSpec) -> list[EventError]:
+    """Fill `target` from one ``events`` item; returns the structural problems."""
+    if not isinstance(value, dict):
+        return [(field, f"must be a mapping ({', '.join(EVENT_KEYS)}), got {value!r}")]
+    errors: list[EventError] = []
+    for key in value:
+        if key not in EVENT_KEYS:
+            errors.append((f"{field}.{key}", f"unknown key {key!r}; expected {', '.join(EVENT_KEYS)}"))
+    for key in ("name", "node", "tracepoint"):
+        item = value.get(key)
+        if item is None:
+            continue
+        if not isinstance(item, str):
+            errors.append((f"{field}.{key}", f"must be a string, got {item!r}"))
+        else:
+            setattr(target, key, item)
+    errors += _convert_where(value.get("where"), f"{field}.where", target)
+    errors += hop_actions.convert_actions(value.get("actions"), f"{field}.actions", target)
+    return errors
+
+
+def convert_events(value: Any, spec: trace_pb2.TraceSpec) -> list[EventError]:
+    """Fill `spec.events` from the spec's ``events`` value; returns the structural problems."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        return [("events", f"must be a list of event probes, got {value!r}")]
+    if len(value) > MAX_EVENTS:
+        return [("events", f"a trace has at most {MAX_EVENTS} events, got {len(value)}")]
+    errors: list[EventError] = []
+    for position, item in enumerate(value):
+        errors += convert_event(item, f"events[{position}]", spec.events.add())
+    return errors
+
+
+def event_to_data(event: trace_pb2.EventSpec) -> dict[str, Any]:
+    """One event in the spec's canonical form (the inverse of convert_event)."""
+    data: dict[str, Any] = {
+        key: getattr(event, key) for key in ("name", "node", "tracepoint") if getattr(event, key)
+    }
+    if event.where:
+        data["where"] = where_text(event.where)
+    if event.actions:
+        data["actions"] = [hop_actions.action_to_data(action) for action in event.actions]
+    return data
+
+
+def validate_event(event: trace_pb2.EventSpec, field: str) -> list[EventError]:
+    """Problems of one event that need no agent: names, the tracepoint's spelling, terms and actions."""
+    errors: list[EventError] = []
+    if not event.name:
+        errors.append((f"{field}.name", "required: the event's name, [a-z0-9-]+"))
+    elif not _NAME.match(event.name) or len(event.name) > MAX_NAME_LEN:
+        errors.append(
+            (f"{field}.name", f"{event.name!r} must match [a-z0-9-]+, at most {MAX_NAME_LEN} characters")
+        )
+    if not event.node:
+        errors.append((f"{field}.node", "required: the node whose kernel runs this probe"))
+    if not event.tracepoint:
+        errors.append((f"{field}.tracepoint", "required: GROUP:EVENT, e.g. irq:softirq_entry"))
+    elif not _TRACEPOINT.match(event.tracepoint):
+        errors.append(
+            (f"{field}.tracepoint", f"{event.tracepoint!r} must be GROUP:EVENT, e.g. irq:softirq_entry")
+        )
+    if len(event.where) > kernel_abi.EVENT_TERMS:
+        errors.append((f"{field}.where", f"at most {kernel_abi.EVENT_TERMS} terms, got {len(event.where)}"))
+    for position, term in enumerate(event.where):
+        if term.op not in OP_SPELLING:
+            errors.append((f"{field}.where[{position}]", f"unknown operator number {term.op}"))
+        elif len(term.values) != 1 and term.op != OP_NUMBERS["in"]:
+            errors.append((f"{field}.where[{position}]", f"takes one value, got {len(term.values)}"))
+        elif not 1 <= len(term.values) <= kernel_abi.EVENT_IN_VALUES:
+            errors.append(
+                (f"{field}.where[{position}]", f"'in' takes 1 to {kernel_abi.EVENT_IN_VALUES} values")
+            )
+    seen: dict[str, int] = {}
+    for position, action in enumerate(event.actions):
+        where = f"{field}.actions[{position}]"
+        if action.kind not in EVENT_ACTIONS:
+            errors.append(
+                (
+                    where,
+                    f"{action.kind!r} is no event action (events have no packet); expected count, histogram",
+                )
+            )
+            continue
+        if action.kind in seen:
+            errors.append(
+                (where, f"an event has one {action.kind} action (also {field}.actions[{seen[action.kind]}])")
+            )
+            continue
+        seen[action.kind] = position
+        name = action.by if action.kind == "count" else action.field
+        if name and not _IDENTIFIER.match(name):
+            errors.append((where, f"{name!r} is no argument name (nor cpu)"))
+        if action.kind == "histogram" and name == CPU_KEY:
+            errors.append((where, "histogram: takes an argument of the tracepoint, not cpu"))
+    return errors
+
+
+def validate_events(spec: trace_pb2.TraceSpec) -> list[EventError]:
+    """Problems of the spec's events that need no agent, names unique among them."""
+    errors: list[EventError] = []
+    first_use: dict[str, int] = {}
+    for position, event in enumerate(spec.events):
+        field = f"events[{position}]"
+        errors += validate_event(event, field)
+        if event.name in first_use:
+            errors.append(
+                (
+                    f"{field}.name",
+                    f"duplicate event name {event.name!r} (also events[{first_use[event.name]}])",
+                )
+            )
+        elif event.name:
+            first_use[event.name] = position
+    return errors
+
+
+def validate_against_agents(
+    spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register]
+) -> list[EventError]:
+    """Events on nodes that are not registered. Tracepoints and arguments are the node's kernel's: its agent
+    checks them at apply time."""
+    known = ", ".join(sorted(agents)) or "none"
+    return [
+        (f"events[{position}].node", f"node {event.node!r} is not registered (registered: {known})")
+        for position, event in enumerate(spec.events)
+        if event.node and event.node not in agents
+    ]
+
+
+def event_attach(event: trace_pb2.EventSpec, index: int) -> agent_pb2.EventAttach:
+    """One validated event as its node's agent loads it: typed terms, count key and histogram argument."""
+    group, name = event.tracepoint.split(":", 1)
+    attach = agent_pb2.EventAttach(
+        event_index=index,
+        name=event.name,
+        tracepoint_group=group,
+        tracepoint_event=name,
+        program=EVENT_PROGRAM,
+    )
+    attach.where.extend(event.where)
+    actions = list(event.actions) or [trace_pb2.ActionSpec(kind="count")]
+    for action in actions:
+        if action.kind == "count":
+            attach.count = True
+            if action.by == CPU_KEY:
+                attach.count_by = counters_pb2.EVENT_KEY_CPU
+            elif action.by:
+                attach.count_by, attach.count_by_arg = counters_pb2.EVENT_KEY_ARG, action.by
+        elif action.kind == "histogram":
+            attach.histogram_arg = action.field
+    return attach

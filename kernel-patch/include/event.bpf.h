@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Event probes (a spec's events:, issue 11): one generic classic-tracepoint
+ * program, loaded once per event with its own load-time constants, that
+ * counts the tracepoint's hits passing a where: predicate on its arguments,
+ * keyed by CPU or an argument, and keeps a log2 histogram of an argument.
+ * It shares hop.bpf.h's action maps and helpers (count_keys, hist_buckets,
+ * counters), so results travel and are stored like hop actions.
+ *
+ * Argument offsets, sizes and signedness come from the node's tracefs format
+ * file, read by the agent at apply time. .rodata is frozen before load, so
+ * the verifier knows every setting: unused terms are dead branches it never
+ * walks. The offsets are only known at load time, so they cannot be the
+ * constant instruction offsets a direct ctx load needs ("dereference of
+ * modified ctx ptr"): arguments are read with bpf_probe_read_kernel (5.5).
+ * No BPF-to-BPF calls, no helper newer than 5.10: the _floor variant is the
+ * same code.
+ */
+#ifndef __HOPTRACE_EVENT_BPF_H
+#define __HOPTRACE_EVENT_BPF_H
+
+#include "hop.bpf.h"
+
+/* One argument of the tracepoint's record: byte offset (common fields
+ * included, as tracefs lists it), size 1/2/4/8, signed or not. */
+#define EVENT_ARG_SETTINGS(prefix)                                                                 \
+	const volatile __u16 prefix##_off = 0;                                                     \
+	const volatile __u8 prefix##_size = 0;                                                     \
+	const volatile __u8 prefix##_signed = 0;
+
+/* where: up to HOPTRACE_EVENT_TERMS terms, ANDed; ev_term_op NONE = unused. */
+const volatile __u16 ev_term_off[HOPTRACE_EVENT_TERMS] = {};
+const volatile __u8 ev_term_size[HOPTRACE_EVENT_TERMS] = {};
+const volatile __u8 ev_term_signed[HOPTRACE_EVENT_TERMS] = {};
+const volatile __u8 ev_term_op[HOPTRACE_EVENT_TERMS] = {}; /* enum hoptrace_event_op */
+const volatile __u8 ev_term_nvalues[HOPTRACE_EVENT_TERMS] = {};
+const volatile __u64 ev_term_values[HOPTRACE_EVENT_TERMS][HOPTRACE_EVENT_IN_VALUES] = {};
+/* count (act_count of hop.bpf.h), keyed by enum hoptrace_event_key. */
+const volatile __u8 ev_key = 0;
+EVENT_ARG_SETTINGS(ev_key)
+/* histogram of an argument (1 = on). */
+const volatile __u8 ev_hist = 0;
+EVENT_ARG_SETTINGS(ev_hist)
+
+/* The argument at `off` of the tracepoint record, sign-extended if signed. */
+static __always_inline __u64 event_arg(void *ctx, __u16 off, __u8 size, __u8 is_signed)
+{
+	__u64 v = 0;
+	__u32 shift;
+
+	if (size == 0 || size > sizeof(v))
+		return 0;
+	/* Little-endian (x86, arm64): the argument fills v's low bytes. */
+	bpf_probe_read_kernel(&v, size, (char *)ctx + off);
+	if (is_signed && size < sizeof(v)) {
+		shift = 64 - 8 * size;
+		v = (__u64)((__s64)(v << shift) >> shift);
+	}
+	return v;
+}
+
+static __always_inline bool event_less(__u64 a, __u64 b, __u8 is_signed)
+{
+	return is_signed ? (__s64)a < (__s64)b : a < b;
+}
+
+/* Does term t hold? Every branch tests a load-time constant but the value. */
+static __always_inline bool event_term(void *ctx, int t)
+{
+	__u64 v = event_arg(ctx, ev_term_off[t], ev_term_size[t], ev_term_signed[t]);
+	__u64 want = ev_term_values[t][0];
+	int i;
+
+	switch (ev_term_op[t]) {
+	case HOPTRACE_EVENT_OP_EQ:
+		return v == want;
+	case HOPTRACE_EVENT_OP_NE:
+		return v != want;
+	case HOPTRACE_EVENT_OP_LT:
+		return event_less(v, want, ev_term_signed[t]);
+	case HOPTRACE_EVENT_OP_GT:
+		return event_less(want, v, ev_term_signed[t]);
+	case HOPTRACE_EVENT_OP_BIT:
+		return (v & want) != 0;
+	case HOPTRACE_EVENT_OP_IN:
+#pragma unroll
+		for (i = 0; i < HOPTRACE_EVENT_IN_VALUES; i++) {
+			if (i < ev_term_nvalues[t] && v == ev_term_values[t][i])
+				return true;
+		}
+		return false;
+	}
+	return true;
+}
+
+static __always_inline int event_run(void *ctx)
+{
+	int t;
+
+	count(HOPTRACE_C_SEEN, 1);
+#pragma unroll
+	for (t = 0; t < HOPTRACE_EVENT_TERMS; t++) {
+		if (ev_term_op[t] != HOPTRACE_EVENT_OP_NONE && !event_term(ctx, t)) {
+			count(HOPTRACE_C_NOT_MATCHED, 1);
+			return 0;
+		}
+	}
+	count(HOPTRACE_C_MATCHED, 1);
+	if (act_count) {
+		__u64 key = 0;
+
+		if (ev_key == HOPTRACE_EVENT_KEY_CPU)
+			key = bpf_get_smp_processor_id();
+		else if (ev_key == HOPTRACE_EVENT_KEY_ARG)
+			key = event_arg(ctx, ev_key_off, ev_key_size, ev_key_signed);
+		count_by_key(key);
+	}
+	if (ev_hist)
+		hist_add(event_arg(ctx, ev_hist_off, ev_hist_size, ev_hist_signed));
+	return 0;
+}
+
+/* The event program; which tracepoint it attaches to is the agent's choice
+ * (link.Tracepoint), so the section names none. */
+#define HOPTRACE_PROG_EVENT_TP                                                                     \
+	SEC("tracepoint") int event_tp(void *ctx)                                                  \
+	{                                                                                          \
+		return event_run(ctx);                                                             \
+	}                                                                                          \
+	SEC("tracepoint") int event_tp_floor(void *ctx)                                            \
+	{                                                                                          \
+		return event_run(ctx);                                                             \
+	}
+
+#endif /* __HOPTRACE_EVENT_BPF_H */

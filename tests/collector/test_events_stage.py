@@ -1,0 +1,121 @@
+"""Event probes in the collector: cumulative `EventValues` become exact deltas in InfluxDB
+(`event_counts`, `event_histogram`), and the report's "events" sum them back to what the probes saw, the
+same through the API (`report_from_proto`) and in the text report."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import grpc
+import pytest
+from collector_helpers import batch
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from hoptrace.collector.catalog import TraceCatalog
+from hoptrace.collector.events import EVENT_COUNTS, EVENT_HISTOGRAM, EventsStage
+from hoptrace.collector.influx import InfluxConfig
+from hoptrace.collector.receiver import ReceiverConfig
+from hoptrace.collector.report import build_report, get_report, render_text, report_from_proto
+from hoptrace.collector.service import CollectorConfig, start_collector
+from hoptrace.lab.processes import InfluxServer
+from hoptrace.v1 import api_pb2, records_pb2, records_pb2_grpc
+
+SEC = 1_000_000_000
+
+
+def event_values(
+    index: int,
+    name: str,
+    at_s: int,
+    counts: dict[int, int] | None = None,
+    by: str = "",
+    buckets: list[int] | None = None,
+    arg: str = "",
+) -> records_pb2.EventValues:
+    e = records_pb2.EventValues(event_index=index, event=name, count_by=by, histogram=arg)
+    e.at.CopyFrom(Timestamp(seconds=at_s))
+    if counts is not None:
+        e.count = True
+        e.counts.update(counts)
+    e.buckets.extend(buckets or [])
+    return e
+
+
+@pytest.mark.unit
+def test_cumulative_event_values_become_deltas_and_a_restart_counts_in_full() -> None:
+    stage = EventsStage()
+    now = int(time.time())
+    first = stage.add_events("t", "n1", [event_values(0, "rx", now, {0: 5, 1: 2}, by="cpu")])
+    assert first == [
+        f"{EVENT_COUNTS},by=cpu,event=rx,node=n1,trace=t,key=0 count=5i {now * SEC}",
+        f"{EVENT_COUNTS},by=cpu,event=rx,node=n1,trace=t,key=1 count=2i {now * SEC}",
+    ]
+    second = stage.add_events("t", "n1", [event_values(0, "rx", now + 1, {0: 9, 1: 2, 3: 1}, by="cpu")])
+    assert [line.split(" ")[1] for line in second] == ["count=4i", "count=1i"]  # key 1 did not grow
+    third = stage.add_events("t", "n1", [event_values(0, "rx", now + 2, {0: 3}, by="cpu")])
+    assert [line.split(" ")[1] for line in third] == ["count=3i"] and stage.resets == 1
+    plain = stage.add_events("t", "n1", [event_values(1, "all", now, {0: 7})])
+    assert plain == [f"{EVENT_COUNTS},by=total,event=all,node=n1,trace=t,key=0 count=7i {now * SEC}"]
+    hist = stage.add_events("t", "n1", [event_values(2, "sizes", now, buckets=[0, 0, 4, 0, 1], arg="len")])
+    assert hist == [
+        f"{EVENT_HISTOGRAM},arg=len,event=sizes,node=n1,trace=t,le=3 count=4i {now * SEC}",
+        f"{EVENT_HISTOGRAM},arg=len,event=sizes,node=n1,trace=t,le=15 count=1i {now * SEC}",
+    ]
+
+
+def test_event_values_through_influx_into_the_report(influxd: InfluxServer) -> None:
+    influx = influxd
+    trace = f"evs-{uuid.uuid4().hex[:8]}"
+    catalog = TraceCatalog()
+    catalog.set_trace(trace, ["a-out", "b-in"], ["node-a", "node-b"])
+    config = CollectorConfig(
+        receiver=ReceiverConfig(listen="127.0.0.1:0"),
+        influx=InfluxConfig(url=influx.url, bucket=influx.bucket, org=influx.org, token=influx.token),
+    )
+    service = start_collector(config, catalog)
+    now = int(time.time()) - 30
+    # Three reports of cumulative values, one per second: the report must equal the last one.
+    reports = [
+        ({0: 10, 1: 5}, [0] * 10 + [3, 12]),
+        ({0: 22, 1: 9}, [0] * 10 + [7, 20, 1]),
+        ({0: 30, 1: 10}, [0] * 10 + [9, 30, 1]),
+    ]
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{service.port}") as ch:
+            stub = records_pb2_grpc.CollectorStub(ch)
+            batches = []
+            for seq, (counts, buckets) in enumerate(reports, start=1):
+                b = batch("node-a", trace, [], seq=seq, clock_delta=0)
+                b.events.append(
+                    event_values(0, "rx", now + seq, counts, by="cpu", buckets=buckets, arg="len")
+                )
+                b.events.append(event_values(1, "all", now + seq, {0: seq * 100}))
+                batches.append(b)
+            stub.StreamRecords(iter(batches))
+        assert service.flush(30)
+    finally:
+        service.stop()
+
+    kw = {"url": influx.url, "bucket": influx.bucket, "org": influx.org, "token": influx.token}
+    report = build_report(trace, since="1h", path=["a-out", "b-in"], **kw)
+    last = reports[-1][1]
+    assert report["events"] == [
+        {"name": "all", "node": "node-a", "count": 300, "count_by": "", "by": {}, "histogram_arg": "",
+         "histogram": []},
+        {
+            "name": "rx",
+            "node": "node-a",
+            "count": 40,
+            "count_by": "cpu",
+            "by": {"0": 30, "1": 10},
+            "histogram_arg": "len",
+            "histogram": [{"le": (1 << b) - 1, "count": n} for b, n in enumerate(last) if n],
+        },
+    ]  # fmt: skip
+    proto = get_report(api_pb2.GetReportRequest(trace=trace), path=["a-out", "b-in"], **kw)
+    assert report_from_proto(proto)["events"] == json.loads(json.dumps(report["events"]))
+    text = render_text(report)
+    assert "events:\n  all on node-a: count 300\n  rx on node-a: count 40; by cpu: 0=30 1=10\n" in text, text
+    assert "  len (n=40): <=1023 9, <=2047 30, <=4095 1" in text, text

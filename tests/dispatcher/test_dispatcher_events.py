@@ -1,0 +1,230 @@
+"""Event probes in specs (``events:``): the short where: form and the structured one parse to the same typed
+terms, every bad input is refused naming its spec field, and plans carry typed EventAttach messages (no
+user text reaches the object)."""
+
+from __future__ import annotations
+
+import pytest
+from dispatcher_fakes import example_registrations
+
+from hoptrace import kernel_abi
+from hoptrace.dispatcher import events
+from hoptrace.dispatcher.compile import BpfCompiler, build_plans, elf_sections, programs_for_plan
+from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml, validate_spec
+from hoptrace.v1 import counters_pb2, trace_pb2
+
+pytestmark = pytest.mark.unit
+
+HEAD = """\
+name: evs
+filter: {protocol: udp, dst_port: 5000}
+hops:
+  - {name: a-out, node: host-a, at: tc-egress, dev: eth0, netns: c1}
+events:
+"""
+
+EQ, NE, LT, GT, BIT, IN = (
+    counters_pb2.EVENT_OP_EQ,
+    counters_pb2.EVENT_OP_NE,
+    counters_pb2.EVENT_OP_LT,
+    counters_pb2.EVENT_OP_GT,
+    counters_pb2.EVENT_OP_BIT,
+    counters_pb2.EVENT_OP_IN,
+)
+
+
+def _spec(*items: str) -> str:
+    return HEAD + "".join(f"  - {item}\n" for item in items)
+
+
+def _errors(text: str) -> list[str]:
+    with pytest.raises(SpecError) as caught:
+        load_spec(text, example_registrations())
+    return [str(error) for error in caught.value.errors]
+
+
+def _terms(where: str) -> list[tuple[str, int, list[int]]]:
+    terms, problem = events.parse_where(where)
+    assert problem is None, problem
+    return [(t.arg, t.op, list(t.values)) for t in terms]
+
+
+def test_operators_are_the_generated_catalogue() -> None:
+    assert set(events.OP_NUMBERS) == set(kernel_abi.EVENT_OPS[1:])
+    for name, number in events.OP_NUMBERS.items():
+        assert counters_pb2.EventOp.Name(number) == f"EVENT_OP_{name.upper()}"
+    assert len(events.OPERATORS) == len(kernel_abi.EVENT_OPS) - 1
+
+
+@pytest.mark.parametrize(
+    ("where", "terms"),
+    [
+        ("vec == 3", [("vec", EQ, [3])]),
+        ("vec != 3", [("vec", NE, [3])]),
+        ("len < 100 and len > -5", [("len", LT, [100]), ("len", GT, [-5])]),
+        ("flags & 0x4", [("flags", BIT, [4])]),
+        ("vec in [1, 3,7]", [("vec", IN, [1, 3, 7])]),
+        ("  a==1   and b in [0x10]", [("a", EQ, [1]), ("b", IN, [16])]),
+        # above 2^63 - 1: two's complement in the proto's int64, the same 64-bit word in the kernel
+        ("mask & 0xffffffffffffffff", [("mask", BIT, [-1])]),
+    ],
+)
+def test_short_where_parses_to_typed_terms(where: str, terms: list[tuple[str, int, list[int]]]) -> None:
+    assert _terms(where) == terms
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ("vec => 3", "unknown operator '=>'"),
+        ("vec = 3", "unknown operator '='"),
+        ("vec == three", "'three' is not an integer"),
+        ("vec in 3", "'in' takes a list such as [1, 3]"),
+        ("vec in [1,2,3,4,5,6,7,8,9]", "'in' takes 1 to 8 values, got 9"),
+        ("== 3", "cannot read term '== 3'"),
+        ("vec == 3 or vec == 4", "is not an integer"),
+        ("", "must not be empty"),
+        ("vec == 18446744073709551616", "does not fit in 64 bits"),
+    ],
+)
+def test_bad_short_where_names_the_field(where: str, words: str) -> None:
+    errors = _errors(_spec(f"{{name: e, node: host-a, tracepoint: 'irq:softirq_entry', where: {where!r}}}"))
+    assert len(errors) == 1 and errors[0].startswith("events[0].where: ") and words in errors[0], errors
+
+
+def test_structured_where_equals_the_short_form() -> None:
+    short = load_spec(
+        _spec("{name: e, node: host-a, tracepoint: 'net:net_dev_xmit', where: 'len in [1, 2] and rc != 0'}")
+    )
+    listed = load_spec(
+        _spec(
+            "{name: e, node: host-a, tracepoint: 'net:net_dev_xmit', "
+            "where: [{arg: len, op: in, values: [1, 2]}, 'rc != 0']}"
+        )
+    )
+    assert short.events == listed.events
+    assert [(t.arg, t.op, list(t.values)) for t in short.events[0].where] == [
+        ("len", IN, [1, 2]),
+        ("rc", NE, [0]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("event", "field", "words"),
+    [
+        ("{node: host-a, tracepoint: 'irq:softirq_entry'}", "events[0].name", "required"),
+        ("{name: e, tracepoint: 'irq:softirq_entry'}", "events[0].node", "required"),
+        ("{name: e, node: host-a}", "events[0].tracepoint", "required"),
+        ("{name: e, node: host-a, tracepoint: softirq_entry}", "events[0].tracepoint", "must be GROUP:EVENT"),
+        ("{name: e, node: host-a, tracepoint: 'irq:a/b'}", "events[0].tracepoint", "must be GROUP:EVENT"),
+        ("{name: e, node: host-z, tracepoint: 'irq:softirq_entry'}", "events[0].node", "not registered"),
+        (
+            "{name: e, node: host-a, tracepoint: 'irq:x', actions: [timestamp]}",
+            "events[0].actions[0]",
+            "no event action",
+        ),
+        (
+            "{name: e, node: host-a, tracepoint: 'irq:x', actions: [{histogram: cpu}]}",
+            "events[0].actions[0]",
+            "not cpu",
+        ),
+        (
+            "{name: e, node: host-a, tracepoint: 'irq:x', actions: [{count: {by: 'a b'}}]}",
+            "events[0].actions[0]",
+            "no argument name",
+        ),
+        (
+            "{name: e, node: host-a, tracepoint: 'irq:x', actions: [count, count]}",
+            "events[0].actions[1]",
+            "one count",
+        ),
+        (
+            "{name: e, node: host-a, tracepoint: 'irq:x', where: [{arg: v, op: '~', value: 1}]}",
+            "events[0].where[0]",
+            "unknown operator '~'",
+        ),
+        (
+            "{name: e, node: host-a, tracepoint: 'irq:x', where: [{arg: v, op: '=='}]}",
+            "events[0].where[0]",
+            "needs value",
+        ),
+        (
+            "{name: e, node: host-a, tracepoint: 'irq:x', "
+            "where: 'a == 1 and b == 2 and c == 3 and d == 4 and e == 5'}",
+            "events[0].where",
+            "at most 4 terms",
+        ),
+        ("{name: e, node: host-a, tracepoint: 'irq:x', wher: 'a == 1'}", "events[0].wher", "unknown key"),
+    ],
+)
+def test_bad_events_name_the_field(event: str, field: str, words: str) -> None:
+    errors = _errors(_spec(event))
+    assert any(e.startswith(f"{field}: ") and words in e for e in errors), errors
+
+
+def test_duplicate_event_names_are_refused() -> None:
+    errors = _errors(
+        _spec("{name: e, node: host-a, tracepoint: 'irq:x'}", "{name: e, node: host-a, tracepoint: 'irq:y'}")
+    )
+    assert errors == ["events[1].name: duplicate event name 'e' (also events[0]) (line 7)"], errors
+
+
+def test_events_round_trip_and_become_typed_plans() -> None:
+    text = _spec(
+        "{name: rx, node: host-a, tracepoint: 'irq:softirq_entry', where: 'vec == 3', "
+        "actions: [{count: {by: cpu}}]}",
+        "{name: xmit, node: host-b, tracepoint: 'net:net_dev_xmit', where: 'len > 100 and rc == 0', "
+        "actions: [{count: {by: len}}, {histogram: len}]}",
+        "{name: plain, node: host-b, tracepoint: 'sched:sched_switch'}",
+    )
+    spec = load_spec(text, example_registrations())
+    assert load_spec(spec_to_yaml(spec)) == spec == load_spec(spec_to_json(spec))
+    plans = build_plans(spec, 3)
+    rx = plans["host-a"].events[0]
+    assert (rx.event_index, rx.tracepoint_group, rx.tracepoint_event, rx.program) == (
+        0,
+        "irq",
+        "softirq_entry",
+        "event_tp",
+    )
+    assert (rx.count, rx.count_by, rx.count_by_arg, rx.histogram_arg) == (
+        True,
+        counters_pb2.EVENT_KEY_CPU,
+        "",
+        "",
+    )
+    assert [(t.arg, t.op, list(t.values)) for t in rx.where] == [("vec", EQ, [3])]
+    xmit, plain = plans["host-b"].events
+    assert (xmit.event_index, xmit.count_by, xmit.count_by_arg, xmit.histogram_arg) == (
+        1,
+        counters_pb2.EVENT_KEY_ARG,
+        "len",
+        "len",
+    )
+    # No actions: a plain count.
+    assert (plain.event_index, plain.count, plain.count_by, list(plain.where)) == (
+        2,
+        True,
+        counters_pb2.EVENT_KEY_TOTAL,
+        [],
+    )
+    # host-b runs no hop: its object holds the event program alone.
+    assert programs_for_plan(plans["host-b"]) == ("event_tp",)
+    assert "event_tp" in programs_for_plan(plans["host-a"])
+
+
+def test_event_program_compiles_alone(tmp_path) -> None:
+    elf = BpfCompiler(cache_dir=tmp_path).compile_programs(("event_tp",))
+    assert "tracepoint" in elf_sections(elf)
+
+
+def test_api_spec_with_a_bad_operator_number_is_refused() -> None:
+    """The API takes a TraceSpec message: its typed terms are checked as the parsed ones are."""
+    spec = load_spec(_spec("{name: e, node: host-a, tracepoint: 'irq:softirq_entry'}"))
+    spec.events[0].where.append(trace_pb2.EventTerm(arg="vec", op=42, values=[3]))
+    spec.events[0].where.append(trace_pb2.EventTerm(arg="vec", op=EQ, values=[3, 4]))
+    errors = [str(error) for error in validate_spec(spec, example_registrations())]
+    assert errors == [
+        "events[0].where[0]: unknown operator number 42",
+        "events[0].where[1]: takes one value, got 2",
+    ], errors

@@ -1,0 +1,232 @@
+"""Event probes end to end (a spec's ``events:``): tracepoints counted in the kernel by the agents, their
+counts and histograms through the collector and InfluxDB into `hoptrace report --json`, checked against
+the datagrams sent; and bad events refused with the spec field named, nothing left attached.
+
+The datagrams go to a port the trace's filter does not match, so no hop writes an ID into them: every
+frame on the wire is the sent payload + 92 bytes (Ethernet, IPv4, UDP, VXLAN, then the inner Ethernet,
+IPv4 and UDP headers), and only host-a's wire0 transmits frames of that size (the inner frame, 50 bytes
+shorter, crosses c1's eth0, host-a's vxlan0 and host-b's veth-c2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from typing import Any
+
+import grpc
+import pytest
+from system_helpers import running_cluster
+
+from hoptrace.dispatcher.spec import spec_from_data
+from hoptrace.lab.processes import udp_transfer
+from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.v1 import trace_pb2
+
+SENT = 150
+PAYLOAD = 1001  # odd, so the wire frame (1093 bytes) is unlike anything else on this machine
+WIRE_FRAME = PAYLOAD + 92
+OTHER_PORT = 5555  # not the trace filter's port: the datagrams stay untagged, their size as sent
+
+
+def _with_events(spec: trace_pb2.TraceSpec, events: list[dict[str, Any]]) -> trace_pb2.TraceSpec:
+    spec.events.extend(spec_from_data({"name": spec.name, "hops": [], "events": events}).events)
+    return spec
+
+
+def _event(data: dict[str, Any], name: str) -> dict[str, Any]:
+    found = [e for e in data.get("events", []) if e["name"] == name]
+    assert len(found) <= 1, found
+    return found[0] if found else {"name": name, "count": 0, "by": {}, "histogram": []}
+
+
+def _event_programs() -> list[dict[str, Any]]:
+    """Loaded event programs (event.bpf.h) on this machine."""
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
+    return [p for p in json.loads(out or "[]") if str(p.get("name", "")).startswith("event_tp")]
+
+
+def test_event_counts_and_histograms_reach_the_report(topology, influxd):
+    spec = _with_events(
+        vxlan_path_spec(topology, "e2e-events"),
+        [
+            {
+                "name": "wire-frames",
+                "node": "host-a",
+                "tracepoint": "net:net_dev_xmit",
+                "where": f"len == {WIRE_FRAME} and rc == 0",
+                "actions": [{"count": {"by": "cpu"}}, {"histogram": "len"}],
+            },
+            {
+                "name": "wire-frames-by-len",
+                "node": "host-b",
+                "tracepoint": "net:net_dev_xmit",
+                "where": [{"arg": "len", "op": "in", "values": [WIRE_FRAME, 7]}],
+                "actions": [{"count": {"by": "len"}}],
+            },
+        ],
+    )
+    # A spec of event probes alone: no path, no records.
+    softirqs = spec_from_data(
+        {
+            "name": "e2e-softirqs",
+            "events": [
+                {
+                    "name": "net-rx",
+                    "node": "host-a",
+                    "tracepoint": "irq:softirq_entry",
+                    "where": "vec == 3",
+                    "actions": [{"count": {"by": "cpu"}}],
+                }
+            ],
+        }
+    )
+    with running_cluster(topology, influxd.url) as cluster:
+        cluster.apply(spec)
+        cluster.apply(softirqs)
+        payloads = [os.urandom(PAYLOAD) for _ in range(SENT)]
+        assert udp_transfer(topology, "c1", "c2", payloads, 4, OTHER_PORT, 0.002) == payloads
+        # Event results come with the agents' counters (every second): wait until they are all in.
+        deadline = time.monotonic() + 40
+        data: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            cluster.check_running()
+            result = cluster.hoptrace("report", "e2e-events", "--since", "30m", "--json", check=False)
+            if result.returncode == 0:
+                data = json.loads(result.stdout)
+                frames, by_len = _event(data, "wire-frames"), _event(data, "wire-frames-by-len")
+                if (
+                    frames["count"] >= SENT
+                    and by_len["count"] >= SENT
+                    and sum(b["count"] for b in frames["histogram"]) >= SENT
+                ):
+                    break
+            time.sleep(1)
+        text = cluster.hoptrace("report", "e2e-events", "--since", "30m").stdout
+        rx_data = json.loads(cluster.hoptrace("report", "e2e-softirqs", "--since", "30m", "--json").stdout)
+
+    frames = _event(data, "wire-frames")
+    assert (frames["node"], frames["count"], frames["count_by"]) == ("host-a", SENT, "cpu"), frames
+    cpus = os.cpu_count() or 1
+    assert all(0 <= int(cpu) < cpus for cpu in frames["by"]) and sum(frames["by"].values()) == SENT, frames
+    # One size, one log2 bucket: 1093 is in [1024, 2047].
+    assert frames["histogram"] == [{"le": 2047, "count": SENT}], frames
+    assert frames["histogram_arg"] == "len"
+
+    by_len = _event(data, "wire-frames-by-len")
+    # host-b's agent probes the same kernel (both emulated hosts share it): the same frames, keyed by len.
+    assert (by_len["node"], by_len["count"], by_len["by"]) == ("host-b", SENT, {str(WIRE_FRAME): SENT}), (
+        by_len
+    )
+    assert by_len["histogram"] == []
+
+    assert rx_data["segments"] == [] and rx_data["packets"] == 0  # no path: no records
+    net_rx = _event(rx_data, "net-rx")
+    assert net_rx["count_by"] == "cpu" and net_rx["count"] > 0, net_rx
+    assert all(0 <= int(cpu) < cpus for cpu in net_rx["by"]), net_rx
+    assert sum(net_rx["by"].values()) == net_rx["count"]
+
+    # The plain report has a readable events section.
+    assert f"wire-frames on host-a: count {SENT}; by cpu:" in text, text
+    assert f"len (n={SENT}): <=2047 {SENT}" in text, text
+    assert f"wire-frames-by-len on host-b: count {SENT}; by len: {WIRE_FRAME}={SENT}" in text, text
+
+
+@pytest.mark.parametrize(
+    ("event", "field", "words"),
+    [
+        (
+            {"tracepoint": "net:no_such_event"},
+            "events[0].tracepoint",
+            "net:no_such_event: this kernel has no such tracepoint",
+        ),
+        (
+            {"tracepoint": "irq:softirq_entry", "where": "vecc == 3"},
+            "events[0].where[0]",
+            'no argument "vecc"',
+        ),
+        (
+            {"tracepoint": "net:net_dev_xmit", "where": "len > 0", "actions": [{"count": {"by": "name"}}]},
+            "events[0].actions",
+            "argument name of net:net_dev_xmit is a string",
+        ),
+    ],
+    ids=["unknown-tracepoint", "unknown-argument", "string-argument"],
+)
+def test_bad_events_are_refused_and_nothing_stays_attached(topology, influxd, event, field, words):
+    spec = _with_events(vxlan_path_spec(topology, "bad-events"), [{"name": "bad", "node": "host-b", **event}])
+    with running_cluster(topology, influxd.url) as cluster:
+        with pytest.raises(grpc.RpcError) as refused:
+            cluster.apply(spec)
+        message = refused.value.details()
+        assert f"event bad on node host-b: {field}: " in message and words in message, message
+        # All or nothing: no hop of host-a or host-b, no event probe stays attached, no trace runs.
+        assert _event_programs() == []
+        # The hops of host-a, attached before host-b refused its event, were rolled back: no trace runs.
+        assert "bad-events" not in cluster.hoptrace("trace", "ls").stdout
+
+
+def test_bad_operator_is_refused_by_the_dispatcher(topology, influxd):
+    spec = vxlan_path_spec(topology, "bad-operator")
+    spec.events.add(
+        name="bad",
+        node="host-a",
+        tracepoint="irq:softirq_entry",
+        where=[trace_pb2.EventTerm(arg="vec", op=42, values=[3])],
+    )
+    with running_cluster(topology, influxd.url) as cluster:
+        with pytest.raises(grpc.RpcError) as refused:
+            cluster.apply(spec)
+        assert "events[0].where[0]: unknown operator number 42" in refused.value.details()
+        assert _event_programs() == []
+
+
+def test_events_update_and_delete_at_runtime(topology, influxd):
+    """A new generation replaces the probe (new where:, counting from zero), and the report sums both
+    generations; delete detaches it."""
+
+    def sized(length: int) -> trace_pb2.TraceSpec:
+        return spec_from_data(
+            {
+                "name": "e2e-event-update",
+                "events": [
+                    {"name": "frames", "node": "host-b", "tracepoint": "net:net_dev_xmit",
+                     "where": f"len == {length}"},
+                ],
+            }
+        )  # fmt: skip
+
+    first, second = 40, 25
+    with running_cluster(topology, influxd.url) as cluster:
+        cluster.apply(sized(WIRE_FRAME))
+        assert len(_event_programs()) == 1
+        payloads = [os.urandom(PAYLOAD) for _ in range(first)]
+        assert udp_transfer(topology, "c1", "c2", payloads, 4, OTHER_PORT, 0.002) == payloads
+        # Second generation: frames 2 bytes longer; the first generation's probe is detached.
+        cluster.apply(sized(WIRE_FRAME + 2))
+        assert len(_event_programs()) == 1
+        payloads = [os.urandom(PAYLOAD + 2) for _ in range(second)]
+        payloads += [os.urandom(PAYLOAD) for _ in range(7)]  # the old size: no longer counted
+        assert udp_transfer(topology, "c1", "c2", payloads, 4, OTHER_PORT, 0.002) == payloads
+        deadline = time.monotonic() + 30
+        frames: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            result = cluster.hoptrace("report", "e2e-event-update", "--since", "30m", "--json", check=False)
+            if result.returncode == 0:
+                frames = _event(json.loads(result.stdout), "frames")
+                if frames["count"] >= first + second:
+                    break
+            time.sleep(1)
+        time.sleep(2)  # a late extra count would show now
+        frames = _event(
+            json.loads(cluster.hoptrace("report", "e2e-event-update", "--since", "30m", "--json").stdout),
+            "frames",
+        )
+        assert (frames["count"], frames["count_by"], frames["by"]) == (first + second, "", {}), frames
+        cluster.hoptrace("trace", "rm", "e2e-event-update")
+        deadline = time.monotonic() + 10
+        while _event_programs() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _event_programs() == []
