@@ -15,11 +15,14 @@ Spec forms (in a hop's ``actions`` list)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hoptrace import kernel_abi
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
+
+if TYPE_CHECKING:
+    from hoptrace.dispatcher.spec import AttachPoint
 
 ACTION_KINDS = ("timestamp", "count", "histogram")
 # Issue 11 names these too; they are not built yet and are refused with that reason.
@@ -31,7 +34,11 @@ FIELD_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kern
 # Program families (hoptrace.dispatcher.spec.KIND_FAMILY) whose hop programs see an sk_buff.
 SKB_FAMILIES = frozenset({"tc", "cgroup_skb", "tp_btf", "fentry", "kprobe"})
 ALL_FAMILIES = SKB_FAMILIES | {"xdp"}
-# Which program families can give each field (tests check every catalogue field is here).
+# Families whose ctx is a socket's packet with bpf_skb_cgroup_id (tracepoints and kprobes have no
+# helper for it).
+SOCKET_SKB_FAMILIES = frozenset({"tc", "cgroup_skb"})
+# Which program families can give each field (tests check every catalogue field is here). Header fields
+# come from the parser every hop runs; sk_buff fields need an sk_buff (an XDP frame has none).
 FIELD_AVAILABILITY: dict[str, frozenset[str]] = {
     "cpu": ALL_FAMILIES,
     "len": ALL_FAMILIES,
@@ -39,6 +46,33 @@ FIELD_AVAILABILITY: dict[str, frozenset[str]] = {
     "mark": SKB_FAMILIES,
     "priority": SKB_FAMILIES,
     "latency": ALL_FAMILIES,
+    "netns": SKB_FAMILIES,
+    "cgroup": SOCKET_SKB_FAMILIES,
+    "queue_mapping": SKB_FAMILIES,
+    "gso_segs": SKB_FAMILIES,
+    "gso_size": SKB_FAMILIES,
+    "tos": ALL_FAMILIES,
+    "ttl": ALL_FAMILIES,
+    "ip_id": ALL_FAMILIES,
+    "tcp_flags": ALL_FAMILIES,
+    "tcp_window": ALL_FAMILIES,
+    # Narrowed by FIELD_POINTS below: cgroup-egress only.
+    "pid": frozenset({"cgroup_skb"}),
+    # Narrowed by FIELD_POINTS below: the skb:kfree_skb tracepoint only.
+    "drop_reason": frozenset({"tp_btf"}),
+}
+# Fields that need more than their family: (test of the parsed attach point, where they are available, why).
+# pid: only the sending task runs a cgroup-egress program (sendmsg -> ip_output); at ingress the
+# packet is handled in softirq and the current task is whoever was interrupted.
+FIELD_POINTS: dict[str, tuple[Callable[[AttachPoint], bool], str]] = {
+    "pid": (
+        lambda point: point.kind == "cgroup_skb" and point.direction == "egress",
+        "cgroup-egress hops (where the sending task runs the program)",
+    ),
+    "drop_reason": (
+        lambda point: point.kind == "tp_btf" and (point.group, point.target) == ("skb", "kfree_skb"),
+        "tracepoint:skb:kfree_skb hops (its reason argument)",
+    ),
 }
 # A count is keyed by a discrete value; latency is a duration, only for histograms.
 HISTOGRAM_ONLY = frozenset({"latency"})
@@ -48,9 +82,18 @@ FAMILY_NAMES = {"tp_btf": "tracepoint", "cgroup_skb": "cgroup"}
 ActionError = tuple[str, str]  # (field path, reason)
 
 
-def available_fields(family: str) -> list[str]:
-    """The catalogue's fields a hop of this program family can give, in catalogue order."""
-    return [name for name in FIELDS if family in FIELD_AVAILABILITY.get(name, frozenset())]
+def field_available(name: str, family: str, point: AttachPoint | None = None) -> bool:
+    """Can a hop of this program family (and, when given, this attach point) give field `name`?"""
+    if family not in FIELD_AVAILABILITY.get(name, frozenset()):
+        return False
+    narrowed = FIELD_POINTS.get(name)
+    return narrowed is None or point is None or narrowed[0](point)
+
+
+def available_fields(family: str, point: AttachPoint | None = None) -> list[str]:
+    """The catalogue's fields a hop of this program family (and attach point) can give, in catalogue
+    order."""
+    return [name for name in FIELDS if field_available(name, family, point)]
 
 
 def _kind_and_args(value: Any) -> tuple[str | None, dict[str, Any], str | None]:
@@ -121,22 +164,35 @@ def action_to_data(action: trace_pb2.ActionSpec) -> Any:
     return action.kind
 
 
-def _field_problem(name: str, family: str, kind: str) -> str | None:
+def _field_problem(name: str, family: str, kind: str, point: AttachPoint | None) -> str | None:
     if name not in FIELD_NUMBERS:
         return f"unknown field {name!r}; fields: {', '.join(FIELDS)}"
     if kind == "count" and name in HISTOGRAM_ONLY:
         return f"field {name!r} is a duration: use histogram: {name}, not count by"
-    if family not in FIELD_AVAILABILITY.get(name, frozenset()):
-        where = FAMILY_NAMES.get(family, family)
+    if not field_available(name, family, point):
+        where = point_name(point) if point is not None else FAMILY_NAMES.get(family, family)
+        only = f" (only at {FIELD_POINTS[name][1]})" if name in FIELD_POINTS else ""
         return (
-            f"field {name!r} is not available at {where} hops; available: "
-            f"{', '.join(available_fields(family))}"
+            f"field {name!r} is not available at {where} hops{only}; available: "
+            f"{', '.join(available_fields(family, point))}"
         )
     return None
 
 
-def validate_actions(hop: trace_pb2.HopSpec, family: str | None, field: str) -> list[ActionError]:
-    """Problems of one hop's actions; `family` is its program family (None when `at` did not parse)."""
+def point_name(point: AttachPoint) -> str:
+    """How an attach point is named in messages: ``tracepoint:net:net_dev_xmit``, ``cgroup-ingress``."""
+    if point.kind == "tp_btf":
+        return f"tracepoint:{point.group}:{point.target}"
+    if point.kind in ("tc", "cgroup_skb"):
+        return f"{FAMILY_NAMES.get(point.kind, point.kind)}-{point.direction}"
+    return f"{point.kind}:{point.target}" if point.target else point.kind
+
+
+def validate_actions(
+    hop: trace_pb2.HopSpec, family: str | None, field: str, point: AttachPoint | None = None
+) -> list[ActionError]:
+    """Problems of one hop's actions; `family` is its program family (None when `at` did not parse),
+    `point` its parsed attach point (narrows fields such as pid and drop_reason)."""
     errors: list[ActionError] = []
     if not hop.actions:
         return errors
@@ -159,7 +215,7 @@ def validate_actions(hop: trace_pb2.HopSpec, family: str | None, field: str) -> 
         seen[action.kind] = position
         name = action.by if action.kind == "count" else action.field
         if name and family is not None:
-            problem = _field_problem(name, family, action.kind)
+            problem = _field_problem(name, family, action.kind, point)
             if problem:
                 errors.append((where, problem))
     if "timestamp" not in seen:
@@ -184,7 +240,12 @@ def validate_against_agent(
     errors: list[ActionError] = []
     for position, action in enumerate(hop.actions):
         name = action.by if action.kind == "count" else action.field if action.kind == "histogram" else ""
-        if name and name in FIELD_NUMBERS and name not in reported:
+        why = registration.capabilities.unavailable_fields.get(name, "")
+        if name and name in FIELD_NUMBERS and name not in reported and why:
+            errors.append(
+                (f"{field}.actions[{position}]", f"node {hop.node} cannot give field {name!r}: {why}")
+            )
+        elif name and name in FIELD_NUMBERS and name not in reported:
             listed = ", ".join(sorted(reported, key=FIELDS.index)) if reported else "none (an older agent)"
             errors.append(
                 (
@@ -215,6 +276,14 @@ def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopAct
         if index < latency_after.get(hop.node, -1):
             out[index].prev_ts = True
     return out
+
+
+def reads_field(actions: agent_pb2.HopActions | None, name: str) -> bool:
+    """Does a hop with these typed actions read field `name` (count by or histogram)?"""
+    if actions is None:
+        return False
+    number = FIELD_NUMBERS[name]
+    return (actions.count and actions.count_by == number) or actions.histogram == number
 
 
 def field_name(number: int) -> str:

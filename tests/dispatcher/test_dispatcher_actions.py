@@ -83,7 +83,31 @@ def test_hops_without_actions_compile_to_no_actions() -> None:
         (
             "{name: x, node: host-b, at: xdp, dev: wire0, actions: [timestamp, {count: {by: mark}}]}",
             "hops[1].actions[1]: field 'mark' is not available at xdp hops;"
-            " available: cpu, len, ifindex, latency",
+            " available: cpu, len, ifindex, latency, tos, ttl, ip_id, tcp_flags, tcp_window",
+        ),
+        (
+            "{name: x, node: host-b, at: cgroup-ingress, cgroup: app,"
+            " actions: [timestamp, {count: {by: pid}}]}",
+            "hops[1].actions[1]: field 'pid' is not available at cgroup-ingress hops (only at cgroup-egress"
+            " hops (where the sending task runs the program)); available: cpu, len, ifindex, mark, priority,"
+            " latency, netns, cgroup, queue_mapping, gso_segs, gso_size, tos, ttl, ip_id, tcp_flags,"
+            " tcp_window",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {count: {by: pid}}]}",
+            "hops[1].actions[1]: field 'pid' is not available at tc-ingress hops (only at cgroup-egress",
+        ),
+        (
+            "{name: x, node: host-b, at: 'tracepoint:net:netif_receive_skb', dev: wire0,"
+            " actions: [timestamp, {count: {by: drop_reason}}]}",
+            "hops[1].actions[1]: field 'drop_reason' is not available at tracepoint:net:netif_receive_skb"
+            " hops (only at tracepoint:skb:kfree_skb hops (its reason argument)); available: cpu, len,"
+            " ifindex, mark, priority, latency, netns, queue_mapping, gso_segs, gso_size, tos, ttl, ip_id,"
+            " tcp_flags, tcp_window",
+        ),
+        (
+            "{name: x, node: host-b, at: xdp, dev: wire0, actions: [timestamp, {histogram: gso_size}]}",
+            "hops[1].actions[1]: field 'gso_size' is not available at xdp hops;",
         ),
         (
             "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {histogram: colour}]}",
@@ -154,3 +178,48 @@ def test_the_example_spec_with_actions_is_valid() -> None:
     text = (Path(__file__).resolve().parents[2] / "examples" / "udp-actions.yaml").read_text()
     spec = load_spec(text, example_registrations())
     assert [len(hop.actions) for hop in spec.hops] == [0, 3, 0, 3, 0]
+
+
+def test_new_fields_compile_and_drop_reason_picks_the_kfree_skb_program() -> None:
+    text = _spec(
+        "{name: b-in, node: host-b, at: tc-ingress, dev: wire0,"
+        " actions: [timestamp, {count: {by: ttl}}, {histogram: gso_size}]}",
+        "{name: b-drop, node: host-b, at: 'tracepoint:skb:kfree_skb',"
+        " actions: [timestamp, {count: {by: drop_reason}}]}",
+        "{name: b-free, node: host-b, at: 'tracepoint:skb:kfree_skb', actions: [timestamp, count]}",
+        "{name: b-app, node: host-b, at: cgroup-egress, cgroup: app,"
+        " actions: [timestamp, {count: {by: pid}}]}",
+    )
+    plans = build_plans(load_spec(text, example_registrations()), 1)
+    hops = {hop.name: hop for hop in plans["host-b"].hops}
+    assert hops["b-in"].actions.count_by == counters_pb2.FIELD_TTL
+    assert hops["b-in"].actions.histogram == counters_pb2.FIELD_GSO_SIZE
+    assert hops["b-drop"].program == "hop_tp_btf_kfree"
+    assert hops["b-drop"].actions.count_by == counters_pb2.FIELD_DROP_REASON
+    # Without the reason, kfree_skb keeps the generic program: it loads on kernels before 5.17 too.
+    assert hops["b-free"].program == "hop_tp_btf"
+    assert hops["b-app"].actions.count_by == counters_pb2.FIELD_PID
+
+
+def test_a_node_whose_kernel_lacks_a_field_is_refused_with_its_reason() -> None:
+    agents = example_registrations()
+    old = make_registration("host-b", {"": ["wire0"]})
+    fields = old.capabilities.action_fields
+    kept = [number for number in fields if number != counters_pb2.FIELD_DROP_REASON]
+    del fields[:]
+    fields.extend(kept)
+    old.capabilities.unavailable_fields["drop_reason"] = (
+        "skb:kfree_skb has no reason argument before Linux 5.17"
+    )
+    agents["host-b"] = old
+    errors = _errors(
+        _spec(
+            "{name: x, node: host-b, at: 'tracepoint:skb:kfree_skb',"
+            " actions: [timestamp, {count: {by: drop_reason}}]}"
+        ),
+        agents,
+    )
+    assert errors == [
+        "hops[1].actions[1]: node host-b cannot give field 'drop_reason':"
+        " skb:kfree_skb has no reason argument before Linux 5.17 (line 5)"
+    ]

@@ -24,7 +24,9 @@ AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
 GUEST_TESTS = {
     "loader": "TestEveryProgramLoads|TestParserFindsIDs|TestParserRejectsMalformed|TestTagUDP|TestSampleEvery"
     "|TestFilterSelectsPackets|TestActionCountEqualsMatchedPackets|TestActionCountByCPUAndMark"
-    "|TestActionHistogramOfLen|TestActionLatencyFromPreviousHop|TestNoActionsTouchNothing",
+    "|TestActionHistogramOfLen|TestActionLatencyFromPreviousHop|TestNoActionsTouchNothing"
+    "|TestFieldsFromIPAndTCPHeaders|TestFieldsFromSkb",
+    "probe": "TestFieldCapabilities",
     "attach": "TestClsactFallback",
     "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestTracerActionsOnRealTraffic",
 }

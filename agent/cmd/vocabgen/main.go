@@ -194,7 +194,7 @@ func readVocabulary(object string) (*vocabulary, error) {
 func goName(c string) string {
 	initialisms := map[string]string{
 		"ID": "ID", "IP": "IP", "IPV6": "IPv6", "TCP": "TCP", "UDP": "UDP", "VXLAN": "VXLAN",
-		"VLAN": "VLAN", "GSO": "GSO", "NS": "Ns", "CPU": "CPU", "TC": "TC", "XDP": "XDP", "TP": "TP", "BTF": "BTF", "SKB": "SKB", "TCPOPT": "TCPOpt", "EXID": "ExID",
+		"VLAN": "VLAN", "GSO": "GSO", "NS": "Ns", "CPU": "CPU", "TC": "TC", "XDP": "XDP", "TP": "TP", "BTF": "BTF", "SKB": "SKB", "TCPOPT": "TCPOpt", "EXID": "ExID", "TOS": "TOS", "TTL": "TTL", "PID": "PID",
 	}
 	var b strings.Builder
 	for _, w := range strings.Split(strings.ToUpper(c), "_") {

@@ -37,6 +37,16 @@ func (h *harness) runCtx(t testing.TB, hop *loader.Hop, pkt []byte, ctx *skbCtx)
 	return h.drain(t)
 }
 
+// runCtxAny runs pkt with any ctx value (a struct in struct __sk_buff's layout).
+func (h *harness) runCtxAny(t testing.TB, hop *loader.Hop, pkt []byte, ctx any) []record.Record {
+	t.Helper()
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: make([]byte, len(pkt)+256), Context: ctx}
+	if _, err := hop.Program.Run(opts); err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	return h.drain(t)
+}
+
 func actions(t testing.TB, hop *loader.Hop) loader.ActionValues {
 	t.Helper()
 	v, err := hop.ReadActions()

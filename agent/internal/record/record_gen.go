@@ -153,14 +153,26 @@ var CounterKeys = [CMax]string{
 type ActionField uint8
 
 const (
-	FieldNone     ActionField = 0
-	FieldCPU      ActionField = 1
-	FieldLen      ActionField = 2
-	FieldIfindex  ActionField = 3
-	FieldMark     ActionField = 4
-	FieldPriority ActionField = 5
-	FieldLatency  ActionField = 6
-	FieldMax      ActionField = 7
+	FieldNone         ActionField = 0
+	FieldCPU          ActionField = 1
+	FieldLen          ActionField = 2
+	FieldIfindex      ActionField = 3
+	FieldMark         ActionField = 4
+	FieldPriority     ActionField = 5
+	FieldLatency      ActionField = 6
+	FieldNetns        ActionField = 7
+	FieldCgroup       ActionField = 8
+	FieldQueueMapping ActionField = 9
+	FieldGSOSegs      ActionField = 10
+	FieldGSOSize      ActionField = 11
+	FieldTOS          ActionField = 12
+	FieldTTL          ActionField = 13
+	FieldIPID         ActionField = 14
+	FieldTCPFlags     ActionField = 15
+	FieldTCPWindow    ActionField = 16
+	FieldPID          ActionField = 17
+	FieldDropReason   ActionField = 18
+	FieldMax          ActionField = 19
 )
 
 // FieldKeys names each field as specs, the collector and reports do, by value.
@@ -172,6 +184,18 @@ var FieldKeys = [FieldMax]string{
 	"mark",
 	"priority",
 	"latency",
+	"netns",
+	"cgroup",
+	"queue_mapping",
+	"gso_segs",
+	"gso_size",
+	"tos",
+	"ttl",
+	"ip_id",
+	"tcp_flags",
+	"tcp_window",
+	"pid",
+	"drop_reason",
 }
 
 // counterCNames and flagCNames are the C names, for the BTF comparison in tests.

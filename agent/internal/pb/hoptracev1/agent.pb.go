@@ -365,9 +365,13 @@ type Capabilities struct {
 	Attach map[string]*AttachSupport `protobuf:"bytes,4,rep,name=attach,proto3" json:"attach,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The hop action fields (enum Field) this agent's programs can read;
 	// which attach kinds give each is the dispatcher's catalogue.
-	ActionFields  []Field `protobuf:"varint,5,rep,packed,name=action_fields,json=actionFields,proto3,enum=hoptrace.v1.Field" json:"action_fields,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ActionFields []Field `protobuf:"varint,5,rep,packed,name=action_fields,json=actionFields,proto3,enum=hoptrace.v1.Field" json:"action_fields,omitempty"`
+	// The catalogue's fields this node's kernel cannot give, by field name
+	// ("drop_reason", "pid"), each with the reason (e.g. "skb:kfree_skb has
+	// no reason argument before Linux 5.17"); they are not in action_fields.
+	UnavailableFields map[string]string `protobuf:"bytes,6,rep,name=unavailable_fields,json=unavailableFields,proto3" json:"unavailable_fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -431,6 +435,13 @@ func (x *Capabilities) GetAttach() map[string]*AttachSupport {
 func (x *Capabilities) GetActionFields() []Field {
 	if x != nil {
 		return x.ActionFields
+	}
+	return nil
+}
+
+func (x *Capabilities) GetUnavailableFields() map[string]string {
+	if x != nil {
+		return x.UnavailableFields
 	}
 	return nil
 }
@@ -1643,17 +1654,21 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aifindex\x18\x02 \x01(\rR\aifindex\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x12\n" +
-	"\x04kind\x18\x04 \x01(\tR\x04kind\"\xbe\x02\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\"\xe5\x03\n" +
 	"\fCapabilities\x12\x10\n" +
 	"\x03btf\x18\x01 \x01(\bR\x03btf\x12\x1f\n" +
 	"\vring_buffer\x18\x02 \x01(\bR\n" +
 	"ringBuffer\x12,\n" +
 	"\x12tcp_header_options\x18\x03 \x01(\bR\x10tcpHeaderOptions\x12=\n" +
 	"\x06attach\x18\x04 \x03(\v2%.hoptrace.v1.Capabilities.AttachEntryR\x06attach\x127\n" +
-	"\raction_fields\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\factionFields\x1aU\n" +
+	"\raction_fields\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\factionFields\x12_\n" +
+	"\x12unavailable_fields\x18\x06 \x03(\v20.hoptrace.v1.Capabilities.UnavailableFieldsEntryR\x11unavailableFields\x1aU\n" +
 	"\vAttachEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
-	"\x05value\x18\x02 \x01(\v2\x1a.hoptrace.v1.AttachSupportR\x05value:\x028\x01\"E\n" +
+	"\x05value\x18\x02 \x01(\v2\x1a.hoptrace.v1.AttachSupportR\x05value:\x028\x01\x1aD\n" +
+	"\x16UnavailableFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
 	"\rAttachSupport\x12\x1c\n" +
 	"\tsupported\x18\x01 \x01(\bR\tsupported\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"v\n" +
@@ -1766,7 +1781,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -1789,10 +1804,11 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*RunPreset)(nil),             // 18: hoptrace.v1.RunPreset
 	(*PresetResult)(nil),          // 19: hoptrace.v1.PresetResult
 	nil,                           // 20: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 21: hoptrace.v1.RunPreset.ArgsEntry
-	(Field)(0),                    // 22: hoptrace.v1.Field
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(AttachKind)(0),               // 24: hoptrace.v1.AttachKind
+	nil,                           // 21: hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	nil,                           // 22: hoptrace.v1.RunPreset.ArgsEntry
+	(Field)(0),                    // 23: hoptrace.v1.Field
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(AttachKind)(0),               // 25: hoptrace.v1.AttachKind
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
@@ -1804,32 +1820,33 @@ var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	8,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
 	20, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	22, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
-	23, // 10: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	7,  // 11: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
-	2,  // 12: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
-	9,  // 13: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	12, // 14: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	17, // 15: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	18, // 16: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	11, // 17: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	11, // 18: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	13, // 19: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	14, // 20: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	16, // 21: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	24, // 22: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	15, // 23: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
-	22, // 24: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
-	22, // 25: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	21, // 26: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 27: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 28: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	10, // 29: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	29, // [29:30] is the sub-list for method output_type
-	28, // [28:29] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	23, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
+	21, // 10: hoptrace.v1.Capabilities.unavailable_fields:type_name -> hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	24, // 11: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	7,  // 12: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
+	2,  // 13: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
+	9,  // 14: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	12, // 15: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	17, // 16: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	18, // 17: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	11, // 18: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	11, // 19: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	13, // 20: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	14, // 21: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	16, // 22: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	25, // 23: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	15, // 24: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	23, // 25: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	23, // 26: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	22, // 27: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 28: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 29: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	10, // 30: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	30, // [30:31] is the sub-list for method output_type
+	29, // [29:30] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -1858,7 +1875,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
