@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from hoptrace.collector.actions import HopActionsStage
+from hoptrace.collector.actions import HopActionsStage, RecordedValuesStage
 from hoptrace.collector.aggregate import (
     AggregateConfig,
     HopCounterAggregator,
@@ -102,6 +102,7 @@ class CollectorPipeline:
         self.segments = SegmentAggregator(self.catalog, self.clock, aggregate_config)
         self.counters = HopCounterAggregator(self.clock, aggregate_config, self.catalog)
         self.hop_actions = HopActionsStage(self.clock)
+        self.recorded = RecordedValuesStage()
         self._lock = threading.Lock()
         self._agent_dropped: dict[str, int] = {}  # node -> last cumulative agent_dropped
         self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
@@ -163,6 +164,17 @@ class CollectorPipeline:
                     self.segments.note_tracer_lost(batch.trace, hop, batch.node, ts, lost, "ringbuf_full")
                 self._export_actions(
                     self.hop_actions.add_counters(batch.trace, batch.node, batch.counters, now_ns=now)
+                )
+            if batch.values:
+                path = self.catalog.get(batch.trace)
+                self._export_actions(
+                    self.recorded.add_values(
+                        batch.trace,
+                        batch.node,
+                        batch.values,
+                        mapping,
+                        path.hop_name if path is not None else (lambda index: f"hop{index}"),
+                    )
                 )
             self._note_agent_dropped(batch, now)
             self._export(packets)

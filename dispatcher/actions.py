@@ -11,6 +11,7 @@ Spec forms (in a hop's ``actions`` list)::
     - count                     # matched packets, one total
     - count: {by: cpu}          # ... keyed by a field (also `- {count: , by: cpu}`)
     - histogram: latency        # log2 buckets of a field
+    - record: [len, ttl]        # these fields' values of every traced packet, with its record
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 if TYPE_CHECKING:
     from hoptrace.dispatcher.spec import AttachPoint
 
-ACTION_KINDS = ("timestamp", "count", "histogram")
-# Issue 11 names these too; they are not built yet and are refused with that reason.
-PLANNED_KINDS = ("record",)
+ACTION_KINDS = ("timestamp", "count", "histogram", "record")
+# Fields one record action carries (struct hoptrace_values in hoptrace.h).
+RECORD_FIELDS_MAX = kernel_abi.VALUES_MAX
 # The catalogue's names, without "none" (value 0).
 FIELDS: tuple[str, ...] = tuple(kernel_abi.FIELDS[1:])
 FIELD_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kernel_abi.FIELDS) if number}
@@ -74,7 +75,8 @@ FIELD_POINTS: dict[str, tuple[Callable[[AttachPoint], bool], str]] = {
         "tracepoint:skb:kfree_skb hops (its reason argument)",
     ),
 }
-# A count is keyed by a discrete value; latency is a duration, only for histograms.
+# A count is keyed by a discrete value; latency is a duration, only for histograms. A record needs no
+# latency either: the joined records' timestamps are each packet's latency already.
 HISTOGRAM_ONLY = frozenset({"latency"})
 # How a family is named in messages ("tracepoint hops", not "tp_btf hops").
 FAMILY_NAMES = {"tp_btf": "tracepoint", "cgroup_skb": "cgroup"}
@@ -102,7 +104,7 @@ def _kind_and_args(value: Any) -> tuple[str | None, dict[str, Any], str | None]:
         return value, {}, None
     if not isinstance(value, dict) or not value:
         return None, {}, "must be an action name or a mapping such as {histogram: len}"
-    kinds = [key for key in value if key in ACTION_KINDS or key in PLANNED_KINDS]
+    kinds = [key for key in value if key in ACTION_KINDS]
     if len(kinds) != 1:
         others = ", ".join(repr(key) for key in value)
         return None, {}, f"one action per item ({', '.join(ACTION_KINDS)}), got keys {others}"
@@ -144,7 +146,17 @@ def convert_actions(value: Any, field: str, target: trace_pb2.HopSpec) -> list[A
                 errors.append((where, f"count by: must be a field name, got {by!r}"))
             elif by:
                 action.by = by
-        elif kind in ("histogram",) or kind in PLANNED_KINDS:
+        elif kind == "record":
+            fields = args.get("field")
+            if isinstance(fields, str):
+                fields = [fields]
+            if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
+                errors.append(
+                    (where, f"record: must list 1 to {RECORD_FIELDS_MAX} field names, got {fields!r}")
+                )
+            else:
+                action.fields.extend(fields)
+        elif kind == "histogram":
             argument = args.get("field")
             if kind == "histogram" and not isinstance(argument, str):
                 errors.append(
@@ -161,6 +173,8 @@ def action_to_data(action: trace_pb2.ActionSpec) -> Any:
         return {"count": {"by": action.by}} if action.by else "count"
     if action.kind == "histogram":
         return {"histogram": action.field}
+    if action.kind == "record":
+        return {"record": list(action.fields)}
     return action.kind
 
 
@@ -169,6 +183,11 @@ def _field_problem(name: str, family: str, kind: str, point: AttachPoint | None)
         return f"unknown field {name!r}; fields: {', '.join(FIELDS)}"
     if kind == "count" and name in HISTOGRAM_ONLY:
         return f"field {name!r} is a duration: use histogram: {name}, not count by"
+    if kind == "record" and name in HISTOGRAM_ONLY:
+        return (
+            f"field {name!r} is per packet already (the joined records' timestamps): "
+            f"use histogram: {name}, or the report's segments"
+        )
     if not field_available(name, family, point):
         where = point_name(point) if point is not None else FAMILY_NAMES.get(family, family)
         only = f" (only at {FIELD_POINTS[name][1]})" if name in FIELD_POINTS else ""
@@ -199,11 +218,6 @@ def validate_actions(
     seen: dict[str, int] = {}
     for position, action in enumerate(hop.actions):
         where = f"{field}.actions[{position}]"
-        if action.kind in PLANNED_KINDS:
-            errors.append(
-                (where, f"{action.kind!r} is not available yet; actions: {', '.join(ACTION_KINDS)}")
-            )
-            continue
         if action.kind not in ACTION_KINDS:
             errors.append((where, f"unknown action {action.kind!r}; expected {', '.join(ACTION_KINDS)}"))
             continue
@@ -213,6 +227,9 @@ def validate_actions(
             )
             continue
         seen[action.kind] = position
+        if action.kind == "record":
+            errors.extend(_record_problems(action, family, point, where))
+            continue
         name = action.by if action.kind == "count" else action.field
         if name and family is not None:
             problem = _field_problem(name, family, action.kind, point)
@@ -229,6 +246,37 @@ def validate_actions(
     return errors
 
 
+def _record_problems(
+    action: trace_pb2.ActionSpec, family: str | None, point: AttachPoint | None, where: str
+) -> list[ActionError]:
+    """Problems of one record action: 1 to RECORD_FIELDS_MAX fields, each once, each available here."""
+    fields = list(action.fields)
+    if not fields or len(fields) > RECORD_FIELDS_MAX:
+        return [(where, f"record: must list 1 to {RECORD_FIELDS_MAX} fields, got {len(fields)}")]
+    errors: list[ActionError] = []
+    for i, name in enumerate(fields):
+        if name in fields[:i]:
+            errors.append((f"{where}.record[{i}]", f"field {name!r} is listed twice"))
+            continue
+        problem = _field_problem(name, family, "record", point) if family is not None else None
+        if family is None and name not in FIELD_NUMBERS:
+            problem = f"unknown field {name!r}; fields: {', '.join(FIELDS)}"
+        if problem:
+            errors.append((f"{where}.record[{i}]", problem))
+    return errors
+
+
+def _action_fields(action: trace_pb2.ActionSpec) -> list[str]:
+    """The catalogue fields one action reads."""
+    if action.kind == "count":
+        return [action.by] if action.by else []
+    if action.kind == "histogram":
+        return [action.field] if action.field else []
+    if action.kind == "record":
+        return list(action.fields)
+    return []
+
+
 def validate_against_agent(
     hop: trace_pb2.HopSpec, field: str, registration: agent_pb2.Register
 ) -> list[ActionError]:
@@ -239,21 +287,24 @@ def validate_against_agent(
     }
     errors: list[ActionError] = []
     for position, action in enumerate(hop.actions):
-        name = action.by if action.kind == "count" else action.field if action.kind == "histogram" else ""
-        why = registration.capabilities.unavailable_fields.get(name, "")
-        if name and name in FIELD_NUMBERS and name not in reported and why:
-            errors.append(
-                (f"{field}.actions[{position}]", f"node {hop.node} cannot give field {name!r}: {why}")
-            )
-        elif name and name in FIELD_NUMBERS and name not in reported:
-            listed = ", ".join(sorted(reported, key=FIELDS.index)) if reported else "none (an older agent)"
-            errors.append(
-                (
-                    f"{field}.actions[{position}]",
-                    f"node {hop.node}'s agent cannot read field {name!r}; it reports: {listed}",
-                )
+        for name in _action_fields(action):
+            errors.extend(
+                _agent_field_problem(hop, f"{field}.actions[{position}]", name, reported, registration)
             )
     return errors
+
+
+def _agent_field_problem(
+    hop: trace_pb2.HopSpec, where: str, name: str, reported: set[str], registration: agent_pb2.Register
+) -> list[ActionError]:
+    """A field the hop's node did not report: with its kernel's reason when the agent gave one."""
+    if not name or name not in FIELD_NUMBERS or name in reported:
+        return []
+    why = registration.capabilities.unavailable_fields.get(name, "")
+    if why:
+        return [(where, f"node {hop.node} cannot give field {name!r}: {why}")]
+    listed = ", ".join(sorted(reported, key=FIELDS.index)) if reported else "none (an older agent)"
+    return [(where, f"node {hop.node}'s agent cannot read field {name!r}; it reports: {listed}")]
 
 
 def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopActions]:
@@ -267,6 +318,8 @@ def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopAct
             if action.kind == "count":
                 actions.count = True
                 actions.count_by = FIELD_NUMBERS.get(action.by, 0)
+            elif action.kind == "record":
+                actions.record.extend(FIELD_NUMBERS.get(name, 0) for name in action.fields)
             elif action.kind == "histogram":
                 actions.histogram = FIELD_NUMBERS.get(action.field, 0)
                 if action.field == "latency":
@@ -283,7 +336,11 @@ def reads_field(actions: agent_pb2.HopActions | None, name: str) -> bool:
     if actions is None:
         return False
     number = FIELD_NUMBERS[name]
-    return (actions.count and actions.count_by == number) or actions.histogram == number
+    return (
+        (actions.count and actions.count_by == number)
+        or actions.histogram == number
+        or number in actions.record
+    )
 
 
 def field_name(number: int) -> str:

@@ -46,8 +46,11 @@ const volatile __u64 tag_netns_cookie = 0;
 const volatile __u8 act_count = 0;    /* 1: count matched packets (count_keys) */
 const volatile __u8 act_count_by = 0; /* enum hoptrace_field keying the count; NONE = one total */
 const volatile __u8 act_hist = 0;     /* enum hoptrace_field of the log2 histogram; NONE = none */
-const volatile __u8 act_prev_ts = 0;  /* 1: remember this hop's timestamp of each traced packet
-					 (prev_ts) for a later hop's latency on this node */
+/* record: [FIELDS]: enum hoptrace_field of each value carried with the record (struct
+ * hoptrace_values); act_record[0] == NONE: no values, the 32-byte record alone. */
+const volatile __u8 act_record[HOPTRACE_VALUES_MAX] = {};
+const volatile __u8 act_prev_ts = 0; /* 1: remember this hop's timestamp of each traced packet
+					(prev_ts) for a later hop's latency on this node */
 
 /* One per agent: every hop of every trace writes here. */
 struct {
@@ -118,6 +121,7 @@ struct {
 
 /* Keep the record layout in this object's BTF for the layout tests. */
 const struct hoptrace_record *unused_record_type __attribute__((unused));
+const struct hoptrace_values *unused_values_type __attribute__((unused));
 const enum hoptrace_counter *unused_counter_type __attribute__((unused));
 
 static __always_inline void count(enum hoptrace_counter c, __u64 n)
@@ -227,12 +231,17 @@ static __always_inline __u32 next_id(bool floor)
 	return ((__u32)node_salt << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
 }
 
+/* vals: the record action's values, read only when the hop has one (act_record[0]): then they
+ * follow the record in the same sample (HOPTRACE_F_VALUES). */
 static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex, __u32 wire_len,
-					__u64 ts)
+					__u64 ts, const struct hoptrace_values *vals)
 {
 	struct hoptrace_record *rec;
 
-	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (act_record[0])
+		rec = bpf_ringbuf_reserve(&records, sizeof(*rec) + sizeof(*vals), 0);
+	else
+		rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
 	if (!rec) {
 		count(HOPTRACE_C_RINGBUF_FULL, 1);
 		return;
@@ -246,6 +255,10 @@ static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex,
 	rec->trace_slot = trace_slot;
 	rec->cpu = bpf_get_smp_processor_id();
 	rec->flags = p->flags;
+	if (act_record[0]) {
+		rec->flags |= HOPTRACE_F_VALUES;
+		__builtin_memcpy((void *)(rec + 1), vals, sizeof(*vals));
+	}
 	/* Wake the agent only for a backlog worth it: a wakeup per record schedules the agent onto
 	 * the traced packet's CPU, in the middle of its path (measured with hoptrace mace: +6 to
 	 * +37 us per traced echo). The agent reads every 100 ms anyway. */
@@ -389,7 +402,9 @@ struct hop_meta {
 /* Does this hop's count or histogram read `field`? Load-time constant. */
 static __always_inline bool act_reads(enum hoptrace_field field)
 {
-	return (act_count && act_count_by == field) || act_hist == field;
+	return (act_count && act_count_by == field) || act_hist == field ||
+	       act_record[0] == field || act_record[1] == field || act_record[2] == field ||
+	       act_record[3] == field;
 }
 
 /* floor(log2(v)) + 1, 0 for 0: unrolled, no loop (5.10 has no bpf_loop, and a
@@ -500,6 +515,25 @@ static __always_inline void hist_add(__u64 value)
 		*v += 1;
 }
 
+/* The record action's values of this packet, in the order of act_record (the dispatcher refuses
+ * latency there: the joined records' timestamps already carry it per packet). */
+static __always_inline void record_values(struct hoptrace_values *vals, const struct pkt_info *p,
+					  __u32 ifindex, __u32 wire_len, const struct hop_meta *m)
+{
+	__u32 n = 0;
+
+	__builtin_memset(vals, 0, sizeof(*vals));
+#pragma unroll
+	for (int i = 0; i < HOPTRACE_VALUES_MAX; i++) {
+		if (!act_record[i])
+			break;
+		vals->field[i] = act_record[i];
+		vals->value[i] = field_value(act_record[i], p, ifindex, wire_len, m, 0);
+		n++;
+	}
+	vals->count = n;
+}
+
 /*
  * The latency field: time since the previous hop of the same packet on this
  * node, from prev_ts; then this hop's own timestamp for the next one.
@@ -529,6 +563,7 @@ static __always_inline bool prev_hop_latency(const struct pkt_info *p, __u64 ts,
 static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifindex,
 				       __u32 wire_len, const struct hop_meta *m)
 {
+	struct hoptrace_values vals; /* filled and read only with a record action */
 	__u64 ts, latency = 0;
 	bool has_latency = false;
 
@@ -557,7 +592,14 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 		has_latency = prev_hop_latency(p, ts, &latency);
 	if (act_hist == HOPTRACE_FIELD_LATENCY && has_latency)
 		hist_add(latency);
-	emit_record(p, ifindex, wire_len, ts);
+	/* Two calls, not one with a maybe-filled struct: clang would copy its undefined bytes
+	 * (which the verifier refuses), or the hot path would pay to zero it. */
+	if (act_record[0]) {
+		record_values(&vals, p, ifindex, wire_len, m);
+		emit_record(p, ifindex, wire_len, ts, &vals);
+	} else {
+		emit_record(p, ifindex, wire_len, ts, NULL);
+	}
 }
 
 /* The netns inode of a tc or cgroup_skb packet's device: tc's ctx is the kernel's sk_buff (see

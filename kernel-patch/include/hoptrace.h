@@ -38,6 +38,8 @@ enum hoptrace_wire {
 	/* Packets whose last timestamp on a node is remembered for the latency
 	 * field (LRU, one map per agent; misses: HOPTRACE_C_LATENCY_MISS). */
 	HOPTRACE_PREV_TS_ENTRIES = 65536,
+	/* Fields one hop's record action carries per packet (struct hoptrace_values). */
+	HOPTRACE_VALUES_MAX = 4,
 };
 
 /* record.flags */
@@ -49,6 +51,7 @@ enum hoptrace_record_flag {
 	HOPTRACE_F_ENCAP_GENEVE = 1 << 4, /* ID found inside a Geneve packet */
 	HOPTRACE_F_TAGGED_HERE = 1 << 5,  /* this hop wrote the ID */
 	HOPTRACE_F_VLAN = 1 << 6,
+	HOPTRACE_F_VALUES = 1 << 7, /* a struct hoptrace_values follows the record in its sample */
 };
 
 /* One timestamp of one packet at one hop. 32 bytes, no padding. */
@@ -62,6 +65,15 @@ struct hoptrace_record {
 	__u16 trace_slot; /* agent-local number of the trace */
 	__u16 cpu;
 	__u16 flags; /* enum hoptrace_record_flag */
+};
+
+/* The record action's values (record: [FIELDS]): in the same ring buffer sample, right after the
+ * struct hoptrace_record whose flags has HOPTRACE_F_VALUES. Self-describing, so the agent and the
+ * collector need no plan to read it. 40 bytes, no padding. */
+struct hoptrace_values {
+	__u8 field[HOPTRACE_VALUES_MAX];  /* enum hoptrace_field of each value; NONE past count */
+	__u32 count;			  /* values used */
+	__u64 value[HOPTRACE_VALUES_MAX]; /* in the order of the hop's record: list */
 };
 
 /* Per-hop counters: one per-CPU array entry per reason, summed by the agent.

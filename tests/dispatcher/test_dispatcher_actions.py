@@ -53,7 +53,7 @@ def test_actions_round_trip_and_compile_to_typed_constants() -> None:
         "{name: b-in, node: host-b, at: tc-ingress, dev: wire0,"
         " actions: [timestamp, count, {histogram: len}]}",
         "{name: b-c2, node: host-b, at: tc-ingress, dev: eth0, netns: c2,"
-        " actions: [timestamp, {count: , by: mark}]}",
+        " actions: [timestamp, {count: , by: mark}, {record: [len, ttl]}]}",
     )
     spec = load_spec(text, example_registrations())
     assert load_spec(spec_to_yaml(spec)) == spec
@@ -68,6 +68,8 @@ def test_actions_round_trip_and_compile_to_typed_constants() -> None:
     assert b["b-in"].count and b["b-in"].count_by == 0 and b["b-in"].histogram == counters_pb2.FIELD_LEN
     assert not b["b-in"].prev_ts  # latency is per node: host-b has no latency hop
     assert b["b-c2"].count_by == counters_pb2.FIELD_MARK
+    assert list(b["b-c2"].record) == [counters_pb2.FIELD_LEN, counters_pb2.FIELD_TTL]
+    assert not b["b-in"].record
 
 
 def test_hops_without_actions_compile_to_no_actions() -> None:
@@ -131,8 +133,26 @@ def test_hops_without_actions_compile_to_no_actions() -> None:
             "hops[1].actions: must include timestamp",
         ),
         (
-            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {record: [len]}]}",
-            "hops[1].actions[1]: 'record' is not available yet",
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0,"
+            " actions: [timestamp, {record: [len, latency]}]}",
+            "hops[1].actions[1].record[1]: field 'latency' is per packet already",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {record: [ttl, ttl]}]}",
+            "hops[1].actions[1].record[1]: field 'ttl' is listed twice",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0,"
+            " actions: [timestamp, {record: [len, ttl, tos, mark, cpu]}]}",
+            "hops[1].actions[1]: record: must list 1 to 4 fields, got 5",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {record: []}]}",
+            "hops[1].actions[1]: record: must list 1 to 4 field names",
+        ),
+        (
+            "{name: x, node: host-b, at: xdp, dev: wire0, actions: [timestamp, {record: [len, mark]}]}",
+            "hops[1].actions[1].record[1]: field 'mark' is not available at xdp hops;",
         ),
         (
             "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: {histogram: len}}",

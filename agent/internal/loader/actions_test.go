@@ -231,7 +231,8 @@ func TestNoActionsTouchNothing(t *testing.T) {
 // (their branches are constant-false and never walked). verified_insns is reported from 5.16.
 func TestActionsVerifierCost(t *testing.T) {
 	h := newHarness(t)
-	all := loader.Actions{Count: true, CountBy: record.FieldMark, Histogram: record.FieldLatency, PrevTS: true}
+	all := loader.Actions{Count: true, CountBy: record.FieldMark, Histogram: record.FieldLatency, PrevTS: true,
+		Record: [record.ValuesMax]record.ActionField{record.FieldLen, record.FieldTTL, record.FieldTCPFlags, record.FieldCPU}}
 	for _, program := range []string{loader.ProgTC, loader.ProgTPBTF, loader.ProgXDP} {
 		cost := map[bool]uint32{}
 		for _, with := range []bool{false, true} {

@@ -2,8 +2,14 @@ package loader_test
 
 import (
 	"encoding/binary"
+	"errors"
+	"os"
 	"syscall"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
@@ -172,5 +178,98 @@ func TestFieldsFromSkb(t *testing.T) {
 	wantCounts(t, record.FieldNetns, countBy(t, h, record.FieldNetns, three, nil), map[uint64]uint64{st.Ino: 3})
 	if st.Ino == 0 {
 		t.Fatal("netns inode 0")
+	}
+}
+
+// rawSamples drains the ring buffer's samples as they are (record, then values with FlagValues).
+func (h *harness) rawSamples(t testing.TB) [][]byte {
+	t.Helper()
+	var out [][]byte
+	var rr ringbuf.Record
+	h.rd.SetDeadline(time.Now())
+	for {
+		err := h.rd.ReadInto(&rr)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, append([]byte(nil), rr.RawSample...))
+	}
+}
+
+// record: [len, ttl, mark] carries each traced packet's own values with its record; a hop without the
+// action emits the 32-byte record alone.
+func TestRecordActionCarriesValues(t *testing.T) {
+	h := newHarness(t)
+	fields := [record.ValuesMax]record.ActionField{record.FieldLen, record.FieldTTL, record.FieldMark}
+	hop := h.load(t, loader.HopConfig{Actions: loader.Actions{Record: fields}})
+	type sent struct {
+		len      int
+		ttl      uint8
+		mark, id uint32
+	}
+	var want []sent
+	for i, payload := range []int{1, 100, 1000, 37} {
+		u := tu.UDP(40000, 5000, make([]byte, payload))
+		pkt := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, u, 4), tu.ID(0))
+		want = append(want, sent{len(pkt), uint8(10 + i), uint32(0x100 * (i + 1)), uint32(0x07000200 + i)})
+	}
+	h.runCtxAny(t, hop, udp4(0), skbCtxFull{}) // untagged: counted, no record, no values
+	if recs := h.rawSamples(t); len(recs) != 0 {
+		t.Fatalf("an untagged packet left %d samples", len(recs))
+	}
+	samples := [][]byte{}
+	for i, payload := range []int{1, 100, 1000, 37} {
+		id := uint32(0x07000200 + i)
+		u := tu.UDP(40000, 5000, make([]byte, payload))
+		pkt := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, u, 4), tu.ID(id))
+		pkt[ethLen+8] = want[i].ttl
+		opts := &ebpf.RunOptions{Data: pkt, DataOut: make([]byte, len(pkt)+256), Context: skbCtxFull{Mark: want[i].mark}}
+		if _, err := hop.Program.Run(opts); err != nil {
+			t.Fatal(err)
+		}
+		samples = append(samples, h.rawSamples(t)...)
+	}
+	if len(samples) != len(want) {
+		t.Fatalf("%d samples, want %d (one per traced packet)", len(samples), len(want))
+	}
+	for i, raw := range samples {
+		var r record.Record
+		if err := record.Decode(raw, &r); err != nil {
+			t.Fatal(err)
+		}
+		if !record.HasValues(raw) || len(raw) != record.Size+record.ValuesSize {
+			t.Fatalf("sample %d: %d bytes, flags %#x: want a record with values", i, len(raw), r.Flags)
+		}
+		v, err := record.DecodeValues(raw[record.Size:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := []uint64{uint64(want[i].len), uint64(want[i].ttl), uint64(want[i].mark)}
+		if r.PacketID != want[i].id || len(v.Fields) != 3 || v.Fields[0] != record.FieldLen ||
+			v.Fields[1] != record.FieldTTL || v.Fields[2] != record.FieldMark {
+			t.Fatalf("sample %d: id %#x fields %v", i, r.PacketID, v.Fields)
+		}
+		for j := range got {
+			if v.Values[j] != got[j] {
+				t.Errorf("packet %#x: %s = %d, want %d", r.PacketID, record.FieldKeys[v.Fields[j]], v.Values[j], got[j])
+			}
+		}
+		if uint64(r.WireLen) != got[0] {
+			t.Errorf("record wire_len %d, recorded len %d", r.WireLen, got[0])
+		}
+	}
+
+	plain := h.load(t, loader.HopConfig{})
+	h.run(t, plain, udp4(0x07000300)) // drains: use a fresh run for the raw sample
+	opts := &ebpf.RunOptions{Data: udp4(0x07000301), DataOut: make([]byte, 512)}
+	if _, err := plain.Program.Run(opts); err != nil {
+		t.Fatal(err)
+	}
+	raw := h.rawSamples(t)
+	if len(raw) != 1 || len(raw[0]) != record.Size || record.HasValues(raw[0]) {
+		t.Fatalf("a hop without record: samples %d, first %d bytes; want one %d-byte record", len(raw), len(raw[0]), record.Size)
 	}
 }

@@ -7,6 +7,9 @@ import "encoding/binary"
 // Size is sizeof(struct hoptrace_record).
 const Size = 32
 
+// ValuesSize is sizeof(struct hoptrace_values): u8 field[4], u32 count, u64 value[4].
+const ValuesSize = 40
+
 // Record is struct hoptrace_record, decoded from its little-endian bytes.
 type Record struct {
 	TsNs      uint64
@@ -87,6 +90,7 @@ const (
 	FlagEncapGeneve = 16
 	FlagTaggedHere  = 32
 	FlagVLAN        = 64
+	FlagValues      = 128
 )
 
 // Wire and ID constants: enum hoptrace_wire.
@@ -103,6 +107,7 @@ const (
 	HistBuckets   = 65
 	CountKeys     = 1024
 	PrevTsEntries = 65536
+	ValuesMax     = 4
 )
 
 // Counter is enum hoptrace_counter: the index into a hop's percpu counters map
@@ -226,4 +231,5 @@ var flagCNames = map[string]uint16{
 	"HOPTRACE_F_ENCAP_GENEVE": FlagEncapGeneve,
 	"HOPTRACE_F_TAGGED_HERE":  FlagTaggedHere,
 	"HOPTRACE_F_VLAN":         FlagVLAN,
+	"HOPTRACE_F_VALUES":       FlagValues,
 }

@@ -19,6 +19,9 @@ type Batch struct {
 	Generation uint64
 	Slot       uint16
 	Records    []byte // len is a multiple of record.Size
+	// Values: one struct hoptrace_values (record.ValuesSize bytes) per record with
+	// FlagValues, in the order of those records (the record action).
+	Values []byte
 	// Seq is the batch_seq once the batch was first sent; a batch resent
 	// after a reconnect keeps it, so the collector can drop duplicates.
 	Seq uint64

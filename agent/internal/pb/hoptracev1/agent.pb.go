@@ -1330,7 +1330,10 @@ type HopActions struct {
 	Histogram Field `protobuf:"varint,3,opt,name=histogram,proto3,enum=hoptrace.v1.Field" json:"histogram,omitempty"`
 	// Remember each traced packet's timestamp here for the latency of a later
 	// hop of the same trace on this node.
-	PrevTs        bool `protobuf:"varint,4,opt,name=prev_ts,json=prevTs,proto3" json:"prev_ts,omitempty"`
+	PrevTs bool `protobuf:"varint,4,opt,name=prev_ts,json=prevTs,proto3" json:"prev_ts,omitempty"`
+	// record: [FIELDS]: these fields' values of every traced packet ride with
+	// its record (struct hoptrace_values; at most HOPTRACE_VALUES_MAX).
+	Record        []Field `protobuf:"varint,5,rep,packed,name=record,proto3,enum=hoptrace.v1.Field" json:"record,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1391,6 +1394,13 @@ func (x *HopActions) GetPrevTs() bool {
 		return x.PrevTs
 	}
 	return false
+}
+
+func (x *HopActions) GetRecord() []Field {
+	if x != nil {
+		return x.Record
+	}
+	return nil
 }
 
 type TcpTagging struct {
@@ -1741,13 +1751,14 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup\x12\x17\n" +
 	"\atag_udp\x18\a \x01(\bR\x06tagUdp\x121\n" +
-	"\aactions\x18\r \x01(\v2\x17.hoptrace.v1.HopActionsR\aactionsJ\x04\b\x03\x10\x04R\x02at\"\x9c\x01\n" +
+	"\aactions\x18\r \x01(\v2\x17.hoptrace.v1.HopActionsR\aactionsJ\x04\b\x03\x10\x04R\x02at\"\xc8\x01\n" +
 	"\n" +
 	"HopActions\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\bR\x05count\x12-\n" +
 	"\bcount_by\x18\x02 \x01(\x0e2\x12.hoptrace.v1.FieldR\acountBy\x120\n" +
 	"\thistogram\x18\x03 \x01(\x0e2\x12.hoptrace.v1.FieldR\thistogram\x12\x17\n" +
-	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\"T\n" +
+	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\x12*\n" +
+	"\x06record\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\x06record\"T\n" +
 	"\n" +
 	"TcpTagging\x12\x14\n" +
 	"\x05netns\x18\x01 \x01(\tR\x05netns\x12\x16\n" +
@@ -1838,15 +1849,16 @@ var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	15, // 24: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
 	23, // 25: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
 	23, // 26: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	22, // 27: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 28: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 29: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	10, // 30: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	30, // [30:31] is the sub-list for method output_type
-	29, // [29:30] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	23, // 27: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
+	22, // 28: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 29: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 30: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	10, // 31: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	31, // [31:32] is the sub-list for method output_type
+	30, // [30:31] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }

@@ -1242,8 +1242,10 @@ type HopThroughput struct {
 	PacketsPerS float64                `protobuf:"fixed64,2,opt,name=packets_per_s,json=packetsPerS,proto3" json:"packets_per_s,omitempty"`
 	BytesPerS   float64                `protobuf:"fixed64,3,opt,name=bytes_per_s,json=bytesPerS,proto3" json:"bytes_per_s,omitempty"`
 	// The hop's count and histogram actions over the report's range.
-	Counts        []*HopCount     `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
-	Histograms    []*HopHistogram `protobuf:"bytes,5,rep,name=histograms,proto3" json:"histograms,omitempty"`
+	Counts     []*HopCount     `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
+	Histograms []*HopHistogram `protobuf:"bytes,5,rep,name=histograms,proto3" json:"histograms,omitempty"`
+	// The hop's record action: each recorded field's values over the range.
+	Recorded      []*HopRecorded `protobuf:"bytes,6,rep,name=recorded,proto3" json:"recorded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1313,6 +1315,107 @@ func (x *HopThroughput) GetHistograms() []*HopHistogram {
 	return nil
 }
 
+func (x *HopThroughput) GetRecorded() []*HopRecorded {
+	if x != nil {
+		return x.Recorded
+	}
+	return nil
+}
+
+// One field a hop records per traced packet (record: [FIELDS]), on one node:
+// how many packets carried it and their values' min, mean, max and the last.
+type HopRecorded struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Field         string                 `protobuf:"bytes,2,opt,name=field,proto3" json:"field,omitempty"`
+	Count         uint64                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Min           uint64                 `protobuf:"varint,4,opt,name=min,proto3" json:"min,omitempty"`
+	Max           uint64                 `protobuf:"varint,5,opt,name=max,proto3" json:"max,omitempty"`
+	Mean          float64                `protobuf:"fixed64,6,opt,name=mean,proto3" json:"mean,omitempty"`
+	Last          uint64                 `protobuf:"varint,7,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopRecorded) Reset() {
+	*x = HopRecorded{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopRecorded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopRecorded) ProtoMessage() {}
+
+func (x *HopRecorded) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopRecorded.ProtoReflect.Descriptor instead.
+func (*HopRecorded) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *HopRecorded) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *HopRecorded) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *HopRecorded) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *HopRecorded) GetMin() uint64 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *HopRecorded) GetMax() uint64 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *HopRecorded) GetMean() float64 {
+	if x != nil {
+		return x.Mean
+	}
+	return 0
+}
+
+func (x *HopRecorded) GetLast() uint64 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
 // One key of a hop's count on one node ("by" empty: the total, key 0).
 type HopCount struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1326,7 +1429,7 @@ type HopCount struct {
 
 func (x *HopCount) Reset() {
 	*x = HopCount{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1441,7 @@ func (x *HopCount) String() string {
 func (*HopCount) ProtoMessage() {}
 
 func (x *HopCount) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1454,7 @@ func (x *HopCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopCount.ProtoReflect.Descriptor instead.
 func (*HopCount) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HopCount) GetNode() string {
@@ -1395,7 +1498,7 @@ type HopHistogram struct {
 
 func (x *HopHistogram) Reset() {
 	*x = HopHistogram{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1510,7 @@ func (x *HopHistogram) String() string {
 func (*HopHistogram) ProtoMessage() {}
 
 func (x *HopHistogram) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1523,7 @@ func (x *HopHistogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopHistogram.ProtoReflect.Descriptor instead.
 func (*HopHistogram) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HopHistogram) GetNode() string {
@@ -1462,7 +1565,7 @@ type HistogramBucket struct {
 
 func (x *HistogramBucket) Reset() {
 	*x = HistogramBucket{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1577,7 @@ func (x *HistogramBucket) String() string {
 func (*HistogramBucket) ProtoMessage() {}
 
 func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1590,7 @@ func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistogramBucket.ProtoReflect.Descriptor instead.
 func (*HistogramBucket) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HistogramBucket) GetLe() uint64 {
@@ -1513,7 +1616,7 @@ type WatchSegmentStatsRequest struct {
 
 func (x *WatchSegmentStatsRequest) Reset() {
 	*x = WatchSegmentStatsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1525,7 +1628,7 @@ func (x *WatchSegmentStatsRequest) String() string {
 func (*WatchSegmentStatsRequest) ProtoMessage() {}
 
 func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1538,7 +1641,7 @@ func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSegmentStatsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSegmentStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *WatchSegmentStatsRequest) GetTrace() string {
@@ -1556,7 +1659,7 @@ type WatchSpecsRequest struct {
 
 func (x *WatchSpecsRequest) Reset() {
 	*x = WatchSpecsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1671,7 @@ func (x *WatchSpecsRequest) String() string {
 func (*WatchSpecsRequest) ProtoMessage() {}
 
 func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1684,7 @@ func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSpecsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSpecsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 // Every applied trace's spec at one moment, by name.
@@ -1594,7 +1697,7 @@ type SpecSet struct {
 
 func (x *SpecSet) Reset() {
 	*x = SpecSet{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1709,7 @@ func (x *SpecSet) String() string {
 func (*SpecSet) ProtoMessage() {}
 
 func (x *SpecSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1722,7 @@ func (x *SpecSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpecSet.ProtoReflect.Descriptor instead.
 func (*SpecSet) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SpecSet) GetSpecs() []*TraceSpec {
@@ -1646,7 +1749,7 @@ type GetPacketsRequest struct {
 
 func (x *GetPacketsRequest) Reset() {
 	*x = GetPacketsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1761,7 @@ func (x *GetPacketsRequest) String() string {
 func (*GetPacketsRequest) ProtoMessage() {}
 
 func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1774,7 @@ func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
 func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetPacketsRequest) GetTrace() string {
@@ -1719,7 +1822,7 @@ type PacketList struct {
 
 func (x *PacketList) Reset() {
 	*x = PacketList{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1834,7 @@ func (x *PacketList) String() string {
 func (*PacketList) ProtoMessage() {}
 
 func (x *PacketList) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1847,7 @@ func (x *PacketList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
 func (*PacketList) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PacketList) GetPackets() []*PacketTimeline {
@@ -1770,7 +1873,7 @@ type PacketTimeline struct {
 
 func (x *PacketTimeline) Reset() {
 	*x = PacketTimeline{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +1885,7 @@ func (x *PacketTimeline) String() string {
 func (*PacketTimeline) ProtoMessage() {}
 
 func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +1898,7 @@ func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
 func (*PacketTimeline) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PacketTimeline) GetPacketId() uint32 {
@@ -1843,7 +1946,7 @@ type PacketSegment struct {
 
 func (x *PacketSegment) Reset() {
 	*x = PacketSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +1958,7 @@ func (x *PacketSegment) String() string {
 func (*PacketSegment) ProtoMessage() {}
 
 func (x *PacketSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +1971,7 @@ func (x *PacketSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
 func (*PacketSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PacketSegment) GetFrom() string {
@@ -1928,7 +2031,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2043,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2056,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 type Version struct {
@@ -1968,7 +2071,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2083,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2096,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -2023,7 +2126,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2035,7 +2138,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2048,7 +2151,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -2091,7 +2194,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2206,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2219,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DiscoverRequest) GetFilter() *Filter {
@@ -2167,7 +2270,7 @@ type DiscoverEvent struct {
 
 func (x *DiscoverEvent) Reset() {
 	*x = DiscoverEvent{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2282,7 @@ func (x *DiscoverEvent) String() string {
 func (*DiscoverEvent) ProtoMessage() {}
 
 func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2295,7 @@ func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
 func (*DiscoverEvent) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
@@ -2253,7 +2356,7 @@ type DiscoverProgress struct {
 
 func (x *DiscoverProgress) Reset() {
 	*x = DiscoverProgress{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2368,7 @@ func (x *DiscoverProgress) String() string {
 func (*DiscoverProgress) ProtoMessage() {}
 
 func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2381,7 @@ func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
 func (*DiscoverProgress) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DiscoverProgress) GetMessage() string {
@@ -2326,7 +2429,7 @@ type DiscoveredPath struct {
 
 func (x *DiscoveredPath) Reset() {
 	*x = DiscoveredPath{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2441,7 @@ func (x *DiscoveredPath) String() string {
 func (*DiscoveredPath) ProtoMessage() {}
 
 func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2454,7 @@ func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
 func (*DiscoveredPath) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DiscoveredPath) GetPackets() uint32 {
@@ -2401,7 +2504,7 @@ type DiscoverResult struct {
 
 func (x *DiscoverResult) Reset() {
 	*x = DiscoverResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +2516,7 @@ func (x *DiscoverResult) String() string {
 func (*DiscoverResult) ProtoMessage() {}
 
 func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +2529,7 @@ func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
 func (*DiscoverResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DiscoverResult) GetSpec() *TraceSpec {
@@ -2559,7 +2662,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\vtracer_lost\x18\x10 \x01(\x04R\n" +
 	"tracerLost\x12\x1b\n" +
 	"\tsame_node\x18\x11 \x01(\bR\bsameNode\x12$\n" +
-	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\xcf\x01\n" +
+	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\x85\x02\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
@@ -2567,7 +2670,16 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x06counts\x18\x04 \x03(\v2\x15.hoptrace.v1.HopCountR\x06counts\x129\n" +
 	"\n" +
 	"histograms\x18\x05 \x03(\v2\x19.hoptrace.v1.HopHistogramR\n" +
-	"histograms\"V\n" +
+	"histograms\x124\n" +
+	"\brecorded\x18\x06 \x03(\v2\x18.hoptrace.v1.HopRecordedR\brecorded\"\x99\x01\n" +
+	"\vHopRecorded\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05field\x18\x02 \x01(\tR\x05field\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\x12\x10\n" +
+	"\x03min\x18\x04 \x01(\x04R\x03min\x12\x10\n" +
+	"\x03max\x18\x05 \x01(\x04R\x03max\x12\x12\n" +
+	"\x04mean\x18\x06 \x01(\x01R\x04mean\x12\x12\n" +
+	"\x04last\x18\a \x01(\x04R\x04last\"V\n" +
 	"\bHopCount\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x10\n" +
@@ -2684,7 +2796,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -2707,105 +2819,107 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*SeriesPoint)(nil),              // 18: hoptrace.v1.SeriesPoint
 	(*SegmentStats)(nil),             // 19: hoptrace.v1.SegmentStats
 	(*HopThroughput)(nil),            // 20: hoptrace.v1.HopThroughput
-	(*HopCount)(nil),                 // 21: hoptrace.v1.HopCount
-	(*HopHistogram)(nil),             // 22: hoptrace.v1.HopHistogram
-	(*HistogramBucket)(nil),          // 23: hoptrace.v1.HistogramBucket
-	(*WatchSegmentStatsRequest)(nil), // 24: hoptrace.v1.WatchSegmentStatsRequest
-	(*WatchSpecsRequest)(nil),        // 25: hoptrace.v1.WatchSpecsRequest
-	(*SpecSet)(nil),                  // 26: hoptrace.v1.SpecSet
-	(*GetPacketsRequest)(nil),        // 27: hoptrace.v1.GetPacketsRequest
-	(*PacketList)(nil),               // 28: hoptrace.v1.PacketList
-	(*PacketTimeline)(nil),           // 29: hoptrace.v1.PacketTimeline
-	(*PacketSegment)(nil),            // 30: hoptrace.v1.PacketSegment
-	(*GetVersionRequest)(nil),        // 31: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 32: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 33: hoptrace.v1.RunPresetRequest
-	(*DiscoverRequest)(nil),          // 34: hoptrace.v1.DiscoverRequest
-	(*DiscoverEvent)(nil),            // 35: hoptrace.v1.DiscoverEvent
-	(*DiscoverProgress)(nil),         // 36: hoptrace.v1.DiscoverProgress
-	(*DiscoveredPath)(nil),           // 37: hoptrace.v1.DiscoveredPath
-	(*DiscoverResult)(nil),           // 38: hoptrace.v1.DiscoverResult
-	nil,                              // 39: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 40: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 42: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 43: hoptrace.v1.Register
-	(*Filter)(nil),                   // 44: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 45: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 46: hoptrace.v1.PresetResult
+	(*HopRecorded)(nil),              // 21: hoptrace.v1.HopRecorded
+	(*HopCount)(nil),                 // 22: hoptrace.v1.HopCount
+	(*HopHistogram)(nil),             // 23: hoptrace.v1.HopHistogram
+	(*HistogramBucket)(nil),          // 24: hoptrace.v1.HistogramBucket
+	(*WatchSegmentStatsRequest)(nil), // 25: hoptrace.v1.WatchSegmentStatsRequest
+	(*WatchSpecsRequest)(nil),        // 26: hoptrace.v1.WatchSpecsRequest
+	(*SpecSet)(nil),                  // 27: hoptrace.v1.SpecSet
+	(*GetPacketsRequest)(nil),        // 28: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 29: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 30: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 31: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 32: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 33: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 34: hoptrace.v1.RunPresetRequest
+	(*DiscoverRequest)(nil),          // 35: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 36: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 37: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 38: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 39: hoptrace.v1.DiscoverResult
+	nil,                              // 40: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 41: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 42: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 43: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 44: hoptrace.v1.Register
+	(*Filter)(nil),                   // 45: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 46: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 47: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	40, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	41, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	40, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	40, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	41, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	42, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	41, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	41, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	42, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	43, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	43, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	41, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	44, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	42, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	41, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	41, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	41, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	42, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	42, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	42, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	19, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	19, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
 	20, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
 	17, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
 	18, // 18: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
 	18, // 19: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	41, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	41, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	21, // 22: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
-	22, // 23: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
-	23, // 24: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	40, // 25: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	41, // 26: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	41, // 27: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	29, // 28: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	41, // 29: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	30, // 30: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	39, // 31: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	44, // 32: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	36, // 33: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	38, // 34: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	45, // 35: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	40, // 36: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	37, // 37: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	1,  // 38: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 39: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 40: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 41: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 42: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 43: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 44: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 45: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	24, // 46: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	25, // 47: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	33, // 48: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	31, // 49: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	27, // 50: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	34, // 51: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 52: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 53: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 54: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 55: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 56: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 57: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 58: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 59: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	19, // 60: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	26, // 61: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	46, // 62: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	32, // 63: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	28, // 64: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	35, // 65: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	52, // [52:66] is the sub-list for method output_type
-	38, // [38:52] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	42, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	42, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	22, // 22: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	23, // 23: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	21, // 24: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
+	24, // 25: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	41, // 26: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	42, // 27: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	42, // 28: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	30, // 29: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	42, // 30: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	31, // 31: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	40, // 32: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	45, // 33: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	37, // 34: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	39, // 35: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	46, // 36: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	41, // 37: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	38, // 38: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	1,  // 39: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 40: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 41: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 42: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 43: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 44: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 45: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 46: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	25, // 47: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	26, // 48: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	34, // 49: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	32, // 50: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	28, // 51: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	35, // 52: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 53: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 54: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 55: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 56: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 57: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 58: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 59: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 60: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	19, // 61: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	27, // 62: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	47, // 63: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	33, // 64: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	29, // 65: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	36, // 66: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	53, // [53:67] is the sub-list for method output_type
+	39, // [39:53] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -2815,7 +2929,7 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
-	file_hoptrace_v1_api_proto_msgTypes[35].OneofWrappers = []any{
+	file_hoptrace_v1_api_proto_msgTypes[36].OneofWrappers = []any{
 		(*DiscoverEvent_Progress)(nil),
 		(*DiscoverEvent_Result)(nil),
 	}
@@ -2825,7 +2939,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

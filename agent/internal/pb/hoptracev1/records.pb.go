@@ -43,7 +43,12 @@ type RecordBatch struct {
 	// The node's watermark (its CLOCK_MONOTONIC, like ts_ns): every record it has not sent yet is at least
 	// this recent. A collector finalizes a packet only when every node on its path is past it, so records
 	// that wait in an agent's queue (collector restart, slow link) are still joined. 0 = unknown.
-	WatermarkNs   int64 `protobuf:"varint,10,opt,name=watermark_ns,json=watermarkNs,proto3" json:"watermark_ns,omitempty"`
+	WatermarkNs int64 `protobuf:"varint,10,opt,name=watermark_ns,json=watermarkNs,proto3" json:"watermark_ns,omitempty"`
+	// The record action's values: one packed struct hoptrace_values
+	// (kernel-patch/include/hoptrace.h, value_size bytes, little-endian) per
+	// record whose flags has HOPTRACE_F_VALUES, in the order of those records.
+	Values        []byte `protobuf:"bytes,11,opt,name=values,proto3" json:"values,omitempty"`
+	ValueSize     uint32 `protobuf:"varint,12,opt,name=value_size,json=valueSize,proto3" json:"value_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -144,6 +149,20 @@ func (x *RecordBatch) GetClock() *NodeClock {
 func (x *RecordBatch) GetWatermarkNs() int64 {
 	if x != nil {
 		return x.WatermarkNs
+	}
+	return 0
+}
+
+func (x *RecordBatch) GetValues() []byte {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *RecordBatch) GetValueSize() uint32 {
+	if x != nil {
+		return x.ValueSize
 	}
 	return 0
 }
@@ -451,7 +470,7 @@ var File_hoptrace_v1_records_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\n" +
-	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\xdb\x02\n" +
+	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\x92\x03\n" +
 	"\vRecordBatch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05trace\x18\x02 \x01(\tR\x05trace\x12\x1e\n" +
@@ -466,7 +485,10 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\ragent_dropped\x18\b \x01(\x04R\fagentDropped\x12,\n" +
 	"\x05clock\x18\t \x01(\v2\x16.hoptrace.v1.NodeClockR\x05clock\x12!\n" +
 	"\fwatermark_ns\x18\n" +
-	" \x01(\x03R\vwatermarkNs\"\xbe\x01\n" +
+	" \x01(\x03R\vwatermarkNs\x12\x16\n" +
+	"\x06values\x18\v \x01(\fR\x06values\x12\x1d\n" +
+	"\n" +
+	"value_size\x18\f \x01(\rR\tvalueSize\"\xbe\x01\n" +
 	"\vHopCounters\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x10\n" +
 	"\x03hop\x18\x02 \x01(\tR\x03hop\x12*\n" +

@@ -5,6 +5,9 @@ the wire constants and the per-hop counters."""
 # struct hoptrace_record, little-endian (struct module format).
 RECORD_FORMAT = "<QIIIIHHHH"
 RECORD_SIZE = 32
+# struct hoptrace_values (u8 field[4], u32 count, u64 value[4]; layout checked by vocabgen).
+VALUES_FORMAT = "<4BI4Q"
+VALUES_SIZE = 40
 RECORD_FIELDS = (
     "ts_ns",
     "packet_id",
@@ -26,6 +29,7 @@ RECORD_FLAGS = {
     "ENCAP_GENEVE": 16,
     "TAGGED_HERE": 32,
     "VLAN": 64,
+    "VALUES": 128,
 }
 
 # enum hoptrace_wire (HOPTRACE_ prefix dropped)
@@ -41,6 +45,7 @@ MAX_HOPS = 64
 HIST_BUCKETS = 65
 COUNT_KEYS = 1024
 PREV_TS_ENTRIES = 65536
+VALUES_MAX = 4
 
 # Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.
 PROGRAMS = {

@@ -234,16 +234,18 @@ class HopAttach(_message.Message):
     def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[_trace_pb2.AttachKind, str]] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., function: _Optional[str] = ..., program: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ..., actions: _Optional[_Union[HopActions, _Mapping]] = ...) -> None: ...
 
 class HopActions(_message.Message):
-    __slots__ = ("count", "count_by", "histogram", "prev_ts")
+    __slots__ = ("count", "count_by", "histogram", "prev_ts", "record")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     COUNT_BY_FIELD_NUMBER: _ClassVar[int]
     HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
     PREV_TS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     count: bool
     count_by: _counters_pb2.Field
     histogram: _counters_pb2.Field
     prev_ts: bool
-    def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., prev_ts: bool = ...) -> None: ...
+    record: _containers.RepeatedScalarFieldContainer[_counters_pb2.Field]
+    def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., prev_ts: bool = ..., record: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ...) -> None: ...
 
 class TcpTagging(_message.Message):
     __slots__ = ("netns", "cgroup", "program")
