@@ -25,7 +25,7 @@ GUEST_TESTS = {
     "loader": "TestEveryProgramLoads|TestParserFindsIDs|TestParserRejectsMalformed|TestTagUDP|TestSampleEvery"
     "|TestFilterSelectsPackets|TestActionCountEqualsMatchedPackets|TestActionCountByCPUAndMark"
     "|TestActionHistogramOfLen|TestActionLatencyFromPreviousHop|TestNoActionsTouchNothing"
-    "|TestFieldsFromIPAndTCPHeaders|TestFieldsFromSkb",
+    "|TestFieldsFromIPAndTCPHeaders|TestFieldsFromSkb|TestRecordActionCarriesValues",
     "probe": "TestFieldCapabilities",
     "attach": "TestClsactFallback",
     "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestTracerActionsOnRealTraffic",

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -271,5 +272,47 @@ func TestRecordActionCarriesValues(t *testing.T) {
 	raw := h.rawSamples(t)
 	if len(raw) != 1 || len(raw[0]) != record.Size || record.HasValues(raw[0]) {
 		t.Fatalf("a hop without record: samples %d, first %d bytes; want one %d-byte record", len(raw), len(raw[0]), record.Size)
+	}
+}
+
+// Every new field's code in the floor variants (the ones 5.10 up to 5.17 run: no bpf_cast_to_kern_ctx, CO-RE
+// probe reads from the ctx) passes this kernel's verifier, with count, histogram and record all reading.
+// Not in the kernel matrix: it loads the full variants and pid/drop_reason too, which older kernels refuse
+// by design (their agents report those fields unavailable).
+func TestFloorVariantsLoadWithEveryField(t *testing.T) {
+	h := newHarness(t)
+	skbFields := [record.ValuesMax]record.ActionField{record.FieldNetns, record.FieldQueueMapping, record.FieldGSOSegs, record.FieldGSOSize}
+	headers := [record.ValuesMax]record.ActionField{record.FieldTOS, record.FieldTTL, record.FieldIPID, record.FieldTCPWindow}
+	for _, c := range []struct {
+		program string
+		actions loader.Actions
+	}{
+		{loader.ProgTC, loader.Actions{Count: true, CountBy: record.FieldCgroup, Histogram: record.FieldTCPFlags, Record: skbFields}},
+		{loader.ProgTC, loader.Actions{Count: true, CountBy: record.FieldMark, Histogram: record.FieldPriority, Record: headers}},
+		{loader.ProgCgroupSKB, loader.Actions{Count: true, CountBy: record.FieldPID, Histogram: record.FieldCgroup, Record: skbFields}},
+		{loader.ProgTPBTF, loader.Actions{Count: true, CountBy: record.FieldNetns, Histogram: record.FieldGSOSize, Record: skbFields}},
+		{loader.ProgTPBTFKfree, loader.Actions{Count: true, CountBy: record.FieldDropReason, Record: headers}},
+		{loader.ProgXDP, loader.Actions{Count: true, CountBy: record.FieldTTL, Histogram: record.FieldLen, Record: headers}},
+	} {
+		for _, program := range []string{c.program, c.program + loader.FloorSuffix} {
+			cfg := loader.HopConfig{Program: program, Name: program, NodeSalt: 7, TraceSlot: 3, Actions: c.actions}
+			ps := h.spec.Programs[program]
+			if ps.Type == ebpf.CGroupSKB {
+				cfg.AttachType = ebpf.AttachCGroupInetEgress
+			}
+			if ps.Type == ebpf.Tracing {
+				_, cfg.AttachTo, _ = strings.Cut(ps.SectionName, "/")
+			}
+			hop, err := loader.LoadHop(h.spec, cfg, loader.Options{Records: h.records, IDState: h.idState, Cache: kernelBTF})
+			if err != nil {
+				t.Errorf("%s with %+v: %v", program, c.actions, err)
+				continue
+			}
+			// The variant asked for is the one loaded (cilium/ebpf names it in full from BTF).
+			if info, err := hop.Program.Info(); err != nil || info.Name != program {
+				t.Errorf("loaded %q for %s (%v)", info.Name, program, err)
+			}
+			hop.Close()
+		}
 	}
 }
