@@ -197,7 +197,8 @@ def test_an_agent_that_reports_no_fields_is_refused_by_field() -> None:
 def test_the_example_spec_with_actions_is_valid() -> None:
     text = (Path(__file__).resolve().parents[2] / "examples" / "udp-actions.yaml").read_text()
     spec = load_spec(text, example_registrations())
-    assert [len(hop.actions) for hop in spec.hops] == [0, 3, 0, 3, 0]
+    assert [len(hop.actions) for hop in spec.hops] == [0, 3, 0, 3, 2]
+    assert list(spec.hops[4].actions[1].fields) == ["len", "ttl"]
 
 
 def test_new_fields_compile_and_drop_reason_picks_the_kfree_skb_program() -> None:
