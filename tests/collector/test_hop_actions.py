@@ -34,7 +34,13 @@ from hoptrace.collector.records import (
     hop_counters,
     pack_records,
 )
-from hoptrace.collector.report import build_report, get_report, render_text, report_from_proto
+from hoptrace.collector.report import (
+    build_report,
+    get_report,
+    hop_actions_lines,
+    render_text,
+    report_from_proto,
+)
 from hoptrace.collector.service import CollectorConfig, start_collector
 from hoptrace.lab.processes import InfluxServer
 from hoptrace.v1 import api_pb2, counters_pb2, records_pb2, records_pb2_grpc
@@ -201,3 +207,28 @@ def test_values_that_do_not_match_their_records_are_refused() -> None:
     with pytest.raises(RecordDecodeError, match="40 bytes of values for 2 records"):
         decode_values(records, one)
     assert decode_values([_traced(1, 1, 0x01000001, False)], b"") == []
+
+
+@pytest.mark.unit
+def test_the_text_report_shows_each_recorded_field() -> None:
+    hops = [
+        {
+            "hop": "b-c2-in",
+            "counts": [],
+            "histograms": [],
+            "recorded": [
+                {
+                    "node": "host-b",
+                    "field": "len",
+                    "count": 200,
+                    "min": 110,
+                    "max": 110,
+                    "mean": 110.0,
+                    "last": 110,
+                }
+            ],
+        }
+    ]
+    assert hop_actions_lines(hops) == [
+        "b-c2-in @host-b: recorded len (n=200): min 110 mean 110.0 max 110 last 110"
+    ]
