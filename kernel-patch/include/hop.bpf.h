@@ -399,7 +399,7 @@ struct hop_meta {
 	__u32 drop_reason;
 };
 
-/* Does this hop's count or histogram read `field`? Load-time constant. */
+/* Does this hop's count, histogram or record read `field`? Load-time constant. */
 static __always_inline bool act_reads(enum hoptrace_field field)
 {
 	return (act_count && act_count_by == field) || act_hist == field ||
