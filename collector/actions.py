@@ -9,19 +9,30 @@ sums to what the hops saw in it, as `hop_counters` does. Measurements:
   0 for `total`); int field `count`.
 * `hop_histogram` - tags `trace`, `hop`, `node`, `field`, `le` (the log2 bucket's inclusive upper bound,
   2^b - 1); int field `count`.
+
+The record action (`record: [FIELDS]`) carries each traced packet's values with its record
+(`RecordBatch.values`). `RecordedValuesStage` aggregates them per batch, per hop and field, into one point
+of `hop_recorded` - tags `trace`, `hop`, `node`, `field`; int fields `count` (packets), `min`, `max`,
+`last` (the batch's newest packet's value), float field `sum` - at the master time of the batch's newest
+packet at that hop. Summing `count` and `sum`, and taking min of `min`, max of `max` and the newest `last`,
+over any range gives that range's distribution summary, exactly (the report does so). The per-packet
+values themselves are not written: like latencies, one point per packet would cost InfluxDB a series
+point per packet; a user who needs one packet's value counts or histograms by the field instead.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from hoptrace import kernel_abi
+from hoptrace.collector.records import HOP_INDEX, TS_NS, RecordedValues
 from hoptrace.v1 import records_pb2
 
 HOP_COUNTS = "hop_counts"
 HOP_HISTOGRAM = "hop_histogram"
+HOP_RECORDED = "hop_recorded"
 TOTAL = "total"  # the `by` tag of a count without by
 
 
@@ -96,6 +107,96 @@ class HopActionsStage:
                             f" count={delta}i {ts}"
                         )
         return lines
+
+
+class ToMaster(Protocol):
+    """A node's mapping of its monotonic timestamps onto the master's clock."""
+
+    def to_master(self, ts_ns: int) -> int: ...
+
+
+class RecordedValuesStage:
+    """Turns each batch's recorded values (record action) into `hop_recorded` lines."""
+
+    def add_values(
+        self,
+        trace: str,
+        node: str,
+        values: Iterable[RecordedValues],
+        mapping: ToMaster,
+        hop_name: Callable[[int], str],
+    ) -> list[str]:
+        """One line per (hop, field) of the batch: count, sum, min, max and last of its packets' values."""
+        # (hop_index, field) -> [count, sum, min, max, last, newest ts_ns]
+        summary: dict[tuple[int, int], list[int]] = {}
+        for rec, fields in values:
+            ts = rec[TS_NS]
+            for number, value in fields.items():
+                entry = summary.get((rec[HOP_INDEX], number))
+                if entry is None:
+                    summary[(rec[HOP_INDEX], number)] = [1, value, value, value, value, ts]
+                    continue
+                entry[0] += 1
+                entry[1] += value
+                entry[2] = min(entry[2], value)
+                entry[3] = max(entry[3], value)
+                if ts >= entry[5]:
+                    entry[4], entry[5] = value, ts
+        lines = []
+        for (hop_index, number), (count, total, low, high, last, ts) in sorted(summary.items()):
+            lines.append(
+                f"{HOP_RECORDED},field={_escape(field_name(number))},hop={_escape(hop_name(hop_index))},"
+                f"node={_escape(node)},trace={_escape(trace)}"
+                f" count={count}i,sum={float(total)},min={low}i,max={high}i,last={last}i"
+                f" {mapping.to_master(ts)}"
+            )
+        return lines
+
+
+def query_recorded(q: Any, org: str, base: str) -> dict[str, list[dict[str, Any]]]:
+    """Per hop, each recorded field's count, min, mean, max and last value over the query's range."""
+    found: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for column, reduce in (
+        ("count", "sum()"),
+        ("sum", "sum()"),
+        ("min", "min()"),
+        ("max", "max()"),
+        ("last", "last()"),
+    ):
+        flux = (
+            f'{base} and r._measurement == "{HOP_RECORDED}" and r._field == "{column}")'
+            f' |> group(columns: ["hop", "node", "field"]) |> {reduce}'
+        )
+        for table in q.query(flux, org=org):
+            for rec in table.records:
+                hop = rec.values.get("hop")
+                if hop is None:
+                    continue
+                key = (hop, rec.values.get("node", ""), rec.values.get("field", ""))
+                found.setdefault(key, {})[column] = rec.get_value() or 0
+    out: dict[str, list[dict[str, Any]]] = {}
+    for (hop, node, name), v in sorted(found.items()):
+        count = int(v.get("count", 0))
+        out.setdefault(hop, []).append(
+            {
+                "node": node,
+                "field": name,
+                "count": count,
+                "min": int(v.get("min", 0)),
+                "max": int(v.get("max", 0)),
+                "mean": float(v.get("sum", 0.0)) / count if count else 0.0,
+                "last": int(v.get("last", 0)),
+            }
+        )
+    return out
+
+
+def recorded_text(recorded: dict[str, Any]) -> str:
+    """A recorded field in one line: ``len (n=20): min 60 mean 80.0 max 100 last 60``."""
+    return (
+        f"{recorded['field']} (n={recorded['count']}): min {recorded['min']} mean {recorded['mean']:.1f}"
+        f" max {recorded['max']} last {recorded['last']}"
+    )
 
 
 def query_hop_actions(q: Any, org: str, base: str) -> dict[str, dict[str, list[dict[str, Any]]]]:

@@ -21,6 +21,11 @@ RECORD_FORMAT = kernel_abi.RECORD_FORMAT
 RECORD_STRUCT = struct.Struct(RECORD_FORMAT)
 RECORD_SIZE = RECORD_STRUCT.size
 RECORD_FIELDS: tuple[str, ...] = kernel_abi.RECORD_FIELDS
+# struct hoptrace_values: the record action's fields and values, after each record with VALUES set.
+VALUES_STRUCT = struct.Struct(kernel_abi.VALUES_FORMAT)
+VALUES_SIZE = kernel_abi.VALUES_SIZE
+VALUES_MAX = kernel_abi.VALUES_MAX
+assert VALUES_STRUCT.size == VALUES_SIZE, "kernel_abi.VALUES_FORMAT disagrees with the BTF's size"
 
 # Tuple positions, for readers that index records.
 TS_NS, PACKET_ID, FLOW_HASH, IFINDEX, WIRE_LEN, HOP_INDEX, TRACE_SLOT, CPU, FLAGS = range(len(RECORD_FIELDS))
@@ -30,6 +35,8 @@ ID_SEQ_BITS = kernel_abi.ID_SEQ_BITS
 ID_SEQ_MASK = kernel_abi.ID_SEQ_MASK
 
 Record = tuple[int, int, int, int, int, int, int, int, int]
+# One traced packet's recorded values at one hop: (record, {field number: value}).
+RecordedValues = tuple[Record, dict[int, int]]
 
 # Bytes hoptrace adds to a tagged packet (hoptrace.h): the UDP ID in the surplus area, the TCP option.
 HOPTRACE_UDP_ID_LEN = kernel_abi.UDP_ID_LEN
@@ -76,6 +83,28 @@ def decode_records(data: bytes, record_size: int = RECORD_SIZE) -> Iterator[Reco
     return (unpack_from(view, off) for off in range(0, len(data), size))
 
 
+def decode_values(records: list[Record], data: bytes, value_size: int = VALUES_SIZE) -> list[RecordedValues]:
+    """Pair each record that has VALUES in its flags with its struct hoptrace_values, in order.
+
+    Raises `RecordDecodeError` when the values do not match the records that announce them.
+    """
+    with_values = [r for r in records if r[FLAGS] & RecordFlag.VALUES]
+    if not with_values and not data:
+        return []
+    size = value_size or VALUES_SIZE
+    if size < VALUES_SIZE or len(data) != size * len(with_values):
+        raise RecordDecodeError(
+            f"{len(data)} bytes of values for {len(with_values)} records with values (value_size {size})"
+        )
+    out: list[RecordedValues] = []
+    for i, rec in enumerate(with_values):
+        *fields, count, v0, v1, v2, v3 = VALUES_STRUCT.unpack_from(data, i * size)
+        count = min(count, VALUES_MAX)
+        values = (v0, v1, v2, v3)
+        out.append((rec, {fields[j]: values[j] for j in range(count) if fields[j]}))
+    return out
+
+
 @dataclass(slots=True)
 class DecodedBatch:
     """One `RecordBatch` after decoding: its identity, records as tuples, counters and clock."""
@@ -90,16 +119,19 @@ class DecodedBatch:
     agent_dropped: int = 0
     watermark_ns: int = 0  # node CLOCK_MONOTONIC: every record not sent yet is at least this recent
     events: list[records_pb2.EventValues] = field(default_factory=list)  # event probes, cumulative
+    values: list[RecordedValues] = field(default_factory=list)  # the record action's, per packet
 
 
 def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
     """Decode a `RecordBatch` message; raises `RecordDecodeError` on a malformed records field."""
+    records = list(decode_records(batch.records, batch.record_size))
     return DecodedBatch(
         node=batch.node,
         trace=batch.trace,
         generation=batch.generation,
         batch_seq=batch.batch_seq,
-        records=list(decode_records(batch.records, batch.record_size)),
+        records=records,
+        values=decode_values(records, batch.values, batch.value_size),
         counters=list(batch.counters),
         clock=batch.clock if batch.HasField("clock") else None,
         agent_dropped=batch.agent_dropped,

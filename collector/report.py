@@ -43,7 +43,13 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from influxdb_client import InfluxDBClient
 
-from hoptrace.collector.actions import count_text, histogram_text, query_hop_actions
+from hoptrace.collector.actions import (
+    count_text,
+    histogram_text,
+    query_hop_actions,
+    query_recorded,
+    recorded_text,
+)
 from hoptrace.collector.aggregate import END_TO_END, QUANTILES
 from hoptrace.collector.events import events_lines, query_events
 from hoptrace.collector.influx import HOP_COUNTERS, HOP_LATENCY, NODE_CLOCK, SEGMENT_STATS
@@ -235,6 +241,7 @@ def query_report(
         e2e = _empty_stats(first, last)
     hops = _query_hops(q, org, base, path or _hop_order(segments))
     _add_hop_actions(hops, query_hop_actions(q, org, base), path or _hop_order(segments))
+    _add_recorded(hops, query_recorded(q, org, base))
     return {
         "trace": trace,
         "packets": packets,
@@ -288,6 +295,23 @@ def _add_hop_actions(
     for entry in hops:
         entry["counts"] = found.get(entry["hop"], {}).get("counts", [])
         entry["histograms"] = found.get(entry["hop"], {}).get("histograms", [])
+
+
+def _add_recorded(hops: list[dict[str, Any]], found: dict[str, list[dict[str, Any]]]) -> None:
+    """Every hop entry gets its "recorded" fields (an empty list without a record action)."""
+    by_name = {h["hop"]: h for h in hops}
+    for name in found:
+        if name not in by_name:
+            by_name[name] = {
+                "hop": name,
+                "packets_per_s": 0.0,
+                "bytes_per_s": 0.0,
+                "counts": [],
+                "histograms": [],
+            }
+            hops.append(by_name[name])
+    for entry in hops:
+        entry["recorded"] = found.get(entry["hop"], [])
 
 
 def build_report(
@@ -352,6 +376,7 @@ def report_to_proto(report: dict[str, Any]) -> api_pb2.Report:
                     )
                     for g in h.get("histograms", [])
                 ],
+                recorded=[api_pb2.HopRecorded(**r) for r in h.get("recorded", [])],
             )
             for h in report.get("hops", [])
         ],
@@ -414,6 +439,18 @@ def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
                         "buckets": [{"le": b.le, "count": b.count} for b in g.buckets],
                     }
                     for g in h.histograms
+                ],
+                "recorded": [
+                    {
+                        "node": r.node,
+                        "field": r.field,
+                        "count": r.count,
+                        "min": r.min,
+                        "max": r.max,
+                        "mean": r.mean,
+                        "last": r.last,
+                    }
+                    for r in h.recorded
                 ],
             }
             for h in report.hops
@@ -970,6 +1007,8 @@ def hop_actions_lines(hops: list[dict[str, Any]]) -> list[str]:
         for g in h.get("histograms", []):
             fmt = format_ns if g["field"] == "latency" else str
             out.append(f"{h['hop']} @{g['node']}: histogram {histogram_text(g, fmt)}")
+        for r in h.get("recorded", []):
+            out.append(f"{h['hop']} @{r['node']}: recorded {recorded_text(r)}")
     return out
 
 

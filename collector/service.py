@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from hoptrace.collector.actions import HopActionsStage
+from hoptrace.collector.actions import HopActionsStage, RecordedValuesStage
 from hoptrace.collector.aggregate import (
     AggregateConfig,
     HopCounterAggregator,
@@ -104,6 +104,7 @@ class CollectorPipeline:
         self.counters = HopCounterAggregator(self.clock, aggregate_config, self.catalog)
         self.hop_actions = HopActionsStage(self.clock)
         self.events = EventsStage(self.clock)
+        self.recorded = RecordedValuesStage()
         self._lock = threading.Lock()
         self._agent_dropped: dict[str, int] = {}  # node -> last cumulative agent_dropped
         self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
@@ -169,6 +170,17 @@ class CollectorPipeline:
             if batch.events:
                 self._export_actions(
                     self.events.add_events(batch.trace, batch.node, batch.events, now_ns=now)
+                )
+            if batch.values:
+                path = self.catalog.get(batch.trace)
+                self._export_actions(
+                    self.recorded.add_values(
+                        batch.trace,
+                        batch.node,
+                        batch.values,
+                        mapping,
+                        path.hop_name if path is not None else (lambda index: f"hop{index}"),
+                    )
                 )
             self._note_agent_dropped(batch, now)
             self._export(packets)

@@ -11,19 +11,23 @@ Spec forms (in a hop's ``actions`` list)::
     - count                     # matched packets, one total
     - count: {by: cpu}          # ... keyed by a field (also `- {count: , by: cpu}`)
     - histogram: latency        # log2 buckets of a field
+    - record: [len, ttl]        # these fields' values of every traced packet, with its record
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from hoptrace import kernel_abi
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 
-ACTION_KINDS = ("timestamp", "count", "histogram")
-# Issue 11 names these too; they are not built yet and are refused with that reason.
-PLANNED_KINDS = ("record",)
+if TYPE_CHECKING:
+    from hoptrace.dispatcher.spec import AttachPoint
+
+ACTION_KINDS = ("timestamp", "count", "histogram", "record")
+# Fields one record action carries (struct hoptrace_values in hoptrace.h).
+RECORD_FIELDS_MAX = kernel_abi.VALUES_MAX
 # The catalogue's names, without "none" (value 0).
 FIELDS: tuple[str, ...] = tuple(kernel_abi.FIELDS[1:])
 FIELD_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kernel_abi.FIELDS) if number}
@@ -31,7 +35,11 @@ FIELD_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kern
 # Program families (hoptrace.dispatcher.spec.KIND_FAMILY) whose hop programs see an sk_buff.
 SKB_FAMILIES = frozenset({"tc", "cgroup_skb", "tp_btf", "fentry", "kprobe"})
 ALL_FAMILIES = SKB_FAMILIES | {"xdp"}
-# Which program families can give each field (tests check every catalogue field is here).
+# Families whose ctx is a socket's packet with bpf_skb_cgroup_id (tracepoints and kprobes have no
+# helper for it).
+SOCKET_SKB_FAMILIES = frozenset({"tc", "cgroup_skb"})
+# Which program families can give each field (tests check every catalogue field is here). Header fields
+# come from the parser every hop runs; sk_buff fields need an sk_buff (an XDP frame has none).
 FIELD_AVAILABILITY: dict[str, frozenset[str]] = {
     "cpu": ALL_FAMILIES,
     "len": ALL_FAMILIES,
@@ -39,8 +47,36 @@ FIELD_AVAILABILITY: dict[str, frozenset[str]] = {
     "mark": SKB_FAMILIES,
     "priority": SKB_FAMILIES,
     "latency": ALL_FAMILIES,
+    "netns": SKB_FAMILIES,
+    "cgroup": SOCKET_SKB_FAMILIES,
+    "queue_mapping": SKB_FAMILIES,
+    "gso_segs": SKB_FAMILIES,
+    "gso_size": SKB_FAMILIES,
+    "tos": ALL_FAMILIES,
+    "ttl": ALL_FAMILIES,
+    "ip_id": ALL_FAMILIES,
+    "tcp_flags": ALL_FAMILIES,
+    "tcp_window": ALL_FAMILIES,
+    # Narrowed by FIELD_POINTS below: cgroup-egress only.
+    "pid": frozenset({"cgroup_skb"}),
+    # Narrowed by FIELD_POINTS below: the skb:kfree_skb tracepoint only.
+    "drop_reason": frozenset({"tp_btf"}),
 }
-# A count is keyed by a discrete value; latency is a duration, only for histograms.
+# Fields that need more than their family: (test of the parsed attach point, where they are available, why).
+# pid: only the sending task runs a cgroup-egress program (sendmsg -> ip_output); at ingress the
+# packet is handled in softirq and the current task is whoever was interrupted.
+FIELD_POINTS: dict[str, tuple[Callable[[AttachPoint], bool], str]] = {
+    "pid": (
+        lambda point: point.kind == "cgroup_skb" and point.direction == "egress",
+        "cgroup-egress hops (where the sending task runs the program)",
+    ),
+    "drop_reason": (
+        lambda point: point.kind == "tp_btf" and (point.group, point.target) == ("skb", "kfree_skb"),
+        "tracepoint:skb:kfree_skb hops (its reason argument)",
+    ),
+}
+# A count is keyed by a discrete value; latency is a duration, only for histograms. A record needs no
+# latency either: the joined records' timestamps are each packet's latency already.
 HISTOGRAM_ONLY = frozenset({"latency"})
 # How a family is named in messages ("tracepoint hops", not "tp_btf hops").
 FAMILY_NAMES = {"tp_btf": "tracepoint", "cgroup_skb": "cgroup"}
@@ -48,9 +84,18 @@ FAMILY_NAMES = {"tp_btf": "tracepoint", "cgroup_skb": "cgroup"}
 ActionError = tuple[str, str]  # (field path, reason)
 
 
-def available_fields(family: str) -> list[str]:
-    """The catalogue's fields a hop of this program family can give, in catalogue order."""
-    return [name for name in FIELDS if family in FIELD_AVAILABILITY.get(name, frozenset())]
+def field_available(name: str, family: str, point: AttachPoint | None = None) -> bool:
+    """Can a hop of this program family (and, when given, this attach point) give field `name`?"""
+    if family not in FIELD_AVAILABILITY.get(name, frozenset()):
+        return False
+    narrowed = FIELD_POINTS.get(name)
+    return narrowed is None or point is None or narrowed[0](point)
+
+
+def available_fields(family: str, point: AttachPoint | None = None) -> list[str]:
+    """The catalogue's fields a hop of this program family (and attach point) can give, in catalogue
+    order."""
+    return [name for name in FIELDS if field_available(name, family, point)]
 
 
 def _kind_and_args(value: Any) -> tuple[str | None, dict[str, Any], str | None]:
@@ -59,7 +104,7 @@ def _kind_and_args(value: Any) -> tuple[str | None, dict[str, Any], str | None]:
         return value, {}, None
     if not isinstance(value, dict) or not value:
         return None, {}, "must be an action name or a mapping such as {histogram: len}"
-    kinds = [key for key in value if key in ACTION_KINDS or key in PLANNED_KINDS]
+    kinds = [key for key in value if key in ACTION_KINDS]
     if len(kinds) != 1:
         others = ", ".join(repr(key) for key in value)
         return None, {}, f"one action per item ({', '.join(ACTION_KINDS)}), got keys {others}"
@@ -103,7 +148,17 @@ def convert_actions(
                 errors.append((where, f"count by: must be a field name, got {by!r}"))
             elif by:
                 action.by = by
-        elif kind in ("histogram",) or kind in PLANNED_KINDS:
+        elif kind == "record":
+            fields = args.get("field")
+            if isinstance(fields, str):
+                fields = [fields]
+            if not isinstance(fields, list) or not fields or not all(isinstance(f, str) for f in fields):
+                errors.append(
+                    (where, f"record: must list 1 to {RECORD_FIELDS_MAX} field names, got {fields!r}")
+                )
+            else:
+                action.fields.extend(fields)
+        elif kind == "histogram":
             argument = args.get("field")
             if kind == "histogram" and not isinstance(argument, str):
                 errors.append(
@@ -120,36 +175,51 @@ def action_to_data(action: trace_pb2.ActionSpec) -> Any:
         return {"count": {"by": action.by}} if action.by else "count"
     if action.kind == "histogram":
         return {"histogram": action.field}
+    if action.kind == "record":
+        return {"record": list(action.fields)}
     return action.kind
 
 
-def _field_problem(name: str, family: str, kind: str) -> str | None:
+def _field_problem(name: str, family: str, kind: str, point: AttachPoint | None) -> str | None:
     if name not in FIELD_NUMBERS:
         return f"unknown field {name!r}; fields: {', '.join(FIELDS)}"
     if kind == "count" and name in HISTOGRAM_ONLY:
         return f"field {name!r} is a duration: use histogram: {name}, not count by"
-    if family not in FIELD_AVAILABILITY.get(name, frozenset()):
-        where = FAMILY_NAMES.get(family, family)
+    if kind == "record" and name in HISTOGRAM_ONLY:
         return (
-            f"field {name!r} is not available at {where} hops; available: "
-            f"{', '.join(available_fields(family))}"
+            f"field {name!r} is per packet already (the joined records' timestamps): "
+            f"use histogram: {name}, or the report's segments"
+        )
+    if not field_available(name, family, point):
+        where = point_name(point) if point is not None else FAMILY_NAMES.get(family, family)
+        only = f" (only at {FIELD_POINTS[name][1]})" if name in FIELD_POINTS else ""
+        return (
+            f"field {name!r} is not available at {where} hops{only}; available: "
+            f"{', '.join(available_fields(family, point))}"
         )
     return None
 
 
-def validate_actions(hop: trace_pb2.HopSpec, family: str | None, field: str) -> list[ActionError]:
-    """Problems of one hop's actions; `family` is its program family (None when `at` did not parse)."""
+def point_name(point: AttachPoint) -> str:
+    """How an attach point is named in messages: ``tracepoint:net:net_dev_xmit``, ``cgroup-ingress``."""
+    if point.kind == "tp_btf":
+        return f"tracepoint:{point.group}:{point.target}"
+    if point.kind in ("tc", "cgroup_skb"):
+        return f"{FAMILY_NAMES.get(point.kind, point.kind)}-{point.direction}"
+    return f"{point.kind}:{point.target}" if point.target else point.kind
+
+
+def validate_actions(
+    hop: trace_pb2.HopSpec, family: str | None, field: str, point: AttachPoint | None = None
+) -> list[ActionError]:
+    """Problems of one hop's actions; `family` is its program family (None when `at` did not parse),
+    `point` its parsed attach point (narrows fields such as pid and drop_reason)."""
     errors: list[ActionError] = []
     if not hop.actions:
         return errors
     seen: dict[str, int] = {}
     for position, action in enumerate(hop.actions):
         where = f"{field}.actions[{position}]"
-        if action.kind in PLANNED_KINDS:
-            errors.append(
-                (where, f"{action.kind!r} is not available yet; actions: {', '.join(ACTION_KINDS)}")
-            )
-            continue
         if action.kind not in ACTION_KINDS:
             errors.append((where, f"unknown action {action.kind!r}; expected {', '.join(ACTION_KINDS)}"))
             continue
@@ -159,9 +229,12 @@ def validate_actions(hop: trace_pb2.HopSpec, family: str | None, field: str) -> 
             )
             continue
         seen[action.kind] = position
+        if action.kind == "record":
+            errors.extend(_record_problems(action, family, point, where))
+            continue
         name = action.by if action.kind == "count" else action.field
         if name and family is not None:
-            problem = _field_problem(name, family, action.kind)
+            problem = _field_problem(name, family, action.kind, point)
             if problem:
                 errors.append((where, problem))
     if "timestamp" not in seen:
@@ -175,6 +248,37 @@ def validate_actions(hop: trace_pb2.HopSpec, family: str | None, field: str) -> 
     return errors
 
 
+def _record_problems(
+    action: trace_pb2.ActionSpec, family: str | None, point: AttachPoint | None, where: str
+) -> list[ActionError]:
+    """Problems of one record action: 1 to RECORD_FIELDS_MAX fields, each once, each available here."""
+    fields = list(action.fields)
+    if not fields or len(fields) > RECORD_FIELDS_MAX:
+        return [(where, f"record: must list 1 to {RECORD_FIELDS_MAX} fields, got {len(fields)}")]
+    errors: list[ActionError] = []
+    for i, name in enumerate(fields):
+        if name in fields[:i]:
+            errors.append((f"{where}.record[{i}]", f"field {name!r} is listed twice"))
+            continue
+        problem = _field_problem(name, family, "record", point) if family is not None else None
+        if family is None and name not in FIELD_NUMBERS:
+            problem = f"unknown field {name!r}; fields: {', '.join(FIELDS)}"
+        if problem:
+            errors.append((f"{where}.record[{i}]", problem))
+    return errors
+
+
+def _action_fields(action: trace_pb2.ActionSpec) -> list[str]:
+    """The catalogue fields one action reads."""
+    if action.kind == "count":
+        return [action.by] if action.by else []
+    if action.kind == "histogram":
+        return [action.field] if action.field else []
+    if action.kind == "record":
+        return list(action.fields)
+    return []
+
+
 def validate_against_agent(
     hop: trace_pb2.HopSpec, field: str, registration: agent_pb2.Register
 ) -> list[ActionError]:
@@ -185,16 +289,24 @@ def validate_against_agent(
     }
     errors: list[ActionError] = []
     for position, action in enumerate(hop.actions):
-        name = action.by if action.kind == "count" else action.field if action.kind == "histogram" else ""
-        if name and name in FIELD_NUMBERS and name not in reported:
-            listed = ", ".join(sorted(reported, key=FIELDS.index)) if reported else "none (an older agent)"
-            errors.append(
-                (
-                    f"{field}.actions[{position}]",
-                    f"node {hop.node}'s agent cannot read field {name!r}; it reports: {listed}",
-                )
+        for name in _action_fields(action):
+            errors.extend(
+                _agent_field_problem(hop, f"{field}.actions[{position}]", name, reported, registration)
             )
     return errors
+
+
+def _agent_field_problem(
+    hop: trace_pb2.HopSpec, where: str, name: str, reported: set[str], registration: agent_pb2.Register
+) -> list[ActionError]:
+    """A field the hop's node did not report: with its kernel's reason when the agent gave one."""
+    if not name or name not in FIELD_NUMBERS or name in reported:
+        return []
+    why = registration.capabilities.unavailable_fields.get(name, "")
+    if why:
+        return [(where, f"node {hop.node} cannot give field {name!r}: {why}")]
+    listed = ", ".join(sorted(reported, key=FIELDS.index)) if reported else "none (an older agent)"
+    return [(where, f"node {hop.node}'s agent cannot read field {name!r}; it reports: {listed}")]
 
 
 def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopActions]:
@@ -208,6 +320,8 @@ def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopAct
             if action.kind == "count":
                 actions.count = True
                 actions.count_by = FIELD_NUMBERS.get(action.by, 0)
+            elif action.kind == "record":
+                actions.record.extend(FIELD_NUMBERS.get(name, 0) for name in action.fields)
             elif action.kind == "histogram":
                 actions.histogram = FIELD_NUMBERS.get(action.field, 0)
                 if action.field == "latency":
@@ -217,6 +331,18 @@ def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopAct
         if index < latency_after.get(hop.node, -1):
             out[index].prev_ts = True
     return out
+
+
+def reads_field(actions: agent_pb2.HopActions | None, name: str) -> bool:
+    """Does a hop with these typed actions read field `name` (count by or histogram)?"""
+    if actions is None:
+        return False
+    number = FIELD_NUMBERS[name]
+    return (
+        (actions.count and actions.count_by == number)
+        or actions.histogram == number
+        or number in actions.record
+    )
 
 
 def field_name(number: int) -> str:

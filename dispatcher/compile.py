@@ -27,7 +27,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from hoptrace import kernel_abi
-from hoptrace.dispatcher.actions import hop_actions
+from hoptrace.dispatcher.actions import hop_actions, reads_field
 from hoptrace.dispatcher.events import EVENT_PROGRAM, event_attach
 from hoptrace.dispatcher.spec import (
     AttachPoint,
@@ -52,6 +52,9 @@ PROGRAM_FOR_KIND = {
 # net:net_dev_xmit fires after a veth handed the skb to its peer: its own program matches the event's dev
 # argument instead of skb->dev (kernel-patch/include/hop.bpf.h).
 XMIT_TRACEPOINT_PROGRAM = "hop_tp_btf_xmit"
+# skb:kfree_skb with its reason argument (from 5.17): only for a hop that reads the drop_reason field, so
+# kfree_skb hops without it still load on older kernels.
+KFREE_TRACEPOINT_PROGRAM = "hop_tp_btf_kfree"
 TCP_TAGGER_PROGRAM = "tag_tcp"
 # ELF section of each program in the objects, and the order of programs in a generated source.
 PROGRAM_SECTIONS: dict[str, str] = dict(kernel_abi.PROGRAMS)
@@ -88,10 +91,12 @@ class CompileError(RuntimeError):
     """clang (or the toolchain around it) failed; the message holds the compiler's own words."""
 
 
-def program_for_point(point: AttachPoint) -> str:
-    """The program the agent attaches for a parsed attach point."""
+def program_for_point(point: AttachPoint, reads_drop_reason: bool = False) -> str:
+    """The program the agent attaches for a parsed attach point (and whether the hop reads drop_reason)."""
     if point.kind == "tp_btf" and point.target == "net_dev_xmit":
         return XMIT_TRACEPOINT_PROGRAM
+    if point.kind == "tp_btf" and point.target == "kfree_skb" and reads_drop_reason:
+        return KFREE_TRACEPOINT_PROGRAM
     return PROGRAM_FOR_KIND[point.kind]
 
 
@@ -144,7 +149,7 @@ def hop_attach(
         hop_index=index,
         name=hop.name,
         kind=point.attach,
-        program=program_for_point(point),
+        program=program_for_point(point, reads_field(actions, "drop_reason")),
         dev=hop.dev,
         netns=hop.netns,
         cgroup=hop.cgroup,

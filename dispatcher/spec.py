@@ -559,7 +559,7 @@ def _validate_hop(hop: trace_pb2.HopSpec, field: str, errors: list[FieldError]) 
         errors.append(FieldError(f"{field}.cgroup", f"{hop.cgroup!r}: '..' is not allowed"))
     errors.extend(
         FieldError(where, reason)
-        for where, reason in hop_actions.validate_actions(hop, point.kind if point else None, field)
+        for where, reason in hop_actions.validate_actions(hop, point.kind if point else None, field, point)
     )
     if point is None:
         return None

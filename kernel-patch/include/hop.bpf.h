@@ -46,8 +46,11 @@ const volatile __u64 tag_netns_cookie = 0;
 const volatile __u8 act_count = 0;    /* 1: count matched packets (count_keys) */
 const volatile __u8 act_count_by = 0; /* enum hoptrace_field keying the count; NONE = one total */
 const volatile __u8 act_hist = 0;     /* enum hoptrace_field of the log2 histogram; NONE = none */
-const volatile __u8 act_prev_ts = 0;  /* 1: remember this hop's timestamp of each traced packet
-					 (prev_ts) for a later hop's latency on this node */
+/* record: [FIELDS]: enum hoptrace_field of each value carried with the record (struct
+ * hoptrace_values); act_record[0] == NONE: no values, the 32-byte record alone. */
+const volatile __u8 act_record[HOPTRACE_VALUES_MAX] = {};
+const volatile __u8 act_prev_ts = 0; /* 1: remember this hop's timestamp of each traced packet
+					(prev_ts) for a later hop's latency on this node */
 
 /* One per agent: every hop of every trace writes here. */
 struct {
@@ -118,6 +121,7 @@ struct {
 
 /* Keep the record layout in this object's BTF for the layout tests. */
 const struct hoptrace_record *unused_record_type __attribute__((unused));
+const struct hoptrace_values *unused_values_type __attribute__((unused));
 const enum hoptrace_counter *unused_counter_type __attribute__((unused));
 
 static __always_inline void count(enum hoptrace_counter c, __u64 n)
@@ -227,12 +231,17 @@ static __always_inline __u32 next_id(bool floor)
 	return ((__u32)node_salt << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
 }
 
+/* vals: the record action's values, read only when the hop has one (act_record[0]): then they
+ * follow the record in the same sample (HOPTRACE_F_VALUES). */
 static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex, __u32 wire_len,
-					__u64 ts)
+					__u64 ts, const struct hoptrace_values *vals)
 {
 	struct hoptrace_record *rec;
 
-	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (act_record[0])
+		rec = bpf_ringbuf_reserve(&records, sizeof(*rec) + sizeof(*vals), 0);
+	else
+		rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
 	if (!rec) {
 		count(HOPTRACE_C_RINGBUF_FULL, 1);
 		return;
@@ -246,6 +255,10 @@ static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex,
 	rec->trace_slot = trace_slot;
 	rec->cpu = bpf_get_smp_processor_id();
 	rec->flags = p->flags;
+	if (act_record[0]) {
+		rec->flags |= HOPTRACE_F_VALUES;
+		__builtin_memcpy((void *)(rec + 1), vals, sizeof(*vals));
+	}
 	/* Wake the agent only for a backlog worth it: a wakeup per record schedules the agent onto
 	 * the traced packet's CPU, in the middle of its path (measured with hoptrace mace: +6 to
 	 * +37 us per traced echo). The agent reads every 100 ms anyway. */
@@ -375,14 +388,23 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 /* What the hop programs read for the action fields beyond the record's own
  * (enum hoptrace_field); filled only when an action asks for them. */
 struct hop_meta {
+	__u64 cgroup;
 	__u32 mark;
 	__u32 priority;
+	__u32 netns;
+	__u32 queue_mapping;
+	__u32 gso_segs;
+	__u32 gso_size;
+	__u32 pid;
+	__u32 drop_reason;
 };
 
-/* Does this hop's count or histogram read `field`? Load-time constant. */
+/* Does this hop's count, histogram or record read `field`? Load-time constant. */
 static __always_inline bool act_reads(enum hoptrace_field field)
 {
-	return (act_count && act_count_by == field) || act_hist == field;
+	return (act_count && act_count_by == field) || act_hist == field ||
+	       act_record[0] == field || act_record[1] == field || act_record[2] == field ||
+	       act_record[3] == field;
 }
 
 /* floor(log2(v)) + 1, 0 for 0: unrolled, no loop (5.10 has no bpf_loop, and a
@@ -418,8 +440,8 @@ static __always_inline __u32 log2_bucket(__u64 v)
 	return b + (__u32)(v & 1);
 }
 
-static __always_inline __u64 field_value(__u8 field, __u32 ifindex, __u32 wire_len,
-					 const struct hop_meta *m, __u64 latency)
+static __always_inline __u64 field_value(__u8 field, const struct pkt_info *p, __u32 ifindex,
+					 __u32 wire_len, const struct hop_meta *m, __u64 latency)
 {
 	switch (field) {
 	case HOPTRACE_FIELD_CPU:
@@ -434,6 +456,30 @@ static __always_inline __u64 field_value(__u8 field, __u32 ifindex, __u32 wire_l
 		return m->priority;
 	case HOPTRACE_FIELD_LATENCY:
 		return latency;
+	case HOPTRACE_FIELD_NETNS:
+		return m->netns;
+	case HOPTRACE_FIELD_CGROUP:
+		return m->cgroup;
+	case HOPTRACE_FIELD_QUEUE_MAPPING:
+		return m->queue_mapping;
+	case HOPTRACE_FIELD_GSO_SEGS:
+		return m->gso_segs;
+	case HOPTRACE_FIELD_GSO_SIZE:
+		return m->gso_size;
+	case HOPTRACE_FIELD_TOS:
+		return p->tos;
+	case HOPTRACE_FIELD_TTL:
+		return p->ttl;
+	case HOPTRACE_FIELD_IP_ID:
+		return p->ip_id;
+	case HOPTRACE_FIELD_TCP_FLAGS:
+		return p->tcp_flags;
+	case HOPTRACE_FIELD_TCP_WINDOW:
+		return p->tcp_window;
+	case HOPTRACE_FIELD_PID:
+		return m->pid;
+	case HOPTRACE_FIELD_DROP_REASON:
+		return m->drop_reason;
 	}
 	return 0;
 }
@@ -469,6 +515,25 @@ static __always_inline void hist_add(__u64 value)
 		*v += 1;
 }
 
+/* The record action's values of this packet, in the order of act_record (the dispatcher refuses
+ * latency there: the joined records' timestamps already carry it per packet). */
+static __always_inline void record_values(struct hoptrace_values *vals, const struct pkt_info *p,
+					  __u32 ifindex, __u32 wire_len, const struct hop_meta *m)
+{
+	__u32 n = 0;
+
+	__builtin_memset(vals, 0, sizeof(*vals));
+#pragma unroll
+	for (int i = 0; i < HOPTRACE_VALUES_MAX; i++) {
+		if (!act_record[i])
+			break;
+		vals->field[i] = act_record[i];
+		vals->value[i] = field_value(act_record[i], p, ifindex, wire_len, m, 0);
+		n++;
+	}
+	vals->count = n;
+}
+
 /*
  * The latency field: time since the previous hop of the same packet on this
  * node, from prev_ts; then this hop's own timestamp for the next one.
@@ -498,6 +563,7 @@ static __always_inline bool prev_hop_latency(const struct pkt_info *p, __u64 ts,
 static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifindex,
 				       __u32 wire_len, const struct hop_meta *m)
 {
+	struct hoptrace_values vals; /* filled and read only with a record action */
 	__u64 ts, latency = 0;
 	bool has_latency = false;
 
@@ -513,9 +579,10 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 	count(HOPTRACE_C_BYTES, wire_len);
 	/* count and histogram (other than latency) see every matched packet, sampled or not */
 	if (act_count)
-		count_by_key(act_count_by ? field_value(act_count_by, ifindex, wire_len, m, 0) : 0);
+		count_by_key(act_count_by ? field_value(act_count_by, p, ifindex, wire_len, m, 0)
+					  : 0);
 	if (act_hist && act_hist != HOPTRACE_FIELD_LATENCY)
-		hist_add(field_value(act_hist, ifindex, wire_len, m, 0));
+		hist_add(field_value(act_hist, p, ifindex, wire_len, m, 0));
 	if (!p->id) {
 		count(HOPTRACE_C_UNTAGGED, 1);
 		return;
@@ -525,11 +592,32 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 		has_latency = prev_hop_latency(p, ts, &latency);
 	if (act_hist == HOPTRACE_FIELD_LATENCY && has_latency)
 		hist_add(latency);
-	emit_record(p, ifindex, wire_len, ts);
+	/* Two calls, not one with a maybe-filled struct: clang would copy its undefined bytes
+	 * (which the verifier refuses), or the hot path would pay to zero it. */
+	if (act_record[0]) {
+		record_values(&vals, p, ifindex, wire_len, m);
+		emit_record(p, ifindex, wire_len, ts, &vals);
+	} else {
+		emit_record(p, ifindex, wire_len, ts, NULL);
+	}
 }
 
-/* tc and cgroup_skb: the action fields in __sk_buff, read only when asked for. */
-static __always_inline void skb_meta(struct __sk_buff *skb, struct hop_meta *m)
+/* The netns inode of a tc or cgroup_skb packet's device: tc's ctx is the kernel's sk_buff (see
+ * skb_ip_summed for the two ways of reading it). */
+static __always_inline __u32 skb_netns_ino(struct __sk_buff *skb, bool floor)
+{
+	struct sk_buff *kskb = (struct sk_buff *)skb;
+
+	if (!floor && bpf_cast_to_kern_ctx)
+		kskb = bpf_cast_to_kern_ctx(skb);
+	return BPF_CORE_READ(kskb, dev, nd_net.net, ns.inum);
+}
+
+/* tc and cgroup_skb: the action fields in __sk_buff, read only when asked for. task_current: the
+ * program runs in the sending task (cgroup_skb; the dispatcher allows pid at cgroup-egress only).
+ */
+static __always_inline void skb_meta(struct __sk_buff *skb, struct hop_meta *m, bool task_current,
+				     bool floor)
 {
 	if (act_reads(HOPTRACE_FIELD_MARK)) {
 		m->mark = skb->mark;
@@ -539,6 +627,25 @@ static __always_inline void skb_meta(struct __sk_buff *skb, struct hop_meta *m)
 		m->priority = skb->priority;
 		barrier_var(m->priority);
 	}
+	if (act_reads(HOPTRACE_FIELD_QUEUE_MAPPING)) {
+		m->queue_mapping = skb->queue_mapping;
+		barrier_var(m->queue_mapping);
+	}
+	if (act_reads(HOPTRACE_FIELD_GSO_SEGS)) {
+		m->gso_segs = skb->gso_segs;
+		barrier_var(m->gso_segs);
+	}
+	if (act_reads(HOPTRACE_FIELD_GSO_SIZE)) {
+		m->gso_size = skb->gso_size;
+		barrier_var(m->gso_size);
+	}
+	if (act_reads(HOPTRACE_FIELD_NETNS))
+		m->netns = skb_netns_ino(skb, floor);
+	if (act_reads(HOPTRACE_FIELD_CGROUP))
+		m->cgroup =
+		    bpf_skb_cgroup_id(skb); /* the socket's cgroup; 0 without a full socket */
+	if (task_current && act_reads(HOPTRACE_FIELD_PID))
+		m->pid = bpf_get_current_pid_tgid() >> 32;
 }
 
 /* tc (tcx) ingress or egress: the frame starts with its Ethernet header. */
@@ -554,7 +661,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 
 	barrier_var(ifindex);
 	barrier_var(len);
-	skb_meta(skb, &m);
+	skb_meta(skb, &m, false, floor);
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end);
 	count(HOPTRACE_C_SEEN, 1);
 	status = parse_packet(PKT_SKB, &r, 0, 0, &p);
@@ -585,7 +692,7 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 
 	barrier_var(ifindex);
 	barrier_var(len);
-	skb_meta(skb, &m);
+	skb_meta(skb, &m, true, floor);
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end);
 	count(HOPTRACE_C_SEEN, 1);
 	hop_finish(parse_packet(PKT_SKB, &r, 0, ethertype ? ethertype : ETH_P_IP_, &p), &p, ifindex,
@@ -599,7 +706,7 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	__u32 len = floor ? ctx->data_end - ctx->data : bpf_xdp_get_buff_len(ctx);
 	struct pkt_reader r = {.ctx = ctx, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
-	/* XDP has no sk_buff: no mark, no priority (the dispatcher refuses them) */
+	/* XDP has no sk_buff: none of its fields (the dispatcher refuses them) */
 	struct hop_meta m = {};
 
 	barrier_var(ifindex);
@@ -632,7 +739,8 @@ static __always_inline void pkt_copy_head(struct pkt_reader *r)
  * The device and namespace checks come first: they are what make a
  * system-wide event cheap for the packets of other hops and other agents.
  */
-static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device *dev, bool floor)
+static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device *dev,
+					  __u32 drop_reason, bool floor)
 {
 	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
@@ -646,8 +754,10 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		return 0;
 	}
 	ifindex = BPF_CORE_READ(dev, ifindex);
+	if (hop_netns_ino || act_reads(HOPTRACE_FIELD_NETNS))
+		m.netns = BPF_CORE_READ(dev, nd_net.net, ns.inum);
 	if ((hop_ifindex && ifindex != hop_ifindex) ||
-	    (hop_netns_ino && BPF_CORE_READ(dev, nd_net.net, ns.inum) != hop_netns_ino)) {
+	    (hop_netns_ino && m.netns != hop_netns_ino)) {
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
@@ -661,6 +771,17 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		m.mark = BPF_CORE_READ(skb, mark);
 	if (act_reads(HOPTRACE_FIELD_PRIORITY))
 		m.priority = BPF_CORE_READ(skb, priority);
+	if (act_reads(HOPTRACE_FIELD_QUEUE_MAPPING))
+		m.queue_mapping = BPF_CORE_READ(skb, queue_mapping);
+	if (act_reads(HOPTRACE_FIELD_GSO_SEGS) || act_reads(HOPTRACE_FIELD_GSO_SIZE)) {
+		/* skb_shinfo(): the shared info sits at head + end (end is an offset on 64-bit) */
+		struct skb_shared_info *shinfo =
+		    (void *)(BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, end));
+
+		m.gso_segs = BPF_CORE_READ(shinfo, gso_segs);
+		m.gso_size = BPF_CORE_READ(shinfo, gso_size);
+	}
+	m.drop_reason = drop_reason;
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
 	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, r.total, &m);
 	return 0;
@@ -796,11 +917,11 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 #define HOPTRACE_PROG_TP_BTF                                                                       \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), false);                        \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false);                     \
 	}                                                                                          \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), true);                         \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, true);                      \
 	}
 /* net:net_dev_xmit fires after the driver took the skb: a veth has already
  * moved it to its peer (__dev_forward_skb sets skb->dev), so the device is the
@@ -809,30 +930,46 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit, struct sk_buff *skb, int rc, struct net_device *dev)         \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, false);                                            \
+		return hop_kernel_skb(skb, dev, 0, false);                                         \
 	}                                                                                          \
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit_floor, struct sk_buff *skb, int rc, struct net_device *dev)   \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, true);                                             \
+		return hop_kernel_skb(skb, dev, 0, true);                                          \
+	}
+/* skb:kfree_skb with its drop reason (the drop_reason field): the event has the argument from 5.17
+ * (TP_PROTO(skb, location, reason)); older kernels refuse this program, and their agents do not
+ * report the field, so the dispatcher picks it only for a kfree_skb hop that reads the reason. */
+#define HOPTRACE_PROG_TP_BTF_KFREE                                                                 \
+	SEC("tp_btf/kfree_skb")                                                                    \
+	int BPF_PROG(hop_tp_btf_kfree, struct sk_buff *skb, void *location,                        \
+		     enum skb_drop_reason reason)                                                  \
+	{                                                                                          \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), reason, false);                \
+	}                                                                                          \
+	SEC("tp_btf/kfree_skb")                                                                    \
+	int BPF_PROG(hop_tp_btf_kfree_floor, struct sk_buff *skb, void *location,                  \
+		     enum skb_drop_reason reason)                                                  \
+	{                                                                                          \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), reason, true);                 \
 	}
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), false);                        \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false);                     \
 	}                                                                                          \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), true);                         \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, true);                      \
 	}
 #define HOPTRACE_PROG_KPROBE                                                                       \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe, struct sk_buff *skb)            \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), false);                        \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false);                     \
 	}                                                                                          \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe_floor, struct sk_buff *skb)      \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), true);                         \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, true);                      \
 	}
 #define HOPTRACE_PROG_TAG_TCP                                                                      \
 	SEC("sockops") int tag_tcp(struct bpf_sock_ops *skops)                                     \

@@ -44,6 +44,8 @@ enum hoptrace_wire {
 	HOPTRACE_EVENT_TERMS = 4,
 	HOPTRACE_EVENT_IN_VALUES = 8,
 	HOPTRACE_EVENT_ARGS_BYTES = 4096,
+	/* Fields one hop's record action carries per packet (struct hoptrace_values). */
+	HOPTRACE_VALUES_MAX = 4,
 };
 
 /* record.flags */
@@ -55,6 +57,7 @@ enum hoptrace_record_flag {
 	HOPTRACE_F_ENCAP_GENEVE = 1 << 4, /* ID found inside a Geneve packet */
 	HOPTRACE_F_TAGGED_HERE = 1 << 5,  /* this hop wrote the ID */
 	HOPTRACE_F_VLAN = 1 << 6,
+	HOPTRACE_F_VALUES = 1 << 7, /* a struct hoptrace_values follows the record in its sample */
 };
 
 /* One timestamp of one packet at one hop. 32 bytes, no padding. */
@@ -68,6 +71,15 @@ struct hoptrace_record {
 	__u16 trace_slot; /* agent-local number of the trace */
 	__u16 cpu;
 	__u16 flags; /* enum hoptrace_record_flag */
+};
+
+/* The record action's values (record: [FIELDS]): in the same ring buffer sample, right after the
+ * struct hoptrace_record whose flags has HOPTRACE_F_VALUES. Self-describing, so the agent and the
+ * collector need no plan to read it. 40 bytes, no padding. */
+struct hoptrace_values {
+	__u8 field[HOPTRACE_VALUES_MAX];  /* enum hoptrace_field of each value; NONE past count */
+	__u32 count;			  /* values used */
+	__u64 value[HOPTRACE_VALUES_MAX]; /* in the order of the hop's record: list */
 };
 
 /* Per-hop counters: one per-CPU array entry per reason, summed by the agent.
@@ -111,6 +123,28 @@ enum hoptrace_field {
 	HOPTRACE_FIELD_PRIORITY, /* skb->priority: hops that see an sk_buff (not xdp) */
 	HOPTRACE_FIELD_LATENCY,	 /* ns since the previous hop of the same packet on the same node
 				    (prev_ts); traced (ID-carrying) packets only */
+	/* From the sk_buff, read with CO-RE; not at xdp (an XDP frame has no sk_buff). */
+	HOPTRACE_FIELD_NETNS, /* inode of the network namespace of the skb's device */
+	/* cgroup v2 id of the skb's socket (bpf_skb_cgroup_id: tc and cgroup hops); 0 without a
+	 * local full socket, as at most ingress hops. */
+	HOPTRACE_FIELD_CGROUP,
+	HOPTRACE_FIELD_QUEUE_MAPPING, /* skb->queue_mapping: the device queue */
+	HOPTRACE_FIELD_GSO_SEGS,      /* skb_shinfo(skb)->gso_segs; 0 without GSO */
+	HOPTRACE_FIELD_GSO_SIZE, /* skb_shinfo(skb)->gso_size: bytes per segment; 0 without GSO */
+	/* From the innermost IP/TCP header, as parse.bpf.h's parser found it: every hop. */
+	HOPTRACE_FIELD_TOS,   /* IPv4 TOS / IPv6 traffic class (DSCP << 2 | ECN) */
+	HOPTRACE_FIELD_TTL,   /* IPv4 TTL / IPv6 hop limit */
+	HOPTRACE_FIELD_IP_ID, /* IPv4 identification; 0 for IPv6 */
+	/* Byte 13 of the TCP header (CWR ECE URG ACK PSH RST SYN FIN); 0 if not TCP. */
+	HOPTRACE_FIELD_TCP_FLAGS,
+	HOPTRACE_FIELD_TCP_WINDOW, /* the TCP header's window, unscaled; 0 if not TCP */
+	/* The sending process (tgid, as ps shows it): only at cgroup-egress, where the task that
+	 * sends runs the program (sendmsg -> ip_output); at tc, xdp and ingress hops the packet is
+	 * handled in softirq or by a qdisc, and the current task is whoever was interrupted. Needs
+	 * bpf_get_current_pid_tgid in cgroup_skb programs (the agent probes for it). */
+	HOPTRACE_FIELD_PID,
+	/* skb:kfree_skb's reason argument (enum skb_drop_reason; the event has it from 5.17). */
+	HOPTRACE_FIELD_DROP_REASON,
 	HOPTRACE_FIELD_MAX,
 };
 

@@ -89,6 +89,13 @@ struct pkt_info {
 	__u32 udp_len; /* UDP length field */
 	__u8 fragment; /* first fragment: ports, but only part of the datagram (no ID, never tagged)
 			*/
+	/* Header fields for hop actions (enum hoptrace_field), kept from the loads the parser makes
+	 * anyway: a few register moves, no extra packet reads. */
+	__u8 tos;	  /* IPv4 TOS / IPv6 traffic class */
+	__u8 ttl;	  /* IPv4 TTL / IPv6 hop limit */
+	__u8 tcp_flags;	  /* TCP header byte 13 */
+	__u16 ip_id;	  /* IPv4 identification */
+	__u16 tcp_window; /* unscaled */
 };
 
 static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, __u32 off, void *to,
@@ -308,6 +315,9 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 			return PARSE_NON_IP;
 		p->fragment = !!(bpf_ntohs(ip.frag_off) & 0x2000); /* MF: the first of several */
 		p->family = 4;
+		p->tos = ip.tos;
+		p->ttl = ip.ttl;
+		p->ip_id = bpf_ntohs(ip.id);
 		p->proto = ip.protocol;
 		p->saddr[0] = ip.saddr;
 		p->daddr[0] = ip.daddr;
@@ -326,6 +336,9 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 			return PARSE_TRUNCATED;
 		p->family = 6;
 		p->flags |= HOPTRACE_F_IPV6;
+		/* RFC 8200: the traffic class straddles the version and the flow label. */
+		p->tos = (ip6.priority << 4) | (ip6.flow_lbl[0] >> 4);
+		p->ttl = ip6.hop_limit;
 		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
 		if (r->floor) {
@@ -461,11 +474,13 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 					struct pkt_info *p)
 {
 	struct tcpopt_scan s = {};
-	__u8 hdr[13];
+	__u8 hdr[16]; /* through the window: data offset, flags, window */
 	__u32 optlen;
 
 	if (pkt_load(src, r, p->l4_off, hdr, sizeof(hdr)))
 		return PARSE_TRUNCATED;
+	p->tcp_flags = hdr[13];
+	p->tcp_window = ((__u16)hdr[14] << 8) | hdr[15];
 	optlen = (hdr[12] >> 4) * 4;
 	if (optlen < 20 || p->l4_off - p->l3_off + optlen > p->ip_len)
 		return PARSE_MALFORMED;

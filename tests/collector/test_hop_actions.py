@@ -12,12 +12,35 @@ import pytest
 from collector_helpers import batch
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from hoptrace.collector.actions import HOP_COUNTS, HOP_HISTOGRAM, HopActionsStage, bucket_le
+from hoptrace.collector.actions import (
+    HOP_COUNTS,
+    HOP_HISTOGRAM,
+    HOP_RECORDED,
+    HopActionsStage,
+    RecordedValuesStage,
+    bucket_le,
+)
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig
 from hoptrace.collector.receiver import ReceiverConfig
-from hoptrace.collector.records import hop_counters
-from hoptrace.collector.report import build_report, get_report, render_text, report_from_proto
+from hoptrace.collector.records import (
+    RECORD_SIZE,
+    VALUES_SIZE,
+    VALUES_STRUCT,
+    RecordDecodeError,
+    RecordFlag,
+    decode_batch,
+    decode_values,
+    hop_counters,
+    pack_records,
+)
+from hoptrace.collector.report import (
+    build_report,
+    get_report,
+    hop_actions_lines,
+    render_text,
+    report_from_proto,
+)
 from hoptrace.collector.service import CollectorConfig, start_collector
 from hoptrace.lab.processes import InfluxServer
 from hoptrace.v1 import api_pb2, counters_pb2, records_pb2, records_pb2_grpc
@@ -132,3 +155,80 @@ def test_counts_and_histograms_through_influx_into_the_report(influxd: InfluxSer
     text = render_text(report)
     assert "b-in @node-b: count by cpu: 0=30 1=10" in text
     assert "b-in @node-b: histogram latency (n=40): <=1.0us 9, <=2.0us 30, <=4.1us 1" in text
+
+
+def _traced(hop_index: int, ts: int, packet_id: int, values: bool) -> tuple[int, ...]:
+    flags = int(RecordFlag.UDP) | (int(RecordFlag.VALUES) if values else 0)
+    return (ts, packet_id, 7, 2, 110, hop_index, 1, 0, flags)
+
+
+@pytest.mark.unit
+def test_recorded_values_pair_with_their_records_and_aggregate_per_hop_and_field() -> None:
+    # Hop 1 records len and ttl of every packet; hop 0 records nothing (its records carry no values).
+    sizes = [110, 90, 1500, 64]
+    records, values = [], b""
+    for i, size in enumerate(sizes):
+        records.append(_traced(0, 1000 + i, 0x01000001 + i, False))
+        records.append(_traced(1, 2000 + i, 0x01000001 + i, True))
+        values += VALUES_STRUCT.pack(
+            counters_pb2.FIELD_LEN, counters_pb2.FIELD_TTL, 0, 0, 2, size, 37 + i, 0, 0
+        )
+    msg = records_pb2.RecordBatch(
+        node="n1",
+        trace="t",
+        records=pack_records(records),
+        record_size=RECORD_SIZE,
+        values=values,
+        value_size=VALUES_SIZE,
+    )
+    decoded = decode_batch(msg)
+    assert [(rec[1], fields) for rec, fields in decoded.values] == [
+        (0x01000001 + i, {counters_pb2.FIELD_LEN: size, counters_pb2.FIELD_TTL: 37 + i})
+        for i, size in enumerate(sizes)
+    ]
+
+    class Shift:
+        def to_master(self, ts_ns: int) -> int:
+            return ts_ns + 5
+
+    lines = RecordedValuesStage().add_values("t", "n1", decoded.values, Shift(), lambda i: f"hop-{i}")
+    assert lines == [
+        f"{HOP_RECORDED},field=len,hop=hop-1,node=n1,trace=t count=4i,sum={float(sum(sizes))},min=64i,"
+        f"max=1500i,last=64i {2003 + 5}",
+        f"{HOP_RECORDED},field=ttl,hop=hop-1,node=n1,trace=t count=4i,sum={float(37 + 38 + 39 + 40)},min=37i,"
+        f"max=40i,last=40i {2003 + 5}",
+    ]
+
+
+@pytest.mark.unit
+def test_values_that_do_not_match_their_records_are_refused() -> None:
+    records = [_traced(1, 1, 0x01000001, True), _traced(1, 2, 0x01000002, True)]
+    one = VALUES_STRUCT.pack(counters_pb2.FIELD_LEN, 0, 0, 0, 1, 60, 0, 0, 0)
+    with pytest.raises(RecordDecodeError, match="40 bytes of values for 2 records"):
+        decode_values(records, one)
+    assert decode_values([_traced(1, 1, 0x01000001, False)], b"") == []
+
+
+@pytest.mark.unit
+def test_the_text_report_shows_each_recorded_field() -> None:
+    hops = [
+        {
+            "hop": "b-c2-in",
+            "counts": [],
+            "histograms": [],
+            "recorded": [
+                {
+                    "node": "host-b",
+                    "field": "len",
+                    "count": 200,
+                    "min": 110,
+                    "max": 110,
+                    "mean": 110.0,
+                    "last": 110,
+                }
+            ],
+        }
+    ]
+    assert hop_actions_lines(hops) == [
+        "b-c2-in @host-b: recorded len (n=200): min 110 mean 110.0 max 110 last 110"
+    ]

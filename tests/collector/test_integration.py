@@ -96,7 +96,14 @@ def expected_hop(hop: str, times: list[int]) -> dict:
     for t in times:
         per_second[t // SEC] = per_second.get(t // SEC, 0) + 1
     mean = sum(per_second.values()) / len(per_second)
-    return {"hop": hop, "packets_per_s": mean, "bytes_per_s": 100 * mean, "counts": [], "histograms": []}
+    return {
+        "hop": hop,
+        "packets_per_s": mean,
+        "bytes_per_s": 100 * mean,
+        "counts": [],
+        "histograms": [],
+        "recorded": [],
+    }
 
 
 def counters(hop_index: int, hop: str, matched: int) -> records_pb2.HopCounters:

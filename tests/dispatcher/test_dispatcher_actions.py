@@ -53,7 +53,7 @@ def test_actions_round_trip_and_compile_to_typed_constants() -> None:
         "{name: b-in, node: host-b, at: tc-ingress, dev: wire0,"
         " actions: [timestamp, count, {histogram: len}]}",
         "{name: b-c2, node: host-b, at: tc-ingress, dev: eth0, netns: c2,"
-        " actions: [timestamp, {count: , by: mark}]}",
+        " actions: [timestamp, {count: , by: mark}, {record: [len, ttl]}]}",
     )
     spec = load_spec(text, example_registrations())
     assert load_spec(spec_to_yaml(spec)) == spec
@@ -68,6 +68,8 @@ def test_actions_round_trip_and_compile_to_typed_constants() -> None:
     assert b["b-in"].count and b["b-in"].count_by == 0 and b["b-in"].histogram == counters_pb2.FIELD_LEN
     assert not b["b-in"].prev_ts  # latency is per node: host-b has no latency hop
     assert b["b-c2"].count_by == counters_pb2.FIELD_MARK
+    assert list(b["b-c2"].record) == [counters_pb2.FIELD_LEN, counters_pb2.FIELD_TTL]
+    assert not b["b-in"].record
 
 
 def test_hops_without_actions_compile_to_no_actions() -> None:
@@ -83,7 +85,31 @@ def test_hops_without_actions_compile_to_no_actions() -> None:
         (
             "{name: x, node: host-b, at: xdp, dev: wire0, actions: [timestamp, {count: {by: mark}}]}",
             "hops[1].actions[1]: field 'mark' is not available at xdp hops;"
-            " available: cpu, len, ifindex, latency",
+            " available: cpu, len, ifindex, latency, tos, ttl, ip_id, tcp_flags, tcp_window",
+        ),
+        (
+            "{name: x, node: host-b, at: cgroup-ingress, cgroup: app,"
+            " actions: [timestamp, {count: {by: pid}}]}",
+            "hops[1].actions[1]: field 'pid' is not available at cgroup-ingress hops (only at cgroup-egress"
+            " hops (where the sending task runs the program)); available: cpu, len, ifindex, mark, priority,"
+            " latency, netns, cgroup, queue_mapping, gso_segs, gso_size, tos, ttl, ip_id, tcp_flags,"
+            " tcp_window",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {count: {by: pid}}]}",
+            "hops[1].actions[1]: field 'pid' is not available at tc-ingress hops (only at cgroup-egress",
+        ),
+        (
+            "{name: x, node: host-b, at: 'tracepoint:net:netif_receive_skb', dev: wire0,"
+            " actions: [timestamp, {count: {by: drop_reason}}]}",
+            "hops[1].actions[1]: field 'drop_reason' is not available at tracepoint:net:netif_receive_skb"
+            " hops (only at tracepoint:skb:kfree_skb hops (its reason argument)); available: cpu, len,"
+            " ifindex, mark, priority, latency, netns, queue_mapping, gso_segs, gso_size, tos, ttl, ip_id,"
+            " tcp_flags, tcp_window",
+        ),
+        (
+            "{name: x, node: host-b, at: xdp, dev: wire0, actions: [timestamp, {histogram: gso_size}]}",
+            "hops[1].actions[1]: field 'gso_size' is not available at xdp hops;",
         ),
         (
             "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {histogram: colour}]}",
@@ -107,8 +133,26 @@ def test_hops_without_actions_compile_to_no_actions() -> None:
             "hops[1].actions: must include timestamp",
         ),
         (
-            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {record: [len]}]}",
-            "hops[1].actions[1]: 'record' is not available yet",
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0,"
+            " actions: [timestamp, {record: [len, latency]}]}",
+            "hops[1].actions[1].record[1]: field 'latency' is per packet already",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {record: [ttl, ttl]}]}",
+            "hops[1].actions[1].record[1]: field 'ttl' is listed twice",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0,"
+            " actions: [timestamp, {record: [len, ttl, tos, mark, cpu]}]}",
+            "hops[1].actions[1]: record: must list 1 to 4 fields, got 5",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {record: []}]}",
+            "hops[1].actions[1]: record: must list 1 to 4 field names",
+        ),
+        (
+            "{name: x, node: host-b, at: xdp, dev: wire0, actions: [timestamp, {record: [len, mark]}]}",
+            "hops[1].actions[1].record[1]: field 'mark' is not available at xdp hops;",
         ),
         (
             "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: {histogram: len}}",
@@ -153,4 +197,50 @@ def test_an_agent_that_reports_no_fields_is_refused_by_field() -> None:
 def test_the_example_spec_with_actions_is_valid() -> None:
     text = (Path(__file__).resolve().parents[2] / "examples" / "udp-actions.yaml").read_text()
     spec = load_spec(text, example_registrations())
-    assert [len(hop.actions) for hop in spec.hops] == [0, 3, 0, 3, 0]
+    assert [len(hop.actions) for hop in spec.hops] == [0, 3, 0, 3, 2]
+    assert list(spec.hops[4].actions[1].fields) == ["len", "ttl"]
+
+
+def test_new_fields_compile_and_drop_reason_picks_the_kfree_skb_program() -> None:
+    text = _spec(
+        "{name: b-in, node: host-b, at: tc-ingress, dev: wire0,"
+        " actions: [timestamp, {count: {by: ttl}}, {histogram: gso_size}]}",
+        "{name: b-drop, node: host-b, at: 'tracepoint:skb:kfree_skb',"
+        " actions: [timestamp, {count: {by: drop_reason}}]}",
+        "{name: b-free, node: host-b, at: 'tracepoint:skb:kfree_skb', actions: [timestamp, count]}",
+        "{name: b-app, node: host-b, at: cgroup-egress, cgroup: app,"
+        " actions: [timestamp, {count: {by: pid}}]}",
+    )
+    plans = build_plans(load_spec(text, example_registrations()), 1)
+    hops = {hop.name: hop for hop in plans["host-b"].hops}
+    assert hops["b-in"].actions.count_by == counters_pb2.FIELD_TTL
+    assert hops["b-in"].actions.histogram == counters_pb2.FIELD_GSO_SIZE
+    assert hops["b-drop"].program == "hop_tp_btf_kfree"
+    assert hops["b-drop"].actions.count_by == counters_pb2.FIELD_DROP_REASON
+    # Without the reason, kfree_skb keeps the generic program: it loads on kernels before 5.17 too.
+    assert hops["b-free"].program == "hop_tp_btf"
+    assert hops["b-app"].actions.count_by == counters_pb2.FIELD_PID
+
+
+def test_a_node_whose_kernel_lacks_a_field_is_refused_with_its_reason() -> None:
+    agents = example_registrations()
+    old = make_registration("host-b", {"": ["wire0"]})
+    fields = old.capabilities.action_fields
+    kept = [number for number in fields if number != counters_pb2.FIELD_DROP_REASON]
+    del fields[:]
+    fields.extend(kept)
+    old.capabilities.unavailable_fields["drop_reason"] = (
+        "skb:kfree_skb has no reason argument before Linux 5.17"
+    )
+    agents["host-b"] = old
+    errors = _errors(
+        _spec(
+            "{name: x, node: host-b, at: 'tracepoint:skb:kfree_skb',"
+            " actions: [timestamp, {count: {by: drop_reason}}]}"
+        ),
+        agents,
+    )
+    assert errors == [
+        "hops[1].actions[1]: node host-b cannot give field 'drop_reason':"
+        " skb:kfree_skb has no reason argument before Linux 5.17 (line 5)"
+    ]

@@ -12,6 +12,7 @@ from hoptrace import kernel_abi
 from hoptrace.dispatcher.compile import (
     ALL_PROGRAMS,
     DISCOVERY_PROGRAMS,
+    KFREE_TRACEPOINT_PROGRAM,
     PROGRAM_FOR_KIND,
     PROGRAM_SECTIONS,
     TCP_TAGGER_PROGRAM,
@@ -108,7 +109,13 @@ def test_every_attach_kind_has_a_family_and_every_program_exists() -> None:
     kinds = set(trace_pb2.AttachKind.values()) - {trace_pb2.AttachKind.ATTACH_KIND_UNSPECIFIED}
     assert set(KIND_FAMILY) == kinds
     assert {family for family, _ in KIND_FAMILY.values()} == set(PROGRAM_FOR_KIND)
-    used = {*PROGRAM_FOR_KIND.values(), XMIT_TRACEPOINT_PROGRAM, TCP_TAGGER_PROGRAM, EVENT_PROGRAM}
+    used = {
+        *PROGRAM_FOR_KIND.values(),
+        XMIT_TRACEPOINT_PROGRAM,
+        KFREE_TRACEPOINT_PROGRAM,
+        TCP_TAGGER_PROGRAM,
+        EVENT_PROGRAM,
+    }
     assert used == set(ALL_PROGRAMS) == set(kernel_abi.PROGRAMS) - set(DISCOVERY_PROGRAMS)
 
 

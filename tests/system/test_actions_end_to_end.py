@@ -9,6 +9,7 @@ import time
 
 from system_helpers import running_cluster, wait_report
 
+from hoptrace import kernel_abi
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import trace_pb2
@@ -82,3 +83,68 @@ def test_counts_and_histograms_reach_the_report(topology, influxd):
     assert median_le == le_of(segment["p50_ns"]), (segment, latency)
     # Hops without actions report none.
     assert _hop(data, "a-c1-eth0-out")["counts"] == [] and _hop(data, "a-c1-eth0-out")["histograms"] == []
+
+
+SENT_TTL = 37  # c1's default TTL for this test: not the kernel's 64, so a match is not a default
+PAYLOAD = 64
+
+
+def test_recorded_values_and_count_by_ttl_reach_the_report(topology, influxd):
+    """`record: [len]` at the receiver's eth0 holds every packet's size; `record: [ttl]` at the host's
+    receive tracepoint and `count by ttl` at the sender's egress hold the TTL c1 sent with."""
+    topology.run("c1", "sysctl", "-qw", f"net.ipv4.ip_default_ttl={SENT_TTL}")
+    spec = vxlan_path_spec(topology, "e2e-record")
+    hops = {hop.name: hop for hop in spec.hops}
+    hops["a-c1-eth0-out"].actions.extend(_actions(("timestamp", "", ""), ("count", "ttl", "")))
+    hops["a-veth-in"].actions.extend(_actions(("timestamp", "", "")))
+    hops["a-veth-in"].actions.add(kind="record", fields=["ttl"])
+    hops["b-c2-eth0-in"].actions.extend(_actions(("timestamp", "", "")))
+    hops["b-c2-eth0-in"].actions.add(kind="record", fields=["len"])
+    with running_cluster(topology, influxd.url) as cluster:
+        cluster.apply(spec)
+        payloads = [os.urandom(PAYLOAD) for _ in range(SENT)]
+        assert udp_transfer(topology, "c1", "c2", payloads, 4, 11111, 0.002) == payloads
+        data = wait_report(cluster, "e2e-record", SENT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            sender, veth, receiver = (_hop(data, h) for h in ("a-c1-eth0-out", "a-veth-in", "b-c2-eth0-in"))
+            if (
+                sum(c["count"] for c in sender["counts"]) >= SENT
+                and sum(r["count"] for r in veth.get("recorded", [])) >= SENT
+                and sum(r["count"] for r in receiver.get("recorded", [])) >= SENT
+            ):
+                break
+            time.sleep(1)
+            data = wait_report(cluster, "e2e-record", SENT)
+
+    sender, veth, receiver = (_hop(data, h) for h in ("a-c1-eth0-out", "a-veth-in", "b-c2-eth0-in"))
+    assert sender["counts"] == [{"node": "host-a", "by": "ttl", "key": SENT_TTL, "count": SENT}], sender
+    # The TTL at host-a's receive from the veth (a tracepoint: read from the kernel's sk_buff), every packet.
+    assert veth["recorded"] == [
+        {
+            "node": "host-a",
+            "field": "ttl",
+            "count": SENT,
+            "min": SENT_TTL,
+            "max": SENT_TTL,
+            "mean": float(SENT_TTL),
+            "last": SENT_TTL,
+        }
+    ], veth
+    # Every packet's size at c2's eth0: Ethernet 14 + IPv4 20 + UDP 8 + payload + the 4-byte ID the first hop
+    # added after the UDP payload (trimmed by c2's UDP stack, after this hop).
+    size = 14 + 20 + 8 + PAYLOAD + kernel_abi.UDP_ID_LEN
+    assert receiver["recorded"] == [
+        {
+            "node": "host-b",
+            "field": "len",
+            "count": SENT,
+            "min": size,
+            "max": size,
+            "mean": float(size),
+            "last": size,
+        }
+    ], receiver
+    # The joined packets agree: every packet was recorded at both hops.
+    assert data["packets"] >= SENT
+    assert _hop(data, "a-c1-eth0-out")["recorded"] == []

@@ -29,6 +29,7 @@ import (
 
 const (
 	recordStruct = "hoptrace_record"
+	valuesStruct = "hoptrace_values"
 	flagEnum     = "hoptrace_record_flag"
 	counterEnum  = "hoptrace_counter"
 	wireEnum     = "hoptrace_wire"
@@ -104,6 +105,7 @@ type constant struct {
 
 type vocabulary struct {
 	RecordSize uint32
+	ValuesSize uint32 // sizeof(struct hoptrace_values), its layout checked by valuesLayout
 	Record     []member
 	Flags      []constant
 	Counters   []constant // without HOPTRACE_C_MAX
@@ -119,6 +121,35 @@ type program struct {
 	Section string // e.g. tc, tp_btf/net_dev_xmit
 }
 
+// valuesLayout checks struct hoptrace_values is what the Go and Python readers decode: u8 field[N] at
+// 0, u32 count at N, u64 value[N] at 8, N = 4 (HOPTRACE_VALUES_MAX), and returns its size.
+func valuesLayout(spec *btf.Spec) (uint32, error) {
+	var vals *btf.Struct
+	if err := spec.TypeByName(valuesStruct, &vals); err != nil {
+		return 0, fmt.Errorf("struct %s: %w", valuesStruct, err)
+	}
+	want := []struct {
+		name           string
+		offset, nelems uint32
+		size           uint32
+	}{{"field", 0, 4, 1}, {"count", 4, 0, 4}, {"value", 8, 4, 8}}
+	if len(vals.Members) != len(want) {
+		return 0, fmt.Errorf("struct %s: %d members, the readers decode %d", valuesStruct, len(vals.Members), len(want))
+	}
+	for i, m := range vals.Members {
+		w := want[i]
+		typ, n := btf.UnderlyingType(m.Type), uint32(0)
+		if arr, ok := typ.(*btf.Array); ok {
+			typ, n = btf.UnderlyingType(arr.Type), arr.Nelems
+		}
+		in, ok := typ.(*btf.Int)
+		if !ok || m.Name != w.name || uint32(m.Offset)/8 != w.offset || n != w.nelems || in.Size != w.size {
+			return 0, fmt.Errorf("struct %s: member %d (%s) is not the layout the readers decode", valuesStruct, i, m.Name)
+		}
+	}
+	return vals.Size, nil
+}
+
 func readVocabulary(object string) (*vocabulary, error) {
 	spec, err := btf.LoadSpec(object)
 	if err != nil {
@@ -129,6 +160,9 @@ func readVocabulary(object string) (*vocabulary, error) {
 		return nil, fmt.Errorf("struct %s: %w", recordStruct, err)
 	}
 	v := &vocabulary{RecordSize: rec.Size}
+	if v.ValuesSize, err = valuesLayout(spec); err != nil {
+		return nil, err
+	}
 	for _, m := range rec.Members {
 		in, ok := btf.UnderlyingType(m.Type).(*btf.Int)
 		if !ok || m.BitfieldSize != 0 || m.Offset%8 != 0 {
@@ -208,7 +242,7 @@ func readVocabulary(object string) (*vocabulary, error) {
 func goName(c string) string {
 	initialisms := map[string]string{
 		"ID": "ID", "IP": "IP", "IPV6": "IPv6", "TCP": "TCP", "UDP": "UDP", "VXLAN": "VXLAN",
-		"VLAN": "VLAN", "GSO": "GSO", "NS": "Ns", "CPU": "CPU", "TC": "TC", "XDP": "XDP", "TP": "TP", "BTF": "BTF", "SKB": "SKB", "TCPOPT": "TCPOpt", "EXID": "ExID",
+		"VLAN": "VLAN", "GSO": "GSO", "NS": "Ns", "CPU": "CPU", "TC": "TC", "XDP": "XDP", "TP": "TP", "BTF": "BTF", "SKB": "SKB", "TCPOPT": "TCPOpt", "EXID": "ExID", "TOS": "TOS", "TTL": "TTL", "PID": "PID",
 	}
 	var b strings.Builder
 	for _, w := range strings.Split(strings.ToUpper(c), "_") {
@@ -230,6 +264,7 @@ func renderGo(v *vocabulary) ([]byte, error) {
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	p("// %s\n\npackage record\n\nimport \"encoding/binary\"\n\n", header)
 	p("// Size is sizeof(struct %s).\nconst Size = %d\n\n", recordStruct, v.RecordSize)
+	p("// ValuesSize is sizeof(struct %s): u8 field[4], u32 count, u64 value[4].\nconst ValuesSize = %d\n\n", valuesStruct, v.ValuesSize)
 	p("// Record is struct %s, decoded from its little-endian bytes.\ntype Record struct {\n", recordStruct)
 	for _, m := range v.Record {
 		p("\t%s %s\n", goName(m.Name), goInt(m))
@@ -371,6 +406,7 @@ func renderPython(v *vocabulary) ([]byte, error) {
 		format += fmt.Sprintf("%dx", v.RecordSize-at)
 	}
 	p("# struct %s, little-endian (struct module format).\nRECORD_FORMAT = %q\nRECORD_SIZE = %d\n", recordStruct, format, v.RecordSize)
+	p("# struct %s (u8 field[4], u32 count, u64 value[4]; layout checked by vocabgen).\nVALUES_FORMAT = \"<4BI4Q\"\nVALUES_SIZE = %d\n", valuesStruct, v.ValuesSize)
 	p("RECORD_FIELDS = (\n")
 	for _, m := range v.Record {
 		p("    %q,\n", m.Name)

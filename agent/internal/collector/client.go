@@ -242,6 +242,9 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 		if b != nil {
 			resend := b.Seq != 0
 			m := c.batch(b.Trace, b.Generation, b.Records, b.Seq)
+			if len(b.Values) > 0 {
+				m.Values, m.ValueSize = b.Values, record.ValuesSize
+			}
 			b.Seq = m.BatchSeq
 			if err := send(m); err != nil {
 				keep(b)

@@ -174,6 +174,27 @@ func SplitByPartition(trace string, records []byte, partitions int) [][]byte {
 	return out
 }
 
+// SplitValuesByPartition splits a batch's record-action values the way SplitByPartition splits its
+// records: each record with FlagValues takes the next values, and they go to its partition, in order.
+func SplitValuesByPartition(trace string, records, values []byte, partitions int) [][]byte {
+	out := make([][]byte, partitions)
+	if len(values) == 0 {
+		return out
+	}
+	th := traceHash(trace)
+	next := 0
+	for i := 0; i+record.Size <= len(records); i += record.Size {
+		if !record.HasValues(records[i:]) || next+record.ValuesSize > len(values) {
+			continue
+		}
+		id := binary.LittleEndian.Uint32(records[i+record.OffsetPacketID:])
+		p := packetHash(th, id) % uint32(partitions)
+		out[p] = append(out[p], values[next:next+record.ValuesSize]...)
+		next += record.ValuesSize
+	}
+	return out
+}
+
 // Producer publishes batches from Queue, and every CountersEvery a heartbeat
 // per trace (counters, watermark, clock) to every partition.
 type Producer struct {
@@ -428,11 +449,16 @@ func (p *Producer) produce(ctx context.Context, m *pb.RecordBatch, partition int
 func (p *Producer) publish(ctx context.Context, b *stream.Batch) {
 	n := int(p.partitions.Load())
 	seq := p.nextSeq()
+	values := SplitValuesByPartition(b.Trace, b.Records, b.Values, n)
 	for part, recs := range SplitByPartition(b.Trace, b.Records, n) {
 		if len(recs) == 0 {
 			continue
 		}
-		p.produce(ctx, p.message(b.Trace, b.Generation, recs, seq), int32(part), len(recs)/record.Size)
+		m := p.message(b.Trace, b.Generation, recs, seq)
+		if len(values[part]) > 0 {
+			m.Values, m.ValueSize = values[part], record.ValuesSize
+		}
+		p.produce(ctx, m, int32(part), len(recs)/record.Size)
 	}
 }
 

@@ -71,6 +71,56 @@ func TestSplitByPartition(t *testing.T) {
 	}
 }
 
+// The record action's values follow their records into the same partition, in order; records without
+// values take none.
+func TestSplitValuesByPartition(t *testing.T) {
+	ids := make([]uint32, 300)
+	for i := range ids {
+		ids[i] = 0x2a000000 | uint32(i*13)
+	}
+	recs := packed(ids)
+	var values []byte
+	for i := range ids {
+		if i%3 == 0 {
+			continue // no record action at this record's hop
+		}
+		off := i * record.Size
+		binary.LittleEndian.PutUint16(recs[off+record.OffsetFlags:], record.FlagValues)
+		v := make([]byte, record.ValuesSize)
+		v[0], v[record.ValuesMax] = byte(record.FieldLen), 1
+		binary.LittleEndian.PutUint64(v[8:], uint64(ids[i])) // the value names its packet
+		values = append(values, v...)
+	}
+	const parts = 5
+	recParts := SplitByPartition("t", recs, parts)
+	valParts := SplitValuesByPartition("t", recs, values, parts)
+	total := 0
+	for p := range parts {
+		next := 0
+		for off := 0; off < len(recParts[p]); off += record.Size {
+			if !record.HasValues(recParts[p][off:]) {
+				continue
+			}
+			id := binary.LittleEndian.Uint32(recParts[p][off+record.OffsetPacketID:])
+			v, err := record.DecodeValues(valParts[p][next:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(v.Values) != 1 || v.Values[0] != uint64(id) || v.Fields[0] != record.FieldLen {
+				t.Fatalf("partition %d: record %#x paired with values %+v", p, id, v)
+			}
+			next += record.ValuesSize
+			total++
+		}
+		if next != len(valParts[p]) {
+			t.Fatalf("partition %d: %d value bytes, %d used by its records", p, len(valParts[p]), next)
+		}
+	}
+	if total != len(ids)-len(ids)/3 {
+		t.Fatalf("%d records paired with values, want %d", total, len(ids)-len(ids)/3)
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	for _, c := range []Config{{}, {Brokers: []string{"b:9092"}}, {Brokers: []string{"b:9092"}, Topic: "t", SASLMechanism: "gssapi"},
 		{Brokers: []string{"b:9092"}, Topic: "t", SASLMechanism: "plain"}} {

@@ -37,6 +37,16 @@ func (h *harness) runCtx(t testing.TB, hop *loader.Hop, pkt []byte, ctx *skbCtx)
 	return h.drain(t)
 }
 
+// runCtxAny runs pkt with any ctx value (a struct in struct __sk_buff's layout).
+func (h *harness) runCtxAny(t testing.TB, hop *loader.Hop, pkt []byte, ctx any) []record.Record {
+	t.Helper()
+	opts := &ebpf.RunOptions{Data: pkt, DataOut: make([]byte, len(pkt)+256), Context: ctx}
+	if _, err := hop.Program.Run(opts); err != nil {
+		t.Fatalf("test run: %v", err)
+	}
+	return h.drain(t)
+}
+
 func actions(t testing.TB, hop *loader.Hop) loader.ActionValues {
 	t.Helper()
 	v, err := hop.ReadActions()
@@ -221,7 +231,8 @@ func TestNoActionsTouchNothing(t *testing.T) {
 // (their branches are constant-false and never walked). verified_insns is reported from 5.16.
 func TestActionsVerifierCost(t *testing.T) {
 	h := newHarness(t)
-	all := loader.Actions{Count: true, CountBy: record.FieldMark, Histogram: record.FieldLatency, PrevTS: true}
+	all := loader.Actions{Count: true, CountBy: record.FieldMark, Histogram: record.FieldLatency, PrevTS: true,
+		Record: [record.ValuesMax]record.ActionField{record.FieldLen, record.FieldTTL, record.FieldTCPFlags, record.FieldCPU}}
 	for _, program := range []string{loader.ProgTC, loader.ProgTPBTF, loader.ProgXDP} {
 		cost := map[bool]uint32{}
 		for _, with := range []bool{false, true} {

@@ -91,6 +91,8 @@ type Actions struct {
 	CountBy   record.ActionField // FieldNone: one total
 	Histogram record.ActionField // FieldNone: no histogram
 	PrevTS    bool               // remember traced packets' timestamps for a later hop's latency
+	// Record: fields whose values ride with each traced packet's record (FieldNone past the last).
+	Record [record.ValuesMax]record.ActionField
 }
 
 // ActionsFromPlan checks a plan's HopActions against the field catalogue.
@@ -98,7 +100,7 @@ func ActionsFromPlan(a *pb.HopActions) (Actions, error) {
 	if a == nil {
 		return Actions{}, nil
 	}
-	for _, f := range []pb.Field{a.GetCountBy(), a.GetHistogram()} {
+	for _, f := range append([]pb.Field{a.GetCountBy(), a.GetHistogram()}, a.GetRecord()...) {
 		if f < 0 || int(f) >= int(record.FieldMax) {
 			return Actions{}, fmt.Errorf("actions: field %d is not in the catalogue (0..%d)", f, record.FieldMax-1)
 		}
@@ -106,8 +108,18 @@ func ActionsFromPlan(a *pb.HopActions) (Actions, error) {
 	if a.GetCountBy() != 0 && !a.GetCount() {
 		return Actions{}, errors.New("actions: count_by without count")
 	}
-	return Actions{Count: a.GetCount(), CountBy: record.ActionField(a.GetCountBy()),
-		Histogram: record.ActionField(a.GetHistogram()), PrevTS: a.GetPrevTs()}, nil
+	out := Actions{Count: a.GetCount(), CountBy: record.ActionField(a.GetCountBy()),
+		Histogram: record.ActionField(a.GetHistogram()), PrevTS: a.GetPrevTs()}
+	if len(a.GetRecord()) > record.ValuesMax {
+		return Actions{}, fmt.Errorf("actions: record of %d fields, at most %d", len(a.GetRecord()), record.ValuesMax)
+	}
+	for i, f := range a.GetRecord() {
+		if f == 0 {
+			return Actions{}, fmt.Errorf("actions: record field %d is unspecified", i)
+		}
+		out.Record[i] = record.ActionField(f)
+	}
+	return out, nil
 }
 
 // Hop is one loaded hop program with its own counters and action maps.
@@ -247,7 +259,16 @@ func (c *HopConfig) variables() []struct {
 		{"act_count_by", uint8(c.Actions.CountBy), c.Actions.CountBy == record.FieldNone},
 		{"act_hist", uint8(c.Actions.Histogram), c.Actions.Histogram == record.FieldNone},
 		{"act_prev_ts", boolU8(c.Actions.PrevTS), !c.Actions.PrevTS},
+		{"act_record", recordFields(c.Actions.Record), c.Actions.Record == [record.ValuesMax]record.ActionField{}},
 	}
+}
+
+func recordFields(fields [record.ValuesMax]record.ActionField) [record.ValuesMax]uint8 {
+	var out [record.ValuesMax]uint8
+	for i, f := range fields {
+		out[i] = uint8(f)
+	}
+	return out
 }
 
 func boolU8(b bool) uint8 {

@@ -17,6 +17,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/probe"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
 )
@@ -488,6 +489,13 @@ func sortedPrograms(spec *ebpf.CollectionSpec) []string {
 // knownRefusal says why this kernel refuses ps with err, when that is expected and verified here; "" when
 // the refusal is a failure.
 func knownRefusal(ps *ebpf.ProgramSpec, err error) string {
+	// skb:kfree_skb's reason argument (the drop_reason field) exists from 5.17; the agent reports the field
+	// unavailable where it is missing, so the dispatcher never asks for this program there.
+	if ps.Type == ebpf.Tracing && ps.AttachTo == "kfree_skb" {
+		if missing := probe.KfreeSkbReasonMissing(); missing != "" {
+			return missing
+		}
+	}
 	fentry := ps.Type == ebpf.Tracing && (ps.AttachType == ebpf.AttachTraceFEntry || ps.AttachType == ebpf.AttachTraceFExit)
 	if fentry && errors.Is(err, os.ErrPermission) {
 		if lockdown := attach.LockdownReason(); strings.HasPrefix(lockdown, "kernel lockdown (") {

@@ -21,9 +21,16 @@ import (
 // Capabilities probes the running kernel.
 func Capabilities() *pb.Capabilities {
 	c := &pb.Capabilities{Attach: map[string]*pb.AttachSupport{}}
-	// Every field of the catalogue: the hop programs read each with CO-RE or
-	// from their ctx; which attach kinds give which is the dispatcher's table.
+	// The catalogue's fields this kernel can give: the hop programs read each
+	// with CO-RE or from their ctx; a few need a helper or an event argument
+	// that came later (FieldRefusal). Which attach kinds give which is the
+	// dispatcher's table.
+	c.UnavailableFields = map[string]string{}
 	for f := record.ActionField(1); f < record.FieldMax; f++ {
+		if why := FieldRefusal(f); why != "" {
+			c.UnavailableFields[record.FieldKeys[f]] = why
+			continue
+		}
 		c.ActionFields = append(c.ActionFields, pb.Field(f))
 	}
 	_, err := btf.LoadKernelSpec()

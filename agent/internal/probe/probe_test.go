@@ -1,9 +1,13 @@
 package probe
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
 )
 
@@ -30,4 +34,39 @@ func TestCapabilities(t *testing.T) {
 		}
 		t.Logf("%s: supported=%v %s", k, s.GetSupported(), s.GetReason())
 	}
+}
+
+// Each catalogue field is either reported or refused with a reason, never both; drop_reason follows the
+// kernel: skb:kfree_skb has its reason argument from 5.17.
+func TestFieldCapabilities(t *testing.T) {
+	tu.RequireRoot(t)
+	c := Capabilities()
+	reported := map[string]bool{}
+	for _, f := range c.GetActionFields() {
+		reported[record.FieldKeys[f]] = true
+	}
+	for f := record.ActionField(1); f < record.FieldMax; f++ {
+		name := record.FieldKeys[f]
+		why, refused := c.GetUnavailableFields()[name]
+		if reported[name] == refused || (refused && why == "") {
+			t.Errorf("field %s: reported %v, refused %v (%q)", name, reported[name], refused, why)
+		}
+	}
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor); err != nil {
+		t.Fatal(err)
+	}
+	hasReason := major > 5 || (major == 5 && minor >= 17)
+	if reported["drop_reason"] != hasReason {
+		t.Errorf("kernel %d.%d: drop_reason reported %v, want %v (%s)", major, minor, reported["drop_reason"],
+			hasReason, c.GetUnavailableFields()["drop_reason"])
+	}
+	if len(c.GetActionFields()) < int(record.FieldMax)-3 {
+		t.Errorf("only %d fields reported: %v", len(c.GetActionFields()), c.GetUnavailableFields())
+	}
+	t.Logf("kernel %d.%d: %d fields, unavailable: %v", major, minor, len(c.GetActionFields()), c.GetUnavailableFields())
 }

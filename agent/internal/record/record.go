@@ -27,5 +27,34 @@ func TraceSlot(b []byte) uint16 { return binary.LittleEndian.Uint16(b[OffsetTrac
 // HopIndex reads only the hop_index of a raw record.
 func HopIndex(b []byte) uint16 { return binary.LittleEndian.Uint16(b[OffsetHopIndex:]) }
 
+// HasValues says whether a raw record is followed by a struct hoptrace_values (the record action).
+func HasValues(b []byte) bool {
+	return len(b) >= Size && binary.LittleEndian.Uint16(b[OffsetFlags:])&FlagValues != 0
+}
+
+// Values is struct hoptrace_values: the record action's fields and their values of one packet.
+type Values struct {
+	Fields []ActionField
+	Values []uint64
+}
+
+// DecodeValues reads one struct hoptrace_values (layout checked against BTF by vocabgen).
+func DecodeValues(b []byte) (Values, error) {
+	if len(b) < ValuesSize {
+		return Values{}, fmt.Errorf("record values: %d bytes, want %d", len(b), ValuesSize)
+	}
+	le := binary.LittleEndian
+	n := int(le.Uint32(b[ValuesMax:]))
+	if n > ValuesMax {
+		return Values{}, fmt.Errorf("record values: count %d > %d", n, ValuesMax)
+	}
+	v := Values{Fields: make([]ActionField, n), Values: make([]uint64, n)}
+	for i := 0; i < n; i++ {
+		v.Fields[i] = ActionField(b[i])
+		v.Values[i] = le.Uint64(b[8+8*i:])
+	}
+	return v, nil
+}
+
 // Counters holds one hop's counters summed over CPUs, indexed by Counter.
 type Counters [CMax]uint64

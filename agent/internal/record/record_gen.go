@@ -7,6 +7,9 @@ import "encoding/binary"
 // Size is sizeof(struct hoptrace_record).
 const Size = 32
 
+// ValuesSize is sizeof(struct hoptrace_values): u8 field[4], u32 count, u64 value[4].
+const ValuesSize = 40
+
 // Record is struct hoptrace_record, decoded from its little-endian bytes.
 type Record struct {
 	TsNs      uint64
@@ -87,6 +90,7 @@ const (
 	FlagEncapGeneve = 16
 	FlagTaggedHere  = 32
 	FlagVLAN        = 64
+	FlagValues      = 128
 )
 
 // Wire and ID constants: enum hoptrace_wire.
@@ -106,6 +110,7 @@ const (
 	EventTerms     = 4
 	EventInValues  = 8
 	EventArgsBytes = 4096
+	ValuesMax      = 4
 )
 
 // Counter is enum hoptrace_counter: the index into a hop's percpu counters map
@@ -156,14 +161,26 @@ var CounterKeys = [CMax]string{
 type ActionField uint8
 
 const (
-	FieldNone     ActionField = 0
-	FieldCPU      ActionField = 1
-	FieldLen      ActionField = 2
-	FieldIfindex  ActionField = 3
-	FieldMark     ActionField = 4
-	FieldPriority ActionField = 5
-	FieldLatency  ActionField = 6
-	FieldMax      ActionField = 7
+	FieldNone         ActionField = 0
+	FieldCPU          ActionField = 1
+	FieldLen          ActionField = 2
+	FieldIfindex      ActionField = 3
+	FieldMark         ActionField = 4
+	FieldPriority     ActionField = 5
+	FieldLatency      ActionField = 6
+	FieldNetns        ActionField = 7
+	FieldCgroup       ActionField = 8
+	FieldQueueMapping ActionField = 9
+	FieldGSOSegs      ActionField = 10
+	FieldGSOSize      ActionField = 11
+	FieldTOS          ActionField = 12
+	FieldTTL          ActionField = 13
+	FieldIPID         ActionField = 14
+	FieldTCPFlags     ActionField = 15
+	FieldTCPWindow    ActionField = 16
+	FieldPID          ActionField = 17
+	FieldDropReason   ActionField = 18
+	FieldMax          ActionField = 19
 )
 
 // FieldKeys names each field as specs, the collector and reports do, by value.
@@ -175,6 +192,18 @@ var FieldKeys = [FieldMax]string{
 	"mark",
 	"priority",
 	"latency",
+	"netns",
+	"cgroup",
+	"queue_mapping",
+	"gso_segs",
+	"gso_size",
+	"tos",
+	"ttl",
+	"ip_id",
+	"tcp_flags",
+	"tcp_window",
+	"pid",
+	"drop_reason",
 }
 
 // EventOp is enum hoptrace_event_op: the operator of an event's where: term.
@@ -228,4 +257,5 @@ var flagCNames = map[string]uint16{
 	"HOPTRACE_F_ENCAP_GENEVE": FlagEncapGeneve,
 	"HOPTRACE_F_TAGGED_HERE":  FlagTaggedHere,
 	"HOPTRACE_F_VLAN":         FlagVLAN,
+	"HOPTRACE_F_VALUES":       FlagValues,
 }

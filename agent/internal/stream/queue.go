@@ -19,6 +19,9 @@ type Batch struct {
 	Generation uint64
 	Slot       uint16
 	Records    []byte // len is a multiple of record.Size
+	// Values: one struct hoptrace_values (record.ValuesSize bytes) per record with
+	// FlagValues, in the order of those records (the record action).
+	Values []byte
 	// Seq is the batch_seq once the batch was first sent; a batch resent
 	// after a reconnect keeps it, so the collector can drop duplicates.
 	Seq uint64
@@ -39,6 +42,9 @@ func (q *Queue) OldestTs() (int64, bool) {
 
 // Count is the number of records in the batch.
 func (b *Batch) Count() int { return len(b.Records) / record.Size }
+
+// Bytes is what the batch holds against the queue's bound: records and their values.
+func (b *Batch) Bytes() int { return len(b.Records) + len(b.Values) }
 
 // Queue is a bounded FIFO of batches. When adding a batch would exceed the
 // byte bound, the oldest batches are dropped and their records counted.
@@ -70,15 +76,15 @@ func (q *Queue) Push(b *Batch) {
 		q.dropped += uint64(b.Count())
 		return
 	}
-	if len(b.Records) > q.max {
+	if b.Bytes() > q.max {
 		q.dropped += uint64(b.Count())
 		return
 	}
-	for q.bytes+len(b.Records) > q.max && q.head < len(q.items) {
+	for q.bytes+b.Bytes() > q.max && q.head < len(q.items) {
 		old := q.items[q.head]
 		q.items[q.head] = nil
 		q.head++
-		q.bytes -= len(old.Records)
+		q.bytes -= old.Bytes()
 		q.dropped += uint64(old.Count())
 	}
 	if q.head > 64 && q.head*2 > len(q.items) {
@@ -86,7 +92,7 @@ func (q *Queue) Push(b *Batch) {
 		q.head = 0
 	}
 	q.items = append(q.items, b)
-	q.bytes += len(b.Records)
+	q.bytes += b.Bytes()
 	select {
 	case q.notify <- struct{}{}:
 	default:
@@ -98,7 +104,7 @@ func (q *Queue) Push(b *Batch) {
 func (q *Queue) PushFront(b *Batch) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.closed || q.bytes+len(b.Records) > q.max {
+	if q.closed || q.bytes+b.Bytes() > q.max {
 		q.dropped += uint64(b.Count())
 		return
 	}
@@ -108,7 +114,7 @@ func (q *Queue) PushFront(b *Batch) {
 	} else {
 		q.items = append([]*Batch{b}, q.items...)
 	}
-	q.bytes += len(b.Records)
+	q.bytes += b.Bytes()
 	select {
 	case q.notify <- struct{}{}:
 	default:
@@ -125,7 +131,7 @@ func (q *Queue) TryPop() *Batch {
 	b := q.items[q.head]
 	q.items[q.head] = nil
 	q.head++
-	q.bytes -= len(b.Records)
+	q.bytes -= b.Bytes()
 	if q.head == len(q.items) {
 		q.items = q.items[:0]
 		q.head = 0

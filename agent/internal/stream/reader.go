@@ -24,6 +24,7 @@ type route struct {
 	trace      string
 	generation uint64
 	buf        []byte
+	values     []byte // struct hoptrace_values of buf's records with FlagValues
 	since      time.Time
 }
 
@@ -150,6 +151,13 @@ func (r *Reader) add(raw []byte) {
 		rt.since = time.Now()
 	}
 	rt.buf = append(rt.buf, raw[:record.Size]...)
+	if record.HasValues(raw) {
+		if len(raw) >= record.Size+record.ValuesSize {
+			rt.values = append(rt.values, raw[record.Size:record.Size+record.ValuesSize]...)
+		} else { // cannot happen: the hop reserved both; keep the pairing right
+			rt.values = append(rt.values, make([]byte, record.ValuesSize)...)
+		}
+	}
 	if len(rt.buf) >= r.maxRecords*record.Size {
 		r.flushLocked(slot, rt)
 	}
@@ -159,8 +167,8 @@ func (r *Reader) flushLocked(slot uint16, rt *route) {
 	if len(rt.buf) == 0 {
 		return
 	}
-	r.out.Push(&Batch{Trace: rt.trace, Generation: rt.generation, Slot: slot, Records: rt.buf})
-	rt.buf = nil
+	r.out.Push(&Batch{Trace: rt.trace, Generation: rt.generation, Slot: slot, Records: rt.buf, Values: rt.values})
+	rt.buf, rt.values = nil, nil
 }
 
 func (r *Reader) flushOld(now time.Time) {

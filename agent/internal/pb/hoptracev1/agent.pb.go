@@ -365,9 +365,13 @@ type Capabilities struct {
 	Attach map[string]*AttachSupport `protobuf:"bytes,4,rep,name=attach,proto3" json:"attach,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The hop action fields (enum Field) this agent's programs can read;
 	// which attach kinds give each is the dispatcher's catalogue.
-	ActionFields  []Field `protobuf:"varint,5,rep,packed,name=action_fields,json=actionFields,proto3,enum=hoptrace.v1.Field" json:"action_fields,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ActionFields []Field `protobuf:"varint,5,rep,packed,name=action_fields,json=actionFields,proto3,enum=hoptrace.v1.Field" json:"action_fields,omitempty"`
+	// The catalogue's fields this node's kernel cannot give, by field name
+	// ("drop_reason", "pid"), each with the reason (e.g. "skb:kfree_skb has
+	// no reason argument before Linux 5.17"); they are not in action_fields.
+	UnavailableFields map[string]string `protobuf:"bytes,6,rep,name=unavailable_fields,json=unavailableFields,proto3" json:"unavailable_fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -431,6 +435,13 @@ func (x *Capabilities) GetAttach() map[string]*AttachSupport {
 func (x *Capabilities) GetActionFields() []Field {
 	if x != nil {
 		return x.ActionFields
+	}
+	return nil
+}
+
+func (x *Capabilities) GetUnavailableFields() map[string]string {
+	if x != nil {
+		return x.UnavailableFields
 	}
 	return nil
 }
@@ -1406,7 +1417,10 @@ type HopActions struct {
 	Histogram Field `protobuf:"varint,3,opt,name=histogram,proto3,enum=hoptrace.v1.Field" json:"histogram,omitempty"`
 	// Remember each traced packet's timestamp here for the latency of a later
 	// hop of the same trace on this node.
-	PrevTs        bool `protobuf:"varint,4,opt,name=prev_ts,json=prevTs,proto3" json:"prev_ts,omitempty"`
+	PrevTs bool `protobuf:"varint,4,opt,name=prev_ts,json=prevTs,proto3" json:"prev_ts,omitempty"`
+	// record: [FIELDS]: these fields' values of every traced packet ride with
+	// its record (struct hoptrace_values; at most HOPTRACE_VALUES_MAX).
+	Record        []Field `protobuf:"varint,5,rep,packed,name=record,proto3,enum=hoptrace.v1.Field" json:"record,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1467,6 +1481,13 @@ func (x *HopActions) GetPrevTs() bool {
 		return x.PrevTs
 	}
 	return false
+}
+
+func (x *HopActions) GetRecord() []Field {
+	if x != nil {
+		return x.Record
+	}
+	return nil
 }
 
 // One event probe as the agent loads it (event.bpf.h's ev_* constants). The
@@ -1853,17 +1874,21 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aifindex\x18\x02 \x01(\rR\aifindex\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x12\n" +
-	"\x04kind\x18\x04 \x01(\tR\x04kind\"\xbe\x02\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\"\xe5\x03\n" +
 	"\fCapabilities\x12\x10\n" +
 	"\x03btf\x18\x01 \x01(\bR\x03btf\x12\x1f\n" +
 	"\vring_buffer\x18\x02 \x01(\bR\n" +
 	"ringBuffer\x12,\n" +
 	"\x12tcp_header_options\x18\x03 \x01(\bR\x10tcpHeaderOptions\x12=\n" +
 	"\x06attach\x18\x04 \x03(\v2%.hoptrace.v1.Capabilities.AttachEntryR\x06attach\x127\n" +
-	"\raction_fields\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\factionFields\x1aU\n" +
+	"\raction_fields\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\factionFields\x12_\n" +
+	"\x12unavailable_fields\x18\x06 \x03(\v20.hoptrace.v1.Capabilities.UnavailableFieldsEntryR\x11unavailableFields\x1aU\n" +
 	"\vAttachEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
-	"\x05value\x18\x02 \x01(\v2\x1a.hoptrace.v1.AttachSupportR\x05value:\x028\x01\"E\n" +
+	"\x05value\x18\x02 \x01(\v2\x1a.hoptrace.v1.AttachSupportR\x05value:\x028\x01\x1aD\n" +
+	"\x16UnavailableFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
 	"\rAttachSupport\x12\x1c\n" +
 	"\tsupported\x18\x01 \x01(\bR\tsupported\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"v\n" +
@@ -1945,13 +1970,14 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup\x12\x17\n" +
 	"\atag_udp\x18\a \x01(\bR\x06tagUdp\x121\n" +
-	"\aactions\x18\r \x01(\v2\x17.hoptrace.v1.HopActionsR\aactionsJ\x04\b\x03\x10\x04R\x02at\"\x9c\x01\n" +
+	"\aactions\x18\r \x01(\v2\x17.hoptrace.v1.HopActionsR\aactionsJ\x04\b\x03\x10\x04R\x02at\"\xc8\x01\n" +
 	"\n" +
 	"HopActions\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\bR\x05count\x12-\n" +
 	"\bcount_by\x18\x02 \x01(\x0e2\x12.hoptrace.v1.FieldR\acountBy\x120\n" +
 	"\thistogram\x18\x03 \x01(\x0e2\x12.hoptrace.v1.FieldR\thistogram\x12\x17\n" +
-	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\"\xef\x02\n" +
+	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\x12*\n" +
+	"\x06record\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\x06record\"\xef\x02\n" +
 	"\vEventAttach\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x12\n" +
@@ -1999,7 +2025,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -2024,12 +2050,13 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*RunPreset)(nil),             // 20: hoptrace.v1.RunPreset
 	(*PresetResult)(nil),          // 21: hoptrace.v1.PresetResult
 	nil,                           // 22: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 23: hoptrace.v1.RunPreset.ArgsEntry
-	(Field)(0),                    // 24: hoptrace.v1.Field
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(AttachKind)(0),               // 26: hoptrace.v1.AttachKind
-	(*EventTerm)(nil),             // 27: hoptrace.v1.EventTerm
-	(EventKey)(0),                 // 28: hoptrace.v1.EventKey
+	nil,                           // 23: hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	nil,                           // 24: hoptrace.v1.RunPreset.ArgsEntry
+	(Field)(0),                    // 25: hoptrace.v1.Field
+	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
+	(AttachKind)(0),               // 27: hoptrace.v1.AttachKind
+	(*EventTerm)(nil),             // 28: hoptrace.v1.EventTerm
+	(EventKey)(0),                 // 29: hoptrace.v1.EventKey
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
@@ -2041,36 +2068,38 @@ var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	8,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
 	22, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	24, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
-	25, // 10: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	7,  // 11: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
-	2,  // 12: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
-	10, // 13: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	9,  // 14: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
-	13, // 15: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	19, // 16: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	20, // 17: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	12, // 18: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	12, // 19: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	14, // 20: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	15, // 21: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	18, // 22: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	17, // 23: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
-	26, // 24: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	16, // 25: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
-	24, // 26: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
-	24, // 27: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	27, // 28: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
-	28, // 29: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
-	23, // 30: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 31: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 32: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	11, // 33: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	33, // [33:34] is the sub-list for method output_type
-	32, // [32:33] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	25, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
+	23, // 10: hoptrace.v1.Capabilities.unavailable_fields:type_name -> hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	26, // 11: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	7,  // 12: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
+	2,  // 13: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
+	10, // 14: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	9,  // 15: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
+	13, // 16: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	19, // 17: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	20, // 18: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	12, // 19: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	12, // 20: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	14, // 21: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	15, // 22: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	18, // 23: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	17, // 24: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
+	27, // 25: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	16, // 26: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	25, // 27: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	25, // 28: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	25, // 29: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
+	28, // 30: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
+	29, // 31: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
+	24, // 32: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 33: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 34: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	11, // 35: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	35, // [35:36] is the sub-list for method output_type
+	34, // [34:35] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -2099,7 +2128,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

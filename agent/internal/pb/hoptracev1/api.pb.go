@@ -1345,8 +1345,10 @@ type HopThroughput struct {
 	PacketsPerS float64                `protobuf:"fixed64,2,opt,name=packets_per_s,json=packetsPerS,proto3" json:"packets_per_s,omitempty"`
 	BytesPerS   float64                `protobuf:"fixed64,3,opt,name=bytes_per_s,json=bytesPerS,proto3" json:"bytes_per_s,omitempty"`
 	// The hop's count and histogram actions over the report's range.
-	Counts        []*HopCount     `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
-	Histograms    []*HopHistogram `protobuf:"bytes,5,rep,name=histograms,proto3" json:"histograms,omitempty"`
+	Counts     []*HopCount     `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
+	Histograms []*HopHistogram `protobuf:"bytes,5,rep,name=histograms,proto3" json:"histograms,omitempty"`
+	// The hop's record action: each recorded field's values over the range.
+	Recorded      []*HopRecorded `protobuf:"bytes,6,rep,name=recorded,proto3" json:"recorded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1416,6 +1418,107 @@ func (x *HopThroughput) GetHistograms() []*HopHistogram {
 	return nil
 }
 
+func (x *HopThroughput) GetRecorded() []*HopRecorded {
+	if x != nil {
+		return x.Recorded
+	}
+	return nil
+}
+
+// One field a hop records per traced packet (record: [FIELDS]), on one node:
+// how many packets carried it and their values' min, mean, max and the last.
+type HopRecorded struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Field         string                 `protobuf:"bytes,2,opt,name=field,proto3" json:"field,omitempty"`
+	Count         uint64                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Min           uint64                 `protobuf:"varint,4,opt,name=min,proto3" json:"min,omitempty"`
+	Max           uint64                 `protobuf:"varint,5,opt,name=max,proto3" json:"max,omitempty"`
+	Mean          float64                `protobuf:"fixed64,6,opt,name=mean,proto3" json:"mean,omitempty"`
+	Last          uint64                 `protobuf:"varint,7,opt,name=last,proto3" json:"last,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopRecorded) Reset() {
+	*x = HopRecorded{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopRecorded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopRecorded) ProtoMessage() {}
+
+func (x *HopRecorded) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopRecorded.ProtoReflect.Descriptor instead.
+func (*HopRecorded) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *HopRecorded) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *HopRecorded) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *HopRecorded) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *HopRecorded) GetMin() uint64 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *HopRecorded) GetMax() uint64 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *HopRecorded) GetMean() float64 {
+	if x != nil {
+		return x.Mean
+	}
+	return 0
+}
+
+func (x *HopRecorded) GetLast() uint64 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
 // One key of a hop's count on one node ("by" empty: the total, key 0).
 type HopCount struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1429,7 +1532,7 @@ type HopCount struct {
 
 func (x *HopCount) Reset() {
 	*x = HopCount{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1544,7 @@ func (x *HopCount) String() string {
 func (*HopCount) ProtoMessage() {}
 
 func (x *HopCount) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1557,7 @@ func (x *HopCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopCount.ProtoReflect.Descriptor instead.
 func (*HopCount) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HopCount) GetNode() string {
@@ -1498,7 +1601,7 @@ type HopHistogram struct {
 
 func (x *HopHistogram) Reset() {
 	*x = HopHistogram{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1613,7 @@ func (x *HopHistogram) String() string {
 func (*HopHistogram) ProtoMessage() {}
 
 func (x *HopHistogram) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1626,7 @@ func (x *HopHistogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopHistogram.ProtoReflect.Descriptor instead.
 func (*HopHistogram) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HopHistogram) GetNode() string {
@@ -1565,7 +1668,7 @@ type HistogramBucket struct {
 
 func (x *HistogramBucket) Reset() {
 	*x = HistogramBucket{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1680,7 @@ func (x *HistogramBucket) String() string {
 func (*HistogramBucket) ProtoMessage() {}
 
 func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1693,7 @@ func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistogramBucket.ProtoReflect.Descriptor instead.
 func (*HistogramBucket) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HistogramBucket) GetLe() uint64 {
@@ -1616,7 +1719,7 @@ type WatchSegmentStatsRequest struct {
 
 func (x *WatchSegmentStatsRequest) Reset() {
 	*x = WatchSegmentStatsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1731,7 @@ func (x *WatchSegmentStatsRequest) String() string {
 func (*WatchSegmentStatsRequest) ProtoMessage() {}
 
 func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1744,7 @@ func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSegmentStatsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSegmentStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchSegmentStatsRequest) GetTrace() string {
@@ -1659,7 +1762,7 @@ type WatchSpecsRequest struct {
 
 func (x *WatchSpecsRequest) Reset() {
 	*x = WatchSpecsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +1774,7 @@ func (x *WatchSpecsRequest) String() string {
 func (*WatchSpecsRequest) ProtoMessage() {}
 
 func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +1787,7 @@ func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSpecsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSpecsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 // Every applied trace's spec at one moment, by name.
@@ -1697,7 +1800,7 @@ type SpecSet struct {
 
 func (x *SpecSet) Reset() {
 	*x = SpecSet{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1812,7 @@ func (x *SpecSet) String() string {
 func (*SpecSet) ProtoMessage() {}
 
 func (x *SpecSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1825,7 @@ func (x *SpecSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpecSet.ProtoReflect.Descriptor instead.
 func (*SpecSet) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SpecSet) GetSpecs() []*TraceSpec {
@@ -1749,7 +1852,7 @@ type GetPacketsRequest struct {
 
 func (x *GetPacketsRequest) Reset() {
 	*x = GetPacketsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +1864,7 @@ func (x *GetPacketsRequest) String() string {
 func (*GetPacketsRequest) ProtoMessage() {}
 
 func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +1877,7 @@ func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
 func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetPacketsRequest) GetTrace() string {
@@ -1822,7 +1925,7 @@ type PacketList struct {
 
 func (x *PacketList) Reset() {
 	*x = PacketList{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +1937,7 @@ func (x *PacketList) String() string {
 func (*PacketList) ProtoMessage() {}
 
 func (x *PacketList) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +1950,7 @@ func (x *PacketList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
 func (*PacketList) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PacketList) GetPackets() []*PacketTimeline {
@@ -1873,7 +1976,7 @@ type PacketTimeline struct {
 
 func (x *PacketTimeline) Reset() {
 	*x = PacketTimeline{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1885,7 +1988,7 @@ func (x *PacketTimeline) String() string {
 func (*PacketTimeline) ProtoMessage() {}
 
 func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1898,7 +2001,7 @@ func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
 func (*PacketTimeline) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PacketTimeline) GetPacketId() uint32 {
@@ -1946,7 +2049,7 @@ type PacketSegment struct {
 
 func (x *PacketSegment) Reset() {
 	*x = PacketSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2061,7 @@ func (x *PacketSegment) String() string {
 func (*PacketSegment) ProtoMessage() {}
 
 func (x *PacketSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2074,7 @@ func (x *PacketSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
 func (*PacketSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PacketSegment) GetFrom() string {
@@ -2031,7 +2134,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2043,7 +2146,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2056,7 +2159,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 type Version struct {
@@ -2071,7 +2174,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2186,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2199,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -2126,7 +2229,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2241,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2254,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -2194,7 +2297,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2309,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2322,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DiscoverRequest) GetFilter() *Filter {
@@ -2270,7 +2373,7 @@ type DiscoverEvent struct {
 
 func (x *DiscoverEvent) Reset() {
 	*x = DiscoverEvent{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2282,7 +2385,7 @@ func (x *DiscoverEvent) String() string {
 func (*DiscoverEvent) ProtoMessage() {}
 
 func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2295,7 +2398,7 @@ func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
 func (*DiscoverEvent) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
@@ -2356,7 +2459,7 @@ type DiscoverProgress struct {
 
 func (x *DiscoverProgress) Reset() {
 	*x = DiscoverProgress{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2471,7 @@ func (x *DiscoverProgress) String() string {
 func (*DiscoverProgress) ProtoMessage() {}
 
 func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2484,7 @@ func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
 func (*DiscoverProgress) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DiscoverProgress) GetMessage() string {
@@ -2429,7 +2532,7 @@ type DiscoveredPath struct {
 
 func (x *DiscoveredPath) Reset() {
 	*x = DiscoveredPath{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2441,7 +2544,7 @@ func (x *DiscoveredPath) String() string {
 func (*DiscoveredPath) ProtoMessage() {}
 
 func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2454,7 +2557,7 @@ func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
 func (*DiscoveredPath) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DiscoveredPath) GetPackets() uint32 {
@@ -2508,7 +2611,7 @@ type DiscoverResult struct {
 
 func (x *DiscoverResult) Reset() {
 	*x = DiscoverResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +2623,7 @@ func (x *DiscoverResult) String() string {
 func (*DiscoverResult) ProtoMessage() {}
 
 func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +2636,7 @@ func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
 func (*DiscoverResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DiscoverResult) GetSpec() *TraceSpec {
@@ -2597,7 +2700,7 @@ type DiscoveredSegment struct {
 
 func (x *DiscoveredSegment) Reset() {
 	*x = DiscoveredSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2712,7 @@ func (x *DiscoveredSegment) String() string {
 func (*DiscoveredSegment) ProtoMessage() {}
 
 func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2725,7 @@ func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredSegment.ProtoReflect.Descriptor instead.
 func (*DiscoveredSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DiscoveredSegment) GetFromHop() *HopSpec {
@@ -2774,7 +2877,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\vtracer_lost\x18\x10 \x01(\x04R\n" +
 	"tracerLost\x12\x1b\n" +
 	"\tsame_node\x18\x11 \x01(\bR\bsameNode\x12$\n" +
-	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\xcf\x01\n" +
+	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\x85\x02\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
@@ -2782,7 +2885,16 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x06counts\x18\x04 \x03(\v2\x15.hoptrace.v1.HopCountR\x06counts\x129\n" +
 	"\n" +
 	"histograms\x18\x05 \x03(\v2\x19.hoptrace.v1.HopHistogramR\n" +
-	"histograms\"V\n" +
+	"histograms\x124\n" +
+	"\brecorded\x18\x06 \x03(\v2\x18.hoptrace.v1.HopRecordedR\brecorded\"\x99\x01\n" +
+	"\vHopRecorded\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05field\x18\x02 \x01(\tR\x05field\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\x12\x10\n" +
+	"\x03min\x18\x04 \x01(\x04R\x03min\x12\x10\n" +
+	"\x03max\x18\x05 \x01(\x04R\x03max\x12\x12\n" +
+	"\x04mean\x18\x06 \x01(\x01R\x04mean\x12\x12\n" +
+	"\x04last\x18\a \x01(\x04R\x04last\"V\n" +
 	"\bHopCount\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x10\n" +
@@ -2907,7 +3019,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -2931,113 +3043,115 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*SeriesPoint)(nil),              // 19: hoptrace.v1.SeriesPoint
 	(*SegmentStats)(nil),             // 20: hoptrace.v1.SegmentStats
 	(*HopThroughput)(nil),            // 21: hoptrace.v1.HopThroughput
-	(*HopCount)(nil),                 // 22: hoptrace.v1.HopCount
-	(*HopHistogram)(nil),             // 23: hoptrace.v1.HopHistogram
-	(*HistogramBucket)(nil),          // 24: hoptrace.v1.HistogramBucket
-	(*WatchSegmentStatsRequest)(nil), // 25: hoptrace.v1.WatchSegmentStatsRequest
-	(*WatchSpecsRequest)(nil),        // 26: hoptrace.v1.WatchSpecsRequest
-	(*SpecSet)(nil),                  // 27: hoptrace.v1.SpecSet
-	(*GetPacketsRequest)(nil),        // 28: hoptrace.v1.GetPacketsRequest
-	(*PacketList)(nil),               // 29: hoptrace.v1.PacketList
-	(*PacketTimeline)(nil),           // 30: hoptrace.v1.PacketTimeline
-	(*PacketSegment)(nil),            // 31: hoptrace.v1.PacketSegment
-	(*GetVersionRequest)(nil),        // 32: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 33: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 34: hoptrace.v1.RunPresetRequest
-	(*DiscoverRequest)(nil),          // 35: hoptrace.v1.DiscoverRequest
-	(*DiscoverEvent)(nil),            // 36: hoptrace.v1.DiscoverEvent
-	(*DiscoverProgress)(nil),         // 37: hoptrace.v1.DiscoverProgress
-	(*DiscoveredPath)(nil),           // 38: hoptrace.v1.DiscoveredPath
-	(*DiscoverResult)(nil),           // 39: hoptrace.v1.DiscoverResult
-	(*DiscoveredSegment)(nil),        // 40: hoptrace.v1.DiscoveredSegment
-	nil,                              // 41: hoptrace.v1.EventResult.ByEntry
-	nil,                              // 42: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 43: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 44: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 45: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 46: hoptrace.v1.Register
-	(*Filter)(nil),                   // 47: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 48: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 49: hoptrace.v1.PresetResult
+	(*HopRecorded)(nil),              // 22: hoptrace.v1.HopRecorded
+	(*HopCount)(nil),                 // 23: hoptrace.v1.HopCount
+	(*HopHistogram)(nil),             // 24: hoptrace.v1.HopHistogram
+	(*HistogramBucket)(nil),          // 25: hoptrace.v1.HistogramBucket
+	(*WatchSegmentStatsRequest)(nil), // 26: hoptrace.v1.WatchSegmentStatsRequest
+	(*WatchSpecsRequest)(nil),        // 27: hoptrace.v1.WatchSpecsRequest
+	(*SpecSet)(nil),                  // 28: hoptrace.v1.SpecSet
+	(*GetPacketsRequest)(nil),        // 29: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 30: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 31: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 32: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 33: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 34: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 35: hoptrace.v1.RunPresetRequest
+	(*DiscoverRequest)(nil),          // 36: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 37: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 38: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 39: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 40: hoptrace.v1.DiscoverResult
+	(*DiscoveredSegment)(nil),        // 41: hoptrace.v1.DiscoveredSegment
+	nil,                              // 42: hoptrace.v1.EventResult.ByEntry
+	nil,                              // 43: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 44: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 45: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 46: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 47: hoptrace.v1.Register
+	(*Filter)(nil),                   // 48: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 49: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 50: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	43, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	44, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	43, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	43, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	44, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	45, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	44, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	44, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	45, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	46, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	46, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	44, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	47, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	45, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	44, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	44, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	44, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	45, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	45, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	45, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	20, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	20, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
 	21, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
 	18, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
 	17, // 18: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
-	41, // 19: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
-	24, // 20: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
+	42, // 19: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
+	25, // 20: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
 	19, // 21: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
 	19, // 22: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	44, // 23: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	44, // 24: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	22, // 25: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
-	23, // 26: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
-	24, // 27: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	43, // 28: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	44, // 29: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	44, // 30: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	30, // 31: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	44, // 32: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	31, // 33: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	42, // 34: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	47, // 35: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	37, // 36: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	39, // 37: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	48, // 38: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	43, // 39: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	38, // 40: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	40, // 41: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
-	48, // 42: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
-	48, // 43: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
-	1,  // 44: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 45: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 46: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 47: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 48: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 49: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 50: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 51: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	25, // 52: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	26, // 53: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	34, // 54: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	32, // 55: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	28, // 56: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	35, // 57: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 58: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 59: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 60: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 61: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 62: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 63: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 64: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 65: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	20, // 66: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	27, // 67: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	49, // 68: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	33, // 69: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	29, // 70: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	36, // 71: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	58, // [58:72] is the sub-list for method output_type
-	44, // [44:58] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	45, // 23: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	45, // 24: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	23, // 25: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	24, // 26: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	22, // 27: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
+	25, // 28: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	44, // 29: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	45, // 30: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	45, // 31: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	31, // 32: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	45, // 33: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	32, // 34: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	43, // 35: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	48, // 36: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	38, // 37: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	40, // 38: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	49, // 39: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	44, // 40: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	39, // 41: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	41, // 42: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
+	49, // 43: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	49, // 44: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	1,  // 45: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 46: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 47: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 48: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 49: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 50: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 51: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 52: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	26, // 53: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	27, // 54: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	35, // 55: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	33, // 56: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	29, // 57: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	36, // 58: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 59: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 60: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 61: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 62: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 63: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 64: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 65: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 66: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	20, // 67: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	28, // 68: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	50, // 69: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	34, // 70: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	30, // 71: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	37, // 72: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	59, // [59:73] is the sub-list for method output_type
+	45, // [45:59] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -3047,7 +3161,7 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
-	file_hoptrace_v1_api_proto_msgTypes[36].OneofWrappers = []any{
+	file_hoptrace_v1_api_proto_msgTypes[37].OneofWrappers = []any{
 		(*DiscoverEvent_Progress)(nil),
 		(*DiscoverEvent_Result)(nil),
 	}
@@ -3057,7 +3171,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -116,34 +116,70 @@ func (Counter) EnumDescriptor() ([]byte, []int) {
 type Field int32
 
 const (
-	Field_FIELD_UNSPECIFIED Field = 0
-	Field_FIELD_CPU         Field = 1
-	Field_FIELD_LEN         Field = 2
-	Field_FIELD_IFINDEX     Field = 3
-	Field_FIELD_MARK        Field = 4
-	Field_FIELD_PRIORITY    Field = 5
-	Field_FIELD_LATENCY     Field = 6
+	Field_FIELD_UNSPECIFIED   Field = 0
+	Field_FIELD_CPU           Field = 1
+	Field_FIELD_LEN           Field = 2
+	Field_FIELD_IFINDEX       Field = 3
+	Field_FIELD_MARK          Field = 4
+	Field_FIELD_PRIORITY      Field = 5
+	Field_FIELD_LATENCY       Field = 6
+	Field_FIELD_NETNS         Field = 7
+	Field_FIELD_CGROUP        Field = 8
+	Field_FIELD_QUEUE_MAPPING Field = 9
+	Field_FIELD_GSO_SEGS      Field = 10
+	Field_FIELD_GSO_SIZE      Field = 11
+	Field_FIELD_TOS           Field = 12
+	Field_FIELD_TTL           Field = 13
+	Field_FIELD_IP_ID         Field = 14
+	Field_FIELD_TCP_FLAGS     Field = 15
+	Field_FIELD_TCP_WINDOW    Field = 16
+	Field_FIELD_PID           Field = 17
+	Field_FIELD_DROP_REASON   Field = 18
 )
 
 // Enum value maps for Field.
 var (
 	Field_name = map[int32]string{
-		0: "FIELD_UNSPECIFIED",
-		1: "FIELD_CPU",
-		2: "FIELD_LEN",
-		3: "FIELD_IFINDEX",
-		4: "FIELD_MARK",
-		5: "FIELD_PRIORITY",
-		6: "FIELD_LATENCY",
+		0:  "FIELD_UNSPECIFIED",
+		1:  "FIELD_CPU",
+		2:  "FIELD_LEN",
+		3:  "FIELD_IFINDEX",
+		4:  "FIELD_MARK",
+		5:  "FIELD_PRIORITY",
+		6:  "FIELD_LATENCY",
+		7:  "FIELD_NETNS",
+		8:  "FIELD_CGROUP",
+		9:  "FIELD_QUEUE_MAPPING",
+		10: "FIELD_GSO_SEGS",
+		11: "FIELD_GSO_SIZE",
+		12: "FIELD_TOS",
+		13: "FIELD_TTL",
+		14: "FIELD_IP_ID",
+		15: "FIELD_TCP_FLAGS",
+		16: "FIELD_TCP_WINDOW",
+		17: "FIELD_PID",
+		18: "FIELD_DROP_REASON",
 	}
 	Field_value = map[string]int32{
-		"FIELD_UNSPECIFIED": 0,
-		"FIELD_CPU":         1,
-		"FIELD_LEN":         2,
-		"FIELD_IFINDEX":     3,
-		"FIELD_MARK":        4,
-		"FIELD_PRIORITY":    5,
-		"FIELD_LATENCY":     6,
+		"FIELD_UNSPECIFIED":   0,
+		"FIELD_CPU":           1,
+		"FIELD_LEN":           2,
+		"FIELD_IFINDEX":       3,
+		"FIELD_MARK":          4,
+		"FIELD_PRIORITY":      5,
+		"FIELD_LATENCY":       6,
+		"FIELD_NETNS":         7,
+		"FIELD_CGROUP":        8,
+		"FIELD_QUEUE_MAPPING": 9,
+		"FIELD_GSO_SEGS":      10,
+		"FIELD_GSO_SIZE":      11,
+		"FIELD_TOS":           12,
+		"FIELD_TTL":           13,
+		"FIELD_IP_ID":         14,
+		"FIELD_TCP_FLAGS":     15,
+		"FIELD_TCP_WINDOW":    16,
+		"FIELD_PID":           17,
+		"FIELD_DROP_REASON":   18,
 	}
 )
 
@@ -308,7 +344,7 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\rCOUNTER_BYTES\x10\f\x12\x16\n" +
 	"\x12COUNTER_TAG_FAILED\x10\r\x12\x18\n" +
 	"\x14COUNTER_LATENCY_MISS\x10\x0e\x12\x1b\n" +
-	"\x17COUNTER_COUNT_KEYS_FULL\x10\x0f*\x86\x01\n" +
+	"\x17COUNTER_COUNT_KEYS_FULL\x10\x0f*\xea\x02\n" +
 	"\x05Field\x12\x15\n" +
 	"\x11FIELD_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tFIELD_CPU\x10\x01\x12\r\n" +
@@ -317,7 +353,20 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\n" +
 	"FIELD_MARK\x10\x04\x12\x12\n" +
 	"\x0eFIELD_PRIORITY\x10\x05\x12\x11\n" +
-	"\rFIELD_LATENCY\x10\x06*\x8a\x01\n" +
+	"\rFIELD_LATENCY\x10\x06\x12\x0f\n" +
+	"\vFIELD_NETNS\x10\a\x12\x10\n" +
+	"\fFIELD_CGROUP\x10\b\x12\x17\n" +
+	"\x13FIELD_QUEUE_MAPPING\x10\t\x12\x12\n" +
+	"\x0eFIELD_GSO_SEGS\x10\n" +
+	"\x12\x12\n" +
+	"\x0eFIELD_GSO_SIZE\x10\v\x12\r\n" +
+	"\tFIELD_TOS\x10\f\x12\r\n" +
+	"\tFIELD_TTL\x10\r\x12\x0f\n" +
+	"\vFIELD_IP_ID\x10\x0e\x12\x13\n" +
+	"\x0fFIELD_TCP_FLAGS\x10\x0f\x12\x14\n" +
+	"\x10FIELD_TCP_WINDOW\x10\x10\x12\r\n" +
+	"\tFIELD_PID\x10\x11\x12\x15\n" +
+	"\x11FIELD_DROP_REASON\x10\x12*\x8a\x01\n" +
 	"\aEventOp\x12\x18\n" +
 	"\x14EVENT_OP_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vEVENT_OP_EQ\x10\x01\x12\x0f\n" +

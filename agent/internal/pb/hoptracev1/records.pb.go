@@ -45,7 +45,12 @@ type RecordBatch struct {
 	// that wait in an agent's queue (collector restart, slow link) are still joined. 0 = unknown.
 	WatermarkNs int64 `protobuf:"varint,10,opt,name=watermark_ns,json=watermarkNs,proto3" json:"watermark_ns,omitempty"`
 	// Cumulative results of the trace's event probes on this node.
-	Events        []*EventValues `protobuf:"bytes,11,rep,name=events,proto3" json:"events,omitempty"`
+	Events []*EventValues `protobuf:"bytes,11,rep,name=events,proto3" json:"events,omitempty"`
+	// The record action's values: one packed struct hoptrace_values
+	// (kernel-patch/include/hoptrace.h, value_size bytes, little-endian) per
+	// record whose flags has HOPTRACE_F_VALUES, in the order of those records.
+	Values        []byte `protobuf:"bytes,12,opt,name=values,proto3" json:"values,omitempty"`
+	ValueSize     uint32 `protobuf:"varint,13,opt,name=value_size,json=valueSize,proto3" json:"value_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -155,6 +160,20 @@ func (x *RecordBatch) GetEvents() []*EventValues {
 		return x.Events
 	}
 	return nil
+}
+
+func (x *RecordBatch) GetValues() []byte {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+func (x *RecordBatch) GetValueSize() uint32 {
+	if x != nil {
+		return x.ValueSize
+	}
+	return 0
 }
 
 // One event probe's count and histogram, cumulative since it was attached.
@@ -581,7 +600,7 @@ var File_hoptrace_v1_records_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\n" +
-	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\x8d\x03\n" +
+	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\xc4\x03\n" +
 	"\vRecordBatch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05trace\x18\x02 \x01(\tR\x05trace\x12\x1e\n" +
@@ -597,7 +616,10 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\x05clock\x18\t \x01(\v2\x16.hoptrace.v1.NodeClockR\x05clock\x12!\n" +
 	"\fwatermark_ns\x18\n" +
 	" \x01(\x03R\vwatermarkNs\x120\n" +
-	"\x06events\x18\v \x03(\v2\x18.hoptrace.v1.EventValuesR\x06events\"\x80\x03\n" +
+	"\x06events\x18\v \x03(\v2\x18.hoptrace.v1.EventValuesR\x06events\x12\x16\n" +
+	"\x06values\x18\f \x01(\fR\x06values\x12\x1d\n" +
+	"\n" +
+	"value_size\x18\r \x01(\rR\tvalueSize\"\x80\x03\n" +
 	"\vEventValues\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x14\n" +

@@ -514,12 +514,14 @@ func (x *HopSpec) GetActions() []*ActionSpec {
 // in lower case: cpu, len, ifindex, mark, priority, latency.
 type ActionSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "timestamp", "count" or "histogram".
+	// "timestamp", "count", "histogram" or "record".
 	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	// count: the field the count is keyed by ("" = one total).
 	By string `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
 	// histogram: the field whose log2 buckets are kept.
-	Field         string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
+	Field string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
+	// record: the fields whose values ride with each traced packet's record.
+	Fields        []string `protobuf:"bytes,4,rep,name=fields,proto3" json:"fields,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -575,6 +577,13 @@ func (x *ActionSpec) GetField() string {
 	return ""
 }
 
+func (x *ActionSpec) GetFields() []string {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
 var File_hoptrace_v1_trace_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_trace_proto_rawDesc = "" +
@@ -611,12 +620,13 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x03dev\x18\x04 \x01(\tR\x03dev\x12\x14\n" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup\x121\n" +
-	"\aactions\x18\a \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\"F\n" +
+	"\aactions\x18\a \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\"^\n" +
 	"\n" +
 	"ActionSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x14\n" +
-	"\x05field\x18\x03 \x01(\tR\x05field*\x80\x02\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\x12\x16\n" +
+	"\x06fields\x18\x04 \x03(\tR\x06fields*\x80\x02\n" +
 	"\n" +
 	"AttachKind\x12\x1b\n" +
 	"\x17ATTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +

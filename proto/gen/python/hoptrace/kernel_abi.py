@@ -5,6 +5,9 @@ the wire constants and the per-hop counters."""
 # struct hoptrace_record, little-endian (struct module format).
 RECORD_FORMAT = "<QIIIIHHHH"
 RECORD_SIZE = 32
+# struct hoptrace_values (u8 field[4], u32 count, u64 value[4]; layout checked by vocabgen).
+VALUES_FORMAT = "<4BI4Q"
+VALUES_SIZE = 40
 RECORD_FIELDS = (
     "ts_ns",
     "packet_id",
@@ -26,6 +29,7 @@ RECORD_FLAGS = {
     "ENCAP_GENEVE": 16,
     "TAGGED_HERE": 32,
     "VLAN": 64,
+    "VALUES": 128,
 }
 
 # enum hoptrace_wire (HOPTRACE_ prefix dropped)
@@ -44,6 +48,7 @@ PREV_TS_ENTRIES = 65536
 EVENT_TERMS = 4
 EVENT_IN_VALUES = 8
 EVENT_ARGS_BYTES = 4096
+VALUES_MAX = 4
 
 # Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.
 PROGRAMS = {
@@ -55,6 +60,7 @@ PROGRAMS = {
     "hop_kprobe": "kprobe/netif_receive_skb",
     "hop_tc": "tc",
     "hop_tp_btf": "tp_btf/netif_receive_skb",
+    "hop_tp_btf_kfree": "tp_btf/kfree_skb",
     "hop_tp_btf_xmit": "tp_btf/net_dev_xmit",
     "hop_xdp": "xdp",
     "tag_tcp": "sockops",
@@ -89,6 +95,18 @@ FIELDS = (
     "mark",
     "priority",
     "latency",
+    "netns",
+    "cgroup",
+    "queue_mapping",
+    "gso_segs",
+    "gso_size",
+    "tos",
+    "ttl",
+    "ip_id",
+    "tcp_flags",
+    "tcp_window",
+    "pid",
+    "drop_reason",
 )
 
 # enum hoptrace_event_op: event where: operators by value ("none" = 0).

@@ -62,7 +62,7 @@ class Device(_message.Message):
     def __init__(self, name: _Optional[str] = ..., ifindex: _Optional[int] = ..., mtu: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("btf", "ring_buffer", "tcp_header_options", "attach", "action_fields")
+    __slots__ = ("btf", "ring_buffer", "tcp_header_options", "attach", "action_fields", "unavailable_fields")
     class AttachEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,17 +70,26 @@ class Capabilities(_message.Message):
         key: str
         value: AttachSupport
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[AttachSupport, _Mapping]] = ...) -> None: ...
+    class UnavailableFieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     BTF_FIELD_NUMBER: _ClassVar[int]
     RING_BUFFER_FIELD_NUMBER: _ClassVar[int]
     TCP_HEADER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     ATTACH_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELDS_FIELD_NUMBER: _ClassVar[int]
     btf: bool
     ring_buffer: bool
     tcp_header_options: bool
     attach: _containers.MessageMap[str, AttachSupport]
     action_fields: _containers.RepeatedScalarFieldContainer[_counters_pb2.Field]
-    def __init__(self, btf: bool = ..., ring_buffer: bool = ..., tcp_header_options: bool = ..., attach: _Optional[_Mapping[str, AttachSupport]] = ..., action_fields: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ...) -> None: ...
+    unavailable_fields: _containers.ScalarMap[str, str]
+    def __init__(self, btf: bool = ..., ring_buffer: bool = ..., tcp_header_options: bool = ..., attach: _Optional[_Mapping[str, AttachSupport]] = ..., action_fields: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ..., unavailable_fields: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AttachSupport(_message.Message):
     __slots__ = ("supported", "reason")
@@ -241,16 +250,18 @@ class HopAttach(_message.Message):
     def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[_trace_pb2.AttachKind, str]] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., function: _Optional[str] = ..., program: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ..., actions: _Optional[_Union[HopActions, _Mapping]] = ...) -> None: ...
 
 class HopActions(_message.Message):
-    __slots__ = ("count", "count_by", "histogram", "prev_ts")
+    __slots__ = ("count", "count_by", "histogram", "prev_ts", "record")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     COUNT_BY_FIELD_NUMBER: _ClassVar[int]
     HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
     PREV_TS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     count: bool
     count_by: _counters_pb2.Field
     histogram: _counters_pb2.Field
     prev_ts: bool
-    def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., prev_ts: bool = ...) -> None: ...
+    record: _containers.RepeatedScalarFieldContainer[_counters_pb2.Field]
+    def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., prev_ts: bool = ..., record: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ...) -> None: ...
 
 class EventAttach(_message.Message):
     __slots__ = ("event_index", "name", "tracepoint_group", "tracepoint_event", "program", "where", "count", "count_by", "count_by_arg", "histogram_arg")

@@ -32,6 +32,18 @@ class Field(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FIELD_MARK: _ClassVar[Field]
     FIELD_PRIORITY: _ClassVar[Field]
     FIELD_LATENCY: _ClassVar[Field]
+    FIELD_NETNS: _ClassVar[Field]
+    FIELD_CGROUP: _ClassVar[Field]
+    FIELD_QUEUE_MAPPING: _ClassVar[Field]
+    FIELD_GSO_SEGS: _ClassVar[Field]
+    FIELD_GSO_SIZE: _ClassVar[Field]
+    FIELD_TOS: _ClassVar[Field]
+    FIELD_TTL: _ClassVar[Field]
+    FIELD_IP_ID: _ClassVar[Field]
+    FIELD_TCP_FLAGS: _ClassVar[Field]
+    FIELD_TCP_WINDOW: _ClassVar[Field]
+    FIELD_PID: _ClassVar[Field]
+    FIELD_DROP_REASON: _ClassVar[Field]
 
 class EventOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -71,6 +83,18 @@ FIELD_IFINDEX: Field
 FIELD_MARK: Field
 FIELD_PRIORITY: Field
 FIELD_LATENCY: Field
+FIELD_NETNS: Field
+FIELD_CGROUP: Field
+FIELD_QUEUE_MAPPING: Field
+FIELD_GSO_SEGS: Field
+FIELD_GSO_SIZE: Field
+FIELD_TOS: Field
+FIELD_TTL: Field
+FIELD_IP_ID: Field
+FIELD_TCP_FLAGS: Field
+FIELD_TCP_WINDOW: Field
+FIELD_PID: Field
+FIELD_DROP_REASON: Field
 EVENT_OP_UNSPECIFIED: EventOp
 EVENT_OP_EQ: EventOp
 EVENT_OP_NE: EventOp

@@ -100,11 +100,13 @@ class HopSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ...) -> None: ...
 
 class ActionSpec(_message.Message):
-    __slots__ = ("kind", "by", "field")
+    __slots__ = ("kind", "by", "field", "fields")
     KIND_FIELD_NUMBER: _ClassVar[int]
     BY_FIELD_NUMBER: _ClassVar[int]
     FIELD_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     by: str
     field: str
-    def __init__(self, kind: _Optional[str] = ..., by: _Optional[str] = ..., field: _Optional[str] = ...) -> None: ...
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., by: _Optional[str] = ..., field: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ...) -> None: ...
