@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hoptrace/v1/trace.proto\x12\x0bhoptrace.v1\"r\n\tTraceSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x13.hoptrace.v1.Filter\x12\x0e\n\x06sample\x18\x03 \x01(\r\x12\"\n\x04hops\x18\x04 \x03(\x0b\x32\x14.hoptrace.v1.HopSpec\"X\n\x06\x46ilter\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12\x10\n\x08src_port\x18\x04 \x01(\r\x12\x10\n\x08\x64st_port\x18\x05 \x01(\r\"\x87\x01\n\x07HopSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\n\n\x02\x61t\x18\x03 \x01(\t\x12\x0b\n\x03\x64\x65v\x18\x04 \x01(\t\x12\r\n\x05netns\x18\x05 \x01(\t\x12\x0e\n\x06\x63group\x18\x06 \x01(\t\x12(\n\x07\x61\x63tions\x18\x07 \x03(\x0b\x32\x17.hoptrace.v1.ActionSpec\"5\n\nActionSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02\x62y\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t*\x80\x02\n\nAttachKind\x12\x1b\n\x17\x41TTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41TTACH_KIND_TC_INGRESS\x10\x01\x12\x19\n\x15\x41TTACH_KIND_TC_EGRESS\x10\x02\x12\x13\n\x0f\x41TTACH_KIND_XDP\x10\x03\x12\x1e\n\x1a\x41TTACH_KIND_CGROUP_INGRESS\x10\x04\x12\x1d\n\x19\x41TTACH_KIND_CGROUP_EGRESS\x10\x05\x12\x1a\n\x16\x41TTACH_KIND_TRACEPOINT\x10\x06\x12\x16\n\x12\x41TTACH_KIND_FENTRY\x10\x07\x12\x16\n\x12\x41TTACH_KIND_KPROBE\x10\x08\x42\x46ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hoptrace/v1/trace.proto\x12\x0bhoptrace.v1\"r\n\tTraceSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x13.hoptrace.v1.Filter\x12\x0e\n\x06sample\x18\x03 \x01(\r\x12\"\n\x04hops\x18\x04 \x03(\x0b\x32\x14.hoptrace.v1.HopSpec\"X\n\x06\x46ilter\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12\x10\n\x08src_port\x18\x04 \x01(\r\x12\x10\n\x08\x64st_port\x18\x05 \x01(\r\"\xb0\x01\n\x07HopSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\n\n\x02\x61t\x18\x03 \x01(\t\x12\x0b\n\x03\x64\x65v\x18\x04 \x01(\t\x12\r\n\x05netns\x18\x05 \x01(\t\x12\x0e\n\x06\x63group\x18\x06 \x01(\t\x12(\n\x07\x61\x63tions\x18\x07 \x03(\x0b\x32\x17.hoptrace.v1.ActionSpec\x12\'\n\x08workload\x18\x08 \x01(\x0b\x32\x15.hoptrace.v1.Workload\"\x8f\x01\n\x08Workload\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontainer_name\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12\x15\n\rpod_namespace\x18\x04 \x01(\t\x12\x10\n\x08pod_name\x18\x05 \x01(\t\x12\r\n\x05netns\x18\x06 \x01(\t\x12\x0e\n\x06\x63group\x18\x07 \x01(\t\"5\n\nActionSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02\x62y\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t*\x80\x02\n\nAttachKind\x12\x1b\n\x17\x41TTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41TTACH_KIND_TC_INGRESS\x10\x01\x12\x19\n\x15\x41TTACH_KIND_TC_EGRESS\x10\x02\x12\x13\n\x0f\x41TTACH_KIND_XDP\x10\x03\x12\x1e\n\x1a\x41TTACH_KIND_CGROUP_INGRESS\x10\x04\x12\x1d\n\x19\x41TTACH_KIND_CGROUP_EGRESS\x10\x05\x12\x1a\n\x16\x41TTACH_KIND_TRACEPOINT\x10\x06\x12\x16\n\x12\x41TTACH_KIND_FENTRY\x10\x07\x12\x16\n\x12\x41TTACH_KIND_KPROBE\x10\x08\x42\x46ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,14 +32,16 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hoptrace.v1.trace_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1'
-  _globals['_ATTACHKIND']._serialized_start=440
-  _globals['_ATTACHKIND']._serialized_end=696
+  _globals['_ATTACHKIND']._serialized_start=627
+  _globals['_ATTACHKIND']._serialized_end=883
   _globals['_TRACESPEC']._serialized_start=40
   _globals['_TRACESPEC']._serialized_end=154
   _globals['_FILTER']._serialized_start=156
   _globals['_FILTER']._serialized_end=244
   _globals['_HOPSPEC']._serialized_start=247
-  _globals['_HOPSPEC']._serialized_end=382
-  _globals['_ACTIONSPEC']._serialized_start=384
-  _globals['_ACTIONSPEC']._serialized_end=437
+  _globals['_HOPSPEC']._serialized_end=423
+  _globals['_WORKLOAD']._serialized_start=426
+  _globals['_WORKLOAD']._serialized_end=569
+  _globals['_ACTIONSPEC']._serialized_start=571
+  _globals['_ACTIONSPEC']._serialized_end=624
 # @@protoc_insertion_point(module_scope)
