@@ -1242,8 +1242,13 @@ type HopThroughput struct {
 	PacketsPerS float64                `protobuf:"fixed64,2,opt,name=packets_per_s,json=packetsPerS,proto3" json:"packets_per_s,omitempty"`
 	BytesPerS   float64                `protobuf:"fixed64,3,opt,name=bytes_per_s,json=bytesPerS,proto3" json:"bytes_per_s,omitempty"`
 	// The hop's count and histogram actions over the report's range.
-	Counts        []*HopCount     `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
-	Histograms    []*HopHistogram `protobuf:"bytes,5,rep,name=histograms,proto3" json:"histograms,omitempty"`
+	Counts     []*HopCount     `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
+	Histograms []*HopHistogram `protobuf:"bytes,5,rep,name=histograms,proto3" json:"histograms,omitempty"`
+	// The Docker container and the Kubernetes pod ("namespace/name") the hop's
+	// netns belongs to, when its spec named it so (netns: container:NAME or
+	// pod:NAMESPACE/NAME): the hop_counters tags container and pod.
+	Container     string `protobuf:"bytes,6,opt,name=container,proto3" json:"container,omitempty"`
+	Pod           string `protobuf:"bytes,7,opt,name=pod,proto3" json:"pod,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1311,6 +1316,20 @@ func (x *HopThroughput) GetHistograms() []*HopHistogram {
 		return x.Histograms
 	}
 	return nil
+}
+
+func (x *HopThroughput) GetContainer() string {
+	if x != nil {
+		return x.Container
+	}
+	return ""
+}
+
+func (x *HopThroughput) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
 }
 
 // One key of a hop's count on one node ("by" empty: the total, key 0).
@@ -2559,7 +2578,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\vtracer_lost\x18\x10 \x01(\x04R\n" +
 	"tracerLost\x12\x1b\n" +
 	"\tsame_node\x18\x11 \x01(\bR\bsameNode\x12$\n" +
-	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\xcf\x01\n" +
+	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\xff\x01\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
@@ -2567,7 +2586,9 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x06counts\x18\x04 \x03(\v2\x15.hoptrace.v1.HopCountR\x06counts\x129\n" +
 	"\n" +
 	"histograms\x18\x05 \x03(\v2\x19.hoptrace.v1.HopHistogramR\n" +
-	"histograms\"V\n" +
+	"histograms\x12\x1c\n" +
+	"\tcontainer\x18\x06 \x01(\tR\tcontainer\x12\x10\n" +
+	"\x03pod\x18\a \x01(\tR\x03pod\"V\n" +
 	"\bHopCount\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x10\n" +
