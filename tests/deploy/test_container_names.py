@@ -11,11 +11,16 @@ afterwards; the traffic runs in their namespaces (nsenter: the base image has no
 
 from __future__ import annotations
 
+import http.cookiejar
 import json
 import os
+import re
+import secrets
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -144,6 +149,25 @@ def test_the_agent_maps_each_containers_netns_to_its_name_id_and_image(cluster, 
 
     shown = cluster.hoptrace("agents").stdout
     assert "ht-names-a" in shown and "ht-names-b" in shown, shown
+
+    # the web UI: the agents page shows each container with its image in its namespace's row, and the
+    # trace form offers container:NAME as a netns
+    password = secrets.token_hex(8)
+    _, url = cluster.start_web(password)
+    cluster.wait_http(f"{url}/login")
+    browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    login_page = browser.open(f"{url}/login", timeout=30).read().decode()
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', login_page).group(1)
+    form = {"username": "admin", "password": password, "csrf_token": csrf}
+    browser.open(f"{url}/login", urllib.parse.urlencode(form).encode(), timeout=30).read()
+    page = browser.open(f"{url}/agents/", timeout=60).read().decode()
+    for name, container in containers.items():
+        row = re.search(rf"<tr><td>{re.escape(container.netns)}</td>.*?</tr>", page, re.S)
+        assert row, f"no row for {container.netns} on the agents page"
+        assert f'title="{container.id[:12]} {BASE_IMAGE}">{name} <small>{BASE_IMAGE}</small>' in row.group()
+    agents = json.loads(browser.open(f"{url}/agents/agents.json", timeout=60).read())["agents"]
+    aliases = {a for ns in agents[0]["namespaces"] for a in ns["aliases"]}
+    assert {"container:ht-names-a", "container:ht-names-b"} <= aliases
 
 
 def _spec(name: str, receiver: str = "container:ht-names-b") -> trace_pb2.TraceSpec:
