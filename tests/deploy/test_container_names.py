@@ -305,3 +305,36 @@ def test_an_unknown_container_is_refused_naming_the_field_and_the_known_ones(clu
     assert "hops[1].netns: node docker-host reported no pod shop/web-0; no pods running there" in (
         refused.value.details()
     )
+
+
+def test_mace_through_the_dispatcher_takes_a_container_by_name(cluster, containers) -> None:
+    """`RunPreset mace` with `container: container:ht-names-a`: the dispatcher sends the agent the
+    container's namespace, and MACE sees the container's UDP flow leave it and reach the host-side veth of
+    ht-names-b (bridged traffic never leaves by the bridge device a route would name, so `outer` is given)."""
+    _wait_inventory(cluster, set(containers))
+    sender, receiver = containers["ht-names-a"], containers["ht-names-b"]
+    (eth0,) = json.loads(
+        run(["nsenter", f"--net={receiver.netns}", "ip", "-j", "link", "show", "eth0"], timeout_s=30).stdout
+    )
+    links = json.loads(run(["ip", "-j", "link", "show"], timeout_s=30).stdout)
+    outer = next(link["ifname"] for link in links if link["ifindex"] == eth0["link_index"])
+    flow = subprocess.Popen(
+        [
+            *["nsenter", f"--net={sender.netns}", sys.executable, "-c", SENDER],
+            *[ADDRESSES[receiver.name], str(PORT + 1), "2000"],  # 2 ms apart: about 4 s
+        ]
+    )
+    try:
+        request = api_pb2.RunPresetRequest(
+            node=NODE,
+            preset="mace",
+            args={"container": "container:ht-names-a", "outer": outer, "duration": "2s"},
+        )
+        result = cluster.api().RunPreset(request, timeout=60)
+    finally:
+        flow.kill()
+        flow.wait()
+    mace = json.loads(result.summary_json)
+    assert mace["container"] == sender.netns
+    assert mace["egress"]["count"] >= 500, mace["egress"]  # 2 s of 500 pps
+    assert mace["egress"]["coverage"] > 0.9, mace["egress"]

@@ -8,6 +8,7 @@ import pytest
 from dispatcher_fakes import example_registrations
 
 from hoptrace.dispatcher.compile import build_plans
+from hoptrace.dispatcher.presets import agent_args, validate_preset_request
 from hoptrace.dispatcher.spec import load_spec, spec_to_yaml, validate_spec
 from hoptrace.dispatcher.workloads import resolve_workloads
 from hoptrace.v1 import agent_pb2, trace_pb2
@@ -130,3 +131,14 @@ def test_an_unnamed_hop_without_a_workload_still_needs_a_name() -> None:
     spec = trace_pb2.TraceSpec(name="bad", filter=trace_pb2.Filter(protocol="udp"))
     spec.hops.add(node="host-a", at="tc-egress", dev="eth0", netns="c1")
     assert [error.field for error in validate_spec(spec, agents)] == ["hops[0].name"]
+
+
+def test_mace_takes_a_container_or_pod_and_sends_the_agent_its_namespace() -> None:
+    agents = registrations_with_workloads()
+    host_a = agents["host-a"]
+    for container, netns in (("container:ht-names-a", "c1"), ("pod:shop/web-0", "/proc/4242/ns/net")):
+        assert validate_preset_request("host-a", "mace", {"container": container}, host_a) == []
+        assert agent_args("mace", {"container": container}, "host-a", host_a)["container"] == netns
+    (error,) = validate_preset_request("host-a", "mace", {"container": "container:nope"}, host_a)
+    assert error.field == "args.container"
+    assert error.reason.startswith("node host-a reported no container 'nope'; containers there: ht-names-a")
