@@ -82,7 +82,8 @@ func (d *Docker) get(ctx context.Context, path string, out any) error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("docker engine at %s: GET %s: %s: %s", d.Socket, path, resp.Status, strings.TrimSpace(string(body)))
+		return &statusError{Code: resp.StatusCode, Text: fmt.Sprintf("docker engine at %s: GET %s: %s: %s",
+			d.Socket, path, resp.Status, strings.TrimSpace(string(body)))}
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("docker engine at %s: GET %s: decode: %w", d.Socket, path, err)
@@ -117,7 +118,8 @@ func (d *Docker) Running(ctx context.Context) ([]Container, error) {
 			State struct{ Pid int }
 		}
 		if err := d.get(ctx, "/containers/"+url.PathEscape(c.Id)+"/json", &inspect); err != nil {
-			if strings.Contains(err.Error(), "404 Not Found") {
+			var status *statusError
+			if errors.As(err, &status) && status.Code == http.StatusNotFound {
 				continue // removed between list and inspect
 			}
 			return nil, err
@@ -135,6 +137,14 @@ func (d *Docker) Running(ctx context.Context) ([]Container, error) {
 	}
 	return out, nil
 }
+
+// statusError is an answer of the engine other than 200 OK.
+type statusError struct {
+	Code int
+	Text string
+}
+
+func (e *statusError) Error() string { return e.Text }
 
 // classify turns a failed request into ErrNoRuntime (no socket: the node
 // runs no engine) or an error that says what to do.

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
@@ -19,6 +20,10 @@ type Runtime interface {
 	Version(ctx context.Context) (string, error)
 	Running(ctx context.Context) ([]Container, error)
 }
+
+// askTimeout bounds one inventory's questions to the runtime (heartbeats
+// come every 2 s).
+const askTimeout = 1500 * time.Millisecond
 
 // Found is one running container placed in its network namespace.
 type Found struct {
@@ -58,6 +63,9 @@ func (inv *Inventory) Collect(ctx context.Context) ([]Found, *pb.ContainerRuntim
 	if inv == nil || inv.Runtime == nil {
 		return nil, state
 	}
+	// A stuck engine must not hold up the heartbeat that asks.
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
 	version, err := inv.Runtime.Version(ctx)
 	var containers []Container
 	if err == nil {
