@@ -353,3 +353,25 @@ def test_mace_through_the_dispatcher_takes_a_container_by_name(cluster, containe
     assert mace["container"] == sender.netns
     assert mace["egress"]["count"] >= 500, mace["egress"]  # 2 s of 500 pps
     assert mace["egress"]["coverage"] > 0.9, mace["egress"]
+
+
+def test_a_restarted_container_is_found_in_its_new_namespace(cluster, containers) -> None:
+    """A restart gives the container a new first process and namespace: the agent's next inventory says so
+    (its inspect cache notices the new process) and a new apply resolves the name to it. Runs last: the
+    module's `containers` is stale afterwards."""
+    _wait_inventory(cluster, set(containers))
+    before = containers["ht-names-b"]
+    run(["docker", "restart", "-t", "0", before.name], timeout_s=120)
+    after = _inspect(before.name)
+    assert after.pid != before.pid and after.id == before.id
+    deadline = time.monotonic() + 20
+    while True:
+        agent = _agent(cluster)
+        netns = {w.container_name: w.netns for ns in agent.registration.namespaces for w in ns.workloads}
+        if netns.get(before.name) == after.netns or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert netns.get(before.name) == after.netns, netns
+    trace = cluster.apply(_spec("names-restarted"))
+    assert trace.spec.hops[1].workload.netns == after.netns
+    cluster.api().DeleteTrace(api_pb2.DeleteTraceRequest(name="names-restarted"))

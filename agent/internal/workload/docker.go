@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -46,6 +47,16 @@ type Container struct {
 type Docker struct {
 	Socket string
 	client *http.Client
+
+	// Inspected containers by id, while their first process lives: a
+	// heartbeat then costs one list call, not one inspect per container.
+	mu        sync.Mutex
+	inspected map[string]inspectedContainer
+}
+
+type inspectedContainer struct {
+	Container
+	started string // the PID's start time (/proc/PID/stat): a restart gives a new process
 }
 
 // NewDocker is a client of the engine at socket (a path, or unix://PATH).
@@ -106,8 +117,16 @@ func (d *Docker) Running(ctx context.Context) ([]Container, error) {
 	if err := d.get(ctx, "/containers/json", &list); err != nil {
 		return nil, err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	seen := make(map[string]inspectedContainer, len(list))
 	out := make([]Container, 0, len(list))
 	for _, c := range list {
+		if cached, ok := d.inspected[c.Id]; ok && pidStartTime(cached.Pid) == cached.started {
+			seen[c.Id] = cached
+			out = append(out, cached.Container)
+			continue
+		}
 		var inspect struct {
 			Id     string
 			Name   string
@@ -127,15 +146,39 @@ func (d *Docker) Running(ctx context.Context) ([]Container, error) {
 		if inspect.State.Pid <= 0 {
 			continue
 		}
-		out = append(out, Container{
+		found := Container{
 			ID:     inspect.Id,
 			Name:   strings.TrimPrefix(inspect.Name, "/"),
 			Image:  inspect.Config.Image,
 			Labels: inspect.Config.Labels,
 			Pid:    inspect.State.Pid,
-		})
+		}
+		if started := pidStartTime(found.Pid); started != "" {
+			seen[c.Id] = inspectedContainer{found, started}
+		}
+		out = append(out, found)
 	}
+	d.inspected = seen // containers gone from the list are forgotten
 	return out, nil
+}
+
+// pidStartTime is field 22 of /proc/PID/stat ("" when the process is gone):
+// with the PID it names one process, a reused PID has another.
+func pidStartTime(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// The command (field 2) is in parentheses and may hold spaces.
+	_, rest, ok := strings.Cut(string(b), ") ")
+	if !ok {
+		return ""
+	}
+	fields := strings.Fields(rest)
+	if len(fields) < 20 {
+		return ""
+	}
+	return fields[19]
 }
 
 // statusError is an answer of the engine other than 200 OK.

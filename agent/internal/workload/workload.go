@@ -44,6 +44,7 @@ type Inventory struct {
 
 	mu        sync.Mutex
 	lastError string
+	version   string // asked again after an error only
 }
 
 // NewInventory asks the Docker engine at socket ("" = none: no workloads).
@@ -66,7 +67,13 @@ func (inv *Inventory) Collect(ctx context.Context) ([]Found, *pb.ContainerRuntim
 	// A stuck engine must not hold up the heartbeat that asks.
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
-	version, err := inv.Runtime.Version(ctx)
+	inv.mu.Lock()
+	version := inv.version
+	inv.mu.Unlock()
+	var err error
+	if version == "" {
+		version, err = inv.Runtime.Version(ctx)
+	}
 	var containers []Container
 	if err == nil {
 		containers, err = inv.Runtime.Running(ctx)
@@ -77,10 +84,10 @@ func (inv *Inventory) Collect(ctx context.Context) ([]Found, *pb.ContainerRuntim
 	state.Endpoint = inv.Endpoint
 	if err != nil {
 		state.Error = err.Error()
-		inv.logOnce(state.Error)
+		inv.logOnce(state.Error, "")
 		return nil, state
 	}
-	inv.logOnce("")
+	inv.logOnce("", version)
 	state.Version = version
 	byUID := podsByUID(containers)
 	out := make([]Found, 0, len(containers))
@@ -116,9 +123,13 @@ func (inv *Inventory) procRoot() string {
 	return inv.ProcRoot
 }
 
-func (inv *Inventory) logOnce(msg string) {
+// logOnce logs an error once per distinct message ("" = the engine answers
+// again). The engine's version is kept while it answers and asked again
+// after an error (an upgrade restarts the engine: an error in between).
+func (inv *Inventory) logOnce(msg, version string) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
+	inv.version = version
 	if msg == inv.lastError {
 		return
 	}

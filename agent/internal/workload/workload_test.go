@@ -160,3 +160,15 @@ func TestCollectWithoutRuntimeSaysNothingAndPermissionDeniedSaysWhy(t *testing.T
 }
 
 func inodeOf(st os.FileInfo) uint64 { return st.Sys().(*syscall.Stat_t).Ino }
+
+// The inspect cache keeps a container while its first process is the same
+// process: same PID and start time.
+func TestPidStartTimeNamesOneProcess(t *testing.T) {
+	self := pidStartTime(os.Getpid())
+	if self == "" || self != pidStartTime(os.Getpid()) {
+		t.Fatalf("own start time %q", self)
+	}
+	if got := pidStartTime(1 << 30); got != "" {
+		t.Fatalf("a PID that cannot exist: %q", got)
+	}
+}
