@@ -142,3 +142,20 @@ def test_mace_takes_a_container_or_pod_and_sends_the_agent_its_namespace() -> No
     (error,) = validate_preset_request("host-a", "mace", {"container": "container:nope"}, host_a)
     assert error.field == "args.container"
     assert error.reason.startswith("node host-a reported no container 'nope'; containers there: ht-names-a")
+
+
+def test_a_restarted_dispatcher_keeps_what_apply_resolved(tmp_path) -> None:
+    """The state file keeps the user's spec and, beside it, the workloads apply resolved: the plans a
+    restarted dispatcher pushes attach in the same namespaces."""
+    from hoptrace.dispatcher.state import StateStore, StoredTrace, now
+
+    agents = registrations_with_workloads()
+    resolved = resolve_workloads(load_spec(SPEC, agents), agents)
+    StateStore(tmp_path).save(StoredTrace(spec=resolved, generation=3, applied_at=now()))
+    (loaded,) = StateStore(tmp_path).load()
+    assert loaded.spec == resolved
+    assert [hop.netns for hop in build_plans(loaded.spec, generation=3)["host-a"].hops] == [
+        "c1",
+        "",
+        "/proc/4242/ns/net",
+    ]
