@@ -34,9 +34,10 @@ from hoptrace.v1 import api_pb2, trace_pb2
 
 NETWORK = "ht-names-net"
 BRIDGE = "ht-names0"
-# Inside 198.18.0.0/15, clear of dockerd's own pools (198.19.248.0/21) and the compose stack's networks.
-SUBNET = "198.19.240.0/24"
-ADDRESSES = {"ht-names-a": "198.19.240.10", "ht-names-b": "198.19.240.11"}
+# Inside 198.18.0.0/15, clear of dockerd's own pools (198.19.248.0/21), the compose stack's networks and
+# the guest lab's 198.19.240.0/24 (lab/guests.py on another branch).
+SUBNET = "198.19.236.0/24"
+ADDRESSES = {"ht-names-a": "198.19.236.10", "ht-names-b": "198.19.236.11"}
 NODE = "docker-host"
 PORT = 11111
 PACKETS = 300
@@ -75,6 +76,12 @@ def containers() -> Iterator[dict[str, Container]]:
     try:
         build_base_image()
         _remove_ours()  # a killed earlier run's
+        # Docker does not check an explicit --subnet against the host's routes: someone else's network on
+        # it would get a second gateway address in the root namespace.
+        taken = run(["ip", "-4", "route", "show", "to", "match", SUBNET], timeout_s=30).stdout.strip()
+        assert not [line for line in taken.splitlines() if not line.startswith("default")], (
+            f"{SUBNET} is routed in the root namespace already (another test's network?): {taken}"
+        )
         run(
             [
                 *["docker", "network", "create", "--driver", "bridge", "--subnet", SUBNET],
