@@ -338,7 +338,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Per-packet egress and ingress overhead of a container, on MACE's event paths.",
     )
     parser.add_argument(
-        "--container", required=True, metavar="NETNS_OR_PID", help="netns name/path or a PID in it"
+        "--container",
+        required=True,
+        metavar="NETNS_OR_PID",
+        help="netns name/path or a PID in it; with --node also container:NAME or pod:NAMESPACE/NAME",
     )
     parser.add_argument("--path", choices=PATHS, default="inner-dev", help="event path (default inner-dev)")
     parser.add_argument("--node", help="node (default: this machine; another runs through the dispatcher)")
@@ -372,6 +375,14 @@ def cmd_mace(args: argparse.Namespace) -> int:
         report = {"summary": run_remote_preset(args, "mace", remote_mace_args(args))}
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         return 0
+    if args.container.startswith(("container:", "pod:")):
+        # Names of workloads are the agents' inventories, which the dispatcher holds: not this process.
+        print(
+            f"error: --container {args.container}: a container or pod is resolved by the dispatcher from "
+            "the node's inventory: add --node NODE (and the dispatcher's flags), or pass its netns or a PID",
+            file=sys.stderr,
+        )
+        return 1
     try:
         report = run(args)
     except (RuntimeError, OSError) as error:

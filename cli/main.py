@@ -39,7 +39,7 @@ from hoptrace.common.grpcutil import (
 from hoptrace.common.timeouts import scaled
 from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
-from hoptrace.v1 import api_pb2
+from hoptrace.v1 import api_pb2, trace_pb2
 
 DEFAULT_DISPATCHER = "127.0.0.1:7070"
 
@@ -192,9 +192,18 @@ def agent_to_data(agent: api_pb2.Agent) -> dict[str, Any]:
         "capabilities": registration.get("capabilities", {}),
         "namespaces": registration.get("namespaces", []),
         "running": registration.get("running", []),
+        # where the namespaces' workloads (containers, pods) come from: endpoint, version, error
+        "container_runtime": registration.get("runtime", {}),
         "lost_records": agent.lost_records,
         "clock": clock_data(agent.clock),
     }
+
+
+def workload_text(workload: trace_pb2.Workload) -> str:
+    """A container as `hoptrace agents` lists it: its name, its pod in brackets when it is a pod's."""
+    if workload.pod_name:
+        return f"{workload.container_name}[pod {workload.pod_namespace}/{workload.pod_name}]"
+    return workload.container_name
 
 
 def cmd_agents(args: argparse.Namespace) -> int:
@@ -209,7 +218,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
     rows = [
         [
             *["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "CLOCK OFFSET", "BOUND", "DRIFT"],
-            *["CLOCK MEASURED", "NAMESPACES", "UNSUPPORTED"],
+            *["CLOCK MEASURED", "NAMESPACES", "CONTAINERS", "UNSUPPORTED"],
         ]
     ]
     from hoptrace.collector.report import clock_texts
@@ -218,6 +227,13 @@ def cmd_agents(args: argparse.Namespace) -> int:
         clock = clock_texts(agent.clock)
         registration = agent.registration
         namespaces = ",".join(namespace.name or "(own)" for namespace in registration.namespaces)
+        containers = ",".join(
+            workload_text(workload)
+            for namespace in registration.namespaces
+            for workload in namespace.workloads
+        )
+        if registration.runtime.error:
+            containers = f"({registration.runtime.error})"
         unsupported = ",".join(
             sorted(
                 kind for kind, support in registration.capabilities.attach.items() if not support.supported
@@ -235,6 +251,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
                 clock["drift"],
                 clock["measured"],
                 namespaces or "-",
+                containers or "-",
                 unsupported or "-",
             ]
         )

@@ -178,6 +178,9 @@ class HopCounterWindow:
     interval_ns: int = 1_000_000_000
     has_counters: bool = True
     has_records: bool = False
+    # The hop's container and pod (namespace/name) when its spec named it by one (tags `container`, `pod`).
+    container: str = ""
+    pod: str = ""
 
     @property
     def packets_per_s(self) -> float:
@@ -867,6 +870,8 @@ class HopCounterAggregator:
         for (hop, start), (packets, nbytes) in acc.items():
             name = path.hop_name(hop) if path is not None else f"hop{hop}"
             w = self._get(trace, name, node, start, counters=False)
+            if path is not None:
+                w.container, w.pod = path.hop_workload(hop)
             w.packets += packets
             w.payload_bytes += nbytes
             w.has_records = True
@@ -903,6 +908,9 @@ class HopCounterAggregator:
             start = max(ts - ts % interval, self._closed_before)
             hop = c.hop or f"hop{c.hop_index}"
             w = self._get(trace, hop, node, start, counters=True)
+            path = self.catalog.get(trace) if self.catalog is not None else None
+            if path is not None:
+                w.container, w.pod = path.hop_workload(c.hop_index)
             d = dict(zip(kernel_abi.COUNTERS, delta, strict=False))
             w.matched += d["matched"]
             w.tagged += d["tagged"]

@@ -30,6 +30,9 @@ class TracePath:
     hop_nodes: tuple[str, ...]
     known: bool
     version: int
+    # Per hop: the container and pod ("namespace/name") its netns belongs to, as the dispatcher resolved a
+    # `netns: container:NAME` / `pod:NS/NAME` (`HopSpec.workload`); "" for other hops. Empty: none known.
+    hop_workloads: tuple[tuple[str, str], ...] = ()
 
     def hop_name(self, index: int) -> str:
         """Name of hop `index`, or a placeholder `hop<index>` when not known."""
@@ -41,6 +44,10 @@ class TracePath:
         """Node of hop `index`, or "" when not known."""
         return self.hop_nodes[index] if index < len(self.hop_nodes) else ""
 
+    def hop_workload(self, index: int) -> tuple[str, str]:
+        """(container, pod) of hop `index`: ("", "") when it was not given by a workload."""
+        return self.hop_workloads[index] if index < len(self.hop_workloads) else ("", "")
+
 
 class TraceCatalog:
     """Thread-safe map trace name -> `TracePath`; every change bumps that trace's `version`."""
@@ -50,8 +57,15 @@ class TraceCatalog:
         self._paths: dict[str, TracePath] = {}
         self._version = 0
 
-    def set_trace(self, name: str, hop_names: Sequence[str], hop_nodes: Sequence[str] | None = None) -> None:
-        """Set the path of trace `name`: `hop_names[i]` is hop i; `hop_nodes[i]` its node (optional)."""
+    def set_trace(
+        self,
+        name: str,
+        hop_names: Sequence[str],
+        hop_nodes: Sequence[str] | None = None,
+        hop_workloads: Sequence[tuple[str, str]] | None = None,
+    ) -> None:
+        """Set the path of trace `name`: `hop_names[i]` is hop i; `hop_nodes[i]` its node and
+        `hop_workloads[i]` its (container, pod) (both optional)."""
         if not name:
             raise ValueError("trace name is empty")
         if not hop_names or len(hop_names) > MAX_HOPS:
@@ -61,16 +75,37 @@ class TraceCatalog:
         nodes = tuple(hop_nodes) if hop_nodes is not None else ("",) * len(hop_names)
         if len(nodes) != len(hop_names):
             raise ValueError(f"trace {name}: {len(hop_names)} hop names but {len(nodes)} hop nodes")
+        workloads = tuple(hop_workloads) if hop_workloads is not None else ()
+        if workloads and len(workloads) != len(hop_names):
+            raise ValueError(f"trace {name}: {len(hop_names)} hop names but {len(workloads)} hop workloads")
         with self._lock:
             old = self._paths.get(name)
-            if old and old.known and old.hop_names == tuple(hop_names) and old.hop_nodes == nodes:
+            if (
+                old
+                and old.known
+                and old.hop_names == tuple(hop_names)
+                and old.hop_nodes == nodes
+                and old.hop_workloads == workloads
+            ):
                 return
             self._version += 1
-            self._paths[name] = TracePath(name, tuple(hop_names), nodes, True, self._version)
+            self._paths[name] = TracePath(name, tuple(hop_names), nodes, True, self._version, workloads)
 
     def set_spec(self, spec: trace_pb2.TraceSpec) -> None:
         """Set a trace's path from its `TraceSpec` (hop_index = position in `spec.hops`)."""
-        self.set_trace(spec.name, [h.name for h in spec.hops], [h.node for h in spec.hops])
+        workloads = [
+            (
+                h.workload.container_name,
+                f"{h.workload.pod_namespace}/{h.workload.pod_name}" if h.workload.pod_name else "",
+            )
+            for h in spec.hops
+        ]
+        self.set_trace(
+            spec.name,
+            [h.name for h in spec.hops],
+            [h.node for h in spec.hops],
+            workloads if any(c or pod for c, pod in workloads) else None,
+        )
 
     def remove_trace(self, name: str) -> None:
         """Forget a trace (deleted by the user)."""

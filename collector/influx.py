@@ -26,7 +26,9 @@ Schema (a contract: dashboards, the report and the web UI query these names):
   the same nanosecond would overwrite each other. The packet ID is NOT a tag (one series per packet would
   explode the series index); instead the exporter moves a colliding point's timestamp forward by 1 ns until
   it is unused in that series (tracked over `dedupe_horizon_ns`). `latency_ns` is never changed.
-* `hop_counters` - per trace, hop, node and interval. Tags `trace`, `hop`, `node`; int fields `matched`,
+* `hop_counters` - per trace, hop, node and interval. Tags `trace`, `hop`, `node`, and for a hop whose
+  spec named its netns by a workload (`netns: container:NAME` or `pod:NAMESPACE/NAME`) `container` (the
+  Docker container's name) and `pod` (`namespace/name`, when the container is a pod's); int fields `matched`,
   `tagged`, `untagged`, `parse_errors`, `lost_events`, `bytes` (deltas of the agent's counters over the
   interval), and from the records themselves `packets` (int), `packets_per_s`, `bytes_per_s` (floats; bytes
   without hoptrace's ID). The two groups are separate lines of the same point (InfluxDB merges the fields).
@@ -151,7 +153,9 @@ def segment_line(w: SegmentWindow) -> str:
 
 def counters_lines(w: HopCounterWindow) -> list[str]:
     """Line protocol of one `hop_counters` point: the counter deltas and/or the throughput (same point)."""
-    tags = _tags((("hop", w.hop), ("node", w.node), ("trace", w.trace)))
+    tags = _tags(
+        (("container", w.container), ("hop", w.hop), ("node", w.node), ("pod", w.pod), ("trace", w.trace))
+    )
     out = []
     if w.has_counters:
         out.append(

@@ -18,7 +18,7 @@ JSON shape (a contract):
                    "loss_count", "loss_rate", "tracer_lost", "jitter_ns", "jitter_p99_ns", "same_node",
                    "below_clock_bound", "clock_bound_ns"}],
      "end_to_end": {same keys},
-     "hops": [{"hop", "packets_per_s", "bytes_per_s"}]}
+     "hops": [{"hop", "packets_per_s", "bytes_per_s", and "container", "pod" for a hop named by a workload}]}
 with segments and hops in path order (the given path, else the chain their from/to hops form). The numbers
 are raw: a cross-node latency within its clock bound may be negative. Readers show it through
 `latency_text`, which says "≤ ±BOUND" for it, and `most_time_text` names the segment with the largest p50.
@@ -268,7 +268,7 @@ def _query_hops(q: Any, org: str, base: str, order: Sequence[str]) -> list[dict[
     flux = (
         f'{base} and r._measurement == "{HOP_COUNTERS}"'
         ' and (r._field == "packets_per_s" or r._field == "bytes_per_s"))'
-        ' |> group(columns: ["hop", "_field"]) |> mean()'
+        ' |> group(columns: ["hop", "container", "pod", "_field"]) |> mean()'
     )
     found: dict[str, dict[str, Any]] = {}
     for table in q.query(flux, org=org):
@@ -278,6 +278,9 @@ def _query_hops(q: Any, org: str, base: str, order: Sequence[str]) -> list[dict[
                 continue
             entry = found.setdefault(hop, {"hop": hop, "packets_per_s": 0.0, "bytes_per_s": 0.0})
             entry[rec.get_field()] = float(rec.get_value() or 0.0)
+            for tag in ("container", "pod"):  # the hop's workload (hop_counters tags), when named by one
+                if rec.values.get(tag):
+                    entry[tag] = rec.values[tag]
     names = [h for h in order if h in found] + sorted(h for h in found if h not in order)
     return [found[h] for h in names]
 
@@ -366,6 +369,8 @@ def report_to_proto(report: dict[str, Any]) -> api_pb2.Report:
                 hop=h["hop"],
                 packets_per_s=h["packets_per_s"],
                 bytes_per_s=h["bytes_per_s"],
+                container=h.get("container", ""),
+                pod=h.get("pod", ""),
                 counts=[api_pb2.HopCount(**c) for c in h.get("counts", [])],
                 histograms=[
                     api_pb2.HopHistogram(
@@ -430,6 +435,8 @@ def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
                 "hop": h.hop,
                 "packets_per_s": h.packets_per_s,
                 "bytes_per_s": h.bytes_per_s,
+                **({"container": h.container} if h.container else {}),
+                **({"pod": h.pod} if h.pod else {}),
                 "counts": [{"node": c.node, "by": c.by, "key": c.key, "count": c.count} for c in h.counts],
                 "histograms": [
                     {
@@ -929,6 +936,14 @@ def most_time_text(report: dict[str, Any]) -> str | None:
     )
 
 
+def _workload_text(hop: dict[str, Any]) -> str:
+    """A hop's container and pod as the report's hop table shows them ("" when it has none)."""
+    container, pod = hop.get("container", ""), hop.get("pod", "")
+    if pod:
+        return f"pod {pod} (container {container})" if container else f"pod {pod}"
+    return f"container {container}" if container else ""
+
+
 def render_text(report: dict[str, Any]) -> str:
     """An aligned text table of the report (segments in path order, then end to end), under a line naming
     the segment where most time goes."""
@@ -976,13 +991,17 @@ def render_text(report: dict[str, Any]) -> str:
         cells = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)]
         lines.append("  ".join(cells).rstrip())
     if report.get("hops"):
-        hrows = [["hop", "packets/s", "bytes/s"]] + [
-            [h["hop"], f"{h['packets_per_s']:.1f}", f"{h['bytes_per_s']:.1f}"] for h in report["hops"]
+        hrows = [["hop", "packets/s", "bytes/s", "container / pod"]] + [
+            [h["hop"], f"{h['packets_per_s']:.1f}", f"{h['bytes_per_s']:.1f}", _workload_text(h)]
+            for h in report["hops"]
         ]
-        hw = [max(len(r[i]) for r in hrows) for i in range(3)]
+        if not any(r[3] for r in hrows[1:]):  # no hop named by a workload: no such column
+            hrows = [r[:3] for r in hrows]
+        hw = [max(len(r[i]) for r in hrows) for i in range(len(hrows[0]))]
         lines.append("")
         for r in hrows:
-            lines.append("  ".join([r[0].ljust(hw[0]), r[1].rjust(hw[1]), r[2].rjust(hw[2])]).rstrip())
+            cells = [r[0].ljust(hw[0]), r[1].rjust(hw[1]), r[2].rjust(hw[2]), *r[3:]]
+            lines.append("  ".join(cells).rstrip())
     action_lines = hop_actions_lines(report.get("hops", []))
     if action_lines:
         lines.append("")

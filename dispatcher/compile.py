@@ -27,6 +27,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from hoptrace import kernel_abi
+from hoptrace.dispatcher import workloads
 from hoptrace.dispatcher.actions import hop_actions, reads_field
 from hoptrace.dispatcher.events import EVENT_PROGRAM, event_attach
 from hoptrace.dispatcher.spec import (
@@ -151,7 +152,7 @@ def hop_attach(
         kind=point.attach,
         program=program_for_point(point, reads_field(actions, "drop_reason")),
         dev=hop.dev,
-        netns=hop.netns,
+        netns=workloads.attach_netns(hop),
         cgroup=hop.cgroup,
         tag_udp=tag_udp,
     )
@@ -196,7 +197,9 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
         first = spec.hops[0]
         cgroup = first.cgroup if first.at == "cgroup-egress" else ""
         plans[first.node].tcp_tagging.CopyFrom(
-            agent_pb2.TcpTagging(netns=first.netns, cgroup=cgroup, program=TCP_TAGGER_PROGRAM)
+            agent_pb2.TcpTagging(
+                netns=workloads.attach_netns(first), cgroup=cgroup, program=TCP_TAGGER_PROGRAM
+            )
         )
     return plans
 

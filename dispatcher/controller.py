@@ -22,6 +22,7 @@ from hoptrace.dispatcher.registry import AgentConnection, AgentRegistry
 from hoptrace.dispatcher.signing import MessageSigner
 from hoptrace.dispatcher.spec import FieldError, format_errors, validate_spec
 from hoptrace.dispatcher.state import StateStore, StoredTrace, now
+from hoptrace.dispatcher.workloads import resolve_workloads
 from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
 
 log = logging.getLogger(__name__)
@@ -230,12 +231,15 @@ class TraceController:
     def apply(self, spec: trace_pb2.TraceSpec) -> api_pb2.Trace:
         """Create or update a trace on every node of its spec, all or nothing; raises DispatcherError."""
         with self._apply_lock:
-            errors = self.validate(spec)
+            registrations = self.registry.registrations()
+            errors = validate_spec(spec, registrations)
             if errors:
                 raise DispatcherError(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     "invalid trace spec:\n" + format_errors(errors),
                 )
+            # container:/pod: hops resolved now, once: the stored spec carries the typed workload.
+            spec = resolve_workloads(spec, registrations)
             nodes = spec_nodes(spec)
             missing = [node for node in nodes if self.registry.connection(node) is None]
             if missing:

@@ -15,6 +15,7 @@ import uuid
 import grpc
 
 from hoptrace.common.durations import parse_duration
+from hoptrace.dispatcher import workloads
 from hoptrace.dispatcher.registry import AgentRegistry
 from hoptrace.dispatcher.signing import MessageSigner
 from hoptrace.dispatcher.spec import FieldError
@@ -73,16 +74,41 @@ def validate_preset_request(
     if preset == "mace" and args.get("path", "inner-dev") not in MACE_PATHS:
         errors.append(FieldError("args.path", f"{args['path']!r}: one of {', '.join(MACE_PATHS)}"))
     container = args.get("container", "")
-    if registration is not None and container and not container.isdigit() and "/" not in container:
+    if workloads.is_workload_netns(container):
+        errors.extend(_workload_errors(node, container, registration))
+    elif registration is not None and container and not container.isdigit() and "/" not in container:
         known = {ns.name for ns in registration.namespaces if ns.name}
         if container not in known:
             errors.append(FieldError("args.container", f"node {node} has no network namespace {container!r}"))
     return errors
 
 
-def agent_args(preset: str, args: dict[str, str], node: str) -> dict[str, str]:
-    """The args as the agent takes them: durations in Go's syntax, the node's name for the summary."""
+def _workload_errors(node: str, container: str, registration: agent_pb2.Register | None) -> list[FieldError]:
+    """Why `args.container` (container:NAME or pod:NS/NAME) does not name a workload of the node, if it
+    does not."""
+    try:
+        ref = workloads.parse_workload_netns(container)
+    except ValueError as error:
+        return [FieldError("args.container", str(error))]
+    if registration is not None and workloads.find_workload(registration, ref) is None:
+        known = workloads.known_workloads(registration, ref)
+        return [FieldError("args.container", f"node {node} reported no {ref}; {known}")]
+    return []
+
+
+def agent_args(
+    preset: str, args: dict[str, str], node: str, registration: agent_pb2.Register | None = None
+) -> dict[str, str]:
+    """The args as the agent takes them: durations in Go's syntax, the node's name for the summary, and a
+    container:/pod: `container` as the namespace the node reported the workload in (the agent never parses
+    the workload form)."""
     out = dict(args)
+    container = out.get("container", "")
+    if registration is not None and workloads.is_workload_netns(container):
+        workload = workloads.find_workload(registration, workloads.parse_workload_netns(container))
+        if workload is not None:
+            # "" (a workload in the node's own namespace) is the agent's own: /proc/1/ns/net names it
+            out["container"] = workload.netns or "/proc/1/ns/net"
     seconds = parse_duration(args["duration"]) if "duration" in args else DEFAULT_DURATION_S
     out["duration"] = f"{int(round(seconds * 1000))}ms"
     out["node"] = node
@@ -119,7 +145,7 @@ class PresetRunner:
         connection = self.registry.connection(node)
         if connection is None:
             raise PresetError(grpc.StatusCode.NOT_FOUND, f"node {node!r}: no agent connected")
-        sent_args = agent_args(preset, args, node)
+        sent_args = agent_args(preset, args, node, entry)
         timeout = parse_duration(sent_args["duration"]) + self.grace_s
         request = agent_pb2.RunPreset(id=uuid.uuid4().hex, preset=preset, args=sent_args)
         done = threading.Event()

@@ -89,8 +89,9 @@ class AgentRegistry:
                 entry.connection = None
 
     def heartbeat(self, node: str, inventory: agent_pb2.Inventory | None = None) -> None:
-        """Note that `node` is alive now; an `inventory` replaces the namespaces and devices it registered
-        with (a container started after the agent), so specs are validated against what is there now."""
+        """Note that `node` is alive now; an `inventory` replaces the namespaces (devices, workloads) and
+        the container runtime it registered with (a container started after the agent), so specs are
+        validated against what is there now."""
         with self._lock:
             entry = self._entries.get(node)
             if entry is not None:
@@ -100,6 +101,7 @@ class AgentRegistry:
                     registration.CopyFrom(entry.registration)
                     del registration.namespaces[:]
                     registration.namespaces.extend(inventory.namespaces)
+                    registration.runtime.CopyFrom(inventory.runtime)
                     entry.registration = registration
 
     def connection(self, node: str) -> AgentConnection | None:

@@ -19,6 +19,7 @@ import yaml
 from hoptrace import kernel_abi
 from hoptrace.dispatcher import actions as hop_actions
 from hoptrace.dispatcher import events as event_probes
+from hoptrace.dispatcher import workloads
 from hoptrace.v1 import agent_pb2, trace_pb2
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -528,7 +529,8 @@ def _validate_filter(spec: trace_pb2.TraceSpec, errors: list[FieldError]) -> Non
 
 def _validate_hop(hop: trace_pb2.HopSpec, field: str, errors: list[FieldError]) -> AttachPoint | None:
     if not hop.name:
-        errors.append(FieldError(f"{field}.name", "required"))
+        if not workloads.is_workload_netns(hop.netns):  # else generated once the workload is found
+            errors.append(FieldError(f"{field}.name", "required"))
     elif not HOP_NAME_PATTERN.match(hop.name) or len(hop.name) > NAME_MAX_LEN:
         errors.append(
             FieldError(
@@ -551,7 +553,12 @@ def _validate_hop(hop: trace_pb2.HopSpec, field: str, errors: list[FieldError]) 
         errors.append(
             FieldError(f"{field}.dev", f"{hop.dev!r} is not a device name (1-15 characters, no '/')")
         )
-    if hop.netns and not hop.netns.startswith("/") and "/" in hop.netns:
+    if workloads.is_workload_netns(hop.netns):
+        try:
+            workloads.parse_workload_netns(hop.netns)
+        except ValueError as error:
+            errors.append(FieldError(f"{field}.netns", str(error)))
+    elif hop.netns and not hop.netns.startswith("/") and "/" in hop.netns:
         errors.append(
             FieldError(f"{field}.netns", f"{hop.netns!r}: a name under /run/netns or an absolute path")
         )
@@ -643,9 +650,23 @@ def _validate_against_agents(
             for where, reason in hop_actions.validate_against_agent(hop, field, registration)
             if where not in already
         )
-        namespace = _namespace_by_name(registration, hop.netns)
+        if workloads.is_workload_netns(hop.netns):
+            try:
+                ref = workloads.parse_workload_netns(hop.netns)
+            except ValueError:
+                continue  # said by _validate_hop
+            if not hop.HasField("workload"):
+                errors.append(
+                    FieldError(
+                        f"{field}.netns",
+                        f"node {hop.node} reported no {ref}; {workloads.known_workloads(registration, ref)}",
+                    )
+                )
+                continue
+        netns_name = workloads.attach_netns(hop)
+        namespace = _namespace_by_name(registration, netns_name)
         if namespace is None:
-            if hop.netns.startswith("/"):
+            if netns_name.startswith("/"):
                 continue  # a path (/proc/PID/ns/net) is resolved by the agent at attach time
             reported = ", ".join(repr(ns.name) if ns.name else "'' (own)" for ns in registration.namespaces)
             wanted = f"netns {hop.netns!r}" if hop.netns else "its own namespace ('')"
@@ -660,6 +681,8 @@ def _validate_against_agents(
             devices = [device.name for device in namespace.devices]
             if hop.dev not in devices:
                 netns = f"netns {hop.netns!r}" if hop.netns else "its own namespace"
+                if hop.HasField("workload"):
+                    netns = f"the netns of {workloads.workload_label(hop.workload)}"
                 errors.append(
                     FieldError(
                         f"{field}.dev",
@@ -680,8 +703,11 @@ def _validate_against_agents(
 def validate_spec(
     spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register] | None = None
 ) -> list[FieldError]:
-    """Every problem in `spec`, in spec order; checked against the agents' registrations when given."""
+    """Every problem in `spec`, in spec order; checked against the agents' registrations when given (a
+    container:/pod: netns is then resolved against their inventories first: `workloads.resolve_workloads`)."""
     errors: list[FieldError] = []
+    if agents is not None:
+        spec = workloads.resolve_workloads(spec, agents)
     if not spec.name:
         errors.append(FieldError("name", "required: the trace's name, [a-z0-9-]+"))
     elif not NAME_PATTERN.match(spec.name) or len(spec.name) > NAME_MAX_LEN:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
+from google.protobuf import json_format
 
 from hoptrace.dispatcher.spec import SpecError, spec_from_data, spec_to_data, validate_spec
 from hoptrace.v1 import trace_pb2
@@ -63,6 +64,16 @@ class StateStore:
             "applied_at": stored.applied_at.isoformat(),
             "spec": spec_to_data(stored.spec),
         }
+        # What apply resolved container:/pod: hops to (the spec's YAML form keeps what the user wrote): a
+        # restarted dispatcher pushes the same plans.
+        workloads = [
+            json_format.MessageToDict(hop.workload, preserving_proto_field_name=True)
+            if hop.HasField("workload")
+            else None
+            for hop in stored.spec.hops
+        ]
+        if any(workloads):
+            document["workloads"] = workloads
         text = "# hoptrace dispatcher state: the applied spec of one trace\n" + yaml.safe_dump(
             document, sort_keys=False
         )
@@ -81,12 +92,23 @@ class StateStore:
             try:
                 document = yaml.safe_load(path.read_text())
                 spec = spec_from_data(document["spec"])
+                for hop, workload in zip(spec.hops, document.get("workloads") or [], strict=False):
+                    if workload:
+                        json_format.ParseDict(workload, hop.workload)
                 stored = StoredTrace(
                     spec=spec,
                     generation=int(document["generation"]),
                     applied_at=datetime.fromisoformat(document["applied_at"]),
                 )
-            except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, SpecError) as error:
+            except (
+                OSError,
+                yaml.YAMLError,
+                KeyError,
+                TypeError,
+                ValueError,
+                SpecError,
+                json_format.ParseError,
+            ) as error:
                 log.error("skipping unreadable state file %s: %s", path, error)
                 continue
             for problem in validate_spec(spec):

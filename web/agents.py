@@ -51,9 +51,28 @@ def agent_view(agent: api_pb2.Agent) -> dict[str, Any]:
                     {"name": d.name, "ifindex": d.ifindex, "mtu": d.mtu, "kind": d.kind}
                     for d in namespace.devices
                 ],
+                "workloads": [
+                    {
+                        "container_name": w.container_name,
+                        "container_id": w.container_id[:12],
+                        "image": w.image,
+                        "pod": f"{w.pod_namespace}/{w.pod_name}" if w.pod_name else "",
+                    }
+                    for w in namespace.workloads
+                ],
+                # how a spec may name this namespace besides `name` (netns: container:NAME, pod:NS/NAME)
+                "aliases": sorted(
+                    {f"container:{w.container_name}" for w in namespace.workloads}
+                    | {f"pod:{w.pod_namespace}/{w.pod_name}" for w in namespace.workloads if w.pod_name}
+                ),
             }
             for namespace in registration.namespaces
         ],
+        "container_runtime": {
+            "endpoint": registration.runtime.endpoint,
+            "version": registration.runtime.version,
+            "error": registration.runtime.error,
+        },
         "running": [f"{status.trace} (generation {status.generation})" for status in registration.running],
         # as the collector measured it (ListAgents), or "unknown"; the texts are the CLI's
         "clock": clock_data(agent.clock),

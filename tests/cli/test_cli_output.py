@@ -66,3 +66,12 @@ def test_bash_completion_knows_every_command_and_flag(tmp_path) -> None:
     assert complete(str(script), "hoptrace", "report", "--si") == ["--since"]
     # The collector's own flags (loaded only when it is the command) are there too.
     assert complete(str(script), "hoptrace", "collector", "--kafka-b") == ["--kafka-brokers"]
+
+
+def test_mace_on_this_machine_says_a_container_name_needs_the_dispatcher() -> None:
+    run = subprocess.run(
+        cli("mace", "--container", "container:web"), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "error: --container container:web: a container or pod is resolved by the dispatcher" in run.stderr
+    assert "add --node NODE" in run.stderr

@@ -277,3 +277,29 @@ def test_default_instance_tells_collectors_on_one_host_apart() -> None:
     assert default_instance("127.0.0.1:7071") == f"{host}:7071" != default_instance("127.0.0.1:7072")
     assert default_instance("[::1]:7071") == f"{host}:7071"
     assert default_instance("127.0.0.1:0") == host  # an ephemeral port says nothing stable
+
+
+def test_hop_counters_carry_the_container_and_pod_of_a_workload_hop() -> None:
+    """A spec whose hops were named by workloads (the dispatcher's resolved HopSpec.workload): their
+    hop_counters windows, from counters and from records, carry the container and pod; other hops none."""
+    from hoptrace.collector.influx import counters_lines
+    from hoptrace.v1 import trace_pb2
+
+    spec = trace_pb2.TraceSpec(name="t")
+    spec.hops.add(name="a-out", node="n1", netns="container:web").workload.container_name = "web"
+    spec.hops.add(name="wire", node="n1")
+    pod_hop = spec.hops.add(name="b-in", node="n2", netns="pod:shop/web-0")
+    pod_hop.workload.container_name, pod_hop.workload.pod_namespace = "k8s_app_web-0", "shop"
+    pod_hop.workload.pod_name = "web-0"
+    catalog = TraceCatalog()
+    catalog.set_spec(spec)
+    agg = HopCounterAggregator(catalog=catalog)
+    agg.add_counters("t", "n1", [_counters(0, "a-out", 10, matched=5), _counters(1, "wire", 10, matched=5)])
+    agg.add_counters("t", "n2", [_counters(2, "b-in", 10, matched=5)])
+    tags = {w.hop: (w.container, w.pod) for w in agg.close_windows(12 * SEC)}
+    assert tags == {"a-out": ("web", ""), "wire": ("", ""), "b-in": ("k8s_app_web-0", "shop/web-0")}
+    agg.add_counters("t", "n2", [_counters(2, "b-in", 20, matched=9)])
+    (window,) = agg.close_windows(22 * SEC)
+    assert counters_lines(window)[0].startswith(
+        "hop_counters,container=k8s_app_web-0,hop=b-in,node=n2,pod=shop/web-0,trace=t matched=4i,"
+    )

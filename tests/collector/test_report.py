@@ -143,3 +143,27 @@ def test_no_summary_without_packets_end_to_end() -> None:
     report = {"trace": "t", "packets": 0, "complete": 0, "segments": [], "end_to_end": empty}
     assert most_time_text(report) is None
     assert not any(line.startswith("most time") for line in render_text(report).splitlines())
+
+
+def test_hops_named_by_workloads_show_their_container_and_pod() -> None:
+    report = {
+        "trace": "demo",
+        "packets": 1,
+        "complete": 1,
+        "segments": [stats("a", "b")],
+        "end_to_end": stats("a", "b"),
+        "hops": [
+            {"hop": "a", "packets_per_s": 1.0, "bytes_per_s": 64.0, "container": "web"},
+            {"hop": "b", "packets_per_s": 1.0, "bytes_per_s": 64.0, "container": "app", "pod": "shop/web-0"},
+        ],
+    }
+    lines = render_text(report).splitlines()
+    table = lines[lines.index("") + 1 :]
+    assert table[0].split() == ["hop", "packets/s", "bytes/s", "container", "/", "pod"]
+    assert table[1].endswith("container web") and table[2].endswith("pod shop/web-0 (container app)")
+    # the proto round trip keeps them
+    again = report_from_proto(report_to_proto(report))
+    assert [(h["hop"], h.get("container"), h.get("pod")) for h in again["hops"]] == [
+        ("a", "web", None),
+        ("b", "app", "shop/web-0"),
+    ]

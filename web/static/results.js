@@ -63,7 +63,13 @@
     document.querySelector("#throughput tbody").replaceChildren(
       ...r.hops.map((h) => {
         const tr = document.createElement("tr");
-        tr.append(cell(h.hop), cell(h.packets_per_s.toFixed(1), true), cell(h.bytes_per_s.toFixed(1), true));
+        const workload = (h.container || "") + (h.pod ? ` (pod ${h.pod})` : "");
+        tr.append(
+          cell(h.hop),
+          cell(h.packets_per_s.toFixed(1), true),
+          cell(h.bytes_per_s.toFixed(1), true),
+          cell(workload),
+        );
         return tr;
       }),
     );

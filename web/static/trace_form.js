@@ -25,8 +25,15 @@
     const netns = row.querySelector("input.netns");
     const dev = row.querySelector("input.dev");
     const namespaces = agent ? agent.namespaces : [];
-    fillOptions(netns.list, namespaces.map((ns) => [ns.name, ns.name || "(own namespace)"]));
-    const ns = namespaces.find((n) => n.name === netns.value);
+    // A namespace is offered by its name and by the containers and pods in it (container:NAME, pod:NS/NAME).
+    fillOptions(
+      netns.list,
+      namespaces.flatMap((ns) => [
+        [ns.name, ns.name || "(own namespace)"],
+        ...(ns.aliases || []).map((alias) => [alias, ns.name || "(own namespace)"]),
+      ]),
+    );
+    const ns = namespaces.find((n) => n.name === netns.value || (n.aliases || []).includes(netns.value));
     fillOptions(dev.list, ns ? ns.devices.map((d) => [d.name, `${d.kind}, mtu ${d.mtu}`]) : []);
   }
 

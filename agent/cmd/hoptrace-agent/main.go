@@ -25,6 +25,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/kafka"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/preset"
+	"github.com/hoptrace/hoptrace/agent/internal/workload"
 )
 
 func main() {
@@ -76,6 +77,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Node, "node", "", "node name (default: hostname)")
 	fs.StringVar(&cfg.Netns, "netns", "", "the emulated host's network namespace (/run/netns name or path); hops without netns run there")
 	fs.StringVar(&cfg.NetnsOwned, "netns-owned", "", "the host's other namespaces, /run/netns names comma-separated (default: every /run/netns entry): discover attributes a device crossing to this node only in --netns and these (emulated hosts share one kernel)")
+	fs.StringVar(&cfg.DockerSocket, "docker-socket", dockerSocketDefault(), `Docker Engine API socket the namespaces' containers and pods are named from (default: $DOCKER_HOST if unix://, else `+workload.DefaultSocket+`; "" = none). No socket there: no containers reported`)
 	fs.StringVar(&cfg.Plan, "plan", "", "plan file to run: a plan signed by a dispatcher certificate of --ca (hoptrace plan sign), or a bare TracePlan in protojson with --allow-unsigned-plan")
 	fs.BoolVar(&cfg.AllowUnsignedPlan, "allow-unsigned-plan", false, "run a --plan file no dispatcher signed (root's own debugging: whoever can write the file chooses what is loaded); logs a WARNING")
 	fs.StringVar(&cfg.Out, "out", "", `write JSON lines here ("-" = stdout)`)
@@ -162,4 +164,13 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return agent.Run(ctx, cfg)
+}
+
+// dockerSocketDefault is $DOCKER_HOST when it names a unix socket, else
+// Docker's default socket.
+func dockerSocketDefault() string {
+	if h := os.Getenv("DOCKER_HOST"); strings.HasPrefix(h, "unix://") {
+		return strings.TrimPrefix(h, "unix://")
+	}
+	return workload.DefaultSocket
 }

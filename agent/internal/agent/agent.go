@@ -31,6 +31,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
 	"github.com/hoptrace/hoptrace/agent/internal/tlsconf"
 	"github.com/hoptrace/hoptrace/agent/internal/tracer"
+	"github.com/hoptrace/hoptrace/agent/internal/workload"
 )
 
 // Version of the agent, reported in Register.
@@ -43,7 +44,10 @@ type Config struct {
 	// NetnsOwned: the host's other namespaces (/run/netns names), for
 	// discover's attribution of crossings; empty = every /run/netns entry.
 	NetnsOwned string
-	Plan       string // plan file (protojson SignedMessage of a TracePlan, or a TracePlan)
+	// DockerSocket is the Docker Engine API socket containers are named from
+	// ("" = none).
+	DockerSocket string
+	Plan         string // plan file (protojson SignedMessage of a TracePlan, or a TracePlan)
 	// AllowUnsignedPlan runs a Plan file that is a bare TracePlan, with a
 	// warning; without it only a plan signed by a dispatcher certificate of
 	// --ca runs (docs/security.md).
@@ -301,7 +305,7 @@ func start(cfg Config) (*running, error) {
 	}
 	if cfg.Dispatcher != "" {
 		a.sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
-			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: a.runPreset, NetnsOwned: cfg.NetnsOwned, Log: cfg.Log, Creds: a.dispatcherCreds,
+			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: a.runPreset, NetnsOwned: cfg.NetnsOwned, Workloads: workload.NewInventory(cfg.DockerSocket, cfg.Log), Log: cfg.Log, Creds: a.dispatcherCreds,
 			Verifier: a.verifier}
 	}
 	return a, nil

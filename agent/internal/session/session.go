@@ -24,6 +24,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/signing"
+	"github.com/hoptrace/hoptrace/agent/internal/workload"
 )
 
 // Tracer is what the session drives (tracer.Manager).
@@ -48,7 +49,10 @@ type Session struct {
 	// Presets answers RunPreset (nil = every RunPreset fails with an error).
 	Presets PresetRunner
 	// NetnsOwned is passed to discover as netns-owned (the agent's --netns-owned).
-	NetnsOwned  string
+	NetnsOwned string
+	// Workloads names namespaces by the containers and pods in them (nil =
+	// none reported).
+	Workloads   *workload.Inventory
 	Heartbeat   time.Duration
 	Log         *slog.Logger
 	DialOptions []grpc.DialOption
@@ -116,14 +120,52 @@ func (s *Session) Register() *pb.Register {
 		Node:         s.Node,
 		AgentVersion: s.Version,
 		Capabilities: s.Capabilities,
-		Namespaces:   Namespaces(s.Netns),
 		Running:      s.Tracer.Running(),
 	}
+	inv := s.Inventory(context.Background())
+	r.Namespaces, r.Runtime = inv.GetNamespaces(), inv.GetRuntime()
 	var u unix.Utsname
 	if unix.Uname(&u) == nil {
 		r.KernelRelease = unix.ByteSliceToString(u.Release[:])
 	}
 	return r
+}
+
+// Inventory is the node's namespaces with their devices and workloads, and
+// the container runtime's state.
+func (s *Session) Inventory(ctx context.Context) *pb.Inventory {
+	found, runtime := s.Workloads.Collect(ctx)
+	return &pb.Inventory{Namespaces: WithWorkloads(Namespaces(s.Netns), found), Runtime: runtime}
+}
+
+// WithWorkloads puts each container into the namespace of the same inode,
+// and lists a container's namespace that has no /run/netns name as
+// /proc/PID/ns/net (its first process's), with its devices.
+func WithWorkloads(namespaces []*pb.Namespace, found []workload.Found) []*pb.Namespace {
+	byInode := map[uint64]*pb.Namespace{}
+	for _, ns := range namespaces {
+		if ns.GetInode() != 0 {
+			byInode[ns.GetInode()] = ns
+		}
+	}
+	for _, f := range found {
+		ns := byInode[f.NetnsInode]
+		if ns == nil {
+			ns = &pb.Namespace{Name: f.NetnsPath, Inode: f.NetnsInode}
+			devs, err := netns.Devices(f.NetnsPath)
+			if err != nil {
+				continue // the container exited meanwhile
+			}
+			for _, d := range devs {
+				ns.Devices = append(ns.Devices, &pb.Device{Name: d.Name, Ifindex: d.Ifindex, Mtu: d.MTU, Kind: d.Kind})
+			}
+			namespaces = append(namespaces, ns)
+			byInode[f.NetnsInode] = ns
+		}
+		f.Workload.Netns = ns.GetName()
+		ns.Workloads = append(ns.Workloads, f.Workload)
+	}
+	return namespaces
 }
 
 // Namespaces lists the agent's own (--netns) namespace as "" and every
@@ -183,7 +225,7 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 		defer wg.Done()
 		t := time.NewTicker(s.Heartbeat)
 		defer t.Stop()
-		said := &pb.Inventory{Namespaces: registration.GetNamespaces()}
+		said := &pb.Inventory{Namespaces: registration.GetNamespaces(), Runtime: registration.GetRuntime()}
 		for {
 			select {
 			case <-sctx.Done():
@@ -192,7 +234,7 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 				hb := &pb.Heartbeat{SentAt: timestamppb.Now()}
 				// Devices and namespaces appear after the agent registered (a container
 				// started later): the dispatcher validates specs against what it last heard.
-				if now := (&pb.Inventory{Namespaces: Namespaces(s.Netns)}); !proto.Equal(now, said) {
+				if now := s.Inventory(sctx); !proto.Equal(now, said) {
 					hb.Inventory, said = now, now
 				}
 				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_Heartbeat{Heartbeat: hb}}); err != nil {

@@ -148,7 +148,9 @@ type Register struct {
 	// Network namespaces this agent may trace in, with their devices.
 	Namespaces []*Namespace `protobuf:"bytes,5,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
 	// Traces the agent still runs (after a dispatcher restart), by generation.
-	Running       []*TraceStatus `protobuf:"bytes,6,rep,name=running,proto3" json:"running,omitempty"`
+	Running []*TraceStatus `protobuf:"bytes,6,rep,name=running,proto3" json:"running,omitempty"`
+	// The container runtime the namespaces' workloads come from.
+	Runtime       *ContainerRuntime `protobuf:"bytes,7,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -225,12 +227,23 @@ func (x *Register) GetRunning() []*TraceStatus {
 	return nil
 }
 
+func (x *Register) GetRuntime() *ContainerRuntime {
+	if x != nil {
+		return x.Runtime
+	}
+	return nil
+}
+
 type Namespace struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "" for the agent's own (--netns) namespace, else a /run/netns name.
-	Name          string    `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Inode         uint64    `protobuf:"varint,2,opt,name=inode,proto3" json:"inode,omitempty"`
-	Devices       []*Device `protobuf:"bytes,3,rep,name=devices,proto3" json:"devices,omitempty"`
+	// "" for the agent's own (--netns) namespace, else a /run/netns name, or
+	// /proc/PID/ns/net for a container's namespace that has no /run/netns name.
+	Name    string    `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Inode   uint64    `protobuf:"varint,2,opt,name=inode,proto3" json:"inode,omitempty"`
+	Devices []*Device `protobuf:"bytes,3,rep,name=devices,proto3" json:"devices,omitempty"`
+	// The containers (and pods) whose processes run in this namespace, from
+	// the node's container runtime; empty when the node runs none.
+	Workloads     []*Workload `protobuf:"bytes,4,rep,name=workloads,proto3" json:"workloads,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -282,6 +295,13 @@ func (x *Namespace) GetInode() uint64 {
 func (x *Namespace) GetDevices() []*Device {
 	if x != nil {
 		return x.Devices
+	}
+	return nil
+}
+
+func (x *Namespace) GetWorkloads() []*Workload {
+	if x != nil {
+		return x.Workloads
 	}
 	return nil
 }
@@ -554,8 +574,10 @@ func (x *Heartbeat) GetInventory() *Inventory {
 }
 
 type Inventory struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Namespaces    []*Namespace           `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Namespaces []*Namespace           `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
+	// Replaces Register.runtime.
+	Runtime       *ContainerRuntime `protobuf:"bytes,2,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -597,6 +619,80 @@ func (x *Inventory) GetNamespaces() []*Namespace {
 	return nil
 }
 
+func (x *Inventory) GetRuntime() *ContainerRuntime {
+	if x != nil {
+		return x.Runtime
+	}
+	return nil
+}
+
+// The node's container runtime as the agent found it: where the workloads
+// of Namespace.workloads come from.
+type ContainerRuntime struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Docker Engine API socket the agent asked; "" when none is on the node
+	// (then there are no workloads, and no error).
+	Endpoint string `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// The engine's version, e.g. "20.10.24+dfsg1".
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Why the runtime could not be asked, e.g. "permission denied on
+	// /var/run/docker.sock: run the agent as root or in the docker group".
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerRuntime) Reset() {
+	*x = ContainerRuntime{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerRuntime) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerRuntime) ProtoMessage() {}
+
+func (x *ContainerRuntime) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerRuntime.ProtoReflect.Descriptor instead.
+func (*ContainerRuntime) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ContainerRuntime) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *ContainerRuntime) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ContainerRuntime) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type TraceStatus struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Trace      string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
@@ -612,7 +708,7 @@ type TraceStatus struct {
 
 func (x *TraceStatus) Reset() {
 	*x = TraceStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -624,7 +720,7 @@ func (x *TraceStatus) String() string {
 func (*TraceStatus) ProtoMessage() {}
 
 func (x *TraceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -637,7 +733,7 @@ func (x *TraceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceStatus.ProtoReflect.Descriptor instead.
 func (*TraceStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TraceStatus) GetTrace() string {
@@ -696,7 +792,7 @@ type EventStatus struct {
 
 func (x *EventStatus) Reset() {
 	*x = EventStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -708,7 +804,7 @@ func (x *EventStatus) String() string {
 func (*EventStatus) ProtoMessage() {}
 
 func (x *EventStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -721,7 +817,7 @@ func (x *EventStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventStatus.ProtoReflect.Descriptor instead.
 func (*EventStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EventStatus) GetEventIndex() uint32 {
@@ -766,7 +862,7 @@ type HopStatus struct {
 
 func (x *HopStatus) Reset() {
 	*x = HopStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +874,7 @@ func (x *HopStatus) String() string {
 func (*HopStatus) ProtoMessage() {}
 
 func (x *HopStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +887,7 @@ func (x *HopStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopStatus.ProtoReflect.Descriptor instead.
 func (*HopStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HopStatus) GetHopIndex() uint32 {
@@ -838,7 +934,7 @@ type DispatcherMessage struct {
 
 func (x *DispatcherMessage) Reset() {
 	*x = DispatcherMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +946,7 @@ func (x *DispatcherMessage) String() string {
 func (*DispatcherMessage) ProtoMessage() {}
 
 func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +959,7 @@ func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatcherMessage.ProtoReflect.Descriptor instead.
 func (*DispatcherMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DispatcherMessage) GetBody() isDispatcherMessage_Body {
@@ -988,7 +1084,7 @@ type SignedMessage struct {
 
 func (x *SignedMessage) Reset() {
 	*x = SignedMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1096,7 @@ func (x *SignedMessage) String() string {
 func (*SignedMessage) ProtoMessage() {}
 
 func (x *SignedMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1109,7 @@ func (x *SignedMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedMessage.ProtoReflect.Descriptor instead.
 func (*SignedMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SignedMessage) GetPayload() []byte {
@@ -1070,7 +1166,7 @@ type TracePlan struct {
 
 func (x *TracePlan) Reset() {
 	*x = TracePlan{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1178,7 @@ func (x *TracePlan) String() string {
 func (*TracePlan) ProtoMessage() {}
 
 func (x *TracePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1191,7 @@ func (x *TracePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracePlan.ProtoReflect.Descriptor instead.
 func (*TracePlan) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TracePlan) GetTrace() string {
@@ -1183,7 +1279,7 @@ type FlowMatch struct {
 
 func (x *FlowMatch) Reset() {
 	*x = FlowMatch{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1195,7 +1291,7 @@ func (x *FlowMatch) String() string {
 func (*FlowMatch) ProtoMessage() {}
 
 func (x *FlowMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1208,7 +1304,7 @@ func (x *FlowMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowMatch.ProtoReflect.Descriptor instead.
 func (*FlowMatch) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FlowMatch) GetIpProto() uint32 {
@@ -1294,7 +1390,7 @@ type HopAttach struct {
 
 func (x *HopAttach) Reset() {
 	*x = HopAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1402,7 @@ func (x *HopAttach) String() string {
 func (*HopAttach) ProtoMessage() {}
 
 func (x *HopAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1415,7 @@ func (x *HopAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopAttach.ProtoReflect.Descriptor instead.
 func (*HopAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HopAttach) GetHopIndex() uint32 {
@@ -1427,7 +1523,7 @@ type HopActions struct {
 
 func (x *HopActions) Reset() {
 	*x = HopActions{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1535,7 @@ func (x *HopActions) String() string {
 func (*HopActions) ProtoMessage() {}
 
 func (x *HopActions) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1548,7 @@ func (x *HopActions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopActions.ProtoReflect.Descriptor instead.
 func (*HopActions) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HopActions) GetCount() bool {
@@ -1515,7 +1611,7 @@ type EventAttach struct {
 
 func (x *EventAttach) Reset() {
 	*x = EventAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1623,7 @@ func (x *EventAttach) String() string {
 func (*EventAttach) ProtoMessage() {}
 
 func (x *EventAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1636,7 @@ func (x *EventAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventAttach.ProtoReflect.Descriptor instead.
 func (*EventAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EventAttach) GetEventIndex() uint32 {
@@ -1627,7 +1723,7 @@ type TcpTagging struct {
 
 func (x *TcpTagging) Reset() {
 	*x = TcpTagging{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1735,7 @@ func (x *TcpTagging) String() string {
 func (*TcpTagging) ProtoMessage() {}
 
 func (x *TcpTagging) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1748,7 @@ func (x *TcpTagging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpTagging.ProtoReflect.Descriptor instead.
 func (*TcpTagging) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TcpTagging) GetNetns() string {
@@ -1685,7 +1781,7 @@ type RemoveTrace struct {
 
 func (x *RemoveTrace) Reset() {
 	*x = RemoveTrace{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1697,7 +1793,7 @@ func (x *RemoveTrace) String() string {
 func (*RemoveTrace) ProtoMessage() {}
 
 func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1710,7 +1806,7 @@ func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTrace.ProtoReflect.Descriptor instead.
 func (*RemoveTrace) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RemoveTrace) GetTrace() string {
@@ -1734,7 +1830,7 @@ type RunPreset struct {
 
 func (x *RunPreset) Reset() {
 	*x = RunPreset{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1746,7 +1842,7 @@ func (x *RunPreset) String() string {
 func (*RunPreset) ProtoMessage() {}
 
 func (x *RunPreset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1759,7 +1855,7 @@ func (x *RunPreset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
 func (*RunPreset) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RunPreset) GetId() string {
@@ -1797,7 +1893,7 @@ type PresetResult struct {
 
 func (x *PresetResult) Reset() {
 	*x = PresetResult{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1905,7 @@ func (x *PresetResult) String() string {
 func (*PresetResult) ProtoMessage() {}
 
 func (x *PresetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +1918,7 @@ func (x *PresetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
 func (*PresetResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PresetResult) GetId() string {
@@ -1856,7 +1952,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\theartbeat\x18\x02 \x01(\v2\x16.hoptrace.v1.HeartbeatH\x00R\theartbeat\x12=\n" +
 	"\ftrace_status\x18\x03 \x01(\v2\x18.hoptrace.v1.TraceStatusH\x00R\vtraceStatus\x12@\n" +
 	"\rpreset_result\x18\x04 \x01(\v2\x19.hoptrace.v1.PresetResultH\x00R\fpresetResultB\x06\n" +
-	"\x04body\"\x95\x02\n" +
+	"\x04body\"\xce\x02\n" +
 	"\bRegister\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12%\n" +
 	"\x0ekernel_release\x18\x02 \x01(\tR\rkernelRelease\x12#\n" +
@@ -1865,11 +1961,13 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"namespaces\x18\x05 \x03(\v2\x16.hoptrace.v1.NamespaceR\n" +
 	"namespaces\x122\n" +
-	"\arunning\x18\x06 \x03(\v2\x18.hoptrace.v1.TraceStatusR\arunning\"d\n" +
+	"\arunning\x18\x06 \x03(\v2\x18.hoptrace.v1.TraceStatusR\arunning\x127\n" +
+	"\aruntime\x18\a \x01(\v2\x1d.hoptrace.v1.ContainerRuntimeR\aruntime\"\x99\x01\n" +
 	"\tNamespace\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05inode\x18\x02 \x01(\x04R\x05inode\x12-\n" +
-	"\adevices\x18\x03 \x03(\v2\x13.hoptrace.v1.DeviceR\adevices\"\\\n" +
+	"\adevices\x18\x03 \x03(\v2\x13.hoptrace.v1.DeviceR\adevices\x123\n" +
+	"\tworkloads\x18\x04 \x03(\v2\x15.hoptrace.v1.WorkloadR\tworkloads\"\\\n" +
 	"\x06Device\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aifindex\x18\x02 \x01(\rR\aifindex\x12\x10\n" +
@@ -1894,11 +1992,16 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"v\n" +
 	"\tHeartbeat\x123\n" +
 	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x124\n" +
-	"\tinventory\x18\x02 \x01(\v2\x16.hoptrace.v1.InventoryR\tinventory\"C\n" +
+	"\tinventory\x18\x02 \x01(\v2\x16.hoptrace.v1.InventoryR\tinventory\"|\n" +
 	"\tInventory\x126\n" +
 	"\n" +
 	"namespaces\x18\x01 \x03(\v2\x16.hoptrace.v1.NamespaceR\n" +
-	"namespaces\"\xcf\x01\n" +
+	"namespaces\x127\n" +
+	"\aruntime\x18\x02 \x01(\v2\x1d.hoptrace.v1.ContainerRuntimeR\aruntime\"^\n" +
+	"\x10ContainerRuntime\x12\x1a\n" +
+	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xcf\x01\n" +
 	"\vTraceStatus\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
 	"\n" +
@@ -2025,7 +2128,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -2035,71 +2138,76 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AttachSupport)(nil),         // 5: hoptrace.v1.AttachSupport
 	(*Heartbeat)(nil),             // 6: hoptrace.v1.Heartbeat
 	(*Inventory)(nil),             // 7: hoptrace.v1.Inventory
-	(*TraceStatus)(nil),           // 8: hoptrace.v1.TraceStatus
-	(*EventStatus)(nil),           // 9: hoptrace.v1.EventStatus
-	(*HopStatus)(nil),             // 10: hoptrace.v1.HopStatus
-	(*DispatcherMessage)(nil),     // 11: hoptrace.v1.DispatcherMessage
-	(*SignedMessage)(nil),         // 12: hoptrace.v1.SignedMessage
-	(*TracePlan)(nil),             // 13: hoptrace.v1.TracePlan
-	(*FlowMatch)(nil),             // 14: hoptrace.v1.FlowMatch
-	(*HopAttach)(nil),             // 15: hoptrace.v1.HopAttach
-	(*HopActions)(nil),            // 16: hoptrace.v1.HopActions
-	(*EventAttach)(nil),           // 17: hoptrace.v1.EventAttach
-	(*TcpTagging)(nil),            // 18: hoptrace.v1.TcpTagging
-	(*RemoveTrace)(nil),           // 19: hoptrace.v1.RemoveTrace
-	(*RunPreset)(nil),             // 20: hoptrace.v1.RunPreset
-	(*PresetResult)(nil),          // 21: hoptrace.v1.PresetResult
-	nil,                           // 22: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 23: hoptrace.v1.Capabilities.UnavailableFieldsEntry
-	nil,                           // 24: hoptrace.v1.RunPreset.ArgsEntry
-	(Field)(0),                    // 25: hoptrace.v1.Field
-	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
-	(AttachKind)(0),               // 27: hoptrace.v1.AttachKind
-	(*EventTerm)(nil),             // 28: hoptrace.v1.EventTerm
-	(EventKey)(0),                 // 29: hoptrace.v1.EventKey
+	(*ContainerRuntime)(nil),      // 8: hoptrace.v1.ContainerRuntime
+	(*TraceStatus)(nil),           // 9: hoptrace.v1.TraceStatus
+	(*EventStatus)(nil),           // 10: hoptrace.v1.EventStatus
+	(*HopStatus)(nil),             // 11: hoptrace.v1.HopStatus
+	(*DispatcherMessage)(nil),     // 12: hoptrace.v1.DispatcherMessage
+	(*SignedMessage)(nil),         // 13: hoptrace.v1.SignedMessage
+	(*TracePlan)(nil),             // 14: hoptrace.v1.TracePlan
+	(*FlowMatch)(nil),             // 15: hoptrace.v1.FlowMatch
+	(*HopAttach)(nil),             // 16: hoptrace.v1.HopAttach
+	(*HopActions)(nil),            // 17: hoptrace.v1.HopActions
+	(*EventAttach)(nil),           // 18: hoptrace.v1.EventAttach
+	(*TcpTagging)(nil),            // 19: hoptrace.v1.TcpTagging
+	(*RemoveTrace)(nil),           // 20: hoptrace.v1.RemoveTrace
+	(*RunPreset)(nil),             // 21: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 22: hoptrace.v1.PresetResult
+	nil,                           // 23: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 24: hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	nil,                           // 25: hoptrace.v1.RunPreset.ArgsEntry
+	(*Workload)(nil),              // 26: hoptrace.v1.Workload
+	(Field)(0),                    // 27: hoptrace.v1.Field
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(AttachKind)(0),               // 29: hoptrace.v1.AttachKind
+	(*EventTerm)(nil),             // 30: hoptrace.v1.EventTerm
+	(EventKey)(0),                 // 31: hoptrace.v1.EventKey
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
-	8,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	21, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	9,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
+	22, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
 	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
 	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
-	8,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
-	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	22, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	25, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
-	23, // 10: hoptrace.v1.Capabilities.unavailable_fields:type_name -> hoptrace.v1.Capabilities.UnavailableFieldsEntry
-	26, // 11: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	7,  // 12: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
-	2,  // 13: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
-	10, // 14: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	9,  // 15: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
-	13, // 16: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	19, // 17: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	20, // 18: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	12, // 19: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	12, // 20: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	14, // 21: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	15, // 22: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	18, // 23: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	17, // 24: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
-	27, // 25: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	16, // 26: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
-	25, // 27: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
-	25, // 28: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	25, // 29: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
-	28, // 30: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
-	29, // 31: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
-	24, // 32: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 33: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 34: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	11, // 35: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	35, // [35:36] is the sub-list for method output_type
-	34, // [34:35] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	9,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
+	8,  // 7: hoptrace.v1.Register.runtime:type_name -> hoptrace.v1.ContainerRuntime
+	3,  // 8: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
+	26, // 9: hoptrace.v1.Namespace.workloads:type_name -> hoptrace.v1.Workload
+	23, // 10: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	27, // 11: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
+	24, // 12: hoptrace.v1.Capabilities.unavailable_fields:type_name -> hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	28, // 13: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	7,  // 14: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
+	2,  // 15: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
+	8,  // 16: hoptrace.v1.Inventory.runtime:type_name -> hoptrace.v1.ContainerRuntime
+	11, // 17: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	10, // 18: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
+	14, // 19: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	20, // 20: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	21, // 21: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	13, // 22: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	13, // 23: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	15, // 24: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	16, // 25: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	19, // 26: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	18, // 27: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
+	29, // 28: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	17, // 29: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	27, // 30: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	27, // 31: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	27, // 32: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
+	30, // 33: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
+	31, // 34: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
+	25, // 35: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 36: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 37: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	12, // 38: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	38, // [38:39] is the sub-list for method output_type
+	37, // [37:38] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -2115,7 +2223,7 @@ func file_hoptrace_v1_agent_proto_init() {
 		(*AgentMessage_TraceStatus)(nil),
 		(*AgentMessage_PresetResult)(nil),
 	}
-	file_hoptrace_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_hoptrace_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*DispatcherMessage_Apply)(nil),
 		(*DispatcherMessage_Remove)(nil),
 		(*DispatcherMessage_RunPreset)(nil),
@@ -2128,7 +2236,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

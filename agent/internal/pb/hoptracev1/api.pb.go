@@ -1348,7 +1348,12 @@ type HopThroughput struct {
 	Counts     []*HopCount     `protobuf:"bytes,4,rep,name=counts,proto3" json:"counts,omitempty"`
 	Histograms []*HopHistogram `protobuf:"bytes,5,rep,name=histograms,proto3" json:"histograms,omitempty"`
 	// The hop's record action: each recorded field's values over the range.
-	Recorded      []*HopRecorded `protobuf:"bytes,6,rep,name=recorded,proto3" json:"recorded,omitempty"`
+	Recorded []*HopRecorded `protobuf:"bytes,6,rep,name=recorded,proto3" json:"recorded,omitempty"`
+	// The Docker container and the Kubernetes pod ("namespace/name") the hop's
+	// netns belongs to, when its spec named it so (netns: container:NAME or
+	// pod:NAMESPACE/NAME): the hop_counters tags container and pod.
+	Container     string `protobuf:"bytes,7,opt,name=container,proto3" json:"container,omitempty"`
+	Pod           string `protobuf:"bytes,8,opt,name=pod,proto3" json:"pod,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1423,6 +1428,20 @@ func (x *HopThroughput) GetRecorded() []*HopRecorded {
 		return x.Recorded
 	}
 	return nil
+}
+
+func (x *HopThroughput) GetContainer() string {
+	if x != nil {
+		return x.Container
+	}
+	return ""
+}
+
+func (x *HopThroughput) GetPod() string {
+	if x != nil {
+		return x.Pod
+	}
+	return ""
 }
 
 // One field a hop records per traced packet (record: [FIELDS]), on one node:
@@ -2877,7 +2896,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\vtracer_lost\x18\x10 \x01(\x04R\n" +
 	"tracerLost\x12\x1b\n" +
 	"\tsame_node\x18\x11 \x01(\bR\bsameNode\x12$\n" +
-	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\x85\x02\n" +
+	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\xb5\x02\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
@@ -2886,7 +2905,9 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\n" +
 	"histograms\x18\x05 \x03(\v2\x19.hoptrace.v1.HopHistogramR\n" +
 	"histograms\x124\n" +
-	"\brecorded\x18\x06 \x03(\v2\x18.hoptrace.v1.HopRecordedR\brecorded\"\x99\x01\n" +
+	"\brecorded\x18\x06 \x03(\v2\x18.hoptrace.v1.HopRecordedR\brecorded\x12\x1c\n" +
+	"\tcontainer\x18\a \x01(\tR\tcontainer\x12\x10\n" +
+	"\x03pod\x18\b \x01(\tR\x03pod\"\x99\x01\n" +
 	"\vHopRecorded\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05field\x18\x02 \x01(\tR\x05field\x12\x14\n" +

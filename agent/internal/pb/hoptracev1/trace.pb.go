@@ -417,7 +417,9 @@ type HopSpec struct {
 	// Device name inside netns; required for tc and xdp, optional for
 	// tracepoints (absent = any device in the namespace).
 	Dev string `protobuf:"bytes,4,opt,name=dev,proto3" json:"dev,omitempty"`
-	// Name under /run/netns, or a path such as /proc/PID/ns/net.
+	// Name under /run/netns, or a path such as /proc/PID/ns/net, or the
+	// namespace of a workload the node's agent reported: container:NAME (a
+	// Docker container's name or id) or pod:NAMESPACE/NAME (a Kubernetes pod).
 	// Empty = the node's own namespace.
 	Netns string `protobuf:"bytes,5,opt,name=netns,proto3" json:"netns,omitempty"`
 	// cgroup v2 path (relative to the cgroup2 mount), for cgroup-* hops.
@@ -425,7 +427,12 @@ type HopSpec struct {
 	// What the hop does with each matched packet; empty = [timestamp], the
 	// record joined across nodes. The dispatcher parses these once into
 	// HopAttach.actions (typed).
-	Actions       []*ActionSpec `protobuf:"bytes,7,rep,name=actions,proto3" json:"actions,omitempty"`
+	Actions []*ActionSpec `protobuf:"bytes,7,rep,name=actions,proto3" json:"actions,omitempty"`
+	// Output only: set by the dispatcher when it resolves netns
+	// container:NAME or pod:NAMESPACE/NAME against the node's inventory at
+	// apply time (a value given by the user is replaced). Everything
+	// downstream (plans, collector tags, reports) reads this, never netns.
+	Workload      *Workload `protobuf:"bytes,8,opt,name=workload,proto3" json:"workload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -509,6 +516,115 @@ func (x *HopSpec) GetActions() []*ActionSpec {
 	return nil
 }
 
+func (x *HopSpec) GetWorkload() *Workload {
+	if x != nil {
+		return x.Workload
+	}
+	return nil
+}
+
+// A container (and the pod it belongs to, if any) as the node's container
+// runtime names it; the agent reports these per network namespace.
+type Workload struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Docker's full container id and name (without the leading '/').
+	ContainerId   string `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	ContainerName string `protobuf:"bytes,2,opt,name=container_name,json=containerName,proto3" json:"container_name,omitempty"`
+	Image         string `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	// Kubernetes pod, from the io.kubernetes.pod.* labels or the kubepods
+	// cgroup path; empty when the container is not a pod's.
+	PodNamespace string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName      string `protobuf:"bytes,5,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	// The namespace the node reported the container in (Namespace.name: a
+	// /run/netns name, or /proc/PID/ns/net of the container's first process):
+	// what the hop attaches in.
+	Netns string `protobuf:"bytes,6,opt,name=netns,proto3" json:"netns,omitempty"`
+	// The cgroup v2 path of the container's first process, relative to the
+	// cgroup2 mount (for cgroup-* hops and the kubepods pod mapping).
+	Cgroup        string `protobuf:"bytes,7,opt,name=cgroup,proto3" json:"cgroup,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Workload) Reset() {
+	*x = Workload{}
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Workload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Workload) ProtoMessage() {}
+
+func (x *Workload) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Workload.ProtoReflect.Descriptor instead.
+func (*Workload) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Workload) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *Workload) GetContainerName() string {
+	if x != nil {
+		return x.ContainerName
+	}
+	return ""
+}
+
+func (x *Workload) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *Workload) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *Workload) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
+}
+
+func (x *Workload) GetNetns() string {
+	if x != nil {
+		return x.Netns
+	}
+	return ""
+}
+
+func (x *Workload) GetCgroup() string {
+	if x != nil {
+		return x.Cgroup
+	}
+	return ""
+}
+
 // One hop action as the user writes it. Field names are the field
 // catalogue's (enum Field, generated from kernel-patch/include/hoptrace.h),
 // in lower case: cpu, len, ifindex, mark, priority, latency.
@@ -528,7 +644,7 @@ type ActionSpec struct {
 
 func (x *ActionSpec) Reset() {
 	*x = ActionSpec{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +656,7 @@ func (x *ActionSpec) String() string {
 func (*ActionSpec) ProtoMessage() {}
 
 func (x *ActionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +669,7 @@ func (x *ActionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActionSpec.ProtoReflect.Descriptor instead.
 func (*ActionSpec) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{5}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ActionSpec) GetKind() string {
@@ -612,7 +728,7 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x03src\x18\x02 \x01(\tR\x03src\x12\x10\n" +
 	"\x03dst\x18\x03 \x01(\tR\x03dst\x12\x19\n" +
 	"\bsrc_port\x18\x04 \x01(\rR\asrcPort\x12\x19\n" +
-	"\bdst_port\x18\x05 \x01(\rR\adstPort\"\xb4\x01\n" +
+	"\bdst_port\x18\x05 \x01(\rR\adstPort\"\xe7\x01\n" +
 	"\aHopSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x0e\n" +
@@ -620,7 +736,16 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x03dev\x18\x04 \x01(\tR\x03dev\x12\x14\n" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup\x121\n" +
-	"\aactions\x18\a \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\"^\n" +
+	"\aactions\x18\a \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\x121\n" +
+	"\bworkload\x18\b \x01(\v2\x15.hoptrace.v1.WorkloadR\bworkload\"\xd8\x01\n" +
+	"\bWorkload\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12%\n" +
+	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\x12\x14\n" +
+	"\x05image\x18\x03 \x01(\tR\x05image\x12#\n" +
+	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\x05 \x01(\tR\apodName\x12\x14\n" +
+	"\x05netns\x18\x06 \x01(\tR\x05netns\x12\x16\n" +
+	"\x06cgroup\x18\a \x01(\tR\x06cgroup\"^\n" +
 	"\n" +
 	"ActionSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
@@ -652,7 +777,7 @@ func file_hoptrace_v1_trace_proto_rawDescGZIP() []byte {
 }
 
 var file_hoptrace_v1_trace_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_hoptrace_v1_trace_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_hoptrace_v1_trace_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_hoptrace_v1_trace_proto_goTypes = []any{
 	(AttachKind)(0),    // 0: hoptrace.v1.AttachKind
 	(*TraceSpec)(nil),  // 1: hoptrace.v1.TraceSpec
@@ -660,22 +785,24 @@ var file_hoptrace_v1_trace_proto_goTypes = []any{
 	(*EventTerm)(nil),  // 3: hoptrace.v1.EventTerm
 	(*Filter)(nil),     // 4: hoptrace.v1.Filter
 	(*HopSpec)(nil),    // 5: hoptrace.v1.HopSpec
-	(*ActionSpec)(nil), // 6: hoptrace.v1.ActionSpec
-	(EventOp)(0),       // 7: hoptrace.v1.EventOp
+	(*Workload)(nil),   // 6: hoptrace.v1.Workload
+	(*ActionSpec)(nil), // 7: hoptrace.v1.ActionSpec
+	(EventOp)(0),       // 8: hoptrace.v1.EventOp
 }
 var file_hoptrace_v1_trace_proto_depIdxs = []int32{
 	4, // 0: hoptrace.v1.TraceSpec.filter:type_name -> hoptrace.v1.Filter
 	5, // 1: hoptrace.v1.TraceSpec.hops:type_name -> hoptrace.v1.HopSpec
 	2, // 2: hoptrace.v1.TraceSpec.events:type_name -> hoptrace.v1.EventSpec
 	3, // 3: hoptrace.v1.EventSpec.where:type_name -> hoptrace.v1.EventTerm
-	6, // 4: hoptrace.v1.EventSpec.actions:type_name -> hoptrace.v1.ActionSpec
-	7, // 5: hoptrace.v1.EventTerm.op:type_name -> hoptrace.v1.EventOp
-	6, // 6: hoptrace.v1.HopSpec.actions:type_name -> hoptrace.v1.ActionSpec
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	7, // 4: hoptrace.v1.EventSpec.actions:type_name -> hoptrace.v1.ActionSpec
+	8, // 5: hoptrace.v1.EventTerm.op:type_name -> hoptrace.v1.EventOp
+	7, // 6: hoptrace.v1.HopSpec.actions:type_name -> hoptrace.v1.ActionSpec
+	6, // 7: hoptrace.v1.HopSpec.workload:type_name -> hoptrace.v1.Workload
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_trace_proto_init() }
@@ -690,7 +817,7 @@ func file_hoptrace_v1_trace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_trace_proto_rawDesc), len(file_hoptrace_v1_trace_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

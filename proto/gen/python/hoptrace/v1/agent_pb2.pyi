@@ -24,30 +24,34 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., trace_status: _Optional[_Union[TraceStatus, _Mapping]] = ..., preset_result: _Optional[_Union[PresetResult, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node", "kernel_release", "agent_version", "capabilities", "namespaces", "running")
+    __slots__ = ("node", "kernel_release", "agent_version", "capabilities", "namespaces", "running", "runtime")
     NODE_FIELD_NUMBER: _ClassVar[int]
     KERNEL_RELEASE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
     node: str
     kernel_release: str
     agent_version: str
     capabilities: Capabilities
     namespaces: _containers.RepeatedCompositeFieldContainer[Namespace]
     running: _containers.RepeatedCompositeFieldContainer[TraceStatus]
-    def __init__(self, node: _Optional[str] = ..., kernel_release: _Optional[str] = ..., agent_version: _Optional[str] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., namespaces: _Optional[_Iterable[_Union[Namespace, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[TraceStatus, _Mapping]]] = ...) -> None: ...
+    runtime: ContainerRuntime
+    def __init__(self, node: _Optional[str] = ..., kernel_release: _Optional[str] = ..., agent_version: _Optional[str] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., namespaces: _Optional[_Iterable[_Union[Namespace, _Mapping]]] = ..., running: _Optional[_Iterable[_Union[TraceStatus, _Mapping]]] = ..., runtime: _Optional[_Union[ContainerRuntime, _Mapping]] = ...) -> None: ...
 
 class Namespace(_message.Message):
-    __slots__ = ("name", "inode", "devices")
+    __slots__ = ("name", "inode", "devices", "workloads")
     NAME_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    WORKLOADS_FIELD_NUMBER: _ClassVar[int]
     name: str
     inode: int
     devices: _containers.RepeatedCompositeFieldContainer[Device]
-    def __init__(self, name: _Optional[str] = ..., inode: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
+    workloads: _containers.RepeatedCompositeFieldContainer[_trace_pb2.Workload]
+    def __init__(self, name: _Optional[str] = ..., inode: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., workloads: _Optional[_Iterable[_Union[_trace_pb2.Workload, _Mapping]]] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("name", "ifindex", "mtu", "kind")
@@ -108,10 +112,22 @@ class Heartbeat(_message.Message):
     def __init__(self, sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ...) -> None: ...
 
 class Inventory(_message.Message):
-    __slots__ = ("namespaces",)
+    __slots__ = ("namespaces", "runtime")
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
     namespaces: _containers.RepeatedCompositeFieldContainer[Namespace]
-    def __init__(self, namespaces: _Optional[_Iterable[_Union[Namespace, _Mapping]]] = ...) -> None: ...
+    runtime: ContainerRuntime
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[Namespace, _Mapping]]] = ..., runtime: _Optional[_Union[ContainerRuntime, _Mapping]] = ...) -> None: ...
+
+class ContainerRuntime(_message.Message):
+    __slots__ = ("endpoint", "version", "error")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    version: str
+    error: str
+    def __init__(self, endpoint: _Optional[str] = ..., version: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class TraceStatus(_message.Message):
     __slots__ = ("trace", "generation", "active", "hops", "error", "events")

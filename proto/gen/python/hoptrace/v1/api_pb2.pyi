@@ -236,20 +236,24 @@ class SegmentStats(_message.Message):
     def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., tracer_lost: _Optional[int] = ..., same_node: bool = ..., clock_bound_ns: _Optional[int] = ..., **kwargs) -> None: ...
 
 class HopThroughput(_message.Message):
-    __slots__ = ("hop", "packets_per_s", "bytes_per_s", "counts", "histograms", "recorded")
+    __slots__ = ("hop", "packets_per_s", "bytes_per_s", "counts", "histograms", "recorded", "container", "pod")
     HOP_FIELD_NUMBER: _ClassVar[int]
     PACKETS_PER_S_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     HISTOGRAMS_FIELD_NUMBER: _ClassVar[int]
     RECORDED_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
     hop: str
     packets_per_s: float
     bytes_per_s: float
     counts: _containers.RepeatedCompositeFieldContainer[HopCount]
     histograms: _containers.RepeatedCompositeFieldContainer[HopHistogram]
     recorded: _containers.RepeatedCompositeFieldContainer[HopRecorded]
-    def __init__(self, hop: _Optional[str] = ..., packets_per_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., counts: _Optional[_Iterable[_Union[HopCount, _Mapping]]] = ..., histograms: _Optional[_Iterable[_Union[HopHistogram, _Mapping]]] = ..., recorded: _Optional[_Iterable[_Union[HopRecorded, _Mapping]]] = ...) -> None: ...
+    container: str
+    pod: str
+    def __init__(self, hop: _Optional[str] = ..., packets_per_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., counts: _Optional[_Iterable[_Union[HopCount, _Mapping]]] = ..., histograms: _Optional[_Iterable[_Union[HopHistogram, _Mapping]]] = ..., recorded: _Optional[_Iterable[_Union[HopRecorded, _Mapping]]] = ..., container: _Optional[str] = ..., pod: _Optional[str] = ...) -> None: ...
 
 class HopRecorded(_message.Message):
     __slots__ = ("node", "field", "count", "min", "max", "mean", "last")

@@ -82,7 +82,7 @@ class Filter(_message.Message):
     def __init__(self, protocol: _Optional[str] = ..., src: _Optional[str] = ..., dst: _Optional[str] = ..., src_port: _Optional[int] = ..., dst_port: _Optional[int] = ...) -> None: ...
 
 class HopSpec(_message.Message):
-    __slots__ = ("name", "node", "at", "dev", "netns", "cgroup", "actions")
+    __slots__ = ("name", "node", "at", "dev", "netns", "cgroup", "actions", "workload")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class HopSpec(_message.Message):
     NETNS_FIELD_NUMBER: _ClassVar[int]
     CGROUP_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     name: str
     node: str
     at: str
@@ -97,7 +98,26 @@ class HopSpec(_message.Message):
     netns: str
     cgroup: str
     actions: _containers.RepeatedCompositeFieldContainer[ActionSpec]
-    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ...) -> None: ...
+    workload: Workload
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ...) -> None: ...
+
+class Workload(_message.Message):
+    __slots__ = ("container_id", "container_name", "image", "pod_namespace", "pod_name", "netns", "cgroup")
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_NAME_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    POD_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    POD_NAME_FIELD_NUMBER: _ClassVar[int]
+    NETNS_FIELD_NUMBER: _ClassVar[int]
+    CGROUP_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    container_name: str
+    image: str
+    pod_namespace: str
+    pod_name: str
+    netns: str
+    cgroup: str
+    def __init__(self, container_id: _Optional[str] = ..., container_name: _Optional[str] = ..., image: _Optional[str] = ..., pod_namespace: _Optional[str] = ..., pod_name: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ...) -> None: ...
 
 class ActionSpec(_message.Message):
     __slots__ = ("kind", "by", "field", "fields")
