@@ -377,6 +377,7 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 struct hop_meta {
 	__u32 mark;
 	__u32 priority;
+	__u32 task_pid; /* socket-read: the reader's tgid, recorded instead of the ifindex */
 };
 
 /* Does this hop's count or histogram read `field`? Load-time constant. */
@@ -525,7 +526,7 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 		has_latency = prev_hop_latency(p, ts, &latency);
 	if (act_hist == HOPTRACE_FIELD_LATENCY && has_latency)
 		hist_add(latency);
-	emit_record(p, ifindex, wire_len, ts);
+	emit_record(p, m->task_pid ? m->task_pid : ifindex, wire_len, ts);
 }
 
 /* tc and cgroup_skb: the action fields in __sk_buff, read only when asked for. */
@@ -663,6 +664,237 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		m.priority = BPF_CORE_READ(skb, priority);
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
 	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, r.total, &m);
+	return 0;
+}
+
+/*
+ * socket-read: the reading task copies the packet to user space, inside its
+ * recvmsg(), so `current` is the reader. UDP: skb:consume_skb, which
+ * skb_consume_udp() fires (via __consume_stateless_skb, 4.13+) right after
+ * udp_recvmsg() copied the datagram; skb:skb_copy_datagram_iovec does not
+ * fire there for linear skbs (copy_linear_skb). TCP: skb:skb_copy_datagram_iovec,
+ * fired by tcp_recvmsg() before each copy from an skb. Both exist from 5.10.
+ *
+ * The hop is scoped by the reader's network namespace (the current task's),
+ * not by a device: in the socket queue skb->dev is reused (UDP's
+ * dev_scratch), so the arrival device comes from skb->skb_iif.
+ *
+ * The ID: TCP's option sits in the header that the queue retains in the
+ * skb's linear buffer. UDP's surplus ID bytes were trimmed off the skb by
+ * __udp4_lib_rcv / udpv6_rcv (pskb_trim_rcsum), which on a linear skb only
+ * moves the tail: the bytes stay in the buffer, which the queued skb still
+ * owns, and the IP header still counts them. So for a linear skb the reader
+ * may read up to skb->end; a paged skb's ID may have gone with its page and
+ * is not read (counted untagged).
+ */
+static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end, bool floor)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct pkt_reader r = {.floor = floor};
+	struct pkt_info p = {};
+	struct hop_meta m = {};
+	__u16 ethertype;
+	__u32 ifindex;
+	int status;
+
+	count(HOPTRACE_C_SEEN, 1);
+	if (BPF_CORE_READ(task, nsproxy, net_ns, ns.inum) != hop_netns_ino) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	if (pkt_reader_from_skb(skb, &r, &ethertype)) {
+		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
+		return 0;
+	}
+	if (widen_to_end && !BPF_CORE_READ(skb, data_len)) {
+		__u32 end = BPF_CORE_READ(skb, end);
+		__u32 start = r.kbase - BPF_CORE_READ(skb, head);
+
+		if (end > start && end - start > r.len) {
+			r.len = end - start;
+			if (r.total < r.len)
+				r.total = r.len;
+		}
+	}
+	pkt_copy_head(&r);
+	ifindex = BPF_CORE_READ(skb, skb_iif);
+	if (act_reads(HOPTRACE_FIELD_MARK))
+		m.mark = BPF_CORE_READ(skb, mark);
+	if (act_reads(HOPTRACE_FIELD_PRIORITY))
+		m.priority = BPF_CORE_READ(skb, priority);
+	status = parse_packet(PKT_KERNEL, &r, 0, ethertype, &p);
+	m.task_pid = bpf_get_current_pid_tgid() >> 32;
+	if (m.task_pid)
+		p.flags |= HOPTRACE_F_TASK;
+	/* wire_len as the device hops saw the packet: L2 and IP length, ID included */
+	hop_finish(status, &p, ifindex, p.l3_off + p.ip_len, &m);
+	return 0;
+}
+
+/*
+ * socket-read for UDP where the receive path frees the datagram later, on
+ * another CPU (skb_attempt_defer_free in skb_consume_udp, 6.18), so no event
+ * sees the skb at the read: the IDs of a socket's datagrams are queued when
+ * they are queued (sock:sk_data_ready, the skb at the tail of
+ * sk_receive_queue) and taken in the same order when the application reads
+ * one (sock:sock_recv_length, in the reader's recvmsg). Every datagram of a
+ * socket with a queue takes a slot (ID 0 when not traced) so that reads and
+ * slots stay in step. Limits: MSG_PEEK reads take no slot; datagrams that
+ * were queued before the socket's first traced one are skipped by count;
+ * more than SOCK_READ_SLOTS unread datagrams lose the oldest IDs.
+ */
+#define SOCK_READ_SLOTS 16 /* power of two */
+#define MSG_PEEK_	2
+#define IPPROTO_UDP_SK_ 17
+
+struct sock_read_slot {
+	__u32 packet_id; /* 0: a datagram that is not traced */
+	__u32 flow_hash;
+	__u32 wire_len;
+	__u32 ifindex;
+	__u16 flags;
+	__u16 pad;
+};
+
+struct sock_read_queue {
+	struct bpf_spin_lock lock;
+	__u32 head; /* next slot a read takes */
+	__u32 tail; /* next slot a datagram fills */
+	__u32 skip; /* reads of datagrams queued before this queue existed */
+	struct sock_read_slot slots[SOCK_READ_SLOTS];
+};
+
+/* Per socket, freed with it; bpf_sk_storage_get from tp_btf is 5.11+, these
+ * events 6.2 (sock_recv_length) and 6.6 (sk_data_ready). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_read_queue);
+} sock_read_queues SEC(".maps");
+
+static __always_inline bool sock_read_scope(struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum) == hop_netns_ino &&
+	       BPF_CORE_READ_BITFIELD_PROBED(sk, sk_protocol) == IPPROTO_UDP_SK_;
+}
+
+static __always_inline int hop_sock_read_enqueue(struct sock *sk, bool floor)
+{
+	struct sock_read_slot slot = {};
+	struct sock_read_queue *q;
+	struct pkt_reader r = {.floor = floor};
+	struct pkt_info p = {};
+	struct sk_buff *skb;
+	__u32 end, start, skip = 0;
+	bool created = false;
+	__u16 ethertype;
+
+	if (!sock_read_scope(sk))
+		return 0;
+	/* The datagram just queued (__udp_enqueue_schedule_skb calls sk_data_ready after
+	 * __skb_queue_tail); an empty queue points at itself. */
+	skb = BPF_CORE_READ(sk, sk_receive_queue.prev);
+	if (!skb || (void *)skb == (void *)&sk->sk_receive_queue)
+		return 0;
+	if (!pkt_reader_from_skb(skb, &r, &ethertype)) {
+		if (!BPF_CORE_READ(skb, data_len)) { /* the trimmed ID: see hop_sock_read */
+			end = BPF_CORE_READ(skb, end);
+			start = r.kbase - BPF_CORE_READ(skb, head);
+			if (end > start && end - start > r.len) {
+				r.len = end - start;
+				if (r.total < r.len)
+					r.total = r.len;
+			}
+		}
+		pkt_copy_head(&r);
+		if (!parse_packet(PKT_KERNEL, &r, 0, ethertype, &p) &&
+		    flow_match(p.family, p.proto, p.saddr, p.daddr, p.sport, p.dport)) {
+			slot.packet_id = p.id;
+			slot.flow_hash = flow_hash(&p);
+			slot.wire_len = p.l3_off + p.ip_len;
+			slot.flags = p.flags;
+			slot.ifindex = BPF_CORE_READ(skb, skb_iif);
+		}
+	}
+	q = bpf_sk_storage_get(&sock_read_queues, sk, 0, 0);
+	if (!q) {
+		if (!slot.packet_id)
+			return 0; /* no queue until the socket gets a traced datagram */
+		/* Datagrams already waiting are read before this one: skip their reads. */
+		skip = BPF_CORE_READ(sk, sk_receive_queue.qlen) - 1 +
+		       BPF_CORE_READ((struct udp_sock *)sk, reader_queue.qlen);
+		q = bpf_sk_storage_get(&sock_read_queues, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!q)
+			return 0;
+		created = true;
+	}
+	bpf_spin_lock(&q->lock);
+	if (created)
+		q->skip = skip;
+	if (q->tail - q->head >= SOCK_READ_SLOTS)
+		q->head++; /* the oldest unread ID is lost: its read records nothing */
+	q->slots[q->tail & (SOCK_READ_SLOTS - 1)] = slot;
+	q->tail++;
+	bpf_spin_unlock(&q->lock);
+	return 0;
+}
+
+static __always_inline int hop_sock_read_dequeue(struct sock *sk, int ret, int flags)
+{
+	struct sock_read_slot slot = {};
+	struct sock_read_queue *q;
+	struct hoptrace_record *rec;
+	bool have = false;
+
+	count(HOPTRACE_C_SEEN, 1);
+	if (ret < 0 || (flags & MSG_PEEK_) || !sock_read_scope(sk)) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	q = bpf_sk_storage_get(&sock_read_queues, sk, 0, 0);
+	if (!q) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	bpf_spin_lock(&q->lock);
+	if (q->skip) {
+		q->skip--;
+	} else if (q->head != q->tail) {
+		slot = q->slots[q->head & (SOCK_READ_SLOTS - 1)];
+		q->head++;
+		have = true;
+	}
+	bpf_spin_unlock(&q->lock);
+	if (!have || !slot.flow_hash) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	count(HOPTRACE_C_MATCHED, 1);
+	count(HOPTRACE_C_BYTES, slot.wire_len);
+	if (!slot.packet_id) {
+		count(HOPTRACE_C_UNTAGGED, 1);
+		return 0;
+	}
+	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (!rec) {
+		count(HOPTRACE_C_RINGBUF_FULL, 1);
+		return 0;
+	}
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->packet_id = slot.packet_id;
+	rec->flow_hash = slot.flow_hash;
+	rec->ifindex = bpf_get_current_pid_tgid() >> 32;
+	rec->wire_len = slot.wire_len;
+	rec->hop_index = hop_index;
+	rec->trace_slot = trace_slot;
+	rec->cpu = bpf_get_smp_processor_id();
+	rec->flags = slot.flags | HOPTRACE_F_TASK;
+	bpf_ringbuf_submit(rec,
+			   bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) > HOPTRACE_WAKEUP_BYTES
+			       ? BPF_RB_FORCE_WAKEUP
+			       : BPF_RB_NO_WAKEUP);
+	count(HOPTRACE_C_RECORDED, 1);
 	return 0;
 }
 
@@ -815,6 +1047,51 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	int BPF_PROG(hop_tp_btf_xmit_floor, struct sk_buff *skb, int rc, struct net_device *dev)   \
 	{                                                                                          \
 		return hop_kernel_skb(skb, dev, true);                                             \
+	}
+/* socket-read (hop_sock_read above): one program per protocol, each on its event. */
+#define HOPTRACE_PROG_SOCK_READ_UDP                                                                \
+	SEC("tp_btf/consume_skb") int BPF_PROG(hop_sock_read_udp, struct sk_buff *skb)             \
+	{                                                                                          \
+		return hop_sock_read(skb, true, false);                                            \
+	}                                                                                          \
+	SEC("tp_btf/consume_skb") int BPF_PROG(hop_sock_read_udp_floor, struct sk_buff *skb)       \
+	{                                                                                          \
+		return hop_sock_read(skb, true, true);                                             \
+	}
+#define HOPTRACE_PROG_SOCK_READ_TCP                                                                \
+	SEC("tp_btf/skb_copy_datagram_iovec")                                                      \
+	int BPF_PROG(hop_sock_read_tcp, struct sk_buff *skb, int len)                              \
+	{                                                                                          \
+		return hop_sock_read(skb, false, false);                                           \
+	}                                                                                          \
+	SEC("tp_btf/skb_copy_datagram_iovec")                                                      \
+	int BPF_PROG(hop_sock_read_tcp_floor, struct sk_buff *skb, int len)                        \
+	{                                                                                          \
+		return hop_sock_read(skb, false, true);                                            \
+	}
+/* socket-read for UDP on kernels that free the datagram after the read
+ * (hop_sock_read_enqueue/dequeue above; 6.6+ events): the agent loads both in
+ * one collection (they share sock_read_queues) and attaches both. The _floor
+ * pair serves HOPTRACE_FLOOR=1 on such kernels; 5.10 has neither event and
+ * uses hop_sock_read_udp. */
+#define HOPTRACE_PROG_SOCK_READ_UDP_QUEUE                                                          \
+	SEC("tp_btf/sock_recv_length")                                                             \
+	int BPF_PROG(hop_sock_read_udp_queue, struct sock *sk, int ret, int flags)                 \
+	{                                                                                          \
+		return hop_sock_read_dequeue(sk, ret, flags);                                      \
+	}                                                                                          \
+	SEC("tp_btf/sk_data_ready") int BPF_PROG(hop_sock_read_udp_enqueue, struct sock *sk)       \
+	{                                                                                          \
+		return hop_sock_read_enqueue(sk, false);                                           \
+	}                                                                                          \
+	SEC("tp_btf/sock_recv_length")                                                             \
+	int BPF_PROG(hop_sock_read_udp_queue_floor, struct sock *sk, int ret, int flags)           \
+	{                                                                                          \
+		return hop_sock_read_dequeue(sk, ret, flags);                                      \
+	}                                                                                          \
+	SEC("tp_btf/sk_data_ready") int BPF_PROG(hop_sock_read_udp_enqueue_floor, struct sock *sk) \
+	{                                                                                          \
+		return hop_sock_read_enqueue(sk, true);                                            \
 	}
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \

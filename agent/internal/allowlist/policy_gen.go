@@ -33,7 +33,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.Tracing: {
 			attach:  set(ebpf.AttachTraceFEntry, ebpf.AttachTraceRawTp),
-			helpers: set(asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit),
+			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetCurrentTask, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkStorageGet, asm.FnSpinLock, asm.FnSpinUnlock),
 			kfuncs:  set[string](),
 		},
 		ebpf.XDP: {

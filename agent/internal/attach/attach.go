@@ -32,12 +32,14 @@ type Env struct {
 
 // Hop is one attached hop.
 type Hop struct {
-	Name     string
-	Index    uint32
-	Loaded   *loader.Hop
-	Link     link.Link
-	filter   *clsactFilter // a tc hop on a kernel without tcx, instead of Link
-	Describe string        // e.g. "tcx egress on eth0 in netns c1"
+	Name   string
+	Index  uint32
+	Loaded *loader.Hop
+	Link   link.Link
+	filter *clsactFilter // a tc hop on a kernel without tcx, instead of Link
+	// companion is the link of Loaded.Companion (UDP socket-read's enqueue side).
+	companion link.Link
+	Describe  string // e.g. "tcx egress on eth0 in netns c1"
 }
 
 // Close detaches first, then releases the program and maps.
@@ -53,6 +55,10 @@ func (h *Hop) Close() error {
 	if h.filter != nil {
 		err = errors.Join(err, h.filter.Close())
 		h.filter = nil
+	}
+	if h.companion != nil {
+		err = errors.Join(err, h.companion.Close())
+		h.companion = nil
 	}
 	h.Loaded.Close()
 	return err
@@ -144,6 +150,37 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		}
 		h.Describe = fmt.Sprintf("tp_btf %s:%s in netns %s", ha.GetTracepointGroup(), ha.GetTracepointEvent(), nsName)
 		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
+	case pb.AttachKind_ATTACH_KIND_SOCKET_READ:
+		// Scoped by the reader's netns (hop_sock_read reads current's); the
+		// program's own section names its event (consume_skb for UDP,
+		// skb_copy_datagram_iovec for TCP).
+		if ha.GetDev() != "" {
+			return nil, fmt.Errorf("socket-read takes no dev (got %q): it is scoped by the reader's netns", ha.GetDev())
+		}
+		if err := socketReadProgram(&cfg); err != nil {
+			return nil, err
+		}
+		ino, err := netns.Inode(nsPath)
+		if err != nil {
+			return nil, err
+		}
+		cfg.NetnsIno = uint32(ino)
+		if err := load(); err != nil {
+			return nil, err
+		}
+		h.Describe = fmt.Sprintf("socket-read (%s) in netns %s", cfg.Program, nsName)
+		if h.Loaded.Companion != nil {
+			// The enqueue side first: a read must find the IDs of what was queued.
+			h.companion, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Companion})
+			if err != nil {
+				h.Loaded.Close()
+				return nil, fmt.Errorf("attach %s (%s): %w", h.Describe, cfg.Companion, err)
+			}
+		}
+		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
+		if err != nil && h.companion != nil {
+			_ = h.companion.Close()
+		}
 	case pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS, pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS:
 		at := ebpf.AttachCGroupInetIngress
 		if kind == pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS {
@@ -196,6 +233,26 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		return nil, fmt.Errorf("attach %s: %w", h.Describe, err)
 	}
 	return h, nil
+}
+
+// socketReadProgram checks a socket-read hop's program and, for UDP, picks
+// how this kernel lets it see the read: where the receive path frees the
+// datagram after the read on another CPU (skb_attempt_defer_free, 6.18) no
+// event has the skb at the read, so kernels with sock:sk_data_ready and
+// sock:sock_recv_length pair the two (hop_sock_read_udp_queue); older ones
+// (5.10 up) see the free in recvmsg itself (skb:consume_skb, hop_sock_read_udp).
+func socketReadProgram(cfg *loader.HopConfig) error {
+	switch cfg.Program {
+	case loader.ProgSockReadTCP:
+		return nil
+	case loader.ProgSockReadUDP:
+		if loader.HasTracepoint("sk_data_ready") && loader.HasTracepoint("sock_recv_length") {
+			cfg.Program = loader.ProgSockReadUDPQueue
+			cfg.Companion = loader.ProgSockReadUDPEnqueue
+		}
+		return nil
+	}
+	return fmt.Errorf("socket-read runs %s or %s, not %q", loader.ProgSockReadUDP, loader.ProgSockReadTCP, cfg.Program)
 }
 
 // kindName is the spec's spelling of an attach kind (ATTACH_KIND_TC_EGRESS: tc-egress), for messages.

@@ -28,7 +28,28 @@ const (
 	MapCountKeys   = "count_keys"
 	MapHistBuckets = "hist_buckets"
 	MapPrevTS      = "prev_ts"
+	// UDP socket-read's per-socket queue of IDs (sk_storage, 5.11+ from
+	// tracing): created only for the programs that use it.
+	MapSockReadQueues = "sock_read_queues"
 )
+
+// dropUnreferencedMaps removes the named maps from s when no program left in
+// it uses them, so a hop does not create maps (or need map types) it never uses.
+func dropUnreferencedMaps(s *ebpf.CollectionSpec, names ...string) {
+	used := map[string]bool{}
+	for _, ps := range s.Programs {
+		for _, ins := range ps.Instructions {
+			if ref := ins.Reference(); ref != "" {
+				used[ref] = true
+			}
+		}
+	}
+	for _, name := range names {
+		if !used[name] {
+			delete(s.Maps, name)
+		}
+	}
+}
 
 // LoadSpec parses the plan's object: inline bytes, else object_path
 // (relative paths are tried against baseDir, then the working directory).
@@ -66,6 +87,9 @@ func LoadSpec(plan *pb.TracePlan, baseDir string) (*ebpf.CollectionSpec, error) 
 type HopConfig struct {
 	Name    string // hop name, for errors
 	Program string // the plan names it; constants in programs_gen.go
+	// Companion is a second program kept in the same collection (sharing its
+	// maps), e.g. the UDP socket-read's enqueue side; "" = none.
+	Companion string
 
 	// Program type refinements applied to the ProgramSpec before load.
 	AttachTo   string           // tp_btf event / fentry function
@@ -114,6 +138,7 @@ func ActionsFromPlan(a *pb.HopActions) (Actions, error) {
 type Hop struct {
 	Collection *ebpf.Collection
 	Program    *ebpf.Program
+	Companion  *ebpf.Program // HopConfig.Companion, nil without one
 	Counters   *ebpf.Map
 	Actions    Actions
 	CountKeys  *ebpf.Map // nil when the object has no actions
@@ -265,11 +290,19 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 	if !ok {
 		return nil, fmt.Errorf("object has no program %s (has %s)", cfg.Program, strings.Join(programNames(spec), ", "))
 	}
+	companion := ""
+	if cfg.Companion != "" {
+		companion = ProgramFor(spec, cfg.Companion)
+		if _, ok := s.Programs[companion]; !ok {
+			return nil, fmt.Errorf("object has no program %s (has %s)", cfg.Companion, strings.Join(programNames(spec), ", "))
+		}
+	}
 	for name := range s.Programs {
-		if name != program {
+		if name != program && name != companion {
 			delete(s.Programs, name)
 		}
 	}
+	dropUnreferencedMaps(s, MapSockReadQueues)
 	if cfg.AttachTo != "" {
 		ps.AttachTo = cfg.AttachTo
 	}
@@ -323,7 +356,7 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", cfg.Program, verifierTail(err))
 	}
-	h := &Hop{Collection: coll, Program: coll.Programs[program], Counters: coll.Maps[MapCounters],
+	h := &Hop{Collection: coll, Program: coll.Programs[program], Companion: coll.Programs[companion], Counters: coll.Maps[MapCounters],
 		Actions: cfg.Actions, CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets]}
 	return h, nil
 }

@@ -4,16 +4,20 @@ package loader
 
 // Program names of the objects (ELF function names, one per HOPTRACE_PROG_* macro).
 const (
-	ProgDiscoverQueue = "discover_queue"  // SEC("tp_btf/net_dev_queue")
-	ProgDiscoverRecv  = "discover_recv"   // SEC("tp_btf/netif_receive_skb")
-	ProgCgroupSKB     = "hop_cgroup_skb"  // SEC("cgroup_skb/ingress")
-	ProgFentry        = "hop_fentry"      // SEC("fentry/netif_receive_skb")
-	ProgKprobe        = "hop_kprobe"      // SEC("kprobe/netif_receive_skb")
-	ProgTC            = "hop_tc"          // SEC("tc")
-	ProgTPBTF         = "hop_tp_btf"      // SEC("tp_btf/netif_receive_skb")
-	ProgTPBTFXmit     = "hop_tp_btf_xmit" // SEC("tp_btf/net_dev_xmit")
-	ProgXDP           = "hop_xdp"         // SEC("xdp")
-	ProgTagTCP        = "tag_tcp"         // SEC("sockops")
+	ProgDiscoverQueue      = "discover_queue"            // SEC("tp_btf/net_dev_queue")
+	ProgDiscoverRecv       = "discover_recv"             // SEC("tp_btf/netif_receive_skb")
+	ProgCgroupSKB          = "hop_cgroup_skb"            // SEC("cgroup_skb/ingress")
+	ProgFentry             = "hop_fentry"                // SEC("fentry/netif_receive_skb")
+	ProgKprobe             = "hop_kprobe"                // SEC("kprobe/netif_receive_skb")
+	ProgSockReadTCP        = "hop_sock_read_tcp"         // SEC("tp_btf/skb_copy_datagram_iovec")
+	ProgSockReadUDP        = "hop_sock_read_udp"         // SEC("tp_btf/consume_skb")
+	ProgSockReadUDPEnqueue = "hop_sock_read_udp_enqueue" // SEC("tp_btf/sk_data_ready")
+	ProgSockReadUDPQueue   = "hop_sock_read_udp_queue"   // SEC("tp_btf/sock_recv_length")
+	ProgTC                 = "hop_tc"                    // SEC("tc")
+	ProgTPBTF              = "hop_tp_btf"                // SEC("tp_btf/netif_receive_skb")
+	ProgTPBTFXmit          = "hop_tp_btf_xmit"           // SEC("tp_btf/net_dev_xmit")
+	ProgXDP                = "hop_xdp"                   // SEC("xdp")
+	ProgTagTCP             = "tag_tcp"                   // SEC("sockops")
 )
 
 // FloorSuffix names each program's variant for kernels from 5.10 (hop.bpf.h).

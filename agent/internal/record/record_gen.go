@@ -87,6 +87,7 @@ const (
 	FlagEncapGeneve = 16
 	FlagTaggedHere  = 32
 	FlagVLAN        = 64
+	FlagTask        = 128
 )
 
 // Wire and ID constants: enum hoptrace_wire.
@@ -202,4 +203,5 @@ var flagCNames = map[string]uint16{
 	"HOPTRACE_F_ENCAP_GENEVE": FlagEncapGeneve,
 	"HOPTRACE_F_TAGGED_HERE":  FlagTaggedHere,
 	"HOPTRACE_F_VLAN":         FlagVLAN,
+	"HOPTRACE_F_TASK":         FlagTask,
 }

@@ -37,6 +37,10 @@ const (
 	AttachKind_ATTACH_KIND_TRACEPOINT     AttachKind = 6
 	AttachKind_ATTACH_KIND_FENTRY         AttachKind = 7
 	AttachKind_ATTACH_KIND_KPROBE         AttachKind = 8
+	// The application's receive call copies the traced packet to user space,
+	// in the reader's network namespace (netns); needs filter.protocol udp or
+	// tcp. Its records carry the reader's pid (HOPTRACE_F_TASK).
+	AttachKind_ATTACH_KIND_SOCKET_READ AttachKind = 9
 )
 
 // Enum value maps for AttachKind.
@@ -51,6 +55,7 @@ var (
 		6: "ATTACH_KIND_TRACEPOINT",
 		7: "ATTACH_KIND_FENTRY",
 		8: "ATTACH_KIND_KPROBE",
+		9: "ATTACH_KIND_SOCKET_READ",
 	}
 	AttachKind_value = map[string]int32{
 		"ATTACH_KIND_UNSPECIFIED":    0,
@@ -62,6 +67,7 @@ var (
 		"ATTACH_KIND_TRACEPOINT":     6,
 		"ATTACH_KIND_FENTRY":         7,
 		"ATTACH_KIND_KPROBE":         8,
+		"ATTACH_KIND_SOCKET_READ":    9,
 	}
 )
 
@@ -252,7 +258,8 @@ type HopSpec struct {
 	// The agent's node name that runs this hop.
 	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	// Attach point, as the user writes it: the AttachKind's spelling (below),
-	// e.g. tc-egress, tracepoint:net:netif_receive_skb, kprobe:tcp_v4_rcv.
+	// e.g. tc-egress, tracepoint:net:netif_receive_skb, kprobe:tcp_v4_rcv,
+	// socket-read.
 	// The dispatcher parses it once into HopAttach's typed fields.
 	At string `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
 	// Device name inside netns; required for tc and xdp, optional for
@@ -444,7 +451,7 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"ActionSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x14\n" +
-	"\x05field\x18\x03 \x01(\tR\x05field*\x80\x02\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field*\x9d\x02\n" +
 	"\n" +
 	"AttachKind\x12\x1b\n" +
 	"\x17ATTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
@@ -455,7 +462,8 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x19ATTACH_KIND_CGROUP_EGRESS\x10\x05\x12\x1a\n" +
 	"\x16ATTACH_KIND_TRACEPOINT\x10\x06\x12\x16\n" +
 	"\x12ATTACH_KIND_FENTRY\x10\a\x12\x16\n" +
-	"\x12ATTACH_KIND_KPROBE\x10\bBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"\x12ATTACH_KIND_KPROBE\x10\b\x12\x1b\n" +
+	"\x17ATTACH_KIND_SOCKET_READ\x10\tBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_trace_proto_rawDescOnce sync.Once

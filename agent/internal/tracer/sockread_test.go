@@ -1,0 +1,219 @@
+package tracer
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	"github.com/hoptrace/hoptrace/agent/internal/netns"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	"github.com/hoptrace/hoptrace/agent/internal/stream"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+)
+
+const (
+	readerPort  = 5000
+	readerCount = 50
+	readerSize  = 200
+)
+
+// buildReader compiles testdata/reader.c (the traced application) with clang.
+func buildReader(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "reader")
+	out, err := exec.Command("clang", "-O2", "-g", "-Wall", "-o", bin, "testdata/reader.c").CombinedOutput()
+	if err != nil {
+		t.Fatalf("clang reader.c: %v: %s", err, out)
+	}
+	return bin
+}
+
+// startReader runs the reader in nsB and waits for its "ready"; the returned
+// function waits for it to end and returns its last line.
+func startReader(t *testing.T, bin, ns, proto string) (*exec.Cmd, func() string) {
+	t.Helper()
+	// ip netns exec execs the reader itself: cmd's pid is the reader's.
+	cmd := exec.Command("ip", "netns", "exec", ns, bin, proto, fmt.Sprint(readerPort),
+		fmt.Sprint(readerCount), fmt.Sprint(readerSize))
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "ready" {
+		t.Fatalf("reader did not start: %q %s", lines.Text(), stderr.String())
+	}
+	return cmd, func() string {
+		last := ""
+		for lines.Scan() {
+			last = lines.Text()
+		}
+		if err := cmd.Wait(); err != nil {
+			t.Fatalf("reader: %v: %s", err, stderr.String())
+		}
+		return last
+	}
+}
+
+// sendMessages sends readerCount messages from nsA, each after the answer to
+// the previous one (so each TCP message is one segment and one read).
+func sendMessages(t *testing.T, ns, proto, addr string) {
+	t.Helper()
+	err := netns.Do(netns.Path(ns, ""), func() error {
+		conn, err := net.Dial(proto+"4", net.JoinHostPort(addr, fmt.Sprint(readerPort)))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		msg := make([]byte, readerSize)
+		answer := make([]byte, 1)
+		for k := 0; k < readerCount; k++ {
+			for i := range msg {
+				msg[i] = byte(k + i)
+			}
+			if _, err := conn.Write(msg); err != nil {
+				return err
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := conn.Read(answer); err != nil {
+				return fmt.Errorf("answer to message %d: %w", k, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send: %v", err)
+	}
+}
+
+// recordsByPacket pops batches until `last` has `want` distinct packets (or
+// the time is up) and returns every record by packet ID and hop index.
+func recordsByPacket(t *testing.T, q *stream.Queue, last uint16, want int) map[uint32]map[uint16][]record.Record {
+	t.Helper()
+	byID := map[uint32]map[uint16][]record.Record{}
+	atLast := map[uint32]bool{}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for len(atLast) < want {
+		b := q.Pop(ctx)
+		if b == nil {
+			break
+		}
+		for off := 0; off < len(b.Records); off += record.Size {
+			var r record.Record
+			if err := record.Decode(b.Records[off:], &r); err != nil {
+				t.Fatal(err)
+			}
+			if byID[r.PacketID] == nil {
+				byID[r.PacketID] = map[uint16][]record.Record{}
+			}
+			byID[r.PacketID][r.HopIndex] = append(byID[r.PacketID][r.HopIndex], r)
+			if r.HopIndex == last {
+				atLast[r.PacketID] = true
+			}
+		}
+	}
+	return byID
+}
+
+// TestSocketReadHop traces a UDP and a TCP flow between two namespaces
+// through the sender's device, the receiver's device and the receiving
+// application's read: every message the application read has exactly one
+// socket-read record, after its device record, carrying the reader's pid,
+// and the application got its bytes unchanged (the reader checks each).
+func TestSocketReadHop(t *testing.T) {
+	tu.RequireRoot(t)
+	bin := buildReader(t)
+	for i, proto := range []string{"udp", "tcp"} {
+		t.Run(proto, func(t *testing.T) {
+			p := tu.NewVethPair(t, fmt.Sprintf("198.18.%d", 46+i))
+			ipProto := map[string]uint32{"udp": 17, "tcp": 6}[proto]
+			program := map[string]string{"udp": loader.ProgSockReadUDP, "tcp": loader.ProgSockReadTCP}[proto]
+			pl := &pb.TracePlan{
+				Trace: "sockread-" + proto, Generation: 1, ObjectPath: tu.ObjectPath(),
+				Match: &pb.FlowMatch{IpProto: ipProto, DstPort: readerPort},
+				Hops: []*pb.HopAttach{
+					{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC,
+						Dev: p.DevA, Netns: p.NsA, TagUdp: proto == "udp"},
+					{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC,
+						Dev: p.DevB, Netns: p.NsB},
+					{HopIndex: 2, Name: "b-read", Kind: pb.AttachKind_ATTACH_KIND_SOCKET_READ, Program: program,
+						Netns: p.NsB},
+				},
+			}
+			if proto == "tcp" {
+				pl.TcpTagging = &pb.TcpTagging{Netns: p.NsA, Program: loader.ProgTagTCP}
+			}
+			q := stream.NewQueue(0)
+			m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := m.Close(); err != nil {
+					t.Errorf("close: %v", err)
+				}
+			}()
+			st := m.Apply(pl)
+			if !st.GetActive() || st.GetError() != "" {
+				t.Fatalf("status %v", st)
+			}
+			reader, wait := startReader(t, bin, p.NsB, proto)
+			sendMessages(t, p.NsA, proto, p.AddrB)
+			if last := wait(); last != fmt.Sprintf("ok %d", readerCount) {
+				t.Fatalf("reader ended with %q, want ok %d", last, readerCount)
+			}
+			byID := recordsByPacket(t, q, 2, readerCount)
+
+			reads := 0
+			for id, hops := range byID {
+				readRecs := hops[2]
+				if len(readRecs) == 0 {
+					continue
+				}
+				reads++
+				if len(readRecs) != 1 {
+					t.Errorf("packet %#x: %d socket-read records, want 1", id, len(readRecs))
+				}
+				rd := readRecs[0]
+				if rd.Flags&record.FlagTask == 0 || int(rd.Ifindex) != reader.Process.Pid {
+					t.Errorf("packet %#x: socket-read record %+v, want the reader's pid %d", id, rd, reader.Process.Pid)
+				}
+				if rd.WireLen != uint32(14+20+readerSize)+map[string]uint32{"udp": 8 + 4, "tcp": 32 + 8}[proto] {
+					t.Errorf("packet %#x: socket-read wire_len %d", id, rd.WireLen)
+				}
+				in := hops[1]
+				if len(in) != 1 || len(hops[0]) != 1 {
+					t.Errorf("packet %#x: %d device-in and %d device-out records, want 1 each", id, len(in), len(hops[0]))
+					continue
+				}
+				if !(hops[0][0].TsNs <= in[0].TsNs && in[0].TsNs <= rd.TsNs) {
+					t.Errorf("packet %#x: out %d, in %d, read %d: not in path order", id, hops[0][0].TsNs, in[0].TsNs, rd.TsNs)
+				}
+			}
+			// Every message the application read, and nothing else (TCP's ACK-only segments are never read).
+			if reads != readerCount {
+				t.Logf("counters %v", m.Counters())
+				t.Fatalf("%d packets recorded at socket-read, want the %d messages read", reads, readerCount)
+			}
+			c := m.Counters()
+			if len(c) != 1 || c[0].Hops[2].GetValues()[record.CRecorded] != readerCount {
+				t.Errorf("socket-read counters %v, want %d recorded", c, readerCount)
+			}
+		})
+	}
+}
