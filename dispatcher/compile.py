@@ -52,6 +52,10 @@ PROGRAM_FOR_KIND = {
 # argument instead of skb->dev (kernel-patch/include/hop.bpf.h).
 XMIT_TRACEPOINT_PROGRAM = "hop_tp_btf_xmit"
 TCP_TAGGER_PROGRAM = "tag_tcp"
+# socket-read hops, by the filter's protocol. hop_sock_read_udp's macro also defines the queue pair
+# (hop_sock_read_udp_queue, hop_sock_read_udp_enqueue) the agent runs instead on kernels from 6.6.
+SOCKET_READ_PROGRAMS = {"udp": "hop_sock_read_udp", "tcp": "hop_sock_read_tcp"}
+SOCKET_READ_UDP_QUEUE_PROGRAMS = ("hop_sock_read_udp_queue", "hop_sock_read_udp_enqueue")
 # ELF section of each program in the objects, and the order of programs in a generated source.
 PROGRAM_SECTIONS: dict[str, str] = dict(kernel_abi.PROGRAMS)
 # Path discovery's programs (kernel-patch/include/discover.bpf.h) are no hops: the agent's discover preset
@@ -85,10 +89,12 @@ class CompileError(RuntimeError):
     """clang (or the toolchain around it) failed; the message holds the compiler's own words."""
 
 
-def program_for_point(point: AttachPoint) -> str:
-    """The program the agent attaches for a parsed attach point."""
+def program_for_point(point: AttachPoint, protocol: str = "") -> str:
+    """The program the agent attaches for a parsed attach point (socket-read: per the filter's protocol)."""
     if point.kind == "tp_btf" and point.target == "net_dev_xmit":
         return XMIT_TRACEPOINT_PROGRAM
+    if point.kind == "socket_read":
+        return SOCKET_READ_PROGRAMS[protocol]
     return PROGRAM_FOR_KIND[point.kind]
 
 
@@ -133,6 +139,7 @@ def hop_attach(
     index: int,
     tag_udp: bool = False,
     actions: agent_pb2.HopActions | None = None,
+    protocol: str = "",
 ) -> agent_pb2.HopAttach:
     """One validated hop as its node's agent attaches it: typed kind and target, the program to run, and
     its actions (typed: `hoptrace.dispatcher.actions.hop_actions`)."""
@@ -141,7 +148,7 @@ def hop_attach(
         hop_index=index,
         name=hop.name,
         kind=point.attach,
-        program=program_for_point(point),
+        program=program_for_point(point, protocol),
         dev=hop.dev,
         netns=hop.netns,
         cgroup=hop.cgroup,
@@ -174,7 +181,13 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
             )
             plan.match.CopyFrom(match)
         plan.hops.append(
-            hop_attach(hop, index, tag_udp=index == 0 and udp_tagging_enabled(spec), actions=actions[index])
+            hop_attach(
+                hop,
+                index,
+                tag_udp=index == 0 and udp_tagging_enabled(spec),
+                actions=actions[index],
+                protocol=spec.filter.protocol,
+            )
         )
     if spec.hops and tcp_tagging_enabled(spec):
         first = spec.hops[0]

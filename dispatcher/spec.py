@@ -91,8 +91,9 @@ class AttachPoint:
     """A parsed `at` value.
 
     attach is the `trace_pb2.AttachKind`; kind is its program family (``tc``, ``xdp``, ``cgroup_skb``,
-    ``tp_btf``, ``fentry``, ``kprobe``); direction is ``ingress``/``egress`` for tc and cgroup hops; group and
-    target are the tracepoint's group and event, or the function.
+    ``tp_btf``, ``fentry``, ``kprobe``, ``socket_read``); direction is ``ingress``/``egress`` for tc and
+    cgroup hops (and ``ingress`` for socket-read); group and target are the tracepoint's group and event, or
+    the function.
     """
 
     attach: int
@@ -109,7 +110,7 @@ class AttachPoint:
     @property
     def is_receive_side(self) -> bool:
         """True when the hop only sees received packets (xdp, *-ingress, receive tracepoints)."""
-        if self.kind == "xdp" or self.direction == "ingress":
+        if self.kind in ("xdp", "socket_read") or self.direction == "ingress":
             return True
         return self.kind == "tp_btf" and self.target in RECEIVE_TRACEPOINTS
 
@@ -123,6 +124,7 @@ CAPABILITY_KEYS: dict[str, tuple[str, ...]] = {
     "fentry": ("fentry",),
     "kprobe": ("kprobe",),
     "sock_ops": ("sock_ops",),
+    "socket_read": ("tp_btf",),  # tp_btf programs on the receive path's events
 }
 
 _K = trace_pb2.AttachKind
@@ -137,7 +139,10 @@ KIND_FAMILY: dict[int, tuple[str, str]] = {
     _K.ATTACH_KIND_TRACEPOINT: ("tp_btf", ""),
     _K.ATTACH_KIND_FENTRY: ("fentry", ""),
     _K.ATTACH_KIND_KPROBE: ("kprobe", ""),
+    _K.ATTACH_KIND_SOCKET_READ: ("socket_read", "ingress"),
 }
+# socket-read hops read one protocol's receive path: the filter must name it.
+SOCKET_READ_PROTOCOLS = ("udp", "tcp")
 # Kinds whose `at` carries a target after a colon, and the target's form.
 TARGET_FORMS: dict[int, str] = {
     _K.ATTACH_KIND_TRACEPOINT: "GROUP:EVENT",
@@ -569,6 +574,14 @@ def _validate_hop(hop: trace_pb2.HopSpec, field: str, errors: list[FieldError]) 
             errors.append(FieldError(f"{field}.dev", f"not used by {hop.at} hops (they attach to a cgroup)"))
     elif hop.cgroup:
         errors.append(FieldError(f"{field}.cgroup", "only cgroup-ingress/cgroup-egress hops take a cgroup"))
+    if point.kind == "socket_read" and hop.dev:
+        errors.append(
+            FieldError(
+                f"{field}.dev",
+                f"not used by {hop.at} hops: they see the reads of applications in the hop's netns, "
+                "whatever device the packets came in on",
+            )
+        )
     return point
 
 
@@ -710,6 +723,19 @@ def validate_spec(
                 first_use[hop.name] = position
     if points[0] is not None:
         _validate_tagging(spec, points[0], errors)
+    for position, point in enumerate(points):
+        if (
+            point is not None
+            and point.kind == "socket_read"
+            and spec.filter.protocol not in SOCKET_READ_PROTOCOLS
+        ):
+            errors.append(
+                FieldError(
+                    f"hops[{position}].at",
+                    "socket-read follows one protocol's receive call: set filter.protocol to udp or tcp "
+                    f"(got {spec.filter.protocol or 'none, meaning both'})",
+                )
+            )
     if agents is not None:
         _validate_against_agents(spec, points, agents, errors)
     return errors

@@ -872,6 +872,8 @@ static __always_inline int hop_sock_read_dequeue(struct sock *sk, int ret, int f
 	}
 	count(HOPTRACE_C_MATCHED, 1);
 	count(HOPTRACE_C_BYTES, slot.wire_len);
+	if (act_count) /* socket-read offers no fields to count by (dispatcher/actions.py) */
+		count_by_key(0);
 	if (!slot.packet_id) {
 		count(HOPTRACE_C_UNTAGGED, 1);
 		return 0;
@@ -1048,7 +1050,11 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	{                                                                                          \
 		return hop_kernel_skb(skb, dev, true);                                             \
 	}
-/* socket-read (hop_sock_read above): one program per protocol, each on its event. */
+/* socket-read (hop_sock_read above): one program per protocol, each on its
+ * event. UDP's macro also defines the queue pair the agent runs instead on
+ * kernels that free the datagram after the read (hop_sock_read_enqueue and
+ * _dequeue above; 6.6+ events): loaded in one collection (they share
+ * sock_read_queues) and both attached. 5.10 has neither event. */
 #define HOPTRACE_PROG_SOCK_READ_UDP                                                                \
 	SEC("tp_btf/consume_skb") int BPF_PROG(hop_sock_read_udp, struct sk_buff *skb)             \
 	{                                                                                          \
@@ -1057,24 +1063,7 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	SEC("tp_btf/consume_skb") int BPF_PROG(hop_sock_read_udp_floor, struct sk_buff *skb)       \
 	{                                                                                          \
 		return hop_sock_read(skb, true, true);                                             \
-	}
-#define HOPTRACE_PROG_SOCK_READ_TCP                                                                \
-	SEC("tp_btf/skb_copy_datagram_iovec")                                                      \
-	int BPF_PROG(hop_sock_read_tcp, struct sk_buff *skb, int len)                              \
-	{                                                                                          \
-		return hop_sock_read(skb, false, false);                                           \
 	}                                                                                          \
-	SEC("tp_btf/skb_copy_datagram_iovec")                                                      \
-	int BPF_PROG(hop_sock_read_tcp_floor, struct sk_buff *skb, int len)                        \
-	{                                                                                          \
-		return hop_sock_read(skb, false, true);                                            \
-	}
-/* socket-read for UDP on kernels that free the datagram after the read
- * (hop_sock_read_enqueue/dequeue above; 6.6+ events): the agent loads both in
- * one collection (they share sock_read_queues) and attaches both. The _floor
- * pair serves HOPTRACE_FLOOR=1 on such kernels; 5.10 has neither event and
- * uses hop_sock_read_udp. */
-#define HOPTRACE_PROG_SOCK_READ_UDP_QUEUE                                                          \
 	SEC("tp_btf/sock_recv_length")                                                             \
 	int BPF_PROG(hop_sock_read_udp_queue, struct sock *sk, int ret, int flags)                 \
 	{                                                                                          \
@@ -1092,6 +1081,17 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	SEC("tp_btf/sk_data_ready") int BPF_PROG(hop_sock_read_udp_enqueue_floor, struct sock *sk) \
 	{                                                                                          \
 		return hop_sock_read_enqueue(sk, true);                                            \
+	}
+#define HOPTRACE_PROG_SOCK_READ_TCP                                                                \
+	SEC("tp_btf/skb_copy_datagram_iovec")                                                      \
+	int BPF_PROG(hop_sock_read_tcp, struct sk_buff *skb, int len)                              \
+	{                                                                                          \
+		return hop_sock_read(skb, false, false);                                           \
+	}                                                                                          \
+	SEC("tp_btf/skb_copy_datagram_iovec")                                                      \
+	int BPF_PROG(hop_sock_read_tcp_floor, struct sk_buff *skb, int len)                        \
+	{                                                                                          \
+		return hop_sock_read(skb, false, true);                                            \
 	}
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \
