@@ -47,6 +47,7 @@ PROGRAM_FOR_KIND = {
     "cgroup_skb": "hop_cgroup_skb",
     "fentry": "hop_fentry",
     "kprobe": "hop_kprobe",
+    "uprobe": "hop_uprobe",  # uprobe: and uretprobe: (the agent attaches it either way)
 }
 # net:net_dev_xmit fires after a veth handed the skb to its peer: its own program matches the event's dev
 # argument instead of skb->dev (kernel-patch/include/hop.bpf.h).
@@ -158,6 +159,8 @@ def hop_attach(
         attach.actions.CopyFrom(actions)
     if point.kind == "tp_btf":
         attach.tracepoint_group, attach.tracepoint_event = point.group, point.target
+    elif point.kind == "uprobe":
+        attach.binary, attach.function = point.binary, point.target
     elif point.target:
         attach.function = point.target
     return attach

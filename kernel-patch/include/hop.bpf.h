@@ -227,6 +227,18 @@ static __always_inline __u32 next_id(bool floor)
 	return ((__u32)node_salt << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
 }
 
+/* Wake the agent only for a backlog worth it: a wakeup per record schedules the agent onto
+ * the traced packet's CPU, in the middle of its path (measured with hoptrace mace: +6 to
+ * +37 us per traced echo). The agent reads every 100 ms anyway. */
+static __always_inline void submit_record(struct hoptrace_record *rec)
+{
+	bpf_ringbuf_submit(rec,
+			   bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) > HOPTRACE_WAKEUP_BYTES
+			       ? BPF_RB_FORCE_WAKEUP
+			       : BPF_RB_NO_WAKEUP);
+	count(HOPTRACE_C_RECORDED, 1);
+}
+
 static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex, __u32 wire_len,
 					__u64 ts)
 {
@@ -246,14 +258,7 @@ static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex,
 	rec->trace_slot = trace_slot;
 	rec->cpu = bpf_get_smp_processor_id();
 	rec->flags = p->flags;
-	/* Wake the agent only for a backlog worth it: a wakeup per record schedules the agent onto
-	 * the traced packet's CPU, in the middle of its path (measured with hoptrace mace: +6 to
-	 * +37 us per traced echo). The agent reads every 100 ms anyway. */
-	bpf_ringbuf_submit(rec,
-			   bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) > HOPTRACE_WAKEUP_BYTES
-			       ? BPF_RB_FORCE_WAKEUP
-			       : BPF_RB_NO_WAKEUP);
-	count(HOPTRACE_C_RECORDED, 1);
+	submit_record(rec);
 }
 
 /* 6.2+; weak, so that the agent's loader turns it into NULL where it is missing. */
@@ -495,8 +500,9 @@ static __always_inline bool prev_hop_latency(const struct pkt_info *p, __u64 ts,
 	return found;
 }
 
-/* The part every hop shares once it has parsed the packet. */
-static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifindex,
+/* The part every hop shares once it has parsed the packet; true when it
+ * emitted the packet's record. */
+static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifindex,
 				       __u32 wire_len, const struct hop_meta *m)
 {
 	__u64 ts, latency = 0;
@@ -504,11 +510,11 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 
 	if (status) {
 		count_parse_error(status);
-		return;
+		return false;
 	}
 	if (!flow_match(p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport)) {
 		count(HOPTRACE_C_NOT_MATCHED, 1);
-		return;
+		return false;
 	}
 	count(HOPTRACE_C_MATCHED, 1);
 	count(HOPTRACE_C_BYTES, wire_len);
@@ -519,7 +525,7 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 		hist_add(field_value(act_hist, ifindex, wire_len, m, 0));
 	if (!p->id) {
 		count(HOPTRACE_C_UNTAGGED, 1);
-		return;
+		return false;
 	}
 	ts = bpf_ktime_get_ns();
 	if (act_prev_ts || act_hist == HOPTRACE_FIELD_LATENCY)
@@ -527,6 +533,7 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 	if (act_hist == HOPTRACE_FIELD_LATENCY && has_latency)
 		hist_add(latency);
 	emit_record(p, m->task_pid ? m->task_pid : ifindex, wire_len, ts);
+	return true;
 }
 
 /* tc and cgroup_skb: the action fields in __sk_buff, read only when asked for. */
@@ -667,6 +674,36 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	return 0;
 }
 
+/* uprobe hops: the packet each thread read last at a socket-read hop, by
+ * thread ID. ONE per agent (MapReplacements), LRU so it stays bounded. */
+struct sock_read_last {
+	__u32 packet_id;
+	__u32 flow_hash;
+	__u32 wire_len;
+	__u16 trace_slot;
+	__u16 flags;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); /* the reader's thread ID (the kernel's pid) */
+	__type(value, struct sock_read_last);
+} sock_read_last SEC(".maps");
+
+static __always_inline void remember_read(__u32 packet_id, __u32 flow_hash, __u32 wire_len,
+					  __u16 flags)
+{
+	struct sock_read_last last = {.packet_id = packet_id,
+				      .flow_hash = flow_hash,
+				      .wire_len = wire_len,
+				      .trace_slot = trace_slot,
+				      .flags = flags};
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+
+	bpf_map_update_elem(&sock_read_last, &tid, &last, BPF_ANY);
+}
+
 /*
  * socket-read: the reading task copies the packet to user space, inside its
  * recvmsg(), so `current` is the reader. UDP: skb:consume_skb, which
@@ -727,7 +764,8 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 	if (m.task_pid)
 		p.flags |= HOPTRACE_F_TASK;
 	/* wire_len as the device hops saw the packet: L2 and IP length, ID included */
-	hop_finish(status, &p, ifindex, p.l3_off + p.ip_len, &m);
+	if (hop_finish(status, &p, ifindex, p.l3_off + p.ip_len, &m))
+		remember_read(p.id, flow_hash(&p), p.l3_off + p.ip_len, p.flags);
 	return 0;
 }
 
@@ -892,11 +930,48 @@ static __always_inline int hop_sock_read_dequeue(struct sock *sk, int ret, int f
 	rec->trace_slot = trace_slot;
 	rec->cpu = bpf_get_smp_processor_id();
 	rec->flags = slot.flags | HOPTRACE_F_TASK;
-	bpf_ringbuf_submit(rec,
-			   bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) > HOPTRACE_WAKEUP_BYTES
-			       ? BPF_RB_FORCE_WAKEUP
-			       : BPF_RB_NO_WAKEUP);
-	count(HOPTRACE_C_RECORDED, 1);
+	submit_record(rec);
+	remember_read(slot.packet_id, slot.flow_hash, slot.wire_len, slot.flags);
+	return 0;
+}
+
+/*
+ * uprobe and uretprobe hops on an application's function: no packet here, so
+ * the record is of the packet this thread read last at a socket-read hop of
+ * the same trace on this node (sock_read_last). A thread that read no traced
+ * packet, or another trace's, records nothing (counted not matched).
+ */
+static __always_inline int hop_user_function(void)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct sock_read_last *last;
+	struct hoptrace_record *rec;
+
+	count(HOPTRACE_C_SEEN, 1);
+	last = bpf_map_lookup_elem(&sock_read_last, &tid);
+	if (!last || last->trace_slot != trace_slot || !last->packet_id) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	count(HOPTRACE_C_MATCHED, 1);
+	if (act_count)
+		count_by_key(0);
+	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (!rec) {
+		count(HOPTRACE_C_RINGBUF_FULL, 1);
+		return 0;
+	}
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->packet_id = last->packet_id;
+	rec->flow_hash = last->flow_hash;
+	rec->ifindex = pid_tgid >> 32;
+	rec->wire_len = last->wire_len;
+	rec->hop_index = hop_index;
+	rec->trace_slot = trace_slot;
+	rec->cpu = bpf_get_smp_processor_id();
+	rec->flags = last->flags | HOPTRACE_F_TASK;
+	submit_record(rec);
 	return 0;
 }
 
@@ -1092,6 +1167,17 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	int BPF_PROG(hop_sock_read_tcp_floor, struct sk_buff *skb, int len)                        \
 	{                                                                                          \
 		return hop_sock_read(skb, false, true);                                            \
+	}
+/* uprobe: and uretprobe: hops run the same program (hop_user_function above);
+ * the agent attaches it as a uprobe or a uretprobe. */
+#define HOPTRACE_PROG_UPROBE                                                                       \
+	SEC("uprobe") int hop_uprobe(struct pt_regs *ctx)                                          \
+	{                                                                                          \
+		return hop_user_function();                                                        \
+	}                                                                                          \
+	SEC("uprobe") int hop_uprobe_floor(struct pt_regs *ctx)                                    \
+	{                                                                                          \
+		return hop_user_function();                                                        \
 	}
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \

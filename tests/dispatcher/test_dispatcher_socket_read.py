@@ -1,5 +1,6 @@
-"""socket-read hops in specs: parsed, planned with the protocol's program, compiled into per-node objects
-that carry UDP's queue pair, and every bad use refused naming its spec field."""
+"""socket-read, uprobe and uretprobe hops in specs: parsed, planned with their programs and typed targets,
+compiled into per-node objects that carry UDP's queue pair, and every bad use refused naming its spec
+field."""
 
 from __future__ import annotations
 
@@ -122,3 +123,55 @@ hops:
 """
     errors = _errors(text)
     assert any(error.startswith("hops[0].at: ") and "only sees received packets" in error for error in errors)
+
+
+UPROBE_HOPS = (
+    READ_HOP,
+    "{name: b-handler, node: host-b, at: 'uprobe:/usr/local/bin/reader:handle_request', netns: c2}",
+    "{name: b-handled, node: host-b, at: 'uretprobe:/usr/local/bin/reader:handle_request',"
+    " netns: /proc/4242/ns/net}",
+)
+
+
+def _uprobe_spec(*hops: str) -> str:
+    return _spec("udp", "\n  - ".join(hops))
+
+
+def test_uprobe_hops_plan_binary_and_symbol() -> None:
+    spec = load_spec(_uprobe_spec(*UPROBE_HOPS), example_registrations())
+    handler, handled = build_plans(spec, generation=1)["host-b"].hops[2:]
+    kinds = trace_pb2.AttachKind
+    assert (handler.kind, handler.program, handler.binary, handler.function, handler.netns) == (
+        kinds.ATTACH_KIND_UPROBE,
+        "hop_uprobe",
+        "/usr/local/bin/reader",
+        "handle_request",
+        "c2",
+    )
+    assert (handled.kind, handled.program, handled.binary, handled.function, handled.netns) == (
+        kinds.ATTACH_KIND_URETPROBE,
+        "hop_uprobe",
+        "/usr/local/bin/reader",
+        "handle_request",
+        "/proc/4242/ns/net",
+    )
+
+
+@pytest.mark.parametrize(
+    ("hop", "field", "words"),
+    [
+        (
+            "{name: u, node: host-b, at: 'uprobe:/bin/x', netns: c2}",
+            "hops[3].at",
+            "expected uprobe:BINARY:SYMBOL",
+        ),
+        ("{name: u, node: host-b, at: 'uprobe:bin/x:f', netns: c2}", "hops[3].at", "absolute file path"),
+        ("{name: u, node: host-b, at: 'uprobe:/a/../etc/x:f', netns: c2}", "hops[3].at", "without '..'"),
+        ("{name: u, node: host-b, at: 'uretprobe:/bin/x:f(int)', netns: c2}", "hops[3].at", "not a symbol"),
+        ("{name: u, node: host-b, at: 'uprobe:/bin/x:f', netns: c2, dev: eth0}", "hops[3].dev", "not used"),
+        ("{name: u, node: host-a, at: 'uprobe:/bin/x:f', netns: c1}", "hops[3].at", "add a socket-read hop"),
+    ],
+)
+def test_bad_uprobe_hops_name_their_field(hop: str, field: str, words: str) -> None:
+    errors = _errors(_uprobe_spec(READ_HOP, hop))
+    assert any(error.startswith(f"{field}: ") and words in error for error in errors), errors

@@ -18,7 +18,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.Kprobe: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit),
+			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit),
 			kfuncs:  set[string](),
 		},
 		ebpf.SchedCLS: {

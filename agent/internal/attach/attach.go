@@ -1,6 +1,6 @@
 // Package attach loads and attaches one hop of a TracePlan where its `at`
-// says: tcx, XDP, tp_btf, cgroup_skb, fentry, kprobe, and the sock_ops TCP
-// tagger. Every attachment is an fd-based link and nothing is pinned, so a
+// says: tcx, XDP, tp_btf, cgroup_skb, fentry, kprobe, socket-read, uprobe and
+// uretprobe, and the sock_ops TCP tagger. Every attachment is an fd-based link and nothing is pinned, so a
 // killed agent leaves nothing attached.
 package attach
 
@@ -140,8 +140,9 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 	case pb.AttachKind_ATTACH_KIND_TRACEPOINT:
 		cfg.AttachTo = ha.GetTracepointEvent()
 		cfg.Ifindex = uint32(ifindex)
-		ino, err := netns.Inode(nsPath)
-		if err != nil {
+		// err is the switch's (checked after it): an attach error must not go to a shadow.
+		var ino uint64
+		if ino, err = netns.Inode(nsPath); err != nil {
 			return nil, err
 		}
 		cfg.NetnsIno = uint32(ino)
@@ -160,8 +161,8 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		if err := socketReadProgram(&cfg); err != nil {
 			return nil, err
 		}
-		ino, err := netns.Inode(nsPath)
-		if err != nil {
+		var ino uint64
+		if ino, err = netns.Inode(nsPath); err != nil {
 			return nil, err
 		}
 		cfg.NetnsIno = uint32(ino)
@@ -180,6 +181,25 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
 		if err != nil && h.companion != nil {
 			_ = h.companion.Close()
+		}
+	case pb.AttachKind_ATTACH_KIND_UPROBE, pb.AttachKind_ATTACH_KIND_URETPROBE:
+		// err is the switch's: it is checked after it, so never shadow it here.
+		var ex *link.Executable
+		var path string
+		if ex, path, err = openExecutable(ha.GetBinary(), ha.GetNetns()); err != nil {
+			return nil, err
+		}
+		if err := load(); err != nil {
+			return nil, err
+		}
+		h.Describe = fmt.Sprintf("%s %s:%s", kindName(kind), path, ha.GetFunction())
+		if kind == pb.AttachKind_ATTACH_KIND_UPROBE {
+			h.Link, err = ex.Uprobe(ha.GetFunction(), h.Loaded.Program, nil)
+		} else {
+			h.Link, err = ex.Uretprobe(ha.GetFunction(), h.Loaded.Program, nil)
+		}
+		if errors.Is(err, link.ErrNoSymbol) {
+			err = fmt.Errorf("symbol %s is not in %s (%w)", ha.GetFunction(), path, err)
 		}
 	case pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS, pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS:
 		at := ebpf.AttachCGroupInetIngress
@@ -253,6 +273,29 @@ func socketReadProgram(cfg *loader.HopConfig) error {
 		return nil
 	}
 	return fmt.Errorf("socket-read runs %s or %s, not %q", loader.ProgSockReadUDP, loader.ProgSockReadTCP, cfg.Program)
+}
+
+// openExecutable opens a uprobe hop's binary in the target process's mount
+// namespace: under /proc/PID/root when the hop's netns is /proc/PID/ns/net
+// (a container's process), else as the agent sees it.
+func openExecutable(binary, hopNetns string) (*link.Executable, string, error) {
+	if !filepath.IsAbs(binary) {
+		return nil, "", fmt.Errorf("uprobe binary %q: not an absolute path", binary)
+	}
+	path := binary
+	if rest, ok := strings.CutPrefix(hopNetns, "/proc/"); ok {
+		if pid, ok := strings.CutSuffix(rest, "/ns/net"); ok && pid != "" && !strings.Contains(pid, "/") {
+			path = filepath.Join("/proc", pid, "root", binary)
+		}
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, path, fmt.Errorf("uprobe binary %s: %w", path, err)
+	}
+	ex, err := link.OpenExecutable(path)
+	if err != nil {
+		return nil, path, fmt.Errorf("uprobe binary %s: %w", path, err)
+	}
+	return ex, path, nil
 }
 
 // kindName is the spec's spelling of an attach kind (ATTACH_KIND_TC_EGRESS: tc-egress), for messages.

@@ -31,6 +31,9 @@ const (
 	// UDP socket-read's per-socket queue of IDs (sk_storage, 5.11+ from
 	// tracing): created only for the programs that use it.
 	MapSockReadQueues = "sock_read_queues"
+	// The packet each thread read last at a socket-read hop, for uprobe
+	// hops: one per agent, like prev_ts.
+	MapSockReadLast = "sock_read_last"
 )
 
 // dropUnreferencedMaps removes the named maps from s when no program left in
@@ -267,6 +270,9 @@ type Options struct {
 	// PrevTS is the agent's one map of traced packets' last timestamps (the
 	// latency field); nil = the object's own (tests of a single load).
 	PrevTS *ebpf.Map
+	// SockReadLast is the agent's one sock_read_last map (socket-read hops
+	// write it, uprobe hops read it); nil = the object's own.
+	SockReadLast *ebpf.Map
 	// Cache shares decoded kernel BTF between loads.
 	Cache *btf.Cache
 	// LogLevel for the verifier; on failure the log tail is in the error anyway.
@@ -302,7 +308,7 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 			delete(s.Programs, name)
 		}
 	}
-	dropUnreferencedMaps(s, MapSockReadQueues)
+	dropUnreferencedMaps(s, MapSockReadQueues, MapSockReadLast)
 	if cfg.AttachTo != "" {
 		ps.AttachTo = cfg.AttachTo
 	}
@@ -345,6 +351,11 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 	if opts.PrevTS != nil {
 		if _, ok := s.Maps[MapPrevTS]; ok {
 			repl[MapPrevTS] = opts.PrevTS
+		}
+	}
+	if opts.SockReadLast != nil {
+		if _, ok := s.Maps[MapSockReadLast]; ok {
+			repl[MapSockReadLast] = opts.SockReadLast
 		}
 	}
 
@@ -392,6 +403,21 @@ func NewPrevTS(spec *ebpf.CollectionSpec) (*ebpf.Map, error) {
 	m, err := ebpf.NewMap(ms)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", MapPrevTS, err)
+	}
+	return m, nil
+}
+
+// NewSharedMap creates one of the agent's shared maps (one per agent, passed
+// to every load) from the object's map spec; nil when the object has none.
+func NewSharedMap(spec *ebpf.CollectionSpec, name string) (*ebpf.Map, error) {
+	ms, ok := spec.Maps[name]
+	if !ok {
+		return nil, nil
+	}
+	ms = ms.Copy()
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", name, err)
 	}
 	return m, nil
 }

@@ -16,6 +16,7 @@ const (
 	ProgTC                 = "hop_tc"                    // SEC("tc")
 	ProgTPBTF              = "hop_tp_btf"                // SEC("tp_btf/netif_receive_skb")
 	ProgTPBTFXmit          = "hop_tp_btf_xmit"           // SEC("tp_btf/net_dev_xmit")
+	ProgUprobe             = "hop_uprobe"                // SEC("uprobe")
 	ProgXDP                = "hop_xdp"                   // SEC("xdp")
 	ProgTagTCP             = "tag_tcp"                   // SEC("sockops")
 )

@@ -131,10 +131,13 @@ func recordsByPacket(t *testing.T, q *stream.Queue, last uint16, want int) map[u
 }
 
 // TestSocketReadHop traces a UDP and a TCP flow between two namespaces
-// through the sender's device, the receiver's device and the receiving
-// application's read: every message the application read has exactly one
-// socket-read record, after its device record, carrying the reader's pid,
-// and the application got its bytes unchanged (the reader checks each).
+// through the sender's device, the receiver's device, the receiving
+// application's read and its handler function (uprobe and uretprobe on a
+// real binary, compiled here): every message the application read has
+// exactly one socket-read record, after its device record, carrying the
+// reader's pid, then one record at the handler's entry and one at its
+// return, joined to the same packet; and the application got its bytes
+// unchanged (the reader checks each).
 func TestSocketReadHop(t *testing.T) {
 	tu.RequireRoot(t)
 	bin := buildReader(t)
@@ -153,6 +156,10 @@ func TestSocketReadHop(t *testing.T) {
 						Dev: p.DevB, Netns: p.NsB},
 					{HopIndex: 2, Name: "b-read", Kind: pb.AttachKind_ATTACH_KIND_SOCKET_READ, Program: program,
 						Netns: p.NsB},
+					{HopIndex: 3, Name: "b-handler", Kind: pb.AttachKind_ATTACH_KIND_UPROBE, Program: loader.ProgUprobe,
+						Binary: bin, Function: "handle_request", Netns: p.NsB},
+					{HopIndex: 4, Name: "b-handled", Kind: pb.AttachKind_ATTACH_KIND_URETPROBE, Program: loader.ProgUprobe,
+						Binary: bin, Function: "handle_request", Netns: p.NsB},
 				},
 			}
 			if proto == "tcp" {
@@ -177,7 +184,7 @@ func TestSocketReadHop(t *testing.T) {
 			if last := wait(); last != fmt.Sprintf("ok %d", readerCount) {
 				t.Fatalf("reader ended with %q, want ok %d", last, readerCount)
 			}
-			byID := recordsByPacket(t, q, 2, readerCount)
+			byID := recordsByPacket(t, q, 4, readerCount)
 
 			reads := 0
 			for id, hops := range byID {
@@ -204,6 +211,22 @@ func TestSocketReadHop(t *testing.T) {
 				if !(hops[0][0].TsNs <= in[0].TsNs && in[0].TsNs <= rd.TsNs) {
 					t.Errorf("packet %#x: out %d, in %d, read %d: not in path order", id, hops[0][0].TsNs, in[0].TsNs, rd.TsNs)
 				}
+				// The handler the application called after the read: one record per request, of this
+				// packet, after the read, entry before return.
+				entry, ret := hops[3], hops[4]
+				if len(entry) != 1 || len(ret) != 1 {
+					t.Errorf("packet %#x: %d uprobe and %d uretprobe records, want 1 each", id, len(entry), len(ret))
+					continue
+				}
+				for _, u := range []record.Record{entry[0], ret[0]} {
+					if u.Flags&record.FlagTask == 0 || int(u.Ifindex) != reader.Process.Pid || u.FlowHash != rd.FlowHash ||
+						u.WireLen != rd.WireLen {
+						t.Errorf("packet %#x: handler record %+v, socket-read record %+v", id, u, rd)
+					}
+				}
+				if !(rd.TsNs <= entry[0].TsNs && entry[0].TsNs <= ret[0].TsNs) {
+					t.Errorf("packet %#x: read %d, handler entry %d, return %d: not in order", id, rd.TsNs, entry[0].TsNs, ret[0].TsNs)
+				}
 			}
 			// Every message the application read, and nothing else (TCP's ACK-only segments are never read).
 			if reads != readerCount {
@@ -211,9 +234,55 @@ func TestSocketReadHop(t *testing.T) {
 				t.Fatalf("%d packets recorded at socket-read, want the %d messages read", reads, readerCount)
 			}
 			c := m.Counters()
-			if len(c) != 1 || c[0].Hops[2].GetValues()[record.CRecorded] != readerCount {
-				t.Errorf("socket-read counters %v, want %d recorded", c, readerCount)
+			if len(c) != 1 {
+				t.Fatalf("counters of %d traces", len(c))
+			}
+			for _, hop := range c[0].Hops[2:] {
+				if got := hop.GetValues()[record.CRecorded]; got != readerCount {
+					t.Errorf("hop %s recorded %d, want %d", hop.GetHop(), got, readerCount)
+				}
 			}
 		})
+	}
+}
+
+// TestUprobeBadTargets: a binary that does not exist and a symbol that is not
+// in the binary are refused naming the hop and the reason, and nothing of the
+// trace stays attached (the dispatcher rolls back on any hop's error).
+func TestUprobeBadTargets(t *testing.T) {
+	tu.RequireRoot(t)
+	bin := buildReader(t)
+	p := tu.NewVethPair(t, "198.18.48")
+	cases := []struct{ binary, symbol, want string }{
+		{"/nonexistent/reader", "handle_request", "uprobe binary /nonexistent/reader: stat /nonexistent/reader: no such file or directory"},
+		{bin, "no_such_handler", "symbol no_such_handler is not in " + bin},
+		{"relative/reader", "handle_request", `uprobe binary "relative/reader": not an absolute path`},
+	}
+	for _, c := range cases {
+		q := stream.NewQueue(0)
+		m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl := &pb.TracePlan{
+			Trace: "bad-uprobe", Generation: 1, ObjectPath: tu.ObjectPath(),
+			Match: &pb.FlowMatch{IpProto: 17, DstPort: readerPort},
+			Hops: []*pb.HopAttach{
+				{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC,
+					Dev: p.DevA, Netns: p.NsA, TagUdp: true},
+				{HopIndex: 1, Name: "b-handler", Kind: pb.AttachKind_ATTACH_KIND_UPROBE, Program: loader.ProgUprobe,
+					Binary: c.binary, Function: c.symbol, Netns: p.NsB},
+			},
+		}
+		hop := m.Apply(pl).GetHops()[1]
+		if hop.GetAttached() || !strings.Contains(hop.GetError(), "hop b-handler: ") || !strings.Contains(hop.GetError(), c.want) {
+			t.Errorf("want a refusal naming hop b-handler and %q, got %v", c.want, hop)
+		}
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if n := tcxCount(t, p); n != 0 {
+			t.Fatalf("%d tc programs left attached", n)
+		}
 	}
 }

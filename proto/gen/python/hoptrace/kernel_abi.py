@@ -57,6 +57,7 @@ PROGRAMS = {
     "hop_tc": "tc",
     "hop_tp_btf": "tp_btf/netif_receive_skb",
     "hop_tp_btf_xmit": "tp_btf/net_dev_xmit",
+    "hop_uprobe": "uprobe",
     "hop_xdp": "xdp",
     "tag_tcp": "sockops",
 }
