@@ -706,15 +706,17 @@ static __always_inline void remember_read(__u32 packet_id, __u32 flow_hash, __u3
 
 /*
  * socket-read: the reading task copies the packet to user space, inside its
- * recvmsg(), so `current` is the reader. UDP: skb:consume_skb, which
- * skb_consume_udp() fires (via __consume_stateless_skb, 4.13+) right after
- * udp_recvmsg() copied the datagram; skb:skb_copy_datagram_iovec does not
- * fire there for linear skbs (copy_linear_skb). TCP: skb:skb_copy_datagram_iovec,
- * fired by tcp_recvmsg() before each copy from an skb. Both exist from 5.10.
+ * recvmsg(), so `current` is the reader. UDP before 6.6 (the agent picks):
+ * skb:consume_skb, which skb_consume_udp() fires (via __consume_stateless_skb,
+ * 4.13+) right after udp_recvmsg() copied the datagram;
+ * skb:skb_copy_datagram_iovec does not fire there for linear skbs
+ * (copy_linear_skb). TCP: skb:skb_copy_datagram_iovec, fired by tcp_recvmsg()
+ * before each copy from an skb. Both exist from 5.10.
  *
- * The hop is scoped by the reader's network namespace (the current task's),
- * not by a device: in the socket queue skb->dev is reused (UDP's
- * dev_scratch), so the arrival device comes from skb->skb_iif.
+ * The hop is scoped by the receiving socket's network namespace (TCP's
+ * skb->sk; UDP's queued skbs have none, so the reading task's), not by a
+ * device: in the socket queue skb->dev is reused (UDP's dev_scratch), so the
+ * arrival device comes from skb->skb_iif.
  *
  * The ID: TCP's option sits in the header that the queue retains in the
  * skb's linear buffer. UDP's surplus ID bytes were trimmed off the skb by
@@ -727,6 +729,7 @@ static __always_inline void remember_read(__u32 packet_id, __u32 flow_hash, __u3
 static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end, bool floor)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct sock *sk;
 	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
@@ -735,7 +738,11 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 	int status;
 
 	count(HOPTRACE_C_SEEN, 1);
-	if (BPF_CORE_READ(task, nsproxy, net_ns, ns.inum) != hop_netns_ino) {
+	/* The receiving socket's netns; UDP's queued skbs have no skb->sk (udp_recvmsg's caller is
+	 * in the socket's netns as a rule), so the reader's there. */
+	sk = BPF_CORE_READ(skb, sk);
+	if ((sk ? BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum)
+		: BPF_CORE_READ(task, nsproxy, net_ns, ns.inum)) != hop_netns_ino) {
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
