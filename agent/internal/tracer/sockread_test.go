@@ -7,6 +7,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -187,6 +188,7 @@ func TestSocketReadHop(t *testing.T) {
 			byID := recordsByPacket(t, q, 4, readerCount)
 
 			reads := 0
+			var inToRead, readToHandler []uint64
 			for id, hops := range byID {
 				readRecs := hops[2]
 				if len(readRecs) == 0 {
@@ -224,6 +226,8 @@ func TestSocketReadHop(t *testing.T) {
 						t.Errorf("packet %#x: handler record %+v, socket-read record %+v", id, u, rd)
 					}
 				}
+				inToRead = append(inToRead, rd.TsNs-in[0].TsNs)
+				readToHandler = append(readToHandler, entry[0].TsNs-rd.TsNs)
 				if !(rd.TsNs <= entry[0].TsNs && entry[0].TsNs <= ret[0].TsNs) {
 					t.Errorf("packet %#x: read %d, handler entry %d, return %d: not in order", id, rd.TsNs, entry[0].TsNs, ret[0].TsNs)
 				}
@@ -233,6 +237,8 @@ func TestSocketReadHop(t *testing.T) {
 				t.Logf("counters %v", m.Counters())
 				t.Fatalf("%d packets recorded at socket-read, want the %d messages read", reads, readerCount)
 			}
+			t.Logf("%s: tc ingress -> socket-read p50 %d ns, socket-read -> handler entry p50 %d ns (%d messages)",
+				proto, median(inToRead), median(readToHandler), len(inToRead))
 			c := m.Counters()
 			if len(c) != 1 {
 				t.Fatalf("counters of %d traces", len(c))
@@ -285,4 +291,13 @@ func TestUprobeBadTargets(t *testing.T) {
 			t.Fatalf("%d tc programs left attached", n)
 		}
 	}
+}
+
+func median(v []uint64) uint64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]uint64(nil), v...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
 }
