@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -160,8 +161,9 @@ func TestSocketReadHop(t *testing.T) {
 						Netns: p.NsB},
 					{HopIndex: 3, Name: "b-handler", Kind: pb.AttachKind_ATTACH_KIND_UPROBE, Program: loader.ProgUprobe,
 						Binary: bin, Function: "handle_request", Netns: p.NsB},
+					// A process's netns: the binary is opened as /proc/PID/root/BINARY (its mount namespace).
 					{HopIndex: 4, Name: "b-handled", Kind: pb.AttachKind_ATTACH_KIND_URETPROBE, Program: loader.ProgUprobe,
-						Binary: bin, Function: "handle_request", Netns: p.NsB},
+						Binary: bin, Function: "handle_request", Netns: fmt.Sprintf("/proc/%d/ns/net", os.Getpid())},
 				},
 			}
 			if proto == "tcp" {
@@ -180,6 +182,12 @@ func TestSocketReadHop(t *testing.T) {
 			st := m.Apply(pl)
 			if !st.GetActive() || st.GetError() != "" {
 				t.Fatalf("status %v", st)
+			}
+			m.mu.Lock()
+			d := m.traces[pl.Trace].Hops[4].Describe
+			m.mu.Unlock()
+			if !strings.Contains(d, fmt.Sprintf("/proc/%d/root%s", os.Getpid(), bin)) {
+				t.Errorf("uretprobe hop opened %q, want the binary under /proc/%d/root", d, os.Getpid())
 			}
 			reader, wait := startReader(t, bin, p.NsB, proto)
 			sendMessages(t, p.NsA, proto, p.AddrB)
