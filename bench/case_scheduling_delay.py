@@ -6,8 +6,9 @@ CPU 1 too) beside it; the same busy loop under SCHED_IDLE (``chrt -i 0``), the L
 vNetTracer's fix (there: Xen credit2's rate limit set to 0).
 
 Three tracers per case on the routed TwoHostTopology:
-- the hoptrace trace ``sd-<case>`` (hops of examples/case-studies/scheduling-delay.yaml, c1 eth0 -> c2 eth0):
-  the device path, which the CPU-bound task should not change;
+- the hoptrace trace ``sd-<case>`` (hops of examples/case-studies/scheduling-delay.yaml, c1 eth0 -> c2 eth0
+  -> the server's receive call, a socket-read hop): the device path, which the CPU-bound task should not
+  change, and c2 eth0 -> socket-read, which holds the scheduling delay;
 - ``hoptrace mace --container <c2> --path syscalls`` on host-b (ingress: host-b wire0 ``netif_receive_skb``
   -> the server's ``recv*`` exit; egress: the reply's ``sendto`` -> wire0 ``net_dev_xmit``). Its ingress
   side sees no sockperf datagram: UDP copies a linear datagram with ``copy_linear_skb``, which does not fire
@@ -51,9 +52,13 @@ from case_common import (
     spec,
     traced_topology,
 )
-from case_congested_bridge import HOPS  # the same c1 -> c2 path on the routed topology
+from case_congested_bridge import HOPS as DEVICE_HOPS  # the same c1 -> c2 path on the routed topology
 
 from hoptrace.cli.mace import mace_agent
+
+# ... and then the server's receive call in c2: the device -> application time with hoptrace alone.
+READ_HOP = "b-c2-read"
+HOPS = [*DEVICE_HOPS, (READ_HOP, "host-b", "socket-read", "", "{c2}")]
 
 RESULTS = REPO / "bench" / "results"
 SERVER_CPU = "1"
@@ -356,7 +361,7 @@ def table(results: list[dict[str, Any]]) -> str:
         )
     rows += [
         "",
-        "| case | hoptrace c1 eth0 → c2 eth0 mean / p99 µs (complete / packets) "
+        "| case | hoptrace c1 eth0 → c2 socket-read mean / p99 µs (complete / packets) "
         "| MACE syscalls ingress seen / reported | MACE egress sendto → wire0 xmit mean / p99 µs (count) |",
         "|---|---|---|---|",
     ]
@@ -367,6 +372,19 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {r['case']} | {e2e['mean_ns'] / 1e3:.1f} / {e2e['p99_ns'] / 1e3:.1f}"
             f" ({rep['complete']} / {rep['packets']}) | {ing['seen']} / {ing['reported']} "
             f"| {eg['mean_ns'] / 1e3:.1f} / {eg['p99_ns'] / 1e3:.1f} ({eg['count']}) |"
+        )
+    rows += [
+        "",
+        "| case | hoptrace c2 eth0 → socket-read (the server's receive) mean / p50 / p90 / p99 µs (count) "
+        "| bpftrace wire0 rx → recv exit mean / p50 / p90 / p99 µs |",
+        "|---|---|---|",
+    ]
+    for r in results:
+        read = next(g for g in r["report"]["segments"] if g["to"] == READ_HOP)
+        rows.append(
+            f"| {r['case']} | "
+            + " / ".join(f"{read[k] / 1e3:.1f}" for k in ("mean_ns", "p50_ns", "p90_ns", "p99_ns"))
+            + f" ({read['count']}) | {_st(r['device_to_socket']['total'])} |"
         )
     return "\n".join(rows)
 

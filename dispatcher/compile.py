@@ -49,6 +49,7 @@ PROGRAM_FOR_KIND = {
     "cgroup_skb": "hop_cgroup_skb",
     "fentry": "hop_fentry",
     "kprobe": "hop_kprobe",
+    "uprobe": "hop_uprobe",  # uprobe: and uretprobe: (the agent attaches it either way)
 }
 # net:net_dev_xmit fires after a veth handed the skb to its peer: its own program matches the event's dev
 # argument instead of skb->dev (kernel-patch/include/hop.bpf.h).
@@ -57,6 +58,10 @@ XMIT_TRACEPOINT_PROGRAM = "hop_tp_btf_xmit"
 # kfree_skb hops without it still load on older kernels.
 KFREE_TRACEPOINT_PROGRAM = "hop_tp_btf_kfree"
 TCP_TAGGER_PROGRAM = "tag_tcp"
+# socket-read hops, by the filter's protocol. hop_sock_read_udp's macro also defines the queue pair
+# (hop_sock_read_udp_queue, hop_sock_read_udp_enqueue) the agent runs instead on kernels from 6.6.
+SOCKET_READ_PROGRAMS = {"udp": "hop_sock_read_udp", "tcp": "hop_sock_read_tcp"}
+SOCKET_READ_UDP_QUEUE_PROGRAMS = ("hop_sock_read_udp_queue", "hop_sock_read_udp_enqueue")
 # ELF section of each program in the objects, and the order of programs in a generated source.
 PROGRAM_SECTIONS: dict[str, str] = dict(kernel_abi.PROGRAMS)
 # Path discovery's programs (kernel-patch/include/discover.bpf.h) are no hops: the agent's discover preset
@@ -92,12 +97,15 @@ class CompileError(RuntimeError):
     """clang (or the toolchain around it) failed; the message holds the compiler's own words."""
 
 
-def program_for_point(point: AttachPoint, reads_drop_reason: bool = False) -> str:
-    """The program the agent attaches for a parsed attach point (and whether the hop reads drop_reason)."""
+def program_for_point(point: AttachPoint, protocol: str = "", reads_drop_reason: bool = False) -> str:
+    """The program the agent attaches for a parsed attach point (socket-read: per the filter's protocol;
+    skb:kfree_skb: its own program when the hop reads drop_reason)."""
     if point.kind == "tp_btf" and point.target == "net_dev_xmit":
         return XMIT_TRACEPOINT_PROGRAM
     if point.kind == "tp_btf" and point.target == "kfree_skb" and reads_drop_reason:
         return KFREE_TRACEPOINT_PROGRAM
+    if point.kind == "socket_read":
+        return SOCKET_READ_PROGRAMS[protocol]
     return PROGRAM_FOR_KIND[point.kind]
 
 
@@ -142,6 +150,7 @@ def hop_attach(
     index: int,
     tag_udp: bool = False,
     actions: agent_pb2.HopActions | None = None,
+    protocol: str = "",
 ) -> agent_pb2.HopAttach:
     """One validated hop as its node's agent attaches it: typed kind and target, the program to run, and
     its actions (typed: `hoptrace.dispatcher.actions.hop_actions`)."""
@@ -150,7 +159,7 @@ def hop_attach(
         hop_index=index,
         name=hop.name,
         kind=point.attach,
-        program=program_for_point(point, reads_field(actions, "drop_reason")),
+        program=program_for_point(point, protocol, reads_field(actions, "drop_reason")),
         dev=hop.dev,
         netns=workloads.attach_netns(hop),
         cgroup=hop.cgroup,
@@ -160,6 +169,8 @@ def hop_attach(
         attach.actions.CopyFrom(actions)
     if point.kind == "tp_btf":
         attach.tracepoint_group, attach.tracepoint_event = point.group, point.target
+    elif point.kind == "uprobe":
+        attach.binary, attach.function = point.binary, point.target
     elif point.target:
         attach.function = point.target
     return attach
@@ -183,7 +194,13 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
             )
             plan.match.CopyFrom(match)
         plan.hops.append(
-            hop_attach(hop, index, tag_udp=index == 0 and udp_tagging_enabled(spec), actions=actions[index])
+            hop_attach(
+                hop,
+                index,
+                tag_udp=index == 0 and udp_tagging_enabled(spec),
+                actions=actions[index],
+                protocol=spec.filter.protocol,
+            )
         )
     for index, event in enumerate(spec.events):
         plan = plans.get(event.node)

@@ -93,8 +93,9 @@ class AttachPoint:
     """A parsed `at` value.
 
     attach is the `trace_pb2.AttachKind`; kind is its program family (``tc``, ``xdp``, ``cgroup_skb``,
-    ``tp_btf``, ``fentry``, ``kprobe``); direction is ``ingress``/``egress`` for tc and cgroup hops; group and
-    target are the tracepoint's group and event, or the function.
+    ``tp_btf``, ``fentry``, ``kprobe``, ``socket_read``); direction is ``ingress``/``egress`` for tc and
+    cgroup hops (and ``ingress`` for socket-read); group and target are the tracepoint's group and event, or
+    the function.
     """
 
     attach: int
@@ -102,6 +103,7 @@ class AttachPoint:
     direction: str = ""
     group: str = ""
     target: str = ""
+    binary: str = ""  # uprobe/uretprobe: the executable (target is the symbol)
 
     @property
     def is_egress(self) -> bool:
@@ -111,7 +113,7 @@ class AttachPoint:
     @property
     def is_receive_side(self) -> bool:
         """True when the hop only sees received packets (xdp, *-ingress, receive tracepoints)."""
-        if self.kind == "xdp" or self.direction == "ingress":
+        if self.kind in ("xdp", "socket_read", "uprobe") or self.direction == "ingress":
             return True
         return self.kind == "tp_btf" and self.target in RECEIVE_TRACEPOINTS
 
@@ -125,6 +127,8 @@ CAPABILITY_KEYS: dict[str, tuple[str, ...]] = {
     "fentry": ("fentry",),
     "kprobe": ("kprobe",),
     "sock_ops": ("sock_ops",),
+    "socket_read": ("tp_btf",),  # tp_btf programs on the receive path's events
+    "uprobe": ("uprobe",),
 }
 
 _K = trace_pb2.AttachKind
@@ -139,13 +143,23 @@ KIND_FAMILY: dict[int, tuple[str, str]] = {
     _K.ATTACH_KIND_TRACEPOINT: ("tp_btf", ""),
     _K.ATTACH_KIND_FENTRY: ("fentry", ""),
     _K.ATTACH_KIND_KPROBE: ("kprobe", ""),
+    _K.ATTACH_KIND_SOCKET_READ: ("socket_read", "ingress"),
+    _K.ATTACH_KIND_UPROBE: ("uprobe", ""),
+    _K.ATTACH_KIND_URETPROBE: ("uprobe", ""),
 }
+# socket-read hops read one protocol's receive path: the filter must name it.
+SOCKET_READ_PROTOCOLS = ("udp", "tcp")
 # Kinds whose `at` carries a target after a colon, and the target's form.
 TARGET_FORMS: dict[int, str] = {
     _K.ATTACH_KIND_TRACEPOINT: "GROUP:EVENT",
     _K.ATTACH_KIND_FENTRY: "FUNCTION",
     _K.ATTACH_KIND_KPROBE: "FUNCTION",
+    _K.ATTACH_KIND_UPROBE: "BINARY:SYMBOL",
+    _K.ATTACH_KIND_URETPROBE: "BINARY:SYMBOL",
 }
+# A uprobe's BINARY: an absolute path, no '..', no whitespace or ':' (it ends at the last ':').
+BINARY_PATTERN = re.compile(r"^/[^\s:]*$")
+MAX_BINARY_LEN = 4095  # PATH_MAX - 1
 
 
 def at_spelling(kind: int) -> str:
@@ -180,6 +194,26 @@ def parse_attach_point(at: str) -> AttachPoint:
         if not SYMBOL_PATTERN.match(event):
             raise ValueError(f"{at!r}: {event!r} is not a tracepoint event name")
         return AttachPoint(kind, KIND_FAMILY[kind][0], group=group, target=event)
+    if kind in (_K.ATTACH_KIND_UPROBE, _K.ATTACH_KIND_URETPROBE):
+        binary, sep, symbol = rest.rpartition(":")
+        if not sep or not binary or not symbol:
+            raise ValueError(
+                f"{at!r}: expected {prefix}:BINARY:SYMBOL, e.g. {prefix}:/usr/sbin/nginx:ngx_recv"
+            )
+        if (
+            not BINARY_PATTERN.match(binary)
+            or ".." in binary.split("/")
+            or len(binary) > MAX_BINARY_LEN
+            or binary.endswith("/")
+        ):
+            raise ValueError(
+                f"{at!r}: the binary {binary!r} must be an absolute file path without '..', whitespace "
+                "or ':' (resolved in the mount namespace of the process whose netns the hop names as "
+                "/proc/PID/ns/net)"
+            )
+        if not SYMBOL_PATTERN.match(symbol):
+            raise ValueError(f"{at!r}: {symbol!r} is not a symbol name")
+        return AttachPoint(kind, KIND_FAMILY[kind][0], target=symbol, binary=binary)
     if kind is not None:
         if not rest:
             raise ValueError(f"{at!r}: expected {prefix}:FUNCTION")
@@ -581,6 +615,18 @@ def _validate_hop(hop: trace_pb2.HopSpec, field: str, errors: list[FieldError]) 
             errors.append(FieldError(f"{field}.dev", f"not used by {hop.at} hops (they attach to a cgroup)"))
     elif hop.cgroup:
         errors.append(FieldError(f"{field}.cgroup", "only cgroup-ingress/cgroup-egress hops take a cgroup"))
+    if point.kind == "uprobe" and hop.dev:
+        errors.append(
+            FieldError(f"{field}.dev", f"not used by {hop.at} hops: they see an application's function")
+        )
+    if point.kind == "socket_read" and hop.dev:
+        errors.append(
+            FieldError(
+                f"{field}.dev",
+                f"not used by {hop.at} hops: they see the reads of applications in the hop's netns, "
+                "whatever device the packets came in on",
+            )
+        )
     return point
 
 
@@ -742,6 +788,33 @@ def validate_spec(
     if points and points[0] is not None:
         _validate_tagging(spec, points[0], errors)
     errors.extend(FieldError(where, reason) for where, reason in event_probes.validate_events(spec))
+    read_nodes = {
+        hop.node
+        for hop, point in zip(spec.hops, points, strict=True)
+        if point and point.kind == "socket_read"
+    }
+    for position, (hop, point) in enumerate(zip(spec.hops, points, strict=True)):
+        if point is not None and point.kind == "uprobe" and hop.node not in read_nodes:
+            errors.append(
+                FieldError(
+                    f"hops[{position}].at",
+                    f"a {hop.at.partition(':')[0]} hop records the packet its thread read last at a "
+                    f"socket-read hop: add a socket-read hop on node {hop.node or '?'} to the path",
+                )
+            )
+    for position, point in enumerate(points):
+        if (
+            point is not None
+            and point.kind == "socket_read"
+            and spec.filter.protocol not in SOCKET_READ_PROTOCOLS
+        ):
+            errors.append(
+                FieldError(
+                    f"hops[{position}].at",
+                    "socket-read follows one protocol's receive call: set filter.protocol to udp or tcp "
+                    f"(got {spec.filter.protocol or 'none, meaning both'})",
+                )
+            )
     if agents is not None:
         _validate_against_agents(spec, points, agents, errors)
         errors.extend(

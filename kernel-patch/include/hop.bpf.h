@@ -231,6 +231,18 @@ static __always_inline __u32 next_id(bool floor)
 	return ((__u32)node_salt << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
 }
 
+/* Wake the agent only for a backlog worth it: a wakeup per record schedules the agent onto
+ * the traced packet's CPU, in the middle of its path (measured with hoptrace mace: +6 to
+ * +37 us per traced echo). The agent reads every 100 ms anyway. */
+static __always_inline void submit_record(struct hoptrace_record *rec)
+{
+	bpf_ringbuf_submit(rec,
+			   bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) > HOPTRACE_WAKEUP_BYTES
+			       ? BPF_RB_FORCE_WAKEUP
+			       : BPF_RB_NO_WAKEUP);
+	count(HOPTRACE_C_RECORDED, 1);
+}
+
 /* vals: the record action's values, read only when the hop has one (act_record[0]): then they
  * follow the record in the same sample (HOPTRACE_F_VALUES). */
 static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex, __u32 wire_len,
@@ -259,14 +271,7 @@ static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex,
 		rec->flags |= HOPTRACE_F_VALUES;
 		__builtin_memcpy((void *)(rec + 1), vals, sizeof(*vals));
 	}
-	/* Wake the agent only for a backlog worth it: a wakeup per record schedules the agent onto
-	 * the traced packet's CPU, in the middle of its path (measured with hoptrace mace: +6 to
-	 * +37 us per traced echo). The agent reads every 100 ms anyway. */
-	bpf_ringbuf_submit(rec,
-			   bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) > HOPTRACE_WAKEUP_BYTES
-			       ? BPF_RB_FORCE_WAKEUP
-			       : BPF_RB_NO_WAKEUP);
-	count(HOPTRACE_C_RECORDED, 1);
+	submit_record(rec);
 }
 
 /* 6.2+; weak, so that the agent's loader turns it into NULL where it is missing. */
@@ -397,6 +402,7 @@ struct hop_meta {
 	__u32 gso_size;
 	__u32 pid;
 	__u32 drop_reason;
+	__u32 task_pid; /* socket-read: the reader's tgid, recorded instead of the ifindex */
 };
 
 /* Does this hop's count, histogram or record read `field`? Load-time constant. */
@@ -559,21 +565,23 @@ static __always_inline bool prev_hop_latency(const struct pkt_info *p, __u64 ts,
 	return found;
 }
 
-/* The part every hop shares once it has parsed the packet. */
-static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifindex,
+/* The part every hop shares once it has parsed the packet; true when it
+ * emitted the packet's record. */
+static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifindex,
 				       __u32 wire_len, const struct hop_meta *m)
 {
 	struct hoptrace_values vals; /* filled and read only with a record action */
 	__u64 ts, latency = 0;
+	__u32 record_ifindex;
 	bool has_latency = false;
 
 	if (status) {
 		count_parse_error(status);
-		return;
+		return false;
 	}
 	if (!flow_match(p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport)) {
 		count(HOPTRACE_C_NOT_MATCHED, 1);
-		return;
+		return false;
 	}
 	count(HOPTRACE_C_MATCHED, 1);
 	count(HOPTRACE_C_BYTES, wire_len);
@@ -585,21 +593,24 @@ static __always_inline void hop_finish(int status, struct pkt_info *p, __u32 ifi
 		hist_add(field_value(act_hist, p, ifindex, wire_len, m, 0));
 	if (!p->id) {
 		count(HOPTRACE_C_UNTAGGED, 1);
-		return;
+		return false;
 	}
 	ts = bpf_ktime_get_ns();
 	if (act_prev_ts || act_hist == HOPTRACE_FIELD_LATENCY)
 		has_latency = prev_hop_latency(p, ts, &latency);
 	if (act_hist == HOPTRACE_FIELD_LATENCY && has_latency)
 		hist_add(latency);
+	/* socket-read: the reader's pid stands in the record's ifindex (HOPTRACE_F_TASK) */
+	record_ifindex = m->task_pid ? m->task_pid : ifindex;
 	/* Two calls, not one with a maybe-filled struct: clang would copy its undefined bytes
 	 * (which the verifier refuses), or the hot path would pay to zero it. */
 	if (act_record[0]) {
 		record_values(&vals, p, ifindex, wire_len, m);
-		emit_record(p, ifindex, wire_len, ts, &vals);
+		emit_record(p, record_ifindex, wire_len, ts, &vals);
 	} else {
-		emit_record(p, ifindex, wire_len, ts, NULL);
+		emit_record(p, record_ifindex, wire_len, ts, NULL);
 	}
+	return true;
 }
 
 /* The netns inode of a tc or cgroup_skb packet's device: tc's ctx is the kernel's sk_buff (see
@@ -787,6 +798,314 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	return 0;
 }
 
+/* uprobe hops: the packet each thread read last at a socket-read hop, by
+ * thread ID. ONE per agent (MapReplacements), LRU so it stays bounded. */
+struct sock_read_last {
+	__u32 packet_id;
+	__u32 flow_hash;
+	__u32 wire_len;
+	__u16 trace_slot;
+	__u16 flags;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32); /* the reader's thread ID (the kernel's pid) */
+	__type(value, struct sock_read_last);
+} sock_read_last SEC(".maps");
+
+static __always_inline void remember_read(__u32 packet_id, __u32 flow_hash, __u32 wire_len,
+					  __u16 flags)
+{
+	struct sock_read_last last = {.packet_id = packet_id,
+				      .flow_hash = flow_hash,
+				      .wire_len = wire_len,
+				      .trace_slot = trace_slot,
+				      .flags = flags};
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+
+	bpf_map_update_elem(&sock_read_last, &tid, &last, BPF_ANY);
+}
+
+/*
+ * socket-read: the reading task copies the packet to user space, inside its
+ * recvmsg(), so `current` is the reader. UDP before 6.6 (the agent picks):
+ * skb:consume_skb, which skb_consume_udp() fires (via __consume_stateless_skb,
+ * 4.13+) right after udp_recvmsg() copied the datagram;
+ * skb:skb_copy_datagram_iovec does not fire there for linear skbs
+ * (copy_linear_skb). TCP: skb:skb_copy_datagram_iovec, fired by tcp_recvmsg()
+ * before each copy from an skb. Both exist from 5.10.
+ *
+ * The hop is scoped by the receiving socket's network namespace (TCP's
+ * skb->sk; UDP's queued skbs have none, so the reading task's), not by a
+ * device: in the socket queue skb->dev is reused (UDP's dev_scratch), so the
+ * arrival device comes from skb->skb_iif.
+ *
+ * The ID: TCP's option sits in the header that the queue retains in the
+ * skb's linear buffer. UDP's surplus ID bytes were trimmed off the skb by
+ * __udp4_lib_rcv / udpv6_rcv (pskb_trim_rcsum), which on a linear skb only
+ * moves the tail: the bytes stay in the buffer, which the queued skb still
+ * owns, and the IP header still counts them. So for a linear skb the reader
+ * may read up to skb->end; a paged skb's ID may have gone with its page and
+ * is not read (counted untagged).
+ */
+static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end, bool floor)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct sock *sk;
+	struct pkt_reader r = {.floor = floor};
+	struct pkt_info p = {};
+	struct hop_meta m = {};
+	__u16 ethertype;
+	__u32 ifindex;
+	int status;
+
+	count(HOPTRACE_C_SEEN, 1);
+	/* The receiving socket's netns; UDP's queued skbs have no skb->sk (udp_recvmsg's caller is
+	 * in the socket's netns as a rule), so the reader's there. */
+	sk = BPF_CORE_READ(skb, sk);
+	if ((sk ? BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum)
+		: BPF_CORE_READ(task, nsproxy, net_ns, ns.inum)) != hop_netns_ino) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	if (pkt_reader_from_skb(skb, &r, &ethertype)) {
+		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
+		return 0;
+	}
+	if (widen_to_end && !BPF_CORE_READ(skb, data_len)) {
+		__u32 end = BPF_CORE_READ(skb, end);
+		__u32 start = r.kbase - BPF_CORE_READ(skb, head);
+
+		if (end > start && end - start > r.len) {
+			r.len = end - start;
+			if (r.total < r.len)
+				r.total = r.len;
+		}
+	}
+	pkt_copy_head(&r);
+	ifindex = BPF_CORE_READ(skb, skb_iif);
+	if (act_reads(HOPTRACE_FIELD_MARK))
+		m.mark = BPF_CORE_READ(skb, mark);
+	if (act_reads(HOPTRACE_FIELD_PRIORITY))
+		m.priority = BPF_CORE_READ(skb, priority);
+	status = parse_packet(PKT_KERNEL, &r, 0, ethertype, &p);
+	m.task_pid = bpf_get_current_pid_tgid() >> 32;
+	if (m.task_pid)
+		p.flags |= HOPTRACE_F_TASK;
+	/* wire_len as the device hops saw the packet: L2 and IP length, ID included */
+	if (hop_finish(status, &p, ifindex, p.l3_off + p.ip_len, &m))
+		remember_read(p.id, flow_hash(&p), p.l3_off + p.ip_len, p.flags);
+	return 0;
+}
+
+/*
+ * socket-read for UDP where the receive path frees the datagram later, on
+ * another CPU (skb_attempt_defer_free in skb_consume_udp, 6.18), so no event
+ * sees the skb at the read: the IDs of a socket's datagrams are queued when
+ * they are queued (sock:sk_data_ready, the skb at the tail of
+ * sk_receive_queue) and taken in the same order when the application reads
+ * one (sock:sock_recv_length, in the reader's recvmsg). Every datagram of a
+ * socket with a queue takes a slot (ID 0 when not traced) so that reads and
+ * slots stay in step. Limits: MSG_PEEK reads take no slot; datagrams that
+ * were queued before the socket's first traced one are skipped by count;
+ * more than SOCK_READ_SLOTS unread datagrams lose the oldest IDs.
+ */
+#define SOCK_READ_SLOTS 16 /* power of two */
+#define MSG_PEEK_	2
+#define IPPROTO_UDP_SK_ 17
+
+struct sock_read_slot {
+	__u32 packet_id; /* 0: a datagram that is not traced */
+	__u32 flow_hash;
+	__u32 wire_len;
+	__u32 ifindex;
+	__u16 flags;
+	__u16 pad;
+};
+
+struct sock_read_queue {
+	struct bpf_spin_lock lock;
+	__u32 head; /* next slot a read takes */
+	__u32 tail; /* next slot a datagram fills */
+	__u32 skip; /* reads of datagrams queued before this queue existed */
+	struct sock_read_slot slots[SOCK_READ_SLOTS];
+};
+
+/* Per socket, freed with it; bpf_sk_storage_get from tp_btf is 5.11+, these
+ * events 6.2 (sock_recv_length) and 6.6 (sk_data_ready). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_read_queue);
+} sock_read_queues SEC(".maps");
+
+static __always_inline bool sock_read_scope(struct sock *sk)
+{
+	return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum) == hop_netns_ino &&
+	       BPF_CORE_READ_BITFIELD_PROBED(sk, sk_protocol) == IPPROTO_UDP_SK_;
+}
+
+static __always_inline int hop_sock_read_enqueue(struct sock *sk, bool floor)
+{
+	struct sock_read_slot slot = {};
+	struct sock_read_queue *q;
+	struct pkt_reader r = {.floor = floor};
+	struct pkt_info p = {};
+	struct sk_buff *skb;
+	__u32 end, start, skip = 0;
+	bool created = false;
+	__u16 ethertype;
+
+	if (!sock_read_scope(sk))
+		return 0;
+	/* The datagram just queued (__udp_enqueue_schedule_skb calls sk_data_ready after
+	 * __skb_queue_tail); an empty queue points at itself. */
+	skb = BPF_CORE_READ(sk, sk_receive_queue.prev);
+	if (!skb || (void *)skb == (void *)&sk->sk_receive_queue)
+		return 0;
+	if (!pkt_reader_from_skb(skb, &r, &ethertype)) {
+		if (!BPF_CORE_READ(skb, data_len)) { /* the trimmed ID: see hop_sock_read */
+			end = BPF_CORE_READ(skb, end);
+			start = r.kbase - BPF_CORE_READ(skb, head);
+			if (end > start && end - start > r.len) {
+				r.len = end - start;
+				if (r.total < r.len)
+					r.total = r.len;
+			}
+		}
+		pkt_copy_head(&r);
+		if (!parse_packet(PKT_KERNEL, &r, 0, ethertype, &p) &&
+		    flow_match(p.family, p.proto, p.saddr, p.daddr, p.sport, p.dport)) {
+			slot.packet_id = p.id;
+			slot.flow_hash = flow_hash(&p);
+			slot.wire_len = p.l3_off + p.ip_len;
+			slot.flags = p.flags;
+			slot.ifindex = BPF_CORE_READ(skb, skb_iif);
+		}
+	}
+	q = bpf_sk_storage_get(&sock_read_queues, sk, 0, 0);
+	if (!q) {
+		if (!slot.packet_id)
+			return 0; /* no queue until the socket gets a traced datagram */
+		/* Datagrams already waiting are read before this one: skip their reads. */
+		skip = BPF_CORE_READ(sk, sk_receive_queue.qlen) - 1 +
+		       BPF_CORE_READ((struct udp_sock *)sk, reader_queue.qlen);
+		q = bpf_sk_storage_get(&sock_read_queues, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!q)
+			return 0;
+		created = true;
+	}
+	bpf_spin_lock(&q->lock);
+	if (created)
+		q->skip = skip;
+	if (q->tail - q->head >= SOCK_READ_SLOTS)
+		q->head++; /* the oldest unread ID is lost: its read records nothing */
+	q->slots[q->tail & (SOCK_READ_SLOTS - 1)] = slot;
+	q->tail++;
+	bpf_spin_unlock(&q->lock);
+	return 0;
+}
+
+static __always_inline int hop_sock_read_dequeue(struct sock *sk, int ret, int flags)
+{
+	struct sock_read_slot slot = {};
+	struct sock_read_queue *q;
+	struct hoptrace_record *rec;
+	bool have = false;
+
+	count(HOPTRACE_C_SEEN, 1);
+	if (ret < 0 || (flags & MSG_PEEK_) || !sock_read_scope(sk)) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	q = bpf_sk_storage_get(&sock_read_queues, sk, 0, 0);
+	if (!q) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	bpf_spin_lock(&q->lock);
+	if (q->skip) {
+		q->skip--;
+	} else if (q->head != q->tail) {
+		slot = q->slots[q->head & (SOCK_READ_SLOTS - 1)];
+		q->head++;
+		have = true;
+	}
+	bpf_spin_unlock(&q->lock);
+	if (!have || !slot.flow_hash) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	count(HOPTRACE_C_MATCHED, 1);
+	count(HOPTRACE_C_BYTES, slot.wire_len);
+	if (act_count) /* socket-read offers no fields to count by (dispatcher/actions.py) */
+		count_by_key(0);
+	if (!slot.packet_id) {
+		count(HOPTRACE_C_UNTAGGED, 1);
+		return 0;
+	}
+	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (!rec) {
+		count(HOPTRACE_C_RINGBUF_FULL, 1);
+		return 0;
+	}
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->packet_id = slot.packet_id;
+	rec->flow_hash = slot.flow_hash;
+	rec->ifindex = bpf_get_current_pid_tgid() >> 32;
+	rec->wire_len = slot.wire_len;
+	rec->hop_index = hop_index;
+	rec->trace_slot = trace_slot;
+	rec->cpu = bpf_get_smp_processor_id();
+	rec->flags = slot.flags | HOPTRACE_F_TASK;
+	submit_record(rec);
+	remember_read(slot.packet_id, slot.flow_hash, slot.wire_len, slot.flags);
+	return 0;
+}
+
+/*
+ * uprobe and uretprobe hops on an application's function: no packet here, so
+ * the record is of the packet this thread read last at a socket-read hop of
+ * the same trace on this node (sock_read_last). A thread that read no traced
+ * packet, or another trace's, records nothing (counted not matched).
+ */
+static __always_inline int hop_user_function(void)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	struct sock_read_last *last;
+	struct hoptrace_record *rec;
+
+	count(HOPTRACE_C_SEEN, 1);
+	last = bpf_map_lookup_elem(&sock_read_last, &tid);
+	if (!last || last->trace_slot != trace_slot || !last->packet_id) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	count(HOPTRACE_C_MATCHED, 1);
+	if (act_count)
+		count_by_key(0);
+	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (!rec) {
+		count(HOPTRACE_C_RINGBUF_FULL, 1);
+		return 0;
+	}
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->packet_id = last->packet_id;
+	rec->flow_hash = last->flow_hash;
+	rec->ifindex = pid_tgid >> 32;
+	rec->wire_len = last->wire_len;
+	rec->hop_index = hop_index;
+	rec->trace_slot = trace_slot;
+	rec->cpu = bpf_get_smp_processor_id();
+	rec->flags = last->flags | HOPTRACE_F_TASK;
+	submit_record(rec);
+	return 0;
+}
+
 /* sock_ops ctx fields, read one by one: the verifier refuses a ctx pointer
  * that clang has advanced to share between loads. */
 #define READ_SKOPS(dst, field)                                                                     \
@@ -952,6 +1271,60 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 		     enum skb_drop_reason reason)                                                  \
 	{                                                                                          \
 		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), reason, true);                 \
+	}
+/* socket-read (hop_sock_read above): one program per protocol, each on its
+ * event. UDP's macro also defines the queue pair the agent runs instead on
+ * kernels that free the datagram after the read (hop_sock_read_enqueue and
+ * _dequeue above; 6.6+ events): loaded in one collection (they share
+ * sock_read_queues) and both attached. 5.10 has neither event. */
+#define HOPTRACE_PROG_SOCK_READ_UDP                                                                \
+	SEC("tp_btf/consume_skb") int BPF_PROG(hop_sock_read_udp, struct sk_buff *skb)             \
+	{                                                                                          \
+		return hop_sock_read(skb, true, false);                                            \
+	}                                                                                          \
+	SEC("tp_btf/consume_skb") int BPF_PROG(hop_sock_read_udp_floor, struct sk_buff *skb)       \
+	{                                                                                          \
+		return hop_sock_read(skb, true, true);                                             \
+	}                                                                                          \
+	SEC("tp_btf/sock_recv_length")                                                             \
+	int BPF_PROG(hop_sock_read_udp_queue, struct sock *sk, int ret, int flags)                 \
+	{                                                                                          \
+		return hop_sock_read_dequeue(sk, ret, flags);                                      \
+	}                                                                                          \
+	SEC("tp_btf/sk_data_ready") int BPF_PROG(hop_sock_read_udp_enqueue, struct sock *sk)       \
+	{                                                                                          \
+		return hop_sock_read_enqueue(sk, false);                                           \
+	}                                                                                          \
+	SEC("tp_btf/sock_recv_length")                                                             \
+	int BPF_PROG(hop_sock_read_udp_queue_floor, struct sock *sk, int ret, int flags)           \
+	{                                                                                          \
+		return hop_sock_read_dequeue(sk, ret, flags);                                      \
+	}                                                                                          \
+	SEC("tp_btf/sk_data_ready") int BPF_PROG(hop_sock_read_udp_enqueue_floor, struct sock *sk) \
+	{                                                                                          \
+		return hop_sock_read_enqueue(sk, true);                                            \
+	}
+#define HOPTRACE_PROG_SOCK_READ_TCP                                                                \
+	SEC("tp_btf/skb_copy_datagram_iovec")                                                      \
+	int BPF_PROG(hop_sock_read_tcp, struct sk_buff *skb, int len)                              \
+	{                                                                                          \
+		return hop_sock_read(skb, false, false);                                           \
+	}                                                                                          \
+	SEC("tp_btf/skb_copy_datagram_iovec")                                                      \
+	int BPF_PROG(hop_sock_read_tcp_floor, struct sk_buff *skb, int len)                        \
+	{                                                                                          \
+		return hop_sock_read(skb, false, true);                                            \
+	}
+/* uprobe: and uretprobe: hops run the same program (hop_user_function above);
+ * the agent attaches it as a uprobe or a uretprobe. */
+#define HOPTRACE_PROG_UPROBE                                                                       \
+	SEC("uprobe") int hop_uprobe(struct pt_regs *ctx)                                          \
+	{                                                                                          \
+		return hop_user_function();                                                        \
+	}                                                                                          \
+	SEC("uprobe") int hop_uprobe_floor(struct pt_regs *ctx)                                    \
+	{                                                                                          \
+		return hop_user_function();                                                        \
 	}
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \

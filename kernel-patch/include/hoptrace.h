@@ -58,6 +58,9 @@ enum hoptrace_record_flag {
 	HOPTRACE_F_TAGGED_HERE = 1 << 5,  /* this hop wrote the ID */
 	HOPTRACE_F_VLAN = 1 << 6,
 	HOPTRACE_F_VALUES = 1 << 7, /* a struct hoptrace_values follows the record in its sample */
+	/* socket-read hops: the record's ifindex holds the reading task's pid
+	 * (tgid), not a device; the packet arrived on the device hops before. */
+	HOPTRACE_F_TASK = 1 << 8,
 };
 
 /* One timestamp of one packet at one hop. 32 bytes, no padding. */
@@ -65,7 +68,8 @@ struct hoptrace_record {
 	__u64 ts_ns;	  /* bpf_ktime_get_ns(): CLOCK_MONOTONIC of the node */
 	__u32 packet_id;  /* never 0 in a record */
 	__u32 flow_hash;  /* hash of the innermost 5-tuple: equal at every hop */
-	__u32 ifindex;	  /* device the packet was seen on (its own netns) */
+	__u32 ifindex;	  /* device the packet was seen on (its own netns); with
+			     HOPTRACE_F_TASK the reading task's pid instead */
 	__u32 wire_len;	  /* skb/frame length at this hop, L2 included when present */
 	__u16 hop_index;  /* index in the trace's path */
 	__u16 trace_slot; /* agent-local number of the trace */

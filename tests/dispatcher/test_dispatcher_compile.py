@@ -15,6 +15,8 @@ from hoptrace.dispatcher.compile import (
     KFREE_TRACEPOINT_PROGRAM,
     PROGRAM_FOR_KIND,
     PROGRAM_SECTIONS,
+    SOCKET_READ_PROGRAMS,
+    SOCKET_READ_UDP_QUEUE_PROGRAMS,
     TCP_TAGGER_PROGRAM,
     XMIT_TRACEPOINT_PROGRAM,
     BpfCompiler,
@@ -108,13 +110,16 @@ def test_every_attach_kind_has_a_family_and_every_program_exists() -> None:
     checked against both."""
     kinds = set(trace_pb2.AttachKind.values()) - {trace_pb2.AttachKind.ATTACH_KIND_UNSPECIFIED}
     assert set(KIND_FAMILY) == kinds
-    assert {family for family, _ in KIND_FAMILY.values()} == set(PROGRAM_FOR_KIND)
+    # socket-read's program follows the filter's protocol (SOCKET_READ_PROGRAMS)
+    assert {family for family, _ in KIND_FAMILY.values()} == {*PROGRAM_FOR_KIND, "socket_read"}
     used = {
         *PROGRAM_FOR_KIND.values(),
         XMIT_TRACEPOINT_PROGRAM,
         KFREE_TRACEPOINT_PROGRAM,
         TCP_TAGGER_PROGRAM,
         EVENT_PROGRAM,
+        *SOCKET_READ_PROGRAMS.values(),
+        *SOCKET_READ_UDP_QUEUE_PROGRAMS,
     }
     assert used == set(ALL_PROGRAMS) == set(kernel_abi.PROGRAMS) - set(DISCOVERY_PROGRAMS)
 

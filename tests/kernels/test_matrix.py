@@ -4,8 +4,10 @@ In each guest: every program of every object loads the way the agent loads it (t
 needs), the parser, tagging, sampling and filter tests pass through BPF_PROG_TEST_RUN, a tc hop
 attached the way that kernel allows (tcx from 6.6, else a clsact filter) sees real packets on a veth, and
 the agent's tracer tags a real datagram and streams every hop's record of it, kprobe and fentry hops
-included (this host refuses both; Debian's kernels allow them), and the event program (event.bpf.h) counts
-kill(2) calls through every where: operator on syscalls:sys_enter_kill.
+included (this host refuses both; Debian's kernels allow them), the event program (event.bpf.h) counts
+kill(2) calls through every where: operator on syscalls:sys_enter_kill, and socket-read and uprobe hops
+follow UDP and TCP messages into a real application (socket-read's UDP path differs by kernel:
+skb:consume_skb before 6.6, the per-socket ID queue from 6.6).
 The test binaries are built here and run there: the guest shares this machine's root.
 """
 
@@ -30,7 +32,8 @@ GUEST_TESTS = {
     "probe": "TestFieldCapabilities",
     "attach": "TestClsactFallback",
     "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestTracerActionsOnRealTraffic"
-    "|TestEventCountsWhereTermsHold|TestEventBitTermAndCountByCPU|TestEventBadInputNamesTheField",
+    "|TestEventCountsWhereTermsHold|TestEventBitTermAndCountByCPU|TestEventBadInputNamesTheField"
+    "|TestSocketReadHop|TestUprobeBadTargets",
 }
 
 # Kernels the matrix requires: Debian 11 (5.10, also Amazon Linux 2's), Debian 12 (6.1, also the base of

@@ -1,6 +1,6 @@
 // Package attach loads and attaches one hop of a TracePlan where its `at`
-// says: tcx, XDP, tp_btf, cgroup_skb, fentry, kprobe, and the sock_ops TCP
-// tagger. Every attachment is an fd-based link and nothing is pinned, so a
+// says: tcx, XDP, tp_btf, cgroup_skb, fentry, kprobe, socket-read, uprobe and
+// uretprobe, and the sock_ops TCP tagger. Every attachment is an fd-based link and nothing is pinned, so a
 // killed agent leaves nothing attached.
 package attach
 
@@ -32,12 +32,14 @@ type Env struct {
 
 // Hop is one attached hop.
 type Hop struct {
-	Name     string
-	Index    uint32
-	Loaded   *loader.Hop
-	Link     link.Link
-	filter   *clsactFilter // a tc hop on a kernel without tcx, instead of Link
-	Describe string        // e.g. "tcx egress on eth0 in netns c1"
+	Name   string
+	Index  uint32
+	Loaded *loader.Hop
+	Link   link.Link
+	filter *clsactFilter // a tc hop on a kernel without tcx, instead of Link
+	// companion is the link of Loaded.Companion (UDP socket-read's enqueue side).
+	companion link.Link
+	Describe  string // e.g. "tcx egress on eth0 in netns c1"
 }
 
 // Close detaches first, then releases the program and maps.
@@ -53,6 +55,10 @@ func (h *Hop) Close() error {
 	if h.filter != nil {
 		err = errors.Join(err, h.filter.Close())
 		h.filter = nil
+	}
+	if h.companion != nil {
+		err = errors.Join(err, h.companion.Close())
+		h.companion = nil
 	}
 	h.Loaded.Close()
 	return err
@@ -134,8 +140,9 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 	case pb.AttachKind_ATTACH_KIND_TRACEPOINT:
 		cfg.AttachTo = ha.GetTracepointEvent()
 		cfg.Ifindex = uint32(ifindex)
-		ino, err := netns.Inode(nsPath)
-		if err != nil {
+		// err is the switch's (checked after it): an attach error must not go to a shadow.
+		var ino uint64
+		if ino, err = netns.Inode(nsPath); err != nil {
 			return nil, err
 		}
 		cfg.NetnsIno = uint32(ino)
@@ -144,6 +151,56 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		}
 		h.Describe = fmt.Sprintf("tp_btf %s:%s in netns %s", ha.GetTracepointGroup(), ha.GetTracepointEvent(), nsName)
 		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
+	case pb.AttachKind_ATTACH_KIND_SOCKET_READ:
+		// Scoped by the reader's netns (hop_sock_read reads current's); the
+		// program's own section names its event (consume_skb for UDP,
+		// skb_copy_datagram_iovec for TCP).
+		if ha.GetDev() != "" {
+			return nil, fmt.Errorf("socket-read takes no dev (got %q): it is scoped by the reader's netns", ha.GetDev())
+		}
+		if err := socketReadProgram(&cfg); err != nil {
+			return nil, err
+		}
+		var ino uint64
+		if ino, err = netns.Inode(nsPath); err != nil {
+			return nil, err
+		}
+		cfg.NetnsIno = uint32(ino)
+		if err := load(); err != nil {
+			return nil, err
+		}
+		h.Describe = fmt.Sprintf("socket-read (%s) in netns %s", cfg.Program, nsName)
+		if h.Loaded.Companion != nil {
+			// The enqueue side first: a read must find the IDs of what was queued.
+			h.companion, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Companion})
+			if err != nil {
+				h.Loaded.Close()
+				return nil, fmt.Errorf("attach %s (%s): %w", h.Describe, cfg.Companion, err)
+			}
+		}
+		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
+		if err != nil && h.companion != nil {
+			_ = h.companion.Close()
+		}
+	case pb.AttachKind_ATTACH_KIND_UPROBE, pb.AttachKind_ATTACH_KIND_URETPROBE:
+		// err is the switch's: it is checked after it, so never shadow it here.
+		var ex *link.Executable
+		var path string
+		if ex, path, err = openExecutable(ha.GetBinary(), ha.GetNetns()); err != nil {
+			return nil, err
+		}
+		if err := load(); err != nil {
+			return nil, err
+		}
+		h.Describe = fmt.Sprintf("%s %s:%s", kindName(kind), path, ha.GetFunction())
+		if kind == pb.AttachKind_ATTACH_KIND_UPROBE {
+			h.Link, err = ex.Uprobe(ha.GetFunction(), h.Loaded.Program, nil)
+		} else {
+			h.Link, err = ex.Uretprobe(ha.GetFunction(), h.Loaded.Program, nil)
+		}
+		if errors.Is(err, link.ErrNoSymbol) {
+			err = fmt.Errorf("symbol %s is not in %s (%w)", ha.GetFunction(), path, err)
+		}
 	case pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS, pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS:
 		at := ebpf.AttachCGroupInetIngress
 		if kind == pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS {
@@ -196,6 +253,49 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		return nil, fmt.Errorf("attach %s: %w", h.Describe, err)
 	}
 	return h, nil
+}
+
+// socketReadProgram checks a socket-read hop's program and, for UDP, picks
+// how this kernel lets it see the read: where the receive path frees the
+// datagram after the read on another CPU (skb_attempt_defer_free, 6.18) no
+// event has the skb at the read, so kernels with sock:sk_data_ready and
+// sock:sock_recv_length pair the two (hop_sock_read_udp_queue); older ones
+// (5.10 up) see the free in recvmsg itself (skb:consume_skb, hop_sock_read_udp).
+func socketReadProgram(cfg *loader.HopConfig) error {
+	switch cfg.Program {
+	case loader.ProgSockReadTCP:
+		return nil
+	case loader.ProgSockReadUDP:
+		if loader.HasTracepoint("sk_data_ready") && loader.HasTracepoint("sock_recv_length") {
+			cfg.Program = loader.ProgSockReadUDPQueue
+			cfg.Companion = loader.ProgSockReadUDPEnqueue
+		}
+		return nil
+	}
+	return fmt.Errorf("socket-read runs %s or %s, not %q", loader.ProgSockReadUDP, loader.ProgSockReadTCP, cfg.Program)
+}
+
+// openExecutable opens a uprobe hop's binary in the target process's mount
+// namespace: under /proc/PID/root when the hop's netns is /proc/PID/ns/net
+// (a container's process), else as the agent sees it.
+func openExecutable(binary, hopNetns string) (*link.Executable, string, error) {
+	if !filepath.IsAbs(binary) {
+		return nil, "", fmt.Errorf("uprobe binary %q: not an absolute path", binary)
+	}
+	path := binary
+	if rest, ok := strings.CutPrefix(hopNetns, "/proc/"); ok {
+		if pid, ok := strings.CutSuffix(rest, "/ns/net"); ok && pid != "" && !strings.Contains(pid, "/") {
+			path = filepath.Join("/proc", pid, "root", binary)
+		}
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil, path, fmt.Errorf("uprobe binary %s: %w", path, err)
+	}
+	ex, err := link.OpenExecutable(path)
+	if err != nil {
+		return nil, path, fmt.Errorf("uprobe binary %s: %w", path, err)
+	}
+	return ex, path, nil
 }
 
 // kindName is the spec's spelling of an attach kind (ATTACH_KIND_TC_EGRESS: tc-egress), for messages.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/rlimit"
 )
@@ -65,4 +66,19 @@ func ProgramFor(spec *ebpf.CollectionSpec, name string) string {
 // to it (before 5.11); a no-op on newer kernels.
 func AllowLockedMemory() error {
 	return rlimit.RemoveMemlock()
+}
+
+// HasTracepoint says whether this kernel has the tracepoint `event` for
+// tp_btf programs (its btf_trace_EVENT type), against the kernel types the
+// loads use (UseKernelBTF).
+func HasTracepoint(event string) bool {
+	spec := kernelTypes.Load()
+	if spec == nil {
+		var err error
+		if spec, err = btf.LoadKernelSpec(); err != nil {
+			return false
+		}
+	}
+	var typedef *btf.Typedef
+	return spec.TypeByName("btf_trace_"+event, &typedef) == nil
 }

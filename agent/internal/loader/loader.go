@@ -28,7 +28,31 @@ const (
 	MapCountKeys   = "count_keys"
 	MapHistBuckets = "hist_buckets"
 	MapPrevTS      = "prev_ts"
+	// UDP socket-read's per-socket queue of IDs (sk_storage, 5.11+ from
+	// tracing): created only for the programs that use it.
+	MapSockReadQueues = "sock_read_queues"
+	// The packet each thread read last at a socket-read hop, for uprobe
+	// hops: one per agent, like prev_ts.
+	MapSockReadLast = "sock_read_last"
 )
+
+// dropUnreferencedMaps removes the named maps from s when no program left in
+// it uses them, so a hop does not create maps (or need map types) it never uses.
+func dropUnreferencedMaps(s *ebpf.CollectionSpec, names ...string) {
+	used := map[string]bool{}
+	for _, ps := range s.Programs {
+		for _, ins := range ps.Instructions {
+			if ref := ins.Reference(); ref != "" {
+				used[ref] = true
+			}
+		}
+	}
+	for _, name := range names {
+		if !used[name] {
+			delete(s.Maps, name)
+		}
+	}
+}
 
 // LoadSpec parses the plan's object: inline bytes, else object_path
 // (relative paths are tried against baseDir, then the working directory).
@@ -66,6 +90,9 @@ func LoadSpec(plan *pb.TracePlan, baseDir string) (*ebpf.CollectionSpec, error) 
 type HopConfig struct {
 	Name    string // hop name, for errors
 	Program string // the plan names it; constants in programs_gen.go
+	// Companion is a second program kept in the same collection (sharing its
+	// maps), e.g. the UDP socket-read's enqueue side; "" = none.
+	Companion string
 
 	// Program type refinements applied to the ProgramSpec before load.
 	AttachTo   string           // tp_btf event / fentry function
@@ -126,6 +153,7 @@ func ActionsFromPlan(a *pb.HopActions) (Actions, error) {
 type Hop struct {
 	Collection *ebpf.Collection
 	Program    *ebpf.Program
+	Companion  *ebpf.Program // HopConfig.Companion, nil without one
 	Counters   *ebpf.Map
 	Actions    Actions
 	CountKeys  *ebpf.Map // nil when the object has no actions
@@ -287,6 +315,9 @@ type Options struct {
 	// PrevTS is the agent's one map of traced packets' last timestamps (the
 	// latency field); nil = the object's own (tests of a single load).
 	PrevTS *ebpf.Map
+	// SockReadLast is the agent's one sock_read_last map (socket-read hops
+	// write it, uprobe hops read it); nil = the object's own.
+	SockReadLast *ebpf.Map
 	// Cache shares decoded kernel BTF between loads.
 	Cache *btf.Cache
 	// LogLevel for the verifier; on failure the log tail is in the error anyway.
@@ -310,11 +341,19 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 	if !ok {
 		return nil, fmt.Errorf("object has no program %s (has %s)", cfg.Program, strings.Join(programNames(spec), ", "))
 	}
+	companion := ""
+	if cfg.Companion != "" {
+		companion = ProgramFor(spec, cfg.Companion)
+		if _, ok := s.Programs[companion]; !ok {
+			return nil, fmt.Errorf("object has no program %s (has %s)", cfg.Companion, strings.Join(programNames(spec), ", "))
+		}
+	}
 	for name := range s.Programs {
-		if name != program {
+		if name != program && name != companion {
 			delete(s.Programs, name)
 		}
 	}
+	dropUnreferencedMaps(s, MapSockReadQueues, MapSockReadLast)
 	if cfg.AttachTo != "" {
 		ps.AttachTo = cfg.AttachTo
 	}
@@ -359,6 +398,11 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 			repl[MapPrevTS] = opts.PrevTS
 		}
 	}
+	if opts.SockReadLast != nil {
+		if _, ok := s.Maps[MapSockReadLast]; ok {
+			repl[MapSockReadLast] = opts.SockReadLast
+		}
+	}
 
 	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
 		MapReplacements: repl,
@@ -368,7 +412,7 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", cfg.Program, verifierTail(err))
 	}
-	h := &Hop{Collection: coll, Program: coll.Programs[program], Counters: coll.Maps[MapCounters],
+	h := &Hop{Collection: coll, Program: coll.Programs[program], Companion: coll.Programs[companion], Counters: coll.Maps[MapCounters],
 		Actions: cfg.Actions, CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets]}
 	return h, nil
 }
@@ -404,6 +448,21 @@ func NewPrevTS(spec *ebpf.CollectionSpec) (*ebpf.Map, error) {
 	m, err := ebpf.NewMap(ms)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", MapPrevTS, err)
+	}
+	return m, nil
+}
+
+// NewSharedMap creates one of the agent's shared maps (one per agent, passed
+// to every load) from the object's map spec; nil when the object has none.
+func NewSharedMap(spec *ebpf.CollectionSpec, name string) (*ebpf.Map, error) {
+	ms, ok := spec.Maps[name]
+	if !ok {
+		return nil, nil
+	}
+	ms = ms.Copy()
+	m, err := ebpf.NewMap(ms)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", name, err)
 	}
 	return m, nil
 }

@@ -502,5 +502,11 @@ func knownRefusal(ps *ebpf.ProgramSpec, err error) string {
 			return "fentry needs a kernel without lockdown; this one has " + lockdown
 		}
 	}
+	// socket-read's UDP queue pair attaches to sock:sk_data_ready (6.6) and
+	// sock:sock_recv_length (6.2); the agent uses it only where both exist
+	// (attach.socketReadProgram) and hop_sock_read_udp elsewhere.
+	if event, ok := strings.CutPrefix(ps.SectionName, "tp_btf/"); ok && !loader.HasTracepoint(event) {
+		return "tracepoint " + event + " is newer than this kernel"
+	}
 	return ""
 }

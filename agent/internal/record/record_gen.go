@@ -91,6 +91,7 @@ const (
 	FlagTaggedHere  = 32
 	FlagVLAN        = 64
 	FlagValues      = 128
+	FlagTask        = 256
 )
 
 // Wire and ID constants: enum hoptrace_wire.
@@ -258,4 +259,5 @@ var flagCNames = map[string]uint16{
 	"HOPTRACE_F_TAGGED_HERE":  FlagTaggedHere,
 	"HOPTRACE_F_VLAN":         FlagVLAN,
 	"HOPTRACE_F_VALUES":       FlagValues,
+	"HOPTRACE_F_TASK":         FlagTask,
 }

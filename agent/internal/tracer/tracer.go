@@ -57,7 +57,10 @@ type Manager struct {
 	// prevTS: traced packets' last timestamps on this node (the latency
 	// field), created with the first object that has the map.
 	prevTS *ebpf.Map
-	cache  *btf.Cache
+	// sockReadLast: the packet each thread read last at a socket-read hop
+	// (uprobe hops join to it), created like prevTS.
+	sockReadLast *ebpf.Map
+	cache        *btf.Cache
 
 	mu       sync.Mutex
 	traces   map[string]*Trace
@@ -156,6 +159,12 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 			return st
 		}
 	}
+	if m.sockReadLast == nil {
+		if m.sockReadLast, err = loader.NewSharedMap(spec, loader.MapSockReadLast); err != nil {
+			st.Error = err.Error()
+			return st
+		}
+	}
 	slot, err := m.allocSlot()
 	if err != nil {
 		st.Error = err.Error()
@@ -190,7 +199,8 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 			SampleEvery: plan.GetSample(),
 			Filter:      filter,
 		},
-		Load: loader.Options{Records: m.records, IDState: t.idState, PrevTS: m.prevTS, Cache: m.cache},
+		Load: loader.Options{Records: m.records, IDState: t.idState, PrevTS: m.prevTS,
+			SockReadLast: m.sockReadLast, Cache: m.cache},
 	}
 	attached := 0
 	for _, ha := range plan.GetHops() {
@@ -382,6 +392,9 @@ func (m *Manager) Close() error {
 	m.records.Close()
 	if m.prevTS != nil {
 		m.prevTS.Close()
+	}
+	if m.sockReadLast != nil {
+		m.sockReadLast.Close()
 	}
 	m.cfg.Queue.Close()
 	return err

@@ -1373,8 +1373,13 @@ type HopAttach struct {
 	// ATTACH_KIND_TRACEPOINT: tracepoint:GROUP:EVENT.
 	TracepointGroup string `protobuf:"bytes,9,opt,name=tracepoint_group,json=tracepointGroup,proto3" json:"tracepoint_group,omitempty"`
 	TracepointEvent string `protobuf:"bytes,10,opt,name=tracepoint_event,json=tracepointEvent,proto3" json:"tracepoint_event,omitempty"`
-	// ATTACH_KIND_FENTRY, ATTACH_KIND_KPROBE: the kernel function.
+	// ATTACH_KIND_FENTRY, ATTACH_KIND_KPROBE: the kernel function;
+	// ATTACH_KIND_UPROBE, ATTACH_KIND_URETPROBE: the symbol in binary.
 	Function string `protobuf:"bytes,11,opt,name=function,proto3" json:"function,omitempty"`
+	// ATTACH_KIND_UPROBE, ATTACH_KIND_URETPROBE: the executable or library, an
+	// absolute path (resolved under /proc/PID/root when netns is
+	// /proc/PID/ns/net).
+	Binary string `protobuf:"bytes,14,opt,name=binary,proto3" json:"binary,omitempty"`
 	// The program of the plan's object this hop runs (its ELF function name).
 	Program string `protobuf:"bytes,12,opt,name=program,proto3" json:"program,omitempty"`
 	Dev     string `protobuf:"bytes,4,opt,name=dev,proto3" json:"dev,omitempty"`
@@ -1456,6 +1461,13 @@ func (x *HopAttach) GetTracepointEvent() string {
 func (x *HopAttach) GetFunction() string {
 	if x != nil {
 		return x.Function
+	}
+	return ""
+}
+
+func (x *HopAttach) GetBinary() string {
+	if x != nil {
+		return x.Binary
 	}
 	return ""
 }
@@ -2059,7 +2071,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\bdst_addr\x18\x05 \x01(\fR\adstAddr\x12\x19\n" +
 	"\bdst_mask\x18\x06 \x01(\fR\adstMask\x12\x19\n" +
 	"\bsrc_port\x18\a \x01(\rR\asrcPort\x12\x19\n" +
-	"\bdst_port\x18\b \x01(\rR\adstPort\"\x8b\x03\n" +
+	"\bdst_port\x18\b \x01(\rR\adstPort\"\xa3\x03\n" +
 	"\tHopAttach\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12+\n" +
@@ -2067,7 +2079,8 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x10tracepoint_group\x18\t \x01(\tR\x0ftracepointGroup\x12)\n" +
 	"\x10tracepoint_event\x18\n" +
 	" \x01(\tR\x0ftracepointEvent\x12\x1a\n" +
-	"\bfunction\x18\v \x01(\tR\bfunction\x12\x18\n" +
+	"\bfunction\x18\v \x01(\tR\bfunction\x12\x16\n" +
+	"\x06binary\x18\x0e \x01(\tR\x06binary\x12\x18\n" +
 	"\aprogram\x18\f \x01(\tR\aprogram\x12\x10\n" +
 	"\x03dev\x18\x04 \x01(\tR\x03dev\x12\x14\n" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +

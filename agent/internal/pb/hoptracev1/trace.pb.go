@@ -23,8 +23,9 @@ const (
 
 // Where a hop attaches. This enum is the one list of attach kinds: a spec
 // spells each as its name after ATTACH_KIND_, in lower case with '-' for '_'
-// (ATTACH_KIND_TC_EGRESS is "tc-egress"); TRACEPOINT, FENTRY and KPROBE add
-// ":TARGET" (tracepoint:GROUP:EVENT, fentry:FUNCTION, kprobe:FUNCTION).
+// (ATTACH_KIND_TC_EGRESS is "tc-egress"); TRACEPOINT, FENTRY, KPROBE, UPROBE
+// and URETPROBE add ":TARGET" (tracepoint:GROUP:EVENT, fentry:FUNCTION,
+// kprobe:FUNCTION, uprobe:BINARY:SYMBOL).
 type AttachKind int32
 
 const (
@@ -37,20 +38,33 @@ const (
 	AttachKind_ATTACH_KIND_TRACEPOINT     AttachKind = 6
 	AttachKind_ATTACH_KIND_FENTRY         AttachKind = 7
 	AttachKind_ATTACH_KIND_KPROBE         AttachKind = 8
+	// The application's receive call copies the traced packet to user space,
+	// in the reader's network namespace (netns); needs filter.protocol udp or
+	// tcp. Its records carry the reader's pid (HOPTRACE_F_TASK).
+	AttachKind_ATTACH_KIND_SOCKET_READ AttachKind = 9
+	// uprobe:BINARY:SYMBOL, uretprobe:BINARY:SYMBOL: an application's function
+	// (entry, return). BINARY is an absolute path, in the mount namespace of the
+	// process whose netns the hop names when that is /proc/PID/ns/net. A record
+	// is of the packet the calling thread read last at a socket-read hop.
+	AttachKind_ATTACH_KIND_UPROBE    AttachKind = 10
+	AttachKind_ATTACH_KIND_URETPROBE AttachKind = 11
 )
 
 // Enum value maps for AttachKind.
 var (
 	AttachKind_name = map[int32]string{
-		0: "ATTACH_KIND_UNSPECIFIED",
-		1: "ATTACH_KIND_TC_INGRESS",
-		2: "ATTACH_KIND_TC_EGRESS",
-		3: "ATTACH_KIND_XDP",
-		4: "ATTACH_KIND_CGROUP_INGRESS",
-		5: "ATTACH_KIND_CGROUP_EGRESS",
-		6: "ATTACH_KIND_TRACEPOINT",
-		7: "ATTACH_KIND_FENTRY",
-		8: "ATTACH_KIND_KPROBE",
+		0:  "ATTACH_KIND_UNSPECIFIED",
+		1:  "ATTACH_KIND_TC_INGRESS",
+		2:  "ATTACH_KIND_TC_EGRESS",
+		3:  "ATTACH_KIND_XDP",
+		4:  "ATTACH_KIND_CGROUP_INGRESS",
+		5:  "ATTACH_KIND_CGROUP_EGRESS",
+		6:  "ATTACH_KIND_TRACEPOINT",
+		7:  "ATTACH_KIND_FENTRY",
+		8:  "ATTACH_KIND_KPROBE",
+		9:  "ATTACH_KIND_SOCKET_READ",
+		10: "ATTACH_KIND_UPROBE",
+		11: "ATTACH_KIND_URETPROBE",
 	}
 	AttachKind_value = map[string]int32{
 		"ATTACH_KIND_UNSPECIFIED":    0,
@@ -62,6 +76,9 @@ var (
 		"ATTACH_KIND_TRACEPOINT":     6,
 		"ATTACH_KIND_FENTRY":         7,
 		"ATTACH_KIND_KPROBE":         8,
+		"ATTACH_KIND_SOCKET_READ":    9,
+		"ATTACH_KIND_UPROBE":         10,
+		"ATTACH_KIND_URETPROBE":      11,
 	}
 )
 
@@ -411,7 +428,8 @@ type HopSpec struct {
 	// The agent's node name that runs this hop.
 	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	// Attach point, as the user writes it: the AttachKind's spelling (below),
-	// e.g. tc-egress, tracepoint:net:netif_receive_skb, kprobe:tcp_v4_rcv.
+	// e.g. tc-egress, tracepoint:net:netif_receive_skb, kprobe:tcp_v4_rcv,
+	// socket-read.
 	// The dispatcher parses it once into HopAttach's typed fields.
 	At string `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
 	// Device name inside netns; required for tc and xdp, optional for
@@ -751,7 +769,7 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x14\n" +
 	"\x05field\x18\x03 \x01(\tR\x05field\x12\x16\n" +
-	"\x06fields\x18\x04 \x03(\tR\x06fields*\x80\x02\n" +
+	"\x06fields\x18\x04 \x03(\tR\x06fields*\xd0\x02\n" +
 	"\n" +
 	"AttachKind\x12\x1b\n" +
 	"\x17ATTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
@@ -762,7 +780,11 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x19ATTACH_KIND_CGROUP_EGRESS\x10\x05\x12\x1a\n" +
 	"\x16ATTACH_KIND_TRACEPOINT\x10\x06\x12\x16\n" +
 	"\x12ATTACH_KIND_FENTRY\x10\a\x12\x16\n" +
-	"\x12ATTACH_KIND_KPROBE\x10\bBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"\x12ATTACH_KIND_KPROBE\x10\b\x12\x1b\n" +
+	"\x17ATTACH_KIND_SOCKET_READ\x10\t\x12\x16\n" +
+	"\x12ATTACH_KIND_UPROBE\x10\n" +
+	"\x12\x19\n" +
+	"\x15ATTACH_KIND_URETPROBE\x10\vBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_trace_proto_rawDescOnce sync.Once

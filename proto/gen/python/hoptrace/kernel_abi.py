@@ -30,6 +30,7 @@ RECORD_FLAGS = {
     "TAGGED_HERE": 32,
     "VLAN": 64,
     "VALUES": 128,
+    "TASK": 256,
 }
 
 # enum hoptrace_wire (HOPTRACE_ prefix dropped)
@@ -58,10 +59,15 @@ PROGRAMS = {
     "hop_cgroup_skb": "cgroup_skb/ingress",
     "hop_fentry": "fentry/netif_receive_skb",
     "hop_kprobe": "kprobe/netif_receive_skb",
+    "hop_sock_read_tcp": "tp_btf/skb_copy_datagram_iovec",
+    "hop_sock_read_udp": "tp_btf/consume_skb",
+    "hop_sock_read_udp_enqueue": "tp_btf/sk_data_ready",
+    "hop_sock_read_udp_queue": "tp_btf/sock_recv_length",
     "hop_tc": "tc",
     "hop_tp_btf": "tp_btf/netif_receive_skb",
     "hop_tp_btf_kfree": "tp_btf/kfree_skb",
     "hop_tp_btf_xmit": "tp_btf/net_dev_xmit",
+    "hop_uprobe": "uprobe",
     "hop_xdp": "xdp",
     "tag_tcp": "sockops",
 }

@@ -238,13 +238,14 @@ class FlowMatch(_message.Message):
     def __init__(self, ip_proto: _Optional[int] = ..., family: _Optional[int] = ..., src_addr: _Optional[bytes] = ..., src_mask: _Optional[bytes] = ..., dst_addr: _Optional[bytes] = ..., dst_mask: _Optional[bytes] = ..., src_port: _Optional[int] = ..., dst_port: _Optional[int] = ...) -> None: ...
 
 class HopAttach(_message.Message):
-    __slots__ = ("hop_index", "name", "kind", "tracepoint_group", "tracepoint_event", "function", "program", "dev", "netns", "cgroup", "tag_udp", "actions")
+    __slots__ = ("hop_index", "name", "kind", "tracepoint_group", "tracepoint_event", "function", "binary", "program", "dev", "netns", "cgroup", "tag_udp", "actions")
     HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TRACEPOINT_GROUP_FIELD_NUMBER: _ClassVar[int]
     TRACEPOINT_EVENT_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    BINARY_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     DEV_FIELD_NUMBER: _ClassVar[int]
     NETNS_FIELD_NUMBER: _ClassVar[int]
@@ -257,13 +258,14 @@ class HopAttach(_message.Message):
     tracepoint_group: str
     tracepoint_event: str
     function: str
+    binary: str
     program: str
     dev: str
     netns: str
     cgroup: str
     tag_udp: bool
     actions: HopActions
-    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[_trace_pb2.AttachKind, str]] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., function: _Optional[str] = ..., program: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ..., actions: _Optional[_Union[HopActions, _Mapping]] = ...) -> None: ...
+    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[_trace_pb2.AttachKind, str]] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., function: _Optional[str] = ..., binary: _Optional[str] = ..., program: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ..., actions: _Optional[_Union[HopActions, _Mapping]] = ...) -> None: ...
 
 class HopActions(_message.Message):
     __slots__ = ("count", "count_by", "histogram", "prev_ts", "record")

@@ -19,6 +19,9 @@ class AttachKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATTACH_KIND_TRACEPOINT: _ClassVar[AttachKind]
     ATTACH_KIND_FENTRY: _ClassVar[AttachKind]
     ATTACH_KIND_KPROBE: _ClassVar[AttachKind]
+    ATTACH_KIND_SOCKET_READ: _ClassVar[AttachKind]
+    ATTACH_KIND_UPROBE: _ClassVar[AttachKind]
+    ATTACH_KIND_URETPROBE: _ClassVar[AttachKind]
 ATTACH_KIND_UNSPECIFIED: AttachKind
 ATTACH_KIND_TC_INGRESS: AttachKind
 ATTACH_KIND_TC_EGRESS: AttachKind
@@ -28,6 +31,9 @@ ATTACH_KIND_CGROUP_EGRESS: AttachKind
 ATTACH_KIND_TRACEPOINT: AttachKind
 ATTACH_KIND_FENTRY: AttachKind
 ATTACH_KIND_KPROBE: AttachKind
+ATTACH_KIND_SOCKET_READ: AttachKind
+ATTACH_KIND_UPROBE: AttachKind
+ATTACH_KIND_URETPROBE: AttachKind
 
 class TraceSpec(_message.Message):
     __slots__ = ("name", "filter", "sample", "hops", "events")
