@@ -48,7 +48,7 @@ def parse_benchmark(output: str) -> dict[str, float]:
 
 def run(ctx: BenchContext) -> dict[str, Any]:
     """ns per packet of each hop, its ratio to the timestamp hop, and the load it was measured under."""
-    rounds = ctx.size(30, 400)
+    rounds = ctx.size(30, 1000)
     load_before = os.getloadavg()
     done = subprocess.run(
         [

@@ -40,12 +40,13 @@ PAYLOAD = 1237
 WIRE_FRAME = PAYLOAD + 92
 OTHER_PORT = 5555
 HOP = "b-wire-in"
+LATENCY_HOP = "a-veth-in"  # the latency from host-a's previous hop (c1's eth0 egress)
 EVENT = "wire-frames"
 
 
 def actions_spec(topology: Any) -> trace_pb2.TraceSpec:
-    """The c1 -> c2 VXLAN trace with `count: {by: cpu}` and `histogram: len` at host-b's wire, and the
-    event."""
+    """The c1 -> c2 VXLAN trace with `count: {by: cpu}` and `histogram: len` at host-b's wire,
+    `histogram: latency` at host-a's bridge port, and the event (count by cpu, histogram of len)."""
     spec = vxlan_path_spec(topology, TRACE, port=PORT)
     hop = next(h for h in spec.hops if h.name == HOP)
     hop.actions.extend(
@@ -55,39 +56,50 @@ def actions_spec(topology: Any) -> trace_pb2.TraceSpec:
             trace_pb2.ActionSpec(kind="histogram", field="len"),
         ]
     )
+    latency_hop = next(h for h in spec.hops if h.name == LATENCY_HOP)
+    latency_hop.actions.extend(
+        [trace_pb2.ActionSpec(kind="timestamp"), trace_pb2.ActionSpec(kind="histogram", field="latency")]
+    )
     event = {
         "name": EVENT,
         "node": "host-a",
         "tracepoint": "net:net_dev_xmit",
         "where": f"len == {WIRE_FRAME}",
-        "actions": [{"count": {"by": "cpu"}}],
+        "actions": [{"count": {"by": "cpu"}}, {"histogram": "len"}],
     }
     spec.events.extend(spec_from_data({"name": TRACE, "hops": [], "events": [event]}).events)
     return spec
 
 
 def page_numbers(browser: Any) -> dict[str, Any]:
-    """What the page draws: the hop's count total, by-cpu rows and histogram buckets; the event's count and
-    by-cpu rows (read from the DOM the user sees)."""
+    """What the page draws (read from the DOM the user sees): the hop's count total, by-cpu rows and
+    histogram of len; the latency hop's histogram; the event's count, by-cpu rows and histogram."""
     return browser.execute_script(
         """
         const rows = (table) => table ? Object.fromEntries([...table.querySelectorAll('tbody tr')].map(
           (r) => [r.dataset.key, Number(r.querySelector('td.count').textContent)])) : {};
+        const histogram = (section, field) => {
+          const table = section && section.querySelector(`table.histogram[data-field="${field}"]`);
+          if (!table) return {total: -1, buckets: []};
+          return {total: Number(table.querySelector('.total').textContent),
+                  buckets: [...table.querySelectorAll('tr.bucket')].map((b) => ({
+                    le: Number(b.dataset.le), label: b.querySelector('td.bound').textContent,
+                    count: Number(b.querySelector('td.count').textContent)}))};
+        };
         const hop = document.querySelector(`#actions section.hop-actions[data-hop="${arguments[0]}"]`);
-        const event = document.querySelector(`#actions section.event[data-event="${arguments[1]}"]`);
+        const latency = document.querySelector(`#actions section.hop-actions[data-hop="${arguments[1]}"]`);
+        const event = document.querySelector(`#actions section.event[data-event="${arguments[2]}"]`);
         return {
           hop_total: hop ? Number(hop.querySelector('.counts .count-total').textContent) : -1,
           hop_by_cpu: hop ? rows(hop.querySelector('table.count-by[data-by="cpu"]')) : {},
-          buckets: hop ? [...hop.querySelectorAll('table.histogram[data-field="len"] tr.bucket')].map(
-            (b) => ({
-            le: Number(b.dataset.le), label: b.querySelector('td.bound').textContent,
-            count: Number(b.querySelector('td.count').textContent)})) : [],
-          hist_total: hop && hop.querySelector('table.histogram .total')
-            ? Number(hop.querySelector('table.histogram .total').textContent) : -1,
+          len: histogram(hop, 'len'),
+          latency: histogram(latency, 'latency'),
           event_total: event ? Number(event.querySelector('.count-total').textContent) : -1,
           event_by_cpu: event ? rows(event.querySelector('table.count-by[data-by="cpu"]')) : {},
+          event_len: histogram(event, 'len'),
         };""",
         HOP,
+        LATENCY_HOP,
         EVENT,
     )
 
@@ -114,12 +126,19 @@ def test_results_page_shows_hop_counts_histograms_and_events(topology, influxd, 
                 seen = page_numbers(driver)
                 done = (
                     seen["hop_total"] >= SENT
-                    and seen["hist_total"] >= SENT
+                    and seen["len"]["total"] >= SENT
+                    and seen["latency"]["total"] >= SENT
                     and seen["event_total"] >= EVENT_SENT
+                    and seen["event_len"]["total"] >= EVENT_SENT
                 )
                 return seen if done else False
 
-            seen = wait(browser, all_counted, 60, "the hop's counts and histogram and the event's count")
+            wait(
+                browser,
+                all_counted,
+                60,
+                "the hops' counts and histograms and the event's count and histogram",
+            )
             report = json.loads(cluster.hoptrace("report", TRACE, "--since", "15m", "--json").stdout)
             # The page after the report was read (a poll later): the same numbers as the report API.
             time.sleep(1.5)
@@ -130,22 +149,41 @@ def test_results_page_shows_hop_counts_histograms_and_events(topology, influxd, 
             cpus = os.cpu_count() or 1
             assert all(0 <= int(cpu) < cpus for cpu in seen["hop_by_cpu"]), seen
             # Every datagram the same size at the wire: one bucket, all of them, its bounds readable.
-            (bucket,) = seen["buckets"]
-            assert bucket["count"] == SENT and seen["hist_total"] == SENT, seen
+            (bucket,) = seen["len"]["buckets"]
+            assert bucket["count"] == SENT and seen["len"]["total"] == SENT, seen
             assert 128 <= bucket["le"] <= 255, bucket
             assert bucket["label"] == f"{(bucket['le'] + 1) // 2}–{bucket['le']}", bucket
+            # Latency: every traced packet, bounds as durations (ns, us or ms).
+            assert seen["latency"]["total"] == SENT == sum(b["count"] for b in seen["latency"]["buckets"]), (
+                seen
+            )
+            assert all(
+                re.fullmatch(r"[\d.]+(ns|us|ms)(–[\d.]+(ns|us|ms))?", b["label"])
+                for b in seen["latency"]["buckets"]
+            ), seen
             assert seen["event_total"] == EVENT_SENT, seen
             assert sum(seen["event_by_cpu"].values()) == EVENT_SENT, seen
+            # One frame size: 1329 bytes are in [1024, 2047].
+            assert seen["event_len"] == {
+                "total": EVENT_SENT,
+                "buckets": [{"le": 2047, "label": "1024–2047", "count": EVENT_SENT}],
+            }, seen
 
-            hop = next(h for h in report["hops"] if h["hop"] == HOP)
-            assert seen["hop_by_cpu"] == {str(c["key"]): c["count"] for c in hop["counts"]}, (seen, hop)
-            (histogram,) = hop["histograms"]
-            assert [(b["le"], b["count"]) for b in seen["buckets"]] == [
-                (b["le"], b["count"]) for b in histogram["buckets"]
-            ], (seen, histogram)
+            hops = {h["hop"]: h for h in report["hops"]}
+            assert seen["hop_by_cpu"] == {str(c["key"]): c["count"] for c in hops[HOP]["counts"]}, (
+                seen,
+                hops[HOP],
+            )
+            for name, field in ((HOP, "len"), (LATENCY_HOP, "latency")):
+                (histogram,) = hops[name]["histograms"]
+                assert histogram["field"] == field and histogram["total"] == seen[field]["total"], histogram
+                assert [(b["le"], b["count"]) for b in seen[field]["buckets"]] == [
+                    (b["le"], b["count"]) for b in histogram["buckets"]
+                ], (seen, histogram)
             (event,) = [e for e in report["events"] if e["name"] == EVENT]
             assert (event["node"], event["count"]) == ("host-a", seen["event_total"]), event
             assert seen["event_by_cpu"] == event["by"], (seen, event)
+            assert event["histogram"] == [{"le": 2047, "count": EVENT_SENT}], event
 
             section = browser.find_element(By.ID, "actions")
             browser.execute_script("arguments[0].scrollIntoView()", section)
