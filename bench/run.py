@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/run.py --full|--quick [--only NAME[,NAME...]]
 
-Runs every benchmark module in turn (bpf_cost, event_cost, agent_records, collector, dispatcher, overhead,
-accuracy, scale; docs/benchmarks.md), writes `bench/results/<UTC time>.json`, a Markdown summary beside it
-and PNG plots. A benchmark that fails makes the run exit non-zero after the others ran (and cleaned up).
+Runs every benchmark module in turn (bpf_cost, event_cost, action_cost, agent_records, collector, dispatcher,
+overhead, accuracy, scale; docs/benchmarks.md), writes `bench/results/<UTC time>.json`, a Markdown summary
+beside it and PNG plots. A benchmark that fails makes the run exit non-zero after the others ran (and cleaned
+up).
 Targets are reported, met or missed, never asserted. Needs root (namespaces, BPF).
 """
 
@@ -30,6 +31,7 @@ BENCH = Path(__file__).resolve().parent
 BENCHMARKS = [
     "bpf_cost",
     "event_cost",
+    "action_cost",
     "agent_records",
     "collector",
     "dispatcher",

@@ -3,8 +3,8 @@
 The decomposition, percentiles, loss, jitter and throughput are the report of `hoptrace report` (the same
 numbers, the same call), with each segment's p50/p99 over time (`with_series`). The web reads nothing of
 InfluxDB itself: Flux lives only in `hoptrace.collector.report`. The page is readable without JavaScript
-(tables rendered on the server); with it, charts (Chart.js, installed with npm) and a poll of the JSON
-endpoint every 2 s.
+(tables rendered on the server, hop actions and events too: `hoptrace.web.actions`); with it, charts
+(Chart.js, installed with npm) and a poll of the JSON endpoint every 2 s.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hoptrace.collector.report import (
 )
 from hoptrace.common.client import ApiError
 from hoptrace.v1 import api_pb2
-from hoptrace.web import pathgraph
+from hoptrace.web import actions, pathgraph
 from hoptrace.web.dispatcher import get_client
 
 bp = Blueprint("results", __name__)
@@ -111,6 +111,8 @@ def results_data(name: str, since: str) -> dict[str, Any]:
         "graph_html": pathgraph.render(pathgraph.from_trace(trace.spec, data["segments"]))
         if trace is not None and trace.spec.hops
         else "",
+        # Hop counts/histograms and event probes, drawn by the server from the same report.
+        "actions_html": actions.render(data),
     }
 
 

@@ -1,5 +1,8 @@
 """Fixtures of the deployment tests: InfluxDB filled once per module by a real trace on the two-host VXLAN
-topology (real dispatcher, collector and agents), for the Grafana dashboards' queries."""
+topology (real dispatcher, collector and agents), for the Grafana dashboards' queries. The trace has hop
+actions (count by cpu and histogram of len at host-b's wire, histogram of latency at host-a's bridge port)
+and an event probe that counts host-a's transmits of one odd frame size, so the actions dashboard has
+results to read."""
 
 from __future__ import annotations
 
@@ -11,14 +14,24 @@ from dataclasses import dataclass
 
 import pytest
 
+from hoptrace.dispatcher.spec import spec_from_data
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology, netns_list
+from hoptrace.v1 import trace_pb2
 
 BUCKET = "hoptrace/autogen"
 TRACE = "grafana-udp"
 PORT = 11111
+EVENT = "wire-frames"
+EVENT_SENT = 90
+# Sent to a port the trace does not match (no ID written): the wire frame is the payload + 92 bytes
+# (Ethernet, IPv4, UDP, VXLAN, inner headers). Odd and unlike the other tests' sizes (tracepoints see every
+# netns, and other tests may run at the same time).
+EVENT_PAYLOAD = 1111
+EVENT_FRAME = EVENT_PAYLOAD + 92
+OTHER_PORT = 5555
 
 
 @dataclass
@@ -29,6 +42,7 @@ class TracedInflux:
     bucket: str
     trace: str
     hops: list[str]
+    event_sent: int = EVENT_SENT
 
 
 def _fresh_prefix() -> str:
@@ -37,6 +51,31 @@ def _fresh_prefix() -> str:
         prefix = "hg" + secrets.token_hex(2)
         if prefix not in existing:
             return prefix
+
+
+def with_actions_and_event(spec: trace_pb2.TraceSpec) -> trace_pb2.TraceSpec:
+    """`spec` with count by cpu + histogram of len at b-wire-in, histogram of latency at a-veth-in, and the
+    event probe `wire-frames` (count by cpu, histogram of len)."""
+    hops = {hop.name: hop for hop in spec.hops}
+    hops["b-wire-in"].actions.extend(
+        [
+            trace_pb2.ActionSpec(kind="timestamp"),
+            trace_pb2.ActionSpec(kind="count", by="cpu"),
+            trace_pb2.ActionSpec(kind="histogram", field="len"),
+        ]
+    )
+    hops["a-veth-in"].actions.extend(
+        [trace_pb2.ActionSpec(kind="timestamp"), trace_pb2.ActionSpec(kind="histogram", field="latency")]
+    )
+    event = {
+        "name": EVENT,
+        "node": "host-a",
+        "tracepoint": "net:net_dev_xmit",
+        "where": f"len == {EVENT_FRAME}",
+        "actions": [{"count": {"by": "cpu"}}, {"histogram": "len"}],
+    }
+    spec.events.extend(spec_from_data({"name": spec.name, "hops": [], "events": [event]}).events)
+    return spec
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +91,10 @@ def traced_influx(influxd) -> Iterator[TracedInflux]:
         cluster.start_agent("host-a", topo.host_a, "--ringbuf-bytes", "4096")
         cluster.start_agent("host-b", topo.host_b)
         cluster.wait_agents(["host-a", "host-b"])
-        spec = vxlan_path_spec(topo, TRACE, port=PORT)
+        spec = with_actions_and_event(vxlan_path_spec(topo, TRACE, port=PORT))
         cluster.apply(spec)
+        untraced = [os.urandom(EVENT_PAYLOAD) for _ in range(EVENT_SENT)]
+        assert udp_transfer(topo, "c1", "c2", untraced, 4, OTHER_PORT, gap_s=0.003) == untraced
         payloads = [os.urandom(64) for _ in range(300)]
         assert udp_transfer(topo, "c1", "c2", payloads, 4, PORT, gap_s=0.003) == payloads
         udp_transfer(topo, "c1", "c2", [os.urandom(64) for _ in range(5000)], 4, PORT, timeout_s=1.0)

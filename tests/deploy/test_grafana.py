@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ def run_flux(url: str, query: str) -> list[list[dict[str, Any]]]:
 
 def test_dashboards_are_provisioned_with_a_trace_variable_and_the_flux_datasource():
     assert [path.name for path in DASHBOARDS] == [
+        "hoptrace-actions.json",
         "hoptrace-agents.json",
         "hoptrace-latency.json",
         "hoptrace-loss-throughput.json",
@@ -86,6 +88,10 @@ def test_dashboards_are_provisioned_with_a_trace_variable_and_the_flux_datasourc
         "tracer",
         "lost_events",
         "clock",
+        "hop counts",
+        "hop histograms",
+        "event counts",
+        "event histograms",
     ):
         assert topic in titles, topic
 
@@ -143,3 +149,73 @@ def test_dashboard_table_agrees_with_the_report(traced_influx):
         assert abs(row["mean"] - segment["mean_ns"]) <= 1e-6 * abs(segment["mean_ns"]) + 1e-6
         for key in ("p50", "p90", "p99"):
             assert abs(row[key] - segment[f"{key}_ns"]) <= 0.5, (key, row, segment)
+
+
+def actions_panel(title_start: str) -> dict[str, Any]:
+    board = json.loads((GRAFANA / "dashboards" / "hoptrace-actions.json").read_text())
+    return next(p for p in panels(board) if p["title"].startswith(title_start))
+
+
+def panel_bars(traced_influx: Any, title_start: str) -> dict[str, int]:
+    """A bar gauge panel of the actions dashboard as Grafana draws it: one bar per row, label -> value."""
+    query = substitute(
+        actions_panel(title_start)["targets"][0]["query"], traced_influx.trace, traced_influx.bucket
+    )
+    tables = run_flux(traced_influx.url, query)
+    assert len(tables) == 1, f"{title_start}: one table, one bar per row ({len(tables)} tables)"
+    return {row["label"]: row["_value"] for row in tables[0]}
+
+
+def test_actions_dashboard_shows_the_reports_hop_counts_histograms_and_events(traced_influx):
+    """Each panel of the actions dashboard returns what was written: the event probe's count and histogram
+    equal the datagrams sent; the hops' counts and histograms equal `hoptrace report`'s (the kernel counted
+    the burst too, which the receiver may not all get)."""
+    from hoptrace.collector.report import build_report
+
+    def report() -> dict[str, Any]:
+        return build_report(
+            traced_influx.trace,
+            url=traced_influx.url,
+            bucket=traced_influx.bucket,
+            since="1h",
+            path=traced_influx.hops,
+        )
+
+    sent = traced_influx.event_sent
+    data = report()
+    deadline = time.monotonic() + 30  # event results come with the agents' counters, every second
+    while time.monotonic() < deadline and sum(e["count"] for e in data["events"]) < sent:
+        time.sleep(1)
+        data = report()
+
+    (event,) = data["events"]
+    assert (event["name"], event["node"], event["count"]) == ("wire-frames", "host-a", sent), event
+    events = panel_bars(traced_influx, "Event counts by key")
+    assert events == {f"wire-frames @ host-a: cpu {cpu}": n for cpu, n in event["by"].items()}, events
+    assert sum(events.values()) == sent
+    # One frame size, one log2 bucket: 1203 bytes are in [1024, 2047].
+    assert panel_bars(traced_influx, "Event histograms") == {"wire-frames @ host-a: len <= 2047": sent}
+
+    hops = {h["hop"]: h for h in data["hops"]}
+    wire = hops["b-wire-in"]
+    counts = panel_bars(traced_influx, "Hop counts by key")
+    assert counts == {f"b-wire-in @ host-b: cpu {c['key']}": c["count"] for c in wire["counts"]}, counts
+    assert sum(counts.values()) >= 300  # at least the steady datagrams, all delivered
+    histograms = panel_bars(traced_influx, "Hop histograms")
+    expected = {
+        f"{hop} @ {g['node']}: {g['field']} <= {b['le']}" + (" ns" if g["field"] == "latency" else ""): b[
+            "count"
+        ]
+        for hop in ("b-wire-in", "a-veth-in")
+        for g in hops[hop]["histograms"]
+        for b in g["buckets"]
+    }
+    assert histograms == expected, histograms
+    assert {label.split(":")[1].split("<=")[0].strip() for label in histograms} == {"len", "latency"}
+    assert sum(v for k, v in histograms.items() if k.startswith("b-wire-in")) == sum(counts.values())
+
+    # Over time: the windows of each count add up to the same totals.
+    over_time = actions_panel("Hop counts over time")["targets"][0]["query"]
+    tables = run_flux(traced_influx.url, substitute(over_time, traced_influx.trace, traced_influx.bucket))
+    summed = {f"b-wire-in @ host-b: cpu {t[0]['key']}": sum(r["_value"] for r in t) for t in tables if t}
+    assert summed == counts, summed

@@ -76,6 +76,9 @@
     // The path graph, drawn by the server from the same report (hoptrace.web.pathgraph).
     const graph = document.getElementById("path-graph");
     if (graph && data.graph_html !== undefined) graph.innerHTML = data.graph_html;
+    // Hop counts/histograms and events, drawn by the server from the same report (hoptrace.web.actions).
+    const actions = document.getElementById("actions");
+    if (actions && data.actions_html !== undefined) actions.innerHTML = data.actions_html;
     const summary = document.getElementById("most-time");
     summary.textContent = data.summary || "";
     summary.hidden = !data.summary;

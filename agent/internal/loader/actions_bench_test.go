@@ -1,0 +1,106 @@
+package loader_test
+
+import (
+	"sort"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+)
+
+// actionCostChunk runs per BPF_PROG_TEST_RUN call: the ring buffer (64 KiB, 40 bytes
+// a record with its header) holds them all, so every run reserves and submits a
+// record as on the real path, never the cheaper "ring full" branch.
+const actionCostChunk = 1000
+
+// BenchmarkActionCost is bench/action_cost.py's measurement: the kernel's run time
+// per packet of the tc hop with each action, side by side with the timestamp-only
+// hop. Each of b.N rounds runs every hop once (actionCostChunk repeats of one tagged
+// UDP packet; the order rotates so no hop always runs first) and the reported
+// metric of a hop is the median over rounds of the kernel's ns per run
+// from bpf_stats (run_time_ns / run_cnt growth: fractions of a ns, where the test
+// run's own duration is whole ns). Run with -benchtime=Nx for N rounds.
+func BenchmarkActionCost(b *testing.B) {
+	h := newHarness(b)
+	stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
+	if err != nil {
+		b.Fatalf("enable bpf_stats: %v", err)
+	}
+	defer stats.Close()
+	prev, err := loader.NewPrevTS(h.spec)
+	if err != nil || prev == nil {
+		b.Fatalf("prev_ts: %v", err)
+	}
+	b.Cleanup(func() { prev.Close() })
+	load := func(index uint16, actions loader.Actions) *loader.Hop {
+		cfg := loader.HopConfig{Program: loader.ProgTC, Name: "cost", NodeSalt: 7, TraceSlot: 3, HopIndex: index, Actions: actions}
+		hop, err := loader.LoadHop(h.spec, cfg, loader.Options{Records: h.records, IDState: h.idState, PrevTS: prev, Cache: kernelBTF})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(hop.Close)
+		return hop
+	}
+	pkt := udp4(0x07000001)
+	// The latency hop finds the packet's timestamp of an earlier hop on this node
+	// (prev_ts keeps it): every run is a hit, as for a packet seen at both hops.
+	h.run(b, load(0, loader.Actions{PrevTS: true}), pkt)
+
+	hops := []struct {
+		name string
+		hop  *loader.Hop
+	}{
+		{"timestamp", load(1, loader.Actions{})},
+		{"count", load(1, loader.Actions{Count: true})},
+		{"count_by_cpu", load(1, loader.Actions{Count: true, CountBy: record.FieldCPU})},
+		{"count_by_mark", load(1, loader.Actions{Count: true, CountBy: record.FieldMark})},
+		{"histogram_len", load(1, loader.Actions{Histogram: record.FieldLen})},
+		{"histogram_latency", load(1, loader.Actions{Histogram: record.FieldLatency})},
+	}
+	perRun := make([][]float64, len(hops))
+	b.ResetTimer()
+	for round := 0; round < b.N; round++ {
+		for k := range hops {
+			i := (round + k) % len(hops)
+			before := runStats(b, hops[i].hop.Program)
+			opts := &ebpf.RunOptions{Data: pkt, Repeat: actionCostChunk, Context: skbCtx{Mark: 0x10}}
+			if _, err := hops[i].hop.Program.Run(opts); err != nil {
+				b.Fatalf("%s: test run: %v", hops[i].name, err)
+			}
+			after := runStats(b, hops[i].hop.Program)
+			perRun[i] = append(perRun[i], float64(after.ns-before.ns)/float64(after.runs-before.runs))
+			if got := len(h.drain(b)); got != actionCostChunk {
+				b.Fatalf("%s: %d records from %d runs, want one a run", hops[i].name, got, actionCostChunk)
+			}
+		}
+	}
+	b.StopTimer()
+	for i, hop := range hops {
+		b.ReportMetric(median(perRun[i]), hop.name+"-ns/pkt")
+	}
+}
+
+type progStats struct{ ns, runs uint64 }
+
+// runStats is the program's bpf_stats now (kernel.bpf_stats_enabled or BPF_ENABLE_STATS).
+func runStats(b *testing.B, prog *ebpf.Program) progStats {
+	b.Helper()
+	stats, err := prog.Stats()
+	if err != nil {
+		b.Fatalf("program stats: %v", err)
+	}
+	return progStats{ns: uint64(stats.Runtime.Nanoseconds()), runs: stats.RunCount}
+}
+
+func median(values []float64) float64 {
+	sorted := append([]float64(nil), values...)
+	sort.Float64s(sorted)
+	n := len(sorted)
+	if n%2 == 1 {
+		return sorted[n/2]
+	}
+	return (sorted[n/2-1] + sorted[n/2]) / 2
+}
