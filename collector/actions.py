@@ -52,20 +52,22 @@ def bucket_le(bucket: int) -> int:
     return (1 << bucket) - 1
 
 
-def _escape(value: str) -> str:
+def escape_tag(value: str) -> str:
+    """A tag value in InfluxDB line protocol."""
     return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
 
 
-class HopActionsStage:
-    """Turns each batch's cumulative `HopCounters.actions` into `hop_counts` / `hop_histogram` lines."""
+class CumulativeGrowth:
+    """Agents send in-kernel counts and histograms cumulative since the probe was attached; this keeps the
+    last value per key and gives the growth since (a value that went down means the probe was attached
+    again: it counts in full, and `resets` counts that), so any range of points sums to what it saw."""
 
     def __init__(self, clock: WallToMaster | None = None) -> None:
         self.clock = clock
-        # (trace, node, hop_index, "count"|"hist", by-or-field, key-or-bucket) -> last cumulative value
-        self._last: dict[tuple[str, str, int, str, int, int], int] = {}
+        self._last: dict[tuple[Any, ...], int] = {}
         self.resets = 0
 
-    def _delta(self, key: tuple[str, str, int, str, int, int], value: int) -> int:
+    def _delta(self, key: tuple[Any, ...], value: int) -> int:
         prev = self._last.get(key)
         self._last[key] = value
         if prev is None or value < prev:
@@ -73,6 +75,19 @@ class HopActionsStage:
                 self.resets += 1
             return value
         return value - prev
+
+    def _master_ns(self, node: str, message: Any, now_ns: int | None) -> int:
+        """The master time of a message's `at` (the node's wall clock), or now when it has none."""
+        if message.HasField("at"):
+            ts = message.at.ToNanoseconds()
+            return self.clock.wall_to_master(node, ts) if self.clock is not None else ts
+        return now_ns if now_ns is not None else time.time_ns()
+
+
+class HopActionsStage(CumulativeGrowth):
+    """Turns each batch's cumulative `HopCounters.actions` into `hop_counts` / `hop_histogram` lines."""
+
+    # keys: (trace, node, hop_index, "count"|"hist", by-or-field, key-or-bucket)
 
     def add_counters(
         self, trace: str, node: str, counters: Iterable[records_pb2.HopCounters], now_ns: int | None = None
@@ -83,27 +98,22 @@ class HopActionsStage:
             if not c.HasField("actions"):
                 continue
             a = c.actions
-            if c.HasField("at"):
-                ts = c.at.ToNanoseconds()
-                if self.clock is not None:
-                    ts = self.clock.wall_to_master(node, ts)
-            else:
-                ts = now_ns if now_ns is not None else time.time_ns()
+            ts = self._master_ns(node, c, now_ns)
             hop = c.hop or f"hop{c.hop_index}"
-            base = f",hop={_escape(hop)},node={_escape(node)},trace={_escape(trace)}"
+            base = f",hop={escape_tag(hop)},node={escape_tag(node)},trace={escape_tag(trace)}"
             if a.count:
                 by = field_name(a.count_by) if a.count_by else TOTAL
                 for key, value in sorted(a.counts.items()):
                     delta = self._delta((trace, node, c.hop_index, "count", a.count_by, key), value)
                     if delta:
-                        lines.append(f"{HOP_COUNTS},by={_escape(by)}{base},key={key} count={delta}i {ts}")
+                        lines.append(f"{HOP_COUNTS},by={escape_tag(by)}{base},key={key} count={delta}i {ts}")
             if a.histogram:
                 name = field_name(a.histogram)
                 for bucket, value in enumerate(a.buckets):
                     delta = self._delta((trace, node, c.hop_index, "hist", a.histogram, bucket), value)
                     if delta:
                         lines.append(
-                            f"{HOP_HISTOGRAM},field={_escape(name)}{base},le={bucket_le(bucket)}"
+                            f"{HOP_HISTOGRAM},field={escape_tag(name)}{base},le={bucket_le(bucket)}"
                             f" count={delta}i {ts}"
                         )
         return lines
@@ -145,8 +155,8 @@ class RecordedValuesStage:
         lines = []
         for (hop_index, number), (count, total, low, high, last, ts) in sorted(summary.items()):
             lines.append(
-                f"{HOP_RECORDED},field={_escape(field_name(number))},hop={_escape(hop_name(hop_index))},"
-                f"node={_escape(node)},trace={_escape(trace)}"
+                f"{HOP_RECORDED},field={escape_tag(field_name(number))},hop={escape_tag(hop_name(hop_index))},"
+                f"node={escape_tag(node)},trace={escape_tag(trace)}"
                 f" count={count}i,sum={float(total)},min={low}i,max={high}i,last={last}i"
                 f" {mapping.to_master(ts)}"
             )

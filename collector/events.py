@@ -14,38 +14,20 @@ Measurements:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
-from hoptrace.collector.actions import TOTAL, WallToMaster, bucket_le
+from hoptrace.collector.actions import TOTAL, CumulativeGrowth, bucket_le, escape_tag
 from hoptrace.v1 import records_pb2
 
 EVENT_COUNTS = "event_counts"
 EVENT_HISTOGRAM = "event_histogram"
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
-
-
-class EventsStage:
+class EventsStage(CumulativeGrowth):
     """Turns each batch's cumulative `EventValues` into `event_counts` / `event_histogram` lines."""
 
-    def __init__(self, clock: WallToMaster | None = None) -> None:
-        self.clock = clock
-        # (trace, node, event_index, "count"|"hist", key-or-bucket) -> last cumulative value
-        self._last: dict[tuple[str, str, int, str, int], int] = {}
-        self.resets = 0
-
-    def _delta(self, key: tuple[str, str, int, str, int], value: int) -> int:
-        prev = self._last.get(key)
-        self._last[key] = value
-        if prev is None or value < prev:
-            if prev is not None:
-                self.resets += 1
-            return value
-        return value - prev
+    # keys: (trace, node, event_index, "count"|"hist", key-or-bucket)
 
     def add_events(
         self, trace: str, node: str, events: Iterable[records_pb2.EventValues], now_ns: int | None = None
@@ -53,26 +35,23 @@ class EventsStage:
         """Line protocol for the growth of every event's count and histogram in one batch."""
         lines: list[str] = []
         for e in events:
-            if e.HasField("at"):
-                ts = e.at.ToNanoseconds()
-                if self.clock is not None:
-                    ts = self.clock.wall_to_master(node, ts)
-            else:
-                ts = now_ns if now_ns is not None else time.time_ns()
+            ts = self._master_ns(node, e, now_ns)
             name = e.event or f"event{e.event_index}"
-            base = f",event={_escape(name)},node={_escape(node)},trace={_escape(trace)}"
+            base = f",event={escape_tag(name)},node={escape_tag(node)},trace={escape_tag(trace)}"
             if e.count:
                 by = e.count_by or TOTAL
                 for key, value in sorted(e.counts.items()):
                     delta = self._delta((trace, node, e.event_index, "count", key), value)
                     if delta:
-                        lines.append(f"{EVENT_COUNTS},by={_escape(by)}{base},key={key} count={delta}i {ts}")
+                        lines.append(
+                            f"{EVENT_COUNTS},by={escape_tag(by)}{base},key={key} count={delta}i {ts}"
+                        )
             if e.histogram:
                 for bucket, value in enumerate(e.buckets):
                     delta = self._delta((trace, node, e.event_index, "hist", bucket), value)
                     if delta:
                         lines.append(
-                            f"{EVENT_HISTOGRAM},arg={_escape(e.histogram)}{base},le={bucket_le(bucket)}"
+                            f"{EVENT_HISTOGRAM},arg={escape_tag(e.histogram)}{base},le={bucket_le(bucket)}"
                             f" count={delta}i {ts}"
                         )
         return lines
