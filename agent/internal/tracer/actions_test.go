@@ -11,7 +11,6 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
-	"github.com/hoptrace/hoptrace/agent/internal/stream"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
 )
 
@@ -24,33 +23,16 @@ import (
 func TestTracerActionsOnRealTraffic(t *testing.T) {
 	tu.RequireRoot(t)
 	p := tu.NewVethPair(t, "198.18.43")
-	q := stream.NewQueue(0)
-	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	}()
+	m, q := newTestManager(t)
 	pl := plan(p, 1)
 	pl.Hops[0].TagUdp = true
 	pl.Hops[0].Actions = &pb.HopActions{PrevTs: true}
 	pl.Hops[1].Actions = &pb.HopActions{Count: true, CountBy: pb.Field_FIELD_IFINDEX, Histogram: pb.Field_FIELD_LATENCY}
 	pl.Hops[2].Actions = &pb.HopActions{Count: true, CountBy: pb.Field_FIELD_CPU, Histogram: pb.Field_FIELD_LEN}
-	st := m.Apply(pl)
-	if !st.GetActive() || st.GetError() != "" {
-		t.Fatalf("status %v", st)
-	}
-	for _, h := range st.GetHops() {
-		if !h.GetAttached() {
-			t.Fatalf("hop %s: %s", h.GetName(), h.GetError())
-		}
-	}
+	applyAttached(t, m, pl)
 
 	const sent = 20
-	err = netns.Do(netns.Path(p.NsA, ""), func() error {
+	err := netns.Do(netns.Path(p.NsA, ""), func() error {
 		// Unconnected: nothing listens on b, and its ICMP errors must not stop the sends.
 		conn, err := net.ListenPacket("udp4", ":0")
 		if err != nil {

@@ -19,7 +19,6 @@ import (
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/probe"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
-	"github.com/hoptrace/hoptrace/agent/internal/stream"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
 )
 
@@ -54,16 +53,7 @@ func TestTracerNewFieldsOnRealTraffic(t *testing.T) {
 		t.Fatalf("this test needs skb:kfree_skb's reason argument (Linux 5.17+): %s", why)
 	}
 	p := tu.NewVethPair(t, "198.18.44")
-	q := stream.NewQueue(0)
-	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	}()
+	m, _ := newTestManager(t)
 	const ttl, sent = 29, 15
 	pl := &pb.TracePlan{
 		Trace: "t-fields", Generation: 1, ObjectPath: tu.ObjectPath(),
@@ -77,16 +67,8 @@ func TestTracerNewFieldsOnRealTraffic(t *testing.T) {
 				Actions: &pb.HopActions{Count: true, CountBy: pb.Field_FIELD_DROP_REASON}},
 		},
 	}
-	st := m.Apply(pl)
-	if !st.GetActive() || st.GetError() != "" {
-		t.Fatalf("status %v", st)
-	}
-	for _, h := range st.GetHops() {
-		if !h.GetAttached() {
-			t.Fatalf("hop %s: %s", h.GetName(), h.GetError())
-		}
-	}
-	err = netns.Do(netns.Path(p.NsA, ""), func() error {
+	applyAttached(t, m, pl)
+	err := netns.Do(netns.Path(p.NsA, ""), func() error {
 		conn, err := net.ListenPacket("udp4", ":0")
 		if err != nil {
 			return err
@@ -161,16 +143,7 @@ func TestTracerPIDAtCgroupEgress(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.Remove(dir) })
 
-	q := stream.NewQueue(0)
-	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	}()
+	m, _ := newTestManager(t)
 	pl := &pb.TracePlan{
 		Trace: "t-pid", Generation: 1, ObjectPath: tu.ObjectPath(),
 		Match: &pb.FlowMatch{IpProto: 17, DstPort: 5000},

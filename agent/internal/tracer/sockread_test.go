@@ -169,16 +169,7 @@ func TestSocketReadHop(t *testing.T) {
 			if proto == "tcp" {
 				pl.TcpTagging = &pb.TcpTagging{Netns: p.NsA, Program: loader.ProgTagTCP}
 			}
-			q := stream.NewQueue(0)
-			m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := m.Close(); err != nil {
-					t.Errorf("close: %v", err)
-				}
-			}()
+			m, q := newTestManager(t)
 			st := m.Apply(pl)
 			if !st.GetActive() || st.GetError() != "" {
 				t.Fatalf("status %v", st)

@@ -301,28 +301,11 @@ func spelling(k pb.AttachKind) string {
 // from every hop of the plan.
 func traceOneDatagram(t *testing.T, p *tu.VethPair, pl *pb.TracePlan) map[uint16]record.Record {
 	t.Helper()
-	q := stream.NewQueue(0)
-	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	}()
+	m, q := newTestManager(t)
 	pl.Hops[0].TagUdp = true
-	st := m.Apply(pl)
-	if !st.GetActive() || st.GetError() != "" {
-		t.Fatalf("status %v", st)
-	}
-	for _, h := range st.GetHops() {
-		if !h.GetAttached() {
-			t.Fatalf("hop %s: %s", h.GetName(), h.GetError())
-		}
-	}
+	applyAttached(t, m, pl)
 	// An untagged datagram: the first hop tags it, the others read the ID it wrote.
-	err = netns.Do(netns.Path(p.NsA, ""), func() error {
+	err := netns.Do(netns.Path(p.NsA, ""), func() error {
 		conn, err := net.Dial("udp4", net.JoinHostPort(p.AddrB, "5000"))
 		if err != nil {
 			return err
@@ -491,4 +474,35 @@ func childAgent() {
 	os.Stdout.Sync()
 	time.Sleep(time.Minute)
 	os.Exit(1)
+}
+
+// newTestManager is a tracer for one test, closed (and the close checked) when the test ends.
+func newTestManager(t *testing.T) (*Manager, *stream.Queue) {
+	t.Helper()
+	q := stream.NewQueue(0)
+	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return m, q
+}
+
+// applyAttached applies the plan and fails the test unless the trace and every hop of it attached.
+func applyAttached(t *testing.T, m *Manager, pl *pb.TracePlan) *pb.TraceStatus {
+	t.Helper()
+	st := m.Apply(pl)
+	if !st.GetActive() || st.GetError() != "" {
+		t.Fatalf("status %v", st)
+	}
+	for _, h := range st.GetHops() {
+		if !h.GetAttached() {
+			t.Fatalf("hop %s: %s", h.GetName(), h.GetError())
+		}
+	}
+	return st
 }
