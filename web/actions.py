@@ -1,5 +1,6 @@
-"""The results page's hop actions and event probes: per hop its in-kernel counts (total, and by key) and
-histograms, per event and node its count, by-key table and histogram.
+"""The results page's hop actions and event probes: per hop its in-kernel counts (total, and by key),
+histograms and recorded values (record action: per field and node, packets, min, mean, max, last), per event
+and node its count, by-key table and histogram.
 
 Every number is the report's (`GetReport`, the same as `hoptrace report --json`): this module only arranges
 it for templates/_actions.html, one small function per section, so another kind of per-hop result (e.g. a
@@ -17,6 +18,8 @@ from hoptrace.collector.report import format_ns
 
 # Fields whose values are durations in ns: their bucket bounds read as time (1.0us - 2.0us).
 DURATION_FIELDS = frozenset({"latency"})
+# The unit of each catalogue field that has one (hoptrace.h enum hoptrace_field), shown beside its values.
+FIELD_UNITS = {"len": "bytes", "gso_size": "bytes", "latency": "ns"}
 
 
 def bucket_low(le: int) -> int:
@@ -89,16 +92,25 @@ def hop_histograms_view(histograms: list[dict[str, Any]]) -> list[dict[str, Any]
     return [{"node": g["node"], **histogram_view(g["field"], g["buckets"])} for g in histograms]
 
 
+def hop_recorded_view(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A hop's recorded fields as table rows, by field then node, each with its unit ("" if none)."""
+    return [
+        {**r, "mean": round(r["mean"], 1), "unit": FIELD_UNITS.get(r["field"], "")}
+        for r in sorted(recorded, key=lambda r: (r["field"], r["node"]))
+    ]
+
+
 def hop_sections(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every hop that has counts or histograms in the report, in the report's hop order."""
+    """Every hop that has counts, histograms or recorded values in the report, in the report's hop order."""
     return [
         {
             "hop": h["hop"],
-            "counts": hop_counts_view(h["counts"]),
-            "histograms": hop_histograms_view(h["histograms"]),
+            "counts": hop_counts_view(h.get("counts", [])),
+            "histograms": hop_histograms_view(h.get("histograms", [])),
+            "recorded": hop_recorded_view(h.get("recorded", [])),
         }
         for h in report.get("hops", [])
-        if h.get("counts") or h.get("histograms")
+        if h.get("counts") or h.get("histograms") or h.get("recorded")
     ]
 
 

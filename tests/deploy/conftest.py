@@ -1,8 +1,8 @@
 """Fixtures of the deployment tests: InfluxDB filled once per module by a real trace on the two-host VXLAN
 topology (real dispatcher, collector and agents), for the Grafana dashboards' queries. The trace has hop
-actions (count by cpu and histogram of len at host-b's wire, histogram of latency at host-a's bridge port)
-and an event probe that counts host-a's transmits of one odd frame size, so the actions dashboard has
-results to read."""
+actions (count by cpu, histogram of len and record of len and ttl at host-b's wire, histogram of latency at
+host-a's bridge port) and an event probe that counts host-a's transmits of one odd frame size, so the actions
+dashboard has results to read."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from hoptrace import kernel_abi
 from hoptrace.dispatcher.spec import spec_from_data
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import udp_transfer
@@ -32,17 +33,26 @@ EVENT_SENT = 90
 EVENT_PAYLOAD = 1111
 EVENT_FRAME = EVENT_PAYLOAD + 92
 OTHER_PORT = 5555
+TRACED_PAYLOAD = 64
+# What b-wire-in records of every traced datagram: its VXLAN wire frame (payload + 92 bytes + the 4-byte ID
+# the first hop appended after the UDP payload), and the TTL of its innermost IP header: c1 sends with Linux's
+# default (net.ipv4.ip_default_ttl = 64), host-a routes it from br0 into vxlan0 (one decrement).
+TRACED_FRAME = TRACED_PAYLOAD + 92 + kernel_abi.UDP_ID_LEN
+SENT_TTL = 64
+TRACED_TTL = SENT_TTL - 1
 
 
 @dataclass
 class TracedInflux:
-    """InfluxDB after a real trace ran: its url, bucket, and the trace's name and hop names."""
+    """InfluxDB after a real trace ran: its url, bucket, the trace's name and hop names, and what was sent."""
 
     url: str
     bucket: str
     trace: str
     hops: list[str]
     event_sent: int = EVENT_SENT
+    traced_frame: int = TRACED_FRAME
+    traced_ttl: int = TRACED_TTL
 
 
 def _fresh_prefix() -> str:
@@ -54,14 +64,15 @@ def _fresh_prefix() -> str:
 
 
 def with_actions_and_event(spec: trace_pb2.TraceSpec) -> trace_pb2.TraceSpec:
-    """`spec` with count by cpu + histogram of len at b-wire-in, histogram of latency at a-veth-in, and the
-    event probe `wire-frames` (count by cpu, histogram of len)."""
+    """`spec` with count by cpu + histogram of len + record of len and ttl at b-wire-in, histogram of latency
+    at a-veth-in, and the event probe `wire-frames` (count by cpu, histogram of len)."""
     hops = {hop.name: hop for hop in spec.hops}
     hops["b-wire-in"].actions.extend(
         [
             trace_pb2.ActionSpec(kind="timestamp"),
             trace_pb2.ActionSpec(kind="count", by="cpu"),
             trace_pb2.ActionSpec(kind="histogram", field="len"),
+            trace_pb2.ActionSpec(kind="record", fields=["len", "ttl"]),
         ]
     )
     hops["a-veth-in"].actions.extend(
@@ -95,9 +106,10 @@ def traced_influx(influxd) -> Iterator[TracedInflux]:
         cluster.apply(spec)
         untraced = [os.urandom(EVENT_PAYLOAD) for _ in range(EVENT_SENT)]
         assert udp_transfer(topo, "c1", "c2", untraced, 4, OTHER_PORT, gap_s=0.003) == untraced
-        payloads = [os.urandom(64) for _ in range(300)]
+        payloads = [os.urandom(TRACED_PAYLOAD) for _ in range(300)]
         assert udp_transfer(topo, "c1", "c2", payloads, 4, PORT, gap_s=0.003) == payloads
-        udp_transfer(topo, "c1", "c2", [os.urandom(64) for _ in range(5000)], 4, PORT, timeout_s=1.0)
+        burst = [os.urandom(TRACED_PAYLOAD) for _ in range(5000)]
+        udp_transfer(topo, "c1", "c2", burst, 4, PORT, timeout_s=1.0)
         time.sleep(6)  # the join window closes, per-second windows close, the exporter flushes
         cluster.check_running()
         yield TracedInflux(influxd.url, BUCKET, TRACE, [hop.name for hop in spec.hops])

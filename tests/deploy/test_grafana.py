@@ -92,6 +92,7 @@ def test_dashboards_are_provisioned_with_a_trace_variable_and_the_flux_datasourc
         "hop histograms",
         "event counts",
         "event histograms",
+        "recorded values",
     ):
         assert topic in titles, topic
 
@@ -219,3 +220,45 @@ def test_actions_dashboard_shows_the_reports_hop_counts_histograms_and_events(tr
     tables = run_flux(traced_influx.url, substitute(over_time, traced_influx.trace, traced_influx.bucket))
     summed = {f"b-wire-in @ host-b: cpu {t[0]['key']}": sum(r["_value"] for r in t) for t in tables if t}
     assert summed == counts, summed
+
+
+def test_actions_dashboard_shows_the_reports_recorded_values(traced_influx):
+    """The recorded-values table: at b-wire-in every traced datagram's wire frame and TTL, so min = max = the
+    sent size and the sent TTL, one row per field, its packets = what the hop's in-kernel count counted (the
+    steady datagrams and the burst), and every number the same as `hoptrace report`'s."""
+    from hoptrace.collector.report import build_report
+
+    query = substitute(
+        actions_panel("Hop recorded values")["targets"][0]["query"], traced_influx.trace, traced_influx.bucket
+    )
+    tables = run_flux(traced_influx.url, query)
+    assert len(tables) == 1, f"one table, one row per (hop, node, field) ({len(tables)} tables)"
+    rows = {(r["hop"], r["node"], r["field"]): r for r in tables[0]}
+    assert set(rows) == {("b-wire-in", "host-b", "len"), ("b-wire-in", "host-b", "ttl")}, rows
+    report = build_report(
+        traced_influx.trace,
+        url=traced_influx.url,
+        bucket=traced_influx.bucket,
+        since="1h",
+        path=traced_influx.hops,
+    )
+    wire = next(h for h in report["hops"] if h["hop"] == "b-wire-in")
+    counted = sum(c["count"] for c in wire["counts"])
+    assert counted >= 300, wire["counts"]  # at least the steady datagrams, all delivered
+    for field, sent, unit in (
+        ("len", traced_influx.traced_frame, "bytes"),
+        ("ttl", traced_influx.traced_ttl, ""),
+    ):
+        row = rows[("b-wire-in", "host-b", field)]
+        assert (row["min"], row["max"], row["last"], row["mean"]) == (sent, sent, sent, float(sent)), row
+        assert row["packets"] == counted, (row, counted)
+        assert (row["unit"] or "") == unit, row  # an empty string arrives as null (an empty cell)
+        (recorded,) = [r for r in wire["recorded"] if r["field"] == field]
+        assert {k: recorded[k] for k in ("node", "count", "min", "max", "last")} == {
+            "node": row["node"],
+            "count": row["packets"],
+            "min": row["min"],
+            "max": row["max"],
+            "last": row["last"],
+        }, (recorded, row)
+        assert abs(recorded["mean"] - row["mean"]) < 1e-9, (recorded, row)

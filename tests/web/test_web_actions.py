@@ -1,11 +1,14 @@
 """Hop actions and event probes on the results page, in a real browser (headless Chromium), on the whole
 system: two emulated hosts, the real dispatcher, collector, agents and InfluxDB.
 
-The trace counts, by CPU, the packets at host-b's wire and histograms their length there; an event probe
+The trace counts, by CPU, the packets at host-b's wire, histograms their length there and records each
+one's length (record: [len]; the wire frame: 64-byte payload + 92 bytes of headers + the 4-byte ID the first
+hop appended); an event probe
 counts host-a's transmits of one odd frame size (net:net_dev_xmit where len == 1329), sent to a port the
 trace's filter does not match so no hop writes an ID into them (the frame is the payload + 92 bytes of
 Ethernet, IPv4, UDP, VXLAN and the inner headers; see tests/system/test_events_end_to_end.py). The page
-must show the counts sent, the histogram's one bucket holding them all, and the same numbers as
+must show the counts sent, the histogram's one bucket holding them all, the recorded length's packets = sent
+and min = max = the frame, and the same numbers as
 `hoptrace report --json`; without scripts the server renders the same. Screenshot: test-artifacts/web/
 results-actions.png (the one in docs/screenshots/).
 """
@@ -24,6 +27,7 @@ from test_web_browser import fetch, wait
 from test_web_pathgraph import log_in
 from web_helpers import live_server, screenshot, web_config
 
+from hoptrace import kernel_abi
 from hoptrace.dispatcher.spec import spec_from_data
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
@@ -33,6 +37,8 @@ from hoptrace.web import create_app
 TRACE = "web-actions"
 PORT = 11111
 SENT = 120  # traced datagrams (64-byte payload) through the hops
+TRACED_PAYLOAD = 64
+TRACED_FRAME = TRACED_PAYLOAD + 92 + kernel_abi.UDP_ID_LEN  # at host-b's wire, ID included
 EVENT_SENT = 70  # untraced datagrams whose wire frame the event probe counts
 # Odd, so the wire frame (1329 bytes) is unlike anything else on this machine, the 1093 of
 # tests/system/test_events_end_to_end.py included (it may run meanwhile: tracepoints see every netns).
@@ -45,8 +51,8 @@ EVENT = "wire-frames"
 
 
 def actions_spec(topology: Any) -> trace_pb2.TraceSpec:
-    """The c1 -> c2 VXLAN trace with `count: {by: cpu}` and `histogram: len` at host-b's wire,
-    `histogram: latency` at host-a's bridge port, and the event (count by cpu, histogram of len)."""
+    """The c1 -> c2 VXLAN trace with `count: {by: cpu}`, `histogram: len` and `record: [len]` at host-b's
+    wire, `histogram: latency` at host-a's bridge port, and the event (count by cpu, histogram of len)."""
     spec = vxlan_path_spec(topology, TRACE, port=PORT)
     hop = next(h for h in spec.hops if h.name == HOP)
     hop.actions.extend(
@@ -54,6 +60,7 @@ def actions_spec(topology: Any) -> trace_pb2.TraceSpec:
             trace_pb2.ActionSpec(kind="timestamp"),
             trace_pb2.ActionSpec(kind="count", by="cpu"),
             trace_pb2.ActionSpec(kind="histogram", field="len"),
+            trace_pb2.ActionSpec(kind="record", fields=["len"]),
         ]
     )
     latency_hop = next(h for h in spec.hops if h.name == LATENCY_HOP)
@@ -73,7 +80,8 @@ def actions_spec(topology: Any) -> trace_pb2.TraceSpec:
 
 def page_numbers(browser: Any) -> dict[str, Any]:
     """What the page draws (read from the DOM the user sees): the hop's count total, by-cpu rows and
-    histogram of len; the latency hop's histogram; the event's count, by-cpu rows and histogram."""
+    histogram of len and recorded rows; the latency hop's histogram; the event's count, by-cpu rows and
+    histogram."""
     return browser.execute_script(
         """
         const rows = (table) => table ? Object.fromEntries([...table.querySelectorAll('tbody tr')].map(
@@ -86,6 +94,11 @@ def page_numbers(browser: Any) -> dict[str, Any]:
                     le: Number(b.dataset.le), label: b.querySelector('td.bound').textContent,
                     count: Number(b.querySelector('td.count').textContent)}))};
         };
+        const cell = (row, c) => row.querySelector(`td.${c}`).textContent;
+        const recorded = (section) => section ? Object.fromEntries([...section.querySelectorAll(
+          'table.recorded tbody tr')].map((r) => [`${r.dataset.field}@${r.dataset.node}`, Object.fromEntries(
+          ['packets', 'min', 'mean', 'max', 'last'].map((c) => [c, Number(cell(r, c))])
+          .concat([['unit', cell(r, 'unit')]]))])) : {};
         const hop = document.querySelector(`#actions section.hop-actions[data-hop="${arguments[0]}"]`);
         const latency = document.querySelector(`#actions section.hop-actions[data-hop="${arguments[1]}"]`);
         const event = document.querySelector(`#actions section.event[data-event="${arguments[2]}"]`);
@@ -93,6 +106,7 @@ def page_numbers(browser: Any) -> dict[str, Any]:
           hop_total: hop ? Number(hop.querySelector('.counts .count-total').textContent) : -1,
           hop_by_cpu: hop ? rows(hop.querySelector('table.count-by[data-by="cpu"]')) : {},
           len: histogram(hop, 'len'),
+          recorded: recorded(hop),
           latency: histogram(latency, 'latency'),
           event_total: event ? Number(event.querySelector('.count-total').textContent) : -1,
           event_by_cpu: event ? rows(event.querySelector('table.count-by[data-by="cpu"]')) : {},
@@ -127,6 +141,7 @@ def test_results_page_shows_hop_counts_histograms_and_events(topology, influxd, 
                 done = (
                     seen["hop_total"] >= SENT
                     and seen["len"]["total"] >= SENT
+                    and seen["recorded"].get("len@host-b", {}).get("packets", 0) >= SENT
                     and seen["latency"]["total"] >= SENT
                     and seen["event_total"] >= EVENT_SENT
                     and seen["event_len"]["total"] >= EVENT_SENT
@@ -137,7 +152,7 @@ def test_results_page_shows_hop_counts_histograms_and_events(topology, influxd, 
                 browser,
                 all_counted,
                 60,
-                "the hops' counts and histograms and the event's count and histogram",
+                "the hops' counts, histograms and recorded values and the event's count and histogram",
             )
             report = json.loads(cluster.hoptrace("report", TRACE, "--since", "15m", "--json").stdout)
             # The page after the report was read (a poll later): the same numbers as the report API.
@@ -153,6 +168,17 @@ def test_results_page_shows_hop_counts_histograms_and_events(topology, influxd, 
             assert bucket["count"] == SENT and seen["len"]["total"] == SENT, seen
             assert 128 <= bucket["le"] <= 255, bucket
             assert bucket["label"] == f"{(bucket['le'] + 1) // 2}–{bucket['le']}", bucket
+            # Recorded length: every traced datagram, each the same frame, in bytes.
+            assert seen["recorded"] == {
+                "len@host-b": {
+                    "packets": SENT,
+                    "min": TRACED_FRAME,
+                    "mean": TRACED_FRAME,
+                    "max": TRACED_FRAME,
+                    "last": TRACED_FRAME,
+                    "unit": "bytes",
+                }
+            }, seen["recorded"]
             # Latency: every traced packet, bounds as durations (ns, us or ms).
             assert seen["latency"]["total"] == SENT == sum(b["count"] for b in seen["latency"]["buckets"]), (
                 seen
@@ -180,6 +206,13 @@ def test_results_page_shows_hop_counts_histograms_and_events(topology, influxd, 
                 assert [(b["le"], b["count"]) for b in seen[field]["buckets"]] == [
                     (b["le"], b["count"]) for b in histogram["buckets"]
                 ], (seen, histogram)
+            (recorded,) = hops[HOP]["recorded"]
+            assert (recorded["field"], recorded["node"]) == ("len", "host-b"), recorded
+            assert {k: recorded[k] for k in ("count", "min", "max", "last")} == {
+                "count": seen["recorded"]["len@host-b"]["packets"],
+                **{k: seen["recorded"]["len@host-b"][k] for k in ("min", "max", "last")},
+            }, (recorded, seen["recorded"])
+            assert abs(recorded["mean"] - seen["recorded"]["len@host-b"]["mean"]) <= 0.05, recorded
             (event,) = [e for e in report["events"] if e["name"] == EVENT]
             assert (event["node"], event["count"]) == ("host-a", seen["event_total"]), event
             assert seen["event_by_cpu"] == event["by"], (seen, event)
@@ -202,5 +235,10 @@ def test_results_page_shows_hop_counts_histograms_and_events(topology, influxd, 
             assert re.search(
                 rf'<tr class="bucket" data-le="{bucket["le"]}">.*?<td class="num count">{SENT}</td>', hop_html
             )
+            assert re.search(
+                rf'<tr data-field="len" data-node="host-b">.*?<td class="num packets">{SENT}</td>'
+                rf'<td class="num min">{TRACED_FRAME}</td>.*?<td class="num max">{TRACED_FRAME}</td>',
+                hop_html,
+            ), hop_html
             event_html = body[body.index(f'data-event="{EVENT}"') :]
             assert f'<strong class="count-total">{EVENT_SENT}</strong>' in event_html[:400], event_html[:400]

@@ -1,6 +1,7 @@
 """The results page's hop-actions and events fragment (hoptrace.web.actions) from a report dict shaped as
 `report_from_proto` returns it: bucket bounds a reader can take in, every number of the report shown once,
-keys in numeric order, and a note instead of empty tables when there is nothing."""
+keys in numeric order, recorded values with their units, and a note instead of empty tables when there is
+nothing."""
 
 from __future__ import annotations
 
@@ -26,6 +27,26 @@ REPORT = {
                     "total": 20,
                     "buckets": [{"le": 255, "count": 15}, {"le": 127, "count": 5}],
                 }
+            ],
+            "recorded": [
+                {
+                    "node": "host-b",
+                    "field": "ttl",
+                    "count": 20,
+                    "min": 63,
+                    "max": 64,
+                    "mean": 63.75,
+                    "last": 64,
+                },
+                {
+                    "node": "host-b",
+                    "field": "len",
+                    "count": 20,
+                    "min": 98,
+                    "max": 156,
+                    "mean": 141.5,
+                    "last": 156,
+                },
             ],
         },
         {
@@ -112,3 +133,37 @@ def test_fragment_shows_every_number_and_says_when_there_is_nothing():
     )
     assert 'id="no-hop-actions"' in empty and 'id="no-events"' in empty
     assert "count-total" not in empty
+
+
+def test_recorded_values_are_rows_by_field_with_units():
+    (wire,) = [h for h in actions.hop_sections(REPORT) if h["hop"] == "wire-in"]
+    assert [
+        (r["field"], r["node"], r["count"], r["min"], r["mean"], r["max"], r["last"], r["unit"])
+        for r in wire["recorded"]
+    ] == [
+        ("len", "host-b", 20, 98, 141.5, 156, 156, "bytes"),
+        ("ttl", "host-b", 20, 63, 63.8, 64, 64, ""),
+    ]
+    # A hop with only a record action has a section of its own.
+    only = {
+        "hops": [
+            {
+                "hop": "recorded-only",
+                "counts": [],
+                "histograms": [],
+                "recorded": REPORT["hops"][1]["recorded"],
+            }
+        ]
+    }
+    assert [h["hop"] for h in actions.hop_sections(only)] == ["recorded-only"]
+    app = Flask("hoptrace.web")
+    with app.app_context():
+        html = actions.render({**only, "events": []})
+    assert "no-hop-actions" not in html
+    assert re.search(
+        r'<tr data-field="len" data-node="host-b"><td>len</td><td>host-b</td><td class="num packets">20</td>'
+        r'<td class="num min">98</td><td class="num mean">141.5</td><td class="num max">156</td>'
+        r'<td class="num last">156</td><td class="unit">bytes</td></tr>',
+        html,
+    ), html
+    assert '<td class="unit"></td>' in html  # ttl has no unit
