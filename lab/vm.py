@@ -54,7 +54,7 @@ def kernels(directory: Path = KERNELS_DIR) -> list[Kernel]:
     return sorted(found, key=lambda k: k.version)
 
 
-def _vng() -> str:
+def vng_path() -> str:
     """virtme-ng from this interpreter's environment (the venv), else from PATH."""
     beside = Path(sys.executable).parent / "vng"
     found = str(beside) if beside.exists() else shutil.which("vng")
@@ -121,7 +121,7 @@ def run(
     setup = (
         "mount -t bpf bpf /sys/fs/bpf 2>/dev/null; mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null; "
     )
-    vng = _vng()
+    vng = vng_path()
     argv = [vng, "--run", str(kernel.vmlinuz), "--memory", memory, "--cpus", str(cpus)]
     if not kvm_usable():
         argv.append("--disable-kvm")
