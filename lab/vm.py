@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,13 @@ def run(
         argv.append("--disable-kvm")
     for directory in writable:
         argv += ["--rwdir", str(directory)]
-    argv += ["--exec", setup + command]
+    # --exec travels base64-encoded on the kernel command line, which x86 cuts at 2048 bytes (a cut
+    # script never starts and the guest idles until killed): the command goes in a file the guest reads
+    # through the shared root instead.
+    scripts = tempfile.TemporaryDirectory(prefix="hoptrace-guest-")
+    script = Path(scripts.name) / "run.sh"
+    script.write_text(setup + command + "\n")
+    argv += ["--exec", f"sh {script}"]
     # vng runs virtme-run, which lives beside it in the venv.
     env = dict(os.environ, PATH=f"{Path(vng).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
     # vng forks virtme-run, which forks qemu: the guest is the whole process group, and the group is
@@ -156,4 +163,5 @@ def run(
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         reaper.release()
+        scripts.cleanup()
     return GuestRun(kernel, code, output.replace("\r", ""))

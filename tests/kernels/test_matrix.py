@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hoptrace.common.timeouts import timeout_scale
 from hoptrace.lab import vm
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
@@ -74,6 +75,11 @@ def table_row(result: dict[str, str]) -> str:
     )
 
 
+# The guest's own limit (vm.run's timeout) decides, not pytest's default: TCG runs these in minutes.
+GUEST_TIMEOUT_S = 900
+
+
+@pytest.mark.timeout(int(GUEST_TIMEOUT_S * timeout_scale()) + 120)
 @pytest.mark.parametrize("version", REQUIRED)
 def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
     kernel = next(k for k in matrix_kernels() if f"{k.version[0]}.{k.version[1]}" == version)
@@ -83,7 +89,9 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
         for package, pattern in GUEST_TESTS.items()
     ]
     # 5.10 under TCG runs the action tests in ~70 s more; 480 s no longer left room for a busy machine.
-    result = vm.run(kernel, "uname -r; " + "; ".join(commands), timeout=900, writable=(test_binaries,))
+    result = vm.run(
+        kernel, "uname -r; " + "; ".join(commands), timeout=GUEST_TIMEOUT_S, writable=(test_binaries,)
+    )
     output = result.output
     assert kernel.release in output, f"the guest did not boot {kernel.release}:\n{output[-3000:]}"
     for package in GUEST_TESTS:
