@@ -36,9 +36,11 @@ import yaml
 
 REPO = Path(os.environ.get("HOPTRACE_REPO") or Path(__file__).resolve().parent.parent)
 COMPOSE_FILE = REPO / "deploy" / "local" / "docker-compose.yml"
+KAFKA_OVERRIDE = COMPOSE_FILE.parent / "docker-compose.kafka.yml"  # agents -> Kafka -> a collector group
 DOCKERFILE = REPO / "deploy" / "local" / "Dockerfile"
 STATE = REPO / ".tools" / "compose"  # this tier's tool state: base rootfs, build context, dockerd log
 CONTEXT = STATE / "context"
+KAFKA_LIBS = REPO / ".tools" / "kafka" / "libs"  # `make kafka`
 MARKER = STATE / "dockerd.json"  # the dockerd this module started: PID, start time, the host's settings
 # Debian's docker-compose (1.29.2 on docker-py 5): the PyPI one in .tools/compose-venv validates files,
 # but docker-py 7 there no longer talks to an engine with compose 1.29 (kwargs_from_env lost ssl_version).
@@ -290,7 +292,8 @@ def build_base_image(name: str = BASE_IMAGE, suite: str = "bookworm") -> bool:
 
 def stage_context(python: str = sys.executable) -> Path:
     """The build context of deploy/local/Dockerfile: the Dockerfile, the agent binary, influxd, wheels of
-    hoptrace and its dependencies, web/node_modules, kernel-patch/ sources, influxdb.conf."""
+    hoptrace and its dependencies, web/node_modules, kernel-patch/ sources, influxdb.conf; for the Kafka
+    override's broker image, the jars of `make kafka` (kafka-libs/) and kafka-broker.sh when they exist."""
     agent = REPO / "agent" / "bin" / "hoptrace-agent"
     influxd = REPO / ".tools" / "bin" / "influxd"
     node_modules = REPO / "web" / "node_modules"
@@ -298,7 +301,14 @@ def stage_context(python: str = sys.executable) -> Path:
         if not needed.exists():
             raise ComposeError(f"{needed} is missing: run `{make}`")
     CONTEXT.mkdir(parents=True, exist_ok=True)
-    for name in ("hoptrace-agent", "influxd", "node_modules", "kernel-patch"):
+    for name in (
+        "hoptrace-agent",
+        "influxd",
+        "node_modules",
+        "kernel-patch",
+        "kafka-libs",
+        "kafka-broker.sh",
+    ):
         target = CONTEXT / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
@@ -311,6 +321,9 @@ def stage_context(python: str = sys.executable) -> Path:
     shutil.copytree(node_modules, CONTEXT / "node_modules", symlinks=False)
     # Sources only: vmlinux.h comes from the BTF of the kernel the dispatcher runs on.
     shutil.copytree(REPO / "kernel-patch", CONTEXT / "kernel-patch", ignore=shutil.ignore_patterns("build"))
+    if KAFKA_LIBS.is_dir():
+        shutil.copytree(KAFKA_LIBS, CONTEXT / "kafka-libs", ignore=shutil.ignore_patterns(".stamp"))
+        shutil.copy2(REPO / "deploy" / "local" / "kafka-broker.sh", CONTEXT / "kafka-broker.sh")
     wheels = CONTEXT / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     # The source tree's wheel and its dependencies' (cached by pip; the PyPI index at first).
@@ -318,14 +331,16 @@ def stage_context(python: str = sys.executable) -> Path:
     return CONTEXT
 
 
-def compose_command(*args: str) -> list[str]:
-    """docker-compose on the local compose file, project hoptrace-local."""
+def compose_command(*args: str, kafka: bool = False) -> list[str]:
+    """docker-compose on the local compose file, project hoptrace-local; with `kafka`, its Kafka override
+    (deploy/local/docker-compose.kafka.yml) on top."""
     if not DOCKER_COMPOSE.exists():
         raise ComposeError(f"{DOCKER_COMPOSE} is missing: run `make setup` (Debian package docker-compose)")
     # docker-compose checks every service's build path on any command, `down` too; a clean clone whose
     # images are cached (same engine, same inputs) has not staged the context.
     CONTEXT.mkdir(parents=True, exist_ok=True)
-    return [str(DOCKER_COMPOSE), "-f", str(COMPOSE_FILE), "-p", PROJECT, *args]
+    files = ["-f", str(COMPOSE_FILE), *(["-f", str(KAFKA_OVERRIDE)] if kafka else [])]
+    return [str(DOCKER_COMPOSE), *files, "-p", PROJECT, *args]
 
 
 def compose_env(**settings: str) -> dict[str, str]:

@@ -37,6 +37,8 @@ from hoptrace.lab.compose import (
     bpf_ids_alive,
     bpf_ids_held_by,
     build_images,
+    compose_command,
+    compose_env,
     netns_inodes_in_use,
 )
 
@@ -199,6 +201,43 @@ def test_compose_file_agent_has_exactly_the_daemonset_capabilities():
     for name, network in compose["networks"].items():
         for subnet in network["ipam"]["config"]:
             assert subnet["subnet"].startswith(("198.18.", "198.19.")), (name, subnet)
+
+
+def test_kafka_override_config_has_a_broker_a_collector_group_and_a_publishing_agent():
+    """`docker-compose config` of the local file with its Kafka override (the files a user starts): a KRaft
+    broker from the local kafka image, the topic made before two collectors of one group start, the agent
+    publishing to the broker's published port with the same capabilities, every port on loopback."""
+    result = subprocess.run(
+        compose_command("config", kafka=True),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=compose_env(HOPTRACE_NODE="node-1"),
+    )
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    kafka = services["kafka"]
+    assert kafka["image"] == "hoptrace/kafka:local" and kafka["build"]["target"] == "kafka"
+    assert kafka["environment"]["KAFKA_CLUSTER_ID"]
+    assert kafka["ports"] == ["127.0.0.1:9092:9094/tcp"]  # the EXTERNAL listener, for the host's agent
+
+    def arg(command: list[str], name: str) -> str | None:
+        values = [a.split("=", 1)[1] for a in command if a.startswith(f"--{name}=")]
+        return values[0] if values else None
+
+    collectors = [services["collector"], services["collector-2"]]
+    for collector in collectors:
+        assert arg(collector["command"], "kafka-brokers") == "kafka:9092"
+        assert arg(collector["command"], "kafka-group") == "hoptrace-collectors"
+        assert collector["depends_on"]["kafka-topic"]["condition"] == "service_completed_successfully"
+    assert {arg(c["command"], "instance") for c in collectors} == {"collector-1", "collector-2"}
+    assert "NewTopic" in services["kafka-topic"]["command"][0]
+    agent = services["agent"]
+    assert arg(agent["command"], "collector") is None
+    assert arg(agent["command"], "kafka-brokers") == "127.0.0.1:9092"
+    assert set(agent["cap_add"]) == AGENT_CAPABILITIES - IMPLIED_BY_SYS_ADMIN
+    dockerfile = (REPO / "deploy" / "local" / "Dockerfile").read_text()
+    assert "FROM base AS kafka" in dockerfile and "openjdk-17-jre-headless" in dockerfile
 
 
 def test_stack_runs_with_the_agent_capabilities(compose_run: Run):

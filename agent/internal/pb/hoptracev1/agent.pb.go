@@ -493,7 +493,9 @@ type Heartbeat struct {
 	SentAt *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
 	// Set when the agent's namespaces or devices changed since it last said
 	// (containers and pods come and go): replaces Register.namespaces.
-	Inventory     *Inventory `protobuf:"bytes,2,opt,name=inventory,proto3" json:"inventory,omitempty"`
+	Inventory *Inventory `protobuf:"bytes,2,opt,name=inventory,proto3" json:"inventory,omitempty"`
+	// How the records leave this node right now (`hoptrace agents` shows it).
+	Transport     *TransportStatus `protobuf:"bytes,3,opt,name=transport,proto3" json:"transport,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -542,6 +544,137 @@ func (x *Heartbeat) GetInventory() *Inventory {
 	return nil
 }
 
+func (x *Heartbeat) GetTransport() *TransportStatus {
+	if x != nil {
+		return x.Transport
+	}
+	return nil
+}
+
+// The agent's record transport as it last said: where records go, whether the
+// far end takes them, and what waits or was given up on the node. A broker or
+// collector that is away shows here as rising buffered_records.
+type TransportStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "grpc" (one collector's stream), "kafka" (a topic), or "" (none: records
+	// are only printed or written to a file).
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The collector's address, or the bootstrap brokers (comma-separated).
+	Destination string `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	// Kafka: the topic.
+	Topic string `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
+	// The far end takes records: the collector's stream is up, or the brokers
+	// acknowledged a message lately (or nothing waits for them).
+	Connected bool `protobuf:"varint,4,opt,name=connected,proto3" json:"connected,omitempty"`
+	// Records on the node not yet acknowledged: the agent's bounded queue plus,
+	// with Kafka, those handed to the client and not yet acknowledged.
+	BufferedRecords uint64 `protobuf:"varint,5,opt,name=buffered_records,json=bufferedRecords,proto3" json:"buffered_records,omitempty"`
+	BufferedBytes   uint64 `protobuf:"varint,6,opt,name=buffered_bytes,json=bufferedBytes,proto3" json:"buffered_bytes,omitempty"`
+	// The bound of the agent's queue (--buffer-bytes); beyond it the oldest go.
+	BufferCapacityBytes uint64 `protobuf:"varint,7,opt,name=buffer_capacity_bytes,json=bufferCapacityBytes,proto3" json:"buffer_capacity_bytes,omitempty"`
+	// Records the agent gave up since it started (queue bound, refused by the
+	// brokers).
+	DroppedRecords uint64 `protobuf:"varint,8,opt,name=dropped_records,json=droppedRecords,proto3" json:"dropped_records,omitempty"`
+	// Kafka: the topic's partitions as last read (0 = not known yet: the
+	// brokers are away or the topic does not exist; records wait).
+	Partitions    uint32 `protobuf:"varint,9,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransportStatus) Reset() {
+	*x = TransportStatus{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransportStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransportStatus) ProtoMessage() {}
+
+func (x *TransportStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransportStatus.ProtoReflect.Descriptor instead.
+func (*TransportStatus) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TransportStatus) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TransportStatus) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *TransportStatus) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TransportStatus) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *TransportStatus) GetBufferedRecords() uint64 {
+	if x != nil {
+		return x.BufferedRecords
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetBufferedBytes() uint64 {
+	if x != nil {
+		return x.BufferedBytes
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetBufferCapacityBytes() uint64 {
+	if x != nil {
+		return x.BufferCapacityBytes
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetDroppedRecords() uint64 {
+	if x != nil {
+		return x.DroppedRecords
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetPartitions() uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
 type Inventory struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Namespaces    []*Namespace           `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
@@ -551,7 +684,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +696,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +709,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Inventory) GetNamespaces() []*Namespace {
@@ -600,7 +733,7 @@ type TraceStatus struct {
 
 func (x *TraceStatus) Reset() {
 	*x = TraceStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +745,7 @@ func (x *TraceStatus) String() string {
 func (*TraceStatus) ProtoMessage() {}
 
 func (x *TraceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +758,7 @@ func (x *TraceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceStatus.ProtoReflect.Descriptor instead.
 func (*TraceStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TraceStatus) GetTrace() string {
@@ -677,7 +810,7 @@ type HopStatus struct {
 
 func (x *HopStatus) Reset() {
 	*x = HopStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +822,7 @@ func (x *HopStatus) String() string {
 func (*HopStatus) ProtoMessage() {}
 
 func (x *HopStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +835,7 @@ func (x *HopStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopStatus.ProtoReflect.Descriptor instead.
 func (*HopStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HopStatus) GetHopIndex() uint32 {
@@ -749,7 +882,7 @@ type DispatcherMessage struct {
 
 func (x *DispatcherMessage) Reset() {
 	*x = DispatcherMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -761,7 +894,7 @@ func (x *DispatcherMessage) String() string {
 func (*DispatcherMessage) ProtoMessage() {}
 
 func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -774,7 +907,7 @@ func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatcherMessage.ProtoReflect.Descriptor instead.
 func (*DispatcherMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DispatcherMessage) GetBody() isDispatcherMessage_Body {
@@ -899,7 +1032,7 @@ type SignedMessage struct {
 
 func (x *SignedMessage) Reset() {
 	*x = SignedMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +1044,7 @@ func (x *SignedMessage) String() string {
 func (*SignedMessage) ProtoMessage() {}
 
 func (x *SignedMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1057,7 @@ func (x *SignedMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedMessage.ProtoReflect.Descriptor instead.
 func (*SignedMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SignedMessage) GetPayload() []byte {
@@ -979,7 +1112,7 @@ type TracePlan struct {
 
 func (x *TracePlan) Reset() {
 	*x = TracePlan{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -991,7 +1124,7 @@ func (x *TracePlan) String() string {
 func (*TracePlan) ProtoMessage() {}
 
 func (x *TracePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1004,7 +1137,7 @@ func (x *TracePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracePlan.ProtoReflect.Descriptor instead.
 func (*TracePlan) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TracePlan) GetTrace() string {
@@ -1085,7 +1218,7 @@ type FlowMatch struct {
 
 func (x *FlowMatch) Reset() {
 	*x = FlowMatch{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1230,7 @@ func (x *FlowMatch) String() string {
 func (*FlowMatch) ProtoMessage() {}
 
 func (x *FlowMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1243,7 @@ func (x *FlowMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowMatch.ProtoReflect.Descriptor instead.
 func (*FlowMatch) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FlowMatch) GetIpProto() uint32 {
@@ -1196,7 +1329,7 @@ type HopAttach struct {
 
 func (x *HopAttach) Reset() {
 	*x = HopAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1341,7 @@ func (x *HopAttach) String() string {
 func (*HopAttach) ProtoMessage() {}
 
 func (x *HopAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1354,7 @@ func (x *HopAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopAttach.ProtoReflect.Descriptor instead.
 func (*HopAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *HopAttach) GetHopIndex() uint32 {
@@ -1326,7 +1459,7 @@ type HopActions struct {
 
 func (x *HopActions) Reset() {
 	*x = HopActions{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1471,7 @@ func (x *HopActions) String() string {
 func (*HopActions) ProtoMessage() {}
 
 func (x *HopActions) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1484,7 @@ func (x *HopActions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopActions.ProtoReflect.Descriptor instead.
 func (*HopActions) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HopActions) GetCount() bool {
@@ -1396,7 +1529,7 @@ type TcpTagging struct {
 
 func (x *TcpTagging) Reset() {
 	*x = TcpTagging{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1541,7 @@ func (x *TcpTagging) String() string {
 func (*TcpTagging) ProtoMessage() {}
 
 func (x *TcpTagging) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1554,7 @@ func (x *TcpTagging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpTagging.ProtoReflect.Descriptor instead.
 func (*TcpTagging) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TcpTagging) GetNetns() string {
@@ -1454,7 +1587,7 @@ type RemoveTrace struct {
 
 func (x *RemoveTrace) Reset() {
 	*x = RemoveTrace{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1599,7 @@ func (x *RemoveTrace) String() string {
 func (*RemoveTrace) ProtoMessage() {}
 
 func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1612,7 @@ func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTrace.ProtoReflect.Descriptor instead.
 func (*RemoveTrace) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RemoveTrace) GetTrace() string {
@@ -1503,7 +1636,7 @@ type RunPreset struct {
 
 func (x *RunPreset) Reset() {
 	*x = RunPreset{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1648,7 @@ func (x *RunPreset) String() string {
 func (*RunPreset) ProtoMessage() {}
 
 func (x *RunPreset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1661,7 @@ func (x *RunPreset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
 func (*RunPreset) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunPreset) GetId() string {
@@ -1566,7 +1699,7 @@ type PresetResult struct {
 
 func (x *PresetResult) Reset() {
 	*x = PresetResult{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1578,7 +1711,7 @@ func (x *PresetResult) String() string {
 func (*PresetResult) ProtoMessage() {}
 
 func (x *PresetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1591,7 +1724,7 @@ func (x *PresetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
 func (*PresetResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PresetResult) GetId() string {
@@ -1656,10 +1789,23 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\v2\x1a.hoptrace.v1.AttachSupportR\x05value:\x028\x01\"E\n" +
 	"\rAttachSupport\x12\x1c\n" +
 	"\tsupported\x18\x01 \x01(\bR\tsupported\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"v\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xb2\x01\n" +
 	"\tHeartbeat\x123\n" +
 	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x124\n" +
-	"\tinventory\x18\x02 \x01(\v2\x16.hoptrace.v1.InventoryR\tinventory\"C\n" +
+	"\tinventory\x18\x02 \x01(\v2\x16.hoptrace.v1.InventoryR\tinventory\x12:\n" +
+	"\ttransport\x18\x03 \x01(\v2\x1c.hoptrace.v1.TransportStatusR\ttransport\"\xca\x02\n" +
+	"\x0fTransportStatus\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x14\n" +
+	"\x05topic\x18\x03 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tconnected\x18\x04 \x01(\bR\tconnected\x12)\n" +
+	"\x10buffered_records\x18\x05 \x01(\x04R\x0fbufferedRecords\x12%\n" +
+	"\x0ebuffered_bytes\x18\x06 \x01(\x04R\rbufferedBytes\x122\n" +
+	"\x15buffer_capacity_bytes\x18\a \x01(\x04R\x13bufferCapacityBytes\x12'\n" +
+	"\x0fdropped_records\x18\b \x01(\x04R\x0edroppedRecords\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\t \x01(\rR\n" +
+	"partitions\"C\n" +
 	"\tInventory\x126\n" +
 	"\n" +
 	"namespaces\x18\x01 \x03(\v2\x16.hoptrace.v1.NamespaceR\n" +
@@ -1766,7 +1912,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -1775,61 +1921,63 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*Capabilities)(nil),          // 4: hoptrace.v1.Capabilities
 	(*AttachSupport)(nil),         // 5: hoptrace.v1.AttachSupport
 	(*Heartbeat)(nil),             // 6: hoptrace.v1.Heartbeat
-	(*Inventory)(nil),             // 7: hoptrace.v1.Inventory
-	(*TraceStatus)(nil),           // 8: hoptrace.v1.TraceStatus
-	(*HopStatus)(nil),             // 9: hoptrace.v1.HopStatus
-	(*DispatcherMessage)(nil),     // 10: hoptrace.v1.DispatcherMessage
-	(*SignedMessage)(nil),         // 11: hoptrace.v1.SignedMessage
-	(*TracePlan)(nil),             // 12: hoptrace.v1.TracePlan
-	(*FlowMatch)(nil),             // 13: hoptrace.v1.FlowMatch
-	(*HopAttach)(nil),             // 14: hoptrace.v1.HopAttach
-	(*HopActions)(nil),            // 15: hoptrace.v1.HopActions
-	(*TcpTagging)(nil),            // 16: hoptrace.v1.TcpTagging
-	(*RemoveTrace)(nil),           // 17: hoptrace.v1.RemoveTrace
-	(*RunPreset)(nil),             // 18: hoptrace.v1.RunPreset
-	(*PresetResult)(nil),          // 19: hoptrace.v1.PresetResult
-	nil,                           // 20: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 21: hoptrace.v1.RunPreset.ArgsEntry
-	(Field)(0),                    // 22: hoptrace.v1.Field
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(AttachKind)(0),               // 24: hoptrace.v1.AttachKind
+	(*TransportStatus)(nil),       // 7: hoptrace.v1.TransportStatus
+	(*Inventory)(nil),             // 8: hoptrace.v1.Inventory
+	(*TraceStatus)(nil),           // 9: hoptrace.v1.TraceStatus
+	(*HopStatus)(nil),             // 10: hoptrace.v1.HopStatus
+	(*DispatcherMessage)(nil),     // 11: hoptrace.v1.DispatcherMessage
+	(*SignedMessage)(nil),         // 12: hoptrace.v1.SignedMessage
+	(*TracePlan)(nil),             // 13: hoptrace.v1.TracePlan
+	(*FlowMatch)(nil),             // 14: hoptrace.v1.FlowMatch
+	(*HopAttach)(nil),             // 15: hoptrace.v1.HopAttach
+	(*HopActions)(nil),            // 16: hoptrace.v1.HopActions
+	(*TcpTagging)(nil),            // 17: hoptrace.v1.TcpTagging
+	(*RemoveTrace)(nil),           // 18: hoptrace.v1.RemoveTrace
+	(*RunPreset)(nil),             // 19: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 20: hoptrace.v1.PresetResult
+	nil,                           // 21: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 22: hoptrace.v1.RunPreset.ArgsEntry
+	(Field)(0),                    // 23: hoptrace.v1.Field
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(AttachKind)(0),               // 25: hoptrace.v1.AttachKind
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
-	8,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	19, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	9,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
+	20, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
 	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
 	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
-	8,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
+	9,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	3,  // 7: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	20, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	22, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
-	23, // 10: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	7,  // 11: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
-	2,  // 12: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
-	9,  // 13: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	12, // 14: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	17, // 15: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	18, // 16: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	11, // 17: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	11, // 18: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	13, // 19: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	14, // 20: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	16, // 21: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	24, // 22: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	15, // 23: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
-	22, // 24: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
-	22, // 25: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	21, // 26: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 27: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 28: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	10, // 29: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	29, // [29:30] is the sub-list for method output_type
-	28, // [28:29] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	21, // 8: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	23, // 9: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
+	24, // 10: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	8,  // 11: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
+	7,  // 12: hoptrace.v1.Heartbeat.transport:type_name -> hoptrace.v1.TransportStatus
+	2,  // 13: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
+	10, // 14: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	13, // 15: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	18, // 16: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	19, // 17: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	12, // 18: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	12, // 19: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	14, // 20: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	15, // 21: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	17, // 22: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	25, // 23: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	16, // 24: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	23, // 25: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	23, // 26: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	22, // 27: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 28: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 29: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	11, // 30: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	30, // [30:31] is the sub-list for method output_type
+	29, // [29:30] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -1845,7 +1993,7 @@ func file_hoptrace_v1_agent_proto_init() {
 		(*AgentMessage_TraceStatus)(nil),
 		(*AgentMessage_PresetResult)(nil),
 	}
-	file_hoptrace_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_hoptrace_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*DispatcherMessage_Apply)(nil),
 		(*DispatcherMessage_Remove)(nil),
 		(*DispatcherMessage_RunPreset)(nil),
@@ -1858,7 +2006,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -611,6 +611,8 @@ type Agent struct {
 	LastHeartbeat *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	Clock         *NodeClockStatus       `protobuf:"bytes,4,opt,name=clock,proto3" json:"clock,omitempty"`
 	LostRecords   uint64                 `protobuf:"varint,5,opt,name=lost_records,json=lostRecords,proto3" json:"lost_records,omitempty"`
+	// The agent's record transport from its last heartbeat (unset before one).
+	Transport     *TransportStatus `protobuf:"bytes,6,opt,name=transport,proto3" json:"transport,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -678,6 +680,13 @@ func (x *Agent) GetLostRecords() uint64 {
 		return x.LostRecords
 	}
 	return 0
+}
+
+func (x *Agent) GetTransport() *TransportStatus {
+	if x != nil {
+		return x.Transport
+	}
+	return nil
 }
 
 // The node's clock as the collector last measured it (its `node_clock` point).
@@ -2499,13 +2508,14 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x12ListAgentsResponse\x12*\n" +
 	"\x06agents\x18\x01 \x03(\v2\x12.hoptrace.v1.AgentR\x06agents\"%\n" +
 	"\x0fGetAgentRequest\x12\x12\n" +
-	"\x04node\x18\x01 \x01(\tR\x04node\"\xfa\x01\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"\xb6\x02\n" +
 	"\x05Agent\x129\n" +
 	"\fregistration\x18\x01 \x01(\v2\x15.hoptrace.v1.RegisterR\fregistration\x12\x1c\n" +
 	"\tconnected\x18\x02 \x01(\bR\tconnected\x12A\n" +
 	"\x0elast_heartbeat\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x122\n" +
 	"\x05clock\x18\x04 \x01(\v2\x1c.hoptrace.v1.NodeClockStatusR\x05clock\x12!\n" +
-	"\flost_records\x18\x05 \x01(\x04R\vlostRecords\"\xda\x01\n" +
+	"\flost_records\x18\x05 \x01(\x04R\vlostRecords\x12:\n" +
+	"\ttransport\x18\x06 \x01(\v2\x1c.hoptrace.v1.TransportStatusR\ttransport\"\xda\x01\n" +
 	"\x0fNodeClockStatus\x12\x1b\n" +
 	"\toffset_ns\x18\x01 \x01(\x03R\boffsetNs\x12\x19\n" +
 	"\bbound_ns\x18\x02 \x01(\x03R\aboundNs\x12\x1b\n" +
@@ -2730,9 +2740,10 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
 	(*TraceStatus)(nil),              // 42: hoptrace.v1.TraceStatus
 	(*Register)(nil),                 // 43: hoptrace.v1.Register
-	(*Filter)(nil),                   // 44: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 45: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 46: hoptrace.v1.PresetResult
+	(*TransportStatus)(nil),          // 44: hoptrace.v1.TransportStatus
+	(*Filter)(nil),                   // 45: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 46: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 47: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
 	40, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
@@ -2746,66 +2757,67 @@ var file_hoptrace_v1_api_proto_depIdxs = []int32{
 	43, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
 	41, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	41, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	41, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	41, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
-	19, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
-	19, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
-	20, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
-	17, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
-	18, // 18: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
-	18, // 19: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	41, // 20: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	41, // 21: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	21, // 22: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
-	22, // 23: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
-	23, // 24: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	40, // 25: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	41, // 26: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	41, // 27: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	29, // 28: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	41, // 29: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	30, // 30: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	39, // 31: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	44, // 32: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	36, // 33: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	38, // 34: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	45, // 35: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	40, // 36: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	37, // 37: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	1,  // 38: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 39: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 40: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 41: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 42: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 43: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 44: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 45: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	24, // 46: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	25, // 47: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	33, // 48: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	31, // 49: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	27, // 50: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	34, // 51: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 52: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 53: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 54: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 55: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 56: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 57: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 58: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 59: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	19, // 60: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	26, // 61: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	46, // 62: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	32, // 63: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	28, // 64: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	35, // 65: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	52, // [52:66] is the sub-list for method output_type
-	38, // [38:52] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	44, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
+	41, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	41, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	41, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	19, // 15: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
+	19, // 16: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
+	20, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
+	17, // 18: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
+	18, // 19: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
+	18, // 20: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
+	41, // 21: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	41, // 22: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	21, // 23: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	22, // 24: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	23, // 25: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	40, // 26: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	41, // 27: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	41, // 28: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	29, // 29: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	41, // 30: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	30, // 31: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	39, // 32: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	45, // 33: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	36, // 34: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	38, // 35: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	46, // 36: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	40, // 37: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	37, // 38: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	1,  // 39: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 40: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 41: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 42: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 43: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 44: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 45: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 46: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	24, // 47: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	25, // 48: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	33, // 49: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	31, // 50: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	27, // 51: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	34, // 52: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 53: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 54: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 55: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 56: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 57: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 58: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 59: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 60: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	19, // 61: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	26, // 62: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	47, // 63: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	32, // 64: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	28, // 65: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	35, // 66: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	53, // [53:67] is the sub-list for method output_type
+	39, // [39:53] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }

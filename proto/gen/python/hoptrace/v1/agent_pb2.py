@@ -27,7 +27,7 @@ from hoptrace.v1 import counters_pb2 as hoptrace_dot_v1_dot_counters__pb2
 from hoptrace.v1 import trace_pb2 as hoptrace_dot_v1_dot_trace__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hoptrace/v1/agent.proto\x12\x0bhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\x1a\x17hoptrace/v1/trace.proto\"\xd4\x01\n\x0c\x41gentMessage\x12)\n\x08register\x18\x01 \x01(\x0b\x32\x15.hoptrace.v1.RegisterH\x00\x12+\n\theartbeat\x18\x02 \x01(\x0b\x32\x16.hoptrace.v1.HeartbeatH\x00\x12\x30\n\x0ctrace_status\x18\x03 \x01(\x0b\x32\x18.hoptrace.v1.TraceStatusH\x00\x12\x32\n\rpreset_result\x18\x04 \x01(\x0b\x32\x19.hoptrace.v1.PresetResultH\x00\x42\x06\n\x04\x62ody\"\xcf\x01\n\x08Register\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x16\n\x0ekernel_release\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12/\n\x0c\x63\x61pabilities\x18\x04 \x01(\x0b\x32\x19.hoptrace.v1.Capabilities\x12*\n\nnamespaces\x18\x05 \x03(\x0b\x32\x16.hoptrace.v1.Namespace\x12)\n\x07running\x18\x06 \x03(\x0b\x32\x18.hoptrace.v1.TraceStatus\"N\n\tNamespace\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05inode\x18\x02 \x01(\x04\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13.hoptrace.v1.Device\"B\n\x06\x44\x65vice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07ifindex\x18\x02 \x01(\r\x12\x0b\n\x03mtu\x18\x03 \x01(\r\x12\x0c\n\x04kind\x18\x04 \x01(\t\"\xf9\x01\n\x0c\x43\x61pabilities\x12\x0b\n\x03\x62tf\x18\x01 \x01(\x08\x12\x13\n\x0bring_buffer\x18\x02 \x01(\x08\x12\x1a\n\x12tcp_header_options\x18\x03 \x01(\x08\x12\x35\n\x06\x61ttach\x18\x04 \x03(\x0b\x32%.hoptrace.v1.Capabilities.AttachEntry\x12)\n\raction_fields\x18\x05 \x03(\x0e\x32\x12.hoptrace.v1.Field\x1aI\n\x0b\x41ttachEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.hoptrace.v1.AttachSupport:\x02\x38\x01\"2\n\rAttachSupport\x12\x11\n\tsupported\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"c\n\tHeartbeat\x12+\n\x07sent_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\tinventory\x18\x02 \x01(\x0b\x32\x16.hoptrace.v1.Inventory\"7\n\tInventory\x12*\n\nnamespaces\x18\x01 \x03(\x0b\x32\x16.hoptrace.v1.Namespace\"u\n\x0bTraceStatus\x12\r\n\x05trace\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\x12$\n\x04hops\x18\x04 \x03(\x0b\x32\x16.hoptrace.v1.HopStatus\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"M\n\tHopStatus\x12\x11\n\thop_index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x61ttached\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x8b\x02\n\x11\x44ispatcherMessage\x12\'\n\x05\x61pply\x18\x01 \x01(\x0b\x32\x16.hoptrace.v1.TracePlanH\x00\x12*\n\x06remove\x18\x02 \x01(\x0b\x32\x18.hoptrace.v1.RemoveTraceH\x00\x12,\n\nrun_preset\x18\x03 \x01(\x0b\x32\x16.hoptrace.v1.RunPresetH\x00\x12\x32\n\x0csigned_apply\x18\x04 \x01(\x0b\x32\x1a.hoptrace.v1.SignedMessageH\x00\x12\x37\n\x11signed_run_preset\x18\x05 \x01(\x0b\x32\x1a.hoptrace.v1.SignedMessageH\x00\x42\x06\n\x04\x62ody\"V\n\rSignedMessage\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x12\x13\n\x0bsigner_cert\x18\x04 \x01(\x0c\"\xec\x01\n\tTracePlan\x12\r\n\x05trace\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06object\x18\x03 \x01(\x0c\x12\x13\n\x0bobject_path\x18\x04 \x01(\t\x12%\n\x05match\x18\t \x01(\x0b\x32\x16.hoptrace.v1.FlowMatch\x12\x0e\n\x06sample\x18\x06 \x01(\r\x12$\n\x04hops\x18\x07 \x03(\x0b\x32\x16.hoptrace.v1.HopAttach\x12,\n\x0btcp_tagging\x18\x08 \x01(\x0b\x32\x17.hoptrace.v1.TcpTaggingJ\x04\x08\x05\x10\x06R\x06\x66ilter\"\x99\x01\n\tFlowMatch\x12\x10\n\x08ip_proto\x18\x01 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\r\x12\x10\n\x08src_addr\x18\x03 \x01(\x0c\x12\x10\n\x08src_mask\x18\x04 \x01(\x0c\x12\x10\n\x08\x64st_addr\x18\x05 \x01(\x0c\x12\x10\n\x08\x64st_mask\x18\x06 \x01(\x0c\x12\x10\n\x08src_port\x18\x07 \x01(\r\x12\x10\n\x08\x64st_port\x18\x08 \x01(\r\"\x9b\x02\n\tHopAttach\x12\x11\n\thop_index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12%\n\x04kind\x18\x08 \x01(\x0e\x32\x17.hoptrace.v1.AttachKind\x12\x18\n\x10tracepoint_group\x18\t \x01(\t\x12\x18\n\x10tracepoint_event\x18\n \x01(\t\x12\x10\n\x08\x66unction\x18\x0b \x01(\t\x12\x0f\n\x07program\x18\x0c \x01(\t\x12\x0b\n\x03\x64\x65v\x18\x04 \x01(\t\x12\r\n\x05netns\x18\x05 \x01(\t\x12\x0e\n\x06\x63group\x18\x06 \x01(\t\x12\x0f\n\x07tag_udp\x18\x07 \x01(\x08\x12(\n\x07\x61\x63tions\x18\r \x01(\x0b\x32\x17.hoptrace.v1.HopActionsJ\x04\x08\x03\x10\x04R\x02\x61t\"y\n\nHopActions\x12\r\n\x05\x63ount\x18\x01 \x01(\x08\x12$\n\x08\x63ount_by\x18\x02 \x01(\x0e\x32\x12.hoptrace.v1.Field\x12%\n\thistogram\x18\x03 \x01(\x0e\x32\x12.hoptrace.v1.Field\x12\x0f\n\x07prev_ts\x18\x04 \x01(\x08\"<\n\nTcpTagging\x12\r\n\x05netns\x18\x01 \x01(\t\x12\x0e\n\x06\x63group\x18\x02 \x01(\t\x12\x0f\n\x07program\x18\x03 \x01(\t\"\x1c\n\x0bRemoveTrace\x12\r\n\x05trace\x18\x01 \x01(\t\"\x84\x01\n\tRunPreset\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12.\n\x04\x61rgs\x18\x03 \x03(\x0b\x32 .hoptrace.v1.RunPreset.ArgsEntry\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x0cPresetResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0csummary_json\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t2X\n\x0c\x41gentSession\x12H\n\x07\x43onnect\x12\x19.hoptrace.v1.AgentMessage\x1a\x1e.hoptrace.v1.DispatcherMessage(\x01\x30\x01\x42\x46ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hoptrace/v1/agent.proto\x12\x0bhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\x1a\x17hoptrace/v1/trace.proto\"\xd4\x01\n\x0c\x41gentMessage\x12)\n\x08register\x18\x01 \x01(\x0b\x32\x15.hoptrace.v1.RegisterH\x00\x12+\n\theartbeat\x18\x02 \x01(\x0b\x32\x16.hoptrace.v1.HeartbeatH\x00\x12\x30\n\x0ctrace_status\x18\x03 \x01(\x0b\x32\x18.hoptrace.v1.TraceStatusH\x00\x12\x32\n\rpreset_result\x18\x04 \x01(\x0b\x32\x19.hoptrace.v1.PresetResultH\x00\x42\x06\n\x04\x62ody\"\xcf\x01\n\x08Register\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x16\n\x0ekernel_release\x18\x02 \x01(\t\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12/\n\x0c\x63\x61pabilities\x18\x04 \x01(\x0b\x32\x19.hoptrace.v1.Capabilities\x12*\n\nnamespaces\x18\x05 \x03(\x0b\x32\x16.hoptrace.v1.Namespace\x12)\n\x07running\x18\x06 \x03(\x0b\x32\x18.hoptrace.v1.TraceStatus\"N\n\tNamespace\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05inode\x18\x02 \x01(\x04\x12$\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x13.hoptrace.v1.Device\"B\n\x06\x44\x65vice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07ifindex\x18\x02 \x01(\r\x12\x0b\n\x03mtu\x18\x03 \x01(\r\x12\x0c\n\x04kind\x18\x04 \x01(\t\"\xf9\x01\n\x0c\x43\x61pabilities\x12\x0b\n\x03\x62tf\x18\x01 \x01(\x08\x12\x13\n\x0bring_buffer\x18\x02 \x01(\x08\x12\x1a\n\x12tcp_header_options\x18\x03 \x01(\x08\x12\x35\n\x06\x61ttach\x18\x04 \x03(\x0b\x32%.hoptrace.v1.Capabilities.AttachEntry\x12)\n\raction_fields\x18\x05 \x03(\x0e\x32\x12.hoptrace.v1.Field\x1aI\n\x0b\x41ttachEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.hoptrace.v1.AttachSupport:\x02\x38\x01\"2\n\rAttachSupport\x12\x11\n\tsupported\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x94\x01\n\tHeartbeat\x12+\n\x07sent_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\tinventory\x18\x02 \x01(\x0b\x32\x16.hoptrace.v1.Inventory\x12/\n\ttransport\x18\x03 \x01(\x0b\x32\x1c.hoptrace.v1.TransportStatus\"\xd4\x01\n\x0fTransportStatus\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x11\n\tconnected\x18\x04 \x01(\x08\x12\x18\n\x10\x62uffered_records\x18\x05 \x01(\x04\x12\x16\n\x0e\x62uffered_bytes\x18\x06 \x01(\x04\x12\x1d\n\x15\x62uffer_capacity_bytes\x18\x07 \x01(\x04\x12\x17\n\x0f\x64ropped_records\x18\x08 \x01(\x04\x12\x12\n\npartitions\x18\t \x01(\r\"7\n\tInventory\x12*\n\nnamespaces\x18\x01 \x03(\x0b\x32\x16.hoptrace.v1.Namespace\"u\n\x0bTraceStatus\x12\r\n\x05trace\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\x12$\n\x04hops\x18\x04 \x03(\x0b\x32\x16.hoptrace.v1.HopStatus\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"M\n\tHopStatus\x12\x11\n\thop_index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x10\n\x08\x61ttached\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x8b\x02\n\x11\x44ispatcherMessage\x12\'\n\x05\x61pply\x18\x01 \x01(\x0b\x32\x16.hoptrace.v1.TracePlanH\x00\x12*\n\x06remove\x18\x02 \x01(\x0b\x32\x18.hoptrace.v1.RemoveTraceH\x00\x12,\n\nrun_preset\x18\x03 \x01(\x0b\x32\x16.hoptrace.v1.RunPresetH\x00\x12\x32\n\x0csigned_apply\x18\x04 \x01(\x0b\x32\x1a.hoptrace.v1.SignedMessageH\x00\x12\x37\n\x11signed_run_preset\x18\x05 \x01(\x0b\x32\x1a.hoptrace.v1.SignedMessageH\x00\x42\x06\n\x04\x62ody\"V\n\rSignedMessage\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x11\n\tsignature\x18\x03 \x01(\x0c\x12\x13\n\x0bsigner_cert\x18\x04 \x01(\x0c\"\xec\x01\n\tTracePlan\x12\r\n\x05trace\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12\x0e\n\x06object\x18\x03 \x01(\x0c\x12\x13\n\x0bobject_path\x18\x04 \x01(\t\x12%\n\x05match\x18\t \x01(\x0b\x32\x16.hoptrace.v1.FlowMatch\x12\x0e\n\x06sample\x18\x06 \x01(\r\x12$\n\x04hops\x18\x07 \x03(\x0b\x32\x16.hoptrace.v1.HopAttach\x12,\n\x0btcp_tagging\x18\x08 \x01(\x0b\x32\x17.hoptrace.v1.TcpTaggingJ\x04\x08\x05\x10\x06R\x06\x66ilter\"\x99\x01\n\tFlowMatch\x12\x10\n\x08ip_proto\x18\x01 \x01(\r\x12\x0e\n\x06\x66\x61mily\x18\x02 \x01(\r\x12\x10\n\x08src_addr\x18\x03 \x01(\x0c\x12\x10\n\x08src_mask\x18\x04 \x01(\x0c\x12\x10\n\x08\x64st_addr\x18\x05 \x01(\x0c\x12\x10\n\x08\x64st_mask\x18\x06 \x01(\x0c\x12\x10\n\x08src_port\x18\x07 \x01(\r\x12\x10\n\x08\x64st_port\x18\x08 \x01(\r\"\x9b\x02\n\tHopAttach\x12\x11\n\thop_index\x18\x01 \x01(\r\x12\x0c\n\x04name\x18\x02 \x01(\t\x12%\n\x04kind\x18\x08 \x01(\x0e\x32\x17.hoptrace.v1.AttachKind\x12\x18\n\x10tracepoint_group\x18\t \x01(\t\x12\x18\n\x10tracepoint_event\x18\n \x01(\t\x12\x10\n\x08\x66unction\x18\x0b \x01(\t\x12\x0f\n\x07program\x18\x0c \x01(\t\x12\x0b\n\x03\x64\x65v\x18\x04 \x01(\t\x12\r\n\x05netns\x18\x05 \x01(\t\x12\x0e\n\x06\x63group\x18\x06 \x01(\t\x12\x0f\n\x07tag_udp\x18\x07 \x01(\x08\x12(\n\x07\x61\x63tions\x18\r \x01(\x0b\x32\x17.hoptrace.v1.HopActionsJ\x04\x08\x03\x10\x04R\x02\x61t\"y\n\nHopActions\x12\r\n\x05\x63ount\x18\x01 \x01(\x08\x12$\n\x08\x63ount_by\x18\x02 \x01(\x0e\x32\x12.hoptrace.v1.Field\x12%\n\thistogram\x18\x03 \x01(\x0e\x32\x12.hoptrace.v1.Field\x12\x0f\n\x07prev_ts\x18\x04 \x01(\x08\"<\n\nTcpTagging\x12\r\n\x05netns\x18\x01 \x01(\t\x12\x0e\n\x06\x63group\x18\x02 \x01(\t\x12\x0f\n\x07program\x18\x03 \x01(\t\"\x1c\n\x0bRemoveTrace\x12\r\n\x05trace\x18\x01 \x01(\t\"\x84\x01\n\tRunPreset\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06preset\x18\x02 \x01(\t\x12.\n\x04\x61rgs\x18\x03 \x03(\x0b\x32 .hoptrace.v1.RunPreset.ArgsEntry\x1a+\n\tArgsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x0cPresetResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0csummary_json\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t2X\n\x0c\x41gentSession\x12H\n\x07\x43onnect\x12\x19.hoptrace.v1.AgentMessage\x1a\x1e.hoptrace.v1.DispatcherMessage(\x01\x30\x01\x42\x46ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -53,36 +53,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CAPABILITIES_ATTACHENTRY']._serialized_end=949
   _globals['_ATTACHSUPPORT']._serialized_start=951
   _globals['_ATTACHSUPPORT']._serialized_end=1001
-  _globals['_HEARTBEAT']._serialized_start=1003
-  _globals['_HEARTBEAT']._serialized_end=1102
-  _globals['_INVENTORY']._serialized_start=1104
-  _globals['_INVENTORY']._serialized_end=1159
-  _globals['_TRACESTATUS']._serialized_start=1161
-  _globals['_TRACESTATUS']._serialized_end=1278
-  _globals['_HOPSTATUS']._serialized_start=1280
-  _globals['_HOPSTATUS']._serialized_end=1357
-  _globals['_DISPATCHERMESSAGE']._serialized_start=1360
-  _globals['_DISPATCHERMESSAGE']._serialized_end=1627
-  _globals['_SIGNEDMESSAGE']._serialized_start=1629
-  _globals['_SIGNEDMESSAGE']._serialized_end=1715
-  _globals['_TRACEPLAN']._serialized_start=1718
-  _globals['_TRACEPLAN']._serialized_end=1954
-  _globals['_FLOWMATCH']._serialized_start=1957
-  _globals['_FLOWMATCH']._serialized_end=2110
-  _globals['_HOPATTACH']._serialized_start=2113
-  _globals['_HOPATTACH']._serialized_end=2396
-  _globals['_HOPACTIONS']._serialized_start=2398
-  _globals['_HOPACTIONS']._serialized_end=2519
-  _globals['_TCPTAGGING']._serialized_start=2521
-  _globals['_TCPTAGGING']._serialized_end=2581
-  _globals['_REMOVETRACE']._serialized_start=2583
-  _globals['_REMOVETRACE']._serialized_end=2611
-  _globals['_RUNPRESET']._serialized_start=2614
-  _globals['_RUNPRESET']._serialized_end=2746
-  _globals['_RUNPRESET_ARGSENTRY']._serialized_start=2703
-  _globals['_RUNPRESET_ARGSENTRY']._serialized_end=2746
-  _globals['_PRESETRESULT']._serialized_start=2748
-  _globals['_PRESETRESULT']._serialized_end=2811
-  _globals['_AGENTSESSION']._serialized_start=2813
-  _globals['_AGENTSESSION']._serialized_end=2901
+  _globals['_HEARTBEAT']._serialized_start=1004
+  _globals['_HEARTBEAT']._serialized_end=1152
+  _globals['_TRANSPORTSTATUS']._serialized_start=1155
+  _globals['_TRANSPORTSTATUS']._serialized_end=1367
+  _globals['_INVENTORY']._serialized_start=1369
+  _globals['_INVENTORY']._serialized_end=1424
+  _globals['_TRACESTATUS']._serialized_start=1426
+  _globals['_TRACESTATUS']._serialized_end=1543
+  _globals['_HOPSTATUS']._serialized_start=1545
+  _globals['_HOPSTATUS']._serialized_end=1622
+  _globals['_DISPATCHERMESSAGE']._serialized_start=1625
+  _globals['_DISPATCHERMESSAGE']._serialized_end=1892
+  _globals['_SIGNEDMESSAGE']._serialized_start=1894
+  _globals['_SIGNEDMESSAGE']._serialized_end=1980
+  _globals['_TRACEPLAN']._serialized_start=1983
+  _globals['_TRACEPLAN']._serialized_end=2219
+  _globals['_FLOWMATCH']._serialized_start=2222
+  _globals['_FLOWMATCH']._serialized_end=2375
+  _globals['_HOPATTACH']._serialized_start=2378
+  _globals['_HOPATTACH']._serialized_end=2661
+  _globals['_HOPACTIONS']._serialized_start=2663
+  _globals['_HOPACTIONS']._serialized_end=2784
+  _globals['_TCPTAGGING']._serialized_start=2786
+  _globals['_TCPTAGGING']._serialized_end=2846
+  _globals['_REMOVETRACE']._serialized_start=2848
+  _globals['_REMOVETRACE']._serialized_end=2876
+  _globals['_RUNPRESET']._serialized_start=2879
+  _globals['_RUNPRESET']._serialized_end=3011
+  _globals['_RUNPRESET_ARGSENTRY']._serialized_start=2968
+  _globals['_RUNPRESET_ARGSENTRY']._serialized_end=3011
+  _globals['_PRESETRESULT']._serialized_start=3013
+  _globals['_PRESETRESULT']._serialized_end=3076
+  _globals['_AGENTSESSION']._serialized_start=3078
+  _globals['_AGENTSESSION']._serialized_end=3166
 # @@protoc_insertion_point(module_scope)
