@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -290,6 +291,44 @@ def build_base_image(name: str = BASE_IMAGE, suite: str = "bookworm") -> bool:
     return True
 
 
+KAFKA_IMAGE = "hoptrace/kafka:local"
+
+
+def build_kafka_image() -> float:
+    """The Kafka override's broker image (deploy/local/Dockerfile, targets base and kafka: Debian's headless
+    Java 17 and the jars of `make kafka`), from a context of just those; returns the seconds it took. Its own
+    context: Debian's Docker (no buildx) builds every stage before the target, and the others need the whole
+    staged context (`make compose-images`)."""
+    if not (KAFKA_LIBS / ".stamp").exists():
+        raise ComposeError(f"{KAFKA_LIBS} is missing: run `make kafka`")
+    start = time.monotonic()
+    build_base_image()
+    stages = DOCKERFILE.read_text().split("\nFROM ")
+    kept = [
+        stages[0],
+        *(st for st in stages[1:] if st.startswith(("${BASE_IMAGE} AS base", "base AS kafka"))),
+    ]
+    if len(kept) != 3:
+        raise ComposeError(f"{DOCKERFILE}: no base and kafka stages")
+    with tempfile.TemporaryDirectory(prefix="hoptrace-kafka-image-") as context:
+        (Path(context) / "Dockerfile").write_text("\nFROM ".join(kept))
+        shutil.copytree(KAFKA_LIBS, Path(context) / "kafka-libs", ignore=shutil.ignore_patterns(".stamp"))
+        shutil.copy2(REPO / "deploy" / "local" / "kafka-broker.sh", Path(context) / "kafka-broker.sh")
+        base = os.environ.get("HOPTRACE_BASE_IMAGE", BASE_IMAGE)
+        build = [
+            "docker",
+            "build",
+            "--network",
+            "host",
+            "--target",
+            "kafka",
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+        ]
+        run([*build, "-t", KAFKA_IMAGE, context], timeout_s=900)
+    return time.monotonic() - start
+
+
 def stage_context(python: str = sys.executable) -> Path:
     """The build context of deploy/local/Dockerfile: the Dockerfile, the agent binary, influxd, wheels of
     hoptrace and its dependencies, web/node_modules, kernel-patch/ sources, influxdb.conf; for the Kafka
@@ -331,16 +370,16 @@ def stage_context(python: str = sys.executable) -> Path:
     return CONTEXT
 
 
-def compose_command(*args: str, kafka: bool = False) -> list[str]:
-    """docker-compose on the local compose file, project hoptrace-local; with `kafka`, its Kafka override
-    (deploy/local/docker-compose.kafka.yml) on top."""
+def compose_command(*args: str, kafka: bool = False, project: str = PROJECT) -> list[str]:
+    """docker-compose on the local compose file, project hoptrace-local (or `project`); with `kafka`, its
+    Kafka override (deploy/local/docker-compose.kafka.yml) on top."""
     if not DOCKER_COMPOSE.exists():
         raise ComposeError(f"{DOCKER_COMPOSE} is missing: run `make setup` (Debian package docker-compose)")
     # docker-compose checks every service's build path on any command, `down` too; a clean clone whose
     # images are cached (same engine, same inputs) has not staged the context.
     CONTEXT.mkdir(parents=True, exist_ok=True)
     files = ["-f", str(COMPOSE_FILE), *(["-f", str(KAFKA_OVERRIDE)] if kafka else [])]
-    return [str(DOCKER_COMPOSE), *files, "-p", PROJECT, *args]
+    return [str(DOCKER_COMPOSE), *files, "-p", project, *args]
 
 
 def compose_env(**settings: str) -> dict[str, str]:
