@@ -202,6 +202,10 @@ compose-base: setup ## the Debian base image hoptrace/debian:bookworm (debootstr
 compose-images: setup build ## every image of deploy/local/docker-compose.yml (~1 min; nothing when unchanged)
 	$(PY) -m hoptrace.lab.compose images
 
+.PHONY: compose-kafka-image
+compose-kafka-image: kafka ## the Kafka override's broker image hoptrace/kafka:local (Debian's Java 17 + the jars; ~40 s once)
+	$(PY) -m hoptrace.lab.compose kafka-image
+
 .PHONY: compose-test
 compose-test: setup build ## the compose stack up, two containers traced via CLI and web UI, all down (~40 s)
 	$(PY) -m pytest -v -s tests/deploy/test_compose.py

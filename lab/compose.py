@@ -662,17 +662,19 @@ class ComposeStack:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`base` or `images`, starting (and then stopping) the engine when none runs."""
+    """`base`, `images` or `kafka-image`, starting (and then stopping) the engine when none runs."""
     parser = argparse.ArgumentParser(
         prog="python -m hoptrace.lab.compose", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("what", choices=("base", "images"))
+    parser.add_argument("what", choices=("base", "images", "kafka-image"))
     args = parser.parse_args(argv)
     engine = DockerEngine()
     try:
         engine.ensure()
         if args.what == "base":
             print(f"{BASE_IMAGE}: {'built' if build_base_image() else 'already there'}")
+        elif args.what == "kafka-image":
+            print(f"{KAFKA_IMAGE} built in {build_kafka_image():.0f} s")
         else:
             print(f"images {', '.join(IMAGES)} built in {build_images():.0f} s")
     except ComposeError as error:
