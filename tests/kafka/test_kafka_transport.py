@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
 import time
@@ -401,3 +402,4 @@ def test_broker_down_buffered_records_shown_in_agents_and_metrics(
         print(f"{sent} packets; {sent - sent_at_down} sent with the broker away; host-a while down: {down}")
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.workdir, ignore_errors=True)
