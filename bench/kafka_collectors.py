@@ -29,77 +29,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from confluent_kafka import Producer
-
-from hoptrace.collector.records import RECORD_SIZE, pack_records
-from hoptrace.lab.kafka import start_kafka
+from hoptrace.lab.kafka import publish_backlog, start_kafka
 from hoptrace.lab.lifecycle import die_with_parent
 from hoptrace.lab.processes import free_port, start_influxd
-from hoptrace.v1 import records_pb2
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-HEADER = [("hoptrace-format", b"RecordBatch/v1")]
-SEC = 1_000_000_000
-
-
-def publish_backlog(
-    bootstrap: str, topic: str, trace: str, packets: int, partitions: int, batch: int = 1024
-) -> int:
-    """Publish `packets` packets of a 2-hop trace (node-a hop 0, node-b hop 1), `batch` packets per agent
-    batch; returns the records."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
-    rate = 5_000  # packets per second of master time
-    base = time.time_ns() - (packets // rate + 120) * SEC
-    seq = {"node-a": 0, "node-b": 0}
-    records = 0
-
-    def send(node: str, recs: list[tuple], watermark: int) -> None:
-        seq[node] += 1
-        parts: dict[int, list[tuple]] = {}
-        for r in recs:
-            parts.setdefault(r[1] % partitions, []).append(r)
-        clock = records_pb2.NodeClock(monotonic_to_realtime_ns=0)
-        for p, part in parts.items():
-            msg = records_pb2.RecordBatch(
-                node=node,
-                trace=trace,
-                generation=1,
-                batch_seq=seq[node],
-                records=pack_records(part),
-                record_size=RECORD_SIZE,
-                clock=clock,
-            )
-            producer.produce(topic, msg.SerializeToString(), partition=p, headers=HEADER)
-        seq[node] += 1
-        for p in range(partitions):
-            beat = records_pb2.RecordBatch(
-                node=node,
-                trace=trace,
-                generation=1,
-                batch_seq=seq[node],
-                record_size=RECORD_SIZE,
-                clock=clock,
-                watermark_ns=watermark,
-            )
-            producer.produce(topic, beat.SerializeToString(), partition=p, headers=HEADER)
-        producer.poll(0)
-
-    for start in range(0, packets, batch):
-        ids = range(start, min(start + batch, packets))
-        a = [(base + i * SEC // rate, (7 << 24) | i, 0xABCD, 3, 100, 0, 1, 0, 0) for i in ids]
-        b = [
-            (t + 40_000 + i % 997, pid, fh, 4, 100, 1, 1, 0, 0)
-            for (t, pid, fh, *_), i in zip(a, ids, strict=True)
-        ]
-        send("node-a", a, a[-1][0])
-        send("node-b", b, b[-1][0])
-        records += len(a) + len(b)
-    producer.flush(120)
-    # a last heartbeat far ahead: every packet can leave the join
-    send("node-a", [], time.time_ns())
-    send("node-b", [], time.time_ns())
-    producer.flush(120)
-    return records
 
 
 def scrape(addr: str) -> dict[str, float]:

@@ -4,6 +4,7 @@ foreign and malformed messages, and a topic with too few partitions."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from google.protobuf import json_format
 from kafka_helpers import scrape
 
 from hoptrace.lab.influx import distinct_packets, segment_counts
+from hoptrace.lab.kafka import publish_backlog
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import AgentProcess, free_port
 from hoptrace.lab.reference import path_plans, vxlan_path_spec
@@ -91,13 +93,15 @@ def tagged_at_exit(agent: AgentProcess) -> int:
     return int(last["tagged"])
 
 
-def wait_points(influx_url: str, trace: str, packets: int, timeout_s: float) -> dict[str, int]:
+def wait_points(
+    influx_url: str, trace: str, packets: int, timeout_s: float, segments: int = SEGMENTS
+) -> dict[str, int]:
     """Poll InfluxDB until every segment has `packets` hop_latency points; return the last counts."""
     deadline = time.monotonic() + timeout_s
     counts: dict[str, int] = {}
     while time.monotonic() < deadline:
         counts = segment_counts(influx_url, trace)
-        if len(counts) == SEGMENTS and all(n >= packets for n in counts.values()):
+        if len(counts) == segments and all(n >= packets for n in counts.values()):
             time.sleep(3)  # a last replay would show as extra points
             return segment_counts(influx_url, trace)
         time.sleep(1)
@@ -403,3 +407,65 @@ def test_broker_down_buffered_records_shown_in_agents_and_metrics(
     finally:
         cluster.stop()
         shutil.rmtree(cluster.workdir, ignore_errors=True)
+
+
+def records_consumed(collectors: list[Any]) -> float:
+    """Records the live collectors consumed so far (a replayed record again)."""
+    total = 0.0
+    for c in collectors:
+        with contextlib.suppress(OSError):  # a collector just killed or stopped
+            metrics = c.metrics_now()
+            total += sum(v for k, v in metrics.items() if k.startswith("hoptrace_collector_records_"))
+    return total
+
+
+def test_collectors_started_together_on_a_backlog_rebalanced_while_it_drains(
+    kafka_lab: Callable[..., Any],
+) -> None:
+    """A 4-partition topic already holds a backlog (2-hop trace, 250,000 packets); two collectors start
+    together on it, a third joins, the first is SIGKILLed and the second stopped while it drains, so the
+    partitions move four times with packets in their joins and their windows half written: every packet is
+    counted exactly once in `segment_stats` (per segment, summed over seconds and partitions), and has
+    exactly one `hop_latency` point per segment."""
+    packets, partitions = 250_000, 4
+    trace = f"kafka-backlog-{os.urandom(2).hex()}"
+    spec = {"name": trace, "hops": [{"name": "a", "node": "node-a"}, {"name": "b", "node": "node-b"}]}
+    lab = kafka_lab(spec, partitions=partitions)
+    records = publish_backlog(lab.broker.bootstrap, lab.topic, trace, packets, partitions)
+    assert records == 2 * packets
+    first, second = lab.start_collector(), lab.start_collector()
+
+    def when_consumed(share: float, live: list[Any]) -> None:
+        deadline = time.monotonic() + 120
+        while records_consumed(live) < share * records:
+            assert time.monotonic() < deadline, f"{share:.0%} of the backlog not consumed: {live}"
+            time.sleep(0.2)
+        # still draining: the rebalance this precedes happens with the backlog half read
+        assert records_consumed(live) < records, "the backlog drained before the rebalance"
+
+    when_consumed(0.05, [first, second])
+    third = lab.start_collector()
+    third.wait_metric(lambda m: m.get("hoptrace_collector_kafka_partitions_assigned", 0) >= 1, 60, "a share")
+    when_consumed(0.25, [first, second, third])
+    first.kill()  # its partitions move after the session timeout (3 s), replayed from their commits
+    when_consumed(0.45, [second, third])
+    assert second.stop() == 0  # a graceful leave: revoked, committed, replayed by the third
+    third.wait_metric(
+        lambda m: m.get("hoptrace_collector_kafka_partitions_assigned") == partitions, 60, "every partition"
+    )
+
+    counts = wait_points(lab.influx.url, trace, packets, timeout_s=90, segments=2)
+    try:
+        assert len(counts) == 2 and all(n == packets for n in counts.values()), (
+            f"{packets} packets in the backlog, segment_stats counts {counts}"
+        )
+        distinct = distinct_packets(lab.influx.url, trace)
+        assert len(distinct) == 2 and all(n == packets for n in distinct.values()), distinct
+    except AssertionError:
+        print("DIAG per second", per_second_counts(lab.influx.url, trace))
+        for c in (first, second, third):
+            print(f"DIAG {c.name} log", c.log()[-6000:])
+        raise
+    metrics = third.metrics_now()
+    assert metrics["hoptrace_collector_kafka_uncommitted_messages"] == 0, metrics
+    assert metrics["hoptrace_collector_kafka_rebalances_total"] >= 2, metrics
