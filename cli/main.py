@@ -39,7 +39,7 @@ from hoptrace.common.grpcutil import (
 from hoptrace.common.timeouts import scaled
 from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
-from hoptrace.v1 import api_pb2, trace_pb2
+from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
 
 DEFAULT_DISPATCHER = "127.0.0.1:7070"
 
@@ -196,6 +196,7 @@ def agent_to_data(agent: api_pb2.Agent) -> dict[str, Any]:
         "container_runtime": registration.get("runtime", {}),
         "lost_records": agent.lost_records,
         "clock": clock_data(agent.clock),
+        "transport": transport_data(agent),
     }
 
 
@@ -204,6 +205,37 @@ def workload_text(workload: trace_pb2.Workload) -> str:
     if workload.pod_name:
         return f"{workload.container_name}[pod {workload.pod_namespace}/{workload.pod_name}]"
     return workload.container_name
+
+
+def transport_data(agent: api_pb2.Agent) -> dict[str, Any] | None:
+    """The agent's record transport from its last heartbeat (None before one): where records go, whether
+    the far end (collector or brokers) takes them, and what waits on the node or was given up."""
+    if not agent.HasField("transport"):
+        return None
+    transport = agent.transport
+    return {
+        "kind": transport.kind or None,
+        "destination": transport.destination,
+        "topic": transport.topic,
+        "partitions": transport.partitions,
+        "connected": transport.connected,
+        "state": _transport_state(transport),
+        "buffered_records": transport.buffered_records,
+        "buffered_bytes": transport.buffered_bytes,
+        "buffer_capacity_bytes": transport.buffer_capacity_bytes,
+        "dropped_records": transport.dropped_records,
+    }
+
+
+def _transport_state(transport: agent_pb2.TransportStatus) -> str:
+    """One word a user reads in the PEER column: up, down, or why Kafka is not usable yet."""
+    if not transport.kind:
+        return "-"
+    if transport.connected:
+        return "up"
+    if transport.kind == "kafka" and transport.partitions == 0:
+        return "down (topic not read)"  # brokers away or topic missing: records wait in the queue
+    return "down"
 
 
 def cmd_agents(args: argparse.Namespace) -> int:
@@ -218,7 +250,8 @@ def cmd_agents(args: argparse.Namespace) -> int:
     rows = [
         [
             *["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "CLOCK OFFSET", "BOUND", "DRIFT"],
-            *["CLOCK MEASURED", "NAMESPACES", "CONTAINERS", "UNSUPPORTED"],
+            *["CLOCK MEASURED", "TRANSPORT", "PEER", "BUFFERED", "DROPPED"],
+            *["NAMESPACES", "CONTAINERS", "UNSUPPORTED"],
         ]
     ]
     from hoptrace.collector.report import clock_texts
@@ -250,6 +283,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
                 clock["bound"],
                 clock["drift"],
                 clock["measured"],
+                *_transport_cells(agent),
                 namespaces or "-",
                 containers or "-",
                 unsupported or "-",
@@ -257,6 +291,22 @@ def cmd_agents(args: argparse.Namespace) -> int:
         )
     print(_table(rows))
     return 0
+
+
+def _transport_cells(agent: api_pb2.Agent) -> list[str]:
+    """TRANSPORT, PEER, BUFFERED, DROPPED cells of `hoptrace agents`."""
+    if not agent.HasField("transport"):
+        return ["-", "-", "-", "-"]
+    transport = agent.transport
+    kind = transport.kind or "-"
+    if transport.kind == "kafka":
+        kind = f"kafka:{transport.topic}/{transport.partitions}p"
+    return [
+        kind,
+        _transport_state(transport),
+        str(transport.buffered_records),
+        str(transport.dropped_records),
+    ]
 
 
 def report_to_data(report: api_pb2.Report) -> dict[str, Any]:
@@ -498,7 +548,6 @@ def cmd_plan_sign(args: argparse.Namespace) -> int:
     """hoptrace plan sign PLAN --node N --signer-cert C --signer-key K --out FILE: a signed plan file for
     ``hoptrace-agent run --plan FILE --ca CA`` (docs/security.md, "Signed plans and presets")."""
     from hoptrace.dispatcher.signing import PLAN_TYPE, MessageSigner
-    from hoptrace.v1 import agent_pb2
 
     plan_path = Path(args.plan)
     try:

@@ -319,6 +319,8 @@ class SegmentAggregator:
         self.stats = AggregateStats()
         self._windows: dict[tuple[str, str, int], _Window] = {}
         self._closed_before = 0
+        # Windows before this were written by an earlier pipeline of the same stream (`resume_after`).
+        self._written_before = 0
         # records the tracer lost, by window: (trace, hop, start) and node-wide (trace, node, start)
         self._lost_hop: dict[tuple[str, str, int], int] = {}
         self._lost_node: dict[tuple[str, str, int], int] = {}
@@ -329,14 +331,29 @@ class SegmentAggregator:
         self._exemplar_seq = 0
         self._exemplar_out: list[LatencySample] = []
 
+    @property
+    def closed_before(self) -> int:
+        """Master time before which every window is closed (and handed out by `close_windows`)."""
+        return self._closed_before
+
+    def resume_after(self, written_before_ns: int) -> None:
+        """Continue a stream whose windows before `written_before_ns` an earlier pipeline closed and wrote
+        (a replay from a commit): what falls before it was counted there, so it is left out here (packets
+        as late, tracer losses dropped) instead of overwriting those windows with a part of their packets."""
+        interval = self.config.interval_ns
+        cut = written_before_ns - written_before_ns % interval
+        self._closed_before = max(self._closed_before, cut)
+        self._written_before = max(self._written_before, cut)
+
     def note_tracer_lost(
         self, trace: str, hop: str, node: str, ts_ns: int, records: int, reason: str
     ) -> None:
         """Records the tracer lost at `hop` of `node` ("" hop: anywhere on the node) at master `ts_ns`.
 
-        A loss reported for a window already closed counts in the oldest open one.
+        A loss reported for a window already closed counts in the oldest open one, unless an earlier
+        pipeline wrote that window (`resume_after`): then it was counted there.
         """
-        if records <= 0:
+        if records <= 0 or ts_ns < self._written_before:
             return
         interval = self.config.interval_ns
         start = max(ts_ns - ts_ns % interval, self._closed_before)
@@ -832,6 +849,17 @@ class HopCounterAggregator:
         self._last: dict[tuple[str, str, int], tuple[int, ...]] = {}
         self._windows: dict[tuple[str, str, str, int], HopCounterWindow] = {}
         self._closed_before = 0
+        # Windows before this were written by an earlier pipeline of the same stream (`resume_after`).
+        self._written_before = 0
+
+    def resume_after(self, written_before_ns: int) -> None:
+        """Continue a stream whose windows before `written_before_ns` an earlier pipeline wrote (see
+        `SegmentAggregator.resume_after`): records before it are left out as late, and counters reported
+        before it only set the base their next report's delta is taken from."""
+        interval = self.config.interval_ns
+        cut = written_before_ns - written_before_ns % interval
+        self._closed_before = max(self._closed_before, cut)
+        self._written_before = max(self._written_before, cut)
 
     def _get(self, trace: str, hop: str, node: str, start: int, counters: bool) -> HopCounterWindow:
         wkey = (trace, hop, node, start)
@@ -905,6 +933,8 @@ class HopCounterAggregator:
                     ts = self.clock.wall_to_master(node, ts)
             else:
                 ts = now_ns if now_ns is not None else time.time_ns()
+            if ts < self._written_before:
+                continue  # its delta is in a window an earlier pipeline wrote
             start = max(ts - ts % interval, self._closed_before)
             hop = c.hop or f"hop{c.hop_index}"
             w = self._get(trace, hop, node, start, counters=True)

@@ -18,9 +18,15 @@ instead (`agent/internal/kafka`) and any number of collectors share it:
   series, timestamp and fields, and InfluxDB keeps one point per series and timestamp, so they overwrite
   themselves (not counted twice). For that, a replay in the same process (a partition lost and assigned
   back) must not take the 1 ns collision shift of the exporter's deduper: `ReplayDeduper` hands a packet
-  seen again its first timestamp. Per-second aggregates (`segment_stats`, `hop_counters`) are computed per
-  partition and would overwrite each other's share: merging them across partitions and collectors is the
-  job of the sketches (issue 14, part 3), not of this stage.
+  seen again its first timestamp.
+* per-second windows (`segment_stats`, `hop_counters`, `tracer_loss`) are tagged by partition, and a
+  window is a sum, not idempotent per packet: the first message of a replay can hold packets of a second
+  whose window the previous owner already wrote complete, and writing it again from the replayed packets
+  alone would overwrite it with a part. So every commit carries in its metadata the time before which the
+  partition's windows were closed and written (`written-before-ns`); the next owner reads it when the
+  partition is assigned and leaves out what falls before it (`CollectorPipeline.resume_after`), while the
+  windows from it on hold only packets of messages from the committed offset on (a message is done only
+  once its newest record is before that time), so the replay writes them whole.
 
 Faults: a message without the hoptrace header (another producer on the topic) is counted as foreign and
 skipped; one with it that does not decode is counted as malformed and skipped; neither stops the
@@ -58,6 +64,9 @@ log = logging.getLogger(__name__)
 # The agent's marker on every message it publishes (agent/internal/kafka: FormatHeader, FormatValue).
 FORMAT_HEADER = "hoptrace-format"
 FORMAT_VALUE = b"RecordBatch/v1"
+
+# Commit metadata: the master time before which the partition's windows were written (see the docstring).
+WRITTEN_BEFORE_KEY = "written-before-ns="
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -208,6 +217,8 @@ class PartitionState:
     # (offset, newest master time of its records; 0 for no records) in offset order
     open: deque[tuple[int, int]] = field(default_factory=deque)
     committed: int = -1  # the offset committed last (the next one to read after a restart)
+    # the commit's `written-before-ns` this pipeline resumed after (0: a partition never committed)
+    written_before: int = 0
 
 
 @dataclass
@@ -225,6 +236,10 @@ class KafkaStats:
     consumer_errors: int = 0
     rebalances: int = 0
     partitions_lost: int = 0
+    # join counts of the partitions this collector owned before (so the totals are counters, not gauges)
+    retired_packets: int = 0
+    retired_complete: int = 0
+    retired_incomplete: int = 0
     group_members: int = 0
     topic_partitions: int = 0
     records_by_node: dict[str, int] = field(default_factory=dict)
@@ -290,13 +305,46 @@ class KafkaCollectorService:
         pipeline = CollectorPipeline(self.exporter, self.catalog, self.config.join, aggregate)
         return PartitionState(partition, pipeline)
 
+    def _written_before(self, consumer: Consumer, partitions: list[TopicPartition]) -> dict[int, int]:
+        """Per partition, the `written-before-ns` of its last commit (absent: never committed)."""
+        last_err: Exception | None = None
+        for _ in range(3):
+            try:
+                committed = consumer.committed(partitions, timeout=10)
+            except KafkaException as err:
+                last_err = err
+                continue
+            return {
+                tp.partition: parse_written_before(tp.metadata)
+                for tp in committed
+                if tp.error is None and tp.offset >= 0
+            }
+        # Without it the replay's first seconds may be written again from a part of their packets.
+        log.error(
+            "kafka: cannot read the commits of partitions %s (%s): their replayed seconds may count low",
+            [tp.partition for tp in partitions],
+            last_err,
+        )
+        return {}
+
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        written = self._written_before(consumer, partitions)
         with self._lock:
             for tp in partitions:
-                self.partitions[tp.partition] = self._new_partition(tp.partition)
+                state = self._new_partition(tp.partition)
+                before = written.get(tp.partition, 0)
+                if before:
+                    state.pipeline.resume_after(before)
+                    state.written_before = before
+                self.partitions[tp.partition] = state
             self.stats.rebalances += 1
             owned = sorted(self.partitions)
-        log.info("kafka: assigned partitions %s, own %s", [tp.partition for tp in partitions], owned)
+        log.info(
+            "kafka: assigned partitions %s (windows written before %s), own %s",
+            [tp.partition for tp in partitions],
+            {p: written[p] for p in sorted(written)},
+            owned,
+        )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Commit what is done; the rest is replayed by the next owner (idempotent points).
@@ -312,6 +360,11 @@ class KafkaCollectorService:
         with self._lock:
             for tp in partitions:
                 state = self.partitions.pop(tp.partition, None)
+                if state is not None:
+                    join = state.pipeline.joiner.stats
+                    self.stats.retired_packets += join.packets
+                    self.stats.retired_complete += join.complete
+                    self.stats.retired_incomplete += join.incomplete
                 if state is not None and state.pipeline.joiner.pending():
                     log.info(
                         "kafka: partition %d %s with %d packets in its join: its next owner replays them",
@@ -391,7 +444,22 @@ class KafkaCollectorService:
                     newest = mapping.to_master(max(r[0] for r in batch.records))
                 else:
                     self.stats.heartbeats += 1
+                    newest = self._heartbeat_time(state, batch)
         state.open.append((offset, newest))
+
+    @staticmethod
+    def _heartbeat_time(state: PartitionState, batch: Any) -> int:
+        """The newest window a heartbeat's counters and agent drops went into (master time; 0 for none):
+        its message is done only once that window is written, like a record's."""
+        if not batch.counters and not batch.agent_dropped:
+            return 0
+        pipeline = state.pipeline
+        # Counters without a time, drops and late ones go to the watermark's or the oldest open window.
+        newest = max(pipeline.joiner.watermark_ns, pipeline.segments.closed_before)
+        for c in batch.counters:
+            if c.HasField("at"):
+                newest = max(newest, pipeline.clock.wall_to_master(batch.node, c.at.ToNanoseconds()))
+        return newest
 
     def _decode(self, msg: Any) -> Any:
         """The message's DecodedBatch, or None (counted) for a foreign or malformed one."""
@@ -425,23 +493,26 @@ class KafkaCollectorService:
         return state.pipeline.joiner.watermark_ns - join.window_ns - 2 * interval
 
     def _take_checkpoint(self) -> None:
-        """Note, per partition, the offset up to which every message is done in the join and aggregation;
-        it is committed once the points queued so far are written (`_commit_settled`)."""
-        ready: dict[int, int] = {}
+        """Note, per partition, the offset up to which every message is done in the join and aggregation,
+        with the time before which its windows are closed (all handed to the exporter by now); both are
+        committed once the points queued so far are written (`_commit_settled`)."""
+        ready: dict[int, tuple[int, int]] = {}
         for p, state in list(self.partitions.items()):
-            upto = self._done_before(state)
+            closed = state.pipeline.segments.closed_before
+            # a message before the offset has nothing in a window from `closed` on (the replay's windows)
+            upto = min(self._done_before(state), closed)
             last = None
             while state.open and state.open[0][1] < upto:
                 last = state.open.popleft()[0]
             if last is not None:
-                ready[p] = last + 1
+                ready[p] = (last + 1, closed)
         if ready:
             self._checkpoints.append((self.exporter.accepted, ready))
 
     def _commit_settled(self, wait_s: float = 0.0) -> None:
         """Commit the checkpoints whose points are all written (waiting up to `wait_s` for them)."""
         deadline = time.monotonic() + wait_s
-        offsets: dict[int, int] = {}
+        offsets: dict[int, tuple[int, int]] = {}
         while self._checkpoints:
             accepted, ready = self._checkpoints[0]
             if self.exporter.settled < accepted:
@@ -452,8 +523,8 @@ class KafkaCollectorService:
             self._checkpoints.popleft()
             offsets.update(ready)
         commit = [
-            TopicPartition(self.kafka.topic, p, off)
-            for p, off in sorted(offsets.items())
+            TopicPartition(self.kafka.topic, p, off, metadata=f"{WRITTEN_BEFORE_KEY}{written}")
+            for p, (off, written) in sorted(offsets.items())
             if p in self.partitions and off > self.partitions[p].committed
         ]
         if not commit:
@@ -464,7 +535,8 @@ class KafkaCollectorService:
             self.stats.commit_errors += 1
             log.warning("kafka: commit failed: %s", err)
             for tp in commit:  # keep them for the next round
-                self._checkpoints.appendleft((0, {tp.partition: tp.offset}))
+                written = parse_written_before(tp.metadata)
+                self._checkpoints.appendleft((0, {tp.partition: (tp.offset, written)}))
             return
         self.stats.commits += 1
         for tp in commit:
@@ -590,11 +662,21 @@ def render_kafka_metrics(service: KafkaCollectorService) -> str:
     w.one(
         "packets_emitted_total",
         "counter",
-        "Packets the join emitted (owned partitions).",
-        sum(j.packets for j in joins),
+        "Packets the join emitted (a replayed packet again).",
+        st.retired_packets + sum(j.packets for j in joins),
     )
-    w.one("packets_complete_total", "counter", "Packets seen at every hop.", sum(j.complete for j in joins))
-    w.one("packets_incomplete_total", "counter", "Packets missing a hop.", sum(j.incomplete for j in joins))
+    w.one(
+        "packets_complete_total",
+        "counter",
+        "Packets seen at every hop.",
+        st.retired_complete + sum(j.complete for j in joins),
+    )
+    w.one(
+        "packets_incomplete_total",
+        "counter",
+        "Packets missing a hop.",
+        st.retired_incomplete + sum(j.incomplete for j in joins),
+    )
     w.one(
         "join_pending_packets",
         "gauge",
@@ -615,6 +697,16 @@ def render_kafka_metrics(service: KafkaCollectorService) -> str:
     w.one("points_written_total", "counter", "Points InfluxDB accepted.", exp.written)
     w.one("influx_up", "gauge", "1 while InfluxDB takes writes.", 0 if exp.failing else 1)
     return "\n".join(w.lines) + "\n"
+
+
+def parse_written_before(metadata: str | None) -> int:
+    """The `written-before-ns` of a commit's metadata; 0 for none (a commit of an older collector)."""
+    if metadata and metadata.startswith(WRITTEN_BEFORE_KEY):
+        try:
+            return max(0, int(metadata[len(WRITTEN_BEFORE_KEY) :]))
+        except ValueError:
+            pass
+    return 0
 
 
 def read_secret_file(path: str | None) -> str | None:

@@ -112,6 +112,14 @@ class CollectorPipeline:
         self.foreign_records: dict[str, int] = {}
         self.segment_metrics = SegmentMetrics()
 
+    def resume_after(self, written_before_ns: int) -> None:
+        """Replay a stream (a Kafka partition from its commit) whose windows before `written_before_ns`
+        (master time) an earlier pipeline wrote: they are not written again (see
+        `SegmentAggregator.resume_after`)."""
+        with self._lock:
+            self.segments.resume_after(written_before_ns)
+            self.counters.resume_after(written_before_ns)
+
     def own_hops_only(self, batch: DecodedBatch) -> DecodedBatch:
         """The batch without records and counters at hops its node does not run: an agent only ever
         records its own hops, so others are forged or corrupt (with mutual TLS, `batch.node` is the

@@ -57,6 +57,8 @@ class AgentEntry:
     connection: AgentConnection | None
     last_heartbeat: float
     lost_records: int = 0
+    # The record transport as the agent's last heartbeat said (None before one).
+    transport: agent_pb2.TransportStatus | None = None
 
     @property
     def connected(self) -> bool:
@@ -88,14 +90,22 @@ class AgentRegistry:
             if entry is not None and entry.connection is connection:
                 entry.connection = None
 
-    def heartbeat(self, node: str, inventory: agent_pb2.Inventory | None = None) -> None:
+    def heartbeat(
+        self,
+        node: str,
+        inventory: agent_pb2.Inventory | None = None,
+        transport: agent_pb2.TransportStatus | None = None,
+    ) -> None:
         """Note that `node` is alive now; an `inventory` replaces the namespaces (devices, workloads) and
         the container runtime it registered with (a container started after the agent), so specs are
-        validated against what is there now."""
+        validated against what is there now; a `transport` replaces what the node last said of its
+        records' way out (buffered, dropped)."""
         with self._lock:
             entry = self._entries.get(node)
             if entry is not None:
                 entry.last_heartbeat = time.time()
+                if transport is not None:
+                    entry.transport = transport
                 if inventory is not None:
                     registration = agent_pb2.Register()
                     registration.CopyFrom(entry.registration)
@@ -138,4 +148,6 @@ def _agent_message(entry: AgentEntry) -> api_pb2.Agent:
     agent = api_pb2.Agent(connected=entry.connected, lost_records=entry.lost_records)
     agent.registration.CopyFrom(entry.registration)
     agent.last_heartbeat.FromNanoseconds(int(entry.last_heartbeat * 1e9))
+    if entry.transport is not None:
+        agent.transport.CopyFrom(entry.transport)
     return agent  # its clock is the collector's measurement: the API adds it (HoptraceServicer)

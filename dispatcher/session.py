@@ -73,7 +73,8 @@ class AgentSessionServicer(agent_pb2_grpc.AgentSessionServicer):
                 if kind == "heartbeat":
                     beat = message.heartbeat
                     inventory = beat.inventory if beat.HasField("inventory") else None
-                    self.registry.heartbeat(connection.node, inventory)
+                    transport = beat.transport if beat.HasField("transport") else None
+                    self.registry.heartbeat(connection.node, inventory, transport)
                 elif kind == "trace_status":
                     self.registry.heartbeat(connection.node)
                     self.controller.on_status(connection.node, message.trace_status)

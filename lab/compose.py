@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,9 +37,11 @@ import yaml
 
 REPO = Path(os.environ.get("HOPTRACE_REPO") or Path(__file__).resolve().parent.parent)
 COMPOSE_FILE = REPO / "deploy" / "local" / "docker-compose.yml"
+KAFKA_OVERRIDE = COMPOSE_FILE.parent / "docker-compose.kafka.yml"  # agents -> Kafka -> a collector group
 DOCKERFILE = REPO / "deploy" / "local" / "Dockerfile"
 STATE = REPO / ".tools" / "compose"  # this tier's tool state: base rootfs, build context, dockerd log
 CONTEXT = STATE / "context"
+KAFKA_LIBS = REPO / ".tools" / "kafka" / "libs"  # `make kafka`
 MARKER = STATE / "dockerd.json"  # the dockerd this module started: PID, start time, the host's settings
 # Debian's docker-compose (1.29.2 on docker-py 5): the PyPI one in .tools/compose-venv validates files,
 # but docker-py 7 there no longer talks to an engine with compose 1.29 (kwargs_from_env lost ssl_version).
@@ -288,9 +291,48 @@ def build_base_image(name: str = BASE_IMAGE, suite: str = "bookworm") -> bool:
     return True
 
 
+KAFKA_IMAGE = "hoptrace/kafka:local"
+
+
+def build_kafka_image() -> float:
+    """The Kafka override's broker image (deploy/local/Dockerfile, targets base and kafka: Debian's headless
+    Java 17 and the jars of `make kafka`), from a context of just those; returns the seconds it took. Its own
+    context: Debian's Docker (no buildx) builds every stage before the target, and the others need the whole
+    staged context (`make compose-images`)."""
+    if not (KAFKA_LIBS / ".stamp").exists():
+        raise ComposeError(f"{KAFKA_LIBS} is missing: run `make kafka`")
+    start = time.monotonic()
+    build_base_image()
+    stages = DOCKERFILE.read_text().split("\nFROM ")
+    kept = [
+        stages[0],
+        *(st for st in stages[1:] if st.startswith(("${BASE_IMAGE} AS base", "base AS kafka"))),
+    ]
+    if len(kept) != 3:
+        raise ComposeError(f"{DOCKERFILE}: no base and kafka stages")
+    with tempfile.TemporaryDirectory(prefix="hoptrace-kafka-image-") as context:
+        (Path(context) / "Dockerfile").write_text("\nFROM ".join(kept))
+        shutil.copytree(KAFKA_LIBS, Path(context) / "kafka-libs", ignore=shutil.ignore_patterns(".stamp"))
+        shutil.copy2(REPO / "deploy" / "local" / "kafka-broker.sh", Path(context) / "kafka-broker.sh")
+        base = os.environ.get("HOPTRACE_BASE_IMAGE", BASE_IMAGE)
+        build = [
+            "docker",
+            "build",
+            "--network",
+            "host",
+            "--target",
+            "kafka",
+            "--build-arg",
+            f"BASE_IMAGE={base}",
+        ]
+        run([*build, "-t", KAFKA_IMAGE, context], timeout_s=900)
+    return time.monotonic() - start
+
+
 def stage_context(python: str = sys.executable) -> Path:
     """The build context of deploy/local/Dockerfile: the Dockerfile, the agent binary, influxd, wheels of
-    hoptrace and its dependencies, web/node_modules, kernel-patch/ sources, influxdb.conf."""
+    hoptrace and its dependencies, web/node_modules, kernel-patch/ sources, influxdb.conf; for the Kafka
+    override's broker image, the jars of `make kafka` (kafka-libs/) and kafka-broker.sh when they exist."""
     agent = REPO / "agent" / "bin" / "hoptrace-agent"
     influxd = REPO / ".tools" / "bin" / "influxd"
     node_modules = REPO / "web" / "node_modules"
@@ -298,7 +340,14 @@ def stage_context(python: str = sys.executable) -> Path:
         if not needed.exists():
             raise ComposeError(f"{needed} is missing: run `{make}`")
     CONTEXT.mkdir(parents=True, exist_ok=True)
-    for name in ("hoptrace-agent", "influxd", "node_modules", "kernel-patch"):
+    for name in (
+        "hoptrace-agent",
+        "influxd",
+        "node_modules",
+        "kernel-patch",
+        "kafka-libs",
+        "kafka-broker.sh",
+    ):
         target = CONTEXT / name
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
@@ -311,6 +360,9 @@ def stage_context(python: str = sys.executable) -> Path:
     shutil.copytree(node_modules, CONTEXT / "node_modules", symlinks=False)
     # Sources only: vmlinux.h comes from the BTF of the kernel the dispatcher runs on.
     shutil.copytree(REPO / "kernel-patch", CONTEXT / "kernel-patch", ignore=shutil.ignore_patterns("build"))
+    if KAFKA_LIBS.is_dir():
+        shutil.copytree(KAFKA_LIBS, CONTEXT / "kafka-libs", ignore=shutil.ignore_patterns(".stamp"))
+        shutil.copy2(REPO / "deploy" / "local" / "kafka-broker.sh", CONTEXT / "kafka-broker.sh")
     wheels = CONTEXT / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     # The source tree's wheel and its dependencies' (cached by pip; the PyPI index at first).
@@ -318,14 +370,16 @@ def stage_context(python: str = sys.executable) -> Path:
     return CONTEXT
 
 
-def compose_command(*args: str) -> list[str]:
-    """docker-compose on the local compose file, project hoptrace-local."""
+def compose_command(*args: str, kafka: bool = False, project: str = PROJECT) -> list[str]:
+    """docker-compose on the local compose file, project hoptrace-local (or `project`); with `kafka`, its
+    Kafka override (deploy/local/docker-compose.kafka.yml) on top."""
     if not DOCKER_COMPOSE.exists():
         raise ComposeError(f"{DOCKER_COMPOSE} is missing: run `make setup` (Debian package docker-compose)")
     # docker-compose checks every service's build path on any command, `down` too; a clean clone whose
     # images are cached (same engine, same inputs) has not staged the context.
     CONTEXT.mkdir(parents=True, exist_ok=True)
-    return [str(DOCKER_COMPOSE), "-f", str(COMPOSE_FILE), "-p", PROJECT, *args]
+    files = ["-f", str(COMPOSE_FILE), *(["-f", str(KAFKA_OVERRIDE)] if kafka else [])]
+    return [str(DOCKER_COMPOSE), *files, "-p", project, *args]
 
 
 def compose_env(**settings: str) -> dict[str, str]:
@@ -608,17 +662,19 @@ class ComposeStack:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`base` or `images`, starting (and then stopping) the engine when none runs."""
+    """`base`, `images` or `kafka-image`, starting (and then stopping) the engine when none runs."""
     parser = argparse.ArgumentParser(
         prog="python -m hoptrace.lab.compose", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("what", choices=("base", "images"))
+    parser.add_argument("what", choices=("base", "images", "kafka-image"))
     args = parser.parse_args(argv)
     engine = DockerEngine()
     try:
         engine.ensure()
         if args.what == "base":
             print(f"{BASE_IMAGE}: {'built' if build_base_image() else 'already there'}")
+        elif args.what == "kafka-image":
+            print(f"{KAFKA_IMAGE} built in {build_kafka_image():.0f} s")
         else:
             print(f"images {', '.join(IMAGES)} built in {build_images():.0f} s")
     except ComposeError as error:

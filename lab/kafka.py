@@ -21,8 +21,11 @@ from pathlib import Path
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
+from hoptrace.collector.kafka import FORMAT_HEADER, FORMAT_VALUE
+from hoptrace.collector.records import RECORD_SIZE, pack_records
 from hoptrace.lab.lifecycle import die_with_parent
 from hoptrace.lab.processes import REPO_ROOT, free_port
+from hoptrace.v1 import records_pb2
 
 KAFKA_LIBS = REPO_ROOT / ".tools" / "kafka" / "libs"
 JAVA = shutil.which("java") or "/usr/bin/java"
@@ -222,3 +225,69 @@ def start_kafka(timeout_s: float = 90.0, heap: str = "512m") -> KafkaBroker:
                 broker.stop()
                 raise RuntimeError(f"kafka serves no metadata: {err}") from err
             time.sleep(0.2)
+
+
+_HOPTRACE_HEADER = [(FORMAT_HEADER, FORMAT_VALUE)]  # the agent's marker on its messages
+_SEC = 1_000_000_000
+
+
+def publish_backlog(
+    bootstrap: str, topic: str, trace: str, packets: int, partitions: int, batch: int = 1024
+) -> int:
+    """Publish `packets` packets of a 2-hop trace (node-a hop 0, node-b hop 1) as the agents would (each
+    node's `batch`-packet batches split by partition, then a heartbeat per partition), 5,000 packets per
+    second of master time ending two minutes ago, and a last heartbeat at now that lets every packet out
+    of the join; returns the records."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    rate = 5_000  # packets per second of master time
+    base = time.time_ns() - (packets // rate + 120) * _SEC
+    seq = {"node-a": 0, "node-b": 0}
+    records = 0
+
+    def send(node: str, recs: list[tuple], watermark: int) -> None:
+        seq[node] += 1
+        parts: dict[int, list[tuple]] = {}
+        for r in recs:
+            parts.setdefault(r[1] % partitions, []).append(r)
+        clock = records_pb2.NodeClock(monotonic_to_realtime_ns=0)
+        for p, part in parts.items():
+            msg = records_pb2.RecordBatch(
+                node=node,
+                trace=trace,
+                generation=1,
+                batch_seq=seq[node],
+                records=pack_records(part),
+                record_size=RECORD_SIZE,
+                clock=clock,
+            )
+            producer.produce(topic, msg.SerializeToString(), partition=p, headers=_HOPTRACE_HEADER)
+        seq[node] += 1
+        for p in range(partitions):
+            beat = records_pb2.RecordBatch(
+                node=node,
+                trace=trace,
+                generation=1,
+                batch_seq=seq[node],
+                record_size=RECORD_SIZE,
+                clock=clock,
+                watermark_ns=watermark,
+            )
+            producer.produce(topic, beat.SerializeToString(), partition=p, headers=_HOPTRACE_HEADER)
+        producer.poll(0)
+
+    for start in range(0, packets, batch):
+        ids = range(start, min(start + batch, packets))
+        a = [(base + i * _SEC // rate, (7 << 24) | i, 0xABCD, 3, 100, 0, 1, 0, 0) for i in ids]
+        b = [
+            (t + 40_000 + i % 997, pid, fh, 4, 100, 1, 1, 0, 0)
+            for (t, pid, fh, *_), i in zip(a, ids, strict=True)
+        ]
+        send("node-a", a, a[-1][0])
+        send("node-b", b, b[-1][0])
+        records += len(a) + len(b)
+    producer.flush(120)
+    # a last heartbeat far ahead: every packet can leave the join
+    send("node-a", [], time.time_ns())
+    send("node-b", [], time.time_ns())
+    producer.flush(120)
+    return records

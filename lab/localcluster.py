@@ -259,8 +259,11 @@ class LocalCluster:
             ],
         )
 
-    def start_agent(self, node: str, netns: str, *extra: str) -> Component:
-        """Run `hoptrace-agent` for the emulated host `node` whose own namespace is `netns`."""
+    def start_agent(
+        self, node: str, netns: str, *extra: str, records_to: Sequence[str] | None = None
+    ) -> Component:
+        """Run `hoptrace-agent` for the emulated host `node` whose own namespace is `netns`; its records go
+        to this cluster's collector, or where `records_to` says (e.g. ``["--kafka-brokers", B, ...]``)."""
         if not AGENT_BINARY.exists():
             raise RuntimeError(f"{AGENT_BINARY} is missing: run `make agent`")
         files = add_agent(self.certs.out, node) if self.certs else None
@@ -274,8 +277,7 @@ class LocalCluster:
                 netns,
                 "--dispatcher",
                 self.dispatcher_addr,
-                "--collector",
-                self.collector_addr,
+                *(["--collector", self.collector_addr] if records_to is None else records_to),
                 "--clock-server",
                 self.clock_addr,
                 "--metrics-listen",
@@ -285,10 +287,11 @@ class LocalCluster:
             ],
         )
 
-    def wait_listening(self, timeout_s: float = 30.0) -> None:
-        """Wait until the dispatcher and collector accept connections (agents then connect at once)."""
+    def wait_listening(self, timeout_s: float = 30.0, addrs: Sequence[str] | None = None) -> None:
+        """Wait until the dispatcher and collector (or `addrs`) accept connections (agents then connect at
+        once)."""
         deadline = time.monotonic() + scaled(timeout_s)
-        for addr in (self.dispatcher_addr, self.collector_addr):
+        for addr in addrs if addrs is not None else (self.dispatcher_addr, self.collector_addr):
             host, _, port = addr.rpartition(":")
             while True:
                 self.check_running()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hoptrace.collector.aggregate import LatencySample
-from hoptrace.collector.kafka import KafkaConfig, ReplayDeduper
+from hoptrace.collector.kafka import KafkaConfig, ReplayDeduper, parse_written_before
 
 pytestmark = pytest.mark.unit
 
@@ -48,3 +48,10 @@ def test_kafka_config_validate() -> None:
         and conf["ssl.ca.location"] == "ca.pem"
     )
     assert conf["partition.assignment.strategy"] == "cooperative-sticky"
+
+
+def test_commit_metadata_written_before() -> None:
+    assert parse_written_before("written-before-ns=1700000000000000000") == 1_700_000_000_000_000_000
+    # no metadata (a commit of an older collector) or someone else's: resume from nothing written
+    for other in (None, "", "written-before-ns=x", "offsets by another tool"):
+        assert parse_written_before(other) == 0

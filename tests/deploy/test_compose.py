@@ -11,6 +11,7 @@ import http.cookiejar
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,9 @@ from hoptrace.lab.compose import (
     bpf_ids_alive,
     bpf_ids_held_by,
     build_images,
+    build_kafka_image,
+    compose_command,
+    compose_env,
     netns_inodes_in_use,
 )
 
@@ -199,6 +203,130 @@ def test_compose_file_agent_has_exactly_the_daemonset_capabilities():
     for name, network in compose["networks"].items():
         for subnet in network["ipam"]["config"]:
             assert subnet["subnet"].startswith(("198.18.", "198.19.")), (name, subnet)
+
+
+def test_kafka_override_config_has_a_broker_a_collector_group_and_a_publishing_agent():
+    """`docker-compose config` of the local file with its Kafka override (the files a user starts): a KRaft
+    broker from the local kafka image, the topic made before two collectors of one group start, the agent
+    publishing to the broker's published port with the same capabilities, every port on loopback."""
+    result = subprocess.run(
+        compose_command("config", kafka=True),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=compose_env(HOPTRACE_NODE="node-1"),
+    )
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    kafka = services["kafka"]
+    assert kafka["image"] == "hoptrace/kafka:local" and kafka["build"]["target"] == "kafka"
+    assert kafka["environment"]["KAFKA_CLUSTER_ID"]
+    assert kafka["ports"] == ["127.0.0.1:9092:9094/tcp"]  # the EXTERNAL listener, for the host's agent
+
+    def arg(command: list[str], name: str) -> str | None:
+        values = [a.split("=", 1)[1] for a in command if a.startswith(f"--{name}=")]
+        return values[0] if values else None
+
+    collectors = [services["collector"], services["collector-2"]]
+    for collector in collectors:
+        assert arg(collector["command"], "kafka-brokers") == "kafka:9092"
+        assert arg(collector["command"], "kafka-group") == "hoptrace-collectors"
+        assert collector["depends_on"]["kafka-topic"]["condition"] == "service_completed_successfully"
+    assert {arg(c["command"], "instance") for c in collectors} == {"collector-1", "collector-2"}
+    assert "NewTopic" in services["kafka-topic"]["command"][0]
+    agent = services["agent"]
+    assert arg(agent["command"], "collector") is None
+    assert arg(agent["command"], "kafka-brokers") == "127.0.0.1:9092"
+    assert set(agent["cap_add"]) == AGENT_CAPABILITIES - IMPLIED_BY_SYS_ADMIN
+    dockerfile = (REPO / "deploy" / "local" / "Dockerfile").read_text()
+    assert "FROM base AS kafka" in dockerfile and "openjdk-17-jre-headless" in dockerfile
+
+
+def test_kafka_override_broker_and_topic_start_for_real(tmp_path: Path):
+    """The Kafka override's broker image is built (the base and kafka stages: Debian's Java 17 runtime and the
+    jars of `make kafka`) and its broker and topic services start: the topic service creates the topic with
+    the partitions asked for over the compose network (kafka:9092), and a client on the host's loopback (the
+    agent's way in: the EXTERNAL listener) reads it, produces to its last partition and consumes the message
+    back. Everything is brought down; an engine started here is stopped."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient
+
+    engine = DockerEngine().ensure()
+    project = "hoptrace-kafka-check"
+    port = _free_tcp_port()
+    env = compose_env(
+        HOPTRACE_NODE="check",
+        HOPTRACE_CERTS_DIR=str(tmp_path),
+        HOPTRACE_KAFKA_PORT=str(port),
+        HOPTRACE_KAFKA_PARTITIONS="3",
+    )
+    try:
+        build_s = build_kafka_image()
+        start = time.monotonic()
+        up = subprocess.run(
+            compose_command("up", "-d", "--no-build", "kafka-topic", kafka=True, project=project),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert up.returncode == 0, up.stderr[-3000:]
+        topic_service = f"{project}_kafka-topic_1"
+
+        def topic_done() -> str | None:
+            state = subprocess.run(
+                ["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", topic_service],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            return state if state.startswith("exited") else None
+
+        assert wait_for("the topic service", topic_done, 180) == "exited 0"
+        logs = subprocess.run(["docker", "logs", topic_service], capture_output=True, text=True).stdout
+        assert "created hoptrace-records 3 partitions" in logs, logs
+        bootstrap = f"127.0.0.1:{port}"
+        topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
+        assert len(topics["hoptrace-records"].partitions) == 3
+        producer = Producer({"bootstrap.servers": bootstrap})
+        producer.produce("hoptrace-records", b"through the EXTERNAL listener", partition=2)
+        assert producer.flush(30) == 0
+        del producer  # no reconnect attempts after the broker is down
+        consumer = Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "compose-check", "auto.offset.reset": "earliest"}
+        )
+        consumer.subscribe(["hoptrace-records"])
+
+        def consumed() -> tuple[int, bytes] | None:
+            message = consumer.poll(1)
+            if message is None or message.error():
+                return None
+            return message.partition(), message.value()
+
+        try:
+            assert wait_for("the message back", consumed, 60) == (2, b"through the EXTERNAL listener")
+        finally:
+            consumer.close()
+        print(
+            f"kafka image built in {build_s:.0f} s; broker and topic up in {time.monotonic() - start:.0f} s"
+        )
+    finally:
+        subprocess.run(
+            compose_command("down", "-v", kafka=True, project=project),
+            env=env,
+            capture_output=True,
+            timeout=120,
+        )
+        left = subprocess.run(
+            ["docker", "ps", "-a", "-q", "--filter", f"name={project}"], capture_output=True, text=True
+        ).stdout.split()
+        engine.stop()
+    assert not left, left
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def test_stack_runs_with_the_agent_capabilities(compose_run: Run):

@@ -219,3 +219,174 @@ def test_systemd_units_verify(tmp_path: Path):
     agent = (DEPLOY / "systemd" / "hoptrace-agent.service").read_text()
     bounding = re.search(r"^CapabilityBoundingSet=(.*)$", agent, re.M).group(1).split()
     assert {cap.removeprefix("CAP_") for cap in bounding} == AGENT_CAPABILITIES
+
+
+# ---- Kafka: the compose override and the Kubernetes overlay ----------------------------------------------
+
+KAFKA_OVERLAY = DEPLOY / "kubernetes-kafka"  # an overlay of deploy/kubernetes (kustomize: not inside it)
+
+
+def json_patch(document: Any, operations: list[dict[str, Any]]) -> Any:
+    """RFC 6902 add/replace/test, what the overlay's patches use, on a copy of `document` (kustomize applies
+    the same operations; a path that does not exist fails, as it does there)."""
+    import copy
+
+    document = copy.deepcopy(document)
+    for operation in operations:
+        *parents, last = [
+            part.replace("~1", "/").replace("~0", "~") for part in operation["path"][1:].split("/")
+        ]
+        target = document
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        op, value = operation["op"], operation.get("value")
+        if isinstance(target, list):
+            index = len(target) if last == "-" else int(last)
+            if op == "add":
+                target.insert(index, value)
+            elif op == "replace":
+                target[index] = value
+            else:
+                assert op == "test" and target[index] == value, operation
+        elif op == "test":
+            assert target[last] == value, operation
+        else:
+            assert op == "add" or last in target, f"replace of a missing {operation['path']}"
+            target[last] = value
+    return document
+
+
+def kafka_overlay() -> dict[tuple[str, str], dict[str, Any]]:
+    """The overlay rendered as kustomize would: the base, its own resources, its patches; by (kind, name)."""
+    kustomization = yaml.safe_load((KAFKA_OVERLAY / "kustomization.yaml").read_text())
+    assert kustomization["resources"][0] == "../kubernetes"
+    documents = {(doc["kind"], doc["metadata"]["name"]): doc for doc in k8s_documents()}
+    for resource in kustomization["resources"][1:]:
+        for doc in yaml.safe_load_all((KAFKA_OVERLAY / resource).read_text()):
+            documents[(doc["kind"], doc["metadata"]["name"])] = doc
+    for patch in kustomization["patches"]:
+        key = (patch["target"]["kind"], patch["target"]["name"])
+        documents[key] = json_patch(
+            documents[key], yaml.safe_load((KAFKA_OVERLAY / patch["path"]).read_text())
+        )
+    return documents
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """The value of --name=VALUE in `args` (None when absent)."""
+    values = [arg.split("=", 1)[1] for arg in args if arg.startswith(f"--{name}=")]
+    assert len(values) <= 1, (name, args)
+    return values[0] if values else None
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_kubernetes_kafka_overlay_validates_and_wires_agents_to_a_consumer_group(version: str):
+    """The Kafka overlay, rendered: every object valid for the API (strict); the agents publish to the
+    broker Service instead of the collector, the collector is one Deployment of 3 replicas in one group, the
+    topic has partitions for every replica and the KRaft quorum names every broker pod."""
+    import kubernetes_validate
+
+    documents = kafka_overlay()
+    for document in documents.values():
+        kubernetes_validate.validate(document, version, strict=True)
+
+    agent = documents[("DaemonSet", "hoptrace-agent")]["spec"]["template"]["spec"]["containers"][0]
+    assert flag(agent["args"], "collector") is None, agent["args"]
+    bootstrap = flag(agent["args"], "kafka-brokers")
+    assert bootstrap == "hoptrace-kafka.hoptrace.svc:9092"
+    assert (
+        set(agent["securityContext"]["capabilities"]["add"]) == AGENT_CAPABILITIES
+    )  # unchanged by the patch
+    broker_service = documents[("Service", "hoptrace-kafka")]
+    assert [p["port"] for p in broker_service["spec"]["ports"]] == [9092]
+
+    collector = documents[("Deployment", "hoptrace-collector")]
+    (container,) = collector["spec"]["template"]["spec"]["containers"]
+    assert collector["spec"]["replicas"] == 3
+    assert flag(container["args"], "kafka-brokers") == bootstrap
+    assert flag(container["args"], "kafka-topic") == flag(agent["args"], "kafka-topic") == "hoptrace-records"
+    assert flag(container["args"], "kafka-group") == "hoptrace-collectors"
+    assert flag(container["args"], "instance") == "$(POD_NAME)"
+    assert any(env["name"] == "POD_NAME" for env in container["env"])
+    assert documents[("Service", "hoptrace-collector")]["spec"]["sessionAffinity"] == "ClientIP"
+
+    topic = documents[("Job", "hoptrace-kafka-topic")]["spec"]["template"]["spec"]["containers"][0]
+    assert flag(topic["command"], "topic") == "hoptrace-records"
+    assert int(flag(topic["command"], "partitions")) >= collector["spec"]["replicas"]
+    kafka = documents[("StatefulSet", "hoptrace-kafka")]
+    env = {e["name"]: e.get("value") for e in kafka["spec"]["template"]["spec"]["containers"][0]["env"]}
+    voters = env["KAFKA_CONTROLLER_QUORUM_VOTERS"].split(",")
+    assert len(voters) == kafka["spec"]["replicas"] == 3
+    assert int(flag(topic["command"], "replication-factor")) == 3 and env["KAFKA_MIN_INSYNC_REPLICAS"] == "2"
+    # The overlay's patch files document the TLS/SASL flags of both sides.
+    assert "--kafka-sasl-password-file" in (KAFKA_OVERLAY / "agent-kafka.yaml").read_text()
+    assert "--kafka-security-protocol=SASL_SSL" in (KAFKA_OVERLAY / "collector-kafka.yaml").read_text()
+
+
+def test_json_patch_fails_like_kustomize_on_a_stale_patch():
+    """The overlay's renderer refuses what kustomize refuses: a `test` that no longer holds (the agent's args
+    moved) and a replace of a field that is not there."""
+    daemonset = by_kind("DaemonSet")["hoptrace-agent"]
+    with pytest.raises(AssertionError):
+        json_patch(
+            daemonset, [{"op": "test", "path": "/spec/template/spec/containers/0/args/2", "value": "x"}]
+        )
+    with pytest.raises(AssertionError):
+        json_patch(daemonset, [{"op": "replace", "path": "/spec/replicas", "value": 3}])
+
+
+def compose_kafka_config() -> dict[str, Any]:
+    result = subprocess.run(
+        [
+            str(ensure_compose()),
+            *("-f", str(DEPLOY / "docker-compose.yml"), "-f", str(DEPLOY / "docker-compose.kafka.yml")),
+            "config",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", **COMPOSE_ENV, "KAFKA_CLUSTER_ID": "aG9wdHJhY2UtdGVzdC0xMg"},
+    )
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)
+
+
+def test_docker_compose_kafka_override_wires_agent_broker_and_collector_group():
+    """deploy/docker-compose.kafka.yml over the production file: a KRaft broker, the topic made before the
+    collectors start, two collectors of one group with distinct instances, the agent on --kafka-brokers (no
+    --collector) and its capabilities unchanged."""
+    services = compose_kafka_config()["services"]
+    assert {"kafka", "kafka-topic", "collector", "collector-2"} <= set(services)
+    kafka_env = services["kafka"]["environment"]
+    assert kafka_env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert "EXTERNAL://127.0.0.1:9092" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
+    assert "127.0.0.1:9092:9094/tcp" in str(services["kafka"]["ports"]) or any(
+        str(p.get("target")) == "9094" and str(p.get("published")) == "9092"
+        for p in services["kafka"]["ports"]
+    )
+    collectors = [services["collector"], services["collector-2"]]
+    for collector in collectors:
+        assert flag(collector["command"], "kafka-brokers") == "kafka:9092"
+        assert flag(collector["command"], "kafka-group") == "hoptrace-collectors"
+        assert collector["depends_on"]["kafka-topic"]["condition"] == "service_completed_successfully"
+    assert len({flag(c["command"], "instance") for c in collectors}) == 2
+    partitions = int(flag(services["kafka-topic"]["entrypoint"], "partitions"))
+    assert partitions >= len(collectors)
+    agent = services["agent"]
+    assert flag(agent["command"], "collector") is None
+    assert flag(agent["command"], "kafka-brokers") == "127.0.0.1:9092"
+    assert flag(agent["command"], "kafka-topic") == flag(collectors[0]["command"], "kafka-topic")
+    assert agent["cap_drop"] == ["ALL"] and set(agent["cap_add"]) == AGENT_CAPABILITIES
+    missing = subprocess.run(
+        [
+            str(COMPOSE),
+            *("-f", str(DEPLOY / "docker-compose.yml"), "-f", str(DEPLOY / "docker-compose.kafka.yml")),
+            "config",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", **COMPOSE_ENV},
+    )
+    assert missing.returncode != 0 and "KAFKA_CLUSTER_ID" in missing.stderr

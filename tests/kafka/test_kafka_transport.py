@@ -4,17 +4,23 @@ foreign and malformed messages, and a topic with too few partitions."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from google.protobuf import json_format
 from kafka_helpers import scrape
 
 from hoptrace.lab.influx import distinct_packets, segment_counts
+from hoptrace.lab.kafka import publish_backlog
+from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import AgentProcess, free_port
 from hoptrace.lab.reference import path_plans, vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
@@ -88,13 +94,15 @@ def tagged_at_exit(agent: AgentProcess) -> int:
     return int(last["tagged"])
 
 
-def wait_points(influx_url: str, trace: str, packets: int, timeout_s: float) -> dict[str, int]:
+def wait_points(
+    influx_url: str, trace: str, packets: int, timeout_s: float, segments: int = SEGMENTS
+) -> dict[str, int]:
     """Poll InfluxDB until every segment has `packets` hop_latency points; return the last counts."""
     deadline = time.monotonic() + timeout_s
     counts: dict[str, int] = {}
     while time.monotonic() < deadline:
         counts = segment_counts(influx_url, trace)
-        if len(counts) == SEGMENTS and all(n >= packets for n in counts.values()):
+        if len(counts) == segments and all(n >= packets for n in counts.values()):
             time.sleep(3)  # a last replay would show as extra points
             return segment_counts(influx_url, trace)
         time.sleep(1)
@@ -287,3 +295,181 @@ def test_foreign_and_malformed_messages_skipped_too_few_partitions_reported(
     assert m['hoptrace_collector_kafka_skipped_total{reason="foreign"}'] == 1
     assert m['hoptrace_collector_kafka_skipped_total{reason="malformed"}'] == 1
     assert "Traceback" not in owner.log() + idle.log()
+
+
+def per_second_counts(influx_url: str, trace: str) -> list[tuple[str, str, int]]:
+    """(time, partition window tag, count) of the end_to_end segment_stats windows (diagnostics)."""
+    from hoptrace.lab.influx import BUCKET, flux
+
+    rows = flux(
+        influx_url,
+        f'from(bucket: "{BUCKET}") |> range(start: -1h) '
+        f'|> filter(fn: (r) => r._measurement == "segment_stats" and r.trace == "{trace}" '
+        f'and r._field == "count" and r.segment == "end_to_end")',
+    )
+    return [(str(r["_time"]), str(r.get("collector")), int(r["_value"])) for r in rows]
+
+
+def agents_json(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
+    """`hoptrace agents --json` by node."""
+    return {a["node"]: a for a in json.loads(cluster.hoptrace("agents", "--json").stdout)}
+
+
+def wait_transport(
+    cluster: LocalCluster, node: str, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
+) -> dict[str, Any]:
+    """Poll `hoptrace agents --json` until `node`'s transport satisfies `predicate`; return it."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        last = agents_json(cluster).get(node, {}).get("transport")
+        if last is not None and predicate(last):
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{node}: {what} not within {timeout_s} s; transport {last}")
+
+
+def test_broker_down_buffered_records_shown_in_agents_and_metrics(
+    topology: TwoHostTopology, kafka_lab: Callable[..., Any]
+) -> None:
+    """Agents under a dispatcher publish to Kafka; the broker is stopped: `hoptrace agents` shows the
+    transport down and the buffered records rising (at least every record of the packets sent since), the
+    agent's /metrics the same count; the broker back: the buffer drains to 0, nothing dropped, every packet
+    in InfluxDB once."""
+    trace = f"kafka-shown-{os.urandom(2).hex()}"
+    spec = vxlan_path_spec(topology, trace, port=PORT)
+    lab = kafka_lab(json_format.MessageToDict(spec), partitions=2)
+    collector = lab.start_collector()
+    collector.wait_metric(
+        lambda m: m.get("hoptrace_collector_kafka_partitions_assigned") == 2, 60, "partitions"
+    )
+    hops_a = sum(1 for hop in spec.hops if hop.node == "host-a")
+
+    cluster = LocalCluster(influx_url=lab.influx.url, secure=False)
+    try:
+        cluster.start_dispatcher()
+        cluster.wait_listening(addrs=[cluster.dispatcher_addr])
+        kafka = ["--kafka-brokers", lab.broker.bootstrap, "--kafka-topic", lab.topic, "--clock-server", "off"]
+        for node, netns in (("host-a", topology.host_a), ("host-b", topology.host_b)):
+            cluster.start_agent(node, netns, records_to=kafka)
+        cluster.wait_agents(["host-a", "host-b"])
+        cluster.apply(spec, timeout_s=120)
+        metrics_a = cluster.metrics_addr("agent-host-a")
+
+        flow = UdpFlow(topology, rate_pps=200).start()
+        collector.wait_metric(
+            lambda m: m.get("hoptrace_collector_kafka_messages_total", 0) >= 10, 30, "records"
+        )
+        up = wait_transport(cluster, "host-a", lambda t: t["state"] == "up", 15, "transport up")
+        assert (up["kind"], up["topic"], up["partitions"]) == ("kafka", lab.topic, 2), up
+        assert up["destination"] == lab.broker.bootstrap, up
+
+        lab.broker.stop_process()
+        sent_at_down = flow.sent
+        time.sleep(3)
+        sent = flow.stop()
+        # Every record of the packets sent since the broker stopped waits on the node (and maybe some before).
+        held = hops_a * (sent - sent_at_down)
+        down = wait_transport(
+            cluster,
+            "host-a",
+            lambda t: not t["connected"] and t["buffered_records"] >= held,
+            20,
+            f"down with >= {held} buffered records",
+        )
+        assert down["state"].startswith("down") and down["dropped_records"] == 0, down
+        table = cluster.hoptrace("agents").stdout
+        assert "kafka:" in table and "down" in table and "BUFFERED" in table, table
+        shown = scrape_agent(metrics_a)
+        assert shown["hoptrace_agent_buffered_records"] >= held, shown
+        assert shown['hoptrace_agent_connected{peer="kafka"}'] == 0, shown
+
+        lab.broker.restart()
+        drained = wait_transport(
+            cluster,
+            "host-a",
+            lambda t: t["state"] == "up" and t["buffered_records"] == 0,
+            90,
+            "the buffer drained",
+        )
+        assert drained["dropped_records"] == 0, drained
+        after = scrape_agent(metrics_a)
+        assert after["hoptrace_agent_buffered_records"] == 0
+        tagged = [v for k, v in after.items() if 'counter="tagged"' in k and 'hop_index="0"' in k]
+        assert tagged == [sent], f"{sent} datagrams sent, tagged {tagged}"
+        try:
+            assert_every_packet_once(lab.influx.url, trace, sent, timeout_s=120)
+        except AssertionError:
+            print("DIAG distinct", distinct_packets(lab.influx.url, trace))
+            print("DIAG collector log", collector.log()[-4000:])
+            print("DIAG per second", per_second_counts(lab.influx.url, trace))
+            raise
+        print(f"{sent} packets; {sent - sent_at_down} sent with the broker away; host-a while down: {down}")
+    finally:
+        cluster.stop()
+        shutil.rmtree(cluster.workdir, ignore_errors=True)
+
+
+def records_consumed(collectors: list[Any]) -> float:
+    """Records the live collectors consumed so far (a replayed record again)."""
+    total = 0.0
+    for c in collectors:
+        with contextlib.suppress(OSError):  # a collector just killed or stopped
+            metrics = c.metrics_now()
+            total += sum(v for k, v in metrics.items() if k.startswith("hoptrace_collector_records_"))
+    return total
+
+
+# Fails about 3 runs in 7: the first seconds of one partition go missing when its new owner reads it from
+# offset 0 (docs/operations.md, Kafka known problems). Kept runnable until fixed, outside `make test`.
+@pytest.mark.known_loss
+def test_collectors_started_together_on_a_backlog_rebalanced_while_it_drains(
+    kafka_lab: Callable[..., Any],
+) -> None:
+    """A 4-partition topic already holds a backlog (2-hop trace, 250,000 packets); two collectors start
+    together on it, a third joins, the first is SIGKILLed and the second stopped while it drains, so the
+    partitions move four times with packets in their joins and their windows half written: every packet is
+    counted exactly once in `segment_stats` (per segment, summed over seconds and partitions), and has
+    exactly one `hop_latency` point per segment."""
+    packets, partitions = 250_000, 4
+    trace = f"kafka-backlog-{os.urandom(2).hex()}"
+    spec = {"name": trace, "hops": [{"name": "a", "node": "node-a"}, {"name": "b", "node": "node-b"}]}
+    lab = kafka_lab(spec, partitions=partitions)
+    records = publish_backlog(lab.broker.bootstrap, lab.topic, trace, packets, partitions)
+    assert records == 2 * packets
+    first, second = lab.start_collector(), lab.start_collector()
+
+    def when_consumed(share: float, live: list[Any]) -> None:
+        deadline = time.monotonic() + 120
+        while records_consumed(live) < share * records:
+            assert time.monotonic() < deadline, f"{share:.0%} of the backlog not consumed: {live}"
+            time.sleep(0.2)
+        # still draining: the rebalance this precedes happens with the backlog half read
+        assert records_consumed(live) < records, "the backlog drained before the rebalance"
+
+    when_consumed(0.05, [first, second])
+    third = lab.start_collector()
+    third.wait_metric(lambda m: m.get("hoptrace_collector_kafka_partitions_assigned", 0) >= 1, 60, "a share")
+    when_consumed(0.25, [first, second, third])
+    first.kill()  # its partitions move after the session timeout (3 s), replayed from their commits
+    when_consumed(0.45, [second, third])
+    assert second.stop() == 0  # a graceful leave: revoked, committed, replayed by the third
+    third.wait_metric(
+        lambda m: m.get("hoptrace_collector_kafka_partitions_assigned") == partitions, 60, "every partition"
+    )
+
+    counts = wait_points(lab.influx.url, trace, packets, timeout_s=90, segments=2)
+    try:
+        assert len(counts) == 2 and all(n == packets for n in counts.values()), (
+            f"{packets} packets in the backlog, segment_stats counts {counts}"
+        )
+        distinct = distinct_packets(lab.influx.url, trace)
+        assert len(distinct) == 2 and all(n == packets for n in distinct.values()), distinct
+    except AssertionError:
+        print("DIAG per second", per_second_counts(lab.influx.url, trace))
+        for c in (first, second, third):
+            print(f"DIAG {c.name} log", c.log()[-6000:])
+        raise
+    metrics = third.metrics_now()
+    assert metrics["hoptrace_collector_kafka_uncommitted_messages"] == 0, metrics
+    assert metrics["hoptrace_collector_kafka_rebalances_total"] >= 2, metrics

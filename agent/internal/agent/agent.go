@@ -307,6 +307,8 @@ func start(cfg Config) (*running, error) {
 		a.sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
 			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: a.runPreset, NetnsOwned: cfg.NetnsOwned, Workloads: workload.NewInventory(cfg.DockerSocket, cfg.Log), Log: cfg.Log, Creds: a.dispatcherCreds,
 			Verifier: a.verifier}
+		p := a.parts()
+		a.sess.Transport = func() *pb.TransportStatus { return transportStatus(p) }
 	}
 	return a, nil
 }
@@ -324,18 +326,23 @@ func (a *running) close() {
 	}
 }
 
+// parts are what /metrics and the heartbeat's transport status read.
+func (a *running) parts() parts {
+	queues := []*stream.Queue{a.queue}
+	if a.collectorQueue != a.queue {
+		queues = append(queues, a.collectorQueue)
+	}
+	return parts{mgr: a.mgr, queues: queues, outQueue: a.collectorQueue, clock: a.nodeClock,
+		client: a.client, producer: a.producer, session: a.sess, clockSync: a.cfg.ClockServerAddr() != "", verifier: a.verifier}
+}
+
 // startAux runs the clock and /metrics: they live until the very end.
 func (a *running) startAux() {
 	a.aux.g.Go(func() error { a.nodeClock.Run(a.aux.ctx); return nil })
 	if a.metricsLis == nil {
 		return
 	}
-	queues := []*stream.Queue{a.queue}
-	if a.collectorQueue != a.queue {
-		queues = append(queues, a.collectorQueue)
-	}
-	reg := newRegistry(parts{mgr: a.mgr, queues: queues, outQueue: a.collectorQueue, clock: a.nodeClock,
-		client: a.client, producer: a.producer, session: a.sess, clockSync: a.cfg.ClockServerAddr() != "", verifier: a.verifier})
+	reg := newRegistry(a.parts())
 	a.aux.g.Go(func() error {
 		metrics.Serve(a.aux.ctx, a.metricsLis, metrics.Handler(reg, nil), a.cfg.Log)
 		return nil

@@ -57,6 +57,8 @@ func newRegistry(p parts) *metrics.Registry {
 		r.Gauge("hoptrace_agent_kafka_partitions", "Partitions of the topic as last read (0 = not known yet: records wait in the queue).",
 			func() float64 { return float64(ks().Partitions) })
 	}
+	r.Gauge("hoptrace_agent_buffered_records", "Records on the node not yet acknowledged: the queue toward the collector or Kafka, plus records handed to the Kafka client and not yet acknowledged (`hoptrace agents`: BUFFERED).",
+		func() float64 { return float64(transportStatus(p).GetBufferedRecords()) })
 	r.Gauge("hoptrace_agent_queue_bytes", "Record bytes waiting for the collector.",
 		func() float64 { _, b := p.outQueue.Len(); return float64(b) })
 	r.Gauge("hoptrace_agent_queue_batches", "Batches waiting for the collector.",

@@ -214,6 +214,7 @@ type Producer struct {
 	recordsSent, messagesSent, heartbeats atomic.Uint64
 	produceErrors, recordsFailed          atomic.Uint64
 	partitions                            atomic.Int64
+	recordsInFlight                       atomic.Int64 // produced, not yet acknowledged or refused
 	buffered                              atomic.Pointer[kgo.Client]
 	up                                    atomic.Bool
 	lastAck                               atomic.Int64 // unix ns
@@ -229,6 +230,9 @@ type Stats struct {
 	Partitions int64
 	// BufferedBytes / BufferedRecords: produced but not yet acknowledged.
 	BufferedBytes, BufferedRecords int64
+	// RecordsInFlight: hoptrace records in those messages (heartbeats carry
+	// none), the records the brokers still owe an answer for.
+	RecordsInFlight int64
 	// Up: the topic's partitions are known, and the brokers acknowledged a
 	// message in the last 5 s or nothing waits for them.
 	Up bool
@@ -238,7 +242,8 @@ type Stats struct {
 func (p *Producer) Stats() Stats {
 	s := Stats{RecordsSent: p.recordsSent.Load(), MessagesSent: p.messagesSent.Load(),
 		Heartbeats: p.heartbeats.Load(), ProduceErrors: p.produceErrors.Load(),
-		RecordsFailed: p.recordsFailed.Load(), Partitions: p.partitions.Load()}
+		RecordsFailed: p.recordsFailed.Load(), Partitions: p.partitions.Load(),
+		RecordsInFlight: p.recordsInFlight.Load()}
 	if cl := p.buffered.Load(); cl != nil {
 		s.BufferedBytes = cl.BufferedProduceBytes()
 		s.BufferedRecords = cl.BufferedProduceRecords()
@@ -386,6 +391,8 @@ func (p *Producer) readPartitions(ctx context.Context, adm *kadm.Client) error {
 		return fmt.Errorf("topic %s: %w (create it first; see docs/operations.md)", p.Topic, errors.Join(err, errNoTopic))
 	}
 	n := int64(len(td.Partitions))
+	// The brokers answer again after an outage: up once more (not only at start).
+	p.up.Store(true)
 	if old := p.partitions.Swap(n); old != 0 && old != n {
 		p.Log.Warn("kafka: the topic's partition count changed; packets in flight may be joined incomplete",
 			"topic", p.Topic, "was", old, "now", n)
@@ -430,7 +437,9 @@ func (p *Producer) produce(ctx context.Context, m *pb.RecordBatch, partition int
 		Headers: []kgo.RecordHeader{{Key: FormatHeader, Value: []byte(FormatValue)}}}
 	// Produce blocks while franz-go's buffer is full (brokers away): the
 	// agent's queue then holds, and drops its oldest, counted.
+	p.recordsInFlight.Add(int64(records))
 	p.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+		p.recordsInFlight.Add(-int64(records))
 		if err != nil {
 			if ctx.Err() == nil {
 				p.Log.Error("kafka: message refused, records lost", "partition", partition, "records", records, "err", err)

@@ -64,6 +64,9 @@ type Session struct {
 	Creds credentials.TransportCredentials
 	// Backoff bounds (0 = defaults).
 	MinBackoff, MaxBackoff time.Duration
+	// Transport, when set, is sent with every heartbeat: where the records
+	// go and what waits on the node (`hoptrace agents`).
+	Transport func() *pb.TransportStatus
 
 	registrations atomic.Uint64
 	connected     atomic.Bool
@@ -232,6 +235,9 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 				return
 			case <-t.C:
 				hb := &pb.Heartbeat{SentAt: timestamppb.Now()}
+				if s.Transport != nil {
+					hb.Transport = s.Transport()
+				}
 				// Devices and namespaces appear after the agent registered (a container
 				// started later): the dispatcher validates specs against what it last heard.
 				if now := s.Inventory(sctx); !proto.Equal(now, said) {

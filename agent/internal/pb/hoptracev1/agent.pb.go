@@ -524,7 +524,9 @@ type Heartbeat struct {
 	SentAt *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
 	// Set when the agent's namespaces or devices changed since it last said
 	// (containers and pods come and go): replaces Register.namespaces.
-	Inventory     *Inventory `protobuf:"bytes,2,opt,name=inventory,proto3" json:"inventory,omitempty"`
+	Inventory *Inventory `protobuf:"bytes,2,opt,name=inventory,proto3" json:"inventory,omitempty"`
+	// How the records leave this node right now (`hoptrace agents` shows it).
+	Transport     *TransportStatus `protobuf:"bytes,3,opt,name=transport,proto3" json:"transport,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -573,6 +575,137 @@ func (x *Heartbeat) GetInventory() *Inventory {
 	return nil
 }
 
+func (x *Heartbeat) GetTransport() *TransportStatus {
+	if x != nil {
+		return x.Transport
+	}
+	return nil
+}
+
+// The agent's record transport as it last said: where records go, whether the
+// far end takes them, and what waits or was given up on the node. A broker or
+// collector that is away shows here as rising buffered_records.
+type TransportStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "grpc" (one collector's stream), "kafka" (a topic), or "" (none: records
+	// are only printed or written to a file).
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The collector's address, or the bootstrap brokers (comma-separated).
+	Destination string `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	// Kafka: the topic.
+	Topic string `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
+	// The far end takes records: the collector's stream is up, or the brokers
+	// acknowledged a message lately (or nothing waits for them).
+	Connected bool `protobuf:"varint,4,opt,name=connected,proto3" json:"connected,omitempty"`
+	// Records on the node not yet acknowledged: the agent's bounded queue plus,
+	// with Kafka, those handed to the client and not yet acknowledged.
+	BufferedRecords uint64 `protobuf:"varint,5,opt,name=buffered_records,json=bufferedRecords,proto3" json:"buffered_records,omitempty"`
+	BufferedBytes   uint64 `protobuf:"varint,6,opt,name=buffered_bytes,json=bufferedBytes,proto3" json:"buffered_bytes,omitempty"`
+	// The bound of the agent's queue (--buffer-bytes); beyond it the oldest go.
+	BufferCapacityBytes uint64 `protobuf:"varint,7,opt,name=buffer_capacity_bytes,json=bufferCapacityBytes,proto3" json:"buffer_capacity_bytes,omitempty"`
+	// Records the agent gave up since it started (queue bound, refused by the
+	// brokers).
+	DroppedRecords uint64 `protobuf:"varint,8,opt,name=dropped_records,json=droppedRecords,proto3" json:"dropped_records,omitempty"`
+	// Kafka: the topic's partitions as last read (0 = not known yet: the
+	// brokers are away or the topic does not exist; records wait).
+	Partitions    uint32 `protobuf:"varint,9,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransportStatus) Reset() {
+	*x = TransportStatus{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransportStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransportStatus) ProtoMessage() {}
+
+func (x *TransportStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransportStatus.ProtoReflect.Descriptor instead.
+func (*TransportStatus) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TransportStatus) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TransportStatus) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *TransportStatus) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TransportStatus) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *TransportStatus) GetBufferedRecords() uint64 {
+	if x != nil {
+		return x.BufferedRecords
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetBufferedBytes() uint64 {
+	if x != nil {
+		return x.BufferedBytes
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetBufferCapacityBytes() uint64 {
+	if x != nil {
+		return x.BufferCapacityBytes
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetDroppedRecords() uint64 {
+	if x != nil {
+		return x.DroppedRecords
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetPartitions() uint32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
 type Inventory struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Namespaces []*Namespace           `protobuf:"bytes,1,rep,name=namespaces,proto3" json:"namespaces,omitempty"`
@@ -584,7 +717,7 @@ type Inventory struct {
 
 func (x *Inventory) Reset() {
 	*x = Inventory{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +729,7 @@ func (x *Inventory) String() string {
 func (*Inventory) ProtoMessage() {}
 
 func (x *Inventory) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[7]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +742,7 @@ func (x *Inventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Inventory.ProtoReflect.Descriptor instead.
 func (*Inventory) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Inventory) GetNamespaces() []*Namespace {
@@ -644,7 +777,7 @@ type ContainerRuntime struct {
 
 func (x *ContainerRuntime) Reset() {
 	*x = ContainerRuntime{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -656,7 +789,7 @@ func (x *ContainerRuntime) String() string {
 func (*ContainerRuntime) ProtoMessage() {}
 
 func (x *ContainerRuntime) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[8]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -669,7 +802,7 @@ func (x *ContainerRuntime) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerRuntime.ProtoReflect.Descriptor instead.
 func (*ContainerRuntime) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ContainerRuntime) GetEndpoint() string {
@@ -708,7 +841,7 @@ type TraceStatus struct {
 
 func (x *TraceStatus) Reset() {
 	*x = TraceStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +853,7 @@ func (x *TraceStatus) String() string {
 func (*TraceStatus) ProtoMessage() {}
 
 func (x *TraceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[9]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +866,7 @@ func (x *TraceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceStatus.ProtoReflect.Descriptor instead.
 func (*TraceStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TraceStatus) GetTrace() string {
@@ -792,7 +925,7 @@ type EventStatus struct {
 
 func (x *EventStatus) Reset() {
 	*x = EventStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +937,7 @@ func (x *EventStatus) String() string {
 func (*EventStatus) ProtoMessage() {}
 
 func (x *EventStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[10]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +950,7 @@ func (x *EventStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventStatus.ProtoReflect.Descriptor instead.
 func (*EventStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EventStatus) GetEventIndex() uint32 {
@@ -862,7 +995,7 @@ type HopStatus struct {
 
 func (x *HopStatus) Reset() {
 	*x = HopStatus{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +1007,7 @@ func (x *HopStatus) String() string {
 func (*HopStatus) ProtoMessage() {}
 
 func (x *HopStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[11]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +1020,7 @@ func (x *HopStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopStatus.ProtoReflect.Descriptor instead.
 func (*HopStatus) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HopStatus) GetHopIndex() uint32 {
@@ -934,7 +1067,7 @@ type DispatcherMessage struct {
 
 func (x *DispatcherMessage) Reset() {
 	*x = DispatcherMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1079,7 @@ func (x *DispatcherMessage) String() string {
 func (*DispatcherMessage) ProtoMessage() {}
 
 func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[12]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1092,7 @@ func (x *DispatcherMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DispatcherMessage.ProtoReflect.Descriptor instead.
 func (*DispatcherMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DispatcherMessage) GetBody() isDispatcherMessage_Body {
@@ -1084,7 +1217,7 @@ type SignedMessage struct {
 
 func (x *SignedMessage) Reset() {
 	*x = SignedMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1096,7 +1229,7 @@ func (x *SignedMessage) String() string {
 func (*SignedMessage) ProtoMessage() {}
 
 func (x *SignedMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[13]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1109,7 +1242,7 @@ func (x *SignedMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedMessage.ProtoReflect.Descriptor instead.
 func (*SignedMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SignedMessage) GetPayload() []byte {
@@ -1166,7 +1299,7 @@ type TracePlan struct {
 
 func (x *TracePlan) Reset() {
 	*x = TracePlan{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1178,7 +1311,7 @@ func (x *TracePlan) String() string {
 func (*TracePlan) ProtoMessage() {}
 
 func (x *TracePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1191,7 +1324,7 @@ func (x *TracePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracePlan.ProtoReflect.Descriptor instead.
 func (*TracePlan) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TracePlan) GetTrace() string {
@@ -1279,7 +1412,7 @@ type FlowMatch struct {
 
 func (x *FlowMatch) Reset() {
 	*x = FlowMatch{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1424,7 @@ func (x *FlowMatch) String() string {
 func (*FlowMatch) ProtoMessage() {}
 
 func (x *FlowMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1437,7 @@ func (x *FlowMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowMatch.ProtoReflect.Descriptor instead.
 func (*FlowMatch) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FlowMatch) GetIpProto() uint32 {
@@ -1395,7 +1528,7 @@ type HopAttach struct {
 
 func (x *HopAttach) Reset() {
 	*x = HopAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1540,7 @@ func (x *HopAttach) String() string {
 func (*HopAttach) ProtoMessage() {}
 
 func (x *HopAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1553,7 @@ func (x *HopAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopAttach.ProtoReflect.Descriptor instead.
 func (*HopAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HopAttach) GetHopIndex() uint32 {
@@ -1535,7 +1668,7 @@ type HopActions struct {
 
 func (x *HopActions) Reset() {
 	*x = HopActions{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1680,7 @@ func (x *HopActions) String() string {
 func (*HopActions) ProtoMessage() {}
 
 func (x *HopActions) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1693,7 @@ func (x *HopActions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopActions.ProtoReflect.Descriptor instead.
 func (*HopActions) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HopActions) GetCount() bool {
@@ -1623,7 +1756,7 @@ type EventAttach struct {
 
 func (x *EventAttach) Reset() {
 	*x = EventAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1768,7 @@ func (x *EventAttach) String() string {
 func (*EventAttach) ProtoMessage() {}
 
 func (x *EventAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1781,7 @@ func (x *EventAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventAttach.ProtoReflect.Descriptor instead.
 func (*EventAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EventAttach) GetEventIndex() uint32 {
@@ -1735,7 +1868,7 @@ type TcpTagging struct {
 
 func (x *TcpTagging) Reset() {
 	*x = TcpTagging{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1747,7 +1880,7 @@ func (x *TcpTagging) String() string {
 func (*TcpTagging) ProtoMessage() {}
 
 func (x *TcpTagging) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1760,7 +1893,7 @@ func (x *TcpTagging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpTagging.ProtoReflect.Descriptor instead.
 func (*TcpTagging) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TcpTagging) GetNetns() string {
@@ -1793,7 +1926,7 @@ type RemoveTrace struct {
 
 func (x *RemoveTrace) Reset() {
 	*x = RemoveTrace{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +1938,7 @@ func (x *RemoveTrace) String() string {
 func (*RemoveTrace) ProtoMessage() {}
 
 func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1951,7 @@ func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTrace.ProtoReflect.Descriptor instead.
 func (*RemoveTrace) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RemoveTrace) GetTrace() string {
@@ -1842,7 +1975,7 @@ type RunPreset struct {
 
 func (x *RunPreset) Reset() {
 	*x = RunPreset{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1854,7 +1987,7 @@ func (x *RunPreset) String() string {
 func (*RunPreset) ProtoMessage() {}
 
 func (x *RunPreset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1867,7 +2000,7 @@ func (x *RunPreset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
 func (*RunPreset) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunPreset) GetId() string {
@@ -1905,7 +2038,7 @@ type PresetResult struct {
 
 func (x *PresetResult) Reset() {
 	*x = PresetResult{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2050,7 @@ func (x *PresetResult) String() string {
 func (*PresetResult) ProtoMessage() {}
 
 func (x *PresetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2063,7 @@ func (x *PresetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
 func (*PresetResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PresetResult) GetId() string {
@@ -2001,10 +2134,23 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
 	"\rAttachSupport\x12\x1c\n" +
 	"\tsupported\x18\x01 \x01(\bR\tsupported\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"v\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xb2\x01\n" +
 	"\tHeartbeat\x123\n" +
 	"\asent_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\x124\n" +
-	"\tinventory\x18\x02 \x01(\v2\x16.hoptrace.v1.InventoryR\tinventory\"|\n" +
+	"\tinventory\x18\x02 \x01(\v2\x16.hoptrace.v1.InventoryR\tinventory\x12:\n" +
+	"\ttransport\x18\x03 \x01(\v2\x1c.hoptrace.v1.TransportStatusR\ttransport\"\xca\x02\n" +
+	"\x0fTransportStatus\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x14\n" +
+	"\x05topic\x18\x03 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tconnected\x18\x04 \x01(\bR\tconnected\x12)\n" +
+	"\x10buffered_records\x18\x05 \x01(\x04R\x0fbufferedRecords\x12%\n" +
+	"\x0ebuffered_bytes\x18\x06 \x01(\x04R\rbufferedBytes\x122\n" +
+	"\x15buffer_capacity_bytes\x18\a \x01(\x04R\x13bufferCapacityBytes\x12'\n" +
+	"\x0fdropped_records\x18\b \x01(\x04R\x0edroppedRecords\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\t \x01(\rR\n" +
+	"partitions\"|\n" +
 	"\tInventory\x126\n" +
 	"\n" +
 	"namespaces\x18\x01 \x03(\v2\x16.hoptrace.v1.NamespaceR\n" +
@@ -2141,7 +2287,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -2150,77 +2296,79 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*Capabilities)(nil),          // 4: hoptrace.v1.Capabilities
 	(*AttachSupport)(nil),         // 5: hoptrace.v1.AttachSupport
 	(*Heartbeat)(nil),             // 6: hoptrace.v1.Heartbeat
-	(*Inventory)(nil),             // 7: hoptrace.v1.Inventory
-	(*ContainerRuntime)(nil),      // 8: hoptrace.v1.ContainerRuntime
-	(*TraceStatus)(nil),           // 9: hoptrace.v1.TraceStatus
-	(*EventStatus)(nil),           // 10: hoptrace.v1.EventStatus
-	(*HopStatus)(nil),             // 11: hoptrace.v1.HopStatus
-	(*DispatcherMessage)(nil),     // 12: hoptrace.v1.DispatcherMessage
-	(*SignedMessage)(nil),         // 13: hoptrace.v1.SignedMessage
-	(*TracePlan)(nil),             // 14: hoptrace.v1.TracePlan
-	(*FlowMatch)(nil),             // 15: hoptrace.v1.FlowMatch
-	(*HopAttach)(nil),             // 16: hoptrace.v1.HopAttach
-	(*HopActions)(nil),            // 17: hoptrace.v1.HopActions
-	(*EventAttach)(nil),           // 18: hoptrace.v1.EventAttach
-	(*TcpTagging)(nil),            // 19: hoptrace.v1.TcpTagging
-	(*RemoveTrace)(nil),           // 20: hoptrace.v1.RemoveTrace
-	(*RunPreset)(nil),             // 21: hoptrace.v1.RunPreset
-	(*PresetResult)(nil),          // 22: hoptrace.v1.PresetResult
-	nil,                           // 23: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 24: hoptrace.v1.Capabilities.UnavailableFieldsEntry
-	nil,                           // 25: hoptrace.v1.RunPreset.ArgsEntry
-	(*Workload)(nil),              // 26: hoptrace.v1.Workload
-	(Field)(0),                    // 27: hoptrace.v1.Field
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
-	(AttachKind)(0),               // 29: hoptrace.v1.AttachKind
-	(*EventTerm)(nil),             // 30: hoptrace.v1.EventTerm
-	(EventKey)(0),                 // 31: hoptrace.v1.EventKey
+	(*TransportStatus)(nil),       // 7: hoptrace.v1.TransportStatus
+	(*Inventory)(nil),             // 8: hoptrace.v1.Inventory
+	(*ContainerRuntime)(nil),      // 9: hoptrace.v1.ContainerRuntime
+	(*TraceStatus)(nil),           // 10: hoptrace.v1.TraceStatus
+	(*EventStatus)(nil),           // 11: hoptrace.v1.EventStatus
+	(*HopStatus)(nil),             // 12: hoptrace.v1.HopStatus
+	(*DispatcherMessage)(nil),     // 13: hoptrace.v1.DispatcherMessage
+	(*SignedMessage)(nil),         // 14: hoptrace.v1.SignedMessage
+	(*TracePlan)(nil),             // 15: hoptrace.v1.TracePlan
+	(*FlowMatch)(nil),             // 16: hoptrace.v1.FlowMatch
+	(*HopAttach)(nil),             // 17: hoptrace.v1.HopAttach
+	(*HopActions)(nil),            // 18: hoptrace.v1.HopActions
+	(*EventAttach)(nil),           // 19: hoptrace.v1.EventAttach
+	(*TcpTagging)(nil),            // 20: hoptrace.v1.TcpTagging
+	(*RemoveTrace)(nil),           // 21: hoptrace.v1.RemoveTrace
+	(*RunPreset)(nil),             // 22: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 23: hoptrace.v1.PresetResult
+	nil,                           // 24: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 25: hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	nil,                           // 26: hoptrace.v1.RunPreset.ArgsEntry
+	(*Workload)(nil),              // 27: hoptrace.v1.Workload
+	(Field)(0),                    // 28: hoptrace.v1.Field
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(AttachKind)(0),               // 30: hoptrace.v1.AttachKind
+	(*EventTerm)(nil),             // 31: hoptrace.v1.EventTerm
+	(EventKey)(0),                 // 32: hoptrace.v1.EventKey
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
-	9,  // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	22, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	10, // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
+	23, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
 	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
 	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
-	9,  // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
-	8,  // 7: hoptrace.v1.Register.runtime:type_name -> hoptrace.v1.ContainerRuntime
+	10, // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
+	9,  // 7: hoptrace.v1.Register.runtime:type_name -> hoptrace.v1.ContainerRuntime
 	3,  // 8: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	26, // 9: hoptrace.v1.Namespace.workloads:type_name -> hoptrace.v1.Workload
-	23, // 10: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	27, // 11: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
-	24, // 12: hoptrace.v1.Capabilities.unavailable_fields:type_name -> hoptrace.v1.Capabilities.UnavailableFieldsEntry
-	28, // 13: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	7,  // 14: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
-	2,  // 15: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
-	8,  // 16: hoptrace.v1.Inventory.runtime:type_name -> hoptrace.v1.ContainerRuntime
-	11, // 17: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	10, // 18: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
-	14, // 19: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	20, // 20: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	21, // 21: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	13, // 22: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	13, // 23: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	15, // 24: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	16, // 25: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	19, // 26: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	18, // 27: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
-	29, // 28: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	17, // 29: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
-	27, // 30: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
-	27, // 31: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	27, // 32: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
-	30, // 33: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
-	31, // 34: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
-	25, // 35: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 36: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 37: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	12, // 38: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	38, // [38:39] is the sub-list for method output_type
-	37, // [37:38] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	27, // 9: hoptrace.v1.Namespace.workloads:type_name -> hoptrace.v1.Workload
+	24, // 10: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	28, // 11: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
+	25, // 12: hoptrace.v1.Capabilities.unavailable_fields:type_name -> hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	29, // 13: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	8,  // 14: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
+	7,  // 15: hoptrace.v1.Heartbeat.transport:type_name -> hoptrace.v1.TransportStatus
+	2,  // 16: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
+	9,  // 17: hoptrace.v1.Inventory.runtime:type_name -> hoptrace.v1.ContainerRuntime
+	12, // 18: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	11, // 19: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
+	15, // 20: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	21, // 21: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	22, // 22: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	14, // 23: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	14, // 24: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	16, // 25: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	17, // 26: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	20, // 27: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	19, // 28: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
+	30, // 29: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	18, // 30: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	28, // 31: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	28, // 32: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	28, // 33: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
+	31, // 34: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
+	32, // 35: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
+	26, // 36: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 37: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 38: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	13, // 39: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	39, // [39:40] is the sub-list for method output_type
+	38, // [38:39] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -2236,7 +2384,7 @@ func file_hoptrace_v1_agent_proto_init() {
 		(*AgentMessage_TraceStatus)(nil),
 		(*AgentMessage_PresetResult)(nil),
 	}
-	file_hoptrace_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_hoptrace_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*DispatcherMessage_Apply)(nil),
 		(*DispatcherMessage_Remove)(nil),
 		(*DispatcherMessage_RunPreset)(nil),
@@ -2249,7 +2397,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

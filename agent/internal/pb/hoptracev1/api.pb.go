@@ -611,6 +611,8 @@ type Agent struct {
 	LastHeartbeat *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	Clock         *NodeClockStatus       `protobuf:"bytes,4,opt,name=clock,proto3" json:"clock,omitempty"`
 	LostRecords   uint64                 `protobuf:"varint,5,opt,name=lost_records,json=lostRecords,proto3" json:"lost_records,omitempty"`
+	// The agent's record transport from its last heartbeat (unset before one).
+	Transport     *TransportStatus `protobuf:"bytes,6,opt,name=transport,proto3" json:"transport,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -678,6 +680,13 @@ func (x *Agent) GetLostRecords() uint64 {
 		return x.LostRecords
 	}
 	return 0
+}
+
+func (x *Agent) GetTransport() *TransportStatus {
+	if x != nil {
+		return x.Transport
+	}
+	return nil
 }
 
 // The node's clock as the collector last measured it (its `node_clock` point).
@@ -2824,13 +2833,14 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x12ListAgentsResponse\x12*\n" +
 	"\x06agents\x18\x01 \x03(\v2\x12.hoptrace.v1.AgentR\x06agents\"%\n" +
 	"\x0fGetAgentRequest\x12\x12\n" +
-	"\x04node\x18\x01 \x01(\tR\x04node\"\xfa\x01\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"\xb6\x02\n" +
 	"\x05Agent\x129\n" +
 	"\fregistration\x18\x01 \x01(\v2\x15.hoptrace.v1.RegisterR\fregistration\x12\x1c\n" +
 	"\tconnected\x18\x02 \x01(\bR\tconnected\x12A\n" +
 	"\x0elast_heartbeat\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x122\n" +
 	"\x05clock\x18\x04 \x01(\v2\x1c.hoptrace.v1.NodeClockStatusR\x05clock\x12!\n" +
-	"\flost_records\x18\x05 \x01(\x04R\vlostRecords\"\xda\x01\n" +
+	"\flost_records\x18\x05 \x01(\x04R\vlostRecords\x12:\n" +
+	"\ttransport\x18\x06 \x01(\v2\x1c.hoptrace.v1.TransportStatusR\ttransport\"\xda\x01\n" +
 	"\x0fNodeClockStatus\x12\x1b\n" +
 	"\toffset_ns\x18\x01 \x01(\x03R\boffsetNs\x12\x19\n" +
 	"\bbound_ns\x18\x02 \x01(\x03R\aboundNs\x12\x1b\n" +
@@ -3090,9 +3100,10 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil),    // 45: google.protobuf.Timestamp
 	(*TraceStatus)(nil),              // 46: hoptrace.v1.TraceStatus
 	(*Register)(nil),                 // 47: hoptrace.v1.Register
-	(*Filter)(nil),                   // 48: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 49: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 50: hoptrace.v1.PresetResult
+	(*TransportStatus)(nil),          // 48: hoptrace.v1.TransportStatus
+	(*Filter)(nil),                   // 49: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 50: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 51: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
 	44, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
@@ -3106,73 +3117,74 @@ var file_hoptrace_v1_api_proto_depIdxs = []int32{
 	47, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
 	45, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	45, // 11: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	45, // 12: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	45, // 13: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
-	20, // 14: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
-	20, // 15: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
-	21, // 16: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
-	18, // 17: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
-	17, // 18: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
-	42, // 19: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
-	25, // 20: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
-	19, // 21: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
-	19, // 22: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	45, // 23: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	45, // 24: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	23, // 25: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
-	24, // 26: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
-	22, // 27: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
-	25, // 28: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	44, // 29: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	45, // 30: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	45, // 31: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	31, // 32: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	45, // 33: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	32, // 34: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	43, // 35: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	48, // 36: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	38, // 37: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	40, // 38: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	49, // 39: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	44, // 40: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	39, // 41: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	41, // 42: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
-	49, // 43: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
-	49, // 44: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
-	1,  // 45: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 46: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 47: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 48: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 49: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 50: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 51: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 52: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	26, // 53: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	27, // 54: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	35, // 55: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	33, // 56: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	29, // 57: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	36, // 58: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 59: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 60: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 61: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 62: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 63: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 64: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 65: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 66: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	20, // 67: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	28, // 68: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	50, // 69: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	34, // 70: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	30, // 71: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	37, // 72: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	59, // [59:73] is the sub-list for method output_type
-	45, // [45:59] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	48, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
+	45, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	45, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	45, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	20, // 15: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
+	20, // 16: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
+	21, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
+	18, // 18: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
+	17, // 19: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
+	42, // 20: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
+	25, // 21: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
+	19, // 22: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
+	19, // 23: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
+	45, // 24: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	45, // 25: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	23, // 26: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	24, // 27: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	22, // 28: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
+	25, // 29: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	44, // 30: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	45, // 31: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	45, // 32: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	31, // 33: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	45, // 34: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	32, // 35: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	43, // 36: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	49, // 37: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	38, // 38: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	40, // 39: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	50, // 40: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	44, // 41: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	39, // 42: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	41, // 43: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
+	50, // 44: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	50, // 45: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	1,  // 46: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 47: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 48: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 49: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 50: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 51: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 52: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 53: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	26, // 54: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	27, // 55: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	35, // 56: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	33, // 57: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	29, // 58: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	36, // 59: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 60: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 61: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 62: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 63: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 64: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 65: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 66: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 67: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	20, // 68: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	28, // 69: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	51, // 70: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	34, // 71: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	30, // 72: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	37, // 73: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	60, // [60:74] is the sub-list for method output_type
+	46, // [46:60] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }

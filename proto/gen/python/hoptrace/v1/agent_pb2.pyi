@@ -104,12 +104,36 @@ class AttachSupport(_message.Message):
     def __init__(self, supported: bool = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sent_at", "inventory")
+    __slots__ = ("sent_at", "inventory", "transport")
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     sent_at: _timestamp_pb2.Timestamp
     inventory: Inventory
-    def __init__(self, sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ...) -> None: ...
+    transport: TransportStatus
+    def __init__(self, sent_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., transport: _Optional[_Union[TransportStatus, _Mapping]] = ...) -> None: ...
+
+class TransportStatus(_message.Message):
+    __slots__ = ("kind", "destination", "topic", "connected", "buffered_records", "buffered_bytes", "buffer_capacity_bytes", "dropped_records", "partitions")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    BUFFERED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    destination: str
+    topic: str
+    connected: bool
+    buffered_records: int
+    buffered_bytes: int
+    buffer_capacity_bytes: int
+    dropped_records: int
+    partitions: int
+    def __init__(self, kind: _Optional[str] = ..., destination: _Optional[str] = ..., topic: _Optional[str] = ..., connected: bool = ..., buffered_records: _Optional[int] = ..., buffered_bytes: _Optional[int] = ..., buffer_capacity_bytes: _Optional[int] = ..., dropped_records: _Optional[int] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class Inventory(_message.Message):
     __slots__ = ("namespaces", "runtime")

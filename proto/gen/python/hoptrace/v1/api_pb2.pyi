@@ -92,18 +92,20 @@ class GetAgentRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ...) -> None: ...
 
 class Agent(_message.Message):
-    __slots__ = ("registration", "connected", "last_heartbeat", "clock", "lost_records")
+    __slots__ = ("registration", "connected", "last_heartbeat", "clock", "lost_records", "transport")
     REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     LOST_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     registration: _agent_pb2.Register
     connected: bool
     last_heartbeat: _timestamp_pb2.Timestamp
     clock: NodeClockStatus
     lost_records: int
-    def __init__(self, registration: _Optional[_Union[_agent_pb2.Register, _Mapping]] = ..., connected: bool = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., clock: _Optional[_Union[NodeClockStatus, _Mapping]] = ..., lost_records: _Optional[int] = ...) -> None: ...
+    transport: _agent_pb2.TransportStatus
+    def __init__(self, registration: _Optional[_Union[_agent_pb2.Register, _Mapping]] = ..., connected: bool = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., clock: _Optional[_Union[NodeClockStatus, _Mapping]] = ..., lost_records: _Optional[int] = ..., transport: _Optional[_Union[_agent_pb2.TransportStatus, _Mapping]] = ...) -> None: ...
 
 class NodeClockStatus(_message.Message):
     __slots__ = ("offset_ns", "bound_ns", "drift_ppm", "measured", "measured_at", "delay_ns")
