@@ -170,10 +170,7 @@ func TestSocketReadHop(t *testing.T) {
 				pl.TcpTagging = &pb.TcpTagging{Netns: p.NsA, Program: loader.ProgTagTCP}
 			}
 			m, q := newTestManager(t)
-			st := m.Apply(pl)
-			if !st.GetActive() || st.GetError() != "" {
-				t.Fatalf("status %v", st)
-			}
+			applyAttached(t, m, pl) // every hop, or the test stops naming the one that failed
 			m.mu.Lock()
 			d := m.traces[pl.Trace].Hops[4].Describe
 			m.mu.Unlock()
