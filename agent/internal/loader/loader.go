@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 
@@ -326,8 +328,27 @@ type Options struct {
 
 // LoadHop loads one hop: spec.Copy(), drop every program but cfg.Program,
 // set its variables, and load it with the shared maps.
+//
+// A kernel whose verifier gives up on the full variant (E2BIG: a million
+// instructions processed, as 6.1's does on the socket-read programs, whose
+// states 6.18 prunes) gets the program's _floor variant, which every kernel
+// from 5.10 verifies.
 func LoadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, error) {
 	h, err := loadHop(spec, cfg, opts)
+	if err != nil && errors.Is(err, unix.E2BIG) && !strings.HasSuffix(cfg.Program, FloorSuffix) {
+		if _, ok := spec.Programs[cfg.Program+FloorSuffix]; ok {
+			floor := cfg
+			floor.Program = cfg.Program + FloorSuffix
+			if cfg.Companion != "" {
+				if _, ok := spec.Programs[cfg.Companion+FloorSuffix]; ok {
+					floor.Companion = cfg.Companion + FloorSuffix
+				}
+			}
+			if fh, ferr := loadHop(spec, floor, opts); ferr == nil {
+				return fh, nil
+			}
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("hop %s: %w", cfg.Name, err)
 	}
