@@ -333,6 +333,37 @@ def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopAct
     return out
 
 
+def refused_action_fields(
+    hops: Sequence[trace_pb2.HopSpec], hop_index: int, refused: agent_pb2.HopActions
+) -> list[str]:
+    """The spec fields (``hops[i].actions[j]``) of the actions an agent reports its kernel's verifier refused
+    on hop `hop_index`: the inverse of `hop_actions`. A refused prev_ts is the timestamp this hop keeps for
+    the latency histogram of a later hop on its node, so it names that histogram."""
+    if not 0 <= hop_index < len(hops):
+        return []
+    fields = []
+    for position, action in enumerate(hops[hop_index].actions):
+        if (
+            (action.kind == "count" and refused.count)
+            or (action.kind == "histogram" and refused.histogram)
+            or (action.kind == "record" and refused.record)
+        ):
+            fields.append(f"hops[{hop_index}].actions[{position}]")
+    if refused.prev_ts:
+        node = hops[hop_index].node
+        for later in range(len(hops) - 1, hop_index, -1):
+            if hops[later].node != node:
+                continue
+            for position, action in enumerate(hops[later].actions):
+                if action.kind == "histogram" and action.field == "latency":
+                    fields.append(f"hops[{later}].actions[{position}]")
+                    break
+            else:
+                continue
+            break
+    return fields
+
+
 def reads_field(actions: agent_pb2.HopActions | None, name: str) -> bool:
     """Does a hop with these typed actions read field `name` (count by or histogram)?"""
     if actions is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from hoptrace.dispatcher.actions import refused_action_fields
 from hoptrace.dispatcher.compile import BpfCompiler, CompileError, build_plans, compile_spec
 from hoptrace.dispatcher.presets import PresetRunner
 from hoptrace.dispatcher.registry import AgentConnection, AgentRegistry
@@ -42,8 +43,15 @@ def spec_nodes(spec: trace_pb2.TraceSpec) -> list[str]:
     return list(dict.fromkeys([*(hop.node for hop in spec.hops), *(event.node for event in spec.events)]))
 
 
-def status_failures(node: str, status: agent_pb2.TraceStatus, plan: agent_pb2.TracePlan | None) -> list[str]:
-    """Readable failures in one node's status, each naming the node and, when it is about one, the hop."""
+def status_failures(
+    node: str,
+    status: agent_pb2.TraceStatus,
+    plan: agent_pb2.TracePlan | None,
+    spec: trace_pb2.TraceSpec | None = None,
+) -> list[str]:
+    """Readable failures in one node's status, each naming the node and, when it is about one, the hop;
+    with the spec, a hop whose actions the kernel's verifier refused is named by those actions' fields
+    (``hops[2].actions[1]``)."""
     failures = []
     if status.error:
         failures.append(f"node {node}: {status.error}")
@@ -54,7 +62,13 @@ def status_failures(node: str, status: agent_pb2.TraceStatus, plan: agent_pb2.Tr
         prefix = f"hop {hop.name}: "
         if reason.startswith(prefix):
             reason = reason[len(prefix) :]
-        failures.append(f"hop {hop.name} (hops[{hop.hop_index}]) on node {node}: {reason}")
+        fields = []
+        if spec is not None and hop.HasField("refused_actions"):
+            fields = refused_action_fields(spec.hops, hop.hop_index, hop.refused_actions)
+        if fields:
+            failures.append(f"{', '.join(fields)}: hop {hop.name} on node {node}: {reason}")
+        else:
+            failures.append(f"hop {hop.name} (hops[{hop.hop_index}]) on node {node}: {reason}")
     for event in status.events:
         if not event.attached:
             # The agent's reason names the spec field (events[i].where[j]: ...).
@@ -256,7 +270,7 @@ class TraceController:
                 ) from None
             with self._lock:
                 previous = self._traces.get(spec.name)
-            failures = self._push_plans(spec.name, plans)
+            failures = self._push_plans(spec.name, plans, spec)
             if failures:
                 rollback_problems = self._roll_back(spec, previous)
                 message = f"trace {spec.name} generation {generation} failed on its agents:\n"
@@ -299,8 +313,11 @@ class TraceController:
                 log.warning("trace %s: %s", name, problem)
             return problems
 
-    def _push_plans(self, trace: str, plans: dict[str, agent_pb2.TracePlan]) -> list[str]:
-        """Send each node its plan and wait for the statuses; the failures, empty when all attached."""
+    def _push_plans(
+        self, trace: str, plans: dict[str, agent_pb2.TracePlan], spec: trace_pb2.TraceSpec | None = None
+    ) -> list[str]:
+        """Send each node its plan and wait for the statuses; the failures, empty when all attached (named by
+        `spec`'s fields when given)."""
         mark = self._statuses.mark()
         failures = []
         sent = []
@@ -319,7 +336,7 @@ class TraceController:
             if status is None:
                 failures.append(f"node {node}: no status from the agent within {self.ack_timeout:g}s")
             else:
-                failures.extend(status_failures(node, status, plans[node]))
+                failures.extend(status_failures(node, status, plans[node], spec))
         return failures
 
     def _remove_from(self, trace: str, nodes: Iterable[str]) -> list[str]:

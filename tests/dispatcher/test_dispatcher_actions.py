@@ -11,8 +11,9 @@ from dispatcher_fakes import example_registrations, make_registration
 from hoptrace import kernel_abi
 from hoptrace.dispatcher import actions
 from hoptrace.dispatcher.compile import build_plans
+from hoptrace.dispatcher.controller import status_failures
 from hoptrace.dispatcher.spec import KIND_FAMILY, SpecError, load_spec, spec_to_json, spec_to_yaml
-from hoptrace.v1 import counters_pb2
+from hoptrace.v1 import agent_pb2, counters_pb2
 
 pytestmark = pytest.mark.unit
 
@@ -244,3 +245,48 @@ def test_a_node_whose_kernel_lacks_a_field_is_refused_with_its_reason() -> None:
         "hops[1].actions[1]: node host-b cannot give field 'drop_reason':"
         " skb:kfree_skb has no reason argument before Linux 5.17 (line 5)"
     ]
+
+
+def test_actions_the_verifier_refused_are_named_by_their_spec_fields() -> None:
+    """An agent reports which of a hop's actions its kernel's verifier refused (HopStatus.refused_actions, as
+    agent/internal/loader's TestRefusedActionIsNamed gets from a real refusal): the apply's failure names
+    `hops[i].actions[j]`, and a refused prev_ts names the later latency histogram it serves."""
+    spec = load_spec(
+        _spec(
+            "{name: a-wire, node: host-a, at: tc-egress, dev: wire0,"
+            " actions: [timestamp, {count: {by: cpu}}, {histogram: latency}, {record: [len]}]}",
+        ),
+        example_registrations(),
+    )
+    reason = "hop a-wire: the kernel's verifier refuses its histogram action (the hop loads without): ..."
+    status = agent_pb2.TraceStatus(
+        trace="acts",
+        generation=1,
+        hops=[
+            agent_pb2.HopStatus(
+                hop_index=0,
+                name="a-out",
+                attached=False,
+                error="hop a-out: refused",
+                refused_actions=agent_pb2.HopActions(prev_ts=True),
+            ),
+            agent_pb2.HopStatus(
+                hop_index=1,
+                name="a-wire",
+                attached=False,
+                error=reason,
+                refused_actions=agent_pb2.HopActions(
+                    histogram=counters_pb2.FIELD_LATENCY, record=[counters_pb2.FIELD_LEN]
+                ),
+            ),
+        ],
+    )
+    failures = status_failures("host-a", status, None, spec)
+    assert failures == [
+        "hops[1].actions[2]: hop a-out on node host-a: refused",
+        "hops[1].actions[2], hops[1].actions[3]: hop a-wire on node host-a: the kernel's verifier refuses its"
+        " histogram action (the hop loads without): ...",
+    ]
+    # Without refused actions (any other failure), the hop's own field, as before.
+    status.hops[1].ClearField("refused_actions")
+    assert status_failures("host-a", status, None, spec)[1].startswith("hop a-wire (hops[1]) on node host-a:")

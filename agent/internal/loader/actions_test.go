@@ -1,8 +1,13 @@
 package loader_test
 
 import (
+	"errors"
 	"math/bits"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -260,5 +265,67 @@ func TestActionsVerifierCost(t *testing.T) {
 			t.Errorf("%s with every action: %d verified instructions (%d without): want under 1M and at most 10 %% more",
 				program, cost[true], cost[false])
 		}
+	}
+}
+
+// refusingObject compiles hop_tc with HOPTRACE_TEST_REFUSED_HISTOGRAM: its
+// histogram action leaves out a null check, so the kernel's verifier
+// refuses that action, and only it.
+func refusingObject(t *testing.T) *ebpf.CollectionSpec {
+	t.Helper()
+	dir := t.TempDir()
+	src := filepath.Join(dir, "refusing.bpf.c")
+	text := strings.Join([]string{`#include "vmlinux.h"`, "#include <bpf/bpf_helpers.h>",
+		"#include <bpf/bpf_core_read.h>", "#include <bpf/bpf_endian.h>", "#include <bpf/bpf_tracing.h>",
+		`#include "hop.bpf.h"`, "HOPTRACE_PROG_TC", `char LICENSE[] SEC("license") = "Dual BSD/GPL";`, ""}, "\n")
+	if err := os.WriteFile(src, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kp := filepath.Join(filepath.Dir(tu.ObjectPath()), "..")
+	obj := filepath.Join(dir, "refusing.bpf.o")
+	out, err := exec.Command("clang", "-O2", "-g", "-Wall", "-target", "bpf", "-D__TARGET_ARCH_x86",
+		"-DHOPTRACE_TEST_REFUSED_HISTOGRAM", "-I"+filepath.Join(kp, "build"), "-I"+filepath.Join(kp, "include"),
+		"-c", src, "-o", obj).CombinedOutput()
+	if err != nil {
+		t.Fatalf("clang: %v: %s", err, out)
+	}
+	spec, err := ebpf.LoadCollectionSpec(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+// A hop the verifier refuses only for one of its actions names that action
+// (the dispatcher turns it into hops[i].actions[j]), and the same hop with
+// its other actions loads.
+func TestRefusedActionIsNamed(t *testing.T) {
+	h := newHarness(t)
+	h.spec = refusingObject(t)
+	others := loader.Actions{Count: true, CountBy: record.FieldCPU, Record: [record.ValuesMax]record.ActionField{record.FieldLen}}
+	hop := h.load(t, loader.HopConfig{Actions: others})
+	h.run(t, hop, udp4(0))
+	if got := sum(actions(t, hop).Counts); got != 1 {
+		t.Fatalf("count without the histogram: %d packets, want 1", got)
+	}
+
+	all := others
+	all.Histogram = record.FieldLen
+	_, err := loader.LoadHop(h.spec, loader.HopConfig{Name: "refused", Program: loader.ProgTC, Actions: all},
+		loader.Options{Records: h.records, IDState: h.idState, Cache: kernelBTF})
+	t.Logf("refusal: %v", err)
+	var refused *loader.ActionsRefusedError
+	if !errors.As(err, &refused) {
+		t.Fatalf("load with the histogram: %v, want an ActionsRefusedError", err)
+	}
+	if want := (loader.Actions{Histogram: record.FieldLen}); refused.Refused != want {
+		t.Fatalf("refused %+v, want only the histogram %+v", refused.Refused, want)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "hop refused: the kernel's verifier refuses its histogram action") ||
+		!strings.Contains(msg, "invalid mem access") {
+		t.Fatalf("error %q does not name the action and the verifier's reason", msg)
+	}
+	if p := refused.Refused.Proto(); p.GetHistogram() != pb.Field_FIELD_LEN || p.GetCount() || len(p.GetRecord()) != 0 {
+		t.Fatalf("proto of the refused actions: %v", p)
 	}
 }

@@ -333,7 +333,26 @@ type Options struct {
 // instructions processed, as 6.1's does on the socket-read programs, whose
 // states 6.18 prunes) gets the program's _floor variant, which every kernel
 // from 5.10 verifies.
+//
+// A hop the verifier refuses only with its actions fails with an
+// *ActionsRefusedError naming them, so the dispatcher can name the spec's
+// actions[j] rather than the whole hop.
 func LoadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, error) {
+	h, err := loadVariant(spec, cfg, opts)
+	if err != nil && cfg.Actions != (Actions{}) && errors.As(err, new(*verifierRefusal)) {
+		if refused := refusedActions(spec, cfg, opts); refused != (Actions{}) {
+			err = &ActionsRefusedError{Refused: refused, Err: err}
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("hop %s: %w", cfg.Name, err)
+	}
+	return h, nil
+}
+
+// loadVariant loads cfg.Program, or its _floor variant when the verifier
+// gives up on the full one (E2BIG).
+func loadVariant(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, error) {
 	h, err := loadHop(spec, cfg, opts)
 	if err != nil && errors.Is(err, unix.E2BIG) && !strings.HasSuffix(cfg.Program, FloorSuffix) {
 		if _, ok := spec.Programs[cfg.Program+FloorSuffix]; ok {
@@ -349,10 +368,114 @@ func LoadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 			}
 		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("hop %s: %w", cfg.Name, err)
+	return h, err
+}
+
+// ActionsRefusedError is a hop the verifier refuses with its actions and
+// accepts without: Refused holds the ones it refuses (all of them when only
+// their combination fails).
+type ActionsRefusedError struct {
+	Refused Actions
+	Err     error
+}
+
+func (e *ActionsRefusedError) Error() string {
+	return fmt.Sprintf("the kernel's verifier refuses its %s (the hop loads without): %v",
+		strings.Join(e.Refused.Names(), ", "), e.Err)
+}
+
+func (e *ActionsRefusedError) Unwrap() error { return e.Err }
+
+// Names are the actions set in a, as the spec spells them; prev_ts is the
+// timestamp a later hop's latency histogram needs from this one.
+func (a Actions) Names() []string {
+	var names []string
+	for _, p := range a.parts() {
+		switch {
+		case p.Count:
+			names = append(names, "count action")
+		case p.Histogram != record.FieldNone:
+			names = append(names, "histogram action")
+		case p.Record != [record.ValuesMax]record.ActionField{}:
+			names = append(names, "record action")
+		case p.PrevTS:
+			names = append(names, "timestamp kept for a later hop's latency histogram")
+		}
 	}
-	return h, nil
+	return names
+}
+
+// parts splits a into one Actions per action it runs.
+func (a Actions) parts() []Actions {
+	var out []Actions
+	if a.Count {
+		out = append(out, Actions{Count: true, CountBy: a.CountBy})
+	}
+	if a.Histogram != record.FieldNone {
+		out = append(out, Actions{Histogram: a.Histogram})
+	}
+	if a.Record != [record.ValuesMax]record.ActionField{} {
+		out = append(out, Actions{Record: a.Record})
+	}
+	if a.PrevTS {
+		out = append(out, Actions{PrevTS: true})
+	}
+	return out
+}
+
+// refusedActions finds which of a refused hop's actions the verifier
+// refuses by loading the hop without actions, then with each one alone
+// (only on a refusal, never on the way to an attach that works). None when
+// the hop is refused without actions too: then they are not the cause.
+func refusedActions(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) Actions {
+	try := func(a Actions) bool {
+		c := cfg
+		c.Actions = a
+		h, err := loadVariant(spec, c, opts)
+		if err != nil {
+			return false
+		}
+		h.Close()
+		return true
+	}
+	if !try(Actions{}) {
+		return Actions{}
+	}
+	var refused Actions
+	for _, p := range cfg.Actions.parts() {
+		if !try(p) {
+			refused = refused.merge(p)
+		}
+	}
+	if refused == (Actions{}) { // each loads alone: their combination is refused
+		return cfg.Actions
+	}
+	return refused
+}
+
+func (a Actions) merge(b Actions) Actions {
+	a.Count, a.PrevTS = a.Count || b.Count, a.PrevTS || b.PrevTS
+	if b.Count {
+		a.CountBy = b.CountBy
+	}
+	if b.Histogram != record.FieldNone {
+		a.Histogram = b.Histogram
+	}
+	if b.Record != [record.ValuesMax]record.ActionField{} {
+		a.Record = b.Record
+	}
+	return a
+}
+
+// Proto is a as the HopActions message.
+func (a Actions) Proto() *pb.HopActions {
+	out := &pb.HopActions{Count: a.Count, CountBy: pb.Field(a.CountBy), Histogram: pb.Field(a.Histogram), PrevTs: a.PrevTS}
+	for _, f := range a.Record {
+		if f != record.FieldNone {
+			out.Record = append(out.Record, pb.Field(f))
+		}
+	}
+	return out
 }
 
 func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, error) {
@@ -514,12 +637,28 @@ func programNames(spec *ebpf.CollectionSpec) []string {
 // The cause (e.g. EPERM) stays wrapped for errors.Is.
 func verifierTail(err error) error {
 	var ve *ebpf.VerifierError
-	if errors.As(err, &ve) && len(ve.Log) > 0 {
+	if errors.As(err, &ve) {
 		lines := ve.Log
 		if len(lines) > 8 {
 			lines = lines[len(lines)-8:]
 		}
-		return fmt.Errorf("%w: %s", ve.Cause, strings.Join(lines, " | "))
+		return &verifierRefusal{cause: ve.Cause, tail: strings.Join(lines, " | ")}
 	}
 	return err
 }
+
+// verifierRefusal is a program the kernel's verifier refused: its cause
+// (errno) and the tail of its log.
+type verifierRefusal struct {
+	cause error
+	tail  string
+}
+
+func (e *verifierRefusal) Error() string {
+	if e.tail == "" {
+		return e.cause.Error()
+	}
+	return fmt.Sprintf("%v: %s", e.cause, e.tail)
+}
+
+func (e *verifierRefusal) Unwrap() error { return e.cause }

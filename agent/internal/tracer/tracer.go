@@ -208,6 +208,9 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		h, err := attach.AttachHop(spec, ha, env)
 		if err != nil {
 			hs.Error = err.Error()
+			if refused := (*loader.ActionsRefusedError)(nil); errors.As(err, &refused) {
+				hs.RefusedActions = refused.Refused.Proto()
+			}
 		} else {
 			hs.Attached = true
 			t.Hops = append(t.Hops, h)

@@ -988,9 +988,13 @@ type HopStatus struct {
 	Attached bool                   `protobuf:"varint,3,opt,name=attached,proto3" json:"attached,omitempty"`
 	// Names the hop and the kernel's reason, e.g.
 	// "hop a-c1-out: attach tc-egress on eth0 in netns c1: no such device".
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// The actions the kernel's verifier refused on this hop: the hop loads
+	// without them, not with them. The dispatcher names the spec's
+	// hops[i].actions[j] they came from.
+	RefusedActions *HopActions `protobuf:"bytes,5,opt,name=refused_actions,json=refusedActions,proto3" json:"refused_actions,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HopStatus) Reset() {
@@ -1049,6 +1053,13 @@ func (x *HopStatus) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *HopStatus) GetRefusedActions() *HopActions {
+	if x != nil {
+		return x.RefusedActions
+	}
+	return nil
 }
 
 type DispatcherMessage struct {
@@ -2174,12 +2185,13 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"eventIndex\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
 	"\battached\x18\x03 \x01(\bR\battached\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"n\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\xb0\x01\n" +
 	"\tHopStatus\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
 	"\battached\x18\x03 \x01(\bR\battached\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\xc3\x02\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12@\n" +
+	"\x0frefused_actions\x18\x05 \x01(\v2\x17.hoptrace.v1.HopActionsR\x0erefusedActions\"\xc3\x02\n" +
 	"\x11DispatcherMessage\x12.\n" +
 	"\x05apply\x18\x01 \x01(\v2\x16.hoptrace.v1.TracePlanH\x00R\x05apply\x122\n" +
 	"\x06remove\x18\x02 \x01(\v2\x18.hoptrace.v1.RemoveTraceH\x00R\x06remove\x127\n" +
@@ -2344,31 +2356,32 @@ var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	9,  // 17: hoptrace.v1.Inventory.runtime:type_name -> hoptrace.v1.ContainerRuntime
 	12, // 18: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
 	11, // 19: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
-	15, // 20: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	21, // 21: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	22, // 22: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	14, // 23: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	14, // 24: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	16, // 25: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	17, // 26: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	20, // 27: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	19, // 28: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
-	30, // 29: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	18, // 30: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
-	28, // 31: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
-	28, // 32: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	28, // 33: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
-	31, // 34: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
-	32, // 35: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
-	26, // 36: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 37: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 38: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	13, // 39: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	39, // [39:40] is the sub-list for method output_type
-	38, // [38:39] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	18, // 20: hoptrace.v1.HopStatus.refused_actions:type_name -> hoptrace.v1.HopActions
+	15, // 21: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	21, // 22: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	22, // 23: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	14, // 24: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	14, // 25: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	16, // 26: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	17, // 27: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	20, // 28: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	19, // 29: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
+	30, // 30: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	18, // 31: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	28, // 32: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	28, // 33: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	28, // 34: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
+	31, // 35: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
+	32, // 36: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
+	26, // 37: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 38: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 39: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	13, // 40: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	40, // [40:41] is the sub-list for method output_type
+	39, // [39:40] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }

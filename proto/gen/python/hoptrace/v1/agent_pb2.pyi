@@ -182,16 +182,18 @@ class EventStatus(_message.Message):
     def __init__(self, event_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ...) -> None: ...
 
 class HopStatus(_message.Message):
-    __slots__ = ("hop_index", "name", "attached", "error")
+    __slots__ = ("hop_index", "name", "attached", "error", "refused_actions")
     HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_ACTIONS_FIELD_NUMBER: _ClassVar[int]
     hop_index: int
     name: str
     attached: bool
     error: str
-    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ...) -> None: ...
+    refused_actions: HopActions
+    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ..., refused_actions: _Optional[_Union[HopActions, _Mapping]] = ...) -> None: ...
 
 class DispatcherMessage(_message.Message):
     __slots__ = ("apply", "remove", "run_preset", "signed_apply", "signed_run_preset")
