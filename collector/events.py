@@ -9,7 +9,13 @@ Measurements:
 * `event_counts` - tags `trace`, `event`, `node`, `by` (`cpu`, the argument, or `total`), `key` (its value,
   0 for `total`); int field `count`.
 * `event_histogram` - tags `trace`, `event`, `node`, `arg`, `le` (the log2 bucket's inclusive upper bound,
-  2^b - 1); int field `count`.
+  2^b - 1); int field `count`. An event-to-event latency (`histogram: latency, since: EVENT`) has
+  `arg=latency`, in nanoseconds.
+* `event_recorded` - the record action (`record: [ARGS]`): tags `trace`, `event`, `node`, `arg`; int field
+  `count` and float field `sum` (their growth, like counts), int fields `min`, `max`, `last` (since the
+  probe was attached: the kernel keeps no per-interval extremes).
+* `event_latency_missed` - tags `trace`, `event`, `node`; int field `count`: hits of a latency event that
+  found no time of its `since` event for their key.
 """
 
 from __future__ import annotations
@@ -17,17 +23,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hoptrace.collector.actions import TOTAL, CumulativeGrowth, bucket_le, escape_tag
+from hoptrace.collector.actions import TOTAL, CumulativeGrowth, WallToMaster, bucket_le, escape_tag
 from hoptrace.v1 import records_pb2
 
 EVENT_COUNTS = "event_counts"
 EVENT_HISTOGRAM = "event_histogram"
+EVENT_RECORDED = "event_recorded"
+EVENT_LATENCY_MISSED = "event_latency_missed"
 
 
 class EventsStage(CumulativeGrowth):
     """Turns each batch's cumulative `EventValues` into `event_counts` / `event_histogram` lines."""
 
-    # keys: (trace, node, event_index, "count"|"hist", key-or-bucket)
+    # keys: (trace, node, event_index, "count"|"hist", key-or-bucket), (trace, node, event_index, "missed"),
+    # (trace, node, event_index, "recorded", arg, "count")
+
+    def __init__(self, clock: WallToMaster | None = None) -> None:
+        super().__init__(clock)
+        # the last cumulative sum of each recorded argument (trace, node, event_index, "recorded", arg)
+        self._sums: dict[tuple[Any, ...], float] = {}
 
     def add_events(
         self, trace: str, node: str, events: Iterable[records_pb2.EventValues], now_ns: int | None = None
@@ -54,7 +68,42 @@ class EventsStage(CumulativeGrowth):
                             f"{EVENT_HISTOGRAM},arg={escape_tag(e.histogram)}{base},le={bucket_le(bucket)}"
                             f" count={delta}i {ts}"
                         )
+            missed = self._delta((trace, node, e.event_index, "missed"), e.latency_missed)
+            if missed:
+                lines.append(f"{EVENT_LATENCY_MISSED}{base} count={missed}i {ts}")
+            for r in e.recorded:
+                lines.extend(self._recorded_line(trace, node, e.event_index, base, r, ts))
         return lines
+
+    def _recorded_line(
+        self, trace: str, node: str, index: int, base: str, r: records_pb2.EventRecorded, ts: int
+    ) -> list[str]:
+        """One argument's statistics: the growth of count and sum (a count that went down is a new
+        attach: it counts in full; sum follows the count's verdict, since signed values may lower it)."""
+        key = (trace, node, index, "recorded", r.arg)
+        count = self._delta(key + ("count",), r.count)
+        previous_sum = self._sums.get(key, 0.0)
+        self._sums[key] = r.sum
+        if not count:
+            return []
+        grown = r.sum if count == r.count else r.sum - previous_sum
+        return [
+            f"{EVENT_RECORDED},arg={escape_tag(r.arg)}{base},signed={str(r.signed).lower()}"
+            f" count={count}i,sum={float(grown)!r},min={r.min}i,max={r.max}i,last={r.last}i {ts}"
+        ]
+
+
+def recorded_bits(value: int | None) -> int:
+    """An argument's integer as the int64 InfluxDB and the API keep (the inverse of `recorded_value`)."""
+    if value is None:
+        return 0
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def recorded_value(value: int, signed: bool) -> int:
+    """A stored min/max/last of an event's record as the argument's own integer: InfluxDB's integers are
+    int64, so an unsigned argument's values are stored as their two's complement bits (tag signed=false)."""
+    return value if signed else value % (1 << 64)
 
 
 def query_events(q: Any, org: str, base: str) -> list[dict[str, Any]]:
@@ -74,6 +123,8 @@ def query_events(q: Any, org: str, base: str) -> list[dict[str, Any]]:
                 "by": {},
                 "histogram_arg": "",
                 "histogram": [],
+                "latency_missed": 0,
+                "recorded": [],
             },
         )
 
@@ -111,9 +162,67 @@ def query_events(q: Any, org: str, base: str) -> list[dict[str, Any]]:
             per[le] = per.get(le, 0) + int(rec.get_value() or 0)
     for key, per in buckets.items():
         found[key]["histogram"] = [{"le": le, "count": n} for le, n in sorted(per.items()) if n]
+    missed = (
+        f'{base} and r._measurement == "{EVENT_LATENCY_MISSED}" and r._field == "count")'
+        ' |> group(columns: ["event", "node"]) |> sum()'
+    )
+    for table in q.query(missed, org=org):
+        for rec in table.records:
+            if rec.values.get("event") is not None:
+                entry(rec.values["event"], rec.values.get("node", ""))["latency_missed"] += int(
+                    rec.get_value() or 0
+                )
+    for (name, node), per_arg in _query_recorded(q, org, base).items():
+        entry(name, node)["recorded"] = [per_arg[arg] for arg in sorted(per_arg)]
     for e in found.values():
         e["by"] = dict(sorted(e["by"].items(), key=lambda item: int(item[0])))
     return [found[key] for key in sorted(found)]
+
+
+def _query_recorded(q: Any, org: str, base: str) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
+    """Per (event, node) and argument, the record action's summary over the query's range: count and sum
+    added up, the least min, the greatest max, the newest last, and the mean."""
+    out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    group = ' |> group(columns: ["event", "node", "arg", "signed", "_field"])'
+    for fields, reduce in (
+        ('"count" or r._field == "sum"', "sum()"),
+        ('"min"', "min()"),
+        ('"max"', "max()"),
+        ('"last"', "last()"),
+    ):
+        flux = (
+            f'{base} and r._measurement == "{EVENT_RECORDED}" and (r._field == {fields})){group} |> {reduce}'
+        )
+        for table in q.query(flux, org=org):
+            for rec in table.records:
+                name, arg = rec.values.get("event"), rec.values.get("arg")
+                if name is None or arg is None:
+                    continue
+                signed = rec.values.get("signed") == "true"
+                stats = out.setdefault((name, rec.values.get("node", "")), {}).setdefault(
+                    arg,
+                    {
+                        "arg": arg,
+                        "count": 0,
+                        "sum": 0.0,
+                        "mean": None,
+                        "min": None,
+                        "max": None,
+                        "last": None,
+                        "signed": signed,
+                    },
+                )
+                value = rec.get_value()
+                field = rec.get_field()
+                if field in ("count", "sum"):
+                    stats[field] += int(value or 0) if field == "count" else float(value or 0.0)
+                elif value is not None:
+                    stats[field] = recorded_value(int(value), signed)
+    for per_arg in out.values():
+        for stats in per_arg.values():
+            if stats["count"]:
+                stats["mean"] = stats["sum"] / stats["count"]
+    return out
 
 
 def events_lines(events: list[dict[str, Any]], limit: int = 16) -> list[str]:
@@ -129,5 +238,12 @@ def events_lines(events: list[dict[str, Any]], limit: int = 16) -> list[str]:
         if e["histogram"]:
             total = sum(b["count"] for b in e["histogram"])
             buckets = ", ".join(f"<={b['le']} {b['count']}" for b in e["histogram"])
-            lines.append(f"  {e['histogram_arg']} (n={total}): {buckets}")
+            unit = " ns" if e["histogram_arg"] == "latency" else ""
+            missed = f", {e['latency_missed']} without a start" if e.get("latency_missed") else ""
+            lines.append(f"  {e['histogram_arg']}{unit} (n={total}{missed}): {buckets}")
+        for r in e.get("recorded", []):
+            lines.append(
+                f"  {r['arg']}: n={r['count']} sum={r['sum']:g} mean={r['mean'] or 0:.6g} min={r['min']}"
+                f" max={r['max']} last={r['last']}"
+            )
     return lines

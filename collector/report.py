@@ -51,7 +51,7 @@ from hoptrace.collector.actions import (
     recorded_text,
 )
 from hoptrace.collector.aggregate import END_TO_END, QUANTILES
-from hoptrace.collector.events import events_lines, query_events
+from hoptrace.collector.events import events_lines, query_events, recorded_bits, recorded_value
 from hoptrace.collector.influx import HOP_COUNTERS, HOP_LATENCY, NODE_CLOCK, SEGMENT_STATS
 from hoptrace.collector.sketch import JITTER_PREFIX, LATENCY_PREFIX, sketch_from_fields
 from hoptrace.common.grpcutil import INFLUX_TOKEN_ENV, add_secret_argument, secret_from
@@ -394,6 +394,18 @@ def report_to_proto(report: dict[str, Any]) -> api_pb2.Report:
                 by=e.get("by", {}),
                 histogram_arg=e.get("histogram_arg", ""),
                 histogram=[api_pb2.HistogramBucket(**b) for b in e.get("histogram", [])],
+                latency_missed=e.get("latency_missed", 0),
+                recorded=[
+                    api_pb2.EventRecordedResult(
+                        arg=r["arg"],
+                        count=r["count"],
+                        sum=r["sum"],
+                        mean=r["mean"] or 0.0,
+                        signed=r["signed"],
+                        **{k: recorded_bits(r[k]) for k in ("min", "max", "last")},
+                    )
+                    for r in e.get("recorded", [])
+                ],
             )
             for e in report.get("events", [])
         ],
@@ -471,6 +483,18 @@ def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
                 "by": dict(sorted(e.by.items(), key=lambda item: (len(item[0]), item[0]))),
                 "histogram_arg": e.histogram_arg,
                 "histogram": [{"le": b.le, "count": b.count} for b in e.histogram],
+                "latency_missed": e.latency_missed,
+                "recorded": [
+                    {
+                        "arg": r.arg,
+                        "count": r.count,
+                        "sum": r.sum,
+                        "mean": r.mean if r.count else None,
+                        **{k: recorded_value(getattr(r, k), r.signed) for k in ("min", "max", "last")},
+                        "signed": r.signed,
+                    }
+                    for r in e.recorded
+                ],
             }
             for e in report.events
         ],

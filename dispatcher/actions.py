@@ -117,6 +117,8 @@ def _kind_and_args(value: Any) -> tuple[str | None, dict[str, Any], str | None]:
         elif argument is not None:
             return kind, {}, f"count takes {{by: FIELD}} or nothing, got {argument!r}"
         return kind, extra, None
+    if kind == "histogram" and set(extra) <= {"since"}:
+        return kind, {"field": argument, **extra}, None
     if extra:
         return kind, {}, f"{kind} takes no other keys, got {', '.join(repr(key) for key in extra)}"
     return kind, {"field": argument}, None
@@ -166,6 +168,11 @@ def convert_actions(
                 )
             elif isinstance(argument, str):
                 action.field = argument
+            since = args.get("since")
+            if since is not None and not isinstance(since, str):
+                errors.append((where, f"since: must name an event, got {since!r}"))
+            elif since:
+                action.since = since
     return errors
 
 
@@ -174,7 +181,11 @@ def action_to_data(action: trace_pb2.ActionSpec) -> Any:
     if action.kind == "count":
         return {"count": {"by": action.by}} if action.by else "count"
     if action.kind == "histogram":
-        return {"histogram": action.field}
+        return (
+            {"histogram": action.field, "since": action.since}
+            if action.since
+            else {"histogram": action.field}
+        )
     if action.kind == "record":
         return {"record": list(action.fields)}
     return action.kind
@@ -229,6 +240,10 @@ def validate_actions(
             )
             continue
         seen[action.kind] = position
+        if action.since:
+            errors.append(
+                (where, "since: pairs two events; a hop's latency is from the previous hop of its node")
+            )
         if action.kind == "record":
             errors.extend(_record_problems(action, family, point, where))
             continue

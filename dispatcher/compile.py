@@ -209,7 +209,7 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
                 trace=spec.name, generation=generation, sample=spec.sample or 1
             )
             plan.match.CopyFrom(match)
-        plan.events.append(event_attach(event, index))
+        plan.events.append(event_attach(event, index, spec))
     if spec.hops and tcp_tagging_enabled(spec):
         first = spec.hops[0]
         cgroup = first.cgroup if first.at == "cgroup-egress" else ""

@@ -14,7 +14,19 @@ Spec form::
         tracepoint: irq:softirq_entry
         where: "vec == 3"                 # or: vec in [2, 3] and ..., or a list of terms:
         # where: [{arg: vec, op: "==", value: 3}, {arg: len, op: in, values: [1, 2]}]
-        actions: [{count: {by: cpu}}]     # count (by: cpu | ARG), histogram: ARG; default [count]
+        actions: [{count: {by: cpu}}]     # count (by: cpu | ARG), histogram: ARG, record: [ARGS];
+                                          # default [count]
+      # Event-to-event latency: the time from one event to a later one whose key argument has the same
+      # value (a task's wake-up to its run), as a log2 histogram in ns on the later event:
+      - {name: wakeup, node: host-a, tracepoint: sched:sched_wakeup, key: pid}
+      - {name: wakeup-to-run, node: host-a, tracepoint: sched:sched_switch, key: next_pid,
+         actions: [{histogram: latency, since: wakeup}]}
+
+The marking event remembers its time per key value in an LRU map of its node (one per trace,
+HOPTRACE_EVENT_MARKS entries); the later event takes the entry out, so each mark gives at most one latency,
+and a later event that finds none counts `latency_missed`. ``record: [ARGS]`` keeps each argument's count,
+sum, min, max and last value in the kernel: an event has no packet to carry values with, and one point
+per event would cost what one point per packet does.
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from hoptrace import kernel_abi
 from hoptrace.dispatcher import actions as hop_actions
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 
-EVENT_KEYS = ("name", "node", "tracepoint", "where", "actions")
+EVENT_KEYS = ("name", "node", "tracepoint", "where", "actions", "key")
 EVENT_PROGRAM = "event_tp"
 MAX_EVENTS = 64
 MAX_NAME_LEN = 63  # as trace and hop names
@@ -35,7 +47,8 @@ MAX_NAME_LEN = 63  # as trace and hop names
 OPERATORS: dict[str, str] = {"==": "eq", "!=": "ne", "<": "lt", ">": "gt", "&": "bit", "in": "in"}
 OP_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kernel_abi.EVENT_OPS) if number}
 OP_SPELLING: dict[int, str] = {OP_NUMBERS[name]: text for text, name in OPERATORS.items()}
-EVENT_ACTIONS = ("count", "histogram")
+EVENT_ACTIONS = ("count", "histogram", "record")
+LATENCY = "latency"  # histogram: latency with since: an event's time since another's
 CPU_KEY = "cpu"
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -191,7 +204,7 @@ def convert_event(value: Any, field: str, target: trace_pb2.EventSpec) -> list[E
     for key in value:
         if key not in EVENT_KEYS:
             errors.append((f"{field}.{key}", f"unknown key {key!r}; expected {', '.join(EVENT_KEYS)}"))
-    for key in ("name", "node", "tracepoint"):
+    for key in ("name", "node", "tracepoint", "key"):
         item = value.get(key)
         if item is None:
             continue
@@ -221,7 +234,7 @@ def convert_events(value: Any, spec: trace_pb2.TraceSpec) -> list[EventError]:
 def event_to_data(event: trace_pb2.EventSpec) -> dict[str, Any]:
     """One event in the spec's canonical form (the inverse of convert_event)."""
     data: dict[str, Any] = {
-        key: getattr(event, key) for key in ("name", "node", "tracepoint") if getattr(event, key)
+        key: getattr(event, key) for key in ("name", "node", "tracepoint", "key") if getattr(event, key)
     }
     if event.where:
         data["where"] = where_text(event.where)
@@ -265,7 +278,8 @@ def validate_event(event: trace_pb2.EventSpec, field: str) -> list[EventError]:
             errors.append(
                 (
                     where,
-                    f"{action.kind!r} is no event action (events have no packet); expected count, histogram",
+                    f"{action.kind!r} is no event action (events have no packet); expected"
+                    f" {', '.join(EVENT_ACTIONS)}",
                 )
             )
             continue
@@ -275,12 +289,41 @@ def validate_event(event: trace_pb2.EventSpec, field: str) -> list[EventError]:
             )
             continue
         seen[action.kind] = position
+        if action.kind == "record":
+            args = list(action.fields)
+            if not 1 <= len(args) <= kernel_abi.VALUES_MAX:
+                errors.append(
+                    (where, f"record: lists 1 to {kernel_abi.VALUES_MAX} arguments, got {len(args)}")
+                )
+            for i, name in enumerate(args):
+                if not _IDENTIFIER.match(name) or name == CPU_KEY:
+                    errors.append((where, f"{name!r} is no argument name of a tracepoint"))
+                elif name in args[:i]:
+                    errors.append((where, f"record: lists {name!r} twice"))
+            continue
         name = action.by if action.kind == "count" else action.field
         if name and not _IDENTIFIER.match(name):
             errors.append((where, f"{name!r} is no argument name (nor cpu)"))
         if action.kind == "histogram" and name == CPU_KEY:
             errors.append((where, "histogram: takes an argument of the tracepoint, not cpu"))
+        if action.since and name != LATENCY:
+            errors.append((where, f"since: goes with histogram: {LATENCY} (the time since that event)"))
+        elif action.since and not event.key:
+            errors.append(
+                (
+                    f"{field}.key",
+                    f"histogram: {LATENCY} since {action.since!r} needs key: the argument that"
+                    " names what both events are about (e.g. next_pid)",
+                )
+            )
+    if event.key and not _IDENTIFIER.match(event.key):
+        errors.append((f"{field}.key", f"{event.key!r} is no argument name"))
     return errors
+
+
+def latency_since(event: trace_pb2.EventSpec) -> str:
+    """The event an event's latency histogram is measured from ("" = none)."""
+    return next((a.since for a in event.actions if a.kind == "histogram" and a.since), "")
 
 
 def validate_events(spec: trace_pb2.TraceSpec) -> list[EventError]:
@@ -299,6 +342,34 @@ def validate_events(spec: trace_pb2.TraceSpec) -> list[EventError]:
             )
         elif event.name:
             first_use[event.name] = position
+    for position, event in enumerate(spec.events):
+        since = latency_since(event)
+        if not since:
+            continue
+        where = f"events[{position}].actions"
+        marking = next((other for other in spec.events if other.name == since), None)
+        if marking is None:
+            names = ", ".join(other.name for other in spec.events if other.name != event.name) or "none"
+            errors.append((where, f"since: {since!r} is no event of this trace (events: {names})"))
+        elif marking.name == event.name:
+            errors.append((where, "since: names the event itself; name the earlier event"))
+        elif marking.node != event.node:
+            errors.append(
+                (
+                    where,
+                    f"since: {since!r} runs on node {marking.node}, this event on {event.node}: a latency"
+                    " pairs events of one node's clock",
+                )
+            )
+        elif not marking.key:
+            index = list(spec.events).index(marking)
+            errors.append(
+                (
+                    f"events[{index}].key",
+                    f"event {since!r} is the start of events[{position}]'s latency: it"
+                    " needs key: the argument its time is remembered by (e.g. pid)",
+                )
+            )
     return errors
 
 
@@ -315,8 +386,10 @@ def validate_against_agents(
     ]
 
 
-def event_attach(event: trace_pb2.EventSpec, index: int) -> agent_pb2.EventAttach:
-    """One validated event as its node's agent loads it: typed terms, count key and histogram argument."""
+def event_attach(event: trace_pb2.EventSpec, index: int, spec: trace_pb2.TraceSpec) -> agent_pb2.EventAttach:
+    """One validated event as its node's agent loads it: typed terms, count key, histogram argument,
+    recorded arguments, and the pairing of latencies (this event marks its time when a later event of
+    `spec` measures since it)."""
     group, name = event.tracepoint.split(":", 1)
     attach = agent_pb2.EventAttach(
         event_index=index,
@@ -334,6 +407,15 @@ def event_attach(event: trace_pb2.EventSpec, index: int) -> agent_pb2.EventAttac
                 attach.count_by = counters_pb2.EVENT_KEY_CPU
             elif action.by:
                 attach.count_by, attach.count_by_arg = counters_pb2.EVENT_KEY_ARG, action.by
+        elif action.kind == "histogram" and action.since:
+            attach.latency_arg = event.key
+            attach.latency_since = next(
+                i for i, other in enumerate(spec.events) if other.name == action.since
+            )
         elif action.kind == "histogram":
             attach.histogram_arg = action.field
+        elif action.kind == "record":
+            attach.record_args.extend(action.fields)
+    if any(latency_since(other) == event.name for other in spec.events):
+        attach.mark_arg = event.key
     return attach

@@ -41,6 +41,37 @@ EVENT_ARG_SETTINGS(ev_key)
 /* histogram of an argument (1 = on). */
 const volatile __u8 ev_hist = 0;
 EVENT_ARG_SETTINGS(ev_hist)
+/* record: [ARGS]: statistics of up to HOPTRACE_VALUES_MAX arguments (event_stats). */
+const volatile __u8 ev_record_n = 0;
+const volatile __u16 ev_record_off[HOPTRACE_VALUES_MAX] = {};
+const volatile __u8 ev_record_size[HOPTRACE_VALUES_MAX] = {};
+const volatile __u8 ev_record_signed[HOPTRACE_VALUES_MAX] = {};
+/* Event-to-event latency (histogram: latency, since: EVENT): the marking
+ * event remembers its time under (its index, its key argument's value); the
+ * later event takes that entry out and histograms the time since in ns. */
+const volatile __u8 ev_mark = 0;
+const volatile __u32 ev_mark_index = 0;
+EVENT_ARG_SETTINGS(ev_mark)
+const volatile __u8 ev_latency = 0;
+const volatile __u32 ev_latency_since = 0; /* events[i] of the marking event */
+EVENT_ARG_SETTINGS(ev_latency)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, HOPTRACE_VALUES_MAX);
+	__type(key, __u32);
+	__type(value, struct hoptrace_event_stat);
+} event_stats SEC(".maps");
+
+/* One per trace per node (the agent's MapReplacements), shared by its events. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, HOPTRACE_EVENT_MARKS);
+	__type(key, struct hoptrace_event_mark_key);
+	__type(value, __u64);
+} event_marks SEC(".maps");
+
+const struct hoptrace_event_stat *unused_event_stat_type __attribute__((unused));
 
 /* The argument at `off` of the tracepoint record, sign-extended if signed. */
 static __always_inline __u64 event_arg(void *ctx, __u16 off, __u8 size, __u8 is_signed)
@@ -93,6 +124,55 @@ static __always_inline bool event_term(void *ctx, int t)
 	return true;
 }
 
+/* record: argument i's statistics on this CPU. */
+static __always_inline void event_record(void *ctx, __u32 i)
+{
+	struct hoptrace_event_stat *st;
+	__u64 v;
+
+	if (i >= HOPTRACE_VALUES_MAX)
+		return;
+	st = bpf_map_lookup_elem(&event_stats, &i);
+	if (!st)
+		return;
+	v = event_arg(ctx, ev_record_off[i], ev_record_size[i], ev_record_signed[i]);
+	if (st->count == 0 || event_less(v, st->min, ev_record_signed[i]))
+		st->min = v;
+	if (st->count == 0 || event_less(st->max, v, ev_record_signed[i]))
+		st->max = v;
+	st->count++;
+	st->sum += v;
+	st->last = v;
+	st->last_ns = bpf_ktime_get_ns();
+}
+
+/* Remember this event's time, or histogram the time since the marking event. */
+static __always_inline void event_latency(void *ctx)
+{
+	struct hoptrace_event_mark_key key = {};
+	__u64 now = bpf_ktime_get_ns();
+	__u64 *then;
+
+	if (ev_mark) {
+		key.event_index = ev_mark_index;
+		key.value = event_arg(ctx, ev_mark_off, ev_mark_size, ev_mark_signed);
+		bpf_map_update_elem(&event_marks, &key, &now, BPF_ANY);
+	}
+	if (!ev_latency)
+		return;
+	key.event_index = ev_latency_since;
+	key.value = event_arg(ctx, ev_latency_off, ev_latency_size, ev_latency_signed);
+	then = bpf_map_lookup_elem(&event_marks, &key);
+	if (!then) {
+		count(HOPTRACE_C_LATENCY_MISS, 1);
+		return;
+	}
+	/* Read before the delete: the entry's memory may be reused after it. */
+	__u64 since = *then;
+	bpf_map_delete_elem(&event_marks, &key);
+	hist_add(now > since ? now - since : 0);
+}
+
 static __always_inline int event_run(void *ctx)
 {
 	int t;
@@ -117,6 +197,13 @@ static __always_inline int event_run(void *ctx)
 	}
 	if (ev_hist)
 		hist_add(event_arg(ctx, ev_hist_off, ev_hist_size, ev_hist_signed));
+#pragma unroll
+	for (t = 0; t < HOPTRACE_VALUES_MAX; t++) {
+		if (t < ev_record_n)
+			event_record(ctx, t);
+	}
+	if (ev_mark || ev_latency)
+		event_latency(ctx);
 	return 0;
 }
 

@@ -44,8 +44,12 @@ enum hoptrace_wire {
 	HOPTRACE_EVENT_TERMS = 4,
 	HOPTRACE_EVENT_IN_VALUES = 8,
 	HOPTRACE_EVENT_ARGS_BYTES = 4096,
-	/* Fields one hop's record action carries per packet (struct hoptrace_values). */
+	/* Fields one hop's record action carries per packet (struct hoptrace_values);
+	 * also the arguments one event's record action keeps statistics of. */
 	HOPTRACE_VALUES_MAX = 4,
+	/* Event times remembered for a later event's latency (one LRU map per
+	 * trace per node; a later event that finds none counts LATENCY_MISS). */
+	HOPTRACE_EVENT_MARKS = 16384,
 };
 
 /* record.flags */
@@ -173,6 +177,26 @@ enum hoptrace_event_key {
 	HOPTRACE_EVENT_KEY_TOTAL = 0, /* one total, key 0 */
 	HOPTRACE_EVENT_KEY_CPU,	      /* bpf_get_smp_processor_id() */
 	HOPTRACE_EVENT_KEY_ARG,	      /* an argument's value */
+};
+
+/* An event's record action (record: [ARGS]): per argument and CPU, what the
+ * probe saw since it was attached; the agent sums count and sum (two's
+ * complement for signed arguments), takes min and max, and the last value of
+ * the CPU with the newest last_ns. */
+struct hoptrace_event_stat {
+	__u64 count;
+	__u64 sum;
+	__u64 min;
+	__u64 max;
+	__u64 last;
+	__u64 last_ns;
+};
+
+/* event_marks key: one event's time, by the value of its key argument. */
+struct hoptrace_event_mark_key {
+	__u32 event_index; /* events[i] of the marking event */
+	__u32 pad;
+	__u64 value;
 };
 
 /* prev_ts key: a packet of one trace on this node. */

@@ -33,8 +33,12 @@ def event_values(
     by: str = "",
     buckets: list[int] | None = None,
     arg: str = "",
+    recorded: list[records_pb2.EventRecorded] | None = None,
+    missed: int = 0,
 ) -> records_pb2.EventValues:
-    e = records_pb2.EventValues(event_index=index, event=name, count_by=by, histogram=arg)
+    e = records_pb2.EventValues(
+        event_index=index, event=name, count_by=by, histogram=arg, recorded=recorded, latency_missed=missed
+    )
     e.at.CopyFrom(Timestamp(seconds=at_s))
     if counts is not None:
         e.count = True
@@ -82,6 +86,18 @@ def test_event_values_through_influx_into_the_report(influxd: InfluxServer) -> N
         ({0: 22, 1: 9}, [0] * 10 + [7, 20, 1]),
         ({0: 30, 1: 10}, [0] * 10 + [9, 30, 1]),
     ]
+    # A record action's cumulative statistics: a signed argument whose values went negative (its sum falls)
+    # and an unsigned one above 2^63 (stored as two's complement bits), and a latency's misses.
+    big = (1 << 64) - 5
+    bits = big - (1 << 64)
+    recorded = [
+        [records_pb2.EventRecorded(arg="delta", count=4, sum=10.0, min=-3, max=9, last=2, signed=True),
+         records_pb2.EventRecorded(arg="addr", count=4, sum=0.0, min=7, max=bits, last=7)],
+        [records_pb2.EventRecorded(arg="delta", count=6, sum=-5.0, min=-20, max=9, last=-20, signed=True),
+         records_pb2.EventRecorded(arg="addr", count=5, sum=0.0, min=7, max=bits, last=bits)],
+        [records_pb2.EventRecorded(arg="delta", count=6, sum=-5.0, min=-20, max=9, last=-20, signed=True),
+         records_pb2.EventRecorded(arg="addr", count=5, sum=0.0, min=7, max=bits, last=bits)],
+    ]  # fmt: skip
     try:
         with grpc.insecure_channel(f"127.0.0.1:{service.port}") as ch:
             stub = records_pb2_grpc.CollectorStub(ch)
@@ -91,7 +107,9 @@ def test_event_values_through_influx_into_the_report(influxd: InfluxServer) -> N
                 b.events.append(
                     event_values(0, "rx", now + seq, counts, by="cpu", buckets=buckets, arg="len")
                 )
-                b.events.append(event_values(1, "all", now + seq, {0: seq * 100}))
+                b.events.append(
+                    event_values(1, "all", now + seq, {0: seq * 100}, recorded=recorded[seq - 1], missed=seq)
+                )
                 batches.append(b)
             stub.StreamRecords(iter(batches))
         assert service.flush(30)
@@ -103,7 +121,13 @@ def test_event_values_through_influx_into_the_report(influxd: InfluxServer) -> N
     last = reports[-1][1]
     assert report["events"] == [
         {"name": "all", "node": "node-a", "count": 300, "count_by": "", "by": {}, "histogram_arg": "",
-         "histogram": []},
+         "histogram": [], "latency_missed": 3,
+         "recorded": [
+             {"arg": "addr", "count": 5, "sum": 0.0, "mean": 0.0, "min": 7, "max": big, "last": big,
+              "signed": False},
+             {"arg": "delta", "count": 6, "sum": -5.0, "mean": -5 / 6, "min": -20, "max": 9, "last": -20,
+              "signed": True},
+         ]},
         {
             "name": "rx",
             "node": "node-a",
@@ -112,10 +136,14 @@ def test_event_values_through_influx_into_the_report(influxd: InfluxServer) -> N
             "by": {"0": 30, "1": 10},
             "histogram_arg": "len",
             "histogram": [{"le": (1 << b) - 1, "count": n} for b, n in enumerate(last) if n],
+            "latency_missed": 0,
+            "recorded": [],
         },
     ]  # fmt: skip
     proto = get_report(api_pb2.GetReportRequest(trace=trace), path=["a-out", "b-in"], **kw)
     assert report_from_proto(proto)["events"] == json.loads(json.dumps(report["events"]))
     text = render_text(report)
-    assert "events:\n  all on node-a: count 300\n  rx on node-a: count 40; by cpu: 0=30 1=10\n" in text, text
+    assert "events:\n  all on node-a: count 300\n" in text, text
+    assert "\n  rx on node-a: count 40; by cpu: 0=30 1=10\n" in text, text
     assert "  len (n=40): <=1023 9, <=2047 30, <=4095 1" in text, text
+    assert "  delta: n=6 sum=-5 mean=-0.833333 min=-20 max=9 last=-20" in text, text

@@ -4,6 +4,8 @@ user text reaches the object)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from dispatcher_fakes import example_registrations
 
@@ -228,3 +230,62 @@ def test_api_spec_with_a_bad_operator_number_is_refused() -> None:
         "events[0].where[0]: unknown operator number 42",
         "events[0].where[1]: takes one value, got 2",
     ], errors
+
+
+@pytest.mark.parametrize(
+    ("events", "field", "words"),
+    [
+        (["{name: e, node: host-a, tracepoint: 'irq:x', actions: [{record: []}]}"], "events[0].actions[0]",
+         "record: must list 1 to 4"),
+        (["{name: e, node: host-a, tracepoint: 'irq:x', actions: [{record: [a, b, c, d, e]}]}"],
+         "events[0].actions[0]", "got 5"),
+        (["{name: e, node: host-a, tracepoint: 'irq:x', actions: [{record: [vec, vec]}]}"],
+         "events[0].actions[0]", "lists 'vec' twice"),
+        (["{name: e, node: host-a, tracepoint: 'irq:x', actions: [{record: [cpu]}]}"],
+         "events[0].actions[0]", "no argument name"),
+        (["{name: e, node: host-a, tracepoint: 'irq:x', key: pid, actions: [{histogram: len, since: e}]}"],
+         "events[0].actions[0]", "since: goes with histogram: latency"),
+        (["{name: e, node: host-a, tracepoint: 'irq:x', key: pid,"
+          " actions: [{histogram: latency, since: f}]}"],
+         "events[0].actions", "'f' is no event of this trace"),
+        (["{name: e, node: host-a, tracepoint: 'irq:x', key: pid,"
+          " actions: [{histogram: latency, since: e}]}"],
+         "events[0].actions", "names the event itself"),
+        (["{name: s, node: host-a, tracepoint: 'irq:y', key: pid}",
+          "{name: e, node: host-a, tracepoint: 'irq:x', actions: [{histogram: latency, since: s}]}"],
+         "events[1].key", "needs key"),
+        (["{name: s, node: host-a, tracepoint: 'irq:y'}",
+          "{name: e, node: host-a, tracepoint: 'irq:x', key: pid,"
+          " actions: [{histogram: latency, since: s}]}"],
+         "events[0].key", "is the start of events[1]'s latency"),
+        (["{name: s, node: host-b, tracepoint: 'irq:y', key: pid}",
+          "{name: e, node: host-a, tracepoint: 'irq:x', key: pid,"
+          " actions: [{histogram: latency, since: s}]}"],
+         "events[1].actions", "pairs events of one node's clock"),
+        (["{name: s, node: host-a, tracepoint: 'irq:y', key: 'p id'}"], "events[0].key", "no argument name"),
+        (["{name: e, node: host-a, tracepoint: 'irq:x', actions: [{histogram: latency, since: [s]}]}"],
+         "events[0].actions[0]", "since: must name an event"),
+    ],
+)  # fmt: skip
+def test_bad_records_and_latencies_name_the_field(events: list[str], field: str, words: str) -> None:
+    errors = _errors(_spec(*events))
+    assert any(e.startswith(f"{field}: ") and words in e for e in errors), errors
+
+
+def test_since_on_a_hop_is_refused() -> None:
+    text = HEAD.replace("netns: c1}", "netns: c1, actions: [timestamp, {histogram: latency, since: x}]}")
+    errors = _errors(text.replace("events:\n", ""))
+    assert any(e.startswith("hops[0].actions[1]: since: pairs two events") for e in errors), errors
+
+
+def test_the_wakeup_example_pairs_its_events_in_the_plan() -> None:
+    """examples/events-wakeup.yaml: the wake-up marks by pid, the run measures since it by next_pid (the
+    index of the marking event), the receive sizes are recorded; and it round-trips."""
+    text = (Path(__file__).resolve().parents[2] / "examples" / "events-wakeup.yaml").read_text()
+    spec = load_spec(text.replace("host-b", "host-a"), example_registrations())
+    assert load_spec(spec_to_yaml(spec)) == spec and load_spec(spec_to_json(spec)) == spec
+    attaches = {e.name: e for e in build_plans(spec, 1)["host-a"].events}
+    wakeup, run, sizes = attaches["wakeup"], attaches["run"], attaches["receive-sizes"]
+    assert (wakeup.mark_arg, wakeup.latency_arg, wakeup.count_by) == ("pid", "", counters_pb2.EVENT_KEY_CPU)
+    assert (run.mark_arg, run.latency_arg, run.latency_since, run.histogram_arg) == ("", "next_pid", 0, "")
+    assert list(sizes.record_args) == ["ret"] and not sizes.count

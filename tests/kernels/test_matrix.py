@@ -34,6 +34,7 @@ GUEST_TESTS = {
     "attach": "TestClsactFallback",
     "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestTracerActionsOnRealTraffic"
     "|TestEventCountsWhereTermsHold|TestEventBitTermAndCountByCPU|TestEventBadInputNamesTheField"
+    "|TestEventRecordAndLatencyPairs"
     "|TestSocketReadHop|TestUprobeBadTargets",
 }
 

@@ -230,3 +230,95 @@ def test_events_update_and_delete_at_runtime(topology, influxd):
         while _event_programs() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _event_programs() == []
+
+
+WRITES = 100  # write(2) calls of 1..WRITES bytes to a file descriptor no other process uses here
+WRITE_FD = 777
+NAPS = 50  # sleeps of the same task: each ends with a wake-up and a switch to it
+
+
+def test_event_record_and_wakeup_to_run_latency(topology, influxd):
+    """`record: [ARGS]` keeps an argument's count, sum, min, max and last in the kernel: 100 write(2)s of
+    1..100 bytes give exactly n=100, sum=5050, min=1, max=100, last=100. `histogram: latency, since:` pairs
+    a task's wake-up with its next switch-in by pid: every switch-in of the task lands in the histogram
+    or is counted as missed (a preempted task runs again without a wake-up), at least one per sleep."""
+    child = subprocess.Popen(
+        [
+            "python3",
+            "-c",
+            "import os, sys, time\n"
+            f"os.dup2(os.open('/dev/null', os.O_WRONLY), {WRITE_FD})\n"
+            "sys.stdin.readline()\n"
+            f"for size in range(1, {WRITES + 1}): os.write({WRITE_FD}, b'x' * size)\n"
+            f"for _ in range({NAPS}): time.sleep(0.002)\n",
+        ],
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+    spec = spec_from_data(
+        {
+            "name": "e2e-event-latency",
+            "events": [
+                {"name": "writes", "node": "host-a", "tracepoint": "syscalls:sys_enter_write",
+                 "where": f"fd == {WRITE_FD}", "actions": ["count", {"record": ["count", "fd"]}]},
+                {"name": "wakeup", "node": "host-a", "tracepoint": "sched:sched_wakeup",
+                 "where": f"pid == {child.pid}", "key": "pid"},
+                {"name": "wakeup-to-run", "node": "host-a", "tracepoint": "sched:sched_switch",
+                 "where": f"next_pid == {child.pid}", "key": "next_pid",
+                 "actions": ["count", {"histogram": "latency", "since": "wakeup"}]},
+            ],
+        }
+    )  # fmt: skip
+    try:
+        with running_cluster(topology, influxd.url) as cluster:
+            cluster.apply(spec)
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            assert child.wait(timeout=60) == 0
+            deadline = time.monotonic() + 40
+            data: dict[str, Any] = {}
+            while time.monotonic() < deadline:
+                cluster.check_running()
+                result = cluster.hoptrace("report", spec.name, "--since", "30m", "--json", check=False)
+                if result.returncode == 0:
+                    data = json.loads(result.stdout)
+                    run = _event(data, "wakeup-to-run")
+                    latencies = sum(b["count"] for b in run["histogram"])
+                    if (
+                        _event(data, "writes")["count"] >= WRITES
+                        and latencies >= NAPS
+                        and latencies + run.get("latency_missed", 0) >= run["count"]
+                    ):
+                        break
+                time.sleep(1)
+            text = cluster.hoptrace("report", spec.name, "--since", "30m").stdout
+    finally:
+        child.kill()
+        child.wait()
+
+    writes = _event(data, "writes")
+    assert writes["count"] == WRITES, writes
+    recorded = {r["arg"]: r for r in writes["recorded"]}
+    assert recorded["count"] == {
+        "arg": "count", "count": WRITES, "sum": WRITES * (WRITES + 1) / 2, "mean": (WRITES + 1) / 2,
+        "min": 1, "max": WRITES, "last": WRITES, "signed": False,
+    }, recorded  # fmt: skip
+    assert (recorded["fd"]["min"], recorded["fd"]["max"], recorded["fd"]["count"]) == (
+        WRITE_FD,
+        WRITE_FD,
+        WRITES,
+    )
+
+    wakeups, run = _event(data, "wakeup"), _event(data, "wakeup-to-run")
+    latencies = sum(b["count"] for b in run["histogram"])
+    assert run["histogram_arg"] == "latency"
+    # Every switch-in of the task either found its wake-up or is counted missed; one wake-up gives at
+    # most one latency; each sleep gives one.
+    assert latencies + run["latency_missed"] == run["count"], run
+    assert NAPS <= latencies <= wakeups["count"], (latencies, wakeups, run)
+    # Wake-up to run on an idle 2-CPU machine: well under a second each (log2 buckets of ns).
+    assert max(b["le"] for b in run["histogram"]) < 1_000_000_000, run
+    assert f"latency ns (n={latencies}" in text and "count: n=100 sum=5050 mean=50.5 min=1 max=100" in text, (
+        text
+    )

@@ -33,7 +33,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.TracePoint: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnGetSmpProcessorId, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel),
+			helpers: set(asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel),
 			kfuncs:  set[string](),
 		},
 		ebpf.Tracing: {

@@ -35,7 +35,22 @@ type EventConfig struct {
 	KeyArg  EventArg
 	Hist    bool
 	HistArg EventArg
+	// Record: the arguments whose statistics are kept (record: [ARGS]).
+	Record []EventArg
+	// Mark: remember this event's time under MarkArg's value for a later
+	// event's latency; MarkIndex is this event's events[i].
+	Mark      bool
+	MarkIndex uint32
+	MarkArg   EventArg
+	// Latency: histogram the ns since events[LatencySince]'s time under
+	// LatencyArg's value (the histogram then holds no argument).
+	Latency      bool
+	LatencySince uint32
+	LatencyArg   EventArg
 }
+
+// UsesMarks: the event needs its trace's event_marks map.
+func (c *EventConfig) UsesMarks() bool { return c.Mark || c.Latency }
 
 // FieldError is a problem with one field of the user's spec
 // ("events[0].where[1]"): the dispatcher shows it as is.
@@ -109,6 +124,33 @@ func ResolveEvent(ea *pb.EventAttach, format *tracefs.Format) (EventConfig, erro
 		}
 		cfg.Hist, cfg.HistArg = true, a
 	}
+	if len(ea.GetRecordArgs()) > record.ValuesMax {
+		return cfg, &FieldError{field + ".actions", fmt.Sprintf("record of %d arguments, at most %d", len(ea.GetRecordArgs()), record.ValuesMax)}
+	}
+	for _, name := range ea.GetRecordArgs() {
+		a, err := arg(name, field+".actions")
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Record = append(cfg.Record, a)
+	}
+	if name := ea.GetMarkArg(); name != "" {
+		a, err := arg(name, field+".key")
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Mark, cfg.MarkIndex, cfg.MarkArg = true, ea.GetEventIndex(), a
+	}
+	if name := ea.GetLatencyArg(); name != "" {
+		if cfg.Hist {
+			return cfg, &FieldError{field + ".actions", "one histogram per event: an argument's or the latency"}
+		}
+		a, err := arg(name, field+".key")
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Latency, cfg.LatencySince, cfg.LatencyArg = true, ea.GetLatencySince(), a
+	}
 	return cfg, nil
 }
 
@@ -125,8 +167,25 @@ func (c *EventConfig) variables() (map[string]any, error) {
 		offs[i], size[i], signed[i], op[i], nvalues[i] = t.Arg.Offset, t.Arg.Size, boolU8(t.Arg.Signed), uint8(t.Op), uint8(len(t.Values))
 		copy(values[i][:], t.Values)
 	}
+	var (
+		recOff          [record.ValuesMax]uint16
+		recSize, recSig [record.ValuesMax]uint8
+	)
+	if len(c.Record) > record.ValuesMax {
+		return nil, fmt.Errorf("record of %d arguments, at most %d", len(c.Record), record.ValuesMax)
+	}
+	for i, a := range c.Record {
+		recOff[i], recSize[i], recSig[i] = a.Offset, a.Size, boolU8(a.Signed)
+	}
 	return map[string]any{
-		"ev_term_off": offs, "ev_term_size": size, "ev_term_signed": signed, "ev_term_op": op,
+		"ev_record_n": uint8(len(c.Record)), "ev_record_off": recOff, "ev_record_size": recSize,
+		"ev_record_signed": recSig,
+		"ev_mark":          boolU8(c.Mark), "ev_mark_index": c.MarkIndex,
+		"ev_mark_off": c.MarkArg.Offset, "ev_mark_size": c.MarkArg.Size, "ev_mark_signed": boolU8(c.MarkArg.Signed),
+		"ev_latency": boolU8(c.Latency), "ev_latency_since": c.LatencySince,
+		"ev_latency_off": c.LatencyArg.Offset, "ev_latency_size": c.LatencyArg.Size,
+		"ev_latency_signed": boolU8(c.LatencyArg.Signed),
+		"ev_term_off":       offs, "ev_term_size": size, "ev_term_signed": signed, "ev_term_op": op,
 		"ev_term_nvalues": nvalues, "ev_term_values": values,
 		"act_count": boolU8(c.Count), "ev_key": uint8(c.Key),
 		"ev_key_off": c.KeyArg.Offset, "ev_key_size": c.KeyArg.Size, "ev_key_signed": boolU8(c.KeyArg.Signed),
@@ -142,6 +201,7 @@ type Event struct {
 	Counters   *ebpf.Map
 	CountKeys  *ebpf.Map
 	Hist       *ebpf.Map
+	Stats      *ebpf.Map // event_stats (record: [ARGS])
 	Config     EventConfig
 }
 
@@ -193,15 +253,64 @@ func LoadEvent(spec *ebpf.CollectionSpec, cfg EventConfig, opts Options) (*Event
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
+	repl := map[string]*ebpf.Map{}
+	if _, ok := s.Maps[MapEventMarks]; ok && opts.EventMarks != nil {
+		repl[MapEventMarks] = opts.EventMarks
+	}
 	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
-		Programs: ProgramOptions(opts.LogLevel),
-		Cache:    opts.Cache,
+		MapReplacements: repl,
+		Programs:        ProgramOptions(opts.LogLevel),
+		Cache:           opts.Cache,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", program, verifierTail(err))
 	}
 	return &Event{Collection: coll, Program: coll.Programs[program], Counters: coll.Maps[MapCounters],
-		CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets], Config: cfg}, nil
+		CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets], Stats: coll.Maps[MapEventStats],
+		Config: cfg}, nil
+}
+
+// EventStat is struct hoptrace_event_stat: one argument's statistics.
+type EventStat struct {
+	Count, Sum, Min, Max, Last, LastNs uint64
+}
+
+// ReadStats merges the per-CPU statistics of each recorded argument: counts
+// and sums add, min and max compare as the argument's signedness says, last
+// is the CPU's with the newest last_ns.
+func (e *Event) ReadStats() ([]EventStat, error) {
+	out := make([]EventStat, len(e.Config.Record))
+	for i, a := range e.Config.Record {
+		var perCPU []EventStat
+		if err := e.Stats.Lookup(uint32(i), &perCPU); err != nil {
+			return nil, fmt.Errorf("read %s[%d]: %w", MapEventStats, i, err)
+		}
+		less := func(x, y uint64) bool {
+			if a.Signed {
+				return int64(x) < int64(y)
+			}
+			return x < y
+		}
+		var m EventStat
+		for _, c := range perCPU {
+			if c.Count == 0 {
+				continue
+			}
+			if m.Count == 0 || less(c.Min, m.Min) {
+				m.Min = c.Min
+			}
+			if m.Count == 0 || less(m.Max, c.Max) {
+				m.Max = c.Max
+			}
+			if c.LastNs >= m.LastNs {
+				m.Last, m.LastNs = c.Last, c.LastNs
+			}
+			m.Count += c.Count
+			m.Sum += c.Sum
+		}
+		out[i] = m
+	}
+	return out, nil
 }
 
 // Close releases the program and its maps (the link is closed by the caller first).
@@ -211,7 +320,8 @@ func (e *Event) Close() {
 	}
 }
 
-// Read returns the event's counters and its count and histogram.
+// Read returns the event's counters and its count and histogram (the
+// latency's when it has one).
 func (e *Event) Read() (record.Counters, ActionValues, error) {
 	c, err := ReadCounters(e.Counters)
 	if err != nil {
@@ -223,7 +333,7 @@ func (e *Event) Read() (record.Counters, ActionValues, error) {
 			return c, v, err
 		}
 	}
-	if e.Config.Hist {
+	if e.Config.Hist || e.Config.Latency {
 		if v.Buckets, err = readBuckets(e.Hist); err != nil {
 			return c, v, err
 		}

@@ -36,6 +36,10 @@ const (
 	// The packet each thread read last at a socket-read hop, for uprobe
 	// hops: one per agent, like prev_ts.
 	MapSockReadLast = "sock_read_last"
+	// Event probes (event.bpf.h): an event's record statistics, and the
+	// times marking events leave for later ones' latencies (one per trace).
+	MapEventStats = "event_stats"
+	MapEventMarks = "event_marks"
 )
 
 // dropUnreferencedMaps removes the named maps from s when no program left in
@@ -320,6 +324,9 @@ type Options struct {
 	// SockReadLast is the agent's one sock_read_last map (socket-read hops
 	// write it, uprobe hops read it); nil = the object's own.
 	SockReadLast *ebpf.Map
+	// EventMarks is the trace's event_marks map (event latencies); nil =
+	// the object's own.
+	EventMarks *ebpf.Map
 	// Cache shares decoded kernel BTF between loads.
 	Cache *btf.Cache
 	// LogLevel for the verifier; on failure the log tail is in the error anyway.

@@ -177,6 +177,22 @@ type EventLine struct {
 	Counts     map[string]uint64 `json:"counts,omitempty"`
 	Histogram  string            `json:"histogram,omitempty"`
 	Buckets    []BucketLine      `json:"buckets,omitempty"`
+	// histogram: latency: hits with no start for their key.
+	LatencyMissed uint64         `json:"latency_missed,omitempty"`
+	Recorded      []RecordedLine `json:"recorded,omitempty"`
+}
+
+// RecordedLine is one argument of an event's record action, since attach;
+// min, max and last are two's complement bits when the argument is unsigned
+// and above 2^63 - 1.
+type RecordedLine struct {
+	Arg    string  `json:"arg"`
+	Count  uint64  `json:"count"`
+	Sum    float64 `json:"sum"`
+	Min    int64   `json:"min"`
+	Max    int64   `json:"max"`
+	Last   int64   `json:"last"`
+	Signed bool    `json:"signed"`
 }
 
 // BucketLine is one non-empty log2 bucket: le = 2^b - 1.
@@ -192,7 +208,12 @@ func (w *Writer) Events(trace string, events []*pb.EventValues) error {
 	enc := json.NewEncoder(w.w)
 	for _, e := range events {
 		line := EventLine{Type: "event", Trace: trace, Event: e.GetEvent(), EventIndex: e.GetEventIndex(),
-			Seen: e.GetSeen(), Matched: e.GetMatched(), CountBy: e.GetCountBy(), Histogram: e.GetHistogram()}
+			Seen: e.GetSeen(), Matched: e.GetMatched(), CountBy: e.GetCountBy(), Histogram: e.GetHistogram(),
+			LatencyMissed: e.GetLatencyMissed()}
+		for _, r := range e.GetRecorded() {
+			line.Recorded = append(line.Recorded, RecordedLine{Arg: r.GetArg(), Count: r.GetCount(), Sum: r.GetSum(),
+				Min: r.GetMin(), Max: r.GetMax(), Last: r.GetLast(), Signed: r.GetSigned()})
+		}
 		if e.GetCount() {
 			line.Counts = map[string]uint64{}
 			for k, v := range e.GetCounts() {

@@ -112,6 +112,7 @@ const (
 	EventInValues  = 8
 	EventArgsBytes = 4096
 	ValuesMax      = 4
+	EventMarks     = 16384
 )
 
 // Counter is enum hoptrace_counter: the index into a hop's percpu counters map

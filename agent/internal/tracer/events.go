@@ -22,6 +22,8 @@ type Event struct {
 	// CountBy names the count's key on the wire: "cpu", an argument, "".
 	CountBy string
 	Hist    string
+	// RecordArgs names the record action's arguments, in order.
+	RecordArgs []string
 }
 
 // Close detaches the probe, then releases its program and maps.
@@ -54,7 +56,11 @@ func AttachEvent(spec *ebpf.CollectionSpec, ea *pb.EventAttach, opts loader.Opti
 		loaded.Close()
 		return nil, fmt.Errorf("%s: attach to tracepoint %s:%s: %w", field, ea.GetTracepointGroup(), ea.GetTracepointEvent(), err)
 	}
-	e := &Event{Index: ea.GetEventIndex(), Name: ea.GetName(), Loaded: loaded, Link: l, Hist: ea.GetHistogramArg()}
+	e := &Event{Index: ea.GetEventIndex(), Name: ea.GetName(), Loaded: loaded, Link: l, Hist: ea.GetHistogramArg(),
+		RecordArgs: ea.GetRecordArgs()}
+	if cfg.Latency {
+		e.Hist = LatencyHistogram
+	}
 	switch cfg.Key {
 	case record.EventKeyCPU:
 		e.CountBy = "cpu"
@@ -64,17 +70,36 @@ func AttachEvent(spec *ebpf.CollectionSpec, ea *pb.EventAttach, opts loader.Opti
 	return e, nil
 }
 
+// LatencyHistogram is EventValues.histogram of an event-to-event latency.
+const LatencyHistogram = "latency"
+
 // EventValues reads an event's results as the wire message.
 func EventValues(e *Event, at *timestamppb.Timestamp) (*pb.EventValues, error) {
 	c, v, err := e.Loaded.Read()
 	if err != nil {
 		return nil, fmt.Errorf("event %s: %w", e.Name, err)
 	}
-	out := &pb.EventValues{EventIndex: e.Index, Event: e.Name, At: at, Count: e.Loaded.Config.Count,
+	cfg := &e.Loaded.Config
+	out := &pb.EventValues{EventIndex: e.Index, Event: e.Name, At: at, Count: cfg.Count,
 		CountBy: e.CountBy, Counts: v.Counts, Histogram: e.Hist,
-		Seen: c[record.CSeen], Matched: c[record.CMatched]}
-	if e.Loaded.Config.Hist {
+		Seen: c[record.CSeen], Matched: c[record.CMatched], LatencyMissed: c[record.CLatencyMiss]}
+	if cfg.Hist || cfg.Latency {
 		out.Buckets = append([]uint64(nil), v.Buckets[:]...)
+	}
+	if len(cfg.Record) > 0 {
+		stats, err := e.Loaded.ReadStats()
+		if err != nil {
+			return nil, fmt.Errorf("event %s: %w", e.Name, err)
+		}
+		for i, st := range stats {
+			signed := cfg.Record[i].Signed
+			sum := float64(st.Sum)
+			if signed {
+				sum = float64(int64(st.Sum))
+			}
+			out.Recorded = append(out.Recorded, &pb.EventRecorded{Arg: e.RecordArgs[i], Count: st.Count, Sum: sum,
+				Min: int64(st.Min), Max: int64(st.Max), Last: int64(st.Last), Signed: signed})
+		}
 	}
 	return out, nil
 }

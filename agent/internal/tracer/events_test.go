@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -152,5 +153,73 @@ func TestEventBadInputNamesTheField(t *testing.T) {
 				t.Fatalf("error %q, want field %s with %q", err, c.field, c.words)
 			}
 		})
+	}
+}
+
+// record: [ARGS] keeps exact statistics, and a latency pairs two events by
+// their key arguments through the trace's event_marks map: kill(me, 0)
+// marks, kill(me, SIGWINCH) a millisecond later measures; a SIGWINCH with no
+// mark before it is missed.
+func TestEventRecordAndLatencyPairs(t *testing.T) {
+	spec := objectSpec(t)
+	marks, err := loader.NewSharedMap(spec, loader.MapEventMarks)
+	if err != nil || marks == nil {
+		t.Fatalf("event_marks: %v", err)
+	}
+	defer marks.Close()
+	opts := loader.Options{EventMarks: marks}
+	me := int64(os.Getpid())
+	start := killEvent(&pb.EventTerm{Arg: "pid", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{me}},
+		&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{0}})
+	start.MarkArg, start.RecordArgs = "pid", []string{"sig", "pid"}
+	end := killEvent(&pb.EventTerm{Arg: "pid", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{me}},
+		&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{int64(unix.SIGWINCH)}})
+	end.EventIndex, end.Name, end.LatencyArg, end.LatencySince = 1, "kills-later", "pid", 0
+	s, err := tracer.AttachEvent(spec, start, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	e, err := tracer.AttachEvent(spec, end, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+
+	const pairs = 20
+	_ = unix.Kill(int(me), unix.SIGWINCH) // no mark yet: missed
+	for i := 0; i < pairs; i++ {
+		_ = unix.Kill(int(me), 0)
+		time.Sleep(time.Millisecond)
+		_ = unix.Kill(int(me), unix.SIGWINCH)
+	}
+	sv, err := tracer.EventValues(s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := sv.GetRecorded()
+	if len(rec) != 2 || rec[0].GetArg() != "sig" || rec[1].GetArg() != "pid" {
+		t.Fatalf("recorded %v, want sig and pid", rec)
+	}
+	if r := rec[0]; r.GetCount() != pairs || r.GetSum() != 0 || r.GetMin() != 0 || r.GetMax() != 0 || r.GetSigned() {
+		t.Fatalf("sig recorded %v, want %d zeros (syscall arguments are unsigned longs in tracefs)", r, pairs)
+	}
+	if r := rec[1]; r.GetCount() != pairs || r.GetSum() != float64(pairs*me) || r.GetMin() != me || r.GetMax() != me || r.GetLast() != me {
+		t.Fatalf("pid recorded %v, want %d times %d", r, pairs, me)
+	}
+	ev, err := tracer.EventValues(e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for b, c := range ev.GetBuckets() {
+		// Each latency spans a 1 ms sleep: bucket of >= 2^19 ns, under a second.
+		if c != 0 && (b < bits.Len64(uint64(time.Millisecond))-1 || b > bits.Len64(uint64(time.Second))) {
+			t.Fatalf("latency bucket %d (le %d ns) has %d: not 1 ms..1 s (buckets %v)", b, uint64(1)<<b-1, c, ev.GetBuckets())
+		}
+		n += c
+	}
+	if n != pairs || ev.GetLatencyMissed() != 1 || ev.GetHistogram() != tracer.LatencyHistogram {
+		t.Fatalf("%d latencies (histogram %q), %d missed; want %d and 1", n, ev.GetHistogram(), ev.GetLatencyMissed(), pairs)
 	}
 }

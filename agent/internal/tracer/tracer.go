@@ -47,6 +47,9 @@ type Trace struct {
 	Events     []*Event
 	Status     *pb.TraceStatus
 	idState    *ebpf.Map
+	// eventMarks: the times its marking events leave for later events'
+	// latencies (nil when no event of the trace pairs with another).
+	eventMarks *ebpf.Map
 }
 
 // Manager owns the agent's ring buffer and its traces.
@@ -227,8 +230,14 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		}
 	}
 	for _, ea := range plan.GetEvents() {
+		if (ea.GetMarkArg() != "" || ea.GetLatencyArg() != "") && t.eventMarks == nil {
+			if t.eventMarks, err = loader.NewSharedMap(spec, loader.MapEventMarks); err != nil {
+				st.Error = err.Error()
+				break
+			}
+		}
 		es := &pb.EventStatus{EventIndex: ea.GetEventIndex(), Name: ea.GetName()}
-		e, err := AttachEvent(spec, ea, loader.Options{Records: m.records, Cache: m.cache})
+		e, err := AttachEvent(spec, ea, loader.Options{Records: m.records, Cache: m.cache, EventMarks: t.eventMarks})
 		if err != nil {
 			es.Error = err.Error()
 		} else {
@@ -273,6 +282,9 @@ func (m *Manager) closeTrace(t *Trace) {
 	delete(m.slots, t.Slot)
 	if t.idState != nil {
 		t.idState.Close()
+	}
+	if t.eventMarks != nil {
+		t.eventMarks.Close()
 	}
 	t.Status.Active = false
 	for _, hs := range t.Status.Hops {

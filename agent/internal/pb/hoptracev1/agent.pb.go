@@ -1760,7 +1760,18 @@ type EventAttach struct {
 	CountBy    EventKey `protobuf:"varint,8,opt,name=count_by,json=countBy,proto3,enum=hoptrace.v1.EventKey" json:"count_by,omitempty"`
 	CountByArg string   `protobuf:"bytes,9,opt,name=count_by_arg,json=countByArg,proto3" json:"count_by_arg,omitempty"`
 	// The argument whose log2 histogram is kept ("" = none).
-	HistogramArg  string `protobuf:"bytes,10,opt,name=histogram_arg,json=histogramArg,proto3" json:"histogram_arg,omitempty"`
+	HistogramArg string `protobuf:"bytes,10,opt,name=histogram_arg,json=histogramArg,proto3" json:"histogram_arg,omitempty"`
+	// record: [ARGS]: the arguments whose count, sum, min, max and last value
+	// are kept (at most HOPTRACE_VALUES_MAX).
+	RecordArgs []string `protobuf:"bytes,11,rep,name=record_args,json=recordArgs,proto3" json:"record_args,omitempty"`
+	// A later event's latency is measured from this one: remember this
+	// event's time under mark_arg's value ("" = none).
+	MarkArg string `protobuf:"bytes,12,opt,name=mark_arg,json=markArg,proto3" json:"mark_arg,omitempty"`
+	// histogram: latency, since: an event: the log2 histogram of the ns from
+	// events[latency_since]'s time remembered under the same value of its
+	// mark_arg as this event's latency_arg ("" = no latency).
+	LatencyArg    string `protobuf:"bytes,13,opt,name=latency_arg,json=latencyArg,proto3" json:"latency_arg,omitempty"`
+	LatencySince  uint32 `protobuf:"varint,14,opt,name=latency_since,json=latencySince,proto3" json:"latency_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1863,6 +1874,34 @@ func (x *EventAttach) GetHistogramArg() string {
 		return x.HistogramArg
 	}
 	return ""
+}
+
+func (x *EventAttach) GetRecordArgs() []string {
+	if x != nil {
+		return x.RecordArgs
+	}
+	return nil
+}
+
+func (x *EventAttach) GetMarkArg() string {
+	if x != nil {
+		return x.MarkArg
+	}
+	return ""
+}
+
+func (x *EventAttach) GetLatencyArg() string {
+	if x != nil {
+		return x.LatencyArg
+	}
+	return ""
+}
+
+func (x *EventAttach) GetLatencySince() uint32 {
+	if x != nil {
+		return x.LatencySince
+	}
+	return 0
 }
 
 type TcpTagging struct {
@@ -2251,7 +2290,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\bcount_by\x18\x02 \x01(\x0e2\x12.hoptrace.v1.FieldR\acountBy\x120\n" +
 	"\thistogram\x18\x03 \x01(\x0e2\x12.hoptrace.v1.FieldR\thistogram\x12\x17\n" +
 	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\x12*\n" +
-	"\x06record\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\x06record\"\xef\x02\n" +
+	"\x06record\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\x06record\"\xf1\x03\n" +
 	"\vEventAttach\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x12\n" +
@@ -2265,7 +2304,13 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\fcount_by_arg\x18\t \x01(\tR\n" +
 	"countByArg\x12#\n" +
 	"\rhistogram_arg\x18\n" +
-	" \x01(\tR\fhistogramArg\"T\n" +
+	" \x01(\tR\fhistogramArg\x12\x1f\n" +
+	"\vrecord_args\x18\v \x03(\tR\n" +
+	"recordArgs\x12\x19\n" +
+	"\bmark_arg\x18\f \x01(\tR\amarkArg\x12\x1f\n" +
+	"\vlatency_arg\x18\r \x01(\tR\n" +
+	"latencyArg\x12#\n" +
+	"\rlatency_since\x18\x0e \x01(\rR\flatencySince\"T\n" +
 	"\n" +
 	"TcpTagging\x12\x14\n" +
 	"\x05netns\x18\x01 \x01(\tR\x05netns\x12\x16\n" +

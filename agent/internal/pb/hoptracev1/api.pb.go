@@ -958,10 +958,14 @@ type EventResult struct {
 	// Hits that passed where: (the sum of by).
 	Count uint64 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
 	// "cpu", the argument, or "" for a plain count.
-	CountBy       string             `protobuf:"bytes,4,opt,name=count_by,json=countBy,proto3" json:"count_by,omitempty"`
-	By            map[string]uint64  `protobuf:"bytes,5,rep,name=by,proto3" json:"by,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	HistogramArg  string             `protobuf:"bytes,6,opt,name=histogram_arg,json=histogramArg,proto3" json:"histogram_arg,omitempty"`
-	Histogram     []*HistogramBucket `protobuf:"bytes,7,rep,name=histogram,proto3" json:"histogram,omitempty"`
+	CountBy      string             `protobuf:"bytes,4,opt,name=count_by,json=countBy,proto3" json:"count_by,omitempty"`
+	By           map[string]uint64  `protobuf:"bytes,5,rep,name=by,proto3" json:"by,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	HistogramArg string             `protobuf:"bytes,6,opt,name=histogram_arg,json=histogramArg,proto3" json:"histogram_arg,omitempty"`
+	Histogram    []*HistogramBucket `protobuf:"bytes,7,rep,name=histogram,proto3" json:"histogram,omitempty"`
+	// histogram: latency: hits that found no time of their since: event.
+	LatencyMissed uint64 `protobuf:"varint,8,opt,name=latency_missed,json=latencyMissed,proto3" json:"latency_missed,omitempty"`
+	// The record action: each argument's values over the range.
+	Recorded      []*EventRecordedResult `protobuf:"bytes,9,rep,name=recorded,proto3" json:"recorded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1045,6 +1049,122 @@ func (x *EventResult) GetHistogram() []*HistogramBucket {
 	return nil
 }
 
+func (x *EventResult) GetLatencyMissed() uint64 {
+	if x != nil {
+		return x.LatencyMissed
+	}
+	return 0
+}
+
+func (x *EventResult) GetRecorded() []*EventRecordedResult {
+	if x != nil {
+		return x.Recorded
+	}
+	return nil
+}
+
+type EventRecordedResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Arg   string                 `protobuf:"bytes,1,opt,name=arg,proto3" json:"arg,omitempty"`
+	Count uint64                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	Sum   float64                `protobuf:"fixed64,3,opt,name=sum,proto3" json:"sum,omitempty"`
+	Mean  float64                `protobuf:"fixed64,4,opt,name=mean,proto3" json:"mean,omitempty"`
+	// Two's complement bits of the argument's values when it is unsigned
+	// (signed false) and above 2^63 - 1; min and max since the probe was attached.
+	Min           int64 `protobuf:"varint,5,opt,name=min,proto3" json:"min,omitempty"`
+	Max           int64 `protobuf:"varint,6,opt,name=max,proto3" json:"max,omitempty"`
+	Last          int64 `protobuf:"varint,7,opt,name=last,proto3" json:"last,omitempty"`
+	Signed        bool  `protobuf:"varint,8,opt,name=signed,proto3" json:"signed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventRecordedResult) Reset() {
+	*x = EventRecordedResult{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventRecordedResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventRecordedResult) ProtoMessage() {}
+
+func (x *EventRecordedResult) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventRecordedResult.ProtoReflect.Descriptor instead.
+func (*EventRecordedResult) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *EventRecordedResult) GetArg() string {
+	if x != nil {
+		return x.Arg
+	}
+	return ""
+}
+
+func (x *EventRecordedResult) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *EventRecordedResult) GetSum() float64 {
+	if x != nil {
+		return x.Sum
+	}
+	return 0
+}
+
+func (x *EventRecordedResult) GetMean() float64 {
+	if x != nil {
+		return x.Mean
+	}
+	return 0
+}
+
+func (x *EventRecordedResult) GetMin() int64 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *EventRecordedResult) GetMax() int64 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *EventRecordedResult) GetLast() int64 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
+func (x *EventRecordedResult) GetSigned() bool {
+	if x != nil {
+		return x.Signed
+	}
+	return false
+}
+
 // One segment's latency over a report's range, in windows wide enough to keep
 // each series to a few hundred points.
 type SegmentSeries struct {
@@ -1061,7 +1181,7 @@ type SegmentSeries struct {
 
 func (x *SegmentSeries) Reset() {
 	*x = SegmentSeries{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1073,7 +1193,7 @@ func (x *SegmentSeries) String() string {
 func (*SegmentSeries) ProtoMessage() {}
 
 func (x *SegmentSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1086,7 +1206,7 @@ func (x *SegmentSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentSeries.ProtoReflect.Descriptor instead.
 func (*SegmentSeries) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SegmentSeries) GetSegment() string {
@@ -1120,7 +1240,7 @@ type SeriesPoint struct {
 
 func (x *SeriesPoint) Reset() {
 	*x = SeriesPoint{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1132,7 +1252,7 @@ func (x *SeriesPoint) String() string {
 func (*SeriesPoint) ProtoMessage() {}
 
 func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1145,7 +1265,7 @@ func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeriesPoint.ProtoReflect.Descriptor instead.
 func (*SeriesPoint) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SeriesPoint) GetAt() *timestamppb.Timestamp {
@@ -1194,7 +1314,7 @@ type SegmentStats struct {
 
 func (x *SegmentStats) Reset() {
 	*x = SegmentStats{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1206,7 +1326,7 @@ func (x *SegmentStats) String() string {
 func (*SegmentStats) ProtoMessage() {}
 
 func (x *SegmentStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1219,7 +1339,7 @@ func (x *SegmentStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentStats.ProtoReflect.Descriptor instead.
 func (*SegmentStats) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SegmentStats) GetFrom() string {
@@ -1369,7 +1489,7 @@ type HopThroughput struct {
 
 func (x *HopThroughput) Reset() {
 	*x = HopThroughput{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1501,7 @@ func (x *HopThroughput) String() string {
 func (*HopThroughput) ProtoMessage() {}
 
 func (x *HopThroughput) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1514,7 @@ func (x *HopThroughput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopThroughput.ProtoReflect.Descriptor instead.
 func (*HopThroughput) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *HopThroughput) GetHop() string {
@@ -1470,7 +1590,7 @@ type HopRecorded struct {
 
 func (x *HopRecorded) Reset() {
 	*x = HopRecorded{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1482,7 +1602,7 @@ func (x *HopRecorded) String() string {
 func (*HopRecorded) ProtoMessage() {}
 
 func (x *HopRecorded) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1495,7 +1615,7 @@ func (x *HopRecorded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopRecorded.ProtoReflect.Descriptor instead.
 func (*HopRecorded) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HopRecorded) GetNode() string {
@@ -1560,7 +1680,7 @@ type HopCount struct {
 
 func (x *HopCount) Reset() {
 	*x = HopCount{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1572,7 +1692,7 @@ func (x *HopCount) String() string {
 func (*HopCount) ProtoMessage() {}
 
 func (x *HopCount) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1585,7 +1705,7 @@ func (x *HopCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopCount.ProtoReflect.Descriptor instead.
 func (*HopCount) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HopCount) GetNode() string {
@@ -1629,7 +1749,7 @@ type HopHistogram struct {
 
 func (x *HopHistogram) Reset() {
 	*x = HopHistogram{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1641,7 +1761,7 @@ func (x *HopHistogram) String() string {
 func (*HopHistogram) ProtoMessage() {}
 
 func (x *HopHistogram) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1654,7 +1774,7 @@ func (x *HopHistogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopHistogram.ProtoReflect.Descriptor instead.
 func (*HopHistogram) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HopHistogram) GetNode() string {
@@ -1696,7 +1816,7 @@ type HistogramBucket struct {
 
 func (x *HistogramBucket) Reset() {
 	*x = HistogramBucket{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1828,7 @@ func (x *HistogramBucket) String() string {
 func (*HistogramBucket) ProtoMessage() {}
 
 func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1841,7 @@ func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistogramBucket.ProtoReflect.Descriptor instead.
 func (*HistogramBucket) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *HistogramBucket) GetLe() uint64 {
@@ -1747,7 +1867,7 @@ type WatchSegmentStatsRequest struct {
 
 func (x *WatchSegmentStatsRequest) Reset() {
 	*x = WatchSegmentStatsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +1879,7 @@ func (x *WatchSegmentStatsRequest) String() string {
 func (*WatchSegmentStatsRequest) ProtoMessage() {}
 
 func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +1892,7 @@ func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSegmentStatsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSegmentStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchSegmentStatsRequest) GetTrace() string {
@@ -1790,7 +1910,7 @@ type WatchSpecsRequest struct {
 
 func (x *WatchSpecsRequest) Reset() {
 	*x = WatchSpecsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +1922,7 @@ func (x *WatchSpecsRequest) String() string {
 func (*WatchSpecsRequest) ProtoMessage() {}
 
 func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +1935,7 @@ func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSpecsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSpecsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 // Every applied trace's spec at one moment, by name.
@@ -1828,7 +1948,7 @@ type SpecSet struct {
 
 func (x *SpecSet) Reset() {
 	*x = SpecSet{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +1960,7 @@ func (x *SpecSet) String() string {
 func (*SpecSet) ProtoMessage() {}
 
 func (x *SpecSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +1973,7 @@ func (x *SpecSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpecSet.ProtoReflect.Descriptor instead.
 func (*SpecSet) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SpecSet) GetSpecs() []*TraceSpec {
@@ -1880,7 +2000,7 @@ type GetPacketsRequest struct {
 
 func (x *GetPacketsRequest) Reset() {
 	*x = GetPacketsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2012,7 @@ func (x *GetPacketsRequest) String() string {
 func (*GetPacketsRequest) ProtoMessage() {}
 
 func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2025,7 @@ func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
 func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetPacketsRequest) GetTrace() string {
@@ -1953,7 +2073,7 @@ type PacketList struct {
 
 func (x *PacketList) Reset() {
 	*x = PacketList{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2085,7 @@ func (x *PacketList) String() string {
 func (*PacketList) ProtoMessage() {}
 
 func (x *PacketList) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2098,7 @@ func (x *PacketList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
 func (*PacketList) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PacketList) GetPackets() []*PacketTimeline {
@@ -2004,7 +2124,7 @@ type PacketTimeline struct {
 
 func (x *PacketTimeline) Reset() {
 	*x = PacketTimeline{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2016,7 +2136,7 @@ func (x *PacketTimeline) String() string {
 func (*PacketTimeline) ProtoMessage() {}
 
 func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2029,7 +2149,7 @@ func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
 func (*PacketTimeline) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PacketTimeline) GetPacketId() uint32 {
@@ -2077,7 +2197,7 @@ type PacketSegment struct {
 
 func (x *PacketSegment) Reset() {
 	*x = PacketSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2209,7 @@ func (x *PacketSegment) String() string {
 func (*PacketSegment) ProtoMessage() {}
 
 func (x *PacketSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2222,7 @@ func (x *PacketSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
 func (*PacketSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PacketSegment) GetFrom() string {
@@ -2162,7 +2282,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2174,7 +2294,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2187,7 +2307,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 type Version struct {
@@ -2202,7 +2322,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2214,7 +2334,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2227,7 +2347,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -2257,7 +2377,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2389,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2402,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -2325,7 +2445,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2337,7 +2457,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2350,7 +2470,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DiscoverRequest) GetFilter() *Filter {
@@ -2401,7 +2521,7 @@ type DiscoverEvent struct {
 
 func (x *DiscoverEvent) Reset() {
 	*x = DiscoverEvent{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +2533,7 @@ func (x *DiscoverEvent) String() string {
 func (*DiscoverEvent) ProtoMessage() {}
 
 func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +2546,7 @@ func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
 func (*DiscoverEvent) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
@@ -2487,7 +2607,7 @@ type DiscoverProgress struct {
 
 func (x *DiscoverProgress) Reset() {
 	*x = DiscoverProgress{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2499,7 +2619,7 @@ func (x *DiscoverProgress) String() string {
 func (*DiscoverProgress) ProtoMessage() {}
 
 func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2512,7 +2632,7 @@ func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
 func (*DiscoverProgress) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DiscoverProgress) GetMessage() string {
@@ -2560,7 +2680,7 @@ type DiscoveredPath struct {
 
 func (x *DiscoveredPath) Reset() {
 	*x = DiscoveredPath{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2692,7 @@ func (x *DiscoveredPath) String() string {
 func (*DiscoveredPath) ProtoMessage() {}
 
 func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2705,7 @@ func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
 func (*DiscoveredPath) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DiscoveredPath) GetPackets() uint32 {
@@ -2639,7 +2759,7 @@ type DiscoverResult struct {
 
 func (x *DiscoverResult) Reset() {
 	*x = DiscoverResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2651,7 +2771,7 @@ func (x *DiscoverResult) String() string {
 func (*DiscoverResult) ProtoMessage() {}
 
 func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2664,7 +2784,7 @@ func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
 func (*DiscoverResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DiscoverResult) GetSpec() *TraceSpec {
@@ -2728,7 +2848,7 @@ type DiscoveredSegment struct {
 
 func (x *DiscoveredSegment) Reset() {
 	*x = DiscoveredSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2740,7 +2860,7 @@ func (x *DiscoveredSegment) String() string {
 func (*DiscoveredSegment) ProtoMessage() {}
 
 func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2753,7 +2873,7 @@ func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredSegment.ProtoReflect.Descriptor instead.
 func (*DiscoveredSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DiscoveredSegment) GetFromHop() *HopSpec {
@@ -2864,7 +2984,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"end_to_end\x18\x05 \x01(\v2\x19.hoptrace.v1.SegmentStatsR\bendToEnd\x12.\n" +
 	"\x04hops\x18\x06 \x03(\v2\x1a.hoptrace.v1.HopThroughputR\x04hops\x122\n" +
 	"\x06series\x18\a \x03(\v2\x1a.hoptrace.v1.SegmentSeriesR\x06series\x120\n" +
-	"\x06events\x18\b \x03(\v2\x18.hoptrace.v1.EventResultR\x06events\"\xb0\x02\n" +
+	"\x06events\x18\b \x03(\v2\x18.hoptrace.v1.EventResultR\x06events\"\x95\x03\n" +
 	"\vEventResult\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x14\n" +
@@ -2872,10 +2992,21 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\bcount_by\x18\x04 \x01(\tR\acountBy\x120\n" +
 	"\x02by\x18\x05 \x03(\v2 .hoptrace.v1.EventResult.ByEntryR\x02by\x12#\n" +
 	"\rhistogram_arg\x18\x06 \x01(\tR\fhistogramArg\x12:\n" +
-	"\thistogram\x18\a \x03(\v2\x1c.hoptrace.v1.HistogramBucketR\thistogram\x1a5\n" +
+	"\thistogram\x18\a \x03(\v2\x1c.hoptrace.v1.HistogramBucketR\thistogram\x12%\n" +
+	"\x0elatency_missed\x18\b \x01(\x04R\rlatencyMissed\x12<\n" +
+	"\brecorded\x18\t \x03(\v2 .hoptrace.v1.EventRecordedResultR\brecorded\x1a5\n" +
 	"\aByEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x81\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb3\x01\n" +
+	"\x13EventRecordedResult\x12\x10\n" +
+	"\x03arg\x18\x01 \x01(\tR\x03arg\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x10\n" +
+	"\x03sum\x18\x03 \x01(\x01R\x03sum\x12\x12\n" +
+	"\x04mean\x18\x04 \x01(\x01R\x04mean\x12\x10\n" +
+	"\x03min\x18\x05 \x01(\x03R\x03min\x12\x10\n" +
+	"\x03max\x18\x06 \x01(\x03R\x03max\x12\x12\n" +
+	"\x04last\x18\a \x01(\x03R\x04last\x12\x16\n" +
+	"\x06signed\x18\b \x01(\bR\x06signed\"\x81\x01\n" +
 	"\rSegmentSeries\x12\x18\n" +
 	"\asegment\x18\x01 \x01(\tR\asegment\x12*\n" +
 	"\x03p50\x18\x02 \x03(\v2\x18.hoptrace.v1.SeriesPointR\x03p50\x12*\n" +
@@ -3050,7 +3181,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -3070,121 +3201,123 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*GetReportRequest)(nil),         // 15: hoptrace.v1.GetReportRequest
 	(*Report)(nil),                   // 16: hoptrace.v1.Report
 	(*EventResult)(nil),              // 17: hoptrace.v1.EventResult
-	(*SegmentSeries)(nil),            // 18: hoptrace.v1.SegmentSeries
-	(*SeriesPoint)(nil),              // 19: hoptrace.v1.SeriesPoint
-	(*SegmentStats)(nil),             // 20: hoptrace.v1.SegmentStats
-	(*HopThroughput)(nil),            // 21: hoptrace.v1.HopThroughput
-	(*HopRecorded)(nil),              // 22: hoptrace.v1.HopRecorded
-	(*HopCount)(nil),                 // 23: hoptrace.v1.HopCount
-	(*HopHistogram)(nil),             // 24: hoptrace.v1.HopHistogram
-	(*HistogramBucket)(nil),          // 25: hoptrace.v1.HistogramBucket
-	(*WatchSegmentStatsRequest)(nil), // 26: hoptrace.v1.WatchSegmentStatsRequest
-	(*WatchSpecsRequest)(nil),        // 27: hoptrace.v1.WatchSpecsRequest
-	(*SpecSet)(nil),                  // 28: hoptrace.v1.SpecSet
-	(*GetPacketsRequest)(nil),        // 29: hoptrace.v1.GetPacketsRequest
-	(*PacketList)(nil),               // 30: hoptrace.v1.PacketList
-	(*PacketTimeline)(nil),           // 31: hoptrace.v1.PacketTimeline
-	(*PacketSegment)(nil),            // 32: hoptrace.v1.PacketSegment
-	(*GetVersionRequest)(nil),        // 33: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 34: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 35: hoptrace.v1.RunPresetRequest
-	(*DiscoverRequest)(nil),          // 36: hoptrace.v1.DiscoverRequest
-	(*DiscoverEvent)(nil),            // 37: hoptrace.v1.DiscoverEvent
-	(*DiscoverProgress)(nil),         // 38: hoptrace.v1.DiscoverProgress
-	(*DiscoveredPath)(nil),           // 39: hoptrace.v1.DiscoveredPath
-	(*DiscoverResult)(nil),           // 40: hoptrace.v1.DiscoverResult
-	(*DiscoveredSegment)(nil),        // 41: hoptrace.v1.DiscoveredSegment
-	nil,                              // 42: hoptrace.v1.EventResult.ByEntry
-	nil,                              // 43: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 44: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 45: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 46: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 47: hoptrace.v1.Register
-	(*TransportStatus)(nil),          // 48: hoptrace.v1.TransportStatus
-	(*Filter)(nil),                   // 49: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 50: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 51: hoptrace.v1.PresetResult
+	(*EventRecordedResult)(nil),      // 18: hoptrace.v1.EventRecordedResult
+	(*SegmentSeries)(nil),            // 19: hoptrace.v1.SegmentSeries
+	(*SeriesPoint)(nil),              // 20: hoptrace.v1.SeriesPoint
+	(*SegmentStats)(nil),             // 21: hoptrace.v1.SegmentStats
+	(*HopThroughput)(nil),            // 22: hoptrace.v1.HopThroughput
+	(*HopRecorded)(nil),              // 23: hoptrace.v1.HopRecorded
+	(*HopCount)(nil),                 // 24: hoptrace.v1.HopCount
+	(*HopHistogram)(nil),             // 25: hoptrace.v1.HopHistogram
+	(*HistogramBucket)(nil),          // 26: hoptrace.v1.HistogramBucket
+	(*WatchSegmentStatsRequest)(nil), // 27: hoptrace.v1.WatchSegmentStatsRequest
+	(*WatchSpecsRequest)(nil),        // 28: hoptrace.v1.WatchSpecsRequest
+	(*SpecSet)(nil),                  // 29: hoptrace.v1.SpecSet
+	(*GetPacketsRequest)(nil),        // 30: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 31: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 32: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 33: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 34: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 35: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 36: hoptrace.v1.RunPresetRequest
+	(*DiscoverRequest)(nil),          // 37: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 38: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 39: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 40: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 41: hoptrace.v1.DiscoverResult
+	(*DiscoveredSegment)(nil),        // 42: hoptrace.v1.DiscoveredSegment
+	nil,                              // 43: hoptrace.v1.EventResult.ByEntry
+	nil,                              // 44: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 45: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 46: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 47: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 48: hoptrace.v1.Register
+	(*TransportStatus)(nil),          // 49: hoptrace.v1.TransportStatus
+	(*Filter)(nil),                   // 50: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 51: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 52: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	44, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	45, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	44, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	44, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	45, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	46, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	45, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	45, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	46, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	47, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	47, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	45, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	48, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	46, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	48, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
-	45, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	45, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	45, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
-	20, // 15: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
-	20, // 16: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
-	21, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
-	18, // 18: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
+	49, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
+	46, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	46, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	46, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	21, // 15: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
+	21, // 16: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
+	22, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
+	19, // 18: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
 	17, // 19: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
-	42, // 20: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
-	25, // 21: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
-	19, // 22: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
-	19, // 23: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	45, // 24: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	45, // 25: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	23, // 26: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
-	24, // 27: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
-	22, // 28: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
-	25, // 29: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	44, // 30: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	45, // 31: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	45, // 32: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	31, // 33: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	45, // 34: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	32, // 35: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	43, // 36: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	49, // 37: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	38, // 38: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	40, // 39: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	50, // 40: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	44, // 41: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	39, // 42: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	41, // 43: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
-	50, // 44: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
-	50, // 45: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
-	1,  // 46: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 47: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 48: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 49: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 50: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 51: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 52: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 53: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	26, // 54: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	27, // 55: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	35, // 56: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	33, // 57: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	29, // 58: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	36, // 59: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 60: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 61: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 62: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 63: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 64: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 65: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 66: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 67: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	20, // 68: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	28, // 69: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	51, // 70: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	34, // 71: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	30, // 72: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	37, // 73: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	60, // [60:74] is the sub-list for method output_type
-	46, // [46:60] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	43, // 20: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
+	26, // 21: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
+	18, // 22: hoptrace.v1.EventResult.recorded:type_name -> hoptrace.v1.EventRecordedResult
+	20, // 23: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
+	20, // 24: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
+	46, // 25: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	46, // 26: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	24, // 27: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	25, // 28: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	23, // 29: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
+	26, // 30: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	45, // 31: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	46, // 32: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	46, // 33: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	32, // 34: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	46, // 35: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	33, // 36: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	44, // 37: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	50, // 38: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	39, // 39: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	41, // 40: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	51, // 41: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	45, // 42: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	40, // 43: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	42, // 44: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
+	51, // 45: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	51, // 46: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	1,  // 47: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 48: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 49: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 50: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 51: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 52: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 53: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 54: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	27, // 55: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	28, // 56: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	36, // 57: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	34, // 58: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	30, // 59: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	37, // 60: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 61: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 62: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 63: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 64: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 65: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 66: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 67: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 68: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	21, // 69: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	29, // 70: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	52, // 71: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	35, // 72: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	31, // 73: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	38, // 74: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	61, // [61:75] is the sub-list for method output_type
+	47, // [47:61] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -3194,7 +3327,7 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
-	file_hoptrace_v1_api_proto_msgTypes[37].OneofWrappers = []any{
+	file_hoptrace_v1_api_proto_msgTypes[38].OneofWrappers = []any{
 		(*DiscoverEvent_Progress)(nil),
 		(*DiscoverEvent_Result)(nil),
 	}
@@ -3204,7 +3337,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

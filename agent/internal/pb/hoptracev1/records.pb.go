@@ -191,8 +191,13 @@ type EventValues struct {
 	Histogram string   `protobuf:"bytes,7,opt,name=histogram,proto3" json:"histogram,omitempty"`
 	Buckets   []uint64 `protobuf:"varint,8,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
 	// Hits of the tracepoint, and those that passed where:.
-	Seen          uint64 `protobuf:"varint,9,opt,name=seen,proto3" json:"seen,omitempty"`
-	Matched       uint64 `protobuf:"varint,10,opt,name=matched,proto3" json:"matched,omitempty"`
+	Seen    uint64 `protobuf:"varint,9,opt,name=seen,proto3" json:"seen,omitempty"`
+	Matched uint64 `protobuf:"varint,10,opt,name=matched,proto3" json:"matched,omitempty"`
+	// record: [ARGS]: each argument's statistics since attach.
+	Recorded []*EventRecorded `protobuf:"bytes,11,rep,name=recorded,proto3" json:"recorded,omitempty"`
+	// histogram: latency: hits with no remembered time of the marking event
+	// (it did not run for that key, or its entry was evicted).
+	LatencyMissed uint64 `protobuf:"varint,12,opt,name=latency_missed,json=latencyMissed,proto3" json:"latency_missed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -297,6 +302,115 @@ func (x *EventValues) GetMatched() uint64 {
 	return 0
 }
 
+func (x *EventValues) GetRecorded() []*EventRecorded {
+	if x != nil {
+		return x.Recorded
+	}
+	return nil
+}
+
+func (x *EventValues) GetLatencyMissed() uint64 {
+	if x != nil {
+		return x.LatencyMissed
+	}
+	return 0
+}
+
+// One argument of an event's record action, cumulative since attach.
+type EventRecorded struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Arg   string                 `protobuf:"bytes,1,opt,name=arg,proto3" json:"arg,omitempty"`
+	Count uint64                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// The argument's values as the kernel keeps them: min, max and last are
+	// two's complement when `signed`; sum is their sum as a float.
+	Sum           float64 `protobuf:"fixed64,3,opt,name=sum,proto3" json:"sum,omitempty"`
+	Min           int64   `protobuf:"varint,4,opt,name=min,proto3" json:"min,omitempty"`
+	Max           int64   `protobuf:"varint,5,opt,name=max,proto3" json:"max,omitempty"`
+	Last          int64   `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
+	Signed        bool    `protobuf:"varint,7,opt,name=signed,proto3" json:"signed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventRecorded) Reset() {
+	*x = EventRecorded{}
+	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventRecorded) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventRecorded) ProtoMessage() {}
+
+func (x *EventRecorded) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventRecorded.ProtoReflect.Descriptor instead.
+func (*EventRecorded) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EventRecorded) GetArg() string {
+	if x != nil {
+		return x.Arg
+	}
+	return ""
+}
+
+func (x *EventRecorded) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *EventRecorded) GetSum() float64 {
+	if x != nil {
+		return x.Sum
+	}
+	return 0
+}
+
+func (x *EventRecorded) GetMin() int64 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *EventRecorded) GetMax() int64 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *EventRecorded) GetLast() int64 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
+func (x *EventRecorded) GetSigned() bool {
+	if x != nil {
+		return x.Signed
+	}
+	return false
+}
+
 type HopCounters struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	HopIndex uint32                 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"`
@@ -313,7 +427,7 @@ type HopCounters struct {
 
 func (x *HopCounters) Reset() {
 	*x = HopCounters{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -325,7 +439,7 @@ func (x *HopCounters) String() string {
 func (*HopCounters) ProtoMessage() {}
 
 func (x *HopCounters) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -338,7 +452,7 @@ func (x *HopCounters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopCounters.ProtoReflect.Descriptor instead.
 func (*HopCounters) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{2}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *HopCounters) GetHopIndex() uint32 {
@@ -391,7 +505,7 @@ type HopActionValues struct {
 
 func (x *HopActionValues) Reset() {
 	*x = HopActionValues{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -403,7 +517,7 @@ func (x *HopActionValues) String() string {
 func (*HopActionValues) ProtoMessage() {}
 
 func (x *HopActionValues) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -416,7 +530,7 @@ func (x *HopActionValues) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopActionValues.ProtoReflect.Descriptor instead.
 func (*HopActionValues) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{3}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *HopActionValues) GetCount() bool {
@@ -474,7 +588,7 @@ type NodeClock struct {
 
 func (x *NodeClock) Reset() {
 	*x = NodeClock{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +600,7 @@ func (x *NodeClock) String() string {
 func (*NodeClock) ProtoMessage() {}
 
 func (x *NodeClock) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[4]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +613,7 @@ func (x *NodeClock) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeClock.ProtoReflect.Descriptor instead.
 func (*NodeClock) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{4}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *NodeClock) GetMonotonicToRealtimeNs() int64 {
@@ -554,7 +668,7 @@ type StreamSummary struct {
 
 func (x *StreamSummary) Reset() {
 	*x = StreamSummary{}
-	mi := &file_hoptrace_v1_records_proto_msgTypes[5]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -566,7 +680,7 @@ func (x *StreamSummary) String() string {
 func (*StreamSummary) ProtoMessage() {}
 
 func (x *StreamSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_records_proto_msgTypes[5]
+	mi := &file_hoptrace_v1_records_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -579,7 +693,7 @@ func (x *StreamSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamSummary.ProtoReflect.Descriptor instead.
 func (*StreamSummary) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{5}
+	return file_hoptrace_v1_records_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StreamSummary) GetBatches() uint64 {
@@ -619,7 +733,7 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\x06events\x18\v \x03(\v2\x18.hoptrace.v1.EventValuesR\x06events\x12\x16\n" +
 	"\x06values\x18\f \x01(\fR\x06values\x12\x1d\n" +
 	"\n" +
-	"value_size\x18\r \x01(\rR\tvalueSize\"\x80\x03\n" +
+	"value_size\x18\r \x01(\rR\tvalueSize\"\xdf\x03\n" +
 	"\vEventValues\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x14\n" +
@@ -632,10 +746,20 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\abuckets\x18\b \x03(\x04R\abuckets\x12\x12\n" +
 	"\x04seen\x18\t \x01(\x04R\x04seen\x12\x18\n" +
 	"\amatched\x18\n" +
-	" \x01(\x04R\amatched\x1a9\n" +
+	" \x01(\x04R\amatched\x126\n" +
+	"\brecorded\x18\v \x03(\v2\x1a.hoptrace.v1.EventRecordedR\brecorded\x12%\n" +
+	"\x0elatency_missed\x18\f \x01(\x04R\rlatencyMissed\x1a9\n" +
 	"\vCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xbe\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x99\x01\n" +
+	"\rEventRecorded\x12\x10\n" +
+	"\x03arg\x18\x01 \x01(\tR\x03arg\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x10\n" +
+	"\x03sum\x18\x03 \x01(\x01R\x03sum\x12\x10\n" +
+	"\x03min\x18\x04 \x01(\x03R\x03min\x12\x10\n" +
+	"\x03max\x18\x05 \x01(\x03R\x03max\x12\x12\n" +
+	"\x04last\x18\x06 \x01(\x03R\x04last\x12\x16\n" +
+	"\x06signed\x18\a \x01(\bR\x06signed\"\xbe\x01\n" +
 	"\vHopCounters\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x10\n" +
 	"\x03hop\x18\x02 \x01(\tR\x03hop\x12*\n" +
@@ -676,37 +800,39 @@ func file_hoptrace_v1_records_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_records_proto_rawDescData
 }
 
-var file_hoptrace_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_hoptrace_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_hoptrace_v1_records_proto_goTypes = []any{
 	(*RecordBatch)(nil),           // 0: hoptrace.v1.RecordBatch
 	(*EventValues)(nil),           // 1: hoptrace.v1.EventValues
-	(*HopCounters)(nil),           // 2: hoptrace.v1.HopCounters
-	(*HopActionValues)(nil),       // 3: hoptrace.v1.HopActionValues
-	(*NodeClock)(nil),             // 4: hoptrace.v1.NodeClock
-	(*StreamSummary)(nil),         // 5: hoptrace.v1.StreamSummary
-	nil,                           // 6: hoptrace.v1.EventValues.CountsEntry
-	nil,                           // 7: hoptrace.v1.HopActionValues.CountsEntry
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
-	(Field)(0),                    // 9: hoptrace.v1.Field
+	(*EventRecorded)(nil),         // 2: hoptrace.v1.EventRecorded
+	(*HopCounters)(nil),           // 3: hoptrace.v1.HopCounters
+	(*HopActionValues)(nil),       // 4: hoptrace.v1.HopActionValues
+	(*NodeClock)(nil),             // 5: hoptrace.v1.NodeClock
+	(*StreamSummary)(nil),         // 6: hoptrace.v1.StreamSummary
+	nil,                           // 7: hoptrace.v1.EventValues.CountsEntry
+	nil,                           // 8: hoptrace.v1.HopActionValues.CountsEntry
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(Field)(0),                    // 10: hoptrace.v1.Field
 }
 var file_hoptrace_v1_records_proto_depIdxs = []int32{
-	2,  // 0: hoptrace.v1.RecordBatch.counters:type_name -> hoptrace.v1.HopCounters
-	4,  // 1: hoptrace.v1.RecordBatch.clock:type_name -> hoptrace.v1.NodeClock
+	3,  // 0: hoptrace.v1.RecordBatch.counters:type_name -> hoptrace.v1.HopCounters
+	5,  // 1: hoptrace.v1.RecordBatch.clock:type_name -> hoptrace.v1.NodeClock
 	1,  // 2: hoptrace.v1.RecordBatch.events:type_name -> hoptrace.v1.EventValues
-	8,  // 3: hoptrace.v1.EventValues.at:type_name -> google.protobuf.Timestamp
-	6,  // 4: hoptrace.v1.EventValues.counts:type_name -> hoptrace.v1.EventValues.CountsEntry
-	8,  // 5: hoptrace.v1.HopCounters.at:type_name -> google.protobuf.Timestamp
-	3,  // 6: hoptrace.v1.HopCounters.actions:type_name -> hoptrace.v1.HopActionValues
-	9,  // 7: hoptrace.v1.HopActionValues.count_by:type_name -> hoptrace.v1.Field
-	7,  // 8: hoptrace.v1.HopActionValues.counts:type_name -> hoptrace.v1.HopActionValues.CountsEntry
-	9,  // 9: hoptrace.v1.HopActionValues.histogram:type_name -> hoptrace.v1.Field
-	0,  // 10: hoptrace.v1.Collector.StreamRecords:input_type -> hoptrace.v1.RecordBatch
-	5,  // 11: hoptrace.v1.Collector.StreamRecords:output_type -> hoptrace.v1.StreamSummary
-	11, // [11:12] is the sub-list for method output_type
-	10, // [10:11] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	9,  // 3: hoptrace.v1.EventValues.at:type_name -> google.protobuf.Timestamp
+	7,  // 4: hoptrace.v1.EventValues.counts:type_name -> hoptrace.v1.EventValues.CountsEntry
+	2,  // 5: hoptrace.v1.EventValues.recorded:type_name -> hoptrace.v1.EventRecorded
+	9,  // 6: hoptrace.v1.HopCounters.at:type_name -> google.protobuf.Timestamp
+	4,  // 7: hoptrace.v1.HopCounters.actions:type_name -> hoptrace.v1.HopActionValues
+	10, // 8: hoptrace.v1.HopActionValues.count_by:type_name -> hoptrace.v1.Field
+	8,  // 9: hoptrace.v1.HopActionValues.counts:type_name -> hoptrace.v1.HopActionValues.CountsEntry
+	10, // 10: hoptrace.v1.HopActionValues.histogram:type_name -> hoptrace.v1.Field
+	0,  // 11: hoptrace.v1.Collector.StreamRecords:input_type -> hoptrace.v1.RecordBatch
+	6,  // 12: hoptrace.v1.Collector.StreamRecords:output_type -> hoptrace.v1.StreamSummary
+	12, // [12:13] is the sub-list for method output_type
+	11, // [11:12] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_records_proto_init() }
@@ -721,7 +847,7 @@ func file_hoptrace_v1_records_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_records_proto_rawDesc), len(file_hoptrace_v1_records_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -207,8 +207,12 @@ type EventSpec struct {
 	// ("vec == 3 and len > 100") or a list of {arg, op, value|values}; both
 	// arrive here typed.
 	Where []*EventTerm `protobuf:"bytes,4,rep,name=where,proto3" json:"where,omitempty"`
-	// count (by: cpu or an argument) and histogram: ARG; empty = [count].
-	Actions       []*ActionSpec `protobuf:"bytes,5,rep,name=actions,proto3" json:"actions,omitempty"`
+	// count (by: cpu or an argument), histogram: ARG, record: [ARGS], and
+	// histogram: latency with since: EVENT; empty = [count].
+	Actions []*ActionSpec `protobuf:"bytes,5,rep,name=actions,proto3" json:"actions,omitempty"`
+	// The argument that pairs this event with another for a latency (since:):
+	// sched:sched_wakeup's pid with sched:sched_switch's next_pid.
+	Key           string `protobuf:"bytes,6,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -276,6 +280,13 @@ func (x *EventSpec) GetActions() []*ActionSpec {
 		return x.Actions
 	}
 	return nil
+}
+
+func (x *EventSpec) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
 }
 
 // One term of an event's where: predicate.
@@ -655,7 +666,10 @@ type ActionSpec struct {
 	// histogram: the field whose log2 buckets are kept.
 	Field string `protobuf:"bytes,3,opt,name=field,proto3" json:"field,omitempty"`
 	// record: the fields whose values ride with each traced packet's record.
-	Fields        []string `protobuf:"bytes,4,rep,name=fields,proto3" json:"fields,omitempty"`
+	Fields []string `protobuf:"bytes,4,rep,name=fields,proto3" json:"fields,omitempty"`
+	// histogram: latency on an event: the event (its name) whose time the
+	// latency is measured from, matched by the two events' key arguments.
+	Since         string `protobuf:"bytes,5,opt,name=since,proto3" json:"since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -718,6 +732,13 @@ func (x *ActionSpec) GetFields() []string {
 	return nil
 }
 
+func (x *ActionSpec) GetSince() string {
+	if x != nil {
+		return x.Since
+	}
+	return ""
+}
+
 var File_hoptrace_v1_trace_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_trace_proto_rawDesc = "" +
@@ -728,7 +749,7 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x06filter\x18\x02 \x01(\v2\x13.hoptrace.v1.FilterR\x06filter\x12\x16\n" +
 	"\x06sample\x18\x03 \x01(\rR\x06sample\x12(\n" +
 	"\x04hops\x18\x04 \x03(\v2\x14.hoptrace.v1.HopSpecR\x04hops\x12.\n" +
-	"\x06events\x18\x05 \x03(\v2\x16.hoptrace.v1.EventSpecR\x06events\"\xb4\x01\n" +
+	"\x06events\x18\x05 \x03(\v2\x16.hoptrace.v1.EventSpecR\x06events\"\xc6\x01\n" +
 	"\tEventSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1e\n" +
@@ -736,7 +757,8 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"tracepoint\x18\x03 \x01(\tR\n" +
 	"tracepoint\x12,\n" +
 	"\x05where\x18\x04 \x03(\v2\x16.hoptrace.v1.EventTermR\x05where\x121\n" +
-	"\aactions\x18\x05 \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\"[\n" +
+	"\aactions\x18\x05 \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\x12\x10\n" +
+	"\x03key\x18\x06 \x01(\tR\x03key\"[\n" +
 	"\tEventTerm\x12\x10\n" +
 	"\x03arg\x18\x01 \x01(\tR\x03arg\x12$\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x14.hoptrace.v1.EventOpR\x02op\x12\x16\n" +
@@ -763,13 +785,14 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
 	"\bpod_name\x18\x05 \x01(\tR\apodName\x12\x14\n" +
 	"\x05netns\x18\x06 \x01(\tR\x05netns\x12\x16\n" +
-	"\x06cgroup\x18\a \x01(\tR\x06cgroup\"^\n" +
+	"\x06cgroup\x18\a \x01(\tR\x06cgroup\"t\n" +
 	"\n" +
 	"ActionSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x14\n" +
 	"\x05field\x18\x03 \x01(\tR\x05field\x12\x16\n" +
-	"\x06fields\x18\x04 \x03(\tR\x06fields*\xd0\x02\n" +
+	"\x06fields\x18\x04 \x03(\tR\x06fields\x12\x14\n" +
+	"\x05since\x18\x05 \x01(\tR\x05since*\xd0\x02\n" +
 	"\n" +
 	"AttachKind\x12\x1b\n" +
 	"\x17ATTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +

@@ -50,6 +50,7 @@ EVENT_TERMS = 4
 EVENT_IN_VALUES = 8
 EVENT_ARGS_BYTES = 4096
 VALUES_MAX = 4
+EVENT_MARKS = 16384
 
 # Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.
 PROGRAMS = {

@@ -156,7 +156,7 @@ class Report(_message.Message):
     def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[SegmentSeries, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventResult, _Mapping]]] = ...) -> None: ...
 
 class EventResult(_message.Message):
-    __slots__ = ("name", "node", "count", "count_by", "by", "histogram_arg", "histogram")
+    __slots__ = ("name", "node", "count", "count_by", "by", "histogram_arg", "histogram", "latency_missed", "recorded")
     class ByEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,8 @@ class EventResult(_message.Message):
     BY_FIELD_NUMBER: _ClassVar[int]
     HISTOGRAM_ARG_FIELD_NUMBER: _ClassVar[int]
     HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MISSED_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
     name: str
     node: str
     count: int
@@ -178,7 +180,29 @@ class EventResult(_message.Message):
     by: _containers.ScalarMap[str, int]
     histogram_arg: str
     histogram: _containers.RepeatedCompositeFieldContainer[HistogramBucket]
-    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., count: _Optional[int] = ..., count_by: _Optional[str] = ..., by: _Optional[_Mapping[str, int]] = ..., histogram_arg: _Optional[str] = ..., histogram: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ...) -> None: ...
+    latency_missed: int
+    recorded: _containers.RepeatedCompositeFieldContainer[EventRecordedResult]
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., count: _Optional[int] = ..., count_by: _Optional[str] = ..., by: _Optional[_Mapping[str, int]] = ..., histogram_arg: _Optional[str] = ..., histogram: _Optional[_Iterable[_Union[HistogramBucket, _Mapping]]] = ..., latency_missed: _Optional[int] = ..., recorded: _Optional[_Iterable[_Union[EventRecordedResult, _Mapping]]] = ...) -> None: ...
+
+class EventRecordedResult(_message.Message):
+    __slots__ = ("arg", "count", "sum", "mean", "min", "max", "last", "signed")
+    ARG_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    MEAN_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
+    arg: str
+    count: int
+    sum: float
+    mean: float
+    min: int
+    max: int
+    last: int
+    signed: bool
+    def __init__(self, arg: _Optional[str] = ..., count: _Optional[int] = ..., sum: _Optional[float] = ..., mean: _Optional[float] = ..., min: _Optional[int] = ..., max: _Optional[int] = ..., last: _Optional[int] = ..., signed: bool = ...) -> None: ...
 
 class SegmentSeries(_message.Message):
     __slots__ = ("segment", "p50", "p99")

@@ -41,7 +41,7 @@ class RecordBatch(_message.Message):
     def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ..., events: _Optional[_Iterable[_Union[EventValues, _Mapping]]] = ..., values: _Optional[bytes] = ..., value_size: _Optional[int] = ...) -> None: ...
 
 class EventValues(_message.Message):
-    __slots__ = ("event_index", "event", "at", "count_by", "counts", "count", "histogram", "buckets", "seen", "matched")
+    __slots__ = ("event_index", "event", "at", "count_by", "counts", "count", "histogram", "buckets", "seen", "matched", "recorded", "latency_missed")
     class CountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,8 @@ class EventValues(_message.Message):
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     SEEN_FIELD_NUMBER: _ClassVar[int]
     MATCHED_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MISSED_FIELD_NUMBER: _ClassVar[int]
     event_index: int
     event: str
     at: _timestamp_pb2.Timestamp
@@ -69,7 +71,27 @@ class EventValues(_message.Message):
     buckets: _containers.RepeatedScalarFieldContainer[int]
     seen: int
     matched: int
-    def __init__(self, event_index: _Optional[int] = ..., event: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count_by: _Optional[str] = ..., counts: _Optional[_Mapping[int, int]] = ..., count: bool = ..., histogram: _Optional[str] = ..., buckets: _Optional[_Iterable[int]] = ..., seen: _Optional[int] = ..., matched: _Optional[int] = ...) -> None: ...
+    recorded: _containers.RepeatedCompositeFieldContainer[EventRecorded]
+    latency_missed: int
+    def __init__(self, event_index: _Optional[int] = ..., event: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., count_by: _Optional[str] = ..., counts: _Optional[_Mapping[int, int]] = ..., count: bool = ..., histogram: _Optional[str] = ..., buckets: _Optional[_Iterable[int]] = ..., seen: _Optional[int] = ..., matched: _Optional[int] = ..., recorded: _Optional[_Iterable[_Union[EventRecorded, _Mapping]]] = ..., latency_missed: _Optional[int] = ...) -> None: ...
+
+class EventRecorded(_message.Message):
+    __slots__ = ("arg", "count", "sum", "min", "max", "last", "signed")
+    ARG_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
+    arg: str
+    count: int
+    sum: float
+    min: int
+    max: int
+    last: int
+    signed: bool
+    def __init__(self, arg: _Optional[str] = ..., count: _Optional[int] = ..., sum: _Optional[float] = ..., min: _Optional[int] = ..., max: _Optional[int] = ..., last: _Optional[int] = ..., signed: bool = ...) -> None: ...
 
 class HopCounters(_message.Message):
     __slots__ = ("hop_index", "hop", "at", "values", "actions")

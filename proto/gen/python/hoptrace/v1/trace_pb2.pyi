@@ -50,18 +50,20 @@ class TraceSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopSpec, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventSpec, _Mapping]]] = ...) -> None: ...
 
 class EventSpec(_message.Message):
-    __slots__ = ("name", "node", "tracepoint", "where", "actions")
+    __slots__ = ("name", "node", "tracepoint", "where", "actions", "key")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     TRACEPOINT_FIELD_NUMBER: _ClassVar[int]
     WHERE_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     name: str
     node: str
     tracepoint: str
     where: _containers.RepeatedCompositeFieldContainer[EventTerm]
     actions: _containers.RepeatedCompositeFieldContainer[ActionSpec]
-    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., tracepoint: _Optional[str] = ..., where: _Optional[_Iterable[_Union[EventTerm, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ...) -> None: ...
+    key: str
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., tracepoint: _Optional[str] = ..., where: _Optional[_Iterable[_Union[EventTerm, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., key: _Optional[str] = ...) -> None: ...
 
 class EventTerm(_message.Message):
     __slots__ = ("arg", "op", "values")
@@ -126,13 +128,15 @@ class Workload(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., container_name: _Optional[str] = ..., image: _Optional[str] = ..., pod_namespace: _Optional[str] = ..., pod_name: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ...) -> None: ...
 
 class ActionSpec(_message.Message):
-    __slots__ = ("kind", "by", "field", "fields")
+    __slots__ = ("kind", "by", "field", "fields", "since")
     KIND_FIELD_NUMBER: _ClassVar[int]
     BY_FIELD_NUMBER: _ClassVar[int]
     FIELD_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     by: str
     field: str
     fields: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, kind: _Optional[str] = ..., by: _Optional[str] = ..., field: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ...) -> None: ...
+    since: str
+    def __init__(self, kind: _Optional[str] = ..., by: _Optional[str] = ..., field: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ..., since: _Optional[str] = ...) -> None: ...
