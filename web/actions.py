@@ -1,6 +1,7 @@
 """The results page's hop actions and event probes: per hop its in-kernel counts (total, and by key),
 histograms and recorded values (record action: per field and node, packets, min, mean, max, last), per event
-and node its count, by-key table and histogram.
+and node its count, by-key table, histogram (an argument's or an event-to-event latency) and recorded
+arguments.
 
 Every number is the report's (`GetReport`, the same as `hoptrace report --json`): this module only arranges
 it for templates/_actions.html, one small function per section, so another kind of per-hop result (e.g. a
@@ -114,8 +115,17 @@ def hop_sections(report: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def event_recorded_view(recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An event's recorded arguments as table rows (record action: its statistics in the kernel)."""
+    return [
+        {**r, "mean": round(r["mean"], 1) if r.get("mean") is not None else ""}
+        for r in sorted(recorded, key=lambda r: r["arg"])
+    ]
+
+
 def event_sections(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every event probe's result per node: its count, by-key table and histogram."""
+    """Every event probe's result per node: its count, by-key table, histogram (an argument's, or the
+    latency since its `since:` event, with the hits that found no start) and recorded arguments."""
     return [
         {
             "name": e["name"],
@@ -123,6 +133,8 @@ def event_sections(report: dict[str, Any]) -> list[dict[str, Any]]:
             "count": e["count"],
             "table": by_key_view(e["count_by"], e["by"]) if e.get("count_by") and e.get("by") else None,
             "histogram": histogram_view(e["histogram_arg"], e["histogram"]) if e.get("histogram") else None,
+            "latency_missed": e.get("latency_missed", 0),
+            "recorded": event_recorded_view(e.get("recorded", [])),
         }
         for e in report.get("events", [])
     ]

@@ -51,6 +51,7 @@ class TracedInflux:
     trace: str
     hops: list[str]
     event_sent: int = EVENT_SENT
+    event_frame: int = EVENT_FRAME
     traced_frame: int = TRACED_FRAME
     traced_ttl: int = TRACED_TTL
 
@@ -65,7 +66,7 @@ def _fresh_prefix() -> str:
 
 def with_actions_and_event(spec: trace_pb2.TraceSpec) -> trace_pb2.TraceSpec:
     """`spec` with count by cpu + histogram of len + record of len and ttl at b-wire-in, histogram of latency
-    at a-veth-in, and the event probe `wire-frames` (count by cpu, histogram of len)."""
+    at a-veth-in, and the event probe `wire-frames` (count by cpu, histogram of len, record of len)."""
     hops = {hop.name: hop for hop in spec.hops}
     hops["b-wire-in"].actions.extend(
         [
@@ -83,7 +84,7 @@ def with_actions_and_event(spec: trace_pb2.TraceSpec) -> trace_pb2.TraceSpec:
         "node": "host-a",
         "tracepoint": "net:net_dev_xmit",
         "where": f"len == {EVENT_FRAME}",
-        "actions": [{"count": {"by": "cpu"}}, {"histogram": "len"}],
+        "actions": [{"count": {"by": "cpu"}}, {"histogram": "len"}, {"record": ["len"]}],
     }
     spec.events.extend(spec_from_data({"name": spec.name, "hops": [], "events": [event]}).events)
     return spec

@@ -262,3 +262,46 @@ def test_actions_dashboard_shows_the_reports_recorded_values(traced_influx):
             "last": row["last"],
         }, (recorded, row)
         assert abs(recorded["mean"] - row["mean"]) < 1e-9, (recorded, row)
+
+
+def test_actions_dashboard_shows_the_events_recorded_arguments(traced_influx):
+    """The event recorded-arguments table: `wire-frames` records net_dev_xmit's len of the frames it matched
+    (one size), so hits = the datagrams sent and min = max = last = mean = the frame's length, the same as
+    `hoptrace report`'s events[].recorded."""
+    from hoptrace.collector.report import build_report
+
+    sent = traced_influx.event_sent
+    query = substitute(
+        actions_panel("Event recorded arguments")["targets"][0]["query"],
+        traced_influx.trace,
+        traced_influx.bucket,
+    )
+    deadline = time.monotonic() + 30  # event results come with the agents' counters, every second
+    while True:
+        tables = run_flux(traced_influx.url, query)
+        rows = {(r["event"], r["node"], r["arg"]): r for t in tables for r in t}
+        row = rows.get(("wire-frames", "host-a", "len"))
+        if (row and row["hits"] >= sent) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(tables) == 1 and set(rows) == {("wire-frames", "host-a", "len")}, rows
+    frame = traced_influx.event_frame
+    assert (row["hits"], row["min"], row["max"], row["last"], row["mean"]) == (
+        sent,
+        frame,
+        frame,
+        frame,
+        frame,
+    )
+    report = build_report(
+        traced_influx.trace,
+        url=traced_influx.url,
+        bucket=traced_influx.bucket,
+        since="1h",
+        path=traced_influx.hops,
+    )
+    (event,) = report["events"]
+    (recorded,) = event["recorded"]
+    assert {k: recorded[k] for k in ("arg", "count", "min", "max", "last")} == {
+        "arg": "len", "count": row["hits"], "min": row["min"], "max": row["max"], "last": row["last"],
+    }  # fmt: skip

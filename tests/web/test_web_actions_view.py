@@ -85,8 +85,22 @@ REPORT = {
             "histogram_arg": "",
             "histogram": [],
         },
+        {
+            "name": "wakeup-to-run",
+            "node": "host-b",
+            "count": 52,
+            "count_by": "",
+            "by": {},
+            "histogram_arg": "latency",
+            "histogram": [{"le": 4095, "count": 40}, {"le": 65535, "count": 10}],
+            "latency_missed": 2,
+            "recorded": [
+                {"arg": "prio", "count": 52, "sum": 6240.0, "mean": 120.0, "min": 120, "max": 120,
+                 "last": 120, "signed": True},
+            ],
+        },
     ],
-}
+}  # fmt: skip
 
 
 def test_bucket_bounds_read_as_sizes_or_durations():
@@ -115,6 +129,20 @@ def test_sections_hold_the_reports_numbers_in_order():
     assert events[0]["count"] == 9 and [r["key"] for r in events[0]["table"]["rows"]] == ["0", "1"]
     assert events[0]["histogram"]["total"] == 9
     assert events[1]["table"] is None and events[1]["histogram"] is None
+    assert events[1]["recorded"] == [] and events[1]["latency_missed"] == 0
+
+
+def test_an_event_latency_reads_as_time_with_its_misses_and_recorded_arguments():
+    (run,) = [e for e in actions.event_sections(REPORT) if e["name"] == "wakeup-to-run"]
+    assert [b["label"] for b in run["histogram"]["buckets"]] == ["2.0us–4.1us", "32.8us–65.5us"]
+    assert run["histogram"]["total"] == 50 and run["latency_missed"] == 2
+    app = Flask("hoptrace.web")
+    with app.app_context():
+        html = actions.render(REPORT)
+    section = html[html.index('data-event="wakeup-to-run"') :]
+    assert "2 hits found no start for their key" in section
+    row = '<tr data-arg="prio"><td>prio</td><td class="num hits">52</td><td class="num min">120</td>'
+    assert row in section
 
 
 def test_fragment_shows_every_number_and_says_when_there_is_nothing():
