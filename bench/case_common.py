@@ -81,12 +81,13 @@ def sockperf(
     """A sockperf UDP ping-pong ``client`` -> ``server``: sockperf's own average and percentiles (µs).
 
     ``server_prefix`` / ``client_prefix``: a command put before sockperf (e.g. ``("taskset", "-c", "1")``);
-    ``client_args``: extra ping-pong arguments.
+    ``client_args``: extra ping-pong arguments; ``on_server_up``: called with the server's pid once it
+    listens, before the client starts.
     """
     out = run_sockperf(
         topo, "ping-pong", seconds, "--mps", str(mps), *popen.pop("client_args", ()),
         client=client, server=server, server_prefix=popen.pop("server_prefix", ()),
-        client_prefix=popen.pop("client_prefix", ()),
+        client_prefix=popen.pop("client_prefix", ()), on_server_up=popen.pop("on_server_up", None),
     )  # fmt: skip
     result: dict[str, float] = {}
     if m := re.search(r"avg-latency=([\d.]+)", out):

@@ -13,7 +13,10 @@ Three tracers per case on the routed TwoHostTopology:
   -> the server's ``recv*`` exit; egress: the reply's ``sendto`` -> wire0 ``net_dev_xmit``). Its ingress
   side sees no sockperf datagram: UDP copies a linear datagram with ``copy_linear_skb``, which does not fire
   ``net:skb_copy_datagram_iovec`` (the event MACE ties a packet to the receiving thread with);
-- so the device -> socket time comes from a bpftrace timeline (``RX_TIMELINE``): host-b wire0
+- the hoptrace events ``sd-<case>-sched`` (applied once the server listens, with its pid): its wake-ups
+  (``sched:sched_wakeup``, key pid) and its switch-ins (``sched:sched_switch``, key next_pid) with
+  ``histogram: latency, since: wakeup``, the wake-up -> on CPU time as a log2 histogram in the kernel;
+- and, to check both, the device -> socket time from a bpftrace timeline (``RX_TIMELINE``): host-b wire0
   ``netif_receive_skb`` of the request -> ``sched_wakeup`` of the server -> ``sched_switch`` to it ->
   its ``recvfrom``/``recvmsg`` exit. One request is in flight at a time (ping-pong), so events pair by order.
 
@@ -37,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +59,8 @@ from case_common import (
 from case_congested_bridge import HOPS as DEVICE_HOPS  # the same c1 -> c2 path on the routed topology
 
 from hoptrace.cli.mace import mace_agent
+from hoptrace.dispatcher.spec import spec_from_data
+from hoptrace.v1 import trace_pb2
 
 # ... and then the server's receive call in c2: the device -> application time with hoptrace alone.
 READ_HOP = "b-c2-read"
@@ -245,6 +251,62 @@ def waited_behind(rows: list[dict[str, Any]]) -> dict[str, int]:
     return dict(counts.most_common(6))
 
 
+def sched_spec(name: str, pid: int) -> trace_pb2.TraceSpec:
+    """Event probes of one task on host-b: its wake-ups and its switch-ins, with the time between them."""
+    return spec_from_data(
+        {
+            "name": name,
+            "events": [
+                {"name": "wakeup", "node": "host-b", "tracepoint": "sched:sched_wakeup",
+                 "where": f"pid == {pid}", "key": "pid"},
+                {"name": "run", "node": "host-b", "tracepoint": "sched:sched_switch",
+                 "where": f"next_pid == {pid}", "key": "next_pid",
+                 "actions": ["count", {"histogram": "latency", "since": "wakeup"}]},
+            ],
+        }
+    )  # fmt: skip
+
+
+def histogram_stats(buckets: list[dict[str, int]]) -> dict[str, Any]:
+    """Count and quantiles of a log2 histogram (each quantile as its bucket's upper bound, in µs), and how
+    many values are 1 ms or more (buckets from [2^20, 2^21 - 1] ns up: 1.05 ms)."""
+    total = sum(b["count"] for b in buckets)
+    out: dict[str, Any] = {
+        "count": total,
+        "over_1ms": sum(b["count"] for b in buckets if b["le"] >= (1 << 21) - 1),
+    }
+    for q in (0.5, 0.9, 0.99):
+        seen = 0
+        for b in sorted(buckets, key=lambda b: b["le"]):
+            seen += b["count"]
+            if seen >= q * total:
+                out[f"p{round(q * 100)}_le_us"] = b["le"] / 1e3
+                break
+    return out
+
+
+def sched_events(cluster: Any, name: str, timeout_s: float = 15) -> dict[str, Any]:
+    """The wake-up -> run histogram of `name`'s events once two reports a second apart agree (the agents
+    send event results every second)."""
+    deadline = time.monotonic() + timeout_s
+    previous = None
+    while True:
+        data = json.loads(cluster.hoptrace("report", name, "--since", "10m", "--json").stdout)
+        events = {e["name"]: e for e in data.get("events", [])}
+        run = events.get("run", {"count": 0, "histogram": [], "latency_missed": 0})
+        current = (run["count"], sum(b["count"] for b in run["histogram"]))
+        if current == previous or time.monotonic() > deadline:
+            return {
+                "wakeups": events.get("wakeup", {}).get("count", 0),
+                "runs": run["count"],
+                "missed": run.get("latency_missed", 0),
+                "latency": histogram_stats(run["histogram"]),
+                "histogram": run["histogram"],
+            }
+        previous = current
+        time.sleep(1)
+
+
 def mace_args(topo: TwoHostTopology) -> list[str]:
     """``hoptrace-agent mace`` arguments: c2 on host-b, syscall path, every packet."""
     return [
@@ -272,6 +334,7 @@ def _run_cases(seconds: float, mps: int, results: list[dict[str, Any]]) -> list[
         for case, hog_cmd in CASES:
             name = f"sd-{case}"
             cluster.apply(spec(name, topo, hops))
+            sched_name = f"{name}-sched"
             hog = topo.popen("c2", *hog_cmd) if hog_cmd else None
             try:
                 with rx_timeline(topo) as requests, mace_agent(mace_args(topo)) as agent:
@@ -279,6 +342,7 @@ def _run_cases(seconds: float, mps: int, results: list[dict[str, Any]]) -> list[
                         topo, seconds, mps,
                         server_prefix=("taskset", "-c", SERVER_CPU),
                         client_prefix=("taskset", "-c", CLIENT_CPU),
+                        on_server_up=lambda pid, n=sched_name: cluster.apply(sched_spec(n, pid)),
                     )  # fmt: skip
                     summary = agent.stop()
             finally:
@@ -302,6 +366,7 @@ def _run_cases(seconds: float, mps: int, results: list[dict[str, Any]]) -> list[
                         "long_waits_behind": waited_behind(rows),
                     },
                     "report": settled_report(cluster, name),
+                    "sched_events": sched_events(cluster, sched_name),
                     "series": rows,
                 }
             )
@@ -385,6 +450,20 @@ def table(results: list[dict[str, Any]]) -> str:
             f"| {r['case']} | "
             + " / ".join(f"{read[k] / 1e3:.1f}" for k in ("mean_ns", "p50_ns", "p90_ns", "p99_ns"))
             + f" ({read['count']}) | {_st(r['device_to_socket']['total'])} |"
+        )
+    rows += [
+        "",
+        "| case | hoptrace events: wake-up → run, p50 / p90 / p99 bucket ≤ µs (latencies, ≥ 1 ms; missed) "
+        "| bpftrace wakeup → on CPU mean / p50 / p90 / p99 µs (woken requests) |",
+        "|---|---|---|",
+    ]
+    for r in results:
+        ev = r["sched_events"]
+        lat = ev["latency"]
+        quantiles = " / ".join(f"{lat.get(k, 0):.0f}" for k in ("p50_le_us", "p90_le_us", "p99_le_us"))
+        rows.append(
+            f"| {r['case']} | {quantiles} ({lat['count']}, {lat['over_1ms']}; {ev['missed']}) "
+            f"| {_st(r['device_to_socket']['wake_to_oncpu'])} ({r['device_to_socket']['woken']}) |"
         )
     return "\n".join(rows)
 

@@ -7,7 +7,12 @@ one probe per condition, each its own program (the agent loads the event program
 
 - `count`: no where:, a plain count (one hash lookup and an atomic add);
 - `where_miss`: four terms whose first never holds (`len == 1 and ...`): one argument read, then out;
-- `where_count_by_cpu_hist`: `len > 0 and rc == 0`, count by cpu and a histogram of len: every action.
+- `where_count_by_cpu_hist`: `len > 0 and rc == 0`, count by cpu and a histogram of len;
+- `where_count_record_2`: the same terms, a count and `record: [len, rc]` (per-CPU statistics of two
+  arguments);
+- `latency_mark` / `latency_since_mark`: an event-to-event latency on the same tracepoint, keyed by the
+  skb: the first writes each frame's time into the LRU `event_marks`, the second looks it up, deletes it and
+  histograms the difference.
 
 Each program's ns per run is its `run_time_ns / run_cnt` growth during the traffic. The event program
 reads each argument with one bpf_probe_read_kernel (offsets are load-time constants, see event.bpf.h).
@@ -43,6 +48,14 @@ CONDITIONS = {
     "where_count_by_cpu_hist": {
         "where": "len > 0 and rc == 0",
         "actions": [{"count": {"by": "cpu"}}, {"histogram": "len"}],
+    },
+    "where_count_record_2": {"where": "len > 0 and rc == 0", "actions": ["count", {"record": ["len", "rc"]}]},
+    # An event-to-event latency on one tracepoint: the first remembers each frame's time by its skb, the
+    # second (attached after it, so it runs after it) takes that entry out and histograms the difference.
+    "latency_mark": {"key": "skbaddr", "actions": ["count"]},
+    "latency_since_mark": {
+        "key": "skbaddr",
+        "actions": ["count", {"histogram": "latency", "since": "latency-mark"}],
     },
 }
 

@@ -6,7 +6,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hoptrace.lab.reference import SOCKPERF_PORT
 from hoptrace.lab.topology import TwoHostTopology
@@ -34,16 +34,21 @@ def sockperf(
     port: int = SOCKPERF_PORT,
     server_prefix: Sequence[str] = (),
     client_prefix: Sequence[str] = (),
+    on_server_up: Callable[[int], None] | None = None,
 ) -> str:
     """Run ``sockperf MODE`` (ping-pong, throughput, under-load) from `client` to a sockperf server in
     `server` for `seconds`; returns the client's output (stdout and stderr). The server is up before the
-    client starts and gone when this returns. `*_prefix`: a command before sockperf (e.g. taskset)."""
+    client starts and gone when this returns. `*_prefix`: a command before sockperf (e.g. taskset), each
+    exec'ing the next, so the server's pid is sockperf's; `on_server_up(pid)` runs once it listens, before
+    the client starts (e.g. to trace that process)."""
     srv = topo.popen(
         server, *server_prefix, "sockperf", "server", "-i", topo.addr(server), "-p", str(port),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         wait_listening(topo, server, "udp", port)
+        if on_server_up is not None:
+            on_server_up(srv.pid)
         out = topo.run(
             client, *client_prefix, "sockperf", mode, "-i", topo.addr(server), "-p", str(port),
             "-t", str(int(seconds)), *client_args, timeout=seconds + 30, check=False,
