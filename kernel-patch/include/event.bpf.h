@@ -63,10 +63,12 @@ struct {
 	__type(value, struct hoptrace_event_stat);
 } event_stats SEC(".maps");
 
-/* One per trace per node (the agent's MapReplacements), shared by its events. */
+/* One per trace per node (the agent's MapReplacements), shared by its events. Per-CPU LRU free
+ * lists (no common list, no shared lock on every update); entries are still seen from every CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, HOPTRACE_EVENT_MARKS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
 	__type(key, struct hoptrace_event_mark_key);
 	__type(value, __u64);
 } event_marks SEC(".maps");
@@ -124,8 +126,8 @@ static __always_inline bool event_term(void *ctx, int t)
 	return true;
 }
 
-/* record: argument i's statistics on this CPU. */
-static __always_inline void event_record(void *ctx, __u32 i)
+/* record: argument i's statistics on this CPU; now: this hit's time. */
+static __always_inline void event_record(void *ctx, __u32 i, __u64 now)
 {
 	struct hoptrace_event_stat *st;
 	__u64 v;
@@ -143,14 +145,13 @@ static __always_inline void event_record(void *ctx, __u32 i)
 	st->count++;
 	st->sum += v;
 	st->last = v;
-	st->last_ns = bpf_ktime_get_ns();
+	st->last_ns = now;
 }
 
 /* Remember this event's time, or histogram the time since the marking event. */
-static __always_inline void event_latency(void *ctx)
+static __always_inline void event_latency(void *ctx, __u64 now)
 {
 	struct hoptrace_event_mark_key key = {};
-	__u64 now = bpf_ktime_get_ns();
 	__u64 *then;
 
 	if (ev_mark) {
@@ -175,6 +176,7 @@ static __always_inline void event_latency(void *ctx)
 
 static __always_inline int event_run(void *ctx)
 {
+	__u64 now;
 	int t;
 
 	count(HOPTRACE_C_SEEN, 1);
@@ -197,13 +199,17 @@ static __always_inline int event_run(void *ctx)
 	}
 	if (ev_hist)
 		hist_add(event_arg(ctx, ev_hist_off, ev_hist_size, ev_hist_signed));
+	if (!ev_record_n && !ev_mark && !ev_latency)
+		return 0;
+	/* One clock read serves the record's last_ns and the latency. */
+	now = bpf_ktime_get_ns();
 #pragma unroll
 	for (t = 0; t < HOPTRACE_VALUES_MAX; t++) {
 		if (t < ev_record_n)
-			event_record(ctx, t);
+			event_record(ctx, t, now);
 	}
 	if (ev_mark || ev_latency)
-		event_latency(ctx);
+		event_latency(ctx, now);
 	return 0;
 }
 
