@@ -3,27 +3,25 @@
 guest-a (Debian 12 backports' 6.12) and guest-b (Debian 12's 6.1) each run their own kernel, clock and agent;
 this machine's agent is node `hypervisor` on the lab namespace holding the guests' taps and bridge. One spec
 traces a flow from an application in guest-a through its virtio NIC, the hypervisor's tap and bridge, and
-guest-b's NIC up to its receiving socket. No agent sees another's packets: each one's BPF runs in its own
-kernel. Ground truths: the packets guest-a's kernel sent (an nftables counter there) and a real step of
-guest-b's wall clock (CLOCK_REALTIME set in the guest), which the decomposition must not show.
+guest-b's NIC up to its receiving application's read (UDP; TCP up to the NIC). No agent sees another's
+packets: each one's BPF runs in its own kernel. Ground truths: the packets guest-a's kernel sent (an nftables
+counter there) and a real step of guest-b's wall clock (CLOCK_REALTIME set in the guest), which the
+decomposition must not show.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from hoptrace.common.certs import add_agent, create_bundle
 from hoptrace.common.timeouts import scaled
 from hoptrace.lab import vm
-from hoptrace.lab.guests import HYPERVISOR_ADDRESS, TCP_PORT, UDP_PORT, Guest, GuestLab
-from hoptrace.lab.localcluster import AGENT_BINARY, LocalCluster, free_port
+from hoptrace.lab.guest_cluster import GuestCluster, fetched_kernel, guest_cluster, path_spec, wait_complete
+from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.v1 import api_pb2, trace_pb2
 
 NODES = ("hypervisor", "guest-a", "guest-b")
@@ -36,34 +34,10 @@ NOISE_NS = 2_000_000
 
 def kernel(version: str) -> vm.Kernel:
     """The fetched kernel of `version` (major.minor); fails telling how to fetch it."""
-    for found in vm.kernels():
-        if f"{found.version[0]}.{found.version[1]}" == version:
-            return found
-    pytest.fail(f"kernel {version} is not fetched: run 'make vm-kernels'", pytrace=False)
-
-
-@dataclass
-class GuestCluster:
-    """The lab's guests and the control plane they report to."""
-
-    lab: GuestLab
-    cluster: LocalCluster
-    a: Guest
-    b: Guest
-
-
-def guest_agent_argv(cluster: LocalCluster, node: str) -> list[str]:
-    """The agent command line of a guest: this checkout's static agent, TLS material shared into the guest,
-    clock rounds every 2 s (a stepped clock is seen soon)."""
-    assert cluster.certs is not None
-    files = add_agent(cluster.certs.out, node)
-    return [
-        str(AGENT_BINARY), "--node", node,
-        "--dispatcher", cluster.dispatcher_addr, "--collector", cluster.collector_addr,
-        "--clock-server", cluster.clock_addr, "--clock-interval", "2s", "--clock-probes", "20",
-        "--metrics-listen", "127.0.0.1:9172",
-        "--ca", str(files.ca), "--cert", str(files.cert), "--key", str(files.key),
-    ]  # fmt: skip
+    try:
+        return fetched_kernel(version)
+    except RuntimeError as error:
+        pytest.fail(str(error), pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -72,32 +46,8 @@ def guests(influxd: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[G
     hypervisor address, the three agents connected."""
     kernels = {node: kernel(version) for node, version in GUEST_KERNELS.items()}
     workdir = tmp_path_factory.mktemp("guest-hosts")  # shared into the guests (certificates, agent logs)
-    started = time.monotonic()
-    with GuestLab(f"htvm{secrets.token_hex(2)}", workdir) as lab:
-        cluster = LocalCluster(
-            influx_url=influxd.url,
-            workdir=workdir,
-            dispatcher_addr=f"{HYPERVISOR_ADDRESS}:{free_port()}",
-            collector_addr=f"{HYPERVISOR_ADDRESS}:{free_port()}",
-            clock_addr=f"{HYPERVISOR_ADDRESS}:{free_port()}",
-            certs=create_bundle(workdir / "certs", hosts=[HYPERVISOR_ADDRESS]),
-        )
-        with cluster:
-            # A guest's agent loads and attaches its programs under TCG: seconds, not the default 5 s.
-            cluster.start_dispatcher("--ack-timeout", "90")
-            cluster.start_collector("--join-window", "2")
-            cluster.wait_listening()
-            cluster.start_agent("hypervisor", lab.netns, "--netns-owned", lab.netns)
-            a = lab.boot("guest-a", kernels["guest-a"], 0, guest_agent_argv(cluster, "guest-a"))
-            b = lab.boot("guest-b", kernels["guest-b"], 1, guest_agent_argv(cluster, "guest-b"))
-            for guest in (a, b):
-                guest.wait_ready(240)
-            booted = time.monotonic()
-            cluster.wait_agents(list(NODES), timeout_s=120)
-            print(
-                f"guests booted in {booted - started:.0f} s, agents up in {time.monotonic() - booted:.0f} s"
-            )
-            yield GuestCluster(lab, cluster, a, b)
+    with guest_cluster(influxd.url, workdir, f"htvm{secrets.token_hex(2)}", kernels) as cluster:
+        yield cluster
 
 
 def node_clocks(cluster: LocalCluster) -> dict[str, api_pb2.NodeClockStatus]:
@@ -117,53 +67,10 @@ def wait_clocks_measured(cluster: LocalCluster, timeout_s: float = 60.0) -> None
     raise AssertionError(f"clocks not all measured after {timeout_s} s: {node_clocks(cluster)}")
 
 
-def path_spec(guests: GuestCluster, name: str, protocol: str) -> trace_pb2.TraceSpec:
-    """guest-a's application -> its virtio NIC -> the hypervisor's tap of guest-a, bridge, tap of guest-b ->
-    guest-b's virtio NIC, in path order."""
-    a, b = guests.a, guests.b
-    hops = [
-        trace_pb2.HopSpec(name="a-nic-out", node="guest-a", at="tc-egress", dev=a.nic),
-        # The hypervisor agent's own namespace (--netns) is the lab's, where the taps and bridge are.
-        trace_pb2.HopSpec(name="hv-tap-a-in", node="hypervisor", at="tc-ingress", dev=a.tap),
-        trace_pb2.HopSpec(name="hv-tap-b-out", node="hypervisor", at="tc-egress", dev=b.tap),
-        trace_pb2.HopSpec(name="b-nic-in", node="guest-b", at="tc-ingress", dev=b.nic),
-    ]
-    # The last hop is guest-b's NIC, not its socket: a UDP packet's ID (in the surplus area after the UDP
-    # length, RFC 9868) is trimmed off by udp_rcv before the socket, and a TCP segment that reaches a
-    # TIME-WAIT socket skips the socket filter (cgroup ingress) altogether.
-    port = UDP_PORT if protocol == "udp" else TCP_PORT
-    return trace_pb2.TraceSpec(
-        name=name,
-        filter=trace_pb2.Filter(protocol=protocol, src=a.address, dst=b.address, dst_port=port),
-        sample=1,
-        hops=hops,
-    )
-
-
 def segment_names(spec: trace_pb2.TraceSpec) -> list[str]:
     """'from>to' of consecutive hops, in path order."""
     names = [hop.name for hop in spec.hops]
     return [f"{x}>{y}" for x, y in zip(names, names[1:], strict=False)]
-
-
-def wait_complete(cluster: LocalCluster, trace: str, packets: int, timeout_s: float = 90.0) -> dict[str, Any]:
-    """The trace's report once it counts `packets` complete packets in every segment."""
-    deadline = time.monotonic() + scaled(timeout_s)
-    last = ""
-    while time.monotonic() < deadline:
-        cluster.check_running()
-        result = cluster.hoptrace("report", trace, "--since", "30m", "--json", check=False)
-        if result.returncode == 0:
-            data = json.loads(result.stdout)
-            last = result.stdout
-            if data.get("complete", 0) >= packets and all(
-                s.get("count", 0) >= packets for s in data.get("segments", [])
-            ):
-                return data
-        else:
-            last = result.stderr
-        time.sleep(1)
-    raise AssertionError(f"{trace} never had {packets} complete packets: {last}")
 
 
 def apply_path(guests: GuestCluster, name: str, protocol: str) -> trace_pb2.TraceSpec:
