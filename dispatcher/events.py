@@ -32,15 +32,20 @@ per event would cost what one point per packet does.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hoptrace import kernel_abi
 from hoptrace.dispatcher import actions as hop_actions
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 
-EVENT_KEYS = ("name", "node", "tracepoint", "where", "actions", "key")
+EVENT_KEYS = ("name", "node", "tracepoint", "kprobe", "fentry", "where", "actions", "key")
 EVENT_PROGRAM = "event_tp"
+# Kernel-function events (kprobe: FUNCTION, fentry: FUNCTION): their program, attach kind and arguments.
+FUNCTION_PROGRAMS = {"kprobe": "event_kprobe", "fentry": "event_fentry"}
+EVENT_PROGRAMS = (EVENT_PROGRAM, *FUNCTION_PROGRAMS.values())
+FUNCTION_KINDS = {"kprobe": trace_pb2.ATTACH_KIND_KPROBE, "fentry": trace_pb2.ATTACH_KIND_FENTRY}
+FUNCTION_ARGS = (*(f"arg{i}" for i in range(kernel_abi.EVENT_FUNCTION_ARGS)), "pid")
 MAX_EVENTS = 64
 MAX_NAME_LEN = 63  # as trace and hop names
 # Operators as users write them -> enum hoptrace_event_op (kernel_abi.EVENT_OPS) names.
@@ -54,6 +59,7 @@ CPU_KEY = "cpu"
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TRACEPOINT = re.compile(r"^([A-Za-z0-9_]+):([A-Za-z0-9_]+)$")
+_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")  # a kernel symbol, e.g. net_rx_action, tcp_v4_rcv.cold
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|<|>|&|\bin\b)\s*(.*?)\s*$")
 _AND = re.compile(r"\s+and\s+")
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
@@ -204,7 +210,7 @@ def convert_event(value: Any, field: str, target: trace_pb2.EventSpec) -> list[E
     for key in value:
         if key not in EVENT_KEYS:
             errors.append((f"{field}.{key}", f"unknown key {key!r}; expected {', '.join(EVENT_KEYS)}"))
-    for key in ("name", "node", "tracepoint", "key"):
+    for key in ("name", "node", "tracepoint", "kprobe", "fentry", "key"):
         item = value.get(key)
         if item is None:
             continue
@@ -234,7 +240,9 @@ def convert_events(value: Any, spec: trace_pb2.TraceSpec) -> list[EventError]:
 def event_to_data(event: trace_pb2.EventSpec) -> dict[str, Any]:
     """One event in the spec's canonical form (the inverse of convert_event)."""
     data: dict[str, Any] = {
-        key: getattr(event, key) for key in ("name", "node", "tracepoint", "key") if getattr(event, key)
+        key: getattr(event, key)
+        for key in ("name", "node", "tracepoint", "kprobe", "fentry", "key")
+        if getattr(event, key)
     }
     if event.where:
         data["where"] = where_text(event.where)
@@ -254,9 +262,29 @@ def validate_event(event: trace_pb2.EventSpec, field: str) -> list[EventError]:
         )
     if not event.node:
         errors.append((f"{field}.node", "required: the node whose kernel runs this probe"))
-    if not event.tracepoint:
-        errors.append((f"{field}.tracepoint", "required: GROUP:EVENT, e.g. irq:softirq_entry"))
-    elif not _TRACEPOINT.match(event.tracepoint):
+    sources = [key for key in ("tracepoint", "kprobe", "fentry") if getattr(event, key)]
+    if not sources:
+        errors.append(
+            (
+                f"{field}.tracepoint",
+                "required: GROUP:EVENT, e.g. irq:softirq_entry (or kprobe: FUNCTION, fentry: FUNCTION)",
+            )
+        )
+    elif len(sources) > 1:
+        errors.append(
+            (f"{field}.{sources[1]}", f"an event has one of tracepoint, kprobe, fentry; got {sources}")
+        )
+    function = function_source(event)
+    if function is not None:
+        kind, name = function
+        if not _FUNCTION.match(name):
+            errors.append((f"{field}.{kind}", f"{name!r} is no kernel function name, e.g. net_rx_action"))
+        for where, arg in _named_args(event, field):
+            if arg not in FUNCTION_ARGS:
+                errors.append(
+                    (where, f"{kind} events' arguments are {', '.join(FUNCTION_ARGS)}; got {arg!r}")
+                )
+    elif event.tracepoint and not _TRACEPOINT.match(event.tracepoint):
         errors.append(
             (f"{field}.tracepoint", f"{event.tracepoint!r} must be GROUP:EVENT, e.g. irq:softirq_entry")
         )
@@ -321,6 +349,30 @@ def validate_event(event: trace_pb2.EventSpec, field: str) -> list[EventError]:
     return errors
 
 
+def function_source(event: trace_pb2.EventSpec) -> tuple[str, str] | None:
+    """("kprobe" or "fentry", the function) of a kernel-function event; None for a tracepoint's."""
+    for kind in FUNCTION_KINDS:
+        if getattr(event, kind):
+            return kind, getattr(event, kind)
+    return None
+
+
+def _named_args(event: trace_pb2.EventSpec, field: str) -> list[tuple[str, str]]:
+    """(spec field, argument name) of every argument an event names: where terms, actions, key."""
+    named = [(f"{field}.where[{i}]", term.arg) for i, term in enumerate(event.where)]
+    for i, action in enumerate(event.actions):
+        where = f"{field}.actions[{i}]"
+        if action.kind == "count" and action.by and action.by != CPU_KEY:
+            named.append((where, action.by))
+        elif action.kind == "histogram" and not action.since:
+            named.append((where, action.field))
+        elif action.kind == "record":
+            named.extend((where, name) for name in action.fields)
+    if event.key:
+        named.append((f"{field}.key", event.key))
+    return named
+
+
 def latency_since(event: trace_pb2.EventSpec) -> str:
     """The event an event's latency histogram is measured from ("" = none)."""
     return next((a.since for a in event.actions if a.kind == "histogram" and a.since), "")
@@ -374,30 +426,44 @@ def validate_events(spec: trace_pb2.TraceSpec) -> list[EventError]:
 
 
 def validate_against_agents(
-    spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register]
+    spec: trace_pb2.TraceSpec,
+    agents: Mapping[str, agent_pb2.Register],
+    refusal: Callable[[agent_pb2.Register, str], str | None],
 ) -> list[EventError]:
-    """Events on nodes that are not registered. Tracepoints and arguments are the node's kernel's: its agent
-    checks them at apply time."""
+    """Events on nodes that are not registered, and kernel-function events on a node whose kernel refuses
+    kprobes or fentry (`refusal(registration, kind)`: the reason it reported). Tracepoints, functions and
+    arguments are the node's kernel's: its agent checks them at apply time."""
     known = ", ".join(sorted(agents)) or "none"
-    return [
-        (f"events[{position}].node", f"node {event.node!r} is not registered (registered: {known})")
-        for position, event in enumerate(spec.events)
-        if event.node and event.node not in agents
-    ]
+    errors: list[EventError] = []
+    for position, event in enumerate(spec.events):
+        if not event.node:
+            continue
+        registration = agents.get(event.node)
+        if registration is None:
+            errors.append(
+                (f"events[{position}].node", f"node {event.node!r} is not registered (registered: {known})")
+            )
+            continue
+        function = function_source(event)
+        why = refusal(registration, function[0]) if function else None
+        if function and why:
+            errors.append(
+                (f"events[{position}].{function[0]}", f"node {event.node} cannot attach {function[0]}: {why}")
+            )
+    return errors
 
 
 def event_attach(event: trace_pb2.EventSpec, index: int, spec: trace_pb2.TraceSpec) -> agent_pb2.EventAttach:
     """One validated event as its node's agent loads it: typed terms, count key, histogram argument,
     recorded arguments, and the pairing of latencies (this event marks its time when a later event of
     `spec` measures since it)."""
-    group, name = event.tracepoint.split(":", 1)
-    attach = agent_pb2.EventAttach(
-        event_index=index,
-        name=event.name,
-        tracepoint_group=group,
-        tracepoint_event=name,
-        program=EVENT_PROGRAM,
-    )
+    attach = agent_pb2.EventAttach(event_index=index, name=event.name, program=EVENT_PROGRAM)
+    function = function_source(event)
+    if function is not None:
+        attach.kind, attach.function = FUNCTION_KINDS[function[0]], function[1]
+        attach.program = FUNCTION_PROGRAMS[function[0]]
+    else:
+        attach.tracepoint_group, attach.tracepoint_event = event.tracepoint.split(":", 1)
     attach.where.extend(event.where)
     actions = list(event.actions) or [trace_pb2.ActionSpec(kind="count")]
     for action in actions:

@@ -818,7 +818,8 @@ def validate_spec(
     if agents is not None:
         _validate_against_agents(spec, points, agents, errors)
         errors.extend(
-            FieldError(where, reason) for where, reason in event_probes.validate_against_agents(spec, agents)
+            FieldError(where, reason)
+            for where, reason in event_probes.validate_against_agents(spec, agents, _attach_refusal)
         )
     return errors
 

@@ -28,6 +28,8 @@ HOPTRACE_PROG_KPROBE
 HOPTRACE_PROG_TAG_TCP
 HOPTRACE_PROG_DISCOVER
 HOPTRACE_PROG_EVENT_TP
+HOPTRACE_PROG_EVENT_KPROBE
+HOPTRACE_PROG_EVENT_FENTRY
 
 /* BTF anchors: enums whose constants alone are used never reach BTF; these
  * read-only globals put their types there for agent/cmd/vocabgen. */

@@ -28,6 +28,10 @@
 	const volatile __u8 prefix##_size = 0;                                                     \
 	const volatile __u8 prefix##_signed = 0;
 
+/* HOPTRACE_EVENT_SOURCE_*: a tracepoint's record, or a kprobe's or an fentry's function arguments.
+ */
+const volatile __u8 ev_source = HOPTRACE_EVENT_SOURCE_TRACEPOINT;
+
 /* where: up to HOPTRACE_EVENT_TERMS terms, ANDed; ev_term_op NONE = unused. */
 const volatile __u16 ev_term_off[HOPTRACE_EVENT_TERMS] = {};
 const volatile __u8 ev_term_size[HOPTRACE_EVENT_TERMS] = {};
@@ -75,7 +79,44 @@ struct {
 
 const struct hoptrace_event_stat *unused_event_stat_type __attribute__((unused));
 
-/* The argument at `off` of the tracepoint record, sign-extended if signed. */
+/* A kernel function's argument `index` (a load-time constant: each case is a constant ctx offset).
+ */
+static __always_inline __u64 event_function_arg(void *ctx, __u16 index)
+{
+	if (ev_source == HOPTRACE_EVENT_SOURCE_KPROBE) {
+		struct pt_regs *regs = ctx;
+
+		switch (index) {
+		case 0:
+			return PT_REGS_PARM1(regs);
+		case 1:
+			return PT_REGS_PARM2(regs);
+		case 2:
+			return PT_REGS_PARM3(regs);
+		case 3:
+			return PT_REGS_PARM4(regs);
+		case 4:
+			return PT_REGS_PARM5(regs);
+		}
+		return 0;
+	}
+	switch (index) { /* fentry: ctx is the arguments, one u64 each */
+	case 0:
+		return ((__u64 *)ctx)[0];
+	case 1:
+		return ((__u64 *)ctx)[1];
+	case 2:
+		return ((__u64 *)ctx)[2];
+	case 3:
+		return ((__u64 *)ctx)[3];
+	case 4:
+		return ((__u64 *)ctx)[4];
+	}
+	return 0;
+}
+
+/* The argument at `off` of the tracepoint record, sign-extended if signed; a function's argument
+ * `off`; or the current task's process id (HOPTRACE_EVENT_ARG_PID). */
 static __always_inline __u64 event_arg(void *ctx, __u16 off, __u8 size, __u8 is_signed)
 {
 	__u64 v = 0;
@@ -83,6 +124,10 @@ static __always_inline __u64 event_arg(void *ctx, __u16 off, __u8 size, __u8 is_
 
 	if (size == 0 || size > sizeof(v))
 		return 0;
+	if (off == HOPTRACE_EVENT_ARG_PID)
+		return bpf_get_current_pid_tgid() >> 32;
+	if (ev_source != HOPTRACE_EVENT_SOURCE_TRACEPOINT)
+		return event_function_arg(ctx, off);
 	/* Little-endian (x86, arm64): the argument fills v's low bytes. */
 	bpf_probe_read_kernel(&v, size, (char *)ctx + off);
 	if (is_signed && size < sizeof(v)) {
@@ -221,6 +266,29 @@ static __always_inline int event_run(void *ctx)
 		return event_run(ctx);                                                             \
 	}                                                                                          \
 	SEC("tracepoint") int event_tp_floor(void *ctx)                                            \
+	{                                                                                          \
+		return event_run(ctx);                                                             \
+	}
+
+/* Kernel-function events: the agent attaches them to the event's function (a kprobe's
+ * link.Kprobe; an fentry's AttachTo, set before load), so the sections' function is a
+ * placeholder. */
+#define HOPTRACE_PROG_EVENT_KPROBE                                                                 \
+	SEC("kprobe/netif_receive_skb") int event_kprobe(struct pt_regs *ctx)                      \
+	{                                                                                          \
+		return event_run(ctx);                                                             \
+	}                                                                                          \
+	SEC("kprobe/netif_receive_skb") int event_kprobe_floor(struct pt_regs *ctx)                \
+	{                                                                                          \
+		return event_run(ctx);                                                             \
+	}
+
+#define HOPTRACE_PROG_EVENT_FENTRY                                                                 \
+	SEC("fentry/netif_receive_skb") int event_fentry(__u64 *ctx)                               \
+	{                                                                                          \
+		return event_run(ctx);                                                             \
+	}                                                                                          \
+	SEC("fentry/netif_receive_skb") int event_fentry_floor(__u64 *ctx)                         \
 	{                                                                                          \
 		return event_run(ctx);                                                             \
 	}

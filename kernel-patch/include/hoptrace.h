@@ -44,6 +44,16 @@ enum hoptrace_wire {
 	HOPTRACE_EVENT_TERMS = 4,
 	HOPTRACE_EVENT_IN_VALUES = 8,
 	HOPTRACE_EVENT_ARGS_BYTES = 4096,
+	/* Where an event's arguments come from (event.bpf.h's ev_source): a
+	 * tracepoint's record (offsets from tracefs), or a kernel function's
+	 * first HOPTRACE_EVENT_FUNCTION_ARGS arguments (arg0.., by index) at a
+	 * kprobe or an fentry. HOPTRACE_EVENT_ARG_PID as an argument's offset
+	 * is the current task's process id instead (function events' pid). */
+	HOPTRACE_EVENT_SOURCE_TRACEPOINT = 0,
+	HOPTRACE_EVENT_SOURCE_KPROBE = 1,
+	HOPTRACE_EVENT_SOURCE_FENTRY = 2,
+	HOPTRACE_EVENT_FUNCTION_ARGS = 5,
+	HOPTRACE_EVENT_ARG_PID = 0xffff,
 	/* Fields one hop's record action carries per packet (struct hoptrace_values);
 	 * also the arguments one event's record action keeps statistics of. */
 	HOPTRACE_VALUES_MAX = 4,

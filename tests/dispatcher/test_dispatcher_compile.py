@@ -29,7 +29,7 @@ from hoptrace.dispatcher.compile import (
     generate_source,
     programs_for_plan,
 )
-from hoptrace.dispatcher.events import EVENT_PROGRAM
+from hoptrace.dispatcher.events import EVENT_PROGRAMS
 from hoptrace.dispatcher.spec import KIND_FAMILY, load_spec
 from hoptrace.v1 import agent_pb2, trace_pb2
 
@@ -117,7 +117,7 @@ def test_every_attach_kind_has_a_family_and_every_program_exists() -> None:
         XMIT_TRACEPOINT_PROGRAM,
         KFREE_TRACEPOINT_PROGRAM,
         TCP_TAGGER_PROGRAM,
-        EVENT_PROGRAM,
+        *EVENT_PROGRAMS,
         *SOCKET_READ_PROGRAMS.values(),
         *SOCKET_READ_UDP_QUEUE_PROGRAMS,
     }

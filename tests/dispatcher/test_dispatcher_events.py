@@ -289,3 +289,73 @@ def test_the_wakeup_example_pairs_its_events_in_the_plan() -> None:
     assert (wakeup.mark_arg, wakeup.latency_arg, wakeup.count_by) == ("pid", "", counters_pb2.EVENT_KEY_CPU)
     assert (run.mark_arg, run.latency_arg, run.latency_since, run.histogram_arg) == ("", "next_pid", 0, "")
     assert list(sizes.record_args) == ["ret"] and not sizes.count
+
+
+def _guest_registrations() -> dict:
+    """Registrations of nodes whose kernels allow kprobes and fentry (Debian's, in the VM lab)."""
+    agents = example_registrations()
+    for registration in agents.values():
+        for kind in ("kprobe", "fentry"):
+            registration.capabilities.attach[kind].supported = True
+            registration.capabilities.attach[kind].reason = ""
+    return agents
+
+
+def test_kernel_function_events_become_typed_plans() -> None:
+    text = _spec(
+        "{name: rx, node: host-a, kprobe: net_rx_action, actions: [{count: {by: cpu}}]}",
+        "{name: rcv, node: host-a, fentry: ip_rcv, where: 'pid == 1', actions: [count, {record: [arg1]}]}",
+    )
+    spec = load_spec(text, _guest_registrations())
+    assert load_spec(spec_to_yaml(spec)) == spec and load_spec(spec_to_json(spec)) == spec
+    plan = build_plans(spec, 1)["host-a"]
+    rx, rcv = plan.events
+    assert (rx.kind, rx.function, rx.program, rx.tracepoint_group) == (
+        trace_pb2.ATTACH_KIND_KPROBE, "net_rx_action", "event_kprobe", ""
+    )  # fmt: skip
+    assert (rcv.kind, rcv.function, rcv.program, list(rcv.record_args)) == (
+        trace_pb2.ATTACH_KIND_FENTRY, "ip_rcv", "event_fentry", ["arg1"]
+    )  # fmt: skip
+    assert {"event_fentry", "event_kprobe"} <= set(programs_for_plan(plan))
+
+
+@pytest.mark.parametrize(
+    ("event", "field", "words"),
+    [
+        ("{name: e, node: host-a, kprobe: 'net rx'}", "events[0].kprobe", "no kernel function name"),
+        ("{name: e, node: host-a, tracepoint: 'irq:x', kprobe: f}", "events[0].kprobe", "one of tracepoint"),
+        ("{name: e, node: host-a, kprobe: f, where: 'vec == 3'}", "events[0].where[0]", "arg0, arg1"),
+        (
+            "{name: e, node: host-a, fentry: f, actions: [{histogram: arg5}]}",
+            "events[0].actions[0]",
+            "got 'arg5'",
+        ),
+        ("{name: e, node: host-a}", "events[0].tracepoint", "or kprobe: FUNCTION"),
+    ],
+)
+def test_bad_kernel_function_events_name_the_field(event: str, field: str, words: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        load_spec(_spec(event), _guest_registrations())
+    errors = [str(error) for error in caught.value.errors]
+    assert any(e.startswith(f"{field}: ") and words in e for e in errors), errors
+
+
+def test_a_node_that_refuses_kprobes_or_fentry_is_named_at_validation() -> None:
+    """This machine's kind of node (no kprobe_events, lockdown): refused before anything is sent."""
+    errors = _errors(
+        _spec("{name: a, node: host-a, kprobe: net_rx_action}", "{name: b, node: host-b, fentry: ip_rcv}")
+    )
+    assert (
+        "events[0].kprobe: node host-a cannot attach kprobe: kprobes not compiled into this kernel"
+        in " ".join(errors)
+    ), errors
+    assert any(
+        e.startswith("events[1].fentry: node host-b cannot attach fentry: fentry not permitted")
+        for e in errors
+    )
+
+
+def test_function_event_programs_compile_alone(tmp_path) -> None:
+    elf = BpfCompiler(cache_dir=tmp_path).compile_programs(("event_kprobe", "event_fentry"))
+    sections = elf_sections(elf)
+    assert "kprobe/netif_receive_skb" in sections and "fentry/netif_receive_skb" in sections, sections

@@ -34,7 +34,7 @@ GUEST_TESTS = {
     "attach": "TestClsactFallback",
     "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestTracerActionsOnRealTraffic"
     "|TestEventCountsWhereTermsHold|TestEventBitTermAndCountByCPU|TestEventBadInputNamesTheField"
-    "|TestEventRecordAndLatencyPairs"
+    "|TestEventRecordAndLatencyPairs|TestEventKernelFunctions"
     "|TestSocketReadHop|TestUprobeBadTargets",
 }
 

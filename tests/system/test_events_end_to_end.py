@@ -322,3 +322,28 @@ def test_event_record_and_wakeup_to_run_latency(topology, influxd):
     assert f"latency ns (n={latencies}" in text and "count: n=100 sum=5050 mean=50.5 min=1 max=100" in text, (
         text
     )
+
+
+def test_kernel_function_events_are_refused_at_validation_on_this_kernel(topology, influxd):
+    """This machine's kernel has no kprobe_events and refuses fentry under lockdown: the real agents report
+    it at registration, and the dispatcher refuses the events naming field, node and reason, before any
+    plan is sent (the VM lab's guests attach both: tests/kernels, TestEventKernelFunctions)."""
+    spec = spec_from_data(
+        {
+            "name": "e2e-function-events",
+            "events": [
+                {"name": "rx-action", "node": "host-a", "kprobe": "net_rx_action",
+                 "actions": [{"count": {"by": "cpu"}}]},
+                {"name": "ip-rcv", "node": "host-b", "fentry": "ip_rcv", "where": "pid == 1"},
+            ],
+        }
+    )  # fmt: skip
+    with running_cluster(topology, influxd.url) as cluster:
+        with pytest.raises(grpc.RpcError) as refused:
+            cluster.apply(spec)
+        message = refused.value.details()
+        assert "events[0].kprobe: node host-a cannot attach kprobe: kprobe not supported" in message, message
+        assert "events[1].fentry: node host-b cannot attach fentry: " in message and "lockdown" in message, (
+            message
+        )
+        assert _event_programs() == []

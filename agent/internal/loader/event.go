@@ -25,16 +25,53 @@ type EventTerm struct {
 	Values []uint64
 }
 
+// EventArgs is where an event's arguments are found: a tracepoint's tracefs
+// format, or a kernel function's arguments (FunctionArgs).
+type EventArgs interface {
+	Arg(name string) (tracefs.Arg, bool)
+	Names() string
+}
+
+// FunctionArgs are a kernel function event's arguments: arg0.. (u64 each, by
+// index) up to Count, and pid, the current task's process id.
+type FunctionArgs struct{ Count int }
+
+// FunctionPID is the pseudo-argument of function events: the current task's process id.
+const FunctionPID = "pid"
+
+func (f FunctionArgs) Arg(name string) (tracefs.Arg, bool) {
+	if name == FunctionPID {
+		return tracefs.Arg{Name: name, Offset: record.EventArgPID, Size: 4, Signed: true}, true
+	}
+	var i int
+	if _, err := fmt.Sscanf(name, "arg%d", &i); err != nil || fmt.Sprintf("arg%d", i) != name || i < 0 || i >= f.Count {
+		return tracefs.Arg{}, false
+	}
+	return tracefs.Arg{Name: name, Offset: uint16(i), Size: 8}, true
+}
+
+func (f FunctionArgs) Names() string {
+	names := make([]string, 0, f.Count+1)
+	for i := 0; i < f.Count; i++ {
+		names = append(names, fmt.Sprintf("arg%d", i))
+	}
+	return strings.Join(append(names, FunctionPID), ", ")
+}
+
 // EventConfig is everything one event program is specialised with (the
 // ev_* and act_count constants of event.bpf.h).
 type EventConfig struct {
 	Program string
-	Terms   []EventTerm
-	Count   bool
-	Key     record.EventKey
-	KeyArg  EventArg
-	Hist    bool
-	HistArg EventArg
+	// Source: record.EventSource*; Function: the kernel function of a kprobe
+	// or fentry event (set as an fentry program's AttachTo).
+	Source   uint8
+	Function string
+	Terms    []EventTerm
+	Count    bool
+	Key      record.EventKey
+	KeyArg   EventArg
+	Hist     bool
+	HistArg  EventArg
 	// Record: the arguments whose statistics are kept (record: [ARGS]).
 	Record []EventArg
 	// Mark: remember this event's time under MarkArg's value for a later
@@ -61,22 +98,32 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
 
-// ResolveEvent checks an EventAttach against the tracepoint's format on this
-// node and returns its load-time constants. Errors are *FieldError naming
-// events[i] and the part of it at fault.
-func ResolveEvent(ea *pb.EventAttach, format *tracefs.Format) (EventConfig, error) {
+// ResolveEvent checks an EventAttach against its arguments on this node (the
+// tracepoint's format, or the function's FunctionArgs) and returns its
+// load-time constants. Errors are *FieldError naming events[i] and the part
+// of it at fault.
+func ResolveEvent(ea *pb.EventAttach, format EventArgs) (EventConfig, error) {
 	field := fmt.Sprintf("events[%d]", ea.GetEventIndex())
-	tp := ea.GetTracepointGroup() + ":" + ea.GetTracepointEvent()
-	cfg := EventConfig{Program: ea.GetProgram(), Count: ea.GetCount()}
+	tp := "tracepoint " + ea.GetTracepointGroup() + ":" + ea.GetTracepointEvent()
+	cfg := EventConfig{Program: ea.GetProgram(), Count: ea.GetCount(), Source: record.EventSourceTracepoint}
+	switch ea.GetKind() {
+	case pb.AttachKind_ATTACH_KIND_UNSPECIFIED, pb.AttachKind_ATTACH_KIND_TRACEPOINT:
+	case pb.AttachKind_ATTACH_KIND_KPROBE:
+		cfg.Source, cfg.Function, tp = record.EventSourceKprobe, ea.GetFunction(), "function "+ea.GetFunction()
+	case pb.AttachKind_ATTACH_KIND_FENTRY:
+		cfg.Source, cfg.Function, tp = record.EventSourceFentry, ea.GetFunction(), "function "+ea.GetFunction()
+	default:
+		return cfg, &FieldError{field, fmt.Sprintf("events attach to tracepoints, kprobes or fentry, not %s", ea.GetKind())}
+	}
 	arg := func(name, where string) (EventArg, error) {
 		a, ok := format.Arg(name)
 		if !ok {
-			return EventArg{}, &FieldError{where, fmt.Sprintf("tracepoint %s has no argument %q (arguments: %s)", tp, name, format.Names())}
+			return EventArg{}, &FieldError{where, fmt.Sprintf("%s has no argument %q (arguments: %s)", tp, name, format.Names())}
 		}
 		if a.Unsupported != "" {
-			return EventArg{}, &FieldError{where, fmt.Sprintf("argument %s of %s is %s: only integers of 1, 2, 4 or 8 bytes can be compared, keyed or histogrammed", name, tp, a.Unsupported)}
+			return EventArg{}, &FieldError{where, fmt.Sprintf("argument %s of %s is %s: only integers of 1, 2, 4 or 8 bytes can be compared, keyed or histogrammed", name, strings.TrimPrefix(tp, "tracepoint "), a.Unsupported)}
 		}
-		if int(a.Offset)+int(a.Size) > record.EventArgsBytes {
+		if a.Offset != record.EventArgPID && int(a.Offset)+int(a.Size) > record.EventArgsBytes {
 			return EventArg{}, &FieldError{where, fmt.Sprintf("argument %s of %s is at offset %d, beyond %d", name, tp, a.Offset, record.EventArgsBytes)}
 		}
 		return EventArg{Offset: a.Offset, Size: a.Size, Signed: a.Signed}, nil
@@ -178,6 +225,7 @@ func (c *EventConfig) variables() (map[string]any, error) {
 		recOff[i], recSize[i], recSig[i] = a.Offset, a.Size, boolU8(a.Signed)
 	}
 	return map[string]any{
+		"ev_source":   c.Source,
 		"ev_record_n": uint8(len(c.Record)), "ev_record_off": recOff, "ev_record_size": recSize,
 		"ev_record_signed": recSig,
 		"ev_mark":          boolU8(c.Mark), "ev_mark_index": c.MarkIndex,
@@ -214,8 +262,13 @@ func LoadEvent(spec *ebpf.CollectionSpec, cfg EventConfig, opts Options) (*Event
 	if !ok {
 		return nil, fmt.Errorf("object has no program %s (has %s)", cfg.Program, strings.Join(programNames(spec), ", "))
 	}
-	if ps.Type != ebpf.TracePoint {
-		return nil, fmt.Errorf("program %s is a %s, not a tracepoint program", program, ps.Type)
+	want := map[uint8]ebpf.ProgramType{record.EventSourceTracepoint: ebpf.TracePoint,
+		record.EventSourceKprobe: ebpf.Kprobe, record.EventSourceFentry: ebpf.Tracing}[cfg.Source]
+	if ps.Type != want {
+		return nil, fmt.Errorf("program %s is a %s, not a %s program", program, ps.Type, want)
+	}
+	if cfg.Source == record.EventSourceFentry {
+		ps.AttachTo = cfg.Function
 	}
 	for name := range s.Programs {
 		if name != program {

@@ -82,3 +82,25 @@ func HasTracepoint(event string) bool {
 	var typedef *btf.Typedef
 	return spec.TypeByName("btf_trace_"+event, &typedef) == nil
 }
+
+// FunctionArgCount is how many parameters kernel function `name` takes by
+// this kernel's BTF; ok is false when BTF does not describe it (then a
+// kprobe may still attach, an fentry not).
+func FunctionArgCount(name string) (n int, ok bool) {
+	spec := kernelTypes.Load()
+	if spec == nil {
+		var err error
+		if spec, err = btf.LoadKernelSpec(); err != nil {
+			return 0, false
+		}
+	}
+	var fn *btf.Func
+	if spec.TypeByName(name, &fn) != nil {
+		return 0, false
+	}
+	proto, isProto := fn.Type.(*btf.FuncProto)
+	if !isProto {
+		return 0, false
+	}
+	return len(proto.Params), true
+}

@@ -6,6 +6,8 @@ package loader
 const (
 	ProgDiscoverQueue      = "discover_queue"            // SEC("tp_btf/net_dev_queue")
 	ProgDiscoverRecv       = "discover_recv"             // SEC("tp_btf/netif_receive_skb")
+	ProgEventFentry        = "event_fentry"              // SEC("fentry/netif_receive_skb")
+	ProgEventKprobe        = "event_kprobe"              // SEC("kprobe/netif_receive_skb")
 	ProgEventTP            = "event_tp"                  // SEC("tracepoint")
 	ProgCgroupSKB          = "hop_cgroup_skb"            // SEC("cgroup_skb/ingress")
 	ProgFentry             = "hop_fentry"                // SEC("fentry/netif_receive_skb")

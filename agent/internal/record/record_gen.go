@@ -96,23 +96,28 @@ const (
 
 // Wire and ID constants: enum hoptrace_wire.
 const (
-	TCPOptKind     = 253
-	TCPOptExID     = 18516
-	TCPOptLen      = 8
-	UDPIDLen       = 4
-	VXLANPort      = 4789
-	GenevePort     = 6081
-	IDSeqBits      = 24
-	IDSeqMask      = 16777215
-	MaxHops        = 64
-	HistBuckets    = 65
-	CountKeys      = 1024
-	PrevTsEntries  = 65536
-	EventTerms     = 4
-	EventInValues  = 8
-	EventArgsBytes = 4096
-	ValuesMax      = 4
-	EventMarks     = 16384
+	TCPOptKind            = 253
+	TCPOptExID            = 18516
+	TCPOptLen             = 8
+	UDPIDLen              = 4
+	VXLANPort             = 4789
+	GenevePort            = 6081
+	IDSeqBits             = 24
+	IDSeqMask             = 16777215
+	MaxHops               = 64
+	HistBuckets           = 65
+	CountKeys             = 1024
+	PrevTsEntries         = 65536
+	EventTerms            = 4
+	EventInValues         = 8
+	EventArgsBytes        = 4096
+	EventSourceTracepoint = 0
+	EventSourceKprobe     = 1
+	EventSourceFentry     = 2
+	EventFunctionArgs     = 5
+	EventArgPID           = 65535
+	ValuesMax             = 4
+	EventMarks            = 16384
 )
 
 // Counter is enum hoptrace_counter: the index into a hop's percpu counters map

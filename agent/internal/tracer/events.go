@@ -1,12 +1,15 @@
 package tracer
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	attachpkg "github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
@@ -39,22 +42,61 @@ func (e *Event) Close() {
 // tracepoint. Errors name the spec field (events[i]...).
 func AttachEvent(spec *ebpf.CollectionSpec, ea *pb.EventAttach, opts loader.Options) (*Event, error) {
 	field := fmt.Sprintf("events[%d]", ea.GetEventIndex())
-	format, err := tracefs.ReadFormat(ea.GetTracepointGroup(), ea.GetTracepointEvent())
-	if err != nil {
-		return nil, &loader.FieldError{Field: field + ".tracepoint", Reason: err.Error()}
+	var (
+		args   loader.EventArgs
+		attach func(*ebpf.Program) (link.Link, error)
+		where  = field + ".tracepoint"
+		target = "tracepoint " + ea.GetTracepointGroup() + ":" + ea.GetTracepointEvent()
+	)
+	switch ea.GetKind() {
+	case pb.AttachKind_ATTACH_KIND_KPROBE, pb.AttachKind_ATTACH_KIND_FENTRY:
+		fn, kprobe := ea.GetFunction(), ea.GetKind() == pb.AttachKind_ATTACH_KIND_KPROBE
+		where, target = field+".fentry", "fentry "+fn
+		if kprobe {
+			where, target = field+".kprobe", "kprobe "+fn
+			if why := attachpkg.KprobeUnsupported(); why != "" {
+				return nil, &loader.FieldError{Field: where, Reason: why}
+			}
+		}
+		n, known := loader.FunctionArgCount(fn)
+		if !known {
+			if !kprobe {
+				return nil, &loader.FieldError{Field: where, Reason: fmt.Sprintf("this kernel's BTF has no function %q", fn)}
+			}
+			n = record.EventFunctionArgs // a kprobe on a function BTF does not describe: its registers
+		}
+		args = loader.FunctionArgs{Count: min(n, record.EventFunctionArgs)}
+		attach = func(p *ebpf.Program) (link.Link, error) {
+			if kprobe {
+				return link.Kprobe(fn, p, nil)
+			}
+			return link.AttachTracing(link.TracingOptions{Program: p})
+		}
+	default:
+		format, err := tracefs.ReadFormat(ea.GetTracepointGroup(), ea.GetTracepointEvent())
+		if err != nil {
+			return nil, &loader.FieldError{Field: where, Reason: err.Error()}
+		}
+		args = format
+		attach = func(p *ebpf.Program) (link.Link, error) {
+			return link.Tracepoint(ea.GetTracepointGroup(), ea.GetTracepointEvent(), p, nil)
+		}
 	}
-	cfg, err := loader.ResolveEvent(ea, format)
+	cfg, err := loader.ResolveEvent(ea, args)
 	if err != nil {
 		return nil, err
 	}
 	loaded, err := loader.LoadEvent(spec, cfg, opts)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", field, err)
+		if cfg.Source == record.EventSourceFentry && errors.Is(err, unix.EPERM) {
+			return nil, &loader.FieldError{Field: where, Reason: "fentry not permitted: " + attachpkg.LockdownReason()}
+		}
+		return nil, fmt.Errorf("%s: %w", where, err)
 	}
-	l, err := link.Tracepoint(ea.GetTracepointGroup(), ea.GetTracepointEvent(), loaded.Program, nil)
+	l, err := attach(loaded.Program)
 	if err != nil {
 		loaded.Close()
-		return nil, fmt.Errorf("%s: attach to tracepoint %s:%s: %w", field, ea.GetTracepointGroup(), ea.GetTracepointEvent(), err)
+		return nil, fmt.Errorf("%s: attach %s: %w", where, target, err)
 	}
 	e := &Event{Index: ea.GetEventIndex(), Name: ea.GetName(), Loaded: loaded, Link: l, Hist: ea.GetHistogramArg(),
 		RecordArgs: ea.GetRecordArgs()}

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
@@ -222,4 +223,84 @@ func TestEventRecordAndLatencyPairs(t *testing.T) {
 	if n != pairs || ev.GetLatencyMissed() != 1 || ev.GetHistogram() != tracer.LatencyHistogram {
 		t.Fatalf("%d latencies (histogram %q), %d missed; want %d and 1", n, ev.GetHistogram(), ev.GetLatencyMissed(), pairs)
 	}
+}
+
+// Kernel-function events: a kprobe and an fentry on getppid(2)'s syscall
+// entry count exactly this process's calls (where pid == me, the function
+// events' pid) and record its first argument; where the kernel refuses
+// kprobes or fentry (this host: no kprobe_events, lockdown), the refusal
+// names the spec field and the reason, and nothing stays loaded.
+func TestEventKernelFunctions(t *testing.T) {
+	spec := objectSpec(t)
+	me := int64(os.Getpid())
+	const fn = "__x64_sys_getppid"
+	names := map[pb.AttachKind]string{pb.AttachKind_ATTACH_KIND_KPROBE: "kprobe", pb.AttachKind_ATTACH_KIND_FENTRY: "fentry"}
+	for _, kind := range []pb.AttachKind{pb.AttachKind_ATTACH_KIND_KPROBE, pb.AttachKind_ATTACH_KIND_FENTRY} {
+		t.Run(names[kind], func(t *testing.T) {
+			program := map[pb.AttachKind]string{pb.AttachKind_ATTACH_KIND_KPROBE: loader.ProgEventKprobe,
+				pb.AttachKind_ATTACH_KIND_FENTRY: loader.ProgEventFentry}[kind]
+			function := fn
+			if _, inBTF := loader.FunctionArgCount(fn); !inBTF && kind == pb.AttachKind_ATTACH_KIND_FENTRY {
+				// Newer kernels' BTF has the syscall's body, not its x64 wrapper (an alias): no arguments.
+				function = "__do_sys_getppid"
+			}
+			ea := &pb.EventAttach{EventIndex: 2, Name: "getppids", Kind: kind, Function: function, Program: program,
+				Where: []*pb.EventTerm{{Arg: "pid", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{me}}},
+				Count: true, CountBy: pb.EventKey_EVENT_KEY_CPU, RecordArgs: []string{"pid"}}
+			if function == fn {
+				ea.RecordArgs = append(ea.RecordArgs, "arg0") // the wrapper's struct pt_regs *
+			}
+			e, err := tracer.AttachEvent(spec, ea, loader.Options{})
+			refusal := attach.KprobeUnsupported()
+			if kind == pb.AttachKind_ATTACH_KIND_FENTRY {
+				refusal = ""
+				if lockdown := attach.LockdownReason(); strings.HasPrefix(lockdown, "kernel lockdown (") {
+					refusal = "fentry not permitted: " + lockdown
+				}
+			}
+			if refusal != "" {
+				field := "events[2]." + names[kind] + ": "
+				if err == nil || !strings.HasPrefix(err.Error(), field) || !strings.Contains(err.Error(), refusal) {
+					t.Fatalf("want a refusal naming %q and %q, got %v", field, refusal, err)
+				}
+				t.Logf("refused, as this kernel must: %v", err)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			const calls = 25
+			for i := 0; i < calls; i++ {
+				_ = unix.Getppid()
+			}
+			v, err := tracer.EventValues(e, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var n uint64
+			for _, c := range v.GetCounts() {
+				n += c
+			}
+			if n != calls || v.GetMatched() != calls {
+				t.Fatalf("%s %s: counted %d (matched %d), want %d", names[kind], fn, n, v.GetMatched(), calls)
+			}
+			rec := v.GetRecorded()
+			if len(rec) != len(ea.RecordArgs) || rec[0].GetCount() != calls || rec[0].GetMin() != me || rec[0].GetMax() != me {
+				t.Fatalf("recorded %v: want pid %d, %d times", rec, me, calls)
+			}
+			if len(rec) == 2 && (rec[1].GetCount() != calls || rec[1].GetMin() == 0) {
+				t.Fatalf("recorded %v: want arg0, a struct pt_regs pointer (not 0), %d times", rec, calls)
+			}
+			t.Logf("%s %s: %d calls counted by CPU %v, recorded %v", names[kind], function, n, v.GetCounts(), rec)
+		})
+	}
+	t.Run("bad-argument", func(t *testing.T) {
+		ea := &pb.EventAttach{EventIndex: 0, Name: "x", Kind: pb.AttachKind_ATTACH_KIND_KPROBE, Function: fn,
+			Program: loader.ProgEventKprobe, Where: []*pb.EventTerm{{Arg: "arg3", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{1}}}, Count: true}
+		_, err := loader.ResolveEvent(ea, loader.FunctionArgs{Count: 1})
+		if err == nil || !strings.Contains(err.Error(), `events[0].where[0]: function __x64_sys_getppid has no argument "arg3" (arguments: arg0, pid)`) {
+			t.Fatalf("want the missing argument named with the function's arguments, got %v", err)
+		}
+	})
 }

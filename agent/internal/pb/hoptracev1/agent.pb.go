@@ -1770,8 +1770,12 @@ type EventAttach struct {
 	// histogram: latency, since: an event: the log2 histogram of the ns from
 	// events[latency_since]'s time remembered under the same value of its
 	// mark_arg as this event's latency_arg ("" = no latency).
-	LatencyArg    string `protobuf:"bytes,13,opt,name=latency_arg,json=latencyArg,proto3" json:"latency_arg,omitempty"`
-	LatencySince  uint32 `protobuf:"varint,14,opt,name=latency_since,json=latencySince,proto3" json:"latency_since,omitempty"`
+	LatencyArg   string `protobuf:"bytes,13,opt,name=latency_arg,json=latencyArg,proto3" json:"latency_arg,omitempty"`
+	LatencySince uint32 `protobuf:"varint,14,opt,name=latency_since,json=latencySince,proto3" json:"latency_since,omitempty"`
+	// ATTACH_KIND_KPROBE or ATTACH_KIND_FENTRY: the event is `function`'s entry
+	// (its arguments arg0..arg4, and pid), not a tracepoint.
+	Kind          AttachKind `protobuf:"varint,15,opt,name=kind,proto3,enum=hoptrace.v1.AttachKind" json:"kind,omitempty"`
+	Function      string     `protobuf:"bytes,16,opt,name=function,proto3" json:"function,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1902,6 +1906,20 @@ func (x *EventAttach) GetLatencySince() uint32 {
 		return x.LatencySince
 	}
 	return 0
+}
+
+func (x *EventAttach) GetKind() AttachKind {
+	if x != nil {
+		return x.Kind
+	}
+	return AttachKind_ATTACH_KIND_UNSPECIFIED
+}
+
+func (x *EventAttach) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
 }
 
 type TcpTagging struct {
@@ -2290,7 +2308,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\bcount_by\x18\x02 \x01(\x0e2\x12.hoptrace.v1.FieldR\acountBy\x120\n" +
 	"\thistogram\x18\x03 \x01(\x0e2\x12.hoptrace.v1.FieldR\thistogram\x12\x17\n" +
 	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\x12*\n" +
-	"\x06record\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\x06record\"\xf1\x03\n" +
+	"\x06record\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\x06record\"\xba\x04\n" +
 	"\vEventAttach\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x12\n" +
@@ -2310,7 +2328,9 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\bmark_arg\x18\f \x01(\tR\amarkArg\x12\x1f\n" +
 	"\vlatency_arg\x18\r \x01(\tR\n" +
 	"latencyArg\x12#\n" +
-	"\rlatency_since\x18\x0e \x01(\rR\flatencySince\"T\n" +
+	"\rlatency_since\x18\x0e \x01(\rR\flatencySince\x12+\n" +
+	"\x04kind\x18\x0f \x01(\x0e2\x17.hoptrace.v1.AttachKindR\x04kind\x12\x1a\n" +
+	"\bfunction\x18\x10 \x01(\tR\bfunction\"T\n" +
 	"\n" +
 	"TcpTagging\x12\x14\n" +
 	"\x05netns\x18\x01 \x01(\tR\x05netns\x12\x16\n" +
@@ -2418,15 +2438,16 @@ var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	28, // 34: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
 	31, // 35: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
 	32, // 36: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
-	26, // 37: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 38: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 39: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	13, // 40: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	40, // [40:41] is the sub-list for method output_type
-	39, // [39:40] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	30, // 37: hoptrace.v1.EventAttach.kind:type_name -> hoptrace.v1.AttachKind
+	26, // 38: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 39: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 40: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	13, // 41: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	41, // [41:42] is the sub-list for method output_type
+	40, // [40:41] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }

@@ -212,7 +212,13 @@ type EventSpec struct {
 	Actions []*ActionSpec `protobuf:"bytes,5,rep,name=actions,proto3" json:"actions,omitempty"`
 	// The argument that pairs this event with another for a latency (since:):
 	// sched:sched_wakeup's pid with sched:sched_switch's next_pid.
-	Key           string `protobuf:"bytes,6,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,6,opt,name=key,proto3" json:"key,omitempty"`
+	// Instead of a tracepoint, a kernel function's entry (one of the three is
+	// set): its arguments are arg0..arg4 (u64 each) and pid (the current
+	// task's process id). kprobe needs a kernel with kprobes, fentry one
+	// without lockdown: nodes refuse at validation otherwise.
+	Kprobe        string `protobuf:"bytes,7,opt,name=kprobe,proto3" json:"kprobe,omitempty"`
+	Fentry        string `protobuf:"bytes,8,opt,name=fentry,proto3" json:"fentry,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -285,6 +291,20 @@ func (x *EventSpec) GetActions() []*ActionSpec {
 func (x *EventSpec) GetKey() string {
 	if x != nil {
 		return x.Key
+	}
+	return ""
+}
+
+func (x *EventSpec) GetKprobe() string {
+	if x != nil {
+		return x.Kprobe
+	}
+	return ""
+}
+
+func (x *EventSpec) GetFentry() string {
+	if x != nil {
+		return x.Fentry
 	}
 	return ""
 }
@@ -749,7 +769,7 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x06filter\x18\x02 \x01(\v2\x13.hoptrace.v1.FilterR\x06filter\x12\x16\n" +
 	"\x06sample\x18\x03 \x01(\rR\x06sample\x12(\n" +
 	"\x04hops\x18\x04 \x03(\v2\x14.hoptrace.v1.HopSpecR\x04hops\x12.\n" +
-	"\x06events\x18\x05 \x03(\v2\x16.hoptrace.v1.EventSpecR\x06events\"\xc6\x01\n" +
+	"\x06events\x18\x05 \x03(\v2\x16.hoptrace.v1.EventSpecR\x06events\"\xf6\x01\n" +
 	"\tEventSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1e\n" +
@@ -758,7 +778,9 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"tracepoint\x12,\n" +
 	"\x05where\x18\x04 \x03(\v2\x16.hoptrace.v1.EventTermR\x05where\x121\n" +
 	"\aactions\x18\x05 \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\x12\x10\n" +
-	"\x03key\x18\x06 \x01(\tR\x03key\"[\n" +
+	"\x03key\x18\x06 \x01(\tR\x03key\x12\x16\n" +
+	"\x06kprobe\x18\a \x01(\tR\x06kprobe\x12\x16\n" +
+	"\x06fentry\x18\b \x01(\tR\x06fentry\"[\n" +
 	"\tEventTerm\x12\x10\n" +
 	"\x03arg\x18\x01 \x01(\tR\x03arg\x12$\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x14.hoptrace.v1.EventOpR\x02op\x12\x16\n" +

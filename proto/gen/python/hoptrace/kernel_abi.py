@@ -49,6 +49,11 @@ PREV_TS_ENTRIES = 65536
 EVENT_TERMS = 4
 EVENT_IN_VALUES = 8
 EVENT_ARGS_BYTES = 4096
+EVENT_SOURCE_TRACEPOINT = 0
+EVENT_SOURCE_KPROBE = 1
+EVENT_SOURCE_FENTRY = 2
+EVENT_FUNCTION_ARGS = 5
+EVENT_ARG_PID = 65535
 VALUES_MAX = 4
 EVENT_MARKS = 16384
 
@@ -56,6 +61,8 @@ EVENT_MARKS = 16384
 PROGRAMS = {
     "discover_queue": "tp_btf/net_dev_queue",
     "discover_recv": "tp_btf/netif_receive_skb",
+    "event_fentry": "fentry/netif_receive_skb",
+    "event_kprobe": "kprobe/netif_receive_skb",
     "event_tp": "tracepoint",
     "hop_cgroup_skb": "cgroup_skb/ingress",
     "hop_fentry": "fentry/netif_receive_skb",

@@ -308,7 +308,7 @@ class HopActions(_message.Message):
     def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., prev_ts: bool = ..., record: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ...) -> None: ...
 
 class EventAttach(_message.Message):
-    __slots__ = ("event_index", "name", "tracepoint_group", "tracepoint_event", "program", "where", "count", "count_by", "count_by_arg", "histogram_arg", "record_args", "mark_arg", "latency_arg", "latency_since")
+    __slots__ = ("event_index", "name", "tracepoint_group", "tracepoint_event", "program", "where", "count", "count_by", "count_by_arg", "histogram_arg", "record_args", "mark_arg", "latency_arg", "latency_since", "kind", "function")
     EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     TRACEPOINT_GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +323,8 @@ class EventAttach(_message.Message):
     MARK_ARG_FIELD_NUMBER: _ClassVar[int]
     LATENCY_ARG_FIELD_NUMBER: _ClassVar[int]
     LATENCY_SINCE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
     event_index: int
     name: str
     tracepoint_group: str
@@ -337,7 +339,9 @@ class EventAttach(_message.Message):
     mark_arg: str
     latency_arg: str
     latency_since: int
-    def __init__(self, event_index: _Optional[int] = ..., name: _Optional[str] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., program: _Optional[str] = ..., where: _Optional[_Iterable[_Union[_trace_pb2.EventTerm, _Mapping]]] = ..., count: bool = ..., count_by: _Optional[_Union[_counters_pb2.EventKey, str]] = ..., count_by_arg: _Optional[str] = ..., histogram_arg: _Optional[str] = ..., record_args: _Optional[_Iterable[str]] = ..., mark_arg: _Optional[str] = ..., latency_arg: _Optional[str] = ..., latency_since: _Optional[int] = ...) -> None: ...
+    kind: _trace_pb2.AttachKind
+    function: str
+    def __init__(self, event_index: _Optional[int] = ..., name: _Optional[str] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., program: _Optional[str] = ..., where: _Optional[_Iterable[_Union[_trace_pb2.EventTerm, _Mapping]]] = ..., count: bool = ..., count_by: _Optional[_Union[_counters_pb2.EventKey, str]] = ..., count_by_arg: _Optional[str] = ..., histogram_arg: _Optional[str] = ..., record_args: _Optional[_Iterable[str]] = ..., mark_arg: _Optional[str] = ..., latency_arg: _Optional[str] = ..., latency_since: _Optional[int] = ..., kind: _Optional[_Union[_trace_pb2.AttachKind, str]] = ..., function: _Optional[str] = ...) -> None: ...
 
 class TcpTagging(_message.Message):
     __slots__ = ("netns", "cgroup", "program")

@@ -50,20 +50,24 @@ class TraceSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopSpec, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventSpec, _Mapping]]] = ...) -> None: ...
 
 class EventSpec(_message.Message):
-    __slots__ = ("name", "node", "tracepoint", "where", "actions", "key")
+    __slots__ = ("name", "node", "tracepoint", "where", "actions", "key", "kprobe", "fentry")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     TRACEPOINT_FIELD_NUMBER: _ClassVar[int]
     WHERE_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    KPROBE_FIELD_NUMBER: _ClassVar[int]
+    FENTRY_FIELD_NUMBER: _ClassVar[int]
     name: str
     node: str
     tracepoint: str
     where: _containers.RepeatedCompositeFieldContainer[EventTerm]
     actions: _containers.RepeatedCompositeFieldContainer[ActionSpec]
     key: str
-    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., tracepoint: _Optional[str] = ..., where: _Optional[_Iterable[_Union[EventTerm, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., key: _Optional[str] = ...) -> None: ...
+    kprobe: str
+    fentry: str
+    def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., tracepoint: _Optional[str] = ..., where: _Optional[_Iterable[_Union[EventTerm, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., key: _Optional[str] = ..., kprobe: _Optional[str] = ..., fentry: _Optional[str] = ...) -> None: ...
 
 class EventTerm(_message.Message):
     __slots__ = ("arg", "op", "values")
