@@ -240,8 +240,8 @@ def publish_backlog(
     of the join; returns the records."""
     # Idempotent, as the agents' franz-go producer is: each partition stays in the order produced. Without
     # it a produce request retried behind later ones put a partition's first seconds after newer records
-    # and heartbeats (1 topic in 3 here), and the collectors' join rightly found them late: the "backlog
-    # rebalance loss" of issue 14.
+    # and heartbeats (2 of 6 topics published on a busy machine here), and the collectors' join rightly
+    # found them late: the "backlog rebalance loss" of issue 14.
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
