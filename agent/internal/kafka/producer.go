@@ -9,10 +9,11 @@
 //     packet, from every node, lands in one partition and one collector joins
 //     it; one message per partition that has records of the batch;
 //   - counters, event probes' values, the node's watermark and clock (a
-//     heartbeat with no records) go to every partition: each partition is a complete, ordered stream for
-//     whoever owns it, including the watermark that lets its join expire
-//     packets (it follows the records it vouches for in the partition,
-//     because one idempotent producer keeps each partition in order).
+//     heartbeat with no records) go to every partition: each partition is a
+//     complete, ordered stream for whoever owns it, including the watermark
+//     that lets its join expire packets (it follows the records it vouches
+//     for in the partition, because one idempotent producer keeps each
+//     partition in order).
 //
 // Each message's value is a hoptrace.v1.RecordBatch (protobuf) with header
 // FormatHeader = FormatValue; collectors skip (and count) anything else.
