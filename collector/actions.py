@@ -66,10 +66,32 @@ class CumulativeGrowth:
         self.clock = clock
         self._last: dict[tuple[Any, ...], int] = {}
         self.resets = 0
+        # A stream replayed from a commit (`resume_after_commit`): the previous owner wrote the growth up to
+        # the first message seen here, so each source's first message is only the baseline.
+        self._first_is_baseline = False
+        self._sources: set[tuple[str, str]] = set()
+        self._baseline_now = False
+        self.baselines = 0
+
+    def resume_after_commit(self) -> None:
+        """This stream resumes where an earlier reader committed (a Kafka partition with a commit): the
+        values of each (trace, node)'s first message here are cumulative over what that reader already
+        wrote, so they set the baseline instead of counting in full (which would count them twice).
+        Without a commit the stream is read from its start and the first values are growth since attach."""
+        self._first_is_baseline = True
+
+    def _begin(self, trace: str, node: str) -> None:
+        """Called before the deltas of one message of (trace, node)."""
+        source = (trace, node)
+        self._baseline_now = self._first_is_baseline and source not in self._sources
+        self._sources.add(source)
 
     def _delta(self, key: tuple[Any, ...], value: int) -> int:
         prev = self._last.get(key)
         self._last[key] = value
+        if prev is None and self._baseline_now:
+            self.baselines += 1
+            return 0
         if prev is None or value < prev:
             if prev is not None:
                 self.resets += 1
@@ -94,6 +116,7 @@ class HopActionsStage(CumulativeGrowth):
     ) -> list[str]:
         """Line protocol for the growth of every hop's count and histogram in one batch."""
         lines: list[str] = []
+        self._begin(trace, node)
         for c in counters:
             if not c.HasField("actions"):
                 continue

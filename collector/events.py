@@ -48,6 +48,7 @@ class EventsStage(CumulativeGrowth):
     ) -> list[str]:
         """Line protocol for the growth of every event's count and histogram in one batch."""
         lines: list[str] = []
+        self._begin(trace, node)
         for e in events:
             ts = self._master_ns(node, e, now_ns)
             name = e.event or f"event{e.event_index}"

@@ -114,11 +114,14 @@ class CollectorPipeline:
 
     def resume_after(self, written_before_ns: int) -> None:
         """Replay a stream (a Kafka partition from its commit) whose windows before `written_before_ns`
-        (master time) an earlier pipeline wrote: they are not written again (see
-        `SegmentAggregator.resume_after`)."""
+        (master time; 0 when the commit does not say) an earlier pipeline wrote: they are not written
+        again (see `SegmentAggregator.resume_after`), and the cumulative hop-action and event values
+        seen first set the baseline (their growth so far was written by that pipeline)."""
         with self._lock:
             self.segments.resume_after(written_before_ns)
             self.counters.resume_after(written_before_ns)
+            self.hop_actions.resume_after_commit()
+            self.events.resume_after_commit()
 
     def own_hops_only(self, batch: DecodedBatch) -> DecodedBatch:
         """The batch without records and counters at hops its node does not run: an agent only ever

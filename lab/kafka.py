@@ -238,7 +238,18 @@ def publish_backlog(
     node's `batch`-packet batches split by partition, then a heartbeat per partition), 5,000 packets per
     second of master time ending two minutes ago, and a last heartbeat at now that lets every packet out
     of the join; returns the records."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4"})
+    # Idempotent, as the agents' franz-go producer is: each partition stays in the order produced. Without
+    # it a produce request retried behind later ones put a partition's first seconds after newer records
+    # and heartbeats (2 of 6 topics published on a busy machine here), and the collectors' join rightly
+    # found them late: the "backlog rebalance loss" of issue 14.
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            "enable.idempotence": True,
+        }
+    )
     rate = 5_000  # packets per second of master time
     base = time.time_ns() - (packets // rate + 120) * _SEC
     seq = {"node-a": 0, "node-b": 0}

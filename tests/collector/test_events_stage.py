@@ -48,6 +48,35 @@ def event_values(
 
 
 @pytest.mark.unit
+def test_a_stream_resumed_after_a_commit_takes_its_first_values_as_the_baseline() -> None:
+    """Kafka: the partition's previous owner wrote the growth up to its commit; the new owner's first
+    values per (trace, node) are cumulative over that, so they only set the baseline, and the growth
+    after them comes out as the previous owner would have written it (identical lines: one point)."""
+    now = int(time.time())
+    values = [
+        event_values(0, "rx", now + i, {0: 5 + 4 * i, 1: 2}, by="cpu", buckets=[0, 3 + i], arg="len")
+        for i in range(3)
+    ]
+    continuous = EventsStage()
+    written = [continuous.add_events("t", "n1", [v]) for v in values]
+    resumed = EventsStage()
+    resumed.resume_after_commit()
+    assert resumed.add_events("t", "n1", [values[1]]) == [] and resumed.baselines == 4
+    assert resumed.add_events("t", "n1", [values[2]]) == written[2] != []
+    # a key first seen after the first message grew from 0 since: counted in full
+    later = event_values(0, "rx", now + 3, {0: 17, 1: 2, 5: 6}, by="cpu", buckets=[0, 6], arg="len")
+    assert [line.split(" ")[1] for line in resumed.add_events("t", "n1", [later])] == [
+        "count=4i",
+        "count=6i",
+        "count=1i",
+    ]
+    # another node's first message after the resume is a baseline too; without a commit it counts
+    assert resumed.add_events("t", "n2", [values[0]]) == []
+    fresh = EventsStage().add_events("t", "n2", [values[0]])
+    assert fresh == [line.replace("node=n1", "node=n2") for line in written[0]] != []
+
+
+@pytest.mark.unit
 def test_cumulative_event_values_become_deltas_and_a_restart_counts_in_full() -> None:
     stage = EventsStage()
     now = int(time.time())

@@ -8,11 +8,12 @@
 //     PartitionOf(trace, packet_id, partitions), so every record of one
 //     packet, from every node, lands in one partition and one collector joins
 //     it; one message per partition that has records of the batch;
-//   - counters, the node's watermark and clock (a heartbeat with no records)
-//     go to every partition: each partition is a complete, ordered stream for
-//     whoever owns it, including the watermark that lets its join expire
-//     packets (it follows the records it vouches for in the partition,
-//     because one idempotent producer keeps each partition in order).
+//   - counters, event probes' values, the node's watermark and clock (a
+//     heartbeat with no records) go to every partition: each partition is a
+//     complete, ordered stream for whoever owns it, including the watermark
+//     that lets its join expire packets (it follows the records it vouches
+//     for in the partition, because one idempotent producer keeps each
+//     partition in order).
 //
 // Each message's value is a hoptrace.v1.RecordBatch (protobuf) with header
 // FormatHeader = FormatValue; collectors skip (and count) anything else.
@@ -481,11 +482,15 @@ func (p *Producer) heartbeat(ctx context.Context) {
 	n := int32(p.partitions.Load())
 	watermark := p.watermark()
 	for _, tc := range p.Counters() {
-		seq := p.nextSeq()
+		// One message, the same bytes in every partition: its clock too, so
+		// every partition's owner puts the counters' and events' growth lines
+		// at the same timestamps and InfluxDB keeps them once
+		// (collector/actions.py, CumulativeGrowth).
+		m := p.message(tc.Trace, tc.Generation, nil, p.nextSeq())
+		m.Counters = tc.Hops
+		m.Events = tc.Events // event probes' cumulative values (RecordBatch.events)
+		m.WatermarkNs = watermark
 		for part := int32(0); part < n; part++ {
-			m := p.message(tc.Trace, tc.Generation, nil, seq)
-			m.Counters = tc.Hops
-			m.WatermarkNs = watermark
 			p.produce(ctx, m, part, 0)
 		}
 		p.heartbeats.Add(1)
