@@ -69,7 +69,12 @@ class EventsStage(CumulativeGrowth):
                             f"{EVENT_HISTOGRAM},arg={escape_tag(e.histogram)}{base},le={bucket_le(bucket)}"
                             f" count={delta}i {ts}"
                         )
-            missed = self._delta((trace, node, e.event_index, "missed"), e.latency_missed)
+            missed_key = (trace, node, e.event_index, "missed")
+            missed = (
+                self._delta(missed_key, e.latency_missed)
+                if e.latency_missed or missed_key in self._last
+                else 0
+            )
             if missed:
                 lines.append(f"{EVENT_LATENCY_MISSED}{base} count={missed}i {ts}")
             for r in e.recorded:
