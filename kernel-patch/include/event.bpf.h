@@ -79,40 +79,40 @@ struct {
 
 const struct hoptrace_event_stat *unused_event_stat_type __attribute__((unused));
 
-/* A kernel function's argument `index` (a load-time constant: each case is a constant ctx offset).
- */
+/* A kernel function's argument `index`: a kprobe's argument register, or an fentry's
+ * argument slot. Read with bpf_probe_read_kernel at ctx + its offset: `index` is a load-time
+ * constant, and a ctx load needs its offset in the instruction (clang computes it instead:
+ * "dereference of modified ctx ptr"). */
 static __always_inline __u64 event_function_arg(void *ctx, __u16 index)
 {
-	if (ev_source == HOPTRACE_EVENT_SOURCE_KPROBE) {
-		struct pt_regs *regs = ctx;
+	__u32 off = index * sizeof(__u64); /* fentry: one u64 per argument */
+	__u64 v = 0;
 
+	if (ev_source == HOPTRACE_EVENT_SOURCE_KPROBE) {
 		switch (index) {
 		case 0:
-			return PT_REGS_PARM1(regs);
+			off = __builtin_offsetof(struct pt_regs, __PT_PARM1_REG);
+			break;
 		case 1:
-			return PT_REGS_PARM2(regs);
+			off = __builtin_offsetof(struct pt_regs, __PT_PARM2_REG);
+			break;
 		case 2:
-			return PT_REGS_PARM3(regs);
+			off = __builtin_offsetof(struct pt_regs, __PT_PARM3_REG);
+			break;
 		case 3:
-			return PT_REGS_PARM4(regs);
+			off = __builtin_offsetof(struct pt_regs, __PT_PARM4_REG);
+			break;
 		case 4:
-			return PT_REGS_PARM5(regs);
+			off = __builtin_offsetof(struct pt_regs, __PT_PARM5_REG);
+			break;
+		default:
+			return 0;
 		}
+	} else if (index >= HOPTRACE_EVENT_FUNCTION_ARGS) {
 		return 0;
 	}
-	switch (index) { /* fentry: ctx is the arguments, one u64 each */
-	case 0:
-		return ((__u64 *)ctx)[0];
-	case 1:
-		return ((__u64 *)ctx)[1];
-	case 2:
-		return ((__u64 *)ctx)[2];
-	case 3:
-		return ((__u64 *)ctx)[3];
-	case 4:
-		return ((__u64 *)ctx)[4];
-	}
-	return 0;
+	bpf_probe_read_kernel(&v, sizeof(v), (char *)ctx + off);
+	return v;
 }
 
 /* The argument at `off` of the tracepoint record, sign-extended if signed; a function's argument
@@ -126,10 +126,16 @@ static __always_inline __u64 event_arg(void *ctx, __u16 off, __u8 size, __u8 is_
 		return 0;
 	if (off == HOPTRACE_EVENT_ARG_PID)
 		return bpf_get_current_pid_tgid() >> 32;
-	if (ev_source != HOPTRACE_EVENT_SOURCE_TRACEPOINT)
-		return event_function_arg(ctx, off);
-	/* Little-endian (x86, arm64): the argument fills v's low bytes. */
-	bpf_probe_read_kernel(&v, size, (char *)ctx + off);
+	if (ev_source != HOPTRACE_EVENT_SOURCE_TRACEPOINT) {
+		/* A register or argument slot holds a narrower argument in its low bytes; the rest
+		 * is not defined (an int's upper half is whatever the register held). */
+		v = event_function_arg(ctx, off);
+		if (size < sizeof(v))
+			v &= (1ULL << (8 * size)) - 1;
+	} else {
+		/* Little-endian (x86, arm64): the argument fills v's low bytes. */
+		bpf_probe_read_kernel(&v, size, (char *)ctx + off);
+	}
 	if (is_signed && size < sizeof(v)) {
 		shift = 64 - 8 * size;
 		v = (__u64)((__s64)(v << shift) >> shift);
@@ -175,11 +181,15 @@ static __always_inline bool event_term(void *ctx, int t)
 static __always_inline void event_record(void *ctx, __u32 i, __u64 now)
 {
 	struct hoptrace_event_stat *st;
+	/* The lookup's own key: `i` stays a constant for the settings arrays, where a value
+	 * reloaded from the key's stack slot after the call would be unknown to 5.10's verifier (it
+	 * does not track 32-bit spills). */
+	__u32 key = i;
 	__u64 v;
 
 	if (i >= HOPTRACE_VALUES_MAX)
 		return;
-	st = bpf_map_lookup_elem(&event_stats, &i);
+	st = bpf_map_lookup_elem(&event_stats, &key);
 	if (!st)
 		return;
 	v = event_arg(ctx, ev_record_off[i], ev_record_size[i], ev_record_signed[i]);
@@ -248,11 +258,15 @@ static __always_inline int event_run(void *ctx)
 		return 0;
 	/* One clock read serves the record's last_ns and the latency. */
 	now = bpf_ktime_get_ns();
-#pragma unroll
-	for (t = 0; t < HOPTRACE_VALUES_MAX; t++) {
-		if (t < ev_record_n)
-			event_record(ctx, t, now);
-	}
+	/* Constant indexes: each call's settings loads are constant offsets (event_record). */
+	if (ev_record_n > 0)
+		event_record(ctx, 0, now);
+	if (ev_record_n > 1)
+		event_record(ctx, 1, now);
+	if (ev_record_n > 2)
+		event_record(ctx, 2, now);
+	if (ev_record_n > 3)
+		event_record(ctx, 3, now);
 	if (ev_mark || ev_latency)
 		event_latency(ctx, now);
 	return 0;

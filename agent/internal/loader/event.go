@@ -32,28 +32,42 @@ type EventArgs interface {
 	Names() string
 }
 
-// FunctionArgs are a kernel function event's arguments: arg0.. (u64 each, by
-// index) up to Count, and pid, the current task's process id.
-type FunctionArgs struct{ Count int }
+// FunctionEventArgs are a kernel function event's arguments: arg0.. (from
+// the function's BTF, or Count u64 registers when BTF does not describe it)
+// and pid, the current task's process id.
+type FunctionEventArgs struct{ Args []tracefs.Arg }
 
 // FunctionPID is the pseudo-argument of function events: the current task's process id.
 const FunctionPID = "pid"
 
-func (f FunctionArgs) Arg(name string) (tracefs.Arg, bool) {
+// UnknownFunctionArgs are a kprobe's arguments when BTF does not describe
+// its function: n registers, u64 each.
+func UnknownFunctionArgs(n int) FunctionEventArgs {
+	f := FunctionEventArgs{}
+	for i := 0; i < n; i++ {
+		f.Args = append(f.Args, tracefs.Arg{Name: fmt.Sprintf("arg%d", i), Offset: uint16(i), Size: 8})
+	}
+	return f
+}
+
+func (f FunctionEventArgs) Arg(name string) (tracefs.Arg, bool) {
 	if name == FunctionPID {
 		return tracefs.Arg{Name: name, Offset: record.EventArgPID, Size: 4, Signed: true}, true
 	}
-	var i int
-	if _, err := fmt.Sscanf(name, "arg%d", &i); err != nil || fmt.Sprintf("arg%d", i) != name || i < 0 || i >= f.Count {
-		return tracefs.Arg{}, false
+	for _, a := range f.Args {
+		if a.Name == name && int(a.Offset) < record.EventFunctionArgs {
+			return a, true
+		}
 	}
-	return tracefs.Arg{Name: name, Offset: uint16(i), Size: 8}, true
+	return tracefs.Arg{}, false
 }
 
-func (f FunctionArgs) Names() string {
-	names := make([]string, 0, f.Count+1)
-	for i := 0; i < f.Count; i++ {
-		names = append(names, fmt.Sprintf("arg%d", i))
+func (f FunctionEventArgs) Names() string {
+	names := []string{}
+	for _, a := range f.Args {
+		if int(a.Offset) < record.EventFunctionArgs {
+			names = append(names, a.Name)
+		}
 	}
 	return strings.Join(append(names, FunctionPID), ", ")
 }

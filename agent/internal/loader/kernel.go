@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -8,8 +9,10 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
+
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/rlimit"
+	"github.com/hoptrace/hoptrace/agent/internal/tracefs"
 )
 
 // KernelFeature is one thing the programs' full variants use that older
@@ -83,24 +86,42 @@ func HasTracepoint(event string) bool {
 	return spec.TypeByName("btf_trace_"+event, &typedef) == nil
 }
 
-// FunctionArgCount is how many parameters kernel function `name` takes by
-// this kernel's BTF; ok is false when BTF does not describe it (then a
-// kprobe may still attach, an fentry not).
-func FunctionArgCount(name string) (n int, ok bool) {
+// FunctionArgs are kernel function `name`'s parameters by this kernel's BTF,
+// as event arguments arg0..: each its integer width and signedness (8
+// bytes for pointers; Unsupported for what is no integer, a struct passed by
+// value); ok is false when BTF does not describe the function (then a kprobe
+// may still attach, an fentry not).
+func FunctionArgs(name string) (args []tracefs.Arg, ok bool) {
 	spec := kernelTypes.Load()
 	if spec == nil {
 		var err error
 		if spec, err = btf.LoadKernelSpec(); err != nil {
-			return 0, false
+			return nil, false
 		}
 	}
 	var fn *btf.Func
 	if spec.TypeByName(name, &fn) != nil {
-		return 0, false
+		return nil, false
 	}
 	proto, isProto := fn.Type.(*btf.FuncProto)
 	if !isProto {
-		return 0, false
+		return nil, false
 	}
-	return len(proto.Params), true
+	for i, p := range proto.Params {
+		a := tracefs.Arg{Name: fmt.Sprintf("arg%d", i), Offset: uint16(i), Size: 8}
+		switch t := btf.UnderlyingType(p.Type).(type) {
+		case *btf.Int:
+			a.Size, a.Signed = uint8(t.Size), t.Encoding&btf.Signed != 0
+		case *btf.Enum:
+			a.Size, a.Signed = uint8(t.Size), t.Signed
+		case *btf.Pointer:
+		default:
+			a.Unsupported = fmt.Sprintf("a %T (%s)", t, p.Name)
+		}
+		if a.Size != 1 && a.Size != 2 && a.Size != 4 && a.Size != 8 && a.Unsupported == "" {
+			a.Unsupported = fmt.Sprintf("%d bytes wide", a.Size)
+		}
+		args = append(args, a)
+	}
+	return args, true
 }

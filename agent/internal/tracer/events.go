@@ -58,14 +58,15 @@ func AttachEvent(spec *ebpf.CollectionSpec, ea *pb.EventAttach, opts loader.Opti
 				return nil, &loader.FieldError{Field: where, Reason: why}
 			}
 		}
-		n, known := loader.FunctionArgCount(fn)
-		if !known {
-			if !kprobe {
-				return nil, &loader.FieldError{Field: where, Reason: fmt.Sprintf("this kernel's BTF has no function %q", fn)}
-			}
-			n = record.EventFunctionArgs // a kprobe on a function BTF does not describe: its registers
+		params, known := loader.FunctionArgs(fn)
+		switch {
+		case known:
+			args = loader.FunctionEventArgs{Args: params}
+		case kprobe: // a function BTF does not describe: its argument registers, u64 each
+			args = loader.UnknownFunctionArgs(record.EventFunctionArgs)
+		default:
+			return nil, &loader.FieldError{Field: where, Reason: fmt.Sprintf("this kernel's BTF has no function %q", fn)}
 		}
-		args = loader.FunctionArgs{Count: min(n, record.EventFunctionArgs)}
 		attach = func(p *ebpf.Program) (link.Link, error) {
 			if kprobe {
 				return link.Kprobe(fn, p, nil)
