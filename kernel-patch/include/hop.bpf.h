@@ -907,8 +907,8 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct sock *sk;
-	/* socket-read offers no action fields (dispatcher/actions.py): a parse without them */
-	struct pkt_reader r = {.floor = floor, .no_fields = 1};
+	/* socket-read: no action fields (actions.py), decapsulated packets (parse.bpf.h) */
+	struct pkt_reader r = {.floor = floor, .no_fields = 1, .no_tunnel = 1};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
 	__u16 ethertype;
@@ -1002,7 +1002,7 @@ static __always_inline int hop_sock_read_enqueue(struct sock *sk, bool floor)
 {
 	struct sock_read_slot slot = {};
 	struct sock_read_queue *q;
-	struct pkt_reader r = {.floor = floor, .no_fields = 1};
+	struct pkt_reader r = {.floor = floor, .no_fields = 1, .no_tunnel = 1};
 	struct pkt_info p = {};
 	struct sk_buff *skb;
 	__u32 end, start, skip = 0;

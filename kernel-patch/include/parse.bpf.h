@@ -71,10 +71,12 @@ struct pkt_reader {
 	__u32 len;   /* bytes readable from offset 0 */
 	__u32 total; /* bytes the packet has from offset 0 (> len when an skb is paged) */
 	__u8 floor;  /* a compile-time constant: the floor variant (hop.bpf.h), no bpf_loop */
-	/* A compile-time constant: leave pkt_info's action fields (tos .. tcp_window) unset. For
-	 * hops that offer no fields (socket-read): fewer distinct values, so the verifier prunes
-	 * more states (6.1 hit its 1M-instruction limit on socket-read with them). */
-	__u8 no_fields;
+	/* Compile-time constants for socket-read, which offers no action fields and sees the
+	 * packet a socket received: a tunnel's packet reaches a socket decapsulated, so there is
+	 * no tunnel to descend into. Without both, 6.1's verifier (which marks every scalar
+	 * precise once a program calls bpf_loop's callback) gave up at 1M instructions. */
+	__u8 no_fields; /* leave pkt_info's action fields (tos .. tcp_window) unset */
+	__u8 no_tunnel; /* parse the outermost packet only */
 };
 
 /* The innermost packet: its flow, where its headers are, and its ID. */
@@ -594,7 +596,7 @@ static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *
 	if (p->fragment)
 		return PARSE_OK;
 
-	if (!tunnel_inner_offset(src, r, p, &inner)) {
+	if (!r->no_tunnel && !tunnel_inner_offset(src, r, p, &inner)) {
 		__u16 outer_flags =
 		    p->flags & (HOPTRACE_F_ENCAP_VXLAN | HOPTRACE_F_ENCAP_GENEVE | HOPTRACE_F_VLAN);
 

@@ -347,14 +347,27 @@ func TestKernelFunctionReturnHops(t *testing.T) {
 			}
 			m, q := newTestManager(t)
 			applyAttached(t, m, pl)
-			err := netns.Do(netns.Path(p.NsA, ""), func() error {
-				conn, err := net.Dial("udp4", net.JoinHostPort(p.AddrB, "5000"))
+			// A receiver, so no datagram draws a port unreachable; unconnected, so its early demux
+			// routes none of them (the route lookup is returnHopFunction).
+			var receiver net.PacketConn
+			err := netns.Do(netns.Path(p.NsB, ""), func() error {
+				var err error
+				receiver, err = net.ListenPacket("udp4", net.JoinHostPort(p.AddrB, "5000"))
+				return err
+			})
+			if err != nil {
+				t.Fatalf("listen: %v", err)
+			}
+			defer receiver.Close()
+			err = netns.Do(netns.Path(p.NsA, ""), func() error {
+				conn, err := net.ListenPacket("udp4", net.JoinHostPort(p.AddrA, "0"))
 				if err != nil {
 					return err
 				}
 				defer conn.Close()
+				to := &net.UDPAddr{IP: net.ParseIP(p.AddrB), Port: 5000}
 				for i := 0; i < sent; i++ {
-					if _, err := conn.Write([]byte("hoptrace")); err != nil {
+					if _, err := conn.WriteTo([]byte("hoptrace"), to); err != nil {
 						return err
 					}
 				}
