@@ -33,7 +33,7 @@ FIELDS: tuple[str, ...] = tuple(kernel_abi.FIELDS[1:])
 FIELD_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kernel_abi.FIELDS) if number}
 
 # Program families (hoptrace.dispatcher.spec.KIND_FAMILY) whose hop programs see an sk_buff.
-SKB_FAMILIES = frozenset({"tc", "cgroup_skb", "tp_btf", "fentry", "kprobe"})
+SKB_FAMILIES = frozenset({"tc", "cgroup_skb", "tp_btf", "fentry", "fexit", "kprobe", "kretprobe"})
 ALL_FAMILIES = SKB_FAMILIES | {"xdp"}
 # Families whose ctx is a socket's packet with bpf_skb_cgroup_id (tracepoints and kprobes have no
 # helper for it).

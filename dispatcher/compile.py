@@ -49,6 +49,10 @@ PROGRAM_FOR_KIND = {
     "cgroup_skb": "hop_cgroup_skb",
     "fentry": "hop_fentry",
     "kprobe": "hop_kprobe",
+    # The packet at a kernel function's return: fexit sees the arguments; a kretprobe's entry kprobe
+    # (hop_kretprobe_entry, in the same macro) keeps the skb for it.
+    "fexit": "hop_fexit",
+    "kretprobe": "hop_kretprobe",
     "uprobe": "hop_uprobe",  # uprobe: and uretprobe: (the agent attaches it either way)
 }
 # net:net_dev_xmit fires after a veth handed the skb to its peer: its own program matches the event's dev
@@ -62,6 +66,8 @@ TCP_TAGGER_PROGRAM = "tag_tcp"
 # (hop_sock_read_udp_queue, hop_sock_read_udp_enqueue) the agent runs instead on kernels from 6.6.
 SOCKET_READ_PROGRAMS = {"udp": "hop_sock_read_udp", "tcp": "hop_sock_read_tcp"}
 SOCKET_READ_UDP_QUEUE_PROGRAMS = ("hop_sock_read_udp_queue", "hop_sock_read_udp_enqueue")
+# hop_kretprobe's macro also defines its entry kprobe, which the agent attaches beside it.
+KRETPROBE_ENTRY_PROGRAM = "hop_kretprobe_entry"
 # ELF section of each program in the objects, and the order of programs in a generated source.
 PROGRAM_SECTIONS: dict[str, str] = dict(kernel_abi.PROGRAMS)
 # Path discovery's programs (kernel-patch/include/discover.bpf.h) are no hops: the agent's discover preset

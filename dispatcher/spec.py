@@ -93,9 +93,9 @@ class AttachPoint:
     """A parsed `at` value.
 
     attach is the `trace_pb2.AttachKind`; kind is its program family (``tc``, ``xdp``, ``cgroup_skb``,
-    ``tp_btf``, ``fentry``, ``kprobe``, ``socket_read``); direction is ``ingress``/``egress`` for tc and
-    cgroup hops (and ``ingress`` for socket-read); group and target are the tracepoint's group and event, or
-    the function.
+    ``tp_btf``, ``fentry``, ``fexit``, ``kprobe``, ``kretprobe``, ``socket_read``); direction is
+    ``ingress``/``egress`` for tc and cgroup hops (and ``ingress`` for socket-read); group and target are the
+    tracepoint's group and event, or the function.
     """
 
     attach: int
@@ -125,7 +125,9 @@ CAPABILITY_KEYS: dict[str, tuple[str, ...]] = {
     "cgroup_skb": ("cgroup_skb",),
     "tp_btf": ("tp_btf",),
     "fentry": ("fentry",),
+    "fexit": ("fexit",),
     "kprobe": ("kprobe",),
+    "kretprobe": ("kretprobe",),
     "sock_ops": ("sock_ops",),
     "socket_read": ("tp_btf",),  # tp_btf programs on the receive path's events
     "uprobe": ("uprobe",),
@@ -146,6 +148,8 @@ KIND_FAMILY: dict[int, tuple[str, str]] = {
     _K.ATTACH_KIND_SOCKET_READ: ("socket_read", "ingress"),
     _K.ATTACH_KIND_UPROBE: ("uprobe", ""),
     _K.ATTACH_KIND_URETPROBE: ("uprobe", ""),
+    _K.ATTACH_KIND_FEXIT: ("fexit", ""),
+    _K.ATTACH_KIND_KRETPROBE: ("kretprobe", ""),
 }
 # socket-read hops read one protocol's receive path: the filter must name it.
 SOCKET_READ_PROTOCOLS = ("udp", "tcp")
@@ -154,6 +158,8 @@ TARGET_FORMS: dict[int, str] = {
     _K.ATTACH_KIND_TRACEPOINT: "GROUP:EVENT",
     _K.ATTACH_KIND_FENTRY: "FUNCTION",
     _K.ATTACH_KIND_KPROBE: "FUNCTION",
+    _K.ATTACH_KIND_FEXIT: "FUNCTION",
+    _K.ATTACH_KIND_KRETPROBE: "FUNCTION",
     _K.ATTACH_KIND_UPROBE: "BINARY:SYMBOL",
     _K.ATTACH_KIND_URETPROBE: "BINARY:SYMBOL",
 }

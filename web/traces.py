@@ -69,7 +69,9 @@ AT_CHOICES = (
     "tracepoint:net:netif_rx",
     "tracepoint:net:napi_gro_receive_entry",
     "fentry:",
+    "fexit:",
     "kprobe:",
+    "kretprobe:",
 )
 # The capability key (Register.capabilities.attach) behind each `at` form, to mark unsupported choices.
 AT_KIND = {"tc": "tcx", "xdp": "xdp", "cgroup": "cgroup_skb", "tracepoint": "tp_btf"}

@@ -804,6 +804,59 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	return 0;
 }
 
+/*
+ * kretprobe hops: a kretprobe sees only the function's return value, so its
+ * entry kprobe (hop_kretprobe_entry, loaded in the same collection) stashes
+ * the skb argument by thread, and the return emits the packet's record from
+ * it. ONE map per hop, LRU so a return that never comes (a nested call of
+ * the same thread) cannot fill it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);   /* kret_key() */
+	__type(value, __u64); /* the struct sk_buff pointer */
+} kret_skbs SEC(".maps");
+
+/* The calling thread; idle CPUs' softirqs all run as pid 0, so those are keyed by CPU (a softirq
+ * is not preempted: its entry and return run on one CPU). */
+static __always_inline __u64 kret_key(void)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+
+	return tid ? tid : (1ULL << 32) | bpf_get_smp_processor_id();
+}
+
+/* The entry kprobe: the hop's device and namespace checks first, so only its packets are kept. */
+static __always_inline int hop_kret_entry(struct sk_buff *skb)
+{
+	struct net_device *dev = BPF_CORE_READ(skb, dev);
+	__u64 key = kret_key(), skb_ptr = (__u64)(long)skb;
+
+	if (!dev || (hop_ifindex && BPF_CORE_READ(dev, ifindex) != hop_ifindex) ||
+	    (hop_netns_ino && BPF_CORE_READ(dev, nd_net.net, ns.inum) != hop_netns_ino))
+		return 0;
+	bpf_map_update_elem(&kret_skbs, &key, &skb_ptr, BPF_ANY);
+	return 0;
+}
+
+/* The kretprobe: the skb its entry kept (the function must not free it: the hop's function takes
+ * an skb it hands back to its caller, dispatcher/README.md). */
+static __always_inline int hop_kret_return(bool floor)
+{
+	__u64 key = kret_key(), *skb_ptr = bpf_map_lookup_elem(&kret_skbs, &key);
+	struct sk_buff *skb;
+
+	if (!skb_ptr) {
+		count(HOPTRACE_C_SEEN, 1);
+		count(HOPTRACE_C_NOT_MATCHED, 1);
+		return 0;
+	}
+	skb = (struct sk_buff *)(long)*skb_ptr;
+	bpf_map_delete_elem(&kret_skbs, &key);
+	return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, floor);
+}
+
 /* uprobe hops: the packet each thread read last at a socket-read hop, by
  * thread ID. ONE per agent (MapReplacements), LRU so it stays bounded. */
 struct sock_read_last {
@@ -860,7 +913,8 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct sock *sk;
-	struct pkt_reader r = {.floor = floor};
+	/* socket-read: no action fields (actions.py), decapsulated packets (parse.bpf.h) */
+	struct pkt_reader r = {.floor = floor, .no_fields = 1, .no_tunnel = 1};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
 	__u16 ethertype;
@@ -892,10 +946,6 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 	}
 	pkt_copy_head(&r);
 	ifindex = BPF_CORE_READ(skb, skb_iif);
-	if (act_reads(HOPTRACE_FIELD_MARK))
-		m.mark = BPF_CORE_READ(skb, mark);
-	if (act_reads(HOPTRACE_FIELD_PRIORITY))
-		m.priority = BPF_CORE_READ(skb, priority);
 	status = parse_packet(PKT_KERNEL, &r, 0, ethertype, &p);
 	m.task_pid = bpf_get_current_pid_tgid() >> 32;
 	if (m.task_pid)
@@ -958,7 +1008,7 @@ static __always_inline int hop_sock_read_enqueue(struct sock *sk, bool floor)
 {
 	struct sock_read_slot slot = {};
 	struct sock_read_queue *q;
-	struct pkt_reader r = {.floor = floor};
+	struct pkt_reader r = {.floor = floor, .no_fields = 1, .no_tunnel = 1};
 	struct pkt_info p = {};
 	struct sk_buff *skb;
 	__u32 end, start, skip = 0;
@@ -1349,6 +1399,37 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe_floor, struct sk_buff *skb)      \
 	{                                                                                          \
 		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, true);                      \
+	}
+/* fexit: the packet at the function's return (its arguments are still there; the skb is the
+ * first). The agent retargets it (AttachTo), as fentry. */
+#define HOPTRACE_PROG_FEXIT                                                                        \
+	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit, struct sk_buff *skb)             \
+	{                                                                                          \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false);                     \
+	}                                                                                          \
+	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit_floor, struct sk_buff *skb)       \
+	{                                                                                          \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, true);                      \
+	}
+/* kretprobe: the return (hop_kret_return) and its entry kprobe, both attached by the agent. */
+#define HOPTRACE_PROG_KRETPROBE                                                                    \
+	SEC("kretprobe/ip_route_input_noref") int BPF_KRETPROBE(hop_kretprobe)                     \
+	{                                                                                          \
+		return hop_kret_return(false);                                                     \
+	}                                                                                          \
+	SEC("kretprobe/ip_route_input_noref") int BPF_KRETPROBE(hop_kretprobe_floor)               \
+	{                                                                                          \
+		return hop_kret_return(true);                                                      \
+	}                                                                                          \
+	SEC("kprobe/ip_route_input_noref")                                                         \
+	int BPF_KPROBE(hop_kretprobe_entry, struct sk_buff *skb)                                   \
+	{                                                                                          \
+		return hop_kret_entry(skb);                                                        \
+	}                                                                                          \
+	SEC("kprobe/ip_route_input_noref")                                                         \
+	int BPF_KPROBE(hop_kretprobe_entry_floor, struct sk_buff *skb)                             \
+	{                                                                                          \
+		return hop_kret_entry(skb);                                                        \
 	}
 #define HOPTRACE_PROG_TAG_TCP                                                                      \
 	SEC("sockops") int tag_tcp(struct bpf_sock_ops *skops)                                     \

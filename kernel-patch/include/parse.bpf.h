@@ -71,6 +71,12 @@ struct pkt_reader {
 	__u32 len;   /* bytes readable from offset 0 */
 	__u32 total; /* bytes the packet has from offset 0 (> len when an skb is paged) */
 	__u8 floor;  /* a compile-time constant: the floor variant (hop.bpf.h), no bpf_loop */
+	/* Compile-time constants for socket-read, which offers no action fields and sees the
+	 * packet a socket received: a tunnel's packet reaches a socket decapsulated, so there is
+	 * no tunnel to descend into. Without both, 6.1's verifier (which marks every scalar
+	 * precise once a program calls bpf_loop's callback) gave up at 1M instructions. */
+	__u8 no_fields; /* leave pkt_info's action fields (tos .. tcp_window) unset */
+	__u8 no_tunnel; /* parse the outermost packet only */
 };
 
 /* The innermost packet: its flow, where its headers are, and its ID. */
@@ -315,9 +321,11 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 			return PARSE_NON_IP;
 		p->fragment = !!(bpf_ntohs(ip.frag_off) & 0x2000); /* MF: the first of several */
 		p->family = 4;
-		p->tos = ip.tos;
-		p->ttl = ip.ttl;
-		p->ip_id = bpf_ntohs(ip.id);
+		if (!r->no_fields) {
+			p->tos = ip.tos;
+			p->ttl = ip.ttl;
+			p->ip_id = bpf_ntohs(ip.id);
+		}
 		p->proto = ip.protocol;
 		p->saddr[0] = ip.saddr;
 		p->daddr[0] = ip.daddr;
@@ -336,9 +344,11 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 			return PARSE_TRUNCATED;
 		p->family = 6;
 		p->flags |= HOPTRACE_F_IPV6;
-		/* RFC 8200: the traffic class straddles the version and the flow label. */
-		p->tos = (ip6.priority << 4) | (ip6.flow_lbl[0] >> 4);
-		p->ttl = ip6.hop_limit;
+		if (!r->no_fields) {
+			/* RFC 8200: the traffic class straddles the version and the flow label. */
+			p->tos = (ip6.priority << 4) | (ip6.flow_lbl[0] >> 4);
+			p->ttl = ip6.hop_limit;
+		}
 		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
 		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
 		if (r->floor) {
@@ -479,8 +489,10 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 
 	if (pkt_load(src, r, p->l4_off, hdr, sizeof(hdr)))
 		return PARSE_TRUNCATED;
-	p->tcp_flags = hdr[13];
-	p->tcp_window = ((__u16)hdr[14] << 8) | hdr[15];
+	if (!r->no_fields) {
+		p->tcp_flags = hdr[13];
+		p->tcp_window = ((__u16)hdr[14] << 8) | hdr[15];
+	}
 	optlen = (hdr[12] >> 4) * 4;
 	if (optlen < 20 || p->l4_off - p->l3_off + optlen > p->ip_len)
 		return PARSE_MALFORMED;
@@ -584,7 +596,7 @@ static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *
 	if (p->fragment)
 		return PARSE_OK;
 
-	if (!tunnel_inner_offset(src, r, p, &inner)) {
+	if (!r->no_tunnel && !tunnel_inner_offset(src, r, p, &inner)) {
 		__u16 outer_flags =
 		    p->flags & (HOPTRACE_F_ENCAP_VXLAN | HOPTRACE_F_ENCAP_GENEVE | HOPTRACE_F_VLAN);
 

@@ -23,7 +23,9 @@ ATTACH_SUPPORT = {
     "cgroup_skb": (True, ""),
     "sock_ops": (True, ""),
     "fentry": (False, "fentry not permitted: kernel lockdown"),
+    "fexit": (False, "fexit not permitted: kernel lockdown"),
     "kprobe": (False, "kprobes not compiled into this kernel"),
+    "kretprobe": (False, "kretprobe not supported: kernel has no kprobe_events"),
 }
 
 NODE_NAMESPACES = {

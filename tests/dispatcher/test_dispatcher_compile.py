@@ -13,6 +13,7 @@ from hoptrace.dispatcher.compile import (
     ALL_PROGRAMS,
     DISCOVERY_PROGRAMS,
     KFREE_TRACEPOINT_PROGRAM,
+    KRETPROBE_ENTRY_PROGRAM,
     PROGRAM_FOR_KIND,
     PROGRAM_SECTIONS,
     SOCKET_READ_PROGRAMS,
@@ -43,6 +44,8 @@ hops:
   - {name: tp, node: n2, at: "tracepoint:net:netif_receive_skb"}
   - {name: f, node: n2, at: "fentry:ip_rcv"}
   - {name: k, node: n2, at: "kprobe:ip_rcv"}
+  - {name: fx, node: n2, at: "fexit:ip_route_input_noref"}
+  - {name: kr, node: n2, at: "kretprobe:ip_route_input_noref"}
 """
 
 
@@ -102,6 +105,16 @@ def test_plans_carry_typed_attach_points_and_programs() -> None:
     assert (tp.tracepoint_group, tp.program) == ("net", "hop_tp_btf") and tp.tracepoint_event
     fentry = next(hop for hop in by_name.values() if hop.kind == kinds.ATTACH_KIND_FENTRY)
     assert fentry.function == "ip_rcv" and fentry.program == "hop_fentry"
+    assert (by_name["fx"].kind, by_name["fx"].function, by_name["fx"].program) == (
+        kinds.ATTACH_KIND_FEXIT,
+        "ip_route_input_noref",
+        "hop_fexit",
+    )
+    assert (by_name["kr"].kind, by_name["kr"].function, by_name["kr"].program) == (
+        kinds.ATTACH_KIND_KRETPROBE,
+        "ip_route_input_noref",
+        "hop_kretprobe",
+    )
     assert plans["n1"].tcp_tagging.program == TCP_TAGGER_PROGRAM
 
 
@@ -120,6 +133,7 @@ def test_every_attach_kind_has_a_family_and_every_program_exists() -> None:
         *EVENT_PROGRAMS,
         *SOCKET_READ_PROGRAMS.values(),
         *SOCKET_READ_UDP_QUEUE_PROGRAMS,
+        KRETPROBE_ENTRY_PROGRAM,
     }
     assert used == set(ALL_PROGRAMS) == set(kernel_abi.PROGRAMS) - set(DISCOVERY_PROGRAMS)
 
@@ -186,7 +200,9 @@ def test_objects_hold_exactly_the_nodes_programs(compiler: BpfCompiler, tmp_path
         }
 
     assert _symbols(plans["n1"].object, tmp_path) == with_floor_twins("hop_cgroup_skb", "tag_tcp")
-    expected = ("hop_tc", "hop_xdp", "hop_tp_btf", "hop_fentry", "hop_kprobe")
+    # hop_kretprobe's macro brings its entry kprobe (the agent attaches both)
+    expected = ("hop_tc", "hop_xdp", "hop_tp_btf", "hop_fentry", "hop_kprobe", "hop_fexit", "hop_kretprobe")
+    expected += (KRETPROBE_ENTRY_PROGRAM,)
     assert _symbols(plans["n2"].object, tmp_path) == with_floor_twins(*expected)
     for plan in plans.values():
         sections = elf_sections(plan.object)

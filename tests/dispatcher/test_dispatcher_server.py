@@ -426,7 +426,8 @@ def test_cli_trace_lifecycle(cluster: Cluster, tmp_path: Path) -> None:
     )
     table = _hoptrace(cluster.address, "agents")
     assert (
-        table.stdout.splitlines()[0].split()[:2] == ["NODE", "CONNECTED"] and "fentry,kprobe" in table.stdout
+        table.stdout.splitlines()[0].split()[:2] == ["NODE", "CONNECTED"]
+        and "fentry,fexit,kprobe,kretprobe" in table.stdout
     )
 
     removed = _hoptrace(cluster.address, "trace", "rm", "udp-a-to-b")

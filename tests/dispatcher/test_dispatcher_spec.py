@@ -123,6 +123,7 @@ MALFORMED = [
     ("tracepoint-bad-group", _hop(1, at="tracepoint:sched:sched_switch"), "hops[1].at", "net or skb"),
     ("tracepoint-no-event", _hop(1, at="tracepoint:net"), "hops[1].at", "tracepoint:GROUP:EVENT"),
     ("fentry-no-function", _hop(1, at="fentry:"), "hops[1].at", "fentry:FUNCTION"),
+    ("kretprobe-no-function", _hop(1, at="kretprobe:"), "hops[1].at", "kretprobe:FUNCTION"),
     ("tc-without-dev", _hop(2, dev=None), "hops[2].dev", "required for tc-egress"),
     ("xdp-without-dev", _hop(3, at="xdp", dev=None), "hops[3].dev", "required for xdp"),
     ("cgroup-without-cgroup", _hop(1, at="cgroup-ingress", dev=None), "hops[1].cgroup", "required"),
@@ -266,6 +267,8 @@ def test_json_spec_is_recognised_by_content() -> None:
         ("tracepoint:skb:consume_skb", "tp_btf", "", "consume_skb"),
         ("fentry:ip_rcv", "fentry", "", "ip_rcv"),
         ("kprobe:dev_queue_xmit", "kprobe", "", "dev_queue_xmit"),
+        ("fexit:ip_route_input_noref", "fexit", "", "ip_route_input_noref"),
+        ("kretprobe:ip_route_input_noref", "kretprobe", "", "ip_route_input_noref"),
     ],
 )
 def test_parse_attach_point(at: str, kind: str, direction: str, target: str) -> None:
@@ -294,8 +297,28 @@ def test_contract_spec_is_valid_against_the_example_agents() -> None:
         (_hop(0, dev="eth9"), "hops[0].dev", "no device 'eth9' in netns 'c1' on node host-a"),
         (_hop(1, at="fentry:ip_rcv"), "hops[1].at", "not permitted: kernel lockdown"),
         (_hop(3, at="kprobe:ip_rcv"), "hops[3].at", "not compiled"),
+        (
+            _hop(1, at="fexit:ip_route_input_noref"),
+            "hops[1].at",
+            "fexit:ip_route_input_noref on node host-a: fexit not permitted: kernel lockdown",
+        ),
+        (
+            _hop(3, at="kretprobe:ip_route_input_noref"),
+            "hops[3].at",
+            "kretprobe:ip_route_input_noref on node host-b: kretprobe not supported: kernel has no "
+            "kprobe_events",
+        ),
     ],
-    ids=["unknown-node", "unreported-netns", "no-device", "no-device-in-netns", "fentry-lockdown", "kprobe"],
+    ids=[
+        "unknown-node",
+        "unreported-netns",
+        "no-device",
+        "no-device-in-netns",
+        "fentry-lockdown",
+        "kprobe",
+        "fexit-lockdown",
+        "kretprobe",
+    ],
 )
 def test_registry_aware_errors(document: dict, field: str, words: str) -> None:
     errors = _registry_errors(document)

@@ -4,8 +4,9 @@ In each guest: every program of every object loads the way the agent loads it (t
 needs), the parser, tagging, sampling and filter tests pass through BPF_PROG_TEST_RUN, a tc hop
 attached the way that kernel allows (tcx from 6.6, else a clsact filter) sees real packets on a veth, and
 the agent's tracer tags a real datagram and streams every hop's record of it, kprobe and fentry hops
-included (this host refuses both; Debian's kernels allow them), the event program (event.bpf.h) counts
-kill(2) calls through every where: operator on syscalls:sys_enter_kill, and socket-read and uprobe hops
+included (this host refuses both; Debian's kernels allow them), kretprobe and fexit hops record every
+datagram of a flow at ip_route_input_noref's return, after its entry hop, the event program (event.bpf.h)
+counts kill(2) calls through every where: operator on syscalls:sys_enter_kill, and socket-read and uprobe hops
 follow UDP and TCP messages into a real application (socket-read's UDP path differs by kernel:
 skb:consume_skb before 6.6, the per-socket ID queue from 6.6).
 The test binaries are built here and run there: the guest shares this machine's root.
@@ -32,11 +33,16 @@ GUEST_TESTS = {
     "|TestFieldsFromIPAndTCPHeaders|TestFieldsFromSkb|TestRecordActionCarriesValues",
     "probe": "TestFieldCapabilities",
     "attach": "TestClsactFallback",
-    "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestTracerActionsOnRealTraffic"
+    "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestKernelFunctionReturnHops"
+    "|TestTracerActionsOnRealTraffic"
     "|TestEventCountsWhereTermsHold|TestEventBitTermAndCountByCPU|TestEventBadInputNamesTheField"
     "|TestEventRecordAndLatencyPairs|TestEventKernelFunctions"
     "|TestSocketReadHop|TestUprobeBadTargets",
 }
+
+# Programs the matrix names in its load checks (every program of the objects loads in each guest).
+FUNCTION_RETURN_PROGRAMS = ("hop_fexit", "hop_kretprobe", "hop_kretprobe_entry")
+SOCKET_READ_PROGRAMS = ("hop_sock_read_tcp", "hop_sock_read_udp")
 
 # Kernels the matrix requires: Debian 11 (5.10, also Amazon Linux 2's), Debian 12 (6.1, also the base of
 # Amazon Linux 2023 and COS) and its backports (6.12). 5.10 runs the _floor variants.
@@ -101,11 +107,24 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
     # Every requested test ran and passed (a pattern that matched nothing would pass on nothing).
     for name in "|".join(GUEST_TESTS.values()).split("|"):
         assert name in passed, f"{name} did not pass on {kernel.release}: {passed}"
-    # Debian's kernels have kprobes and no lockdown: both kernel-function hops must record, not be refused.
+    # Debian's kernels have kprobes and no lockdown: every kernel-function hop must record, not be refused;
+    # the return hops record every datagram sent (TestKernelFunctionReturnHops sends 20).
     for kind in ("kprobe", "fentry"):
         assert f"recorded by {kind} ip_rcv" in output, f"{kind} hop recorded nothing on {kernel.release}"
+    for kind, entry in (("kretprobe", "kprobe"), ("fexit", "fentry")):
+        line = f"recorded by {kind} ip_route_input_noref: 20 of 20 datagrams, each after {entry}"
+        assert line in output, f"{kind} hop did not record every datagram on {kernel.release}"
     loads = [name for name in passed if name.startswith("TestEveryProgramLoads/")]
-    assert len(loads) >= 20, f"only {len(loads)} programs loaded on {kernel.release}"
+    assert len(loads) >= 23, f"only {len(loads)} programs loaded on {kernel.release}"
+    for program in FUNCTION_RETURN_PROGRAMS + SOCKET_READ_PROGRAMS:
+        assert f"TestEveryProgramLoads/hoptrace.bpf.o/{program}" in loads, f"{program} not loaded"
+    # Each program loads as the variant its kernel runs (TestEveryProgramLoads fails on an E2BIG fallback
+    # to _floor): socket-read's full variant on the kernels past the floor, 6.1 included.
+    variant_suffix = "_floor" if "floor variants: true" in output else ""
+    for program in SOCKET_READ_PROGRAMS:
+        assert f"loaded variant {program}{variant_suffix}\n" in output, (
+            f"{program}: variant on {kernel.release}"
+        )
     tc = re.search(r"tc attach: (\w+)", output)
     assert tc, f"the tracer test did not say how tc hops attach on {kernel.release}"
     RESULTS[version] = {
@@ -113,7 +132,7 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
         "suite": kernel.suite,
         "variant": "floor" if "floor variants: true" in output else "full",
         "tc": tc.group(1),
-        "functions": "kprobe, fentry",
+        "functions": "kprobe, kretprobe, fentry, fexit",
     }
 
 

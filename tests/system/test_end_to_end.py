@@ -222,15 +222,33 @@ def test_trace_resumes_after_dispatcher_restart(topology, influxd):
 
 
 @pytest.mark.parametrize(
-    ("mutate", "field"),
+    ("mutate", "field", "words"),
     [
-        (lambda s: setattr(s.hops[0], "node", "host-z"), "hops[0].node"),
-        (lambda s: setattr(s.hops[2], "dev", "nosuch0"), "hops[2].dev"),
-        (lambda s: setattr(s.hops[1], "at", "fentry:ip_rcv"), "hops[1].at"),
+        (lambda s: setattr(s.hops[0], "node", "host-z"), "hops[0].node", "not registered"),
+        (lambda s: setattr(s.hops[2], "dev", "nosuch0"), "hops[2].dev", "nosuch0"),
+        (
+            lambda s: setattr(s.hops[1], "at", "fentry:ip_rcv"),
+            "hops[1].at",
+            "fentry not permitted: kernel lockdown",
+        ),
+        # the return hops: this kernel's lockdown refuses fexit, and it has no kprobes for a kretprobe
+        (
+            lambda s: setattr(s.hops[1], "at", "fexit:ip_route_input_noref"),
+            "hops[1].at",
+            "fexit:ip_route_input_noref on node host-a: fexit not permitted: kernel lockdown",
+        ),
+        (
+            lambda s: setattr(s.hops[1], "at", "kretprobe:ip_route_input_noref"),
+            "hops[1].at",
+            "kretprobe:ip_route_input_noref on node host-a: kretprobe not supported: kernel has no "
+            "kprobe_events",
+        ),
     ],
+    ids=["unknown-node", "no-device", "fentry", "fexit", "kretprobe"],
 )
-def test_apply_rejects_what_the_nodes_cannot_do(topology, influxd, mutate, field):
-    """Errors that need the agents' registration name the field, and change nothing."""
+def test_apply_rejects_what_the_nodes_cannot_do(topology, influxd, mutate, field, words):
+    """Errors that need the agents' registration name the field (and the node, feature and reason), and
+    change nothing."""
     import grpc
 
     with running_cluster(topology, influxd.url) as cluster:
@@ -238,7 +256,7 @@ def test_apply_rejects_what_the_nodes_cannot_do(topology, influxd, mutate, field
         mutate(spec)
         with pytest.raises(grpc.RpcError) as caught:
             cluster.apply(spec)
-        assert field in caught.value.details()
+        assert field in caught.value.details() and words in caught.value.details(), caught.value.details()
         assert cluster.api().ListTraces(api_pb2.ListTracesRequest()).traces == []
         assert agent_links(cluster) == {"agent-host-a": 0, "agent-host-b": 0}
 

@@ -37,7 +37,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 			kfuncs:  set[string](),
 		},
 		ebpf.Tracing: {
-			attach:  set(ebpf.AttachTraceFEntry, ebpf.AttachTraceRawTp),
+			attach:  set(ebpf.AttachTraceFEntry, ebpf.AttachTraceFExit, ebpf.AttachTraceRawTp),
 			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetCurrentTask, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkStorageGet, asm.FnSpinLock, asm.FnSpinUnlock),
 			kfuncs:  set[string](),
 		},

@@ -1,6 +1,6 @@
 // Package attach loads and attaches one hop of a TracePlan where its `at`
-// says: tcx, XDP, tp_btf, cgroup_skb, fentry, kprobe, socket-read, uprobe and
-// uretprobe, and the sock_ops TCP tagger. Every attachment is an fd-based link and nothing is pinned, so a
+// says: tcx, XDP, tp_btf, cgroup_skb, fentry, fexit, kprobe, kretprobe,
+// socket-read, uprobe and uretprobe, and the sock_ops TCP tagger. Every attachment is an fd-based link and nothing is pinned, so a
 // killed agent leaves nothing attached.
 package attach
 
@@ -216,7 +216,7 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		}
 		h.Describe = fmt.Sprintf("%s on cgroup %s", kindName(kind), path)
 		h.Link, err = link.AttachCgroup(link.CgroupOptions{Path: path, Attach: at, Program: h.Loaded.Program})
-	case pb.AttachKind_ATTACH_KIND_FENTRY:
+	case pb.AttachKind_ATTACH_KIND_FENTRY, pb.AttachKind_ATTACH_KIND_FEXIT:
 		cfg.AttachTo = ha.GetFunction()
 		cfg.Ifindex = uint32(ifindex)
 		if ino, err := netns.Inode(nsPath); err == nil {
@@ -226,11 +226,11 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 			if errors.Is(err, os.ErrPermission) {
 				// Lockdown refuses tracing programs that read kernel memory
 				// (security_locked_down(LOCKDOWN_BPF_READ_KERNEL) -> EPERM).
-				return nil, fmt.Errorf("fentry not permitted: %s (%w)", LockdownReason(), os.ErrPermission)
+				return nil, fmt.Errorf("%s not permitted: %s (%w)", kindName(kind), LockdownReason(), os.ErrPermission)
 			}
 			return nil, err
 		}
-		h.Describe = "fentry " + ha.GetFunction()
+		h.Describe = kindName(kind) + " " + ha.GetFunction()
 		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
 	case pb.AttachKind_ATTACH_KIND_KPROBE:
 		if reason := KprobeUnsupported(); reason != "" {
@@ -245,6 +245,33 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 		}
 		h.Describe = "kprobe " + ha.GetFunction()
 		h.Link, err = link.Kprobe(ha.GetFunction(), h.Loaded.Program, nil)
+	case pb.AttachKind_ATTACH_KIND_KRETPROBE:
+		// hop_kretprobe records at the return the skb its entry kprobe kept
+		// (hop.bpf.h): the pair is one collection, sharing kret_skbs.
+		if reason := KprobeUnsupported(); reason != "" {
+			return nil, errors.New(strings.Replace(reason, "kprobe", "kretprobe", 1))
+		}
+		if cfg.Program != loader.ProgKretprobe {
+			return nil, fmt.Errorf("kretprobe runs %s, not %q", loader.ProgKretprobe, cfg.Program)
+		}
+		cfg.Companion = loader.ProgKretprobeEntry
+		cfg.Ifindex = uint32(ifindex)
+		if ino, err := netns.Inode(nsPath); err == nil {
+			cfg.NetnsIno = uint32(ino)
+		}
+		if err := load(); err != nil {
+			return nil, err
+		}
+		h.Describe = "kretprobe " + ha.GetFunction()
+		// The return first: an entry whose return is not attached yet would only fill kret_skbs.
+		h.Link, err = link.Kretprobe(ha.GetFunction(), h.Loaded.Program, nil)
+		if err == nil {
+			h.companion, err = link.Kprobe(ha.GetFunction(), h.Loaded.Companion, nil)
+			if err != nil {
+				_ = h.Link.Close()
+				h.Link = nil
+			}
+		}
 	default:
 		return nil, fmt.Errorf("unknown attach kind %d", int32(kind))
 	}

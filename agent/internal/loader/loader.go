@@ -40,6 +40,8 @@ const (
 	// times marking events leave for later ones' latencies (one per trace).
 	MapEventStats = "event_stats"
 	MapEventMarks = "event_marks"
+	// A kretprobe hop's skbs between entry and return: created only for it.
+	MapKretSkbs = "kret_skbs"
 )
 
 // dropUnreferencedMaps removes the named maps from s when no program left in
@@ -159,11 +161,14 @@ func ActionsFromPlan(a *pb.HopActions) (Actions, error) {
 type Hop struct {
 	Collection *ebpf.Collection
 	Program    *ebpf.Program
-	Companion  *ebpf.Program // HopConfig.Companion, nil without one
-	Counters   *ebpf.Map
-	Actions    Actions
-	CountKeys  *ebpf.Map // nil when the object has no actions
-	Hist       *ebpf.Map
+	// ProgramName is the variant loaded: HopConfig.Program, or its _floor twin
+	// where the kernel needs it or its verifier gave up on the full one.
+	ProgramName string
+	Companion   *ebpf.Program // HopConfig.Companion, nil without one
+	Counters    *ebpf.Map
+	Actions     Actions
+	CountKeys   *ebpf.Map // nil when the object has no actions
+	Hist        *ebpf.Map
 }
 
 // ActionValues are a hop's cumulative count and histogram.
@@ -504,7 +509,7 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 			delete(s.Programs, name)
 		}
 	}
-	dropUnreferencedMaps(s, MapSockReadQueues, MapSockReadLast)
+	dropUnreferencedMaps(s, MapSockReadQueues, MapSockReadLast, MapKretSkbs)
 	if cfg.AttachTo != "" {
 		ps.AttachTo = cfg.AttachTo
 	}
@@ -563,7 +568,7 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", cfg.Program, verifierTail(err))
 	}
-	h := &Hop{Collection: coll, Program: coll.Programs[program], Companion: coll.Programs[companion], Counters: coll.Maps[MapCounters],
+	h := &Hop{Collection: coll, Program: coll.Programs[program], ProgramName: program, Companion: coll.Programs[companion], Counters: coll.Maps[MapCounters],
 		Actions: cfg.Actions, CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets]}
 	return h, nil
 }

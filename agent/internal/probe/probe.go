@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -56,10 +57,14 @@ func Capabilities() *pb.Capabilities {
 	set("raw_tp", typ(ebpf.RawTracepoint, "raw_tp"))
 	set("tp_btf", tracing(ebpf.AttachTraceRawTp, "netif_receive_skb", "tp_btf"))
 	set("fentry", tracing(ebpf.AttachTraceFEntry, "netif_receive_skb", "fentry"))
-	if r := attach.KprobeUnsupported(); r != "" {
-		set("kprobe", errors.New(r))
-	} else {
-		set("kprobe", typ(ebpf.Kprobe, "kprobe"))
+	set("fexit", tracing(ebpf.AttachTraceFExit, "netif_receive_skb", "fexit"))
+	// A kretprobe hop is a kprobe and a kretprobe (hop.bpf.h): both need kprobe_events.
+	for _, kind := range []string{"kprobe", "kretprobe"} {
+		if r := attach.KprobeUnsupported(); r != "" {
+			set(kind, errors.New(strings.Replace(r, "kprobe", kind, 1)))
+		} else {
+			set(kind, typ(ebpf.Kprobe, kind))
+		}
 	}
 	return c
 }

@@ -291,6 +291,140 @@ func TestKernelFunctionHops(t *testing.T) {
 	}
 }
 
+// returnHopFunction takes the skb and hands it back to its caller unfreed
+// (ip_rcv and netif_receive_skb free or queue it before they return), is
+// called for every IPv4 packet routed on receive that no connected socket's
+// early demux routed first, and is a global function, not inlined, from 5.10
+// (it is exported) to 6.18.
+const returnHopFunction = "ip_route_input_noref"
+
+// TestKernelFunctionReturnHops attaches a function's entry hop and its return
+// hop (kprobe with kretprobe, fentry with fexit) at returnHopFunction and
+// sends datagrams to B: each one has a record of both, the return's no
+// earlier than the entry's, joined by ID to the tc hops. Where the kernel
+// refuses them (this host) the refusal names the hop and the reason.
+func TestKernelFunctionReturnHops(t *testing.T) {
+	tu.RequireRoot(t)
+	const sent = 20
+	pairs := [][2]pb.AttachKind{
+		{pb.AttachKind_ATTACH_KIND_KPROBE, pb.AttachKind_ATTACH_KIND_KRETPROBE},
+		{pb.AttachKind_ATTACH_KIND_FENTRY, pb.AttachKind_ATTACH_KIND_FEXIT},
+	}
+	program := map[pb.AttachKind]string{
+		pb.AttachKind_ATTACH_KIND_KPROBE: loader.ProgKprobe, pb.AttachKind_ATTACH_KIND_KRETPROBE: loader.ProgKretprobe,
+		pb.AttachKind_ATTACH_KIND_FENTRY: loader.ProgFentry, pb.AttachKind_ATTACH_KIND_FEXIT: loader.ProgFexit,
+	}
+	for _, pair := range pairs {
+		entry, ret := pair[0], pair[1]
+		t.Run(spelling(ret), func(t *testing.T) {
+			p := tu.NewVethPair(t, "198.18.43")
+			pl := plan(p, 1)
+			pl.Hops[0].TagUdp = true
+			pl.Hops[2] = &pb.HopAttach{HopIndex: 2, Name: "b-route-in", Kind: entry, Function: returnHopFunction,
+				Program: program[entry], Dev: p.DevB, Netns: p.NsB}
+			pl.Hops = append(pl.Hops, &pb.HopAttach{HopIndex: 3, Name: "b-route-out", Kind: ret,
+				Function: returnHopFunction, Program: program[ret], Dev: p.DevB, Netns: p.NsB})
+			refusal := ""
+			if ret == pb.AttachKind_ATTACH_KIND_KRETPROBE {
+				refusal = strings.Replace(attach.KprobeUnsupported(), "kprobe", "kretprobe", 1)
+			} else if lockdown := attach.LockdownReason(); strings.HasPrefix(lockdown, "kernel lockdown (") {
+				refusal = "fexit not permitted: " + lockdown
+			}
+			if refusal != "" {
+				m, _ := newTestManager(t)
+				hop := m.Apply(pl).GetHops()[3]
+				if hop.GetAttached() || !strings.Contains(hop.GetError(), "hop b-route-out") || !strings.Contains(hop.GetError(), refusal) {
+					t.Fatalf("want a refusal naming hop b-route-out and %q, got %v", refusal, hop)
+				}
+				if err := m.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if n := tcxCount(t, p); n != 0 {
+					t.Fatalf("%d tc programs left attached", n)
+				}
+				t.Logf("refused, as this kernel must: %s", hop.GetError())
+				return
+			}
+			m, q := newTestManager(t)
+			applyAttached(t, m, pl)
+			// A receiver, so no datagram draws a port unreachable; unconnected, so its early demux
+			// routes none of them (the route lookup is returnHopFunction).
+			var receiver net.PacketConn
+			err := netns.Do(netns.Path(p.NsB, ""), func() error {
+				var err error
+				receiver, err = net.ListenPacket("udp4", net.JoinHostPort(p.AddrB, "5000"))
+				return err
+			})
+			if err != nil {
+				t.Fatalf("listen: %v", err)
+			}
+			defer receiver.Close()
+			err = netns.Do(netns.Path(p.NsA, ""), func() error {
+				conn, err := net.ListenPacket("udp4", net.JoinHostPort(p.AddrA, "0"))
+				if err != nil {
+					return err
+				}
+				defer conn.Close()
+				to := &net.UDPAddr{IP: net.ParseIP(p.AddrB), Port: 5000}
+				for i := 0; i < sent; i++ {
+					if _, err := conn.WriteTo([]byte("hoptrace"), to); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatalf("send: %v", err)
+			}
+			byHop := map[uint16]int{}
+			complete := map[uint32]map[uint16]record.Record{}
+			done := 0
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			for done < sent {
+				b := q.Pop(ctx)
+				if b == nil {
+					t.Fatalf("%d of %d datagrams have a record from every hop; records per hop %v", done, sent, byHop)
+				}
+				for off := 0; off < len(b.Records); off += record.Size {
+					var r record.Record
+					if err := record.Decode(b.Records[off:], &r); err != nil {
+						t.Fatal(err)
+					}
+					if r.PacketID == 0 {
+						continue
+					}
+					byHop[r.HopIndex]++
+					if complete[r.PacketID] == nil {
+						complete[r.PacketID] = map[uint16]record.Record{}
+					}
+					complete[r.PacketID][r.HopIndex] = r
+					if len(complete[r.PacketID]) == len(pl.Hops) {
+						done++
+					}
+				}
+			}
+			for id, got := range complete {
+				if len(got) != len(pl.Hops) {
+					t.Errorf("packet %#x: records of hops %v only", id, got)
+					continue
+				}
+				if !(got[1].TsNs <= got[2].TsNs && got[2].TsNs <= got[3].TsNs) {
+					t.Errorf("packet %#x: tc ingress %d, entry %d, return %d: out of order", id, got[1].TsNs, got[2].TsNs, got[3].TsNs)
+				}
+				if got[3].Ifindex != got[1].Ifindex || got[3].Flags&record.FlagUDP == 0 {
+					t.Errorf("packet %#x: return record %+v, tc ingress record %+v", id, got[3], got[1])
+				}
+			}
+			if len(complete) != sent || byHop[2] != sent || byHop[3] != sent {
+				t.Fatalf("sent %d datagrams: %d traced, records per hop %v", sent, len(complete), byHop)
+			}
+			t.Logf("recorded by %s %s: %d of %d datagrams, each after %s", spelling(ret), returnHopFunction,
+				byHop[3], sent, spelling(entry))
+		})
+	}
+}
+
 // spelling is the spec's name of an attach kind (ATTACH_KIND_KPROBE: kprobe).
 func spelling(k pb.AttachKind) string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(k.String(), "ATTACH_KIND_")), "_", "-")

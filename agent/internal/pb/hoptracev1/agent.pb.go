@@ -381,7 +381,7 @@ type Capabilities struct {
 	RingBuffer       bool                   `protobuf:"varint,2,opt,name=ring_buffer,json=ringBuffer,proto3" json:"ring_buffer,omitempty"`
 	TcpHeaderOptions bool                   `protobuf:"varint,3,opt,name=tcp_header_options,json=tcpHeaderOptions,proto3" json:"tcp_header_options,omitempty"`
 	// Keyed by attach kind: "tc", "tcx", "xdp", "tp_btf", "raw_tp",
-	// "cgroup_skb", "sock_ops", "fentry", "kprobe".
+	// "cgroup_skb", "sock_ops", "fentry", "fexit", "kprobe", "kretprobe".
 	Attach map[string]*AttachSupport `protobuf:"bytes,4,rep,name=attach,proto3" json:"attach,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// The hop action fields (enum Field) this agent's programs can read;
 	// which attach kinds give each is the dispatcher's catalogue.
@@ -1517,7 +1517,8 @@ type HopAttach struct {
 	// ATTACH_KIND_TRACEPOINT: tracepoint:GROUP:EVENT.
 	TracepointGroup string `protobuf:"bytes,9,opt,name=tracepoint_group,json=tracepointGroup,proto3" json:"tracepoint_group,omitempty"`
 	TracepointEvent string `protobuf:"bytes,10,opt,name=tracepoint_event,json=tracepointEvent,proto3" json:"tracepoint_event,omitempty"`
-	// ATTACH_KIND_FENTRY, ATTACH_KIND_KPROBE: the kernel function;
+	// ATTACH_KIND_FENTRY, ATTACH_KIND_FEXIT, ATTACH_KIND_KPROBE,
+	// ATTACH_KIND_KRETPROBE: the kernel function;
 	// ATTACH_KIND_UPROBE, ATTACH_KIND_URETPROBE: the symbol in binary.
 	Function string `protobuf:"bytes,11,opt,name=function,proto3" json:"function,omitempty"`
 	// ATTACH_KIND_UPROBE, ATTACH_KIND_URETPROBE: the executable or library, an

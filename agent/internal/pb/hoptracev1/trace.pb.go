@@ -23,9 +23,9 @@ const (
 
 // Where a hop attaches. This enum is the one list of attach kinds: a spec
 // spells each as its name after ATTACH_KIND_, in lower case with '-' for '_'
-// (ATTACH_KIND_TC_EGRESS is "tc-egress"); TRACEPOINT, FENTRY, KPROBE, UPROBE
-// and URETPROBE add ":TARGET" (tracepoint:GROUP:EVENT, fentry:FUNCTION,
-// kprobe:FUNCTION, uprobe:BINARY:SYMBOL).
+// (ATTACH_KIND_TC_EGRESS is "tc-egress"); TRACEPOINT, FENTRY, FEXIT, KPROBE,
+// KRETPROBE, UPROBE and URETPROBE add ":TARGET" (tracepoint:GROUP:EVENT,
+// fentry:FUNCTION, kprobe:FUNCTION, uprobe:BINARY:SYMBOL).
 type AttachKind int32
 
 const (
@@ -48,6 +48,11 @@ const (
 	// is of the packet the calling thread read last at a socket-read hop.
 	AttachKind_ATTACH_KIND_UPROBE    AttachKind = 10
 	AttachKind_ATTACH_KIND_URETPROBE AttachKind = 11
+	// fexit:FUNCTION, kretprobe:FUNCTION: the packet when the kernel function
+	// returns (the first argument is the skb; the function must not free it).
+	// A kretprobe's entry kprobe keeps the skb for its return.
+	AttachKind_ATTACH_KIND_FEXIT     AttachKind = 12
+	AttachKind_ATTACH_KIND_KRETPROBE AttachKind = 13
 )
 
 // Enum value maps for AttachKind.
@@ -65,6 +70,8 @@ var (
 		9:  "ATTACH_KIND_SOCKET_READ",
 		10: "ATTACH_KIND_UPROBE",
 		11: "ATTACH_KIND_URETPROBE",
+		12: "ATTACH_KIND_FEXIT",
+		13: "ATTACH_KIND_KRETPROBE",
 	}
 	AttachKind_value = map[string]int32{
 		"ATTACH_KIND_UNSPECIFIED":    0,
@@ -79,6 +86,8 @@ var (
 		"ATTACH_KIND_SOCKET_READ":    9,
 		"ATTACH_KIND_UPROBE":         10,
 		"ATTACH_KIND_URETPROBE":      11,
+		"ATTACH_KIND_FEXIT":          12,
+		"ATTACH_KIND_KRETPROBE":      13,
 	}
 )
 
@@ -814,7 +823,7 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x14\n" +
 	"\x05field\x18\x03 \x01(\tR\x05field\x12\x16\n" +
 	"\x06fields\x18\x04 \x03(\tR\x06fields\x12\x14\n" +
-	"\x05since\x18\x05 \x01(\tR\x05since*\xd0\x02\n" +
+	"\x05since\x18\x05 \x01(\tR\x05since*\x82\x03\n" +
 	"\n" +
 	"AttachKind\x12\x1b\n" +
 	"\x17ATTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
@@ -829,7 +838,9 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x17ATTACH_KIND_SOCKET_READ\x10\t\x12\x16\n" +
 	"\x12ATTACH_KIND_UPROBE\x10\n" +
 	"\x12\x19\n" +
-	"\x15ATTACH_KIND_URETPROBE\x10\vBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"\x15ATTACH_KIND_URETPROBE\x10\v\x12\x15\n" +
+	"\x11ATTACH_KIND_FEXIT\x10\f\x12\x19\n" +
+	"\x15ATTACH_KIND_KRETPROBE\x10\rBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_trace_proto_rawDescOnce sync.Once

@@ -22,6 +22,8 @@ class AttachKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ATTACH_KIND_SOCKET_READ: _ClassVar[AttachKind]
     ATTACH_KIND_UPROBE: _ClassVar[AttachKind]
     ATTACH_KIND_URETPROBE: _ClassVar[AttachKind]
+    ATTACH_KIND_FEXIT: _ClassVar[AttachKind]
+    ATTACH_KIND_KRETPROBE: _ClassVar[AttachKind]
 ATTACH_KIND_UNSPECIFIED: AttachKind
 ATTACH_KIND_TC_INGRESS: AttachKind
 ATTACH_KIND_TC_EGRESS: AttachKind
@@ -34,6 +36,8 @@ ATTACH_KIND_KPROBE: AttachKind
 ATTACH_KIND_SOCKET_READ: AttachKind
 ATTACH_KIND_UPROBE: AttachKind
 ATTACH_KIND_URETPROBE: AttachKind
+ATTACH_KIND_FEXIT: AttachKind
+ATTACH_KIND_KRETPROBE: AttachKind
 
 class TraceSpec(_message.Message):
     __slots__ = ("name", "filter", "sample", "hops", "events")
