@@ -93,7 +93,19 @@ $(TOOLS)/protoc-gen-go-grpc:
 
 ## ---- build -------------------------------------------------------------
 .PHONY: build
-build: bpf agent ## build the BPF object and the agent
+build: bpf agent pyc ## build the BPF object and the agent, byte-compile the Python
+
+# hoptrace's Python byte-compiled here, once per change: a checkout shared read-only (a guest's, lab/vm.py)
+# cannot write its own __pycache__, and compiling every module at each start takes minutes under TCG.
+PY_PACKAGES := cli collector common dispatcher lab web proto/gen/python
+PYC_STAMP := $(VENV)/.pyc-stamp
+
+.PHONY: pyc
+pyc: $(PYC_STAMP) ## byte-compile hoptrace's Python (a read-only checkout runs from these caches)
+
+$(PYC_STAMP): $(shell find $(PY_PACKAGES) -name '*.py' -not -path '*/node_modules/*' 2>/dev/null) | $(VENV)/.stamp
+	$(PY) -m compileall -q -x node_modules $(PY_PACKAGES)
+	@touch $@
 
 $(VMLINUX_H):
 	@mkdir -p $(BPF_BUILD)

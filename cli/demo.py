@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -16,7 +17,10 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+from hoptrace.collector.report import render_text, report_from_proto
 from hoptrace.common.timeouts import scaled
 from hoptrace.dispatcher.spec import spec_to_yaml
 from hoptrace.lab.localcluster import LocalCluster
@@ -24,6 +28,15 @@ from hoptrace.lab.processes import start_influxd
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
 from hoptrace.lab.workloads import sockperf
+from hoptrace.v1 import api_pb2
+
+# sockperf's count of the messages its client sent in the whole run (warm-up included): the datagrams
+# c1 sent to c2, each of which the trace follows.
+_SENT_MESSAGES = re.compile(r"\[Total Run\].*\bSentMessages=(\d+)")
+
+
+# The report covers the last 5 minutes (`hoptrace report demo-udp --since 5m`): the demo's whole flow.
+REPORT_SINCE_S = 300
 
 
 class _Stopped(Exception):
@@ -35,10 +48,31 @@ def _stop_on_signal(signum: int, _frame: object) -> None:
     raise _Stopped
 
 
-def run_sockperf(topo: TwoHostTopology, seconds: float, mps: int) -> str:
-    """A sockperf UDP ping-pong c1 -> c2; returns the client's summary lines."""
+def run_sockperf(topo: TwoHostTopology, seconds: float, mps: int) -> tuple[int, str]:
+    """A sockperf UDP ping-pong c1 -> c2; returns the datagrams c1 sent and the client's summary lines."""
     out = sockperf(topo, "ping-pong", seconds, "--mps", str(mps))
-    return "\n".join(line for line in out.splitlines() if "avg-latency" in line or "Summary" in line)
+    sent = _SENT_MESSAGES.search(out)
+    if not sent:
+        raise RuntimeError(f"sockperf did not say how many messages it sent:\n{out[-2000:]}")
+    summary = [line for line in out.splitlines() if "avg-latency" in line or "Summary" in line]
+    return int(sent.group(1)), "\n".join(summary)
+
+
+def wait_for_report(
+    cluster: LocalCluster, trace: str, packets: int, timeout_s: float = 30.0
+) -> dict[str, Any]:
+    """The trace's report (as `hoptrace report --json` has it) once it accounts for `packets` packets,
+    complete or not: the collector's join window has closed on the last one and its points are in
+    InfluxDB. After `timeout_s` (scaled), the report as it stands: its counts then show what is missing."""
+    deadline = time.monotonic() + scaled(timeout_s)
+    while True:
+        cluster.check_running()
+        request = api_pb2.GetReportRequest(trace=trace)
+        request.start.FromSeconds(int(time.time()) - REPORT_SINCE_S)
+        report = report_from_proto(cluster.api().GetReport(request, timeout=scaled(30)))
+        if report["packets"] >= packets or time.monotonic() > deadline:
+            return report
+        time.sleep(0.2)  # the collector writes a window per second: poll a few times within one
 
 
 def shell_exports(variables: dict[str, str]) -> str:
@@ -80,13 +114,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     topo = TwoHostTopology(f"htdemo{os.getpid() % 1000}", overlay="vxlan")
     try:
         say("two emulated hosts: c1 on host-a, c2 on host-b, VXLAN between them")
-        topo.create()
+        # The namespaces are built while influxd starts: on a slow machine (a TCG guest) each takes a minute.
+        # influxd is started by this thread: it dies with the thread that started it (PDEATHSIG).
+        with ThreadPoolExecutor(max_workers=1) as background:
+            built = background.submit(topo.create)
+            try:
+                influx = start_influxd()
+            finally:
+                built.result()
         print(f"namespaces: {', '.join(topo.namespaces)}")
 
-        say("InfluxDB, collector, dispatcher, one agent per host")
-        influx = start_influxd()
+        say("InfluxDB, collector, dispatcher, one agent per host, web UI")
         cluster = LocalCluster(influx_url=influx.url)
         cluster.start_on(topo)
+        # The web UI starts now and is waited for last: its start-up overlaps the trace.
+        password = secrets.token_urlsafe(9)
+        _, web_url = cluster.start_web(password)
         print(
             f"dispatcher {cluster.dispatcher_addr}, collector {cluster.collector_addr}, influxdb {influx.url}"
         )
@@ -99,14 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"applied generation {trace.generation} in {time.monotonic() - started:.2f} s")
 
         say(f"sockperf UDP ping-pong c1 -> c2 for {args.seconds:g} s at {args.mps} msg/s")
-        print(run_sockperf(topo, args.seconds, args.mps))
-        time.sleep(scaled(3))  # the collector's join window closes and the last points reach InfluxDB
+        sent, summary = run_sockperf(topo, args.seconds, args.mps)
+        print(summary)
+        print(f"c1 sent {sent} datagrams to c2")
 
-        say("where the time went (hoptrace report demo-udp)")
-        report = cluster.hoptrace("report", "demo-udp", "--since", "5m", check=False)
-        print(report.stdout or report.stderr)
-        password = secrets.token_urlsafe(9)
-        _, web_url = cluster.start_web(password)
+        say("where the time went (hoptrace report demo-udp --since 5m)")
+        print(render_text(wait_for_report(cluster, "demo-udp", sent)))
         cluster.wait_http(web_url + "/login")
         say(f"web UI: {web_url}  (login admin / {password}; results at {web_url}/traces/demo-udp/results)")
         if not args.keep:
@@ -118,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(f"hoptrace {command}" for command in commands), flush=True)
             say(f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up")
             signal.pause()
-        return report.returncode
+        return 0
     except KeyboardInterrupt:
         return 130
     except _Stopped:

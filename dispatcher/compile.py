@@ -27,6 +27,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from hoptrace import kernel_abi
+from hoptrace.common.timeouts import scaled
 from hoptrace.dispatcher import workloads
 from hoptrace.dispatcher.actions import hop_actions, reads_field
 from hoptrace.dispatcher.events import EVENT_PROGRAMS, event_attach
@@ -96,6 +97,7 @@ SOURCE_PREAMBLE = (
 EVENT_INCLUDE = '#include "event.bpf.h"'
 
 CLANG_FLAGS = ("-O2", "-g", "-Wall", "-target", "bpf", "-D__TARGET_ARCH_x86")
+CLANG_TIMEOUT_S = 120  # one per-node object, before HOPTRACE_TIMEOUT_SCALE
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -456,12 +458,16 @@ class BpfCompiler:
             return object_path.read_bytes()
 
     def _clang(self, command: list[str]) -> subprocess.CompletedProcess[str]:
+        # A compile takes seconds here and minutes on a slow machine (a TCG guest): the limit scales.
+        limit_s = scaled(CLANG_TIMEOUT_S)
         try:
-            return subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+            return subprocess.run(command, capture_output=True, text=True, check=False, timeout=limit_s)
         except FileNotFoundError:
             raise CompileError(f"{self.toolchain.clang} not found: the dispatcher needs clang") from None
         except subprocess.TimeoutExpired:
-            raise CompileError("clang did not finish within 120 s") from None
+            raise CompileError(
+                f"clang did not finish within {limit_s:.0f} s (HOPTRACE_TIMEOUT_SCALE stretches this)"
+            ) from None
 
     def compile_plans(self, plans: dict[str, agent_pb2.TracePlan], parallel: int = 4) -> None:
         """Fill each plan's `object`, compiling distinct program sets in parallel; raises CompileError."""

@@ -8,13 +8,14 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 
+from hoptrace.common.timeouts import scaled
 from hoptrace.lab.reference import SOCKPERF_PORT
 from hoptrace.lab.topology import TwoHostTopology
 
 
 def wait_listening(topo: TwoHostTopology, role: str, proto: str, port: int, timeout_s: float = 5.0) -> None:
-    """Wait until something listens on `port` (tcp/udp) inside `role`'s namespace."""
-    deadline = time.monotonic() + timeout_s
+    """Wait until something listens on `port` (tcp/udp) inside `role`'s namespace (`timeout_s` scaled)."""
+    deadline = time.monotonic() + scaled(timeout_s)
     flag = "-tln" if proto == "tcp" else "-uln"
     while time.monotonic() < deadline:
         out = topo.run(role, "ss", "-H", flag, check=False).stdout
@@ -51,7 +52,7 @@ def sockperf(
             on_server_up(srv.pid)
         out = topo.run(
             client, *client_prefix, "sockperf", mode, "-i", topo.addr(server), "-p", str(port),
-            "-t", str(int(seconds)), *client_args, timeout=seconds + 30, check=False,
+            "-t", str(int(seconds)), *client_args, timeout=seconds + scaled(30), check=False,
         )  # fmt: skip
     finally:
         srv.send_signal(signal.SIGINT)
