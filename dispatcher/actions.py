@@ -57,6 +57,8 @@ FIELD_AVAILABILITY: dict[str, frozenset[str]] = {
     "ip_id": ALL_FAMILIES,
     "tcp_flags": ALL_FAMILIES,
     "tcp_window": ALL_FAMILIES,
+    "tcp_seq": ALL_FAMILIES,
+    "tcp_ack": ALL_FAMILIES,
     # Narrowed by FIELD_POINTS below: cgroup-egress only.
     "pid": frozenset({"cgroup_skb"}),
     # Narrowed by FIELD_POINTS below: the skb:kfree_skb tracepoint only.

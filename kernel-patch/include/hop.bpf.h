@@ -482,6 +482,10 @@ static __always_inline __u64 field_value(__u8 field, const struct pkt_info *p, _
 		return p->tcp_flags;
 	case HOPTRACE_FIELD_TCP_WINDOW:
 		return p->tcp_window;
+	case HOPTRACE_FIELD_TCP_SEQ:
+		return p->tcp_seq;
+	case HOPTRACE_FIELD_TCP_ACK:
+		return p->tcp_ack;
 	case HOPTRACE_FIELD_PID:
 		return m->pid;
 	case HOPTRACE_FIELD_DROP_REASON:

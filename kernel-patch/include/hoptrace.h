@@ -163,6 +163,9 @@ enum hoptrace_field {
 	HOPTRACE_FIELD_PID,
 	/* skb:kfree_skb's reason argument (enum skb_drop_reason; the event has it from 5.17). */
 	HOPTRACE_FIELD_DROP_REASON,
+	/* The TCP header's sequence and acknowledgment numbers, as on the wire; 0 if not TCP. */
+	HOPTRACE_FIELD_TCP_SEQ,
+	HOPTRACE_FIELD_TCP_ACK,
 	HOPTRACE_FIELD_MAX,
 };
 

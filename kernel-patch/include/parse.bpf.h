@@ -75,7 +75,7 @@ struct pkt_reader {
 	 * packet a socket received: a tunnel's packet reaches a socket decapsulated, so there is
 	 * no tunnel to descend into. Without both, 6.1's verifier (which marks every scalar
 	 * precise once a program calls bpf_loop's callback) gave up at 1M instructions. */
-	__u8 no_fields; /* leave pkt_info's action fields (tos .. tcp_window) unset */
+	__u8 no_fields; /* leave pkt_info's action fields (tos .. tcp_ack) unset */
 	__u8 no_tunnel; /* parse the outermost packet only */
 };
 
@@ -102,6 +102,8 @@ struct pkt_info {
 	__u8 tcp_flags;	  /* TCP header byte 13 */
 	__u16 ip_id;	  /* IPv4 identification */
 	__u16 tcp_window; /* unscaled */
+	__u32 tcp_seq;
+	__u32 tcp_ack;
 };
 
 static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, __u32 off, void *to,
@@ -492,6 +494,11 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 	if (!r->no_fields) {
 		p->tcp_flags = hdr[13];
 		p->tcp_window = ((__u16)hdr[14] << 8) | hdr[15];
+		/* Byte by byte: the stack copy's 32-bit words need not be aligned. */
+		p->tcp_seq =
+		    ((__u32)hdr[4] << 24) | ((__u32)hdr[5] << 16) | ((__u32)hdr[6] << 8) | hdr[7];
+		p->tcp_ack =
+		    ((__u32)hdr[8] << 24) | ((__u32)hdr[9] << 16) | ((__u32)hdr[10] << 8) | hdr[11];
 	}
 	optlen = (hdr[12] >> 4) * 4;
 	if (optlen < 20 || p->l4_off - p->l3_off + optlen > p->ip_len)

@@ -24,6 +24,7 @@ import (
 type headerValues struct {
 	tos, ttl, tcpFlags uint8
 	ipID, window       uint16
+	seq, ack           uint32
 }
 
 const ethLen = 14
@@ -38,6 +39,8 @@ func tcp4With(v headerValues) []byte {
 	binary.BigEndian.PutUint16(ip[10:], 0)
 	binary.BigEndian.PutUint16(ip[10:], tu.Checksum(ip[:20]))
 	tcp := ip[20:]
+	binary.BigEndian.PutUint32(tcp[4:], v.seq)
+	binary.BigEndian.PutUint32(tcp[8:], v.ack)
 	tcp[13] = v.tcpFlags
 	binary.BigEndian.PutUint16(tcp[14:], v.window)
 	return pkt
@@ -89,11 +92,11 @@ func wantCounts(t *testing.T, field record.ActionField, got, want map[uint64]uin
 func TestFieldsFromIPAndTCPHeaders(t *testing.T) {
 	h := newHarness(t)
 	sent := []headerValues{
-		{tos: 0xb8, ttl: 64, ipID: 0x1234, tcpFlags: 0x02, window: 64240}, // EF DSCP, SYN
-		{tos: 0xb8, ttl: 63, ipID: 0x1235, tcpFlags: 0x12, window: 65160}, // SYN ACK
-		{tos: 0x00, ttl: 64, ipID: 0x1236, tcpFlags: 0x10, window: 502},   // ACK
-		{tos: 0x01, ttl: 1, ipID: 0xffff, tcpFlags: 0x18, window: 502},    // ECT(1), PSH ACK
-		{tos: 0x00, ttl: 255, ipID: 0, tcpFlags: 0x11, window: 0},         // FIN ACK, zero window
+		{tos: 0xb8, ttl: 64, ipID: 0x1234, tcpFlags: 0x02, window: 64240, seq: 0xfffffff0},          // EF DSCP, SYN
+		{tos: 0xb8, ttl: 63, ipID: 0x1235, tcpFlags: 0x12, window: 65160, seq: 7, ack: 0xfffffff1},  // SYN ACK
+		{tos: 0x00, ttl: 64, ipID: 0x1236, tcpFlags: 0x10, window: 502, seq: 0xfffffff1, ack: 8},    // ACK
+		{tos: 0x01, ttl: 1, ipID: 0xffff, tcpFlags: 0x18, window: 502, seq: 0xfffffff1, ack: 8},     // ECT(1), PSH ACK
+		{tos: 0x00, ttl: 255, ipID: 0, tcpFlags: 0x11, window: 0, seq: 0x01020304, ack: 0x0a0b0c0d}, // FIN ACK, zero window
 	}
 	pkts := make([][]byte, len(sent))
 	for i, v := range sent {
@@ -105,6 +108,8 @@ func TestFieldsFromIPAndTCPHeaders(t *testing.T) {
 		record.FieldIPID:      func(v headerValues) uint64 { return uint64(v.ipID) },
 		record.FieldTCPFlags:  func(v headerValues) uint64 { return uint64(v.tcpFlags) },
 		record.FieldTCPWindow: func(v headerValues) uint64 { return uint64(v.window) },
+		record.FieldTCPSeq:    func(v headerValues) uint64 { return uint64(v.seq) },
+		record.FieldTCPAck:    func(v headerValues) uint64 { return uint64(v.ack) },
 	}
 	for field, of := range fields {
 		want := map[uint64]uint64{}
@@ -121,11 +126,12 @@ func TestFieldsFromIPAndTCPHeaders(t *testing.T) {
 	wantCounts(t, record.FieldTCPFlags, countBy(t, h, record.FieldTCPFlags, v6, nil), map[uint64]uint64{0: 3})
 
 	// A VXLAN packet: the fields are the innermost packet's, as the flow is.
-	inner := tcp4With(headerValues{tos: 0x48, ttl: 17, ipID: 77, tcpFlags: 0x04, window: 9})
+	inner := tcp4With(headerValues{tos: 0x48, ttl: 17, ipID: 77, tcpFlags: 0x04, window: 9, seq: 5, ack: 6})
 	outer := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, "198.18.9.1", "198.18.9.2", nil,
 		tu.UDP(50000, 4789, tu.VXLAN(42, inner)), 0))
 	for field, want := range map[record.ActionField]uint64{
 		record.FieldTOS: 0x48, record.FieldTTL: 17, record.FieldIPID: 77, record.FieldTCPFlags: 0x04, record.FieldTCPWindow: 9,
+		record.FieldTCPSeq: 5, record.FieldTCPAck: 6,
 	} {
 		wantCounts(t, field, countBy(t, h, field, [][]byte{outer}, nil), map[uint64]uint64{want: 1})
 	}

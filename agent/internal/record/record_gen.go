@@ -187,7 +187,9 @@ const (
 	FieldTCPWindow    ActionField = 16
 	FieldPID          ActionField = 17
 	FieldDropReason   ActionField = 18
-	FieldMax          ActionField = 19
+	FieldTCPSeq       ActionField = 19
+	FieldTCPAck       ActionField = 20
+	FieldMax          ActionField = 21
 )
 
 // FieldKeys names each field as specs, the collector and reports do, by value.
@@ -211,6 +213,8 @@ var FieldKeys = [FieldMax]string{
 	"tcp_window",
 	"pid",
 	"drop_reason",
+	"tcp_seq",
+	"tcp_ack",
 }
 
 // EventOp is enum hoptrace_event_op: the operator of an event's where: term.

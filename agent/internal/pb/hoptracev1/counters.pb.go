@@ -135,6 +135,8 @@ const (
 	Field_FIELD_TCP_WINDOW    Field = 16
 	Field_FIELD_PID           Field = 17
 	Field_FIELD_DROP_REASON   Field = 18
+	Field_FIELD_TCP_SEQ       Field = 19
+	Field_FIELD_TCP_ACK       Field = 20
 )
 
 // Enum value maps for Field.
@@ -159,6 +161,8 @@ var (
 		16: "FIELD_TCP_WINDOW",
 		17: "FIELD_PID",
 		18: "FIELD_DROP_REASON",
+		19: "FIELD_TCP_SEQ",
+		20: "FIELD_TCP_ACK",
 	}
 	Field_value = map[string]int32{
 		"FIELD_UNSPECIFIED":   0,
@@ -180,6 +184,8 @@ var (
 		"FIELD_TCP_WINDOW":    16,
 		"FIELD_PID":           17,
 		"FIELD_DROP_REASON":   18,
+		"FIELD_TCP_SEQ":       19,
+		"FIELD_TCP_ACK":       20,
 	}
 )
 
@@ -344,7 +350,7 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\rCOUNTER_BYTES\x10\f\x12\x16\n" +
 	"\x12COUNTER_TAG_FAILED\x10\r\x12\x18\n" +
 	"\x14COUNTER_LATENCY_MISS\x10\x0e\x12\x1b\n" +
-	"\x17COUNTER_COUNT_KEYS_FULL\x10\x0f*\xea\x02\n" +
+	"\x17COUNTER_COUNT_KEYS_FULL\x10\x0f*\x90\x03\n" +
 	"\x05Field\x12\x15\n" +
 	"\x11FIELD_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tFIELD_CPU\x10\x01\x12\r\n" +
@@ -366,7 +372,9 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\x0fFIELD_TCP_FLAGS\x10\x0f\x12\x14\n" +
 	"\x10FIELD_TCP_WINDOW\x10\x10\x12\r\n" +
 	"\tFIELD_PID\x10\x11\x12\x15\n" +
-	"\x11FIELD_DROP_REASON\x10\x12*\x8a\x01\n" +
+	"\x11FIELD_DROP_REASON\x10\x12\x12\x11\n" +
+	"\rFIELD_TCP_SEQ\x10\x13\x12\x11\n" +
+	"\rFIELD_TCP_ACK\x10\x14*\x8a\x01\n" +
 	"\aEventOp\x12\x18\n" +
 	"\x14EVENT_OP_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vEVENT_OP_EQ\x10\x01\x12\x0f\n" +

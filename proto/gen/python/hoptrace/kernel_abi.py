@@ -124,6 +124,8 @@ FIELDS = (
     "tcp_window",
     "pid",
     "drop_reason",
+    "tcp_seq",
+    "tcp_ack",
 )
 
 # enum hoptrace_event_op: event where: operators by value ("none" = 0).

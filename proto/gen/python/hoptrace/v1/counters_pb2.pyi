@@ -44,6 +44,8 @@ class Field(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FIELD_TCP_WINDOW: _ClassVar[Field]
     FIELD_PID: _ClassVar[Field]
     FIELD_DROP_REASON: _ClassVar[Field]
+    FIELD_TCP_SEQ: _ClassVar[Field]
+    FIELD_TCP_ACK: _ClassVar[Field]
 
 class EventOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -95,6 +97,8 @@ FIELD_TCP_FLAGS: Field
 FIELD_TCP_WINDOW: Field
 FIELD_PID: Field
 FIELD_DROP_REASON: Field
+FIELD_TCP_SEQ: Field
+FIELD_TCP_ACK: Field
 EVENT_OP_UNSPECIFIED: EventOp
 EVENT_OP_EQ: EventOp
 EVENT_OP_NE: EventOp
