@@ -70,9 +70,12 @@ def pin(pid: int, cpu: str) -> None:
 
 def set_policy(pid: int, nice: int, idle: bool) -> None:
     """Every thread of `pid` at `nice`, under SCHED_IDLE or SCHED_OTHER."""
+    policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
     for tid in threads(pid):
-        subprocess.run(["chrt", "-i" if idle else "-o", "-p", "0", str(tid)], check=True, capture_output=True)
-        os.setpriority(os.PRIO_PROCESS, tid, nice)  # per thread: Linux's PRIO_PROCESS takes a thread id
+        # qemu starts and ends worker threads as it goes: one may be gone by now.
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, tid, nice)  # per thread: Linux's PRIO_PROCESS takes a thread id
 
 
 def set_case(hog: int, case: str) -> None:
