@@ -338,6 +338,22 @@ func unwrapHopPrefix(err error, name string) error {
 	return err
 }
 
+// KernelFunctionRefusal is why this kernel refuses a kernel-function attach
+// of `kind` before trying it (kprobe and kretprobe: no kprobe_events;
+// fentry and fexit: a kernel lockdown), worded as the refusal says it; ""
+// when nothing known stands in the way.
+func KernelFunctionRefusal(kind pb.AttachKind) string {
+	switch kind {
+	case pb.AttachKind_ATTACH_KIND_KPROBE, pb.AttachKind_ATTACH_KIND_KRETPROBE:
+		return strings.Replace(KprobeUnsupported(), "kprobe", kindName(kind), 1)
+	case pb.AttachKind_ATTACH_KIND_FENTRY, pb.AttachKind_ATTACH_KIND_FEXIT:
+		if lockdown := LockdownReason(); strings.HasPrefix(lockdown, "kernel lockdown (") {
+			return kindName(kind) + " not permitted: " + lockdown
+		}
+	}
+	return ""
+}
+
 // LockdownReason describes /sys/kernel/security/lockdown, e.g. "kernel lockdown (integrity)".
 func LockdownReason() string {
 	const path = "/sys/kernel/security/lockdown"

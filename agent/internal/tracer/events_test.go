@@ -245,13 +245,7 @@ func TestEventKernelFunctions(t *testing.T) {
 					{Arg: "arg0", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{int64(unix.SIGWINCH)}}},
 				Count: true, CountBy: pb.EventKey_EVENT_KEY_CPU, RecordArgs: []string{"arg0", "pid"}}
 			e, err := tracer.AttachEvent(spec, ea, loader.Options{})
-			refusal := attach.KprobeUnsupported()
-			if kind == pb.AttachKind_ATTACH_KIND_FENTRY {
-				refusal = ""
-				if lockdown := attach.LockdownReason(); strings.HasPrefix(lockdown, "kernel lockdown (") {
-					refusal = "fentry not permitted: " + lockdown
-				}
-			}
+			refusal := attach.KernelFunctionRefusal(kind)
 			if refusal != "" {
 				field := "events[2]." + names[kind] + ": "
 				if err == nil || !strings.HasPrefix(err.Error(), field) || !strings.Contains(err.Error(), refusal) {

@@ -250,13 +250,7 @@ func TestKernelFunctionHops(t *testing.T) {
 				pb.AttachKind_ATTACH_KIND_FENTRY: loader.ProgFentry}[kind]
 			pl.Hops[2] = &pb.HopAttach{HopIndex: 2, Name: "b-ip-rcv", Kind: kind, Function: "ip_rcv",
 				Program: program, Dev: p.DevB, Netns: p.NsB}
-			refusal := attach.KprobeUnsupported()
-			if kind == pb.AttachKind_ATTACH_KIND_FENTRY {
-				refusal = ""
-				if lockdown := attach.LockdownReason(); strings.HasPrefix(lockdown, "kernel lockdown (") {
-					refusal = "fentry not permitted: " + lockdown
-				}
-			}
+			refusal := attach.KernelFunctionRefusal(kind)
 			if refusal != "" {
 				q := stream.NewQueue(0)
 				m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
@@ -324,12 +318,7 @@ func TestKernelFunctionReturnHops(t *testing.T) {
 				Program: program[entry], Dev: p.DevB, Netns: p.NsB}
 			pl.Hops = append(pl.Hops, &pb.HopAttach{HopIndex: 3, Name: "b-route-out", Kind: ret,
 				Function: returnHopFunction, Program: program[ret], Dev: p.DevB, Netns: p.NsB})
-			refusal := ""
-			if ret == pb.AttachKind_ATTACH_KIND_KRETPROBE {
-				refusal = strings.Replace(attach.KprobeUnsupported(), "kprobe", "kretprobe", 1)
-			} else if lockdown := attach.LockdownReason(); strings.HasPrefix(lockdown, "kernel lockdown (") {
-				refusal = "fexit not permitted: " + lockdown
-			}
+			refusal := attach.KernelFunctionRefusal(ret)
 			if refusal != "" {
 				m, _ := newTestManager(t)
 				hop := m.Apply(pl).GetHops()[3]
