@@ -1,14 +1,16 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Event probes (a spec's events:, issue 11): one generic classic-tracepoint
- * program, loaded once per event with its own load-time constants, that
- * counts the tracepoint's hits passing a where: predicate on its arguments,
- * keyed by CPU or an argument, and keeps a log2 histogram of an argument.
+ * Event probes (a spec's events:, issue 11): one generic program (a classic
+ * tracepoint's, a kprobe's or an fentry's: event_tp, event_kprobe,
+ * event_fentry), loaded once per event with its own load-time constants, that
+ * counts the hits passing a where: predicate on the arguments, keyed by CPU
+ * or an argument, keeps a log2 histogram of an argument or of the time since
+ * another event (event_marks), and statistics of arguments (event_stats).
  * It shares hop.bpf.h's action maps and helpers (count_keys, hist_buckets,
  * counters), so results travel and are stored like hop actions.
  *
  * Argument offsets, sizes and signedness come from the node's tracefs format
- * file, read by the agent at apply time. .rodata is frozen before load, so
+ * file (a function's: its BTF), read by the agent at apply time. .rodata is frozen before load, so
  * the verifier knows every setting: unused terms are dead branches it never
  * walks. The offsets are only known at load time, so they cannot be the
  * constant instruction offsets a direct ctx load needs ("dereference of
