@@ -492,7 +492,7 @@ def test_event_probe_counts_over_kafka_reported_once_across_a_rebalance(
     after the commit as the baseline, not as growth."""
     trace = f"kafka-events-{os.urandom(2).hex()}"
     spec, plan_a, plan_b = traced_path(topology, trace)
-    event = spec_from_data(
+    events_spec = spec_from_data(
         {
             "name": trace,
             "hops": [],
@@ -506,8 +506,8 @@ def test_event_probe_counts_over_kafka_reported_once_across_a_rebalance(
                 }
             ],
         }
-    ).events[0]
-    plan_a["events"] = [json_format.MessageToDict(event_attach(event, 0))]
+    )
+    plan_a["events"] = [json_format.MessageToDict(event_attach(events_spec.events[0], 0, events_spec))]
     lab = kafka_lab(spec, partitions=4)
     collectors = [lab.start_collector() for _ in range(2)]
     for c in collectors:
