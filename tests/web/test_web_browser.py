@@ -85,7 +85,13 @@ def test_operator_builds_a_trace_in_the_browser_and_sees_where_the_time_goes(top
             browser.find_element(By.ID, "username").send_keys(USERNAME)
             browser.find_element(By.ID, "password").send_keys(PASSWORD)
             browser.find_element(By.ID, "login").click()
-            wait(browser, expected_conditions.url_contains("/agents/"), what="back to the agents page")
+            # Not url_contains("/agents/"): the login page's own URL has it (?next=/agents/), so that wait
+            # could end before the login's redirect did, and the rows be read from the login form.
+            wait(
+                browser,
+                expected_conditions.presence_of_element_located((By.CSS_SELECTOR, "#agents tbody tr")),
+                what="back to the agents page, its rows",
+            )
 
             # -- agents: both hosts connected, with their namespaces and devices
             rows = {

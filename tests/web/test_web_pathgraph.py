@@ -63,7 +63,9 @@ def log_in(browser: Any, base: str) -> None:
     browser.find_element(By.ID, "username").send_keys(USERNAME)
     browser.find_element(By.ID, "password").send_keys(PASSWORD)
     browser.find_element(By.ID, "login").click()
-    wait(browser, expected_conditions.url_contains("/traces/new"), what="back to the new-trace page")
+    # Not url_contains("/traces/new"): the login page's own URL has it (?next=...), so that wait could end
+    # before the login's redirect did.
+    wait(browser, expected_conditions.presence_of_element_located((By.ID, "name")), what="the new-trace form")
 
 
 def start_discovery(browser: Any, topo: RoutedTopology, name: str, seconds: str) -> list[str]:
