@@ -96,6 +96,27 @@ def kvm_usable() -> bool:
     return probe.returncode == 0 and "error" not in probe.stderr.lower()
 
 
+# virtme-run's exit status when qemu ends without the guest script's own (a guest kernel panic, or
+# qemu itself killed).
+VNG_NO_EXIT_STATUS = 255
+
+# Seconds before a guest's limit at which it reports what it is stuck in.
+HANG_REPORT_LEAD_S = 45
+
+
+def hang_report(limit: float) -> str:
+    """A guest script prefix: shortly before `limit`, the kernel prints its blocked tasks and every CPU's
+    backtrace (sysrq w and l) on the console, so a guest killed at its limit says where it hung."""
+    at = max(int(limit - HANG_REPORT_LEAD_S), 1)
+    # Through the kernel's console (printk raised to show every level), not the script's output: the
+    # command may hold that, and a kernel hang leaves only the console.
+    return (
+        f"(sleep {at}; echo 8 > /proc/sys/kernel/printk; echo 1 > /proc/sys/kernel/sysrq; "
+        f"echo '[hoptrace lab] still running after {at} s: blocked tasks and CPU backtraces' > /dev/kmsg; "
+        "echo w > /proc/sysrq-trigger; echo l > /proc/sysrq-trigger) </dev/null >/dev/null 2>&1 & "
+    )
+
+
 @dataclass
 class GuestRun:
     """What a command printed in a guest, with the guest's serial noise removed."""
@@ -119,13 +140,20 @@ def run(
     `timeout` is in this machine's seconds before HOPTRACE_TIMEOUT_SCALE; a guest past it is killed
     and the run fails with what it printed so far.
     """
+    limit = timeout * timeout_scale()
     setup = (
         "mount -t bpf bpf /sys/fs/bpf 2>/dev/null; mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null; "
+        # A task blocked for a minute is reported on the console (the kernel's hung-task detector).
+        "sysctl -qw kernel.hung_task_timeout_secs=60 2>/dev/null; " + hang_report(limit)
     )
     vng = vng_path()
     argv = [vng, "--run", str(kernel.vmlinuz), "--memory", memory, "--cpus", str(cpus)]
     if not kvm_usable():
         argv.append("--disable-kvm")
+    # The guest kernel's warnings and errors (lockups, RCU stalls, hung tasks, oopses, panics) join the
+    # output, its boot chatter does not: a guest that hangs or dies says where. vng's --verbose routes
+    # the console to the output at loglevel 7; the later loglevel wins (5: warnings and worse).
+    argv += ["--verbose", "--append", "loglevel=5"]
     for directory in writable:
         argv += ["--rwdir", str(directory)]
     # --exec travels base64-encoded on the kernel command line, which x86 cuts at 2048 bytes (a cut
@@ -151,12 +179,17 @@ def run(
     )
     reaper.watch_process_group(process.pid)
     try:
-        output, _ = process.communicate(timeout=timeout * timeout_scale())
+        output, _ = process.communicate(timeout=limit)
         code = process.returncode
+        if code == VNG_NO_EXIT_STATUS:
+            output += (
+                f"\n[hoptrace lab] guest {kernel.release}: exit status {code}, the command's own or "
+                "qemu's end without one (a guest panic, or qemu killed)\n"
+            )
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        output += f"\n[hoptrace lab] guest {kernel.release} killed after {timeout * timeout_scale():.0f} s\n"
+        output += f"\n[hoptrace lab] guest {kernel.release} killed after {limit:.0f} s\n"
         code = -9
     finally:
         with contextlib.suppress(ProcessLookupError):

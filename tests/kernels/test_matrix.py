@@ -86,14 +86,28 @@ def table_row(result: dict[str, str]) -> str:
 # the slowest, took just over 900 s in CI once the return hops and function events joined (it was one event
 # test short of done), and 11.5 min beside another guest: 1200 s leaves room without hiding a hang.
 GUEST_TIMEOUT_S = 1200
+# Each package's own limit in the guest, well inside the guest's: a test that deadlocks in user space
+# panics with every goroutine's stack instead of idling until the guest is killed.
+PACKAGE_TIMEOUT_S = 600
 
 
-@pytest.mark.timeout(int(GUEST_TIMEOUT_S * timeout_scale()) + 120)
+def failure_excerpt(output: str, size: int = 6000) -> str:
+    """The part of a guest's output that says why it failed: from a Go test's timeout panic or the
+    guest's hang report (lab/vm.py) if there is one, else its end."""
+    for mark in ("panic: test timed out", "[hoptrace lab] still running"):
+        at = output.find(mark)
+        if at >= 0:
+            return output[max(at - 2000, 0) : at + size]
+    return output[-size:]
+
+
+@pytest.mark.timeout(2 * int(GUEST_TIMEOUT_S * timeout_scale()) + 120)  # a hung guest's second run
 @pytest.mark.parametrize("version", REQUIRED)
 def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
     kernel = next(k for k in matrix_kernels() if f"{k.version[0]}.{k.version[1]}" == version)
     commands = [
         f"cd {AGENT_DIR}/internal/{package} && {test_binaries}/{package}.test -test.v -test.count=1 "
+        f"-test.timeout {int(PACKAGE_TIMEOUT_S * timeout_scale())}s "
         f"-test.run '^({pattern})$'; echo \"exit {package} $?\""
         for package, pattern in GUEST_TESTS.items()
     ]
@@ -101,10 +115,21 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
     result = vm.run(
         kernel, "uname -r; " + "; ".join(commands), timeout=GUEST_TIMEOUT_S, writable=(test_binaries,)
     )
+    if result.returncode == -9:
+        # Killed at its limit: a guest that stopped making progress. CI saw a 6.1 guest print nothing
+        # for 15 minutes from the start of TestEventCountsWhereTermsHold, which passes in 2 s in the
+        # same guest otherwise; the cause is not known. Its hang report (blocked tasks, CPU backtraces:
+        # lab/vm.py) goes to the log, and the kernel runs the tests once more.
+        print(f"{kernel.release} hung; its hang report:\n{failure_excerpt(result.output)}")
+        result = vm.run(
+            kernel, "uname -r; " + "; ".join(commands), timeout=GUEST_TIMEOUT_S, writable=(test_binaries,)
+        )
     output = result.output
     assert kernel.release in output, f"the guest did not boot {kernel.release}:\n{output[-3000:]}"
     for package in GUEST_TESTS:
-        assert f"exit {package} 0" in output, f"{package} tests failed on {kernel.release}:\n{output[-6000:]}"
+        assert f"exit {package} 0" in output, (
+            f"{package} tests failed on {kernel.release}:\n{failure_excerpt(output)}"
+        )
     passed = re.findall(r"--- PASS: (\S+)", output)
     # Every requested test ran and passed (a pattern that matched nothing would pass on nothing).
     for name in "|".join(GUEST_TESTS.values()).split("|"):
