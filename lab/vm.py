@@ -134,11 +134,13 @@ def run(
     writable: tuple[Path, ...] = (),
     memory: str = "2G",
     cpus: int = 2,
+    log: Path | None = None,
 ) -> GuestRun:
     """Boots `kernel`, runs `command` as root in it (bpffs and tracefs mounted) and powers it off.
 
     `timeout` is in this machine's seconds before HOPTRACE_TIMEOUT_SCALE; a guest past it is killed
-    and the run fails with what it printed so far.
+    and the run fails with what it printed so far. `log`, if given, receives the output as the guest
+    prints it (`tail -f` it to watch a long run) and keeps it after.
     """
     limit = timeout * timeout_scale()
     setup = (
@@ -168,33 +170,38 @@ def run(
     # vng forks virtme-run, which forks qemu: the guest is the whole process group, and the group is
     # killed when the run ends, times out, or this process dies (the Reaper).
     reaper = Reaper()
-    process = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    # The output goes to a file as it comes (a pipe would show nothing until the guest ends).
+    log_path = log or Path(scripts.name) / "output.log"
+    with open(log_path, "wb") as sink:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     reaper.watch_process_group(process.pid)
+    note = ""
     try:
-        output, _ = process.communicate(timeout=limit)
-        code = process.returncode
+        code = process.wait(timeout=limit)
         if code == VNG_NO_EXIT_STATUS:
-            output += (
+            note = (
                 f"\n[hoptrace lab] guest {kernel.release}: exit status {code}, the command's own or "
                 "qemu's end without one (a guest panic, or qemu killed)\n"
             )
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        output += f"\n[hoptrace lab] guest {kernel.release} killed after {limit:.0f} s\n"
+        note = f"\n[hoptrace lab] guest {kernel.release} killed after {limit:.0f} s\n"
         code = -9
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         reaper.release()
+        output = log_path.read_bytes().decode(errors="replace") + note
+        if log is not None and note:
+            with open(log, "a") as kept:
+                kept.write(note)
         scripts.cleanup()
     return GuestRun(kernel, code, output.replace("\r", ""))

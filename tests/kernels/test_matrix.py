@@ -103,7 +103,7 @@ def failure_excerpt(output: str, size: int = 6000) -> str:
 
 @pytest.mark.timeout(2 * int(GUEST_TIMEOUT_S * timeout_scale()) + 120)  # a hung guest's second run
 @pytest.mark.parametrize("version", REQUIRED)
-def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
+def test_bpf_runs_on_kernel(version: str, test_binaries: Path, tmp_path: Path) -> None:
     kernel = next(k for k in matrix_kernels() if f"{k.version[0]}.{k.version[1]}" == version)
     commands = [
         f"cd {AGENT_DIR}/internal/{package} && {test_binaries}/{package}.test -test.v -test.count=1 "
@@ -112,8 +112,13 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
         for package, pattern in GUEST_TESTS.items()
     ]
     # 5.10 under TCG runs the action tests in ~70 s more; 480 s no longer left room for a busy machine.
+    # The guest's output as it runs: tail -f it (pytest keeps the last three runs' directories).
     result = vm.run(
-        kernel, "uname -r; " + "; ".join(commands), timeout=GUEST_TIMEOUT_S, writable=(test_binaries,)
+        kernel,
+        "uname -r; " + "; ".join(commands),
+        timeout=GUEST_TIMEOUT_S,
+        writable=(test_binaries,),
+        log=tmp_path / "guest.log",
     )
     if result.returncode == -9:
         # Killed at its limit: a guest that stopped making progress. CI saw a 6.1 guest print nothing
@@ -122,7 +127,11 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path) -> None:
         # lab/vm.py) goes to the log, and the kernel runs the tests once more.
         print(f"{kernel.release} hung; its hang report:\n{failure_excerpt(result.output)}")
         result = vm.run(
-            kernel, "uname -r; " + "; ".join(commands), timeout=GUEST_TIMEOUT_S, writable=(test_binaries,)
+            kernel,
+            "uname -r; " + "; ".join(commands),
+            timeout=GUEST_TIMEOUT_S,
+            writable=(test_binaries,),
+            log=tmp_path / "guest-again.log",
         )
     output = result.output
     assert kernel.release in output, f"the guest did not boot {kernel.release}:\n{output[-3000:]}"
