@@ -1,0 +1,156 @@
+"""TCP throughput under tracing, cost by cost (issue 13).
+
+iperf3 TCP c1 -> c2 over the reference VXLAN path, conditions interleaved in rounds (order rotated):
+
+- `none`: nothing traces;
+- `hops`: the 8 hop programs attached, TCP not tagged (every segment parsed at every hop, none recorded);
+- `tag_s100`: the 8 hops and the sock_ops tagger, 1 segment in 100 tagged and recorded;
+- `tag_all`: the same, every segment tagged and recorded.
+
+Each ratio is the condition's throughput over the same round's `none`: median, min..max over rounds. With
+`--perf COND`, `perf record -a -g` runs during that condition's first iperf3 run and `perf report` prints the
+top symbols (finding the cost before changing code).
+
+    .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--perf tag_s100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from overhead import iperf3
+
+from common import BenchContext, RecordSink, bpftool_json, log, median, path_agents, path_plans
+from hoptrace.lab.topology import TwoHostTopology
+
+CONDITIONS = ["none", "hops", "tag_s100", "tag_all"]
+
+
+@contextlib.contextmanager
+def condition(name: str, topo: TwoHostTopology, workdir: Path, sink: RecordSink) -> Iterator[None]:
+    """Tracing as condition `name` for the block."""
+    if name == "none":
+        yield
+        return
+    sample = 100 if name == "tag_s100" else 1
+    plans = path_plans(
+        topo, f"tcpo-{name}", {"dst": topo.addr("c2")}, sample=sample, tcp_tagging=name != "hops"
+    )
+    with path_agents(topo, sink.addr, workdir, plans):
+        yield
+
+
+@contextlib.contextmanager
+def perf_record(out: Path) -> Iterator[None]:
+    """`perf record -a -g` for the block."""
+    proc = subprocess.Popen(
+        ["perf", "record", "-a", "-g", "-o", str(out), "--", "sleep", "3600"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        subprocess.run(["pkill", "-INT", "-P", str(proc.pid)], check=False)
+        proc.send_signal(2)
+        proc.wait(60)
+
+
+def perf_top(data: Path, lines: int = 45) -> str:
+    """The top symbols of a recording, by self time."""
+    out = subprocess.run(
+        ["perf", "report", "-i", str(data), "--no-children", "--sort", "sym", "--stdio", "-g", "none"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.strip() and not line.startswith("#")]
+    return "\n".join(rows[:lines])
+
+
+def prog_stats() -> dict[str, tuple[int, int]]:
+    """(run_time_ns, run_cnt) summed per BPF program name (bpf_stats must be on)."""
+    totals: dict[str, tuple[int, int]] = {}
+    for prog in bpftool_json("prog", "show"):
+        name = prog.get("name", "?")
+        t, c = totals.get(name, (0, 0))
+        totals[name] = (t + prog.get("run_time_ns", 0), c + prog.get("run_cnt", 0))
+    return totals
+
+
+def stats_growth(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> str:
+    """Each program's runs and ns per run between two snapshots, busiest first."""
+    rows = []
+    for name, (t, c) in after.items():
+        t0, c0 = before.get(name, (0, 0))
+        if c > c0:
+            rows.append((t - t0, name, c - c0))
+    rows.sort(reverse=True)
+    return "; ".join(f"{name} {runs} runs {total / runs:.0f} ns" for total, name, runs in rows[:8])
+
+
+def run(rounds: int, seconds: int, perf: str | None) -> dict[str, Any]:
+    """Interleaved rounds of every condition; throughput ratios to `none`."""
+    ctx = BenchContext(quick=False)
+    sink = RecordSink()
+    topo = TwoHostTopology(f"tco{os.getpid() % 1000}", overlay="vxlan")
+    raw: list[dict[str, float]] = []
+    profiled = False
+    grown = ""
+    subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"], check=True)
+    try:
+        topo.create()
+        with tempfile.TemporaryDirectory(prefix="hoptrace-tcpo-") as tmp:
+            for r in range(rounds):
+                order = CONDITIONS[r % len(CONDITIONS) :] + CONDITIONS[: r % len(CONDITIONS)]
+                measured: dict[str, float] = {}
+                for name in order:
+                    with condition(name, topo, ctx.workdir, sink):
+                        if name == perf and not profiled:
+                            data = Path(tmp) / "perf.data"
+                            with perf_record(data):
+                                measured[name] = iperf3(topo, seconds, udp=False)
+                            print(f"perf, condition {name}:\n{perf_top(data)}", flush=True)
+                            profiled = True
+                        else:
+                            before = prog_stats()
+                            measured[name] = iperf3(topo, seconds, udp=False)
+                            grown = stats_growth(before, prog_stats())
+                    log(f"round {r + 1} {name}: {measured[name]:.0f} Mbit/s; {grown}")
+                raw.append(measured)
+    finally:
+        subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"], check=False)
+        topo.destroy()
+        sink.close()
+    ratios = {}
+    for name in CONDITIONS:
+        values = [rd[name] / rd["none"] for rd in raw]
+        ratios[name] = {"median": median(values), "min": min(values), "max": max(values)}
+        mbps = median([rd[name] for rd in raw])
+        print(
+            f"{name:9s} {mbps:8.0f} Mbit/s  x{ratios[name]['median']:.3f} "
+            f"({ratios[name]['min']:.3f}..{ratios[name]['max']:.3f})"
+        )
+    return {"raw": raw, "ratios": ratios}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--perf", choices=CONDITIONS, help="profile this condition's first run")
+    args = ap.parse_args()
+    run(args.rounds, args.seconds, args.perf)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
