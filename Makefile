@@ -184,13 +184,14 @@ lint: $(VENV)/.stamp lint-imports ## ruff, import layering, gofmt, go vet, clang
 	clang-format --dry-run -Werror kernel-patch/*.c kernel-patch/include/*.h
 
 # The unit tier runs as nobody to prove it needs no root. The venv's interpreter lives under /root (pyenv),
-# so Debian's python3.11 (same ABI) runs it with the venv's site-packages.
+# so Debian's python3.11 (same ABI) runs it with the venv's site-packages, and only those (-S): Debian's
+# dist-packages may hold older copies (docker.io -> runc -> criu brings python3-protobuf 3.21).
 UNIT_HOME := /tmp/hoptrace-unit-home
 .PHONY: test-unit
 test-unit: setup ## the pure tests (marker unit), as an unprivileged user
 	@mkdir -p $(UNIT_HOME) && chmod 1777 $(UNIT_HOME)
 	setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=$(UNIT_HOME) PYTHONDONTWRITEBYTECODE=1 \
-		/usr/bin/python3.11 -c "import site, sys; site.addsitedir('$(VENV)/lib/python3.11/site-packages'); \
+		/usr/bin/python3.11 -S -c "import site, sys; site.addsitedir('$(VENV)/lib/python3.11/site-packages'); \
 		import pytest; sys.exit(pytest.main(['-q', '-m', 'unit', '-p', 'no:cacheprovider', 'tests']))"
 
 .PHONY: test

@@ -12,14 +12,15 @@ pytestmark = pytest.mark.unit  # no root, no server: make test-unit runs it with
 
 
 def cli(*args: str) -> list[str]:
-    """argv of the `hoptrace` CLI in a child with this interpreter's site directories (make test-unit runs
-    Debian's python with the venv's added at run time; the editable install's finder comes with them)."""
+    """argv of the `hoptrace` CLI in a child with this interpreter's site directories and no others (make
+    test-unit runs Debian's python with the venv's added at run time, the editable install's finder with
+    them; -S keeps Debian's dist-packages and their older protobuf out)."""
     sites = [path for path in sys.path if path.endswith("site-packages")]
     code = (
         f"import site, sys; [site.addsitedir(p) for p in {sites!r}]; "
         "from hoptrace.cli.main import main; sys.exit(main(sys.argv[1:]))"
     )
-    return [sys.executable, "-c", code, *args]
+    return [sys.executable, "-S", "-c", code, *args]
 
 
 def test_a_reader_that_left_gets_no_traceback() -> None:
