@@ -4,7 +4,9 @@ iperf3 TCP c1 -> c2 over the reference VXLAN path, conditions interleaved in rou
 
 - `none`: nothing traces;
 - `hops`: the 8 hop programs attached, TCP not tagged (every segment parsed at every hop, none recorded);
-- `tag_s100`: the 8 hops and the sock_ops tagger, 1 segment in 100 tagged and recorded;
+- `tag_none`: the 8 hops and the sock_ops tagger, sampling 1 segment in 10^9 (option space reserved on
+  every segment, filled with NOPs: the tagger's presence without records);
+- `tag_s100`: the 8 hops and the tagger, 1 segment in 100 tagged and recorded;
 - `tag_all`: the same, every segment tagged and recorded.
 
 Each ratio is the condition's throughput over the same round's `none`: median, min..max over rounds. With
@@ -31,7 +33,8 @@ from overhead import iperf3
 from common import BenchContext, RecordSink, bpftool_json, log, median, path_agents, path_plans
 from hoptrace.lab.topology import TwoHostTopology
 
-CONDITIONS = ["none", "hops", "tag_s100", "tag_all"]
+CONDITIONS = ["none", "hops", "tag_none", "tag_s100", "tag_all"]
+SAMPLE = {"tag_none": 10**9, "tag_s100": 100}
 
 
 @contextlib.contextmanager
@@ -40,7 +43,7 @@ def condition(name: str, topo: TwoHostTopology, workdir: Path, sink: RecordSink)
     if name == "none":
         yield
         return
-    sample = 100 if name == "tag_s100" else 1
+    sample = SAMPLE.get(name, 1)
     plans = path_plans(
         topo, f"tcpo-{name}", {"dst": topo.addr("c2")}, sample=sample, tcp_tagging=name != "hops"
     )
@@ -97,8 +100,8 @@ def stats_growth(before: dict[str, tuple[int, int]], after: dict[str, tuple[int,
     return "; ".join(f"{name} {runs} runs {total / runs:.0f} ns" for total, name, runs in rows[:8])
 
 
-def run(rounds: int, seconds: int, perf: str | None) -> dict[str, Any]:
-    """Interleaved rounds of every condition; throughput ratios to `none`."""
+def run(rounds: int, seconds: int, perf: str | None, conditions: list[str]) -> dict[str, Any]:
+    """Interleaved rounds of `conditions` (`none` first); throughput ratios to `none`."""
     ctx = BenchContext(quick=False)
     sink = RecordSink()
     topo = TwoHostTopology(f"tco{os.getpid() % 1000}", overlay="vxlan")
@@ -110,7 +113,7 @@ def run(rounds: int, seconds: int, perf: str | None) -> dict[str, Any]:
         topo.create()
         with tempfile.TemporaryDirectory(prefix="hoptrace-tcpo-") as tmp:
             for r in range(rounds):
-                order = CONDITIONS[r % len(CONDITIONS) :] + CONDITIONS[: r % len(CONDITIONS)]
+                order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
                 measured: dict[str, float] = {}
                 for name in order:
                     with condition(name, topo, ctx.workdir, sink):
@@ -131,7 +134,7 @@ def run(rounds: int, seconds: int, perf: str | None) -> dict[str, Any]:
         topo.destroy()
         sink.close()
     ratios = {}
-    for name in CONDITIONS:
+    for name in conditions:
         values = [rd[name] / rd["none"] for rd in raw]
         ratios[name] = {"median": median(values), "min": min(values), "max": max(values)}
         mbps = median([rd[name] for rd in raw])
@@ -147,8 +150,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--perf", choices=CONDITIONS, help="profile this condition's first run")
+    ap.add_argument(
+        "--conditions", default=",".join(CONDITIONS), help="comma-separated, of " + ", ".join(CONDITIONS)
+    )
     args = ap.parse_args()
-    run(args.rounds, args.seconds, args.perf)
+    conditions = ["none"] + [c for c in args.conditions.split(",") if c and c != "none"]
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown:
+        ap.error(f"unknown conditions {unknown}: choose from {', '.join(CONDITIONS)}")
+    run(args.rounds, args.seconds, args.perf, conditions)
     return 0
 
 
