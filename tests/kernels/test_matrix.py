@@ -112,34 +112,32 @@ def test_bpf_runs_on_kernel(version: str, test_binaries: Path, tmp_path: Path) -
         f"-test.run '^({pattern})$'; echo \"exit {package} $?\""
         for package, pattern in GUEST_TESTS.items()
     ]
+
     # 5.10 under TCG runs the action tests in ~70 s more; 480 s no longer left room for a busy machine.
     # The guest's output as it runs: tail -f it (pytest keeps the last three runs' directories).
-    result = vm.run(
-        kernel,
-        "uname -r; " + "; ".join(commands),
-        timeout=GUEST_TIMEOUT_S,
-        writable=(test_binaries,),
-        log=tmp_path / "guest.log",
-    )
+    def run_guest(log: str) -> vm.GuestRun:
+        return vm.run(
+            kernel,
+            "uname -r; " + "; ".join(commands),
+            timeout=GUEST_TIMEOUT_S,
+            writable=(test_binaries,),
+            log=tmp_path / log,
+        )
+
+    result = run_guest("guest.log")
     if result.returncode == -9:
         # Killed at its limit: a guest that stopped making progress. CI saw a 6.1 guest print nothing
         # for 15 minutes from the start of TestEventCountsWhereTermsHold, which passes in 2 s in the
         # same guest otherwise; the cause is not known. Its hang report (blocked tasks, CPU backtraces:
-        # lab/vm.py) goes to the log, and the kernel runs the tests once more.
-        # A warning, so a run that passes the second time still says so in pytest's summary.
+        # lab/vm.py) goes to the log, and the kernel runs the tests once more. A warning, so a run that
+        # passes the second time still says so in pytest's summary.
         warnings.warn(
             f"{kernel.release}: the guest hung and ran again; its output, with the hang report: "
             f"{tmp_path / 'guest.log'}",
             stacklevel=1,
         )
         print(f"{kernel.release} hung; its hang report:\n{failure_excerpt(result.output)}")
-        result = vm.run(
-            kernel,
-            "uname -r; " + "; ".join(commands),
-            timeout=GUEST_TIMEOUT_S,
-            writable=(test_binaries,),
-            log=tmp_path / "guest-again.log",
-        )
+        result = run_guest("guest-again.log")
     output = result.output
     assert kernel.release in output, f"the guest did not boot {kernel.release}:\n{output[-3000:]}"
     for package in GUEST_TESTS:
