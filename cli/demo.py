@@ -62,15 +62,19 @@ def wait_for_report(
     cluster: LocalCluster, trace: str, packets: int, timeout_s: float = 30.0
 ) -> dict[str, Any]:
     """The trace's report (as `hoptrace report --json` has it) once it accounts for `packets` packets,
-    complete or not: the collector's join window has closed on the last one and its points are in
-    InfluxDB. After `timeout_s` (scaled), the report as it stands: its counts then show what is missing."""
+    complete or not, and every segment for every complete one: the collector's join window has closed on
+    the last packet and the windows of its segments are in InfluxDB (a second's window is written after
+    the packet counts that reach it). After `timeout_s` (scaled), the report as it stands: its counts then
+    show what is missing."""
     deadline = time.monotonic() + scaled(timeout_s)
     while True:
         cluster.check_running()
         request = api_pb2.GetReportRequest(trace=trace)
         request.start.FromSeconds(int(time.time()) - REPORT_SINCE_S)
         report = report_from_proto(cluster.api().GetReport(request, timeout=scaled(30)))
-        if report["packets"] >= packets or time.monotonic() > deadline:
+        segments = [*report["segments"], report["end_to_end"]]
+        accounted = report["packets"] >= packets and all(s["count"] >= report["complete"] for s in segments)
+        if accounted or time.monotonic() > deadline:
             return report
         time.sleep(0.2)  # the collector writes a window per second: poll a few times within one
 
