@@ -18,6 +18,7 @@ import time
 import pytest
 from system_helpers import UdpSender, running_cluster, wait_report
 
+from hoptrace.common.timeouts import scaled
 from hoptrace.dispatcher.spec import load_spec
 from hoptrace.lab.bpfstate import bpf_fds, bpftool_json, tcx_attachments
 from hoptrace.lab.reference import vxlan_path_spec
@@ -64,10 +65,20 @@ def assert_reference_in_order(topo, hops) -> None:
     assert positions == sorted(positions), (positions, found)
 
 
+def discovery_programs() -> list[str]:
+    """Names of the discovery programs the kernel still lists."""
+    names = [p.get("name", "") for p in bpftool_json("prog", "show") or []]
+    return [n for n in names if n.startswith("discover_")]
+
+
 def assert_nothing_attached_anywhere(cluster=None) -> None:
     """No discovery program loaded anywhere (bpftool), no BPF link held by a running agent of `cluster`."""
-    names = [p.get("name", "") for p in bpftool_json("prog", "show") or []]
-    assert [n for n in names if n.startswith("discover_")] == []
+    # An agent closes its discovery programs after it reports its summary, and the kernel may drop a
+    # closed link's program a little later (deferred link release): they must be gone, in bounded time.
+    deadline = time.monotonic() + scaled(10)
+    while discovery_programs() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert discovery_programs() == []
     for name, component in cluster.components.items() if cluster else []:
         if name.startswith("agent-") and component.process.poll() is None:
             assert bpf_fds(component.process.pid)["link"] == set(), name
