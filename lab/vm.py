@@ -103,10 +103,10 @@ VNG_NO_EXIT_STATUS = 255
 # Under TCG, a guest whose kernel patches its syscall entry path while the other vCPU runs it can hang
 # there for good: a 6.1 guest attaching a program to syscalls:sys_enter_kill had both vCPUs soft-locked at
 # the same instruction of syscall_trace_enter (a jump label site; exc_int3 and do_sync_core of the text
-# patching on their stacks), 1 run in 3. The patching happens when the sys_enter/sys_exit tracepoints go
-# from 0 to 1 probe (static key) or 1 to 2 (static call): two probes on each before the command, one per
-# tracefs instance (ftrace's probe is per instance), leave nothing to patch when a program attaches. The
-# event (sys_*_reboot) fires only at the guest's power-off.
+# patching on their stacks), in 2 of 7 runs here. The patching happens when the sys_enter/sys_exit
+# tracepoints go from 0 to 1 probe (static key) or 1 to 2 (static call): two probes on each before the
+# command, one per tracefs instance (ftrace's probe is per instance), leave nothing to patch when a
+# program attaches. The event (sys_*_reboot) fires only at the guest's power-off.
 SYSCALL_TRACEPOINTS_ON = (
     "t=/sys/kernel/tracing; mkdir -p $t/instances/hoptrace-lab 2>/dev/null; "
     "for d in $t $t/instances/hoptrace-lab; do for e in sys_enter_reboot sys_exit_reboot; do "
