@@ -11,7 +11,8 @@ iperf3 TCP c1 -> c2 over the reference VXLAN path, conditions interleaved in rou
 
 Each ratio is the condition's throughput over the same round's `none`: median, min..max over rounds. With
 `--perf COND`, `perf record -a -g` runs during that condition's first iperf3 run and `perf report` prints the
-top symbols (finding the cost before changing code).
+top symbols (finding the cost before changing code). Each run also logs the receiver's TCP counters (nstat in
+c2: out-of-order queueing, header prediction hits, coalescing).
 
     .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--perf tag_s100]
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -100,6 +102,19 @@ def stats_growth(before: dict[str, tuple[int, int]], after: dict[str, tuple[int,
     return "; ".join(f"{name} {runs} runs {total / runs:.0f} ns" for total, name, runs in rows[:8])
 
 
+# Receiver counters that tell how TCP took the flow (nstat names).
+NSTAT_KEYS = ("TcpInSegs", "TcpExtTCPOFOQueue", "TcpExtTCPHPHits", "TcpExtTCPRcvCoalesce")
+
+
+def nstat(topo: TwoHostTopology, role: str) -> dict[str, int]:
+    """The TCP counters of a role's namespace (`nstat -a -z -j`), flattened."""
+    out = topo.run(role, "nstat", "-a", "-z", "-j", check=False).stdout
+    flat: dict[str, int] = {}
+    for table in json.loads(out or "{}").values():
+        flat.update(table)
+    return flat
+
+
 def run(rounds: int, seconds: int, perf: str | None, conditions: list[str]) -> dict[str, Any]:
     """Interleaved rounds of `conditions` (`none` first); throughput ratios to `none`."""
     ctx = BenchContext(quick=False)
@@ -124,9 +139,13 @@ def run(rounds: int, seconds: int, perf: str | None, conditions: list[str]) -> d
                             print(f"perf, condition {name}:\n{perf_top(data)}", flush=True)
                             profiled = True
                         else:
-                            before = prog_stats()
+                            before, counters = prog_stats(), nstat(topo, "c2")
                             measured[name] = iperf3(topo, seconds, udp=False)
                             grown = stats_growth(before, prog_stats())
+                            after = nstat(topo, "c2")
+                            grown += "; c2 " + ", ".join(
+                                f"{k} {after.get(k, 0) - counters.get(k, 0)}" for k in NSTAT_KEYS
+                            )
                     log(f"round {r + 1} {name}: {measured[name]:.0f} Mbit/s; {grown}")
                 raw.append(measured)
     finally:
