@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from typing import Any
 
 from overhead import iperf3
 
-from common import BenchContext, RecordSink, bpftool_json, log, median, path_agents, path_plans
+from common import RecordSink, bpftool_json, log, median, path_agents, path_plans
 from hoptrace.lab.topology import TwoHostTopology
 
 CONDITIONS = ["none", "hops", "tag_none", "tag_s100", "tag_all"]
@@ -64,8 +65,7 @@ def perf_record(out: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        subprocess.run(["pkill", "-INT", "-P", str(proc.pid)], check=False)
-        proc.send_signal(2)
+        proc.send_signal(signal.SIGINT)  # perf stops its workload and writes the data
         proc.wait(60)
 
 
@@ -117,12 +117,10 @@ def nstat(topo: TwoHostTopology, role: str) -> dict[str, int]:
 
 def run(rounds: int, seconds: int, perf: str | None, conditions: list[str]) -> dict[str, Any]:
     """Interleaved rounds of `conditions` (`none` first); throughput ratios to `none`."""
-    ctx = BenchContext(quick=False)
     sink = RecordSink()
     topo = TwoHostTopology(f"tco{os.getpid() % 1000}", overlay="vxlan")
     raw: list[dict[str, float]] = []
     profiled = False
-    grown = ""
     subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"], check=True)
     try:
         topo.create()
@@ -131,21 +129,22 @@ def run(rounds: int, seconds: int, perf: str | None, conditions: list[str]) -> d
                 order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
                 measured: dict[str, float] = {}
                 for name in order:
-                    with condition(name, topo, ctx.workdir, sink):
+                    with condition(name, topo, Path(tmp), sink):
                         if name == perf and not profiled:
                             data = Path(tmp) / "perf.data"
                             with perf_record(data):
                                 measured[name] = iperf3(topo, seconds, udp=False)
                             print(f"perf, condition {name}:\n{perf_top(data)}", flush=True)
-                            profiled = True
+                            profiled, grown = True, "profiled (no program or TCP counters)"
                         else:
                             before, counters = prog_stats(), nstat(topo, "c2")
                             measured[name] = iperf3(topo, seconds, udp=False)
-                            grown = stats_growth(before, prog_stats())
+                            programs = stats_growth(before, prog_stats())
                             after = nstat(topo, "c2")
-                            grown += "; c2 " + ", ".join(
+                            receiver = "c2 " + ", ".join(
                                 f"{k} {after.get(k, 0) - counters.get(k, 0)}" for k in NSTAT_KEYS
                             )
+                            grown = "; ".join(filter(None, [programs, receiver]))
                     log(f"round {r + 1} {name}: {measured[name]:.0f} Mbit/s; {grown}")
                 raw.append(measured)
     finally:
