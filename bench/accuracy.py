@@ -11,12 +11,12 @@ user-space relay
 error is the
   cross-host segment `a-wire-out>b-wire-in` p50 minus the p50 of a run with no skew at all.
 - loss: an nftables rule on host-b's wire0 ingress (netdev family, after tc ingress where `b-wire-in` records)
-  drops `numgen random mod 1000 < N` of the VXLAN packets; the report's loss_count vs the rule's counter.
+  drops `numgen random mod 1000 < N` of the VXLAN packets that carry the flow (`drop_flow_on_wire`); the
+  report's loss_count vs the rule's counter.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -157,12 +157,12 @@ def clock_and_loss(ctx: BenchContext, offsets: list[str], losses: list[int], pac
         for per_mille in losses:
             trace = f"acc-loss-{per_mille}-{os.getpid()}"
             cluster.apply(vxlan_path_spec(topo, trace))
-            nft_drop(topo, per_mille)
+            topo.drop_flow_on_wire(per_mille, PORT)
             try:
                 send(topo, packets * 3, gap_s=0.0005)
-                dropped = nft_counter(topo)
+                dropped = topo.dropped_on_wire()
             finally:
-                topo.run("host-b", "nft", "delete", "table", "netdev", "hbloss", check=False)
+                topo.stop_dropping()
             report = wait_report(cluster, trace, 0, timeout_s=60, stable_s=4)
             loss = sum(s.loss_count for s in report.segments)
             loss_rows.append(
@@ -184,51 +184,6 @@ def clock_and_loss(ctx: BenchContext, offsets: list[str], losses: list[int], pac
             cluster.stop()
         topo.destroy()  # the nft table goes with host-b's namespace
     return {"clock": clock_rows, "loss": loss_rows}
-
-
-def nft_drop(topo: TwoHostTopology, per_mille: int) -> None:
-    """A counted random drop of VXLAN packets on host-b's wire0 ingress."""
-    topo.run("host-b", "nft", "add", "table", "netdev", "hbloss")
-    topo.run(
-        "host-b",
-        "nft",
-        "add",
-        "chain",
-        "netdev",
-        "hbloss",
-        "in",
-        "{ type filter hook ingress device wire0 priority 0 ; }",
-    )
-    topo.run(
-        "host-b",
-        "nft",
-        "add",
-        "rule",
-        "netdev",
-        "hbloss",
-        "in",
-        "udp",
-        "dport",
-        "4789",
-        "numgen",
-        "random",
-        "mod",
-        "1000",
-        "<",
-        str(per_mille),
-        "counter",
-        "drop",
-    )
-
-
-def nft_counter(topo: TwoHostTopology) -> int:
-    """Packets the drop rule's counter counted."""
-    data = json.loads(topo.run("host-b", "nft", "-j", "list", "table", "netdev", "hbloss").stdout)
-    for item in data.get("nftables", []):
-        for expr in item.get("rule", {}).get("expr", []):
-            if "counter" in expr:
-                return int(expr["counter"]["packets"])
-    raise RuntimeError(f"no counter in the loss rule: {data}")
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:

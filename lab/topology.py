@@ -48,6 +48,8 @@ DELAYBOX_SCRIPT = Path(__file__).resolve().parent / "delaybox.py"
 
 VXLAN_ID = 42
 VXLAN_PORT = 4789
+# The nftables table (netdev family) of drop_flow_on_wire.
+LOSS_TABLE = "htloss"
 WIRE_MTU = 1500
 # VXLAN over IPv4 adds 50 bytes (outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8, RFC 7348), so the overlay
 # and everything behind it gets 1450 for the encapsulated frame to fit the 1500-byte wire.
@@ -448,6 +450,47 @@ class TwoHostTopology:
     def ping_ok(self, pairs: Iterable[tuple[str, str]] = (("c1", "c2"), ("c2", "c1"))) -> bool:
         """Whether c1 and c2 (or the given role pairs) reach each other over IPv4 and IPv6."""
         return not self.ping_failures(pairs)
+
+    # ---- loss ------------------------------------------------------------------------------------------
+
+    def drop_flow_on_wire(self, per_mille: int, udp_dport: int, host: str = "host-b") -> None:
+        """Drop ``per_mille``/1000 (at random) of the VXLAN packets that carry IPv4 UDP to ``udp_dport``.
+
+        The rule sits at ``host``'s wire0 ingress, after tc ingress (where the wire hop runs), and counts
+        what it drops: that counter is the ground truth for the wire segment's loss. It matches the inner
+        datagram, so a frame the overlay carries for itself (an MLD report when vxlan0 comes up, say) is
+        never dropped and counted. Offsets from the outer UDP header: UDP 8 + VXLAN 8 + Ethernet 14 + IPv4 20.
+        """
+        if self.overlay != "vxlan":
+            raise TopologyError("drop_flow_on_wire needs overlay='vxlan'")
+        table = ("netdev", LOSS_TABLE)
+        self.run(host, "nft", "add", "table", *table)
+        self.run(
+            host, "nft", "add", "chain", *table, "wire",
+            "{ type filter hook ingress device wire0 priority 0; }",
+        )  # fmt: skip
+        self.run(
+            host, "nft", "add", "rule", *table, "wire",
+            "udp", "dport", str(VXLAN_PORT),
+            "@th,224,16", "0x0800",  # inner ethertype: IPv4
+            "@th,240,8", "0x45",  # IPv4 with a 20-byte header
+            "@th,312,8", "17",  # inner protocol: UDP
+            "@th,416,16", str(udp_dport),
+            "numgen", "random", "mod", "1000", "<", str(per_mille), "counter", "drop",
+        )  # fmt: skip
+
+    def dropped_on_wire(self, host: str = "host-b") -> int:
+        """Packets the rule of ``drop_flow_on_wire`` dropped so far."""
+        data = json.loads(self.run(host, "nft", "-j", "list", "table", "netdev", LOSS_TABLE).stdout)
+        for item in data.get("nftables", []):
+            for expr in item.get("rule", {}).get("expr", []):
+                if "counter" in expr:
+                    return int(expr["counter"]["packets"])
+        raise TopologyError(f"no counter in the loss rule: {data}")
+
+    def stop_dropping(self, host: str = "host-b") -> None:
+        """Remove the rule of ``drop_flow_on_wire`` (nothing happens if there is none)."""
+        self.run(host, "nft", "delete", "table", "netdev", LOSS_TABLE, check=False)
 
     # ---- delay box -------------------------------------------------------------------------------------
 

@@ -28,9 +28,10 @@ from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import api_pb2
 
 CROSS_HOST = "a-wire-out>b-wire-in"
+PORT = 11111
 
 
-def send_count(topo, count: int, rate_pps: float, port: int = 11111) -> int:
+def send_count(topo, count: int, rate_pps: float, port: int = PORT) -> int:
     """Send exactly `count` datagrams c1 -> c2 at `rate_pps`; returns the count."""
     sender = UdpSender(topo, "c1", "c2", port, rate_pps=rate_pps).start()
     while sender.sent < count:
@@ -60,28 +61,14 @@ def test_skewed_host_clock_is_aligned(topology, influxd):
     assert abs(skewed[CROSS_HOST]) < 1_000_000  # the 3.7 ms really was taken out (the segment is ~3 us)
 
 
-def nft(topo, role: str, *commands: str) -> str:
-    """Run nft commands in a namespace of the topology."""
-    return topo.run(role, "nft", *commands).stdout
-
-
 def test_loss_on_the_wire_matches_the_nftables_counter(topology, influxd):
     """5 % random drop on host-b's wire: that segment's loss equals the rule's counter, others show none."""
-    nft(topology, "host-b", "add", "table", "netdev", "htloss")
-    nft(
-        topology, "host-b", "add", "chain", "netdev", "htloss", "wire",
-        "{ type filter hook ingress device wire0 priority 0; }",
-    )  # fmt: skip
-    nft(
-        topology, "host-b", "add", "rule", "netdev", "htloss", "wire",
-        "udp", "dport", "4789", "numgen", "random", "mod", "100", "<", "5", "counter", "drop",
-    )  # fmt: skip
+    topology.drop_flow_on_wire(50, PORT)
     with running_cluster(topology, influxd.url) as cluster:
         cluster.apply(vxlan_path_spec(topology, "loss"))
-        sent = send_count(topology, 4000, 1000)
+        sent = send_count(topology, 4000, 1000, PORT)
         time.sleep(3)  # every packet's join window closes
-        out = json.loads(nft(topology, "host-b", "-j", "list", "chain", "netdev", "htloss", "wire"))
-        dropped = next(e["rule"]["expr"][-2]["counter"]["packets"] for e in out["nftables"] if "rule" in e)
+        dropped = topology.dropped_on_wire()
         data = wait_report(cluster, "loss", sent - dropped)
     segments = {f"{s['from']}>{s['to']}": s for s in data["segments"]}
     # tc ingress on host-b's wire0 (the hop) runs before netfilter's netdev ingress hook (the drop)
