@@ -34,6 +34,8 @@ HOP_COUNTS = "hop_counts"
 HOP_HISTOGRAM = "hop_histogram"
 HOP_RECORDED = "hop_recorded"
 TOTAL = "total"  # the `by` tag of a count without by
+# Fields whose value is a name: hoptrace.h's comm, the task name's first 8 bytes as a little-endian u64.
+NAME_FIELDS = frozenset({"comm"})
 
 
 class WallToMaster(Protocol):
@@ -45,6 +47,13 @@ class WallToMaster(Protocol):
 def field_name(number: int) -> str:
     """The field catalogue's name of a `Field` number (enum hoptrace_field)."""
     return kernel_abi.FIELDS[number] if 0 < number < len(kernel_abi.FIELDS) else f"field{number}"
+
+
+def key_name(by: str, key: int) -> str:
+    """A count key as text where its field is a name (``sockperf`` for comm), else ""."""
+    if by not in NAME_FIELDS:
+        return ""
+    return key.to_bytes(8, "little").rstrip(b"\0").decode("utf-8", errors="replace")
 
 
 def bucket_le(bucket: int) -> int:
@@ -246,14 +255,17 @@ def query_hop_actions(q: Any, org: str, base: str) -> dict[str, dict[str, list[d
             if hop is None:
                 continue
             entry = out.setdefault(hop, {"counts": [], "histograms": []})
-            entry["counts"].append(
-                {
-                    "node": rec.values.get("node", ""),
-                    "by": "" if rec.values.get("by") == TOTAL else rec.values.get("by", ""),
-                    "key": int(rec.values.get("key") or 0),
-                    "count": int(rec.get_value() or 0),
-                }
-            )
+            by = "" if rec.values.get("by") == TOTAL else rec.values.get("by", "")
+            key = int(rec.values.get("key") or 0)
+            count = {
+                "node": rec.values.get("node", ""),
+                "by": by,
+                "key": key,
+                "count": int(rec.get_value() or 0),
+            }
+            if by in NAME_FIELDS:
+                count["key_name"] = key_name(by, key)
+            entry["counts"].append(count)
     hist = (
         f'{base} and r._measurement == "{HOP_HISTOGRAM}" and r._field == "count")'
         ' |> group(columns: ["hop", "node", "field", "le"]) |> sum()'
@@ -294,7 +306,11 @@ def count_text(counts: list[dict[str, Any]], limit: int = 8) -> str:
             continue
         keys = sorted(mine, key=lambda c: -c["count"])[:limit]
         more = f" (+{len(mine) - limit} keys)" if len(mine) > limit else ""
-        parts.append(f"count by {by}: " + " ".join(f"{c['key']}={c['count']}" for c in keys) + more)
+        parts.append(
+            f"count by {by}: "
+            + " ".join(f"{c.get('key_name') or c['key']}={c['count']}" for c in keys)
+            + more
+        )
     return "; ".join(parts)
 
 

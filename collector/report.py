@@ -449,7 +449,16 @@ def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
                 "bytes_per_s": h.bytes_per_s,
                 **({"container": h.container} if h.container else {}),
                 **({"pod": h.pod} if h.pod else {}),
-                "counts": [{"node": c.node, "by": c.by, "key": c.key, "count": c.count} for c in h.counts],
+                "counts": [
+                    {
+                        "node": c.node,
+                        "by": c.by,
+                        "key": c.key,
+                        "count": c.count,
+                        **({"key_name": c.key_name} if c.key_name else {}),
+                    }
+                    for c in h.counts
+                ],
                 "histograms": [
                     {
                         "node": g.node,

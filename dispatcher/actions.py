@@ -35,18 +35,21 @@ FIELD_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kern
 # Program families (hoptrace.dispatcher.spec.KIND_FAMILY) whose hop programs see an sk_buff.
 SKB_FAMILIES = frozenset({"tc", "cgroup_skb", "tp_btf", "fentry", "fexit", "kprobe", "kretprobe"})
 ALL_FAMILIES = SKB_FAMILIES | {"xdp"}
+# Families whose programs find a packet read by the application (socket-read; uprobe: the packet its
+# thread read last) with the reading task current: no headers there, but the task and the socket.
+READ_FAMILIES = frozenset({"socket_read", "uprobe"})
 # Families whose ctx is a socket's packet with bpf_skb_cgroup_id (tracepoints and kprobes have no
 # helper for it).
 SOCKET_SKB_FAMILIES = frozenset({"tc", "cgroup_skb"})
 # Which program families can give each field (tests check every catalogue field is here). Header fields
 # come from the parser every hop runs; sk_buff fields need an sk_buff (an XDP frame has none).
 FIELD_AVAILABILITY: dict[str, frozenset[str]] = {
-    "cpu": ALL_FAMILIES,
-    "len": ALL_FAMILIES,
+    "cpu": ALL_FAMILIES | READ_FAMILIES,
+    "len": ALL_FAMILIES | READ_FAMILIES,
     "ifindex": ALL_FAMILIES,
     "mark": SKB_FAMILIES,
     "priority": SKB_FAMILIES,
-    "latency": ALL_FAMILIES,
+    "latency": ALL_FAMILIES | READ_FAMILIES,
     "netns": SKB_FAMILIES,
     "cgroup": SOCKET_SKB_FAMILIES,
     "queue_mapping": SKB_FAMILIES,
@@ -59,18 +62,23 @@ FIELD_AVAILABILITY: dict[str, frozenset[str]] = {
     "tcp_window": ALL_FAMILIES,
     "tcp_seq": ALL_FAMILIES,
     "tcp_ack": ALL_FAMILIES,
-    # Narrowed by FIELD_POINTS below: cgroup-egress only.
-    "pid": frozenset({"cgroup_skb"}),
+    # Narrowed by FIELD_POINTS below: cgroup-egress, not -ingress.
+    "pid": READ_FAMILIES | {"cgroup_skb"},
     # Narrowed by FIELD_POINTS below: the skb:kfree_skb tracepoint only.
     "drop_reason": frozenset({"tp_btf"}),
+    "rmem": frozenset({"socket_read"}),
+    "backlog": frozenset({"socket_read"}),
+    "comm": READ_FAMILIES,
 }
 # Fields that need more than their family: (test of the parsed attach point, where they are available, why).
 # pid: only the sending task runs a cgroup-egress program (sendmsg -> ip_output); at ingress the
 # packet is handled in softirq and the current task is whoever was interrupted.
 FIELD_POINTS: dict[str, tuple[Callable[[AttachPoint], bool], str]] = {
     "pid": (
-        lambda point: point.kind == "cgroup_skb" and point.direction == "egress",
-        "cgroup-egress hops (where the sending task runs the program)",
+        lambda point: point.kind in READ_FAMILIES
+        or (point.kind == "cgroup_skb" and point.direction == "egress"),
+        "cgroup-egress hops (where the sending task runs the program),"
+        " socket-read and uprobe hops (the reader)",
     ),
     "drop_reason": (
         lambda point: point.kind == "tp_btf" and (point.group, point.target) == ("skb", "kfree_skb"),
@@ -80,8 +88,10 @@ FIELD_POINTS: dict[str, tuple[Callable[[AttachPoint], bool], str]] = {
 # A count is keyed by a discrete value; latency is a duration, only for histograms. A record needs no
 # latency either: the joined records' timestamps are each packet's latency already.
 HISTOGRAM_ONLY = frozenset({"latency"})
+# A name, not a number: a key to count by only (no log2 buckets, no sum).
+COUNT_ONLY = frozenset({"comm"})
 # How a family is named in messages ("tracepoint hops", not "tp_btf hops").
-FAMILY_NAMES = {"tp_btf": "tracepoint", "cgroup_skb": "cgroup"}
+FAMILY_NAMES = {"tp_btf": "tracepoint", "cgroup_skb": "cgroup", "socket_read": "socket-read"}
 
 ActionError = tuple[str, str]  # (field path, reason)
 
@@ -198,6 +208,8 @@ def _field_problem(name: str, family: str, kind: str, point: AttachPoint | None)
         return f"unknown field {name!r}; fields: {', '.join(FIELDS)}"
     if kind == "count" and name in HISTOGRAM_ONLY:
         return f"field {name!r} is a duration: use histogram: {name}, not count by"
+    if kind != "count" and name in COUNT_ONLY:
+        return f"field {name!r} is a name: use count: {{by: {name}}}"
     if kind == "record" and name in HISTOGRAM_ONLY:
         return (
             f"field {name!r} is per packet already (the joined records' timestamps): "
@@ -219,7 +231,8 @@ def point_name(point: AttachPoint) -> str:
         return f"tracepoint:{point.group}:{point.target}"
     if point.kind in ("tc", "cgroup_skb"):
         return f"{FAMILY_NAMES.get(point.kind, point.kind)}-{point.direction}"
-    return f"{point.kind}:{point.target}" if point.target else point.kind
+    kind = FAMILY_NAMES.get(point.kind, point.kind)
+    return f"{kind}:{point.target}" if point.target else kind
 
 
 def validate_actions(

@@ -77,7 +77,7 @@ def hop_counts_view(counts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         node = nodes.setdefault(c["node"], {"node": c["node"], "total": 0, "by": {}})
         node["total"] += c["count"]
         if c["by"]:
-            node["by"].setdefault(c["by"], {})[str(c["key"])] = c["count"]
+            node["by"].setdefault(c["by"], {})[c.get("key_name") or str(c["key"])] = c["count"]
     return [
         {
             "node": n["node"],

@@ -245,8 +245,9 @@ static __always_inline void submit_record(struct hoptrace_record *rec)
 
 /* vals: the record action's values, read only when the hop has one (act_record[0]): then they
  * follow the record in the same sample (HOPTRACE_F_VALUES). */
-static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex, __u32 wire_len,
-					__u64 ts, const struct hoptrace_values *vals)
+static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 flags,
+					__u32 ifindex, __u32 wire_len, __u64 ts,
+					const struct hoptrace_values *vals)
 {
 	struct hoptrace_record *rec;
 
@@ -259,14 +260,14 @@ static __always_inline void emit_record(const struct pkt_info *p, __u32 ifindex,
 		return;
 	}
 	rec->ts_ns = ts;
-	rec->packet_id = p->id;
-	rec->flow_hash = flow_hash(p);
+	rec->packet_id = packet_id;
+	rec->flow_hash = flow_hash;
 	rec->ifindex = ifindex;
 	rec->wire_len = wire_len;
 	rec->hop_index = hop_index;
 	rec->trace_slot = trace_slot;
 	rec->cpu = bpf_get_smp_processor_id();
-	rec->flags = p->flags;
+	rec->flags = flags;
 	if (act_record[0]) {
 		rec->flags |= HOPTRACE_F_VALUES;
 		__builtin_memcpy((void *)(rec + 1), vals, sizeof(*vals));
@@ -403,6 +404,9 @@ struct hop_meta {
 	__u32 pid;
 	__u32 drop_reason;
 	__u32 task_pid; /* socket-read: the reader's tgid, recorded instead of the ifindex */
+	__u32 rmem;
+	__u32 backlog;
+	__u64 comm;
 };
 
 /* Does this hop's count, histogram or record read `field`? Load-time constant. */
@@ -446,6 +450,8 @@ static __always_inline __u32 log2_bucket(__u64 v)
 	return b + (__u32)(v & 1);
 }
 
+/* p: NULL at the hops that read a packet parsed earlier (socket-read's queue, uprobe), where the
+ * dispatcher offers no header field. */
 static __always_inline __u64 field_value(__u8 field, const struct pkt_info *p, __u32 ifindex,
 					 __u32 wire_len, const struct hop_meta *m, __u64 latency)
 {
@@ -473,23 +479,29 @@ static __always_inline __u64 field_value(__u8 field, const struct pkt_info *p, _
 	case HOPTRACE_FIELD_GSO_SIZE:
 		return m->gso_size;
 	case HOPTRACE_FIELD_TOS:
-		return p->tos;
+		return p ? p->tos : 0;
 	case HOPTRACE_FIELD_TTL:
-		return p->ttl;
+		return p ? p->ttl : 0;
 	case HOPTRACE_FIELD_IP_ID:
-		return p->ip_id;
+		return p ? p->ip_id : 0;
 	case HOPTRACE_FIELD_TCP_FLAGS:
-		return p->tcp_flags;
+		return p ? p->tcp_flags : 0;
 	case HOPTRACE_FIELD_TCP_WINDOW:
-		return p->tcp_window;
+		return p ? p->tcp_window : 0;
 	case HOPTRACE_FIELD_TCP_SEQ:
-		return p->tcp_seq;
+		return p ? p->tcp_seq : 0;
 	case HOPTRACE_FIELD_TCP_ACK:
-		return p->tcp_ack;
+		return p ? p->tcp_ack : 0;
 	case HOPTRACE_FIELD_PID:
 		return m->pid;
 	case HOPTRACE_FIELD_DROP_REASON:
 		return m->drop_reason;
+	case HOPTRACE_FIELD_RMEM:
+		return m->rmem;
+	case HOPTRACE_FIELD_BACKLOG:
+		return m->backlog;
+	case HOPTRACE_FIELD_COMM:
+		return m->comm;
 	}
 	return 0;
 }
@@ -555,9 +567,9 @@ static __always_inline void record_values(struct hoptrace_values *vals, const st
  * node, from prev_ts; then this hop's own timestamp for the next one.
  * Returns false when the packet has no earlier timestamp here (a miss).
  */
-static __always_inline bool prev_hop_latency(const struct pkt_info *p, __u64 ts, __u64 *latency)
+static __always_inline bool prev_hop_latency(__u32 packet_id, __u64 ts, __u64 *latency)
 {
-	struct hoptrace_prev_ts_key key = {.packet_id = p->id, .trace_slot = trace_slot};
+	struct hoptrace_prev_ts_key key = {.packet_id = packet_id, .trace_slot = trace_slot};
 	bool found = false;
 
 	if (act_hist == HOPTRACE_FIELD_LATENCY) {
@@ -607,7 +619,7 @@ static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifi
 	}
 	ts = bpf_ktime_get_ns();
 	if (act_prev_ts || act_hist == HOPTRACE_FIELD_LATENCY)
-		has_latency = prev_hop_latency(p, ts, &latency);
+		has_latency = prev_hop_latency(p->id, ts, &latency);
 	if (act_hist == HOPTRACE_FIELD_LATENCY && has_latency)
 		hist_add(latency);
 	/* socket-read: the reader's pid stands in the record's ifindex (HOPTRACE_F_TASK) */
@@ -616,11 +628,65 @@ static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifi
 	 * (which the verifier refuses), or the hot path would pay to zero it. */
 	if (act_record[0]) {
 		record_values(&vals, p, ifindex, wire_len, m);
-		emit_record(p, record_ifindex, wire_len, ts, &vals);
+		emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, &vals);
 	} else {
-		emit_record(p, record_ifindex, wire_len, ts, NULL);
+		emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, NULL);
 	}
 	return true;
+}
+
+/* Where a task is current (socket-read, uprobe): its fields, read only when asked for. */
+static __always_inline void task_meta(struct hop_meta *m)
+{
+	char comm[16];
+
+	m->task_pid = bpf_get_current_pid_tgid() >> 32;
+	m->pid = m->task_pid;
+	if (act_reads(HOPTRACE_FIELD_COMM) && !bpf_get_current_comm(comm, sizeof(comm)))
+		__builtin_memcpy(&m->comm, comm, sizeof(m->comm));
+}
+
+/* socket-read: the receiving socket's fields, read only when asked for. */
+static __always_inline void sock_meta(struct sock *sk, struct hop_meta *m)
+{
+	if (act_reads(HOPTRACE_FIELD_RMEM))
+		m->rmem = BPF_CORE_READ(sk, sk_backlog.rmem_alloc.counter);
+	if (act_reads(HOPTRACE_FIELD_BACKLOG))
+		m->backlog = BPF_CORE_READ(sk, sk_backlog.len);
+}
+
+/*
+ * The part of hop_finish for the hops that find a packet parsed earlier by
+ * its IDs (socket-read's queue, uprobe): the task's and socket's fields, the
+ * cpu, len and latency; the record names the task (HOPTRACE_F_TASK).
+ */
+static __always_inline void hop_finish_read(__u32 packet_id, __u32 flow_hash, __u32 wire_len,
+					    __u16 flags, const struct hop_meta *m)
+{
+	struct hoptrace_values vals; /* filled and read only with a record action */
+	__u64 ts, latency = 0;
+
+	count(HOPTRACE_C_MATCHED, 1);
+	count(HOPTRACE_C_BYTES, wire_len);
+	if (act_count)
+		count_by_key(act_count_by ? field_value(act_count_by, NULL, 0, wire_len, m, 0) : 0);
+	if (act_hist && act_hist != HOPTRACE_FIELD_LATENCY)
+		hist_add(field_value(act_hist, NULL, 0, wire_len, m, 0));
+	if (!packet_id) {
+		count(HOPTRACE_C_UNTAGGED, 1);
+		return;
+	}
+	ts = bpf_ktime_get_ns();
+	if ((act_prev_ts || act_hist == HOPTRACE_FIELD_LATENCY) &&
+	    prev_hop_latency(packet_id, ts, &latency) && act_hist == HOPTRACE_FIELD_LATENCY)
+		hist_add(latency);
+	flags |= HOPTRACE_F_TASK;
+	if (act_record[0]) {
+		record_values(&vals, NULL, 0, wire_len, m);
+		emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, &vals);
+	} else {
+		emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, NULL);
+	}
 }
 
 /* The netns inode of a tc or cgroup_skb packet's device: tc's ctx is the kernel's sk_buff (see
@@ -917,7 +983,7 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	struct sock *sk;
-	/* socket-read: no action fields (actions.py), decapsulated packets (parse.bpf.h) */
+	/* socket-read: no header fields (actions.py), decapsulated packets (parse.bpf.h) */
 	struct pkt_reader r = {.floor = floor, .no_fields = 1, .no_tunnel = 1};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
@@ -951,7 +1017,9 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 	pkt_copy_head(&r);
 	ifindex = BPF_CORE_READ(skb, skb_iif);
 	status = parse_packet(PKT_KERNEL, &r, 0, ethertype, &p);
-	m.task_pid = bpf_get_current_pid_tgid() >> 32;
+	task_meta(&m);
+	if (sk) /* UDP's queued skb has none: the agent refuses rmem and backlog there */
+		sock_meta(sk, &m);
 	if (m.task_pid)
 		p.flags |= HOPTRACE_F_TASK;
 	/* wire_len as the device hops saw the packet: L2 and IP length, ID included */
@@ -970,9 +1038,11 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
  * socket with a queue takes a slot (ID 0 when not traced) so that reads and
  * slots stay in step. Limits: MSG_PEEK reads take no slot; datagrams that
  * were queued before the socket's first traced one are skipped by count;
- * more than SOCK_READ_SLOTS unread datagrams lose the oldest IDs.
+ * a datagram that finds SOCK_READ_SLOTS unread ones drops their IDs and
+ * skips their reads the same way (counted sock_read_lost), so a read never
+ * takes another datagram's ID.
  */
-#define SOCK_READ_SLOTS 16 /* power of two */
+#define SOCK_READ_SLOTS 64 /* power of two */
 #define MSG_PEEK_	2
 #define IPPROTO_UDP_SK_ 17
 
@@ -1015,7 +1085,7 @@ static __always_inline int hop_sock_read_enqueue(struct sock *sk, bool floor)
 	struct pkt_reader r = {.floor = floor, .no_fields = 1, .no_tunnel = 1};
 	struct pkt_info p = {};
 	struct sk_buff *skb;
-	__u32 end, start, skip = 0;
+	__u32 end, start, queued, lost = 0;
 	bool created = false;
 	__u16 ethertype;
 
@@ -1046,26 +1116,32 @@ static __always_inline int hop_sock_read_enqueue(struct sock *sk, bool floor)
 			slot.ifindex = BPF_CORE_READ(skb, skb_iif);
 		}
 	}
+	/* Datagrams already waiting, read before this one (no helper may run under the lock). */
+	queued = BPF_CORE_READ(sk, sk_receive_queue.qlen) - 1 +
+		 BPF_CORE_READ((struct udp_sock *)sk, reader_queue.qlen);
 	q = bpf_sk_storage_get(&sock_read_queues, sk, 0, 0);
 	if (!q) {
 		if (!slot.packet_id)
 			return 0; /* no queue until the socket gets a traced datagram */
-		/* Datagrams already waiting are read before this one: skip their reads. */
-		skip = BPF_CORE_READ(sk, sk_receive_queue.qlen) - 1 +
-		       BPF_CORE_READ((struct udp_sock *)sk, reader_queue.qlen);
 		q = bpf_sk_storage_get(&sock_read_queues, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 		if (!q)
 			return 0;
 		created = true;
 	}
 	bpf_spin_lock(&q->lock);
+	if (q->tail - q->head >= SOCK_READ_SLOTS) {
+		/* Full: start over as if created now, skipping the reads of all that waits. */
+		lost = q->tail - q->head;
+		q->head = q->tail;
+		created = true;
+	}
 	if (created)
-		q->skip = skip;
-	if (q->tail - q->head >= SOCK_READ_SLOTS)
-		q->head++; /* the oldest unread ID is lost: its read records nothing */
+		q->skip = queued;
 	q->slots[q->tail & (SOCK_READ_SLOTS - 1)] = slot;
 	q->tail++;
 	bpf_spin_unlock(&q->lock);
+	if (lost)
+		count(HOPTRACE_C_SOCK_READ_LOST, lost);
 	return 0;
 }
 
@@ -1073,7 +1149,7 @@ static __always_inline int hop_sock_read_dequeue(struct sock *sk, int ret, int f
 {
 	struct sock_read_slot slot = {};
 	struct sock_read_queue *q;
-	struct hoptrace_record *rec;
+	struct hop_meta m = {};
 	bool have = false;
 
 	count(HOPTRACE_C_SEEN, 1);
@@ -1099,30 +1175,11 @@ static __always_inline int hop_sock_read_dequeue(struct sock *sk, int ret, int f
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
-	count(HOPTRACE_C_MATCHED, 1);
-	count(HOPTRACE_C_BYTES, slot.wire_len);
-	if (act_count) /* socket-read offers no fields to count by (dispatcher/actions.py) */
-		count_by_key(0);
-	if (!slot.packet_id) {
-		count(HOPTRACE_C_UNTAGGED, 1);
-		return 0;
-	}
-	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
-	if (!rec) {
-		count(HOPTRACE_C_RINGBUF_FULL, 1);
-		return 0;
-	}
-	rec->ts_ns = bpf_ktime_get_ns();
-	rec->packet_id = slot.packet_id;
-	rec->flow_hash = slot.flow_hash;
-	rec->ifindex = bpf_get_current_pid_tgid() >> 32;
-	rec->wire_len = slot.wire_len;
-	rec->hop_index = hop_index;
-	rec->trace_slot = trace_slot;
-	rec->cpu = bpf_get_smp_processor_id();
-	rec->flags = slot.flags | HOPTRACE_F_TASK;
-	submit_record(rec);
-	remember_read(slot.packet_id, slot.flow_hash, slot.wire_len, slot.flags);
+	task_meta(&m);
+	sock_meta(sk, &m);
+	hop_finish_read(slot.packet_id, slot.flow_hash, slot.wire_len, slot.flags, &m);
+	if (slot.packet_id)
+		remember_read(slot.packet_id, slot.flow_hash, slot.wire_len, slot.flags);
 	return 0;
 }
 
@@ -1134,10 +1191,9 @@ static __always_inline int hop_sock_read_dequeue(struct sock *sk, int ret, int f
  */
 static __always_inline int hop_user_function(void)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)pid_tgid;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct sock_read_last *last;
-	struct hoptrace_record *rec;
+	struct hop_meta m = {};
 
 	count(HOPTRACE_C_SEEN, 1);
 	last = bpf_map_lookup_elem(&sock_read_last, &tid);
@@ -1145,24 +1201,8 @@ static __always_inline int hop_user_function(void)
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
-	count(HOPTRACE_C_MATCHED, 1);
-	if (act_count)
-		count_by_key(0);
-	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
-	if (!rec) {
-		count(HOPTRACE_C_RINGBUF_FULL, 1);
-		return 0;
-	}
-	rec->ts_ns = bpf_ktime_get_ns();
-	rec->packet_id = last->packet_id;
-	rec->flow_hash = last->flow_hash;
-	rec->ifindex = pid_tgid >> 32;
-	rec->wire_len = last->wire_len;
-	rec->hop_index = hop_index;
-	rec->trace_slot = trace_slot;
-	rec->cpu = bpf_get_smp_processor_id();
-	rec->flags = last->flags | HOPTRACE_F_TASK;
-	submit_record(rec);
+	task_meta(&m);
+	hop_finish_read(last->packet_id, last->flow_hash, last->wire_len, last->flags, &m);
 	return 0;
 }
 

@@ -122,6 +122,9 @@ enum hoptrace_counter {
 	HOPTRACE_C_LATENCY_MISS,    /* latency: no earlier timestamp of the packet on this node
 				       (evicted from prev_ts, or that hop did not see it) */
 	HOPTRACE_C_COUNT_KEYS_FULL, /* count by FIELD: a new key found count_keys full */
+	/* socket-read (UDP, the 6.6+ queue pair): IDs dropped when a socket held more unread
+	 * datagrams than its slots (their reads record nothing) */
+	HOPTRACE_C_SOCK_READ_LOST,
 	HOPTRACE_C_MAX,
 };
 
@@ -156,16 +159,24 @@ enum hoptrace_field {
 	/* Byte 13 of the TCP header (CWR ECE URG ACK PSH RST SYN FIN); 0 if not TCP. */
 	HOPTRACE_FIELD_TCP_FLAGS,
 	HOPTRACE_FIELD_TCP_WINDOW, /* the TCP header's window, unscaled; 0 if not TCP */
-	/* The sending process (tgid, as ps shows it): only at cgroup-egress, where the task that
-	 * sends runs the program (sendmsg -> ip_output); at tc, xdp and ingress hops the packet is
-	 * handled in softirq or by a qdisc, and the current task is whoever was interrupted. Needs
-	 * bpf_get_current_pid_tgid in cgroup_skb programs (the agent probes for it). */
+	/* The process (tgid, as ps shows it) where a task is current: the sender at cgroup-egress
+	 * (sendmsg -> ip_output), the reader at socket-read and uprobe hops; at tc, xdp and ingress
+	 * hops the packet is handled in softirq or by a qdisc, and the current task is whoever was
+	 * interrupted. Needs bpf_get_current_pid_tgid in cgroup_skb programs (the agent probes). */
 	HOPTRACE_FIELD_PID,
 	/* skb:kfree_skb's reason argument (enum skb_drop_reason; the event has it from 5.17). */
 	HOPTRACE_FIELD_DROP_REASON,
 	/* The TCP header's sequence and acknowledgment numbers, as on the wire; 0 if not TCP. */
 	HOPTRACE_FIELD_TCP_SEQ,
 	HOPTRACE_FIELD_TCP_ACK,
+	/* socket-read hops: the receiving socket at the read. Bytes its receive queue holds
+	 * (sk_rmem_alloc: TCP before this skb is copied, UDP after this datagram left it), and
+	 * bytes in its backlog (sk_backlog.len: what arrived while the reader owned the socket). */
+	HOPTRACE_FIELD_RMEM,
+	HOPTRACE_FIELD_BACKLOG,
+	/* socket-read and uprobe hops: the reading task's name (bpf_get_current_comm), its first
+	 * 8 bytes as a little-endian u64 (NUL-padded); a key of count by, shown as the name. */
+	HOPTRACE_FIELD_COMM,
 	HOPTRACE_FIELD_MAX,
 };
 

@@ -19,6 +19,8 @@ from hoptrace.collector.actions import (
     HopActionsStage,
     RecordedValuesStage,
     bucket_le,
+    count_text,
+    key_name,
 )
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig
@@ -232,3 +234,16 @@ def test_the_text_report_shows_each_recorded_field() -> None:
     assert hop_actions_lines(hops) == [
         "b-c2-in @host-b: recorded len (n=200): min 110 mean 110.0 max 110 last 110"
     ]
+
+
+def test_a_comm_key_reads_as_the_task_name() -> None:
+    """comm's value is the name's first 8 bytes, little-endian: the report and its text show the name."""
+    key = int.from_bytes(b"sockperf", "little")
+    assert key_name("comm", key) == "sockperf"
+    assert key_name("comm", int.from_bytes(b"nc\0\0\0\0\0\0", "little")) == "nc"
+    assert key_name("cpu", 3) == ""  # a number stays a number
+    counts = [
+        {"node": "b", "by": "comm", "key": key, "count": 7, "key_name": "sockperf"},
+        {"node": "b", "by": "cpu", "key": 1, "count": 5},
+    ]
+    assert count_text(counts) == "count by comm: sockperf=7; count by cpu: 1=5"

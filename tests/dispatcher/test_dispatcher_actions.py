@@ -92,9 +92,26 @@ def test_hops_without_actions_compile_to_no_actions() -> None:
             "{name: x, node: host-b, at: cgroup-ingress, cgroup: app,"
             " actions: [timestamp, {count: {by: pid}}]}",
             "hops[1].actions[1]: field 'pid' is not available at cgroup-ingress hops (only at cgroup-egress"
-            " hops (where the sending task runs the program)); available: cpu, len, ifindex, mark, priority,"
-            " latency, netns, cgroup, queue_mapping, gso_segs, gso_size, tos, ttl, ip_id, tcp_flags,"
-            " tcp_window",
+            " hops (where the sending task runs the program), socket-read and uprobe hops (the reader));"
+            " available: cpu, len, ifindex, mark, priority, latency, netns, cgroup, queue_mapping, gso_segs,"
+            " gso_size, tos, ttl, ip_id, tcp_flags, tcp_window",
+        ),
+        (
+            "{name: x, node: host-b, at: socket-read, actions: [timestamp, {count: {by: ttl}}]}",
+            "hops[1].actions[1]: field 'ttl' is not available at socket-read hops; available: cpu, len,"
+            " latency, pid, rmem, backlog, comm",
+        ),
+        (
+            "{name: x, node: host-b, at: socket-read, actions: [timestamp, {histogram: comm}]}",
+            "hops[1].actions[1]: field 'comm' is a name: use count: {by: comm}",
+        ),
+        (
+            "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {count: {by: comm}}]}",
+            "hops[1].actions[1]: field 'comm' is not available at tc-ingress hops;",
+        ),
+        (
+            "{name: x, node: host-b, at: socket-read, actions: [timestamp, {record: [pid, ifindex]}]}",
+            "hops[1].actions[1].record[1]: field 'ifindex' is not available at socket-read hops;",
         ),
         (
             "{name: x, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, {count: {by: pid}}]}",

@@ -15,7 +15,7 @@ from hoptrace.dispatcher.compile import (
     programs_for_plan,
 )
 from hoptrace.dispatcher.spec import SpecError, load_spec, parse_attach_point
-from hoptrace.v1 import trace_pb2
+from hoptrace.v1 import counters_pb2, trace_pb2
 
 pytestmark = pytest.mark.unit
 
@@ -103,9 +103,16 @@ def test_udp_socket_read_object_carries_the_queue_pair() -> None:
         (
             "udp",
             "{name: b-read, node: host-b, at: socket-read, netns: c2,"
-            " actions: [timestamp, {count: {by: cpu}}]}",
+            " actions: [timestamp, {count: {by: ttl}}]}",
             "hops[2].actions[1]",
             "not available",
+        ),
+        (
+            "udp",
+            "{name: b-read, node: host-b, at: socket-read, netns: c2,"
+            " actions: [timestamp, {record: [comm]}]}",
+            "hops[2].actions[1].record[0]",
+            "is a name",
         ),
     ],
 )
@@ -155,6 +162,36 @@ def test_uprobe_hops_plan_binary_and_symbol() -> None:
         "handle_request",
         "/proc/4242/ns/net",
     )
+
+
+def test_reader_fields_plan_as_typed_constants() -> None:
+    """The reader's task and socket fields at socket-read and uprobe hops, and the latency from the device."""
+    spec = load_spec(
+        _uprobe_spec(
+            "{name: b-read, node: host-b, at: socket-read, netns: c2,"
+            " actions: [timestamp, {count: {by: comm}}, {histogram: latency},"
+            " {record: [pid, rmem, backlog, len]}]}",
+            "{name: b-handler, node: host-b, at: 'uprobe:/usr/local/bin/reader:handle_request', netns: c2,"
+            " actions: [timestamp, {count: {by: pid}}, {histogram: latency}]}",
+        ),
+        example_registrations(),
+    )
+    plan = build_plans(spec, generation=1)["host-b"]
+    read, handler = plan.hops[-2:]
+    field = counters_pb2.Field
+    assert (read.actions.count, read.actions.count_by, read.actions.histogram) == (
+        True,
+        field.FIELD_COMM,
+        field.FIELD_LATENCY,
+    )
+    assert list(read.actions.record) == [
+        field.FIELD_PID,
+        field.FIELD_RMEM,
+        field.FIELD_BACKLOG,
+        field.FIELD_LEN,
+    ]
+    assert read.actions.prev_ts  # the handler's latency is from the read
+    assert (handler.actions.count_by, handler.actions.histogram) == (field.FIELD_PID, field.FIELD_LATENCY)
 
 
 @pytest.mark.parametrize(

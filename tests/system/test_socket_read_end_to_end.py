@@ -2,15 +2,17 @@
 (agent/internal/tracer/testdata/reader.c, compiled here) goes through the dispatcher (validation, plans),
 both agents, the collector and InfluxDB into `hoptrace report --json`, whose decomposition must reach the
 application: container device -> socket read -> handler entry -> handler return, each segment with every
-message the application received (and it received each unchanged)."""
+message the application received (and it received each unchanged). The read hop counts by the reader's
+name (comm), which the report shows as the name."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from pathlib import Path
 
-from system_helpers import running_cluster, wait_report
+from system_helpers import report, running_cluster, wait_report
 
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import trace_pb2
@@ -40,7 +42,16 @@ def test_decomposition_reaches_the_application(topology, influxd, tmp_path):
     spec = vxlan_path_spec(topology, "e2e-sockread", port=PORT)
     spec.hops.extend(
         [
-            trace_pb2.HopSpec(name="b-c2-read", node="host-b", at="socket-read", netns=topology.c2),
+            trace_pb2.HopSpec(
+                name="b-c2-read",
+                node="host-b",
+                at="socket-read",
+                netns=topology.c2,
+                actions=[
+                    trace_pb2.ActionSpec(kind="timestamp"),
+                    trace_pb2.ActionSpec(kind="count", by="comm"),
+                ],
+            ),
             trace_pb2.HopSpec(
                 name="b-handler", node="host-b", at=f"uprobe:{reader}:handle_request", netns=topology.c2
             ),
@@ -68,6 +79,10 @@ def test_decomposition_reaches_the_application(topology, influxd, tmp_path):
         # The application got every message unchanged (reader.c checks each byte) and handled each once.
         assert app.returncode == 0 and out.strip() == f"ok {SENT}", (out, err)
         data = wait_report(cluster, "e2e-sockread", SENT)
+        deadline = time.monotonic() + 30
+        while not _read_counts(data) and time.monotonic() < deadline:  # the agent's next counter report
+            time.sleep(1)
+            data = report(cluster, "e2e-sockread")
 
     segments = {(s["from"], s["to"]): s for s in data["segments"]}
     for pair in [("b-c2-eth0-in", "b-c2-read"), ("b-c2-read", "b-handler"), ("b-handler", "b-handled")]:
@@ -77,3 +92,15 @@ def test_decomposition_reaches_the_application(topology, influxd, tmp_path):
         assert 0 <= segment["p50_ns"] <= segment["max_ns"], segment
     assert data["end_to_end"]["from"] == "a-c1-eth0-out" and data["end_to_end"]["to"] == "b-handled"
     assert data["end_to_end"]["count"] == SENT
+    assert _read_counts(data) == [
+        {"node": "host-b", "by": "comm", "key": _comm_key("reader"), "count": SENT, "key_name": "reader"}
+    ]
+
+
+def _read_counts(data) -> list:
+    return next((h["counts"] for h in data["hops"] if h["hop"] == "b-c2-read"), [])
+
+
+def _comm_key(name: str) -> int:
+    """The comm field's value of a task name: its first 8 bytes, little-endian."""
+    return int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little")

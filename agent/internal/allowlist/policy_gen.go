@@ -18,7 +18,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.Kprobe: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit),
+			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit),
 			kfuncs:  set[string](),
 		},
 		ebpf.SchedCLS: {
@@ -38,7 +38,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.Tracing: {
 			attach:  set(ebpf.AttachTraceFEntry, ebpf.AttachTraceFExit, ebpf.AttachTraceRawTp),
-			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetCurrentTask, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkStorageGet, asm.FnSpinLock, asm.FnSpinUnlock),
+			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetCurrentTask, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkStorageGet, asm.FnSpinLock, asm.FnSpinUnlock),
 			kfuncs:  set[string](),
 		},
 		ebpf.XDP: {

@@ -19,6 +19,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
 // Env is what every hop of an agent shares.
@@ -296,6 +297,15 @@ func socketReadProgram(cfg *loader.HopConfig) error {
 		if loader.HasTracepoint("sk_data_ready") && loader.HasTracepoint("sock_recv_length") {
 			cfg.Program = loader.ProgSockReadUDPQueue
 			cfg.Companion = loader.ProgSockReadUDPEnqueue
+			return nil
+		}
+		// skb:consume_skb has the datagram and not its socket (a queued UDP skb has no skb->sk).
+		for _, f := range []record.ActionField{record.FieldRmem, record.FieldBacklog} {
+			if cfg.Actions.Reads(f) {
+				return fmt.Errorf("field %s at a UDP socket-read hop needs the socket at the read: "+
+					"sock:sk_data_ready and sock:sock_recv_length (Linux 6.6+); this kernel has not both",
+					record.FieldKeys[f])
+			}
 		}
 		return nil
 	}

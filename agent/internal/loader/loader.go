@@ -398,6 +398,19 @@ func (e *ActionsRefusedError) Error() string {
 
 func (e *ActionsRefusedError) Unwrap() error { return e.Err }
 
+// Reads says whether the count, histogram or record action reads field f.
+func (a Actions) Reads(f record.ActionField) bool {
+	if (a.Count && a.CountBy == f) || a.Histogram == f {
+		return true
+	}
+	for _, r := range a.Record {
+		if r == f {
+			return true
+		}
+	}
+	return false
+}
+
 // Names are the actions set in a, as the spec spells them; prev_ts is the
 // timestamp a later hop's latency histogram needs from this one.
 func (a Actions) Names() []string {

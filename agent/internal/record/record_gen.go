@@ -141,7 +141,8 @@ const (
 	CTagFailed      Counter = 13
 	CLatencyMiss    Counter = 14
 	CCountKeysFull  Counter = 15
-	CMax            Counter = 16
+	CSockReadLost   Counter = 16
+	CMax            Counter = 17
 )
 
 // CounterKeys names each counter as JSON output, metrics and the collector do, by index.
@@ -162,6 +163,7 @@ var CounterKeys = [CMax]string{
 	"tag_failed",
 	"latency_miss",
 	"count_keys_full",
+	"sock_read_lost",
 }
 
 // ActionField is enum hoptrace_field: what a hop's count (by) or histogram reads.
@@ -189,7 +191,10 @@ const (
 	FieldDropReason   ActionField = 18
 	FieldTCPSeq       ActionField = 19
 	FieldTCPAck       ActionField = 20
-	FieldMax          ActionField = 21
+	FieldRmem         ActionField = 21
+	FieldBacklog      ActionField = 22
+	FieldComm         ActionField = 23
+	FieldMax          ActionField = 24
 )
 
 // FieldKeys names each field as specs, the collector and reports do, by value.
@@ -215,6 +220,9 @@ var FieldKeys = [FieldMax]string{
 	"drop_reason",
 	"tcp_seq",
 	"tcp_ack",
+	"rmem",
+	"backlog",
+	"comm",
 }
 
 // EventOp is enum hoptrace_event_op: the operator of an event's where: term.
@@ -258,6 +266,7 @@ var counterCNames = [CMax]string{
 	"HOPTRACE_C_TAG_FAILED",
 	"HOPTRACE_C_LATENCY_MISS",
 	"HOPTRACE_C_COUNT_KEYS_FULL",
+	"HOPTRACE_C_SOCK_READ_LOST",
 }
 
 var flagCNames = map[string]uint16{

@@ -3,6 +3,7 @@ package tracer
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"os"
@@ -40,12 +41,14 @@ func buildReader(t *testing.T) string {
 }
 
 // startReader runs the reader in nsB and waits for its "ready"; the returned
-// function waits for it to end and returns its last line.
-func startReader(t *testing.T, bin, ns, proto string) (*exec.Cmd, func() string) {
+// function waits for it to end and returns the lines it printed after that
+// (the last is "ok COUNT").
+func startReader(t *testing.T, bin, ns, proto string, extra ...string) (*exec.Cmd, func() []string) {
 	t.Helper()
 	// ip netns exec execs the reader itself: cmd's pid is the reader's.
-	cmd := exec.Command("ip", "netns", "exec", ns, bin, proto, fmt.Sprint(readerPort),
-		fmt.Sprint(readerCount), fmt.Sprint(readerSize))
+	args := append([]string{"netns", "exec", ns, bin, proto, fmt.Sprint(readerPort),
+		fmt.Sprint(readerCount), fmt.Sprint(readerSize)}, extra...)
+	cmd := exec.Command("ip", args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -60,21 +63,25 @@ func startReader(t *testing.T, bin, ns, proto string) (*exec.Cmd, func() string)
 	if !lines.Scan() || lines.Text() != "ready" {
 		t.Fatalf("reader did not start: %q %s", lines.Text(), stderr.String())
 	}
-	return cmd, func() string {
-		last := ""
+	return cmd, func() []string {
+		var out []string
 		for lines.Scan() {
-			last = lines.Text()
+			out = append(out, lines.Text())
 		}
 		if err := cmd.Wait(); err != nil {
 			t.Fatalf("reader: %v: %s", err, stderr.String())
 		}
-		return last
+		if len(out) == 0 || out[len(out)-1] != fmt.Sprintf("ok %d", readerCount) {
+			t.Fatalf("reader ended with %q, want ok %d", out, readerCount)
+		}
+		return out
 	}
 }
 
 // sendMessages sends readerCount messages from nsA, each after the answer to
-// the previous one (so each TCP message is one segment and one read).
-func sendMessages(t *testing.T, ns, proto, addr string) {
+// the previous one (so each TCP message is one segment and one read); with
+// burst, all of them first and then the answers.
+func sendMessages(t *testing.T, ns, proto, addr string, burst ...bool) {
 	t.Helper()
 	err := netns.Do(netns.Path(ns, ""), func() error {
 		conn, err := net.Dial(proto+"4", net.JoinHostPort(addr, fmt.Sprint(readerPort)))
@@ -91,7 +98,15 @@ func sendMessages(t *testing.T, ns, proto, addr string) {
 			if _, err := conn.Write(msg); err != nil {
 				return err
 			}
-			_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if len(burst) == 0 || !burst[0] {
+				_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if _, err := conn.Read(answer); err != nil {
+					return fmt.Errorf("answer to message %d: %w", k, err)
+				}
+			}
+		}
+		for k := 0; len(burst) > 0 && burst[0] && k < readerCount; k++ {
+			_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 			if _, err := conn.Read(answer); err != nil {
 				return fmt.Errorf("answer to message %d: %w", k, err)
 			}
@@ -179,9 +194,7 @@ func TestSocketReadHop(t *testing.T) {
 			}
 			reader, wait := startReader(t, bin, p.NsB, proto)
 			sendMessages(t, p.NsA, proto, p.AddrB)
-			if last := wait(); last != fmt.Sprintf("ok %d", readerCount) {
-				t.Fatalf("reader ended with %q, want ok %d", last, readerCount)
-			}
+			wait()
 			byID := recordsByPacket(t, q, 4, readerCount)
 
 			reads := 0
@@ -302,4 +315,156 @@ func median(v []uint64) uint64 {
 	s := append([]uint64(nil), v...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)/2]
+}
+
+// commKey is a task name as the comm field's value: its first 8 bytes, little-endian.
+func commKey(name string) uint64 {
+	var b [8]byte
+	copy(b[:], name)
+	return binary.LittleEndian.Uint64(b[:])
+}
+
+// TestSocketReadFields: the reader's fields at socket-read and uprobe hops, each against its ground truth.
+// The reader prints its socket's SO_MEMINFO around every receive call; a TCP socket-read hop runs before the
+// copy (so its rmem and backlog are the ones just before the call, once the data is there), a UDP one at
+// the end of the call (the ones just after). count by comm is the reader's name for every message, pid
+// its pid; the latency histograms hold every message (device -> read, read -> handler).
+func TestSocketReadFields(t *testing.T) {
+	tu.RequireRoot(t)
+	bin := buildReader(t)
+	queuePair := loader.HasTracepoint("sk_data_ready") && loader.HasTracepoint("sock_recv_length")
+	for i, proto := range []string{"udp", "tcp"} {
+		t.Run(proto, func(t *testing.T) {
+			p := tu.NewVethPair(t, fmt.Sprintf("198.18.%d", 56+i))
+			ipProto := map[string]uint32{"udp": 17, "tcp": 6}[proto]
+			program := map[string]string{"udp": loader.ProgSockReadUDP, "tcp": loader.ProgSockReadTCP}[proto]
+			readActions := &pb.HopActions{Count: true, CountBy: pb.Field_FIELD_COMM, Histogram: pb.Field_FIELD_LATENCY,
+				PrevTs: true, Record: []pb.Field{pb.Field_FIELD_PID, pb.Field_FIELD_RMEM, pb.Field_FIELD_BACKLOG, pb.Field_FIELD_LEN}}
+			pl := &pb.TracePlan{
+				Trace: "sockfields-" + proto, Generation: 1, ObjectPath: tu.ObjectPath(),
+				Match: &pb.FlowMatch{IpProto: ipProto, DstPort: readerPort},
+				Hops: []*pb.HopAttach{
+					{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC,
+						Dev: p.DevA, Netns: p.NsA, TagUdp: proto == "udp"},
+					{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC,
+						Dev: p.DevB, Netns: p.NsB, Actions: &pb.HopActions{PrevTs: true}},
+					{HopIndex: 2, Name: "b-read", Kind: pb.AttachKind_ATTACH_KIND_SOCKET_READ, Program: program,
+						Netns: p.NsB, Actions: readActions},
+					{HopIndex: 3, Name: "b-handler", Kind: pb.AttachKind_ATTACH_KIND_UPROBE, Program: loader.ProgUprobe,
+						Binary: bin, Function: "handle_request", Netns: p.NsB,
+						Actions: &pb.HopActions{Count: true, CountBy: pb.Field_FIELD_PID, Histogram: pb.Field_FIELD_LATENCY,
+							Record: []pb.Field{pb.Field_FIELD_COMM, pb.Field_FIELD_LEN}}},
+				},
+			}
+			if proto == "tcp" {
+				pl.TcpTagging = &pb.TcpTagging{Netns: p.NsA, Program: loader.ProgTagTCP}
+			}
+			m, q := newTestManager(t)
+			if proto == "udp" && !queuePair {
+				// Before 6.6 a UDP read has no socket: the hop is refused, naming the field and why.
+				hop := m.Apply(pl).GetHops()[2]
+				if hop.GetAttached() || !strings.Contains(hop.GetError(), "hop b-read: field rmem at a UDP socket-read hop needs") {
+					t.Fatalf("want b-read refused for rmem, got %v", hop)
+				}
+				return
+			}
+			applyAttached(t, m, pl)
+			// UDP: a burst, so that each read leaves the rest of it queued (TCP would coalesce one).
+			mode := map[string]string{"udp": "burst", "tcp": "meminfo"}[proto]
+			reader, wait := startReader(t, bin, p.NsB, proto, mode)
+			sendMessages(t, p.NsA, proto, p.AddrB, proto == "udp")
+			lines := wait()
+			var mem [][4]uint64 // per receive call: rmem, backlog before; rmem, backlog after
+			for _, line := range lines[:len(lines)-1] {
+				var v [4]uint64
+				if _, err := fmt.Sscanf(line, "mem %d %d %d %d", &v[0], &v[1], &v[2], &v[3]); err != nil {
+					t.Fatalf("reader line %q: %v", line, err)
+				}
+				mem = append(mem, v)
+			}
+			if len(mem) != readerCount {
+				t.Fatalf("%d receive calls, want one per message (%d)", len(mem), readerCount)
+			}
+
+			// The socket-read records in read order, with their values.
+			var reads []record.Values
+			var handler []record.Values
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for len(handler) < readerCount {
+				b := q.Pop(ctx)
+				if b == nil {
+					break
+				}
+				vals := b.Values
+				for off := 0; off < len(b.Records); off += record.Size {
+					var r record.Record
+					if err := record.Decode(b.Records[off:], &r); err != nil {
+						t.Fatal(err)
+					}
+					if r.Flags&record.FlagValues == 0 {
+						continue
+					}
+					v, err := record.DecodeValues(vals)
+					if err != nil {
+						t.Fatal(err)
+					}
+					vals = vals[record.ValuesSize:]
+					switch r.HopIndex {
+					case 2:
+						reads = append(reads, v)
+					case 3:
+						handler = append(handler, v)
+					}
+				}
+			}
+			if len(reads) != readerCount || len(handler) != readerCount {
+				t.Fatalf("%d socket-read and %d handler records with values, want %d each", len(reads), len(handler), readerCount)
+			}
+			pid := uint64(reader.Process.Pid)
+			wireLen := uint64(14+20+readerSize) + map[string]uint64{"udp": 8 + 4, "tcp": 32 + 8}[proto]
+			for k, v := range reads {
+				want := mem[k][2:] // UDP: at the end of the call
+				if proto == "tcp" {
+					want = mem[k][:2] // TCP: before the copy
+				}
+				got := v.Values
+				if got[0] != pid || got[1] != want[0] || got[2] != want[1] || got[3] != wireLen {
+					t.Errorf("read %d: pid, rmem, backlog, len = %v, want %d, %d, %d, %d (SO_MEMINFO %v)",
+						k, got, pid, want[0], want[1], wireLen, mem[k])
+				}
+				// What is still queued: TCP the message being read, UDP the rest of the burst.
+				if queued := map[string]int{"udp": readerCount - 1 - k, "tcp": 1}[proto]; got[1] < uint64(queued*readerSize) {
+					t.Errorf("read %d: rmem %d, less than the %d messages still queued", k, got[1], queued)
+				}
+			}
+			t.Logf("%s: read 0 pid, rmem, backlog, len %v (SO_MEMINFO %v); handler 0 %v", proto, reads[0].Values, mem[0], handler[0].Values)
+			for k, v := range handler {
+				if v.Values[0] != commKey("reader") || v.Values[1] != wireLen {
+					t.Errorf("handler %d: comm, len = %v, want %#x (reader), %d", k, v.Values, commKey("reader"), wireLen)
+				}
+			}
+			c := m.Counters()
+			byHop := map[string]*pb.HopActionValues{}
+			for _, h := range c[0].Hops {
+				byHop[h.GetHop()] = h.GetActions()
+			}
+			read, handled := byHop["b-read"], byHop["b-handler"]
+			if got := read.GetCounts(); len(got) != 1 || got[commKey("reader")] != readerCount {
+				t.Errorf("b-read count by comm %v, want {%#x (reader): %d}", got, commKey("reader"), readerCount)
+			}
+			if got := handled.GetCounts(); len(got) != 1 || got[pid] != readerCount {
+				t.Errorf("b-handler count by pid %v, want {%d: %d}", got, pid, readerCount)
+			}
+			for name, h := range map[string]*pb.HopActionValues{"b-read": read, "b-handler": handled} {
+				total := uint64(0)
+				for _, n := range h.GetBuckets() {
+					total += n
+				}
+				if total != readerCount {
+					t.Errorf("%s latency histogram holds %d, want every message (%d): %v", name, total, readerCount, h.GetBuckets())
+				}
+			}
+		})
+	}
 }

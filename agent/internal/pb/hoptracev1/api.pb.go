@@ -1669,11 +1669,13 @@ func (x *HopRecorded) GetLast() uint64 {
 
 // One key of a hop's count on one node ("by" empty: the total, key 0).
 type HopCount struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	By            string                 `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
-	Key           uint64                 `protobuf:"varint,3,opt,name=key,proto3" json:"key,omitempty"`
-	Count         uint64                 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	By    string                 `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
+	Key   uint64                 `protobuf:"varint,3,opt,name=key,proto3" json:"key,omitempty"`
+	Count uint64                 `protobuf:"varint,4,opt,name=count,proto3" json:"count,omitempty"`
+	// The key as text where the field is a name (comm: its first 8 bytes); empty otherwise.
+	KeyName       string `protobuf:"bytes,5,opt,name=key_name,json=keyName,proto3" json:"key_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1734,6 +1736,13 @@ func (x *HopCount) GetCount() uint64 {
 		return x.Count
 	}
 	return 0
+}
+
+func (x *HopCount) GetKeyName() string {
+	if x != nil {
+		return x.KeyName
+	}
+	return ""
 }
 
 // A hop's log2 histogram of a field on one node: non-empty buckets only.
@@ -3056,12 +3065,13 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x03min\x18\x04 \x01(\x04R\x03min\x12\x10\n" +
 	"\x03max\x18\x05 \x01(\x04R\x03max\x12\x12\n" +
 	"\x04mean\x18\x06 \x01(\x01R\x04mean\x12\x12\n" +
-	"\x04last\x18\a \x01(\x04R\x04last\"V\n" +
+	"\x04last\x18\a \x01(\x04R\x04last\"q\n" +
 	"\bHopCount\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x0e\n" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05count\x18\x04 \x01(\x04R\x05count\"\x86\x01\n" +
+	"\x05count\x18\x04 \x01(\x04R\x05count\x12\x19\n" +
+	"\bkey_name\x18\x05 \x01(\tR\akeyName\"\x86\x01\n" +
 	"\fHopHistogram\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05field\x18\x02 \x01(\tR\x05field\x12\x14\n" +

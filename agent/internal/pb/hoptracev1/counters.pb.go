@@ -43,6 +43,7 @@ const (
 	Counter_COUNTER_TAG_FAILED      Counter = 13
 	Counter_COUNTER_LATENCY_MISS    Counter = 14
 	Counter_COUNTER_COUNT_KEYS_FULL Counter = 15
+	Counter_COUNTER_SOCK_READ_LOST  Counter = 16
 )
 
 // Enum value maps for Counter.
@@ -64,6 +65,7 @@ var (
 		13: "COUNTER_TAG_FAILED",
 		14: "COUNTER_LATENCY_MISS",
 		15: "COUNTER_COUNT_KEYS_FULL",
+		16: "COUNTER_SOCK_READ_LOST",
 	}
 	Counter_value = map[string]int32{
 		"COUNTER_SEEN":            0,
@@ -82,6 +84,7 @@ var (
 		"COUNTER_TAG_FAILED":      13,
 		"COUNTER_LATENCY_MISS":    14,
 		"COUNTER_COUNT_KEYS_FULL": 15,
+		"COUNTER_SOCK_READ_LOST":  16,
 	}
 )
 
@@ -137,6 +140,9 @@ const (
 	Field_FIELD_DROP_REASON   Field = 18
 	Field_FIELD_TCP_SEQ       Field = 19
 	Field_FIELD_TCP_ACK       Field = 20
+	Field_FIELD_RMEM          Field = 21
+	Field_FIELD_BACKLOG       Field = 22
+	Field_FIELD_COMM          Field = 23
 )
 
 // Enum value maps for Field.
@@ -163,6 +169,9 @@ var (
 		18: "FIELD_DROP_REASON",
 		19: "FIELD_TCP_SEQ",
 		20: "FIELD_TCP_ACK",
+		21: "FIELD_RMEM",
+		22: "FIELD_BACKLOG",
+		23: "FIELD_COMM",
 	}
 	Field_value = map[string]int32{
 		"FIELD_UNSPECIFIED":   0,
@@ -186,6 +195,9 @@ var (
 		"FIELD_DROP_REASON":   18,
 		"FIELD_TCP_SEQ":       19,
 		"FIELD_TCP_ACK":       20,
+		"FIELD_RMEM":          21,
+		"FIELD_BACKLOG":       22,
+		"FIELD_COMM":          23,
 	}
 )
 
@@ -332,7 +344,7 @@ var File_hoptrace_v1_counters_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\n" +
-	"\x1ahoptrace/v1/counters.proto\x12\vhoptrace.v1*\x87\x03\n" +
+	"\x1ahoptrace/v1/counters.proto\x12\vhoptrace.v1*\xa3\x03\n" +
 	"\aCounter\x12\x10\n" +
 	"\fCOUNTER_SEEN\x10\x00\x12\x13\n" +
 	"\x0fCOUNTER_MATCHED\x10\x01\x12\x14\n" +
@@ -350,7 +362,8 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\rCOUNTER_BYTES\x10\f\x12\x16\n" +
 	"\x12COUNTER_TAG_FAILED\x10\r\x12\x18\n" +
 	"\x14COUNTER_LATENCY_MISS\x10\x0e\x12\x1b\n" +
-	"\x17COUNTER_COUNT_KEYS_FULL\x10\x0f*\x90\x03\n" +
+	"\x17COUNTER_COUNT_KEYS_FULL\x10\x0f\x12\x1a\n" +
+	"\x16COUNTER_SOCK_READ_LOST\x10\x10*\xc3\x03\n" +
 	"\x05Field\x12\x15\n" +
 	"\x11FIELD_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tFIELD_CPU\x10\x01\x12\r\n" +
@@ -374,7 +387,12 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\tFIELD_PID\x10\x11\x12\x15\n" +
 	"\x11FIELD_DROP_REASON\x10\x12\x12\x11\n" +
 	"\rFIELD_TCP_SEQ\x10\x13\x12\x11\n" +
-	"\rFIELD_TCP_ACK\x10\x14*\x8a\x01\n" +
+	"\rFIELD_TCP_ACK\x10\x14\x12\x0e\n" +
+	"\n" +
+	"FIELD_RMEM\x10\x15\x12\x11\n" +
+	"\rFIELD_BACKLOG\x10\x16\x12\x0e\n" +
+	"\n" +
+	"FIELD_COMM\x10\x17*\x8a\x01\n" +
 	"\aEventOp\x12\x18\n" +
 	"\x14EVENT_OP_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vEVENT_OP_EQ\x10\x01\x12\x0f\n" +

@@ -101,6 +101,7 @@ COUNTERS = (
     "tag_failed",
     "latency_miss",
     "count_keys_full",
+    "sock_read_lost",
 )
 
 # enum hoptrace_field: field names by value ("none" = 0), as specs spell them.
@@ -126,6 +127,9 @@ FIELDS = (
     "drop_reason",
     "tcp_seq",
     "tcp_ack",
+    "rmem",
+    "backlog",
+    "comm",
 )
 
 # enum hoptrace_event_op: event where: operators by value ("none" = 0).

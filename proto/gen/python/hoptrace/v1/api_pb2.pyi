@@ -300,16 +300,18 @@ class HopRecorded(_message.Message):
     def __init__(self, node: _Optional[str] = ..., field: _Optional[str] = ..., count: _Optional[int] = ..., min: _Optional[int] = ..., max: _Optional[int] = ..., mean: _Optional[float] = ..., last: _Optional[int] = ...) -> None: ...
 
 class HopCount(_message.Message):
-    __slots__ = ("node", "by", "key", "count")
+    __slots__ = ("node", "by", "key", "count", "key_name")
     NODE_FIELD_NUMBER: _ClassVar[int]
     BY_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    KEY_NAME_FIELD_NUMBER: _ClassVar[int]
     node: str
     by: str
     key: int
     count: int
-    def __init__(self, node: _Optional[str] = ..., by: _Optional[str] = ..., key: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+    key_name: str
+    def __init__(self, node: _Optional[str] = ..., by: _Optional[str] = ..., key: _Optional[int] = ..., count: _Optional[int] = ..., key_name: _Optional[str] = ...) -> None: ...
 
 class HopHistogram(_message.Message):
     __slots__ = ("node", "field", "total", "buckets")

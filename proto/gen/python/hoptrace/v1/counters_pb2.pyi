@@ -22,6 +22,7 @@ class Counter(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COUNTER_TAG_FAILED: _ClassVar[Counter]
     COUNTER_LATENCY_MISS: _ClassVar[Counter]
     COUNTER_COUNT_KEYS_FULL: _ClassVar[Counter]
+    COUNTER_SOCK_READ_LOST: _ClassVar[Counter]
 
 class Field(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,6 +47,9 @@ class Field(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FIELD_DROP_REASON: _ClassVar[Field]
     FIELD_TCP_SEQ: _ClassVar[Field]
     FIELD_TCP_ACK: _ClassVar[Field]
+    FIELD_RMEM: _ClassVar[Field]
+    FIELD_BACKLOG: _ClassVar[Field]
+    FIELD_COMM: _ClassVar[Field]
 
 class EventOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -78,6 +82,7 @@ COUNTER_BYTES: Counter
 COUNTER_TAG_FAILED: Counter
 COUNTER_LATENCY_MISS: Counter
 COUNTER_COUNT_KEYS_FULL: Counter
+COUNTER_SOCK_READ_LOST: Counter
 FIELD_UNSPECIFIED: Field
 FIELD_CPU: Field
 FIELD_LEN: Field
@@ -99,6 +104,9 @@ FIELD_PID: Field
 FIELD_DROP_REASON: Field
 FIELD_TCP_SEQ: Field
 FIELD_TCP_ACK: Field
+FIELD_RMEM: Field
+FIELD_BACKLOG: Field
+FIELD_COMM: Field
 EVENT_OP_UNSPECIFIED: EventOp
 EVENT_OP_EQ: EventOp
 EVENT_OP_NE: EventOp
