@@ -14,7 +14,7 @@ AGENT_BIN := agent/bin/hoptrace-agent
 INFLUXD := $(TOOLS)/influxd
 
 APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 sockperf iperf3 tcpdump nftables clang-format \
-	ethtool chromium chromium-driver bpftrace qemu-system-x86 kmod busybox-static \
+	ethtool chromium chromium-driver bpftrace qemu-system-x86 kmod busybox-static openvswitch-switch \
 	docker.io docker-compose debootstrap
 
 PROTOC_GEN_GO_VERSION := v1.36.12
@@ -244,6 +244,13 @@ bench: setup build ## every benchmark, full size (~12 min): bench/results/<time>
 .PHONY: bench-quick
 bench-quick: setup build ## every benchmark at a tiny size (~2 min); make test runs it to keep them working
 	$(PY) bench/run.py --quick
+
+.PHONY: demo-guest
+GUEST_KERNEL ?= 6.1
+GUEST_DEMO_ARGS ?= --seconds 2 --mps 200
+demo-guest: setup build ## make demo inside a guest of GUEST_KERNEL (5.10, 6.1, 6.12), TCG: 5-15 minutes
+	$(PY) -m hoptrace.lab.vm $(GUEST_KERNEL) --python-in-memory --log .tools/demo-guest-$(GUEST_KERNEL).log \
+		"HOPTRACE_TIMEOUT_SCALE=20 make demo DEMO_ARGS='$(GUEST_DEMO_ARGS)'"
 
 .PHONY: demo
 demo: setup build ## two emulated hosts, a traced UDP flow, the per-hop decomposition

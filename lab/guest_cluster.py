@@ -34,16 +34,23 @@ def fetched_kernel(version: str) -> vm.Kernel:
 
 @dataclass
 class GuestCluster:
-    """The lab's guests and the control plane they report to."""
+    """The lab's guests (by node) and the control plane they report to."""
 
     lab: GuestLab
     cluster: LocalCluster
-    a: Guest
-    b: Guest
+    guests: dict[str, Guest]
+
+    @property
+    def a(self) -> Guest:
+        return self.guests["guest-a"]
+
+    @property
+    def b(self) -> Guest:
+        return self.guests["guest-b"]
 
     @property
     def nodes(self) -> list[str]:
-        return [HYPERVISOR, self.a.node, self.b.node]
+        return [HYPERVISOR, *self.guests]
 
 
 def guest_agent_argv(cluster: LocalCluster, node: str) -> list[str]:
@@ -64,9 +71,9 @@ def guest_agent_argv(cluster: LocalCluster, node: str) -> list[str]:
 def guest_cluster(
     influx_url: str, workdir: Path, name: str, kernels: dict[str, vm.Kernel]
 ) -> Iterator[GuestCluster]:
-    """Boot guest-a and guest-b (`kernels` by node) at once, with the control plane on the lab network's
-    hypervisor address and the three agents connected; everything gone on exit. `workdir` is shared into
-    the guests (certificates, agent logs)."""
+    """Boot the guests of `kernels` (by node: guest-a and guest-b for the reference path) at once, with the
+    control plane on the lab network's hypervisor address and every agent connected; everything gone on
+    exit. `workdir` is shared into the guests (certificates, agent logs)."""
     started = time.monotonic()
     with GuestLab(name, workdir) as lab:
         cluster = LocalCluster(
@@ -83,16 +90,18 @@ def guest_cluster(
             cluster.start_collector("--join-window", "2")
             cluster.wait_listening()
             cluster.start_agent(HYPERVISOR, lab.netns, "--netns-owned", lab.netns)
-            a = lab.boot("guest-a", kernels["guest-a"], 0, guest_agent_argv(cluster, "guest-a"))
-            b = lab.boot("guest-b", kernels["guest-b"], 1, guest_agent_argv(cluster, "guest-b"))
-            for guest in (a, b):
+            guests = {
+                node: lab.boot(node, kernel, index, guest_agent_argv(cluster, node))
+                for index, (node, kernel) in enumerate(kernels.items())
+            }
+            for guest in guests.values():
                 guest.wait_ready(240)
             booted = time.monotonic()
-            cluster.wait_agents([HYPERVISOR, a.node, b.node], timeout_s=120)
+            cluster.wait_agents([HYPERVISOR, *guests], timeout_s=120)
             print(
                 f"guests booted in {booted - started:.0f} s, agents up in {time.monotonic() - booted:.0f} s"
             )
-            yield GuestCluster(lab, cluster, a, b)
+            yield GuestCluster(lab, cluster, guests)
 
 
 def path_spec(guests: GuestCluster, name: str, protocol: str) -> trace_pb2.TraceSpec:

@@ -5,6 +5,8 @@
 #                                the lab's commands on the control port (one command per connection)
 #   guest_host.sh control        one command from stdin (busybox nc -e runs this per connection)
 #   guest_host.sh discard        read a TCP connection to its "end" line (the TCP flow's receiving socket)
+#   guest_host.sh send udp|tcp DST PORT COUNT
+#                                send a flow from the current network namespace (ip netns exec ... for a VM's)
 #
 # Only bash, coreutils, iproute2, nft and busybox run here (Python takes seconds to start under TCG; it
 # runs once, for the clock step).
@@ -15,6 +17,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 boot() {
 	# shellcheck source=/dev/null
 	source "$1" # ADDR PREFIX_LEN CONTROL_PORT UDP_PORT TCP_PORT AGENT_LOG AGENT (an array)
+	export UDP_PORT TCP_PORT # for the control commands (a process per connection)
 	mount -t bpf bpf /sys/fs/bpf 2>/dev/null
 	mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 	mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
@@ -90,10 +93,108 @@ send_tcp() {
 	echo "sent $(counted)"
 }
 
+# Open vSwitch in this guest (its kernel has the module; the hypervisor's may not), with three "VMs":
+# namespaces vm1..vm3 whose eth0 is a veth whose other end, vmN-port, is a port of the OVS bridge ovsbr
+# (in place of a VM's tap). vm2 runs the receivers: sockperf's server on UDP_PORT (the traced flow's
+# reading application) and iperf3's on OVS_IPERF_PORT (the load). Daemons and database under /run.
+OVS_NET=198.19.241 # /24, inside 198.18.0.0/15
+OVS_IPERF_PORT=5201
+export OVS_RUNDIR=/run/openvswitch OVS_DBDIR=/run/openvswitch OVS_LOGDIR=/run/openvswitch
+
+# Runs a command; if it fails, answers what it said and fails.
+step() {
+	local out
+	out=$("$@" 2>&1) || {
+		echo "error: $*: ${out//$'\n'/ }"
+		return 1
+	}
+}
+
+ovs_setup() {
+	step modprobe openvswitch || return
+	mkdir -p "$OVS_RUNDIR"
+	step ovsdb-tool create "$OVS_DBDIR/conf.db" /usr/share/openvswitch/vswitch.ovsschema || return
+	step ovsdb-server "$OVS_DBDIR/conf.db" --remote="punix:$OVS_RUNDIR/db.sock" --pidfile --detach \
+		--log-file || return
+	step ovs-vsctl --no-wait init || return
+	step ovs-vswitchd --pidfile --detach --log-file || return
+	step ovs-vsctl add-br ovsbr || return
+	ip link set ovsbr up
+	local i
+	for i in 1 2 3; do
+		step ip netns add "vm$i" || return
+		step ip link add "vm$i-port" type veth peer name eth0 netns "vm$i" || return
+		step ovs-vsctl add-port ovsbr "vm$i-port" || return
+		ip link set "vm$i-port" up
+		ip -n "vm$i" link set lo up
+		ip -n "vm$i" addr add "$OVS_NET.$i/24" dev eth0
+		ip -n "vm$i" link set eth0 up
+	done
+	ip netns exec vm2 sockperf server -i "$OVS_NET.2" -p "$UDP_PORT" >/dev/null 2>&1 &
+	step ip netns exec vm2 iperf3 -s -D -p "$OVS_IPERF_PORT" || return
+	# Every VM reaches vm2 (also resolves the neighbours before a trace starts).
+	for i in 1 3; do
+		step ip netns exec "vm$i" busybox ping -c 1 -W 5 "$OVS_NET.2" || return
+	done
+	echo "ovs ready $(ovs-vsctl --version | head -n1)"
+}
+
+# ovs-load none|vm1|vm3 MBPS SECONDS: an iperf3 UDP flow of MBPS Mbit/s from that VM to vm2's iperf3
+# server for SECONDS, counted where vm2 receives it (nftables); none stops the flow and answers what
+# vm2 received of it: "delivered BYTES SECONDS".
+ovs_load() {
+	local vm=$1 mbps=$2 seconds=$3
+	pkill -f "iperf3 -c" 2>/dev/null
+	if [ "$vm" = none ]; then
+		local bytes start
+		bytes=$(ip netns exec vm2 nft list table ip hoptrace_load 2>/dev/null |
+			sed -n 's/.*counter packets [0-9]* bytes \([0-9]*\).*/\1/p')
+		start=$(cat /run/hoptrace-load-start 2>/dev/null || date +%s.%N)
+		awk -v bytes="${bytes:-0}" -v start="$start" -v now="$(date +%s.%N)" \
+			'BEGIN { printf "delivered %d %.3f\n", bytes, now - start }'
+		ip netns exec vm2 nft delete table ip hoptrace_load 2>/dev/null
+		rm -f /run/hoptrace-load-start
+		return
+	fi
+	ip netns exec vm2 nft delete table ip hoptrace_load 2>/dev/null
+	ip netns exec vm2 nft add table ip hoptrace_load
+	ip netns exec vm2 nft add chain ip hoptrace_load in '{ type filter hook input priority 0; policy accept; }'
+	ip netns exec vm2 nft add rule ip hoptrace_load in udp dport "$OVS_IPERF_PORT" counter
+	date +%s.%N >/run/hoptrace-load-start
+	ip netns exec "$vm" iperf3 -c "$OVS_NET.2" -p "$OVS_IPERF_PORT" -u -b "${mbps}M" -l 1400 \
+		-t "$seconds" >/dev/null 2>&1 </dev/null &
+	echo "load $vm ${mbps}M"
+}
+
 control() {
 	local command a b c
 	read -r command a b c || exit 0
 	case "$command" in
+	ovs-setup) ovs_setup ;;
+	ovs-load)
+		if [[ $a =~ ^(none|vm1|vm3)$ ]] && is_number "$b" && is_number "$c"; then
+			ovs_load "$a" "$b" "$c"
+		else
+			echo "error: ovs-load none|vm1|vm3 MBPS SECONDS"
+		fi
+		;;
+	ovs-udp)
+		# COUNT datagrams from vm1 to vm2's sockperf server, counted in vm1's namespace.
+		if is_number "$a"; then
+			ip netns exec vm1 "$HERE/guest_host.sh" send udp "$OVS_NET.2" "$UDP_PORT" "$a"
+		else
+			echo "error: ovs-udp COUNT"
+		fi
+		;;
+	ovs-police)
+		# ovs-police vmN KBPS: OVS ingress policing on vmN's port (0: off), burst a tenth of the rate.
+		if [[ $a =~ ^vm[1-3]$ ]] && is_number "$b"; then
+			ovs-vsctl set interface "$a-port" ingress_policing_rate="$b" \
+				ingress_policing_burst="$((b / 10))" && echo "police $a $b"
+		else
+			echo "error: ovs-police vmN KBPS"
+		fi
+		;;
 	udp | tcp)
 		if is_address "$a" && is_number "$b" && is_number "$c"; then
 			"send_$command" "$a" "$b" "$c"
@@ -123,6 +224,7 @@ print('shifted', gap() - before)"
 case "${1:-}" in
 boot) boot "$2" ;;
 control) control ;;
+send) [[ $2 =~ ^(udp|tcp)$ ]] && "send_$2" "$3" "$4" "$5" ;;
 discard) sed -n '/^end$/q' ;; # read to the sender's last line, then close first
 *)
 	echo "usage: $0 boot CONFIG | control | discard" >&2

@@ -130,6 +130,27 @@ def hang_report(limit: float) -> str:
     )
 
 
+# The trees a Python program of this checkout reads at start-up: the standard library, the venv and the
+# hoptrace packages (Makefile's PY_PACKAGES). Over 5.10's 9p every import is several round trips to the
+# host, and every process pays them again (the share is mounted without a cache): `import
+# hoptrace.cli.demo` alone took 4.5 minutes there.
+PYTHON_TREES = (
+    Path(f"/usr/lib/python{sys.version_info.major}.{sys.version_info.minor}"),
+    REPO_ROOT / ".venv",
+    *(REPO_ROOT / name for name in ("cli", "collector", "common", "dispatcher", "lab", "web")),
+    REPO_ROOT / "proto" / "gen" / "python",
+)
+
+
+def ram_trees(trees: tuple[Path, ...], archive: Path) -> str:
+    """A guest script prefix that serves `trees` from the guest's memory: each gets a tmpfs mounted over
+    it, filled from one archive made here (`archive`), which the guest reads as one sequential file."""
+    relative = [str(tree.relative_to("/")) for tree in trees]
+    subprocess.run(["tar", "-cf", str(archive), "-C", "/", *relative], check=True)
+    mounts = " ".join(f"/{path}" for path in relative)
+    return f"for d in {mounts}; do mount -t tmpfs tmpfs $d; done; tar -xf {archive} -C /; "
+
+
 @dataclass
 class GuestRun:
     """What a command printed in a guest, with the guest's serial noise removed."""
@@ -148,20 +169,24 @@ def run(
     memory: str = "2G",
     cpus: int = 2,
     log: Path | None = None,
+    in_memory: tuple[Path, ...] = (),
 ) -> GuestRun:
     """Boots `kernel`, runs `command` as root in it (bpffs and tracefs mounted) and powers it off.
 
     `timeout` is in this machine's seconds before HOPTRACE_TIMEOUT_SCALE; a guest past it is killed
     and the run fails with what it printed so far. `log`, if given, receives the output as the guest
-    prints it (`tail -f` it to watch a long run) and keeps it after.
+    prints it (`tail -f` it to watch a long run) and keeps it after. `in_memory`: directories the guest
+    reads from a copy in its memory (see `ram_trees`; e.g. PYTHON_TREES), not through the share.
     """
     limit = timeout * timeout_scale()
+    scripts = tempfile.TemporaryDirectory(prefix="hoptrace-guest-")
     setup = (
         "mount -t bpf bpf /sys/fs/bpf 2>/dev/null; mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null; "
         # A task blocked for a minute is reported on the console (the kernel's hung-task detector).
         "sysctl -qw kernel.hung_task_timeout_secs=60 2>/dev/null; "
         + SYSCALL_TRACEPOINTS_ON
         + hang_report(limit)
+        + (ram_trees(in_memory, Path(scripts.name) / "trees.tar") if in_memory else "")
     )
     vng = vng_path()
     argv = [vng, "--run", str(kernel.vmlinuz), "--memory", memory, "--cpus", str(cpus)]
@@ -176,7 +201,6 @@ def run(
     # --exec travels base64-encoded on the kernel command line, which x86 cuts at 2048 bytes (a cut
     # script never starts and the guest idles until killed): the command goes in a file the guest reads
     # through the shared root instead.
-    scripts = tempfile.TemporaryDirectory(prefix="hoptrace-guest-")
     script = Path(scripts.name) / "run.sh"
     script.write_text(setup + command + "\n")
     argv += ["--exec", f"sh {script}"]
@@ -220,3 +244,55 @@ def run(
                 kept.write(note)
         scripts.cleanup()
     return GuestRun(kernel, code, output.replace("\r", ""))
+
+
+def kernel_for(version: str, directory: Path = KERNELS_DIR) -> Kernel:
+    """The fetched kernel whose release starts with `version` ("5.10", "6.1.176")."""
+    for kernel in kernels(directory):
+        if kernel.release == version or kernel.release.startswith(f"{version}."):
+            return kernel
+    have = ", ".join(k.release for k in kernels(directory)) or "none (run 'make vm-kernels')"
+    raise LookupError(f"no kernel {version} fetched; fetched: {have}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m hoptrace.lab.vm KERNEL COMMAND`: run COMMAND as root in a guest of KERNEL, its output
+    streamed here; the guest's exit status is this one's."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m hoptrace.lab.vm", description=main.__doc__)
+    parser.add_argument("kernel", help="a fetched kernel's version: 5.10, 6.1, 6.12 or a full release")
+    parser.add_argument("command", help="a shell command, run in this checkout's directory")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds (x HOPTRACE_TIMEOUT_SCALE)")
+    parser.add_argument("--memory", default="3G")
+    parser.add_argument(
+        "--python-in-memory", action="store_true", help="serve PYTHON_TREES from the guest's memory"
+    )
+    parser.add_argument("--log", type=Path, help="keep the guest's output in this file")
+    args = parser.parse_args(argv)
+    try:
+        kernel = kernel_for(args.kernel)
+    except LookupError as err:
+        print(f"hoptrace lab: {err}", file=sys.stderr)
+        return 2
+    log = args.log or Path(tempfile.mkstemp(prefix="hoptrace-guest-", suffix=".log")[1])
+    print(f"guest {kernel.release}: {args.command} (output: {log})", flush=True)
+    tail = subprocess.Popen(["tail", "-F", "-n", "+1", "-q", str(log)], stderr=subprocess.DEVNULL)
+    try:
+        result = run(
+            kernel,
+            f"cd {REPO_ROOT} && {args.command}",
+            timeout=args.timeout,
+            memory=args.memory,
+            log=log,
+            in_memory=PYTHON_TREES if args.python_in_memory else (),
+        )
+    finally:
+        tail.terminate()
+        tail.wait()
+    print(f"guest {kernel.release}: exit status {result.returncode}", flush=True)
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
