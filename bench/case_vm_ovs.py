@@ -9,10 +9,13 @@ vm1..vm3 whose eth0 is a veth with its other end (vmN-port) on the OVS bridge, i
 
 - the traced flow: UDP datagrams from vm1 to sockperf's server in vm2, 5 ms apart (the application reads
   each: the socket-read hop);
-- the load: an iperf3 UDP flow to vm2 at LOAD_MBPS from vm1 (the same VM as the traced sender) or vm3 (a
-  second VM);
-- cases, switched without rebooting: `alone`, `load-same-vm`, `load-other-vm`, `load-other-vm-policed`
-  (OVS ingress policing on vm3's port at POLICE_KBPS: `ingress_policing_rate`).
+- the load: iperf3 UDP flows to vm2 (one iperf3 server each) at --load-mbps from vm1 (the same VM as the
+  traced sender), vm3 (a second VM) or both;
+- cases, switched without rebooting, as vNetTracer's: `alone` (its case I), `load-same-vm` (II),
+  `load-other-vm`, `load-same-and-other-vm` (III), and `load-same-and-other-vm-policed`: III with OVS
+  ingress policing (`ingress_policing_rate`, --police-kbps) on both loading VMs' ports, its fix. The
+  policer drops what exceeds the rate, the traced datagrams included: that case may lose some, and the
+  table says how many.
 
 One hoptrace spec per case, every hop on the OVS host: vm1's eth0 egress (the sender's stack done) ->
 vm1-port ingress (the packet enters OVS: the veth crossing and the CPU's backlog queue in front of OVS) ->
@@ -41,7 +44,7 @@ from typing import Any
 import grpc
 
 from hoptrace.common.timeouts import scaled
-from hoptrace.lab.guest_cluster import GuestCluster, fetched_kernel, guest_cluster, wait_complete
+from hoptrace.lab.guest_cluster import GuestCluster, fetched_kernel, guest_cluster
 from hoptrace.lab.guests import UDP_PORT, Guest
 from hoptrace.lab.processes import start_influxd
 from hoptrace.v1 import api_pb2, trace_pb2
@@ -49,12 +52,13 @@ from hoptrace.v1 import api_pb2, trace_pb2
 RESULTS = Path(__file__).resolve().parent / "results"
 OVS_HOST = "ovs-host"
 OVS_NET = "198.19.241"  # lab/guest_host.sh's VM network inside the OVS host
-# case: (the VM that sends the bulk flow, or none; police vm3's OVS port)
+# case: (the VMs that send a bulk flow, or none; police their OVS ports)
 CASES: dict[str, tuple[str, bool]] = {
     "alone": ("none", False),
     "load-same-vm": ("vm1", False),
     "load-other-vm": ("vm3", False),
-    "load-other-vm-policed": ("vm3", True),
+    "load-same-and-other-vm": ("vm1,vm3", False),
+    "load-same-and-other-vm-policed": ("vm1,vm3", True),
 }
 SEGMENTS = {
     "vm1-out>ovs-in": "vm1 NIC -> OVS in",
@@ -95,6 +99,23 @@ def apply_when_seen(guests: GuestCluster, spec: trace_pb2.TraceSpec, timeout_s: 
             time.sleep(1)
 
 
+def wait_accounted(guests: GuestCluster, trace: str, sent: int, timeout_s: float = 180) -> dict[str, Any]:
+    """The trace's report once every datagram sent is complete or lost in a segment (a policer drops some)."""
+    deadline = time.monotonic() + scaled(timeout_s)
+    while True:
+        result = guests.cluster.hoptrace("report", trace, "--since", "30m", "--json", check=False)
+        if result.returncode == 0:
+            data = json.loads(result.stdout)
+            lost = sum(s.get("loss_count", 0) for s in data.get("segments", []))
+            if data.get("segments") and data.get("complete", 0) + lost >= sent:
+                return data
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{trace}: {sent} sent, never all accounted for: {result.stdout or result.stderr}"
+            )
+        time.sleep(1)
+
+
 def segment_stats(data: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per segment, mean / p50 / p90 / p99 in µs and its count."""
     return {
@@ -109,7 +130,7 @@ def segment_stats(data: dict[str, Any]) -> dict[str, dict[str, float]]:
 def run_case(guests: GuestCluster, host: Guest, case: str, args: argparse.Namespace) -> dict[str, Any]:
     """One traced flow vm1 -> vm2 under `case`'s load; its decomposition."""
     load_vm, policed = CASES[case]
-    host.command(f"ovs-police vm3 {args.police_kbps if policed else 0}")
+    host.command(f"ovs-police vm1,vm3 {args.police_kbps if policed else 0}")
     # The load outlasts the traced flow (however slow the guest): it is stopped once the flow was sent.
     host.command(f"ovs-load {load_vm} {args.load_mbps} 600")
     time.sleep(scaled(2))  # the bulk flow is up before the traced one starts
@@ -124,7 +145,7 @@ def run_case(guests: GuestCluster, host: Guest, case: str, args: argparse.Namesp
     if not stopped:
         raise RuntimeError("unexpected answer to stopping the load")
     delivered_mbps = int(stopped.group(1)) * 8 / float(stopped.group(2)) / 1e6 if load_vm != "none" else 0.0
-    data = wait_complete(guests.cluster, spec.name, sent, timeout_s=180)
+    data = wait_accounted(guests, spec.name, sent)
     guests.cluster.api().DeleteTrace(api_pb2.DeleteTraceRequest(name=spec.name), timeout=scaled(60))
     return {
         "case": case,
@@ -134,6 +155,7 @@ def run_case(guests: GuestCluster, host: Guest, case: str, args: argparse.Namesp
         "load_delivered_mbps": round(delivered_mbps, 2),
         "sent": sent,
         "complete": data["complete"],
+        "lost": sum(s["loss_count"] for s in data["segments"]),
         "segments": segment_stats(data),
         "end_to_end": {k: data["end_to_end"][f"{k}_ns"] / 1e3 for k in ("mean", "p50", "p90", "p99")},
     }
@@ -159,10 +181,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def table(results: list[dict[str, Any]]) -> str:
     """Markdown: per case, every segment's mean / p50 / p90 / p99 µs."""
-    head = ["case", "load at vm2 (Mbit/s)", "complete / sent", *SEGMENTS.values(), "end to end"]
+    head = ["case", "load at vm2 (Mbit/s)", "complete / lost / sent", *SEGMENTS.values(), "end to end"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
-        cells = [r["case"], f"{r['load_delivered_mbps']:.1f}", f"{r['complete']} / {r['sent']}"]
+        cells = [r["case"], f"{r['load_delivered_mbps']:.1f}", f"{r['complete']} / {r['lost']} / {r['sent']}"]
         for name in SEGMENTS:
             s = r["segments"].get(name)
             cells.append(" / ".join(f"{s[k]:.0f}" for k in ("mean", "p50", "p90", "p99")) if s else "-")

@@ -96,9 +96,9 @@ send_tcp() {
 # Open vSwitch in this guest (its kernel has the module; the hypervisor's may not), with three "VMs":
 # namespaces vm1..vm3 whose eth0 is a veth whose other end, vmN-port, is a port of the OVS bridge ovsbr
 # (in place of a VM's tap). vm2 runs the receivers: sockperf's server on UDP_PORT (the traced flow's
-# reading application) and iperf3's on OVS_IPERF_PORT (the load). Daemons and database under /run.
+# reading application) and an iperf3 server per loading VM, vmN's on port 5200+N (the load). Daemons and
+# database under /run.
 OVS_NET=198.19.241 # /24, inside 198.18.0.0/15
-OVS_IPERF_PORT=5201
 export OVS_RUNDIR=/run/openvswitch OVS_DBDIR=/run/openvswitch OVS_LOGDIR=/run/openvswitch
 
 # Runs a command; if it fails, answers what it said and fails.
@@ -131,7 +131,8 @@ ovs_setup() {
 		ip -n "vm$i" link set eth0 up
 	done
 	ip netns exec vm2 sockperf server -i "$OVS_NET.2" -p "$UDP_PORT" >/dev/null 2>&1 &
-	step ip netns exec vm2 iperf3 -s -D -p "$OVS_IPERF_PORT" || return
+	step ip netns exec vm2 iperf3 -s -D -p 5201 || return
+	step ip netns exec vm2 iperf3 -s -D -p 5203 || return
 	# Every VM reaches vm2 (also resolves the neighbours before a trace starts).
 	for i in 1 3; do
 		step ip netns exec "vm$i" busybox ping -c 1 -W 5 "$OVS_NET.2" || return
@@ -139,13 +140,13 @@ ovs_setup() {
 	echo "ovs ready $(ovs-vsctl --version | head -n1)"
 }
 
-# ovs-load none|vm1|vm3 MBPS SECONDS: an iperf3 UDP flow of MBPS Mbit/s from that VM to vm2's iperf3
-# server for SECONDS, counted where vm2 receives it (nftables); none stops the flow and answers what
-# vm2 received of it: "delivered BYTES SECONDS".
+# ovs-load VMS MBPS SECONDS: from each VM of VMS (vm1, vm3 or vm1,vm3) an iperf3 UDP flow of MBPS Mbit/s
+# to its iperf3 server in vm2 for SECONDS, counted where vm2 receives them (nftables). VMS none stops the
+# flows and answers what vm2 received of them: "delivered BYTES SECONDS".
 ovs_load() {
-	local vm=$1 mbps=$2 seconds=$3
+	local vms=$1 mbps=$2 seconds=$3 vm
 	pkill -f "iperf3 -c" 2>/dev/null
-	if [ "$vm" = none ]; then
+	if [ "$vms" = none ]; then
 		local bytes start
 		bytes=$(ip netns exec vm2 nft list table ip hoptrace_load 2>/dev/null |
 			sed -n 's/.*counter packets [0-9]* bytes \([0-9]*\).*/\1/p')
@@ -159,11 +160,13 @@ ovs_load() {
 	ip netns exec vm2 nft delete table ip hoptrace_load 2>/dev/null
 	ip netns exec vm2 nft add table ip hoptrace_load
 	ip netns exec vm2 nft add chain ip hoptrace_load in '{ type filter hook input priority 0; policy accept; }'
-	ip netns exec vm2 nft add rule ip hoptrace_load in udp dport "$OVS_IPERF_PORT" counter
+	ip netns exec vm2 nft add rule ip hoptrace_load in udp dport 5201-5203 counter
 	date +%s.%N >/run/hoptrace-load-start
-	ip netns exec "$vm" iperf3 -c "$OVS_NET.2" -p "$OVS_IPERF_PORT" -u -b "${mbps}M" -l 1400 \
-		-t "$seconds" >/dev/null 2>&1 </dev/null &
-	echo "load $vm ${mbps}M"
+	for vm in ${vms//,/ }; do
+		ip netns exec "$vm" iperf3 -c "$OVS_NET.2" -p "$((5200 + ${vm#vm}))" -u -b "${mbps}M" -l 1400 \
+			-t "$seconds" >/dev/null 2>&1 </dev/null &
+	done
+	echo "load $vms ${mbps}M"
 }
 
 control() {
@@ -172,10 +175,10 @@ control() {
 	case "$command" in
 	ovs-setup) ovs_setup ;;
 	ovs-load)
-		if [[ $a =~ ^(none|vm1|vm3)$ ]] && is_number "$b" && is_number "$c"; then
+		if [[ $a =~ ^(none|vm1|vm3|vm1,vm3)$ ]] && is_number "$b" && is_number "$c"; then
 			ovs_load "$a" "$b" "$c"
 		else
-			echo "error: ovs-load none|vm1|vm3 MBPS SECONDS"
+			echo "error: ovs-load none|vm1|vm3|vm1,vm3 MBPS SECONDS"
 		fi
 		;;
 	ovs-udp)
@@ -187,12 +190,16 @@ control() {
 		fi
 		;;
 	ovs-police)
-		# ovs-police vmN KBPS: OVS ingress policing on vmN's port (0: off), burst a tenth of the rate.
-		if [[ $a =~ ^vm[1-3]$ ]] && is_number "$b"; then
-			ovs-vsctl set interface "$a-port" ingress_policing_rate="$b" \
-				ingress_policing_burst="$((b / 10))" && echo "police $a $b"
+		# ovs-police VMS KBPS: OVS ingress policing on each VM's port (0: off), burst a tenth of the rate.
+		if [[ $a =~ ^vm[1-3](,vm[1-3])*$ ]] && is_number "$b"; then
+			local vm
+			for vm in ${a//,/ }; do
+				step ovs-vsctl set interface "$vm-port" ingress_policing_rate="$b" \
+					ingress_policing_burst="$((b / 10))" || return
+			done
+			echo "police $a $b"
 		else
-			echo "error: ovs-police vmN KBPS"
+			echo "error: ovs-police VMS KBPS"
 		fi
 		;;
 	udp | tcp)

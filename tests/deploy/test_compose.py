@@ -261,7 +261,8 @@ def test_kafka_override_broker_and_topic_start_for_real(tmp_path: Path):
         HOPTRACE_KAFKA_PARTITIONS="3",
     )
     try:
-        build_s = build_kafka_image()
+        # kafka-topic runs hoptrace/python:local: on a fresh machine this test is the first to need it
+        build_s = build_images() + build_kafka_image()
         start = time.monotonic()
         up = subprocess.run(
             compose_command("up", "-d", "--no-build", "kafka-topic", kafka=True, project=project),
