@@ -247,10 +247,8 @@ bench-quick: setup build ## every benchmark at a tiny size (~2 min); make test r
 
 .PHONY: demo-guest
 GUEST_KERNEL ?= 6.1
-GUEST_DEMO_ARGS ?= --seconds 2 --mps 200
-demo-guest: setup build ## make demo inside a guest of GUEST_KERNEL (5.10, 6.1, 6.12), TCG: 5-15 minutes
-	$(PY) -m hoptrace.lab.vm $(GUEST_KERNEL) --python-in-memory --log .tools/demo-guest-$(GUEST_KERNEL).log \
-		"HOPTRACE_TIMEOUT_SCALE=20 make demo DEMO_ARGS='$(GUEST_DEMO_ARGS)'"
+demo-guest: setup build ## make demo inside a guest of GUEST_KERNEL (5.10, 6.1, 6.12), TCG: 3-5 minutes
+	$(PY) -m hoptrace.lab.vm $(GUEST_KERNEL) --demo --log .tools/demo-guest-$(GUEST_KERNEL).log
 
 .PHONY: demo
 demo: setup build ## two emulated hosts, a traced UDP flow, the per-hop decomposition

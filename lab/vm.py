@@ -142,6 +142,11 @@ PYTHON_TREES = (
 )
 
 
+# `make demo` as a guest runs it (`make demo-guest`, tests/kernels/test_demo_in_guest.py): every deadline
+# stretched for TCG, a short flow.
+GUEST_DEMO = "HOPTRACE_TIMEOUT_SCALE=20 make demo DEMO_ARGS='--seconds 2 --mps 200'"
+
+
 def ram_trees(trees: tuple[Path, ...], archive: Path) -> str:
     """A guest script prefix that serves `trees` from the guest's memory: each gets a tmpfs mounted over
     it, filled from one archive made here (`archive`), which the guest reads as one sequential file."""
@@ -262,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m hoptrace.lab.vm", description=main.__doc__)
     parser.add_argument("kernel", help="a fetched kernel's version: 5.10, 6.1, 6.12 or a full release")
-    parser.add_argument("command", help="a shell command, run in this checkout's directory")
+    parser.add_argument("command", nargs="?", help="a shell command, run in this checkout's directory")
+    parser.add_argument("--demo", action="store_true", help=f"run {GUEST_DEMO} (Python from guest memory)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds (x HOPTRACE_TIMEOUT_SCALE)")
     parser.add_argument("--memory", default="3G")
     parser.add_argument(
@@ -270,22 +276,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log", type=Path, help="keep the guest's output in this file")
     args = parser.parse_args(argv)
+    if args.demo == bool(args.command):
+        parser.error("give a command or --demo")
+    command = GUEST_DEMO if args.demo else args.command
     try:
         kernel = kernel_for(args.kernel)
     except LookupError as err:
         print(f"hoptrace lab: {err}", file=sys.stderr)
         return 2
     log = args.log or Path(tempfile.mkstemp(prefix="hoptrace-guest-", suffix=".log")[1])
-    print(f"guest {kernel.release}: {args.command} (output: {log})", flush=True)
+    print(f"guest {kernel.release}: {command} (output: {log})", flush=True)
     tail = subprocess.Popen(["tail", "-F", "-n", "+1", "-q", str(log)], stderr=subprocess.DEVNULL)
     try:
         result = run(
             kernel,
-            f"cd {REPO_ROOT} && {args.command}",
+            f"cd {REPO_ROOT} && {command}",
             timeout=args.timeout,
             memory=args.memory,
             log=log,
-            in_memory=PYTHON_TREES if args.python_in_memory else (),
+            in_memory=PYTHON_TREES if args.python_in_memory or args.demo else (),
         )
     finally:
         tail.terminate()

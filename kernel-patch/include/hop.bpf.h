@@ -638,12 +638,16 @@ static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifi
 /* Where a task is current (socket-read, uprobe): its fields, read only when asked for. */
 static __always_inline void task_meta(struct hop_meta *m)
 {
-	char comm[16];
-
 	m->task_pid = bpf_get_current_pid_tgid() >> 32;
 	m->pid = m->task_pid;
-	if (act_reads(HOPTRACE_FIELD_COMM) && !bpf_get_current_comm(comm, sizeof(comm)))
-		__builtin_memcpy(&m->comm, comm, sizeof(m->comm));
+	if (act_reads(HOPTRACE_FIELD_COMM)) {
+		/* Zeroed: 6.1's helper copies the name up to its NUL and leaves the rest as it was
+		 * (strscpy, no padding), so a short name would carry stack bytes. */
+		char comm[16] = {};
+
+		if (!bpf_get_current_comm(comm, sizeof(comm)))
+			__builtin_memcpy(&m->comm, comm, sizeof(m->comm));
+	}
 }
 
 /* socket-read: the receiving socket's fields, read only when asked for. */

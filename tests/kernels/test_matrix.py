@@ -38,7 +38,7 @@ GUEST_TESTS = {
     "|TestTracerActionsOnRealTraffic"
     "|TestEventCountsWhereTermsHold|TestEventBitTermAndCountByCPU|TestEventBadInputNamesTheField"
     "|TestEventRecordAndLatencyPairs|TestEventKernelFunctions"
-    "|TestSocketReadHop|TestUprobeBadTargets",
+    "|TestSocketReadHop|TestSocketReadFields|TestUprobeBadTargets",
 }
 
 # Programs the matrix names in its load checks (every program of the objects loads in each guest).

@@ -148,6 +148,28 @@ func recordsByPacket(t *testing.T, q *stream.Queue, last uint16, want int) map[u
 	return byID
 }
 
+// readerPlan traces proto's flow to the reader from nsA's device out to nsB's device in and the
+// reader's read (b-in and b-read with these actions), then the hops in `after`.
+func readerPlan(trace string, p *tu.VethPair, proto string, in, read *pb.HopActions, after ...*pb.HopAttach) *pb.TracePlan {
+	pl := &pb.TracePlan{
+		Trace: trace, Generation: 1, ObjectPath: tu.ObjectPath(),
+		Match: &pb.FlowMatch{IpProto: map[string]uint32{"udp": 17, "tcp": 6}[proto], DstPort: readerPort},
+		Hops: append([]*pb.HopAttach{
+			{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC,
+				Dev: p.DevA, Netns: p.NsA, TagUdp: proto == "udp"},
+			{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC,
+				Dev: p.DevB, Netns: p.NsB, Actions: in},
+			{HopIndex: 2, Name: "b-read", Kind: pb.AttachKind_ATTACH_KIND_SOCKET_READ,
+				Program: map[string]string{"udp": loader.ProgSockReadUDP, "tcp": loader.ProgSockReadTCP}[proto],
+				Netns:   p.NsB, Actions: read},
+		}, after...),
+	}
+	if proto == "tcp" {
+		pl.TcpTagging = &pb.TcpTagging{Netns: p.NsA, Program: loader.ProgTagTCP}
+	}
+	return pl
+}
+
 // TestSocketReadHop traces a UDP and a TCP flow between two namespaces
 // through the sender's device, the receiver's device, the receiving
 // application's read and its handler function (uprobe and uretprobe on a
@@ -162,28 +184,13 @@ func TestSocketReadHop(t *testing.T) {
 	for i, proto := range []string{"udp", "tcp"} {
 		t.Run(proto, func(t *testing.T) {
 			p := tu.NewVethPair(t, fmt.Sprintf("198.18.%d", 46+i))
-			ipProto := map[string]uint32{"udp": 17, "tcp": 6}[proto]
-			program := map[string]string{"udp": loader.ProgSockReadUDP, "tcp": loader.ProgSockReadTCP}[proto]
-			pl := &pb.TracePlan{
-				Trace: "sockread-" + proto, Generation: 1, ObjectPath: tu.ObjectPath(),
-				Match: &pb.FlowMatch{IpProto: ipProto, DstPort: readerPort},
-				Hops: []*pb.HopAttach{
-					{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC,
-						Dev: p.DevA, Netns: p.NsA, TagUdp: proto == "udp"},
-					{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC,
-						Dev: p.DevB, Netns: p.NsB},
-					{HopIndex: 2, Name: "b-read", Kind: pb.AttachKind_ATTACH_KIND_SOCKET_READ, Program: program,
-						Netns: p.NsB},
-					{HopIndex: 3, Name: "b-handler", Kind: pb.AttachKind_ATTACH_KIND_UPROBE, Program: loader.ProgUprobe,
-						Binary: bin, Function: "handle_request", Netns: p.NsB},
-					// A process's netns: the binary is opened as /proc/PID/root/BINARY (its mount namespace).
-					{HopIndex: 4, Name: "b-handled", Kind: pb.AttachKind_ATTACH_KIND_URETPROBE, Program: loader.ProgUprobe,
-						Binary: bin, Function: "handle_request", Netns: fmt.Sprintf("/proc/%d/ns/net", os.Getpid())},
-				},
-			}
-			if proto == "tcp" {
-				pl.TcpTagging = &pb.TcpTagging{Netns: p.NsA, Program: loader.ProgTagTCP}
-			}
+			pl := readerPlan("sockread-"+proto, p, proto, nil, nil,
+				&pb.HopAttach{HopIndex: 3, Name: "b-handler", Kind: pb.AttachKind_ATTACH_KIND_UPROBE,
+					Program: loader.ProgUprobe, Binary: bin, Function: "handle_request", Netns: p.NsB},
+				// A process's netns: the binary is opened as /proc/PID/root/BINARY (its mount namespace).
+				&pb.HopAttach{HopIndex: 4, Name: "b-handled", Kind: pb.AttachKind_ATTACH_KIND_URETPROBE,
+					Program: loader.ProgUprobe, Binary: bin, Function: "handle_request",
+					Netns: fmt.Sprintf("/proc/%d/ns/net", os.Getpid())})
 			m, q := newTestManager(t)
 			applyAttached(t, m, pl) // every hop, or the test stops naming the one that failed
 			m.mu.Lock()
@@ -336,29 +343,13 @@ func TestSocketReadFields(t *testing.T) {
 	for i, proto := range []string{"udp", "tcp"} {
 		t.Run(proto, func(t *testing.T) {
 			p := tu.NewVethPair(t, fmt.Sprintf("198.18.%d", 56+i))
-			ipProto := map[string]uint32{"udp": 17, "tcp": 6}[proto]
-			program := map[string]string{"udp": loader.ProgSockReadUDP, "tcp": loader.ProgSockReadTCP}[proto]
 			readActions := &pb.HopActions{Count: true, CountBy: pb.Field_FIELD_COMM, Histogram: pb.Field_FIELD_LATENCY,
 				PrevTs: true, Record: []pb.Field{pb.Field_FIELD_PID, pb.Field_FIELD_RMEM, pb.Field_FIELD_BACKLOG, pb.Field_FIELD_LEN}}
-			pl := &pb.TracePlan{
-				Trace: "sockfields-" + proto, Generation: 1, ObjectPath: tu.ObjectPath(),
-				Match: &pb.FlowMatch{IpProto: ipProto, DstPort: readerPort},
-				Hops: []*pb.HopAttach{
-					{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC,
-						Dev: p.DevA, Netns: p.NsA, TagUdp: proto == "udp"},
-					{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC,
-						Dev: p.DevB, Netns: p.NsB, Actions: &pb.HopActions{PrevTs: true}},
-					{HopIndex: 2, Name: "b-read", Kind: pb.AttachKind_ATTACH_KIND_SOCKET_READ, Program: program,
-						Netns: p.NsB, Actions: readActions},
-					{HopIndex: 3, Name: "b-handler", Kind: pb.AttachKind_ATTACH_KIND_UPROBE, Program: loader.ProgUprobe,
-						Binary: bin, Function: "handle_request", Netns: p.NsB,
-						Actions: &pb.HopActions{Count: true, CountBy: pb.Field_FIELD_PID, Histogram: pb.Field_FIELD_LATENCY,
-							Record: []pb.Field{pb.Field_FIELD_COMM, pb.Field_FIELD_LEN}}},
-				},
-			}
-			if proto == "tcp" {
-				pl.TcpTagging = &pb.TcpTagging{Netns: p.NsA, Program: loader.ProgTagTCP}
-			}
+			pl := readerPlan("sockfields-"+proto, p, proto, &pb.HopActions{PrevTs: true}, readActions,
+				&pb.HopAttach{HopIndex: 3, Name: "b-handler", Kind: pb.AttachKind_ATTACH_KIND_UPROBE,
+					Program: loader.ProgUprobe, Binary: bin, Function: "handle_request", Netns: p.NsB,
+					Actions: &pb.HopActions{Count: true, CountBy: pb.Field_FIELD_PID, Histogram: pb.Field_FIELD_LATENCY,
+						Record: []pb.Field{pb.Field_FIELD_COMM, pb.Field_FIELD_LEN}}})
 			m, q := newTestManager(t)
 			if proto == "udp" && !queuePair {
 				// Before 6.6 a UDP read has no socket: the hop is refused, naming the field and why.
