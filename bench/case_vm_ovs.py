@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     try:
         with tempfile.TemporaryDirectory(prefix="hoptrace-vm-ovs-") as work:
             kernels = {OVS_HOST: fetched_kernel("6.12")}
-            with guest_cluster(influx.url, Path(work), "htvmovs", kernels, cpus=args.cpus) as guests:
+            with guest_cluster(influx.url, Path(work), "htvmovs", kernels) as guests:
                 host = guests.guests[OVS_HOST]
                 print(host.command("ovs-setup", timeout_s=300), flush=True)
                 results = []
@@ -200,9 +200,6 @@ def main() -> int:
     parser.add_argument("--datagrams", type=int, default=200)
     parser.add_argument("--load-mbps", type=int, default=50, help="the bulk flow's rate (iperf3 -u -b)")
     parser.add_argument("--police-kbps", type=int, default=10000, help="the OVS ingress policing rate")
-    parser.add_argument(
-        "--cpus", type=int, default=1, help="the OVS host's vCPUs (2: the receiving VM on its own one)"
-    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
     results = run(args)

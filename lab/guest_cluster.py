@@ -69,11 +69,11 @@ def guest_agent_argv(cluster: LocalCluster, node: str) -> list[str]:
 
 @contextlib.contextmanager
 def guest_cluster(
-    influx_url: str, workdir: Path, name: str, kernels: dict[str, vm.Kernel], cpus: int = 1
+    influx_url: str, workdir: Path, name: str, kernels: dict[str, vm.Kernel]
 ) -> Iterator[GuestCluster]:
     """Boot the guests of `kernels` (by node: guest-a and guest-b for the reference path) at once, with the
     control plane on the lab network's hypervisor address and every agent connected; everything gone on
-    exit. `workdir` is shared into the guests (certificates, agent logs); each guest has `cpus` vCPUs."""
+    exit. `workdir` is shared into the guests (certificates, agent logs)."""
     started = time.monotonic()
     with GuestLab(name, workdir) as lab:
         cluster = LocalCluster(
@@ -91,7 +91,7 @@ def guest_cluster(
             cluster.wait_listening()
             cluster.start_agent(HYPERVISOR, lab.netns, "--netns-owned", lab.netns)
             guests = {
-                node: lab.boot(node, kernel, index, guest_agent_argv(cluster, node), cpus=cpus)
+                node: lab.boot(node, kernel, index, guest_agent_argv(cluster, node))
                 for index, (node, kernel) in enumerate(kernels.items())
             }
             for guest in guests.values():

@@ -97,12 +97,8 @@ send_tcp() {
 # namespaces vm1..vm3 whose eth0 is a veth whose other end, vmN-port, is a port of the OVS bridge ovsbr
 # (in place of a VM's tap). vm2 runs the receivers: sockperf's server on UDP_PORT (the traced flow's
 # reading application) and an iperf3 server per loading VM, vmN's on port 5200+N (the load). Daemons and
-# database under /run. With more than one vCPU the receiving VM's programs run on the last CPU and the
-# senders' on CPU 0, as VMs with vCPUs of their own; the kernel's packet work (veth, OVS's datapath)
-# runs on the sending CPU.
+# database under /run.
 OVS_NET=198.19.241 # /24, inside 198.18.0.0/15
-SENDER_CPU=0
-RECEIVER_CPU=$(($(nproc) - 1))
 export OVS_RUNDIR=/run/openvswitch OVS_DBDIR=/run/openvswitch OVS_LOGDIR=/run/openvswitch
 
 # Runs a command; if it fails, answers what it said and fails.
@@ -134,10 +130,9 @@ ovs_setup() {
 		ip -n "vm$i" addr add "$OVS_NET.$i/24" dev eth0
 		ip -n "vm$i" link set eth0 up
 	done
-	taskset -c "$RECEIVER_CPU" ip netns exec vm2 sockperf server -i "$OVS_NET.2" -p "$UDP_PORT" \
-		>/dev/null 2>&1 &
-	step taskset -c "$RECEIVER_CPU" ip netns exec vm2 iperf3 -s -D -p 5201 || return
-	step taskset -c "$RECEIVER_CPU" ip netns exec vm2 iperf3 -s -D -p 5203 || return
+	ip netns exec vm2 sockperf server -i "$OVS_NET.2" -p "$UDP_PORT" >/dev/null 2>&1 &
+	step ip netns exec vm2 iperf3 -s -D -p 5201 || return
+	step ip netns exec vm2 iperf3 -s -D -p 5203 || return
 	# Every VM reaches vm2 (also resolves the neighbours before a trace starts).
 	for i in 1 3; do
 		step ip netns exec "vm$i" busybox ping -c 1 -W 5 "$OVS_NET.2" || return
@@ -168,8 +163,8 @@ ovs_load() {
 	ip netns exec vm2 nft add rule ip hoptrace_load in udp dport 5201-5203 counter
 	date +%s.%N >/run/hoptrace-load-start
 	for vm in ${vms//,/ }; do
-		taskset -c "$SENDER_CPU" ip netns exec "$vm" iperf3 -c "$OVS_NET.2" -p "$((5200 + ${vm#vm}))" \
-			-u -b "${mbps}M" -l 1400 -t "$seconds" >/dev/null 2>&1 </dev/null &
+		ip netns exec "$vm" iperf3 -c "$OVS_NET.2" -p "$((5200 + ${vm#vm}))" -u -b "${mbps}M" -l 1400 \
+			-t "$seconds" >/dev/null 2>&1 </dev/null &
 	done
 	echo "load $vms ${mbps}M"
 }
@@ -189,8 +184,7 @@ control() {
 	ovs-udp)
 		# COUNT datagrams from vm1 to vm2's sockperf server, counted in vm1's namespace.
 		if is_number "$a"; then
-			taskset -c "$SENDER_CPU" ip netns exec vm1 \
-				"$HERE/guest_host.sh" send udp "$OVS_NET.2" "$UDP_PORT" "$a"
+			ip netns exec vm1 "$HERE/guest_host.sh" send udp "$OVS_NET.2" "$UDP_PORT" "$a"
 		else
 			echo "error: ovs-udp COUNT"
 		fi
