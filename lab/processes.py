@@ -138,13 +138,25 @@ class InfluxServer:
     def restart(self, timeout_s: float = 60.0) -> None:
         """Start influxd again with the same config (data directory, HTTP port) and wait for /ping."""
         assert self.process is not None
-        binary = str(self.process.args[0])  # type: ignore[index]
+        args = [str(arg) for arg in self.process.args]  # type: ignore[union-attr]
+        binary = args[args.index("--") + 1] if "--" in args else args[0]
         with open(self.log_path, "ab") as log:
+            # Not preexec_fn=die_with_parent: a restart comes while other threads run (a collector under
+            # test), and a fork that runs Python code before exec can deadlock on a lock one of them held
+            # (CI's Popen hung here for 600 s). setpriv sets the same parent-death signal, after the fork.
             self.process = subprocess.Popen(
-                [binary, "run", "-config", str(self.workdir / "influxdb.conf")],
+                [
+                    "setpriv",
+                    "--pdeathsig",
+                    "KILL",
+                    "--",
+                    binary,
+                    "run",
+                    "-config",
+                    str(self.workdir / "influxdb.conf"),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent,
             )
         assert wait_http_ok(f"{self.url}/ping", timeout_s, self.process), "influxd did not restart"
 
