@@ -24,12 +24,8 @@ from hoptrace.v1 import trace_pb2
 HYPERVISOR = "hypervisor"
 
 
-def fetched_kernel(version: str) -> vm.Kernel:
-    """The fetched Debian kernel of `version` (major.minor); raises telling how to fetch it."""
-    for found in vm.kernels():
-        if f"{found.version[0]}.{found.version[1]}" == version:
-            return found
-    raise RuntimeError(f"kernel {version} is not fetched: run 'make vm-kernels'")
+# The fetched Debian kernel of a version (major.minor); raises telling how to fetch it.
+fetched_kernel = vm.kernel_for
 
 
 @dataclass

@@ -252,12 +252,13 @@ def run(
 
 
 def kernel_for(version: str, directory: Path = KERNELS_DIR) -> Kernel:
-    """The fetched kernel whose release starts with `version` ("5.10", "6.1.176")."""
+    """The fetched kernel whose release starts with `version` ("5.10", "6.1.176"); raises RuntimeError
+    telling how to fetch it."""
     for kernel in kernels(directory):
         if kernel.release == version or kernel.release.startswith(f"{version}."):
             return kernel
     have = ", ".join(k.release for k in kernels(directory)) or "none (run 'make vm-kernels')"
-    raise LookupError(f"no kernel {version} fetched; fetched: {have}")
+    raise RuntimeError(f"kernel {version} is not fetched (fetched: {have}): run 'make vm-kernels'")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     command = GUEST_DEMO if args.demo else args.command
     try:
         kernel = kernel_for(args.kernel)
-    except LookupError as err:
+    except RuntimeError as err:
         print(f"hoptrace lab: {err}", file=sys.stderr)
         return 2
     log = args.log or Path(tempfile.mkstemp(prefix="hoptrace-guest-", suffix=".log")[1])
