@@ -11,7 +11,8 @@
  * is there) and just after: "mem RMEM_BEFORE BACKLOG_BEFORE RMEM_AFTER
  * BACKLOG_AFTER", the ground truth of the rmem and backlog fields. "burst"
  * is "meminfo" that first waits until the socket holds all COUNT messages
- * (a sender that sends them all before it reads the answers).
+ * and nothing more arrives (a sender that sends them all before it reads the
+ * answers).
  *
  * usage: reader udp|tcp PORT COUNT SIZE [meminfo|burst]
  */
@@ -97,11 +98,16 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	for (int waited_ms = 0; burst; waited_ms++) {
+	/* A datagram's share of rmem is its truesize, not its size, so "holds
+	 * count * size bytes" can be true with part of the burst still on its
+	 * way: wait until the queue has also stopped growing for 100 ms. */
+	for (unsigned int waited_ms = 0, last = 0, still_ms = 0; burst; waited_ms++) {
 		unsigned int rmem, backlog;
 
 		meminfo(conn, &rmem, &backlog);
-		if (rmem >= count * size)
+		still_ms = rmem == last ? still_ms + 1 : 0;
+		last = rmem;
+		if (rmem >= count * size && still_ms >= 100)
 			break;
 		if (waited_ms == 10000) {
 			fprintf(stderr, "the burst did not arrive: %u bytes queued\n", rmem);
