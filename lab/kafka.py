@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from hoptrace.collector.kafka import FORMAT_HEADER, FORMAT_VALUE
 from hoptrace.collector.records import RECORD_SIZE, pack_records
-from hoptrace.lab.lifecycle import die_with_parent
+from hoptrace.lab.lifecycle import dies_with_parent
 from hoptrace.lab.processes import REPO_ROOT, free_port
 from hoptrace.v1 import records_pb2
 
@@ -148,7 +148,7 @@ class KafkaBroker:
     def _spawn(self) -> None:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+                dies_with_parent(self.command), stdout=log, stderr=subprocess.STDOUT
             )
 
     def stop(self) -> None:

@@ -1,8 +1,8 @@
 """Nothing the lab starts outlives it.
 
-- `die_with_parent` (a `preexec_fn`): every child process the lab starts gets PR_SET_PDEATHSIG, so the
-  kernel kills it when the lab's process dies, however it dies (SIGKILL included). Agents then close
-  their BPF links on the way (fd-based: the kernel detaches them).
+- `dies_with_parent(argv)`: every child process the lab starts gets PR_SET_PDEATHSIG, so the kernel kills
+  it when the lab's process dies, however it dies (SIGKILL included). Agents then close their BPF links on
+  the way (fd-based: the kernel detaches them).
 - `Reaper`: network namespaces are files, not processes; a small watchdog in its own session holds the
   read end of a pipe. When the lab's process dies its end closes, and the watchdog kills what still runs in
   the namespaces it was told about and deletes them, and kills the process groups it was told about (a
@@ -14,22 +14,18 @@ Run as ``python -m hoptrace.lab.lifecycle FD`` by `Reaper` only.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
-
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
+from collections.abc import Sequence
 
 
-def die_with_parent() -> None:
-    """In the child, before exec: be killed when the parent dies (kept across exec, prctl(2))."""
-    parent = os.getppid()
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died between fork and prctl
-        os._exit(1)
+def dies_with_parent(argv: Sequence[str]) -> list[str]:
+    """``argv``, run so that the kernel kills it when the process that started it dies (PR_SET_PDEATHSIG,
+    kept across exec). setpriv sets it after the fork, not a ``preexec_fn``: Python code between fork and
+    exec can deadlock on a lock another thread held at the fork (CI's Popen once hung there for 600 s)."""
+    return ["setpriv", "--pdeathsig", "KILL", "--", *argv]
 
 
 class Reaper:

@@ -38,7 +38,7 @@ from hoptrace.common.grpcutil import (
     api_channel,
 )
 from hoptrace.common.timeouts import scaled
-from hoptrace.lab.lifecycle import die_with_parent
+from hoptrace.lab.lifecycle import dies_with_parent
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
 # The checkout this runs from (editable install), or $HOPTRACE_REPO: demo and tests use its topology.
@@ -151,7 +151,7 @@ class LocalCluster:
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent
+                dies_with_parent(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         component = Component(name, process, log_path)
         self.components[name] = component

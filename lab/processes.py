@@ -26,12 +26,13 @@ from types import TracebackType
 from typing import IO, Any
 
 from hoptrace.common.timeouts import scaled
-from hoptrace.lab.lifecycle import die_with_parent
+from hoptrace.lab.lifecycle import dies_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INFLUXD_BINARY = REPO_ROOT / ".tools" / "bin" / "influxd"
 AGENT_BINARY = REPO_ROOT / "agent" / "bin" / "hoptrace-agent"
 INFLUX_DATABASE = "hoptrace"
+_INFLUXD_ENV = {**os.environ, "INFLUXDB_DATA_QUERY_LOG_ENABLED": "false"}  # no line per query in its log
 
 
 def free_port() -> int:
@@ -138,25 +139,12 @@ class InfluxServer:
     def restart(self, timeout_s: float = 60.0) -> None:
         """Start influxd again with the same config (data directory, HTTP port) and wait for /ping."""
         assert self.process is not None
-        args = [str(arg) for arg in self.process.args]  # type: ignore[union-attr]
-        binary = args[args.index("--") + 1] if "--" in args else args[0]
         with open(self.log_path, "ab") as log:
-            # Not preexec_fn=die_with_parent: a restart comes while other threads run (a collector under
-            # test), and a fork that runs Python code before exec can deadlock on a lock one of them held
-            # (CI's Popen hung here for 600 s). setpriv sets the same parent-death signal, after the fork.
             self.process = subprocess.Popen(
-                [
-                    "setpriv",
-                    "--pdeathsig",
-                    "KILL",
-                    "--",
-                    binary,
-                    "run",
-                    "-config",
-                    str(self.workdir / "influxdb.conf"),
-                ],
+                self.process.args,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env=_INFLUXD_ENV,  # type: ignore[arg-type]
             )
         assert wait_http_ok(f"{self.url}/ping", timeout_s, self.process), "influxd did not restart"
 
@@ -250,11 +238,10 @@ def start_influxd(binary: Path = INFLUXD_BINARY, timeout_s: float = 60.0, attemp
         server = InfluxServer(url=f"http://127.0.0.1:{http_port}", workdir=workdir)
         with open(server.log_path, "wb") as log:
             server.process = subprocess.Popen(
-                [str(binary), "run", "-config", str(config)],
+                dies_with_parent([str(binary), "run", "-config", str(config)]),
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "INFLUXDB_DATA_QUERY_LOG_ENABLED": "false"},
-                preexec_fn=die_with_parent,
+                env=_INFLUXD_ENV,
             )
         if wait_http_ok(f"{server.url}/ping", timeout_s, server.process):
             server.query_v1(f"CREATE DATABASE {INFLUX_DATABASE}")
@@ -319,12 +306,11 @@ class AgentProcess:
         """Start the agent and the reader thread."""
         self._stderr = open(self.stderr_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            self.command,
+            dies_with_parent(self.command),
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
             bufsize=1,
-            preexec_fn=die_with_parent,
         )
         self._reader = threading.Thread(target=self._read, name=f"agent-{self.node}-reader", daemon=True)
         self._reader.start()

@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from hoptrace.common.netns import inet_checksum, socket_in_netns
-from hoptrace.lab.lifecycle import Reaper, die_with_parent
+from hoptrace.lab.lifecycle import Reaper, dies_with_parent
 
 Overlay = Literal["vxlan", "routed"]
 
@@ -236,8 +236,7 @@ class TwoHostTopology:
 
     def popen(self, role: str, *cmd: str, **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``cmd`` inside the namespace of ``role``; ``destroy()`` kills it if it still runs."""
-        kwargs.setdefault("preexec_fn", die_with_parent)
-        proc = subprocess.Popen(["ip", "netns", "exec", self.netns(role), *cmd], **kwargs)
+        proc = subprocess.Popen(dies_with_parent(["ip", "netns", "exec", self.netns(role), *cmd]), **kwargs)
         with self._lock:
             self._procs.append(proc)
         return proc
@@ -526,11 +525,10 @@ class TwoHostTopology:
         self._box_stderr = Path(stderr_name)
         with os.fdopen(fd, "w") as stderr:
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.box, *cmd],
+                dies_with_parent(["ip", "netns", "exec", self.box, *cmd]),
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
-                preexec_fn=die_with_parent,
             )
         self._box_proc = proc
         line = _readline_with_timeout(proc, ready_timeout_s)

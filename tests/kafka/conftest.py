@@ -19,7 +19,7 @@ from kafka_helpers import scrape
 
 from hoptrace.lab.influx import EVERY_PACKET
 from hoptrace.lab.kafka import KafkaBroker, start_kafka
-from hoptrace.lab.lifecycle import die_with_parent
+from hoptrace.lab.lifecycle import dies_with_parent
 from hoptrace.lab.processes import InfluxServer, free_port
 
 
@@ -48,9 +48,7 @@ class CollectorProcess:
 
     def start(self) -> CollectorProcess:
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
-            )
+            self.proc = subprocess.Popen(dies_with_parent(self.argv), stdout=log, stderr=subprocess.STDOUT)
         return self
 
     def log(self) -> str:
