@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from hoptrace.lab.kafka import publish_backlog, start_kafka
-from hoptrace.lab.lifecycle import die_with_parent
+from hoptrace.lab.lifecycle import dies_with_parent
 from hoptrace.lab.processes import free_port, start_influxd
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -96,7 +96,7 @@ def run(
             str(workdir / f"spool-{topic}-{n}"),
         ]
         log = open(workdir / f"collector-{topic}-{n}.log", "wb")  # noqa: SIM115 - closed with the process
-        procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
+        procs.append(subprocess.Popen(dies_with_parent(argv), stdout=log, stderr=subprocess.STDOUT))
         addrs.append(addr)
 
     def total(name: str) -> float:
