@@ -60,11 +60,12 @@ from hoptrace.collector.catalog import TraceCatalog, TracePath
 from hoptrace.collector.clock import ClockAligner, NodeMapping
 from hoptrace.collector.join import JoinedPacket
 from hoptrace.collector.records import (
+    F_TCP,
+    F_UDP,
     HOPTRACE_TCPOPT_LEN,
     HOPTRACE_UDP_ID_LEN,
     ID_SEQ_MASK,
     Record,
-    RecordFlag,
 )
 from hoptrace.collector.sketch import LatencySketch
 from hoptrace.v1 import records_pb2
@@ -155,7 +156,7 @@ class SegmentWindow:
     jitter_count: int = 0
     jitter_sketch: LatencySketch = field(default_factory=LatencySketch)
     instance: str = ""
-    values: list[int] = field(default_factory=list, repr=False)  # the latencies (metrics), not written
+    values: list[int] = field(default_factory=list, repr=False)  # sorted latencies (metrics), not written
 
 
 @dataclass(slots=True)
@@ -255,9 +256,9 @@ def jitter(times: list[int], latencies: list[int]) -> tuple[float, int]:
 
 def id_overhead(flags: int) -> int:
     """Bytes hoptrace added to a recorded packet: the UDP ID (4) or the TCP option (8)."""
-    if flags & RecordFlag.UDP:
+    if flags & F_UDP:
         return HOPTRACE_UDP_ID_LEN
-    if flags & RecordFlag.TCP:
+    if flags & F_TCP:
         return HOPTRACE_TCPOPT_LEN
     return 0
 
@@ -821,7 +822,7 @@ class SegmentAggregator:
             jitter_count=len(diffs),
             jitter_sketch=LatencySketch.of_sorted(diffs),
             instance=self.config.instance,
-            values=w.values,
+            values=ordered,
         )
 
 
@@ -879,11 +880,11 @@ class HopCounterAggregator:
         """
         interval = self.config.interval_ns
         closed = self._closed_before
-        to_master = mapping.to_master
+        delta, drift, ref = mapping.delta_ns, mapping.drift, mapping.ref_mono_ns  # to_master, inline
         acc: dict[tuple[int, int], list[int]] = {}
         late = 0
         for ts, _pid, _fh, _ifindex, wire_len, hop, _slot, _cpu, flags in records:
-            t = to_master(ts)
+            t = ts + delta - round(drift * (ts - ref)) if drift else ts + delta
             start = t - t % interval
             if start < closed:
                 late += 1

@@ -15,18 +15,22 @@ has are removed.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from hoptrace.collector.aggregate import SegmentWindow
 
@@ -37,6 +41,44 @@ LATENCY_BUCKETS = tuple(m * 10.0**e for e in range(-6, 0) for m in (1, 2, 5)) + 
 LABELS = ("trace", "segment")
 
 
+class LatencyHistograms(Collector):
+    """`hoptrace_segment_latency_seconds`, a window's sorted latencies added at once: one bisection per
+    bucket instead of a `Histogram.observe` per packet (a tenth of the Kafka collector's profile). A
+    bucket counts the latencies <= its bound, as `observe` does."""
+
+    NAME = "hoptrace_segment_latency_seconds"
+    HELP = "Latency of each traced packet in a segment of its path."
+
+    def __init__(self) -> None:
+        # per (trace, segment): the cumulative count of each bucket, then the sum (s) and the count
+        self._series: dict[tuple[str, str], list[Any]] = {}
+
+    def add_sorted(self, labels: tuple[str, str], latencies_ns: list[int]) -> None:
+        series = self._series.setdefault(labels, [[0] * len(LATENCY_BUCKETS), 0.0, 0])
+        counts = series[0]
+        for i, le in enumerate(LATENCY_BUCKETS):
+            counts[i] += bisect.bisect_right(latencies_ns, le, key=_seconds)
+        series[1] += sum(latencies_ns) / 1e9
+        series[2] += len(latencies_ns)
+
+    def remove(self, trace: str, segment: str) -> None:
+        self._series.pop((trace, segment), None)
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self.NAME, self.HELP, labels=LABELS)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.NAME, self.HELP, labels=LABELS)
+        for labels, (counts, total, n) in list(self._series.items()):
+            buckets = [(floatToGoString(le), c) for le, c in zip(LATENCY_BUCKETS, counts, strict=True)]
+            family.add_metric(list(labels), [*buckets, ("+Inf", n)], total)
+        yield family
+
+
+def _seconds(latency_ns: int) -> float:
+    return latency_ns / 1e9
+
+
 class SegmentMetrics:
     """Observes the pipeline's samples and closed windows; renders them in the exposition format."""
 
@@ -45,13 +87,8 @@ class SegmentMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._lock = threading.Lock()
         self._series: set[tuple[str, str]] = set()
-        self.latency = Histogram(
-            "hoptrace_segment_latency_seconds",
-            "Latency of each traced packet in a segment of its path.",
-            LABELS,
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        self.latency = LatencyHistograms()
+        self.registry.register(self.latency)
         self.lost = Counter(
             "hoptrace_segment_lost_packets",
             "Packets seen at a segment's first hop and never at its second (network loss).",
@@ -93,9 +130,7 @@ class SegmentMetrics:
                 if not self._admit(window.trace, window.segment):
                     continue
                 labels = (window.trace, window.segment)
-                histogram = self.latency.labels(*labels)
-                for latency in window.values:
-                    histogram.observe(latency / 1e9)
+                self.latency.add_sorted(labels, window.values)
                 self.lost.labels(*labels).inc(window.loss_count)
                 self.jitter.labels(*labels).set(window.jitter_ns / 1e9)
                 self.below_bound.labels(*labels).set(1 if window.below_clock_bound else 0)
