@@ -43,6 +43,9 @@ type Reader struct {
 	read     atomic.Uint64
 	unrouted atomic.Uint64
 	started  atomic.Bool
+	wake     chan struct{} // a Drain is waiting: read now, not at the next tick
+	closing  chan struct{}
+	closed   sync.Once
 	done     chan struct{}
 	runErr   error
 }
@@ -60,7 +63,8 @@ func NewReader(records *ebpf.Map, out *Queue, maxRecords int, flushEvery time.Du
 		flushEvery = DefaultFlushEvery
 	}
 	return &Reader{rd: rd, out: out, maxRecords: maxRecords, flushEvery: flushEvery,
-		routes: map[uint16]*route{}, done: make(chan struct{})}, nil
+		routes: map[uint16]*route{}, wake: make(chan struct{}, 1), closing: make(chan struct{}),
+		done: make(chan struct{})}, nil
 }
 
 // AddRoute sends records of slot to the batches of (trace, generation).
@@ -97,38 +101,65 @@ func (r *Reader) Start() {
 	}()
 }
 
-// run reads until Close. The Record and its buffer are reused; records are
+// busyBytes read in one pass means the ring is filling faster than a tick
+// drains it: read again at once instead of sleeping.
+const busyBytes = 1 << 20
+
+// run reads until Close: every flushEvery it takes what the ring holds
+// without blocking, then sleeps on a Go timer. Not a blocking ReadInto: a
+// thread parked for 100 ms in epoll_wait outside Go's netpoller makes the
+// runtime's sysmon retake its P and poll every 20 us, which was most of an
+// idle agent's CPU. The Record and its buffer are reused; records are
 // appended to the slot's batch buffer without a per-record allocation.
 func (r *Reader) run() error {
 	var rec ringbuf.Record
-	next := time.Now().Add(r.flushEvery)
-	r.rd.SetDeadline(next)
+	tick := time.NewTicker(r.flushEvery)
+	defer tick.Stop()
 	for {
-		err := r.rd.ReadInto(&rec)
-		switch {
-		case err == nil:
-			r.add(rec.RawSample)
-		case errors.Is(err, ringbuf.ErrFlushed):
-			// Every sample pending at the Flush has been read.
-			r.mu.Lock()
-			waiting := r.drained
-			r.drained = nil
-			r.mu.Unlock()
-			for _, ch := range waiting {
-				close(ch)
+		// Drains that asked before this pass are answered after it; later ones wait for the next.
+		r.mu.Lock()
+		waiting := r.drained
+		r.drained = nil
+		r.mu.Unlock()
+		n, err := r.readAvailable(&rec)
+		if err != nil {
+			r.FlushAll()
+			if errors.Is(err, ringbuf.ErrClosed) {
+				return nil
 			}
-		case errors.Is(err, os.ErrDeadlineExceeded):
-		case errors.Is(err, ringbuf.ErrClosed):
-			r.FlushAll()
-			return nil
-		default:
-			r.FlushAll()
 			return fmt.Errorf("read ring buffer: %w", err)
 		}
-		if now := time.Now(); !now.Before(next) {
-			r.flushOld(now)
-			next = now.Add(r.flushEvery)
-			r.rd.SetDeadline(next)
+		for _, ch := range waiting {
+			close(ch)
+		}
+		r.flushOld(time.Now())
+		if n >= busyBytes {
+			continue
+		}
+		select {
+		case <-tick.C:
+		case <-r.wake:
+		case <-r.closing:
+			r.FlushAll()
+			return nil
+		}
+	}
+}
+
+// readAvailable takes every record committed to the ring now; the bytes read.
+func (r *Reader) readAvailable(rec *ringbuf.Record) (int, error) {
+	r.rd.SetDeadline(time.Now()) // a deadline passed: epoll_wait does not block
+	n := 0
+	for {
+		err := r.rd.ReadInto(rec)
+		switch {
+		case err == nil:
+			n += len(rec.RawSample)
+			r.add(rec.RawSample)
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return n, nil
+		default:
+			return n, err
 		}
 	}
 }
@@ -195,20 +226,21 @@ const drainTimeout = time.Second
 
 // Drain has the read loop take every record in the ring buffer now, then
 // flushes the batches: used before detaching, so no record is left behind.
-// It waits for the loop to reach the flush point (ringbuf.ErrFlushed), not a
-// fixed time.
+// It waits for the loop to finish a pass that started after the call.
 func (r *Reader) Drain() {
 	if r.started.Load() {
 		reached := make(chan struct{})
 		r.mu.Lock()
 		r.drained = append(r.drained, reached)
 		r.mu.Unlock()
-		if err := r.rd.Flush(); err == nil {
-			select {
-			case <-reached:
-			case <-r.done:
-			case <-time.After(drainTimeout):
-			}
+		select {
+		case r.wake <- struct{}{}:
+		default: // a wake-up is already pending
+		}
+		select {
+		case <-reached:
+		case <-r.done:
+		case <-time.After(drainTimeout):
 		}
 	}
 	r.FlushAll()
@@ -216,6 +248,7 @@ func (r *Reader) Drain() {
 
 // Close stops the read loop (which flushes what it holds) and releases the reader.
 func (r *Reader) Close() error {
+	r.closed.Do(func() { close(r.closing) })
 	err := r.rd.Close()
 	if r.started.Load() {
 		<-r.done
