@@ -853,6 +853,11 @@ class HopCounterAggregator:
         # Windows before this were written by an earlier pipeline of the same stream (`resume_after`).
         self._written_before = 0
 
+    @property
+    def closed_before(self) -> int:
+        """Master time before which every window is closed (and handed out by `close_windows`)."""
+        return self._closed_before
+
     def resume_after(self, written_before_ns: int) -> None:
         """Continue a stream whose windows before `written_before_ns` an earlier pipeline wrote (see
         `SegmentAggregator.resume_after`): records before it are left out as late, and counters reported

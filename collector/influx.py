@@ -51,7 +51,9 @@ batches (`batch_size` points or every `flush_interval_s`). A batch InfluxDB does
 `timeout_ms`, 5xx) goes to the disk spool (`Spool`, bounded by `spool_bytes`: beyond it the oldest files are
 dropped and counted, reason `spool_overflow`); from then on every batch goes behind it, and the worker
 retries the oldest file with a capped exponential backoff, replaying the spool in order once InfluxDB answers.
-A spool in a fixed `spool_dir` also survives a collector restart. Nothing depends on how long the outage
+A spool in a fixed `spool_dir` also survives a collector restart, and so does the mark of what was written
+(`service.WrittenBeforeMark`, beside the spool): a restarted collector does not write again the windows
+before it from the batches agents resend. Nothing depends on how long the outage
 lasts, only on the spool's size. Each point is written once in effect: every point is fully determined
 (measurement, tags, timestamp, fields) before it is queued, so a batch written twice (a write that timed out
 after InfluxDB had stored it, then replayed) overwrites itself. A batch InfluxDB rejects (400, 413) is
@@ -350,6 +352,11 @@ class InfluxExporter:
         config.validate()
         self.config = config
         self.written = 0
+        # In queue order: points queued (`accepted`) and since out of memory (`left_memory`: written,
+        # spooled or dropped). Once left_memory reaches the accepted of some moment, every point queued
+        # before it is in InfluxDB, in the spool, or counted as dropped.
+        self.accepted = 0
+        self.left_memory = 0
         self.influx_errors = 0
         self.reconnects = 0  # times InfluxDB answered again after failing
         self.drops: Counter[str] = Counter()
@@ -414,6 +421,7 @@ class InfluxExporter:
                 log.warning("influx exporter: dropped %d points (export queue full or closed)", len(lines))
                 return
             self._pending += len(lines)
+            self.accepted += len(lines)
         self._queue.put(lines)
 
     def export(
@@ -503,6 +511,7 @@ class InfluxExporter:
         """`points` left memory (written, spooled or dropped): update the counts flush() waits on."""
         with self._idle:
             self._pending -= points
+            self.left_memory += points
             self._spool_bytes = self.spool.bytes
             self._spool_points = self.spool.points
             self._idle.notify_all()

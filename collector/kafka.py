@@ -188,22 +188,14 @@ class ReplayDeduper(TimestampDeduper):
 
 
 class CommitTrackingExporter(InfluxExporter):
-    """The InfluxDB exporter, counting points in the order they pass: `accepted` (queued) and `settled`
-    (written, or dropped for good). The exporter writes in queue order (the spool is replayed before
-    anything newer), so once `settled` reaches the `accepted` of some moment, every point queued before
-    that moment is in InfluxDB."""
+    """The InfluxDB exporter, also counting the points `settled` (written, or dropped for good). The exporter
+    writes in queue order (the spool is replayed before anything newer), so once `settled` reaches the
+    `accepted` of some moment, every point queued before that moment is in InfluxDB: a spooled point is
+    not settled, because the partition's next owner may be another collector, without this spool."""
 
     def __init__(self, config: InfluxConfig) -> None:
         super().__init__(config)
-        self.accepted = 0
         self.dedupe = ReplayDeduper()
-
-    def submit_lines(self, lines: list[str]) -> None:
-        """Queue lines (see `InfluxExporter.submit_lines`), counting those accepted."""
-        refused = self.drops["queue_full"] + self.drops["closed"]
-        super().submit_lines(lines)
-        if self.drops["queue_full"] + self.drops["closed"] == refused:
-            self.accepted += len(lines)
 
     @property
     def settled(self) -> int:

@@ -11,12 +11,16 @@ The receive path never waits on InfluxDB: the pipeline only queues points for th
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
+from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
@@ -111,6 +115,13 @@ class CollectorPipeline:
         # node -> records and counters it sent for hops of another node (refused, see own_hops_only)
         self.foreign_records: dict[str, int] = {}
         self.segment_metrics = SegmentMetrics()
+        self._flushed_before = 0  # flush() closed every window before this (master time)
+
+    def closed_before(self) -> int:
+        """Master time before which every window is closed and handed to the exporter: what the exporter
+        has accepted once this returns includes their points (windows are exported under the same lock)."""
+        with self._lock:
+            return max(min(self.segments.closed_before, self.counters.closed_before), self._flushed_before)
 
     def resume_after(self, written_before_ns: int) -> None:
         """Replay a stream (a Kafka partition from its commit) whose windows before `written_before_ns`
@@ -237,14 +248,14 @@ class CollectorPipeline:
         with self._lock:
             samples = self.segments.add_packets(self.joiner.flush())
             windows = self.segments.flush()
+            counters = self.counters.flush()
             samples.extend(self.segments.take_exemplars())
             self.segment_metrics.observe(windows)
+            interval = self.segments.config.interval_ns
+            for start in [w.start_ns for w in windows] + [w.start_ns for w in counters]:
+                self._flushed_before = max(self._flushed_before, start + interval)
             self.exporter.export(
-                samples,
-                windows,
-                self.counters.flush(),
-                self.clock.due_points(),
-                self.segments.take_tracer_loss(),
+                samples, windows, counters, self.clock.due_points(), self.segments.take_tracer_loss()
             )
 
     def stats(self) -> dict[str, object]:
@@ -288,6 +299,49 @@ def start_shared_parts(
     return catalog, time_server
 
 
+class WrittenBeforeMark:
+    """The master time before which a collector's windows are written (to InfluxDB, or to its fixed spool,
+    which a restart replays), in a file beside the spool. Agents resend the batches a collector had in
+    flight when it died, and a restarted one would write those seconds' windows again from part of their
+    packets (over the whole ones: same series and time); it resumes after this mark instead, as a Kafka
+    partition's next owner resumes after its commit's `written-before-ns`."""
+
+    NAME = "written-before-ns"
+
+    def __init__(self, directory: str) -> None:
+        self.path = Path(directory) / self.NAME
+
+    def read(self) -> int:
+        """The mark, or 0 when there is none (a first start) or it cannot be used (logged)."""
+        try:
+            text = self.path.read_text().strip()
+        except FileNotFoundError:
+            return 0
+        except OSError as err:
+            log.warning("resume: cannot read %s: %s; windows start afresh", self.path, err)
+            return 0
+        try:
+            mark = int(text)
+        except ValueError:
+            log.warning("resume: %s holds %r, not a time; windows start afresh", self.path, text[:40])
+            return 0
+        if mark > time.time_ns():  # this host's clock is behind the one that wrote it: not ours to trust
+            log.warning("resume: %s is in the future (%d); windows start afresh", self.path, mark)
+            return 0
+        return mark
+
+    def write(self, mark_ns: int) -> None:
+        """Replace the mark (a rename: a crash leaves the old one or the new one, never half)."""
+        tmp = self.path.with_name(self.NAME + ".tmp")
+        try:
+            tmp.write_text(f"{mark_ns}\n")
+            os.replace(tmp, self.path)
+        except OSError as err:  # a restart then writes those windows again: say so, keep collecting
+            log.warning("resume: cannot write %s: %s", self.path, err)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
 class CollectorService:
     """A running collector: gRPC server, pipeline, exporter and ticker."""
 
@@ -297,6 +351,13 @@ class CollectorService:
         self.catalog, self.time_server = start_shared_parts(config, catalog)
         self.exporter = InfluxExporter(config.influx)
         self.pipeline = CollectorPipeline(self.exporter, self.catalog, config.join, config.aggregate)
+        # With a fixed spool, what was written survives a restart: resume after it (WrittenBeforeMark).
+        self.mark = WrittenBeforeMark(config.influx.spool_dir) if config.influx.spool_dir else None
+        self._marks: deque[tuple[int, int]] = deque()  # (exporter.accepted when taken, closed before)
+        self._marked = 0
+        if self.mark is not None and (resume := self.mark.read()):
+            self.pipeline.resume_after(resume)
+            log.info("resuming after windows written before %d (%s)", resume, self.mark.path)
         self.receiver = CollectorReceiver(self.pipeline.consume)
         self.server: grpc.Server
         self.server, self.port = start_receiver(self.receiver, config.receiver)
@@ -320,8 +381,23 @@ class CollectorService:
         while not self._stop.wait(self.config.tick_s):
             try:
                 self.pipeline.tick()
+                self._advance_mark()
             except Exception:  # keep ticking; a bug here must not stop expiry forever
                 log.exception("collector tick failed")
+
+    def _advance_mark(self) -> None:
+        """Note the windows closed now; write the mark of those whose points have all left memory."""
+        if self.mark is None:
+            return
+        closed = self.pipeline.closed_before()
+        if closed > self._marked:
+            self._marks.append((self.exporter.accepted, closed))
+            self._marked = closed
+        durable = 0
+        while self._marks and self.exporter.left_memory >= self._marks[0][0]:
+            durable = self._marks.popleft()[1]
+        if durable:
+            self.mark.write(durable)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Push every pending packet and window to InfluxDB and wait for the writes."""
@@ -335,6 +411,7 @@ class CollectorService:
         self._ticker.join()
         self.pipeline.flush()
         self.exporter.close()
+        self._advance_mark()  # everything left memory (written or spooled) unless the exporter gave up
         if self.metrics_server is not None:
             self.metrics_server.stop()
         if self.time_server is not None:

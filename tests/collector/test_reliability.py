@@ -17,7 +17,8 @@ from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter, Spool
 from hoptrace.collector.join import JoinConfig
 from hoptrace.collector.receiver import ReceiverConfig
-from hoptrace.collector.service import CollectorConfig, start_collector
+from hoptrace.collector.records import RECORD_SIZE
+from hoptrace.collector.service import CollectorConfig, CollectorService, WrittenBeforeMark, start_collector
 from hoptrace.lab.processes import InfluxServer
 from hoptrace.v1 import records_pb2_grpc
 
@@ -185,6 +186,67 @@ def test_influxd_outage_loses_and_duplicates_nothing(
     ) == {("a-out>a-br", None): n, ("a-br>b-in", None): n, ("end_to_end", None): n}
     assert flux_count(
         influx.url,
+        f'{rng} and r._measurement == "hop_counters" and r._field == "packets")'
+        ' |> group(columns: ["hop"]) |> sum()',
+    ) == {(None, h): n for h in HOPS}
+
+
+def test_a_restarted_collector_writes_no_window_twice(influxd: InfluxServer, tmp_path: Path) -> None:
+    """Agents resend the batches a collector had in flight when it went away; the next collector on the same
+    spool must not write the windows of those seconds again from part of their packets (it would overwrite
+    whole windows, or add to them). It resumes after the mark the first one left (`WrittenBeforeMark`)."""
+    trace = "restart"
+    catalog = TraceCatalog()
+    catalog.set_trace(trace, HOPS, NODES)
+    spool = tmp_path / "spool"
+    config = CollectorConfig(
+        receiver=ReceiverConfig(listen="127.0.0.1:0"),
+        join=JoinConfig(window_ns=2 * SEC),
+        influx=InfluxConfig(
+            url=influxd.url, bucket=influxd.bucket, flush_interval_s=0.2, spool_dir=str(spool)
+        ),
+        clock_listen=None,
+        metrics_listen=None,
+        tick_s=3600,  # not paced in real time (see the outage test)
+    )
+    base = (time.time_ns() // SEC - 120) * SEC
+    seconds = 30
+
+    def send(service: CollectorService, batches: list) -> None:
+        with grpc.insecure_channel(f"127.0.0.1:{service.port}") as ch:
+            stub = records_pb2_grpc.CollectorStub(ch)
+            for b in batches:
+                assert stub.StreamRecords(iter([b])).records == len(b.records) // RECORD_SIZE
+
+    first = start_collector(config, catalog)
+    try:
+        send(first, [b for s in range(20) for b in second_batches(trace, base, s)])
+    finally:
+        first.stop()  # flushes every window and leaves the mark
+    mark = WrittenBeforeMark(str(spool)).read()
+    assert mark == base + 20 * SEC, (mark - base) / SEC
+
+    second = start_collector(config, catalog)
+    try:
+        # node-b's stream had seconds 15-19 in flight: resent; then both nodes go on
+        resent = [second_batches(trace, base, s)[1] for s in range(15, 20)]
+        send(second, resent + [b for s in range(20, seconds) for b in second_batches(trace, base, s)])
+        assert second.flush(30)
+        stats = second.pipeline.stats()
+    finally:
+        second.stop()
+    # the resent records are left out: before the mark, their windows were written whole
+    assert stats["late_records"] == len(resent) * PER_SECOND and stats["late"] > 0, stats
+
+    n = seconds * PER_SECOND
+    rng = f'from(bucket: "{influxd.bucket}") |> range(start: -1h) |> filter(fn: (r) => r.trace == "{trace}"'
+    assert flux_count(
+        influxd.url,
+        f'{rng} and r._measurement == "segment_stats" and r._field == "count")'
+        ' |> group(columns: ["segment"]) |> sum()',
+    ) == {("a-out>a-br", None): n, ("a-br>b-in", None): n, ("end_to_end", None): n}
+    assert flux_count(
+        influxd.url,
         f'{rng} and r._measurement == "hop_counters" and r._field == "packets")'
         ' |> group(columns: ["hop"]) |> sum()',
     ) == {(None, h): n for h in HOPS}

@@ -116,9 +116,10 @@ def test_jitter_across_the_delay_box_matches_its_log(topology_factory, influxd, 
 def test_collector_down_for_20s_loses_nothing(topology, influxd):
     """Agents hold records while the collector is gone (SIGKILL) and send them when it is back.
 
-    Delivery is at least once: an agent resends the batches its broken stream had in flight, and a collector
-    killed mid-way may have exported some of them already, so a few packets can be counted twice; none is
-    missing, which is what is checked here (packet IDs: every packet is an exemplar here).
+    An agent resends the batches its broken stream had in flight; the restarted collector leaves out their
+    records before the mark of windows written (`WrittenBeforeMark`, beside its spool), so those windows are
+    not written again (tests/collector/test_reliability.py checks that exactly). None is missing, which is
+    what is checked here (packet IDs: every packet is an exemplar here).
     """
     with running_cluster(topology, influxd.url, collector_args=EVERY_PACKET) as cluster:
         spec = vxlan_path_spec(topology, "coll-down")
