@@ -101,20 +101,26 @@ func (r *Reader) Start() {
 	}()
 }
 
-// busyBytes read in one pass means the ring is filling faster than a tick
-// drains it: read again at once instead of sleeping.
-const busyBytes = 1 << 20
+// A pass that read busyBytes reads again at once: the ring fills faster than
+// the ticks drain it. One that read a quarter of it comes back after
+// busyPoll: the hop programs force a wake-up past 1 MiB pending (an irq_work
+// on the traced packet's CPU for every record then), which polling that
+// often keeps below up to ~2.5 M records/s.
+const (
+	busyBytes = 1 << 20
+	busyPoll  = 10 * time.Millisecond
+)
 
-// run reads until Close: every flushEvery it takes what the ring holds
-// without blocking, then sleeps on a Go timer. Not a blocking ReadInto: a
+// run reads until Close: it takes what the ring holds without blocking, then
+// sleeps on a Go timer (flushEvery, shorter while busy). Not a blocking ReadInto: a
 // thread parked for 100 ms in epoll_wait outside Go's netpoller makes the
 // runtime's sysmon retake its P and poll every 20 us, which was most of an
 // idle agent's CPU. The Record and its buffer are reused; records are
 // appended to the slot's batch buffer without a per-record allocation.
 func (r *Reader) run() error {
 	var rec ringbuf.Record
-	tick := time.NewTicker(r.flushEvery)
-	defer tick.Stop()
+	timer := time.NewTimer(r.flushEvery)
+	defer timer.Stop()
 	for {
 		// Drains that asked before this pass are answered after it; later ones wait for the next.
 		r.mu.Lock()
@@ -133,11 +139,16 @@ func (r *Reader) run() error {
 			close(ch)
 		}
 		r.flushOld(time.Now())
-		if n >= busyBytes {
+		switch {
+		case n >= busyBytes:
 			continue
+		case n >= busyBytes/4:
+			timer.Reset(busyPoll)
+		default:
+			timer.Reset(r.flushEvery)
 		}
 		select {
-		case <-tick.C:
+		case <-timer.C:
 		case <-r.wake:
 		case <-r.closing:
 			r.FlushAll()
