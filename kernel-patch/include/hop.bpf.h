@@ -19,9 +19,8 @@
 #include "hoptrace.h"
 #include "parse.bpf.h"
 
-#define HOPTRACE_WAKEUP_BYTES (1 << 20) /* pending records that wake the agent at once */
-#define TCX_NEXT_	      (-1) /* let the next tcx/tc program run: never decide a packet's fate */
-#define SK_PASS_	      1
+#define TCX_NEXT_ (-1) /* let the next tcx/tc program run: never decide a packet's fate */
+#define SK_PASS_  1
 
 /* Load-time settings, written by the agent before load (docs/design.md). */
 const volatile __u16 hop_index = 0;
@@ -231,15 +230,12 @@ static __always_inline __u32 next_id(bool floor)
 	return ((__u32)node_salt << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
 }
 
-/* Wake the agent only for a backlog worth it: a wakeup per record schedules the agent onto
- * the traced packet's CPU, in the middle of its path (measured with hoptrace mace: +6 to
- * +37 us per traced echo). The agent reads every 100 ms anyway. */
+/* Never a wake-up: one schedules the agent onto the traced packet's CPU, in the middle of its
+ * path (measured with hoptrace mace: +6 to +37 us per traced echo), and costs an irq_work there.
+ * The agent polls the ring on a timer instead (agent/internal/stream/reader.go). */
 static __always_inline void submit_record(struct hoptrace_record *rec)
 {
-	bpf_ringbuf_submit(rec,
-			   bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) > HOPTRACE_WAKEUP_BYTES
-			       ? BPF_RB_FORCE_WAKEUP
-			       : BPF_RB_NO_WAKEUP);
+	bpf_ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
 	count(HOPTRACE_C_RECORDED, 1);
 }
 

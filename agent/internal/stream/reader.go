@@ -103,9 +103,8 @@ func (r *Reader) Start() {
 
 // A pass that read busyBytes reads again at once: the ring fills faster than
 // the ticks drain it. One that read a quarter of it comes back after
-// busyPoll: the hop programs force a wake-up past 1 MiB pending (an irq_work
-// on the traced packet's CPU for every record then), which polling that
-// often keeps below up to ~2.5 M records/s.
+// busyPoll, so the ring (8 MiB by default) holds 10 ms of records, not 100,
+// while busy. The hop programs never wake the reader (hop.bpf.h).
 const (
 	busyBytes = 1 << 20
 	busyPoll  = 10 * time.Millisecond
