@@ -13,17 +13,17 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 	"hops": {
 		ebpf.CGroupSKB: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbCgroupId, asm.FnSkbLoadBytes),
+			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbCgroupId, asm.FnSkbLoadBytes),
 			kfuncs:  set[string]("bpf_cast_to_kern_ctx"),
 		},
 		ebpf.Kprobe: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit),
+			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit),
 			kfuncs:  set[string](),
 		},
 		ebpf.SchedCLS: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnCheckMtu, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnL3CsumReplace, asm.FnL4CsumReplace, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbCgroupId, asm.FnSkbChangeTail, asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnSpinLock, asm.FnSpinUnlock),
+			helpers: set(asm.FnCheckMtu, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnL3CsumReplace, asm.FnL4CsumReplace, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbCgroupId, asm.FnSkbChangeTail, asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnSpinLock, asm.FnSpinUnlock),
 			kfuncs:  set[string]("bpf_cast_to_kern_ctx"),
 		},
 		ebpf.SockOps: {
@@ -38,12 +38,12 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.Tracing: {
 			attach:  set(ebpf.AttachTraceFEntry, ebpf.AttachTraceFExit, ebpf.AttachTraceRawTp),
-			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetCurrentTask, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkStorageGet, asm.FnSpinLock, asm.FnSpinUnlock),
+			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetCurrentTask, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkStorageGet, asm.FnSpinLock, asm.FnSpinUnlock),
 			kfuncs:  set[string](),
 		},
 		ebpf.XDP: {
 			attach:  set(ebpf.AttachXDP),
-			helpers: set(asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnRingbufQuery, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnXdpGetBuffLen, asm.FnXdpLoadBytes),
+			helpers: set(asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnXdpGetBuffLen, asm.FnXdpLoadBytes),
 			kfuncs:  set[string](),
 		},
 	},
