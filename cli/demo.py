@@ -113,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # SIGTERM (kill PID, systemd, docker stop) tears down like Ctrl-C: the finally block below runs.
     signal.signal(signal.SIGTERM, _stop_on_signal)
+    # Ctrl-C too, even when started with SIGINT ignored (a shell starts a background job so without job
+    # control, and Python then keeps it ignored): "Ctrl-C stops and cleans up" must hold.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     influx = None
     cluster = None
     topo = TwoHostTopology(f"htdemo{os.getpid() % 1000}", overlay="vxlan")
@@ -162,9 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             commands = ["trace ls", "report demo-udp", "packets demo-udp --slowest 3", "agents"]
             print("\n".join(f"hoptrace {command}" for command in commands), flush=True)
             say(f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up")
-            # Not signal.pause(): a signal that lands between the check before that call and the pause(2)
-            # itself is handled only at the next signal, i.e. never (CI's SIGINT once waited 120 s there).
-            # A sleep that returns each second handles it within a second whenever it lands.
+            # Not signal.pause(): a signal landing between the interpreter's check before that call and
+            # pause(2) itself would wait for the next one. A 1 s sleep handles it within a second.
             while True:
                 time.sleep(1)
         return 0
