@@ -211,15 +211,21 @@ control() {
 		;;
 	clock-shift-ms)
 		# Steps CLOCK_REALTIME only (a real second clock): CLOCK_MONOTONIC and so the packets' stamps
-		# stay; the agent's clock rounds must see the new offset. Read and set in one process, one
-		# microsecond apart: `date -s` reads "now", then loads its locale and zone files over 9p, and
-		# under TCG its step came out 15-120 ms short.
+		# stay; the agent's clock rounds must see the new offset. Read and set in one process: `date -s`
+		# reads "now", then loads its locale and zone files over 9p, and under TCG its step came out
+		# 15-120 ms short. Even in one process a vCPU descheduled between the read and the set loses
+		# that time from the step (CI saw 4.2 of 10 ms), so the step is measured and topped up.
 		if is_number "$a" && ((10#$a < 1000)); then
-			# Answers the step made: CLOCK_REALTIME - CLOCK_MONOTONIC after minus before (ns).
+			# Answers the step made: CLOCK_REALTIME - CLOCK_MONOTONIC after minus before (ns). A gap
+			# read is the largest of three: a pause between its two reads only makes it smaller.
 			python3 -I -S -c "import time; r, m = time.CLOCK_REALTIME, time.CLOCK_MONOTONIC
-gap = lambda: time.clock_gettime_ns(r) - time.clock_gettime_ns(m)
-before = gap(); time.clock_settime_ns(r, time.clock_gettime_ns(r) + $((10#$a)) * 1_000_000)
-print('shifted', gap() - before)"
+gap = lambda: max(time.clock_gettime_ns(r) - time.clock_gettime_ns(m) for _ in range(3))
+want = $((10#$a)) * 1_000_000; before = gap(); made = 0
+for _ in range(5):
+    time.clock_settime_ns(r, time.clock_gettime_ns(r) + want - made)
+    made = gap() - before
+    if abs(want - made) < 100_000: break
+print('shifted', made)"
 		else
 			echo "error: clock-shift-ms MS (0-999)"
 		fi
