@@ -31,7 +31,7 @@ import (
 func main() {
 	// A soft heap limit: the GC works harder before the agent grows past it (GOMEMLIMIT overrides).
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
-		debug.SetMemoryLimit(24 << 20)
+		debug.SetMemoryLimit(16 << 20)
 	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "hoptrace-agent:", err)

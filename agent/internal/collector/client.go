@@ -189,6 +189,7 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 		inflightBytes += len(b.Records)
 		for len(inflight) > maxInflight && inflightBytes-len(inflight[0].Records) >= resendBytes {
 			inflightBytes -= len(inflight[0].Records)
+			inflight[0].Release()
 			inflight = inflight[1:]
 		}
 	}
@@ -284,8 +285,8 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 // stream's flow-control window (streamWindow) lets be in flight.
 const (
 	maxInflight  = 64
-	resendBytes  = 8 << 20
-	streamWindow = 4 << 20
+	resendBytes  = 2 << 20
+	streamWindow = 1 << 20
 )
 
 // errStopped: the queue is closed and drained; Run returns.

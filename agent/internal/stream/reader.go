@@ -188,7 +188,7 @@ func (r *Reader) add(raw []byte) {
 		return
 	}
 	if rt.buf == nil {
-		rt.buf = make([]byte, 0, r.maxRecords*record.Size)
+		rt.buf = newRecordBuffer(r.maxRecords * record.Size)
 		rt.since = time.Now()
 	}
 	rt.buf = append(rt.buf, raw[:record.Size]...)
