@@ -150,13 +150,13 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         target(
             "BPF run time per traced packet per hop (median of hops)",
             summary["matching_median_hop_ns"],
-            150,
+            100,
             "ns",
         ),
         target(
             "BPF run time per non-matching packet per hop (median of hops)",
             summary["non_matching_median_hop_ns"],
-            30,
+            20,
             "ns",
         ),
     ]

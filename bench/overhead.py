@@ -81,28 +81,31 @@ def sockperf_ping_pong(topo: TwoHostTopology, seconds: int) -> dict[str, float]:
     }
 
 
-def iperf3(topo: TwoHostTopology, seconds: int, udp: bool) -> float:
-    """Received throughput in Mbit/s of one iperf3 run c1 -> c2."""
-    server = topo.popen(
-        "c2",
+def iperf3(
+    topo: TwoHostTopology, seconds: int, udp: bool, server: str = "c2", server_iface: str | None = None
+) -> float:
+    """Received throughput in Mbit/s of one iperf3 run c1 -> `server` (its address on `server_iface`)."""
+    address = topo.addr(server, iface=server_iface)
+    proc = topo.popen(
+        server,
         "iperf3",
         "-s",
         "-1",
         "-B",
-        topo.addr("c2"),
+        address,
         "-p",
         str(IPERF_PORT),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_listening(topo, "c2", "tcp", IPERF_PORT)
+        wait_listening(topo, server, "tcp", IPERF_PORT)
         args = ["-u", "-b", "0", "-l", "1400"] if udp else []
         out = topo.run(
             "c1",
             "iperf3",
             "-c",
-            topo.addr("c2"),
+            address,
             "-p",
             str(IPERF_PORT),
             "-t",
@@ -112,9 +115,9 @@ def iperf3(topo: TwoHostTopology, seconds: int, udp: bool) -> float:
             timeout=seconds + 30,
             check=False,
         )
-        server.wait(10)
+        proc.wait(10)
     finally:
-        stop_process(server)
+        stop_process(proc)
     try:
         result = json.loads(out.stdout)
         if udp:

@@ -1,6 +1,7 @@
-"""TCP throughput under tracing, cost by cost (issue 13).
+"""TCP (or UDP) throughput under tracing, cost by cost (issue 13).
 
-iperf3 TCP c1 -> c2 over the reference VXLAN path, conditions interleaved in rounds (order rotated):
+iperf3 c1 -> c2 over the reference VXLAN path (8 hops), or with `--path veth` c1 -> host-a over c1's one
+veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved in rounds (order rotated):
 
 - `none`: nothing traces;
 - `hops`: the 8 hop programs attached, TCP not tagged (every segment parsed at every hop, none recorded);
@@ -14,7 +15,7 @@ Each ratio is the condition's throughput over the same round's `none`: median, m
 top symbols (finding the cost before changing code). Each run also logs the receiver's TCP counters (nstat in
 c2: out-of-order queueing, header prediction hits, coalescing).
 
-    .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--perf tag_s100]
+    .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--path veth] [--udp] [--perf tag_s100]
 """
 
 from __future__ import annotations
@@ -33,22 +34,67 @@ from typing import Any
 
 from overhead import iperf3
 
-from common import RecordSink, bpftool_json, log, median, path_agents, path_plans
+from common import PlanAgent, RecordSink, bpftool_json, log, median, path_agents, path_plans
+from hoptrace.dispatcher.compile import TCP_TAGGER_PROGRAM
+from hoptrace.lab.reference import spec_plans
 from hoptrace.lab.topology import TwoHostTopology
 
 CONDITIONS = ["none", "hops", "tag_none", "tag_s100", "tag_all"]
 SAMPLE = {"tag_none": 10**9, "tag_s100": 100}
 
 
+# Where iperf3's server listens on each path: c2 across the VXLAN path, or host-a's bridge address across
+# c1's veth (the issue's measurement: one veth, a hop at each of its ends).
+SERVER = {"vxlan": ("c2", None), "veth": ("host-a", "br0")}
+
+
+def veth_plan(topo: TwoHostTopology, trace: str, dst: str, sample: int, tagging: bool) -> dict[str, Any]:
+    """host-a's plan for c1 -> host-a over c1's veth: a hop at each end, tagging (UDP and TCP) as asked."""
+    plan = spec_plans(
+        {
+            "name": trace,
+            "filter": {"dst": dst},
+            "sample": sample,
+            "hops": [
+                {"name": "c1-eth0-out", "node": "host-a", "at": "tc-egress", "dev": "eth0", "netns": topo.c1},
+                {"name": "a-veth-in", "node": "host-a", "at": "tc-ingress", "dev": "veth-c1"},
+            ],
+        }
+    )["host-a"]
+    plan["hops"][0]["tagUdp"] = tagging
+    if tagging:
+        plan["tcpTagging"] = {"netns": topo.c1, "program": TCP_TAGGER_PROGRAM}
+    else:
+        plan.pop("tcpTagging", None)
+    return plan
+
+
 @contextlib.contextmanager
-def condition(name: str, topo: TwoHostTopology, workdir: Path, sink: RecordSink) -> Iterator[None]:
-    """Tracing as condition `name` for the block."""
+def condition(name: str, topo: TwoHostTopology, workdir: Path, sink: RecordSink, path: str) -> Iterator[None]:
+    """Tracing as condition `name` on `path` for the block."""
     if name == "none":
         yield
         return
-    sample = SAMPLE.get(name, 1)
+    sample, tagging = SAMPLE.get(name, 1), name != "hops"
+    server, server_iface = SERVER[path]
+    dst = topo.addr(server, iface=server_iface)
+    if path == "veth":
+        agent = PlanAgent(
+            veth_plan(topo, f"tcpo-{name.replace('_', '-')}", dst, sample, tagging),
+            "host-a",
+            topo.host_a,
+            sink.addr,
+            workdir,
+            "--clock-server",
+            "off",
+        ).start()
+        try:
+            yield
+        finally:
+            agent.stop()
+        return
     plans = path_plans(
-        topo, f"tcpo-{name}", {"dst": topo.addr("c2")}, sample=sample, tcp_tagging=name != "hops"
+        topo, f"tcpo-{name}", {"dst": dst}, sample=sample, tag_udp=tagging, tcp_tagging=tagging
     )
     with path_agents(topo, sink.addr, workdir, plans):
         yield
@@ -115,13 +161,21 @@ def nstat(topo: TwoHostTopology, role: str) -> dict[str, int]:
     return flat
 
 
-def run(rounds: int, seconds: int, perf: str | None, conditions: list[str]) -> dict[str, Any]:
+def run(
+    rounds: int, seconds: int, perf: str | None, conditions: list[str], path: str, udp: bool, bpf_stats: bool
+) -> dict[str, Any]:
     """Interleaved rounds of `conditions` (`none` first); throughput ratios to `none`."""
     sink = RecordSink()
     topo = TwoHostTopology(f"tco{os.getpid() % 1000}", overlay="vxlan")
+    server, server_iface = SERVER[path]
     raw: list[dict[str, float]] = []
     profiled = False
-    subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=1"], check=True)
+    # bpf_stats reads the clock twice per program run: a cost of the measurement, so it can be left off.
+    subprocess.run(["sysctl", "-qw", f"kernel.bpf_stats_enabled={int(bpf_stats)}"], check=True)
+
+    def measure() -> float:
+        return iperf3(topo, seconds, udp=udp, server=server, server_iface=server_iface)
+
     try:
         topo.create()
         with tempfile.TemporaryDirectory(prefix="hoptrace-tcpo-") as tmp:
@@ -129,19 +183,19 @@ def run(rounds: int, seconds: int, perf: str | None, conditions: list[str]) -> d
                 order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
                 measured: dict[str, float] = {}
                 for name in order:
-                    with condition(name, topo, Path(tmp), sink):
+                    with condition(name, topo, Path(tmp), sink, path):
                         if name == perf and not profiled:
                             data = Path(tmp) / "perf.data"
                             with perf_record(data):
-                                measured[name] = iperf3(topo, seconds, udp=False)
+                                measured[name] = measure()
                             print(f"perf, condition {name}:\n{perf_top(data)}", flush=True)
                             profiled, grown = True, "profiled (no program or TCP counters)"
                         else:
-                            before, counters = prog_stats(), nstat(topo, "c2")
-                            measured[name] = iperf3(topo, seconds, udp=False)
+                            before, counters = prog_stats(), nstat(topo, server)
+                            measured[name] = measure()
                             programs = stats_growth(before, prog_stats())
-                            after = nstat(topo, "c2")
-                            receiver = "c2 " + ", ".join(
+                            after = nstat(topo, server)
+                            receiver = f"{server} " + ", ".join(
                                 f"{k} {after.get(k, 0) - counters.get(k, 0)}" for k in NSTAT_KEYS
                             )
                             grown = "; ".join(filter(None, [programs, receiver]))
@@ -171,12 +225,26 @@ def main() -> int:
     ap.add_argument(
         "--conditions", default=",".join(CONDITIONS), help="comma-separated, of " + ", ".join(CONDITIONS)
     )
+    ap.add_argument(
+        "--path",
+        choices=sorted(SERVER),
+        default="vxlan",
+        help="c1 -> c2 over VXLAN (8 hops) or c1 -> host-a over one veth (2 hops)",
+    )
+    ap.add_argument(
+        "--udp", action="store_true", help="iperf3 UDP (1400-byte datagrams, unlimited rate) instead of TCP"
+    )
+    ap.add_argument(
+        "--no-bpf-stats",
+        action="store_true",
+        help="leave kernel.bpf_stats_enabled off (no per-program ns: the ratios without its clock reads)",
+    )
     args = ap.parse_args()
     conditions = ["none"] + [c for c in args.conditions.split(",") if c and c != "none"]
     unknown = [c for c in conditions if c not in CONDITIONS]
     if unknown:
         ap.error(f"unknown conditions {unknown}: choose from {', '.join(CONDITIONS)}")
-    run(args.rounds, args.seconds, args.perf, conditions)
+    run(args.rounds, args.seconds, args.perf, conditions, args.path, args.udp, not args.no_bpf_stats)
     return 0
 
 
