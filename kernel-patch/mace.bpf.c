@@ -21,12 +21,6 @@
 #include "mace.h"
 #include "parse.bpf.h"
 
-/* MACE keys every packet of its device by its own filter. */
-static __always_inline bool parse_wants_id(const struct pkt_info *p)
-{
-	return true;
-}
-
 #define IPPROTO_ICMP_	1
 #define IPPROTO_ICMPV6_ 58
 

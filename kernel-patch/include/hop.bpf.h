@@ -170,11 +170,6 @@ static __always_inline bool flow_match(__u8 family, __u8 proto, const __u32 *sad
 	return true;
 }
 
-static __always_inline bool parse_wants_id(const struct pkt_info *p)
-{
-	return flow_match(p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport);
-}
-
 static __always_inline __u32 mix32(__u32 h, __u32 v)
 {
 	/* murmur3 round: cheap, and the same on every node */

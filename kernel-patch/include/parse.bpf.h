@@ -585,10 +585,6 @@ static __always_inline int tunnel_inner_offset(enum pkt_source src, struct pkt_r
  * L3 header of that ethertype), descends into one tunnel, and finds the ID of
  * the innermost packet.
  */
-/* Is this parsed flow's ID worth looking for? Each object including this file
- * answers (the hop programs: does the trace follow the flow). */
-static __always_inline bool parse_wants_id(const struct pkt_info *p);
-
 static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *r, __u32 off,
 					__u16 ethertype, struct pkt_info *p)
 {
@@ -621,11 +617,6 @@ static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *
 			return ret;
 	}
 
-	/* A flow nobody traces ends here, its (inner) 5-tuple known: the hops stop at
-	 * their filter anyway, and the ID's search (a TCP option walk, a read past the
-	 * UDP payload) was most of a non-matching packet's cost. */
-	if (!parse_wants_id(p))
-		return PARSE_OK;
 	if (p->proto == IPPROTO_TCP_)
 		return parse_tcp_id(src, r, p);
 	if (p->proto == IPPROTO_UDP_)
