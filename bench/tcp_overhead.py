@@ -35,8 +35,7 @@ from typing import Any
 from overhead import iperf3
 
 from common import PlanAgent, RecordSink, bpftool_json, log, median, path_agents, path_plans
-from hoptrace.dispatcher.compile import TCP_TAGGER_PROGRAM
-from hoptrace.lab.reference import spec_plans
+from hoptrace.lab.reference import set_c1_tagging, spec_plans
 from hoptrace.lab.topology import TwoHostTopology
 
 CONDITIONS = ["none", "hops", "tag_none", "tag_s100", "tag_all"]
@@ -61,11 +60,7 @@ def veth_plan(topo: TwoHostTopology, trace: str, dst: str, sample: int, tagging:
             ],
         }
     )["host-a"]
-    plan["hops"][0]["tagUdp"] = tagging
-    if tagging:
-        plan["tcpTagging"] = {"netns": topo.c1, "program": TCP_TAGGER_PROGRAM}
-    else:
-        plan.pop("tcpTagging", None)
+    set_c1_tagging(topo, plan, tagging, tagging)
     return plan
 
 

@@ -68,9 +68,14 @@ def path_plans(
     # Not validated as a user's spec: benchmarks name their traces freely (the agent only echoes the name).
     plans = standalone_plans(spec, BPF_OBJECT)
     plan_a, plan_b = plans["host-a"], plans["host-b"]
-    plan_a["hops"][0]["tagUdp"] = tag_udp
-    if tcp_tagging:
-        plan_a["tcpTagging"] = {"netns": topo.c1, "program": TCP_TAGGER_PROGRAM}
-    else:
-        plan_a.pop("tcpTagging", None)
+    set_c1_tagging(topo, plan_a, tag_udp, tcp_tagging)
     return plan_a, plan_b
+
+
+def set_c1_tagging(topo: TwoHostTopology, plan: dict[str, Any], tag_udp: bool, tcp_tagging: bool) -> None:
+    """Tag UDP at the plan's first hop and TCP by sock_ops in c1's namespace, each as asked."""
+    plan["hops"][0]["tagUdp"] = tag_udp
+    if tcp_tagging:
+        plan["tcpTagging"] = {"netns": topo.c1, "program": TCP_TAGGER_PROGRAM}
+    else:
+        plan.pop("tcpTagging", None)
