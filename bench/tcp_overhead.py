@@ -5,8 +5,8 @@ veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved 
 
 - `none`: nothing traces;
 - `hops`: the 8 hop programs attached, TCP not tagged (every segment parsed at every hop, none recorded);
-- `tag_none`: the 8 hops and the sock_ops tagger, sampling 1 segment in 10^9 (option space reserved on
-  every segment, filled with NOPs: the tagger's presence without records);
+- `tag_none`: the 8 hops and the sock_ops tagger, sampling 1 segment in 10^9 (the MSS keeps room for the
+  option, sock_ops runs for every segment, none carries the option: the tagger's presence without records);
 - `tag_s100`: the 8 hops and the tagger, 1 segment in 100 tagged and recorded;
 - `tag_all`: the same, every segment tagged and recorded.
 

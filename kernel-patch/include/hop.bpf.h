@@ -749,7 +749,9 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 	barrier_var(ifindex);
 	barrier_var(len);
 	skb_meta(skb, &m, false, floor);
-	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end);
+	/* The floor (5.10's verifier) keeps direct reads to whole-linear packets. */
+	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
+		       !floor);
 	count(HOPTRACE_C_SEEN, 1);
 	status = parse_packet(PKT_SKB, &r, 0, 0, &p);
 	if (!status && !p.id && !p.fragment && hop_tag_udp && p.proto == IPPROTO_UDP_ &&
@@ -780,7 +782,8 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	barrier_var(ifindex);
 	barrier_var(len);
 	skb_meta(skb, &m, true, floor);
-	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end);
+	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
+		       !floor);
 	count(HOPTRACE_C_SEEN, 1);
 	hop_finish(parse_packet(PKT_SKB, &r, 0, ethertype ? ethertype : ETH_P_IP_, &p), &p, ifindex,
 		   len, &m);
@@ -797,7 +800,7 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	struct hop_meta m = {};
 
 	barrier_var(ifindex);
-	pkt_set_direct(&r, (const __u8 *)(long)ctx->data, (const __u8 *)(long)ctx->data_end);
+	pkt_set_direct(&r, (const __u8 *)(long)ctx->data, (const __u8 *)(long)ctx->data_end, false);
 	count(HOPTRACE_C_SEEN, 1);
 	hop_finish(parse_packet(PKT_XDP, &r, 0, 0, &p), &p, ifindex, len, &m);
 	return XDP_PASS;
@@ -1248,14 +1251,33 @@ static __always_inline bool sock_match(struct bpf_sock_ops *skops, bool floor)
 	return flow_match(family, IPPROTO_TCP_, saddr, daddr, local_port, bpf_ntohl(remote_port));
 }
 
+/* The ID that HDR_OPT_LEN drew for the segment a socket is sending on this CPU, until
+ * WRITE_HDR_OPT writes it: the kernel runs the two back to back for one skb, under the socket's
+ * lock. A softirq may send another socket's segment in between; cookie tells them apart, and an ID
+ * taken over that way is counted in HOPTRACE_C_TAG_FAILED, never written into the wrong segment. */
+struct tcp_pending_id {
+	__u64 cookie;
+	__u32 id;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tcp_pending_id);
+} tcp_pending SEC(".maps");
+
 /*
- * TCP: every segment a matching socket sends, SYN included, carries
- * option 253 + ExID + ID (RFC 6994). The kernel accounts the reserved
- * option bytes in the MSS, so segments never outgrow the MTU.
+ * TCP: a matching socket's sampled segments, SYN included, carry option 253
+ * + ExID + ID (RFC 6994); the others carry no option bytes at all, so their
+ * headers are what they would be untraced (the receiver's header prediction
+ * and coalescing still take them). The MSS keeps room for the option on every
+ * segment, so a sampled one never outgrows the MTU.
  */
 static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floor)
 {
-	__u32 op, cb_flags;
+	struct tcp_pending_id *pending;
+	__u32 op, cb_flags, arg0, key = 0;
 
 	READ_SKOPS(op, op);
 	switch (op) {
@@ -1268,22 +1290,46 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 		READ_SKOPS(cb_flags, bpf_sock_ops_cb_flags);
 		bpf_sock_ops_cb_flags_set(skops, cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 		break;
-	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
-		if (sock_match(skops, floor))
-			bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0);
-		break;
-	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB: {
-		__u8 opt[HOPTRACE_TCPOPT_LEN];
+	case BPF_SOCK_OPS_HDR_OPT_LEN_CB: {
 		__u32 id;
 
 		if (!sock_match(skops, floor))
 			break;
+		READ_SKOPS(arg0, args[0]);
+		if (arg0 & BPF_WRITE_HDR_TCP_CURRENT_MSS) { /* sizing the MSS, no segment yet */
+			bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0);
+			break;
+		}
 		count(HOPTRACE_C_MATCHED, 1);
 		id = next_id(floor);
-		if (!id) { /* sampled out: the reserved bytes go out as NOPs */
+		if (!id) { /* sampled out: no room asked, so WRITE_HDR_OPT does not run */
 			count(HOPTRACE_C_UNTAGGED, 1);
 			break;
 		}
+		pending = bpf_map_lookup_elem(&tcp_pending, &key);
+		if (!pending || bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0)) {
+			count(HOPTRACE_C_TAG_FAILED, 1);
+			break;
+		}
+		pending->cookie = bpf_get_socket_cookie(skops);
+		pending->id = id;
+		break;
+	}
+	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB: {
+		__u8 opt[HOPTRACE_TCPOPT_LEN];
+		__u32 id;
+
+		pending = bpf_map_lookup_elem(&tcp_pending, &key);
+		if (!pending)
+			break;
+		id = pending->id;
+		/* Room another program asked for, or an ID a nested segment took over. */
+		if (!id || pending->cookie != bpf_get_socket_cookie(skops)) {
+			if (sock_match(skops, floor))
+				count(HOPTRACE_C_TAG_FAILED, 1);
+			break;
+		}
+		pending->id = 0;
 		opt[0] = HOPTRACE_TCPOPT_KIND;
 		opt[1] = HOPTRACE_TCPOPT_LEN;
 		opt[2] = HOPTRACE_TCPOPT_EXID >> 8;

@@ -306,6 +306,62 @@ def test_tcp_transfer_segments_carry_the_option_and_are_seen_at_every_hop(
 
 
 @pytest.mark.parametrize("family", [4, 6], ids=["ipv4", "ipv6"])
+def test_tcp_sampled_out_segments_carry_no_option_bytes(
+    topology: TwoHostTopology,
+    agent_factory: Callable[..., AgentProcess],
+    bpf_object: Path,
+    require_tool: Callable[[str], str],
+    family: int,
+) -> None:
+    """At ``sample: 10`` only the sampled segments carry the option: the others' headers are as long as
+    untraced ones (c2's, which carry only timestamps), so receivers keep header prediction and coalescing.
+    Exactly one segment in 10 is tagged, each sampled ID is recorded at every hop, and the transfer's bytes
+    all arrive."""
+    require_tool("iperf3")
+    sample = 10
+    src, dst = topology.addr("c1", family), topology.addr("c2", family)
+    plans = path_plans(
+        topology,
+        f"tcp-s{sample}-v{family}",
+        {"protocol": "tcp", "dst": dst, "dstPort": IPERF_PORT},
+        sample=sample,
+        tag_udp=False,
+        tcp_tagging=True,
+    )
+    agent_a = start_attached(agent_factory, plans[0], "host-a", topology.host_a)
+    agent_b = start_attached(agent_factory, plans[1], "host-b", topology.host_b)
+    cap = capture(topology, "c2", "eth0")
+    try:
+        result = iperf3_tcp(topology, dst)
+    finally:
+        frames = cap.stop()
+    assert agent_a.proc is not None
+    tagger = program_counters(agent_a.proc.pid, "tag_tcp")
+    agent_a.stop()
+    agent_b.stop()
+
+    sent_bytes = int(result["end"]["sum_sent"]["bytes"])
+    assert sent_bytes > 1_000_000 and result["end"]["sum_received"]["bytes"] == sent_bytes
+    assert tagger["tag_failed"] == 0 and tagger["matched"] == tagger["tagged"] + tagger["untagged"], tagger
+    assert tagger["tagged"] == -(-tagger["matched"] // sample) >= 10, f"sample {sample}: tagger {tagger}"
+    by_id = assert_complete_path(agent_a.records + agent_b.records)
+    assert len(by_id) == tagger["tagged"], f"{len(by_id)} IDs recorded, tagger {tagger}"
+
+    segments = [seg for _, frame in frames if (seg := parse_tcp(frame)) is not None]
+    forward = [s for s in segments if s.src == src and s.dst == dst and s.dport == IPERF_PORT and not s.syn]
+    backward = [s for s in segments if s.src == dst and s.dst == src and s.sport == IPERF_PORT and not s.syn]
+    untraced_lengths = {len(s.options) for s in backward}
+    assert untraced_lengths == {12}, f"c2's segments: option lengths {untraced_lengths} (timestamps: 12)"
+    tagged = [s for s in forward if s.hoptrace_id() is not None]
+    sampled_out = [s for s in forward if s.hoptrace_id() is None and not s.rst]
+    assert tagged and sampled_out, f"{len(tagged)} tagged and {len(sampled_out)} sampled-out segments seen"
+    padded = [s for s in sampled_out if len(s.options) != 12]
+    assert not padded, f"{len(padded)} sampled-out segments carry more than timestamps: {padded[:3]}"
+    assert {len(s.options) for s in tagged} == {20}, "a tagged segment: timestamps and the 8-byte option"
+    assert {s.hoptrace_id() for s in tagged} <= set(by_id), "IDs on the wire but never recorded"
+
+
+@pytest.mark.parametrize("family", [4, 6], ids=["ipv4", "ipv6"])
 def test_tcp_echo_bytes_identical_while_tagged(
     topology: TwoHostTopology, agent_factory: Callable[..., AgentProcess], bpf_object: Path, family: int
 ) -> None:

@@ -7,6 +7,8 @@ fill the MTU must go through untouched and untagged.
 
 from __future__ import annotations
 
+import errno
+import socket
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -117,6 +119,79 @@ def test_broken_frames_are_counted_and_never_yield_an_id(
         assert sorted(per_hop[hop]) == sorted(tagged_ids), (
             f"hop {hop} recorded {per_hop[hop]}, tagged {tagged_ids}"
         )
+
+
+# linux/socket.h, linux/if_packet.h and linux/virtio_net.h: frames written with a virtio-net header in
+# front, whose hdr_len says how many bytes the kernel puts in the skb's linear head (the rest in pages).
+SOL_PACKET, PACKET_VNET_HDR = 263, 15
+VIRTIO_NET_HDR_F_NEEDS_CSUM = 1
+VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4 = 0, 1
+
+
+def paged_frame(topo: TwoHostTopology, proto: int, packet_id: int) -> tuple[bytes, bytes]:
+    """A 6 KB frame c1 -> c2 carrying packet_id, and the virtio-net header that leaves only its first
+    headers in the skb's head: TCP as a GSO packet (the kernel pulls Ethernet, IPv4 and the 20-byte TCP
+    header, not the option after them), UDP as one frame whose head is its Ethernet header alone (the
+    ID after the payload, RFC 9868)."""
+    eth = mac_bytes(topo.mac("host-a", "br0")) + mac_bytes(topo.mac("c1")) + b"\x08\x00"
+    src, dst = topo.addr("c1"), topo.addr("c2")
+    payload = bytes(range(256)) * 24
+    if proto == 6:
+        option = bytes([253, 8, 0x48, 0x54]) + packet_id.to_bytes(4, "big")
+        l4 = struct.pack("!HHIIBBHHH", 40600, PORT, 1, 0, 7 << 4, 0x18, 1024, 0, 0) + option + payload
+        # flags, gso_type, hdr_len, gso_size, csum_start, csum_offset
+        vnet = struct.pack("<BBHHHH", VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_TCPV4, 54, 1400, 34, 16)
+    else:
+        l4 = struct.pack("!HHHH", 40600, PORT, 8 + len(payload), 0) + payload + packet_id.to_bytes(4, "big")
+        vnet = struct.pack("<BBHHHH", 0, VIRTIO_NET_HDR_GSO_NONE, 14, 0, 0, 0)
+    return vnet, eth + ipv4_header(src, dst, proto, 20 + len(l4)) + l4
+
+
+@pytest.mark.parametrize("proto", [6, 17], ids=["tcp-gso", "udp-head-14"])
+def test_headers_past_a_paged_skbs_head_are_read(
+    topology: TwoHostTopology, agent_factory: Callable[..., AgentProcess], bpf_object: Path, proto: int
+) -> None:
+    """tc hops read a paged skb's linear head with plain loads and what lies past it with the helper: a
+    6 KB frame whose ID sits past its head (TCP: the option after a 54-byte head; UDP: everything after a
+    14-byte head) is recorded with its ID at c1's eth0 egress, once per frame, with no parse error. The
+    UDP frame, too big for host-a's veth, is dropped there: only the TCP one reaches the second hop."""
+    packet_id, frames = 0x0A0B0C0D, 5
+    vnet, frame = paged_frame(topology, proto, packet_id)
+    plan = spec_plans(
+        {
+            "name": "paged",
+            "filter": {"protocol": "tcp" if proto == 6 else "udp", "dst_port": PORT},
+            "hops": [
+                {"name": "c1-out", "node": "host-a", "at": "tc-egress", "dev": "eth0", "netns": topology.c1},
+                {"name": "a-veth-tc-in", "node": "host-a", "at": "tc-ingress", "dev": "veth-c1"},
+            ],
+        }
+    )["host-a"]
+    agent = start_attached(agent_factory, plan, "host-a", topology.host_a)
+    # A frame that is not a GSO packet must fit the device's MTU to be sent at all.
+    topology.run("c1", "ip", "link", "set", "eth0", "mtu", "9000")
+    try:
+        with topology.socket("c1", socket.AF_PACKET, socket.SOCK_RAW, 0) as sock:
+            sock.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
+            sock.bind(("eth0", 0))
+            for _ in range(frames):
+                try:
+                    assert sock.send(vnet + frame) == len(vnet + frame)
+                except OSError as e:  # UDP: host-a's veth drops it after c1's egress hop (its MTU)
+                    if proto == 6 or e.errno != errno.ENOBUFS:
+                        raise
+    finally:
+        topology.run("c1", "ip", "link", "set", "eth0", "mtu", str(topology.mtu))
+    agent.stop()
+
+    counters = final_counters(agent)
+    hops = (0, 1) if proto == 6 else (0,)
+    for hop in hops:
+        c = counters[hop]
+        assert c["matched"] == frames and c["recorded"] == frames and c["tagged"] == 0, f"hop {hop}: {c}"
+        assert c["parse_truncated"] == c["parse_malformed"] == 0, f"hop {hop}: {c}"
+    assert ids_by_hop(agent.records) == {hop: [packet_id] * frames for hop in hops}
+    assert {r["wire_len"] for r in agent.records} == {len(frame)}
 
 
 @pytest.mark.parametrize("family", [4, 6], ids=["ipv4", "ipv6"])

@@ -28,7 +28,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.SockOps: {
 			attach:  set(ebpf.AttachCGroupSockOps),
-			helpers: set(asm.FnGetNetnsCookie, asm.FnMapLookupElem, asm.FnReserveHdrOpt, asm.FnSockOpsCbFlagsSet, asm.FnSpinLock, asm.FnSpinUnlock, asm.FnStoreHdrOpt),
+			helpers: set(asm.FnGetNetnsCookie, asm.FnGetSocketCookie, asm.FnMapLookupElem, asm.FnReserveHdrOpt, asm.FnSockOpsCbFlagsSet, asm.FnSpinLock, asm.FnSpinUnlock, asm.FnStoreHdrOpt),
 			kfuncs:  set[string](),
 		},
 		ebpf.TracePoint: {

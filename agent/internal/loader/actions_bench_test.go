@@ -77,12 +77,11 @@ func BenchmarkActionCost(b *testing.B) {
 			}
 			after := runStats(b, hops[i].hop.Program)
 			perRun[i] = append(perRun[i], float64(after.ns-before.ns)/float64(after.runs-before.runs))
-			want := actionCostChunk
-			if hops[i].name == "non_matching" {
-				want = 0
-			}
-			if got := len(h.drain(b)); got != want {
-				b.Fatalf("%s: %d records from %d runs, want %d", hops[i].name, got, actionCostChunk, want)
+			// A test run a signal interrupts is run again whole (cilium/ebpf retries EINTR):
+			// its first runs' records come on top, and bpf_stats counted those runs too.
+			got := len(h.drain(b))
+			if hops[i].name == "non_matching" && got != 0 || hops[i].name != "non_matching" && got < actionCostChunk {
+				b.Fatalf("%s: %d records from %d runs", hops[i].name, got, actionCostChunk)
 			}
 		}
 	}
