@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"golang.org/x/sys/unix"
 
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
@@ -52,35 +53,38 @@ func BenchmarkActionCost(b *testing.B) {
 	// (prev_ts keeps it): every run is a hit, as for a packet seen at both hops.
 	h.run(b, load(0, loader.Actions{PrevTS: true}), pkt)
 
+	prog := func(hop *loader.Hop) *ebpf.Program { return hop.Program }
 	hops := []struct {
 		name string
-		hop  *loader.Hop
+		prog *ebpf.Program
 	}{
-		{"timestamp", load(1, loader.Actions{})},
-		{"count", load(1, loader.Actions{Count: true})},
-		{"count_by_cpu", load(1, loader.Actions{Count: true, CountBy: record.FieldCPU})},
-		{"count_by_mark", load(1, loader.Actions{Count: true, CountBy: record.FieldMark})},
-		{"histogram_len", load(1, loader.Actions{Histogram: record.FieldLen})},
-		{"histogram_latency", load(1, loader.Actions{Histogram: record.FieldLatency})},
+		{"timestamp", prog(load(1, loader.Actions{}))},
+		{"count", prog(load(1, loader.Actions{Count: true}))},
+		{"count_by_cpu", prog(load(1, loader.Actions{Count: true, CountBy: record.FieldCPU}))},
+		{"count_by_mark", prog(load(1, loader.Actions{Count: true, CountBy: record.FieldMark}))},
+		{"histogram_len", prog(load(1, loader.Actions{Histogram: record.FieldLen}))},
+		{"histogram_latency", prog(load(1, loader.Actions{Histogram: record.FieldLatency}))},
 		// The same packet at a hop whose filter names another port: parsed, not matched, no record.
-		{"non_matching", load(1, loader.Actions{}, loader.FilterConstants{Proto: 17, Dport: 5001})},
+		{"non_matching", prog(load(1, loader.Actions{}, loader.FilterConstants{Proto: 17, Dport: 5001}))},
+		// What the measurement costs by itself: a tc program that only returns.
+		{"empty", emptyTCProgram(b)},
 	}
 	perRun := make([][]float64, len(hops))
 	b.ResetTimer()
 	for round := 0; round < b.N; round++ {
 		for k := range hops {
 			i := (round + k) % len(hops)
-			before := runStats(b, hops[i].hop.Program)
+			before := runStats(b, hops[i].prog)
 			opts := &ebpf.RunOptions{Data: pkt, Repeat: actionCostChunk, Context: skbCtx{Mark: 0x10}}
-			if _, err := hops[i].hop.Program.Run(opts); err != nil {
+			if _, err := hops[i].prog.Run(opts); err != nil {
 				b.Fatalf("%s: test run: %v", hops[i].name, err)
 			}
-			after := runStats(b, hops[i].hop.Program)
+			after := runStats(b, hops[i].prog)
 			perRun[i] = append(perRun[i], float64(after.ns-before.ns)/float64(after.runs-before.runs))
 			// A test run a signal interrupts is run again whole (cilium/ebpf retries EINTR):
 			// its first runs' records come on top, and bpf_stats counted those runs too.
-			got := len(h.drain(b))
-			if hops[i].name == "non_matching" && got != 0 || hops[i].name != "non_matching" && got < actionCostChunk {
+			got, records := len(h.drain(b)), hops[i].name != "non_matching" && hops[i].name != "empty"
+			if !records && got != 0 || records && got < actionCostChunk {
 				b.Fatalf("%s: %d records from %d runs", hops[i].name, got, actionCostChunk)
 			}
 		}
@@ -89,14 +93,14 @@ func BenchmarkActionCost(b *testing.B) {
 	for i, hop := range hops {
 		b.ReportMetric(median(perRun[i]), hop.name+"-ns/pkt")
 	}
-	// The same two paths timed by BPF_PROG_TEST_RUN itself with bpf_stats off: its
-	// per-repeat duration carries no accounting of its own (bpf_stats reads the
-	// clock twice a run, which above is part of every hop's ns).
+	// The traced, non-matching and empty programs timed by BPF_PROG_TEST_RUN itself with
+	// bpf_stats off: its per-repeat duration carries no accounting of its own (bpf_stats
+	// reads the clock twice a run, which above is part of every hop's ns).
 	stats.Close()
-	for _, i := range []int{0, len(hops) - 1} {
+	for _, i := range []int{0, len(hops) - 2, len(hops) - 1} {
 		var durations []float64
 		for round := 0; round < min(b.N, 200); round++ {
-			_, d, err := hops[i].hop.Program.Benchmark(pkt, actionCostChunk, nil)
+			_, d, err := hops[i].prog.Benchmark(pkt, actionCostChunk, nil)
 			if err != nil {
 				b.Fatalf("%s: test run: %v", hops[i].name, err)
 			}
@@ -105,6 +109,22 @@ func BenchmarkActionCost(b *testing.B) {
 		}
 		b.ReportMetric(median(durations), hops[i].name+"_testrun-ns/pkt")
 	}
+}
+
+// emptyTCProgram is a tc program that returns TCX_NEXT and does nothing else: its ns per run
+// is what the test run and bpf_stats cost without any of hoptrace's work.
+func emptyTCProgram(b *testing.B) *ebpf.Program {
+	b.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()},
+	})
+	if err != nil {
+		b.Fatalf("empty tc program: %v", err)
+	}
+	b.Cleanup(func() { prog.Close() })
+	return prog
 }
 
 type progStats struct{ ns, runs uint64 }
