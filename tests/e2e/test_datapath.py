@@ -243,6 +243,34 @@ def iperf3_tcp(topo: TwoHostTopology, addr: str) -> dict[str, Any]:
     return json.loads(client.stdout)
 
 
+def traced_iperf3_tcp(
+    topo: TwoHostTopology, agent_factory: Callable[..., AgentProcess], family: int, sample: int
+) -> tuple[dict[str, Any], list[tuple[int, bytes]], dict[str, int], list[dict[str, Any]]]:
+    """iperf3 TCP c1 -> c2 with c1's sockets tagged (1 segment in `sample`) over the whole VXLAN path,
+    captured on c2's eth0: iperf3's result, the frames, the tagger's counters and both agents' records."""
+    dst = topo.addr("c2", family)
+    plans = path_plans(
+        topo,
+        f"tcp-s{sample}-v{family}",
+        {"protocol": "tcp", "dst": dst, "dstPort": IPERF_PORT},
+        sample=sample,
+        tag_udp=False,
+        tcp_tagging=True,
+    )
+    agent_a = start_attached(agent_factory, plans[0], "host-a", topo.host_a)
+    agent_b = start_attached(agent_factory, plans[1], "host-b", topo.host_b)
+    cap = capture(topo, "c2", "eth0")
+    try:
+        result = iperf3_tcp(topo, dst)
+    finally:
+        frames = cap.stop()
+    assert agent_a.proc is not None
+    tagger = program_counters(agent_a.proc.pid, "tag_tcp")
+    agent_a.stop()
+    agent_b.stop()
+    return result, frames, tagger, agent_a.records + agent_b.records
+
+
 @pytest.mark.parametrize("family", [4, 6], ids=["ipv4", "ipv6"])
 def test_tcp_transfer_segments_carry_the_option_and_are_seen_at_every_hop(
     topology: TwoHostTopology,
@@ -256,30 +284,12 @@ def test_tcp_transfer_segments_carry_the_option_and_are_seen_at_every_hop(
     recorded; c2's segments (another namespace) carry none."""
     require_tool("iperf3")
     src, dst = topology.addr("c1", family), topology.addr("c2", family)
-    plans = path_plans(
-        topology,
-        f"tcp-v{family}",
-        {"protocol": "tcp", "dst": dst, "dstPort": IPERF_PORT},
-        tag_udp=False,
-        tcp_tagging=True,
-    )
-    agent_a = start_attached(agent_factory, plans[0], "host-a", topology.host_a)
-    agent_b = start_attached(agent_factory, plans[1], "host-b", topology.host_b)
-    cap = capture(topology, "c2", "eth0")
-    try:
-        result = iperf3_tcp(topology, dst)
-    finally:
-        frames = cap.stop()
-    assert agent_a.proc is not None
-    tagger = program_counters(agent_a.proc.pid, "tag_tcp")
-    agent_a.stop()
-    agent_b.stop()
+    result, frames, tagger, records = traced_iperf3_tcp(topology, agent_factory, family, sample=1)
 
     sent_bytes = int(result["end"]["sum_sent"]["bytes"])
     assert sent_bytes > 1_000_000, f"iperf3 moved only {sent_bytes} bytes"
     assert result["end"]["sum_received"]["bytes"] == sent_bytes
 
-    records = agent_a.records + agent_b.records
     by_id = assert_complete_path(records)
     assert len(by_id) >= 100, f"only {len(by_id)} segments recorded"
     assert tagger["tagged"] == len(by_id) and tagger["tag_failed"] == 0, f"{len(by_id)} IDs, tagger {tagger}"
@@ -320,31 +330,13 @@ def test_tcp_sampled_out_segments_carry_no_option_bytes(
     require_tool("iperf3")
     sample = 10
     src, dst = topology.addr("c1", family), topology.addr("c2", family)
-    plans = path_plans(
-        topology,
-        f"tcp-s{sample}-v{family}",
-        {"protocol": "tcp", "dst": dst, "dstPort": IPERF_PORT},
-        sample=sample,
-        tag_udp=False,
-        tcp_tagging=True,
-    )
-    agent_a = start_attached(agent_factory, plans[0], "host-a", topology.host_a)
-    agent_b = start_attached(agent_factory, plans[1], "host-b", topology.host_b)
-    cap = capture(topology, "c2", "eth0")
-    try:
-        result = iperf3_tcp(topology, dst)
-    finally:
-        frames = cap.stop()
-    assert agent_a.proc is not None
-    tagger = program_counters(agent_a.proc.pid, "tag_tcp")
-    agent_a.stop()
-    agent_b.stop()
+    result, frames, tagger, records = traced_iperf3_tcp(topology, agent_factory, family, sample)
 
     sent_bytes = int(result["end"]["sum_sent"]["bytes"])
     assert sent_bytes > 1_000_000 and result["end"]["sum_received"]["bytes"] == sent_bytes
     assert tagger["tag_failed"] == 0 and tagger["matched"] == tagger["tagged"] + tagger["untagged"], tagger
     assert tagger["tagged"] == -(-tagger["matched"] // sample) >= 10, f"sample {sample}: tagger {tagger}"
-    by_id = assert_complete_path(agent_a.records + agent_b.records)
+    by_id = assert_complete_path(records)
     assert len(by_id) == tagger["tagged"], f"{len(by_id)} IDs recorded, tagger {tagger}"
 
     segments = [seg for _, frame in frames if (seg := parse_tcp(frame)) is not None]
