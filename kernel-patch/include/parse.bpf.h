@@ -114,7 +114,8 @@ static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, _
 		return -1;
 	/* Direct packet access: plain loads instead of a helper call per header.
 	 * Decided once per packet (pkt_set_direct), so the verifier walks one
-	 * way per packet, not both ways per header. */
+	 * way per packet, not both ways per header; a paged skb switches once,
+	 * to the helper, at its first read past the head. */
 	if (__builtin_constant_p(n) && src != PKT_KERNEL && r->direct) {
 		if (off <= r->head && n <= r->head - off) {
 			const __u8 *from;
