@@ -12,6 +12,8 @@ and wake-up cost on one leg only and bias the offset by half of it.
 Of `probes` probes the one with the smallest delay wins (Cristian; vNetTracer III-C samples 100): it is the
 one least disturbed by queueing. Whatever the asymmetry of its two legs, the true offset lies within
 delay / 2 of the estimate, plus the timestamps' resolution: `bound_ns` = delay / 2 + `RESOLUTION_NS`.
+T2 and T3 are read from the reply's fixed-point fields to the nanosecond (`reply_times`), not through
+ntplib's floats.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ from hoptrace.collector.timeservice import (
     kernel_rx_ns,
     kernel_tx_ns,
     ns_to_ntp,
-    ntp_to_ns,
     parse_addr,
+    reply_times,
 )
 from hoptrace.v1 import records_pb2
 
-# ntplib's float NTP timestamps round to about 0.24 us each; two of them enter the offset.
-RESOLUTION_NS = 500
+# The four times are nanoseconds; T2 and T3 cross the wire as 32.32 fixed point, rounded to 0.23 ns each.
+RESOLUTION_NS = 1
 
 
 def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, int]]:
@@ -75,7 +77,7 @@ def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, in
                     break  # the answer to this probe (older, late answers are skipped)
             if not data:
                 continue
-            t2, t3 = ntp_to_ns(reply.recv_timestamp), ntp_to_ns(reply.tx_timestamp)
+            t2, t3 = reply_times(data)
             delay = (t4 - t1) - (t3 - t2)
             if delay < 0:  # impossible: a timestamp was off (e.g. a T3 correction still settling)
                 continue

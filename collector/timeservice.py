@@ -10,8 +10,9 @@ before encoding plus the smallest recent lag from that read to the reply's own k
 timestamping, read back from the error queue after each send): a Python server spends microseconds between
 reading the clock and the packet leaving, and that time would otherwise bias every client's offset by half
 of it. Clients take T1 and T4 from kernel stamps too, so all four times are taken at the same layer.
-All are CLOCK_REALTIME. ntplib holds timestamps as float seconds since 1900, so each carries a
-rounding error of at most about 0.24 us (half a float ulp at 3.9e9 s).
+All are CLOCK_REALTIME. ntplib holds timestamps as float seconds since 1900, which round to about
+0.24 us (half a float ulp at 3.9e9 s): more than a minimum-delay probe's whole bound on one machine. So T2
+and T3 are written into the reply as exact 32.32 fixed point (`ntp_fixed`), to the nanosecond.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
 # linux/net_tstamp.h: software TX stamps, reported without the packet (OPT_TSONLY).
 TX_STAMP_FLAGS = (1 << 1) | (1 << 4) | (1 << 11)
 TX_LAG_WINDOW = 256  # replies whose lag the next T3 correction is taken from (their minimum)
-TX_LAG_MIN_SAMPLES = 16  # below this the minimum is not yet a floor: T3 stays uncorrected (early, never late)
+TX_LAG_MIN_SAMPLES = 64  # below this the minimum is not yet a floor: T3 stays uncorrected (early, never late)
 NTP_PACKET_SIZE = 48
 REF_ID = int.from_bytes(b"HOPT", "big")  # reference ID of a stratum-1 server: 4 ASCII characters
 
@@ -58,6 +59,34 @@ def ns_to_ntp(ns: int) -> float:
 def ntp_to_ns(ntp: float) -> int:
     """NTP time (float seconds since 1900) -> Unix nanoseconds."""
     return round(ntplib.ntp_to_system_time(ntp) * 1e9)
+
+
+NTP_UNIX_EPOCH_S = 2_208_988_800  # 1900-01-01 to 1970-01-01
+# A reply's receive (T2) and transmit (T3) timestamps: the last two 64-bit fields of the header.
+REPLY_TIMES = struct.Struct("!QQ")
+REPLY_TIMES_OFFSET = NTP_PACKET_SIZE - REPLY_TIMES.size
+
+
+def ntp_fixed(ns: int) -> int:
+    """Unix nanoseconds -> a 64-bit NTP timestamp (32.32 fixed point seconds since 1900), rounded to the
+    nearest 2^-32 s; times from 2036 on wrap into era 1."""
+    sec, nsec = divmod(ns, 1_000_000_000)
+    return (((sec + NTP_UNIX_EPOCH_S) << 32) + ((nsec << 32) + 500_000_000) // 1_000_000_000) % (1 << 64)
+
+
+def ns_of_ntp_fixed(ts: int) -> int:
+    """A 64-bit NTP timestamp -> Unix nanoseconds, to the nearest ns; seconds with the top bit clear are era
+    1 (2036-2104, RFC 4330 section 3)."""
+    sec = ts >> 32
+    if not sec & (1 << 31):
+        sec += 1 << 32
+    return (sec - NTP_UNIX_EPOCH_S) * 1_000_000_000 + (((ts & 0xFFFFFFFF) * 1_000_000_000 + (1 << 31)) >> 32)
+
+
+def reply_times(data: bytes) -> tuple[int, int]:
+    """(T2, T3) of an NTP reply, exactly as the server wrote them, in Unix nanoseconds."""
+    t2, t3 = REPLY_TIMES.unpack_from(data, REPLY_TIMES_OFFSET)
+    return ns_of_ntp_fixed(t2), ns_of_ntp_fixed(t3)
 
 
 def kernel_rx_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
@@ -163,7 +192,9 @@ class TimeServer:
             lag = min(self._tx_lags) if len(self._tx_lags) >= TX_LAG_MIN_SAMPLES else 0
             reply.tx_timestamp = ns_to_ntp(read_at + lag)  # T3: when the reply leaves, as measured lately
             try:
-                self.sock.sendto(reply.to_data(), peer)
+                data = bytearray(reply.to_data())
+                REPLY_TIMES.pack_into(data, REPLY_TIMES_OFFSET, ntp_fixed(t2), ntp_fixed(read_at + lag))
+                self.sock.sendto(data, peer)
                 self.requests += 1
                 if self.tx_correction and (sent_at := kernel_tx_ns(self.sock)):
                     self._tx_lags.append(sent_at - read_at)

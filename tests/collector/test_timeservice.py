@@ -9,7 +9,14 @@ import ntplib
 import pytest
 
 from hoptrace.collector.clocksync import RESOLUTION_NS, measure_offset, node_clock
-from hoptrace.collector.timeservice import TimeServer, ns_to_ntp, ntp_to_ns
+from hoptrace.collector.timeservice import (
+    TimeServer,
+    ns_of_ntp_fixed,
+    ns_to_ntp,
+    ntp_fixed,
+    ntp_to_ns,
+    reply_times,
+)
 
 
 @pytest.fixture
@@ -64,3 +71,29 @@ def test_no_server_is_a_timeout() -> None:
         port = s.getsockname()[1]  # bound, never answers
         with pytest.raises(TimeoutError):
             measure_offset(f"127.0.0.1:{port}", probes=2, timeout_s=0.1)
+
+
+def test_ntp_fixed_point_keeps_every_nanosecond() -> None:
+    """T2 and T3 cross the wire as 32.32 fixed point: exact to the ns, where ntplib's floats lose 0.24 us."""
+    assert ntp_fixed(0) == 2_208_988_800 << 32  # the Unix epoch in NTP era 0
+    assert ntp_fixed(500_000_000) == (2_208_988_800 << 32) | (1 << 31)
+    now = time.time_ns()
+    for ns in (now, now + 1, now + 999_999_999, 2_085_978_496_000_000_123):  # the last one is in era 1 (2036)
+        assert ns_of_ntp_fixed(ntp_fixed(ns)) == ns
+    assert max(abs(ntp_to_ns(ns_to_ntp(now + k)) - (now + k)) for k in range(0, 1_000_000, 997)) > 100
+
+
+def test_reply_carries_exact_receive_and_transmit_times(time_server: TimeServer) -> None:
+    request = ntplib.NTPPacket(version=4, mode=3, tx_timestamp=ns_to_ntp(time.time_ns()))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(2)
+        before = time.time_ns()
+        s.sendto(request.to_data(), ("127.0.0.1", time_server.port))
+        data = s.recv(512)
+        after = time.time_ns()
+    t2, t3 = reply_times(data)
+    assert before <= t2 <= after and before <= t3 <= after + 1_000_000  # T3 includes the expected TX lag
+    # ntplib reads the same fields, to its float's resolution
+    reply = ntplib.NTPPacket()
+    reply.from_data(data)
+    assert abs(ntp_to_ns(reply.recv_timestamp) - t2) < 1_000

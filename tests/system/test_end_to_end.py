@@ -82,7 +82,14 @@ def test_report_counts_every_sampled_packet_in_path_order(topology, influxd):
         for segment in data["segments"]:
             assert segment["count"] == 200, segment
             assert segment["incomplete"] == 0, segment
-            assert 0 < segment["p50_ns"] <= segment["p99_ns"] <= segment["max_ns"], segment
+            assert segment["p50_ns"] <= segment["p99_ns"] <= segment["max_ns"], segment
+            if segment["same_node"]:
+                assert segment["p50_ns"] > 0, segment
+            else:
+                # The emulated wire takes well under a microsecond, so a cross-node median may sit on
+                # either side of zero by as much as the two clocks' alignment bound, which is reported.
+                assert segment["clock_bound_ns"] > 0, segment
+                assert segment["p50_ns"] > -segment["clock_bound_ns"], segment
         assert data["end_to_end"]["count"] == 200
         # The end-to-end latency is the sum of its parts, packet by packet, so also at the mean.
         total = sum(s["mean_ns"] for s in data["segments"])

@@ -3,6 +3,7 @@ package clock
 import (
 	"context"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,7 @@ type Stats struct {
 	Rounds, RoundFailures uint64
 	Last                  Measurement
 	DriftPPM              float64
+	DriftErrPPM           float64 // the drift's error bound (Fit.ErrPPM)
 	DriftValid            bool
 	MapGapNs              int64
 }
@@ -46,6 +48,7 @@ type Node struct {
 	mu       sync.Mutex
 	est      *Measurement
 	drift    float64
+	driftErr float64 // ppm: Fit.ErrPPM of drift
 	driftOK  bool
 	history  []Point
 	rounds   uint64
@@ -55,8 +58,21 @@ type Node struct {
 }
 
 // warmupRounds run one second apart after the first, so drift is known
-// early; then rounds follow Interval.
-const warmupRounds = 2
+// early; then the gaps double up to Interval. The drift's error bound
+// shrinks as the rounds span longer, while the time it is extrapolated over
+// (up to the next round) grows no faster, so what it adds to the bound
+// stays near a round's own bound instead of jumping tenfold at the first
+// 10 s gap.
+const warmupRounds = 3
+
+// nextRound is the gap after the done-th round.
+func nextRound(done int, interval time.Duration) time.Duration {
+	gap := time.Second
+	if done > warmupRounds {
+		gap <<= min(done-warmupRounds, 30)
+	}
+	return min(gap, interval)
+}
 
 // NewNode samples the mapping once; Run keeps it and the offset fresh.
 func NewNode(cfg Config) *Node {
@@ -119,6 +135,10 @@ func (n *Node) NodeClock(mono int64) *pb.NodeClock {
 		c.SampledAtNs = n.est.SampledAt
 		if n.driftOK {
 			c.DriftPpm = n.drift
+			// The collector extrapolates the offset with the drift from
+			// the round to these records; the fit's error grows with that.
+			age := mono + c.MonotonicToRealtimeNs - n.est.SampledAt
+			c.BoundNs += int64(math.Ceil(n.driftErr * 1e-6 * math.Abs(float64(age))))
 		}
 	}
 	return c
@@ -128,7 +148,7 @@ func (n *Node) NodeClock(mono int64) *pb.NodeClock {
 func (n *Node) Stats() Stats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	s := Stats{Rounds: n.rounds, RoundFailures: n.failures, DriftPPM: n.drift, DriftValid: n.driftOK,
+	s := Stats{Rounds: n.rounds, RoundFailures: n.failures, DriftPPM: n.drift, DriftErrPPM: n.driftErr, DriftValid: n.driftOK,
 		MapGapNs: n.mapGap.Load()}
 	if n.est != nil {
 		s.Last = *n.est
@@ -179,12 +199,12 @@ func (n *Node) Record(m Measurement, err error) {
 			n.driftOK = false
 		}
 	}
-	n.history = append(n.history, Point{At: m.SampledAt, Offset: m.OffsetNs})
+	n.history = append(n.history, Point{At: m.SampledAt, Offset: m.OffsetNs, Bound: m.BoundNs})
 	if len(n.history) > n.cfg.FitRounds {
 		n.history = append(n.history[:0], n.history[len(n.history)-n.cfg.FitRounds:]...)
 	}
-	if ppm, _, ok := FitDrift(n.history, int64(500*time.Millisecond)); ok {
-		n.drift, n.driftOK = ppm, true
+	if fit, ok := FitDrift(n.history, int64(500*time.Millisecond)); ok {
+		n.drift, n.driftErr, n.driftOK = fit.PPM, fit.ErrPPM, true
 	}
 	mm := m
 	n.est = &mm
@@ -194,7 +214,7 @@ func (n *Node) Record(m Measurement, err error) {
 const stepNs = 1e6
 
 // Run refreshes the mapping every MapEvery and runs a round at start, then
-// warmupRounds more a second apart, then every Interval, until ctx ends.
+// more as nextRound spaces them, until ctx ends.
 func (n *Node) Run(ctx context.Context) {
 	mapTick := time.NewTicker(n.cfg.MapEvery)
 	defer mapTick.Stop()
@@ -219,11 +239,7 @@ func (n *Node) Run(ctx context.Context) {
 				n.cfg.Log.Debug("clock round", "offset_ns", m.OffsetNs, "bound_ns", m.BoundNs, "probes", m.Probes)
 			}
 			done++
-			next := n.cfg.Interval
-			if done <= warmupRounds && next > time.Second {
-				next = time.Second
-			}
-			round.Reset(next)
+			round.Reset(nextRound(done, n.cfg.Interval))
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -230,3 +231,70 @@ func TestRunFirstRoundAndStop(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// Whenever every round's offset is within its bound, the fitted drift is
+// within Fit.ErrPPM of the true one: also in the worst case, offsets pushed
+// to their bounds against the slope.
+func TestDriftErrorBoundHolds(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	start := int64(1_800_000_000) * 1e9
+	for trial := range 400 {
+		truePPM := rng.Float64()*100 - 50
+		var pts []Point
+		for i := range 2 + trial%9 {
+			at := start + int64(i)*1e9 + rng.Int64N(1e8)
+			bound := 20 + rng.Int64N(500)
+			noise := rng.Int64N(2*bound+1) - bound
+			if trial%2 == 0 { // the worst case: early rounds high, late ones low
+				noise = bound
+				if i > 4 {
+					noise = -bound
+				}
+			}
+			trueOffset := int64(math.Round(truePPM * 1e-6 * float64(at-start)))
+			pts = append(pts, Point{At: at, Offset: trueOffset + noise, Bound: bound})
+		}
+		fit, ok := FitDrift(pts, 5e8)
+		if !ok {
+			t.Fatalf("trial %d: no fit over %d points", trial, len(pts))
+		}
+		// Rounding the true offsets to ns moves each by 0.5 ns more, at
+		// most 0.5/20 of the smallest bound.
+		if d := math.Abs(fit.PPM - truePPM); d > fit.ErrPPM*(1+0.5/20) {
+			t.Errorf("trial %d: fitted %.4f ppm, true %.4f: off by %.4f, bound %.4f", trial, fit.PPM, truePPM, d, fit.ErrPPM)
+		}
+	}
+}
+
+// The bound sent with records adds the drift's error over their distance
+// from the round: two rounds 1 s apart within 100 ns leave the slope within
+// 0.2 ppm, so records 10 s later carry 100 + 2000 ns.
+func TestNodeClockBoundGrowsWithAge(t *testing.T) {
+	n := NewNode(Config{Server: "unused"})
+	start := int64(1_800_000_000) * 1e9
+	n.Record(Measurement{OffsetNs: 0, BoundNs: 100, SampledAt: start}, nil)
+	n.Record(Measurement{OffsetNs: 0, BoundNs: 100, SampledAt: start + 1e9}, nil)
+	if st := n.Stats(); !st.DriftValid || math.Abs(st.DriftErrPPM-0.2) > 1e-9 {
+		t.Fatalf("stats %+v", st)
+	}
+	m2r := n.MonotonicToRealtime(0)
+	for _, tc := range []struct{ age, bound int64 }{{0, 100}, {10e9, 2100}, {-10e9, 2100}} {
+		if got := n.NodeClock(start + 1e9 + tc.age - m2r).GetBoundNs(); got != tc.bound {
+			t.Errorf("%d ns after the round: bound %d, want %d", tc.age, got, tc.bound)
+		}
+	}
+}
+
+func TestRoundsSpreadOutToTheInterval(t *testing.T) {
+	var gaps []time.Duration
+	for done := 1; done <= 8; done++ {
+		gaps = append(gaps, nextRound(done, 10*time.Second))
+	}
+	want := []time.Duration{time.Second, time.Second, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}
+	if !slices.Equal(gaps, want) {
+		t.Errorf("gaps %v, want %v", gaps, want)
+	}
+	if g := nextRound(1, 500*time.Millisecond); g != 500*time.Millisecond {
+		t.Errorf("a short interval is kept: %v", g)
+	}
+}

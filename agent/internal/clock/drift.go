@@ -6,20 +6,31 @@ import "math"
 type Point struct {
 	At     int64 // node wall clock, ns since the epoch
 	Offset int64 // node − master, ns
+	Bound  int64 // the round's error bound of Offset, ns
 }
 
-// FitDrift fits offset = a + b·(t − t_last) by least squares over points
-// and returns the slope b in ppm (ns of offset per ms of node time) and the
-// fitted offset at the last point. ok is false with fewer than two points or
-// when they span less than minSpan ns (the slope would be all noise).
-func FitDrift(points []Point, minSpan int64) (ppm float64, offsetAtLast float64, ok bool) {
+// Fit is a drift fitted over rounds.
+type Fit struct {
+	PPM float64 // the slope: ns of offset per ms of node time
+	// ErrPPM bounds |PPM − true drift| when every point's offset is within
+	// its Bound: the least-squares slope is Σ wᵢ·offsetᵢ, so its error is at
+	// most Σ |wᵢ|·Boundᵢ. A time t after the last round adds at most
+	// ErrPPM·1e-6·t to the extrapolated offset's error.
+	ErrPPM       float64
+	OffsetAtLast float64 // the fitted offset at the last point
+}
+
+// FitDrift fits offset = a + b·(t − t_last) by least squares over points.
+// ok is false with fewer than two points or when they span less than
+// minSpan ns (the slope would be all noise).
+func FitDrift(points []Point, minSpan int64) (fit Fit, ok bool) {
 	n := len(points)
 	if n < 2 {
-		return 0, 0, false
+		return Fit{}, false
 	}
 	ref := points[n-1].At
 	if ref-points[0].At < minSpan {
-		return 0, 0, false
+		return Fit{}, false
 	}
 	// Centred sums keep the float arithmetic well conditioned: t in
 	// seconds relative to the last point, offsets in ns.
@@ -29,15 +40,16 @@ func FitDrift(points []Point, minSpan int64) (ppm float64, offsetAtLast float64,
 		sy += float64(p.Offset)
 	}
 	mx, my := sx/float64(n), sy/float64(n)
-	var sxx, sxy float64
+	var sxx, sxy, spread float64
 	for _, p := range points {
 		dx := float64(p.At-ref)/1e9 - mx
 		sxx += dx * dx
 		sxy += dx * (float64(p.Offset) - my)
+		spread += math.Abs(dx) * float64(p.Bound)
 	}
 	if sxx == 0 || math.IsNaN(sxy) {
-		return 0, 0, false
+		return Fit{}, false
 	}
 	slope := sxy / sxx // ns per s = ppb
-	return slope / 1e3, my - slope*mx, true
+	return Fit{PPM: slope / 1e3, ErrPPM: spread / sxx / 1e3, OffsetAtLast: my - slope*mx}, true
 }
