@@ -93,13 +93,13 @@ static __always_inline int discover_skb(struct sk_buff *skb, __u8 direction, boo
 		return 0;
 	}
 	pkt_copy_head(&r);
-	status = parse_packet(PKT_KERNEL, &r, 0, ethertype, &p);
-	if (status) {
-		count_parse_error(status);
+	status = hop_parse(PKT_KERNEL, &r, ethertype, &p);
+	if (status == HOP_NOT_MATCHED) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
-	if (!flow_match(p.family, p.proto, p.saddr, p.daddr, p.sport, p.dport)) {
-		count(HOPTRACE_C_NOT_MATCHED, 1);
+	if (status) {
+		count_parse_error(status);
 		return 0;
 	}
 	count(HOPTRACE_C_MATCHED, 1);

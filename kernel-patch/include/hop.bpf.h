@@ -170,6 +170,23 @@ static __always_inline bool flow_match(__u8 family, __u8 proto, const __u32 *sad
 	return true;
 }
 
+/* hop_parse's status for a packet the filter refuses (beside parse.bpf.h's PARSE_*). */
+#define HOP_NOT_MATCHED 0x100
+
+/* The packet's headers, then the filter, then, only for a matching packet, its ID: a packet of
+ * another flow pays no TCP option scan. */
+static __always_inline int hop_parse(enum pkt_source src, struct pkt_reader *r, __u16 ethertype,
+				     struct pkt_info *p)
+{
+	int status = parse_headers(src, r, 0, ethertype, p);
+
+	if (status)
+		return status;
+	if (!flow_match(p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport))
+		return HOP_NOT_MATCHED;
+	return parse_id(src, r, p);
+}
+
 static __always_inline __u32 mix32(__u32 h, __u32 v)
 {
 	/* murmur3 round: cheap, and the same on every node */
@@ -405,6 +422,15 @@ struct hop_meta {
 	__u64 comm;
 };
 
+/* Does any of this hop's actions read a packet or task field? Load-time constant. Tested once
+ * before a hop's field reads: each act_reads below is 8 loads of the constants (the verifier
+ * prunes the branches they decide, not the loads), 150 instructions per packet for a hop that
+ * reads none (bench: BenchmarkActionCost's non_matching and timestamp rows). */
+static __always_inline bool act_reads_any(void)
+{
+	return (act_count && act_count_by) || act_hist || act_record[0];
+}
+
 /* Does this hop's count, histogram or record read `field`? Load-time constant. */
 static __always_inline bool act_reads(enum hoptrace_field field)
 {
@@ -593,12 +619,12 @@ static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifi
 	__u32 record_ifindex;
 	bool has_latency = false;
 
-	if (status) {
-		count_parse_error(status);
+	if (status == HOP_NOT_MATCHED) {
+		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return false;
 	}
-	if (!flow_match(p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport)) {
-		count(HOPTRACE_C_NOT_MATCHED, 1);
+	if (status) {
+		count_parse_error(status);
 		return false;
 	}
 	count(HOPTRACE_C_MATCHED, 1);
@@ -706,6 +732,8 @@ static __always_inline __u32 skb_netns_ino(struct __sk_buff *skb, bool floor)
 static __always_inline void skb_meta(struct __sk_buff *skb, struct hop_meta *m, bool task_current,
 				     bool floor)
 {
+	if (!act_reads_any())
+		return;
 	if (act_reads(HOPTRACE_FIELD_MARK)) {
 		m->mark = skb->mark;
 		barrier_var(m->mark);
@@ -753,9 +781,8 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
 	count(HOPTRACE_C_SEEN, 1);
-	status = parse_packet(PKT_SKB, &r, 0, 0, &p);
-	if (!status && !p.id && !p.fragment && hop_tag_udp && p.proto == IPPROTO_UDP_ &&
-	    flow_match(p.family, p.proto, p.saddr, p.daddr, p.sport, p.dport)) {
+	status = hop_parse(PKT_SKB, &r, 0, &p);
+	if (!status && !p.id && !p.fragment && hop_tag_udp && p.proto == IPPROTO_UDP_) {
 		int outcome = tag_udp_packet(skb, &p, floor);
 
 		if (outcome == HOPTRACE_C_TAGGED) {
@@ -785,8 +812,8 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
 	count(HOPTRACE_C_SEEN, 1);
-	hop_finish(parse_packet(PKT_SKB, &r, 0, ethertype ? ethertype : ETH_P_IP_, &p), &p, ifindex,
-		   len, &m);
+	hop_finish(hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p), &p, ifindex, len,
+		   &m);
 	return SK_PASS_;
 }
 
@@ -802,7 +829,7 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	barrier_var(ifindex);
 	pkt_set_direct(&r, (const __u8 *)(long)ctx->data, (const __u8 *)(long)ctx->data_end, false);
 	count(HOPTRACE_C_SEEN, 1);
-	hop_finish(parse_packet(PKT_XDP, &r, 0, 0, &p), &p, ifindex, len, &m);
+	hop_finish(hop_parse(PKT_XDP, &r, 0, &p), &p, ifindex, len, &m);
 	return XDP_PASS;
 }
 
@@ -857,23 +884,25 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		return 0;
 	}
 	pkt_copy_head(&r);
-	if (act_reads(HOPTRACE_FIELD_MARK))
-		m.mark = BPF_CORE_READ(skb, mark);
-	if (act_reads(HOPTRACE_FIELD_PRIORITY))
-		m.priority = BPF_CORE_READ(skb, priority);
-	if (act_reads(HOPTRACE_FIELD_QUEUE_MAPPING))
-		m.queue_mapping = BPF_CORE_READ(skb, queue_mapping);
-	if (act_reads(HOPTRACE_FIELD_GSO_SEGS) || act_reads(HOPTRACE_FIELD_GSO_SIZE)) {
-		/* skb_shinfo(): the shared info sits at head + end (end is an offset on 64-bit) */
-		struct skb_shared_info *shinfo =
-		    (void *)(BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, end));
+	if (act_reads_any()) {
+		if (act_reads(HOPTRACE_FIELD_MARK))
+			m.mark = BPF_CORE_READ(skb, mark);
+		if (act_reads(HOPTRACE_FIELD_PRIORITY))
+			m.priority = BPF_CORE_READ(skb, priority);
+		if (act_reads(HOPTRACE_FIELD_QUEUE_MAPPING))
+			m.queue_mapping = BPF_CORE_READ(skb, queue_mapping);
+		if (act_reads(HOPTRACE_FIELD_GSO_SEGS) || act_reads(HOPTRACE_FIELD_GSO_SIZE)) {
+			/* skb_shinfo(): the shared info sits at head + end (an offset on 64-bit) */
+			struct skb_shared_info *shinfo =
+			    (void *)(BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, end));
 
-		m.gso_segs = BPF_CORE_READ(shinfo, gso_segs);
-		m.gso_size = BPF_CORE_READ(shinfo, gso_size);
+			m.gso_segs = BPF_CORE_READ(shinfo, gso_segs);
+			m.gso_size = BPF_CORE_READ(shinfo, gso_size);
+		}
 	}
 	m.drop_reason = drop_reason;
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
-	hop_finish(parse_packet(PKT_KERNEL, &r, 0, ethertype, &p), &p, ifindex, r.total, &m);
+	hop_finish(hop_parse(PKT_KERNEL, &r, ethertype, &p), &p, ifindex, r.total, &m);
 	return 0;
 }
 
@@ -1019,7 +1048,7 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 	}
 	pkt_copy_head(&r);
 	ifindex = BPF_CORE_READ(skb, skb_iif);
-	status = parse_packet(PKT_KERNEL, &r, 0, ethertype, &p);
+	status = hop_parse(PKT_KERNEL, &r, ethertype, &p);
 	task_meta(&m);
 	if (sk) /* UDP's queued skb has none: the agent refuses rmem and backlog there */
 		sock_meta(sk, &m);
@@ -1110,8 +1139,7 @@ static __always_inline int hop_sock_read_enqueue(struct sock *sk, bool floor)
 			}
 		}
 		pkt_copy_head(&r);
-		if (!parse_packet(PKT_KERNEL, &r, 0, ethertype, &p) &&
-		    flow_match(p.family, p.proto, p.saddr, p.daddr, p.sport, p.dport)) {
+		if (!hop_parse(PKT_KERNEL, &r, ethertype, &p)) {
 			slot.packet_id = p.id;
 			slot.flow_hash = flow_hash(&p);
 			slot.wire_len = p.l3_off + p.ip_len;

@@ -604,11 +604,11 @@ static __always_inline int tunnel_inner_offset(enum pkt_source src, struct pkt_r
 
 /*
  * Parses the packet at off (an Ethernet header when ethertype is 0, else the
- * L3 header of that ethertype), descends into one tunnel, and finds the ID of
- * the innermost packet.
+ * L3 header of that ethertype) and descends into one tunnel: p has the
+ * innermost packet's addresses and ports, not yet its ID (parse_id).
  */
-static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *r, __u32 off,
-					__u16 ethertype, struct pkt_info *p)
+static __always_inline int parse_headers(enum pkt_source src, struct pkt_reader *r, __u32 off,
+					 __u16 ethertype, struct pkt_info *p)
 {
 	__u32 inner;
 	int ret;
@@ -634,16 +634,30 @@ static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *
 		ret = parse_l2(src, r, &inner, &ethertype, &p->flags);
 		if (ret)
 			return ret;
-		ret = parse_l3(src, r, inner, ethertype, p);
-		if (ret || p->fragment)
-			return ret;
+		return parse_l3(src, r, inner, ethertype, p);
 	}
+	return PARSE_OK;
+}
 
+/* The ID of a packet parse_headers parsed (and, with TCP, its header fields). */
+static __always_inline int parse_id(enum pkt_source src, struct pkt_reader *r, struct pkt_info *p)
+{
+	if (p->fragment)
+		return PARSE_OK;
 	if (p->proto == IPPROTO_TCP_)
 		return parse_tcp_id(src, r, p);
 	if (p->proto == IPPROTO_UDP_)
 		return parse_udp_id(src, r, p);
 	return PARSE_OK;
+}
+
+/* parse_headers, then parse_id. */
+static __always_inline int parse_packet(enum pkt_source src, struct pkt_reader *r, __u32 off,
+					__u16 ethertype, struct pkt_info *p)
+{
+	int ret = parse_headers(src, r, off, ethertype, p);
+
+	return ret ? ret : parse_id(src, r, p);
 }
 
 #endif /* __HOPTRACE_PARSE_BPF_H */

@@ -79,13 +79,14 @@ def test_broken_frames_are_counted_and_never_yield_an_id(
 ) -> None:
     """Truncated, malformed and non-IP frames raise the parse counters by exactly their number at a tc hop
     and a tracepoint hop (and at the tagger they pass); records carry only the IDs the tagger wrote for the
-    legitimate datagrams sent alongside, never the planted 0xdeadbeef."""
+    legitimate datagrams sent alongside, never the planted 0xdeadbeef. The filter names no protocol: a hop
+    reads the ID (and the TCP options) only of a packet its filter matches, so the TCP frame must match."""
     rounds, legit = 10, 10
     a = "host-a"
     plan = spec_plans(
         {
             "name": "broken",
-            "filter": {"protocol": "udp", "dst_port": PORT},
+            "filter": {"dst_port": PORT},
             "hops": [
                 {"name": "c1-out", "node": a, "at": "tc-egress", "dev": "eth0", "netns": topology.c1},
                 {"name": "a-veth-tc-in", "node": a, "at": "tc-ingress", "dev": "veth-c1"},

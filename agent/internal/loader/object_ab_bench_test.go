@@ -1,0 +1,120 @@
+package loader_test
+
+import (
+	"flag"
+	"fmt"
+	"sort"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+)
+
+var abObject = flag.String("ab-object", "",
+	"BenchmarkObjectAB: another build of hoptrace.bpf.o to measure this one against")
+
+// BenchmarkObjectAB measures this build's tc hop against another build of the
+// object (-ab-object PATH, e.g. the last commit's), side by side in one
+// process: every round runs each (object, packet) pair once, in an order that
+// rotates, and each pair reports the median ns per run by the test run's own
+// clock. A BPF change's cost is then a difference within one run; across
+// invocations the same object varies by a third on a VM. An empty tc
+// program runs in the same rounds: what any program costs there. Without
+// -ab-object it measures this build alone.
+//
+//	go test -run '^$' -bench ObjectAB -benchtime 300x ./internal/loader -ab-object /tmp/old.bpf.o
+func BenchmarkObjectAB(b *testing.B) {
+	h := newHarness(b)
+	objects := []struct {
+		name string
+		spec *ebpf.CollectionSpec
+	}{{"this", h.spec}}
+	if *abObject != "" {
+		spec, err := ebpf.LoadCollectionSpec(*abObject)
+		if err != nil {
+			b.Fatalf("-ab-object: %v", err)
+		}
+		objects = append(objects, struct {
+			name string
+			spec *ebpf.CollectionSpec
+		}{"other", spec})
+	}
+	tsOpts := []byte{1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2} // NOP NOP timestamps, as Linux sends them
+	tcp := func(opts []byte) []byte {
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(40000, 5000, opts, []byte("payload")), 0))
+	}
+	packets := []struct {
+		name   string
+		data   []byte
+		filter loader.FilterConstants
+		traced bool
+	}{
+		{"udp_traced", udp4(0x07000001), loader.FilterConstants{}, true},
+		{"udp_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false},
+		{"tcp_traced", tcp(append(tu.TCPIDOption(0x07000002), tsOpts...)), loader.FilterConstants{}, true},
+		{"tcp_non_matching", tcp(append(tu.TCPIDOption(0x07000002), tsOpts...)), loader.FilterConstants{Proto: 6, Dport: 5001}, false},
+	}
+	type pair struct {
+		name   string
+		prog   *ebpf.Program
+		data   []byte
+		traced bool
+	}
+	var pairs []pair
+	for _, obj := range objects {
+		ids, err := loader.NewIDState(obj.spec)
+		if err != nil || ids == nil {
+			b.Fatalf("%s: id_state: %v", obj.name, err)
+		}
+		b.Cleanup(func() { ids.Close() })
+		for _, pkt := range packets {
+			cfg := loader.HopConfig{Program: loader.ProgTC, Name: "ab", NodeSalt: 7, TraceSlot: 3, HopIndex: 1, Filter: pkt.filter}
+			hop, err := loader.LoadHop(obj.spec, cfg, loader.Options{Records: h.records, IDState: ids, Cache: kernelBTF})
+			if err != nil {
+				b.Fatalf("%s: %v", obj.name, err)
+			}
+			b.Cleanup(hop.Close)
+			pairs = append(pairs, pair{obj.name + "_" + pkt.name, hop.Program, pkt.data, pkt.traced})
+		}
+	}
+	// What the test run costs by itself, in the same rounds.
+	pairs = append(pairs, pair{"empty", emptyTCProgram(b), packets[0].data, false})
+	perRun := make([][]float64, len(pairs))
+	b.ResetTimer()
+	for round := 0; round < b.N; round++ {
+		for k := range pairs {
+			i := (round + k) % len(pairs)
+			_, d, err := pairs[i].prog.Benchmark(pairs[i].data, actionCostChunk, nil)
+			if err != nil {
+				b.Fatalf("%s: test run: %v", pairs[i].name, err)
+			}
+			// A test run a signal interrupts is run again whole: its first runs' records come on top.
+			if got := len(h.drain(b)); pairs[i].traced && got < actionCostChunk || !pairs[i].traced && got != 0 {
+				b.Fatalf("%s: %d records from %d runs", pairs[i].name, got, actionCostChunk)
+			}
+			perRun[i] = append(perRun[i], float64(d.Nanoseconds()))
+		}
+	}
+	b.StopTimer()
+	for i, p := range pairs {
+		b.ReportMetric(median(perRun[i]), p.name+"-ns/pkt")
+	}
+	if len(objects) == 2 && b.N > 1 {
+		for k, pkt := range packets {
+			this, other := perRun[k], perRun[len(packets)+k]
+			b.Logf("%s: this %.1f ns, other %.1f ns, this - other %s", pkt.name, median(this), median(other), roundDiffs(this, other))
+		}
+	}
+}
+
+// roundDiffs is the median and the middle 80 % of this - other, round by round.
+func roundDiffs(this, other []float64) string {
+	d := make([]float64, len(this))
+	for i := range this {
+		d[i] = this[i] - other[i]
+	}
+	sort.Float64s(d)
+	return fmt.Sprintf("%+.1f ns (%+.1f..%+.1f)", d[len(d)/2], d[len(d)/10], d[len(d)*9/10])
+}
