@@ -38,9 +38,12 @@ def test_reply_is_an_ntp_server_answer(time_server: TimeServer) -> None:
     reply.from_data(data)
     assert (reply.mode, reply.stratum, reply.version) == (4, 1, 4)
     assert abs(reply.orig_timestamp - request.tx_timestamp) < 1e-6  # the client's nonce echoed
-    t2, t3 = ntp_to_ns(reply.recv_timestamp), ntp_to_ns(reply.tx_timestamp)
-    # T2 <= T3, both within the exchange (1 us of slack for the float NTP timestamps)
-    assert before - 1_000 <= t2 <= t3 + 1_000 and t3 <= after + 1_000
+    # T2 and T3 exactly as written (32.32 fixed point), within the exchange; ntplib's floats agree to 1 us
+    t2, t3 = reply_times(data)
+    assert before <= t2 <= after and before <= t3 <= after + 1_000_000  # T3 includes the expected TX lag
+    assert (
+        abs(ntp_to_ns(reply.recv_timestamp) - t2) < 1_000 and abs(ntp_to_ns(reply.tx_timestamp) - t3) < 1_000
+    )
     assert time_server.kernel_timestamps  # T2 from SO_TIMESTAMPNS
     # ntplib's own client agrees: the offset of this machine against itself is ~0
     assert abs(ntplib.NTPClient().request("127.0.0.1", port=time_server.port).offset) < 1e-3
@@ -81,19 +84,3 @@ def test_ntp_fixed_point_keeps_every_nanosecond() -> None:
     for ns in (now, now + 1, now + 999_999_999, 2_085_978_496_000_000_123):  # the last one is in era 1 (2036)
         assert ns_of_ntp_fixed(ntp_fixed(ns)) == ns
     assert max(abs(ntp_to_ns(ns_to_ntp(now + k)) - (now + k)) for k in range(0, 1_000_000, 997)) > 100
-
-
-def test_reply_carries_exact_receive_and_transmit_times(time_server: TimeServer) -> None:
-    request = ntplib.NTPPacket(version=4, mode=3, tx_timestamp=ns_to_ntp(time.time_ns()))
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.settimeout(2)
-        before = time.time_ns()
-        s.sendto(request.to_data(), ("127.0.0.1", time_server.port))
-        data = s.recv(512)
-        after = time.time_ns()
-    t2, t3 = reply_times(data)
-    assert before <= t2 <= after and before <= t3 <= after + 1_000_000  # T3 includes the expected TX lag
-    # ntplib reads the same fields, to its float's resolution
-    reply = ntplib.NTPPacket()
-    reply.from_data(data)
-    assert abs(ntp_to_ns(reply.recv_timestamp) - t2) < 1_000
