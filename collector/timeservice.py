@@ -190,10 +190,11 @@ class TimeServer:
             reply.ref_timestamp = reply.recv_timestamp
             read_at = time.time_ns()
             lag = min(self._tx_lags) if len(self._tx_lags) >= TX_LAG_MIN_SAMPLES else 0
-            reply.tx_timestamp = ns_to_ntp(read_at + lag)  # T3: when the reply leaves, as measured lately
+            t3 = read_at + lag  # when the reply leaves, as measured lately
+            reply.tx_timestamp = ns_to_ntp(t3)
             try:
                 data = bytearray(reply.to_data())
-                REPLY_TIMES.pack_into(data, REPLY_TIMES_OFFSET, ntp_fixed(t2), ntp_fixed(read_at + lag))
+                REPLY_TIMES.pack_into(data, REPLY_TIMES_OFFSET, ntp_fixed(t2), ntp_fixed(t3))
                 self.sock.sendto(data, peer)
                 self.requests += 1
                 if self.tx_correction and (sent_at := kernel_tx_ns(self.sock)):

@@ -16,8 +16,7 @@ type Fit struct {
 	// its Bound: the least-squares slope is Σ wᵢ·offsetᵢ, so its error is at
 	// most Σ |wᵢ|·Boundᵢ. A time t after the last round adds at most
 	// ErrPPM·1e-6·t to the extrapolated offset's error.
-	ErrPPM       float64
-	OffsetAtLast float64 // the fitted offset at the last point
+	ErrPPM float64
 }
 
 // FitDrift fits offset = a + b·(t − t_last) by least squares over points.
@@ -51,5 +50,5 @@ func FitDrift(points []Point, minSpan int64) (fit Fit, ok bool) {
 		return Fit{}, false
 	}
 	slope := sxy / sxx // ns per s = ppb
-	return Fit{PPM: slope / 1e3, ErrPPM: spread / sxx / 1e3, OffsetAtLast: my - slope*mx}, true
+	return Fit{PPM: slope / 1e3, ErrPPM: spread / sxx / 1e3}, true
 }
