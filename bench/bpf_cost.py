@@ -9,6 +9,10 @@ at a fixed rate. Two conditions, same hops:
 - matching: the filter is the flow's port, every packet is tagged at the first hop and recorded at all eight;
 - non-matching: the filter names another port, so every hop parses the packet, fails the filter and returns.
 
+A third condition, `empty`, attaches a tc program that only returns (clsact, no agents) at the same six tc
+hops and sends the same traffic: what running any program there costs in place (the dispatch, bpf_stats' own
+clock reads, the cold cache lines), so the hop programs' figures can be read above that floor.
+
 Program ids are mapped to hops exactly: tc hops from the tcx attachments of each device (`bpftool net show`
 inside its namespace), tracepoint hops by program name (one `netif_receive_skb` and one `net_dev_xmit` hop).
 Tracepoint programs run for every packet of the whole machine (other namespaces included) and return after
@@ -17,8 +21,12 @@ the device check for packets of other devices, so their mean is over all of thos
 
 from __future__ import annotations
 
+import contextlib
 import re
+import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from common import (
@@ -76,6 +84,86 @@ def prog_stats(ids: dict[str, int]) -> dict[str, tuple[int, int]]:
     return {hop: (by_id[pid].get("run_time_ns", 0), by_id[pid].get("run_cnt", 0)) for hop, pid in ids.items()}
 
 
+EMPTY_TC_SOURCE = """\
+struct __sk_buff;
+/* Returns at once (TC_ACT_UNSPEC: the next program, then the stack). */
+__attribute__((section("tc"), used)) int empty_tc(struct __sk_buff *skb) { return -1; }
+char LICENSE[] __attribute__((section("license"), used)) = "GPL";
+"""
+
+
+@contextlib.contextmanager
+def empty_tc_programs(topo: TwoHostTopology, workdir: Path) -> Iterator[dict[str, int]]:
+    """An empty tc program (clsact) at each tc hop; hop -> program id. The qdiscs are removed after."""
+    src, obj = workdir / "empty_tc.bpf.c", workdir / "empty_tc.bpf.o"
+    src.write_text(EMPTY_TC_SOURCE)
+    subprocess.run(["clang", "-O2", "-target", "bpf", "-c", str(src), "-o", str(obj)], check=True)
+    devices = sorted({(role, dev) for role, dev, _ in TC_HOPS.values()})
+    try:
+        for role, dev in devices:
+            subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "add", "dev", dev, "clsact"], check=True)
+        ids = {}
+        for hop, (role, dev, direction) in TC_HOPS.items():
+            subprocess.run(
+                [
+                    "tc",
+                    "-n",
+                    topo.netns(role),
+                    "filter",
+                    "add",
+                    "dev",
+                    dev,
+                    direction,
+                    "bpf",
+                    "da",
+                    "obj",
+                    str(obj),
+                    "sec",
+                    "tc",
+                ],
+                check=True,
+            )
+            shown = subprocess.run(
+                ["tc", "-n", topo.netns(role), "filter", "show", "dev", dev, direction],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            found = re.findall(r" id (\d+) name empty_tc", shown)
+            if len(found) != 1:
+                raise RuntimeError(f"{hop}: expected one empty_tc on {role}/{dev} {direction}: {shown}")
+            ids[hop] = int(found[0])
+        yield ids
+    finally:
+        for role, dev in devices:
+            subprocess.run(
+                ["tc", "-n", topo.netns(role), "qdisc", "del", "dev", dev, "clsact"],
+                check=False,
+                capture_output=True,
+            )
+
+
+def hop_run_times(ids: dict[str, int], topo: TwoHostTopology, seconds: int, mps: int) -> dict[str, Any]:
+    """The traffic, and each hop's runs and ns per run by bpf_stats meanwhile."""
+    before = prog_stats(ids)
+    t0 = time.monotonic()
+    traffic = sockperf_throughput(topo, seconds, mps)
+    dt = time.monotonic() - t0
+    time.sleep(0.5)  # the agents flush their last batches
+    after = prog_stats(ids)
+    hops = {}
+    for hop in ids:
+        d_ns = after[hop][0] - before[hop][0]
+        d_cnt = after[hop][1] - before[hop][1]
+        hops[hop] = {
+            "prog_id": ids[hop],
+            "kind": "tracepoint" if hop in TP_HOPS else "tc",
+            "runs": d_cnt,
+            "ns_per_run": d_ns / d_cnt if d_cnt else None,
+        }
+    return {"hops": hops, "sent": traffic["sent"], "duration_s": dt}
+
+
 def sockperf_throughput(topo: TwoHostTopology, seconds: int, mps: int) -> dict[str, Any]:
     """sockperf UDP throughput c1 -> c2 for `seconds` at `mps` messages/s (64-byte messages)."""
     text = sockperf(topo, "throughput", seconds, "--mps", str(mps), "-m", "64")
@@ -100,35 +188,26 @@ def run(ctx: BenchContext) -> dict[str, Any]:
                 plans = path_plans(topo, f"bpfcost-{condition}", filter_)
                 with path_agents(topo, sink.addr, ctx.workdir, plans) as (agent_a, agent_b):
                     ids = hop_prog_ids(topo, {"host-a": agent_a.pid, "host-b": agent_b.pid})
-                    before = prog_stats(ids)
                     records_before = sink.count()
-                    t0 = time.monotonic()
-                    traffic = sockperf_throughput(topo, seconds, mps)
-                    dt = time.monotonic() - t0
-                    time.sleep(0.5)  # the agents flush their last batches
-                    after = prog_stats(ids)
-                    hops = {}
-                    for hop in ids:
-                        d_ns = after[hop][0] - before[hop][0]
-                        d_cnt = after[hop][1] - before[hop][1]
-                        hops[hop] = {
-                            "prog_id": ids[hop],
-                            "kind": "tracepoint" if hop in TP_HOPS else "tc",
-                            "runs": d_cnt,
-                            "ns_per_run": d_ns / d_cnt if d_cnt else None,
-                        }
-                    results["conditions"][condition] = {
-                        "hops": hops,
-                        "sent": traffic["sent"],
-                        "duration_s": dt,
-                        "records": sink.count() - records_before,
-                    }
+                    data = hop_run_times(ids, topo, seconds, mps)
+                    data["records"] = sink.count() - records_before
+                    results["conditions"][condition] = data
                     log(
                         f"bpf_cost {condition}: "
                         + ", ".join(
-                            f"{h} {v['ns_per_run']:.0f} ns" for h, v in hops.items() if v["ns_per_run"]
+                            f"{h} {v['ns_per_run']:.0f} ns"
+                            for h, v in data["hops"].items()
+                            if v["ns_per_run"]
                         )
                     )
+            with empty_tc_programs(topo, ctx.workdir) as ids:
+                results["empty_tc"] = hop_run_times(ids, topo, seconds, mps)
+                log(
+                    "bpf_cost empty tc: "
+                    + ", ".join(
+                        f"{h} {v['ns_per_run']:.0f} ns" for h, v in results["empty_tc"]["hops"].items()
+                    )
+                )
     finally:
         topo.destroy()
         sink.close()
@@ -145,6 +224,17 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         summary[f"{condition}_median_hop_ns_excl_tagger"] = median(
             [h["ns_per_run"] for n, h in data["hops"].items() if n != "a-c1-eth0-out" and h["ns_per_run"]]
         )
+    # In place, above what an empty program costs at the same tc hops in the same run.
+    empty = {h: v["ns_per_run"] for h, v in results["empty_tc"]["hops"].items()}
+    summary["empty_tc_median_ns"] = median([v for v in empty.values() if v is not None])
+    for condition, data in results["conditions"].items():
+        summary[f"{condition}_tc_median_above_empty_ns"] = median(
+            [
+                h["ns_per_run"] - empty[n]
+                for n, h in data["hops"].items()
+                if n in empty and h["ns_per_run"] and empty[n] is not None
+            ]
+        )
     results["summary"] = summary
     results["targets"] = [
         target(
@@ -159,12 +249,32 @@ def run(ctx: BenchContext) -> dict[str, Any]:
             20,
             "ns",
         ),
+        target(
+            "BPF run time per traced packet per tc hop above an empty program there (median of hops)",
+            summary["matching_tc_median_above_empty_ns"],
+            100,
+            "ns",
+        ),
+        target(
+            "BPF run time per non-matching packet per tc hop above an empty program there (median of hops)",
+            summary["non_matching_tc_median_above_empty_ns"],
+            20,
+            "ns",
+        ),
     ]
     m, n = results["conditions"]["matching"]["hops"], results["conditions"]["non_matching"]["hops"]
     results["table"] = {
-        "columns": ["hop", "kind", "matching ns/run", "runs", "non-matching ns/run", "runs"],
+        "columns": ["hop", "kind", "matching ns/run", "runs", "non-matching ns/run", "runs", "empty ns/run"],
         "rows": [
-            [hop, m[hop]["kind"], m[hop]["ns_per_run"], m[hop]["runs"], n[hop]["ns_per_run"], n[hop]["runs"]]
+            [
+                hop,
+                m[hop]["kind"],
+                m[hop]["ns_per_run"],
+                m[hop]["runs"],
+                n[hop]["ns_per_run"],
+                n[hop]["runs"],
+                empty.get(hop),
+            ]
             for hop in m
         ],
     }

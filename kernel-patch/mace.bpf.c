@@ -212,7 +212,7 @@ static __always_inline __u64 skb_key(const struct sk_buff *skb, __u8 *proto)
 	struct pkt_reader r = {.floor = 1};
 	__u16 ethertype;
 
-	if (pkt_reader_from_skb(skb, &r, &ethertype)) {
+	if (pkt_reader_from_skb(skb, &r, &ethertype, true)) { /* every caller is tp_btf */
 		mace_count(MACE_C_PARSE_ERROR);
 		return 0;
 	}
@@ -231,10 +231,10 @@ static __always_inline enum dev_role dev_role(const struct net_device *dev)
 
 	if (!dev)
 		return DEV_OTHER;
-	ifindex = BPF_CORE_READ(dev, ifindex);
+	ifindex = dev->ifindex; /* a tp_btf argument or skb->dev of one: BTF-typed (KERNEL_FIELD) */
 	if (ifindex != inner_ifindex && ifindex != outer_ifindex)
 		return DEV_OTHER;
-	ino = BPF_CORE_READ(dev, nd_net.net, ns.inum);
+	ino = dev_netns_ino(dev, true);
 	if (ifindex == inner_ifindex && ino == inner_netns_ino)
 		return DEV_INNER;
 	if (ifindex == outer_ifindex && ino == outer_netns_ino)
@@ -357,7 +357,7 @@ int BPF_PROG(mace_dev_queue, struct sk_buff *skb)
 	__u32 tid;
 	__u64 *sent;
 
-	if (mace_path == MACE_PATH_INNER_DEV || dev_role(BPF_CORE_READ(skb, dev)) != DEV_INNER)
+	if (mace_path == MACE_PATH_INNER_DEV || dev_role(skb->dev) != DEV_INNER)
 		return 0;
 	if (mace_path == MACE_PATH_MAX_DEV) {
 		egress_start(skb, ts);
@@ -396,7 +396,7 @@ SEC("tp_btf/netif_receive_skb")
 int BPF_PROG(mace_receive_skb, struct sk_buff *skb)
 {
 	__u64 ts = bpf_ktime_get_ns();
-	enum dev_role role = dev_role(BPF_CORE_READ(skb, dev));
+	enum dev_role role = dev_role(skb->dev);
 	__u8 proto = 0;
 	__u64 key;
 
@@ -420,7 +420,7 @@ int BPF_PROG(mace_gro_receive, struct sk_buff *skb)
 {
 	__u64 ts = bpf_ktime_get_ns();
 
-	if (mace_path == MACE_PATH_MAX_DEV && dev_role(BPF_CORE_READ(skb, dev)) == DEV_OUTER)
+	if (mace_path == MACE_PATH_MAX_DEV && dev_role(skb->dev) == DEV_OUTER)
 		outer_receive(skb, ts, true);
 	return 0;
 }
@@ -430,7 +430,7 @@ int BPF_PROG(mace_netif_rx, struct sk_buff *skb)
 {
 	__u64 ts = bpf_ktime_get_ns();
 
-	if (mace_path == MACE_PATH_MAX_DEV && dev_role(BPF_CORE_READ(skb, dev)) == DEV_OUTER)
+	if (mace_path == MACE_PATH_MAX_DEV && dev_role(skb->dev) == DEV_OUTER)
 		outer_receive(skb, ts, true);
 	return 0;
 }
@@ -495,13 +495,14 @@ int mace_exit_sendmsg(void *ctx)
 SEC("tp_btf/skb_copy_datagram_iovec")
 int BPF_PROG(mace_copy_datagram, const struct sk_buff *skb, int len)
 {
+	struct sock *sk = skb->sk;
 	struct recv_pending rp = {};
 	struct pending *v;
 	__u32 tid;
 
 	/* The socket's namespace, not the thread's (see send_enter). */
-	if (mace_path != MACE_PATH_SYSCALLS ||
-	    BPF_CORE_READ(skb, sk, __sk_common.skc_net.net, ns.inum) != inner_netns_ino)
+	if (mace_path != MACE_PATH_SYSCALLS || !sk ||
+	    sk->__sk_common.skc_net.net->ns.inum != inner_netns_ino)
 		return 0;
 	rp.key = skb_key(skb, &rp.proto);
 	if (!rp.key)

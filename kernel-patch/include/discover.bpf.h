@@ -76,19 +76,19 @@ static __always_inline int discover_skb(struct sk_buff *skb, __u8 direction, boo
 	int status;
 
 	count(HOPTRACE_C_SEEN, 1);
-	dev = BPF_CORE_READ(skb, dev);
+	dev = skb->dev; /* tp_btf: BTF-typed (KERNEL_FIELD) */
 	if (!dev) {
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
-	ino = BPF_CORE_READ(dev, nd_net.net, ns.inum);
+	ino = dev_netns_ino(dev, true);
 	if (!bpf_map_lookup_elem(&discover_netns, &ino)) {
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
-	ifindex = BPF_CORE_READ(dev, ifindex);
+	ifindex = dev->ifindex;
 
-	if (pkt_reader_from_skb(skb, &r, &ethertype)) {
+	if (pkt_reader_from_skb(skb, &r, &ethertype, true)) {
 		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
 		return 0;
 	}

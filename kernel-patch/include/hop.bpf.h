@@ -857,7 +857,7 @@ static __always_inline void pkt_copy_head(struct pkt_reader *r)
  * system-wide event cheap for the packets of other hops and other agents.
  */
 static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device *dev,
-					  __u32 drop_reason, bool floor)
+					  __u32 drop_reason, bool btf, bool floor)
 {
 	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
@@ -870,31 +870,32 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
-	ifindex = BPF_CORE_READ(dev, ifindex);
+	ifindex = KERNEL_FIELD(btf, dev, ifindex);
 	if (hop_netns_ino || act_reads(HOPTRACE_FIELD_NETNS))
-		m.netns = BPF_CORE_READ(dev, nd_net.net, ns.inum);
+		m.netns = dev_netns_ino(dev, btf);
 	if ((hop_ifindex && ifindex != hop_ifindex) ||
 	    (hop_netns_ino && m.netns != hop_netns_ino)) {
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
 
-	if (pkt_reader_from_skb(skb, &r, &ethertype)) {
+	if (pkt_reader_from_skb(skb, &r, &ethertype, btf)) {
 		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
 		return 0;
 	}
 	pkt_copy_head(&r);
 	if (act_reads_any()) {
 		if (act_reads(HOPTRACE_FIELD_MARK))
-			m.mark = BPF_CORE_READ(skb, mark);
+			m.mark = KERNEL_FIELD(btf, skb, mark);
 		if (act_reads(HOPTRACE_FIELD_PRIORITY))
-			m.priority = BPF_CORE_READ(skb, priority);
+			m.priority = KERNEL_FIELD(btf, skb, priority);
 		if (act_reads(HOPTRACE_FIELD_QUEUE_MAPPING))
-			m.queue_mapping = BPF_CORE_READ(skb, queue_mapping);
+			m.queue_mapping = KERNEL_FIELD(btf, skb, queue_mapping);
 		if (act_reads(HOPTRACE_FIELD_GSO_SEGS) || act_reads(HOPTRACE_FIELD_GSO_SIZE)) {
-			/* skb_shinfo(): the shared info sits at head + end (an offset on 64-bit) */
+			/* skb_shinfo(): the shared info sits at head + end (an offset on 64-bit);
+			 * computed, so not BTF-typed: probed reads */
 			struct skb_shared_info *shinfo =
-			    (void *)(BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, end));
+			    (void *)(KERNEL_FIELD(btf, skb, head) + KERNEL_FIELD(btf, skb, end));
 
 			m.gso_segs = BPF_CORE_READ(shinfo, gso_segs);
 			m.gso_size = BPF_CORE_READ(shinfo, gso_size);
@@ -956,7 +957,7 @@ static __always_inline int hop_kret_return(bool floor)
 	}
 	skb = (struct sk_buff *)(long)*skb_ptr;
 	bpf_map_delete_elem(&kret_skbs, &key);
-	return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, floor);
+	return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false, floor);
 }
 
 /* uprobe hops: the packet each thread read last at a socket-read hop, by
@@ -1026,19 +1027,19 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 	count(HOPTRACE_C_SEEN, 1);
 	/* The receiving socket's netns; UDP's queued skbs have no skb->sk (udp_recvmsg's caller is
 	 * in the socket's netns as a rule), so the reader's there. */
-	sk = BPF_CORE_READ(skb, sk);
-	if ((sk ? BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum)
+	sk = skb->sk; /* tp_btf: BTF-typed (KERNEL_FIELD) */
+	if ((sk ? sk->__sk_common.skc_net.net->ns.inum
 		: BPF_CORE_READ(task, nsproxy, net_ns, ns.inum)) != hop_netns_ino) {
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
-	if (pkt_reader_from_skb(skb, &r, &ethertype)) {
+	if (pkt_reader_from_skb(skb, &r, &ethertype, true)) {
 		count(HOPTRACE_C_PARSE_TRUNCATED, 1);
 		return 0;
 	}
-	if (widen_to_end && !BPF_CORE_READ(skb, data_len)) {
-		__u32 end = BPF_CORE_READ(skb, end);
-		__u32 start = r.kbase - BPF_CORE_READ(skb, head);
+	if (widen_to_end && !skb->data_len) {
+		__u32 end = skb->end;
+		__u32 start = r.kbase - skb->head;
 
 		if (end > start && end - start > r.len) {
 			r.len = end - start;
@@ -1047,7 +1048,7 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 		}
 	}
 	pkt_copy_head(&r);
-	ifindex = BPF_CORE_READ(skb, skb_iif);
+	ifindex = skb->skb_iif;
 	status = hop_parse(PKT_KERNEL, &r, ethertype, &p);
 	task_meta(&m);
 	if (sk) /* UDP's queued skb has none: the agent refuses rmem and backlog there */
@@ -1128,7 +1129,7 @@ static __always_inline int hop_sock_read_enqueue(struct sock *sk, bool floor)
 	skb = BPF_CORE_READ(sk, sk_receive_queue.prev);
 	if (!skb || (void *)skb == (void *)&sk->sk_receive_queue)
 		return 0;
-	if (!pkt_reader_from_skb(skb, &r, &ethertype)) {
+	if (!pkt_reader_from_skb(skb, &r, &ethertype, false)) {
 		if (!BPF_CORE_READ(skb, data_len)) { /* the trimmed ID: see hop_sock_read */
 			end = BPF_CORE_READ(skb, end);
 			start = r.kbase - BPF_CORE_READ(skb, head);
@@ -1410,11 +1411,11 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 #define HOPTRACE_PROG_TP_BTF                                                                       \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false);                     \
+		return hop_kernel_skb(skb, skb->dev, 0, true, false);                              \
 	}                                                                                          \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, true);                      \
+		return hop_kernel_skb(skb, skb->dev, 0, true, true);                               \
 	}
 /* net:net_dev_xmit fires after the driver took the skb: a veth has already
  * moved it to its peer (__dev_forward_skb sets skb->dev), so the device is the
@@ -1423,12 +1424,12 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit, struct sk_buff *skb, int rc, struct net_device *dev)         \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, 0, false);                                         \
+		return hop_kernel_skb(skb, dev, 0, true, false);                                   \
 	}                                                                                          \
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit_floor, struct sk_buff *skb, int rc, struct net_device *dev)   \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, 0, true);                                          \
+		return hop_kernel_skb(skb, dev, 0, true, true);                                    \
 	}
 /* skb:kfree_skb with its drop reason (the drop_reason field): the event has the argument from 5.17
  * (TP_PROTO(skb, location, reason)); older kernels refuse this program, and their agents do not
@@ -1438,13 +1439,13 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	int BPF_PROG(hop_tp_btf_kfree, struct sk_buff *skb, void *location,                        \
 		     enum skb_drop_reason reason)                                                  \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), reason, false);                \
+		return hop_kernel_skb(skb, skb->dev, reason, true, false);                         \
 	}                                                                                          \
 	SEC("tp_btf/kfree_skb")                                                                    \
 	int BPF_PROG(hop_tp_btf_kfree_floor, struct sk_buff *skb, void *location,                  \
 		     enum skb_drop_reason reason)                                                  \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), reason, true);                 \
+		return hop_kernel_skb(skb, skb->dev, reason, true, true);                          \
 	}
 /* socket-read (hop_sock_read above): one program per protocol, each on its
  * event. UDP's macro also defines the queue pair the agent runs instead on
@@ -1503,31 +1504,31 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false);                     \
+		return hop_kernel_skb(skb, skb->dev, 0, true, false);                              \
 	}                                                                                          \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, true);                      \
+		return hop_kernel_skb(skb, skb->dev, 0, true, true);                               \
 	}
 #define HOPTRACE_PROG_KPROBE                                                                       \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe, struct sk_buff *skb)            \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false);                     \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false, false);              \
 	}                                                                                          \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe_floor, struct sk_buff *skb)      \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, true);                      \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false, true);               \
 	}
 /* fexit: the packet at the function's return (its arguments are still there; the skb is the
  * first). The agent retargets it (AttachTo), as fentry. */
 #define HOPTRACE_PROG_FEXIT                                                                        \
 	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit, struct sk_buff *skb)             \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false);                     \
+		return hop_kernel_skb(skb, skb->dev, 0, true, false);                              \
 	}                                                                                          \
 	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit_floor, struct sk_buff *skb)       \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, true);                      \
+		return hop_kernel_skb(skb, skb->dev, 0, true, true);                               \
 	}
 /* kretprobe: the return (hop_kret_return) and its entry kprobe, both attached by the agent. */
 #define HOPTRACE_PROG_KRETPROBE                                                                    \
