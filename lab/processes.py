@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -36,10 +37,22 @@ _INFLUXD_ENV = {**os.environ, "INFLUXDB_DATA_QUERY_LOG_ENABLED": "false"}  # no 
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the kernel's choice for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free right now, below the kernel's ephemeral range.
+
+    The kernel's choice for port 0 comes from the ephemeral range, where every outgoing connection takes its
+    local port too: one of them took a dispatcher's port between this call and its bind (a rehearsal,
+    2026-11-27). The kernel never hands out a port below that range on its own.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = random.randrange(max(1024, low // 2), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in [{max(1024, low // 2)}, {low})")
 
 
 def _tail(path: Path, lines: int = 30) -> str:
