@@ -180,7 +180,7 @@ static __always_inline void pkt_set_direct(struct pkt_reader *r, const __u8 *dat
  * one. Then a plain load reads the field (the verifier checks it; through a
  * NULL pointer it reads 0). Otherwise (kprobes, pointers kept in maps) it is a
  * bpf_probe_read_kernel call, 20-30 ns each in place: a system-wide
- * tracepoint hop made five of them for every packet of the machine just to
+ * tracepoint hop made four of them for every packet of the machine just to
  * find its device (perf, issue 13).
  */
 #define KERNEL_FIELD(btf, ptr, field) ((btf) ? (ptr)->field : BPF_CORE_READ(ptr, field))
