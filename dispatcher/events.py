@@ -13,6 +13,8 @@ Spec form::
         node: host-a
         tracepoint: irq:softirq_entry
         where: "vec == 3"                 # or: vec in [2, 3] and ..., or a list of terms:
+        # a string argument (a device's name, a task's comm) compares with a quoted text:
+        # where: 'name == "eth0" and len > 1000' (== or !=, up to 15 bytes)
         # where: [{arg: vec, op: "==", value: 3}, {arg: len, op: in, values: [1, 2]}]
         actions: [{count: {by: cpu}}]     # count (by: cpu | ARG), histogram: ARG, record: [ARGS];
                                           # default [count]
@@ -62,6 +64,8 @@ _TRACEPOINT = re.compile(r"^([A-Za-z0-9_]+):([A-Za-z0-9_]+)$")
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")  # a kernel symbol, e.g. net_rx_action, tcp_v4_rcv.cold
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|<|>|&|\bin\b)\s*(.*?)\s*$")
 _AND = re.compile(r"\s+and\s+")
+_QUOTED = re.compile(r"""^(["'])(.*)\1$""")
+_TEXT = re.compile(r"""^[^\s"'\\]+$""")  # a device's or a task's name: no spaces, quotes, backslashes
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
 
 EventError = tuple[str, str]  # (field path, reason)
@@ -86,6 +90,25 @@ def _integer(value: Any) -> int | None:
     return None
 
 
+def _quoted_text(raw: Any) -> str | None:
+    """The text of a quoted string value (``"eth0"`` or ``'eth0'``), None when raw is not one."""
+    if not isinstance(raw, str):
+        return None
+    match = _QUOTED.match(raw.strip())
+    return match.group(2) if match else None
+
+
+def text_problem(text: str) -> str | None:
+    """Why `text` cannot be compared with a string argument, None when it can."""
+    if not text:
+        return "the text must not be empty"
+    if len(text.encode()) > kernel_abi.EVENT_TEXT_MAX:
+        return f"text {text!r} is longer than {kernel_abi.EVENT_TEXT_MAX} bytes"
+    if not _TEXT.match(text):
+        return f"text {text!r} must not hold spaces, quotes or backslashes"
+    return None
+
+
 def _values(op: str, raw: Any, text: str) -> tuple[list[int], str | None]:
     """The integer values of one term and a problem, if any."""
     if op == "in":
@@ -106,18 +129,33 @@ def _values(op: str, raw: Any, text: str) -> tuple[list[int], str | None]:
     for item in items:
         number = _integer(item)
         if number is None:
-            return [], f"{item!r} is not an integer (decimal or 0x hex) in {text!r}"
+            text_too = "" if op == "in" else ' nor a "quoted" text'
+            return [], f"{item!r} is not an integer (decimal or 0x hex){text_too} in {text!r}"
         if not _INT64_MIN <= number <= _UINT64_MAX:
             return [], f"{number} does not fit in 64 bits"
         out.append(_to_int64(number))
     return out, None
 
 
-def _term(arg: Any, op: Any, raw: Any, text: str) -> tuple[trace_pb2.EventTerm | None, str | None]:
+def _term(
+    arg: Any, op: Any, raw: Any, text: str, bare_text: bool = False
+) -> tuple[trace_pb2.EventTerm | None, str | None]:
+    """One term; a string value is a text when quoted, or with `bare_text` (a list item's value:) when
+    it is no integer."""
     if not isinstance(arg, str) or not _IDENTIFIER.match(arg):
         return None, f"argument must be a name such as vec, got {arg!r}"
     if op not in OPERATORS:
         return None, f"unknown operator {op!r} in {text!r}; operators: {', '.join(OPERATORS)}"
+    quoted = _quoted_text(raw)
+    if quoted is None and bare_text and isinstance(raw, str) and _integer(raw) is None:
+        quoted = raw
+    if quoted is not None:
+        if op not in ("==", "!="):
+            return None, f"a text compares with == or != only, got {op!r} in {text!r}"
+        problem = text_problem(quoted)
+        if problem:
+            return None, problem
+        return trace_pb2.EventTerm(arg=arg, op=OP_NUMBERS[OPERATORS[op]], text=quoted), None
     values, problem = _values(op, raw, text)
     if problem:
         return None, problem
@@ -150,6 +188,9 @@ def where_text(terms: Sequence[trace_pb2.EventTerm]) -> str:
     parts = []
     for term in terms:
         op = OP_SPELLING.get(term.op, "?")
+        if term.text:
+            parts.append(f'{term.arg} {op} "{term.text}"')
+            continue
         values = [v + (1 << 64) if v < 0 and op == "&" else v for v in term.values]
         value = f"[{', '.join(str(v) for v in values)}]" if op == "in" else str(values[0] if values else "")
         parts.append(f"{term.arg} {op} {value}")
@@ -193,7 +234,7 @@ def _convert_where(value: Any, field: str, target: trace_pb2.EventSpec) -> list[
         if raw is None:
             errors.append((where, "needs " + ("values: [..]" if op == "in" else "value")))
             continue
-        term, problem = _term(item.get("arg"), op, raw, f"{item.get('arg')} {op} {raw}")
+        term, problem = _term(item.get("arg"), op, raw, f"{item.get('arg')} {op} {raw}", bare_text=True)
         if problem:
             errors.append((where, problem))
         else:
@@ -293,6 +334,17 @@ def validate_event(event: trace_pb2.EventSpec, field: str) -> list[EventError]:
     for position, term in enumerate(event.where):
         if term.op not in OP_SPELLING:
             errors.append((f"{field}.where[{position}]", f"unknown operator number {term.op}"))
+        elif term.text:
+            problem = text_problem(term.text)
+            if term.op not in (OP_NUMBERS["eq"], OP_NUMBERS["ne"]):
+                problem = "a text compares with == or != only"
+            elif term.values:
+                problem = "a term has a text or values, not both"
+            elif function is not None:
+                kind = function[0]
+                problem = f"{kind} events' arguments are integers; a text compares with a tracepoint's string"
+            if problem:
+                errors.append((f"{field}.where[{position}]", problem))
         elif len(term.values) != 1 and term.op != OP_NUMBERS["in"]:
             errors.append((f"{field}.where[{position}]", f"takes one value, got {len(term.values)}"))
         elif not 1 <= len(term.values) <= kernel_abi.EVENT_IN_VALUES:

@@ -41,6 +41,10 @@ const volatile __u8 ev_term_signed[HOPTRACE_EVENT_TERMS] = {};
 const volatile __u8 ev_term_op[HOPTRACE_EVENT_TERMS] = {}; /* enum hoptrace_event_op */
 const volatile __u8 ev_term_nvalues[HOPTRACE_EVENT_TERMS] = {};
 const volatile __u64 ev_term_values[HOPTRACE_EVENT_TERMS][HOPTRACE_EVENT_IN_VALUES] = {};
+/* A term on a string argument: HOPTRACE_EVENT_TEXT_* (0 = an integer term), and its text,
+ * NUL-padded to 16 bytes (two words, compared as such). */
+const volatile __u8 ev_term_text_kind[HOPTRACE_EVENT_TERMS] = {};
+const volatile __u64 ev_term_text[HOPTRACE_EVENT_TERMS][2] = {};
 /* count (act_count of hop.bpf.h), keyed by enum hoptrace_event_key. */
 const volatile __u8 ev_key = 0;
 EVENT_ARG_SETTINGS(ev_key)
@@ -150,13 +154,38 @@ static __always_inline bool event_less(__u64 a, __u64 b, __u8 is_signed)
 	return is_signed ? (__s64)a < (__s64)b : a < b;
 }
 
+/* Does the string argument of term t equal its text? Read with one character
+ * more than a text can have, so a longer string never equals its prefix. */
+static __always_inline bool event_text_equal(void *ctx, int t)
+{
+	__u64 chars[3] = {};
+	const char *str = (const char *)ctx + ev_term_off[t];
+	__u32 loc = 0;
+
+	if (ev_term_text_kind[t] != HOPTRACE_EVENT_TEXT_ARRAY) {
+		if (bpf_probe_read_kernel(&loc, sizeof(loc), str))
+			return false;
+		str = (const char *)ctx + (loc & 0xffff);
+		if (ev_term_text_kind[t] == HOPTRACE_EVENT_TEXT_REL_LOC)
+			str += ev_term_off[t] + sizeof(loc);
+	}
+	if (bpf_probe_read_kernel_str(chars, HOPTRACE_EVENT_TEXT_MAX + 2, str) < 0)
+		return false;
+	return chars[0] == ev_term_text[t][0] && chars[1] == ev_term_text[t][1];
+}
+
 /* Does term t hold? Every branch tests a load-time constant but the value. */
 static __always_inline bool event_term(void *ctx, int t)
 {
-	__u64 v = event_arg(ctx, ev_term_off[t], ev_term_size[t], ev_term_signed[t]);
-	__u64 want = ev_term_values[t][0];
+	__u64 v, want = ev_term_values[t][0];
 	int i;
 
+	if (ev_term_text_kind[t]) {
+		bool equal = event_text_equal(ctx, t);
+
+		return ev_term_op[t] == HOPTRACE_EVENT_OP_NE ? !equal : equal;
+	}
+	v = event_arg(ctx, ev_term_off[t], ev_term_size[t], ev_term_signed[t]);
 	switch (ev_term_op[t]) {
 	case HOPTRACE_EVENT_OP_EQ:
 		return v == want;

@@ -54,6 +54,15 @@ enum hoptrace_wire {
 	HOPTRACE_EVENT_SOURCE_FENTRY = 2,
 	HOPTRACE_EVENT_FUNCTION_ARGS = 5,
 	HOPTRACE_EVENT_ARG_PID = 0xffff,
+	/* A where: term on a tracepoint's string argument (== or != a text of
+	 * up to HOPTRACE_EVENT_TEXT_MAX characters, e.g. net_dev_xmit's name):
+	 * where the record keeps the string (event.bpf.h's ev_term_text_kind). */
+	HOPTRACE_EVENT_TEXT_MAX = 15,
+	HOPTRACE_EVENT_TEXT_DATA_LOC =
+	    1, /* __data_loc char[]: u32 len << 16 | offset in the record */
+	HOPTRACE_EVENT_TEXT_REL_LOC =
+	    2,			       /* __rel_loc char[]: the same, offset from the field's end */
+	HOPTRACE_EVENT_TEXT_ARRAY = 3, /* char NAME[N]: the characters in the record itself */
 	/* Fields one hop's record action carries per packet (struct hoptrace_values);
 	 * also the arguments one event's record action keeps statistics of. */
 	HOPTRACE_VALUES_MAX = 4,

@@ -94,6 +94,55 @@ def test_bad_short_where_names_the_field(where: str, words: str) -> None:
     assert len(errors) == 1 and errors[0].startswith("events[0].where: ") and words in errors[0], errors
 
 
+def test_string_arguments_compare_with_quoted_text() -> None:
+    """`name == "wire0"` (either quotes) is a text term, and prints back as written; a list item's bare
+    string value is a text too."""
+    terms, problem = events.parse_where("len == 1203 and name != 'wire0' and dev == \"eth0.100\"")
+    assert problem is None, problem
+    assert [(t.arg, t.op, list(t.values), t.text) for t in terms] == [
+        ("len", EQ, [1203], ""),
+        ("name", NE, [], "wire0"),
+        ("dev", EQ, [], "eth0.100"),
+    ]
+    assert events.where_text(terms) == 'len == 1203 and name != "wire0" and dev == "eth0.100"'
+    short = load_spec(
+        _spec("{name: e, node: host-a, tracepoint: 'net:net_dev_xmit', where: 'name == \"lo\"'}")
+    )
+    listed = load_spec(
+        _spec(
+            "{name: e, node: host-a, tracepoint: 'net:net_dev_xmit', "
+            "where: [{arg: name, op: '==', value: lo}]}"
+        )
+    )
+    assert short.events == listed.events and short.events[0].where[0].text == "lo"
+    # The spec's own text form survives a round trip.
+    assert load_spec(spec_to_yaml(short)).events == short.events
+
+
+@pytest.mark.parametrize(
+    ("where", "words"),
+    [
+        ('name < "wire0"', "a text compares with == or != only"),
+        ('name in ["a"]', "'\"a\"' is not an integer (decimal or 0x hex) in"),
+        ('name == "sixteen-chars-ab"', "longer than 15 bytes"),
+        ('name == ""', "must not be empty"),
+        ("name == wire0", 'is not an integer (decimal or 0x hex) nor a "quoted" text'),
+        ('name == "a b"', "must not hold spaces, quotes or backslashes"),
+    ],
+)
+def test_bad_text_terms_name_the_field(where: str, words: str) -> None:
+    errors = _errors(_spec(f"{{name: e, node: host-a, tracepoint: 'net:net_dev_xmit', where: {where!r}}}"))
+    assert len(errors) == 1 and errors[0].startswith("events[0].where: ") and words in errors[0], errors
+
+
+def test_kernel_function_events_take_no_text() -> None:
+    errors = _errors(
+        _spec("{name: e, node: host-a, kprobe: net_rx_action, where: [{arg: arg0, op: '==', value: eth0}]}")
+    )
+    words = "events[0].where[0]: kprobe events' arguments are integers; a text compares with a tracepoint's"
+    assert any(error.startswith(words) for error in errors), errors
+
+
 def test_structured_where_equals_the_short_form() -> None:
     short = load_spec(
         _spec("{name: e, node: host-a, tracepoint: 'net:net_dev_xmit', where: 'len in [1, 2] and rc != 0'}")

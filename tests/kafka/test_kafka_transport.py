@@ -501,7 +501,7 @@ def test_event_probe_counts_over_kafka_reported_once_across_a_rebalance(
                     "name": "wire-frames",
                     "node": "host-a",
                     "tracepoint": "net:net_dev_xmit",
-                    "where": f"len == {EVENT_WIRE_FRAME} and rc == 0",
+                    "where": f'len == {EVENT_WIRE_FRAME} and rc == 0 and name == "wire0"',
                     "actions": [{"count": {"by": "cpu"}}, {"histogram": "len"}],
                 }
             ],

@@ -37,7 +37,7 @@ GUEST_TESTS = {
     "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestKernelFunctionReturnHops"
     "|TestTracerActionsOnRealTraffic"
     "|TestEventCountsWhereTermsHold|TestEventBitTermAndCountByCPU|TestEventBadInputNamesTheField"
-    "|TestEventRecordAndLatencyPairs|TestEventKernelFunctions"
+    "|TestEventRecordAndLatencyPairs|TestEventKernelFunctions|TestEventTextTerms"
     "|TestSocketReadHop|TestSocketReadFields|TestUprobeBadTargets",
 }
 

@@ -5,7 +5,8 @@ the datagrams sent; and bad events refused with the spec field named, nothing le
 The datagrams go to a port the trace's filter does not match, so no hop writes an ID into them: every
 frame on the wire is the sent payload + 92 bytes (Ethernet, IPv4, UDP, VXLAN, then the inner Ethernet,
 IPv4 and UDP headers), and only host-a's wire0 transmits frames of that size (the inner frame, 50 bytes
-shorter, crosses c1's eth0, host-a's vxlan0 and host-b's veth-c2).
+shorter, crosses c1's eth0, host-a's vxlan0 and host-b's veth-c2). The probes also name the device
+(`name == "wire0"`): tracepoints see every netns, and a loopback TCP segment can have any size.
 """
 
 from __future__ import annotations
@@ -56,14 +57,17 @@ def test_event_counts_and_histograms_reach_the_report(topology, influxd):
                 "name": "wire-frames",
                 "node": "host-a",
                 "tracepoint": "net:net_dev_xmit",
-                "where": f"len == {WIRE_FRAME} and rc == 0",
+                "where": f'len == {WIRE_FRAME} and rc == 0 and name == "wire0"',
                 "actions": [{"count": {"by": "cpu"}}, {"histogram": "len"}],
             },
             {
                 "name": "wire-frames-by-len",
                 "node": "host-b",
                 "tracepoint": "net:net_dev_xmit",
-                "where": [{"arg": "len", "op": "in", "values": [WIRE_FRAME, 7]}],
+                "where": [
+                    {"arg": "len", "op": "in", "values": [WIRE_FRAME, 7]},
+                    {"arg": "name", "op": "!=", "value": "lo"},
+                ],
                 "actions": [{"count": {"by": "len"}}],
             },
         ],
@@ -152,8 +156,24 @@ def test_event_counts_and_histograms_reach_the_report(topology, influxd):
             "events[0].actions",
             "argument name of net:net_dev_xmit is a string",
         ),
+        (
+            {"tracepoint": "net:net_dev_xmit", "where": 'len == "wire0"'},
+            "events[0].where[0]",
+            "argument len of net:net_dev_xmit is an integer (unsigned int), not a string",
+        ),
+        (
+            {"tracepoint": "net:net_dev_xmit", "where": "name == 3"},
+            "events[0].where[0]",
+            "argument name of net:net_dev_xmit is a string (__data_loc char[] name): compare it with ==",
+        ),
     ],
-    ids=["unknown-tracepoint", "unknown-argument", "string-argument"],
+    ids=[
+        "unknown-tracepoint",
+        "unknown-argument",
+        "string-argument",
+        "text-for-an-integer",
+        "number-for-a-string",
+    ],
 )
 def test_bad_events_are_refused_and_nothing_stays_attached(topology, influxd, event, field, words):
     spec = _with_events(vxlan_path_spec(topology, "bad-events"), [{"name": "bad", "node": "host-b", **event}])
@@ -193,7 +213,7 @@ def test_events_update_and_delete_at_runtime(topology, influxd):
                 "name": "e2e-event-update",
                 "events": [
                     {"name": "frames", "node": "host-b", "tracepoint": "net:net_dev_xmit",
-                     "where": f"len == {length}"},
+                     "where": f'len == {length} and name == "wire0"'},
                 ],
             }
         )  # fmt: skip

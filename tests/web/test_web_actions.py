@@ -3,12 +3,11 @@ system: two emulated hosts, the real dispatcher, collector, agents and InfluxDB.
 
 The trace counts, by CPU, the packets at host-b's wire, histograms their length there and records each
 one's length (record: [len]; the wire frame: 64-byte payload + 92 bytes of headers + the 4-byte ID the first
-hop appended); an event probe
-counts host-a's transmits of one odd frame size (net:net_dev_xmit where len == 1329), sent to a port the
-trace's filter does not match so no hop writes an ID into them (the frame is the payload + 92 bytes of
-Ethernet, IPv4, UDP, VXLAN and the inner headers; see tests/system/test_events_end_to_end.py). The page
-must show the counts sent, the histogram's one bucket holding them all, the recorded length's packets = sent
-and min = max = the frame, and the same numbers as
+hop appended); an event probe counts host-a's transmits of one odd frame size (net:net_dev_xmit where
+len == 1329 and name == "wire0"), sent to a port the trace's filter does not match so no hop writes an ID
+into them (the frame is the payload + 92 bytes of Ethernet, IPv4, UDP, VXLAN and the inner headers; see
+tests/system/test_events_end_to_end.py). The page must show the counts sent, the histogram's one bucket
+holding them all, the recorded length's packets = sent and min = max = the frame, and the same numbers as
 `hoptrace report --json`; without scripts the server renders the same. Screenshot: test-artifacts/web/
 results-actions.png (the one in docs/screenshots/).
 """
@@ -71,7 +70,7 @@ def actions_spec(topology: Any) -> trace_pb2.TraceSpec:
         "name": EVENT,
         "node": "host-a",
         "tracepoint": "net:net_dev_xmit",
-        "where": f"len == {WIRE_FRAME}",
+        "where": f'len == {WIRE_FRAME} and name == "wire0"',
         "actions": [{"count": {"by": "cpu"}}, {"histogram": "len"}],
     }
     spec.events.extend(spec_from_data({"name": TRACE, "hops": [], "events": [event]}).events)

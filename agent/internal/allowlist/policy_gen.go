@@ -18,7 +18,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.Kprobe: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit),
+			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnProbeReadKernelStr, asm.FnRingbufReserve, asm.FnRingbufSubmit),
 			kfuncs:  set[string](),
 		},
 		ebpf.SchedCLS: {
@@ -33,12 +33,12 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.TracePoint: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel),
+			helpers: set(asm.FnGetCurrentPidTgid, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnProbeReadKernelStr),
 			kfuncs:  set[string](),
 		},
 		ebpf.Tracing: {
 			attach:  set(ebpf.AttachTraceFEntry, ebpf.AttachTraceFExit, ebpf.AttachTraceRawTp),
-			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetCurrentTask, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkStorageGet, asm.FnSpinLock, asm.FnSpinUnlock),
+			helpers: set(asm.FnGetCurrentComm, asm.FnGetCurrentPidTgid, asm.FnGetCurrentTask, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapDeleteElem, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnProbeReadKernelStr, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkStorageGet, asm.FnSpinLock, asm.FnSpinUnlock),
 			kfuncs:  set[string](),
 		},
 		ebpf.XDP: {

@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"encoding/binary"
 	"fmt"
 	"strings"
 
@@ -18,11 +19,14 @@ type EventArg struct {
 	Signed bool
 }
 
-// EventTerm is one resolved where: term.
+// EventTerm is one resolved where: term: an integer argument and its
+// values, or a string argument (TextKind, record.EventText*) and its Text.
 type EventTerm struct {
-	Arg    EventArg
-	Op     record.EventOp
-	Values []uint64
+	Arg      EventArg
+	Op       record.EventOp
+	Values   []uint64
+	TextKind uint8
+	Text     string
 }
 
 // EventArgs is where an event's arguments are found: a tracepoint's tracefs
@@ -147,6 +151,17 @@ func ResolveEvent(ea *pb.EventAttach, format EventArgs) (EventConfig, error) {
 	}
 	for i, t := range ea.GetWhere() {
 		where := fmt.Sprintf("%s.where[%d]", field, i)
+		if t.GetText() != "" {
+			term, err := textTerm(t, format, where, tp)
+			if err != nil {
+				return cfg, err
+			}
+			cfg.Terms = append(cfg.Terms, term)
+			continue
+		}
+		if a, ok := format.Arg(t.GetArg()); ok && a.Text != 0 {
+			return cfg, &FieldError{where, fmt.Sprintf("argument %s of %s is %s: compare it with == or != and a quoted text, e.g. %s == \"eth0\"", a.Name, strings.TrimPrefix(tp, "tracepoint "), a.Unsupported, a.Name)}
+		}
 		a, err := arg(t.GetArg(), where)
 		if err != nil {
 			return cfg, err
@@ -215,11 +230,60 @@ func ResolveEvent(ea *pb.EventAttach, format EventArgs) (EventConfig, error) {
 	return cfg, nil
 }
 
+// textTerm resolves a term comparing a string argument with a text.
+func textTerm(t *pb.EventTerm, format EventArgs, where, tp string) (EventTerm, error) {
+	a, ok := format.Arg(t.GetArg())
+	if !ok {
+		return EventTerm{}, &FieldError{where, fmt.Sprintf("%s has no argument %q (arguments: %s)", tp, t.GetArg(), format.Names())}
+	}
+	name := strings.TrimPrefix(tp, "tracepoint ")
+	if a.Text == 0 {
+		kind := "an integer"
+		if a.Unsupported != "" {
+			kind = a.Unsupported
+		} else if a.Type != "" {
+			kind += " (" + a.Type + ")"
+		}
+		return EventTerm{}, &FieldError{where, fmt.Sprintf("argument %s of %s is %s, not a string: compare it with a number, not a text", a.Name, name, kind)}
+	}
+	op := record.EventOp(t.GetOp())
+	if op != record.EventOpEq && op != record.EventOpNe {
+		return EventTerm{}, &FieldError{where, fmt.Sprintf("a string argument (%s) is compared with == or != only", a.Name)}
+	}
+	if len(t.GetValues()) != 0 {
+		return EventTerm{}, &FieldError{where, "a term has a text or values, not both"}
+	}
+	text, most := t.GetText(), record.EventTextMax
+	if a.TextCap > 0 && a.TextCap < most {
+		most = a.TextCap
+	}
+	if len(text) > most || strings.IndexByte(text, 0) >= 0 {
+		why := fmt.Sprintf("text %q: 1 to %d bytes, no NUL", text, most)
+		if most == a.TextCap {
+			why += fmt.Sprintf(" (%s of %s holds %d characters)", a.Name, name, a.TextCap)
+		}
+		return EventTerm{}, &FieldError{where, why}
+	}
+	if int(a.Offset)+4 > record.EventArgsBytes {
+		return EventTerm{}, &FieldError{where, fmt.Sprintf("argument %s of %s is at offset %d, beyond %d", a.Name, tp, a.Offset, record.EventArgsBytes)}
+	}
+	return EventTerm{Arg: EventArg{Offset: a.Offset}, Op: op, TextKind: a.Text, Text: text}, nil
+}
+
+// textWords is a text as event.bpf.h compares it: NUL-padded to 16 bytes, two little-endian words.
+func textWords(text string) [2]uint64 {
+	var b [16]byte
+	copy(b[:], text)
+	return [2]uint64{binary.LittleEndian.Uint64(b[:8]), binary.LittleEndian.Uint64(b[8:])}
+}
+
 func (c *EventConfig) variables() (map[string]any, error) {
 	var (
 		size, signed, op, nvalues [record.EventTerms]uint8
 		offs                      [record.EventTerms]uint16
 		values                    [record.EventTerms][record.EventInValues]uint64
+		textKind                  [record.EventTerms]uint8
+		text                      [record.EventTerms][2]uint64
 	)
 	for i, t := range c.Terms {
 		if i >= record.EventTerms {
@@ -227,6 +291,9 @@ func (c *EventConfig) variables() (map[string]any, error) {
 		}
 		offs[i], size[i], signed[i], op[i], nvalues[i] = t.Arg.Offset, t.Arg.Size, boolU8(t.Arg.Signed), uint8(t.Op), uint8(len(t.Values))
 		copy(values[i][:], t.Values)
+		if t.TextKind != 0 {
+			textKind[i], text[i] = t.TextKind, textWords(t.Text)
+		}
 	}
 	var (
 		recOff          [record.ValuesMax]uint16
@@ -249,6 +316,7 @@ func (c *EventConfig) variables() (map[string]any, error) {
 		"ev_latency_signed": boolU8(c.LatencyArg.Signed),
 		"ev_term_off":       offs, "ev_term_size": size, "ev_term_signed": signed, "ev_term_op": op,
 		"ev_term_nvalues": nvalues, "ev_term_values": values,
+		"ev_term_text_kind": textKind, "ev_term_text": text,
 		"act_count": boolU8(c.Count), "ev_key": uint8(c.Key),
 		"ev_key_off": c.KeyArg.Offset, "ev_key_size": c.KeyArg.Size, "ev_key_signed": boolU8(c.KeyArg.Signed),
 		"ev_hist":     boolU8(c.Hist),

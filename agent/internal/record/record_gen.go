@@ -116,6 +116,10 @@ const (
 	EventSourceFentry     = 2
 	EventFunctionArgs     = 5
 	EventArgPID           = 65535
+	EventTextMax          = 15
+	EventTextDataLoc      = 1
+	EventTextRelLoc       = 2
+	EventTextArray        = 3
 	ValuesMax             = 4
 	EventMarks            = 16384
 )

@@ -17,6 +17,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
 // Mounts tried in order; the first with an events/ directory wins.
@@ -47,9 +49,14 @@ type Arg struct {
 	Offset uint16
 	Size   uint8
 	Signed bool
-	// Why the field cannot be compared or keyed ("" = it can): strings
-	// (__data_loc), arrays, sizes other than 1, 2, 4, 8.
+	// Why the field cannot be compared or keyed as an integer ("" = it can):
+	// strings (__data_loc), arrays, sizes other than 1, 2, 4, 8.
 	Unsupported string
+	// A string a where: term can compare with a text: where the record keeps
+	// it (record.EventText*), 0 = not a string. TextCap: the characters a
+	// char NAME[N] holds (N - 1), 0 = no bound of its own.
+	Text    uint8
+	TextCap int
 }
 
 // Format is a tracepoint's record layout.
@@ -139,9 +146,17 @@ func ParseFormat(sc *bufio.Scanner) (*Format, error) {
 		}
 		a := Arg{Name: name, Type: strings.TrimSpace(strings.TrimSuffix(decl[:len(decl)-len(dm[0])], " ")),
 			Offset: uint16(off), Signed: m[4] == "1"}
+		loc, isLoc := strings.CutPrefix(decl, "__data_loc ")
+		rel, isRel := strings.CutPrefix(decl, "__rel_loc ")
 		switch {
-		case strings.HasPrefix(decl, "__data_loc") || strings.HasPrefix(decl, "__rel_loc"):
-			a.Unsupported = "a string or dynamic array (" + decl + ")"
+		case isLoc && strings.HasPrefix(loc, "char[]"):
+			a.Unsupported, a.Text = "a string ("+decl+")", record.EventTextDataLoc
+		case isRel && strings.HasPrefix(rel, "char[]"):
+			a.Unsupported, a.Text = "a string ("+decl+")", record.EventTextRelLoc
+		case isLoc || isRel:
+			a.Unsupported = "a dynamic array (" + decl + ")"
+		case dm[2] != "" && a.Type == "char" && size > 1:
+			a.Unsupported, a.Text, a.TextCap = "a string ("+decl+")", record.EventTextArray, int(size)-1
 		case dm[2] != "":
 			a.Unsupported = "an array (" + decl + ")"
 		case size != 1 && size != 2 && size != 4 && size != 8:

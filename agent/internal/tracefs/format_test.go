@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"strings"
 	"testing"
+
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
 // A format file as the kernel writes it (net:net_dev_xmit on 6.18), plus an
@@ -22,6 +24,7 @@ format:
 	field:__data_loc char[] name;	offset:24;	size:4;	signed:0;
 	field:u8 saddr[4];	offset:28;	size:4;	signed:0;
 	field:char odd;	offset:32;	size:3;	signed:1;
+	field:char comm[16];	offset:36;	size:16;	signed:0;
 
 print fmt: "dev=%s skbaddr=%p len=%u rc=%d", __get_str(name), REC->skbaddr, REC->len, REC->rc
 `
@@ -31,7 +34,7 @@ func TestParseFormat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := f.Names(); got != "len, name, odd, rc, saddr, skbaddr" {
+	if got := f.Names(); got != "comm, len, name, odd, rc, saddr, skbaddr" {
 		t.Fatalf("arguments %q (common_* must be left out)", got)
 	}
 	for _, want := range []Arg{
@@ -44,10 +47,16 @@ func TestParseFormat(t *testing.T) {
 			t.Errorf("%s: %+v, want %+v", want.Name, got, want)
 		}
 	}
-	for name, words := range map[string]string{"name": "a string", "saddr": "an array", "odd": "3 bytes wide"} {
+	for name, words := range map[string]string{"name": "a string", "comm": "a string", "saddr": "an array", "odd": "3 bytes wide"} {
 		a, _ := f.Arg(name)
 		if a.Size != 0 || !strings.Contains(a.Unsupported, words) {
 			t.Errorf("%s: %+v, want unsupported (%s)", name, a, words)
+		}
+	}
+	// Strings compare with a text: where the record keeps each; a u8 array is no string.
+	for name, want := range map[string][2]int{"name": {record.EventTextDataLoc, 0}, "comm": {record.EventTextArray, 15}, "saddr": {0, 0}} {
+		if a, _ := f.Arg(name); int(a.Text) != want[0] || a.TextCap != want[1] {
+			t.Errorf("%s: text kind %d cap %d, want %v", name, a.Text, a.TextCap, want)
 		}
 	}
 }

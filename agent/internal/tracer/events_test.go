@@ -2,12 +2,16 @@ package tracer_test
 
 import (
 	"errors"
+	"fmt"
 	"math/bits"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -142,6 +146,17 @@ func TestEventBadInputNamesTheField(t *testing.T) {
 			"events[0].where[0]", "operator 42"},
 		{"histogram of a string", &pb.EventAttach{TracepointGroup: "net", TracepointEvent: "net_dev_xmit", Program: loader.ProgEventTP, HistogramArg: "name"},
 			"events[0].actions", "string"},
+		{"text for an integer", killEvent(&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_EQ, Text: "9"}),
+			"events[0].where[0]", "argument sig of syscalls:sys_enter_kill is an integer (int), not a string"},
+		{"text with <", &pb.EventAttach{TracepointGroup: "net", TracepointEvent: "net_dev_xmit", Program: loader.ProgEventTP, Count: true,
+			Where: []*pb.EventTerm{{Arg: "name", Op: pb.EventOp_EVENT_OP_LT, Text: "eth0"}}},
+			"events[0].where[0]", "compared with == or != only"},
+		{"text too long", &pb.EventAttach{TracepointGroup: "task", TracepointEvent: "task_rename", Program: loader.ProgEventTP, Count: true,
+			Where: []*pb.EventTerm{{Arg: "newcomm", Op: pb.EventOp_EVENT_OP_EQ, Text: "0123456789abcdef"}}},
+			"events[0].where[0]", "1 to 15 bytes, no NUL (newcomm of task:task_rename holds 15 characters)"},
+		{"text and values", &pb.EventAttach{TracepointGroup: "net", TracepointEvent: "net_dev_xmit", Program: loader.ProgEventTP, Count: true,
+			Where: []*pb.EventTerm{{Arg: "name", Op: pb.EventOp_EVENT_OP_EQ, Text: "eth0", Values: []int64{1}}}},
+			"events[0].where[0]", "a text or values, not both"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e, err := tracer.AttachEvent(spec, c.ea, loader.Options{})
@@ -152,6 +167,104 @@ func TestEventBadInputNamesTheField(t *testing.T) {
 			var fe *loader.FieldError
 			if !errors.As(err, &fe) || fe.Field != c.field || !strings.Contains(err.Error(), c.words) {
 				t.Fatalf("error %q, want field %s with %q", err, c.field, c.words)
+			}
+		})
+	}
+}
+
+// Where terms on string arguments, both layouts a tracepoint record keeps
+// them in: task:task_rename's char newcomm[16] (this thread renamed with
+// prctl) and sched:sched_process_exec's __data_loc filename (a path of this
+// test's own, executed). Equal to the text counts exactly those; a text that
+// is only the string's prefix counts none; != counts the others.
+func TestEventTextTerms(t *testing.T) {
+	for _, floor := range []bool{false, true} {
+		name := "full"
+		if floor {
+			name = "floor"
+		}
+		t.Run(name, func(t *testing.T) {
+			if floor {
+				t.Setenv("HOPTRACE_FLOOR", "1")
+			}
+			spec := objectSpec(t)
+			attach := func(index uint32, group, event string, where ...*pb.EventTerm) *tracer.Event {
+				ea := &pb.EventAttach{EventIndex: index, Name: fmt.Sprintf("text-%d", index), TracepointGroup: group,
+					TracepointEvent: event, Program: loader.ProgEventTP, Where: where, Count: true}
+				e, err := tracer.AttachEvent(spec, ea, loader.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(e.Close)
+				return e
+			}
+			text := func(arg string, op pb.EventOp, value string) *pb.EventTerm {
+				return &pb.EventTerm{Arg: arg, Op: op, Text: value}
+			}
+			eq, ne := pb.EventOp_EVENT_OP_EQ, pb.EventOp_EVENT_OP_NE
+
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			tid := int64(unix.Gettid())
+			thisThread := &pb.EventTerm{Arg: "pid", Op: eq, Values: []int64{tid}}
+			renamedA := attach(0, "task", "task_rename", thisThread, text("newcomm", eq, "ht-rename-a"))
+			renamedOther := attach(1, "task", "task_rename", thisThread, text("newcomm", ne, "ht-rename-a"))
+			renamedPrefix := attach(2, "task", "task_rename", thisThread, text("newcomm", eq, "ht-rename"))
+
+			dir := fmt.Sprintf("/tmp/ht%04x", os.Getpid()&0xffff) // short: a text holds 15 bytes
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(dir)
+			path := filepath.Join(dir, "t")
+			truePath, err := exec.LookPath("true")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(truePath, path); err != nil {
+				t.Fatal(err)
+			}
+			executed := attach(3, "sched", "sched_process_exec", text("filename", eq, path))
+			executedPrefix := attach(4, "sched", "sched_process_exec", text("filename", eq, path[:len(path)-1]))
+
+			const renames, runs = 9, 5
+			var old [16]byte
+			if err := unix.Prctl(unix.PR_GET_NAME, uintptr(unsafe.Pointer(&old[0])), 0, 0, 0); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < renames; i++ {
+				for _, comm := range []string{"ht-rename-a", "ht-rename-b", "ht-rename-a-lo"} {
+					b := append([]byte(comm), 0)
+					if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&b[0])), 0, 0, 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&old[0])), 0, 0, 0)
+			for i := 0; i < runs; i++ {
+				if out, err := exec.Command(path).CombinedOutput(); err != nil {
+					t.Fatalf("%s: %v %s", path, err, out)
+				}
+			}
+			for _, c := range []struct {
+				what string
+				e    *tracer.Event
+				want uint64
+			}{
+				{`newcomm == "ht-rename-a"`, renamedA, renames},
+				// ht-rename-b, ht-rename-a-lo and the rename back to the thread's own name
+				{`newcomm != "ht-rename-a"`, renamedOther, 2*renames + 1},
+				{`newcomm == "ht-rename"`, renamedPrefix, 0},
+				{"filename == " + path, executed, runs},
+				{"filename == " + path[:len(path)-1], executedPrefix, 0},
+			} {
+				v, err := tracer.EventValues(c.e, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if v.GetMatched() != c.want || v.GetCounts()[0] != c.want {
+					t.Errorf("%s: matched %d (counts %v), want %d", c.what, v.GetMatched(), v.GetCounts(), c.want)
+				}
 			}
 		})
 	}

@@ -326,7 +326,10 @@ type EventTerm struct {
 	Op  EventOp `protobuf:"varint,2,opt,name=op,proto3,enum=hoptrace.v1.EventOp" json:"op,omitempty"`
 	// One value; several for EVENT_OP_IN. Two's complement for values above
 	// 2^63 - 1.
-	Values        []int64 `protobuf:"varint,3,rep,packed,name=values,proto3" json:"values,omitempty"`
+	Values []int64 `protobuf:"varint,3,rep,packed,name=values,proto3" json:"values,omitempty"`
+	// The text a string argument (a device's name, a task's comm) is compared
+	// with, instead of values: EVENT_OP_EQ or EVENT_OP_NE, 1 to 15 characters.
+	Text          string `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -380,6 +383,13 @@ func (x *EventTerm) GetValues() []int64 {
 		return x.Values
 	}
 	return nil
+}
+
+func (x *EventTerm) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
 }
 
 type Filter struct {
@@ -789,11 +799,12 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\aactions\x18\x05 \x03(\v2\x17.hoptrace.v1.ActionSpecR\aactions\x12\x10\n" +
 	"\x03key\x18\x06 \x01(\tR\x03key\x12\x16\n" +
 	"\x06kprobe\x18\a \x01(\tR\x06kprobe\x12\x16\n" +
-	"\x06fentry\x18\b \x01(\tR\x06fentry\"[\n" +
+	"\x06fentry\x18\b \x01(\tR\x06fentry\"o\n" +
 	"\tEventTerm\x12\x10\n" +
 	"\x03arg\x18\x01 \x01(\tR\x03arg\x12$\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x14.hoptrace.v1.EventOpR\x02op\x12\x16\n" +
-	"\x06values\x18\x03 \x03(\x03R\x06values\"~\n" +
+	"\x06values\x18\x03 \x03(\x03R\x06values\x12\x12\n" +
+	"\x04text\x18\x04 \x01(\tR\x04text\"~\n" +
 	"\x06Filter\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x10\n" +
 	"\x03src\x18\x02 \x01(\tR\x03src\x12\x10\n" +

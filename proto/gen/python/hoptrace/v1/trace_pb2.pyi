@@ -74,14 +74,16 @@ class EventSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., node: _Optional[str] = ..., tracepoint: _Optional[str] = ..., where: _Optional[_Iterable[_Union[EventTerm, _Mapping]]] = ..., actions: _Optional[_Iterable[_Union[ActionSpec, _Mapping]]] = ..., key: _Optional[str] = ..., kprobe: _Optional[str] = ..., fentry: _Optional[str] = ...) -> None: ...
 
 class EventTerm(_message.Message):
-    __slots__ = ("arg", "op", "values")
+    __slots__ = ("arg", "op", "values", "text")
     ARG_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
     arg: str
     op: _counters_pb2.EventOp
     values: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, arg: _Optional[str] = ..., op: _Optional[_Union[_counters_pb2.EventOp, str]] = ..., values: _Optional[_Iterable[int]] = ...) -> None: ...
+    text: str
+    def __init__(self, arg: _Optional[str] = ..., op: _Optional[_Union[_counters_pb2.EventOp, str]] = ..., values: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class Filter(_message.Message):
     __slots__ = ("protocol", "src", "dst", "src_port", "dst_port")
