@@ -31,13 +31,9 @@ func killEvent(where ...*pb.EventTerm) *pb.EventAttach {
 		Program: loader.ProgEventTP, Where: where, Count: true}
 }
 
-func objectSpec(t *testing.T) *ebpf.CollectionSpec {
-	t.Helper()
-	tu.RequireRoot(t)
-	return tu.LoadSpec(t)
-}
-
-func TestEventCountsWhereTermsHold(t *testing.T) {
+// bothVariants runs test on the full programs and on the _floor variants
+// (5.10's), as the agent picks them (HOPTRACE_FLOOR).
+func bothVariants(t *testing.T, test func(t *testing.T)) {
 	for _, floor := range []bool{false, true} {
 		name := "full"
 		if floor {
@@ -47,44 +43,56 @@ func TestEventCountsWhereTermsHold(t *testing.T) {
 			if floor {
 				t.Setenv("HOPTRACE_FLOOR", "1")
 			}
-			me := int64(os.Getpid())
-			ea := killEvent(
-				&pb.EventTerm{Arg: "pid", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{me}},
-				&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_IN, Values: []int64{7, 0, 9}},
-				&pb.EventTerm{Arg: "pid", Op: pb.EventOp_EVENT_OP_GT, Values: []int64{me - 1}},
-				&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_LT, Values: []int64{1}},
-			)
-			ea.CountBy, ea.CountByArg, ea.HistogramArg = pb.EventKey_EVENT_KEY_ARG, "sig", "pid"
-			e, err := tracer.AttachEvent(objectSpec(t), ea, loader.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
-			const sent = 37
-			for i := 0; i < sent; i++ {
-				if err := unix.Kill(int(me), 0); err != nil {
-					t.Fatal(err)
-				}
-			}
-			// Not matched: another signal number, another pid (1 exists, signal 0 only checks).
-			_ = unix.Kill(int(me), unix.SIGWINCH)
-			_ = unix.Kill(1, 0)
-			v, err := tracer.EventValues(e, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if v.GetCounts()[0] != sent || len(v.GetCounts()) != 1 {
-				t.Fatalf("counts by sig = %v, want {0: %d}", v.GetCounts(), sent)
-			}
-			if v.GetMatched() != sent || v.GetSeen() < sent+2 {
-				t.Fatalf("matched %d seen %d, want %d and >= %d", v.GetMatched(), v.GetSeen(), sent, sent+2)
-			}
-			b := bits.Len64(uint64(me))
-			if v.GetBuckets()[b] != sent {
-				t.Fatalf("histogram bucket %d (le %d) = %d, want %d (buckets %v)", b, uint64(1)<<b-1, v.GetBuckets()[b], sent, v.GetBuckets())
-			}
+			test(t)
 		})
 	}
+}
+
+func objectSpec(t *testing.T) *ebpf.CollectionSpec {
+	t.Helper()
+	tu.RequireRoot(t)
+	return tu.LoadSpec(t)
+}
+
+func TestEventCountsWhereTermsHold(t *testing.T) {
+	bothVariants(t, func(t *testing.T) {
+		me := int64(os.Getpid())
+		ea := killEvent(
+			&pb.EventTerm{Arg: "pid", Op: pb.EventOp_EVENT_OP_EQ, Values: []int64{me}},
+			&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_IN, Values: []int64{7, 0, 9}},
+			&pb.EventTerm{Arg: "pid", Op: pb.EventOp_EVENT_OP_GT, Values: []int64{me - 1}},
+			&pb.EventTerm{Arg: "sig", Op: pb.EventOp_EVENT_OP_LT, Values: []int64{1}},
+		)
+		ea.CountBy, ea.CountByArg, ea.HistogramArg = pb.EventKey_EVENT_KEY_ARG, "sig", "pid"
+		e, err := tracer.AttachEvent(objectSpec(t), ea, loader.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		const sent = 37
+		for i := 0; i < sent; i++ {
+			if err := unix.Kill(int(me), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Not matched: another signal number, another pid (1 exists, signal 0 only checks).
+		_ = unix.Kill(int(me), unix.SIGWINCH)
+		_ = unix.Kill(1, 0)
+		v, err := tracer.EventValues(e, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.GetCounts()[0] != sent || len(v.GetCounts()) != 1 {
+			t.Fatalf("counts by sig = %v, want {0: %d}", v.GetCounts(), sent)
+		}
+		if v.GetMatched() != sent || v.GetSeen() < sent+2 {
+			t.Fatalf("matched %d seen %d, want %d and >= %d", v.GetMatched(), v.GetSeen(), sent, sent+2)
+		}
+		b := bits.Len64(uint64(me))
+		if v.GetBuckets()[b] != sent {
+			t.Fatalf("histogram bucket %d (le %d) = %d, want %d (buckets %v)", b, uint64(1)<<b-1, v.GetBuckets()[b], sent, v.GetBuckets())
+		}
+	})
 }
 
 func TestEventBitTermAndCountByCPU(t *testing.T) {
@@ -178,96 +186,87 @@ func TestEventBadInputNamesTheField(t *testing.T) {
 // test's own, executed). Equal to the text counts exactly those; a text that
 // is only the string's prefix counts none; != counts the others.
 func TestEventTextTerms(t *testing.T) {
-	for _, floor := range []bool{false, true} {
-		name := "full"
-		if floor {
-			name = "floor"
-		}
-		t.Run(name, func(t *testing.T) {
-			if floor {
-				t.Setenv("HOPTRACE_FLOOR", "1")
-			}
-			spec := objectSpec(t)
-			attach := func(index uint32, group, event string, where ...*pb.EventTerm) *tracer.Event {
-				ea := &pb.EventAttach{EventIndex: index, Name: fmt.Sprintf("text-%d", index), TracepointGroup: group,
-					TracepointEvent: event, Program: loader.ProgEventTP, Where: where, Count: true}
-				e, err := tracer.AttachEvent(spec, ea, loader.Options{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(e.Close)
-				return e
-			}
-			text := func(arg string, op pb.EventOp, value string) *pb.EventTerm {
-				return &pb.EventTerm{Arg: arg, Op: op, Text: value}
-			}
-			eq, ne := pb.EventOp_EVENT_OP_EQ, pb.EventOp_EVENT_OP_NE
-
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			tid := int64(unix.Gettid())
-			thisThread := &pb.EventTerm{Arg: "pid", Op: eq, Values: []int64{tid}}
-			renamedA := attach(0, "task", "task_rename", thisThread, text("newcomm", eq, "ht-rename-a"))
-			renamedOther := attach(1, "task", "task_rename", thisThread, text("newcomm", ne, "ht-rename-a"))
-			renamedPrefix := attach(2, "task", "task_rename", thisThread, text("newcomm", eq, "ht-rename"))
-
-			dir := fmt.Sprintf("/tmp/ht%04x", os.Getpid()&0xffff) // short: a text holds 15 bytes
-			if err := os.Mkdir(dir, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			defer os.RemoveAll(dir)
-			path := filepath.Join(dir, "t")
-			truePath, err := exec.LookPath("true")
+	bothVariants(t, func(t *testing.T) {
+		spec := objectSpec(t)
+		attach := func(index uint32, group, event string, where ...*pb.EventTerm) *tracer.Event {
+			ea := &pb.EventAttach{EventIndex: index, Name: fmt.Sprintf("text-%d", index), TracepointGroup: group,
+				TracepointEvent: event, Program: loader.ProgEventTP, Where: where, Count: true}
+			e, err := tracer.AttachEvent(spec, ea, loader.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Symlink(truePath, path); err != nil {
-				t.Fatal(err)
-			}
-			executed := attach(3, "sched", "sched_process_exec", text("filename", eq, path))
-			executedPrefix := attach(4, "sched", "sched_process_exec", text("filename", eq, path[:len(path)-1]))
+			t.Cleanup(e.Close)
+			return e
+		}
+		text := func(arg string, op pb.EventOp, value string) *pb.EventTerm {
+			return &pb.EventTerm{Arg: arg, Op: op, Text: value}
+		}
+		eq, ne := pb.EventOp_EVENT_OP_EQ, pb.EventOp_EVENT_OP_NE
 
-			const renames, runs = 9, 5
-			var old [16]byte
-			if err := unix.Prctl(unix.PR_GET_NAME, uintptr(unsafe.Pointer(&old[0])), 0, 0, 0); err != nil {
-				t.Fatal(err)
-			}
-			for i := 0; i < renames; i++ {
-				for _, comm := range []string{"ht-rename-a", "ht-rename-b", "ht-rename-a-lo"} {
-					b := append([]byte(comm), 0)
-					if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&b[0])), 0, 0, 0); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&old[0])), 0, 0, 0)
-			for i := 0; i < runs; i++ {
-				if out, err := exec.Command(path).CombinedOutput(); err != nil {
-					t.Fatalf("%s: %v %s", path, err, out)
-				}
-			}
-			for _, c := range []struct {
-				what string
-				e    *tracer.Event
-				want uint64
-			}{
-				{`newcomm == "ht-rename-a"`, renamedA, renames},
-				// ht-rename-b, ht-rename-a-lo and the rename back to the thread's own name
-				{`newcomm != "ht-rename-a"`, renamedOther, 2*renames + 1},
-				{`newcomm == "ht-rename"`, renamedPrefix, 0},
-				{"filename == " + path, executed, runs},
-				{"filename == " + path[:len(path)-1], executedPrefix, 0},
-			} {
-				v, err := tracer.EventValues(c.e, nil)
-				if err != nil {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tid := int64(unix.Gettid())
+		thisThread := &pb.EventTerm{Arg: "pid", Op: eq, Values: []int64{tid}}
+		renamedA := attach(0, "task", "task_rename", thisThread, text("newcomm", eq, "ht-rename-a"))
+		renamedOther := attach(1, "task", "task_rename", thisThread, text("newcomm", ne, "ht-rename-a"))
+		renamedPrefix := attach(2, "task", "task_rename", thisThread, text("newcomm", eq, "ht-rename"))
+
+		dir := fmt.Sprintf("/tmp/ht%04x", os.Getpid()&0xffff) // short: a text holds 15 bytes
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(dir)
+		path := filepath.Join(dir, "t")
+		truePath, err := exec.LookPath("true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(truePath, path); err != nil {
+			t.Fatal(err)
+		}
+		executed := attach(3, "sched", "sched_process_exec", text("filename", eq, path))
+		executedPrefix := attach(4, "sched", "sched_process_exec", text("filename", eq, path[:len(path)-1]))
+
+		const renames, runs = 9, 5
+		var old [16]byte
+		if err := unix.Prctl(unix.PR_GET_NAME, uintptr(unsafe.Pointer(&old[0])), 0, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < renames; i++ {
+			for _, comm := range []string{"ht-rename-a", "ht-rename-b", "ht-rename-a-lo"} {
+				b := append([]byte(comm), 0)
+				if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&b[0])), 0, 0, 0); err != nil {
 					t.Fatal(err)
 				}
-				if v.GetMatched() != c.want || v.GetCounts()[0] != c.want {
-					t.Errorf("%s: matched %d (counts %v), want %d", c.what, v.GetMatched(), v.GetCounts(), c.want)
-				}
 			}
-		})
-	}
+		}
+		_ = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&old[0])), 0, 0, 0)
+		for i := 0; i < runs; i++ {
+			if out, err := exec.Command(path).CombinedOutput(); err != nil {
+				t.Fatalf("%s: %v %s", path, err, out)
+			}
+		}
+		for _, c := range []struct {
+			what string
+			e    *tracer.Event
+			want uint64
+		}{
+			{`newcomm == "ht-rename-a"`, renamedA, renames},
+			// ht-rename-b, ht-rename-a-lo and the rename back to the thread's own name
+			{`newcomm != "ht-rename-a"`, renamedOther, 2*renames + 1},
+			{`newcomm == "ht-rename"`, renamedPrefix, 0},
+			{"filename == " + path, executed, runs},
+			{"filename == " + path[:len(path)-1], executedPrefix, 0},
+		} {
+			v, err := tracer.EventValues(c.e, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.GetMatched() != c.want || v.GetCounts()[0] != c.want {
+				t.Errorf("%s: matched %d (counts %v), want %d", c.what, v.GetMatched(), v.GetCounts(), c.want)
+			}
+		}
+	})
 }
 
 // record: [ARGS] keeps exact statistics, and a latency pairs two events by
