@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    PINNED_CPU,
     SOCKPERF_PORT,
     BenchContext,
     RecordSink,
@@ -143,11 +144,13 @@ def empty_tc_programs(topo: TwoHostTopology, workdir: Path) -> Iterator[dict[str
             )
 
 
-def hop_run_times(ids: dict[str, int], topo: TwoHostTopology, seconds: int, mps: int) -> dict[str, Any]:
+def hop_run_times(
+    ids: dict[str, int], topo: TwoHostTopology, seconds: int, mps: int, pinned: bool = False
+) -> dict[str, Any]:
     """The traffic, and each hop's runs and ns per run by bpf_stats meanwhile."""
     before = prog_stats(ids)
     t0 = time.monotonic()
-    traffic = sockperf_throughput(topo, seconds, mps)
+    traffic = sockperf_throughput(topo, seconds, mps, pinned)
     dt = time.monotonic() - t0
     time.sleep(0.5)  # the agents flush their last batches
     after = prog_stats(ids)
@@ -164,9 +167,15 @@ def hop_run_times(ids: dict[str, int], topo: TwoHostTopology, seconds: int, mps:
     return {"hops": hops, "sent": traffic["sent"], "duration_s": dt}
 
 
-def sockperf_throughput(topo: TwoHostTopology, seconds: int, mps: int) -> dict[str, Any]:
-    """sockperf UDP throughput c1 -> c2 for `seconds` at `mps` messages/s (64-byte messages)."""
-    text = sockperf(topo, "throughput", seconds, "--mps", str(mps), "-m", "64")
+def sockperf_throughput(
+    topo: TwoHostTopology, seconds: int, mps: int, pinned: bool = False
+) -> dict[str, Any]:
+    """sockperf UDP throughput c1 -> c2 for `seconds` at `mps` messages/s (64-byte messages); with `pinned`,
+    client and server on one vCPU."""
+    prefix = ("taskset", "-c", PINNED_CPU) if pinned else ()
+    text = sockperf(
+        topo, "throughput", seconds, "--mps", str(mps), "-m", "64", client_prefix=prefix, server_prefix=prefix
+    )
     sent = re.search(r"Total of (\d+) messages sent", text)
     if not sent:
         raise RuntimeError(f"sockperf throughput: no SentMessages in {text[-1500:]}")

@@ -41,6 +41,9 @@ REPO = Path(__file__).resolve().parent.parent
 AGENT_BINARY = REPO / "agent" / "bin" / "hoptrace-agent"
 BPF_OBJECT = REPO / "kernel-patch" / "build" / "hoptrace.bpf.o"
 SOCKPERF_PORT = 11111
+# Where pinned traffic runs sockperf's client and server: one vCPU, so no step of a packet's way waits for
+# another vCPU to be woken, and every hop of it runs there (overhead.sockperf_ping_pong, bpf_cost).
+PINNED_CPU = "0"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    PINNED_CPU,
     BenchContext,
     RecordSink,
     TwoHostTopology,
@@ -66,11 +67,6 @@ TRACEFS = Path("/sys/kernel/tracing")
 
 
 # ---- workloads -----------------------------------------------------------------------------------
-
-
-# Where `pp1_*` runs sockperf's client and server: one vCPU, so no step of a round trip waits for another
-# vCPU to be woken (below).
-PINNED_CPU = "0"
 
 
 def sockperf_ping_pong(topo: TwoHostTopology, seconds: int, pinned: bool = False) -> dict[str, float]:
