@@ -212,9 +212,14 @@ def build_graph(
     for path in ordered.values():
         key = tuple(c.place for c in path)
         counts[key] += 1
-        offsets[key].append([c.master_ns - path[0].master_ns for c in path])
+        since = [0]
         for before, after in itertools.pairwise(path):
-            steps[(before.place, after.place)].append(_step_ns(before, after))
+            step = _step_ns(before, after)
+            steps[(before.place, after.place)].append(step)
+            # A packet does not arrive before it left: a step across nodes that aligned clocks make
+            # negative is within their bound, and would show the path going back in time.
+            since.append(since[-1] + max(step, 0))
+        offsets[key].append(since)
     total = sum(counts.values())
     nodes = sorted({c.node for c in crossings})
     namespaces = sorted({c.netns for c in crossings})

@@ -4,6 +4,7 @@ names, and the request checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -65,6 +66,21 @@ def test_paths_in_order_from_shuffled_crossings_with_shares() -> None:
         "b-c2-eth0-in",
     ]  # fmt: skip
     assert [h.at for h in paths[0].hops][:2] == ["tc-egress", "tc-ingress"]
+
+
+def test_since_first_never_goes_back_where_aligned_clocks_put_a_node_early() -> None:
+    """Crossings 1 us apart, but host-b's aligned clock 1.5 us early (within a clock bound, more than the
+    wire's 1 us): the path keeps its order, its times since the first never decrease (the wire's step
+    counts 0), and the steps within host-b keep their own clock's 1 us."""
+    all_crossings = []
+    for packet in range(21):
+        for crossing in crossings(packet, PATH, 10_000_000 * packet):
+            if crossing.node == "host-b":
+                crossing = dataclasses.replace(crossing, master_ns=crossing.master_ns - 1500)
+            all_crossings.append(crossing)
+    (path,) = build_paths(all_crossings)
+    assert places(path) == PATH
+    assert list(path.since_first_ns) == [0, 1000, 2000, 3000, 3000, 4000, 5000]
 
 
 def test_segments_carry_each_steps_median_and_p99_over_every_path_that_makes_it() -> None:

@@ -2680,8 +2680,9 @@ type DiscoveredPath struct {
 	Share   float64 `protobuf:"fixed64,2,opt,name=share,proto3" json:"share,omitempty"`
 	// One hop per crossing: node, netns, dev, at (tc-egress or tc-ingress) and a generated name.
 	Hops []*HopSpec `protobuf:"bytes,3,rep,name=hops,proto3" json:"hops,omitempty"`
-	// Median time of each crossing after the first, over the path's packets (clock-aligned across
-	// nodes; hops[0] is 0).
+	// Median time of each crossing after the first, over the path's packets: the sum of the packet's
+	// steps, each on its node's own clock, or clock-aligned across nodes where a step aligned clocks
+	// make negative (within their bound) counts 0; hops[0] is 0.
 	SinceFirstNs  []int64 `protobuf:"varint,4,rep,packed,name=since_first_ns,json=sinceFirstNs,proto3" json:"since_first_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
