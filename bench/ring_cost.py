@@ -1,7 +1,7 @@
 """What the records ring costs a traced tc hop in place (issue 13), side by side.
 
 The 8-hop c1 -> c2 VXLAN path, sockperf UDP at a fixed rate, every packet tagged and recorded at every hop;
-bpf_stats' ns per run of the five tc hops that record but do not tag (their median), conditions
+bpf_stats' ns per run of the five tc hops that record but do not tag (below), conditions
 interleaved in rounds:
 
 - `ring`: the object as built, the agent's ring of 8 MiB (its default);
@@ -10,24 +10,36 @@ interleaved in rounds:
   written into a per-CPU array slot instead of the shared ring (no reserve, no lock, a line that stays in
   this CPU's cache; nothing reaches the agent). What is left is what the hop costs besides the ring;
 - `empty`: a tc program that only returns at the same hops (`bpf_cost.empty_tc_programs`);
+- `floor`: the least any design that records every packet at every hop must do, in place of the agent's
+  recording tc hops (their tcx links detached, this one attached with clsact): read 4 bytes of the packet
+  (where a UDP ID lies), take the clock, and reserve, fill and submit a record in the agent's own ring,
+  which the agent reads as usual (FLOOR_SOURCE). No parsing, no filter, no counters;
+- `floor_local`: the same, but the record written into a per-CPU array slot (no ring);
+- `shared`: the agent's hop programs, but one program per node runs at all of its recording hops (the
+  others' tcx links detached, the first one's program attached there with clsact): its code and maps stay
+  hot from one hop to the next. Does the size of the program (5,000+ instructions, a copy per hop) cost?
 - `..._pin`: client and server on one vCPU (`common.PINNED_CPU`), so every hop runs there: no other CPU
   writes the ring's lock or head meanwhile (the agent still reads the ring from wherever it runs).
 
     .venv/bin/python bench/ring_cost.py --rounds 3 \\
-        --conditions ring,ring1M,ring128M,ring_pin,local,local_pin,empty,empty_pin
+        --conditions ring,ring1M,ring128M,ring_pin,local,local_pin,empty,empty_pin,floor,floor_local,shared
+
+The figure per condition is the recording tc hops' time over their runs (sum of bpf_stats run_time_ns over
+sum of run_cnt, each program once): what a recorded packet costs per hop, whichever program ran there.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from bpf_cost import TC_HOPS, empty_tc_programs, hop_prog_ids, hop_run_times
+from bpf_cost import TC_HOPS, empty_tc_programs, hop_prog_ids, hop_run_times, prog_stats
 
 from common import (
     REPO,
@@ -35,16 +47,75 @@ from common import (
     RecordSink,
     TwoHostTopology,
     bpf_stats_enabled,
+    bpftool_json,
     log,
     median,
     path_agents,
     path_plans,
+    progs_of,
 )
 
 RINGS = {"ring": 8 << 20, "ring1M": 1 << 20, "ring128M": 128 << 20, "local": 8 << 20}
-CONDITIONS = ("ring", "ring1M", "ring128M", "local", "empty")
+CONDITIONS = ("ring", "ring1M", "ring128M", "local", "empty", "floor", "floor_local", "shared")
 SECONDS, MPS = 5, 20_000
-TAGGER = "a-c1-eth0-out"  # it also grows the packet: left out of the median
+TAGGER = "a-c1-eth0-out"  # it also grows the packet: left out
+RECORDING = [hop for hop in TC_HOPS if hop != TAGGER]
+# `shared`: the program of the first recording hop of each node runs at its others too.
+SHARED = {"a-vxlan-out": ["a-wire-out"], "b-wire-in": ["b-vxlan-in", "b-c2-eth0-in"]}
+
+# `floor`: a record per packet and nothing else. The ID is read where a UDP ID lies in an unpadded frame
+# (its last 4 bytes); the record is the agent's layout (hoptrace.h), trace slot 0: the agent counts it
+# unrouted and frees it, as it would a detached trace's.
+FLOOR_SOURCE = """\
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "hoptrace.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096); /* replaced by the agent's ring at load (bpftool's map name records id) */
+} records SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct hoptrace_record);
+} local_record SEC(".maps");
+
+SEC("tc") int floor_tc(struct __sk_buff *skb)
+{
+	struct hoptrace_record *rec;
+	__u32 id;
+
+	if (bpf_skb_load_bytes(skb, skb->len - 4, &id, sizeof(id)))
+		return -1;
+#ifdef FLOOR_LOCAL
+	__u32 slot = 0;
+
+	rec = bpf_map_lookup_elem(&local_record, &slot);
+#else
+	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+#endif
+	if (!rec)
+		return -1;
+	rec->ts_ns = bpf_ktime_get_ns();
+	rec->packet_id = id;
+	rec->flow_hash = 0;
+	rec->ifindex = skb->ifindex;
+	rec->wire_len = skb->len;
+	rec->hop_index = 0;
+	rec->trace_slot = 0;
+	rec->cpu = bpf_get_smp_processor_id();
+	rec->flags = 0;
+#ifndef FLOOR_LOCAL
+	bpf_ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+#endif
+	return -1; /* TC_ACT_UNSPEC: the packet goes on untouched */
+}
+
+char LICENSE[] SEC("license") = "GPL";
+"""
 
 # The `local` object's one change to hop.bpf.h: the record goes to a per-CPU slot, not the ring.
 RESERVE = """\
@@ -95,39 +166,151 @@ def build_local_object(workdir: Path) -> Path:
     return obj
 
 
-def tc_median(hops: dict[str, Any], skip: str = "") -> float | None:
-    """The median ns per run of the tc hops, `skip` left out."""
-    return median(
-        [v["ns_per_run"] for h, v in hops.items() if h in TC_HOPS and h != skip and v["ns_per_run"]]
-    )
+def build_floor_object(workdir: Path, name: str) -> Path:
+    """FLOOR_SOURCE, built against the project's vmlinux.h and hoptrace.h; `floor_local` with FLOOR_LOCAL."""
+    src, obj = workdir / "floor.bpf.c", workdir / f"{name}.bpf.o"
+    src.write_text(FLOOR_SOURCE)
+    local = ["-DFLOOR_LOCAL"] if name == "floor_local" else []
+    subprocess.run(
+        ["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-D__TARGET_ARCH_x86", *local,
+         f"-I{REPO / 'kernel-patch' / 'build'}", f"-I{REPO / 'kernel-patch' / 'include'}",
+         "-c", str(src), "-o", str(obj)],
+        check=True,
+    )  # fmt: skip
+    return obj
+
+
+def records_map_id(pid: int) -> int:
+    """The id of the records ring the agent `pid` holds."""
+    held = {m for p in progs_of({pid}).values() for m in p.get("map_ids", [])}
+    maps = bpftool_json("map", "show")
+    found = [m["id"] for m in maps if m["id"] in held and m.get("name") == "ht_records"]
+    if len(found) != 1:
+        raise RuntimeError(f"agent {pid}: expected one records map, found {found}")
+    return found[0]
+
+
+@contextlib.contextmanager
+def programs_instead(
+    topo: TwoHostTopology, ids: dict[str, int], pinned: dict[str, Path]
+) -> Iterator[dict[str, int]]:
+    """At each hop of `pinned`, the agent's tcx link detached and the pinned program attached with clsact
+    instead; yields hop -> the program id running there. The qdiscs are removed after (the agents then
+    close their detached links as usual)."""
+    links = bpftool_json("link", "show")
+    running = dict(ids)
+    try:
+        for hop, path in pinned.items():
+            role, dev, direction = TC_HOPS[hop]
+            link = [lk["id"] for lk in links if lk.get("prog_id") == ids[hop]]
+            if len(link) != 1:
+                raise RuntimeError(f"{hop}: expected one link of program {ids[hop]}, found {link}")
+            subprocess.run(["bpftool", "link", "detach", "id", str(link[0])], check=True)
+            subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "add", "dev", dev, "clsact"], check=True)
+            # nsenter, not `tc -n`: that mounts a sysfs of its own, where /sys/fs/bpf is empty
+            subprocess.run(
+                ["nsenter", f"--net={topo.netns_path(role)}",
+                 "tc", "filter", "add", "dev", dev, direction, "bpf", "da", "pinned", str(path)],
+                check=True,
+            )  # fmt: skip
+            running[hop] = bpftool_json("prog", "show", "pinned", str(path))["id"]
+        yield running
+    finally:
+        for hop in pinned:
+            role, dev, _ = TC_HOPS[hop]
+            subprocess.run(
+                ["tc", "-n", topo.netns(role), "qdisc", "del", "dev", dev, "clsact"],
+                check=False,
+                capture_output=True,
+            )
+
+
+def recording_ns_per_run(ids: dict[str, int], before: dict[str, tuple[int, int]]) -> float | None:
+    """The recording hops' run time over their runs since `before` (prog_stats), each program once."""
+    after = prog_stats(ids)
+    ns = runs = 0
+    for prog in {ids[hop]: hop for hop in RECORDING}.values():
+        ns += after[prog][0] - before[prog][0]
+        runs += after[prog][1] - before[prog][1]
+    return ns / runs if runs else None
+
+
+def timed(ids: dict[str, int], topo: TwoHostTopology, pinned: bool) -> float | None:
+    """The traffic, and the recording hops' ns per run meanwhile."""
+    before = prog_stats(ids)
+    hop_run_times(ids, topo, SECONDS, MPS, pinned)
+    return recording_ns_per_run(ids, before)
+
+
+def pin_program(prog_id: int, path: Path) -> Path:
+    """`bpftool prog pin`: a path tc can attach the program from."""
+    subprocess.run(["bpftool", "prog", "pin", "id", str(prog_id), str(path)], check=True)
+    return path
+
+
+def load_floor(floor: Path, records_id: int, path: Path) -> Path:
+    """The floor program loaded with the agent's ring as its records map, pinned at `path`."""
+    subprocess.run(
+        ["bpftool", "prog", "load", str(floor), str(path), "type", "classifier",
+         "map", "name", "records", "id", str(records_id)],
+        check=True,
+    )  # fmt: skip
+    return path
 
 
 def measure(
-    topo: TwoHostTopology, sink: RecordSink, workdir: Path, condition: str, local: Path
+    topo: TwoHostTopology, sink: RecordSink, workdir: Path, condition: str, objects: dict[str, Path]
 ) -> float | None:
-    """One condition's median ns per run of the recording tc hops."""
+    """One condition's ns per run of the recording tc hops."""
     pinned = condition.endswith("_pin")
     base = condition.removesuffix("_pin")
     if base == "empty":
         with empty_tc_programs(topo, workdir) as ids:
-            return tc_median(hop_run_times(ids, topo, SECONDS, MPS, pinned)["hops"])
+            return timed(ids, topo, pinned)
     filter_ = {"protocol": "udp", "dst": topo.addr("c2"), "dstPort": SOCKPERF_PORT}
     plans = path_plans(topo, f"ringcost-{condition}", filter_)
     if base == "local":
         for plan in plans:
-            plan["objectPath"] = str(local)
-    with path_agents(topo, sink.addr, workdir, plans, "--ringbuf-bytes", str(RINGS[base])) as (a, b):
-        ids = hop_prog_ids(topo, {"host-a": a.pid, "host-b": b.pid})
-        records = sink.count()
-        data = hop_run_times(ids, topo, SECONDS, MPS, pinned)
-        log(f"ring_cost {condition}: {sink.count() - records} records")
-        return tc_median(data["hops"], skip=TAGGER)
+            plan["objectPath"] = str(objects["local"])
+    ring = RINGS.get(base, RINGS["ring"])
+    pins: list[Path] = []
+    pin_dir = Path("/sys/fs/bpf") / workdir.name  # programs are pinned in bpffs only
+    try:
+        with path_agents(topo, sink.addr, workdir, plans, "--ringbuf-bytes", str(ring)) as (a, b):
+            ids = hop_prog_ids(topo, {"host-a": a.pid, "host-b": b.pid})
+            instead: dict[str, Path] = {}
+            if base.startswith("floor"):
+                for node, pid in (("host-a", a.pid), ("host-b", b.pid)):
+                    pin_dir.mkdir(exist_ok=True)
+                    path = pin_dir / f"floor-{node}"
+                    pins.append(load_floor(objects[base], records_map_id(pid), path))
+                    instead |= {hop: path for hop in RECORDING if hop.startswith(node[-1] + "-")}
+            elif base == "shared":
+                for first, others in SHARED.items():
+                    pin_dir.mkdir(exist_ok=True)
+                    path = pin_program(ids[first], pin_dir / f"shared-{first}")
+                    pins.append(path)
+                    instead |= {hop: path for hop in others}
+            with programs_instead(topo, ids, instead) as running:
+                records = sink.count()
+                ns = timed(running, topo, pinned)
+            log(f"ring_cost {condition}: {sink.count() - records} records")
+            return ns
+    finally:
+        for path in pins:
+            path.unlink(missing_ok=True)
+        if pin_dir.exists():
+            pin_dir.rmdir()
 
 
 def run(rounds: int, conditions: list[str]) -> dict[str, list[float]]:
-    """Each condition's medians, one per round (order rotated per round)."""
+    """Each condition's ns per run, one per round (order rotated per round)."""
     workdir = Path(tempfile.mkdtemp(prefix="hoptrace-ring-cost-"))
-    local = build_local_object(workdir)
+    objects = {
+        "local": build_local_object(workdir),
+        "floor": build_floor_object(workdir, "floor"),
+        "floor_local": build_floor_object(workdir, "floor_local"),
+    }
     results: dict[str, list[float]] = {c: [] for c in conditions}
     sink = RecordSink()
     topo = TwoHostTopology("hrc", overlay="vxlan")
@@ -137,7 +320,7 @@ def run(rounds: int, conditions: list[str]) -> dict[str, list[float]]:
             for r in range(rounds):
                 order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
                 for condition in order:
-                    ns = measure(topo, sink, workdir, condition, local)
+                    ns = measure(topo, sink, workdir, condition, objects)
                     if ns is not None:
                         results[condition].append(ns)
                     log(
@@ -155,7 +338,10 @@ def run(rounds: int, conditions: list[str]) -> dict[str, list[float]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--conditions", default="ring,ring1M,ring128M,ring_pin,local,local_pin,empty,empty_pin")
+    ap.add_argument(
+        "--conditions",
+        default="ring,ring1M,ring128M,ring_pin,local,local_pin,empty,empty_pin,floor,floor_local,shared",
+    )
     args = ap.parse_args()
     conditions = [c for c in args.conditions.split(",") if c]
     for name in conditions:
