@@ -73,7 +73,9 @@ def held_link_ids() -> set[int]:
 
 
 _SYS_BPF = 321  # x86_64
+_BPF_OBJ_GET = 7
 _BPF_PROG_QUERY = 16
+_BPF_RAW_TRACEPOINT_OPEN = 17
 BPF_TCX_INGRESS, BPF_TCX_EGRESS = 46, 47
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -95,6 +97,49 @@ class _QueryAttr(ctypes.Structure):
         ("revision", ctypes.c_uint64),
         ("_tail", ctypes.c_uint8 * 64),  # the union is larger: zero the rest
     ]
+
+
+class _ObjGetAttr(ctypes.Structure):
+    """The BPF_OBJ_GET member of union bpf_attr."""
+
+    _fields_ = [
+        ("pathname", ctypes.c_uint64),
+        ("bpf_fd", ctypes.c_uint32),
+        ("file_flags", ctypes.c_uint32),
+        ("path_fd", ctypes.c_int32),
+        ("_tail", ctypes.c_uint8 * 64),
+    ]
+
+
+class _RawTracepointAttr(ctypes.Structure):
+    """The BPF_RAW_TRACEPOINT_OPEN member of union bpf_attr."""
+
+    _fields_ = [
+        ("name", ctypes.c_uint64),
+        ("prog_fd", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+        ("cookie", ctypes.c_uint64),
+        ("_tail", ctypes.c_uint8 * 64),
+    ]
+
+
+def _bpf(cmd: int, attr: ctypes.Structure, what: str) -> int:
+    rc = _libc.syscall(_SYS_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
+    if rc < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {errno.errorcode.get(err)}")
+    return rc
+
+
+def attach_pinned_tracing(pinned: str) -> int:
+    """Attach a pinned tp_btf or fentry program where it was loaded for (BPF_RAW_TRACEPOINT_OPEN, which
+    bpftool 7.1 cannot do); returns the link's fd: closing it detaches the program."""
+    path = ctypes.create_string_buffer(pinned.encode())
+    prog_fd = _bpf(_BPF_OBJ_GET, _ObjGetAttr(pathname=ctypes.addressof(path)), f"BPF_OBJ_GET {pinned}")
+    try:
+        return _bpf(_BPF_RAW_TRACEPOINT_OPEN, _RawTracepointAttr(prog_fd=prog_fd), f"attach {pinned}")
+    finally:
+        os.close(prog_fd)
 
 
 def tcx_programs(netns_path: str, ifindex: int) -> dict[str, list[int]]:
