@@ -316,12 +316,42 @@ static __always_inline bool exceeds_mtu(struct __sk_buff *skb, __u32 grow, bool 
 	struct sk_buff *kskb = (struct sk_buff *)skb;
 	__u32 mtu_len = 0, mtu, network_len;
 
+	if (!floor && bpf_cast_to_kern_ctx) {
+		/* 6.2+: what bpf_check_mtu checks of a non-GSO packet, by two BTF loads from the
+		 * device instead of a helper call (a NULL device reads 0: untagged) */
+		struct net_device *dev = ((struct sk_buff *)bpf_cast_to_kern_ctx(skb))->dev;
+
+		mtu = dev->mtu;
+		network_len = skb->len - dev->hard_header_len;
+		return !mtu || network_len + grow > mtu;
+	}
 	if (!floor)
 		return bpf_check_mtu(skb, 0, &mtu_len, grow, 0) != 0;
 	/* Before 5.12: what bpf_check_mtu checks, from the device itself. */
 	mtu = BPF_CORE_READ(kskb, dev, mtu);
 	network_len = skb->len - BPF_CORE_READ(kskb, dev, hard_header_len);
 	return !mtu || network_len + grow > mtu;
+}
+
+/* The IPv4 header from its total length to its checksum (pkt_info's ip_words): a UDP tag
+ * writes it back in one call. */
+struct ipv4_len_to_check {
+	__be16 tot_len;
+	__be16 id;
+	__be16 frag_off;
+	__u8 ttl;
+	__u8 protocol;
+	__sum16 check;
+} __attribute__((packed));
+
+/* RFC 1624, eqn. 3: the checksum after one 16-bit word changed, HC' = ~(~HC + ~m + m'). */
+static __always_inline __sum16 csum_replace16(__sum16 check, __be16 old, __be16 new)
+{
+	__u32 sum = (__u16)~check + (__u16)~old + (__u16) new;
+
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__sum16)~sum;
 }
 
 /*
@@ -382,13 +412,14 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 		return HOPTRACE_C_TAG_FAILED;
 
 	if (p->family == 4) {
-		__be16 old_len = bpf_htons(p->ip_len);
+		struct ipv4_len_to_check *v4 = (struct ipv4_len_to_check *)p->ip_words;
 		__be16 new_len = bpf_htons(p->ip_len + HOPTRACE_UDP_ID_LEN);
 
-		if (bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, tot_len), &new_len,
-					sizeof(new_len), 0) ||
-		    bpf_l3_csum_replace(skb, p->l3_off + offsetof(struct iphdr, check), old_len,
-					new_len, sizeof(new_len)))
+		/* the length and the header checksum in one call, not a store and a csum helper */
+		v4->check = csum_replace16(v4->check, v4->tot_len, new_len);
+		v4->tot_len = new_len;
+		if (bpf_skb_store_bytes(skb, p->l3_off + offsetof(struct iphdr, tot_len), v4,
+					sizeof(*v4), 0))
 			return HOPTRACE_C_TAG_FAILED;
 	} else {
 		__be16 payload_len =

@@ -105,6 +105,9 @@ struct pkt_info {
 	__u16 tcp_window; /* unscaled */
 	__u32 tcp_seq;
 	__u32 tcp_ack;
+	/* IPv4 header bytes 2-11, total length to checksum, as read: what a UDP tag rewrites with
+	 * one store (hop.bpf.h's tag_udp_packet) */
+	__u8 ip_words[10];
 };
 
 static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, __u32 off, void *to,
@@ -364,6 +367,8 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 			p->ip_id = bpf_ntohs(ip.id);
 		}
 		p->proto = ip.protocol;
+		__builtin_memcpy(p->ip_words, (__u8 *)&ip + offsetof(struct iphdr, tot_len),
+				 sizeof(p->ip_words));
 		p->saddr[0] = ip.saddr;
 		p->daddr[0] = ip.daddr;
 		p->l4_off = off + ihl;

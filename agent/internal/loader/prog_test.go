@@ -281,6 +281,17 @@ func TestTagUDP(t *testing.T) {
 		t.Errorf("counters %v", cn)
 	}
 
+	// The header checksum is updated, not recomputed (RFC 1624): right for every length,
+	// whatever carries the one's complement sum takes.
+	for n := 0; n < 300; n += 7 {
+		p := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(40000, 5000, make([]byte, n)), 0))
+		out, _ := h.run(t, hop, p)
+		if len(out) != len(p)+4 || tu.Checksum(out[14:34]) != 0 ||
+			int(binary.BigEndian.Uint16(out[16:])) != len(p)-14+4 {
+			t.Fatalf("payload %d: tagged header % x", n, out[14:34])
+		}
+	}
+
 	// IPv6: payload_len grows by 4.
 	p6 := tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, u, 0))
 	out6, recs := h.run(t, hop, p6)
