@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from bpf_cost import hop_prog_ids, hop_run_times, prog_stats
-from ring_cost import MPS, SECONDS, TAGGER, recording_ns_per_run
+from ring_cost import MPS, SECONDS, TAGGER, build_bpf, recording_ns_per_run
 
 from common import (
     REPO,
@@ -45,14 +45,8 @@ def build_revision(rev: str, workdir: Path) -> Path:
         ["git", "-C", str(REPO), "archive", rev, "kernel-patch"], check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    obj = workdir / "against.bpf.o"
-    subprocess.run(
-        ["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-D__TARGET_ARCH_x86",
-         f"-I{REPO / 'kernel-patch' / 'build'}", f"-I{src / 'kernel-patch' / 'include'}",
-         "-c", str(src / "kernel-patch" / "hoptrace.bpf.c"), "-o", str(obj)],
-        check=True,
-    )  # fmt: skip
-    return obj
+    rev_src = src / "kernel-patch"
+    return build_bpf(rev_src / "hoptrace.bpf.c", rev_src / "include", workdir / "against.bpf.o")
 
 
 def measure(

@@ -156,11 +156,14 @@ def build_local_object(workdir: Path) -> Path:
     anchor = "static __always_inline void emit_record("
     text = text.replace(anchor, LOCAL_MAP + anchor, 1)
     header.write_text(text)
-    obj = workdir / "hoptrace-local.bpf.o"
+    return build_bpf(src / "hoptrace.bpf.c", src / "include", workdir / "hoptrace-local.bpf.o")
+
+
+def build_bpf(source: Path, include: Path, obj: Path, *defines: str) -> Path:
+    """`source` built as `make bpf` builds kernel-patch/: this tree's vmlinux.h, headers from `include`."""
     subprocess.run(
-        ["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-D__TARGET_ARCH_x86",
-         f"-I{REPO / 'kernel-patch' / 'build'}", f"-I{src / 'include'}",
-         "-c", str(src / "hoptrace.bpf.c"), "-o", str(obj)],
+        ["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-D__TARGET_ARCH_x86", *defines,
+         f"-I{REPO / 'kernel-patch' / 'build'}", f"-I{include}", "-c", str(source), "-o", str(obj)],
         check=True,
     )  # fmt: skip
     return obj
@@ -168,16 +171,10 @@ def build_local_object(workdir: Path) -> Path:
 
 def build_floor_object(workdir: Path, name: str) -> Path:
     """FLOOR_SOURCE, built against the project's vmlinux.h and hoptrace.h; `floor_local` with FLOOR_LOCAL."""
-    src, obj = workdir / "floor.bpf.c", workdir / f"{name}.bpf.o"
+    src = workdir / "floor.bpf.c"
     src.write_text(FLOOR_SOURCE)
     local = ["-DFLOOR_LOCAL"] if name == "floor_local" else []
-    subprocess.run(
-        ["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-D__TARGET_ARCH_x86", *local,
-         f"-I{REPO / 'kernel-patch' / 'build'}", f"-I{REPO / 'kernel-patch' / 'include'}",
-         "-c", str(src), "-o", str(obj)],
-        check=True,
-    )  # fmt: skip
-    return obj
+    return build_bpf(src, REPO / "kernel-patch" / "include", workdir / f"{name}.bpf.o", *local)
 
 
 def records_map_id(pid: int) -> int:
