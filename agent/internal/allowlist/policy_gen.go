@@ -23,7 +23,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.SchedCLS: {
 			attach:  set(ebpf.AttachNone),
-			helpers: set(asm.FnCheckMtu, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnL3CsumReplace, asm.FnL4CsumReplace, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbCgroupId, asm.FnSkbChangeTail, asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnSpinLock, asm.FnSpinUnlock),
+			helpers: set(asm.FnCheckMtu, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnL4CsumReplace, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbCgroupId, asm.FnSkbChangeTail, asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnSpinLock, asm.FnSpinUnlock),
 			kfuncs:  set[string]("bpf_cast_to_kern_ctx"),
 		},
 		ebpf.SockOps: {
