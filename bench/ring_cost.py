@@ -15,6 +15,10 @@ interleaved in rounds:
   (where a UDP ID lies), take the clock, and reserve, fill and submit a record in the agent's own ring,
   which the agent reads as usual (FLOOR_SOURCE). No parsing, no filter, no counters;
 - `floor_local`: the same, but the record written into a per-CPU array slot (no ring);
+- `other`: the agents' filter names another port: every hop parses each packet and returns at the filter;
+- `floor_other`: the same agents, and at the recording hops the least any filter on the flow does instead
+  (OTHER_FLOOR_SOURCE: Ethernet, IPv4 and UDP by direct reads, the VXLAN packet's inner ones at the
+  wire hops, the destination port compared; no counters);
 - `shared`: the agent's hop programs, but one program per node runs at all of its recording hops (the
   others' tcx links detached, the first one's program attached there with clsact): its code and maps stay
   hot from one hop to the next. Does the size of the program (5,000+ instructions, a copy per hop) cost?
@@ -23,6 +27,7 @@ interleaved in rounds:
 
     .venv/bin/python bench/ring_cost.py --rounds 3 \\
         --conditions ring,ring1M,ring128M,ring_pin,local,local_pin,empty,empty_pin,floor,floor_local,shared
+    .venv/bin/python bench/ring_cost.py --rounds 3 --conditions other,floor_other,empty
 
 The figure per condition is the recording tc hops' time over their runs (sum of bpf_stats run_time_ns over
 sum of run_cnt, each program once): what a recorded packet costs per hop, whichever program ran there.
@@ -39,7 +44,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bpf_cost import TC_HOPS, empty_tc_programs, hop_prog_ids, hop_run_times, prog_stats
+from bpf_cost import OTHER_PORT, TC_HOPS, empty_tc_programs, hop_prog_ids, hop_run_times, prog_stats
 
 from common import (
     REPO,
@@ -56,7 +61,9 @@ from common import (
 )
 
 RINGS = {"ring": 8 << 20, "ring1M": 1 << 20, "ring128M": 128 << 20, "local": 8 << 20}
-CONDITIONS = ("ring", "ring1M", "ring128M", "local", "empty", "floor", "floor_local", "shared")
+CONDITIONS = (
+    "ring", "ring1M", "ring128M", "local", "empty", "floor", "floor_local", "shared", "other", "floor_other"
+)  # fmt: skip
 SECONDS, MPS = 5, 20_000
 TAGGER = "a-c1-eth0-out"  # it also grows the packet: left out
 RECORDING = [hop for hop in TC_HOPS if hop != TAGGER]
@@ -142,6 +149,56 @@ SUBMIT = "\tsubmit_record(rec);\n}\n"
 LOCAL_SUBMIT = "\tcount(HOPTRACE_C_RECORDED, 1);\n}\n"
 
 
+# `floor_other`: a filter on the destination port, and nothing else; a match is counted so that the
+# compare stays in the program.
+OTHER_FLOOR_SOURCE = """\
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+struct frame {
+	struct ethhdr eth;
+	struct iphdr ip; /* options-free: the floor does not walk them */
+	struct udphdr udp;
+} __attribute__((packed));
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} matched SEC(".maps");
+
+static __always_inline int udp_over_ipv4(const struct frame *f, const void *end)
+{
+	if ((const void *)(f + 1) > end)
+		return 0;
+	return f->eth.h_proto == bpf_htons(0x0800) && f->ip.ihl == 5 && f->ip.protocol == IPPROTO_UDP;
+}
+
+SEC("tc") int floor_other(struct __sk_buff *skb)
+{
+	const void *data = (const void *)(long)skb->data, *end = (const void *)(long)skb->data_end;
+	const struct frame *f = data;
+	__u32 key = 0;
+	__u64 *n;
+
+	if (!udp_over_ipv4(f, end))
+		return -1;
+	if (f->udp.dest == bpf_htons(4789)) { /* VXLAN: the flow's headers are inside, after 8 bytes */
+		f = data + sizeof(*f) + 8;
+		if (!udp_over_ipv4(f, end))
+			return -1;
+	}
+	if (f->udp.dest == bpf_htons(FILTER_PORT) && (n = bpf_map_lookup_elem(&matched, &key)))
+		*n += 1;
+	return -1;
+}
+
+char LICENSE[] SEC("license") = "GPL";
+"""
+
+
 def build_local_object(workdir: Path) -> Path:
     """The hop object with the record written to a per-CPU slot (LOCAL_SLOT), built as `make bpf` does."""
     src = workdir / "kernel-patch-local"
@@ -170,7 +227,13 @@ def build_bpf(source: Path, include: Path, obj: Path, *defines: str) -> Path:
 
 
 def build_floor_object(workdir: Path, name: str) -> Path:
-    """FLOOR_SOURCE, built against the project's vmlinux.h and hoptrace.h; `floor_local` with FLOOR_LOCAL."""
+    """FLOOR_SOURCE, built against the project's vmlinux.h and hoptrace.h; `floor_local` with FLOOR_LOCAL;
+    `floor_other`: OTHER_FLOOR_SOURCE, filtering on OTHER_PORT."""
+    if name == "floor_other":
+        src = workdir / "floor_other.bpf.c"
+        src.write_text(OTHER_FLOOR_SOURCE)
+        obj = workdir / f"{name}.bpf.o"
+        return build_bpf(src, REPO / "kernel-patch" / "include", obj, f"-DFILTER_PORT={OTHER_PORT}")
     src = workdir / "floor.bpf.c"
     src.write_text(FLOOR_SOURCE)
     local = ["-DFLOOR_LOCAL"] if name == "floor_local" else []
@@ -245,13 +308,12 @@ def pin_program(prog_id: int, path: Path) -> Path:
     return path
 
 
-def load_floor(floor: Path, records_id: int, path: Path) -> Path:
-    """The floor program loaded with the agent's ring as its records map, pinned at `path`."""
+def load_floor(floor: Path, records_id: int | None, path: Path) -> Path:
+    """The floor program loaded, with the agent's ring as its records map if it has one, pinned at `path`."""
+    ring = ["map", "name", "records", "id", str(records_id)] if records_id is not None else []
     subprocess.run(
-        ["bpftool", "prog", "load", str(floor), str(path), "type", "classifier",
-         "map", "name", "records", "id", str(records_id)],
-        check=True,
-    )  # fmt: skip
+        ["bpftool", "prog", "load", str(floor), str(path), "type", "classifier", *ring], check=True
+    )
     return path
 
 
@@ -264,7 +326,8 @@ def measure(
     if base == "empty":
         with empty_tc_programs(topo, workdir) as ids:
             return timed(ids, topo, pinned)
-    filter_ = {"protocol": "udp", "dst": topo.addr("c2"), "dstPort": SOCKPERF_PORT}
+    port = OTHER_PORT if base in ("other", "floor_other") else SOCKPERF_PORT
+    filter_ = {"protocol": "udp", "dst": topo.addr("c2"), "dstPort": port}
     plans = path_plans(topo, f"ringcost-{condition}", filter_)
     if base == "local":
         for plan in plans:
@@ -280,7 +343,8 @@ def measure(
                 for node, pid in (("host-a", a.pid), ("host-b", b.pid)):
                     pin_dir.mkdir(exist_ok=True)
                     path = pin_dir / f"floor-{node}"
-                    pins.append(load_floor(objects[base], records_map_id(pid), path))
+                    ring_id = None if base == "floor_other" else records_map_id(pid)
+                    pins.append(load_floor(objects[base], ring_id, path))
                     instead |= {hop: path for hop in RECORDING if hop.startswith(node[-1] + "-")}
             elif base == "shared":
                 for first, others in SHARED.items():
@@ -307,6 +371,7 @@ def run(rounds: int, conditions: list[str]) -> dict[str, list[float]]:
         "local": build_local_object(workdir),
         "floor": build_floor_object(workdir, "floor"),
         "floor_local": build_floor_object(workdir, "floor_local"),
+        "floor_other": build_floor_object(workdir, "floor_other"),
     }
     results: dict[str, list[float]] = {c: [] for c in conditions}
     sink = RecordSink()
@@ -337,7 +402,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument(
         "--conditions",
-        default="ring,ring1M,ring128M,ring_pin,local,local_pin,empty,empty_pin,floor,floor_local,shared",
+        default="ring,ring1M,ring128M,ring_pin,local,local_pin,empty,empty_pin,floor,floor_local,shared,"
+        "other,floor_other",
     )
     args = ap.parse_args()
     conditions = [c for c in args.conditions.split(",") if c]
