@@ -7,6 +7,10 @@ every packet tagged at c1's eth0 and recorded at every hop, the two objects' age
 five tc hops that record without tagging (their run time over their runs).
 
     .venv/bin/python bench/object_ab.py --rounds 5 --against HEAD~1
+    .venv/bin/python bench/object_ab.py --rounds 5 --against HEAD~1 --non-matching
+
+`--non-matching` filters on another port: every hop parses each packet and returns at the filter (the
+tagger then tags nothing: its figure is a non-matching hop's too).
 
 `--against REV` builds kernel-patch/ as it was at REV (git archive) with this tree's vmlinux.h, as
 `make bpf` does; the current object is kernel-patch/build/hoptrace.bpf.o (run `make build` first).
@@ -21,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bpf_cost import hop_prog_ids, hop_run_times, prog_stats
+from bpf_cost import OTHER_PORT, hop_prog_ids, hop_run_times, prog_stats
 from ring_cost import MPS, SECONDS, TAGGER, build_bpf, recording_ns_per_run
 
 from common import (
@@ -50,10 +54,10 @@ def build_revision(rev: str, workdir: Path) -> Path:
 
 
 def measure(
-    topo: TwoHostTopology, sink: RecordSink, workdir: Path, name: str, obj: Path
+    topo: TwoHostTopology, sink: RecordSink, workdir: Path, name: str, obj: Path, port: int
 ) -> tuple[float, float]:
-    """(tagger, recording hops) ns per run with `obj` loaded by both agents."""
-    filter_ = {"protocol": "udp", "dst": topo.addr("c2"), "dstPort": SOCKPERF_PORT}
+    """(tagger, recording hops) ns per run with `obj` loaded by both agents, filtering on `port`."""
+    filter_ = {"protocol": "udp", "dst": topo.addr("c2"), "dstPort": port}
     plans = path_plans(topo, f"objectab-{name}", filter_)
     for plan in plans:
         plan["objectPath"] = str(obj)
@@ -73,6 +77,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--against", default="HEAD", help="the git revision whose kernel-patch/ is compared")
+    ap.add_argument("--non-matching", action="store_true", help="filter on another port than the traffic's")
     args = ap.parse_args()
     current = REPO / "kernel-patch" / "build" / "hoptrace.bpf.o"
     if not current.exists():
@@ -87,7 +92,8 @@ def main() -> int:
         with bpf_stats_enabled():
             for r in range(args.rounds):
                 for name in list(objects)[:: 1 if r % 2 == 0 else -1]:
-                    tagger, recording = measure(topo, sink, workdir, name, objects[name])
+                    port = OTHER_PORT if args.non_matching else SOCKPERF_PORT
+                    tagger, recording = measure(topo, sink, workdir, name, objects[name], port)
                     results[name].append((tagger, recording))
                     log(f"object_ab round {r}: {name} tagger {tagger:.0f} ns, recording {recording:.0f} ns")
     finally:
