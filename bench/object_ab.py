@@ -65,8 +65,8 @@ def measure(
         ids = hop_prog_ids(topo, {"host-a": a.pid, "host-b": b.pid})
         before = prog_stats(ids)
         hop_run_times(ids, topo, SECONDS, MPS)
-        recording = recording_ns_per_run(ids, before)
         after = prog_stats(ids)
+        recording = recording_ns_per_run(ids, before, after)
     ns, runs = (after[TAGGER][i] - before[TAGGER][i] for i in (0, 1))
     if not runs or recording is None:
         raise RuntimeError(f"{name}: the hops did not run (tagger {runs} runs)")

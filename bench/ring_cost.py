@@ -244,6 +244,7 @@ def records_map_id(pid: int) -> int:
     """The id of the records ring the agent `pid` holds."""
     held = {m for p in progs_of({pid}).values() for m in p.get("map_ids", [])}
     maps = bpftool_json("map", "show")
+    # the name agent/internal/loader.NewRecords gives the ring it creates
     found = [m["id"] for m in maps if m["id"] in held and m.get("name") == "ht_records"]
     if len(found) != 1:
         raise RuntimeError(f"agent {pid}: expected one records map, found {found}")
@@ -285,9 +286,11 @@ def programs_instead(
             )
 
 
-def recording_ns_per_run(ids: dict[str, int], before: dict[str, tuple[int, int]]) -> float | None:
-    """The recording hops' run time over their runs since `before` (prog_stats), each program once."""
-    after = prog_stats(ids)
+def recording_ns_per_run(
+    ids: dict[str, int], before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> float | None:
+    """The recording hops' run time over their runs from `before` to `after` (prog_stats), each program
+    once."""
     ns = runs = 0
     for prog in {ids[hop]: hop for hop in RECORDING}.values():
         ns += after[prog][0] - before[prog][0]
@@ -299,7 +302,7 @@ def timed(ids: dict[str, int], topo: TwoHostTopology, pinned: bool) -> float | N
     """The traffic, and the recording hops' ns per run meanwhile."""
     before = prog_stats(ids)
     hop_run_times(ids, topo, SECONDS, MPS, pinned)
-    return recording_ns_per_run(ids, before)
+    return recording_ns_per_run(ids, before, prog_stats(ids))
 
 
 def pin_program(prog_id: int, path: Path) -> Path:

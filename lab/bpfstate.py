@@ -124,6 +124,7 @@ class _RawTracepointAttr(ctypes.Structure):
 
 
 def _bpf(cmd: int, attr: ctypes.Structure, what: str) -> int:
+    """The bpf(2) syscall; its result (0 or an fd), or OSError naming `what` and the errno."""
     rc = _libc.syscall(_SYS_BPF, cmd, ctypes.byref(attr), ctypes.sizeof(attr))
     if rc < 0:
         err = ctypes.get_errno()
@@ -159,10 +160,7 @@ def tcx_programs(netns_path: str, ifindex: int) -> dict[str, list[int]]:
                 ids = (ctypes.c_uint32 * 64)()
                 attr = _QueryAttr(target_ifindex=ifindex, attach_type=attach_type, count=64)
                 attr.prog_ids = ctypes.addressof(ids)
-                rc = _libc.syscall(_SYS_BPF, _BPF_PROG_QUERY, ctypes.byref(attr), ctypes.sizeof(attr))
-                if rc != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, f"BPF_PROG_QUERY ifindex {ifindex} {name}: {errno.errorcode.get(err)}")
+                _bpf(_BPF_PROG_QUERY, attr, f"BPF_PROG_QUERY ifindex {ifindex} {name}")
                 result[name] = list(ids[: attr.count])
         except BaseException as exc:  # handed to the caller's thread
             result["error"] = exc
