@@ -227,7 +227,8 @@ compose-test: setup build ## the compose stack up, two containers traced via CLI
 # the spec loader. make test runs them briefly.
 FUZZ_TIME ?= 5m
 FUZZ_EXAMPLES ?= 20000
-FUZZ_TARGETS := internal/record:FuzzDecode internal/loader:FuzzRecordingHop internal/loader:FuzzTaggingHop
+FUZZ_TARGETS := internal/record:FuzzDecode internal/loader:FuzzRecordingHop internal/loader:FuzzTaggingHop \
+	internal/loader:FuzzFastPathAgrees
 
 .PHONY: fuzz
 fuzz: setup build ## the fuzzers: FUZZ_TIME per Go target (5m, or 50000x runs), FUZZ_EXAMPLES random specs

@@ -187,6 +187,29 @@ static __always_inline int hop_parse(enum pkt_source src, struct pkt_reader *r, 
 	return parse_id(src, r, p);
 }
 
+/* The loader tests' reference: 1 sends every packet through the general parser (hop_fast_refuses).
+ */
+const volatile __u8 hop_general_only = 0;
+
+/*
+ * A packet of another flow, refused by the fast path (parse.bpf.h's fast_flow_*) and counted as
+ * the general path would count it; false: the general path decides. Without a filter every packet
+ * matches, so there is nothing to refuse early.
+ */
+static __always_inline bool hop_fast_refuses(bool decided, const struct fast_flow *f)
+{
+	if (!decided || flow_match(4, f->proto, &f->saddr, &f->daddr, f->sport, f->dport))
+		return false;
+	count(HOPTRACE_C_SEEN, 1);
+	count(HOPTRACE_C_NOT_MATCHED, 1);
+	return true;
+}
+
+static __always_inline bool hop_has_filter(void)
+{
+	return !hop_general_only && (filter_proto || filter_family || filter_sport || filter_dport);
+}
+
 static __always_inline __u32 mix32(__u32 h, __u32 v)
 {
 	/* murmur3 round: cheap, and the same on every node */
@@ -807,6 +830,14 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 
 	barrier_var(ifindex);
 	barrier_var(len);
+	if (hop_has_filter()) {
+		struct fast_flow f;
+
+		if (hop_fast_refuses(fast_flow_l2((const __u8 *)(long)skb->data,
+						  (const __u8 *)(long)skb->data_end, len, &f),
+				     &f))
+			return TCX_NEXT_;
+	}
 	skb_meta(skb, &m, false, floor);
 	/* The floor (5.10's verifier) keeps direct reads to whole-linear packets. */
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
@@ -839,6 +870,14 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 
 	barrier_var(ifindex);
 	barrier_var(len);
+	if (hop_has_filter() && ethertype == ETH_P_IP_) {
+		struct fast_flow f;
+
+		if (hop_fast_refuses(fast_flow_ipv4((const __u8 *)(long)skb->data,
+						    (const __u8 *)(long)skb->data_end, len, 0, &f),
+				     &f))
+			return SK_PASS_;
+	}
 	skb_meta(skb, &m, true, floor);
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
@@ -850,15 +889,27 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 
 static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 {
+	const __u8 *data = (const __u8 *)(long)ctx->data;
+	const __u8 *data_end = (const __u8 *)(long)ctx->data_end;
 	__u32 ifindex = ctx->ingress_ifindex;
-	__u32 len = floor ? ctx->data_end - ctx->data : bpf_xdp_get_buff_len(ctx);
-	struct pkt_reader r = {.ctx = ctx, .len = len, .total = len, .floor = floor};
+	__u32 len;
+	struct pkt_reader r = {.ctx = ctx, .floor = floor};
 	struct pkt_info p = {};
 	/* XDP has no sk_buff: none of its fields (the dispatcher refuses them) */
 	struct hop_meta m = {};
 
 	barrier_var(ifindex);
-	pkt_set_direct(&r, (const __u8 *)(long)ctx->data, (const __u8 *)(long)ctx->data_end, false);
+	if (hop_has_filter()) {
+		struct fast_flow f;
+
+		/* the linear part's length: a frame with fragments takes the general path */
+		if (hop_fast_refuses(fast_flow_l2(data, data_end, data_end - data, &f), &f))
+			return XDP_PASS;
+	}
+	len = floor ? data_end - data : bpf_xdp_get_buff_len(ctx);
+	r.len = len;
+	r.total = len;
+	pkt_set_direct(&r, data, data_end, false);
 	count(HOPTRACE_C_SEEN, 1);
 	hop_finish(hop_parse(PKT_XDP, &r, 0, &p), &p, ifindex, len, &m);
 	return XDP_PASS;

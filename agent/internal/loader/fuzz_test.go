@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
 )
@@ -48,8 +50,10 @@ func runFrame(t *testing.T, h *harness, hop *loader.Hop, frame []byte) (out []by
 	if err != nil {
 		t.Fatalf("test run: %v", err)
 	}
-	if int32(ret) != -1 {
-		t.Fatalf("hop_tc returned %d, want TCX_NEXT (-1), for %x", int32(ret), frame)
+	// Each kind's "let the packet go on": TCX_NEXT, XDP_PASS, SK_PASS.
+	want := map[ebpf.ProgramType]int32{ebpf.SchedCLS: -1, ebpf.XDP: 2, ebpf.CGroupSKB: 1}[hop.Program.Type()]
+	if int32(ret) != want {
+		t.Fatalf("%s returned %d, want %d, for %x", hop.Program, int32(ret), want, frame)
 	}
 	return opts.DataOut, h.drain(t), true
 }
@@ -138,6 +142,116 @@ func FuzzTaggingHop(f *testing.F) {
 			}
 		default:
 			t.Fatalf("frame grew by %d bytes with tagged +%d", grew, tagged)
+		}
+	})
+}
+
+// loadGeneralOnly loads a hop like h.load whose every packet takes the general parser (hop_general_only):
+// the reference the fast path is checked against.
+func (h *harness) loadGeneralOnly(t testing.TB, cfg loader.HopConfig) *loader.Hop {
+	t.Helper()
+	general := h.spec.Copy()
+	v, ok := general.Variables["hop_general_only"]
+	if !ok {
+		t.Fatal("the object has no hop_general_only")
+	}
+	if err := v.Set(uint8(1)); err != nil {
+		t.Fatal(err)
+	}
+	return (&harness{spec: general, records: h.records, idState: h.idState, rd: h.rd}).load(t, cfg)
+}
+
+// fastPathSeeds are frames at every edge of what the fast path decides (hop.bpf.h's hop_fast_refuses):
+// the common frame of the filters' flow and of others, VXLAN inside, and each header it leaves to the
+// general parser.
+func fastPathSeeds(f *testing.F) {
+	fuzzSeeds(f)
+	vxlan := func(inner []byte) []byte {
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(5, 4789, tu.VXLAN(42, inner)), 0))
+	}
+	innerUDP := func(dport uint16) []byte {
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(1000, dport, []byte("in")), 4), tu.ID(0x07000031))
+	}
+	// udp4 with a byte changed: IPv4 from offset 14, UDP from 34
+	changed := func(mutate func(b []byte)) []byte {
+		frame := udp4(0x07000032)
+		mutate(frame)
+		return frame
+	}
+	for _, frame := range [][]byte{
+		vxlan(innerUDP(5000)),
+		vxlan(innerUDP(6000)),
+		vxlan(tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(1, 5000, tu.TCPIDOption(0x07000033), nil), 0))),
+		vxlan(tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(1, 5000, []byte("six")), 4), tu.ID(0x07000034))),
+		tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(5, 6081, []byte{0, 0, 0x65, 0x58, 0, 0, 42, 0}), 0)),
+		tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(1, 6000, nil, []byte("t")), 0)),
+		tu.Cat(tu.Ethernet(0x0800), tu.IPv4(1, src4, dst4, nil, []byte{8, 0, 0, 0, 0, 1, 0, 1}, 0)),
+		tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, []byte{1, 1, 1, 1}, tu.UDP(1, 6000, []byte("opt")), 0)),
+		changed(func(b []byte) { b[20] = 0x20 }),              // first of several fragments
+		changed(func(b []byte) { b[21] = 0x08 }),              // a later fragment
+		changed(func(b []byte) { b[16], b[17] = 0x0f, 0xff }), // longer than the frame
+		changed(func(b []byte) { b[16], b[17] = 0, 19 }),      // shorter than its header
+		changed(func(b []byte) { b[38], b[39] = 0, 7 }),
+		changed(func(b []byte) { b[38], b[39] = 0x0f, 0xff }), // UDP longer than its IP packet // UDP length < 8
+		changed(func(b []byte) { b[14] = 0x65 }),              // version 6 in an IPv4 frame
+		udp4(0x07000035)[:40],                                 // UDP header cut short
+		vxlan(innerUDP(5000))[:60],                            // inner Ethernet cut short
+	} {
+		f.Add(frame)
+	}
+}
+
+// FuzzFastPathAgrees: for every frame and filter, a tc, XDP or cgroup_skb hop's counters and records are those of the same hop
+// whose every packet takes the general parser. The fast path may only refuse what the general parser
+// refuses, and count it the same way.
+func FuzzFastPathAgrees(f *testing.F) {
+	fastPathSeeds(f)
+	h := newHarness(f)
+	var hops [][2]*loader.Hop
+	for _, m := range []*pb.FlowMatch{
+		{IpProto: 17, DstPort: 5000},
+		{IpProto: 6, SrcPort: 1},
+		{Family: 4, DstAddr: []byte{198, 18, 1, 0}, DstMask: []byte{255, 255, 255, 0}, DstPort: 2000},
+		{Family: 6},
+		{Family: 4, SrcAddr: []byte{198, 18, 0, 1}, SrcMask: []byte{255, 255, 255, 255}},
+	} {
+		fc, err := loader.FilterFromMatch(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for _, cfg := range []loader.HopConfig{
+			{Filter: fc},
+			{Filter: fc, Program: loader.ProgXDP},
+			{Filter: fc, Program: loader.ProgCgroupSKB, AttachType: ebpf.AttachCGroupInetIngress},
+		} {
+			hops = append(hops, [2]*loader.Hop{h.load(f, cfg), h.loadGeneralOnly(f, cfg)})
+		}
+	}
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		if len(frame) < 14 || len(frame) > 9000 {
+			return
+		}
+		for i, pair := range hops {
+			var deltas [2]record.Counters
+			var ids [2][]uint32
+			for j, hop := range pair {
+				before := counters(t, hop)
+				_, recs, ok := runFrame(t, h, hop, frame)
+				if !ok {
+					return
+				}
+				after := counters(t, hop)
+				for c := range after {
+					deltas[j][c] = after[c] - before[c]
+				}
+				for _, r := range recs {
+					ids[j] = append(ids[j], r.PacketID)
+				}
+			}
+			if deltas[0] != deltas[1] || !slices.Equal(ids[0], ids[1]) {
+				t.Fatalf("%s, filter %d: the fast path counted %v and recorded %x, the general parser %v and %x, for %x",
+					pair[0].Program, i/3, deltas[0], ids[0], deltas[1], ids[1], frame)
+			}
 		}
 	})
 }

@@ -50,11 +50,13 @@ func BenchmarkObjectAB(b *testing.B) {
 		data   []byte
 		filter loader.FilterConstants
 		traced bool
+		tagUDP bool // a tagging hop (which a packet of another flow leaves untagged)
 	}{
-		{"udp_traced", udp4(0x07000001), loader.FilterConstants{}, true},
-		{"udp_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false},
-		{"tcp_traced", tcp(append(tu.TCPIDOption(0x07000002), tsOpts...)), loader.FilterConstants{}, true},
-		{"tcp_non_matching", tcp(append(tu.TCPIDOption(0x07000002), tsOpts...)), loader.FilterConstants{Proto: 6, Dport: 5001}, false},
+		{"udp_traced", udp4(0x07000001), loader.FilterConstants{}, true, false},
+		{"udp_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false},
+		{"udp_tagger_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, true},
+		{"tcp_traced", tcp(append(tu.TCPIDOption(0x07000002), tsOpts...)), loader.FilterConstants{}, true, false},
+		{"tcp_non_matching", tcp(append(tu.TCPIDOption(0x07000002), tsOpts...)), loader.FilterConstants{Proto: 6, Dport: 5001}, false, false},
 	}
 	type pair struct {
 		name   string
@@ -70,7 +72,7 @@ func BenchmarkObjectAB(b *testing.B) {
 		}
 		b.Cleanup(func() { ids.Close() })
 		for _, pkt := range packets {
-			cfg := loader.HopConfig{Program: loader.ProgTC, Name: "ab", NodeSalt: 7, TraceSlot: 3, HopIndex: 1, Filter: pkt.filter}
+			cfg := loader.HopConfig{Program: loader.ProgTC, Name: "ab", NodeSalt: 7, TraceSlot: 3, HopIndex: 1, Filter: pkt.filter, TagUDP: pkt.tagUDP}
 			hop, err := loader.LoadHop(obj.spec, cfg, loader.Options{Records: h.records, IDState: ids, Cache: kernelBTF})
 			if err != nil {
 				b.Fatalf("%s: %v", obj.name, err)
