@@ -198,7 +198,7 @@ const volatile __u8 hop_general_only = 0;
  */
 static __always_inline bool hop_fast_refuses(bool decided, const struct fast_flow *f)
 {
-	if (!decided || flow_match(4, f->proto, &f->saddr, &f->daddr, f->sport, f->dport))
+	if (!decided || flow_match(f->family, f->proto, f->saddr, f->daddr, f->sport, f->dport))
 		return false;
 	count(HOPTRACE_C_SEEN, 1);
 	count(HOPTRACE_C_NOT_MATCHED, 1);
@@ -870,11 +870,12 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 
 	barrier_var(ifindex);
 	barrier_var(len);
-	if (hop_has_filter() && ethertype == ETH_P_IP_) {
+	if (hop_has_filter()) {
 		struct fast_flow f;
 
-		if (hop_fast_refuses(fast_flow_ipv4((const __u8 *)(long)skb->data,
-						    (const __u8 *)(long)skb->data_end, len, 0, &f),
+		if (hop_fast_refuses(fast_flow_l3((const __u8 *)(long)skb->data,
+						  (const __u8 *)(long)skb->data_end, len, 0,
+						  bpf_htons(ethertype ? ethertype : ETH_P_IP_), &f),
 				     &f))
 			return SK_PASS_;
 	}

@@ -678,48 +678,38 @@ static __always_inline int parse_id(enum pkt_source src, struct pkt_reader *r, s
 
 /*
  * The common frame's flow by direct reads alone: Ethernet, IPv4 without
- * options, unfragmented, UDP/TCP/other, and VXLAN's inner frame of the same
- * kind. A packet of another flow is refused here without the reader, the
- * zeroed pkt_info or a helper (issue 13: 49 ns of 116 in place). It decides
- * only what parse_headers would decide the same way, without error: anything
- * else (VLAN, IPv6, Geneve, options, fragments, a header past the linear
- * data or any doubt) returns false, and the general parser takes it.
+ * options or IPv6 without extension headers, unfragmented, UDP/TCP/other,
+ * and VXLAN's inner frame of the same kinds. A packet of another flow is
+ * refused here without the reader, the zeroed pkt_info or a helper (issue
+ * 13: 49 ns of 116 in place). It decides only what parse_headers would decide
+ * the same way, without error: anything else (VLAN, Geneve, options,
+ * extension headers, fragments, a header past the linear data, any doubt)
+ * returns false, and the general parser takes it. Offsets are compile-time
+ * constants at every call, so each bound is one comparison with data_end.
  */
 struct fast_flow {
-	__u32 saddr;
-	__u32 daddr;
+	const __u32 *saddr; /* in the packet: 1 word (IPv4) or 4 (IPv6) */
+	const __u32 *daddr;
 	__u16 sport;
 	__u16 dport;
 	__u8 proto;
+	__u8 family;
 };
 
-/* The IPv4 header at l3 (a compile-time constant) and its ports, checked as
- * parse_l3 checks them; total: the packet's bytes from offset 0. */
-static __always_inline bool fast_ipv4(const __u8 *data, const __u8 *data_end, __u32 total, __u32 l3,
-				      struct fast_flow *f)
+/* The ports at l4 as parse_l3 checks them; ip_len: the IP packet's length, hdr_len its header's. */
+static __always_inline bool fast_ports(const __u8 *data, const __u8 *data_end, __u32 l4,
+				       __u32 hdr_len, __u32 ip_len, struct fast_flow *f)
 {
-	const struct iphdr *ip = (const void *)(data + l3);
-	const struct udphdr *udp = (const void *)(ip + 1);
-	__u16 ip_len, udp_len;
+	const struct udphdr *udp = (const void *)(data + l4);
+	__u16 udp_len;
 
-	if ((const void *)(ip + 1) > (const void *)data_end)
-		return false;
-	/* version 4, no options; neither a later fragment nor the first of several */
-	if (*(const __u8 *)ip != 0x45 || ip->frag_off & bpf_htons(0x3fff))
-		return false;
-	ip_len = bpf_ntohs(ip->tot_len);
-	if (ip_len < sizeof(*ip) || ip_len > total - l3)
-		return false;
-	f->proto = ip->protocol;
-	f->saddr = ip->saddr;
-	f->daddr = ip->daddr;
 	f->sport = 0;
 	f->dport = 0;
 	if (f->proto == IPPROTO_UDP_) {
 		if ((const void *)(udp + 1) > (const void *)data_end)
 			return false;
 		udp_len = bpf_ntohs(udp->len);
-		if (udp_len < sizeof(*udp) || sizeof(*ip) + udp_len > ip_len)
+		if (udp_len < sizeof(*udp) || hdr_len + udp_len > ip_len)
 			return false;
 	} else if (f->proto == IPPROTO_TCP_) {
 		/* the ports only, as parse_l3 reads them */
@@ -733,30 +723,89 @@ static __always_inline bool fast_ipv4(const __u8 *data, const __u8 *data_end, __
 	return true;
 }
 
-/* The innermost flow of an IPv4 packet at l3 (a compile-time constant), descending into VXLAN;
- * false: not decided here. */
-static __always_inline bool fast_flow_ipv4(const __u8 *data, const __u8 *data_end, __u32 total,
-					   __u32 l3, struct fast_flow *f)
+/* total: the packet's bytes from offset 0, which its IP length may not pass. */
+static __always_inline bool fast_ipv4(const __u8 *data, const __u8 *data_end, __u32 total, __u32 l3,
+				      struct fast_flow *f)
 {
-	const __u32 inner = l3 + 20 + 8 + 8; /* outer IPv4, UDP, VXLAN (RFC 7348) */
+	const struct iphdr *ip = (const void *)(data + l3);
+	__u16 ip_len;
 
-	if (!fast_ipv4(data, data_end, total, l3, f))
+	if ((const void *)(ip + 1) > (const void *)data_end)
 		return false;
+	/* version 4, no options; neither a later fragment nor the first of several */
+	if (*(const __u8 *)ip != 0x45 || ip->frag_off & bpf_htons(0x3fff))
+		return false;
+	ip_len = bpf_ntohs(ip->tot_len);
+	if (ip_len < sizeof(*ip) || ip_len > total - l3)
+		return false;
+	f->family = 4;
+	f->proto = ip->protocol;
+	f->saddr = &ip->saddr;
+	f->daddr = &ip->daddr;
+	return fast_ports(data, data_end, l3 + sizeof(*ip), sizeof(*ip), ip_len, f);
+}
+
+static __always_inline bool fast_ipv6(const __u8 *data, const __u8 *data_end, __u32 total, __u32 l3,
+				      struct fast_flow *f)
+{
+	const struct ipv6hdr *ip6 = (const void *)(data + l3);
+	__u32 ip_len;
+
+	if ((const void *)(ip6 + 1) > (const void *)data_end)
+		return false;
+	/* no extension header (a fragment header is one) */
+	if (ip6->version != 6 || ipv6_is_ext(ip6->nexthdr))
+		return false;
+	ip_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+	if (ip_len > total - l3)
+		return false;
+	f->family = 6;
+	f->proto = ip6->nexthdr;
+	f->saddr = (const __u32 *)&ip6->saddr;
+	f->daddr = (const __u32 *)&ip6->daddr;
+	return fast_ports(data, data_end, l3 + sizeof(*ip6), sizeof(*ip6), ip_len, f);
+}
+
+/* VXLAN's inner frame at inner_eth, when f (the outer packet, its L4 at l4) is VXLAN. */
+static __always_inline bool fast_inner(const __u8 *data, const __u8 *data_end, __u32 total,
+				       __u32 l4, struct fast_flow *f)
+{
+	const __u32 inner_eth = l4 + 8 + 8; /* UDP, VXLAN (RFC 7348) */
+	const __u8 *eth = data + inner_eth;
+
 	if (f->proto != IPPROTO_UDP_ || f->dport != HOPTRACE_VXLAN_PORT)
 		return f->proto != IPPROTO_UDP_ || f->dport != HOPTRACE_GENEVE_PORT;
-	if (data + inner + ETH_HLEN_ > data_end || data[inner + 12] != 0x08 ||
-	    data[inner + 13] != 0x00)
+	if (eth + ETH_HLEN_ > data_end)
 		return false;
-	return fast_ipv4(data, data_end, total, inner + ETH_HLEN_, f);
+	if (eth[12] == 0x08 && eth[13] == 0x00)
+		return fast_ipv4(data, data_end, total, inner_eth + ETH_HLEN_, f);
+	if (eth[12] == 0x86 && eth[13] == 0xdd)
+		return fast_ipv6(data, data_end, total, inner_eth + ETH_HLEN_, f);
+	return false;
+}
+
+/* The innermost flow of an IP packet at l3 (its ethertype in network order); false: not decided. */
+static __always_inline bool fast_flow_l3(const __u8 *data, const __u8 *data_end, __u32 total,
+					 __u32 l3, __be16 ethertype, struct fast_flow *f)
+{
+	if (ethertype == bpf_htons(ETH_P_IP_))
+		return fast_ipv4(data, data_end, total, l3, f) &&
+		       fast_inner(data, data_end, total, l3 + sizeof(struct iphdr), f);
+	if (ethertype == bpf_htons(ETH_P_IPV6_))
+		return fast_ipv6(data, data_end, total, l3, f) &&
+		       fast_inner(data, data_end, total, l3 + sizeof(struct ipv6hdr), f);
+	return false;
 }
 
 /* The same from an Ethernet header at offset 0 (tc, XDP). */
 static __always_inline bool fast_flow_l2(const __u8 *data, const __u8 *data_end, __u32 total,
 					 struct fast_flow *f)
 {
-	if (data + ETH_HLEN_ > data_end || data[12] != 0x08 || data[13] != 0x00)
+	const struct ethhdr *eth = (const void *)data;
+
+	if ((const void *)(eth + 1) > (const void *)data_end)
 		return false;
-	return fast_flow_ipv4(data, data_end, total, ETH_HLEN_, f);
+	return fast_flow_l3(data, data_end, total, ETH_HLEN_, eth->h_proto, f);
 }
 
 /* parse_headers, then parse_id. */

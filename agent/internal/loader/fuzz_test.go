@@ -194,8 +194,13 @@ func fastPathSeeds(f *testing.F) {
 		changed(func(b []byte) { b[38], b[39] = 0, 7 }),
 		changed(func(b []byte) { b[38], b[39] = 0x0f, 0xff }), // UDP longer than its IP packet // UDP length < 8
 		changed(func(b []byte) { b[14] = 0x65 }),              // version 6 in an IPv4 frame
-		udp4(0x07000035)[:40],                                 // UDP header cut short
-		vxlan(innerUDP(5000))[:60],                            // inner Ethernet cut short
+		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(6, src6, dst6, nil, tu.TCP(1, 6000, nil, []byte("t6")), 0)),
+		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, []tu.Ext{{Type: 0, Len: 8}}, tu.UDP(1, 5000, []byte("ext")), 0)),
+		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(1, 6000, []byte("long")), 4000)),
+		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(5, 4789, tu.VXLAN(42, innerUDP(5000))), 0)),
+		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(1, 2, []byte("six")), 0))[:60], // UDP cut short
+		udp4(0x07000035)[:40],      // UDP header cut short
+		vxlan(innerUDP(5000))[:60], // inner Ethernet cut short
 	} {
 		f.Add(frame)
 	}
@@ -213,6 +218,7 @@ func FuzzFastPathAgrees(f *testing.F) {
 		{IpProto: 6, SrcPort: 1},
 		{Family: 4, DstAddr: []byte{198, 18, 1, 0}, DstMask: []byte{255, 255, 255, 0}, DstPort: 2000},
 		{Family: 6},
+		{Family: 6, DstAddr: []byte{0xfd, 0, 0, 1}, DstMask: []byte{0xff, 0xff, 0xff, 0xff}, DstPort: 5000},
 		{Family: 4, SrcAddr: []byte{198, 18, 0, 1}, SrcMask: []byte{255, 255, 255, 255}},
 	} {
 		fc, err := loader.FilterFromMatch(m)
