@@ -42,6 +42,9 @@ func BenchmarkObjectAB(b *testing.B) {
 		}{"other", spec})
 	}
 	tsOpts := []byte{1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2} // NOP NOP timestamps, as Linux sends them
+	vxlan4 := func(inner []byte) []byte {
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(5, 4789, tu.VXLAN(42, inner)), 0))
+	}
 	tcp := func(opts []byte) []byte {
 		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(40000, 5000, opts, []byte("payload")), 0))
 	}
@@ -53,6 +56,8 @@ func BenchmarkObjectAB(b *testing.B) {
 		tagUDP bool // a tagging hop (which a packet of another flow leaves untagged)
 	}{
 		{"udp_traced", udp4(0x07000001), loader.FilterConstants{}, true, false},
+		{"vxlan_traced", vxlan4(udp4(0x07000001)), loader.FilterConstants{Proto: 17, Dport: 5000}, true, false},
+		{"vxlan_non_matching", vxlan4(udp4(0x07000001)), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false},
 		{"udp_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false},
 		{"udp_tagger_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, true},
 		{"tcp_traced", tcp(append(tu.TCPIDOption(0x07000002), tsOpts...)), loader.FilterConstants{}, true, false},
