@@ -210,6 +210,19 @@ static __always_inline bool hop_has_filter(void)
 	return !hop_general_only && (filter_proto || filter_family || filter_sport || filter_dport);
 }
 
+/* hop_parse for a frame the fast path decided and the filter takes: the general parser from its
+ * innermost IP header on (the same checks, fields and offsets), without the outer headers again. */
+static __always_inline int hop_parse_fast(enum pkt_source src, struct pkt_reader *r,
+					  const struct fast_flow *f, struct pkt_info *p)
+{
+	int status;
+
+	if (f->vxlan)
+		p->flags |= HOPTRACE_F_ENCAP_VXLAN;
+	status = parse_l3(src, r, f->l3, f->family == 4 ? ETH_P_IP_ : ETH_P_IPV6_, p);
+	return status ? status : parse_id(src, r, p);
+}
+
 static __always_inline __u32 mix32(__u32 h, __u32 v)
 {
 	/* murmur3 round: cheap, and the same on every node */
@@ -826,16 +839,16 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
+	struct fast_flow f;
+	bool fast = false;
 	int status;
 
 	barrier_var(ifindex);
 	barrier_var(len);
 	if (hop_has_filter()) {
-		struct fast_flow f;
-
-		if (hop_fast_refuses(fast_flow_l2((const __u8 *)(long)skb->data,
-						  (const __u8 *)(long)skb->data_end, len, &f),
-				     &f))
+		fast = fast_flow_l2((const __u8 *)(long)skb->data,
+				    (const __u8 *)(long)skb->data_end, len, &f);
+		if (hop_fast_refuses(fast, &f))
 			return TCX_NEXT_;
 	}
 	skb_meta(skb, &m, false, floor);
@@ -843,7 +856,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
 	count(HOPTRACE_C_SEEN, 1);
-	status = hop_parse(PKT_SKB, &r, 0, &p);
+	status = fast ? hop_parse_fast(PKT_SKB, &r, &f, &p) : hop_parse(PKT_SKB, &r, 0, &p);
 	if (!status && !p.id && !p.fragment && hop_tag_udp && p.proto == IPPROTO_UDP_) {
 		int outcome = tag_udp_packet(skb, &p, floor);
 
@@ -867,24 +880,25 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
+	struct fast_flow f;
+	bool fast = false;
 
 	barrier_var(ifindex);
 	barrier_var(len);
 	if (hop_has_filter()) {
-		struct fast_flow f;
-
-		if (hop_fast_refuses(fast_flow_l3((const __u8 *)(long)skb->data,
-						  (const __u8 *)(long)skb->data_end, len, 0,
-						  bpf_htons(ethertype ? ethertype : ETH_P_IP_), &f),
-				     &f))
+		fast =
+		    fast_flow_l3((const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
+				 len, 0, bpf_htons(ethertype ? ethertype : ETH_P_IP_), &f);
+		if (hop_fast_refuses(fast, &f))
 			return SK_PASS_;
 	}
 	skb_meta(skb, &m, true, floor);
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
 	count(HOPTRACE_C_SEEN, 1);
-	hop_finish(hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p), &p, ifindex, len,
-		   &m);
+	hop_finish(fast ? hop_parse_fast(PKT_SKB, &r, &f, &p)
+			: hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p),
+		   &p, ifindex, len, &m);
 	return SK_PASS_;
 }
 
@@ -898,13 +912,14 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	struct pkt_info p = {};
 	/* XDP has no sk_buff: none of its fields (the dispatcher refuses them) */
 	struct hop_meta m = {};
+	struct fast_flow f;
+	bool fast = false;
 
 	barrier_var(ifindex);
 	if (hop_has_filter()) {
-		struct fast_flow f;
-
 		/* the linear part's length: a frame with fragments takes the general path */
-		if (hop_fast_refuses(fast_flow_l2(data, data_end, data_end - data, &f), &f))
+		fast = fast_flow_l2(data, data_end, data_end - data, &f);
+		if (hop_fast_refuses(fast, &f))
 			return XDP_PASS;
 	}
 	len = floor ? data_end - data : bpf_xdp_get_buff_len(ctx);
@@ -912,7 +927,8 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	r.total = len;
 	pkt_set_direct(&r, data, data_end, false);
 	count(HOPTRACE_C_SEEN, 1);
-	hop_finish(hop_parse(PKT_XDP, &r, 0, &p), &p, ifindex, len, &m);
+	hop_finish(fast ? hop_parse_fast(PKT_XDP, &r, &f, &p) : hop_parse(PKT_XDP, &r, 0, &p), &p,
+		   ifindex, len, &m);
 	return XDP_PASS;
 }
 

@@ -694,6 +694,8 @@ struct fast_flow {
 	__u16 dport;
 	__u8 proto;
 	__u8 family;
+	__u8 vxlan; /* the flow is VXLAN's inner packet */
+	__u32 l3;   /* its IP header */
 };
 
 /* The ports at l4 as parse_l3 checks them; ip_len: the IP packet's length, hdr_len its header's. */
@@ -739,6 +741,7 @@ static __always_inline bool fast_ipv4(const __u8 *data, const __u8 *data_end, __
 	if (ip_len < sizeof(*ip) || ip_len > total - l3)
 		return false;
 	f->family = 4;
+	f->l3 = l3;
 	f->proto = ip->protocol;
 	f->saddr = &ip->saddr;
 	f->daddr = &ip->daddr;
@@ -760,6 +763,7 @@ static __always_inline bool fast_ipv6(const __u8 *data, const __u8 *data_end, __
 	if (ip_len > total - l3)
 		return false;
 	f->family = 6;
+	f->l3 = l3;
 	f->proto = ip6->nexthdr;
 	f->saddr = (const __u32 *)&ip6->saddr;
 	f->daddr = (const __u32 *)&ip6->daddr;
@@ -777,6 +781,7 @@ static __always_inline bool fast_inner(const __u8 *data, const __u8 *data_end, _
 		return f->proto != IPPROTO_UDP_ || f->dport != HOPTRACE_GENEVE_PORT;
 	if (eth + ETH_HLEN_ > data_end)
 		return false;
+	f->vxlan = 1;
 	if (eth[12] == 0x08 && eth[13] == 0x00)
 		return fast_ipv4(data, data_end, total, inner_eth + ETH_HLEN_, f);
 	if (eth[12] == 0x86 && eth[13] == 0xdd)
@@ -788,6 +793,7 @@ static __always_inline bool fast_inner(const __u8 *data, const __u8 *data_end, _
 static __always_inline bool fast_flow_l3(const __u8 *data, const __u8 *data_end, __u32 total,
 					 __u32 l3, __be16 ethertype, struct fast_flow *f)
 {
+	f->vxlan = 0;
 	if (ethertype == bpf_htons(ETH_P_IP_))
 		return fast_ipv4(data, data_end, total, l3, f) &&
 		       fast_inner(data, data_end, total, l3 + sizeof(struct iphdr), f);

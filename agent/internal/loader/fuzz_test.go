@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
@@ -42,6 +45,20 @@ func fuzzSeeds(f *testing.F) {
 // never reaches tc).
 func runFrame(t *testing.T, h *harness, hop *loader.Hop, frame []byte) (out []byte, recs []record.Record, ok bool) {
 	t.Helper()
+	out, samples, ok := runFrameRaw(t, h, hop, frame)
+	for _, sample := range samples {
+		var r record.Record
+		if err := record.Decode(sample, &r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	return out, recs, ok
+}
+
+// runFrameRaw is runFrame with the records as the ring holds them: the record, then any values.
+func runFrameRaw(t *testing.T, h *harness, hop *loader.Hop, frame []byte) (out []byte, samples [][]byte, ok bool) {
+	t.Helper()
 	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+256)}
 	ret, err := hop.Program.Run(opts)
 	if errors.Is(err, unix.EINVAL) {
@@ -55,7 +72,18 @@ func runFrame(t *testing.T, h *harness, hop *loader.Hop, frame []byte) (out []by
 	if int32(ret) != want {
 		t.Fatalf("%s returned %d, want %d, for %x", hop.Program, int32(ret), want, frame)
 	}
-	return opts.DataOut, h.drain(t), true
+	var rr ringbuf.Record
+	h.rd.SetDeadline(time.Now())
+	for {
+		err := h.rd.ReadInto(&rr)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return opts.DataOut, samples, true
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		samples = append(samples, slices.Clone(rr.RawSample))
+	}
 }
 
 // idIn reports whether id's four bytes (network order) occur in frame: the only place a parser may take
@@ -225,10 +253,12 @@ func FuzzFastPathAgrees(f *testing.F) {
 		if err != nil {
 			f.Fatal(err)
 		}
+		// Every header field a record can carry, so that the records compare the parsers' fields too.
+		headers := loader.Actions{Record: [record.ValuesMax]record.ActionField{record.FieldTOS, record.FieldTTL, record.FieldIPID, record.FieldTCPSeq}}
 		for _, cfg := range []loader.HopConfig{
-			{Filter: fc},
-			{Filter: fc, Program: loader.ProgXDP},
-			{Filter: fc, Program: loader.ProgCgroupSKB, AttachType: ebpf.AttachCGroupInetIngress},
+			{Filter: fc, Actions: headers},
+			{Filter: fc, Program: loader.ProgXDP, Actions: headers},
+			{Filter: fc, Program: loader.ProgCgroupSKB, AttachType: ebpf.AttachCGroupInetIngress, Actions: headers},
 		} {
 			hops = append(hops, [2]*loader.Hop{h.load(f, cfg), h.loadGeneralOnly(f, cfg)})
 		}
@@ -239,10 +269,10 @@ func FuzzFastPathAgrees(f *testing.F) {
 		}
 		for i, pair := range hops {
 			var deltas [2]record.Counters
-			var ids [2][]uint32
+			var recs [2][][]byte
 			for j, hop := range pair {
 				before := counters(t, hop)
-				_, recs, ok := runFrame(t, h, hop, frame)
+				_, samples, ok := runFrameRaw(t, h, hop, frame)
 				if !ok {
 					return
 				}
@@ -250,13 +280,15 @@ func FuzzFastPathAgrees(f *testing.F) {
 				for c := range after {
 					deltas[j][c] = after[c] - before[c]
 				}
-				for _, r := range recs {
-					ids[j] = append(ids[j], r.PacketID)
+				for _, sample := range samples {
+					clear(sample[0:8])   // ts_ns
+					clear(sample[28:30]) // cpu
+					recs[j] = append(recs[j], sample)
 				}
 			}
-			if deltas[0] != deltas[1] || !slices.Equal(ids[0], ids[1]) {
+			if deltas[0] != deltas[1] || !slices.EqualFunc(recs[0], recs[1], bytes.Equal) {
 				t.Fatalf("%s, filter %d: the fast path counted %v and recorded %x, the general parser %v and %x, for %x",
-					pair[0].Program, i/3, deltas[0], ids[0], deltas[1], ids[1], frame)
+					pair[0].Program, i/3, deltas[0], recs[0], deltas[1], recs[1], frame)
 			}
 		}
 	})
