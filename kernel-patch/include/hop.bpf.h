@@ -839,7 +839,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
-	struct fast_flow f;
+	struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
 	bool fast = false;
 	int status;
 
@@ -880,7 +880,7 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
-	struct fast_flow f;
+	struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
 	bool fast = false;
 
 	barrier_var(ifindex);
@@ -912,7 +912,7 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	struct pkt_info p = {};
 	/* XDP has no sk_buff: none of its fields (the dispatcher refuses them) */
 	struct hop_meta m = {};
-	struct fast_flow f;
+	struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
 	bool fast = false;
 
 	barrier_var(ifindex);
