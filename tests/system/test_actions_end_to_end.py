@@ -10,6 +10,7 @@ import time
 from system_helpers import running_cluster, wait_report
 
 from hoptrace import kernel_abi
+from hoptrace.collector.sketch import RELATIVE_ACCURACY
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import trace_pb2
@@ -80,7 +81,11 @@ def test_counts_and_histograms_reach_the_report(topology, influxd):
         running += bucket["count"]
         if median_le is None and running >= SENT // 2:
             median_le = bucket["le"]
-    assert median_le == le_of(segment["p50_ns"]), (segment, latency)
+    # The report's p50 comes from the merged sketches: within RELATIVE_ACCURACY of the exact one, which may
+    # lie across a bucket bound from it (a p50 of 2049 reported for an exact 2040: buckets 4095 and 2047).
+    exact_low = segment["p50_ns"] / (1 + RELATIVE_ACCURACY) - 1
+    exact_high = segment["p50_ns"] / (1 - RELATIVE_ACCURACY) + 1
+    assert le_of(exact_low) <= median_le <= le_of(exact_high), (segment, latency)
     # Hops without actions report none.
     assert _hop(data, "a-c1-eth0-out")["counts"] == [] and _hop(data, "a-c1-eth0-out")["histograms"] == []
 
