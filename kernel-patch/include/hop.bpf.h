@@ -187,14 +187,12 @@ static __always_inline int hop_parse(enum pkt_source src, struct pkt_reader *r, 
 	return parse_id(src, r, p);
 }
 
-/* The loader tests' reference: 1 sends every packet through the general parser (hop_fast_refuses).
- */
+/* The loader tests' reference: 1 sends every packet through the general parser (hop_has_filter). */
 const volatile __u8 hop_general_only = 0;
 
 /*
  * A packet of another flow, refused by the fast path (parse.bpf.h's fast_flow_*) and counted as
- * the general path would count it; false: the general path decides. Without a filter every packet
- * matches, so there is nothing to refuse early.
+ * the general path would count it; false: the general path decides.
  */
 static __always_inline bool hop_fast_refuses(bool decided, const struct fast_flow *f)
 {
@@ -205,6 +203,7 @@ static __always_inline bool hop_fast_refuses(bool decided, const struct fast_flo
 	return true;
 }
 
+/* Whether to try the fast path: without a filter every packet matches, nothing to refuse early. */
 static __always_inline bool hop_has_filter(void)
 {
 	return !hop_general_only && (filter_proto || filter_family || filter_sport || filter_dport);

@@ -680,12 +680,12 @@ static __always_inline int parse_id(enum pkt_source src, struct pkt_reader *r, s
  * The common frame's flow by direct reads alone: Ethernet, IPv4 without
  * options or IPv6 without extension headers, unfragmented, UDP/TCP/other,
  * and VXLAN's inner frame of the same kinds. A packet of another flow is
- * refused here without the reader, the zeroed pkt_info or a helper (issue
- * 13: 49 ns of 116 in place). It decides only what parse_headers would decide
- * the same way, without error: anything else (VLAN, Geneve, options,
- * extension headers, fragments, a header past the linear data, any doubt)
- * returns false, and the general parser takes it. Offsets are compile-time
- * constants at every call, so each bound is one comparison with data_end.
+ * refused here without the reader, the zeroed pkt_info or a helper. It
+ * decides only what parse_headers would decide the same way, without error:
+ * anything else (VLAN, Geneve, options, extension headers, fragments, a
+ * header past the linear data, any doubt) returns false, and the general
+ * parser takes it. Offsets are compile-time constants at every call, so each
+ * bound is one comparison with data_end.
  */
 struct fast_flow {
 	const __u32 *saddr; /* in the packet: 1 word (IPv4) or 4 (IPv6) */
@@ -770,7 +770,9 @@ static __always_inline bool fast_ipv6(const __u8 *data, const __u8 *data_end, __
 	return fast_ports(data, data_end, l3 + sizeof(*ip6), sizeof(*ip6), ip_len, f);
 }
 
-/* VXLAN's inner frame at inner_eth, when f (the outer packet, its L4 at l4) is VXLAN. */
+/* After the outer packet (f, its L4 header at l4): true when f is decided, as it stands when it is
+ * no tunnel, as VXLAN's inner packet when it is VXLAN; false for Geneve and an undecided inner
+ * frame. */
 static __always_inline bool fast_inner(const __u8 *data, const __u8 *data_end, __u32 total,
 				       __u32 l4, struct fast_flow *f)
 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -98,21 +99,31 @@ func (h *harness) run(t testing.TB, hop *loader.Hop, pkt []byte) ([]byte, []reco
 func (h *harness) drain(t testing.TB) []record.Record {
 	t.Helper()
 	var recs []record.Record
+	for _, sample := range h.drainRaw(t) {
+		var r record.Record
+		if err := record.Decode(sample, &r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, r)
+	}
+	return recs
+}
+
+// drainRaw is drain with the records as the ring holds them: the record, then any values.
+func (h *harness) drainRaw(t testing.TB) [][]byte {
+	t.Helper()
+	var samples [][]byte
 	var rr ringbuf.Record
 	h.rd.SetDeadline(time.Now())
 	for {
 		err := h.rd.ReadInto(&rr)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return recs
+			return samples
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		var r record.Record
-		if err := record.Decode(rr.RawSample, &r); err != nil {
-			t.Fatal(err)
-		}
-		recs = append(recs, r)
+		samples = append(samples, slices.Clone(rr.RawSample))
 	}
 }
 
