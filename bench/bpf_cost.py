@@ -94,17 +94,20 @@ char LICENSE[] __attribute__((section("license"), used)) = "GPL";
 
 
 @contextlib.contextmanager
-def empty_tc_programs(topo: TwoHostTopology, workdir: Path) -> Iterator[dict[str, int]]:
-    """An empty tc program (clsact) at each tc hop; hop -> program id. The qdiscs are removed after."""
+def empty_tc_programs(
+    topo: TwoHostTopology, workdir: Path, hops: dict[str, tuple[str, str, str]] = TC_HOPS
+) -> Iterator[dict[str, int]]:
+    """An empty tc program (clsact) at each of `hops` (name -> role, device, direction); hop -> program id.
+    The qdiscs are removed after."""
     src, obj = workdir / "empty_tc.bpf.c", workdir / "empty_tc.bpf.o"
     src.write_text(EMPTY_TC_SOURCE)
     subprocess.run(["clang", "-O2", "-target", "bpf", "-c", str(src), "-o", str(obj)], check=True)
-    devices = sorted({(role, dev) for role, dev, _ in TC_HOPS.values()})
+    devices = sorted({(role, dev) for role, dev, _ in hops.values()})
     try:
         for role, dev in devices:
             subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "add", "dev", dev, "clsact"], check=True)
         ids = {}
-        for hop, (role, dev, direction) in TC_HOPS.items():
+        for hop, (role, dev, direction) in hops.items():
             subprocess.run(
                 [
                     "tc",

@@ -96,9 +96,15 @@ def sockperf_ping_pong(topo: TwoHostTopology, seconds: int, pinned: bool = False
 
 
 def iperf3(
-    topo: TwoHostTopology, seconds: int, udp: bool, server: str = "c2", server_iface: str | None = None
+    topo: TwoHostTopology,
+    seconds: int,
+    udp: bool,
+    server: str = "c2",
+    server_iface: str | None = None,
+    cpus: tuple[int, int] | None = None,
 ) -> float:
-    """Received throughput in Mbit/s of one iperf3 run c1 -> `server` (its address on `server_iface`)."""
+    """Received throughput in Mbit/s of one iperf3 run c1 -> `server` (its address on `server_iface`),
+    client and server pinned to `cpus` if given (iperf3 -A)."""
     address = topo.addr(server, iface=server_iface)
     proc = topo.popen(
         server,
@@ -115,6 +121,8 @@ def iperf3(
     try:
         wait_listening(topo, server, "tcp", IPERF_PORT)
         args = ["-u", "-b", "0", "-l", "1400"] if udp else []
+        if cpus:
+            args += ["-A", f"{cpus[0]},{cpus[1]}"]
         out = topo.run(
             "c1",
             "iperf3",

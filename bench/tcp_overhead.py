@@ -4,18 +4,40 @@ iperf3 c1 -> c2 over the reference VXLAN path (8 hops), or with `--path veth` c1
 veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved in rounds (order rotated):
 
 - `none`: nothing traces;
+- `empty`: a tc program that only returns at each tc hop, no agent (the cost of running any program there);
 - `hops`: the 8 hop programs attached, TCP not tagged (every segment parsed at every hop, none recorded);
 - `tag_none`: the 8 hops and the sock_ops tagger, sampling 1 segment in 10^9 (the MSS keeps room for the
   option, sock_ops runs for every segment, none carries the option: the tagger's presence without records);
+- `tagger`: `tag_none` with the agents' tc links detached: the sock_ops tagger (and, on the VXLAN path, the
+  two tracepoint hops) without the tc hop programs, to tell the tagger's effect on TCP from the hops' cost;
+- `tagger_all`: the same sampling every segment: each carries the ID option, none is recorded at a tc hop;
+- `mss8`: nothing traces, the server advertises an MSS 8 bytes smaller (a host route with `advmss`): the
+  segment size the tagger's reserved option gives, without the tagger;
+- `floor_tagger`: no agent; the least any in-band TCP tagger does (FLOOR_TAGGER_SOURCE, sock_ops on the root
+  cgroup for c1's namespace): an 8-byte option of the ID's kind on every segment, a constant ID, no
+  sampling, no state, no counters; to compare with `tagger_all`;
+- `floor_all`: `floor_tagger` and, at each tc hop, `ring_cost`'s `floor_local` program (read 4 bytes of the
+  packet, the clock, a record into a per-CPU slot; no parsing): the least a tracer of every segment does,
+  to compare with `tag_all_local`;
 - `tag_s100`: the 8 hops and the tagger, 1 segment in 100 tagged and recorded;
-- `tag_all`: the same, every segment tagged and recorded.
+- `tag_all`: the same, every segment tagged and recorded;
+- `COND_stopped` (COND one of the above with agents): the same, the agents SIGSTOPped for the measurement
+  with a 256 MiB ring the run's records fit in: the programs run and record as before, nothing reads them
+  (the BPF side's cost without the agent's and the record sink's);
+- `COND_local`: the same with `ring_cost`'s object whose records go to a per-CPU slot, not the ring (nothing
+  reaches the agent: the hops' cost without the ring).
 
 Each ratio is the condition's throughput over the same round's `none`: median, min..max over rounds. With
 `--perf COND`, `perf record -a -g` runs during that condition's first iperf3 run and `perf report` prints the
 top symbols (finding the cost before changing code). Each run also logs the receiver's TCP counters (nstat in
 c2: out-of-order queueing, header prediction hits, coalescing).
 
-    .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--path veth] [--udp] [--perf tag_s100]
+With `--pin`, iperf3's client runs on CPU 0 and its server on CPU 1 in every run. Free-running on a 2-vCPU VM,
+where the two land (and where the veth's softirqs run) changes throughput by up to a tenth from one run to
+the next, and anything that changes the timing moves it: an MSS 8 bytes smaller alone measured x1.10,
+an empty program x0.95. Pinned, those effects are within the spread and the ratios are the costs.
+
+    .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--path veth] [--udp] [--pin] [--perf COND]
 """
 
 from __future__ import annotations
@@ -32,19 +54,82 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bpf_cost import TC_HOPS, empty_tc_programs
 from overhead import iperf3
+from ring_cost import build_bpf, build_floor_object, build_local_object, load_floor
 
-from common import PlanAgent, RecordSink, bpftool_json, log, median, path_agents, path_plans
+from common import (
+    REPO,
+    PlanAgent,
+    RecordSink,
+    bpftool_json,
+    log,
+    median,
+    path_agents,
+    path_plans,
+    progs_of,
+    tcx_prog_ids,
+)
 from hoptrace.lab.reference import set_c1_tagging, spec_plans
 from hoptrace.lab.topology import TwoHostTopology
 
-CONDITIONS = ["none", "hops", "tag_none", "tag_s100", "tag_all"]
-SAMPLE = {"tag_none": 10**9, "tag_s100": 100}
+CONDITIONS = [
+    "none",
+    "empty",
+    "mss8",
+    "hops",
+    "tagger",
+    "tagger_all",
+    "floor_tagger",
+    "floor_all",
+    "tag_none",
+    "tag_s100",
+    "tag_all",
+]
+SAMPLE = {"tag_none": 10**9, "tagger": 10**9, "tag_s100": 100}
+DETACHED = {"tagger", "tagger_all"}  # conditions whose agents' tc links are detached once they run
+BIG_RING = str(1 << 28)  # `_stopped`: a stopped agent's records of a run fit, the programs keep recording
+
+# `floor_tagger`: the option hoptrace's tagger writes (hoptrace.h: kind, length, ExID), with a constant ID,
+# on every segment of c1's sockets (NETNS_COOKIE, given at build); nothing else.
+FLOOR_TAGGER_SOURCE = """\
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include "hoptrace.h"
+
+SEC("sockops") int floor_tagger(struct bpf_sock_ops *skops)
+{
+	/* kind, length, ExID "HT" (HOPTRACE_TCPOPT_EXID), ID 1 */
+	__u8 opt[HOPTRACE_TCPOPT_LEN] = {HOPTRACE_TCPOPT_KIND, HOPTRACE_TCPOPT_LEN, 0x48, 0x54, 0, 0, 0, 1};
+
+	if (bpf_get_netns_cookie(skops) != NETNS_COOKIE)
+		return 1;
+	switch (skops->op) {
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+		break;
+	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
+		bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0);
+		break;
+	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB:
+		bpf_store_hdr_opt(skops, opt, sizeof(opt), 0);
+		break;
+	}
+	return 1;
+}
+char LICENSE[] SEC("license") = "GPL";
+"""
 
 
 # Where iperf3's server listens on each path: c2 across the VXLAN path, or host-a's bridge address across
 # c1's veth (the issue's measurement: one veth, a hop at each of its ends).
 SERVER = {"vxlan": ("c2", None), "veth": ("host-a", "br0")}
+# The tc hops of each path (hop -> role, device, direction), where `empty` runs its program.
+PATH_TC_HOPS = {
+    "vxlan": TC_HOPS,
+    "veth": {"c1-eth0-out": ("c1", "eth0", "egress"), "a-veth-in": ("host-a", "veth-c1", "ingress")},
+}
 
 
 def veth_plan(topo: TwoHostTopology, trace: str, dst: str, sample: int, tagging: bool) -> dict[str, Any]:
@@ -70,29 +155,164 @@ def condition(name: str, topo: TwoHostTopology, workdir: Path, sink: RecordSink,
     if name == "none":
         yield
         return
-    sample, tagging = SAMPLE.get(name, 1), name != "hops"
-    server, server_iface = SERVER[path]
-    dst = topo.addr(server, iface=server_iface)
-    if path == "veth":
-        agent = PlanAgent(
-            veth_plan(topo, f"tcpo-{name.replace('_', '-')}", dst, sample, tagging),
-            "host-a",
-            topo.host_a,
-            sink.addr,
-            workdir,
-            "--clock-server",
-            "off",
-        ).start()
+    if name == "empty":
+        with empty_tc_programs(topo, workdir, PATH_TC_HOPS[path]):
+            yield
+        return
+    if name == "floor_tagger":
+        with floor_tagger(topo, workdir):
+            yield
+        return
+    if name == "floor_all":
+        with floor_tagger(topo, workdir), floor_recorders(topo, path, workdir):
+            yield
+        return
+    if name == "mss8":
+        with smaller_advertised_mss(topo, path, 8):
+            yield
+        return
+    stopped, local = name.endswith("_stopped"), name.endswith("_local")
+    base = name.removesuffix("_stopped").removesuffix("_local")
+    sample, tagging = SAMPLE.get(base, 1), base != "hops"
+    extra = ("--ringbuf-bytes", BIG_RING) if stopped else ()
+    trace = f"tcpo-{name.replace('_', '-')}"
+    obj = build_local_object(workdir) if local else None
+    with tracing_agents(topo, path, workdir, sink, trace, sample, tagging, extra, obj) as pids:
+        if base in DETACHED:
+            detach_tc_links(topo, path, pids)
+        if stopped:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
         try:
             yield
         finally:
+            if stopped:
+                for pid in pids:
+                    os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def tracing_agents(
+    topo: TwoHostTopology,
+    path: str,
+    workdir: Path,
+    sink: RecordSink,
+    trace: str,
+    sample: int,
+    tagging: bool,
+    extra: tuple[str, ...],
+    obj: Path | None,
+) -> Iterator[set[int]]:
+    """The path's agents running `trace` (one on the veth path, two on the VXLAN path), with the hop
+    object `obj` if given; yields their pids."""
+    server, server_iface = SERVER[path]
+    dst = topo.addr(server, iface=server_iface)
+    if path == "veth":
+        plan = veth_plan(topo, trace, dst, sample, tagging)
+        if obj:
+            plan["objectPath"] = str(obj)
+        agent = PlanAgent(plan, "host-a", topo.host_a, sink.addr, workdir, "--clock-server", "off", *extra)
+        agent.start()
+        try:
+            yield {agent.pid}
+        finally:
             agent.stop()
         return
-    plans = path_plans(
-        topo, f"tcpo-{name}", {"dst": dst}, sample=sample, tag_udp=tagging, tcp_tagging=tagging
+    plans = path_plans(topo, trace, {"dst": dst}, sample=sample, tag_udp=tagging, tcp_tagging=tagging)
+    for plan in plans if obj else ():
+        plan["objectPath"] = str(obj)
+    with path_agents(topo, sink.addr, workdir, plans, *extra) as agents:
+        yield {agent.pid for agent in agents}
+
+
+@contextlib.contextmanager
+def floor_tagger(topo: TwoHostTopology, workdir: Path) -> Iterator[None]:
+    """FLOOR_TAGGER_SOURCE on the root cgroup's sock_ops for the block (for c1's sockets only)."""
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    cgroup2 = next(line.split()[1] for line in mounts if line.split()[2] == "cgroup2")
+    read_cookie = (
+        "import socket; s = socket.socket(); print(int.from_bytes(s.getsockopt(1, 71, 8), 'little'))"
     )
-    with path_agents(topo, sink.addr, workdir, plans):
+    # 1, 71: SOL_SOCKET, SO_NETNS_COOKIE
+    cookie = topo.run("c1", sys.executable, "-c", read_cookie).stdout.strip()
+    src = workdir / "floor_tagger.bpf.c"
+    src.write_text(FLOOR_TAGGER_SOURCE)
+    obj = build_bpf(
+        src, REPO / "kernel-patch" / "include", workdir / "floor_tagger.bpf.o", f"-DNETNS_COOKIE={cookie}ULL"
+    )
+    pin = Path(f"/sys/fs/bpf/hoptrace-bench-floor-tagger-{os.getpid()}")
+    subprocess.run(["bpftool", "prog", "load", str(obj), str(pin), "type", "sockops"], check=True)
+    try:
+        subprocess.run(
+            ["bpftool", "cgroup", "attach", cgroup2, "sock_ops", "pinned", str(pin), "multi"],
+            check=True,
+        )
+        try:
+            yield
+        finally:
+            subprocess.run(
+                ["bpftool", "cgroup", "detach", cgroup2, "sock_ops", "pinned", str(pin)], check=False
+            )
+    finally:
+        pin.unlink()
+
+
+@contextlib.contextmanager
+def floor_recorders(topo: TwoHostTopology, path: str, workdir: Path) -> Iterator[None]:
+    """`ring_cost`'s `floor_local` program at each of the path's tc hops (clsact) for the block."""
+    pin = Path(f"/sys/fs/bpf/hoptrace-bench-floor-recorder-{os.getpid()}")  # tc attaches from bpffs
+    load_floor(build_floor_object(workdir, "floor_local"), None, pin)
+    hops = PATH_TC_HOPS[path]
+    devices = sorted({(role, dev) for role, dev, _ in hops.values()})
+    try:
+        for role, dev in devices:
+            subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "add", "dev", dev, "clsact"], check=True)
+        for role, dev, direction in hops.values():
+            # nsenter, not `tc -n`: that mounts a sysfs of its own, where /sys/fs/bpf is empty
+            subprocess.run(
+                ["nsenter", f"--net={topo.netns_path(role)}",
+                 "tc", "filter", "add", "dev", dev, direction, "bpf", "da", "pinned", str(pin)],
+                check=True,
+            )  # fmt: skip
         yield
+    finally:
+        for role, dev in devices:
+            subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "del", "dev", dev, "clsact"], check=False)
+        pin.unlink()
+
+
+@contextlib.contextmanager
+def smaller_advertised_mss(topo: TwoHostTopology, path: str, less: int) -> Iterator[None]:
+    """The server's route to the client with an advertised MSS `less` bytes under its device's default."""
+    server, _ = SERVER[path]
+    client = topo.addr("c1")
+    (route,) = json.loads(topo.run(server, "ip", "-j", "route", "get", client).stdout)
+    mtu = int(topo.run(server, "cat", f"/sys/class/net/{route['dev']}/mtu").stdout)
+    via = ["via", route["gateway"]] if "gateway" in route else []
+    host_route = [f"{client}/32", *via, "dev", route["dev"], "src", route["prefsrc"]]
+    topo.run(server, "ip", "route", "add", *host_route, "advmss", str(mtu - 40 - less))  # 40: IPv4 + TCP
+    try:
+        yield
+    finally:
+        topo.run(server, "ip", "route", "del", f"{client}/32", check=False)
+
+
+def detach_tc_links(topo: TwoHostTopology, path: str, pids: set[int]) -> None:
+    """Detach the tcx links of the programs `pids` hold at the path's tc hops (their agents close the
+    detached links at stop)."""
+    held = progs_of(pids)
+    at_hops = {
+        p
+        for role, dev, direction in PATH_TC_HOPS[path].values()
+        for p in tcx_prog_ids(topo, role, dev)[direction]
+    }
+    links = [lk["id"] for lk in bpftool_json("link", "show") if lk.get("prog_id") in held.keys() & at_hops]
+    if not links or len(links) != len(held.keys() & at_hops):
+        raise RuntimeError(
+            f"agents {sorted(pids)}: expected a link for each of {sorted(held.keys() & at_hops)}"
+        )
+    for link in links:
+        subprocess.run(["bpftool", "link", "detach", "id", str(link)], check=True)
 
 
 @contextlib.contextmanager
@@ -157,7 +377,14 @@ def nstat(topo: TwoHostTopology, role: str) -> dict[str, int]:
 
 
 def run(
-    rounds: int, seconds: int, perf: str | None, conditions: list[str], path: str, udp: bool, bpf_stats: bool
+    rounds: int,
+    seconds: int,
+    perf: str | None,
+    conditions: list[str],
+    path: str,
+    udp: bool,
+    bpf_stats: bool,
+    cpus: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Interleaved rounds of `conditions` (`none` first); throughput ratios to `none`."""
     sink = RecordSink()
@@ -169,7 +396,7 @@ def run(
     subprocess.run(["sysctl", "-qw", f"kernel.bpf_stats_enabled={int(bpf_stats)}"], check=True)
 
     def measure() -> float:
-        return iperf3(topo, seconds, udp=udp, server=server, server_iface=server_iface)
+        return iperf3(topo, seconds, udp=udp, server=server, server_iface=server_iface, cpus=cpus)
 
     try:
         topo.create()
@@ -234,12 +461,26 @@ def main() -> int:
         action="store_true",
         help="leave kernel.bpf_stats_enabled off (no per-program ns: the ratios without its clock reads)",
     )
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="iperf3's client on CPU 0 and its server on CPU 1 (-A 0,1): the same placement in every run",
+    )
     args = ap.parse_args()
     conditions = ["none"] + [c for c in args.conditions.split(",") if c and c != "none"]
-    unknown = [c for c in conditions if c not in CONDITIONS]
+    with_agents = [c for c in CONDITIONS if c not in ("none", "empty", "mss8", "floor_tagger", "floor_all")]
+    unknown = [
+        c
+        for c in conditions
+        if c not in CONDITIONS and c.removesuffix("_stopped").removesuffix("_local") not in with_agents
+    ]
     if unknown:
-        ap.error(f"unknown conditions {unknown}: choose from {', '.join(CONDITIONS)}")
-    run(args.rounds, args.seconds, args.perf, conditions, args.path, args.udp, not args.no_bpf_stats)
+        ap.error(
+            f"unknown conditions {unknown}: choose from {', '.join(CONDITIONS)}, "
+            f"or COND_stopped, COND_local with COND one of {', '.join(with_agents)}"
+        )
+    cpus = (0, 1) if args.pin else None
+    run(args.rounds, args.seconds, args.perf, conditions, args.path, args.udp, not args.no_bpf_stats, cpus)
     return 0
 
 
