@@ -187,9 +187,6 @@ static __always_inline int hop_parse(enum pkt_source src, struct pkt_reader *r, 
 	return parse_id(src, r, p);
 }
 
-/* The loader tests' reference: 1 sends every packet through the general parser (hop_has_filter). */
-const volatile __u8 hop_general_only = 0;
-
 /*
  * A packet of another flow, refused by the fast path (parse.bpf.h's fast_flow_*) and counted as
  * the general path would count it; false: the general path decides.

@@ -190,6 +190,12 @@ func fastPathSeeds(f *testing.F) {
 	innerUDP := func(dport uint16) []byte {
 		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(1000, dport, []byte("in")), 4), tu.ID(0x07000031))
 	}
+	// TCP from port 1 (a filter takes it) with these options: parse_tcp_id's common layouts and their edges
+	tcpOpts := func(opts ...[]byte) []byte {
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(1, 6000, tu.Cat(opts...), []byte("ts")), 0))
+	}
+	timestamps := []byte{1, 1, 8, 10, 0, 0, 0, 7, 0, 0, 0, 9}
+	otherOption := []byte{254, 8, 0x48, 0x54, 7, 0, 0, 0x36}
 	// udp4 with a byte changed: IPv4 from offset 14, UDP from 34
 	changed := func(mutate func(b []byte)) []byte {
 		frame := udp4(0x07000032)
@@ -217,8 +223,17 @@ func fastPathSeeds(f *testing.F) {
 		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(1, 6000, []byte("long")), 4000)),
 		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(5, 4789, tu.VXLAN(42, innerUDP(5000))), 0)),
 		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(1, 2, []byte("six")), 0))[:60], // UDP cut short
-		udp4(0x07000035)[:40],      // UDP header cut short
-		vxlan(innerUDP(5000))[:60], // inner Ethernet cut short
+		tcpOpts(timestamps),                                                 // timestamps alone
+		tcpOpts(timestamps, tu.TCPIDOption(0x07000036)),                     // timestamps, then the ID
+		tcpOpts(timestamps, otherOption),                                    // timestamps, then another option
+		tcpOpts(timestamps, []byte{253, 8, 0x48, 0x55, 7, 0, 0, 0x37}),      // another ExID
+		tcpOpts(timestamps, []byte{253, 9, 0x48, 0x54, 7, 0, 0, 0x38}),      // the ID's length wrong
+		tcpOpts([]byte{1, 1, 8, 11}, timestamps[4:]),                        // a timestamps length wrong
+		tcpOpts(tu.TCPIDOption(0x07000039), timestamps),                     // the ID first
+		tcpOpts(timestamps, tu.TCPIDOption(0x0700003a), []byte{1, 1, 1, 1}), // and 4 NOPs after
+		tcpOpts([]byte{1, 1, 8, 10}),                                        // timestamps cut by the data offset
+		udp4(0x07000035)[:40],                                               // UDP header cut short
+		vxlan(innerUDP(5000))[:60],                                          // inner Ethernet cut short
 	} {
 		f.Add(frame)
 	}

@@ -60,8 +60,10 @@ func BenchmarkObjectAB(b *testing.B) {
 		{"vxlan_non_matching", vxlan4(udp4(0x07000001)), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false},
 		{"udp_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false},
 		{"udp_tagger_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, true},
-		{"tcp_traced", tcp(append(tu.TCPIDOption(0x07000002), tsOpts...)), loader.FilterConstants{}, true, false},
-		{"tcp_non_matching", tcp(append(tu.TCPIDOption(0x07000002), tsOpts...)), loader.FilterConstants{Proto: 6, Dport: 5001}, false, false},
+		// The ID after the timestamps, where the kernel writes a sock_ops option.
+		{"tcp_traced", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{}, true, false},
+		{"tcp_untagged", tcp(tsOpts), loader.FilterConstants{}, false, false}, // a sampled-out segment
+		{"tcp_non_matching", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{Proto: 6, Dport: 5001}, false, false},
 	}
 	type pair struct {
 		name   string
