@@ -33,9 +33,11 @@ top symbols (finding the cost before changing code). Each run also logs the rece
 c2: out-of-order queueing, header prediction hits, coalescing).
 
 With `--pin`, iperf3's client runs on CPU 0 and its server on CPU 1 in every run. Free-running on a 2-vCPU VM,
-where the two land (and where the veth's softirqs run) changes throughput by up to a tenth from one run to
-the next, and anything that changes the timing moves it: an MSS 8 bytes smaller alone measured x1.10,
-an empty program x0.95. Pinned, those effects are within the spread and the ratios are the costs.
+where the two land (and where the path's softirqs run) changes throughput by up to a tenth from one run to
+the next, and anything that changes the timing moves it: an MSS 8 bytes smaller alone measured x1.10, an
+empty program x0.95. Pinned, those effects are within the spread, and the sending vCPU runs the whole path
+(the sender, every hop, the receive softirq) and is the bottleneck: the ratio is close to the tracer's
+share of that vCPU's work, the harsher of the two measures.
 
     .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--path veth] [--udp] [--pin] [--perf COND]
 """
