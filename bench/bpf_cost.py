@@ -102,6 +102,16 @@ def empty_tc_programs(
     src, obj = workdir / "empty_tc.bpf.c", workdir / "empty_tc.bpf.o"
     src.write_text(EMPTY_TC_SOURCE)
     subprocess.run(["clang", "-O2", "-target", "bpf", "-c", str(src), "-o", str(obj)], check=True)
+    with tc_programs(topo, hops, obj, "empty_tc") as ids:
+        yield ids
+
+
+@contextlib.contextmanager
+def tc_programs(
+    topo: TwoHostTopology, hops: dict[str, tuple[str, str, str]], obj: Path, name: str
+) -> Iterator[dict[str, int]]:
+    """Program `name` of `obj` (section "tc") attached with clsact at each of `hops` (name -> role, device,
+    direction); hop -> program id. The qdiscs are removed after."""
     devices = sorted({(role, dev) for role, dev, _ in hops.values()})
     try:
         for role, dev in devices:
@@ -109,33 +119,19 @@ def empty_tc_programs(
         ids = {}
         for hop, (role, dev, direction) in hops.items():
             subprocess.run(
-                [
-                    "tc",
-                    "-n",
-                    topo.netns(role),
-                    "filter",
-                    "add",
-                    "dev",
-                    dev,
-                    direction,
-                    "bpf",
-                    "da",
-                    "obj",
-                    str(obj),
-                    "sec",
-                    "tc",
-                ],
+                ["tc", "-n", topo.netns(role), "filter", "add", "dev", dev, direction,
+                 "bpf", "da", "obj", str(obj), "sec", "tc"],
                 check=True,
-            )
+            )  # fmt: skip
             shown = subprocess.run(
                 ["tc", "-n", topo.netns(role), "filter", "show", "dev", dev, direction],
                 check=True,
                 capture_output=True,
                 text=True,
             ).stdout
-            found = re.findall(r" id (\d+) name empty_tc", shown)
+            found = re.findall(rf" id (\d+) name {name}", shown)
             if len(found) != 1:
-                raise RuntimeError(f"{hop}: expected one empty_tc on {role}/{dev} {direction}: {shown}")
+                raise RuntimeError(f"{hop}: expected one {name} on {role}/{dev} {direction}: {shown}")
             ids[hop] = int(found[0])
         yield ids
     finally:

@@ -56,9 +56,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bpf_cost import TC_HOPS, empty_tc_programs
+from bpf_cost import TC_HOPS, empty_tc_programs, tc_programs
 from overhead import iperf3
-from ring_cost import build_bpf, build_floor_object, build_local_object, load_floor
+from ring_cost import build_bpf, build_floor_object, build_local_object
 
 from common import (
     REPO,
@@ -262,25 +262,8 @@ def floor_tagger(topo: TwoHostTopology, workdir: Path) -> Iterator[None]:
 @contextlib.contextmanager
 def floor_recorders(topo: TwoHostTopology, path: str, workdir: Path) -> Iterator[None]:
     """`ring_cost`'s `floor_local` program at each of the path's tc hops (clsact) for the block."""
-    pin = Path(f"/sys/fs/bpf/hoptrace-bench-floor-recorder-{os.getpid()}")  # tc attaches from bpffs
-    load_floor(build_floor_object(workdir, "floor_local"), None, pin)
-    hops = PATH_TC_HOPS[path]
-    devices = sorted({(role, dev) for role, dev, _ in hops.values()})
-    try:
-        for role, dev in devices:
-            subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "add", "dev", dev, "clsact"], check=True)
-        for role, dev, direction in hops.values():
-            # nsenter, not `tc -n`: that mounts a sysfs of its own, where /sys/fs/bpf is empty
-            subprocess.run(
-                ["nsenter", f"--net={topo.netns_path(role)}",
-                 "tc", "filter", "add", "dev", dev, direction, "bpf", "da", "pinned", str(pin)],
-                check=True,
-            )  # fmt: skip
+    with tc_programs(topo, PATH_TC_HOPS[path], build_floor_object(workdir, "floor_local"), "floor_tc"):
         yield
-    finally:
-        for role, dev in devices:
-            subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "del", "dev", dev, "clsact"], check=False)
-        pin.unlink()
 
 
 @contextlib.contextmanager
@@ -308,11 +291,10 @@ def detach_tc_links(topo: TwoHostTopology, path: str, pids: set[int]) -> None:
         for role, dev, direction in PATH_TC_HOPS[path].values()
         for p in tcx_prog_ids(topo, role, dev)[direction]
     }
-    links = [lk["id"] for lk in bpftool_json("link", "show") if lk.get("prog_id") in held.keys() & at_hops]
-    if not links or len(links) != len(held.keys() & at_hops):
-        raise RuntimeError(
-            f"agents {sorted(pids)}: expected a link for each of {sorted(held.keys() & at_hops)}"
-        )
+    ours = held.keys() & at_hops
+    links = [lk["id"] for lk in bpftool_json("link", "show") if lk.get("prog_id") in ours]
+    if not links or len(links) != len(ours):
+        raise RuntimeError(f"agents {sorted(pids)}: expected a link for each of {sorted(ours)}")
     for link in links:
         subprocess.run(["bpftool", "link", "detach", "id", str(link)], check=True)
 

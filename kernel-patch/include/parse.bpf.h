@@ -48,6 +48,10 @@ enum parse_status {
 	PARSE_NON_IP,
 };
 
+/* The loader tests' reference: 1 sends every packet through the general parser (hop_has_filter) and
+ * every TCP option list through the walk (parse_tcp_id's common layouts). */
+const volatile __u8 hop_general_only = 0;
+
 /* Packets whose bytes are all in the linear data, up to this length, are
  * read with direct packet access; a power of two minus one, so a mask proves
  * every offset's bound to the verifier (offset + size <= MAX_PACKET_OFF, 0xffff). */
@@ -57,10 +61,6 @@ enum parse_status {
  * packet, TCP options included) into a per-CPU buffer once; the buffer has
  * room for a read of up to PKT_COPY_MAX bytes at any offset below it, so
  * masks prove every access to the verifier. */
-/* The loader tests' reference: 1 sends every packet through the general parser (hop_has_filter) and
- * every TCP option list through the walk (parse_tcp_id's common layouts). */
-const volatile __u8 hop_general_only = 0;
-
 #define PKT_COPY_MAX 256
 #define PKT_COPY_BUF (2 * PKT_COPY_MAX)
 
@@ -481,6 +481,20 @@ struct {
 	__type(value, struct tcpopt_scan);
 } tcpopt_scratch SEC(".maps");
 
+/* Whether opts[i] starts hoptrace's option (RFC 6994: kind 253, length 8, ExID), and its ID. */
+static __always_inline bool tcpopt_is_id(const __u8 *opts, __u32 i)
+{
+	return opts[i & 63] == HOPTRACE_TCPOPT_KIND && opts[(i + 1) & 63] == HOPTRACE_TCPOPT_LEN &&
+	       opts[(i + 2) & 63] == (HOPTRACE_TCPOPT_EXID >> 8) &&
+	       opts[(i + 3) & 63] == (HOPTRACE_TCPOPT_EXID & 0xff);
+}
+
+static __always_inline __u32 tcpopt_id(const __u8 *opts, __u32 i)
+{
+	return ((__u32)opts[(i + 4) & 63] << 24) | ((__u32)opts[(i + 5) & 63] << 16) |
+	       ((__u32)opts[(i + 6) & 63] << 8) | opts[(i + 7) & 63];
+}
+
 /* One option per call. Driven by bpf_loop so the verifier checks one step,
  * not every path through 40 options. Always inlined where the floor unrolls
  * it: a BPF-to-BPF call stops precision backtracking before 6.3 (every scalar
@@ -508,12 +522,8 @@ static __always_inline long tcpopt_scan_step(struct tcpopt_scan *s)
 		s->status = PARSE_MALFORMED;
 		return 1;
 	}
-	if (kind == HOPTRACE_TCPOPT_KIND && len == HOPTRACE_TCPOPT_LEN &&
-	    s->opts[(i + 2) & 63] == (HOPTRACE_TCPOPT_EXID >> 8) &&
-	    s->opts[(i + 3) & 63] == (HOPTRACE_TCPOPT_EXID & 0xff)) {
-		s->id = ((__u32)s->opts[(i + 4) & 63] << 24) |
-			((__u32)s->opts[(i + 5) & 63] << 16) | ((__u32)s->opts[(i + 6) & 63] << 8) |
-			s->opts[(i + 7) & 63];
+	if (tcpopt_is_id(s->opts, i)) {
+		s->id = tcpopt_id(s->opts, i);
 		return 1;
 	}
 	s->pos = i + len;
@@ -572,11 +582,8 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 	    s.opts[1] == 1 && s.opts[2] == 8 && s.opts[3] == 10) {
 		if (optlen == 12)
 			return PARSE_OK;
-		if (s.opts[12] == HOPTRACE_TCPOPT_KIND && s.opts[13] == HOPTRACE_TCPOPT_LEN &&
-		    s.opts[14] == (HOPTRACE_TCPOPT_EXID >> 8) &&
-		    s.opts[15] == (HOPTRACE_TCPOPT_EXID & 0xff)) {
-			p->id = ((__u32)s.opts[16] << 24) | ((__u32)s.opts[17] << 16) |
-				((__u32)s.opts[18] << 8) | s.opts[19];
+		if (tcpopt_is_id(s.opts, 12)) {
+			p->id = tcpopt_id(s.opts, 12);
 			return PARSE_OK;
 		}
 	}
