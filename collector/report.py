@@ -138,11 +138,15 @@ def query_report(
         f"from(bucket: {_flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
         f" |> filter(fn: (r) => r.trace == {_flux_string(trace)}"
     )
-    # Sketches and mergeable sums of every window of the range, from every collector: summed by InfluxDB.
-    merged = (
+    # Sketches and mergeable sums of every window of the range, from every collector, and the counts of
+    # packets and losses: summed by InfluxDB in one query, so a window landing while the report is read is
+    # in all of its numbers or in none (two queries once saw `complete` 100 with every segment's count 0).
+    summed = (
         f'{base} and r._measurement == "{SEGMENT_STATS}" and (r._field =~ /^[bj][pnz][0-9]*$/'
         ' or r._field == "count" or r._field == "sum_ns" or r._field == "below_bound_count"'
-        ' or r._field == "jitter_sum_ns" or r._field == "jitter_count"))'
+        ' or r._field == "jitter_sum_ns" or r._field == "jitter_count"'
+        ' or r._field == "incomplete" or r._field == "packets" or r._field == "complete"'
+        ' or r._field == "loss_count" or r._field == "from_count" or r._field == "tracer_lost"))'
         ' |> group(columns: ["segment", "from_hop", "to_hop", "_field"]) |> sum()'
     )
     # A segment's windows may carry other hop names over the range (end to end while the path was still
@@ -150,17 +154,26 @@ def query_report(
     stats: dict[str, dict[str, Any]] = {}
     fields: dict[str, dict[str, int]] = {}
     named: dict[str, dict[tuple[str, str], int]] = {}
-    for table in q.query(merged, org=org):
+    packets = complete = 0
+    from_count: dict[str, int] = {}
+    for table in q.query(summed, org=org):
         for rec in table.records:
             seg = rec.values.get("segment")
             if seg is None:
                 continue
             hops = (rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
             value = int(rec.get_value() or 0)
+            field = rec.get_field()
+            if seg == END_TO_END and field == "packets":
+                packets += value
+            elif seg == END_TO_END and field == "complete":
+                complete += value
+            elif field == "from_count":
+                from_count[seg] = from_count.get(seg, 0) + value
             found = fields.setdefault(seg, {})
-            found[rec.get_field()] = found.get(rec.get_field(), 0) + value
+            found[field] = found.get(field, 0) + value
             by_hops = named.setdefault(seg, {})
-            by_hops[hops] = by_hops.get(hops, 0) + (value if rec.get_field() == "count" else 0)
+            by_hops[hops] = by_hops.get(hops, 0) + (value if field == "count" else 0)
     for seg, by_hops in named.items():
         stats[seg] = _empty_stats(*max(by_hops, key=by_hops.__getitem__))
     below: dict[str, int] = {}
@@ -174,6 +187,8 @@ def query_report(
         jitter_count = found.get("jitter_count", 0)
         entry["jitter_ns"] = found.get("jitter_sum_ns", 0) / jitter_count if jitter_count else 0.0
         entry["jitter_p99_ns"] = sketch_from_fields(found, JITTER_PREFIX).quantile(0.99)
+        for field in ("incomplete", "loss_count", "tracer_lost"):
+            entry[field] = found.get(field, 0)
         below[seg] = found.get("below_bound_count", 0)
     extremes = (
         f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "max_ns")'
@@ -184,32 +199,6 @@ def query_report(
             seg = rec.values.get("segment")
             if seg in stats and stats[seg]["count"]:
                 stats[seg]["max_ns"] = int(rec.get_value() or 0)
-    sums = (
-        f'{base} and r._measurement == "{SEGMENT_STATS}"'
-        ' and (r._field == "incomplete" or r._field == "packets" or r._field == "complete"'
-        ' or r._field == "loss_count" or r._field == "from_count" or r._field == "tracer_lost"))'
-        ' |> group(columns: ["segment", "from_hop", "to_hop", "_field"]) |> sum()'
-    )
-    packets = complete = 0
-    from_count: dict[str, int] = {}
-    for table in q.query(sums, org=org):
-        for rec in table.records:
-            seg = rec.values.get("segment")
-            if seg is None:
-                continue
-            value = int(rec.get_value() or 0)
-            field = rec.get_field()
-            if seg == END_TO_END and field == "packets":
-                packets += value
-            elif seg == END_TO_END and field == "complete":
-                complete += value
-            elif field == "from_count":
-                from_count[seg] = from_count.get(seg, 0) + value
-            elif field in ("incomplete", "loss_count", "tracer_lost"):
-                entry = stats.setdefault(
-                    seg, _empty_stats(rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
-                )
-                entry[field] += value
     same = (
         f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "same_node")'
         ' |> group(columns: ["segment"]) |> sort(columns: ["_time"]) |> last()'
