@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -86,6 +87,7 @@ func (c *Client) Run(ctx context.Context) error {
 			// the resend keeps (resendBytes).
 			grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(streamWindow)}
 	}
+	opts = append(slices.Clip(opts), grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newBatchCodec())))
 	conn, err := grpc.NewClient(c.Addr, opts...)
 	if err != nil {
 		return fmt.Errorf("collector %s: %w", c.Addr, err)
