@@ -264,16 +264,23 @@ class PlanAgent:
     """`hoptrace-agent run --plan P --collector ADDR` (no JSON lines), watched through its /metrics."""
 
     def __init__(
-        self, plan: dict[str, Any], node: str, netns: str | None, collector: str, workdir: Path, *extra: str
+        self,
+        plan: dict[str, Any],
+        node: str,
+        netns: str | None,
+        collector: str,
+        workdir: Path,
+        *extra: str,
+        binary: Path = AGENT_BINARY,
     ) -> None:
-        """Write the plan; nothing runs before `start()`."""
+        """Write the plan; nothing runs before `start()`. `binary`: another build of the agent (A/B)."""
         self.node = node
         self.metrics_addr = f"127.0.0.1:{free_port()}"
         self.plan_path = workdir / f"plan-{node}-{plan['trace']}.json"
         self.plan_path.write_text(json.dumps(plan))
         self.log_path = workdir / f"agent-{node}.log"
         self.argv = [
-            str(AGENT_BINARY),
+            str(binary),
             "run",
             "--plan",
             str(self.plan_path),
@@ -338,11 +345,12 @@ def path_agents(
     workdir: Path,
     plans: tuple[dict[str, Any], dict[str, Any]],
     *extra: str,
+    binary: Path = AGENT_BINARY,
 ) -> Iterator[tuple[PlanAgent, PlanAgent]]:
-    """host-a's and host-b's standalone agents running `plans`, stopped on exit."""
+    """host-a's and host-b's standalone agents (`binary`) running `plans`, stopped on exit."""
     agents = [
-        PlanAgent(plans[0], "host-a", topo.host_a, collector, workdir, "--clock-server", "off", *extra),
-        PlanAgent(plans[1], "host-b", topo.host_b, collector, workdir, "--clock-server", "off", *extra),
+        PlanAgent(plans[i], node, netns, collector, workdir, "--clock-server", "off", *extra, binary=binary)
+        for i, (node, netns) in enumerate((("host-a", topo.host_a), ("host-b", topo.host_b)))
     ]
     try:
         for agent in agents:

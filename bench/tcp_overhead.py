@@ -25,9 +25,18 @@ veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved 
   with a 256 MiB ring the run's records fit in: the programs run and record as before, nothing reads them
   (the BPF side's cost without the agent's and the record sink's);
 - `COND_local`: the same with `ring_cost`'s object whose records go to a per-CPU slot, not the ring (nothing
-  reaches the agent: the hops' cost without the ring).
+  reaches the agent: the hops' cost without the ring);
+- `COND_tc` (VXLAN path): the same with the path's two tracepoint hops at their devices' tc instead
+  (`vxlan_path_spec(tc_only=True)`): a system-wide tracepoint runs for every packet of the machine;
+- `COND_emptytp`: the same with an object whose tracepoint hops return at once (EMPTY_TRACEPOINT): what the
+  tracepoints' dispatch costs, whatever the program does;
+- `COND_ab`: the same with the agent `--ab-agent` names and the hop object `--ab-object` names, either or
+  both (another build: a change's before and after in one run).
 
-Each ratio is the condition's throughput over the same round's `none`: median, min..max over rounds. With
+Each ratio is the condition's throughput over the same round's `none`: median, min..max over rounds. Each run
+logs the agents' CPU time. kernel.bpf_stats_enabled stays off unless `--bpf-stats` (then each run also logs
+each program's runs and ns per run): its two clock reads per program run cost 3-6 % of the throughput here
+(a VM's clock source), more than some conditions differ by, and ratios with it on are not what users run. With
 `--perf COND`, `perf record -a -g` runs during that condition's first iperf3 run and `perf report` prints the
 top symbols (finding the cost before changing code). Each run also logs the receiver's TCP counters (nstat in
 c2: out-of-order queueing, header prediction hits, coalescing).
@@ -39,7 +48,8 @@ empty program x0.95. Pinned, those effects are within the spread, and the sendin
 (the sender, every hop, the receive softirq) and is the bottleneck: the ratio is close to the tracer's
 share of that vCPU's work, the harsher of the two measures.
 
-    .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--path veth] [--udp] [--pin] [--perf COND]
+    .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--path veth] [--udp] [--pin] \
+        [--perf COND] [--bpf-stats] [--ab-agent BINARY]
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +72,7 @@ from overhead import iperf3
 from ring_cost import build_bpf, build_floor_object, build_local_object
 
 from common import (
+    AGENT_BINARY,
     REPO,
     PlanAgent,
     RecordSink,
@@ -90,7 +102,13 @@ CONDITIONS = [
 ]
 SAMPLE = {"tag_none": 10**9, "tagger": 10**9, "tag_s100": 100}
 DETACHED = {"tagger", "tagger_all"}  # conditions whose agents' tc links are detached once they run
+# Variants of a condition with agents (COND_variant); `ab`'s binary is set by --ab-agent.
+VARIANTS = ("stopped", "local", "tc", "emptytp", "ab")
+AB: dict[str, Path] = {}  # "agent", "object": --ab-agent, --ab-object
 BIG_RING = str(1 << 28)  # `_stopped`: a stopped agent's records of a run fit, the programs keep recording
+
+# `_emptytp`: the tracepoint hops' shared body (hop.bpf.h's hop_kernel_skb) returns before its first line.
+EMPTY_TRACEPOINT = ("\tcount(HOPTRACE_C_SEEN, 1);\n\tif (!dev) {", "\treturn 0;\n\tif (!dev) {")
 
 # `floor_tagger`: the option hoptrace's tagger writes (hoptrace.h: kind, length, ExID), with a constant ID,
 # on every segment of c1's sockets (NETNS_COOKIE, given at build); nothing else.
@@ -151,46 +169,72 @@ def veth_plan(topo: TwoHostTopology, trace: str, dst: str, sample: int, tagging:
     return plan
 
 
+def split_variant(name: str) -> tuple[str, str]:
+    """A condition's base and variant (`tag_all_local` -> `tag_all`, `local`; `hops` -> `hops`, "")."""
+    base, _, variant = name.rpartition("_")
+    return (base, variant) if base and variant in VARIANTS else (name, "")
+
+
 @contextlib.contextmanager
-def condition(name: str, topo: TwoHostTopology, workdir: Path, sink: RecordSink, path: str) -> Iterator[None]:
-    """Tracing as condition `name` on `path` for the block."""
+def condition(
+    name: str, topo: TwoHostTopology, workdir: Path, sink: RecordSink, path: str
+) -> Iterator[set[int]]:
+    """Tracing as condition `name` on `path` for the block; yields the pids of its agents (none without)."""
     if name == "none":
-        yield
+        yield set()
         return
     if name == "empty":
         with empty_tc_programs(topo, workdir, PATH_TC_HOPS[path]):
-            yield
+            yield set()
         return
     if name == "floor_tagger":
         with floor_tagger(topo, workdir):
-            yield
+            yield set()
         return
     if name == "floor_all":
         with floor_tagger(topo, workdir), floor_recorders(topo, path, workdir):
-            yield
+            yield set()
         return
     if name == "mss8":
         with smaller_advertised_mss(topo, path, 8):
-            yield
+            yield set()
         return
-    stopped, local = name.endswith("_stopped"), name.endswith("_local")
-    base = name.removesuffix("_stopped").removesuffix("_local")
+    base, variant = split_variant(name)
+    stopped = variant == "stopped"
     sample, tagging = SAMPLE.get(base, 1), base != "hops"
     extra = ("--ringbuf-bytes", BIG_RING) if stopped else ()
     trace = f"tcpo-{name.replace('_', '-')}"
-    obj = build_local_object(workdir) if local else None
-    with tracing_agents(topo, path, workdir, sink, trace, sample, tagging, extra, obj) as pids:
+    build = {"local": build_local_object, "emptytp": build_empty_tracepoint_object}.get(variant)
+    obj_path = build(workdir) if build else AB.get("object") if variant == "ab" else None
+    binary = AB.get("agent", AGENT_BINARY) if variant == "ab" else AGENT_BINARY
+    with tracing_agents(
+        topo, path, workdir, sink, trace, sample, tagging, extra, obj_path, variant == "tc", binary
+    ) as pids:
         if base in DETACHED:
             detach_tc_links(topo, path, pids)
         if stopped:
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
         try:
-            yield
+            yield pids
         finally:
             if stopped:
                 for pid in pids:
                     os.kill(pid, signal.SIGCONT)
+
+
+def build_empty_tracepoint_object(workdir: Path) -> Path:
+    """The hop object with EMPTY_TRACEPOINT applied, built as `make bpf` does."""
+    src = workdir / "kernel-patch-emptytp"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(REPO / "kernel-patch", src, ignore=shutil.ignore_patterns("build"))
+    header = src / "include" / "hop.bpf.h"
+    text = header.read_text()
+    old, new = EMPTY_TRACEPOINT
+    if text.count(old) != 1:
+        raise RuntimeError(f"hop.bpf.h changed: the emptytp variant's patch no longer applies ({old!r})")
+    header.write_text(text.replace(old, new))
+    return build_bpf(src / "hoptrace.bpf.c", src / "include", workdir / "hoptrace-emptytp.bpf.o")
 
 
 @contextlib.contextmanager
@@ -204,26 +248,32 @@ def tracing_agents(
     tagging: bool,
     extra: tuple[str, ...],
     obj: Path | None,
+    tc_only: bool = False,
+    binary: Path = AGENT_BINARY,
 ) -> Iterator[set[int]]:
-    """The path's agents running `trace` (one on the veth path, two on the VXLAN path), with the hop
-    object `obj` if given; yields their pids."""
+    """The path's agents (`binary`) running `trace` (one on the veth path, two on the VXLAN path, its
+    tracepoint hops at tc with `tc_only`), with the hop object `obj` if given; yields their pids."""
     server, server_iface = SERVER[path]
     dst = topo.addr(server, iface=server_iface)
     if path == "veth":
         plan = veth_plan(topo, trace, dst, sample, tagging)
         if obj:
             plan["objectPath"] = str(obj)
-        agent = PlanAgent(plan, "host-a", topo.host_a, sink.addr, workdir, "--clock-server", "off", *extra)
+        agent = PlanAgent(
+            plan, "host-a", topo.host_a, sink.addr, workdir, "--clock-server", "off", *extra, binary=binary
+        )
         agent.start()
         try:
             yield {agent.pid}
         finally:
             agent.stop()
         return
-    plans = path_plans(topo, trace, {"dst": dst}, sample=sample, tag_udp=tagging, tcp_tagging=tagging)
+    plans = path_plans(
+        topo, trace, {"dst": dst}, sample=sample, tag_udp=tagging, tcp_tagging=tagging, tc_only=tc_only
+    )
     for plan in plans if obj else ():
         plan["objectPath"] = str(obj)
-    with path_agents(topo, sink.addr, workdir, plans, *extra) as agents:
+    with path_agents(topo, sink.addr, workdir, plans, *extra, binary=binary) as agents:
         yield {agent.pid for agent in agents}
 
 
@@ -351,6 +401,15 @@ def stats_growth(before: dict[str, tuple[int, int]], after: dict[str, tuple[int,
 NSTAT_KEYS = ("TcpInSegs", "TcpExtTCPOFOQueue", "TcpExtTCPHPHits", "TcpExtTCPRcvCoalesce")
 
 
+def cpu_seconds(pids: set[int]) -> float:
+    """User and system CPU time the processes `pids` have used (/proc/PID/stat), in seconds."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def nstat(topo: TwoHostTopology, role: str) -> dict[str, int]:
     """The TCP counters of a role's namespace (`nstat -a -z -j`), flattened."""
     out = topo.run(role, "nstat", "-a", "-z", "-j", check=False).stdout
@@ -376,7 +435,7 @@ def run(
     server, server_iface = SERVER[path]
     raw: list[dict[str, float]] = []
     profiled = False
-    # bpf_stats reads the clock twice per program run: a cost of the measurement, so it can be left off.
+    # bpf_stats reads the clock twice per program run: a cost of the measurement, on only when asked.
     subprocess.run(["sysctl", "-qw", f"kernel.bpf_stats_enabled={int(bpf_stats)}"], check=True)
 
     def measure() -> float:
@@ -389,7 +448,8 @@ def run(
                 order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
                 measured: dict[str, float] = {}
                 for name in order:
-                    with condition(name, topo, Path(tmp), sink, path):
+                    with condition(name, topo, Path(tmp), sink, path) as pids:
+                        cpu = cpu_seconds(pids)
                         if name == perf and not profiled:
                             data = Path(tmp) / "perf.data"
                             with perf_record(data):
@@ -404,7 +464,8 @@ def run(
                             receiver = f"{server} " + ", ".join(
                                 f"{k} {after.get(k, 0) - counters.get(k, 0)}" for k in NSTAT_KEYS
                             )
-                            grown = "; ".join(filter(None, [programs, receiver]))
+                            agents = f"agents {cpu_seconds(pids) - cpu:.2f} s CPU" if pids else ""
+                            grown = "; ".join(filter(None, [agents, programs, receiver]))
                     log(f"round {r + 1} {name}: {measured[name]:.0f} Mbit/s; {grown}")
                 raw.append(measured)
     finally:
@@ -441,10 +502,12 @@ def main() -> int:
         "--udp", action="store_true", help="iperf3 UDP (1400-byte datagrams, unlimited rate) instead of TCP"
     )
     ap.add_argument(
-        "--no-bpf-stats",
+        "--bpf-stats",
         action="store_true",
-        help="leave kernel.bpf_stats_enabled off (no per-program ns: the ratios without its clock reads)",
+        help="kernel.bpf_stats_enabled on: each program's ns per run (its clock reads lower the ratios)",
     )
+    ap.add_argument("--ab-agent", type=Path, help="the agent binary of the COND_ab conditions")
+    ap.add_argument("--ab-object", type=Path, help="the hop object of the COND_ab conditions")
     ap.add_argument(
         "--pin",
         action="store_true",
@@ -453,18 +516,20 @@ def main() -> int:
     args = ap.parse_args()
     conditions = ["none"] + [c for c in args.conditions.split(",") if c and c != "none"]
     with_agents = [c for c in CONDITIONS if c not in ("none", "empty", "mss8", "floor_tagger", "floor_all")]
-    unknown = [
-        c
-        for c in conditions
-        if c not in CONDITIONS and c.removesuffix("_stopped").removesuffix("_local") not in with_agents
-    ]
+    unknown = [c for c in conditions if c not in CONDITIONS and split_variant(c)[0] not in with_agents]
     if unknown:
         ap.error(
-            f"unknown conditions {unknown}: choose from {', '.join(CONDITIONS)}, "
-            f"or COND_stopped, COND_local with COND one of {', '.join(with_agents)}"
+            f"unknown conditions {unknown}: choose from {', '.join(CONDITIONS)}, or COND_VARIANT with COND "
+            f"one of {', '.join(with_agents)} and VARIANT one of {', '.join(VARIANTS)}"
         )
+    variants = {split_variant(c)[1] for c in conditions}
+    if "ab" in variants and not (args.ab_agent or args.ab_object):
+        ap.error("the COND_ab conditions need --ab-agent BINARY, --ab-object OBJECT or both")
+    if "tc" in variants and args.path != "vxlan":
+        ap.error("COND_tc: only the VXLAN path has tracepoint hops")
+    AB.update({k: v for k, v in (("agent", args.ab_agent), ("object", args.ab_object)) if v})
     cpus = (0, 1) if args.pin else None
-    run(args.rounds, args.seconds, args.perf, conditions, args.path, args.udp, not args.no_bpf_stats, cpus)
+    run(args.rounds, args.seconds, args.perf, conditions, args.path, args.udp, args.bpf_stats, cpus)
     return 0
 
 

@@ -19,18 +19,30 @@ BPF_OBJECT = REPO_ROOT / "kernel-patch" / "build" / "hoptrace.bpf.o"
 SOCKPERF_PORT = 11111
 
 
+# The reference path's two tracepoint hops: c1's packets entering host-a, c2's leaving host-b.
+TRACEPOINTS = ("tracepoint:net:netif_receive_skb", "tracepoint:net:net_dev_xmit")
+
+
 def vxlan_path_spec(
-    topo: TwoHostTopology, name: str, protocol: str = "udp", port: int = SOCKPERF_PORT, sample: int = 1
+    topo: TwoHostTopology,
+    name: str,
+    protocol: str = "udp",
+    port: int = SOCKPERF_PORT,
+    sample: int = 1,
+    tc_only: bool = False,
 ) -> trace_pb2.TraceSpec:
-    """The spec of a c1 -> c2 flow through every layer of the VXLAN topology, in path order."""
+    """The spec of a c1 -> c2 flow through every layer of the VXLAN topology, in path order. `tc_only`: the
+    two tracepoint hops at their devices' tc instead (a system-wide tracepoint runs for every packet of
+    the machine, a device's tc for that device's)."""
+    receive, transmit = ("tc-ingress", "tc-egress") if tc_only else TRACEPOINTS
     hops = [
         ("a-c1-eth0-out", "host-a", "tc-egress", "eth0", topo.c1),
-        ("a-veth-in", "host-a", "tracepoint:net:netif_receive_skb", "veth-c1", ""),
+        ("a-veth-in", "host-a", receive, "veth-c1", ""),
         ("a-vxlan-out", "host-a", "tc-egress", "vxlan0", ""),
         ("a-wire-out", "host-a", "tc-egress", "wire0", ""),
         ("b-wire-in", "host-b", "tc-ingress", "wire0", ""),
         ("b-vxlan-in", "host-b", "tc-ingress", "vxlan0", ""),
-        ("b-veth-out", "host-b", "tracepoint:net:net_dev_xmit", "veth-c2", ""),
+        ("b-veth-out", "host-b", transmit, "veth-c2", ""),
         ("b-c2-eth0-in", "host-b", "tc-ingress", "eth0", topo.c2),
     ]
     return trace_pb2.TraceSpec(
@@ -59,10 +71,11 @@ def path_plans(
     sample: int = 1,
     tag_udp: bool = True,
     tcp_tagging: bool = False,
+    tc_only: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The TracePlans (protojson) of host-a's and host-b's agents for the whole c1 -> c2 VXLAN path, as the
-    dispatcher compiles them, with UDP and TCP tagging set as asked."""
-    spec = vxlan_path_spec(topo, trace, sample=sample)
+    dispatcher compiles them, with UDP and TCP tagging set as asked (`tc_only`: `vxlan_path_spec`'s)."""
+    spec = vxlan_path_spec(topo, trace, sample=sample, tc_only=tc_only)
     spec.filter.Clear()
     json_format.ParseDict(filter_, spec.filter)
     # Not validated as a user's spec: benchmarks name their traces freely (the agent only echoes the name).
