@@ -201,19 +201,25 @@ char LICENSE[] SEC("license") = "GPL";
 
 def build_local_object(workdir: Path) -> Path:
     """The hop object with the record written to a per-CPU slot (LOCAL_SLOT), built as `make bpf` does."""
-    src = workdir / "kernel-patch-local"
+    anchor = "static __always_inline void emit_record("
+    patches = [(RESERVE, LOCAL_SLOT), (SUBMIT, LOCAL_SUBMIT), (anchor, LOCAL_MAP + anchor)]
+    return build_patched_object(workdir, "local", patches)
+
+
+def build_patched_object(workdir: Path, variant: str, patches: list[tuple[str, str]]) -> Path:
+    """The hop object built as `make bpf` does from a copy of kernel-patch/ whose hop.bpf.h has each
+    (old, new) of `patches` applied; `old` must occur exactly once."""
+    src = workdir / f"kernel-patch-{variant}"
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(REPO / "kernel-patch", src, ignore=shutil.ignore_patterns("build"))
     header = src / "include" / "hop.bpf.h"
     text = header.read_text()
-    for old, new in ((RESERVE, LOCAL_SLOT), (SUBMIT, LOCAL_SUBMIT)):
+    for old, new in patches:
         if text.count(old) != 1:
-            raise RuntimeError(f"hop.bpf.h changed: the local variant's patch no longer applies ({old!r})")
+            raise RuntimeError(f"hop.bpf.h changed: the {variant} variant's patch no longer applies: {old!r}")
         text = text.replace(old, new)
-    anchor = "static __always_inline void emit_record("
-    text = text.replace(anchor, LOCAL_MAP + anchor, 1)
     header.write_text(text)
-    return build_bpf(src / "hoptrace.bpf.c", src / "include", workdir / "hoptrace-local.bpf.o")
+    return build_bpf(src / "hoptrace.bpf.c", src / "include", workdir / f"hoptrace-{variant}.bpf.o")
 
 
 def build_bpf(source: Path, include: Path, obj: Path, *defines: str) -> Path:

@@ -58,7 +58,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -69,7 +68,7 @@ from typing import Any
 
 from bpf_cost import TC_HOPS, empty_tc_programs, tc_programs
 from overhead import iperf3
-from ring_cost import build_bpf, build_floor_object, build_local_object
+from ring_cost import build_bpf, build_floor_object, build_local_object, build_patched_object
 
 from common import (
     AGENT_BINARY,
@@ -225,16 +224,7 @@ def condition(
 
 def build_empty_tracepoint_object(workdir: Path) -> Path:
     """The hop object with EMPTY_TRACEPOINT applied, built as `make bpf` does."""
-    src = workdir / "kernel-patch-emptytp"
-    shutil.rmtree(src, ignore_errors=True)
-    shutil.copytree(REPO / "kernel-patch", src, ignore=shutil.ignore_patterns("build"))
-    header = src / "include" / "hop.bpf.h"
-    text = header.read_text()
-    old, new = EMPTY_TRACEPOINT
-    if text.count(old) != 1:
-        raise RuntimeError(f"hop.bpf.h changed: the emptytp variant's patch no longer applies ({old!r})")
-    header.write_text(text.replace(old, new))
-    return build_bpf(src / "hoptrace.bpf.c", src / "include", workdir / "hoptrace-emptytp.bpf.o")
+    return build_patched_object(workdir, "emptytp", [EMPTY_TRACEPOINT])
 
 
 @contextlib.contextmanager
