@@ -49,7 +49,7 @@ empty program x0.95. Pinned, those effects are within the spread, and the sendin
 share of that vCPU's work, the harsher of the two measures.
 
     .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--path veth] [--udp] [--pin] \
-        [--perf COND] [--bpf-stats] [--ab-agent BINARY]
+        [--perf COND] [--bpf-stats] [--ab-agent BINARY] [--ab-object OBJECT]
 """
 
 from __future__ import annotations
@@ -101,9 +101,8 @@ CONDITIONS = [
 ]
 SAMPLE = {"tag_none": 10**9, "tagger": 10**9, "tag_s100": 100}
 DETACHED = {"tagger", "tagger_all"}  # conditions whose agents' tc links are detached once they run
-# Variants of a condition with agents (COND_variant); `ab`'s binary is set by --ab-agent.
+# Variants of a condition with agents (COND_variant).
 VARIANTS = ("stopped", "local", "tc", "emptytp", "ab")
-AB: dict[str, Path] = {}  # "agent", "object": --ab-agent, --ab-object
 BIG_RING = str(1 << 28)  # `_stopped`: a stopped agent's records of a run fit, the programs keep recording
 
 # `_emptytp`: the tracepoint hops' shared body (hop.bpf.h's hop_kernel_skb) returns before its first line.
@@ -176,9 +175,10 @@ def split_variant(name: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def condition(
-    name: str, topo: TwoHostTopology, workdir: Path, sink: RecordSink, path: str
+    name: str, topo: TwoHostTopology, workdir: Path, sink: RecordSink, path: str, ab: dict[str, Path]
 ) -> Iterator[set[int]]:
-    """Tracing as condition `name` on `path` for the block; yields the pids of its agents (none without)."""
+    """Tracing as condition `name` on `path` for the block; yields the pids of its agents (none without).
+    `ab`: the `COND_ab` conditions' "agent" binary and/or hop "object"."""
     if name == "none":
         yield set()
         return
@@ -204,8 +204,8 @@ def condition(
     extra = ("--ringbuf-bytes", BIG_RING) if stopped else ()
     trace = f"tcpo-{name.replace('_', '-')}"
     build = {"local": build_local_object, "emptytp": build_empty_tracepoint_object}.get(variant)
-    obj_path = build(workdir) if build else AB.get("object") if variant == "ab" else None
-    binary = AB.get("agent", AGENT_BINARY) if variant == "ab" else AGENT_BINARY
+    obj_path = build(workdir) if build else ab.get("object") if variant == "ab" else None
+    binary = ab.get("agent", AGENT_BINARY) if variant == "ab" else AGENT_BINARY
     with tracing_agents(
         topo, path, workdir, sink, trace, sample, tagging, extra, obj_path, variant == "tc", binary
     ) as pids:
@@ -418,6 +418,7 @@ def run(
     udp: bool,
     bpf_stats: bool,
     cpus: tuple[int, int] | None = None,
+    ab: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Interleaved rounds of `conditions` (`none` first); throughput ratios to `none`."""
     sink = RecordSink()
@@ -438,7 +439,7 @@ def run(
                 order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
                 measured: dict[str, float] = {}
                 for name in order:
-                    with condition(name, topo, Path(tmp), sink, path) as pids:
+                    with condition(name, topo, Path(tmp), sink, path, ab or {}) as pids:
                         cpu = cpu_seconds(pids)
                         if name == perf and not profiled:
                             data = Path(tmp) / "perf.data"
@@ -517,9 +518,9 @@ def main() -> int:
         ap.error("the COND_ab conditions need --ab-agent BINARY, --ab-object OBJECT or both")
     if "tc" in variants and args.path != "vxlan":
         ap.error("COND_tc: only the VXLAN path has tracepoint hops")
-    AB.update({k: v for k, v in (("agent", args.ab_agent), ("object", args.ab_object)) if v})
+    ab = {k: v for k, v in (("agent", args.ab_agent), ("object", args.ab_object)) if v}
     cpus = (0, 1) if args.pin else None
-    run(args.rounds, args.seconds, args.perf, conditions, args.path, args.udp, args.bpf_stats, cpus)
+    run(args.rounds, args.seconds, args.perf, conditions, args.path, args.udp, args.bpf_stats, cpus, ab)
     return 0
 
 

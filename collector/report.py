@@ -154,8 +154,6 @@ def query_report(
     stats: dict[str, dict[str, Any]] = {}
     fields: dict[str, dict[str, int]] = {}
     named: dict[str, dict[tuple[str, str], int]] = {}
-    packets = complete = 0
-    from_count: dict[str, int] = {}
     for table in q.query(summed, org=org):
         for rec in table.records:
             seg = rec.values.get("segment")
@@ -164,19 +162,12 @@ def query_report(
             hops = (rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
             value = int(rec.get_value() or 0)
             field = rec.get_field()
-            if seg == END_TO_END and field == "packets":
-                packets += value
-            elif seg == END_TO_END and field == "complete":
-                complete += value
-            elif field == "from_count":
-                from_count[seg] = from_count.get(seg, 0) + value
             found = fields.setdefault(seg, {})
             found[field] = found.get(field, 0) + value
             by_hops = named.setdefault(seg, {})
             by_hops[hops] = by_hops.get(hops, 0) + (value if field == "count" else 0)
     for seg, by_hops in named.items():
         stats[seg] = _empty_stats(*max(by_hops, key=by_hops.__getitem__))
-    below: dict[str, int] = {}
     for seg, found in fields.items():
         entry = stats[seg]
         latency = sketch_from_fields(found, LATENCY_PREFIX)
@@ -189,7 +180,6 @@ def query_report(
         entry["jitter_p99_ns"] = sketch_from_fields(found, JITTER_PREFIX).quantile(0.99)
         for field in ("incomplete", "loss_count", "tracer_lost"):
             entry[field] = found.get(field, 0)
-        below[seg] = found.get("below_bound_count", 0)
     extremes = (
         f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "max_ns")'
         ' |> group(columns: ["segment"]) |> max()'
@@ -218,9 +208,11 @@ def query_report(
             if seg in stats:
                 stats[seg]["clock_bound_ns"] = int(rec.get_value() or 0)
     for seg, entry in stats.items():
-        entry["loss_rate"] = entry["loss_count"] / from_count[seg] if from_count.get(seg) else 0.0
-        entry["below_clock_bound"] = entry["count"] > 0 and 2 * below.get(seg, 0) >= entry["count"]
+        from_count, below = fields[seg].get("from_count", 0), fields[seg].get("below_bound_count", 0)
+        entry["loss_rate"] = entry["loss_count"] / from_count if from_count else 0.0
+        entry["below_clock_bound"] = entry["count"] > 0 and 2 * below >= entry["count"]
     e2e = stats.pop(END_TO_END, None)
+    packets, complete = (fields.get(END_TO_END, {}).get(f, 0) for f in ("packets", "complete"))
     pairs = {s: (v["from"], v["to"]) for s, v in stats.items()}
     # A path whose segments have no latency yet (just applied, or only action points) has none to show.
     segments = [stats[s] for s in _order(pairs, path) if s in stats]
