@@ -16,6 +16,9 @@ veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved 
 - `floor_tagger`: no agent; the least any in-band TCP tagger does (FLOOR_TAGGER_SOURCE, sock_ops on the root
   cgroup for c1's namespace): an 8-byte option of the ID's kind on every segment, a constant ID, no
   sampling, no state, no counters; to compare with `tagger_all`;
+- `floor_s100`: `floor_tagger` on one skb in 100 and `empty` at each tc hop: the least any tracer at
+  `sample: 100` does (a sampled tagger's sock_ops runs for every skb, a hop looks at every segment for the
+  ID); to compare with `tag_s100`;
 - `floor_all`: `floor_tagger` and, at each tc hop, `ring_cost`'s `floor_local` program (read 4 bytes of the
   packet, the clock, a record into a per-CPU slot; no parsing): the least a tracer of every segment does,
   to compare with `tag_all_local`;
@@ -33,10 +36,14 @@ veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved 
 - `COND_ab`: the same with the agent `--ab-agent` names and the hop object `--ab-object` names, either or
   both (another build: a change's before and after in one run).
 
-Each ratio is the condition's throughput over the same round's `none`: median, min..max over rounds. Each run
-logs the agents' CPU time. kernel.bpf_stats_enabled stays off unless `--bpf-stats` (then each run also logs
-each program's runs and ns per run): its two clock reads per program run cost 3-6 % of the throughput here
-(a VM's clock source), more than some conditions differ by, and ratios with it on are not what users run. With
+Each ratio is the condition's throughput over the same round's `none`: median, min..max over rounds, and
+the geometric mean with its 95 % bootstrap interval. With `--bracket`, `none` runs between every two
+conditions and each ratio is to the mean of the `none` either side: this VM's throughput drifts by a tenth
+or more over a round's minute (16-23 Gbit/s untraced in one run), more than the 1-3 % to resolve, and a
+neighbour's drift cancels to first order (the price: about twice the runs). Each run logs the agents' CPU
+time. kernel.bpf_stats_enabled stays off unless `--bpf-stats` (then each run also logs each program's runs
+and ns per run): its two clock reads per program run cost 3-6 % of the throughput here (a VM's clock
+source), more than some conditions differ by, and ratios with it on are not what users run. With
 `--perf COND`, `perf record -a -g` runs during that condition's first iperf3 run and `perf report` prints the
 top symbols (finding the cost before changing code). Each run also logs the receiver's TCP counters (nstat in
 c2: out-of-order queueing, header prediction hits, coalescing).
@@ -49,7 +56,7 @@ empty program x0.95. Pinned, those effects are within the spread, and the sendin
 share of that vCPU's work, the harsher of the two measures.
 
     .venv/bin/python bench/tcp_overhead.py --rounds 4 --seconds 5 [--path veth] [--udp] [--pin] \
-        [--perf COND] [--bpf-stats] [--ab-agent BINARY] [--ab-object OBJECT]
+        [--perf COND] [--bpf-stats] [--ab-agent BINARY] [--ab-object OBJECT] [--bracket]
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ from common import (
     path_agents,
     path_plans,
     progs_of,
+    ratio_interval,
     tcx_prog_ids,
 )
 from hoptrace.lab.reference import set_c1_tagging, spec_plans
@@ -95,11 +103,12 @@ CONDITIONS = [
     "tagger_all",
     "floor_tagger",
     "floor_all",
+    "floor_s100",
     "tag_none",
     "tag_s100",
     "tag_all",
 ]
-SAMPLE = {"tag_none": 10**9, "tagger": 10**9, "tag_s100": 100}
+SAMPLE = {"tag_none": 10**9, "tagger": 10**9, "tag_s100": 100, "floor_s100": 100}
 DETACHED = {"tagger", "tagger_all"}  # conditions whose agents' tc links are detached once they run
 # Variants of a condition with agents (COND_variant).
 VARIANTS = ("stopped", "local", "tc", "emptytp", "ab")
@@ -109,11 +118,14 @@ BIG_RING = str(1 << 28)  # `_stopped`: a stopped agent's records of a run fit, t
 EMPTY_TRACEPOINT = ("\tcount(HOPTRACE_C_SEEN, 1);\n\tif (!dev) {", "\treturn 0;\n\tif (!dev) {")
 
 # `floor_tagger`: the option hoptrace's tagger writes (hoptrace.h: kind, length, ExID), with a constant ID,
-# on every segment of c1's sockets (NETNS_COOKIE, given at build); nothing else.
+# on every segment of c1's sockets (NETNS_COOKIE, given at build), or on one skb in SAMPLE_EVERY (a plain
+# count, racy across CPUs: the least a sampling tagger does); nothing else.
 FLOOR_TAGGER_SOURCE = """\
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include "hoptrace.h"
+
+static __u64 sent;
 
 SEC("sockops") int floor_tagger(struct bpf_sock_ops *skops)
 {
@@ -128,7 +140,10 @@ SEC("sockops") int floor_tagger(struct bpf_sock_ops *skops)
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 		break;
 	case BPF_SOCK_OPS_HDR_OPT_LEN_CB:
-		bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0);
+		/* the MSS keeps room for the option; a segment asks for it when sampled */
+		if (SAMPLE_EVERY == 1 || (skops->args[0] & BPF_WRITE_HDR_TCP_CURRENT_MSS) ||
+			sent++ % SAMPLE_EVERY == 0)
+			bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0);
 		break;
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB:
 		bpf_store_hdr_opt(skops, opt, sizeof(opt), 0);
@@ -192,6 +207,10 @@ def condition(
         return
     if name == "floor_all":
         with floor_tagger(topo, workdir), floor_recorders(topo, path, workdir):
+            yield set()
+        return
+    if name == "floor_s100":
+        with floor_tagger(topo, workdir, SAMPLE[name]), empty_tc_programs(topo, workdir, PATH_TC_HOPS[path]):
             yield set()
         return
     if name == "mss8":
@@ -268,8 +287,9 @@ def tracing_agents(
 
 
 @contextlib.contextmanager
-def floor_tagger(topo: TwoHostTopology, workdir: Path) -> Iterator[None]:
-    """FLOOR_TAGGER_SOURCE on the root cgroup's sock_ops for the block (for c1's sockets only)."""
+def floor_tagger(topo: TwoHostTopology, workdir: Path, sample_every: int = 1) -> Iterator[None]:
+    """FLOOR_TAGGER_SOURCE, the option on one skb in `sample_every`, on the root cgroup's sock_ops for the
+    block (for c1's sockets only)."""
     mounts = Path("/proc/self/mounts").read_text().splitlines()
     cgroup2 = next(line.split()[1] for line in mounts if line.split()[2] == "cgroup2")
     read_cookie = (
@@ -280,7 +300,11 @@ def floor_tagger(topo: TwoHostTopology, workdir: Path) -> Iterator[None]:
     src = workdir / "floor_tagger.bpf.c"
     src.write_text(FLOOR_TAGGER_SOURCE)
     obj = build_bpf(
-        src, REPO / "kernel-patch" / "include", workdir / "floor_tagger.bpf.o", f"-DNETNS_COOKIE={cookie}ULL"
+        src,
+        REPO / "kernel-patch" / "include",
+        workdir / f"floor_tagger_{sample_every}.bpf.o",
+        f"-DNETNS_COOKIE={cookie}ULL",
+        f"-DSAMPLE_EVERY={sample_every}",
     )
     pin = Path(f"/sys/fs/bpf/hoptrace-bench-floor-tagger-{os.getpid()}")
     subprocess.run(["bpftool", "prog", "load", str(obj), str(pin), "type", "sockops"], check=True)
@@ -400,6 +424,12 @@ def cpu_seconds(pids: set[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_seconds() -> float:
+    """User and system CPU time of this process, all its threads (the record sink's gRPC server)."""
+    times = os.times()
+    return times.user + times.system
+
+
 def nstat(topo: TwoHostTopology, role: str) -> dict[str, int]:
     """The TCP counters of a role's namespace (`nstat -a -z -j`), flattened."""
     out = topo.run(role, "nstat", "-a", "-z", "-j", check=False).stdout
@@ -419,12 +449,13 @@ def run(
     bpf_stats: bool,
     cpus: tuple[int, int] | None = None,
     ab: dict[str, Path] | None = None,
+    bracket: bool = False,
 ) -> dict[str, Any]:
     """Interleaved rounds of `conditions` (`none` first); throughput ratios to `none`."""
     sink = RecordSink()
     topo = TwoHostTopology(f"tco{os.getpid() % 1000}", overlay="vxlan")
     server, server_iface = SERVER[path]
-    raw: list[dict[str, float]] = []
+    timeline: list[tuple[int, str, float]] = []  # (round, condition, Mbit/s) in the order run
     profiled = False
     # bpf_stats reads the clock twice per program run: a cost of the measurement, on only when asked.
     subprocess.run(["sysctl", "-qw", f"kernel.bpf_stats_enabled={int(bpf_stats)}"], check=True)
@@ -435,44 +466,86 @@ def run(
     try:
         topo.create()
         with tempfile.TemporaryDirectory(prefix="hoptrace-tcpo-") as tmp:
-            for r in range(rounds):
-                order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
-                measured: dict[str, float] = {}
+            for r, order in enumerate(schedule(conditions, rounds, bracket)):
                 for name in order:
                     with condition(name, topo, Path(tmp), sink, path, ab or {}) as pids:
                         cpu = cpu_seconds(pids)
                         if name == perf and not profiled:
                             data = Path(tmp) / "perf.data"
                             with perf_record(data):
-                                measured[name] = measure()
+                                mbps = measure()
                             print(f"perf, condition {name}:\n{perf_top(data)}", flush=True)
                             profiled, grown = True, "profiled (no program or TCP counters)"
                         else:
                             before, counters = prog_stats(), nstat(topo, server)
-                            measured[name] = measure()
+                            own = own_cpu_seconds()
+                            mbps = measure()
+                            own = own_cpu_seconds() - own
                             programs = stats_growth(before, prog_stats())
                             after = nstat(topo, server)
                             receiver = f"{server} " + ", ".join(
                                 f"{k} {after.get(k, 0) - counters.get(k, 0)}" for k in NSTAT_KEYS
                             )
-                            agents = f"agents {cpu_seconds(pids) - cpu:.2f} s CPU" if pids else ""
+                            # the record sink is this process: its CPU is the collector's, not the node's
+                            agents = (
+                                f"agents {cpu_seconds(pids) - cpu:.2f} s CPU, sink {own:.2f} s"
+                                if pids
+                                else ""
+                            )
                             grown = "; ".join(filter(None, [agents, programs, receiver]))
-                    log(f"round {r + 1} {name}: {measured[name]:.0f} Mbit/s; {grown}")
-                raw.append(measured)
+                    log(f"round {r + 1} {name}: {mbps:.0f} Mbit/s; {grown}")
+                    timeline.append((r, name, mbps))
     finally:
         subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"], check=False)
         topo.destroy()
         sink.close()
     ratios = {}
-    for name in conditions:
-        values = [rd[name] / rd["none"] for rd in raw]
-        ratios[name] = {"median": median(values), "min": min(values), "max": max(values)}
-        mbps = median([rd[name] for rd in raw])
+    for name, values in condition_ratios(timeline, bracket).items():
+        mean, low, high = ratio_interval(values)
+        ratios[name] = {
+            "median": median(values),
+            "min": min(values),
+            "max": max(values),
+            "mean": mean,
+            "ci95": [low, high],
+            "ratios": values,
+        }
+        mbps = median([v for _, n, v in timeline if n == name])
         print(
             f"{name:9s} {mbps:8.0f} Mbit/s  x{ratios[name]['median']:.3f} "
-            f"({ratios[name]['min']:.3f}..{ratios[name]['max']:.3f})"
+            f"({ratios[name]['min']:.3f}..{ratios[name]['max']:.3f}), "
+            f"geometric mean x{mean:.3f} [{low:.3f}, {high:.3f}] 95 %, {len(values)} ratios"
         )
-    return {"raw": raw, "ratios": ratios}
+    return {"timeline": timeline, "ratios": ratios}
+
+
+def schedule(conditions: list[str], rounds: int, bracket: bool) -> Iterator[list[str]]:
+    """Each round's runs in order, rotated round by round (`conditions[0]` is `none`). With `bracket`,
+    `none` runs between every two conditions and at both ends of the whole run."""
+    for r in range(rounds):
+        if not bracket:
+            k = r % len(conditions)
+            yield conditions[k:] + conditions[:k]
+            continue
+        others = conditions[1:]
+        k = r % len(others)
+        runs = ["none"] if r == 0 else []
+        for name in others[k:] + others[:k]:
+            runs += [name, "none"]
+        yield runs
+
+
+def condition_ratios(timeline: list[tuple[int, str, float]], bracket: bool) -> dict[str, list[float]]:
+    """Each condition's ratios to `none`: to its round's `none`, or, with `bracket`, to the mean of the two
+    `none` runs either side of it (a drift of the machine over a round then cancels to first order)."""
+    ratios: dict[str, list[float]] = {}
+    for i, (r, name, mbps) in enumerate(timeline):
+        if bracket:
+            base = (timeline[i - 1][2] + timeline[i + 1][2]) / 2 if name != "none" else None
+        else:
+            base = next(v for rr, n, v in timeline if rr == r and n == "none")
+        ratios.setdefault(name, []).append(mbps / base if base else 1.0)
+    return ratios
 
 
 def main() -> int:
@@ -504,9 +577,14 @@ def main() -> int:
         action="store_true",
         help="iperf3's client on CPU 0 and its server on CPU 1 (-A 0,1): the same placement in every run",
     )
+    ap.add_argument(
+        "--bracket",
+        action="store_true",
+        help="`none` between every two conditions, each ratio to the `none` either side (the drift cancels)",
+    )
     args = ap.parse_args()
     conditions = ["none"] + [c for c in args.conditions.split(",") if c and c != "none"]
-    with_agents = [c for c in CONDITIONS if c not in ("none", "empty", "mss8", "floor_tagger", "floor_all")]
+    with_agents = [c for c in CONDITIONS if c not in ("none", "empty", "mss8") and not c.startswith("floor_")]
     unknown = [c for c in conditions if c not in CONDITIONS and split_variant(c)[0] not in with_agents]
     if unknown:
         ap.error(
@@ -518,9 +596,22 @@ def main() -> int:
         ap.error("the COND_ab conditions need --ab-agent BINARY, --ab-object OBJECT or both")
     if "tc" in variants and args.path != "vxlan":
         ap.error("COND_tc: only the VXLAN path has tracepoint hops")
+    if args.bracket and len(conditions) < 2:
+        ap.error("--bracket compares conditions with `none`: name at least one")
     ab = {k: v for k, v in (("agent", args.ab_agent), ("object", args.ab_object)) if v}
     cpus = (0, 1) if args.pin else None
-    run(args.rounds, args.seconds, args.perf, conditions, args.path, args.udp, args.bpf_stats, cpus, ab)
+    run(
+        args.rounds,
+        args.seconds,
+        args.perf,
+        conditions,
+        args.path,
+        args.udp,
+        args.bpf_stats,
+        cpus,
+        ab,
+        args.bracket,
+    )
     return 0
 
 
