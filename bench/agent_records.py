@@ -153,6 +153,9 @@ def run(ctx: Any) -> dict[str, Any]:
         # The load generator's packets carry their IDs already: this ingress hop only records.
         plan["hops"][0].pop("tagUdp", None)
         agent = PlanAgent(plan, "load", netns, sink.addr, ctx.workdir, "--clock-server", "off").start()
+        # The trace counts active a moment before Apply returns its load's garbage (10+ MB) to the OS:
+        # the first step's peak RSS was the load's in some runs (52 MB at 100 k/s, 40 MB in the others).
+        time.sleep(1)
         prog_ids = [p["id"] for p in progs_of({agent.pid}).values() if p.get("name") == "hop_tc"]
         if len(prog_ids) != 1:
             raise RuntimeError(f"expected one hop_tc held by the agent, got {prog_ids}")

@@ -16,12 +16,12 @@ veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved 
 - `floor_tagger`: no agent; the least any in-band TCP tagger does (FLOOR_TAGGER_SOURCE, sock_ops on the root
   cgroup for c1's namespace): an 8-byte option of the ID's kind on every segment, a constant ID, no
   sampling, no state, no counters; to compare with `tagger_all`;
-- `floor_s100`: `floor_tagger` on one skb in 100 and `empty` at each tc hop: the least any tracer at
-  `sample: 100` does (a sampled tagger's sock_ops runs for every skb, a hop looks at every segment for the
-  ID); to compare with `tag_s100`;
-- `floor_all`: `floor_tagger` and, at each tc hop, `ring_cost`'s `floor_local` program (read 4 bytes of the
-  packet, the clock, a record into a per-CPU slot; no parsing): the least a tracer of every segment does,
-  to compare with `tag_all_local`;
+- `floor_s100`: `floor_tagger` on one skb in 100 and `empty` at every hop (the VXLAN path's tracepoint
+  hops at tc, as `COND_tc`): the least any tracer at `sample: 100` does (a sampled tagger's sock_ops runs
+  for every skb, a hop looks at every segment for the ID); to compare with `tag_s100` (`tag_s100_tc`);
+- `floor_all`: `floor_tagger` and, at every hop (at tc, as `floor_s100`), `ring_cost`'s `floor_local`
+  program (read 4 bytes of the packet, the clock, a record into a per-CPU slot; no parsing): the least a
+  tracer of every segment does, to compare with `tag_all_local` (`tag_all_tc` on VXLAN);
 - `tag_s100`: the 8 hops and the tagger, 1 segment in 100 tagged and recorded;
 - `tag_all`: the same, every segment tagged and recorded;
 - `COND_stopped` (COND one of the above with agents): the same, the agents SIGSTOPped for the measurement
@@ -163,6 +163,16 @@ PATH_TC_HOPS = {
     "vxlan": TC_HOPS,
     "veth": {"c1-eth0-out": ("c1", "eth0", "egress"), "a-veth-in": ("host-a", "veth-c1", "ingress")},
 }
+# Every hop of each path at tc (the VXLAN path's two tracepoint hops at their devices', as `COND_tc` puts
+# them), where `floor_s100` runs its empty program: the floor of `tag_s100`, and of `tag_s100_tc` on VXLAN.
+EVERY_HOP_AT_TC = {
+    "vxlan": {
+        **TC_HOPS,
+        "a-veth-in": ("host-a", "veth-c1", "ingress"),
+        "b-veth-out": ("host-b", "veth-c2", "egress"),
+    },
+    "veth": PATH_TC_HOPS["veth"],
+}
 
 
 def veth_plan(topo: TwoHostTopology, trace: str, dst: str, sample: int, tagging: bool) -> dict[str, Any]:
@@ -210,7 +220,10 @@ def condition(
             yield set()
         return
     if name == "floor_s100":
-        with floor_tagger(topo, workdir, SAMPLE[name]), empty_tc_programs(topo, workdir, PATH_TC_HOPS[path]):
+        with (
+            floor_tagger(topo, workdir, SAMPLE[name]),
+            empty_tc_programs(topo, workdir, EVERY_HOP_AT_TC[path]),
+        ):
             yield set()
         return
     if name == "mss8":
@@ -325,8 +338,8 @@ def floor_tagger(topo: TwoHostTopology, workdir: Path, sample_every: int = 1) ->
 
 @contextlib.contextmanager
 def floor_recorders(topo: TwoHostTopology, path: str, workdir: Path) -> Iterator[None]:
-    """`ring_cost`'s `floor_local` program at each of the path's tc hops (clsact) for the block."""
-    with tc_programs(topo, PATH_TC_HOPS[path], build_floor_object(workdir, "floor_local"), "floor_tc"):
+    """`ring_cost`'s `floor_local` program at every hop of the path, at tc (clsact), for the block."""
+    with tc_programs(topo, EVERY_HOP_AT_TC[path], build_floor_object(workdir, "floor_local"), "floor_tc"):
         yield
 
 

@@ -161,11 +161,10 @@ func (r *Reader) readAvailable(rec *ringbuf.Record) (int, error) {
 	r.rd.SetDeadline(time.Now()) // a deadline passed: epoll_wait does not block
 	n := 0
 	for {
-		err := r.rd.ReadInto(rec)
+		got, err := r.readChunk(rec)
+		n += got
 		switch {
 		case err == nil:
-			n += len(rec.RawSample)
-			r.add(rec.RawSample)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return n, nil
 		default:
@@ -174,18 +173,51 @@ func (r *Reader) readAvailable(rec *ringbuf.Record) (int, error) {
 	}
 }
 
-func (r *Reader) add(raw []byte) {
-	if len(raw) < record.Size {
-		return
-	}
-	r.read.Add(1)
-	slot := record.TraceSlot(raw)
+// chunkRecords is how many records a read takes under one hold of the lock: a route change waits
+// for at most that many.
+const chunkRecords = 256
+
+// readChunk reads up to chunkRecords records into their routes' batches; the bytes read. The lock
+// and the route lookup once per record were half the agent's CPU per record (perf, agent_records).
+func (r *Reader) readChunk(rec *ringbuf.Record) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	rt, ok := r.routes[slot]
-	if !ok {
+	var last routeCache
+	n, records := 0, uint64(0)
+	defer func() { r.read.Add(records) }()
+	for range chunkRecords {
+		if err := r.rd.ReadInto(rec); err != nil {
+			return n, err
+		}
+		n += len(rec.RawSample)
+		if r.addLocked(rec.RawSample, &last) {
+			records++
+		}
+	}
+	return n, nil
+}
+
+// routeCache is the route of the slot a chunk's last record had: a chunk's records are mostly of
+// one trace.
+type routeCache struct {
+	valid bool
+	slot  uint16
+	route *route // nil: the slot has no route
+}
+
+// addLocked appends a record to its route's batch; false for a sample too short to be one.
+func (r *Reader) addLocked(raw []byte, last *routeCache) bool {
+	if len(raw) < record.Size {
+		return false
+	}
+	slot := record.TraceSlot(raw)
+	if !last.valid || last.slot != slot {
+		*last = routeCache{valid: true, slot: slot, route: r.routes[slot]}
+	}
+	rt := last.route
+	if rt == nil {
 		r.unrouted.Add(1)
-		return
+		return true
 	}
 	if rt.buf == nil {
 		rt.buf = newRecordBuffer(r.maxRecords * record.Size)
@@ -202,6 +234,7 @@ func (r *Reader) add(raw []byte) {
 	if len(rt.buf) >= r.maxRecords*record.Size {
 		r.flushLocked(slot, rt)
 	}
+	return true
 }
 
 func (r *Reader) flushLocked(slot uint16, rt *route) {
