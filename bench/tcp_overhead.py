@@ -37,13 +37,15 @@ veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved 
   both (another build: a change's before and after in one run).
 
 Each ratio is the condition's throughput over the same round's `none`: median, min..max over rounds, and
-the geometric mean with its 95 % bootstrap interval. With `--bracket`, `none` runs between every two
-conditions and each ratio is to the mean of the `none` either side: this VM's throughput drifts by a tenth
-or more over a round's minute (16-23 Gbit/s untraced in one run), more than the 1-3 % to resolve, and a
-neighbour's drift cancels to first order (the price: about twice the runs). Each run logs the agents' CPU
-time. kernel.bpf_stats_enabled stays off unless `--bpf-stats` (then each run also logs each program's runs
-and ns per run): its two clock reads per program run cost 3-6 % of the throughput here (a VM's clock
-source), more than some conditions differ by, and ratios with it on are not what users run. With
+the geometric mean with its 95 % bootstrap interval; then each condition over each one named before it,
+paired round by round (`--conditions floor_s100,tag_s100`: hoptrace over the floor). With `--bracket`,
+`none` runs between every two conditions and each ratio is to the mean of the `none` either side: this
+VM's throughput drifts by a tenth or more over a round's minute (16-23 Gbit/s untraced in one run), more
+than the 1-3 % to resolve, and a neighbour's drift cancels to first order (the price: about twice the
+runs). Each run logs the agents' CPU time. kernel.bpf_stats_enabled stays off unless `--bpf-stats` (then
+each run also logs each program's runs and ns per run): its two clock reads per program run cost 3-6 % of
+the throughput here (a VM's clock source), more than some conditions differ by, and ratios with it on are
+not what users run. With
 `--perf COND`, `perf record -a -g` runs during that condition's first iperf3 run and `perf report` prints the
 top symbols (finding the cost before changing code). Each run also logs the receiver's TCP counters (nstat in
 c2: out-of-order queueing, header prediction hits, coalescing).
@@ -529,7 +531,16 @@ def run(
             f"({ratios[name]['min']:.3f}..{ratios[name]['max']:.3f}), "
             f"geometric mean x{mean:.3f} [{low:.3f}, {high:.3f}] 95 %, {len(values)} ratios"
         )
-    return {"timeline": timeline, "ratios": ratios}
+    # Each condition over each one named before it, round by round: each round has one run of each.
+    others = conditions[1:]
+    paired = {}
+    for i, name in enumerate(others):
+        for base in others[:i]:
+            values = [a / b for a, b in zip(ratios[name]["ratios"], ratios[base]["ratios"], strict=True)]
+            mean, low, high = ratio_interval(values)
+            paired[f"{name}/{base}"] = {"median": median(values), "mean": mean, "ci95": [low, high]}
+            print(f"{name} over {base}, paired: geometric mean x{mean:.3f} [{low:.3f}, {high:.3f}] 95 %")
+    return {"timeline": timeline, "ratios": ratios, "paired": paired}
 
 
 def schedule(conditions: list[str], rounds: int, bracket: bool) -> Iterator[list[str]]:
