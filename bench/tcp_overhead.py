@@ -564,11 +564,13 @@ def condition_ratios(timeline: list[tuple[int, str, float]], bracket: bool) -> d
     `none` runs either side of it (a drift of the machine over a round then cancels to first order)."""
     ratios: dict[str, list[float]] = {}
     for i, (r, name, mbps) in enumerate(timeline):
-        if bracket:
-            base = (timeline[i - 1][2] + timeline[i + 1][2]) / 2 if name != "none" else None
+        if name == "none":
+            base = mbps
+        elif bracket:
+            base = (timeline[i - 1][2] + timeline[i + 1][2]) / 2
         else:
             base = next(v for rr, n, v in timeline if rr == r and n == "none")
-        ratios.setdefault(name, []).append(mbps / base if base else 1.0)
+        ratios.setdefault(name, []).append(mbps / base)
     return ratios
 
 

@@ -163,11 +163,10 @@ func (r *Reader) readAvailable(rec *ringbuf.Record) (int, error) {
 	for {
 		got, err := r.readChunk(rec)
 		n += got
-		switch {
-		case err == nil:
-		case errors.Is(err, os.ErrDeadlineExceeded):
+		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return n, nil
-		default:
+		}
+		if err != nil {
 			return n, err
 		}
 	}
