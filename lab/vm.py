@@ -165,6 +165,15 @@ class GuestRun:
     output: str
 
 
+# The guest script's first line: a guest that dies before printing it died booting, before the command
+# ran (a TCG guest of 6.12 once took an int3 oops in enqueue_timer at 1.3 s, its boot patching a jump label
+# while the other vCPU ran it).
+SCRIPT_STARTED = "[hoptrace lab] guest script started"
+
+# Boots of one run: a guest that dies booting is booted again, its death kept in the output and the log.
+BOOT_ATTEMPTS = 3
+
+
 def run(
     kernel: Kernel,
     command: str,
@@ -182,16 +191,60 @@ def run(
     and the run fails with what it printed so far. `log`, if given, receives the output as the guest
     prints it (`tail -f` it to watch a long run) and keeps it after. `in_memory`: directories the guest
     reads from a copy in its memory (see `ram_trees`; e.g. PYTHON_TREES), not through the share.
+    A guest that dies booting, before the command starts, is booted again (BOOT_ATTEMPTS in all).
     """
     limit = timeout * timeout_scale()
-    scripts = tempfile.TemporaryDirectory(prefix="hoptrace-guest-")
+    earlier = ""
+    for attempt in range(1, BOOT_ATTEMPTS + 1):
+        with tempfile.TemporaryDirectory(prefix="hoptrace-guest-") as scripts:
+            result = _boot_and_run(
+                kernel,
+                command,
+                limit,
+                Path(scripts),
+                writable,
+                memory,
+                cpus,
+                log,
+                in_memory,
+                append=bool(earlier),
+            )
+        died_booting = result.returncode == VNG_NO_EXIT_STATUS and SCRIPT_STARTED not in result.output
+        if not died_booting or attempt == BOOT_ATTEMPTS:
+            return GuestRun(kernel, result.returncode, earlier + result.output)
+        note = (
+            f"\n[hoptrace lab] guest {kernel.release} died booting "
+            f"(boot {attempt} of {BOOT_ATTEMPTS}): booting again\n"
+        )
+        if log is not None:
+            with open(log, "a") as kept:
+                kept.write(note)
+        earlier += result.output + note
+    raise AssertionError("unreachable")
+
+
+def _boot_and_run(
+    kernel: Kernel,
+    command: str,
+    limit: float,
+    scripts: Path,
+    writable: tuple[Path, ...],
+    memory: str,
+    cpus: int,
+    log: Path | None,
+    in_memory: tuple[Path, ...],
+    append: bool,
+) -> GuestRun:
+    """One boot of `run`: `limit` in this machine's seconds; `scripts` holds the guest script and the
+    output when no `log` is given; `append` adds to `log` instead of starting it."""
     setup = (
+        f"echo '{SCRIPT_STARTED}'; "
         "mount -t bpf bpf /sys/fs/bpf 2>/dev/null; mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null; "
         # A task blocked for a minute is reported on the console (the kernel's hung-task detector).
         "sysctl -qw kernel.hung_task_timeout_secs=60 2>/dev/null; "
         + SYSCALL_TRACEPOINTS_ON
         + hang_report(limit)
-        + (ram_trees(in_memory, Path(scripts.name) / "trees.tar") if in_memory else "")
+        + (ram_trees(in_memory, scripts / "trees.tar") if in_memory else "")
     )
     vng = vng_path()
     argv = [vng, "--run", str(kernel.vmlinuz), "--memory", memory, "--cpus", str(cpus)]
@@ -206,7 +259,7 @@ def run(
     # --exec travels base64-encoded on the kernel command line, which x86 cuts at 2048 bytes (a cut
     # script never starts and the guest idles until killed): the command goes in a file the guest reads
     # through the shared root instead.
-    script = Path(scripts.name) / "run.sh"
+    script = scripts / "run.sh"
     script.write_text(setup + command + "\n")
     argv += ["--exec", f"sh {script}"]
     # vng runs virtme-run, which lives beside it in the venv.
@@ -215,8 +268,9 @@ def run(
     # killed when the run ends, times out, or this process dies (the Reaper).
     reaper = Reaper()
     # The output goes to a file as it comes (a pipe would show nothing until the guest ends).
-    log_path = log or Path(scripts.name) / "output.log"
-    with open(log_path, "wb") as sink:
+    log_path = log or scripts / "output.log"
+    start = log_path.stat().st_size if append and log_path.exists() else 0
+    with open(log_path, "ab" if append else "wb") as sink:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -243,11 +297,10 @@ def run(
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         reaper.release()
-        output = log_path.read_bytes().decode(errors="replace") + note
+        output = log_path.read_bytes()[start:].decode(errors="replace") + note
         if log is not None and note:
             with open(log, "a") as kept:
                 kept.write(note)
-        scripts.cleanup()
     return GuestRun(kernel, code, output.replace("\r", ""))
 
 

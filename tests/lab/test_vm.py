@@ -53,15 +53,25 @@ def kernel() -> vm.Kernel:
 def test_guest_past_its_timeout_is_killed(kernel: vm.Kernel) -> None:
     started = time.monotonic()
     result = vm.run(kernel, "sleep 600", timeout=15)
-    if result.returncode == vm.VNG_NO_EXIT_STATUS:
-        # qemu ended before the limit (CI saw it once, with no output): not the kill path this test is
-        # about. Say what the guest printed, and boot it once more.
-        print(f"the guest ended by itself before its limit:\n{result.output[-3000:]}")
-        started = time.monotonic()
-        result = vm.run(kernel, "sleep 600", timeout=15)
     assert result.returncode == -9 and "killed after" in result.output, result.output[-3000:]
     assert time.monotonic() - started < 60
     assert wait_for(lambda: not guests(), 10), f"qemu left after the timeout: {guests()}"
+
+
+def test_guest_that_dies_booting_is_booted_again(kernel: vm.Kernel) -> None:
+    # 24 MB is too little for the kernel to reach init: every boot dies, and each death is kept.
+    result = vm.run(kernel, "true", timeout=60, memory="24M")
+    assert result.returncode == vm.VNG_NO_EXIT_STATUS, result.output[-3000:]
+    assert result.output.count("died booting") == vm.BOOT_ATTEMPTS - 1, result.output[-3000:]
+    assert vm.SCRIPT_STARTED not in result.output
+
+
+def test_guest_that_dies_running_the_command_is_not_booted_again(kernel: vm.Kernel) -> None:
+    # A crash the command causes is the command's failure, not the boot's: one boot, its panic reported.
+    result = vm.run(kernel, "echo hoptrace-crash > /dev/kmsg; echo c > /proc/sysrq-trigger", timeout=60)
+    assert result.returncode == vm.VNG_NO_EXIT_STATUS, result.output[-3000:]
+    assert result.output.count(vm.SCRIPT_STARTED) == 1 and "died booting" not in result.output
+    assert "Kernel panic" in result.output, result.output[-3000:]
 
 
 def test_guest_dies_with_a_sigkilled_lab(kernel: vm.Kernel) -> None:
