@@ -200,6 +200,22 @@ static __always_inline bool hop_fast_refuses(bool decided, const struct fast_flo
 	return true;
 }
 
+/*
+ * A segment of the filter's flow that the fast path read untagged (fast_tcp_untagged), when no
+ * action reads the fields of every matched packet: counted as hop_finish counts it, without the
+ * general parse. At sample: 100 that is 99 segments in 100.
+ */
+static __always_inline bool hop_fast_untagged(const struct fast_flow *f, __u32 wire_len)
+{
+	if (!f->tcp_untagged || act_count || (act_hist && act_hist != HOPTRACE_FIELD_LATENCY))
+		return false;
+	count(HOPTRACE_C_SEEN, 1);
+	count(HOPTRACE_C_MATCHED, 1);
+	count(HOPTRACE_C_BYTES, wire_len);
+	count(HOPTRACE_C_UNTAGGED, 1);
+	return true;
+}
+
 /* Whether to try the fast path: without a filter every packet matches, nothing to refuse early. */
 static __always_inline bool hop_has_filter(void)
 {
@@ -844,7 +860,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 	if (hop_has_filter()) {
 		fast = fast_flow_l2((const __u8 *)(long)skb->data,
 				    (const __u8 *)(long)skb->data_end, len, &f);
-		if (hop_fast_refuses(fast, &f))
+		if (hop_fast_refuses(fast, &f) || (fast && hop_fast_untagged(&f, len)))
 			return TCX_NEXT_;
 	}
 	skb_meta(skb, &m, false, floor);
@@ -885,7 +901,7 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 		fast =
 		    fast_flow_l3((const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 				 len, 0, bpf_htons(ethertype ? ethertype : ETH_P_IP_), &f);
-		if (hop_fast_refuses(fast, &f))
+		if (hop_fast_refuses(fast, &f) || (fast && hop_fast_untagged(&f, len)))
 			return SK_PASS_;
 	}
 	skb_meta(skb, &m, true, floor);
@@ -915,7 +931,9 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	if (hop_has_filter()) {
 		/* the linear part's length: a frame with fragments takes the general path */
 		fast = fast_flow_l2(data, data_end, data_end - data, &f);
-		if (hop_fast_refuses(fast, &f))
+		if (hop_fast_refuses(fast, &f) ||
+		    (fast && f.tcp_untagged &&
+		     hop_fast_untagged(&f, floor ? data_end - data : bpf_xdp_get_buff_len(ctx))))
 			return XDP_PASS;
 	}
 	len = floor ? data_end - data : bpf_xdp_get_buff_len(ctx);

@@ -719,9 +719,34 @@ struct fast_flow {
 	__u16 dport;
 	__u8 proto;
 	__u8 family;
-	__u8 vxlan; /* the flow is VXLAN's inner packet */
-	__u32 l3;   /* its IP header */
+	__u8 vxlan;	   /* the flow is VXLAN's inner packet */
+	__u8 tcp_untagged; /* a TCP segment fast_tcp_untagged read: no ID, well formed */
+	__u32 l3;	   /* its IP header */
 };
+
+/*
+ * The TCP header at l4 (hdr_len: the IP header's length, ip_len: the IP packet's) in the two
+ * layouts Linux sends a segment the tagger sampled out, no options or NOP NOP timestamps: 1 when
+ * parse_tcp_id would find it well formed and without an ID, 0 when it is to decide.
+ */
+static __always_inline __u8 fast_tcp_untagged(const __u8 *data, const __u8 *data_end, __u32 l4,
+					      __u32 hdr_len, __u32 ip_len)
+{
+	const __u8 *tcp = data + l4;
+	__u32 doff;
+
+	if (tcp + 20 > data_end)
+		return 0;
+	doff = tcp[12] >> 4;
+	if (hdr_len + doff * 4 > ip_len)
+		return 0;
+	if (doff == 5)
+		return 1;
+	if (doff != 8 || tcp + 20 + 12 > data_end)
+		return 0;
+	/* NOP NOP, timestamps (RFC 7323, appendix A) */
+	return tcp[20] == 1 && tcp[21] == 1 && tcp[22] == 8 && tcp[23] == 10;
+}
 
 /* The ports at l4 as parse_l3 checks them; ip_len: the IP packet's length, hdr_len its header's. */
 static __always_inline bool fast_ports(const __u8 *data, const __u8 *data_end, __u32 l4,
@@ -732,6 +757,7 @@ static __always_inline bool fast_ports(const __u8 *data, const __u8 *data_end, _
 
 	f->sport = 0;
 	f->dport = 0;
+	f->tcp_untagged = 0;
 	if (f->proto == IPPROTO_UDP_) {
 		if ((const void *)(udp + 1) > (const void *)data_end)
 			return false;
@@ -742,6 +768,7 @@ static __always_inline bool fast_ports(const __u8 *data, const __u8 *data_end, _
 		/* the ports only, as parse_l3 reads them */
 		if ((const void *)udp + 4 > (const void *)data_end)
 			return false;
+		f->tcp_untagged = fast_tcp_untagged(data, data_end, l4, hdr_len, ip_len);
 	} else {
 		return true;
 	}

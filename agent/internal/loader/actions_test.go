@@ -91,6 +91,53 @@ func TestActionCountEqualsMatchedPackets(t *testing.T) {
 	}
 }
 
+// Segments of the filter's flow that carry no ID in Linux's layouts leave the fast path early
+// (hop.bpf.h's hop_fast_untagged); counted as the general parser counts them, and still seen by
+// count and histogram actions, which read every matched packet.
+func TestUntaggedTCPSegmentsCountAlike(t *testing.T) {
+	h := newHarness(t)
+	fc, err := loader.FilterFromMatch(&pb.FlowMatch{IpProto: 6, DstPort: 5000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	timestamps := []byte{1, 1, 8, 10, 0, 0, 0, 7, 0, 0, 0, 9}
+	segments := [][]byte{
+		tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(40000, 5000, nil, []byte("bare")), 0)),
+		tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(40000, 5000, timestamps, []byte("ts")), 0)),
+		tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(6, src6, dst6, nil, tu.TCP(40000, 5000, timestamps, []byte("six")), 0)),
+	}
+	var wireBytes uint64
+	for _, s := range segments {
+		wireBytes += uint64(len(s))
+	}
+	for _, actionsCase := range []loader.Actions{{}, {Count: true, CountBy: record.FieldTCPFlags}, {Histogram: record.FieldLen}} {
+		cfg := loader.HopConfig{Filter: fc, Actions: actionsCase}
+		for _, hop := range []*loader.Hop{h.load(t, cfg), h.loadGeneralOnly(t, cfg)} {
+			for _, s := range segments {
+				if _, recs := h.run(t, hop, s); len(recs) != 0 {
+					t.Fatalf("%+v: an untagged segment recorded: %+v", actionsCase, recs)
+				}
+			}
+			cn := counters(t, hop)
+			n := uint64(len(segments))
+			if cn[record.CSeen] != n || cn[record.CMatched] != n || cn[record.CUntagged] != n || cn[record.CBytes] != wireBytes {
+				t.Errorf("%+v: counters %v, want %d seen, matched and untagged, %d bytes", actionsCase, cn, n, wireBytes)
+			}
+			v := actions(t, hop)
+			if actionsCase.Count && sum(v.Counts) != n {
+				t.Errorf("%+v: count sums to %d, want %d: %v", actionsCase, sum(v.Counts), n, v.Counts)
+			}
+			var held uint64
+			for _, c := range v.Buckets {
+				held += c
+			}
+			if actionsCase.Histogram != record.FieldNone && held != n {
+				t.Errorf("%+v: histogram holds %d, want %d: %v", actionsCase, held, n, v.Buckets)
+			}
+		}
+	}
+}
+
 func TestActionCountByCPUAndMark(t *testing.T) {
 	h := newHarness(t)
 	byCPU := h.load(t, loader.HopConfig{Actions: loader.Actions{Count: true, CountBy: record.FieldCPU}})

@@ -63,6 +63,8 @@ func BenchmarkObjectAB(b *testing.B) {
 		// The ID after the timestamps, where the kernel writes a sock_ops option.
 		{"tcp_traced", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{}, true, false},
 		{"tcp_untagged", tcp(tsOpts), loader.FilterConstants{}, false, false}, // a sampled-out segment
+		// the same, of the filter's flow: hop.bpf.h's hop_fast_untagged
+		{"tcp_untagged_filtered", tcp(tsOpts), loader.FilterConstants{Proto: 6, Dport: 5000}, false, false},
 		{"tcp_non_matching", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{Proto: 6, Dport: 5001}, false, false},
 	}
 	type pair struct {
