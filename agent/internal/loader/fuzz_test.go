@@ -202,6 +202,9 @@ func fastPathSeeds(f *testing.F) {
 		mutate(frame)
 		return frame
 	}
+	// the timestamps past the IP packet's end (its total length 50 of the 54 the headers need)
+	optionsPastIP := tcpOpts(timestamps)
+	optionsPastIP[16], optionsPastIP[17] = 0, 50
 	for _, frame := range [][]byte{
 		vxlan(innerUDP(5000)),
 		vxlan(innerUDP(6000)),
@@ -232,6 +235,8 @@ func fastPathSeeds(f *testing.F) {
 		tcpOpts(tu.TCPIDOption(0x07000039), timestamps),                     // the ID first
 		tcpOpts(timestamps, tu.TCPIDOption(0x0700003a), []byte{1, 1, 1, 1}), // and 4 NOPs after
 		tcpOpts([]byte{1, 1, 8, 10}),                                        // timestamps cut by the data offset
+		vxlan(tcpOpts(timestamps)),                                          // an inner segment without an ID
+		optionsPastIP,                                                       // malformed, not untagged
 		udp4(0x07000035)[:40],                                               // UDP header cut short
 		vxlan(innerUDP(5000))[:60],                                          // inner Ethernet cut short
 	} {
