@@ -568,13 +568,15 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 	 * and copied reads need a constant size); bytes past optlen are never
 	 * read. Not past a paged skb's head: 40 bytes would reach into its
 	 * payload, which the helper copies fragment by fragment. Linux's NOP NOP
-	 * timestamps (12 bytes) have a constant size of their own: the frame may
-	 * end before 40 option bytes, and XDP before 5.18 (the floor) has no
-	 * helper to read fewer. */
+	 * timestamps, alone (12 bytes) or with the ID (20), have constant sizes of
+	 * their own: the frame may end before 40 option bytes, and XDP before 5.18
+	 * (the floor) has no helper to read fewer. */
 	if (src != PKT_KERNEL && r->direct && r->head < r->len)
 		ret = pkt_load(src, r, p->l4_off + 20, s.opts, optlen);
 	else if (optlen == 12)
 		ret = pkt_load(src, r, p->l4_off + 20, s.opts, 12);
+	else if (optlen == 20)
+		ret = pkt_load(src, r, p->l4_off + 20, s.opts, 20);
 	else
 		ret = pkt_load(src, r, p->l4_off + 20, s.opts, TCP_MAX_OPT_LEN) &&
 		      pkt_load(src, r, p->l4_off + 20, s.opts, optlen);

@@ -31,7 +31,8 @@ GUEST_TESTS = {
     "loader": "TestEveryProgramLoads|TestParserFindsIDs|TestParserRejectsMalformed|TestTagUDP|TestSampleEvery"
     "|TestFilterSelectsPackets|TestActionCountEqualsMatchedPackets|TestActionCountByCPUAndMark"
     "|TestActionHistogramOfLen|TestActionLatencyFromPreviousHop|TestNoActionsTouchNothing"
-    "|TestFieldsFromIPAndTCPHeaders|TestFieldsFromSkb|TestRecordActionCarriesValues",
+    "|TestFieldsFromIPAndTCPHeaders|TestFieldsFromSkb|TestRecordActionCarriesValues"
+    "|TestShortSegmentsInLinuxLayouts|TestUntaggedTCPSegmentsCountAlike",
     "probe": "TestFieldCapabilities",
     "attach": "TestClsactFallback",
     "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestKernelFunctionReturnHops"

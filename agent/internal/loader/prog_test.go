@@ -213,6 +213,37 @@ func TestParserFindsIDs(t *testing.T) {
 	}
 }
 
+// A segment whose frame ends before 40 option bytes would (a short payload) in Linux's layouts, NOP NOP
+// timestamps alone or with the ID: its ID is found, or it is counted untagged, never truncated. XDP
+// before 5.18 (the floor, HOPTRACE_FLOOR=1) reads it without a helper, by a load of the layout's size.
+func TestShortSegmentsInLinuxLayouts(t *testing.T) {
+	h := newHarness(t)
+	timestamps := []byte{1, 1, 8, 10, 0, 0, 0, 7, 0, 0, 0, 9}
+	tagged := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(1, 2, tu.Cat(timestamps, tu.TCPIDOption(0x07000041)), []byte("ok")), 0))
+	untagged := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(1, 2, timestamps, []byte("ok")), 0))
+	for _, program := range []string{loader.ProgTC, loader.ProgXDP} {
+		t.Run(program, func(t *testing.T) {
+			hop := h.load(t, loader.HopConfig{Program: program})
+			run := func(frame []byte) []record.Record {
+				if _, ok := runOnly(t, hop, frame); !ok {
+					t.Fatalf("%s refused the frame %x", program, frame)
+				}
+				return h.drain(t)
+			}
+			if recs := run(tagged); len(recs) != 1 || recs[0].PacketID != 0x07000041 {
+				t.Fatalf("the tagged segment gave %+v, want its ID 0x07000041 (counters %v)", recs, counters(t, hop))
+			}
+			if recs := run(untagged); len(recs) != 0 {
+				t.Fatalf("the untagged segment gave %+v", recs)
+			}
+			cn := counters(t, hop)
+			if cn[record.CMatched] != 2 || cn[record.CUntagged] != 1 || cn[record.CParseTruncated] != 0 {
+				t.Errorf("counters %v, want 2 matched, 1 untagged, none truncated", cn)
+			}
+		})
+	}
+}
+
 func TestParserRejectsMalformed(t *testing.T) {
 	h := newHarness(t)
 	good := udp4(0x07000001)
