@@ -22,6 +22,10 @@ veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved 
 - `floor_all`: `floor_tagger` and, at every hop (at tc, as `floor_s100`), `ring_cost`'s `floor_local`
   program (read 4 bytes of the packet, the clock, a record into a per-CPU slot; no parsing): the least a
   tracer of every segment does, to compare with `tag_all_local` (`tag_all_tc` on VXLAN);
+- `floor_ring`: `floor_all` with `ring_cost`'s `floor` program instead, its records in the ring of the
+  node's agent (running the `hops` trace, its tc links detached), which reads them and, finding no trace of
+  their slot, frees them: the least a tracer of every segment does whose records reach a reader in user
+  space, to compare with `tag_all` (`tag_all_tc` on VXLAN), whose agents also ship them to a collector;
 - `tag_s100`: the 8 hops and the tagger, 1 segment in 100 tagged and recorded;
 - `tag_all`: the same, every segment tagged and recorded;
 - `COND_stopped` (COND one of the above with agents): the same, the agents SIGSTOPped for the measurement
@@ -77,7 +81,14 @@ from typing import Any
 
 from bpf_cost import TC_HOPS, empty_tc_programs, tc_programs
 from overhead import iperf3
-from ring_cost import build_bpf, build_floor_object, build_local_object, build_patched_object
+from ring_cost import (
+    build_bpf,
+    build_floor_object,
+    build_local_object,
+    build_patched_object,
+    load_floor,
+    records_map_id,
+)
 
 from common import (
     AGENT_BINARY,
@@ -105,6 +116,7 @@ CONDITIONS = [
     "tagger_all",
     "floor_tagger",
     "floor_all",
+    "floor_ring",
     "floor_s100",
     "tag_none",
     "tag_s100",
@@ -221,6 +233,15 @@ def condition(
         with floor_tagger(topo, workdir), floor_recorders(topo, path, workdir):
             yield set()
         return
+    if name == "floor_ring":
+        hops_only = (1, False, (), None, True)  # every segment, no agent tagger, every hop at tc
+        with (
+            floor_tagger(topo, workdir),
+            tracing_agents(topo, path, workdir, sink, "tcpo-floor-ring", *hops_only) as pids,
+            ring_floor_recorders(topo, path, workdir, pids),
+        ):
+            yield pids
+        return
     if name == "floor_s100":
         with (
             floor_tagger(topo, workdir, SAMPLE[name]),
@@ -244,7 +265,7 @@ def condition(
         topo, path, workdir, sink, trace, sample, tagging, extra, obj_path, variant == "tc", binary
     ) as pids:
         if base in DETACHED:
-            detach_tc_links(topo, path, pids)
+            detach_tc_links(topo, PATH_TC_HOPS[path], pids)
         if stopped:
             for pid in pids:
                 os.kill(pid, signal.SIGSTOP)
@@ -345,6 +366,48 @@ def floor_recorders(topo: TwoHostTopology, path: str, workdir: Path) -> Iterator
         yield
 
 
+# The node whose agent traces each role's hops.
+NODE_OF_ROLE = {"c1": "host-a", "host-a": "host-a", "c2": "host-b", "host-b": "host-b"}
+
+
+def agent_node(pid: int) -> str:
+    """The --node an agent runs as, from its command line."""
+    argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    return argv[argv.index("--node") + 1]
+
+
+@contextlib.contextmanager
+def ring_floor_recorders(topo: TwoHostTopology, path: str, workdir: Path, pids: set[int]) -> Iterator[None]:
+    """`ring_cost`'s `floor` program at every hop of the path instead of the agents' `pids` hold there
+    (their tc links detached), writing into the ring of the hop's node's agent, for the block."""
+    hops = EVERY_HOP_AT_TC[path]
+    detach_tc_links(topo, hops, pids)
+    obj = build_floor_object(workdir, "floor")
+    pin_dir = Path("/sys/fs/bpf") / f"hoptrace-bench-floor-ring-{os.getpid()}"  # tc attaches from bpffs only
+    pin_dir.mkdir()
+    devices = sorted({(role, dev) for role, dev, _ in hops.values()})
+    try:
+        pinned = {
+            agent_node(pid): load_floor(obj, records_map_id(pid), pin_dir / agent_node(pid)) for pid in pids
+        }
+        for role, dev in devices:
+            subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "add", "dev", dev, "clsact"], check=True)
+        for role, dev, direction in hops.values():
+            # nsenter, not `tc -n`: that mounts a sysfs of its own, where /sys/fs/bpf is empty
+            subprocess.run(
+                ["nsenter", f"--net={topo.netns_path(role)}", "tc", "filter", "add", "dev", dev, direction,
+                 "bpf", "da", "pinned", str(pinned[NODE_OF_ROLE[role]])],
+                check=True,
+            )  # fmt: skip
+        yield
+    finally:
+        for role, dev in devices:
+            topo.run(role, "tc", "qdisc", "del", "dev", dev, "clsact", check=False)
+        for pin in pin_dir.iterdir():
+            pin.unlink()
+        pin_dir.rmdir()
+
+
 @contextlib.contextmanager
 def smaller_advertised_mss(topo: TwoHostTopology, path: str, less: int) -> Iterator[None]:
     """The server's route to the client with an advertised MSS `less` bytes under its device's default."""
@@ -361,15 +424,11 @@ def smaller_advertised_mss(topo: TwoHostTopology, path: str, less: int) -> Itera
         topo.run(server, "ip", "route", "del", f"{client}/32", check=False)
 
 
-def detach_tc_links(topo: TwoHostTopology, path: str, pids: set[int]) -> None:
-    """Detach the tcx links of the programs `pids` hold at the path's tc hops (their agents close the
-    detached links at stop)."""
+def detach_tc_links(topo: TwoHostTopology, hops: dict[str, tuple[str, str, str]], pids: set[int]) -> None:
+    """Detach the tcx links of the programs `pids` hold at `hops` (hop -> role, device, direction; their
+    agents close the detached links at stop)."""
     held = progs_of(pids)
-    at_hops = {
-        p
-        for role, dev, direction in PATH_TC_HOPS[path].values()
-        for p in tcx_prog_ids(topo, role, dev)[direction]
-    }
+    at_hops = {p for role, dev, direction in hops.values() for p in tcx_prog_ids(topo, role, dev)[direction]}
     ours = held.keys() & at_hops
     links = [lk["id"] for lk in bpftool_json("link", "show") if lk.get("prog_id") in ours]
     if not links or len(links) != len(ours):
