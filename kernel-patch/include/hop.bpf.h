@@ -222,16 +222,27 @@ static __always_inline bool hop_has_filter(void)
 	return !hop_general_only && (filter_proto || filter_family || filter_sport || filter_dport);
 }
 
-/* hop_parse for a frame the fast path decided and the filter takes: the general parser from its
- * innermost IP header on (the same checks, fields and offsets), without the outer headers again. */
-static __always_inline int hop_parse_fast(enum pkt_source src, struct pkt_reader *r,
-					  const struct fast_flow *f, struct pkt_info *p)
+/*
+ * Where hop_parse_fast resumes a frame the fast path decided and the filter takes, in one word
+ * (never 0: the family is 4 or 6). Not the fast_flow: the general path then keeps none of it live,
+ * and the fast path's early exits set nothing for it (they were half its instructions).
+ */
+static __always_inline __u32 fast_resume(const struct fast_flow *f)
+{
+	return f->l3 << 16 | f->vxlan << 8 | f->family;
+}
+
+/* hop_parse for a frame the fast path decided and the filter takes (resume: fast_resume's): the
+ * general parser from its innermost IP header on (the same checks, fields and offsets), without
+ * the outer headers again. */
+static __always_inline int hop_parse_fast(enum pkt_source src, struct pkt_reader *r, __u32 resume,
+					  struct pkt_info *p)
 {
 	int status;
 
-	if (f->vxlan)
+	if (resume & 0x100)
 		p->flags |= HOPTRACE_F_ENCAP_VXLAN;
-	status = parse_l3(src, r, f->l3, f->family == 4 ? ETH_P_IP_ : ETH_P_IPV6_, p);
+	status = parse_l3(src, r, resume >> 16, (resume & 0xff) == 4 ? ETH_P_IP_ : ETH_P_IPV6_, p);
 	return status ? status : parse_id(src, r, p);
 }
 
@@ -848,27 +859,31 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 	/* Read ctx fields once, up front: clang must not fold them into one
 	 * offset pointer, which the verifier refuses for ctx. */
 	__u32 ifindex = skb->ifindex, len = skb->len;
-	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
-	struct pkt_info p = {};
-	struct hop_meta m = {};
-	struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
-	bool fast = false;
+	__u32 resume = 0; /* fast_resume's, or 0: the general parser */
 	int status;
 
 	barrier_var(ifindex);
 	barrier_var(len);
 	if (hop_has_filter()) {
-		fast = fast_flow_l2((const __u8 *)(long)skb->data,
-				    (const __u8 *)(long)skb->data_end, len, &f);
+		struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
+		bool fast = fast_flow_l2((const __u8 *)(long)skb->data,
+					 (const __u8 *)(long)skb->data_end, len, &f);
+
 		if (hop_fast_refuses(fast, &f) || (fast && hop_fast_untagged(&f, len)))
 			return TCX_NEXT_;
+		resume = fast ? fast_resume(&f) : 0;
 	}
+	/* Zeroed after the fast path: a packet it refuses pays no stack stores for them. */
+	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
+	struct pkt_info p = {};
+	struct hop_meta m = {};
+
 	skb_meta(skb, &m, false, floor);
 	/* The floor (5.10's verifier) keeps direct reads to whole-linear packets. */
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
 	count(HOPTRACE_C_SEEN, 1);
-	status = fast ? hop_parse_fast(PKT_SKB, &r, &f, &p) : hop_parse(PKT_SKB, &r, 0, &p);
+	status = resume ? hop_parse_fast(PKT_SKB, &r, resume, &p) : hop_parse(PKT_SKB, &r, 0, &p);
 	if (!status && !p.id && !p.fragment && hop_tag_udp && p.proto == IPPROTO_UDP_) {
 		int outcome = tag_udp_packet(skb, &p, floor);
 
@@ -889,29 +904,40 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 {
 	__u32 ifindex = skb->ifindex, len = skb->len;
 	__u16 ethertype = bpf_ntohs(skb->protocol);
-	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
-	struct pkt_info p = {};
-	struct hop_meta m = {};
-	struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
-	bool fast = false;
+	__u32 resume = 0; /* fast_resume's, or 0: the general parser */
 
 	barrier_var(ifindex);
 	barrier_var(len);
 	if (hop_has_filter()) {
-		fast =
+		struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
+		bool fast =
 		    fast_flow_l3((const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 				 len, 0, bpf_htons(ethertype ? ethertype : ETH_P_IP_), &f);
+
 		if (hop_fast_refuses(fast, &f) || (fast && hop_fast_untagged(&f, len)))
 			return SK_PASS_;
+		resume = fast ? fast_resume(&f) : 0;
 	}
+	/* Zeroed after the fast path: a packet it refuses pays no stack stores for them. */
+	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
+	struct pkt_info p = {};
+	struct hop_meta m = {};
+
 	skb_meta(skb, &m, true, floor);
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
 	count(HOPTRACE_C_SEEN, 1);
-	hop_finish(fast ? hop_parse_fast(PKT_SKB, &r, &f, &p)
-			: hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p),
+	hop_finish(resume ? hop_parse_fast(PKT_SKB, &r, resume, &p)
+			  : hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p),
 		   &p, ifindex, len, &m);
 	return SK_PASS_;
+}
+
+/* An XDP frame's length with its fragments; the floor (before 5.18) has no helper for them. */
+static __always_inline __u32 xdp_frame_len(struct xdp_md *ctx, const __u8 *data,
+					   const __u8 *data_end, bool floor)
+{
+	return floor ? data_end - data : bpf_xdp_get_buff_len(ctx);
 }
 
 static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
@@ -919,30 +945,33 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	const __u8 *data = (const __u8 *)(long)ctx->data;
 	const __u8 *data_end = (const __u8 *)(long)ctx->data_end;
 	__u32 ifindex = ctx->ingress_ifindex;
+	__u32 resume = 0; /* fast_resume's, or 0: the general parser */
 	__u32 len;
-	struct pkt_reader r = {.ctx = ctx, .floor = floor};
-	struct pkt_info p = {};
-	/* XDP has no sk_buff: none of its fields (the dispatcher refuses them) */
-	struct hop_meta m = {};
-	struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
-	bool fast = false;
 
 	barrier_var(ifindex);
 	if (hop_has_filter()) {
+		struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
 		/* the linear part's length: a frame with fragments takes the general path */
-		fast = fast_flow_l2(data, data_end, data_end - data, &f);
+		bool fast = fast_flow_l2(data, data_end, data_end - data, &f);
+
+		/* the length only for an untagged segment: the helper call is not free */
 		if (hop_fast_refuses(fast, &f) ||
 		    (fast && f.tcp_untagged &&
-		     hop_fast_untagged(&f, floor ? data_end - data : bpf_xdp_get_buff_len(ctx))))
+		     hop_fast_untagged(&f, xdp_frame_len(ctx, data, data_end, floor))))
 			return XDP_PASS;
+		resume = fast ? fast_resume(&f) : 0;
 	}
-	len = floor ? data_end - data : bpf_xdp_get_buff_len(ctx);
-	r.len = len;
-	r.total = len;
+	len = xdp_frame_len(ctx, data, data_end, floor);
+	/* Zeroed after the fast path: a packet it refuses pays no stack stores for them. */
+	struct pkt_reader r = {.ctx = ctx, .len = len, .total = len, .floor = floor};
+	struct pkt_info p = {};
+	/* XDP has no sk_buff: none of its fields (the dispatcher refuses them) */
+	struct hop_meta m = {};
+
 	pkt_set_direct(&r, data, data_end, false);
 	count(HOPTRACE_C_SEEN, 1);
-	hop_finish(fast ? hop_parse_fast(PKT_XDP, &r, &f, &p) : hop_parse(PKT_XDP, &r, 0, &p), &p,
-		   ifindex, len, &m);
+	hop_finish(resume ? hop_parse_fast(PKT_XDP, &r, resume, &p) : hop_parse(PKT_XDP, &r, 0, &p),
+		   &p, ifindex, len, &m);
 	return XDP_PASS;
 }
 
