@@ -387,9 +387,8 @@ def ring_floor_recorders(topo: TwoHostTopology, path: str, workdir: Path, pids: 
     pin_dir.mkdir()
     devices = sorted({(role, dev) for role, dev, _ in hops.values()})
     try:
-        pinned = {
-            agent_node(pid): load_floor(obj, records_map_id(pid), pin_dir / agent_node(pid)) for pid in pids
-        }
+        nodes = {agent_node(pid): pid for pid in pids}
+        pinned = {node: load_floor(obj, records_map_id(pid), pin_dir / node) for node, pid in nodes.items()}
         for role, dev in devices:
             subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "add", "dev", dev, "clsact"], check=True)
         for role, dev, direction in hops.values():

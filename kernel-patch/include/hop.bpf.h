@@ -223,9 +223,10 @@ static __always_inline bool hop_has_filter(void)
 }
 
 /*
- * Where hop_parse_fast resumes a frame the fast path decided and the filter takes, in one word
- * (never 0: the family is 4 or 6). Not the fast_flow: the general path then keeps none of it live,
- * and the fast path's early exits set nothing for it (they were half its instructions).
+ * Where hop_parse_fast resumes a frame the fast path decided and the filter takes, in one word:
+ * the inner IP header's offset << 16, VXLAN at bit 8, the family (4 or 6, so never 0). Not the
+ * fast_flow: the general path then keeps none of it live, and the fast path's checks no longer
+ * set registers for it (six instructions on each).
  */
 static __always_inline __u32 fast_resume(const struct fast_flow *f)
 {
