@@ -97,7 +97,7 @@ build: bpf agent pyc ## build the BPF object and the agent, byte-compile the Pyt
 
 # hoptrace's Python byte-compiled here, once per change: a checkout shared read-only (a guest's, lab/vm.py)
 # cannot write its own __pycache__, and compiling every module at each start takes minutes under TCG.
-PY_PACKAGES := cli collector common dispatcher lab web proto/gen/python
+PY_PACKAGES := cli collector common dispatcher lab results spec web proto/gen/python
 PYC_STAMP := $(VENV)/.pyc-stamp
 
 .PHONY: pyc
@@ -177,8 +177,8 @@ lint-imports: $(VENV)/.stamp ## the layering of the parts (import-linter contrac
 
 .PHONY: lint
 lint: $(VENV)/.stamp lint-imports ## ruff, import layering, gofmt, go vet, clang-format
-	$(VENV)/bin/ruff check dispatcher collector web cli common lab tests bench
-	$(VENV)/bin/ruff format --check dispatcher collector web cli common lab tests bench
+	$(VENV)/bin/ruff check dispatcher collector results spec web cli common lab tests bench
+	$(VENV)/bin/ruff format --check dispatcher collector results spec web cli common lab tests bench
 	@test -z "$$(gofmt -l agent)" || { gofmt -l agent; exit 1; }
 	cd agent && go vet ./...
 	clang-format --dry-run -Werror kernel-patch/*.c kernel-patch/include/*.h
