@@ -13,7 +13,7 @@ import pytest
 from hoptrace.common.timeouts import timeout_scale
 from hoptrace.lab import vm
 
-# 4.5 minutes on 5.10 and 2.5 on 6.1 here (README, "The demo in a guest"), boot included.
+# 4.5 minutes on 5.10 and 2.5 on 6.1 here (docs/kernels.md, "The demo in a guest"), boot included.
 GUEST_TIMEOUT_S = 1200
 
 
