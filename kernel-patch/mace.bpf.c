@@ -282,7 +282,7 @@ static __always_inline void emit(__u64 key, __u64 start, __u64 end, __u32 tid, _
 	 * application on its way back to user space, adding 6-37 us to exactly
 	 * the container's echoes and to none of the host's (which emit nothing):
 	 * measured with sched_switch, it was most of the gap between the corrected
-	 * and the native RTT (docs/mace.md). Only a ring half full wakes it now.
+	 * and the native RTT (docs/mace.md). Only a ring half full wakes it.
 	 */
 	bool full = bpf_ringbuf_query(&mace_events, BPF_RB_AVAIL_DATA) > MACE_WAKEUP_BYTES;
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Event probes (a spec's events:, issue 11): one generic program (a classic
+ * Event probes (a spec's events:): one generic program (a classic
  * tracepoint's, a kprobe's or an fentry's: event_tp, event_kprobe,
  * event_fentry), loaded once per event with its own load-time constants, that
  * counts the hits passing a where: predicate on the arguments, keyed by CPU

@@ -39,7 +39,7 @@ const volatile __u32 filter_dst_mask[4] = {};
 const volatile __u16 filter_sport = 0;
 const volatile __u16 filter_dport = 0;
 const volatile __u64 tag_netns_cookie = 0;
-/* Hop actions (issue 11; docs/design.md). Each is a load-time constant, so an
+/* Hop actions (docs/design.md). Each is a load-time constant, so an
  * action a hop does not use is a constant-false branch the verifier never
  * walks: the object stays generic and the hot path pays nothing for it. */
 const volatile __u8 act_count = 0;    /* 1: count matched packets (count_keys) */
@@ -225,8 +225,8 @@ static __always_inline bool hop_has_filter(void)
 /*
  * Where hop_parse_fast resumes a frame the fast path decided and the filter takes, in one word:
  * the inner IP header's offset << 16, VXLAN at bit 8, the family (4 or 6, so never 0). Not the
- * fast_flow: the general path then keeps none of it live, and the fast path's checks no longer
- * set registers for it (six instructions on each).
+ * fast_flow: the general path then keeps none of it live, and the fast path's checks set no
+ * registers for it (that took six instructions on each).
  */
 static __always_inline __u32 fast_resume(const struct fast_flow *f)
 {
@@ -1087,7 +1087,7 @@ static __always_inline int hop_kret_entry(struct sk_buff *skb)
 }
 
 /* The kretprobe: the skb its entry kept (the function must not free it: the hop's function takes
- * an skb it hands back to its caller, dispatcher/README.md). */
+ * an skb it hands back to its caller, spec/README.md). */
 static __always_inline int hop_kret_return(bool floor)
 {
 	__u64 key = kret_key(), *skb_ptr = bpf_map_lookup_elem(&kret_skbs, &key);

@@ -141,7 +141,7 @@ enum hoptrace_counter {
  * The field catalogue of hop actions (count by FIELD, histogram: FIELD): the
  * one list. Go (record.Field*), Python (hoptrace.kernel_abi.FIELDS) and the
  * proto's enum Field are generated from it (make vocab). Which attach kinds
- * can give each field is hoptrace.dispatcher.actions.FIELD_AVAILABILITY,
+ * can give each field is hoptrace.spec.actions.FIELD_AVAILABILITY,
  * checked against this list by tests.
  */
 enum hoptrace_field {

@@ -161,7 +161,7 @@ static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, _
  * without fragments): then every read pkt_load() allows is inside it. With
  * head_only, a paged skb's linear head too: TCP's GSO packets keep their
  * headers there (66 bytes) and their payload in pages, and the helper costs
- * about 20 ns a header on them (bpf_stats in place, issue 13). */
+ * about 20 ns a header on them (bpf_stats in place). */
 static __always_inline void pkt_set_direct(struct pkt_reader *r, const __u8 *data,
 					   const __u8 *data_end, bool head_only)
 {
@@ -188,7 +188,7 @@ static __always_inline void pkt_set_direct(struct pkt_reader *r, const __u8 *dat
  * NULL pointer it reads 0). Otherwise (kprobes, pointers kept in maps) it is a
  * bpf_probe_read_kernel call, 20-30 ns each in place: a system-wide
  * tracepoint hop made four of them for every packet of the machine just to
- * find its device (perf, issue 13).
+ * find its device (perf record of a traced UDP flow).
  */
 #define KERNEL_FIELD(btf, ptr, field) ((btf) ? (ptr)->field : BPF_CORE_READ(ptr, field))
 
