@@ -131,7 +131,7 @@ type TraceSpec struct {
 	// Points the packets pass, in path order.
 	Hops []*HopSpec `protobuf:"bytes,4,rep,name=hops,proto3" json:"hops,omitempty"`
 	// Probes not tied to a traced packet: kernel tracepoints whose hits are
-	// counted and histogrammed in the kernel (issue 11).
+	// counted and histogrammed in the kernel.
 	Events        []*EventSpec `protobuf:"bytes,5,rep,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
