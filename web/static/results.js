@@ -1,5 +1,13 @@
 // Results page: charts (Chart.js) and tables refreshed from the JSON endpoint every 2 s.
 (() => {
+  // The range applies as soon as it is picked. A listener, not an inline onchange: the app's
+  // Content-Security-Policy (script-src 'self') blocks inline handlers. Without script, "Show" submits.
+  const range = document.getElementById("range");
+  if (range) {
+    range.addEventListener("change", () => range.form.submit());
+    const show = document.getElementById("range-show");
+    if (show) show.hidden = true;
+  }
   const root = document.getElementById("results");
   if (!root) return;
   const url = root.dataset.url;
