@@ -1,4 +1,4 @@
-"""6. Accuracy (issue 7 section 3): delay box sweep, clock offset sweep, loss sweep. Method: docs/accuracy.md.
+"""Accuracy against ground truth: delay box sweep, clock offset sweep, loss sweep. Method: docs/accuracy.md.
 
 - delay: the VXLAN topology with the delay box splitting the wire (`tests/tools/delaybox.py`, a
 user-space relay

@@ -1,5 +1,5 @@
 """Hop actions: kernel run time per packet of the tc hop with each action, side by side with the
-timestamp-only hop (issue 11, item 7).
+timestamp-only hop.
 
 Runs agent/internal/loader's BenchmarkActionCost: six hop programs loaded from the one object with the same
 ring buffer and maps (timestamp only; count; count by cpu; count by mark; histogram of len; histogram of the
@@ -96,7 +96,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         "testrun_ns_per_packet": {hop: ns[f"{hop}_testrun"] for hop in TESTRUN_HOPS},
         "ratio_to_timestamp": {hop: ns[hop] / base for hop in HOPS},
     }
-    # Issue 13's per-packet targets, without the path's cold caches (bpf_cost.py measures them in place):
+    # The per-packet BPF targets, without the path's cold caches (bpf_cost.py measures them in place):
     # as measured, and above the empty program (what hoptrace's program adds to running any program there).
     empty, empty_testrun = ns["empty"], ns["empty_testrun"]
     results["targets"] = [

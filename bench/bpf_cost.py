@@ -1,4 +1,4 @@
-"""1. BPF cost per hop: kernel run time per program invocation on the 8-hop VXLAN path.
+"""BPF cost per hop: kernel run time per program invocation on the 8-hop VXLAN path.
 
 With `kernel.bpf_stats_enabled=1` the kernel adds each program's run time to `run_time_ns` and counts its
 runs in

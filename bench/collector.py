@@ -1,4 +1,4 @@
-"""3. Collector: join throughput (bench/collector_join.py), InfluxDB write throughput, end-to-end freshness.
+"""Collector: join throughput (bench/collector_join.py), InfluxDB write throughput, end-to-end freshness.
 
 - join: `bench/collector_join.py` as it is (decode + join on one core), its output parsed;
 - InfluxDB write: the collector's own exporter (`InfluxExporter`, batches of 5000, one writer thread) writing
@@ -123,7 +123,7 @@ def freshness(ctx: BenchContext, packets: int) -> dict[str, Any]:
         "p90_s": pctl(delays, 0.9),
         "max_s": max(delays),
         "delays_s": delays,
-        "note": "collector defaults: --join-window 2 s; exporter flush interval 1 s; since issue 14 a lone "
+        "note": "collector defaults: --join-window 2 s; exporter flush interval 1 s; a lone "
         "packet's points are its window's slowest exemplar, written when its 1 s window closes",
     }
 

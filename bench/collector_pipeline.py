@@ -140,7 +140,7 @@ def main() -> None:
     """Parse flags; run the worker (`--worker`) or the comparison."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--baseline", default="8428678", help="git revision to compare with (default: before issue 14)"
+        "--baseline", default="8428678", help="git revision to compare with (default: before the sketches)"
     )
     ap.add_argument("--packets", type=int, default=200_000)
     ap.add_argument("--hops", type=int, default=4)

@@ -1,4 +1,4 @@
-"""4. Dispatcher: spec -> compiled objects for every node (cold and cached), apply -> active on every agent.
+"""Dispatcher: spec -> compiled objects for every node (cold and cached), apply -> active on every agent.
 
 - compile: `compile_spec` of the 8-hop VXLAN spec with a `BpfCompiler` whose cache directory is new
 (cold: clang

@@ -1,4 +1,4 @@
-"""What hoptrace costs when nothing is happening (issue 13: an idle collector and agent ≤ 1 % of a core each).
+"""What hoptrace costs when nothing is happening (target: an idle collector and agent ≤ 1 % of a core each).
 
 A VXLAN TwoHostTopology with every component as `make demo` runs it (InfluxDB, dispatcher, collector and
 an agent per emulated host, TLS), then, in turn: no trace; the reference 8-hop trace applied with no traffic

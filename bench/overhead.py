@@ -1,4 +1,4 @@
-"""5. Overhead on the traced application (issue 7 section 1).
+"""Overhead on the traced application: latency and throughput of flows across the traced path.
 
 Workloads c1 -> c2 over VXLAN: sockperf UDP ping-pong (mean, p99, p99.9 latency; free-running, and with client
 and server on one vCPU: `sockperf_ping_pong` says why), iperf3 TCP and iperf3 UDP
@@ -306,7 +306,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
             for name in conditions
             for metric in metrics
         },
-        # Issue 13: p99.9 within 1.05 of untraced, every packet and 1 in 100 traced; free-running and
+        # The target: p99.9 within 1.05 of untraced, every packet and 1 in 100 traced; free-running and
         # on one vCPU (where no cross-vCPU wake-up is in the round trip).
         "targets": [
             target(

@@ -1,4 +1,4 @@
-"""What the records ring costs a traced tc hop in place (issue 13), side by side.
+"""What the records ring costs a traced tc hop in place, side by side.
 
 The 8-hop c1 -> c2 VXLAN path, sockperf UDP at a fixed rate, every packet tagged and recorded at every hop;
 bpf_stats' ns per run of the five tc hops that record but do not tag (below), conditions

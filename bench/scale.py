@@ -1,10 +1,10 @@
-"""7. Scale (issue 7 section 4): 1, 4, 16, 32 agents feeding one collector.
+"""Scale: 1, 4, 16, 32 agents feeding one collector.
 
 The agents are synthetic (the simplest way to have 32 of them on 2 cores): sender processes (this file with
 `--send`) open one `Collector/StreamRecords` stream per emulated node and send RecordBatches at a fixed record
 rate per node, exactly what an agent sends (32-byte records, `batch_seq`, `NodeClock`). Each node has its own
 two-hop trace (from `--traces`), so every packet is joined and aggregated into the per-second windows and
-sketches written to a real influxd (per-packet `hop_latency` points only for the exemplars since issue 14).
+sketches written to a real influxd (per-packet `hop_latency` points only for the exemplars).
 Measured over each step: records offered, records the collector received, packets it emitted, points InfluxDB
 took, and the collector's CPU (1.0 = one core) and peak RSS. The senders share the 2 cores with the collector.
 """

@@ -1,4 +1,4 @@
-"""Where the ping-pong's p99.9 goes under tracing (issue 13): one experiment per suspect, side by side.
+"""Where the ping-pong's p99.9 goes under tracing: one experiment per suspect, side by side.
 
 sockperf UDP ping-pong c1 -> c2 over the reference VXLAN path (8 hops), conditions interleaved in rounds
 (order rotated), each ratio over the same round's `none` (a `_pin0` condition's over `none_pin0`, if run):

@@ -1,7 +1,7 @@
-"""TCP (or UDP) throughput under tracing, cost by cost (issue 13).
+"""TCP (or UDP) throughput under tracing, cost by cost.
 
 iperf3 c1 -> c2 over the reference VXLAN path (8 hops), or with `--path veth` c1 -> host-a over c1's one
-veth (a hop at each end: the issue's 2-hop measurement); conditions interleaved in rounds (order rotated):
+veth (a hop at each end: the 2-hop case); conditions interleaved in rounds (order rotated):
 
 - `none`: nothing traces;
 - `empty`: a tc program that only returns at each tc hop, no agent (the cost of running any program there);
@@ -170,7 +170,7 @@ char LICENSE[] SEC("license") = "GPL";
 
 
 # Where iperf3's server listens on each path: c2 across the VXLAN path, or host-a's bridge address across
-# c1's veth (the issue's measurement: one veth, a hop at each of its ends).
+# c1's veth (one veth, a hop at each of its ends).
 SERVER = {"vxlan": ("c2", None), "veth": ("host-a", "br0")}
 # The tc hops of each path (hop -> role, device, direction), where `empty` runs its program.
 PATH_TC_HOPS = {
