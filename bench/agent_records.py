@@ -1,4 +1,4 @@
-"""2. Agent throughput: records/s from the ring buffer to gRPC, lost records, CPU and RSS of the agent.
+"""Agent throughput: records/s from the ring buffer to gRPC, lost records, CPU and RSS of the agent.
 
 Method (the simplest honest one on a 2-core VM): the namespaces cannot carry 500 k packets/s, so the
 records are
@@ -215,7 +215,7 @@ def run(ctx: Any) -> dict[str, Any]:
 
     ceiling = max(s["delivered_per_s"] for s in steps)
     at_500k = next((s for s in steps if s["target_rate"] == 500_000), None)
-    # The issue's RSS target is at 1 M records/s; past what the sink takes, the agent's queue holds what waits
+    # The RSS target is at 1 M records/s; past what the sink takes, the agent's queue holds what waits
     # (up to its 256 MB bound) by design.
     rss_up_to_1m = max(
         s["agent_peak_rss_mb"] for s in steps if s["target_rate"] != "max" and s["target_rate"] <= 1_000_000
