@@ -15,6 +15,10 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from web_helpers import PASSWORD, USERNAME, live_server
 
 
+def since_of(url: str) -> list[str] | None:
+    return parse_qs(urlparse(url).query).get("since")
+
+
 def log_in(browser: Any, base: str) -> None:
     browser.get(base + "/login")
     browser.find_element(By.ID, "username").send_keys(USERNAME)
@@ -32,7 +36,7 @@ def test_picking_a_range_reloads_the_results_with_it(app: Flask, browser: Any) -
         assert not browser.find_element(By.ID, "range-show").is_displayed()
 
         Select(browser.find_element(By.ID, "range")).select_by_visible_text("1h")
-        WebDriverWait(browser, 20).until(lambda d: parse_qs(urlparse(d.current_url).query).get("since") == ["1h"])
+        WebDriverWait(browser, 20).until(lambda d: since_of(d.current_url) == ["1h"])
         WebDriverWait(browser, 20).until(
             lambda d: Select(d.find_element(By.ID, "range")).first_selected_option.text == "1h"
         )
