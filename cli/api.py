@@ -8,6 +8,7 @@ from typing import Any
 
 from hoptrace.common.client import CALL_TIMEOUT_S, ApiClient, ApiError
 from hoptrace.common.grpcutil import TOKEN_ENV, api_channel, secret_from
+from hoptrace.common.tlscheck import check_tls_files
 
 
 class CliError(Exception):
@@ -19,6 +20,8 @@ def client_of(args: argparse.Namespace) -> ApiClient:
 
     def channel() -> Any:
         try:
+            if not args.insecure and args.ca and args.cert and args.key:
+                check_tls_files(args.ca, args.cert, args.key)  # names a file its dispatcher would refuse
             return api_channel(
                 args.dispatcher,
                 ca=args.ca,

@@ -27,6 +27,8 @@ from typing import Any
 
 import grpc
 
+from hoptrace.common.tlscheck import check_tls_files
+
 log = logging.getLogger(__name__)
 
 API_SERVICE_PREFIX = "/hoptrace.v1.Hoptrace/"
@@ -64,7 +66,10 @@ class TLSFiles:
 
 
 def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
-    """Server TLS that demands a client certificate signed by `tls.ca` (the handshake fails without one)."""
+    """Server TLS that demands a client certificate signed by `tls.ca` (the handshake fails without one).
+    TLSFileError (a ValueError) names a file that cannot work, before gRPC reads it. Whether the certificate
+    is the CA's is the caller's check (server_tls_from_args): tests present foreign ones on purpose."""
+    check_tls_files(tls.ca, tls.cert, tls.key, issued_by_ca=False)
     ca, cert, key = tls.read()
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
@@ -72,9 +77,12 @@ def server_credentials(tls: TLSFiles) -> grpc.ServerCredentials:
 def channel_credentials(
     ca: str | Path, cert: str | Path | None = None, key: str | Path | None = None
 ) -> grpc.ChannelCredentials:
-    """Client TLS: the server must present a certificate of `ca` for the dialed host; cert/key are ours."""
+    """Client TLS: the server must present a certificate of `ca` for the dialed host; cert/key are ours.
+    TLSFileError (a ValueError) names a file that cannot work, before gRPC reads it (whether the certificate
+    is the CA's, as in server_credentials, is the caller's check)."""
     if (cert is None) != (key is None):
         raise ValueError("a client certificate needs both cert and key")
+    check_tls_files(ca, cert, key, issued_by_ca=False)
     return grpc.ssl_channel_credentials(
         root_certificates=Path(ca).read_bytes(),
         private_key=Path(key).read_bytes() if key else None,
@@ -133,6 +141,10 @@ class _BearerToken(
         return continuation(self._details(client_call_details), request_iterator)
 
 
+# A token travels as an HTTP/2 header value: printable ASCII, no space.
+_TOKEN_CHARACTERS = re.compile(r"[!-~]+")
+
+
 def api_channel(
     address: str,
     *,
@@ -148,6 +160,12 @@ def api_channel(
     `insecure=True` dials plaintext (a dispatcher started with --insecure); the token is still sent if given.
     """
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), *(options or [])]
+    if token is not None and not _TOKEN_CHARACTERS.fullmatch(token):
+        # gRPC would refuse the header later with a bare "Illegal metadata".
+        raise ValueError(
+            f"the API token (--token-file, ${TOKEN_FILE_ENV} or ${TOKEN_ENV}) holds whitespace or a "
+            "character outside printable ASCII: a token is the one word `hoptrace certs` wrote"
+        )
     if insecure:
         channel = grpc.insecure_channel(address, options=options)
         return grpc.intercept_channel(channel, _BearerToken(token)) if token else channel
@@ -185,7 +203,7 @@ def secret_from(args: Any, flag: str, env: str) -> str:
     path = getattr(args, f"{flag.replace('-', '_')}_file", None)
     if path:
         return Path(path).read_text().strip()
-    return os.environ.get(env, "")
+    return os.environ.get(env, "").strip()  # a newline or space pasted with it is never part of a secret
 
 
 # ---- tokens --------------------------------------------------------------------------------------------
@@ -567,7 +585,5 @@ def server_tls_from_args(args: Any) -> TLSFiles | None:
             "or --insecure for a plaintext server"
         )
     tls = TLSFiles.of(args.ca, args.cert, args.key)
-    for path in (tls.ca, tls.cert, tls.key):
-        if not path.is_file():
-            raise ValueError(f"{path}: no such file")
+    check_tls_files(tls.ca, tls.cert, tls.key)  # TLSFileError names the file and the cause
     return tls
