@@ -194,12 +194,41 @@ test-unit: setup ## the pure tests (marker unit), as an unprivileged user
 		/usr/bin/python3.11 -S -c "import site, sys; site.addsitedir('$(VENV)/lib/python3.11/site-packages'); \
 		import pytest; sys.exit(pytest.main(['-q', '-m', 'unit', '-p', 'no:cacheprovider', 'tests']))"
 
+# The root tiers (tests/conftest.py gives each test its tiers; docs/testing.md says what each needs and
+# takes). Each test is in exactly one of test-unit and these (tests/test_tiers.py checks it).
+PYTEST := $(PY) -m pytest -v --durations=25
+TIER_ROOT := root and not (vm or browser or docker or kafka)
+TIER_VM := vm
+TIER_BROWSER := browser and not vm
+TIER_DOCKER := docker and not (vm or browser)
+TIER_KAFKA := kafka and not (vm or browser or docker)
+
+.PHONY: test-root
+test-root: setup build ## namespaces, BPF on this kernel, InfluxDB: every root test but the four tiers below
+	$(PYTEST) -m '$(TIER_ROOT)' tests
+
+.PHONY: test-vm
+test-vm: setup build ## qemu guests of Debian's 5.10, 6.1, 6.12: the kernel matrix, the demo, guests as hosts
+	$(PYTEST) -m '$(TIER_VM)' tests
+
+.PHONY: test-browser
+test-browser: setup build ## the web UI in headless Chromium, on a traced cluster
+	$(PYTEST) -m '$(TIER_BROWSER)' tests
+
+.PHONY: test-docker
+test-docker: setup build ## the Docker engine: the compose stack (deploy/local), containers traced by name
+	$(PYTEST) -s -m '$(TIER_DOCKER)' tests
+
+.PHONY: test-kafka
+test-kafka: setup build ## the collector's Kafka transport against a real broker (KRaft)
+	$(PYTEST) -m '$(TIER_KAFKA)' tests
+
 .PHONY: test
 test: setup build proto-check lint test-unit ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
 	@# the _floor variants (kernels 5.10-5.17), proven here on a fast kernel too
 	cd agent && HOPTRACE_FLOOR=1 go test -count=1 ./internal/loader ./internal/tracer
-	$(PY) -m pytest -v tests --ignore=tests/deploy/test_compose.py
+	$(PYTEST) tests --ignore=tests/deploy/test_compose.py
 	$(MAKE) --no-print-directory compose-test
 	$(MAKE) --no-print-directory fuzz FUZZ_TIME=50000x FUZZ_EXAMPLES=1000
 	$(PY) bench/run.py --quick

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -14,8 +15,76 @@ from hoptrace.lab.processes import AGENT_BINARY, AgentProcess, InfluxServer, sta
 from hoptrace.lab.routed import RoutedTopology
 from hoptrace.lab.topology import TwoHostTopology, netns_list
 
+TESTS_DIR = Path(__file__).resolve().parent
+
 # Prefixes handed out in this session, to prove at the end that none of their namespaces is left.
 _PREFIXES: set[str] = set()
+
+# Tiers (markers registered in pyproject.toml, make targets in the Makefile: docs/testing.md). Every test
+# has exactly one of `unit` (pure code, runs anywhere, unprivileged; a module's own marker) and `root`
+# (namespaces, BPF, servers: every other test), plus what else it needs: `kernel` (loads BPF into this
+# machine's kernel), `vm` (qemu guests), `browser` (Chromium), `docker` (the Docker engine), `kafka` (a Kafka
+# broker), `slow` (minutes). Those follow from the test's folder under tests/ and the fixtures it uses; a
+# module marks what neither says. A unit test that uses a fixture needing root contradicts itself.
+FOLDER_TIERS: dict[str, tuple[str, ...]] = {
+    "e2e": ("kernel",),
+    "kafka": ("kernel", "kafka"),
+    "kernels": ("vm", "slow"),
+    "presets": ("kernel",),
+    "security": ("kernel",),
+    "system": ("kernel",),
+    "vms": ("vm", "slow"),
+}
+FIXTURE_TIERS: dict[str, tuple[str, ...]] = {
+    "agent_binary": ("root", "kernel"),
+    "browser": ("browser",),
+    "influxd": ("root",),
+    "kafka_broker": ("kafka",),
+    "restartable_influxd": ("root",),
+    "three_host_topology": ("root",),
+    "topology_factory": ("root",),
+}
+TIERS = ("unit", "root", "kernel", "vm", "browser", "docker", "kafka", "slow")
+# Marks a test whose tiers contradict each other.
+NO_TIER = "no_tier"
+# A file to which collection writes every test's tiers (JSON), for tests/test_tiers.py.
+LIST_TIERS = "HOPTRACE_LIST_TIERS"
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    """The tiers of a test: its own markers, its fixtures' and, unless it is unit, root and its folder's."""
+    tiers = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+    fixtures = set(getattr(item, "fixturenames", ()))
+    tiers.update(tier for name in fixtures & FIXTURE_TIERS.keys() for tier in FIXTURE_TIERS[name])
+    if "unit" not in tiers:
+        tiers.add("root")
+        tiers.update(FOLDER_TIERS.get(Path(item.path).relative_to(TESTS_DIR).parts[0], ()))
+    return tiers
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Gives each test its tiers' markers (`-m kernel` selects by them); a unit test that needs root gets
+    `no_tier` too, and fails when run."""
+    listed = {}
+    for item in items:
+        tiers = tiers_of(item)
+        if len(tiers & {"unit", "root"}) != 1:
+            item.add_marker(NO_TIER)
+        for tier in sorted(tiers):
+            item.add_marker(tier)
+        listed[item.nodeid] = sorted(tiers)
+    if os.environ.get(LIST_TIERS):
+        Path(os.environ[LIST_TIERS]).write_text(json.dumps(listed, indent=0))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test whose tiers contradict each other fails before it runs."""
+    if item.get_closest_marker(NO_TIER) is not None:
+        pytest.fail(
+            f"{item.nodeid} is marked unit but uses a fixture that needs root ({sorted(tiers_of(item))}): "
+            "drop its unit marker, or the fixture",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(autouse=True)

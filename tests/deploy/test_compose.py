@@ -43,6 +43,13 @@ from hoptrace.lab.compose import (
     compose_env,
     netns_inodes_in_use,
 )
+from hoptrace.lab.waiting import wait_until
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.kernel,
+    pytest.mark.slow,
+]  # the compose stack, its agent's BPF here
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = "compose-udp"
@@ -114,18 +121,6 @@ def hoptrace(stack: ComposeStack, *args: str, stdin: str | None = None) -> subpr
     )
 
 
-def wait_for(what: str, check, timeout_s: float, interval_s: float = 0.5):  # noqa: ANN001, ANN201
-    """Poll `check()` until it returns something true; fail with `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout_s:.0f} s", pytrace=False)
-        time.sleep(interval_s)
-
-
 @pytest.fixture(scope="module")
 def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """Engine, images, stack up with the agent registered; down, engine stopped (if started here) and the
@@ -157,7 +152,7 @@ def compose_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 agent.get("node") == node and agent.get("connected") for agent in json.loads(result.stdout)
             )
 
-        wait_for(f"agent {node} registered with the dispatcher\n{run.stack.logs()}", registered, 60)
+        wait_until(registered, f"agent {node} registered with the dispatcher\n{run.stack.logs()}", 60, 0.5)
         run.timings["stack up, agent registered"] = time.monotonic() - up
         for service in ("influxdb", "dispatcher", "collector", "web", "app-a", "app-b"):
             run.sandboxes.add(run.stack.inspect(service, "{{.NetworkSettings.SandboxKey}}"))
@@ -282,7 +277,7 @@ def test_kafka_override_broker_and_topic_start_for_real(tmp_path: Path):
             ).stdout.strip()
             return state if state.startswith("exited") else None
 
-        assert wait_for("the topic service", topic_done, 180) == "exited 0"
+        assert wait_until(topic_done, "the topic service", 180, 0.5) == "exited 0"
         logs = subprocess.run(["docker", "logs", topic_service], capture_output=True, text=True).stdout
         assert "created hoptrace-records 3 partitions" in logs, logs
         bootstrap = f"127.0.0.1:{port}"
@@ -304,7 +299,7 @@ def test_kafka_override_broker_and_topic_start_for_real(tmp_path: Path):
             return message.partition(), message.value()
 
         try:
-            assert wait_for("the message back", consumed, 60) == (2, b"through the EXTERNAL listener")
+            assert wait_until(consumed, "the message back", 60, 0.5) == (2, b"through the EXTERNAL listener")
         finally:
             consumer.close()
         print(
@@ -379,10 +374,11 @@ def test_trace_of_two_containers_through_the_cli(compose_run: Run):
     start = time.monotonic()
     applied = hoptrace(stack, "trace", "apply", "-f", "-", stdin=yaml.safe_dump(spec))
     assert applied.returncode == 0, applied.stderr + stack.logs()
-    wait_for(
-        f"trace {TRACE} active on {node}",
+    wait_until(
         lambda: "1/1 nodes active" in hoptrace(stack, "trace", "ls").stdout,
+        f"trace {TRACE} active on {node}",
         60,
+        0.5,
     )
     compose_run.timings["trace applied and active"] = time.monotonic() - start
     agent_pid = stack.pid("agent")
@@ -415,7 +411,7 @@ def test_trace_of_two_containers_through_the_cli(compose_run: Run):
         return report if counts == [PACKETS] * 6 and len(report["hops"]) == 4 else None
 
     start = time.monotonic()
-    report = wait_for(f"{PACKETS} packets end to end in `hoptrace report`", complete_report, 60)
+    report = wait_until(complete_report, f"{PACKETS} packets end to end in `hoptrace report`", 60, 0.5)
     compose_run.timings["traffic to complete report"] = time.monotonic() - start
     compose_run.report = report
     assert report["packets"] == report["complete"] == PACKETS
@@ -497,7 +493,7 @@ def test_the_agent_fails_without_each_capability(compose_run: Run, missing: str,
             result = hoptrace(stack, "trace", "apply", "-f", "-", stdin=yaml.safe_dump(compose_run.spec))
             return result.stderr if result.returncode != 0 and symptom in result.stderr else None
 
-        message = wait_for(f"the agent without CAP_{missing} refused ({status})", refused, 30, 1)
+        message = wait_until(refused, f"the agent without CAP_{missing} refused ({status})", 30, 1)
         assert "Traceback" not in message
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
@@ -529,7 +525,9 @@ def test_down_leaves_no_container_network_namespace_or_bpf_link(compose_run: Run
     # sandbox clean-up (every 60 s) or when it stops; a dockerd started here stops in the fixture's
     # teardown, which checks them then.
     if not compose_run.engine.started_here:
-        wait_for("Docker released the containers' namespaces", lambda: not left_sandboxes(compose_run), 90, 2)
+        wait_until(
+            lambda: not left_sandboxes(compose_run), "Docker released the containers' namespaces", 90, 2
+        )
     links, programs = bpf_ids_alive()
     assert not links & compose_run.agent_links, links & compose_run.agent_links
     assert not programs & compose_run.agent_programs, programs & compose_run.agent_programs

@@ -32,6 +32,8 @@ from hoptrace.lab.influx import BUCKET, flux
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.v1 import api_pb2, trace_pb2
 
+pytestmark = [pytest.mark.docker, pytest.mark.kernel]  # Docker's containers, traced by an agent here
+
 NETWORK = "ht-names-net"
 BRIDGE = "ht-names0"
 # Inside 198.18.0.0/15, clear of dockerd's own pools (198.19.248.0/21), the compose stack's networks and

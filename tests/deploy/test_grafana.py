@@ -13,6 +13,8 @@ import pytest
 import yaml
 from influxdb_client import InfluxDBClient
 
+pytestmark = pytest.mark.kernel  # traced_influx's agents load BPF here
+
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "deploy" / "grafana"
 DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))

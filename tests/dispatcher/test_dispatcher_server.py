@@ -25,6 +25,7 @@ from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.dispatcher.compile import BpfCompiler, Toolchain
 from hoptrace.dispatcher.server import DispatcherServer
 from hoptrace.dispatcher.spec import load_spec
+from hoptrace.lab.waiting import wait_until
 from hoptrace.v1 import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc, trace_pb2
 
 HOPTRACE = Path(sys.executable).parent / "hoptrace"
@@ -207,23 +208,18 @@ def test_spec_stream_follows_apply_and_delete_into_the_collectors_catalog(cluste
         assert updates.get(timeout=5) == []
         cluster.apply(CONTRACT_SPEC)
         assert updates.get(timeout=5) == ["udp-a-to-b"]
-        wait_until(lambda: catalog.get("udp-a-to-b") is not None, "the collector's catalog has the path")
+        wait_until(
+            lambda: catalog.get("udp-a-to-b") is not None, "the collector's catalog has the path", 5, 0.02
+        )
         assert list(catalog.get("udp-a-to-b").hop_names) == [
             hop.name for hop in load_spec(CONTRACT_SPEC).hops
         ]
         cluster.api.DeleteTrace(api_pb2.DeleteTraceRequest(name="udp-a-to-b"), timeout=10)
         assert updates.get(timeout=5) == []
-        wait_until(lambda: catalog.get("udp-a-to-b") is None, "the deleted trace left the catalog")
+        wait_until(lambda: catalog.get("udp-a-to-b") is None, "the deleted trace left the catalog", 5, 0.02)
     finally:
         stop.set()
         stream.cancel()
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        time.sleep(0.02)
 
 
 def test_invalid_and_unplaceable_specs_change_nothing(cluster: Cluster) -> None:

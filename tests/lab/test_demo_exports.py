@@ -9,7 +9,11 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from hoptrace.lab.topology import netns_list
+
+pytestmark = pytest.mark.kernel  # the demo's agents load BPF here
 
 READY = "everything stays up"
 

@@ -11,10 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_vm import guests, wait_for
+import pytest
+from test_vm import guests
 
 from hoptrace.lab import vm
 from hoptrace.lab.guests import GuestLab
+from hoptrace.lab.waiting import wait_until
+
+pytestmark = pytest.mark.vm  # each test boots guests
 
 
 def netns_exists(name: str) -> bool:
@@ -38,7 +42,7 @@ def test_closed_lab_leaves_nothing(tmp_path: Path) -> None:
     with GuestLab(name, tmp_path) as lab:
         lab.boot("guest-a", vm.kernels()[-1], 0, ["sleep", "600"])
         assert taps(name) == ["tap0"] and link_exists(lab.uplink)
-        assert wait_for(lambda: bool(guests()), 30), "the guest's qemu never started"
+        wait_until(guests, "the guest's qemu started", 30)
         uplink = lab.uplink
     assert not guests(), f"qemu left after close: {guests()}"
     assert not netns_exists(name) and not link_exists(uplink)
@@ -59,11 +63,11 @@ def test_sigkilled_lab_leaves_nothing(tmp_path: Path) -> None:
         assert process.stdout is not None
         uplink = process.stdout.readline().strip()
         assert uplink and link_exists(uplink) and taps(name) == ["tap0"]
-        assert wait_for(lambda: bool(guests()), 30), "the guest's qemu never started"
+        wait_until(guests, "the guest's qemu started", 30)
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
-        assert wait_for(lambda: not guests(), 15), f"qemu left after the lab was SIGKILLed: {guests()}"
-        assert wait_for(lambda: not netns_exists(name), 15), f"namespace {name} left"
+        wait_until(lambda: not guests(), "no qemu left after the lab was SIGKILLed", 15)
+        wait_until(lambda: not netns_exists(name), f"namespace {name} removed", 15)
         assert not link_exists(uplink), f"uplink {uplink} left"
     finally:
         process.kill()

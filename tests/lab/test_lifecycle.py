@@ -8,12 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from hoptrace.common.timeouts import scaled
 from hoptrace.lab.topology import netns_list
+from hoptrace.lab.waiting import wait_until
+
+pytestmark = pytest.mark.kernel  # the demo's agents load BPF here
 
 READY = "everything stays up"
 
@@ -57,13 +59,6 @@ def alive(pids: set[int]) -> set[int]:
         except OSError:
             continue
     return running
-
-
-def wait_until(condition, what: str, timeout_s: float) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])

@@ -12,6 +12,9 @@ import time
 import pytest
 
 from hoptrace.lab import vm
+from hoptrace.lab.waiting import wait_until
+
+pytestmark = pytest.mark.vm  # each test boots a guest
 
 
 def guests() -> list[int]:
@@ -32,15 +35,6 @@ def guests() -> list[int]:
     return found
 
 
-def wait_for(condition, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 @pytest.fixture
 def kernel() -> vm.Kernel:
     kernels = vm.kernels()
@@ -55,7 +49,7 @@ def test_guest_past_its_timeout_is_killed(kernel: vm.Kernel) -> None:
     result = vm.run(kernel, "sleep 600", timeout=15)
     assert result.returncode == -9 and "killed after" in result.output, result.output[-3000:]
     assert time.monotonic() - started < 60
-    assert wait_for(lambda: not guests(), 10), f"qemu left after the timeout: {guests()}"
+    wait_until(lambda: not guests(), "no qemu left after the timeout", 10)
 
 
 def test_guest_that_dies_booting_is_booted_again(kernel: vm.Kernel) -> None:
@@ -78,10 +72,10 @@ def test_guest_dies_with_a_sigkilled_lab(kernel: vm.Kernel) -> None:
     code = "from hoptrace.lab import vm; vm.run(vm.kernels()[-1], 'sleep 600', timeout=600)"
     lab = subprocess.Popen([sys.executable, "-c", code])
     try:
-        assert wait_for(lambda: bool(guests()), 30), "the guest's qemu never started"
+        wait_until(guests, "the guest's qemu started", 30)
         os.kill(lab.pid, signal.SIGKILL)
         lab.wait()
-        assert wait_for(lambda: not guests(), 15), f"qemu left after the lab was SIGKILLed: {guests()}"
+        wait_until(lambda: not guests(), "no qemu left after the lab was SIGKILLed", 15)
     finally:
         lab.kill()
         for pid in guests():

@@ -20,6 +20,7 @@ import re
 import time
 from typing import Any
 
+import pytest
 from selenium.webdriver.common.by import By
 from system_helpers import running_cluster
 from test_web_browser import fetch, wait
@@ -32,6 +33,8 @@ from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import trace_pb2
 from hoptrace.web import create_app
+
+pytestmark = pytest.mark.kernel  # running_cluster's agents load BPF here
 
 TRACE = "web-actions"
 PORT = 11111

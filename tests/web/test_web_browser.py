@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -26,6 +27,8 @@ from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.v1 import api_pb2
 from hoptrace.web import create_app
+
+pytestmark = pytest.mark.kernel  # running_cluster's agents load BPF here
 
 TRACE = "web-udp"
 PORT = 11111

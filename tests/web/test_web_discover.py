@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import re
 
+import pytest
 from flask.testing import FlaskClient
 from system_helpers import UdpSender, running_cluster
 from test_discover import EXPECTED_NAMES, expected_hops
@@ -15,6 +16,8 @@ from web_helpers import PASSWORD, USERNAME, web_config
 
 from hoptrace.v1 import api_pb2
 from hoptrace.web import create_app
+
+pytestmark = pytest.mark.kernel  # running_cluster's agents load BPF here
 
 
 def test_discover_needs_protocol_and_source_and_says_so_next_to_them(client: FlaskClient, login):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
+import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.select import Select
@@ -33,6 +34,8 @@ from hoptrace.v1 import api_pb2, trace_pb2
 from hoptrace.web import create_app
 
 TRACE = "web-graph"
+pytestmark = pytest.mark.kernel  # running_cluster's agents load BPF here
+
 
 
 class RecordDiscover(grpc.UnaryStreamClientInterceptor):

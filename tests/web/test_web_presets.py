@@ -7,12 +7,15 @@ import html
 import re
 import time
 
+import pytest
 from flask.testing import FlaskClient
 from system_helpers import UdpSender, running_cluster
 from test_web_app import field_errors, token_of
 from web_helpers import PASSWORD, USERNAME, web_config
 
 from hoptrace.web import create_app
+
+pytestmark = pytest.mark.kernel  # running_cluster's agents load BPF here
 
 
 def test_presets_page_needs_login_and_the_csrf_token(client: FlaskClient, login):
