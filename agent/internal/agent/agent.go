@@ -44,6 +44,9 @@ type Config struct {
 	// NetnsOwned: the host's other namespaces (/run/netns names), for
 	// discover's attribution of crossings; empty = every /run/netns entry.
 	NetnsOwned string
+	// CRISocket is the CRI runtime's socket (containerd, CRI-O) pods and
+	// containers are named from ("" = none).
+	CRISocket string
 	// DockerSocket is the Docker Engine API socket containers are named from
 	// ("" = none).
 	DockerSocket string
@@ -305,7 +308,7 @@ func start(cfg Config) (*running, error) {
 	}
 	if cfg.Dispatcher != "" {
 		a.sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
-			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: a.runPreset, NetnsOwned: cfg.NetnsOwned, Workloads: workload.NewInventory(cfg.DockerSocket, cfg.Log), Log: cfg.Log, Creds: a.dispatcherCreds,
+			Capabilities: probe.Capabilities(), Tracer: a.mgr, Presets: a.runPreset, NetnsOwned: cfg.NetnsOwned, Workloads: workload.NewInventory(cfg.DockerSocket, cfg.CRISocket, cfg.Log), Log: cfg.Log, Creds: a.dispatcherCreds,
 			Verifier: a.verifier}
 		p := a.parts()
 		a.sess.Transport = func() *pb.TransportStatus { return transportStatus(p) }

@@ -1,7 +1,8 @@
 // Package workload names the network namespaces of a node by the workloads
-// users know: Docker containers (name, id, image) and the Kubernetes pods
-// they belong to (from the kubelet's container labels, or from the kubepods
-// cgroup path of the container's process).
+// users know: containers (name, id, image) and the Kubernetes pods they
+// belong to, from the Docker Engine API (the kubelet's container labels, or
+// the kubepods cgroup path of the container's process) and from the
+// Kubernetes CRI API of containerd or CRI-O (cri.go).
 //
 // The Docker Engine API is asked over its unix socket with net/http: the
 // agent needs two read-only endpoints (list, inspect), and the Engine's own
@@ -39,8 +40,12 @@ type Container struct {
 	Image  string
 	Labels map[string]string
 	// Pid of the container's first process in the agent's PID namespace (0
-	// when not running): its /proc/PID/ns/net is the container's netns.
+	// when not running): its /proc/PID/ns/net is the container's netns
+	// unless NetnsPath names it.
 	Pid int
+	// NetnsPath is the network namespace the runtime made for the container
+	// (a CRI pod's /var/run/netns/cni-UUID; "" = /proc/PID/ns/net).
+	NetnsPath string
 }
 
 // Docker asks one Docker Engine over its unix socket.
@@ -101,6 +106,9 @@ func (d *Docker) get(ctx context.Context, path string, out any) error {
 	}
 	return nil
 }
+
+// Endpoint is the socket asked.
+func (d *Docker) Endpoint() string { return d.Socket }
 
 // Version is the engine's version string.
 func (d *Docker) Version(ctx context.Context) (string, error) {

@@ -15,90 +15,138 @@ import (
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 )
 
-// Runtime is what the inventory asks of a container runtime (Docker).
+// Runtime is what the inventory asks of a container runtime (the Docker
+// Engine, or a CRI runtime: containerd, CRI-O).
 type Runtime interface {
+	// Endpoint is where the runtime is asked (its socket).
+	Endpoint() string
 	Version(ctx context.Context) (string, error)
 	Running(ctx context.Context) ([]Container, error)
 }
 
-// askTimeout bounds one inventory's questions to the runtime (heartbeats
-// come every 2 s).
+// askTimeout bounds one inventory's questions to the runtimes (heartbeats
+// come every 2 s); the runtimes are asked at the same time.
 const askTimeout = 1500 * time.Millisecond
 
 // Found is one running container placed in its network namespace.
 type Found struct {
 	Workload *pb.Workload // Netns is left for the caller (it names namespaces)
-	// NetnsPath is /proc/PID/ns/net and NetnsInode its nsfs inode.
+	// NetnsPath is the runtime's path of the namespace (a CRI pod's
+	// /var/run/netns/cni-UUID) or /proc/PID/ns/net, and NetnsInode its nsfs
+	// inode.
 	NetnsPath  string
 	NetnsInode uint64
 }
 
-// Inventory asks a runtime for its containers; it logs a runtime error once
-// per distinct message (a heartbeat asks every 2 s: no error spam).
+// Inventory asks every configured runtime for its containers and merges
+// their answers; it logs each runtime's error once per distinct message (a
+// heartbeat asks every 2 s: no error spam).
 type Inventory struct {
-	Runtime  Runtime
-	Endpoint string
+	Runtimes []Runtime
 	// ProcRoot is /proc (tests point it elsewhere).
 	ProcRoot string
 	Log      *slog.Logger
 
-	mu        sync.Mutex
+	mu    sync.Mutex
+	asked map[string]*runtimeState // by endpoint
+}
+
+// runtimeState is what the inventory remembers of one runtime between
+// heartbeats.
+type runtimeState struct {
 	lastError string
 	version   string // asked again after an error only
 }
 
-// NewInventory asks the Docker engine at socket ("" = none: no workloads).
-func NewInventory(socket string, log *slog.Logger) *Inventory {
+// NewInventory asks the Docker engine at dockerSocket and the CRI runtime at
+// criSocket ("" = not that one; both "" = no workloads).
+func NewInventory(dockerSocket, criSocket string, log *slog.Logger) *Inventory {
 	inv := &Inventory{ProcRoot: "/proc", Log: log}
-	if socket != "" {
-		d := NewDocker(socket)
-		inv.Runtime, inv.Endpoint = d, d.Socket
+	if dockerSocket != "" {
+		inv.Runtimes = append(inv.Runtimes, NewDocker(dockerSocket))
+	}
+	if criSocket != "" {
+		inv.Runtimes = append(inv.Runtimes, NewCRI(criSocket))
 	}
 	return inv
 }
 
+// answer is one runtime's reply to one inventory.
+type answer struct {
+	runtime    Runtime
+	version    string
+	containers []Container
+	err        error
+}
+
 // Collect lists the running containers with their namespaces, and the
-// runtime's state for the agent's registration.
+// runtimes' state for the agent's registration: the first runtime that
+// answered (in the order of Runtimes), else the first one's error. A
+// container two runtimes report (Docker and cri-dockerd's CRI on one node)
+// is listed once: same namespace, same id.
 func (inv *Inventory) Collect(ctx context.Context) ([]Found, *pb.ContainerRuntime) {
 	state := &pb.ContainerRuntime{}
-	if inv == nil || inv.Runtime == nil {
+	if inv == nil || len(inv.Runtimes) == 0 {
 		return nil, state
 	}
-	// A stuck engine must not hold up the heartbeat that asks.
+	// A stuck runtime must not hold up the heartbeat that asks.
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
-	inv.mu.Lock()
-	version := inv.version
-	inv.mu.Unlock()
-	var err error
-	if version == "" {
-		version, err = inv.Runtime.Version(ctx)
+	answers := make([]answer, len(inv.Runtimes))
+	var wg sync.WaitGroup
+	for i, rt := range inv.Runtimes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = inv.ask(ctx, rt)
+		}()
 	}
-	var containers []Container
-	if err == nil {
-		containers, err = inv.Runtime.Running(ctx)
+	wg.Wait()
+
+	var all []Container
+	for _, a := range answers {
+		switch {
+		case errors.Is(a.err, ErrNoRuntime):
+			// nothing on this node: nothing to say
+		case a.err != nil:
+			if state.Endpoint == "" {
+				state.Endpoint, state.Error = a.runtime.Endpoint(), a.err.Error()
+			}
+		default:
+			if state.Version == "" {
+				state.Endpoint, state.Version, state.Error = a.runtime.Endpoint(), a.version, ""
+			}
+			all = append(all, a.containers...)
+		}
 	}
-	if errors.Is(err, ErrNoRuntime) {
-		return nil, state // nothing on this node: nothing to say
+	byUID := podsByUID(all)
+	type key struct {
+		inode uint64
+		id    string
 	}
-	state.Endpoint = inv.Endpoint
-	if err != nil {
-		state.Error = err.Error()
-		inv.logOnce(state.Error, "")
-		return nil, state
-	}
-	inv.logOnce("", version)
-	state.Version = version
-	byUID := podsByUID(containers)
-	out := make([]Found, 0, len(containers))
-	for _, c := range containers {
-		path := fmt.Sprintf("%s/%d/ns/net", inv.procRoot(), c.Pid)
+	seen := map[key]bool{}
+	out := make([]Found, 0, len(all))
+	for _, c := range all {
+		path := c.NetnsPath
+		if path == "" {
+			path = fmt.Sprintf("%s/%d/ns/net", inv.procRoot(), c.Pid)
+		}
 		ino, err := netns.Inode(path)
 		if err != nil {
-			continue // exited since the engine answered, or another PID namespace
+			continue // exited since the runtime answered, or another PID namespace
 		}
-		cgroup, podCgroup := cgroupPaths(fmt.Sprintf("%s/%d/cgroup", inv.procRoot(), c.Pid))
+		if seen[key{ino, c.ID}] {
+			continue
+		}
+		seen[key{ino, c.ID}] = true
+		cgroup, podCgroup := "", ""
+		if c.Pid > 0 {
+			cgroup, podCgroup = cgroupPaths(fmt.Sprintf("%s/%d/cgroup", inv.procRoot(), c.Pid))
+		}
 		pod := podOf(c, podCgroup, byUID)
+		if c.NetnsPath == "" {
+			path = fmt.Sprintf("/proc/%d/ns/net", c.Pid)
+		}
 		out = append(out, Found{
 			Workload: &pb.Workload{
 				ContainerId:   c.ID,
@@ -108,12 +156,57 @@ func (inv *Inventory) Collect(ctx context.Context) ([]Found, *pb.ContainerRuntim
 				PodName:       pod.Name,
 				Cgroup:        cgroup,
 			},
-			NetnsPath:  fmt.Sprintf("/proc/%d/ns/net", c.Pid),
+			NetnsPath:  path,
 			NetnsInode: ino,
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Workload.ContainerName < out[j].Workload.ContainerName })
 	return out, state
+}
+
+// ask asks one runtime for its version (once while it answers) and its
+// running containers, and logs a change of its state.
+func (inv *Inventory) ask(ctx context.Context, rt Runtime) answer {
+	inv.mu.Lock()
+	st := inv.asked[rt.Endpoint()]
+	if st == nil {
+		st = &runtimeState{}
+		if inv.asked == nil {
+			inv.asked = map[string]*runtimeState{}
+		}
+		inv.asked[rt.Endpoint()] = st
+	}
+	version := st.version
+	inv.mu.Unlock()
+	a := answer{runtime: rt}
+	if version == "" {
+		version, a.err = rt.Version(ctx)
+	}
+	if a.err == nil {
+		a.containers, a.err = rt.Running(ctx)
+	}
+	switch {
+	case errors.Is(a.err, ErrNoRuntime):
+		// no socket: nothing to log
+	case a.err != nil:
+		inv.logOnce(rt, st, a.err.Error(), "")
+	default:
+		a.version = version
+		inv.logOnce(rt, st, "", version)
+	}
+	return a
+}
+
+// Close ends the runtimes' connections (the CRI client's gRPC connection).
+func (inv *Inventory) Close() {
+	if inv == nil {
+		return
+	}
+	for _, rt := range inv.Runtimes {
+		if c, ok := rt.(interface{ Close() error }); ok {
+			_ = c.Close()
+		}
+	}
 }
 
 func (inv *Inventory) procRoot() string {
@@ -123,22 +216,22 @@ func (inv *Inventory) procRoot() string {
 	return inv.ProcRoot
 }
 
-// logOnce logs an error once per distinct message ("" = the engine answers
-// again). The engine's version is kept while it answers and asked again
-// after an error (an upgrade restarts the engine: an error in between).
-func (inv *Inventory) logOnce(msg, version string) {
+// logOnce logs a runtime's error once per distinct message ("" = it answers
+// again). Its version is kept while it answers and asked again after an
+// error (an upgrade restarts the runtime: an error in between).
+func (inv *Inventory) logOnce(rt Runtime, st *runtimeState, msg, version string) {
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
-	inv.version = version
-	if msg == inv.lastError {
+	st.version = version
+	if msg == st.lastError {
 		return
 	}
 	if msg != "" && inv.Log != nil {
-		inv.Log.Warn("container runtime: no container names until this is fixed", "err", msg)
+		inv.Log.Warn("container runtime: no container names from it until this is fixed", "endpoint", rt.Endpoint(), "err", msg)
 	} else if inv.Log != nil {
-		inv.Log.Info("container runtime answers again", "endpoint", inv.Endpoint)
+		inv.Log.Info("container runtime answers again", "endpoint", rt.Endpoint())
 	}
-	inv.lastError = msg
+	st.lastError = msg
 }
 
 // cgroupPaths reads a /proc/PID/cgroup file: the cgroup v2 ("0::") path

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 func TestPodUIDFromKubepodsCgroupPaths(t *testing.T) {
@@ -37,10 +39,12 @@ func TestPodUIDFromKubepodsCgroupPaths(t *testing.T) {
 }
 
 type fakeRuntime struct {
+	endpoint   string
 	containers []Container
 	err        error
 }
 
+func (f fakeRuntime) Endpoint() string                        { return f.endpoint }
 func (f fakeRuntime) Version(context.Context) (string, error) { return "24.0.0", f.err }
 func (f fakeRuntime) Running(context.Context) ([]Container, error) {
 	return f.containers, f.err
@@ -78,14 +82,14 @@ func TestCollectNamesContainersAndPodsFromLabelsAndCgroups(t *testing.T) {
 	// A pure cgroup v1 host: the pod comes from a v1 hierarchy's path.
 	v1Ino := fakeProc(t, root, 300, "4:memory:/kubepods/pod"+uid+"/ccc\n1:name=systemd:/kubepods/pod"+uid+"/ccc\n")
 	plainIno := fakeProc(t, root, 400, "0::/system.slice/docker-ddd.scope\n")
-	inv := &Inventory{ProcRoot: root, Endpoint: "/fake.sock", Runtime: fakeRuntime{containers: []Container{
+	inv := &Inventory{ProcRoot: root, Runtimes: []Runtime{fakeRuntime{endpoint: "/fake.sock", containers: []Container{
 		{ID: "aaa", Name: "k8s_POD_web-0_shop_" + uid + "_0", Image: "pause:3.9", Pid: 100, Labels: map[string]string{
 			LabelPodNamespace: "shop", LabelPodName: "web-0", LabelPodUID: uid}},
 		{ID: "bbb", Name: "k8s_app_web-0", Image: "nginx:1.25", Pid: 200},
 		{ID: "ccc", Name: "k8s_side_web-0", Image: "envoy:1", Pid: 300},
 		{ID: "ddd", Name: "plain", Image: "debian:bookworm", Pid: 400},
 		{ID: "eee", Name: "gone", Image: "x", Pid: 999}, // exited: no /proc entry
-	}}}
+	}}}}
 	found, state := inv.Collect(context.Background())
 	if state.GetEndpoint() != "/fake.sock" || state.GetVersion() != "24.0.0" || state.GetError() != "" {
 		t.Fatalf("runtime state = %v", state)
@@ -116,7 +120,7 @@ func TestCollectNamesContainersAndPodsFromLabelsAndCgroups(t *testing.T) {
 }
 
 func TestCollectWithoutRuntimeSaysNothingAndPermissionDeniedSaysWhy(t *testing.T) {
-	found, state := (&Inventory{Runtime: fakeRuntime{err: ErrNoRuntime}, Endpoint: "/x.sock"}).Collect(context.Background())
+	found, state := (&Inventory{Runtimes: []Runtime{fakeRuntime{endpoint: "/x.sock", err: ErrNoRuntime}}}).Collect(context.Background())
 	if len(found) != 0 || state.GetEndpoint() != "" || state.GetError() != "" {
 		t.Fatalf("no runtime: found %v, state %v", found, state)
 	}
@@ -147,7 +151,7 @@ func TestCollectWithoutRuntimeSaysNothingAndPermissionDeniedSaysWhy(t *testing.T
 	}
 	// Logged once, however many heartbeats ask.
 	var logged bytes.Buffer
-	inv := &Inventory{Runtime: fakeRuntime{err: classify(denied, DefaultSocket)}, Endpoint: DefaultSocket,
+	inv := &Inventory{Runtimes: []Runtime{fakeRuntime{endpoint: DefaultSocket, err: classify(denied, DefaultSocket)}},
 		Log: slog.New(slog.NewTextHandler(&logged, nil))}
 	for range 5 {
 		if _, state := inv.Collect(context.Background()); !strings.Contains(state.GetError(), "permission denied") {
@@ -170,5 +174,67 @@ func TestPidStartTimeNamesOneProcess(t *testing.T) {
 	}
 	if got := pidStartTime(1 << 30); got != "" {
 		t.Fatalf("a PID that cannot exist: %q", got)
+	}
+}
+
+// A node whose Docker engine also serves CRI (cri-dockerd): the same pod
+// comes from both runtimes and is listed once; a runtime that fails does
+// not hide the one that answers.
+func TestCollectMergesRuntimesAndListsASharedContainerOnce(t *testing.T) {
+	root := t.TempDir()
+	const uid = "11111111-2222-3333-4444-555555555555"
+	podIno := fakeProc(t, root, 100, "0::/kubepods/pod"+uid+"/aaa\n")
+	plainIno := fakeProc(t, root, 200, "0::/system.slice/docker-bbb.scope\n")
+	labels := map[string]string{LabelPodNamespace: "shop", LabelPodName: "web-0", LabelPodUID: uid}
+	docker := fakeRuntime{endpoint: "/var/run/docker.sock", containers: []Container{
+		{ID: "aaa", Name: "k8s_POD_web-0_shop_" + uid + "_0", Image: "pause:3.9", Pid: 100, Labels: labels},
+		{ID: "bbb", Name: "plain", Image: "debian:bookworm", Pid: 200},
+	}}
+	criDockerd := fakeRuntime{endpoint: "/var/run/cri-dockerd.sock", containers: []Container{
+		{ID: "aaa", Name: "k8s_POD_web-0_shop_" + uid + "_0", Image: "pause:3.9", Pid: 100, Labels: labels},
+	}}
+	broken := fakeRuntime{endpoint: "/run/containerd/containerd.sock", err: errors.New("nothing answers")}
+	var logged bytes.Buffer
+	inv := &Inventory{ProcRoot: root, Runtimes: []Runtime{broken, docker, criDockerd},
+		Log: slog.New(slog.NewTextHandler(&logged, nil))}
+	for range 3 {
+		found, state := inv.Collect(context.Background())
+		if state.GetEndpoint() != "/var/run/docker.sock" || state.GetVersion() != "24.0.0" || state.GetError() != "" {
+			t.Fatalf("runtime state = %v", state)
+		}
+		if len(found) != 2 || found[0].Workload.GetContainerName() != "k8s_POD_web-0_shop_"+uid+"_0" ||
+			found[0].NetnsInode != podIno || found[0].Workload.GetPodName() != "web-0" ||
+			found[1].Workload.GetContainerName() != "plain" || found[1].NetnsInode != plainIno {
+			t.Fatalf("found %v", found)
+		}
+	}
+	if n := strings.Count(logged.String(), "level=WARN"); n != 1 || !strings.Contains(logged.String(), "containerd.sock") {
+		t.Fatalf("the failing runtime logged %d times, want once naming it:\n%s", n, logged.String())
+	}
+	// Nothing answers: the first failing runtime's error is the state.
+	found, state := (&Inventory{ProcRoot: root, Runtimes: []Runtime{fakeRuntime{endpoint: "/x.sock", err: ErrNoRuntime}, broken}}).Collect(context.Background())
+	if len(found) != 0 || state.GetEndpoint() != "/run/containerd/containerd.sock" || state.GetError() != "nothing answers" {
+		t.Fatalf("found %v, state %v", found, state)
+	}
+}
+
+// The sandbox's network namespace is the path in its runtime spec; a
+// hostNetwork pod has none and is found by its pause process.
+func TestSandboxStatusInfoGivesTheNetnsPathElseThePid(t *testing.T) {
+	meta := &cri.PodSandboxMetadata{Name: "web-0", Namespace: "shop", Uid: "u"}
+	// containerd 1.6's and CRI-O's verbose info, cut to what is read
+	pod := sandboxOf(meta, map[string]string{"info": `{"pid": 4242, "image": "registry.k8s.io/pause:3.9",
+		"runtimeSpec": {"linux": {"namespaces": [{"type": "pid"}, {"type": "ipc"},
+		{"type": "network", "path": "/var/run/netns/cni-0f4c"}, {"type": "mount"}]}}}`})
+	if pod.netns != "/var/run/netns/cni-0f4c" || pod.pid != 4242 || pod.image != "registry.k8s.io/pause:3.9" ||
+		pod.pod != (Pod{"shop", "web-0"}) || pod.uid != "u" {
+		t.Fatalf("pod network: %+v", pod)
+	}
+	host := sandboxOf(meta, map[string]string{"info": `{"pid": 77, "runtimeSpec": {"linux": {"namespaces": [{"type": "pid"}]}}}`})
+	if host.netns != "" || host.pid != 77 {
+		t.Fatalf("host network: %+v", host)
+	}
+	if none := sandboxOf(meta, nil); none.netns != "" || none.pid != 0 {
+		t.Fatalf("no info: %+v", none)
 	}
 }
