@@ -177,6 +177,10 @@ def test_agent_daemonset_has_host_namespaces_mounts_and_exactly_its_capabilities
     assert mounts >= AGENT_MOUNTS, mounts
     host_paths = {volume["hostPath"]["path"] for volume in pod["volumes"] if "hostPath" in volume}
     assert host_paths >= AGENT_MOUNTS, host_paths
+    # the CRI runtimes' socket directories (pods by name), read-only, at the host's paths
+    runtime_dirs = {"/run/containerd", "/var/run/crio"}
+    assert runtime_dirs <= host_paths, host_paths
+    assert {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")} >= runtime_dirs
     text = (DEPLOY / "kubernetes" / "agent-daemonset.yaml").read_text()
     for capability in AGENT_CAPABILITIES:  # each one justified in a comment right above it
         assert re.search(rf"# CAP_{capability}: .+\n(\s+#.*\n)*\s+- {capability}\n", text), capability

@@ -78,6 +78,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Netns, "netns", "", "the emulated host's network namespace (/run/netns name or path); hops without netns run there")
 	fs.StringVar(&cfg.NetnsOwned, "netns-owned", "", "the host's other namespaces, /run/netns names comma-separated (default: every /run/netns entry): discover attributes a device crossing to this node only in --netns and these (emulated hosts share one kernel)")
 	fs.StringVar(&cfg.DockerSocket, "docker-socket", dockerSocketDefault(), `Docker Engine API socket the namespaces' containers and pods are named from (default: $DOCKER_HOST if unix://, else `+workload.DefaultSocket+`; "" = none). No socket there: no containers reported`)
+	fs.StringVar(&cfg.CRISocket, "cri-socket", workload.DefaultCRISocket(), `Kubernetes CRI runtime socket (containerd, CRI-O) the namespaces' pods and containers are named from (default: the first of `+strings.Join(workload.CRISockets, ", ")+` that exists; "" = none). Asked besides --docker-socket: a pod both report is listed once`)
 	fs.StringVar(&cfg.Plan, "plan", "", "plan file to run: a plan signed by a dispatcher certificate of --ca (hoptrace plan sign), or a bare TracePlan in protojson with --allow-unsigned-plan")
 	fs.BoolVar(&cfg.AllowUnsignedPlan, "allow-unsigned-plan", false, "run a --plan file no dispatcher signed (root's own debugging: whoever can write the file chooses what is loaded); logs a WARNING")
 	fs.StringVar(&cfg.Out, "out", "", `write JSON lines here ("-" = stdout)`)

@@ -127,12 +127,8 @@ func (inv *Inventory) Collect(ctx context.Context) ([]Found, *pb.ContainerRuntim
 	seen := map[key]bool{}
 	out := make([]Found, 0, len(all))
 	for _, c := range all {
-		path := c.NetnsPath
-		if path == "" {
-			path = fmt.Sprintf("%s/%d/ns/net", inv.procRoot(), c.Pid)
-		}
-		ino, err := netns.Inode(path)
-		if err != nil {
+		path, ino, ok := inv.place(c)
+		if !ok {
 			continue // exited since the runtime answered, or another PID namespace
 		}
 		if seen[key{ino, c.ID}] {
@@ -144,9 +140,6 @@ func (inv *Inventory) Collect(ctx context.Context) ([]Found, *pb.ContainerRuntim
 			cgroup, podCgroup = cgroupPaths(fmt.Sprintf("%s/%d/cgroup", inv.procRoot(), c.Pid))
 		}
 		pod := podOf(c, podCgroup, byUID)
-		if c.NetnsPath == "" {
-			path = fmt.Sprintf("/proc/%d/ns/net", c.Pid)
-		}
 		out = append(out, Found{
 			Workload: &pb.Workload{
 				ContainerId:   c.ID,
@@ -162,6 +155,24 @@ func (inv *Inventory) Collect(ctx context.Context) ([]Found, *pb.ContainerRuntim
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Workload.ContainerName < out[j].Workload.ContainerName })
 	return out, state
+}
+
+// place finds a container's network namespace: the runtime's path for it,
+// else (a path this agent's mount namespace does not have) its process's.
+func (inv *Inventory) place(c Container) (path string, inode uint64, ok bool) {
+	if c.NetnsPath != "" {
+		if ino, err := netns.Inode(c.NetnsPath); err == nil {
+			return c.NetnsPath, ino, true
+		}
+	}
+	if c.Pid <= 0 {
+		return "", 0, false
+	}
+	ino, err := netns.Inode(fmt.Sprintf("%s/%d/ns/net", inv.procRoot(), c.Pid))
+	if err != nil {
+		return "", 0, false
+	}
+	return fmt.Sprintf("/proc/%d/ns/net", c.Pid), ino, true
 }
 
 // ask asks one runtime for its version (once while it answers) and its

@@ -238,3 +238,28 @@ func TestSandboxStatusInfoGivesTheNetnsPathElseThePid(t *testing.T) {
 		t.Fatalf("no info: %+v", none)
 	}
 }
+
+// A CRI pod's namespace is the runtime's path when this agent sees it, else
+// its process's (an agent whose mount namespace lacks /var/run/netns).
+func TestCollectPlacesAContainerByTheRuntimesPathElseItsProcess(t *testing.T) {
+	root := t.TempDir()
+	procIno := fakeProc(t, root, 300, "0::/kubepods/x\n")
+	named := filepath.Join(root, "cni-0f4c")
+	if err := os.WriteFile(named, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(named)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := &Inventory{ProcRoot: root, Runtimes: []Runtime{fakeRuntime{endpoint: "/cri.sock", containers: []Container{
+		{ID: "a", Name: "a", Pid: 300, NetnsPath: named},
+		{ID: "b", Name: "b", Pid: 300, NetnsPath: filepath.Join(root, "missing")},
+		{ID: "c", Name: "c", NetnsPath: filepath.Join(root, "missing")}, // and no process: not placed
+	}}}}
+	found, _ := inv.Collect(context.Background())
+	if len(found) != 2 || found[0].NetnsPath != named || found[0].NetnsInode != inodeOf(st) ||
+		found[1].NetnsPath != "/proc/300/ns/net" || found[1].NetnsInode != procIno {
+		t.Fatalf("found %v", found)
+	}
+}
