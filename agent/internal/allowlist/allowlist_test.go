@@ -43,7 +43,7 @@ func TestShippedObjectsAreAllowedForTheirKindOnly(t *testing.T) {
 			t.Errorf("hoptrace's own %s refused as %s: %v", file, kind, err)
 		}
 	}
-	// Finding 1 of the review: a preset loaded any object. Objects are checked as what they claim to be.
+	// A preset must not load any object it is given: objects are checked as what they claim to be.
 	hops, err := ebpf.LoadCollectionSpec(testutil.ObjectPath())
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +132,8 @@ func TestKfuncs(t *testing.T) {
 	}
 }
 
-// Finding 10 of the review: a hop program returning TC_ACT_SHOT took a namespace to 100 % loss.
+// A hop program that decides a packet's fate (TC_ACT_SHOT, a redirect) could take a namespace to
+// 100 % loss: such verdicts are refused.
 func TestVerdictsThatDropOrRedirectAreRefused(t *testing.T) {
 	for _, c := range []struct {
 		typ  ebpf.ProgramType

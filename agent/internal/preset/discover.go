@@ -26,7 +26,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
-// Path discovery (hoptrace discover, issue 12): tag the flow's packets where
+// Path discovery (hoptrace discover): tag the flow's packets where
 // they leave the sender's namespace (the ordinary taggers), and record every
 // device they cross in the namespaces this node owns
 // (kernel-patch/include/discover.bpf.h). The dispatcher merges the nodes'
