@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from hoptrace.collector.report import render_text, report_from_proto
 from hoptrace.common.timeouts import scaled
 from hoptrace.dispatcher.spec import spec_to_yaml
 from hoptrace.lab.localcluster import LocalCluster
@@ -28,6 +27,7 @@ from hoptrace.lab.processes import start_influxd
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
 from hoptrace.lab.workloads import sockperf
+from hoptrace.results.report_view import render_text, report_from_proto
 from hoptrace.v1 import api_pb2
 
 # sockperf's count of the messages its client sent in the whole run (warm-up included): the datagrams

@@ -18,6 +18,7 @@ from hoptrace.cli.api import CliError, api_call, client_of
 from hoptrace.common.client import APPLY_TIMEOUT_S, ApiError
 from hoptrace.common.durations import parse_duration
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_data, spec_to_yaml
+from hoptrace.results.path_view import path_data, paths_text, segment_data
 from hoptrace.v1 import api_pb2, trace_pb2
 
 # Beyond --duration: the agents load and attach, read, and answer (dispatcher/presets.py RESULT_GRACE_S).
@@ -112,56 +113,6 @@ def _filter_only(text: bytes) -> trace_pb2.Filter:
     return flt
 
 
-def path_to_data(path: api_pb2.DiscoveredPath) -> dict[str, Any]:
-    """One path as JSON: its packets, share and hops with their median time after the first crossing."""
-    return {
-        "packets": path.packets,
-        "share": round(path.share, 4),
-        "hops": [
-            {
-                "name": hop.name,
-                "node": hop.node,
-                "netns": hop.netns,
-                "dev": hop.dev,
-                "at": hop.at,
-                "since_first_ns": t,
-            }
-            for hop, t in zip(path.hops, path.since_first_ns, strict=True)
-        ],
-    }
-
-
-def segment_to_data(segment: api_pb2.DiscoveredSegment) -> dict[str, Any]:
-    """One edge of the path graph as JSON: its hops' names, packets, share, median and p99 step time."""
-    return {
-        "from": segment.from_hop.name,
-        "to": segment.to_hop.name,
-        "packets": segment.packets,
-        "share": round(segment.share, 4),
-        "median_ns": segment.median_ns,
-        "p99_ns": segment.p99_ns,
-    }
-
-
-def paths_text(result: api_pb2.DiscoverResult) -> str:
-    """Every path as text: share, then one line per crossing; then each segment's median and p99."""
-    from hoptrace.collector.report import format_ns
-
-    lines = []
-    for index, path in enumerate(result.paths, 1):
-        lines.append(f"path {index} of {len(result.paths)}: {path.packets} packets ({path.share:.0%})")
-        for hop, since in zip(path.hops, path.since_first_ns, strict=True):
-            where = f"{hop.node} {hop.netns or '(host)'} {hop.dev}"
-            lines.append(f"  {hop.name:<24} {where:<40} +{since / 1000:.1f}us")
-    if result.segments:
-        lines.append("segments (median / p99 of each step, share of packets):")
-        for segment in result.segments:
-            step = f"{segment.from_hop.name} -> {segment.to_hop.name}"
-            times = f"{format_ns(segment.median_ns)} / {format_ns(segment.p99_ns)}"
-            lines.append(f"  {step:<40} {times:<20} {segment.share:.0%}")
-    return "\n".join(lines)
-
-
 def cmd_discover(args: argparse.Namespace) -> int:
     """hoptrace discover [FILTER | -f SPEC] [--node N]... [--duration D] [--packets N] [--apply NAME]."""
     request = request_of(args)
@@ -187,8 +138,8 @@ def cmd_discover(args: argparse.Namespace) -> int:
                     "spec": spec_to_data(result.spec),
                     "packets": result.packets,
                     "nodes": list(result.nodes),
-                    "paths": [path_to_data(p) for p in result.paths],
-                    "segments": [segment_to_data(s) for s in result.segments],
+                    "paths": [path_data(p) for p in result.paths],
+                    "segments": [segment_data(s) for s in result.segments],
                 },
                 indent=2,
             )

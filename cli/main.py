@@ -39,6 +39,10 @@ from hoptrace.common.grpcutil import (
 from hoptrace.common.timeouts import scaled
 from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
+from hoptrace.results.agent_view import agent_data, clock_texts, transport_state
+from hoptrace.results.format import timestamp_text
+from hoptrace.results.packets_view import packets_from_proto, render_packets_text
+from hoptrace.results.report_view import render_text, report_from_proto
 from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
 
 DEFAULT_DISPATCHER = "127.0.0.1:7070"
@@ -72,12 +76,6 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
     )
-
-
-def _timestamp_text(timestamp) -> str:
-    if not timestamp.seconds and not timestamp.nanos:
-        return "-"
-    return timestamp.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds")
 
 
 def since_duration(text: str) -> timedelta:
@@ -137,7 +135,7 @@ def cmd_trace_ls(args: argparse.Namespace) -> int:
                 str(len(trace.spec.hops)),
                 nodes,
                 _node_summary(trace),
-                _timestamp_text(trace.applied_at),
+                timestamp_text(trace.applied_at),
             ]
         )
     if len(rows) == 1:
@@ -153,7 +151,7 @@ def cmd_trace_get(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(spec_to_json(trace.spec))
         return 0
-    print(f"# generation {trace.generation}, applied {_timestamp_text(trace.applied_at)}")
+    print(f"# generation {trace.generation}, applied {timestamp_text(trace.applied_at)}")
     for index, status in enumerate(trace.nodes):
         state = "active" if status.active and not status.error else "not active"
         problems = [status.error] if status.error else []
@@ -174,32 +172,6 @@ def cmd_trace_rm(args: argparse.Namespace) -> int:
 # ---- agents, report ------------------------------------------------------------------------------------
 
 
-def agent_to_data(agent: api_pb2.Agent) -> dict[str, Any]:
-    """One agent as the JSON object `hoptrace agents --json` prints."""
-    from hoptrace.collector.report import clock_data  # influxdb_client is loaded only where it is used
-
-    registration = json_format.MessageToDict(
-        agent.registration, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    for namespace in registration.get("namespaces", []):
-        namespace["inode"] = int(namespace.get("inode", 0))
-    return {
-        "node": agent.registration.node,
-        "connected": agent.connected,
-        "last_heartbeat": _timestamp_text(agent.last_heartbeat),
-        "kernel_release": agent.registration.kernel_release,
-        "agent_version": agent.registration.agent_version,
-        "capabilities": registration.get("capabilities", {}),
-        "namespaces": registration.get("namespaces", []),
-        "running": registration.get("running", []),
-        # where the namespaces' workloads (containers, pods) come from: endpoint, version, error
-        "container_runtime": registration.get("runtime", {}),
-        "lost_records": agent.lost_records,
-        "clock": clock_data(agent.clock),
-        "transport": transport_data(agent),
-    }
-
-
 def workload_text(workload: trace_pb2.Workload) -> str:
     """A container as `hoptrace agents` lists it: its name, its pod in brackets when it is a pod's."""
     if workload.pod_name:
@@ -207,42 +179,11 @@ def workload_text(workload: trace_pb2.Workload) -> str:
     return workload.container_name
 
 
-def transport_data(agent: api_pb2.Agent) -> dict[str, Any] | None:
-    """The agent's record transport from its last heartbeat (None before one): where records go, whether
-    the far end (collector or brokers) takes them, and what waits on the node or was given up."""
-    if not agent.HasField("transport"):
-        return None
-    transport = agent.transport
-    return {
-        "kind": transport.kind or None,
-        "destination": transport.destination,
-        "topic": transport.topic,
-        "partitions": transport.partitions,
-        "connected": transport.connected,
-        "state": _transport_state(transport),
-        "buffered_records": transport.buffered_records,
-        "buffered_bytes": transport.buffered_bytes,
-        "buffer_capacity_bytes": transport.buffer_capacity_bytes,
-        "dropped_records": transport.dropped_records,
-    }
-
-
-def _transport_state(transport: agent_pb2.TransportStatus) -> str:
-    """One word a user reads in the PEER column: up, down, or why Kafka is not usable yet."""
-    if not transport.kind:
-        return "-"
-    if transport.connected:
-        return "up"
-    if transport.kind == "kafka" and transport.partitions == 0:
-        return "down (topic not read)"  # brokers away or topic missing: records wait in the queue
-    return "down"
-
-
 def cmd_agents(args: argparse.Namespace) -> int:
     """hoptrace agents [--json]."""
     response = api_call(args, "ListAgents", api_pb2.ListAgentsRequest())
     if args.json:
-        print(json.dumps([agent_to_data(agent) for agent in response.agents], indent=2))
+        print(json.dumps([agent_data(agent) for agent in response.agents], indent=2))
         return 0
     if not response.agents:
         print("no agents registered")
@@ -254,8 +195,6 @@ def cmd_agents(args: argparse.Namespace) -> int:
             *["NAMESPACES", "CONTAINERS", "UNSUPPORTED"],
         ]
     ]
-    from hoptrace.collector.report import clock_texts
-
     for agent in response.agents:
         clock = clock_texts(agent.clock)
         registration = agent.registration
@@ -278,7 +217,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
                 "yes" if agent.connected else "no",
                 registration.kernel_release or "-",
                 registration.agent_version or "-",
-                _timestamp_text(agent.last_heartbeat),
+                timestamp_text(agent.last_heartbeat),
                 clock["offset"],
                 clock["bound"],
                 clock["drift"],
@@ -303,17 +242,10 @@ def _transport_cells(agent: api_pb2.Agent) -> list[str]:
         kind = f"kafka:{transport.topic}/{transport.partitions}p"
     return [
         kind,
-        _transport_state(transport),
+        transport_state(transport),
         str(transport.buffered_records),
         str(transport.dropped_records),
     ]
-
-
-def report_to_data(report: api_pb2.Report) -> dict[str, Any]:
-    """The report as `hoptrace report --json` prints it (segments in path order)."""
-    from hoptrace.collector.report import report_from_proto
-
-    return report_from_proto(report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -321,12 +253,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     request = api_pb2.GetReportRequest(trace=args.name)
     if args.since is not None:
         request.start.FromDatetime(datetime.now(UTC) - args.since)
-    report = report_to_data(api_call(args, "GetReport", request, timeout=APPLY_TIMEOUT_S))
+    report = report_from_proto(api_call(args, "GetReport", request, timeout=APPLY_TIMEOUT_S))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    from hoptrace.collector.report import render_text  # the one table layout, shared with the collector
-
     sys.stdout.write(render_text(report))
     return 0
 
@@ -351,8 +281,6 @@ def slowest_argument(text: str) -> int:
 
 def cmd_packets(args: argparse.Namespace) -> int:
     """hoptrace packets NAME [--since D] [--slowest N | --id ID] [--json]: per-packet waterfalls."""
-    from hoptrace.collector.report import packets_from_proto, render_packets_text
-
     request = api_pb2.GetPacketsRequest(trace=args.name, packet_id=args.id or 0, slowest=args.slowest)
     if args.since is not None:
         request.start.FromDatetime(datetime.now(UTC) - args.since)

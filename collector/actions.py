@@ -1,5 +1,4 @@
-"""Hop actions stage: the in-kernel counts and histograms of hops (`HopCounters.actions`) as InfluxDB points,
-and their per-hop totals for the report.
+"""Hop actions stage: the in-kernel counts and histograms of hops (`HopCounters.actions`) as InfluxDB points.
 
 Agents send cumulative values since the hop was attached; this stage writes their growth since the previous
 report (a value that went down means the hop was attached again: it counts in full), so any range of points
@@ -15,7 +14,8 @@ The record action (`record: [FIELDS]`) carries each traced packet's values with 
 of `hop_recorded` - tags `trace`, `hop`, `node`, `field`; int fields `count` (packets), `min`, `max`,
 `last` (the batch's newest packet's value), float field `sum` - at the master time of the batch's newest
 packet at that hop. Summing `count` and `sum`, and taking min of `min`, max of `max` and the newest `last`,
-over any range gives that range's distribution summary, exactly (the report does so). The per-packet
+over any range gives that range's distribution summary, exactly (the report does so:
+`hoptrace.results.store_actions`). The per-packet
 values themselves are not written: like latencies, one point per packet would cost InfluxDB a series
 point per packet; a user who needs one packet's value counts or histograms by the field instead.
 """
@@ -28,14 +28,8 @@ from typing import Any, Protocol
 
 from hoptrace import kernel_abi
 from hoptrace.collector.records import HOP_INDEX, TS_NS, RecordedValues
+from hoptrace.collector.schema import HOP_COUNTS, HOP_HISTOGRAM, HOP_RECORDED, TOTAL
 from hoptrace.v1 import records_pb2
-
-HOP_COUNTS = "hop_counts"
-HOP_HISTOGRAM = "hop_histogram"
-HOP_RECORDED = "hop_recorded"
-TOTAL = "total"  # the `by` tag of a count without by
-# Fields whose value is a name: hoptrace.h's comm, the task name's first 8 bytes as a little-endian u64.
-NAME_FIELDS = frozenset({"comm"})
 
 
 class WallToMaster(Protocol):
@@ -47,13 +41,6 @@ class WallToMaster(Protocol):
 def field_name(number: int) -> str:
     """The field catalogue's name of a `Field` number (enum hoptrace_field)."""
     return kernel_abi.FIELDS[number] if 0 < number < len(kernel_abi.FIELDS) else f"field{number}"
-
-
-def key_name(by: str, key: int) -> str:
-    """A count key as text where its field is a name (``sockperf`` for comm), else ""."""
-    if by not in NAME_FIELDS:
-        return ""
-    return key.to_bytes(8, "little").rstrip(b"\0").decode("utf-8", errors="replace")
 
 
 def bucket_le(bucket: int) -> int:
@@ -193,128 +180,3 @@ class RecordedValuesStage:
                 f" {mapping.to_master(ts)}"
             )
         return lines
-
-
-def query_recorded(q: Any, org: str, base: str) -> dict[str, list[dict[str, Any]]]:
-    """Per hop, each recorded field's count, min, mean, max and last value over the query's range."""
-    found: dict[tuple[str, str, str], dict[str, Any]] = {}
-    for column, reduce in (
-        ("count", "sum()"),
-        ("sum", "sum()"),
-        ("min", "min()"),
-        ("max", "max()"),
-        ("last", "last()"),
-    ):
-        flux = (
-            f'{base} and r._measurement == "{HOP_RECORDED}" and r._field == "{column}")'
-            f' |> group(columns: ["hop", "node", "field"]) |> {reduce}'
-        )
-        for table in q.query(flux, org=org):
-            for rec in table.records:
-                hop = rec.values.get("hop")
-                if hop is None:
-                    continue
-                key = (hop, rec.values.get("node", ""), rec.values.get("field", ""))
-                found.setdefault(key, {})[column] = rec.get_value() or 0
-    out: dict[str, list[dict[str, Any]]] = {}
-    for (hop, node, name), v in sorted(found.items()):
-        count = int(v.get("count", 0))
-        out.setdefault(hop, []).append(
-            {
-                "node": node,
-                "field": name,
-                "count": count,
-                "min": int(v.get("min", 0)),
-                "max": int(v.get("max", 0)),
-                "mean": float(v.get("sum", 0.0)) / count if count else 0.0,
-                "last": int(v.get("last", 0)),
-            }
-        )
-    return out
-
-
-def recorded_text(recorded: dict[str, Any]) -> str:
-    """A recorded field in one line: ``len (n=20): min 60 mean 80.0 max 100 last 60``."""
-    return (
-        f"{recorded['field']} (n={recorded['count']}): min {recorded['min']} mean {recorded['mean']:.1f}"
-        f" max {recorded['max']} last {recorded['last']}"
-    )
-
-
-def query_hop_actions(q: Any, org: str, base: str) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Per hop, its counts and histograms summed over the query's range: `base` is the report's
-    ``from(...) |> range(...) |> filter(fn: (r) => r.trace == ...`` prefix, left open for more conditions."""
-    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    counts = (
-        f'{base} and r._measurement == "{HOP_COUNTS}" and r._field == "count")'
-        ' |> group(columns: ["hop", "node", "by", "key"]) |> sum()'
-    )
-    for table in q.query(counts, org=org):
-        for rec in table.records:
-            hop = rec.values.get("hop")
-            if hop is None:
-                continue
-            entry = out.setdefault(hop, {"counts": [], "histograms": []})
-            by = "" if rec.values.get("by") == TOTAL else rec.values.get("by", "")
-            key = int(rec.values.get("key") or 0)
-            count = {
-                "node": rec.values.get("node", ""),
-                "by": by,
-                "key": key,
-                "count": int(rec.get_value() or 0),
-            }
-            if by in NAME_FIELDS:
-                count["key_name"] = key_name(by, key)
-            entry["counts"].append(count)
-    hist = (
-        f'{base} and r._measurement == "{HOP_HISTOGRAM}" and r._field == "count")'
-        ' |> group(columns: ["hop", "node", "field", "le"]) |> sum()'
-    )
-    histograms: dict[tuple[str, str, str], dict[int, int]] = {}
-    for table in q.query(hist, org=org):
-        for rec in table.records:
-            hop = rec.values.get("hop")
-            if hop is None:
-                continue
-            key = (hop, rec.values.get("node", ""), rec.values.get("field", ""))
-            le = int(rec.values.get("le") or 0)
-            histograms.setdefault(key, {})[le] = int(rec.get_value() or 0)
-    for (hop, node, name), buckets in sorted(histograms.items()):
-        entry = out.setdefault(hop, {"counts": [], "histograms": []})
-        entry["histograms"].append(
-            {
-                "node": node,
-                "field": name,
-                "total": sum(buckets.values()),
-                "buckets": [{"le": le, "count": n} for le, n in sorted(buckets.items()) if n],
-            }
-        )
-    for entry in out.values():
-        entry["counts"].sort(key=lambda c: (c["node"], c["by"], c["key"]))
-    return out
-
-
-def count_text(counts: list[dict[str, Any]], limit: int = 8) -> str:
-    """A hop's counts in one line: ``count 20`` or ``count by cpu: 0=12 1=8``."""
-    if not counts:
-        return ""
-    parts = []
-    for by in dict.fromkeys(c["by"] for c in counts):
-        mine = [c for c in counts if c["by"] == by]
-        if not by:
-            parts.append(f"count {sum(c['count'] for c in mine)}")
-            continue
-        keys = sorted(mine, key=lambda c: -c["count"])[:limit]
-        more = f" (+{len(mine) - limit} keys)" if len(mine) > limit else ""
-        parts.append(
-            f"count by {by}: "
-            + " ".join(f"{c.get('key_name') or c['key']}={c['count']}" for c in keys)
-            + more
-        )
-    return "; ".join(parts)
-
-
-def histogram_text(histogram: dict[str, Any], format_value: Any = str) -> str:
-    """A histogram in one line: ``latency (n=20): <=1.0us 3, <=2.0us 17``."""
-    buckets = ", ".join(f"<={format_value(b['le'])} {b['count']}" for b in histogram["buckets"])
-    return f"{histogram['field']} (n={histogram['total']}): {buckets}"

@@ -48,7 +48,6 @@ vNetTracer's metrics (section III-D of the paper), per segment and window:
 from __future__ import annotations
 
 import heapq
-import math
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -67,11 +66,10 @@ from hoptrace.collector.records import (
     ID_SEQ_MASK,
     Record,
 )
+from hoptrace.collector.schema import END_TO_END, QUANTILES
 from hoptrace.collector.sketch import LatencySketch
+from hoptrace.common.stats import quantile
 from hoptrace.v1 import records_pb2
-
-END_TO_END = "end_to_end"
-QUANTILES = (0.5, 0.9, 0.99)
 
 
 @dataclass
@@ -216,12 +214,6 @@ class AggregateStats:
     counter_resets: int = 0
     late_records: int = 0  # records whose throughput window had closed
     tracer_lost: int = 0
-
-
-def quantile(sorted_values: list[int], q: float) -> int:
-    """Nearest-rank quantile of sorted values (Flux exact_selector): index ceil(q * n) - 1."""
-    index = math.ceil(q * len(sorted_values))
-    return sorted_values[index - 1 if index > 0 else 0]
 
 
 def summarize(values: Iterable[int]) -> tuple[int, float, int, int, int, int]:

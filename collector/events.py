@@ -1,5 +1,5 @@
 """Events stage: the in-kernel counts and histograms of a trace's event probes (`RecordBatch.events`) as
-InfluxDB points, and their totals per event and node for the report.
+InfluxDB points (the report reads their totals per event and node: `hoptrace.results.store_actions`).
 
 Agents send cumulative values since the probe was attached; this stage writes their growth since the
 previous batch (a value that went down means the probe was attached again: it counts in full), as
@@ -23,13 +23,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hoptrace.collector.actions import TOTAL, CumulativeGrowth, WallToMaster, bucket_le, escape_tag
+from hoptrace.collector.actions import CumulativeGrowth, WallToMaster, bucket_le, escape_tag
+from hoptrace.collector.schema import (
+    EVENT_COUNTS,
+    EVENT_HISTOGRAM,
+    EVENT_LATENCY_MISSED,
+    EVENT_RECORDED,
+    TOTAL,
+)
 from hoptrace.v1 import records_pb2
-
-EVENT_COUNTS = "event_counts"
-EVENT_HISTOGRAM = "event_histogram"
-EVENT_RECORDED = "event_recorded"
-EVENT_LATENCY_MISSED = "event_latency_missed"
 
 
 class EventsStage(CumulativeGrowth):
@@ -97,159 +99,3 @@ class EventsStage(CumulativeGrowth):
             f"{EVENT_RECORDED},arg={escape_tag(r.arg)}{base},signed={str(r.signed).lower()}"
             f" count={count}i,sum={float(grown)!r},min={r.min}i,max={r.max}i,last={r.last}i {ts}"
         ]
-
-
-def recorded_bits(value: int | None) -> int:
-    """An argument's integer as the int64 InfluxDB and the API keep (the inverse of `recorded_value`)."""
-    if value is None:
-        return 0
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def recorded_value(value: int, signed: bool) -> int:
-    """A stored min/max/last of an event's record as the argument's own integer: InfluxDB's integers are
-    int64, so an unsigned argument's values are stored as their two's complement bits (tag signed=false)."""
-    return value if signed else value % (1 << 64)
-
-
-def query_events(q: Any, org: str, base: str) -> list[dict[str, Any]]:
-    """Per event and node, its count (by key) and histogram summed over the query's range, as the report's
-    ``"events"``: `base` is the report's ``from(...) |> range(...) |> filter(fn: (r) => r.trace == ...``
-    prefix, left open for more conditions."""
-    found: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def entry(name: str, node: str) -> dict[str, Any]:
-        return found.setdefault(
-            (name, node),
-            {
-                "name": name,
-                "node": node,
-                "count": 0,
-                "count_by": "",
-                "by": {},
-                "histogram_arg": "",
-                "histogram": [],
-                "latency_missed": 0,
-                "recorded": [],
-            },
-        )
-
-    counts = (
-        f'{base} and r._measurement == "{EVENT_COUNTS}" and r._field == "count")'
-        ' |> group(columns: ["event", "node", "by", "key"]) |> sum()'
-    )
-    for table in q.query(counts, org=org):
-        for rec in table.records:
-            name = rec.values.get("event")
-            if name is None:
-                continue
-            e = entry(name, rec.values.get("node", ""))
-            n = int(rec.get_value() or 0)
-            by = rec.values.get("by", TOTAL)
-            e["count"] += n
-            if by != TOTAL:
-                e["count_by"] = by
-                key = str(rec.values.get("key") or 0)
-                e["by"][key] = e["by"].get(key, 0) + n
-    hist = (
-        f'{base} and r._measurement == "{EVENT_HISTOGRAM}" and r._field == "count")'
-        ' |> group(columns: ["event", "node", "arg", "le"]) |> sum()'
-    )
-    buckets: dict[tuple[str, str], dict[int, int]] = {}
-    for table in q.query(hist, org=org):
-        for rec in table.records:
-            name = rec.values.get("event")
-            if name is None:
-                continue
-            node = rec.values.get("node", "")
-            entry(name, node)["histogram_arg"] = rec.values.get("arg", "")
-            le = int(rec.values.get("le") or 0)
-            per = buckets.setdefault((name, node), {})
-            per[le] = per.get(le, 0) + int(rec.get_value() or 0)
-    for key, per in buckets.items():
-        found[key]["histogram"] = [{"le": le, "count": n} for le, n in sorted(per.items()) if n]
-    missed = (
-        f'{base} and r._measurement == "{EVENT_LATENCY_MISSED}" and r._field == "count")'
-        ' |> group(columns: ["event", "node"]) |> sum()'
-    )
-    for table in q.query(missed, org=org):
-        for rec in table.records:
-            if rec.values.get("event") is not None:
-                entry(rec.values["event"], rec.values.get("node", ""))["latency_missed"] += int(
-                    rec.get_value() or 0
-                )
-    for (name, node), per_arg in _query_recorded(q, org, base).items():
-        entry(name, node)["recorded"] = [per_arg[arg] for arg in sorted(per_arg)]
-    for e in found.values():
-        e["by"] = dict(sorted(e["by"].items(), key=lambda item: int(item[0])))
-    return [found[key] for key in sorted(found)]
-
-
-def _query_recorded(q: Any, org: str, base: str) -> dict[tuple[str, str], dict[str, dict[str, Any]]]:
-    """Per (event, node) and argument, the record action's summary over the query's range: count and sum
-    added up, the least min, the greatest max, the newest last, and the mean."""
-    out: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-    group = ' |> group(columns: ["event", "node", "arg", "signed", "_field"])'
-    for fields, reduce in (
-        ('"count" or r._field == "sum"', "sum()"),
-        ('"min"', "min()"),
-        ('"max"', "max()"),
-        ('"last"', "last()"),
-    ):
-        flux = (
-            f'{base} and r._measurement == "{EVENT_RECORDED}" and (r._field == {fields})){group} |> {reduce}'
-        )
-        for table in q.query(flux, org=org):
-            for rec in table.records:
-                name, arg = rec.values.get("event"), rec.values.get("arg")
-                if name is None or arg is None:
-                    continue
-                signed = rec.values.get("signed") == "true"
-                stats = out.setdefault((name, rec.values.get("node", "")), {}).setdefault(
-                    arg,
-                    {
-                        "arg": arg,
-                        "count": 0,
-                        "sum": 0.0,
-                        "mean": None,
-                        "min": None,
-                        "max": None,
-                        "last": None,
-                        "signed": signed,
-                    },
-                )
-                value = rec.get_value()
-                field = rec.get_field()
-                if field in ("count", "sum"):
-                    stats[field] += int(value or 0) if field == "count" else float(value or 0.0)
-                elif value is not None:
-                    stats[field] = recorded_value(int(value), signed)
-    for per_arg in out.values():
-        for stats in per_arg.values():
-            if stats["count"]:
-                stats["mean"] = stats["sum"] / stats["count"]
-    return out
-
-
-def events_lines(events: list[dict[str, Any]], limit: int = 16) -> list[str]:
-    """The report's text section: one line per event and node, one more for its histogram."""
-    lines = []
-    for e in events:
-        line = f"{e['name']} on {e['node']}: count {e['count']}"
-        if e["count_by"]:
-            keys = list(e["by"].items())
-            more = f" (+{len(keys) - limit} keys)" if len(keys) > limit else ""
-            line += f"; by {e['count_by']}: " + " ".join(f"{k}={n}" for k, n in keys[:limit]) + more
-        lines.append(line)
-        if e["histogram"]:
-            total = sum(b["count"] for b in e["histogram"])
-            buckets = ", ".join(f"<={b['le']} {b['count']}" for b in e["histogram"])
-            unit = " ns" if e["histogram_arg"] == "latency" else ""
-            missed = f", {e['latency_missed']} without a start" if e.get("latency_missed") else ""
-            lines.append(f"  {e['histogram_arg']}{unit} (n={total}{missed}): {buckets}")
-        for r in e.get("recorded", []):
-            lines.append(
-                f"  {r['arg']}: n={r['count']} sum={r['sum']:g} mean={r['mean'] or 0:.6g} min={r['min']}"
-                f" max={r['max']} last={r['last']}"
-            )
-    return lines

@@ -7,13 +7,14 @@ representative value gamma^k * 2 / (1 + gamma) is within a (relative) of every v
 guarantee, `ddsketch.mapping.LogarithmicMapping`). A latency may be negative (a cross-node segment within
 its clocks' bound) or zero: negative values go to buckets of their magnitude, zero to a bucket of its own.
 
-Field names (a contract: `report.py` and the Grafana dashboards parse them):
+Field names (a contract: `hoptrace.results.store` and the Grafana dashboards parse them; prefixes in
+`schema.py`):
 * `bp<k>` - positive values in bucket k (k >= 0: latencies are whole nanoseconds, so >= 1);
 * `bn<k>` - negative values whose magnitude is in bucket k;
 * `bz`    - zeros.
 The jitter sketch (|dT(i+1) - dT(i)|, never negative) uses `jp<k>` and `jz`.
 
-Quantiles are nearest-rank (the value at sorted index ceil(q * n) - 1, as `aggregate.quantile` and Flux
+Quantiles are nearest-rank (the value at sorted index ceil(q * n) - 1, as `common.stats.quantile` and Flux
 `exact_selector`), read from the bucket that holds that rank: the answer is within RELATIVE_ACCURACY of the
 exact nearest-rank value, whatever was merged.
 """
@@ -26,6 +27,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from ddsketch.mapping import LogarithmicMapping
+
+from hoptrace.collector.schema import LATENCY_PREFIX
 
 # Half of the 1 % the reports promise: leaves room for rounding to whole nanoseconds. A schema constant:
 # sketches written with another accuracy do not merge with these.
@@ -72,10 +75,6 @@ def sorted_bucket_counts(values: list[int], lo: int = 0) -> dict[int, int]:
         counts[k] = j - i
         i = j
     return counts
-
-
-LATENCY_PREFIX = "b"
-JITTER_PREFIX = "j"
 
 
 class LatencySketch:

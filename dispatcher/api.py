@@ -19,14 +19,14 @@ from hoptrace.v1 import agent_pb2, api_pb2, api_pb2_grpc, trace_pb2
 log = logging.getLogger(__name__)
 
 # Answers GetReport: the request and the trace's applied spec (None if the trace is not applied any more),
-# whose hop names give the path order. hoptrace.collector.report.get_report fits, bound to its InfluxDB.
+# whose hop names give the path order. hoptrace.results.store.get_report fits, bound to its InfluxDB.
 ReportProvider = Callable[[api_pb2.GetReportRequest, trace_pb2.TraceSpec | None], api_pb2.Report]
-# Answers GetPackets, like ReportProvider; hoptrace.collector.report.get_packets fits.
+# Answers GetPackets, like ReportProvider; hoptrace.results.store.get_packets fits.
 PacketsProvider = Callable[[api_pb2.GetPacketsRequest, trace_pb2.TraceSpec | None], api_pb2.PacketList]
 # (trace, after unix ns, spec) -> the closed per-second segment windows after that time, oldest first.
 WindowProvider = Callable[[str, int, trace_pb2.TraceSpec | None], list[api_pb2.SegmentStats]]
 # node -> its clock as the collector last measured it (nodes it never measured are absent).
-# hoptrace.collector.report.node_clocks fits, bound to its InfluxDB.
+# hoptrace.results.store.node_clocks fits, bound to its InfluxDB.
 ClockProvider = Callable[[], dict[str, api_pb2.NodeClockStatus]]
 WATCH_POLL_S = 1.0  # the collector closes one window per second
 CLOCK_CACHE_S = 1.0  # the collector writes at most one estimate per node per second

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import json_format
 
-from hoptrace.collector.aggregate import quantile
+from hoptrace.common.stats import quantile
 from hoptrace.dispatcher.compile import flow_match
 from hoptrace.dispatcher.presets import MAX_DURATION_S, PresetError, PresetRunner
 from hoptrace.dispatcher.spec import FieldError, _validate_filter, format_errors

@@ -1,5 +1,5 @@
 """What the collector wrote to InfluxDB, read back directly: the tests' and benchmarks' view of the store
-(the product reads it only through hoptrace.collector.report)."""
+(the product reads it only through hoptrace.results.store)."""
 
 from __future__ import annotations
 

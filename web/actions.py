@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import render_template
 
-from hoptrace.collector.report import format_ns
+from hoptrace.results.format import format_ns
 
 # Fields whose values are durations in ns: their bucket bounds read as time (1.0us - 2.0us).
 DURATION_FIELDS = frozenset({"latency"})

@@ -14,8 +14,9 @@ from typing import Any
 
 from flask import Blueprint, abort, render_template, request
 
-from hoptrace.collector.report import MAX_SLOWEST, WITHIN_CLOCK_BOUND, format_ns
 from hoptrace.common.client import ApiError
+from hoptrace.results.format import WITHIN_CLOCK_BOUND, format_ns
+from hoptrace.results.packets_view import MAX_SLOWEST, packets_from_proto
 from hoptrace.v1 import api_pb2
 from hoptrace.web.dispatcher import get_client
 from hoptrace.web.results import REPORT_TIMEOUT_S, SINCE_CHOICES, requested_since, since_seconds
@@ -35,33 +36,33 @@ def parse_packet_id(text: str) -> int:
     return value
 
 
-def packet_view(timeline: api_pb2.PacketTimeline) -> dict[str, Any]:
-    """One packet's waterfall: its segments with their bars' position and width in percent of the span."""
-    ends = [max(s.offset_ns, 0) + max(s.latency_ns, 0) for s in timeline.segments]
-    span = max([timeline.end_to_end_ns, *ends, 1])
+def packet_view(packet: dict[str, Any]) -> dict[str, Any]:
+    """One packet of `packets_from_proto` (what `hoptrace packets --json` prints) as a waterfall: its
+    segments with their bars' position and width in percent of the span."""
+    ends = [max(s["offset_ns"], 0) + max(s["latency_ns"], 0) for s in packet["segments"]]
+    span = max([packet["end_to_end_ns"], *ends, 1])
     rows = []
-    for s in timeline.segments:
-        left = 100 * max(s.offset_ns, 0) / span
-        width = max(100 * max(s.latency_ns, 0) / span, MIN_BAR_PERCENT)
-        nodes = s.from_node if s.from_node == s.to_node else f"{s.from_node} → {s.to_node}"
+    for s in packet["segments"]:
+        left = 100 * max(s["offset_ns"], 0) / span
+        width = max(100 * max(s["latency_ns"], 0) / span, MIN_BAR_PERCENT)
+        cross_node = s["from_node"] != s["to_node"]
         rows.append(
             {
-                "name": f"{getattr(s, 'from')} → {s.to}",
-                "nodes": nodes,
-                "cross_node": s.from_node != s.to_node,
+                **s,
+                "name": f"{s['from']} → {s['to']}",
+                "nodes": f"{s['from_node']} → {s['to_node']}" if cross_node else s["from_node"],
+                "cross_node": cross_node,
                 "left": round(min(left, 100 - MIN_BAR_PERCENT), 3),
                 "width": round(min(width, 100 - min(left, 100 - MIN_BAR_PERCENT)), 3),
-                "offset": format_ns(s.offset_ns),
-                "latency_ns": s.latency_ns,
-                "latency": WITHIN_CLOCK_BOUND if s.below_clock_bound else format_ns(s.latency_ns),
-                "below_clock_bound": s.below_clock_bound,
+                "offset": format_ns(s["offset_ns"]),
+                "latency": WITHIN_CLOCK_BOUND if s["below_clock_bound"] else format_ns(s["latency_ns"]),
             }
         )
     return {
-        "id": timeline.packet_id,
-        "hex": f"0x{timeline.packet_id:08x}",
-        "at": timeline.at.ToDatetime().isoformat(timespec="microseconds") + "Z",
-        "end_to_end": format_ns(timeline.end_to_end_ns) if timeline.end_to_end_ns else "incomplete",
+        **packet,
+        "id": packet["packet_id"],
+        "hex": f"0x{packet['packet_id']:08x}",
+        "end_to_end": format_ns(packet["end_to_end_ns"]) if packet["end_to_end_ns"] else "incomplete",
         "span": format_ns(span),
         "ticks": [format_ns(span * q / 4) for q in range(5)],
         "segments": rows,
@@ -85,7 +86,7 @@ def page(name: str):  # noqa: ANN201 - a view
     packets: list[dict[str, Any]] = []
     try:
         answer = get_client().call("GetPackets", query, timeout=REPORT_TIMEOUT_S)
-        packets = [packet_view(timeline) for timeline in answer.packets]
+        packets = [packet_view(packet) for packet in packets_from_proto(answer)]
     except ApiError as exc:  # no store, store down: say so instead of a 500
         error = f"no packets of {name}: {exc.message}"
     return render_template(

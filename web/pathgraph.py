@@ -17,7 +17,7 @@ from typing import Any
 
 from flask import render_template
 
-from hoptrace.collector.report import format_ns
+from hoptrace.results.format import format_ns
 from hoptrace.v1 import api_pb2, trace_pb2
 
 # Geometry (px): a column per position along the path, a row per parallel branch.

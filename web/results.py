@@ -2,7 +2,7 @@
 
 The decomposition, percentiles, loss, jitter and throughput are the report of `hoptrace report` (the same
 numbers, the same call), with each segment's p50/p99 over time (`with_series`). The web reads nothing of
-InfluxDB itself: Flux lives only in `hoptrace.collector.report`. The page is readable without JavaScript
+InfluxDB itself: Flux lives only in `hoptrace.results.store`. The page is readable without JavaScript
 (tables rendered on the server, hop actions and events too: `hoptrace.web.actions`); with it, charts
 (Chart.js, installed with npm) and a poll of the JSON endpoint every 2 s.
 """
@@ -17,16 +17,15 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, render_template, request, send_from_directory
 
-from hoptrace.collector.report import (
+from hoptrace.common.client import ApiError
+from hoptrace.results.format import WITHIN_CLOCK_BOUND, format_ns
+from hoptrace.results.report_view import (
     LATENCY_FIELDS,
-    WITHIN_CLOCK_BOUND,
     bound_text,
-    format_ns,
     latency_text,
     most_time_text,
     report_from_proto,
 )
-from hoptrace.common.client import ApiError
 from hoptrace.v1 import api_pb2
 from hoptrace.web import actions, pathgraph
 from hoptrace.web.dispatcher import get_client

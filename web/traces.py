@@ -41,6 +41,7 @@ from hoptrace.dispatcher.spec import (
     spec_from_data,
     spec_to_yaml,
 )
+from hoptrace.results.path_view import path_data
 from hoptrace.v1 import api_pb2, trace_pb2
 from hoptrace.web import pathgraph
 from hoptrace.web.agents import agent_views
@@ -321,28 +322,6 @@ def discover_request(
     return request_, errors
 
 
-def discovered_paths(result: api_pb2.DiscoverResult) -> list[dict[str, Any]]:
-    """The paths of a discovery for the template: share, packets and each hop with its time."""
-    return [
-        {
-            "packets": path.packets,
-            "share": path.share,
-            "hops": [
-                {
-                    "name": hop.name,
-                    "node": hop.node,
-                    "netns": hop.netns,
-                    "dev": hop.dev,
-                    "at": hop.at,
-                    "since": t,
-                }
-                for hop, t in zip(path.hops, path.since_first_ns, strict=True)
-            ],
-        }
-        for path in result.paths
-    ]
-
-
 def _discover_timeout_s(request_: api_pb2.DiscoverRequest) -> float:
     # The agents look for the duration, then answer: leave room for their summaries.
     return request_.duration_ms / 1000 + 45
@@ -394,7 +373,7 @@ def _discover(form: TraceForm, editing: str | None):  # noqa: ANN202
         "the hops below. Apply it to trace it."
     )
     return _render_form(
-        form, editing=editing, discovered=discovered_paths(result), discover_duration=duration,
+        form, editing=editing, discovered=[path_data(p) for p in result.paths], discover_duration=duration,
         discovered_graph=pathgraph.render(pathgraph.from_discovery(result), applicable=True),
     )  # fmt: skip
 

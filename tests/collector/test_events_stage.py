@@ -17,9 +17,10 @@ from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.events import EVENT_COUNTS, EVENT_HISTOGRAM, EventsStage
 from hoptrace.collector.influx import InfluxConfig
 from hoptrace.collector.receiver import ReceiverConfig
-from hoptrace.collector.report import build_report, get_report, render_text, report_from_proto
 from hoptrace.collector.service import CollectorConfig, start_collector
 from hoptrace.lab.processes import InfluxServer
+from hoptrace.results.report_view import render_text, report_from_proto
+from hoptrace.results.store import get_report, read_report
 from hoptrace.v1 import api_pb2, records_pb2, records_pb2_grpc
 
 SEC = 1_000_000_000
@@ -146,7 +147,7 @@ def test_event_values_through_influx_into_the_report(influxd: InfluxServer) -> N
         service.stop()
 
     kw = {"url": influx.url, "bucket": influx.bucket, "org": influx.org, "token": influx.token}
-    report = build_report(trace, since="1h", path=["a-out", "b-in"], **kw)
+    report = report_from_proto(read_report(trace, since="1h", path=["a-out", "b-in"], **kw))
     last = reports[-1][1]
     assert report["events"] == [
         {"name": "all", "node": "node-a", "count": 300, "count_by": "", "by": {}, "histogram_arg": "",

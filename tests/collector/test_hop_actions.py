@@ -19,8 +19,6 @@ from hoptrace.collector.actions import (
     HopActionsStage,
     RecordedValuesStage,
     bucket_le,
-    count_text,
-    key_name,
 )
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig
@@ -36,15 +34,11 @@ from hoptrace.collector.records import (
     hop_counters,
     pack_records,
 )
-from hoptrace.collector.report import (
-    build_report,
-    get_report,
-    hop_actions_lines,
-    render_text,
-    report_from_proto,
-)
 from hoptrace.collector.service import CollectorConfig, start_collector
 from hoptrace.lab.processes import InfluxServer
+from hoptrace.results.report_view import count_text, hop_actions_lines, render_text, report_from_proto
+from hoptrace.results.store import get_report, read_report
+from hoptrace.results.store_actions import key_name
 from hoptrace.v1 import api_pb2, counters_pb2, records_pb2, records_pb2_grpc
 
 SEC = 1_000_000_000
@@ -135,7 +129,7 @@ def test_counts_and_histograms_through_influx_into_the_report(influxd: InfluxSer
         service.stop()
 
     kw = {"url": influx.url, "bucket": influx.bucket, "org": influx.org, "token": influx.token}
-    report = build_report(trace, since="1h", path=["a-out", "b-in"], **kw)
+    report = report_from_proto(read_report(trace, since="1h", path=["a-out", "b-in"], **kw))
     hop = next(h for h in report["hops"] if h["hop"] == "b-in")
     assert hop["counts"] == [
         {"node": "node-b", "by": "cpu", "key": 0, "count": 30},

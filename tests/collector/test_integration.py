@@ -23,9 +23,10 @@ from hoptrace.collector.influx import InfluxConfig
 from hoptrace.collector.join import JoinConfig
 from hoptrace.collector.receiver import ReceiverConfig
 from hoptrace.collector.records import hop_counters
-from hoptrace.collector.report import build_report, get_report, render_text
 from hoptrace.collector.service import CollectorConfig, start_collector
 from hoptrace.lab.processes import InfluxServer
+from hoptrace.results.report_view import render_text, report_from_proto
+from hoptrace.results.store import get_report, read_report
 from hoptrace.v1 import api_pb2, records_pb2, records_pb2_grpc
 
 SEC = 1_000_000_000
@@ -220,15 +221,16 @@ def test_batches_to_influx_to_report(influxd: InfluxServer) -> None:
         "events": [],
     }
     kw = {"url": influx.url, "bucket": influx.bucket, "org": influx.org, "token": influx.token}
-    report = json.loads(json.dumps(build_report(trace, since="1h", path=HOPS, **kw)))
+    report = json.loads(json.dumps(report_from_proto(read_report(trace, since="1h", path=HOPS, **kw))))
     got_segments, got_e2e = report.pop("segments"), report.pop("end_to_end")
     assert report == {k: v for k, v in expected.items() if k not in ("segments", "end_to_end")}
     assert len(got_segments) == 2
     for got, want in zip(got_segments, expected["segments"], strict=True):
         assert_report_matches(got, want)
     assert_report_matches(got_e2e, expected["end_to_end"])
-    report = build_report(trace, since="1h", path=HOPS, **kw)
-    assert build_report(trace, since="1h", **kw) == report  # path order recovered without the catalog
+    report = report_from_proto(read_report(trace, since="1h", path=HOPS, **kw))
+    without_path = report_from_proto(read_report(trace, since="1h", **kw))
+    assert without_path == report  # path order recovered without the catalog
 
     proto = get_report(api_pb2.GetReportRequest(trace=trace), **kw)
     assert (proto.packets, proto.complete) == (N, N - 10)

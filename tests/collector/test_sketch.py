@@ -8,10 +8,9 @@ from collections import Counter
 
 import pytest
 
-from hoptrace.collector.aggregate import quantile
+from hoptrace.collector.schema import JITTER_PREFIX
 from hoptrace.collector.sketch import (
     GAMMA,
-    JITTER_PREFIX,
     MAPPING,
     RELATIVE_ACCURACY,
     SORTED_RUN,
@@ -20,6 +19,7 @@ from hoptrace.collector.sketch import (
     sketch_from_fields,
     sorted_bucket_counts,
 )
+from hoptrace.common.stats import quantile
 
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 

@@ -26,9 +26,10 @@ from hoptrace.collector.influx import (
 )
 from hoptrace.collector.join import JoinedPacket
 from hoptrace.collector.records import decode_batch, hop_counters, pack_records
-from hoptrace.collector.report import build_report, get_packets
 from hoptrace.collector.service import CollectorPipeline
 from hoptrace.lab.processes import InfluxServer
+from hoptrace.results.report_view import report_from_proto
+from hoptrace.results.store import get_packets, read_report
 from hoptrace.v1 import api_pb2, records_pb2
 
 SEC = 1_000_000_000
@@ -81,7 +82,7 @@ def test_two_collectors_and_a_replay_merge_by_content(influxd: InfluxServer) -> 
         exporter.close()
 
     kw = {"url": influxd.url, "bucket": influxd.bucket}
-    report = build_report(trace, since="1h", path=HOPS, **kw)
+    report = report_from_proto(read_report(trace, since="1h", path=HOPS, **kw))
     # every window adds up by segment, whatever hop names it was written under; the names most packets had
     assert (report["packets"], report["complete"]) == (len(packets) + 5, len(packets))
     assert (report["end_to_end"]["from"], report["end_to_end"]["to"]) == ("a", "c")

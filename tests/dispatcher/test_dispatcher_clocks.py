@@ -1,5 +1,5 @@
 """Each node's clock status travels one path: the collector writes `node_clock` to InfluxDB, the dispatcher
-reads it (hoptrace.collector.report.node_clocks) into ListAgents, and `hoptrace agents` and `hoptrace
+reads it (hoptrace.results.store.node_clocks) into ListAgents, and `hoptrace agents` and `hoptrace
 version` print what the API says. Real InfluxDB, a real dispatcher, fake agents (dispatcher_fakes), the CLI
 as a subprocess."""
 

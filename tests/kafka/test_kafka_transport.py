@@ -15,10 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
-from influxdb_client import InfluxDBClient
 from kafka_helpers import scrape
 
-from hoptrace.collector.events import query_events
 from hoptrace.dispatcher.events import event_attach
 from hoptrace.dispatcher.spec import spec_from_data
 from hoptrace.lab.influx import BUCKET, distinct_packets, segment_counts
@@ -27,6 +25,8 @@ from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import AgentProcess, free_port, udp_transfer
 from hoptrace.lab.reference import path_plans, vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
+from hoptrace.results.report_view import report_from_proto
+from hoptrace.results.store import read_report
 from hoptrace.v1 import records_pb2
 
 PORT = 7788
@@ -549,10 +549,8 @@ def test_event_probe_counts_over_kafka_reported_once_across_a_rebalance(
 
 
 def reported_event(influx_url: str, trace: str, name: str) -> dict[str, Any]:
-    """One event of a trace as the report reads it (collector/events.py `query_events`), {} if none."""
-    base = f'from(bucket: "{BUCKET}") |> range(start: -1h) |> filter(fn: (r) => r.trace == "{trace}"'
-    with InfluxDBClient(url=influx_url, token="", org="-", timeout=30_000) as client:
-        events = query_events(client.query_api(), "-", base)
+    """One event of a trace as the report shows it (`hoptrace report --json`'s events), {} if none."""
+    events = report_from_proto(read_report(trace, url=influx_url, bucket=BUCKET, since="1h"))["events"]
     found = [e for e in events if e["name"] == name]
     assert len(found) <= 1, events
     return found[0] if found else {}

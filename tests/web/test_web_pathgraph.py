@@ -27,9 +27,10 @@ from test_discover_routed import PORT, UdpFlows, cluster3, expected, routed, wir
 from test_web_browser import fill, wait
 from web_helpers import PASSWORD, USERNAME, live_server, screenshot, web_config
 
-from hoptrace.collector.report import format_ns, latency_text, report_from_proto
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.routed import RoutedTopology
+from hoptrace.results.format import format_ns
+from hoptrace.results.report_view import latency_text, report_from_proto
 from hoptrace.v1 import api_pb2, trace_pb2
 from hoptrace.web import create_app
 

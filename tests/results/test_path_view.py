@@ -1,10 +1,11 @@
-"""`hoptrace discover`'s output of the path graph's segments: each step's median and p99, as text and JSON."""
+"""The discovery's one view (`hoptrace discover`, its --json, the web's form): each path's hops with their
+time after the first crossing, and the path graph's segments with each step's median and p99."""
 
 from __future__ import annotations
 
 import pytest
 
-from hoptrace.cli.discover import paths_text, segment_to_data
+from hoptrace.results.path_view import path_data, paths_text, segment_data
 from hoptrace.v1 import api_pb2, trace_pb2
 
 pytestmark = pytest.mark.unit
@@ -21,7 +22,11 @@ def test_segments_are_printed_with_median_p99_and_share() -> None:
         paths=[api_pb2.DiscoveredPath(packets=40, share=1.0, hops=[out, into], since_first_ns=[0, 12_000])],
         segments=[step],
     )
-    assert segment_to_data(step) == {
+    assert path_data(result.paths[0])["hops"][1] == {
+        "name": "b-eth0-in", "node": "host-b", "netns": "", "dev": "eth0", "at": "tc-ingress",
+        "since_first_ns": 12_000,
+    }  # fmt: skip
+    assert segment_data(step) == {
         "from": "a-eth0-out", "to": "b-eth0-in", "packets": 30, "share": 0.75, "median_ns": 12_345,
         "p99_ns": 2_500_000,
     }  # fmt: skip
