@@ -134,10 +134,11 @@ def hang_report(limit: float) -> str:
 # hoptrace packages (Makefile's PY_PACKAGES). Over 5.10's 9p every import is several round trips to the
 # host, and every process pays them again (the share is mounted without a cache): `import
 # hoptrace.cli.demo` alone took 4.5 minutes there.
+PYTHON_PACKAGES = ("cli", "collector", "common", "dispatcher", "lab", "results", "spec", "web")
 PYTHON_TREES = (
     Path(f"/usr/lib/python{sys.version_info.major}.{sys.version_info.minor}"),
     REPO_ROOT / ".venv",
-    *(REPO_ROOT / name for name in ("cli", "collector", "common", "dispatcher", "lab", "web")),
+    *(REPO_ROOT / name for name in PYTHON_PACKAGES),
     REPO_ROOT / "proto" / "gen" / "python",
 )
 
