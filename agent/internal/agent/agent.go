@@ -31,6 +31,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
 	"github.com/hoptrace/hoptrace/agent/internal/tlsconf"
 	"github.com/hoptrace/hoptrace/agent/internal/tracer"
+	"github.com/hoptrace/hoptrace/agent/internal/transport"
 	"github.com/hoptrace/hoptrace/agent/internal/workload"
 )
 
@@ -296,15 +297,14 @@ func start(cfg Config) (*running, error) {
 	if a.nodeClock.Source().Simulated() {
 		cfg.Log.Warn("SIMULATED clock error", "offset", cfg.ClockOffset, "drift_ppm", cfg.ClockDriftPPM)
 	}
+	batcher := transport.Batcher{Node: cfg.Node, Queue: a.collectorQueue, Counters: a.mgr.Counters, Clock: a.nodeClock.NodeClock}
 	if cfg.Kafka != nil {
 		if cfg.ClockServer == "" {
 			cfg.Log.Warn("no --clock-server with --kafka-brokers: records carry no clock offset; name a collector's time service (host:7123)")
 		}
-		a.producer = &kafka.Producer{Config: *cfg.Kafka, Node: cfg.Node, Queue: a.collectorQueue, Counters: a.mgr.Counters,
-			Clock: a.nodeClock.NodeClock, Log: cfg.Log}
+		a.producer = &kafka.Producer{Config: *cfg.Kafka, Batcher: batcher, Log: cfg.Log}
 	} else if cfg.Collector != "" {
-		a.client = &collector.Client{Addr: cfg.Collector, Node: cfg.Node, Queue: a.collectorQueue, Counters: a.mgr.Counters,
-			Clock: a.nodeClock.NodeClock, Log: cfg.Log, Creds: a.collectorCred}
+		a.client = &collector.Client{Addr: cfg.Collector, Batcher: batcher, Log: cfg.Log, Creds: a.collectorCred}
 	}
 	if cfg.Dispatcher != "" {
 		a.sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,

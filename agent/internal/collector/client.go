@@ -5,7 +5,6 @@ package collector
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -14,39 +13,27 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hoptrace/hoptrace/agent/internal/backoff"
-	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
-	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
-	"github.com/hoptrace/hoptrace/agent/internal/tracer"
+	"github.com/hoptrace/hoptrace/agent/internal/transport"
 )
 
-// Client sends batches from Queue, and every CountersEvery the cumulative
-// counters of every running trace.
+// Client sends the batches of its Batcher's queue, and every CountersEvery
+// its heartbeats (every running trace's cumulative counters).
 type Client struct {
-	Addr          string
-	Node          string
-	Queue         *stream.Queue
-	Counters      func() []tracer.TraceCounters
-	CountersEvery time.Duration
-	Log           *slog.Logger
+	transport.Batcher
+	Addr string
+	Log  *slog.Logger
 	// DialOptions override the insecure default (tests).
 	DialOptions []grpc.DialOption
 	// Creds are the transport credentials when DialOptions is nil (nil =
 	// plaintext, --insecure): mutual TLS from internal/tlsconf.
 	Creds credentials.TransportCredentials
-	// Clock gives the NodeClock sent with a batch whose records were taken
-	// around CLOCK_MONOTONIC time mono (0 = now); nil = the host's
-	// monotonic→realtime mapping only.
-	Clock func(mono int64) *pb.NodeClock
-
-	seq uint64
 
 	recordsSent, batchesSent, batchesResent atomic.Uint64
 	streams                                 atomic.Uint64
@@ -71,9 +58,6 @@ func (c *Client) Stats() Stats {
 func (c *Client) Run(ctx context.Context) error {
 	if c.Log == nil {
 		c.Log = slog.Default()
-	}
-	if c.CountersEvery <= 0 {
-		c.CountersEvery = time.Second
 	}
 	opts := c.DialOptions
 	if opts == nil {
@@ -108,55 +92,6 @@ func (c *Client) Run(ctx context.Context) error {
 			return nil
 		}
 	}
-}
-
-// MonotonicToRealtime is CLOCK_REALTIME - CLOCK_MONOTONIC now: a record's
-// ts_ns (bpf_ktime_get_ns) plus this is the node's wall clock.
-func MonotonicToRealtime() int64 {
-	var mono, real unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono)
-	_ = unix.ClockGettime(unix.CLOCK_REALTIME, &real)
-	return real.Nano() - mono.Nano()
-}
-
-// batch builds the message of one batch. batch_seq: the collector's
-// dedupe key is (node, batch_seq). A batch resent after a broken stream
-// keeps its batch_seq, so a copy that did arrive the first time is dropped
-// there. The sequence starts at the agent's start time in ns (and counts up
-// by one per batch), so a restarted agent never reuses the numbers of its
-// previous run: that would take more than one batch per ns.
-func (c *Client) batch(trace string, gen uint64, records []byte, seq uint64) *pb.RecordBatch {
-	if seq == 0 {
-		if c.seq == 0 {
-			c.seq = uint64(time.Now().UnixNano())
-		}
-		c.seq++
-		seq = c.seq
-	}
-	var clock *pb.NodeClock
-	if c.Clock != nil {
-		clock = c.Clock(midTimestamp(records))
-	} else {
-		clock = &pb.NodeClock{MonotonicToRealtimeNs: MonotonicToRealtime()}
-	}
-	return &pb.RecordBatch{
-		Node: c.Node, Trace: trace, Generation: gen, BatchSeq: seq,
-		Records: records, RecordSize: record.Size,
-		AgentDropped: c.Queue.Dropped(),
-		Clock:        clock,
-	}
-}
-
-// midTimestamp is the midpoint of the first and last record's ts_ns (0 for
-// no records): the batch's clock is evaluated there, so a simulated drift
-// skews each record as of when it was taken, not when it was sent.
-func midTimestamp(records []byte) int64 {
-	if len(records) < record.Size {
-		return 0
-	}
-	first := int64(binary.LittleEndian.Uint64(records))
-	last := int64(binary.LittleEndian.Uint64(records[len(records)-record.Size:]))
-	return first + (last-first)/2
 }
 
 // stream runs one StreamRecords call; it returns how many batches it sent.
@@ -207,16 +142,8 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 		return nil
 	}
 	sendCounters := func() error {
-		if c.Counters == nil {
-			return nil
-		}
-		watermark := c.watermark()
-		for _, tc := range c.Counters() {
-			b := c.batch(tc.Trace, tc.Generation, nil, 0)
-			b.Counters = tc.Hops
-			b.Events = tc.Events
-			b.WatermarkNs = watermark
-			if err := send(b); err != nil {
+		for _, m := range c.Heartbeats() {
+			if err := send(m); err != nil {
 				return err
 			}
 		}
@@ -225,12 +152,9 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 	if err := sendCounters(); err != nil {
 		return sent, err
 	}
-	next := time.Now().Add(c.CountersEvery)
+	next := time.Now().Add(c.Every())
 	for {
-		wait := time.Until(next)
-		pctx, pcancel := context.WithTimeout(ctx, max(wait, time.Millisecond))
-		b := c.Queue.Pop(pctx)
-		pcancel()
+		b := c.Pop(ctx, next)
 		if ctx.Err() != nil {
 			if b != nil {
 				c.Queue.PushFront(b)
@@ -244,11 +168,10 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 		}
 		if b != nil {
 			resend := b.Seq != 0
-			m := c.batch(b.Trace, b.Generation, b.Records, b.Seq)
-			if len(b.Values) > 0 {
-				m.Values, m.ValueSize = b.Values, record.ValuesSize
+			if !resend {
+				b.Seq = c.NextSeq()
 			}
-			b.Seq = m.BatchSeq
+			m := c.Message(b.Trace, b.Generation, b.Records, b.Values, b.Seq)
 			if err := send(m); err != nil {
 				keep(b)
 				requeue()
@@ -266,7 +189,7 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 				requeue()
 				return sent, err
 			}
-			next = time.Now().Add(c.CountersEvery)
+			next = time.Now().Add(c.Every())
 		}
 		if b == nil && c.Queue.Closed() {
 			// The agent is stopping and everything was sent.
@@ -299,21 +222,4 @@ func errDone(err error) error {
 		return err
 	}
 	return errStopped
-}
-
-// readerSlack covers records read from the ring buffer but not yet in the
-// queue (the reader flushes a batch at N records or after 100 ms).
-const readerSlack = 250 * time.Millisecond
-
-// watermark is how recent every record this node has not sent yet is at
-// least (CLOCK_MONOTONIC): the oldest queued record, else now minus what the
-// reader may still hold. Counters overtake the queue, so without it a
-// collector would take their time as the node's progress and cut packets
-// whose records still wait here.
-func (c *Client) watermark() int64 {
-	wm := clock.Monotonic() - int64(readerSlack)
-	if oldest, ok := c.Queue.OldestTs(); ok && oldest < wm {
-		wm = oldest
-	}
-	return wm
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
 	"github.com/hoptrace/hoptrace/agent/internal/tracer"
+	"github.com/hoptrace/hoptrace/agent/internal/transport"
 )
 
 type sink struct {
@@ -81,7 +82,7 @@ func TestClientStreamsAndReconnects(t *testing.T) {
 	counters := func() []tracer.TraceCounters {
 		return []tracer.TraceCounters{{Trace: "t", Generation: 1, Hops: []*pb.HopCounters{{Hop: "h", Values: []uint64{3}}}}}
 	}
-	c := &Client{Addr: addr, Node: "n1", Queue: q, Counters: counters, CountersEvery: 50 * time.Millisecond}
+	c := &Client{Addr: addr, Batcher: transport.Batcher{Node: "n1", Queue: q, Counters: counters, CountersEvery: 50 * time.Millisecond}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -152,8 +153,8 @@ func TestClientStreamsAndReconnects(t *testing.T) {
 	for seq := range seqs {
 		maxSeq = max(maxSeq, seq)
 	}
-	c2 := &Client{Node: "n1", Queue: q}
-	if first := c2.batch("t", 1, nil, 0).GetBatchSeq(); first <= maxSeq {
+	c2 := &Client{Batcher: transport.Batcher{Node: "n1", Queue: q}}
+	if first := c2.NextSeq(); first <= maxSeq {
 		t.Errorf("restarted agent's first batch_seq %d <= previous run's %d", first, maxSeq)
 	}
 

@@ -42,12 +42,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hoptrace/hoptrace/agent/internal/backoff"
-	"github.com/hoptrace/hoptrace/agent/internal/clock"
-	"github.com/hoptrace/hoptrace/agent/internal/collector"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
-	"github.com/hoptrace/hoptrace/agent/internal/tracer"
+	"github.com/hoptrace/hoptrace/agent/internal/transport"
 )
 
 // The header that marks a hoptrace message; collectors count and skip
@@ -196,21 +194,17 @@ func SplitValuesByPartition(trace string, records, values []byte, partitions int
 	return out
 }
 
-// Producer publishes batches from Queue, and every CountersEvery a heartbeat
-// per trace (counters, watermark, clock) to every partition.
+// Producer publishes the batches of its Batcher's queue, and every
+// CountersEvery a heartbeat per trace (counters, watermark, clock) to every
+// partition.
 type Producer struct {
 	Config
-	Node          string
-	Queue         *stream.Queue
-	Counters      func() []tracer.TraceCounters
-	CountersEvery time.Duration
-	Clock         func(mono int64) *pb.NodeClock
-	Log           *slog.Logger
+	transport.Batcher
+	Log *slog.Logger
 	// PartitionsEvery: how often the topic's partition count is read again.
 	PartitionsEvery time.Duration
 
-	seq uint64
-	cl  *kgo.Client
+	cl *kgo.Client
 
 	recordsSent, messagesSent, heartbeats atomic.Uint64
 	produceErrors, recordsFailed          atomic.Uint64
@@ -304,9 +298,6 @@ func (p *Producer) Run(ctx context.Context) error {
 	if p.Log == nil {
 		p.Log = slog.Default()
 	}
-	if p.CountersEvery <= 0 {
-		p.CountersEvery = time.Second
-	}
 	if p.PartitionsEvery <= 0 {
 		p.PartitionsEvery = 10 * time.Second
 	}
@@ -341,7 +332,7 @@ func (p *Producer) Run(ctx context.Context) error {
 	for {
 		if !time.Now().Before(nextCounters) {
 			p.heartbeat(ctx)
-			nextCounters = time.Now().Add(p.CountersEvery)
+			nextCounters = time.Now().Add(p.Every())
 		}
 		if !time.Now().Before(nextPartitions) {
 			if err := p.readPartitions(ctx, adm); err != nil {
@@ -349,9 +340,7 @@ func (p *Producer) Run(ctx context.Context) error {
 			}
 			nextPartitions = time.Now().Add(p.PartitionsEvery)
 		}
-		pctx, cancel := context.WithTimeout(ctx, max(time.Until(nextCounters), time.Millisecond))
-		b := p.Queue.Pop(pctx)
-		cancel()
+		b := p.Pop(ctx, nextCounters)
 		if ctx.Err() != nil {
 			if b != nil {
 				p.Queue.PushFront(b)
@@ -403,28 +392,12 @@ func (p *Producer) readPartitions(ctx context.Context, adm *kadm.Client) error {
 
 var errNoTopic = errors.New("no such topic")
 
-// nextSeq is the batch_seq of a new message group: it starts at the agent's
-// start time in ns (a restarted agent never reuses its numbers) and counts
-// up. The messages one batch is split into share it: each goes to another
-// partition, and collectors deduplicate per partition by (node, batch_seq).
-func (p *Producer) nextSeq() uint64 {
-	if p.seq == 0 {
-		p.seq = uint64(time.Now().UnixNano())
-	}
-	p.seq++
-	return p.seq
-}
-
-func (p *Producer) message(trace string, gen uint64, records []byte, seq uint64) *pb.RecordBatch {
-	var clk *pb.NodeClock
-	if p.Clock != nil {
-		clk = p.Clock(midTimestamp(records))
-	} else {
-		clk = &pb.NodeClock{MonotonicToRealtimeNs: collector.MonotonicToRealtime()}
-	}
-	return &pb.RecordBatch{Node: p.Node, Trace: trace, Generation: gen, BatchSeq: seq,
-		Records: records, RecordSize: record.Size, AgentDropped: p.Queue.Dropped() + p.recordsFailed.Load(),
-		Clock: clk}
+// message is the Batcher's message, with the records the brokers refused
+// counted as dropped too.
+func (p *Producer) message(trace string, gen uint64, records, values []byte, seq uint64) *pb.RecordBatch {
+	m := p.Message(trace, gen, records, values, seq)
+	m.AgentDropped += p.recordsFailed.Load()
+	return m
 }
 
 func (p *Producer) produce(ctx context.Context, m *pb.RecordBatch, partition int32, records int) {
@@ -458,16 +431,16 @@ func (p *Producer) produce(ctx context.Context, m *pb.RecordBatch, partition int
 // publish splits one batch by partition and produces a message per part.
 func (p *Producer) publish(ctx context.Context, b *stream.Batch) {
 	n := int(p.partitions.Load())
-	seq := p.nextSeq()
+	// The messages one batch is split into share its batch_seq: each goes to
+	// another partition, and collectors deduplicate per partition by (node,
+	// batch_seq).
+	seq := p.NextSeq()
 	values := SplitValuesByPartition(b.Trace, b.Records, b.Values, n)
 	for part, recs := range SplitByPartition(b.Trace, b.Records, n) {
 		if len(recs) == 0 {
 			continue
 		}
-		m := p.message(b.Trace, b.Generation, recs, seq)
-		if len(values[part]) > 0 {
-			m.Values, m.ValueSize = values[part], record.ValuesSize
-		}
+		m := p.message(b.Trace, b.Generation, recs, values[part], seq)
 		p.produce(ctx, m, int32(part), len(recs)/record.Size)
 	}
 }
@@ -476,46 +449,16 @@ func (p *Producer) publish(ctx context.Context, b *stream.Batch) {
 // partition. Produced after the records it vouches for, it follows them in
 // each partition.
 func (p *Producer) heartbeat(ctx context.Context) {
-	if p.Counters == nil {
-		return
-	}
 	n := int32(p.partitions.Load())
-	watermark := p.watermark()
-	for _, tc := range p.Counters() {
+	for _, m := range p.Heartbeats() {
 		// One message, the same bytes in every partition: its clock too, so
 		// every partition's owner puts the counters' and events' growth lines
 		// at the same timestamps and InfluxDB keeps them once
 		// (collector/actions.py, CumulativeGrowth).
-		m := p.message(tc.Trace, tc.Generation, nil, p.nextSeq())
-		m.Counters = tc.Hops
-		m.Events = tc.Events // event probes' cumulative values (RecordBatch.events)
-		m.WatermarkNs = watermark
+		m.AgentDropped += p.recordsFailed.Load()
 		for part := int32(0); part < n; part++ {
 			p.produce(ctx, m, part, 0)
 		}
 		p.heartbeats.Add(1)
 	}
-}
-
-// readerSlack covers records read from the ring buffer but not yet queued.
-const readerSlack = 250 * time.Millisecond
-
-// watermark: every record not handed to franz-go yet is at least this recent
-// (CLOCK_MONOTONIC): the oldest queued record, else now minus the reader's
-// slack. Records already handed over precede the heartbeat in its partition.
-func (p *Producer) watermark() int64 {
-	wm := clock.Monotonic() - int64(readerSlack)
-	if oldest, ok := p.Queue.OldestTs(); ok && oldest < wm {
-		wm = oldest
-	}
-	return wm
-}
-
-func midTimestamp(records []byte) int64 {
-	if len(records) < record.Size {
-		return 0
-	}
-	first := int64(binary.LittleEndian.Uint64(records))
-	last := int64(binary.LittleEndian.Uint64(records[len(records)-record.Size:]))
-	return first + (last-first)/2
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
+	"github.com/hoptrace/hoptrace/agent/internal/transport"
 )
 
 func packed(ids []uint32) []byte {
@@ -166,7 +167,7 @@ func TestUnreachableBrokersQueueAndStopClean(t *testing.T) {
 	l.Close() // nothing listens there now: connection refused
 	q := stream.NewQueue(1 << 20)
 	q.Push(&stream.Batch{Trace: "t", Records: packed([]uint32{1, 2, 3})})
-	p := &Producer{Config: Config{Brokers: []string{addr}, Topic: "t"}, Node: "n", Queue: q,
+	p := &Producer{Config: Config{Brokers: []string{addr}, Topic: "t"}, Batcher: transport.Batcher{Node: "n", Queue: q},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
