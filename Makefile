@@ -265,7 +265,7 @@ fuzz: setup build ## the fuzzers: FUZZ_TIME per Go target (5m, or 50000x runs), 
 		echo "fuzz $$target for $(FUZZ_TIME)"; \
 		(cd agent && go test -run '^$$' -fuzz "^$${target##*:}$$" -fuzztime $(FUZZ_TIME) ./$${target%%:*}) || exit 1; \
 	done
-	HOPTRACE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/dispatcher/test_spec_hostile.py
+	HOPTRACE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/spec/test_spec_hostile.py
 
 .PHONY: bench
 bench: setup build ## every benchmark, full size (~12 min): bench/results/<time>.{json,md,png}

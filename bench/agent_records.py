@@ -128,7 +128,7 @@ def run(ctx: Any) -> dict[str, Any]:
     """Rising record rates through one agent; records/s, losses, CPU, RSS per step."""
     from common import PlanAgent, RecordSink, UsageSampler, log, metric_sum, progs_of, target
     from hoptrace.dispatcher.compile import standalone_plans
-    from hoptrace.dispatcher.spec import spec_from_data
+    from hoptrace.spec import spec_from_data
 
     rates = ctx.size([100_000, 0], [100_000, 250_000, 500_000, 1_000_000, 2_000_000, 0])
     seconds = ctx.size(1.0, 4.0)

@@ -40,8 +40,8 @@ from case_common import (
     traced_topology,
 )
 
-from hoptrace.dispatcher.spec import load_spec
 from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.spec import load_spec
 
 RESULTS = REPO / "bench" / "results"
 HOST_HOPS = [

@@ -59,7 +59,7 @@ from case_common import (
 from case_congested_bridge import HOPS as DEVICE_HOPS  # the same c1 -> c2 path on the routed topology
 
 from hoptrace.cli.mace import mace_agent
-from hoptrace.dispatcher.spec import spec_from_data
+from hoptrace.spec import spec_from_data
 from hoptrace.v1 import trace_pb2
 
 # ... and then the server's receive call in c2: the device -> application time with hoptrace alone.

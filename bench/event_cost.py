@@ -39,7 +39,7 @@ from common import (
     target,
 )
 from hoptrace.dispatcher.compile import standalone_plans
-from hoptrace.dispatcher.spec import load_spec
+from hoptrace.spec import load_spec
 
 BPF_OBJECT = Path(__file__).resolve().parents[1] / "kernel-patch" / "build" / "hoptrace.bpf.o"
 CONDITIONS = {

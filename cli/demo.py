@@ -21,13 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hoptrace.common.timeouts import scaled
-from hoptrace.dispatcher.spec import spec_to_yaml
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import start_influxd
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
 from hoptrace.lab.workloads import sockperf
 from hoptrace.results.report_view import render_text, report_from_proto
+from hoptrace.spec import spec_to_yaml
 from hoptrace.v1 import api_pb2
 
 # sockperf's count of the messages its client sent in the whole run (warm-up included): the datagrams

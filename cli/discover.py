@@ -17,8 +17,8 @@ from google.protobuf import json_format
 from hoptrace.cli.api import CliError, api_call, client_of
 from hoptrace.common.client import APPLY_TIMEOUT_S, ApiError
 from hoptrace.common.durations import parse_duration
-from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_data, spec_to_yaml
 from hoptrace.results.path_view import path_data, paths_text, segment_data
+from hoptrace.spec import SpecError, load_spec, spec_to_data, spec_to_yaml
 from hoptrace.v1 import api_pb2, trace_pb2
 
 # Beyond --duration: the agents load and attach, read, and answer (dispatcher/presets.py RESULT_GRACE_S).

@@ -38,11 +38,11 @@ from hoptrace.common.grpcutil import (
 )
 from hoptrace.common.timeouts import scaled
 from hoptrace.common.version import API_VERSION, package_version
-from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
 from hoptrace.results.agent_view import agent_data, clock_texts, transport_state
 from hoptrace.results.format import timestamp_text
 from hoptrace.results.packets_view import packets_from_proto, render_packets_text
 from hoptrace.results.report_view import render_text, report_from_proto
+from hoptrace.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
 from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
 
 DEFAULT_DISPATCHER = "127.0.0.1:7070"

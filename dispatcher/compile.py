@@ -18,7 +18,7 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +28,11 @@ from google.protobuf import json_format
 
 from hoptrace import kernel_abi
 from hoptrace.common.timeouts import scaled
-from hoptrace.dispatcher import workloads
-from hoptrace.dispatcher.actions import hop_actions, reads_field
-from hoptrace.dispatcher.events import EVENT_PROGRAMS, event_attach
-from hoptrace.dispatcher.spec import (
-    AttachPoint,
-    parse_attach_point,
-    tcp_tagging_enabled,
-    udp_tagging_enabled,
-)
-from hoptrace.v1 import agent_pb2, trace_pb2
+from hoptrace.spec import AttachPoint, parse_attach_point, tcp_tagging_enabled, udp_tagging_enabled
+from hoptrace.spec.actions import FIELD_NUMBERS
+from hoptrace.spec.events import CPU_KEY, function_source, latency_since
+from hoptrace.spec.workloads import attach_netns
+from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +58,12 @@ XMIT_TRACEPOINT_PROGRAM = "hop_tp_btf_xmit"
 # kfree_skb hops without it still load on older kernels.
 KFREE_TRACEPOINT_PROGRAM = "hop_tp_btf_kfree"
 TCP_TAGGER_PROGRAM = "tag_tcp"
+# Events: the tracepoint program, and kernel-function events' (kprobe: FUNCTION, fentry: FUNCTION) programs
+# and attach kinds.
+EVENT_PROGRAM = "event_tp"
+FUNCTION_PROGRAMS = {"kprobe": "event_kprobe", "fentry": "event_fentry"}
+EVENT_PROGRAMS = (EVENT_PROGRAM, *FUNCTION_PROGRAMS.values())
+FUNCTION_KINDS = {"kprobe": trace_pb2.ATTACH_KIND_KPROBE, "fentry": trace_pb2.ATTACH_KIND_FENTRY}
 # socket-read hops, by the filter's protocol. hop_sock_read_udp's macro also defines the queue pair
 # (hop_sock_read_udp_queue, hop_sock_read_udp_enqueue) the agent runs instead on kernels from 6.6.
 SOCKET_READ_PROGRAMS = {"udp": "hop_sock_read_udp", "tcp": "hop_sock_read_tcp"}
@@ -153,6 +154,73 @@ def flow_match(flt: trace_pb2.Filter) -> agent_pb2.FlowMatch:
     return match
 
 
+def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopActions]:
+    """Each hop's typed HopActions, by index: count and histogram as written, and prev_ts on every hop
+    before a latency histogram on the same node, so that hop finds the packet's previous timestamp."""
+    out: dict[int, agent_pb2.HopActions] = {}
+    latency_after: dict[str, int] = {}  # node -> index of the last hop there with a latency histogram
+    for index, hop in enumerate(hops):
+        actions = agent_pb2.HopActions()
+        for action in hop.actions:
+            if action.kind == "count":
+                actions.count = True
+                actions.count_by = FIELD_NUMBERS.get(action.by, 0)
+            elif action.kind == "record":
+                actions.record.extend(FIELD_NUMBERS.get(name, 0) for name in action.fields)
+            elif action.kind == "histogram":
+                actions.histogram = FIELD_NUMBERS.get(action.field, 0)
+                if action.field == "latency":
+                    latency_after[hop.node] = index
+        out[index] = actions
+    for index, hop in enumerate(hops):
+        if index < latency_after.get(hop.node, -1):
+            out[index].prev_ts = True
+    return out
+
+
+def refused_action_fields(
+    hops: Sequence[trace_pb2.HopSpec], hop_index: int, refused: agent_pb2.HopActions
+) -> list[str]:
+    """The spec fields (``hops[i].actions[j]``) of the actions an agent reports its kernel's verifier refused
+    on hop `hop_index`: the inverse of `hop_actions`. A refused prev_ts is the timestamp this hop keeps for
+    the latency histogram of a later hop on its node, so it names that histogram."""
+    if not 0 <= hop_index < len(hops):
+        return []
+    fields = []
+    for position, action in enumerate(hops[hop_index].actions):
+        if (
+            (action.kind == "count" and refused.count)
+            or (action.kind == "histogram" and refused.histogram)
+            or (action.kind == "record" and refused.record)
+        ):
+            fields.append(f"hops[{hop_index}].actions[{position}]")
+    if refused.prev_ts:
+        node = hops[hop_index].node
+        for later in range(len(hops) - 1, hop_index, -1):
+            if hops[later].node != node:
+                continue
+            for position, action in enumerate(hops[later].actions):
+                if action.kind == "histogram" and action.field == "latency":
+                    fields.append(f"hops[{later}].actions[{position}]")
+                    break
+            else:
+                continue
+            break
+    return fields
+
+
+def reads_field(actions: agent_pb2.HopActions | None, name: str) -> bool:
+    """Does a hop with these typed actions read field `name` (count by or histogram)?"""
+    if actions is None:
+        return False
+    number = FIELD_NUMBERS[name]
+    return (
+        (actions.count and actions.count_by == number)
+        or actions.histogram == number
+        or number in actions.record
+    )
+
+
 def hop_attach(
     hop: trace_pb2.HopSpec,
     index: int,
@@ -161,7 +229,7 @@ def hop_attach(
     protocol: str = "",
 ) -> agent_pb2.HopAttach:
     """One validated hop as its node's agent attaches it: typed kind and target, the program to run, and
-    its actions (typed: `hoptrace.dispatcher.actions.hop_actions`)."""
+    its actions (typed: `hop_actions`)."""
     point = parse_attach_point(hop.at)
     attach = agent_pb2.HopAttach(
         hop_index=index,
@@ -169,7 +237,7 @@ def hop_attach(
         kind=point.attach,
         program=program_for_point(point, protocol, reads_field(actions, "drop_reason")),
         dev=hop.dev,
-        netns=workloads.attach_netns(hop),
+        netns=attach_netns(hop),
         cgroup=hop.cgroup,
         tag_udp=tag_udp,
     )
@@ -181,6 +249,40 @@ def hop_attach(
         attach.binary, attach.function = point.binary, point.target
     elif point.target:
         attach.function = point.target
+    return attach
+
+
+def event_attach(event: trace_pb2.EventSpec, index: int, spec: trace_pb2.TraceSpec) -> agent_pb2.EventAttach:
+    """One validated event as its node's agent loads it: typed terms, count key, histogram argument,
+    recorded arguments, and the pairing of latencies (this event marks its time when a later event of
+    `spec` measures since it)."""
+    attach = agent_pb2.EventAttach(event_index=index, name=event.name, program=EVENT_PROGRAM)
+    function = function_source(event)
+    if function is not None:
+        attach.kind, attach.function = FUNCTION_KINDS[function[0]], function[1]
+        attach.program = FUNCTION_PROGRAMS[function[0]]
+    else:
+        attach.tracepoint_group, attach.tracepoint_event = event.tracepoint.split(":", 1)
+    attach.where.extend(event.where)
+    actions = list(event.actions) or [trace_pb2.ActionSpec(kind="count")]
+    for action in actions:
+        if action.kind == "count":
+            attach.count = True
+            if action.by == CPU_KEY:
+                attach.count_by = counters_pb2.EVENT_KEY_CPU
+            elif action.by:
+                attach.count_by, attach.count_by_arg = counters_pb2.EVENT_KEY_ARG, action.by
+        elif action.kind == "histogram" and action.since:
+            attach.latency_arg = event.key
+            attach.latency_since = next(
+                i for i, other in enumerate(spec.events) if other.name == action.since
+            )
+        elif action.kind == "histogram":
+            attach.histogram_arg = action.field
+        elif action.kind == "record":
+            attach.record_args.extend(action.fields)
+    if any(latency_since(other) == event.name for other in spec.events):
+        attach.mark_arg = event.key
     return attach
 
 
@@ -222,9 +324,7 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
         first = spec.hops[0]
         cgroup = first.cgroup if first.at == "cgroup-egress" else ""
         plans[first.node].tcp_tagging.CopyFrom(
-            agent_pb2.TcpTagging(
-                netns=workloads.attach_netns(first), cgroup=cgroup, program=TCP_TAGGER_PROGRAM
-            )
+            agent_pb2.TcpTagging(netns=attach_netns(first), cgroup=cgroup, program=TCP_TAGGER_PROGRAM)
         )
     return plans
 

@@ -16,14 +16,19 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from hoptrace.dispatcher.actions import refused_action_fields
-from hoptrace.dispatcher.compile import BpfCompiler, CompileError, build_plans, compile_spec
+from hoptrace.dispatcher.compile import (
+    BpfCompiler,
+    CompileError,
+    build_plans,
+    compile_spec,
+    refused_action_fields,
+)
 from hoptrace.dispatcher.presets import PresetRunner
 from hoptrace.dispatcher.registry import AgentConnection, AgentRegistry
 from hoptrace.dispatcher.signing import MessageSigner
-from hoptrace.dispatcher.spec import FieldError, format_errors, validate_spec
 from hoptrace.dispatcher.state import StateStore, StoredTrace, now
-from hoptrace.dispatcher.workloads import resolve_workloads
+from hoptrace.spec import FieldError, format_errors, validate_spec
+from hoptrace.spec.workloads import resolve_workloads
 from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from google.protobuf import json_format
 from hoptrace.common.stats import quantile
 from hoptrace.dispatcher.compile import flow_match
 from hoptrace.dispatcher.presets import MAX_DURATION_S, PresetError, PresetRunner
-from hoptrace.dispatcher.spec import FieldError, _validate_filter, format_errors
+from hoptrace.spec import FieldError, format_errors, validate_filter
 from hoptrace.v1 import api_pb2, trace_pb2
 
 DEFAULT_DURATION_MS = 5000
@@ -73,7 +73,7 @@ class Crossing:
 def validate_request(request: api_pb2.DiscoverRequest, connected: Iterable[str]) -> list[FieldError]:
     """The request's problems, each naming its field."""
     errors: list[FieldError] = []
-    _validate_filter(trace_pb2.TraceSpec(filter=request.filter), errors)
+    validate_filter(trace_pb2.TraceSpec(filter=request.filter), errors)
     if request.filter.protocol not in ("udp", "tcp"):
         errors.append(FieldError("filter.protocol", "required: udp or tcp (the tagger depends on it)"))
     if not request.filter.src:

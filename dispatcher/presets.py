@@ -15,10 +15,9 @@ import uuid
 import grpc
 
 from hoptrace.common.durations import parse_duration
-from hoptrace.dispatcher import workloads
 from hoptrace.dispatcher.registry import AgentRegistry
 from hoptrace.dispatcher.signing import MessageSigner
-from hoptrace.dispatcher.spec import FieldError
+from hoptrace.spec import FieldError, workloads
 from hoptrace.v1 import agent_pb2
 
 # The flags each preset takes remotely (hoptrace-agent mace|iron, without dashes). Left out on purpose:

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from google.protobuf import json_format
 
-from hoptrace.dispatcher.spec import SpecError, spec_from_data, spec_to_data, validate_spec
+from hoptrace.spec import SpecError, spec_from_data, spec_to_data, validate_spec
 from hoptrace.v1 import trace_pb2
 
 log = logging.getLogger(__name__)

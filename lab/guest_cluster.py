@@ -112,7 +112,7 @@ def path_spec(guests: GuestCluster, name: str, protocol: str) -> trace_pb2.Trace
         trace_pb2.HopSpec(name="b-nic-in", node=b.node, at="tc-ingress", dev=b.nic),
     ]
     # UDP goes on to guest-b's receiving application: the socket-read hop records each datagram when
-    # sockperf's server reads it (6.1: the UDP read path before 6.6, dispatcher/README.md). A TCP flow ends
+    # sockperf's server reads it (6.1: the UDP read path before 6.6, spec/README.md). A TCP flow ends
     # at the NIC: its handshake, pure ACKs and FIN never reach the application, so they would read as lost
     # at a socket-read hop.
     if protocol == "udp":

@@ -10,9 +10,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from hoptrace.dispatcher.compile import TCP_TAGGER_PROGRAM, standalone_plans
-from hoptrace.dispatcher.spec import check_spec, spec_from_data
 from hoptrace.lab.processes import REPO_ROOT
 from hoptrace.lab.topology import TwoHostTopology
+from hoptrace.spec import check_spec, spec_from_data
 from hoptrace.v1 import trace_pb2
 
 BPF_OBJECT = REPO_ROOT / "kernel-patch" / "build" / "hoptrace.bpf.o"

@@ -1,6 +1,6 @@
 """Traces: list, create and edit from a form or from YAML, validate inline, apply, delete.
 
-Every check shown is the dispatcher's own: the spec's structure through `hoptrace.dispatcher.spec` (the code
+Every check shown is the dispatcher's own: the spec's structure through `hoptrace.spec` (the code
 the CLI and the dispatcher parse specs with), everything else through `ValidateTrace` over gRPC, whose
 `FieldError`s are placed next to the field they name (``hops[2].dev`` -> the dev box of the third hop row).
 The YAML shown is `spec_to_yaml`, so `hoptrace trace apply -f` of it applies the same spec.
@@ -31,17 +31,10 @@ from flask import (
 
 from hoptrace.common.client import ApiError
 from hoptrace.common.durations import parse_duration
-from hoptrace.dispatcher.actions import action_to_data
-from hoptrace.dispatcher.spec import (
-    FILTER_KEYS,
-    HOP_STRING_KEYS,
-    FieldError,
-    SpecError,
-    load_spec,
-    spec_from_data,
-    spec_to_yaml,
-)
 from hoptrace.results.path_view import path_data
+from hoptrace.spec import FieldError, SpecError, load_spec, spec_from_data, spec_to_yaml
+from hoptrace.spec.actions import action_to_data
+from hoptrace.spec.spec import FILTER_KEYS, HOP_STRING_KEYS
 from hoptrace.v1 import api_pb2, trace_pb2
 from hoptrace.web import pathgraph
 from hoptrace.web.agents import agent_views

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import pytest
 
 from hoptrace import kernel_abi
-from hoptrace.dispatcher.spec import spec_from_data
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology, netns_list
+from hoptrace.spec import spec_from_data
 from hoptrace.v1 import trace_pb2
 
 BUCKET = "hoptrace/autogen"

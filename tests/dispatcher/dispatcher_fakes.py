@@ -1,5 +1,5 @@
-"""Test doubles for the dispatcher tests: agent registrations (data) and a fake agent speaking AgentSession
-over a real gRPC channel (a stand-in for the Go agent)."""
+"""Test doubles for the dispatcher tests: a fake agent speaking AgentSession over a real gRPC channel (a
+stand-in for the Go agent), registering as spec_fixtures' example agents do."""
 
 from __future__ import annotations
 
@@ -9,55 +9,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import grpc
+from spec_fixtures import NODE_NAMESPACES, make_registration
 
-from hoptrace import kernel_abi
 from hoptrace.v1 import agent_pb2, agent_pb2_grpc
-
-# What this machine's kernel allows (docs/ENVIRONMENT): fentry refused by lockdown, kprobes not compiled in.
-ATTACH_SUPPORT = {
-    "tc": (True, ""),
-    "tcx": (True, ""),
-    "xdp": (True, ""),
-    "tp_btf": (True, ""),
-    "raw_tp": (True, ""),
-    "cgroup_skb": (True, ""),
-    "sock_ops": (True, ""),
-    "fentry": (False, "fentry not permitted: kernel lockdown"),
-    "fexit": (False, "fexit not permitted: kernel lockdown"),
-    "kprobe": (False, "kprobes not compiled into this kernel"),
-    "kretprobe": (False, "kretprobe not supported: kernel has no kprobe_events"),
-}
-
-NODE_NAMESPACES = {
-    "host-a": {"": ["lo", "wire0", "veth-c1", "br0"], "c1": ["lo", "eth0"]},
-    "host-b": {"": ["lo", "wire0", "veth-c2", "br0"], "c2": ["lo", "eth0"]},
-}
-
-
-def make_registration(
-    node: str, namespaces: dict[str, list[str]], running: list[agent_pb2.TraceStatus] | None = None
-) -> agent_pb2.Register:
-    """A Register as an agent on this kind of machine sends it."""
-    registration = agent_pb2.Register(node=node, kernel_release="6.18.0-test", agent_version="test")
-    registration.capabilities.btf = True
-    registration.capabilities.ring_buffer = True
-    registration.capabilities.tcp_header_options = True
-    # Every field of the catalogue, as probe.Capabilities reports it.
-    registration.capabilities.action_fields.extend(range(1, len(kernel_abi.FIELDS)))
-    for kind, (supported, reason) in ATTACH_SUPPORT.items():
-        registration.capabilities.attach[kind].supported = supported
-        registration.capabilities.attach[kind].reason = reason
-    for inode, (name, devices) in enumerate(namespaces.items(), start=4026531840):
-        namespace = registration.namespaces.add(name=name, inode=inode)
-        for ifindex, device in enumerate(devices, start=1):
-            namespace.devices.add(name=device, ifindex=ifindex, mtu=1500, kind="veth")
-    registration.running.extend(running or [])
-    return registration
-
-
-def example_registrations() -> dict[str, agent_pb2.Register]:
-    """host-a and host-b of the contract spec."""
-    return {node: make_registration(node, namespaces) for node, namespaces in NODE_NAMESPACES.items()}
 
 
 class FakeAgent:

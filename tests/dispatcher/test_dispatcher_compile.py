@@ -6,12 +6,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_dispatcher_spec import CONTRACT_SPEC
+from spec_fixtures import CONTRACT_SPEC
 
 from hoptrace import kernel_abi
 from hoptrace.dispatcher.compile import (
     ALL_PROGRAMS,
     DISCOVERY_PROGRAMS,
+    EVENT_PROGRAMS,
     KFREE_TRACEPOINT_PROGRAM,
     KRETPROBE_ENTRY_PROGRAM,
     PROGRAM_FOR_KIND,
@@ -30,8 +31,8 @@ from hoptrace.dispatcher.compile import (
     generate_source,
     programs_for_plan,
 )
-from hoptrace.dispatcher.events import EVENT_PROGRAMS
-from hoptrace.dispatcher.spec import KIND_FAMILY, load_spec
+from hoptrace.spec import load_spec
+from hoptrace.spec.attach import KIND_FAMILY
 from hoptrace.v1 import agent_pb2, trace_pb2
 
 ALL_KINDS_SPEC = """

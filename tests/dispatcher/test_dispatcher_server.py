@@ -18,14 +18,14 @@ import grpc
 import pytest
 import yaml
 from dispatcher_fakes import FakeAgent
-from test_dispatcher_spec import CONTRACT_SPEC
+from spec_fixtures import CONTRACT_SPEC
 
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.dispatcher.compile import BpfCompiler, Toolchain
 from hoptrace.dispatcher.server import DispatcherServer
-from hoptrace.dispatcher.spec import load_spec
 from hoptrace.lab.waiting import wait_until
+from hoptrace.spec import load_spec
 from hoptrace.v1 import agent_pb2, agent_pb2_grpc, api_pb2, api_pb2_grpc, trace_pb2
 
 HOPTRACE = Path(sys.executable).parent / "hoptrace"
@@ -458,7 +458,7 @@ def test_cli_spec_errors_print_field_reason_lines(cluster: Cluster, tmp_path: Pa
     failing = _hoptrace(cluster.address, "trace", "apply", "-f", str(tmp_path / "missing.yaml"))
     assert failing.returncode == 1 and "cannot read" in failing.stderr
 
-    binary = tmp_path / "binary.yaml"  # finding 6: a UnicodeDecodeError traceback before
+    binary = tmp_path / "binary.yaml"  # not UTF-8: a field error, never a UnicodeDecodeError traceback
     binary.write_bytes(bytes(range(256)))
     result = _hoptrace(cluster.address, "trace", "apply", "-f", str(binary))
     assert result.returncode == 1 and "spec: not UTF-8 text" in result.stderr

@@ -5,7 +5,7 @@ field."""
 from __future__ import annotations
 
 import pytest
-from dispatcher_fakes import example_registrations
+from spec_fixtures import example_registrations
 
 from hoptrace.dispatcher.compile import (
     REPO_ROOT,
@@ -14,7 +14,7 @@ from hoptrace.dispatcher.compile import (
     generate_source,
     programs_for_plan,
 )
-from hoptrace.dispatcher.spec import SpecError, load_spec, parse_attach_point
+from hoptrace.spec import SpecError, load_spec, parse_attach_point
 from hoptrace.v1 import counters_pb2, trace_pb2
 
 pytestmark = pytest.mark.unit

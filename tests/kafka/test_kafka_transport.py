@@ -17,8 +17,7 @@ from typing import Any
 from google.protobuf import json_format
 from kafka_helpers import scrape
 
-from hoptrace.dispatcher.events import event_attach
-from hoptrace.dispatcher.spec import spec_from_data
+from hoptrace.dispatcher.compile import event_attach
 from hoptrace.lab.influx import BUCKET, distinct_packets, segment_counts
 from hoptrace.lab.kafka import publish_backlog
 from hoptrace.lab.localcluster import LocalCluster
@@ -27,6 +26,7 @@ from hoptrace.lab.reference import path_plans, vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
 from hoptrace.results.report_view import report_from_proto
 from hoptrace.results.store import read_report
+from hoptrace.spec import spec_from_data
 from hoptrace.v1 import records_pb2
 
 PORT = 7788

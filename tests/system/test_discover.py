@@ -19,9 +19,9 @@ import pytest
 from system_helpers import UdpSender, running_cluster, wait_report
 
 from hoptrace.common.timeouts import scaled
-from hoptrace.dispatcher.spec import load_spec
 from hoptrace.lab.bpfstate import bpf_fds, bpftool_json, tcx_attachments
 from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.spec import load_spec
 from hoptrace.v1 import api_pb2, trace_pb2
 
 # (node, netns role or "" for the host's own, dev, direction) in path order: c1 -> c2 over VXLAN.

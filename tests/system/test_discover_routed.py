@@ -18,9 +18,9 @@ import pytest
 from system_helpers import wait_report
 from test_discover import assert_nothing_attached_anywhere
 
-from hoptrace.dispatcher.spec import load_spec
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.routed import RoutedTopology
+from hoptrace.spec import load_spec
 from hoptrace.v1 import api_pb2
 
 PORT = 13131

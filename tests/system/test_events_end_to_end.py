@@ -21,9 +21,9 @@ import grpc
 import pytest
 from system_helpers import running_cluster
 
-from hoptrace.dispatcher.spec import spec_from_data
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.spec import spec_from_data
 from hoptrace.v1 import trace_pb2
 
 SENT = 150

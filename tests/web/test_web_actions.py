@@ -28,9 +28,9 @@ from test_web_pathgraph import log_in
 from web_helpers import live_server, screenshot, web_config
 
 from hoptrace import kernel_abi
-from hoptrace.dispatcher.spec import spec_from_data
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.spec import spec_from_data
 from hoptrace.v1 import trace_pb2
 from hoptrace.web import create_app
 

@@ -216,7 +216,7 @@ def test_security_headers_and_secure_cookies_behind_a_tls_proxy(dispatcher):
 
 def test_editing_a_trace_in_the_form_keeps_its_hop_actions():
     """The form does not edit actions yet; a trace edited there must keep them (a hidden input per row)."""
-    from hoptrace.dispatcher.spec import load_spec
+    from hoptrace.spec import load_spec
     from hoptrace.web.traces import TraceForm
 
     spec = load_spec(

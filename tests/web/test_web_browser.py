@@ -22,9 +22,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 from system_helpers import running_cluster
 from web_helpers import PASSWORD, USERNAME, live_server, screenshot, web_config
 
-from hoptrace.dispatcher.spec import load_spec, spec_to_yaml
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.spec import load_spec, spec_to_yaml
 from hoptrace.v1 import api_pb2
 from hoptrace.web import create_app
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 import yaml
-from dispatcher_fakes import example_registrations
+from spec_fixtures import CONTRACT_SPEC, example_registrations
 
-from hoptrace.dispatcher.spec import (
+from hoptrace.spec import (
     FieldError,
     SpecError,
     load_spec,
@@ -24,22 +24,6 @@ from hoptrace.v1 import trace_pb2
 
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
-CONTRACT_SPEC = """\
-name: udp-a-to-b                 # [a-z0-9-]+, unique
-filter:                          # every field optional; fields are ANDed
-  protocol: udp                  # udp | tcp
-  src: 198.18.1.2                # address or CIDR, IPv4 or IPv6
-  dst: 198.18.2.2
-  src_port: 0                    # 0 or absent = any
-  dst_port: 11111
-sample: 1                        # trace 1 packet in N
-hops:                            # in path order; each hop runs on one node's agent
-  - {name: a-c1-out,   node: host-a, at: tc-egress,  dev: eth0, netns: c1}
-  - {name: a-br-in,    node: host-a, at: "tracepoint:net:netif_receive_skb", dev: veth-c1}
-  - {name: a-wire-out, node: host-a, at: tc-egress,  dev: wire0}
-  - {name: b-wire-in,  node: host-b, at: tc-ingress, dev: wire0}
-  - {name: b-c2-in,    node: host-b, at: tc-ingress, dev: eth0, netns: c2}
-"""
 
 BASE = yaml.safe_load(CONTRACT_SPEC)
 

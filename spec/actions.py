@@ -1,5 +1,5 @@
-"""Hop actions (``actions:`` on a hop): their spec forms, their checks, and the typed `HopActions` the agent
-loads as constants.
+"""Hop actions (``actions:`` on a hop): their spec forms and their checks. The dispatcher turns them into the
+typed `HopActions` the agent loads as constants (`hoptrace.dispatcher.compile.hop_actions`).
 
 The field catalogue is kernel-patch/include/hoptrace.h's ``enum hoptrace_field`` (``kernel_abi.FIELDS``,
 ``trace_pb2``'s ``Field``); this module says which attach kinds can give each field. Nothing the user wrote
@@ -16,14 +16,12 @@ Spec forms (in a hop's ``actions`` list)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from hoptrace import kernel_abi
+from hoptrace.spec.attach import AttachPoint
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
-
-if TYPE_CHECKING:
-    from hoptrace.dispatcher.spec import AttachPoint
 
 ACTION_KINDS = ("timestamp", "count", "histogram", "record")
 # Fields one record action carries (struct hoptrace_values in hoptrace.h).
@@ -32,7 +30,7 @@ RECORD_FIELDS_MAX = kernel_abi.VALUES_MAX
 FIELDS: tuple[str, ...] = tuple(kernel_abi.FIELDS[1:])
 FIELD_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kernel_abi.FIELDS) if number}
 
-# Program families (hoptrace.dispatcher.spec.KIND_FAMILY) whose hop programs see an sk_buff.
+# Program families (hoptrace.spec.attach.KIND_FAMILY) whose hop programs see an sk_buff.
 SKB_FAMILIES = frozenset({"tc", "cgroup_skb", "tp_btf", "fentry", "fexit", "kprobe", "kretprobe"})
 ALL_FAMILIES = SKB_FAMILIES | {"xdp"}
 # Families whose programs find a packet read by the application (socket-read; uprobe: the packet its
@@ -337,75 +335,3 @@ def _agent_field_problem(
         return [(where, f"node {hop.node} cannot give field {name!r}: {why}")]
     listed = ", ".join(sorted(reported, key=FIELDS.index)) if reported else "none (an older agent)"
     return [(where, f"node {hop.node}'s agent cannot read field {name!r}; it reports: {listed}")]
-
-
-def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopActions]:
-    """Each hop's typed HopActions, by index: count and histogram as written, and prev_ts on every hop
-    before a latency histogram on the same node, so that hop finds the packet's previous timestamp."""
-    out: dict[int, agent_pb2.HopActions] = {}
-    latency_after: dict[str, int] = {}  # node -> index of the last hop there with a latency histogram
-    for index, hop in enumerate(hops):
-        actions = agent_pb2.HopActions()
-        for action in hop.actions:
-            if action.kind == "count":
-                actions.count = True
-                actions.count_by = FIELD_NUMBERS.get(action.by, 0)
-            elif action.kind == "record":
-                actions.record.extend(FIELD_NUMBERS.get(name, 0) for name in action.fields)
-            elif action.kind == "histogram":
-                actions.histogram = FIELD_NUMBERS.get(action.field, 0)
-                if action.field == "latency":
-                    latency_after[hop.node] = index
-        out[index] = actions
-    for index, hop in enumerate(hops):
-        if index < latency_after.get(hop.node, -1):
-            out[index].prev_ts = True
-    return out
-
-
-def refused_action_fields(
-    hops: Sequence[trace_pb2.HopSpec], hop_index: int, refused: agent_pb2.HopActions
-) -> list[str]:
-    """The spec fields (``hops[i].actions[j]``) of the actions an agent reports its kernel's verifier refused
-    on hop `hop_index`: the inverse of `hop_actions`. A refused prev_ts is the timestamp this hop keeps for
-    the latency histogram of a later hop on its node, so it names that histogram."""
-    if not 0 <= hop_index < len(hops):
-        return []
-    fields = []
-    for position, action in enumerate(hops[hop_index].actions):
-        if (
-            (action.kind == "count" and refused.count)
-            or (action.kind == "histogram" and refused.histogram)
-            or (action.kind == "record" and refused.record)
-        ):
-            fields.append(f"hops[{hop_index}].actions[{position}]")
-    if refused.prev_ts:
-        node = hops[hop_index].node
-        for later in range(len(hops) - 1, hop_index, -1):
-            if hops[later].node != node:
-                continue
-            for position, action in enumerate(hops[later].actions):
-                if action.kind == "histogram" and action.field == "latency":
-                    fields.append(f"hops[{later}].actions[{position}]")
-                    break
-            else:
-                continue
-            break
-    return fields
-
-
-def reads_field(actions: agent_pb2.HopActions | None, name: str) -> bool:
-    """Does a hop with these typed actions read field `name` (count by or histogram)?"""
-    if actions is None:
-        return False
-    number = FIELD_NUMBERS[name]
-    return (
-        (actions.count and actions.count_by == number)
-        or actions.histogram == number
-        or number in actions.record
-    )
-
-
-def field_name(number: int) -> str:
-    """The catalogue name of a Field number ("" for none or unknown)."""
-    return kernel_abi.FIELDS[number] if 0 < number < len(kernel_abi.FIELDS) else ""

@@ -1,18 +1,14 @@
 """Event probes in specs (``events:``): the short where: form and the structured one parse to the same typed
-terms, every bad input is refused naming its spec field, and plans carry typed EventAttach messages (no
-user text reaches the object)."""
+terms, and every bad input is refused naming its spec field (tests/dispatcher/test_dispatcher_plans.py: the
+typed EventAttach messages of the plans)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from dispatcher_fakes import example_registrations
+from spec_fixtures import example_registrations, guest_registrations
 
 from hoptrace import kernel_abi
-from hoptrace.dispatcher import events
-from hoptrace.dispatcher.compile import BpfCompiler, build_plans, elf_sections, programs_for_plan
-from hoptrace.dispatcher.spec import SpecError, load_spec, spec_to_json, spec_to_yaml, validate_spec
+from hoptrace.spec import SpecError, events, load_spec, spec_to_json, spec_to_yaml, validate_spec
 from hoptrace.v1 import counters_pb2, trace_pb2
 
 pytestmark = pytest.mark.unit
@@ -220,7 +216,7 @@ def test_duplicate_event_names_are_refused() -> None:
     assert errors == ["events[1].name: duplicate event name 'e' (also events[0]) (line 7)"], errors
 
 
-def test_events_round_trip_and_become_typed_plans() -> None:
+def test_events_round_trip() -> None:
     text = _spec(
         "{name: rx, node: host-a, tracepoint: 'irq:softirq_entry', where: 'vec == 3', "
         "actions: [{count: {by: cpu}}]}",
@@ -230,43 +226,6 @@ def test_events_round_trip_and_become_typed_plans() -> None:
     )
     spec = load_spec(text, example_registrations())
     assert load_spec(spec_to_yaml(spec)) == spec == load_spec(spec_to_json(spec))
-    plans = build_plans(spec, 3)
-    rx = plans["host-a"].events[0]
-    assert (rx.event_index, rx.tracepoint_group, rx.tracepoint_event, rx.program) == (
-        0,
-        "irq",
-        "softirq_entry",
-        "event_tp",
-    )
-    assert (rx.count, rx.count_by, rx.count_by_arg, rx.histogram_arg) == (
-        True,
-        counters_pb2.EVENT_KEY_CPU,
-        "",
-        "",
-    )
-    assert [(t.arg, t.op, list(t.values)) for t in rx.where] == [("vec", EQ, [3])]
-    xmit, plain = plans["host-b"].events
-    assert (xmit.event_index, xmit.count_by, xmit.count_by_arg, xmit.histogram_arg) == (
-        1,
-        counters_pb2.EVENT_KEY_ARG,
-        "len",
-        "len",
-    )
-    # No actions: a plain count.
-    assert (plain.event_index, plain.count, plain.count_by, list(plain.where)) == (
-        2,
-        True,
-        counters_pb2.EVENT_KEY_TOTAL,
-        [],
-    )
-    # host-b runs no hop: its object holds the event program alone.
-    assert programs_for_plan(plans["host-b"]) == ("event_tp",)
-    assert "event_tp" in programs_for_plan(plans["host-a"])
-
-
-def test_event_program_compiles_alone(tmp_path) -> None:
-    elf = BpfCompiler(cache_dir=tmp_path).compile_programs(("event_tp",))
-    assert "tracepoint" in elf_sections(elf)
 
 
 def test_api_spec_with_a_bad_operator_number_is_refused() -> None:
@@ -327,47 +286,6 @@ def test_since_on_a_hop_is_refused() -> None:
     assert any(e.startswith("hops[0].actions[1]: since: pairs two events") for e in errors), errors
 
 
-def test_the_wakeup_example_pairs_its_events_in_the_plan() -> None:
-    """examples/events-wakeup.yaml: the wake-up marks by pid, the run measures since it by next_pid (the
-    index of the marking event), the receive sizes are recorded; and it round-trips."""
-    text = (Path(__file__).resolve().parents[2] / "examples" / "events-wakeup.yaml").read_text()
-    spec = load_spec(text.replace("host-b", "host-a"), example_registrations())
-    assert load_spec(spec_to_yaml(spec)) == spec and load_spec(spec_to_json(spec)) == spec
-    attaches = {e.name: e for e in build_plans(spec, 1)["host-a"].events}
-    wakeup, run, sizes = attaches["wakeup"], attaches["run"], attaches["receive-sizes"]
-    assert (wakeup.mark_arg, wakeup.latency_arg, wakeup.count_by) == ("pid", "", counters_pb2.EVENT_KEY_CPU)
-    assert (run.mark_arg, run.latency_arg, run.latency_since, run.histogram_arg) == ("", "next_pid", 0, "")
-    assert list(sizes.record_args) == ["ret"] and not sizes.count
-
-
-def _guest_registrations() -> dict:
-    """Registrations of nodes whose kernels allow kprobes and fentry (Debian's, in the VM lab)."""
-    agents = example_registrations()
-    for registration in agents.values():
-        for kind in ("kprobe", "fentry"):
-            registration.capabilities.attach[kind].supported = True
-            registration.capabilities.attach[kind].reason = ""
-    return agents
-
-
-def test_kernel_function_events_become_typed_plans() -> None:
-    text = _spec(
-        "{name: rx, node: host-a, kprobe: net_rx_action, actions: [{count: {by: cpu}}]}",
-        "{name: rcv, node: host-a, fentry: ip_rcv, where: 'pid == 1', actions: [count, {record: [arg1]}]}",
-    )
-    spec = load_spec(text, _guest_registrations())
-    assert load_spec(spec_to_yaml(spec)) == spec and load_spec(spec_to_json(spec)) == spec
-    plan = build_plans(spec, 1)["host-a"]
-    rx, rcv = plan.events
-    assert (rx.kind, rx.function, rx.program, rx.tracepoint_group) == (
-        trace_pb2.ATTACH_KIND_KPROBE, "net_rx_action", "event_kprobe", ""
-    )  # fmt: skip
-    assert (rcv.kind, rcv.function, rcv.program, list(rcv.record_args)) == (
-        trace_pb2.ATTACH_KIND_FENTRY, "ip_rcv", "event_fentry", ["arg1"]
-    )  # fmt: skip
-    assert {"event_fentry", "event_kprobe"} <= set(programs_for_plan(plan))
-
-
 @pytest.mark.parametrize(
     ("event", "field", "words"),
     [
@@ -384,7 +302,7 @@ def test_kernel_function_events_become_typed_plans() -> None:
 )
 def test_bad_kernel_function_events_name_the_field(event: str, field: str, words: str) -> None:
     with pytest.raises(SpecError) as caught:
-        load_spec(_spec(event), _guest_registrations())
+        load_spec(_spec(event), guest_registrations())
     errors = [str(error) for error in caught.value.errors]
     assert any(e.startswith(f"{field}: ") and words in e for e in errors), errors
 
@@ -402,9 +320,3 @@ def test_a_node_that_refuses_kprobes_or_fentry_is_named_at_validation() -> None:
         e.startswith("events[1].fentry: node host-b cannot attach fentry: fentry not permitted")
         for e in errors
     )
-
-
-def test_function_event_programs_compile_alone(tmp_path) -> None:
-    elf = BpfCompiler(cache_dir=tmp_path).compile_programs(("event_kprobe", "event_fentry"))
-    sections = elf_sections(elf)
-    assert "kprobe/netif_receive_skb" in sections and "fentry/netif_receive_skb" in sections, sections

@@ -1,5 +1,6 @@
-"""Event probes (``events:`` beside ``hops:``): their spec forms, their checks, and the typed `EventAttach`
-each node's agent loads as constants of the one event program (kernel-patch/include/event.bpf.h).
+"""Event probes (``events:`` beside ``hops:``): their spec forms and their checks. The dispatcher turns each
+validated event into the typed `EventAttach` its node's agent loads as constants of the one event program
+(`hoptrace.dispatcher.compile.event_attach`, kernel-patch/include/event.bpf.h).
 
 The user's ``where:`` text is parsed here, once, into `EventTerm` messages (argument name, `EventOp`
 number, integer values); nothing the user wrote reaches C. Which arguments a tracepoint has, and their
@@ -34,19 +35,17 @@ per event would cost what one point per packet does.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hoptrace import kernel_abi
-from hoptrace.dispatcher import actions as hop_actions
-from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
+from hoptrace.spec import actions as hop_actions
+from hoptrace.spec.attach import attach_refusal
+from hoptrace.v1 import agent_pb2, trace_pb2
 
 EVENT_KEYS = ("name", "node", "tracepoint", "kprobe", "fentry", "where", "actions", "key")
-EVENT_PROGRAM = "event_tp"
-# Kernel-function events (kprobe: FUNCTION, fentry: FUNCTION): their program, attach kind and arguments.
-FUNCTION_PROGRAMS = {"kprobe": "event_kprobe", "fentry": "event_fentry"}
-EVENT_PROGRAMS = (EVENT_PROGRAM, *FUNCTION_PROGRAMS.values())
-FUNCTION_KINDS = {"kprobe": trace_pb2.ATTACH_KIND_KPROBE, "fentry": trace_pb2.ATTACH_KIND_FENTRY}
+# Kernel-function events (kprobe: FUNCTION, fentry: FUNCTION) and their arguments.
+FUNCTION_SOURCES = ("kprobe", "fentry")
 FUNCTION_ARGS = (*(f"arg{i}" for i in range(kernel_abi.EVENT_FUNCTION_ARGS)), "pid")
 MAX_EVENTS = 64
 MAX_NAME_LEN = 63  # as trace and hop names
@@ -403,7 +402,7 @@ def validate_event(event: trace_pb2.EventSpec, field: str) -> list[EventError]:
 
 def function_source(event: trace_pb2.EventSpec) -> tuple[str, str] | None:
     """("kprobe" or "fentry", the function) of a kernel-function event; None for a tracepoint's."""
-    for kind in FUNCTION_KINDS:
+    for kind in FUNCTION_SOURCES:
         if getattr(event, kind):
             return kind, getattr(event, kind)
     return None
@@ -478,13 +477,11 @@ def validate_events(spec: trace_pb2.TraceSpec) -> list[EventError]:
 
 
 def validate_against_agents(
-    spec: trace_pb2.TraceSpec,
-    agents: Mapping[str, agent_pb2.Register],
-    refusal: Callable[[agent_pb2.Register, str], str | None],
+    spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register]
 ) -> list[EventError]:
     """Events on nodes that are not registered, and kernel-function events on a node whose kernel refuses
-    kprobes or fentry (`refusal(registration, kind)`: the reason it reported). Tracepoints, functions and
-    arguments are the node's kernel's: its agent checks them at apply time."""
+    kprobes or fentry (the reason it reported). Tracepoints, functions and arguments are the node's
+    kernel's: its agent checks them at apply time."""
     known = ", ".join(sorted(agents)) or "none"
     errors: list[EventError] = []
     for position, event in enumerate(spec.events):
@@ -497,43 +494,9 @@ def validate_against_agents(
             )
             continue
         function = function_source(event)
-        why = refusal(registration, function[0]) if function else None
+        why = attach_refusal(registration, function[0]) if function else None
         if function and why:
             errors.append(
                 (f"events[{position}].{function[0]}", f"node {event.node} cannot attach {function[0]}: {why}")
             )
     return errors
-
-
-def event_attach(event: trace_pb2.EventSpec, index: int, spec: trace_pb2.TraceSpec) -> agent_pb2.EventAttach:
-    """One validated event as its node's agent loads it: typed terms, count key, histogram argument,
-    recorded arguments, and the pairing of latencies (this event marks its time when a later event of
-    `spec` measures since it)."""
-    attach = agent_pb2.EventAttach(event_index=index, name=event.name, program=EVENT_PROGRAM)
-    function = function_source(event)
-    if function is not None:
-        attach.kind, attach.function = FUNCTION_KINDS[function[0]], function[1]
-        attach.program = FUNCTION_PROGRAMS[function[0]]
-    else:
-        attach.tracepoint_group, attach.tracepoint_event = event.tracepoint.split(":", 1)
-    attach.where.extend(event.where)
-    actions = list(event.actions) or [trace_pb2.ActionSpec(kind="count")]
-    for action in actions:
-        if action.kind == "count":
-            attach.count = True
-            if action.by == CPU_KEY:
-                attach.count_by = counters_pb2.EVENT_KEY_CPU
-            elif action.by:
-                attach.count_by, attach.count_by_arg = counters_pb2.EVENT_KEY_ARG, action.by
-        elif action.kind == "histogram" and action.since:
-            attach.latency_arg = event.key
-            attach.latency_since = next(
-                i for i, other in enumerate(spec.events) if other.name == action.since
-            )
-        elif action.kind == "histogram":
-            attach.histogram_arg = action.field
-        elif action.kind == "record":
-            attach.record_args.extend(action.fields)
-    if any(latency_since(other) == event.name for other in spec.events):
-        attach.mark_arg = event.key
-    return attach

@@ -1,19 +1,17 @@
-"""Hop actions in specs: each bad action or field is refused naming its spec field; good ones round-trip and
-compile to typed HopActions (no user text reaches the object)."""
+"""Hop actions in specs: each bad action or field is refused naming its spec field; good ones round-trip
+(tests/dispatcher/test_dispatcher_plans.py: they compile to typed HopActions)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from dispatcher_fakes import example_registrations, make_registration
+from spec_fixtures import example_registrations, make_registration
 
 from hoptrace import kernel_abi
-from hoptrace.dispatcher import actions
-from hoptrace.dispatcher.compile import build_plans
-from hoptrace.dispatcher.controller import status_failures
-from hoptrace.dispatcher.spec import KIND_FAMILY, SpecError, load_spec, spec_to_json, spec_to_yaml
-from hoptrace.v1 import agent_pb2, counters_pb2
+from hoptrace.spec import SpecError, actions, load_spec, spec_to_json, spec_to_yaml
+from hoptrace.spec.attach import KIND_FAMILY
+from hoptrace.v1 import counters_pb2
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +45,7 @@ def test_catalogue_is_the_generated_one_and_every_field_has_its_kinds() -> None:
         assert where <= families, name
 
 
-def test_actions_round_trip_and_compile_to_typed_constants() -> None:
+def test_actions_round_trip() -> None:
     text = _spec(
         "{name: a-wire, node: host-a, at: tc-egress, dev: wire0,"
         " actions: [timestamp, {count: {by: cpu}}, {histogram: latency}]}",
@@ -59,25 +57,6 @@ def test_actions_round_trip_and_compile_to_typed_constants() -> None:
     spec = load_spec(text, example_registrations())
     assert load_spec(spec_to_yaml(spec)) == spec
     assert load_spec(spec_to_json(spec)) == spec
-    plans = build_plans(spec, 1)
-    a = {hop.name: hop.actions for hop in plans["host-a"].hops}
-    b = {hop.name: hop.actions for hop in plans["host-b"].hops}
-    # a-out precedes a latency histogram on its node: it remembers timestamps; nothing else.
-    assert not a["a-out"].count and a["a-out"].histogram == 0 and a["a-out"].prev_ts
-    assert a["a-wire"].count and a["a-wire"].count_by == counters_pb2.FIELD_CPU
-    assert a["a-wire"].histogram == counters_pb2.FIELD_LATENCY and not a["a-wire"].prev_ts
-    assert b["b-in"].count and b["b-in"].count_by == 0 and b["b-in"].histogram == counters_pb2.FIELD_LEN
-    assert not b["b-in"].prev_ts  # latency is per node: host-b has no latency hop
-    assert b["b-c2"].count_by == counters_pb2.FIELD_MARK
-    assert list(b["b-c2"].record) == [counters_pb2.FIELD_LEN, counters_pb2.FIELD_TTL]
-    assert not b["b-in"].record
-
-
-def test_hops_without_actions_compile_to_no_actions() -> None:
-    spec = load_spec(_spec("{name: b-in, node: host-b, at: tc-ingress, dev: wire0}"), example_registrations())
-    for plan in build_plans(spec, 1).values():
-        for hop in plan.hops:
-            assert not hop.HasField("actions")
 
 
 @pytest.mark.parametrize(
@@ -219,27 +198,6 @@ def test_the_example_spec_with_actions_is_valid() -> None:
     assert list(spec.hops[4].actions[1].fields) == ["len", "ttl"]
 
 
-def test_new_fields_compile_and_drop_reason_picks_the_kfree_skb_program() -> None:
-    text = _spec(
-        "{name: b-in, node: host-b, at: tc-ingress, dev: wire0,"
-        " actions: [timestamp, {count: {by: ttl}}, {histogram: gso_size}]}",
-        "{name: b-drop, node: host-b, at: 'tracepoint:skb:kfree_skb',"
-        " actions: [timestamp, {count: {by: drop_reason}}]}",
-        "{name: b-free, node: host-b, at: 'tracepoint:skb:kfree_skb', actions: [timestamp, count]}",
-        "{name: b-app, node: host-b, at: cgroup-egress, cgroup: app,"
-        " actions: [timestamp, {count: {by: pid}}]}",
-    )
-    plans = build_plans(load_spec(text, example_registrations()), 1)
-    hops = {hop.name: hop for hop in plans["host-b"].hops}
-    assert hops["b-in"].actions.count_by == counters_pb2.FIELD_TTL
-    assert hops["b-in"].actions.histogram == counters_pb2.FIELD_GSO_SIZE
-    assert hops["b-drop"].program == "hop_tp_btf_kfree"
-    assert hops["b-drop"].actions.count_by == counters_pb2.FIELD_DROP_REASON
-    # Without the reason, kfree_skb keeps the generic program: it loads on kernels before 5.17 too.
-    assert hops["b-free"].program == "hop_tp_btf"
-    assert hops["b-app"].actions.count_by == counters_pb2.FIELD_PID
-
-
 def test_a_node_whose_kernel_lacks_a_field_is_refused_with_its_reason() -> None:
     agents = example_registrations()
     old = make_registration("host-b", {"": ["wire0"]})
@@ -262,48 +220,3 @@ def test_a_node_whose_kernel_lacks_a_field_is_refused_with_its_reason() -> None:
         "hops[1].actions[1]: node host-b cannot give field 'drop_reason':"
         " skb:kfree_skb has no reason argument before Linux 5.17 (line 5)"
     ]
-
-
-def test_actions_the_verifier_refused_are_named_by_their_spec_fields() -> None:
-    """An agent reports which of a hop's actions its kernel's verifier refused (HopStatus.refused_actions, as
-    agent/internal/loader's TestRefusedActionIsNamed gets from a real refusal): the apply's failure names
-    `hops[i].actions[j]`, and a refused prev_ts names the later latency histogram it serves."""
-    spec = load_spec(
-        _spec(
-            "{name: a-wire, node: host-a, at: tc-egress, dev: wire0,"
-            " actions: [timestamp, {count: {by: cpu}}, {histogram: latency}, {record: [len]}]}",
-        ),
-        example_registrations(),
-    )
-    reason = "hop a-wire: the kernel's verifier refuses its histogram action (the hop loads without): ..."
-    status = agent_pb2.TraceStatus(
-        trace="acts",
-        generation=1,
-        hops=[
-            agent_pb2.HopStatus(
-                hop_index=0,
-                name="a-out",
-                attached=False,
-                error="hop a-out: refused",
-                refused_actions=agent_pb2.HopActions(prev_ts=True),
-            ),
-            agent_pb2.HopStatus(
-                hop_index=1,
-                name="a-wire",
-                attached=False,
-                error=reason,
-                refused_actions=agent_pb2.HopActions(
-                    histogram=counters_pb2.FIELD_LATENCY, record=[counters_pb2.FIELD_LEN]
-                ),
-            ),
-        ],
-    )
-    failures = status_failures("host-a", status, None, spec)
-    assert failures == [
-        "hops[1].actions[2]: hop a-out on node host-a: refused",
-        "hops[1].actions[2], hops[1].actions[3]: hop a-wire on node host-a: the kernel's verifier refuses its"
-        " histogram action (the hop loads without): ...",
-    ]
-    # Without refused actions (any other failure), the hop's own field, as before.
-    status.hops[1].ClearField("refused_actions")
-    assert status_failures("host-a", status, None, spec)[1].startswith("hop a-wire (hops[1]) on node host-a:")
