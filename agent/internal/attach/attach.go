@@ -1,26 +1,104 @@
 // Package attach loads and attaches one hop of a TracePlan where its `at`
-// says: tcx, XDP, tp_btf, cgroup_skb, fentry, fexit, kprobe, kretprobe,
-// socket-read, uprobe and uretprobe, and the sock_ops TCP tagger. Every attachment is an fd-based link and nothing is pinned, so a
-// killed agent leaves nothing attached.
+// says. Each attach kind is a pair of steps in a file of its own (tc.go,
+// xdp.go, tracepoint.go, cgroup.go, fentry.go, kprobe.go, socketread.go,
+// uprobe.go, and the sock_ops TCP tagger in tagger.go): prepare specialises
+// the hop before load, attach attaches the loaded program and returns what
+// detaches it. The table kinds maps each kind to its pair. Every attachment is
+// an fd-based link and nothing is pinned, so a killed agent leaves nothing
+// attached; the exception is a tc hop's clsact filter on a kernel without tcx
+// (before 6.6), which only Close removes.
 package attach
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
-	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
+
+// kinds is every attach kind's pair of steps.
+var kinds = map[pb.AttachKind]hopKind{
+	pb.AttachKind_ATTACH_KIND_TC_INGRESS:     tcIngress,
+	pb.AttachKind_ATTACH_KIND_TC_EGRESS:      tcEgress,
+	pb.AttachKind_ATTACH_KIND_XDP:            xdp,
+	pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS: cgroupIngress,
+	pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS:  cgroupEgress,
+	pb.AttachKind_ATTACH_KIND_TRACEPOINT:     tracepoint,
+	pb.AttachKind_ATTACH_KIND_FENTRY:         fentry,
+	pb.AttachKind_ATTACH_KIND_FEXIT:          fexit,
+	pb.AttachKind_ATTACH_KIND_KPROBE:         kprobe,
+	pb.AttachKind_ATTACH_KIND_KRETPROBE:      kretprobe,
+	pb.AttachKind_ATTACH_KIND_SOCKET_READ:    socketRead,
+	pb.AttachKind_ATTACH_KIND_UPROBE:         uprobe,
+	pb.AttachKind_ATTACH_KIND_URETPROBE:      uretprobe,
+}
+
+// hopKind is one attach kind: what its hops do with a device, and its steps.
+type hopKind struct {
+	device deviceUse
+	// prepare runs before load: it checks the plan's fields for this kind and
+	// specialises p.cfg, which the loader applies to the hop's ProgramSpec
+	// (program, companion, attach target and type) and its constants; it
+	// resolves what attach needs and names the attachment (p.describe).
+	prepare func(p *pending) error
+	// attach runs after load and returns what detaches the hop; on an error
+	// it has detached whatever it attached itself.
+	attach func(p *pending, l *loader.Hop) (detachers, error)
+	// loadRefusal, when set, words a load error this kind can explain.
+	loadRefusal func(p *pending, err error) error
+}
+
+// deviceUse is what a kind does with the plan's dev.
+type deviceUse int
+
+const (
+	deviceOptional deviceUse = iota // resolved in the hop's netns when given (a filter)
+	deviceRequired                  // the kind attaches to it
+	deviceIgnored                   // cgroup kinds: never resolved
+)
+
+// pending is one hop between its plan and its attachment: prepare fills it
+// in, attach reads it.
+type pending struct {
+	plan           *pb.HopAttach // nil for the TCP tagger
+	nsPath, nsName string
+	cfg            loader.HopConfig
+	describe       string // where the hop attaches, e.g. "tcx egress on eth0 in netns c1"
+	ifindex        int    // the plan's dev in the hop's netns; 0 without one
+	// target is what prepare resolved the hop's target to: a cgroup's
+	// path, or a uprobe binary's path as the agent opens it (exe).
+	target string
+	exe    *link.Executable
+}
+
+// detachers undo one hop's attachment in order: its links (the program's
+// first), or the clsact filter of a tc hop on a kernel without tcx.
+type detachers []io.Closer
+
+// Close detaches every one, in order.
+func (d detachers) Close() error {
+	var err error
+	for _, c := range d {
+		err = errors.Join(err, c.Close())
+	}
+	return err
+}
+
+// single is the result of an attach that makes one link.
+func single(l link.Link, err error) (detachers, error) {
+	if err != nil {
+		return nil, err
+	}
+	return detachers{l}, nil
+}
 
 // Env is what every hop of an agent shares.
 type Env struct {
@@ -33,14 +111,11 @@ type Env struct {
 
 // Hop is one attached hop.
 type Hop struct {
-	Name   string
-	Index  uint32
-	Loaded *loader.Hop
-	Link   link.Link
-	filter *clsactFilter // a tc hop on a kernel without tcx, instead of Link
-	// companion is the link of Loaded.Companion (UDP socket-read's enqueue side).
-	companion link.Link
-	Describe  string // e.g. "tcx egress on eth0 in netns c1"
+	Name     string
+	Index    uint32
+	Loaded   *loader.Hop
+	Describe string // e.g. "tcx egress on eth0 in netns c1"
+	detach   detachers
 }
 
 // Close detaches first, then releases the program and maps.
@@ -48,21 +123,22 @@ func (h *Hop) Close() error {
 	if h == nil {
 		return nil
 	}
-	var err error
-	if h.Link != nil {
-		err = h.Link.Close()
-		h.Link = nil
-	}
-	if h.filter != nil {
-		err = errors.Join(err, h.filter.Close())
-		h.filter = nil
-	}
-	if h.companion != nil {
-		err = errors.Join(err, h.companion.Close())
-		h.companion = nil
-	}
+	err := h.detach.Close()
+	h.detach = nil
 	h.Loaded.Close()
 	return err
+}
+
+// Links are the hop's links, its program's first; none for a tc hop
+// attached as a clsact filter.
+func (h *Hop) Links() []link.Link {
+	var out []link.Link
+	for _, d := range h.detach {
+		if l, ok := d.(link.Link); ok {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // AttachHop loads and attaches one hop. Errors name the hop and the reason.
@@ -79,260 +155,68 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 	if ha.GetProgram() == "" {
 		return nil, fmt.Errorf("plan names no program for the %s hop", kindName(kind))
 	}
-	nsPath := netns.Path(ha.GetNetns(), env.Netns)
-	nsName := netns.Display(ha.GetNetns(), env.Netns)
-	cfg := env.Base
-	cfg.Name = ha.GetName()
-	cfg.Program = ha.GetProgram()
-	cfg.HopIndex = uint16(ha.GetHopIndex())
-	cfg.TagUDP = ha.GetTagUdp()
-	actions, aerr := loader.ActionsFromPlan(ha.GetActions())
-	if aerr != nil {
-		return nil, aerr
+	p := &pending{plan: ha, nsPath: netns.Path(ha.GetNetns(), env.Netns), nsName: netns.Display(ha.GetNetns(), env.Netns),
+		cfg: env.Base}
+	p.cfg.Name = ha.GetName()
+	p.cfg.Program = ha.GetProgram()
+	p.cfg.HopIndex = uint16(ha.GetHopIndex())
+	p.cfg.TagUDP = ha.GetTagUdp()
+	actions, err := loader.ActionsFromPlan(ha.GetActions())
+	if err != nil {
+		return nil, err
 	}
-	cfg.Actions = actions
+	p.cfg.Actions = actions
 	if ha.GetHopIndex() > 0xffff {
 		return nil, fmt.Errorf("hop_index %d out of range", ha.GetHopIndex())
 	}
-
-	var ifindex int
-	var err error
-	isCgroup := kind == pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS || kind == pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS
-	needDev := kind == pb.AttachKind_ATTACH_KIND_TC_INGRESS || kind == pb.AttachKind_ATTACH_KIND_TC_EGRESS ||
-		kind == pb.AttachKind_ATTACH_KIND_XDP
-	if needDev && ha.GetDev() == "" {
+	k, known := kinds[kind]
+	if k.device == deviceRequired && ha.GetDev() == "" {
 		return nil, fmt.Errorf("%s needs a dev", kindName(kind))
 	}
-	if ha.GetDev() != "" && !isCgroup {
-		if _, err := os.Stat(nsPath); err != nil {
-			return nil, fmt.Errorf("netns %s: %w", nsName, err)
+	if ha.GetDev() != "" && k.device != deviceIgnored {
+		if _, err := os.Stat(p.nsPath); err != nil {
+			return nil, fmt.Errorf("netns %s: %w", p.nsName, err)
 		}
-		ifindex, err = netns.Ifindex(nsPath, ha.GetDev())
-		if err != nil {
-			return nil, fmt.Errorf("device %s not found in netns %s", ha.GetDev(), nsName)
+		if p.ifindex, err = netns.Ifindex(p.nsPath, ha.GetDev()); err != nil {
+			return nil, fmt.Errorf("device %s not found in netns %s", ha.GetDev(), p.nsName)
 		}
 	}
-
-	h := &Hop{Name: ha.GetName(), Index: ha.GetHopIndex()}
-	load := func() error {
-		l, err := loader.LoadHop(spec, cfg, env.Load)
-		if err != nil {
-			return unwrapHopPrefix(err, cfg.Name)
-		}
-		h.Loaded = l
-		return nil
-	}
-
-	switch kind {
-	case pb.AttachKind_ATTACH_KIND_TC_INGRESS, pb.AttachKind_ATTACH_KIND_TC_EGRESS, pb.AttachKind_ATTACH_KIND_XDP:
-		if err := load(); err != nil {
-			return nil, err
-		}
-		h.Describe = fmt.Sprintf("%s on %s in netns %s", kindName(kind), ha.GetDev(), nsName)
-		if kind == pb.AttachKind_ATTACH_KIND_XDP {
-			err = netns.Do(nsPath, func() error {
-				var err error
-				h.Link, err = link.AttachXDP(link.XDPOptions{Interface: ifindex, Program: h.Loaded.Program})
-				return err
-			})
-		} else {
-			h.Link, h.filter, err = attachTC(nsPath, ifindex, h.Loaded.Program, kind == pb.AttachKind_ATTACH_KIND_TC_INGRESS)
-		}
-	case pb.AttachKind_ATTACH_KIND_TRACEPOINT:
-		cfg.AttachTo = ha.GetTracepointEvent()
-		cfg.Ifindex = uint32(ifindex)
-		// err is the switch's (checked after it): an attach error must not go to a shadow.
-		var ino uint64
-		if ino, err = netns.Inode(nsPath); err != nil {
-			return nil, err
-		}
-		cfg.NetnsIno = uint32(ino)
-		if err := load(); err != nil {
-			return nil, err
-		}
-		h.Describe = fmt.Sprintf("tp_btf %s:%s in netns %s", ha.GetTracepointGroup(), ha.GetTracepointEvent(), nsName)
-		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
-	case pb.AttachKind_ATTACH_KIND_SOCKET_READ:
-		// Scoped by the reader's netns (hop_sock_read reads current's); the
-		// program's own section names its event (consume_skb for UDP,
-		// skb_copy_datagram_iovec for TCP).
-		if ha.GetDev() != "" {
-			return nil, fmt.Errorf("socket-read takes no dev (got %q): it is scoped by the reader's netns", ha.GetDev())
-		}
-		if err := socketReadProgram(&cfg); err != nil {
-			return nil, err
-		}
-		var ino uint64
-		if ino, err = netns.Inode(nsPath); err != nil {
-			return nil, err
-		}
-		cfg.NetnsIno = uint32(ino)
-		if err := load(); err != nil {
-			return nil, err
-		}
-		h.Describe = fmt.Sprintf("socket-read (%s) in netns %s", cfg.Program, nsName)
-		if h.Loaded.Companion != nil {
-			// The enqueue side first: a read must find the IDs of what was queued.
-			h.companion, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Companion})
-			if err != nil {
-				h.Loaded.Close()
-				return nil, fmt.Errorf("attach %s (%s): %w", h.Describe, cfg.Companion, err)
-			}
-		}
-		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
-		if err != nil && h.companion != nil {
-			_ = h.companion.Close()
-		}
-	case pb.AttachKind_ATTACH_KIND_UPROBE, pb.AttachKind_ATTACH_KIND_URETPROBE:
-		// err is the switch's: it is checked after it, so never shadow it here.
-		var ex *link.Executable
-		var path string
-		if ex, path, err = openExecutable(ha.GetBinary(), ha.GetNetns()); err != nil {
-			return nil, err
-		}
-		if err := load(); err != nil {
-			return nil, err
-		}
-		h.Describe = fmt.Sprintf("%s %s:%s", kindName(kind), path, ha.GetFunction())
-		if kind == pb.AttachKind_ATTACH_KIND_UPROBE {
-			h.Link, err = ex.Uprobe(ha.GetFunction(), h.Loaded.Program, nil)
-		} else {
-			h.Link, err = ex.Uretprobe(ha.GetFunction(), h.Loaded.Program, nil)
-		}
-		if errors.Is(err, link.ErrNoSymbol) {
-			err = fmt.Errorf("symbol %s is not in %s (%w)", ha.GetFunction(), path, err)
-		}
-	case pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS, pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS:
-		at := ebpf.AttachCGroupInetIngress
-		if kind == pb.AttachKind_ATTACH_KIND_CGROUP_EGRESS {
-			at = ebpf.AttachCGroupInetEgress
-		}
-		cfg.AttachType = at
-		path, err := CgroupPath(ha.GetCgroup())
-		if err != nil {
-			return nil, err
-		}
-		if err := load(); err != nil {
-			return nil, err
-		}
-		h.Describe = fmt.Sprintf("%s on cgroup %s", kindName(kind), path)
-		h.Link, err = link.AttachCgroup(link.CgroupOptions{Path: path, Attach: at, Program: h.Loaded.Program})
-	case pb.AttachKind_ATTACH_KIND_FENTRY, pb.AttachKind_ATTACH_KIND_FEXIT:
-		cfg.AttachTo = ha.GetFunction()
-		cfg.Ifindex = uint32(ifindex)
-		if ino, err := netns.Inode(nsPath); err == nil {
-			cfg.NetnsIno = uint32(ino)
-		}
-		if err := load(); err != nil {
-			if errors.Is(err, os.ErrPermission) {
-				// Lockdown refuses tracing programs that read kernel memory
-				// (security_locked_down(LOCKDOWN_BPF_READ_KERNEL) -> EPERM).
-				return nil, fmt.Errorf("%s not permitted: %s (%w)", kindName(kind), LockdownReason(), os.ErrPermission)
-			}
-			return nil, err
-		}
-		h.Describe = kindName(kind) + " " + ha.GetFunction()
-		h.Link, err = link.AttachTracing(link.TracingOptions{Program: h.Loaded.Program})
-	case pb.AttachKind_ATTACH_KIND_KPROBE:
-		if reason := KprobeUnsupported(); reason != "" {
-			return nil, errors.New(reason)
-		}
-		cfg.Ifindex = uint32(ifindex)
-		if ino, err := netns.Inode(nsPath); err == nil {
-			cfg.NetnsIno = uint32(ino)
-		}
-		if err := load(); err != nil {
-			return nil, err
-		}
-		h.Describe = "kprobe " + ha.GetFunction()
-		h.Link, err = link.Kprobe(ha.GetFunction(), h.Loaded.Program, nil)
-	case pb.AttachKind_ATTACH_KIND_KRETPROBE:
-		// hop_kretprobe records at the return the skb its entry kprobe kept
-		// (hop.bpf.h): the pair is one collection, sharing kret_skbs.
-		if reason := KprobeUnsupported(); reason != "" {
-			return nil, errors.New(strings.Replace(reason, "kprobe", "kretprobe", 1))
-		}
-		if cfg.Program != loader.ProgKretprobe {
-			return nil, fmt.Errorf("kretprobe runs %s, not %q", loader.ProgKretprobe, cfg.Program)
-		}
-		cfg.Companion = loader.ProgKretprobeEntry
-		cfg.Ifindex = uint32(ifindex)
-		if ino, err := netns.Inode(nsPath); err == nil {
-			cfg.NetnsIno = uint32(ino)
-		}
-		if err := load(); err != nil {
-			return nil, err
-		}
-		h.Describe = "kretprobe " + ha.GetFunction()
-		// The return first: an entry whose return is not attached yet would only fill kret_skbs.
-		h.Link, err = link.Kretprobe(ha.GetFunction(), h.Loaded.Program, nil)
-		if err == nil {
-			h.companion, err = link.Kprobe(ha.GetFunction(), h.Loaded.Companion, nil)
-			if err != nil {
-				_ = h.Link.Close()
-				h.Link = nil
-			}
-		}
-	default:
+	if !known {
 		return nil, fmt.Errorf("unknown attach kind %d", int32(kind))
 	}
-	if err != nil {
-		h.Loaded.Close()
-		return nil, fmt.Errorf("attach %s: %w", h.Describe, err)
-	}
-	return h, nil
+	return load(spec, k, p, env.Load)
 }
 
-// socketReadProgram checks a socket-read hop's program and, for UDP, picks
-// how this kernel lets it see the read: where the receive path frees the
-// datagram after the read on another CPU (skb_attempt_defer_free, 6.18) no
-// event has the skb at the read, so kernels with sock:sk_data_ready and
-// sock:sock_recv_length pair the two (hop_sock_read_udp_queue); older ones
-// (5.10 up) see the free in recvmsg itself (skb:consume_skb, hop_sock_read_udp).
-func socketReadProgram(cfg *loader.HopConfig) error {
-	switch cfg.Program {
-	case loader.ProgSockReadTCP:
-		return nil
-	case loader.ProgSockReadUDP:
-		if loader.HasTracepoint("sk_data_ready") && loader.HasTracepoint("sock_recv_length") {
-			cfg.Program = loader.ProgSockReadUDPQueue
-			cfg.Companion = loader.ProgSockReadUDPEnqueue
-			return nil
-		}
-		// skb:consume_skb has the datagram and not its socket (a queued UDP skb has no skb->sk).
-		for _, f := range []record.ActionField{record.FieldRmem, record.FieldBacklog} {
-			if cfg.Actions.Reads(f) {
-				return fmt.Errorf("field %s at a UDP socket-read hop needs the socket at the read: "+
-					"sock:sk_data_ready and sock:sock_recv_length (Linux 6.6+); this kernel has not both",
-					record.FieldKeys[f])
-			}
-		}
-		return nil
+// load runs a kind's steps around the hop's load: prepare, load, attach.
+func load(spec *ebpf.CollectionSpec, k hopKind, p *pending, opts loader.Options) (*Hop, error) {
+	if err := k.prepare(p); err != nil {
+		return nil, err
 	}
-	return fmt.Errorf("socket-read runs %s or %s, not %q", loader.ProgSockReadUDP, loader.ProgSockReadTCP, cfg.Program)
+	l, err := loader.LoadHop(spec, p.cfg, opts)
+	if err != nil {
+		err = unwrapHopPrefix(err, p.cfg.Name)
+		if k.loadRefusal != nil {
+			err = k.loadRefusal(p, err)
+		}
+		return nil, err
+	}
+	d, err := k.attach(p, l)
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("attach %s: %w", p.describe, err)
+	}
+	return &Hop{Name: p.cfg.Name, Index: uint32(p.cfg.HopIndex), Loaded: l, Describe: p.describe, detach: d}, nil
 }
 
-// openExecutable opens a uprobe hop's binary in the target process's mount
-// namespace: under /proc/PID/root when the hop's netns is /proc/PID/ns/net
-// (a container's process), else as the agent sees it.
-func openExecutable(binary, hopNetns string) (*link.Executable, string, error) {
-	if !filepath.IsAbs(binary) {
-		return nil, "", fmt.Errorf("uprobe binary %q: not an absolute path", binary)
-	}
-	path := binary
-	if rest, ok := strings.CutPrefix(hopNetns, "/proc/"); ok {
-		if pid, ok := strings.CutSuffix(rest, "/ns/net"); ok && pid != "" && !strings.Contains(pid, "/") {
-			path = filepath.Join("/proc", pid, "root", binary)
-		}
-	}
-	if _, err := os.Stat(path); err != nil {
-		return nil, path, fmt.Errorf("uprobe binary %s: %w", path, err)
-	}
-	ex, err := link.OpenExecutable(path)
+// netnsInode sets the hop's netns inode constant: the programs that see
+// every netns (tracing, kprobes, socket-read) keep only the hop's.
+func (p *pending) netnsInode() error {
+	ino, err := netns.Inode(p.nsPath)
 	if err != nil {
-		return nil, path, fmt.Errorf("uprobe binary %s: %w", path, err)
+		return err
 	}
-	return ex, path, nil
+	p.cfg.NetnsIno = uint32(ino)
+	return nil
 }
 
 // kindName is the spec's spelling of an attach kind (ATTACH_KIND_TC_EGRESS: tc-egress), for messages.
@@ -362,151 +246,4 @@ func KernelFunctionRefusal(kind pb.AttachKind) string {
 		}
 	}
 	return ""
-}
-
-// LockdownReason describes /sys/kernel/security/lockdown, e.g. "kernel lockdown (integrity)".
-func LockdownReason() string {
-	const path = "/sys/kernel/security/lockdown"
-	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-		// securityfs is not always mounted at boot; mounting it again is harmless.
-		_ = unix.Mount("securityfs", "/sys/kernel/security", "securityfs", 0, "")
-	}
-	b, err := os.ReadFile(path)
-	if err == nil {
-		// "none [integrity] confidentiality"
-		s := string(b)
-		if i := strings.Index(s, "["); i >= 0 {
-			if j := strings.Index(s[i:], "]"); j > 0 {
-				mode := s[i+1 : i+j]
-				if mode != "none" {
-					return "kernel lockdown (" + mode + ")"
-				}
-				return "permission denied (lockdown none)"
-			}
-		}
-	}
-	return "kernel lockdown"
-}
-
-// KprobeUnsupported returns why kprobes cannot be used here, or "".
-// cilium/ebpf creates kprobes through the perf "kprobe" PMU or, failing
-// that, tracefs kprobe_events; a kernel without CONFIG_KPROBE_EVENTS has neither.
-func KprobeUnsupported() string {
-	if _, err := os.Stat("/sys/bus/event_source/devices/kprobe/type"); err == nil {
-		return ""
-	}
-	for _, p := range []string{"/sys/kernel/tracing/kprobe_events", "/sys/kernel/debug/tracing/kprobe_events"} {
-		if _, err := os.Stat(p); err == nil {
-			return ""
-		}
-	}
-	return "kprobe not supported: kernel has no kprobe_events"
-}
-
-// Cgroup2Mount finds the cgroup v2 mount point in /proc/self/mountinfo
-// (/sys/fs/cgroup on pure v2 hosts, /sys/fs/cgroup/unified on hybrid ones).
-func Cgroup2Mount() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPER
-		fields := strings.Fields(sc.Text())
-		for i, fl := range fields {
-			if fl == "-" && i+1 < len(fields) && i >= 5 {
-				if fields[i+1] == "cgroup2" {
-					return unescapeMount(fields[4]), nil
-				}
-				break
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", err
-	}
-	return "", errors.New("no cgroup2 mount in /proc/self/mountinfo")
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// CgroupPath joins a plan's cgroup (relative to the cgroup2 mount) to the mount.
-func CgroupPath(rel string) (string, error) {
-	mnt, err := Cgroup2Mount()
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(mnt, filepath.Clean("/"+rel))
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("cgroup %s: %w", p, err)
-	}
-	return p, nil
-}
-
-// AttachTCPTagging attaches tag_tcp (sock_ops) to the plan's cgroup (root by
-// default), restricted to sockets of the sender namespace.
-func AttachTCPTagging(spec *ebpf.CollectionSpec, tt *pb.TcpTagging, env Env) (*Hop, error) {
-	h, err := attachTCPTagging(spec, tt, env)
-	if err != nil {
-		return nil, fmt.Errorf("tcp tagging: %w", err)
-	}
-	return h, nil
-}
-
-func attachTCPTagging(spec *ebpf.CollectionSpec, tt *pb.TcpTagging, env Env) (*Hop, error) {
-	nsPath := netns.Path(tt.GetNetns(), env.Netns)
-	scope := "for netns " + netns.Display(tt.GetNetns(), env.Netns)
-	cookie, err := netns.Cookie(nsPath)
-	if floor, _ := loader.NeedsFloor(); floor {
-		// The floor variant cannot read a socket's netns (bpf_get_netns_cookie in sock_ops is 5.15,
-		// SO_NETNS_COOKIE 5.14): the flow filter alone picks the sockets, in every netns of the cgroup.
-		cookie, err = 0, nil
-		scope = "in every netns (this kernel's sock_ops cannot tell them apart)"
-	}
-	if err != nil {
-		return nil, fmt.Errorf("netns %s cookie: %w", netns.Display(tt.GetNetns(), env.Netns), err)
-	}
-	path, err := CgroupPath(tt.GetCgroup())
-	if err != nil {
-		return nil, err
-	}
-	cfg := env.Base
-	cfg.Name = "tcp-tagging"
-	cfg.Program = tt.GetProgram()
-	if cfg.Program == "" {
-		return nil, errors.New("plan names no sock_ops program")
-	}
-	cfg.TagNetnsCookie = cookie
-	l, err := loader.LoadHop(spec, cfg, env.Load)
-	if err != nil {
-		return nil, unwrapHopPrefix(err, cfg.Name)
-	}
-	h := &Hop{Name: cfg.Name, Index: uint32(cfg.HopIndex), Loaded: l,
-		Describe: fmt.Sprintf("sock_ops on cgroup %s %s", path, scope)}
-	h.Link, err = link.AttachCgroup(link.CgroupOptions{Path: path, Attach: ebpf.AttachCGroupSockOps, Program: l.Program})
-	if err != nil {
-		l.Close()
-		return nil, fmt.Errorf("attach %s: %w", h.Describe, err)
-	}
-	return h, nil
 }

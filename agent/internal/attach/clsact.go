@@ -49,26 +49,6 @@ var TCXUnsupported = sync.OnceValue(func() string {
 	return ""
 })
 
-// attachTC attaches prog at a device's tc ingress or egress: tcx where the kernel has it, else a
-// clsact filter in direct-action mode (the program's verdict is TC_ACT_UNSPEC: it never decides).
-func attachTC(nsPath string, ifindex int, prog *ebpf.Program, ingress bool) (link.Link, *clsactFilter, error) {
-	if TCXUnsupported() == "" {
-		at := ebpf.AttachTCXEgress
-		if ingress {
-			at = ebpf.AttachTCXIngress
-		}
-		var l link.Link
-		err := netns.Do(nsPath, func() error {
-			var err error
-			l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at})
-			return err
-		})
-		return l, nil, err
-	}
-	f, err := attachClsact(nsPath, ifindex, prog, ingress)
-	return nil, f, err
-}
-
 // attachClsact adds prog as a direct-action filter at the device's clsact ingress or egress.
 func attachClsact(nsPath string, ifindex int, prog *ebpf.Program, ingress bool) (*clsactFilter, error) {
 	parent := uint32(netlink.HANDLE_MIN_EGRESS)

@@ -120,11 +120,16 @@ func linkIDs(t *testing.T, m *Manager) []uint32 {
 	var ids []uint32
 	for _, tr := range m.traces {
 		for _, h := range tr.Hops {
-			info, err := h.Link.Info()
-			if err != nil {
-				t.Fatal(err)
+			if len(h.Links()) == 0 {
+				t.Fatalf("hop %s (%s) has no link", h.Name, h.Describe)
 			}
-			ids = append(ids, uint32(info.ID))
+			for _, l := range h.Links() {
+				info, err := l.Info()
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, uint32(info.ID))
+			}
 		}
 	}
 	return ids
@@ -586,9 +591,10 @@ func childAgent() {
 	m.mu.Lock()
 	for _, tr := range m.traces {
 		for _, h := range tr.Hops {
-			info, err := h.Link.Info()
-			if err == nil {
-				s = append(s, fmt.Sprint(info.ID))
+			for _, l := range h.Links() {
+				if info, err := l.Info(); err == nil {
+					s = append(s, fmt.Sprint(info.ID))
+				}
 			}
 		}
 	}

@@ -1,0 +1,48 @@
+package attach
+
+import (
+	"strings"
+	"testing"
+
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+)
+
+// Every attach kind of the proto has its pair of steps, and only those: a kind
+// added to trace.proto without a file here fails this test, not a plan.
+func TestEveryAttachKindHasItsSteps(t *testing.T) {
+	for v, name := range pb.AttachKind_name {
+		k, ok := kinds[pb.AttachKind(v)]
+		if v == int32(pb.AttachKind_ATTACH_KIND_UNSPECIFIED) {
+			if ok {
+				t.Errorf("%s has steps", name)
+			}
+			continue
+		}
+		if !ok || k.prepare == nil || k.attach == nil {
+			t.Errorf("%s has no prepare and attach steps", name)
+		}
+	}
+	if len(kinds) != len(pb.AttachKind_name)-1 {
+		t.Errorf("%d kinds have steps, the proto has %d", len(kinds), len(pb.AttachKind_name)-1)
+	}
+}
+
+// The kinds that attach to a device refuse a hop without one; cgroup kinds
+// never look the dev up, and fail on their cgroup.
+func TestDeviceUse(t *testing.T) {
+	for _, c := range []struct {
+		kind      pb.AttachKind
+		dev, want string
+	}{
+		{pb.AttachKind_ATTACH_KIND_TC_INGRESS, "", "hop h: tc-ingress needs a dev"},
+		{pb.AttachKind_ATTACH_KIND_TC_EGRESS, "", "hop h: tc-egress needs a dev"},
+		{pb.AttachKind_ATTACH_KIND_XDP, "", "hop h: xdp needs a dev"},
+		{pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS, "ht-no-such-dev", "hop h: cgroup "},
+	} {
+		ha := &pb.HopAttach{Name: "h", Kind: c.kind, Program: "p", Dev: c.dev, Cgroup: "ht-no-such-cgroup"}
+		_, err := AttachHop(nil, ha, Env{})
+		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
+			t.Errorf("%s with dev %q: error %v, want prefix %q", kindName(c.kind), c.dev, err, c.want)
+		}
+	}
+}
