@@ -163,10 +163,12 @@ func (c *CRI) Running(ctx context.Context) ([]Container, error) {
 			}
 			sb = sandboxOf(p.GetMetadata(), st.GetInfo())
 		}
-		if sb.netns == "" && sb.pid <= 0 {
-			continue // not placed in a namespace: nothing to name
-		}
 		sandboxes[p.GetId()] = sb
+		if sb.netns == "" && sb.pid <= 0 {
+			// CRI-O without an infra container (drop_infra_ctr) and host
+			// network: no path, no process; its containers have theirs.
+			continue
+		}
 		out = append(out, Container{
 			ID: p.GetId(),
 			// The name the kubelet gives a pod's sandbox on Docker (dockershim,
@@ -223,7 +225,8 @@ func podLabels(sb sandboxStatus) map[string]string {
 // runtimeInfo is the part of a status' verbose "info" JSON the agent reads.
 // containerd (pkg/cri/server/sandbox_status.go, container_status.go) and
 // CRI-O (server/sandbox_status.go, container_status.go) both put the
-// process's pid, the sandbox image and the OCI runtime spec there.
+// process's pid, the sandbox image and the OCI runtime spec there (CRI-O's
+// sandbox without an infra container: the spec only).
 type runtimeInfo struct {
 	Pid         int    `json:"pid"`
 	Image       string `json:"image"`

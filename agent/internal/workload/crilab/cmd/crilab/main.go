@@ -2,7 +2,8 @@
 // languages: a private containerd with the pods named on the command line.
 // It prints one JSON line (the socket, each pod's id and network namespace,
 // each container's id), then keeps everything until SIGTERM, SIGINT or the
-// end of its standard input, removes it all and exits.
+// end of its standard input, removes it all and exits (1 when something
+// could not be removed, said on standard error).
 //
 //	crilab --dir DIR --bridge NAME --subnet 198.18.241.0/24 --pod shop/web-0/app --pod shop/db-0
 package main
@@ -10,6 +11,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -43,7 +45,7 @@ func main() {
 	}
 }
 
-func run() error {
+func run() (err error) {
 	var cfg crilab.Config
 	var pods podFlags
 	flag.StringVar(&cfg.Dir, "dir", "", "the lab's directory (removed at exit)")
@@ -66,8 +68,8 @@ func run() error {
 		return err
 	}
 	defer func() {
-		if err := lab.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "crilab: stop:", err)
+		if stopErr := lab.Stop(); stopErr != nil {
+			err = errors.Join(err, fmt.Errorf("stop: %w", stopErr))
 		}
 	}()
 	out := struct {
