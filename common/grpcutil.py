@@ -236,6 +236,8 @@ METHOD_ROLES = {
     "ApplyTrace": "operator",
     "DeleteTrace": "operator",
     "RunPreset": "operator",
+    # Attaches short-lived programs on the nodes and detaches them, as a preset does.
+    "Discover": "operator",
 }
 # The most a client certificate's role (subject OU) allows, whatever its token says: the collector only
 # reads, agents have no business on the user API.
