@@ -60,6 +60,33 @@ func (s *sink) recordBatches() []*pb.RecordBatch {
 	return out
 }
 
+// serveCollector runs a collector that keeps every batch until the test ends.
+func serveCollector(t *testing.T) (*sink, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	s := &sink{}
+	pb.RegisterCollectorServer(srv, s)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return s, lis.Addr().String()
+}
+
+// writePlan writes plan where Run reads its --plan.
+func writePlan(t *testing.T, path string, plan *pb.TracePlan) {
+	t.Helper()
+	b, err := protojson.Marshal(plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func freePort(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -113,29 +140,18 @@ func TestSimulatedSkewIsCorrectedAndMetricsServed(t *testing.T) {
 			{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC, Dev: p.DevB, Netns: p.NsB},
 		},
 	}
-	b, _ := protojson.Marshal(plan)
-	if err := os.WriteFile(planPath, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writePlan(t, planPath, plan)
 
 	ntp, err := clock.StartServer("127.0.0.1:0", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ntp.Close()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	s := &sink{}
-	pb.RegisterCollectorServer(srv, s)
-	go srv.Serve(lis)
-	defer srv.Stop()
+	s, collectorAddr := serveCollector(t)
 
 	const offset, ppm = 3700 * time.Microsecond, 50.0
 	metricsAddr := freePort(t)
-	cfg := Config{Node: "host-b", Plan: planPath, AllowUnsignedPlan: true, Collector: lis.Addr().String(), Insecure: true, ClockServer: ntp.Addr(),
+	cfg := Config{Node: "host-b", Plan: planPath, AllowUnsignedPlan: true, Collector: collectorAddr, Insecure: true, ClockServer: ntp.Addr(),
 		ClockInterval: 300 * time.Millisecond, ClockProbes: 50, ClockOffset: offset, ClockDriftPPM: ppm,
 		MetricsListen: metricsAddr, BufferBytes: 1 << 20,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -150,16 +166,21 @@ func TestSimulatedSkewIsCorrectedAndMetricsServed(t *testing.T) {
 		}
 	}()
 
-	// Traffic for a few clock rounds, so the drift fit has a span.
+	// Traffic for a few clock rounds, so the drift fit has a span, until the
+	// collector has the records checked below: the first packets may leave
+	// before Run has attached the plan.
 	deadline := time.Now().Add(15 * time.Second)
 	id := uint32(0x42000001)
 	for time.Now().Before(deadline) {
 		sendTaggedUDP(t, p.NsA, p.AddrA, p.AddrB, id)
 		id++
 		time.Sleep(20 * time.Millisecond)
-		if id-0x42000001 >= 100 && len(s.recordBatches()) > 0 {
-			last := s.recordBatches()[len(s.recordBatches())-1]
-			if last.GetClock().GetDriftPpm() != 0 {
+		if batches := s.recordBatches(); id-0x42000001 >= 100 && len(batches) > 0 {
+			received := 0
+			for _, bt := range batches {
+				received += len(bt.GetRecords()) / record.Size
+			}
+			if batches[len(batches)-1].GetClock().GetDriftPpm() != 0 && received >= 60 {
 				break
 			}
 		}
