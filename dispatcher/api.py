@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 import time
@@ -78,6 +79,15 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
                 agent.clock.CopyFrom(clock)
         return agents
 
+    def _unknown_trace(self, name: str) -> str:
+        """Why `name` has nothing to show: not applied, no stored results in the range; the applied traces
+        and the closest name."""
+        names = [trace.spec.name for trace in self.controller.list()]
+        applied = f"traces: {', '.join(names)}" if names else "no trace is applied"
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"no trace named {name!r} ({applied}; none of that name has results in the range){hint}"
+
     def _run(self, context: grpc.ServicerContext, action: Callable[[], object]) -> object:
         try:
             return action()
@@ -144,12 +154,16 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
             )
         if not request.trace:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trace: required")
+        spec = self.controller.spec_of(request.trace)
         try:
-            return self.report_provider(request, self.controller.spec_of(request.trace))
+            report = self.report_provider(request, spec)
         except Exception as error:  # the store is another process: report its failure, do not crash
             log.exception("report of trace %s failed", request.trace)
             context.abort(grpc.StatusCode.UNAVAILABLE, f"report of trace {request.trace} failed: {error}")
-        raise AssertionError("unreachable")
+        if spec is None and report.packets == 0 and not report.segments and not report.hops:
+            # Neither applied nor stored: a mistyped name must not read as an empty success.
+            context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_trace(request.trace))
+        return report
 
     def GetPackets(  # noqa: N802
         self, request: api_pb2.GetPacketsRequest, context: grpc.ServicerContext
@@ -162,12 +176,32 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
             )
         if not request.trace:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trace: required")
+        spec = self.controller.spec_of(request.trace)
         try:
-            return self.packets_provider(request, self.controller.spec_of(request.trace))
+            packets = self.packets_provider(request, spec)
         except Exception as error:  # the store is another process: report its failure, do not crash
             log.exception("packets of trace %s failed", request.trace)
             context.abort(grpc.StatusCode.UNAVAILABLE, f"packets of trace {request.trace} failed: {error}")
-        raise AssertionError("unreachable")
+        if spec is None and not packets.packets and not self._has_results(request):
+            context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_trace(request.trace))
+        return packets
+
+    def _has_results(self, request: api_pb2.GetPacketsRequest) -> bool:
+        """Whether the store has anything of the request's trace in its range (a packet ID not seen is an
+        empty answer; a trace never seen is NOT_FOUND)."""
+        if self.report_provider is None:
+            return True  # cannot tell: answer what the packets query found
+        query = api_pb2.GetReportRequest(trace=request.trace)
+        if request.HasField("start"):
+            query.start.CopyFrom(request.start)
+        else:  # GetPackets' default range: the last hour
+            query.start.FromSeconds(int(time.time()) - 3600)
+        if request.HasField("end"):
+            query.end.CopyFrom(request.end)
+        try:
+            return self.report_provider(query, None).packets > 0
+        except Exception:  # the store failed after answering the packets query: do not claim absence
+            return True
 
     def WatchSegmentStats(  # noqa: N802
         self, request: api_pb2.WatchSegmentStatsRequest, context: grpc.ServicerContext
@@ -181,6 +215,8 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
             )
         if not request.trace:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trace: required")
+        if self.controller.spec_of(request.trace) is None:  # live windows come only from applied traces
+            context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_trace(request.trace))
         after = time.time_ns() - 10 * 1_000_000_000  # the last few windows first, then new ones as they close
         while context.is_active():
             try:

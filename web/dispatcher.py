@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import grpc
 from flask import Flask, current_app
 
-from hoptrace.common.client import ApiClient
+from hoptrace.common.client import ApiClient, ApiError
 
 
 def init_app(app: Flask) -> None:
@@ -17,3 +18,9 @@ def init_app(app: Flask) -> None:
 def get_client() -> ApiClient:
     """The current app's ApiClient."""
     return current_app.extensions["hoptrace_dispatcher"]
+
+
+def http_status(error: ApiError) -> int:
+    """The page's status for a failed call: 404 for what does not exist (a mistyped trace name), 502 for
+    a dispatcher or store that could not answer."""
+    return 404 if error.code == grpc.StatusCode.NOT_FOUND else 502

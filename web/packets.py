@@ -18,7 +18,7 @@ from hoptrace.common.client import ApiError
 from hoptrace.results.format import WITHIN_CLOCK_BOUND, format_ns
 from hoptrace.results.packets_view import MAX_SLOWEST, packets_from_proto
 from hoptrace.v1 import api_pb2
-from hoptrace.web.dispatcher import get_client
+from hoptrace.web.dispatcher import get_client, http_status
 from hoptrace.web.results import REPORT_TIMEOUT_S, SINCE_CHOICES, requested_since, since_seconds
 
 bp = Blueprint("packets", __name__)
@@ -82,13 +82,13 @@ def page(name: str):  # noqa: ANN201 - a view
     slowest = max(1, min(slowest, MAX_SLOWEST))
     query = api_pb2.GetPacketsRequest(trace=name, packet_id=packet_id, slowest=slowest)
     query.start.FromSeconds(int(time.time()) - since_seconds(since))
-    error = None
+    error, status = None, 200
     packets: list[dict[str, Any]] = []
     try:
         answer = get_client().call("GetPackets", query, timeout=REPORT_TIMEOUT_S)
         packets = [packet_view(packet) for packet in packets_from_proto(answer)]
-    except ApiError as exc:  # no store, store down: say so instead of a 500
-        error = f"no packets of {name}: {exc.message}"
+    except ApiError as exc:  # no such trace, no store, store down: say so instead of a 500
+        error, status = f"no packets of {name}: {exc.message}", http_status(exc)
     return render_template(
         "packets.html",
         name=name,
@@ -98,4 +98,4 @@ def page(name: str):  # noqa: ANN201 - a view
         packet_id=packet_id,
         packets=packets,
         error=error,
-    ), 502 if error else 200
+    ), status

@@ -28,7 +28,7 @@ from hoptrace.results.report_view import (
 )
 from hoptrace.v1 import api_pb2
 from hoptrace.web import actions, pathgraph
-from hoptrace.web.dispatcher import get_client
+from hoptrace.web.dispatcher import get_client, http_status
 
 bp = Blueprint("results", __name__)
 
@@ -120,9 +120,9 @@ def page(name: str):  # noqa: ANN201 - a view
     """The results page (tables rendered here; charts and polling in static/results.js)."""
     since = requested_since()
     try:
-        data, error = results_data(name, since), None
-    except ApiError as exc:  # no report (store down, not configured): say so instead of a 500
-        data, error = None, f"no report of {name}: {exc.message}"
+        data, error, status = results_data(name, since), None, 200
+    except ApiError as exc:  # no such trace, or no report (store down, not configured): say so, never a 500
+        data, error, status = None, f"no report of {name}: {exc.message}", http_status(exc)
     return render_template(
         "results.html",
         name=name,
@@ -131,7 +131,7 @@ def page(name: str):  # noqa: ANN201 - a view
         data=data,
         error=error,
         poll_ms=current_app.config["POLL_INTERVAL_MS"],
-    ), 502 if error else 200
+    ), status
 
 
 @bp.get("/traces/<name>/results.json")
@@ -141,7 +141,7 @@ def data_json(name: str):  # noqa: ANN201 - a view
     try:
         return jsonify(results_data(name, since))
     except ApiError as exc:  # same as the page: a readable error, not a 500
-        return jsonify({"error": f"no report of {name}: {exc.message}"}), 502
+        return jsonify({"error": f"no report of {name}: {exc.message}"}), http_status(exc)
 
 
 @bp.get("/vendor/chart.umd.js")

@@ -12,6 +12,7 @@ import re
 import signal
 import time
 
+import grpc
 import pytest
 from system_helpers import (
     EVERY_PACKET,
@@ -273,6 +274,11 @@ def test_live_segment_statistics_stream_while_the_trace_runs(topology, influxd):
     spec = vxlan_path_spec(topology, "e2e-watch")
     with running_cluster(topology, influxd.url) as cluster:
         cluster.apply(spec)
+        with pytest.raises(grpc.RpcError) as mistyped:  # a near miss of an applied name is named, not empty
+            cluster.api().GetReport(api_pb2.GetReportRequest(trace="e2e-wach"), timeout=120)
+        assert mistyped.value.code() == grpc.StatusCode.NOT_FOUND
+        near_miss = "none of that name has results in the range); did you mean 'e2e-watch'?"
+        assert mistyped.value.details().endswith(f"(traces: e2e-watch; {near_miss}"), mistyped.value.details()
         sender = UdpSender(topology, "c1", "c2", 11111, rate_pps=200).start()
         try:
             stream = cluster.api().WatchSegmentStats(

@@ -31,11 +31,13 @@ from web_helpers import PASSWORD, USERNAME, live_server, screenshot, web_config
 from hoptrace.collector.aggregate import END_TO_END, LatencySample, SegmentWindow
 from hoptrace.collector.clock import NodeClockPoint
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter
+from hoptrace.collector.points import window_points
 from hoptrace.collector.sketch import LatencySketch
 from hoptrace.dispatcher.reports import (
     influx_clock_provider,
     influx_packets_provider,
     influx_report_provider,
+    influx_window_provider,
 )
 from hoptrace.dispatcher.server import DispatcherServer
 from hoptrace.lab.processes import InfluxServer
@@ -176,9 +178,11 @@ def write_trace_and_clocks(influxd: InfluxServer, trace: str, measured: str, pee
     )
     try:
         exporter.export(
-            samples=samples + e2e,
-            segments=windows,
-            clocks=[NodeClockPoint(measured, now, -231, 150, 85, 1.5)],
+            window_points(
+                samples=samples + e2e,
+                segments=windows,
+                clocks=[NodeClockPoint(measured, now, -231, 150, 85, 1.5)],
+            )
         )
         assert exporter.flush(timeout_s=30), "points not written"
     finally:
@@ -198,6 +202,7 @@ def glance(tmp_path: Path, influxd: InfluxServer) -> Iterator[Glance]:
         report_provider=influx_report_provider(*store),
         clock_provider=influx_clock_provider(*store),
         packets_provider=influx_packets_provider(*store),
+        window_provider=influx_window_provider(*store),
     ).start()
     channel = grpc.insecure_channel(world.dispatcher.address)
     done = threading.Event()
@@ -418,3 +423,41 @@ def test_the_cli_draws_the_same_waterfall(glance: Glance) -> None:
     for bad in (["--id", "0"], ["--id", "zz"], ["--slowest", "-3"], ["--slowest", "51"]):
         refused = hoptrace("packets", glance.trace, *bad)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, (bad, refused.stderr)
+
+
+def test_a_mistyped_trace_name_is_not_an_empty_success(glance: Glance) -> None:
+    """A trace neither applied nor stored is NOT_FOUND everywhere, named with the reason: the API, the
+    live stream (at once, not at its deadline), the CLI (exit 1, text and --json) and the web (404). A
+    trace that is no longer applied but has stored results still reports them."""
+    api = api_pb2_grpc.HoptraceStub(grpc.insecure_channel(glance.dispatcher.address))
+    missing = f"{glance.trace}-typo"
+    expected = f"no trace named '{missing}' (no trace is applied; none of that name has results in the range)"
+    for call, request in (
+        (api.GetReport, api_pb2.GetReportRequest(trace=missing)),
+        (api.GetPackets, api_pb2.GetPacketsRequest(trace=missing, slowest=5)),
+    ):
+        with pytest.raises(grpc.RpcError) as raised:
+            call(request, timeout=30)
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND and raised.value.details() == expected
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as raised:
+        list(api.WatchSegmentStats(api_pb2.WatchSegmentStatsRequest(trace=missing), timeout=20))
+    assert raised.value.code() == grpc.StatusCode.NOT_FOUND and time.monotonic() - started < 10
+    stored = api.GetReport(api_pb2.GetReportRequest(trace=glance.trace), timeout=30)
+    assert stored.packets == PACKETS
+
+    for extra in ((), ("--json",)):
+        command = [sys.executable, "-m", "hoptrace.cli.main", "report", missing, "--insecure"]
+        command += ["--dispatcher", glance.dispatcher.address, *extra]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 1 and result.stdout == "", (extra, result)
+        assert expected in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+    app = create_app(web_config(DISPATCHER=glance.dispatcher.address))
+    client = app.test_client()
+    token = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/login").text).group(1)
+    client.post("/login", data={"username": USERNAME, "password": PASSWORD, "csrf_token": token})
+    page = client.get(f"/traces/{missing}/results?since=15m")
+    assert page.status_code == 404 and expected in html.unescape(page.text)
+    assert client.get(f"/traces/{missing}/results.json?since=15m").status_code == 404
+    assert client.get(f"/traces/{missing}/packets?since=15m").status_code == 404
