@@ -127,7 +127,7 @@ def loadgen(prog_id: int, rate: int, seconds: float) -> dict[str, Any]:
 def run(ctx: Any) -> dict[str, Any]:
     """Rising record rates through one agent; records/s, losses, CPU, RSS per step."""
     from common import PlanAgent, RecordSink, UsageSampler, log, metric_sum, progs_of, target
-    from hoptrace.dispatcher.compile import standalone_plans
+    from hoptrace.lab.reference import unchecked_plans
     from hoptrace.spec import spec_from_data
 
     rates = ctx.size([100_000, 0], [100_000, 250_000, 500_000, 1_000_000, 2_000_000, 0])
@@ -149,7 +149,7 @@ def run(ctx: Any) -> dict[str, Any]:
                 "hops": [{"name": "load-in", "node": "load", "at": "tc-ingress", "dev": "ld0"}],
             }
         )
-        plan = standalone_plans(spec, ctx_bpf_object())["load"]
+        plan = unchecked_plans(spec, ctx_bpf_object())["load"]
         # The load generator's packets carry their IDs already: this ingress hop only records.
         plan["hops"][0].pop("tagUdp", None)
         agent = PlanAgent(plan, "load", netns, sink.addr, ctx.workdir, "--clock-server", "off").start()

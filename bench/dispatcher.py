@@ -21,24 +21,26 @@ from typing import Any
 from common import BenchContext, TwoHostTopology, log, median, start_cluster, target
 from hoptrace.dispatcher.compile import BpfCompiler, compile_spec
 from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.spec import check_spec
 from hoptrace.v1 import api_pb2
 
 
 def compile_times(rounds: int) -> dict[str, Any]:
     """Cold, memory-cached and disk-cached compile times of the 8-hop spec (seconds)."""
     spec = vxlan_path_spec(TwoHostTopology("hbcompile"), "bench-compile")  # only names and addresses are used
+    checked = check_spec(spec)
     cold, memory, disk = [], [], []
     for _ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="hoptrace-bench-cc-") as cache:
             compiler = BpfCompiler(cache_dir=Path(cache))
             t0 = time.monotonic()
-            plans = compile_spec(spec, 1, compiler)
+            plans = compile_spec(checked, 1, compiler)
             cold.append(time.monotonic() - t0)
             t0 = time.monotonic()
-            compile_spec(spec, 2, compiler)
+            compile_spec(checked, 2, compiler)
             memory.append(time.monotonic() - t0)
             t0 = time.monotonic()
-            compile_spec(spec, 3, BpfCompiler(cache_dir=Path(cache)))
+            compile_spec(checked, 3, BpfCompiler(cache_dir=Path(cache)))
             disk.append(time.monotonic() - t0)
     return {
         "nodes": len(plans),

@@ -39,7 +39,7 @@ from common import (
     target,
 )
 from hoptrace.dispatcher.compile import standalone_plans
-from hoptrace.spec import load_spec
+from hoptrace.spec import check_spec, load_spec
 
 BPF_OBJECT = Path(__file__).resolve().parents[1] / "kernel-patch" / "build" / "hoptrace.bpf.o"
 CONDITIONS = {
@@ -87,7 +87,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     topo = TwoHostTopology(ctx.prefix(), overlay="vxlan")
     try:
         topo.create()
-        (plan,) = standalone_plans(event_spec("event-cost"), BPF_OBJECT).values()
+        (plan,) = standalone_plans(check_spec(event_spec("event-cost")), BPF_OBJECT).values()
         agent = PlanAgent(plan, "host-a", topo.host_a, sink.addr, ctx.workdir, "--clock-server", "off")
         with bpf_stats_enabled():
             agent.start()

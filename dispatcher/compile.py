@@ -1,5 +1,5 @@
-"""Compile a validated trace spec into one `TracePlan` per node, each with a CO-RE object holding only the
-programs that node needs.
+"""Compile a checked trace spec (`hoptrace.spec.CheckedSpec`: the spec and each hop's parsed attach point)
+into one `TracePlan` per node, each with a CO-RE object holding only the programs that node needs.
 
 The per-node C is generated: it includes the hop library (kernel-patch/include/hop.bpf.h) and instantiates
 the needed programs under the same names as the generic object (kernel-patch/hoptrace.bpf.c), so the agent
@@ -28,7 +28,7 @@ from google.protobuf import json_format
 
 from hoptrace import kernel_abi
 from hoptrace.common.timeouts import scaled
-from hoptrace.spec import AttachPoint, parse_attach_point, tcp_tagging_enabled, udp_tagging_enabled
+from hoptrace.spec import AttachPoint, CheckedSpec, tcp_tagging_enabled, udp_tagging_enabled
 from hoptrace.spec.actions import FIELD_NUMBERS
 from hoptrace.spec.events import CPU_KEY, function_source, latency_since
 from hoptrace.spec.workloads import attach_netns
@@ -223,14 +223,14 @@ def reads_field(actions: agent_pb2.HopActions | None, name: str) -> bool:
 
 def hop_attach(
     hop: trace_pb2.HopSpec,
+    point: AttachPoint,
     index: int,
     tag_udp: bool = False,
     actions: agent_pb2.HopActions | None = None,
     protocol: str = "",
 ) -> agent_pb2.HopAttach:
-    """One validated hop as its node's agent attaches it: typed kind and target, the program to run, and
-    its actions (typed: `hop_actions`)."""
-    point = parse_attach_point(hop.at)
+    """One checked hop, at its parsed attach point, as its node's agent attaches it: typed kind and target,
+    the program to run, and its actions (typed: `hop_actions`)."""
     attach = agent_pb2.HopAttach(
         hop_index=index,
         name=hop.name,
@@ -286,17 +286,18 @@ def event_attach(event: trace_pb2.EventSpec, index: int, spec: trace_pb2.TraceSp
     return attach
 
 
-def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_pb2.TracePlan]:
-    """Split a validated spec into per-node plans (without objects), keyed by node, in path order.
+def build_plans(checked: CheckedSpec, generation: int) -> dict[str, agent_pb2.TracePlan]:
+    """Split a checked spec into per-node plans (without objects), keyed by node, in path order.
 
     Hops and events keep their global index. UDP: the first hop writes IDs (tag_udp). TCP: the first hop's
     node tags the segments its sockets send in the first hop's netns (sock_ops); a cgroup-egress first hop
     narrows the sock_ops attachment to its cgroup. Events go to their nodes' plans (maybe events alone).
     """
+    spec, points = checked.spec, checked.points
     plans: dict[str, agent_pb2.TracePlan] = {}
     match = flow_match(spec.filter)
     actions = hop_actions(spec.hops)
-    for index, hop in enumerate(spec.hops):
+    for index, (hop, point) in enumerate(zip(spec.hops, points, strict=True)):
         plan = plans.get(hop.node)
         if plan is None:
             plan = plans[hop.node] = agent_pb2.TracePlan(
@@ -306,6 +307,7 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
         plan.hops.append(
             hop_attach(
                 hop,
+                point,
                 index,
                 tag_udp=index == 0 and udp_tagging_enabled(spec),
                 actions=actions[index],
@@ -322,7 +324,7 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
         plan.events.append(event_attach(event, index, spec))
     if spec.hops and tcp_tagging_enabled(spec):
         first = spec.hops[0]
-        cgroup = first.cgroup if first.at == "cgroup-egress" else ""
+        cgroup = first.cgroup if points[0].attach == trace_pb2.ATTACH_KIND_CGROUP_EGRESS else ""
         plans[first.node].tcp_tagging.CopyFrom(
             agent_pb2.TcpTagging(netns=attach_netns(first), cgroup=cgroup, program=TCP_TAGGER_PROGRAM)
         )
@@ -330,11 +332,11 @@ def build_plans(spec: trace_pb2.TraceSpec, generation: int) -> dict[str, agent_p
 
 
 def standalone_plans(
-    spec: trace_pb2.TraceSpec, object_path: str | Path, generation: int = 1
+    checked: CheckedSpec, object_path: str | Path, generation: int = 1
 ) -> dict[str, dict[str, Any]]:
-    """Per-node plans of a validated spec for standalone agents (``hoptrace-agent run --plan FILE``), as
+    """Per-node plans of a checked spec for standalone agents (``hoptrace-agent run --plan FILE``), as
     protojson dicts that name an object file instead of carrying one."""
-    plans = build_plans(spec, generation)
+    plans = build_plans(checked, generation)
     for plan in plans.values():
         plan.object_path = str(object_path)
     return {node: json_format.MessageToDict(plan) for node, plan in plans.items()}
@@ -580,10 +582,11 @@ class BpfCompiler:
 
 
 def compile_spec(
-    spec: trace_pb2.TraceSpec, generation: int, compiler: BpfCompiler
+    checked: CheckedSpec, generation: int, compiler: BpfCompiler
 ) -> dict[str, agent_pb2.TracePlan]:
-    """Per-node plans with their objects, keyed by node in path order; raises CompileError."""
-    plans = build_plans(spec, generation)
+    """Per-node plans of a checked spec with their objects, keyed by node in path order; raises
+    CompileError."""
+    plans = build_plans(checked, generation)
     compiler.compile_plans(plans)
     return plans
 

@@ -27,8 +27,7 @@ from hoptrace.dispatcher.presets import PresetRunner
 from hoptrace.dispatcher.registry import AgentConnection, AgentRegistry
 from hoptrace.dispatcher.signing import MessageSigner
 from hoptrace.dispatcher.state import StateStore, StoredTrace, now
-from hoptrace.spec import FieldError, format_errors, validate_spec
-from hoptrace.spec.workloads import resolve_workloads
+from hoptrace.spec import CheckedSpec, FieldError, SpecError, check_spec, format_errors, validate_spec
 from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
 
 log = logging.getLogger(__name__)
@@ -96,9 +95,11 @@ def status_failures(
 
 @dataclass
 class _Trace:
-    """One applied trace in memory: what is stored, plus its plans (compiled lazily after a restart)."""
+    """One applied trace in memory: what is stored, the checked spec its plans are compiled from (lazily
+    after a restart), and those plans."""
 
     stored: StoredTrace
+    checked: CheckedSpec
     plans: dict[str, agent_pb2.TracePlan] | None = None
     nodes: list[str] = field(default_factory=list)
 
@@ -180,7 +181,12 @@ class TraceController:
         # Presets (RunPreset) share the agents' sessions but no trace state.
         self.presets = PresetRunner(registry, signer=self.signer)
         for stored in store.load():
-            self._traces[stored.spec.name] = _Trace(stored, nodes=spec_nodes(stored.spec))
+            try:
+                checked = check_spec(stored.spec)
+            except SpecError as error:
+                log.error("stored trace %s no longer validates, not applied:\n%s", stored.spec.name, error)
+                continue
+            self._traces[stored.spec.name] = _Trace(stored, checked, nodes=spec_nodes(stored.spec))
         if self._traces:
             log.info("loaded %d trace(s) from %s", len(self._traces), store.state_dir)
 
@@ -250,15 +256,14 @@ class TraceController:
     def apply(self, spec: trace_pb2.TraceSpec) -> api_pb2.Trace:
         """Create or update a trace on every node of its spec, all or nothing; raises DispatcherError."""
         with self._apply_lock:
-            registrations = self.registry.registrations()
-            errors = validate_spec(spec, registrations)
-            if errors:
+            try:
+                checked = check_spec(spec, self.registry.registrations())
+            except SpecError as error:
                 raise DispatcherError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "invalid trace spec:\n" + format_errors(errors),
-                )
+                    grpc.StatusCode.INVALID_ARGUMENT, "invalid trace spec:\n" + format_errors(error.errors)
+                ) from None
             # container:/pod: hops resolved now, once: the stored spec carries the typed workload.
-            spec = resolve_workloads(spec, registrations)
+            spec = checked.spec
             nodes = spec_nodes(spec)
             missing = [node for node in nodes if self.registry.connection(node) is None]
             if missing:
@@ -268,7 +273,7 @@ class TraceController:
                 )
             generation = self.store.next_generation()
             try:
-                plans = compile_spec(spec, generation, self.compiler)
+                plans = compile_spec(checked, generation, self.compiler)
             except CompileError as error:
                 raise DispatcherError(
                     grpc.StatusCode.INTERNAL, f"trace {spec.name}: compiling the BPF objects failed:\n{error}"
@@ -290,7 +295,7 @@ class TraceController:
                 raise DispatcherError(grpc.StatusCode.FAILED_PRECONDITION, message)
             stored = StoredTrace(spec=spec, generation=generation, applied_at=now())
             self.store.save(stored)
-            trace = _Trace(stored, plans=plans, nodes=nodes)
+            trace = _Trace(stored, checked, plans=plans, nodes=nodes)
             with self._lock:
                 self._traces[spec.name] = trace
             self._specs_did_change()
@@ -374,14 +379,14 @@ class TraceController:
         problems = self._remove_from(failed.name, only_failed)
         generation = self.store.next_generation()
         try:
-            plans = compile_spec(previous.stored.spec, generation, self.compiler)
+            plans = compile_spec(previous.checked, generation, self.compiler)
         except CompileError as error:
             return [*problems, f"recompiling the previous spec failed: {error}"]
         problems.extend(self._push_plans(failed.name, plans))
         stored = StoredTrace(previous.stored.spec, generation, previous.stored.applied_at)
         self.store.save(stored)
         with self._lock:
-            self._traces[failed.name] = _Trace(stored, plans=plans, nodes=previous.nodes)
+            self._traces[failed.name] = _Trace(stored, previous.checked, plans=plans, nodes=previous.nodes)
         return problems
 
     # ---- agents ----------------------------------------------------------------------------------------
@@ -396,7 +401,7 @@ class TraceController:
     def _plan_for(self, trace: _Trace, node: str) -> agent_pb2.TracePlan:
         with self._lock:
             if trace.plans is None:
-                trace.plans = build_plans(trace.stored.spec, trace.stored.generation)
+                trace.plans = build_plans(trace.checked, trace.stored.generation)
             plan = trace.plans[node]
         if not plan.object:
             self.compiler.compile_plans({node: plan})

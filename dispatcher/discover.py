@@ -40,7 +40,8 @@ from google.protobuf import json_format
 from hoptrace.common.stats import quantile
 from hoptrace.dispatcher.compile import flow_match
 from hoptrace.dispatcher.presets import MAX_DURATION_S, PresetError, PresetRunner
-from hoptrace.spec import FieldError, format_errors, validate_filter
+from hoptrace.spec import FieldError, at_spelling, format_errors, validate_filter
+from hoptrace.spec.spec import NAME_PATTERN
 from hoptrace.v1 import api_pb2, trace_pb2
 
 DEFAULT_DURATION_MS = 5000
@@ -49,7 +50,6 @@ PROGRESS_EVERY_S = 1.0
 # A node's crossings of one packet are split into two visits only around another node's crossings that lie
 # this far inside the gap: well above clock bounds between hosts (tens of microseconds at worst on a LAN).
 SPLIT_TOLERANCE_NS = 50_000
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def validate_request(request: api_pb2.DiscoverRequest, connected: Iterable[str])
         )
     if request.duration_ms and not 0 < request.duration_ms <= MAX_DURATION_S * 1000:
         errors.append(FieldError("duration_ms", f"{request.duration_ms}: want 0 < duration <= 1h"))
-    if request.name and not NAME_RE.match(request.name):
+    if request.name and not NAME_PATTERN.match(request.name):
         errors.append(FieldError("name", f"{request.name!r}: want [a-z0-9-]+"))
     known = set(connected)
     for index, node in enumerate(request.nodes):
@@ -231,7 +231,11 @@ def build_graph(
             trace_pb2.HopSpec(
                 name=namer.name(node, netns, dev, direction),
                 node=node,
-                at="tc-ingress" if direction == "ingress" else "tc-egress",
+                at=at_spelling(
+                    trace_pb2.ATTACH_KIND_TC_INGRESS
+                    if direction == "ingress"
+                    else trace_pb2.ATTACH_KIND_TC_EGRESS
+                ),
                 dev=dev,
                 netns=netns,
             )

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from google.protobuf import json_format
 
-from hoptrace.spec import SpecError, spec_from_data, spec_to_data, validate_spec
+from hoptrace.spec import SpecError, spec_from_data, spec_to_data
 from hoptrace.v1 import trace_pb2
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,8 @@ class StateStore:
             self.path_for(name).unlink(missing_ok=True)
 
     def load(self) -> list[StoredTrace]:
-        """Every stored trace; unreadable files are logged and skipped: one bad file does not stop startup."""
+        """Every stored trace; unreadable files are logged and skipped: one bad file does not stop startup.
+        The controller checks each spec before it compiles one."""
         traces = []
         for path in sorted(self.traces_dir.glob("*.yaml")):
             try:
@@ -111,8 +112,6 @@ class StateStore:
             ) as error:
                 log.error("skipping unreadable state file %s: %s", path, error)
                 continue
-            for problem in validate_spec(spec):
-                log.warning("stored trace %s no longer validates: %s", spec.name, problem)
             traces.append(stored)
         return traces
 

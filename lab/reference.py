@@ -5,6 +5,7 @@ three can never describe different paths."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
@@ -12,7 +13,7 @@ from google.protobuf import json_format
 from hoptrace.dispatcher.compile import TCP_TAGGER_PROGRAM, standalone_plans
 from hoptrace.lab.processes import REPO_ROOT
 from hoptrace.lab.topology import TwoHostTopology
-from hoptrace.spec import check_spec, spec_from_data
+from hoptrace.spec import CheckedSpec, check_spec, parse_attach_point, spec_from_data
 from hoptrace.v1 import trace_pb2
 
 BPF_OBJECT = REPO_ROOT / "kernel-patch" / "build" / "hoptrace.bpf.o"
@@ -60,8 +61,17 @@ def spec_plans(spec: dict[str, Any] | trace_pb2.TraceSpec) -> dict[str, dict[str
     with the generic object."""
     if isinstance(spec, dict):
         spec = spec_from_data(spec)
-    check_spec(spec)
-    return standalone_plans(spec, BPF_OBJECT)
+    return standalone_plans(check_spec(spec), BPF_OBJECT)
+
+
+def unchecked_plans(
+    spec: trace_pb2.TraceSpec, object_path: str | Path = BPF_OBJECT
+) -> dict[str, dict[str, Any]]:
+    """Each node's standalone plan (protojson) of a spec that breaks the user's rules on purpose (benchmarks
+    name their traces freely, the agent only echoes the name; a load generator's ingress hop records IDs it
+    did not write): its hops' attach points parsed by the spec language's own parser, nothing else checked."""
+    typed = CheckedSpec(spec, tuple(parse_attach_point(hop.at) for hop in spec.hops))
+    return standalone_plans(typed, object_path)
 
 
 def path_plans(
@@ -78,8 +88,7 @@ def path_plans(
     spec = vxlan_path_spec(topo, trace, sample=sample, tc_only=tc_only)
     spec.filter.Clear()
     json_format.ParseDict(filter_, spec.filter)
-    # Not validated as a user's spec: benchmarks name their traces freely (the agent only echoes the name).
-    plans = standalone_plans(spec, BPF_OBJECT)
+    plans = unchecked_plans(spec)
     plan_a, plan_b = plans["host-a"], plans["host-b"]
     set_c1_tagging(topo, plan_a, tag_udp, tcp_tagging)
     return plan_a, plan_b

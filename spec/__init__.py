@@ -1,12 +1,13 @@
 """The trace spec language: load, validate and convert users' specs (filter, hops, actions, events).
 
 One package owns the language, as tetragon's tracingpolicy does: the dispatcher, the CLI, the web UI and
-the lab import it, and nothing downstream parses a user's string again (validation hands over each hop's
-parsed `AttachPoint`). Reference: spec/README.md.
+the lab import it, and nothing downstream parses a user's string again (`check_spec` hands over each hop's
+parsed `AttachPoint` in a `CheckedSpec`). Reference: spec/README.md.
 """
 
 from hoptrace.spec.attach import AttachPoint, at_spelling, parse_attach_point
 from hoptrace.spec.spec import (
+    CheckedSpec,
     FieldError,
     SpecError,
     check_spec,
@@ -24,6 +25,7 @@ from hoptrace.spec.spec import (
 
 __all__ = [
     "AttachPoint",
+    "CheckedSpec",
     "FieldError",
     "SpecError",
     "at_spelling",

@@ -20,7 +20,7 @@ from hoptrace import kernel_abi
 from hoptrace.spec import actions as hop_actions
 from hoptrace.spec import events as event_probes
 from hoptrace.spec import workloads
-from hoptrace.spec.attach import AT_FORMS, AttachPoint, attach_refusal, parse_attach_point
+from hoptrace.spec.attach import AT_FORMS, AttachPoint, at_spelling, attach_refusal, parse_attach_point
 from hoptrace.v1 import agent_pb2, trace_pb2
 
 NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
@@ -589,12 +589,46 @@ def _validate_against_agents(
             )
 
 
+@dataclass(frozen=True)
+class CheckedSpec:
+    """A spec that passed validation, with what validation parsed: `points[i]` is the attach point of
+    `spec.hops[i]`. Compilers read these typed hops and never parse `at` again.
+
+    Checked against agents, `spec` is the copy whose container:/pod: hops carry the workload their node
+    reports (`HopSpec.workload`) and a generated name when they had none: what apply stores and compiles.
+    """
+
+    spec: trace_pb2.TraceSpec
+    points: tuple[AttachPoint, ...]
+
+
 def validate_spec(
     spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register] | None = None
 ) -> list[FieldError]:
     """Every problem in `spec`, in spec order; checked against the agents' registrations when given (a
     container:/pod: netns is then resolved against their inventories first: `workloads.resolve_workloads`)."""
+    return _validate(spec, agents)[1]
+
+
+def check_spec(
+    spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register] | None = None
+) -> CheckedSpec:
+    """The spec with its hops' parsed attach points (resolved against `agents` when given); raises SpecError
+    with every problem validate_spec finds."""
+    checked, errors, points = _validate(spec, agents)
+    if errors:
+        raise SpecError(errors)
+    typed = tuple(point for point in points if point is not None)
+    assert len(typed) == len(checked.hops), "a hop without an attach point passed validation"
+    return CheckedSpec(checked, typed)
+
+
+def _validate(
+    spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register] | None
+) -> tuple[trace_pb2.TraceSpec, list[FieldError], list[AttachPoint | None]]:
+    """(the spec as checked, its problems, each hop's attach point or None where `at` did not parse)."""
     errors: list[FieldError] = []
+    points: list[AttachPoint | None] = []
     if agents is not None:
         spec = workloads.resolve_workloads(spec, agents)
     if not spec.name:
@@ -610,11 +644,10 @@ def validate_spec(
     validate_filter(spec, errors)
     if not spec.hops and not spec.events:
         errors.append(FieldError("hops", "must list at least one hop"))
-        return errors
+        return spec, errors, points
     if len(spec.hops) > MAX_HOPS:
         errors.append(FieldError("hops", f"a path has at most {MAX_HOPS} hops, got {len(spec.hops)}"))
-        return errors
-    points: list[AttachPoint | None] = []
+        return spec, errors, points
     first_use: dict[str, int] = {}
     for position, hop in enumerate(spec.hops):
         field = f"hops[{position}]"
@@ -641,7 +674,7 @@ def validate_spec(
             errors.append(
                 FieldError(
                     f"hops[{position}].at",
-                    f"a {hop.at.partition(':')[0]} hop records the packet its thread read last at a "
+                    f"a {at_spelling(point.attach)} hop records the packet its thread read last at a "
                     f"socket-read hop: add a socket-read hop on node {hop.node or '?'} to the path",
                 )
             )
@@ -663,11 +696,4 @@ def validate_spec(
         errors.extend(
             FieldError(where, reason) for where, reason in event_probes.validate_against_agents(spec, agents)
         )
-    return errors
-
-
-def check_spec(spec: trace_pb2.TraceSpec, agents: Mapping[str, agent_pb2.Register] | None = None) -> None:
-    """Raise SpecError when validate_spec finds problems."""
-    errors = validate_spec(spec, agents)
-    if errors:
-        raise SpecError(errors)
+    return spec, errors, points

@@ -10,10 +10,12 @@ again to follow it.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hoptrace.spec.attach import AttachPoint, parse_attach_point
 from hoptrace.v1 import agent_pb2, trace_pb2
 
 CONTAINER_PREFIX = "container:"
@@ -120,8 +122,14 @@ def generated_hop_name(hop: trace_pb2.HopSpec, workload: trace_pb2.Workload, tak
     """A hop name for a hop given only by its workload: `<pod or container>-<dev>-<out|in>` (or the attach
     point for a hop without a device), unique among `taken`."""
     who = workload.pod_name or workload.container_name
-    where = hop.dev or hop.at.rsplit(":", 1)[-1]
-    direction = "out" if hop.at.endswith("egress") else "in" if hop.at.endswith("ingress") else ""
+    point: AttachPoint | None = None
+    with contextlib.suppress(ValueError):  # validation names a bad `at`; this name is then never used
+        point = parse_attach_point(hop.at)
+    where = hop.dev or (point.target if point and point.target else hop.at)
+    # tc and cgroup hops say which way they see packets; other kinds are named by their target or kind alone.
+    direction = ""
+    if point is not None and point.kind in ("tc", "cgroup_skb"):
+        direction = "out" if point.is_egress else "in"
     base = "-".join(part for part in (who, where, direction) if part)
     base = _UNSAFE.sub("-", base).strip("-._")[:60] or "hop"
     name, n = base, 2

@@ -31,7 +31,7 @@ from hoptrace.dispatcher.compile import (
     generate_source,
     programs_for_plan,
 )
-from hoptrace.spec import load_spec
+from hoptrace.spec import check_spec, load_spec
 from hoptrace.spec.attach import KIND_FAMILY
 from hoptrace.v1 import agent_pb2, trace_pb2
 
@@ -74,7 +74,7 @@ def _symbols(elf: bytes, tmp_path: Path) -> dict[str, str]:
 
 
 def test_plans_split_by_node_with_global_hop_indexes() -> None:
-    plans = build_plans(load_spec(CONTRACT_SPEC), generation=7)
+    plans = build_plans(check_spec(load_spec(CONTRACT_SPEC)), generation=7)
     assert list(plans) == ["host-a", "host-b"]
     host_a, host_b = plans["host-a"], plans["host-b"]
     assert [(hop.hop_index, hop.name) for hop in host_a.hops] == [
@@ -95,7 +95,7 @@ def test_plans_split_by_node_with_global_hop_indexes() -> None:
 
 def test_plans_carry_typed_attach_points_and_programs() -> None:
     """The agent gets the kind, target and program as fields: it never parses the user's `at`."""
-    plans = build_plans(load_spec(ALL_KINDS_SPEC), generation=1)
+    plans = build_plans(check_spec(load_spec(ALL_KINDS_SPEC)), generation=1)
     by_name = {hop.name: hop for plan in plans.values() for hop in plan.hops}
     kinds = trace_pb2.AttachKind
     out = by_name["out"]
@@ -164,7 +164,7 @@ def test_flow_match_is_the_filter_as_the_programs_compare_it(filter_: dict, expe
 
 def test_tcp_tagging_goes_to_the_first_hops_node_and_netns() -> None:
     spec = load_spec(CONTRACT_SPEC.replace("protocol: udp", "protocol: tcp"))
-    plans = build_plans(spec, generation=1)
+    plans = build_plans(check_spec(spec), generation=1)
     assert plans["host-a"].tcp_tagging.netns == "c1"
     assert not plans["host-b"].HasField("tcp_tagging")
     assert not any(hop.tag_udp for plan in plans.values() for hop in plan.hops)
@@ -173,13 +173,13 @@ def test_tcp_tagging_goes_to_the_first_hops_node_and_netns() -> None:
 
 def test_protocol_absent_tags_both() -> None:
     spec = load_spec(CONTRACT_SPEC.replace("  protocol: udp                  # udp | tcp\n", ""))
-    plans = build_plans(spec, generation=1)
+    plans = build_plans(check_spec(spec), generation=1)
     assert plans["host-a"].hops[0].tag_udp
     assert plans["host-a"].tcp_tagging.netns == "c1"
 
 
 def test_cgroup_egress_first_hop_narrows_sock_ops_to_its_cgroup() -> None:
-    plans = build_plans(load_spec(ALL_KINDS_SPEC), generation=1)
+    plans = build_plans(check_spec(load_spec(ALL_KINDS_SPEC)), generation=1)
     assert plans["n1"].tcp_tagging.cgroup == "/hoptrace/c1"
     assert programs_for_plan(plans["n1"]) == ("hop_cgroup_skb", "tag_tcp")
 
@@ -192,7 +192,7 @@ def test_generated_source_instantiates_only_the_needed_programs() -> None:
 
 
 def test_objects_hold_exactly_the_nodes_programs(compiler: BpfCompiler, tmp_path: Path) -> None:
-    plans = compile_spec(load_spec(ALL_KINDS_SPEC), 3, compiler)
+    plans = compile_spec(check_spec(load_spec(ALL_KINDS_SPEC)), 3, compiler)
 
     def with_floor_twins(*programs: str) -> dict[str, str]:
         # each program comes with its variant for kernels 5.10-5.17 (hop.bpf.h); the agent picks one
@@ -213,7 +213,7 @@ def test_objects_hold_exactly_the_nodes_programs(compiler: BpfCompiler, tmp_path
 def test_compile_is_cached(compiler: BpfCompiler) -> None:
     """Objects depend only on the set of programs: a new generation, or a new dispatcher on the same cache
     directory, runs clang for nothing. (How fast a compile is, is measured in bench/dispatcher.py.)"""
-    spec = load_spec(CONTRACT_SPEC)
+    spec = check_spec(load_spec(CONTRACT_SPEC))
     compiler.warm_up()
     before = compiler.clang_runs  # the fixture's compiler may have built these sets for another test
     first = compile_spec(spec, 1, compiler)

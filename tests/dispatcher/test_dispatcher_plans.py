@@ -18,7 +18,7 @@ from hoptrace.dispatcher.compile import BpfCompiler, build_plans, elf_sections, 
 from hoptrace.dispatcher.controller import status_failures
 from hoptrace.dispatcher.presets import agent_args, validate_preset_request
 from hoptrace.dispatcher.state import StateStore, StoredTrace, now
-from hoptrace.spec import load_spec, spec_to_json, spec_to_yaml
+from hoptrace.spec import check_spec, load_spec, spec_to_json, spec_to_yaml
 from hoptrace.spec.workloads import resolve_workloads
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 
@@ -59,8 +59,7 @@ def test_actions_compile_to_typed_constants() -> None:
         "{name: b-c2, node: host-b, at: tc-ingress, dev: eth0, netns: c2,"
         " actions: [timestamp, {count: , by: mark}, {record: [len, ttl]}]}",
     )
-    spec = load_spec(text, example_registrations())
-    plans = build_plans(spec, 1)
+    plans = build_plans(check_spec(load_spec(text), example_registrations()), 1)
     a = {hop.name: hop.actions for hop in plans["host-a"].hops}
     b = {hop.name: hop.actions for hop in plans["host-b"].hops}
     # a-out precedes a latency histogram on its node: it remembers timestamps; nothing else.
@@ -75,8 +74,8 @@ def test_actions_compile_to_typed_constants() -> None:
 
 
 def test_hops_without_actions_compile_to_no_actions() -> None:
-    spec = load_spec(_hops("{name: b-in, node: host-b, at: tc-ingress, dev: wire0}"), example_registrations())
-    for plan in build_plans(spec, 1).values():
+    spec = load_spec(_hops("{name: b-in, node: host-b, at: tc-ingress, dev: wire0}"))
+    for plan in build_plans(check_spec(spec, example_registrations()), 1).values():
         for hop in plan.hops:
             assert not hop.HasField("actions")
 
@@ -91,7 +90,7 @@ def test_new_fields_compile_and_drop_reason_picks_the_kfree_skb_program() -> Non
         "{name: b-app, node: host-b, at: cgroup-egress, cgroup: app,"
         " actions: [timestamp, {count: {by: pid}}]}",
     )
-    plans = build_plans(load_spec(text, example_registrations()), 1)
+    plans = build_plans(check_spec(load_spec(text), example_registrations()), 1)
     hops = {hop.name: hop for hop in plans["host-b"].hops}
     assert hops["b-in"].actions.count_by == counters_pb2.FIELD_TTL
     assert hops["b-in"].actions.histogram == counters_pb2.FIELD_GSO_SIZE
@@ -158,8 +157,7 @@ def test_events_become_typed_plans() -> None:
         "actions: [{count: {by: len}}, {histogram: len}]}",
         "{name: plain, node: host-b, tracepoint: 'sched:sched_switch'}",
     )
-    spec = load_spec(text, example_registrations())
-    plans = build_plans(spec, 3)
+    plans = build_plans(check_spec(load_spec(text), example_registrations()), 3)
     rx = plans["host-a"].events[0]
     assert (rx.event_index, rx.tracepoint_group, rx.tracepoint_event, rx.program) == (
         0,
@@ -204,7 +202,7 @@ def test_the_wakeup_example_pairs_its_events_in_the_plan() -> None:
     text = (Path(__file__).resolve().parents[2] / "examples" / "events-wakeup.yaml").read_text()
     spec = load_spec(text.replace("host-b", "host-a"), example_registrations())
     assert load_spec(spec_to_yaml(spec)) == spec and load_spec(spec_to_json(spec)) == spec
-    attaches = {e.name: e for e in build_plans(spec, 1)["host-a"].events}
+    attaches = {e.name: e for e in build_plans(check_spec(spec), 1)["host-a"].events}
     wakeup, run, sizes = attaches["wakeup"], attaches["run"], attaches["receive-sizes"]
     assert (wakeup.mark_arg, wakeup.latency_arg, wakeup.count_by) == ("pid", "", counters_pb2.EVENT_KEY_CPU)
     assert (run.mark_arg, run.latency_arg, run.latency_since, run.histogram_arg) == ("", "next_pid", 0, "")
@@ -218,7 +216,7 @@ def test_kernel_function_events_become_typed_plans() -> None:
     )
     spec = load_spec(text, guest_registrations())
     assert load_spec(spec_to_yaml(spec)) == spec and load_spec(spec_to_json(spec)) == spec
-    plan = build_plans(spec, 1)["host-a"]
+    plan = build_plans(check_spec(spec), 1)["host-a"]
     rx, rcv = plan.events
     assert (rx.kind, rx.function, rx.program, rx.tracepoint_group) == (
         trace_pb2.ATTACH_KIND_KPROBE, "net_rx_action", "event_kprobe", ""
@@ -240,9 +238,10 @@ def test_function_event_programs_compile_alone(tmp_path) -> None:
 
 def test_the_plan_attaches_in_the_resolved_workload_namespace() -> None:
     agents = registrations_with_workloads()
-    resolved = resolve_workloads(load_spec(WORKLOAD_SPEC, agents), agents)
+    checked = check_spec(load_spec(WORKLOAD_SPEC), agents)
+    assert checked.spec == resolve_workloads(load_spec(WORKLOAD_SPEC), agents)
     # The plan attaches in the resolved namespace; what the user wrote stays in the spec.
-    hops = build_plans(resolved, generation=1)["host-a"].hops
+    hops = build_plans(checked, generation=1)["host-a"].hops
     assert [hop.netns for hop in hops] == ["c1", "", "/proc/4242/ns/net"]
     assert [hop.name for hop in hops] == ["ht-names-a-eth0-out", "a-wire-out", "web-0-eth0-in"]
 
@@ -262,11 +261,11 @@ def test_a_restarted_dispatcher_keeps_what_apply_resolved(tmp_path) -> None:
     """The state file keeps the user's spec and, beside it, the workloads apply resolved: the plans a
     restarted dispatcher pushes attach in the same namespaces."""
     agents = registrations_with_workloads()
-    resolved = resolve_workloads(load_spec(WORKLOAD_SPEC, agents), agents)
+    resolved = check_spec(load_spec(WORKLOAD_SPEC), agents).spec
     StateStore(tmp_path).save(StoredTrace(spec=resolved, generation=3, applied_at=now()))
     (loaded,) = StateStore(tmp_path).load()
     assert loaded.spec == resolved
-    assert [hop.netns for hop in build_plans(loaded.spec, generation=3)["host-a"].hops] == [
+    assert [hop.netns for hop in build_plans(check_spec(loaded.spec), generation=3)["host-a"].hops] == [
         "c1",
         "",
         "/proc/4242/ns/net",

@@ -14,7 +14,7 @@ from hoptrace.dispatcher.compile import (
     generate_source,
     programs_for_plan,
 )
-from hoptrace.spec import SpecError, load_spec, parse_attach_point
+from hoptrace.spec import SpecError, check_spec, load_spec, parse_attach_point
 from hoptrace.v1 import counters_pb2, trace_pb2
 
 pytestmark = pytest.mark.unit
@@ -52,7 +52,7 @@ def test_socket_read_parses_as_a_receive_side_kind() -> None:
 )
 def test_socket_read_plans_the_protocols_program(protocol: str, program: str) -> None:
     spec = load_spec(_spec(protocol, READ_HOP), example_registrations())
-    plans = build_plans(spec, generation=1)
+    plans = build_plans(check_spec(spec), generation=1)
     read = plans["host-b"].hops[1]
     assert (read.hop_index, read.name, read.kind, read.program, read.netns, read.dev) == (
         2,
@@ -68,7 +68,7 @@ def test_socket_read_plans_the_protocols_program(protocol: str, program: str) ->
 def test_udp_socket_read_object_carries_the_queue_pair() -> None:
     """The agent runs the queue pair instead of hop_sock_read_udp on 6.6+ kernels: the per-node source the
     dispatcher compiles for a UDP socket-read hop defines both."""
-    plans = build_plans(load_spec(_spec("udp", READ_HOP), example_registrations()), generation=1)
+    plans = build_plans(check_spec(load_spec(_spec("udp", READ_HOP), example_registrations())), generation=1)
     source = generate_source(programs_for_plan(plans["host-b"]), REPO_ROOT / "kernel-patch")
     library = (REPO_ROOT / "kernel-patch" / "include" / "hop.bpf.h").read_text()
     assert "HOPTRACE_PROG_SOCK_READ_UDP\n" in source
@@ -146,7 +146,7 @@ def _uprobe_spec(*hops: str) -> str:
 
 def test_uprobe_hops_plan_binary_and_symbol() -> None:
     spec = load_spec(_uprobe_spec(*UPROBE_HOPS), example_registrations())
-    handler, handled = build_plans(spec, generation=1)["host-b"].hops[2:]
+    handler, handled = build_plans(check_spec(spec), generation=1)["host-b"].hops[2:]
     kinds = trace_pb2.AttachKind
     assert (handler.kind, handler.program, handler.binary, handler.function, handler.netns) == (
         kinds.ATTACH_KIND_UPROBE,
@@ -176,7 +176,7 @@ def test_reader_fields_plan_as_typed_constants() -> None:
         ),
         example_registrations(),
     )
-    plan = build_plans(spec, generation=1)["host-b"]
+    plan = build_plans(check_spec(spec), generation=1)["host-b"]
     read, handler = plan.hops[-2:]
     field = counters_pb2.Field
     assert (read.actions.count, read.actions.count_by, read.actions.histogram) == (

@@ -12,6 +12,7 @@ from spec_fixtures import CONTRACT_SPEC, example_registrations
 from hoptrace.spec import (
     FieldError,
     SpecError,
+    check_spec,
     load_spec,
     parse_attach_point,
     spec_from_data,
@@ -258,6 +259,25 @@ def test_json_spec_is_recognised_by_content() -> None:
 def test_parse_attach_point(at: str, kind: str, direction: str, target: str) -> None:
     point = parse_attach_point(at)
     assert (point.kind, point.direction, point.target) == (kind, direction, target)
+
+
+def test_check_spec_hands_over_each_hops_parsed_attach_point() -> None:
+    """What compilers take: the spec and, per hop in order, the attach point validation parsed."""
+    spec = load_spec(CONTRACT_SPEC)
+    checked = check_spec(spec)
+    assert checked.spec == spec
+    kinds = trace_pb2.AttachKind
+    assert [(point.attach, point.group, point.target) for point in checked.points] == [
+        (kinds.ATTACH_KIND_TC_EGRESS, "", ""),
+        (kinds.ATTACH_KIND_TRACEPOINT, "net", "netif_receive_skb"),
+        (kinds.ATTACH_KIND_TC_EGRESS, "", ""),
+        (kinds.ATTACH_KIND_TC_INGRESS, "", ""),
+        (kinds.ATTACH_KIND_TC_INGRESS, "", ""),
+    ]
+    spec.hops[1].at = "tracepoint:net"
+    with pytest.raises(SpecError) as caught:
+        check_spec(spec)
+    assert [error.field for error in caught.value.errors] == ["hops[1].at"]
 
 
 # ---- against registered agents -----------------------------------------------------------------------------
