@@ -2,7 +2,7 @@
 
 - join: `bench/collector_join.py` as it is (decode + join on one core), its output parsed;
 - InfluxDB write: the collector's own exporter (`InfluxExporter`, batches of 5000, one writer thread) writing
-  `hop_latency` points built by `latency_line` into a real influxd; points/s = points / time until flushed;
+  `hop_latency` points (`points.latency_point`) into a real influxd; points/s = points / time until flushed;
 - freshness: the whole system (collector, dispatcher, two agents) on the VXLAN topology; one datagram at
 a time
   c1 -> c2, then InfluxDB is polled (InfluxQL count, every 20 ms) until that packet's `hop_latency` points are
@@ -19,7 +19,8 @@ from typing import Any
 
 from common import REPO, BenchContext, TwoHostTopology, log, median, pctl, start_cluster, udp_socket
 from hoptrace.collector.aggregate import LatencySample
-from hoptrace.collector.influx import InfluxConfig, InfluxExporter, latency_line
+from hoptrace.collector.influx import InfluxConfig, InfluxExporter
+from hoptrace.collector.points import latency_point
 from hoptrace.lab.reference import vxlan_path_spec
 
 
@@ -47,8 +48,8 @@ def influx_write_throughput(url: str, points: int) -> dict[str, Any]:
     """points/s of the collector's exporter into a real influxd."""
     exporter = InfluxExporter(InfluxConfig(url=url, bucket="hoptrace/autogen"))
     base = time.time_ns()
-    lines = [
-        latency_line(
+    batch = [
+        latency_point(
             LatencySample(
                 "bench-write",
                 f"h{i % 7}>h{i % 7 + 1}",
@@ -67,7 +68,7 @@ def influx_write_throughput(url: str, points: int) -> dict[str, Any]:
     try:
         t0 = time.monotonic()
         for start in range(0, points, 5000):
-            exporter.submit_lines(lines[start : start + 5000])
+            exporter.export(batch[start : start + 5000])
         ok = exporter.flush(timeout_s=600)
         dt = time.monotonic() - t0
         if not ok or exporter.written < points:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from hoptrace import kernel_abi
+from hoptrace.collector.points import Point
 from hoptrace.collector.records import HOP_INDEX, TS_NS, RecordedValues
 from hoptrace.collector.schema import HOP_COUNTS, HOP_HISTOGRAM, HOP_RECORDED, TOTAL
 from hoptrace.v1 import records_pb2
@@ -46,11 +47,6 @@ def field_name(number: int) -> str:
 def bucket_le(bucket: int) -> int:
     """Inclusive upper bound of log2 bucket `bucket` (hop.bpf.h: bucket b holds [2^(b-1), 2^b - 1])."""
     return (1 << bucket) - 1
-
-
-def escape_tag(value: str) -> str:
-    """A tag value in InfluxDB line protocol."""
-    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=").replace(" ", "\\ ")
 
 
 class CumulativeGrowth:
@@ -103,39 +99,37 @@ class CumulativeGrowth:
 
 
 class HopActionsStage(CumulativeGrowth):
-    """Turns each batch's cumulative `HopCounters.actions` into `hop_counts` / `hop_histogram` lines."""
+    """Turns each batch's cumulative `HopCounters.actions` into `hop_counts` / `hop_histogram` points."""
 
     # keys: (trace, node, hop_index, "count"|"hist", by-or-field, key-or-bucket)
 
     def add_counters(
         self, trace: str, node: str, counters: Iterable[records_pb2.HopCounters], now_ns: int | None = None
-    ) -> list[str]:
-        """Line protocol for the growth of every hop's count and histogram in one batch."""
-        lines: list[str] = []
+    ) -> list[Point]:
+        """The points of the growth of every hop's count and histogram in one batch."""
+        points: list[Point] = []
         self._begin(trace, node)
         for c in counters:
             if not c.HasField("actions"):
                 continue
             a = c.actions
             ts = self._master_ns(node, c, now_ns)
-            hop = c.hop or f"hop{c.hop_index}"
-            base = f",hop={escape_tag(hop)},node={escape_tag(node)},trace={escape_tag(trace)}"
+            hop = (("hop", c.hop or f"hop{c.hop_index}"), ("node", node), ("trace", trace))
             if a.count:
                 by = field_name(a.count_by) if a.count_by else TOTAL
                 for key, value in sorted(a.counts.items()):
                     delta = self._delta((trace, node, c.hop_index, "count", a.count_by, key), value)
                     if delta:
-                        lines.append(f"{HOP_COUNTS},by={escape_tag(by)}{base},key={key} count={delta}i {ts}")
+                        tags = (("by", by), *hop, ("key", str(key)))
+                        points.append(Point(HOP_COUNTS, tags, (("count", delta),), ts))
             if a.histogram:
                 name = field_name(a.histogram)
                 for bucket, value in enumerate(a.buckets):
                     delta = self._delta((trace, node, c.hop_index, "hist", a.histogram, bucket), value)
                     if delta:
-                        lines.append(
-                            f"{HOP_HISTOGRAM},field={escape_tag(name)}{base},le={bucket_le(bucket)}"
-                            f" count={delta}i {ts}"
-                        )
-        return lines
+                        tags = (("field", name), *hop, ("le", str(bucket_le(bucket))))
+                        points.append(Point(HOP_HISTOGRAM, tags, (("count", delta),), ts))
+        return points
 
 
 class ToMaster(Protocol):
@@ -145,7 +139,7 @@ class ToMaster(Protocol):
 
 
 class RecordedValuesStage:
-    """Turns each batch's recorded values (record action) into `hop_recorded` lines."""
+    """Turns each batch's recorded values (record action) into `hop_recorded` points."""
 
     def add_values(
         self,
@@ -154,8 +148,8 @@ class RecordedValuesStage:
         values: Iterable[RecordedValues],
         mapping: ToMaster,
         hop_name: Callable[[int], str],
-    ) -> list[str]:
-        """One line per (hop, field) of the batch: count, sum, min, max and last of its packets' values."""
+    ) -> list[Point]:
+        """One point per (hop, field) of the batch: count, sum, min, max and last of its packets' values."""
         # (hop_index, field) -> [count, sum, min, max, last, newest ts_ns]
         summary: dict[tuple[int, int], list[int]] = {}
         for rec, fields in values:
@@ -171,12 +165,14 @@ class RecordedValuesStage:
                 entry[3] = max(entry[3], value)
                 if ts >= entry[5]:
                     entry[4], entry[5] = value, ts
-        lines = []
+        points = []
         for (hop_index, number), (count, total, low, high, last, ts) in sorted(summary.items()):
-            lines.append(
-                f"{HOP_RECORDED},field={escape_tag(field_name(number))},hop={escape_tag(hop_name(hop_index))},"
-                f"node={escape_tag(node)},trace={escape_tag(trace)}"
-                f" count={count}i,sum={float(total)},min={low}i,max={high}i,last={last}i"
-                f" {mapping.to_master(ts)}"
+            tags = (
+                ("field", field_name(number)),
+                ("hop", hop_name(hop_index)),
+                ("node", node),
+                ("trace", trace),
             )
-        return lines
+            fields = (("count", count), ("sum", float(total)), ("min", low), ("max", high), ("last", last))
+            points.append(Point(HOP_RECORDED, tags, fields, mapping.to_master(ts)))
+        return points

@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hoptrace.collector.actions import CumulativeGrowth, WallToMaster, bucket_le, escape_tag
+from hoptrace.collector.actions import CumulativeGrowth, WallToMaster, bucket_le
+from hoptrace.collector.points import Point
 from hoptrace.collector.schema import (
     EVENT_COUNTS,
     EVENT_HISTOGRAM,
@@ -35,7 +36,8 @@ from hoptrace.v1 import records_pb2
 
 
 class EventsStage(CumulativeGrowth):
-    """Turns each batch's cumulative `EventValues` into `event_counts` / `event_histogram` lines."""
+    """Turns each batch's cumulative `EventValues` into `event_counts` / `event_histogram` /
+    `event_latency_missed` / `event_recorded` points."""
 
     # keys: (trace, node, event_index, "count"|"hist", key-or-bucket), (trace, node, event_index, "missed"),
     # (trace, node, event_index, "recorded", arg, "count")
@@ -47,30 +49,27 @@ class EventsStage(CumulativeGrowth):
 
     def add_events(
         self, trace: str, node: str, events: Iterable[records_pb2.EventValues], now_ns: int | None = None
-    ) -> list[str]:
-        """Line protocol for the growth of every event's count and histogram in one batch."""
-        lines: list[str] = []
+    ) -> list[Point]:
+        """The points of the growth of every event's count, histogram, misses and recorded arguments in one
+        batch."""
+        points: list[Point] = []
         self._begin(trace, node)
         for e in events:
             ts = self._master_ns(node, e, now_ns)
-            name = e.event or f"event{e.event_index}"
-            base = f",event={escape_tag(name)},node={escape_tag(node)},trace={escape_tag(trace)}"
+            event = (("event", e.event or f"event{e.event_index}"), ("node", node), ("trace", trace))
             if e.count:
                 by = e.count_by or TOTAL
                 for key, value in sorted(e.counts.items()):
                     delta = self._delta((trace, node, e.event_index, "count", key), value)
                     if delta:
-                        lines.append(
-                            f"{EVENT_COUNTS},by={escape_tag(by)}{base},key={key} count={delta}i {ts}"
-                        )
+                        tags = (("by", by), *event, ("key", str(key)))
+                        points.append(Point(EVENT_COUNTS, tags, (("count", delta),), ts))
             if e.histogram:
                 for bucket, value in enumerate(e.buckets):
                     delta = self._delta((trace, node, e.event_index, "hist", bucket), value)
                     if delta:
-                        lines.append(
-                            f"{EVENT_HISTOGRAM},arg={escape_tag(e.histogram)}{base},le={bucket_le(bucket)}"
-                            f" count={delta}i {ts}"
-                        )
+                        tags = (("arg", e.histogram), *event, ("le", str(bucket_le(bucket))))
+                        points.append(Point(EVENT_HISTOGRAM, tags, (("count", delta),), ts))
             missed_key = (trace, node, e.event_index, "missed")
             missed = (
                 self._delta(missed_key, e.latency_missed)
@@ -78,14 +77,20 @@ class EventsStage(CumulativeGrowth):
                 else 0
             )
             if missed:
-                lines.append(f"{EVENT_LATENCY_MISSED}{base} count={missed}i {ts}")
+                points.append(Point(EVENT_LATENCY_MISSED, event, (("count", missed),), ts))
             for r in e.recorded:
-                lines.extend(self._recorded_line(trace, node, e.event_index, base, r, ts))
-        return lines
+                points.extend(self._recorded_point(trace, node, e.event_index, event, r, ts))
+        return points
 
-    def _recorded_line(
-        self, trace: str, node: str, index: int, base: str, r: records_pb2.EventRecorded, ts: int
-    ) -> list[str]:
+    def _recorded_point(
+        self,
+        trace: str,
+        node: str,
+        index: int,
+        event: tuple[tuple[str, str], ...],
+        r: records_pb2.EventRecorded,
+        ts: int,
+    ) -> list[Point]:
         """One argument's statistics: the growth of count and sum (a count that went down is a new
         attach: it counts in full; sum follows the count's verdict, since signed values may lower it)."""
         key = (trace, node, index, "recorded", r.arg)
@@ -95,7 +100,6 @@ class EventsStage(CumulativeGrowth):
         if not count:
             return []
         grown = r.sum if count == r.count else r.sum - previous_sum
-        return [
-            f"{EVENT_RECORDED},arg={escape_tag(r.arg)}{base},signed={str(r.signed).lower()}"
-            f" count={count}i,sum={float(grown)!r},min={r.min}i,max={r.max}i,last={r.last}i {ts}"
-        ]
+        tags = (("arg", r.arg), *event, ("signed", str(r.signed).lower()))
+        fields = (("count", count), ("sum", float(grown)), ("min", r.min), ("max", r.max), ("last", r.last))
+        return [Point(EVENT_RECORDED, tags, fields, ts)]

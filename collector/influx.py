@@ -1,7 +1,7 @@
 """Export stage: writes the aggregation's output to InfluxDB (line protocol, ns precision), in the schema
 of `schema.py`.
 
-Delivery (`InfluxExporter`): the pipeline only queues lines (bounded by `max_pending` points; beyond it they
+Delivery (`InfluxExporter`): the pipeline only queues points (bounded by `max_pending` points; beyond it they
 are dropped and counted, reason `queue_full`), so the receive path never waits for InfluxDB. A worker writes
 batches (`batch_size` points or every `flush_interval_s`). A batch InfluxDB does not take (down, slow past
 `timeout_ms`, 5xx) goes to the disk spool (`Spool`, bounded by `spool_bytes`: beyond it the oldest files are
@@ -37,17 +37,8 @@ from influxdb_client import InfluxDBClient, WritePrecision
 from influxdb_client.client.write_api import SYNCHRONOUS
 from influxdb_client.rest import ApiException
 
-from hoptrace.collector.aggregate import HopCounterWindow, LatencySample, SegmentWindow, TracerLossWindow
-from hoptrace.collector.clock import NodeClockPoint
-from hoptrace.collector.schema import (
-    HOP_COUNTERS,
-    HOP_LATENCY,
-    JITTER_PREFIX,
-    LATENCY_PREFIX,
-    NODE_CLOCK,
-    SEGMENT_STATS,
-    TRACER_LOSS,
-)
+from hoptrace.collector.points import FieldValue, Point
+from hoptrace.collector.schema import HOP_LATENCY
 
 log = logging.getLogger(__name__)
 
@@ -55,99 +46,27 @@ log = logging.getLogger(__name__)
 _TAG_ESCAPE = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ ", "\n": "", "\\": "\\\\"})
 
 
-def _tag(value: str) -> str:
-    return value.translate(_TAG_ESCAPE)
+def _field_text(value: FieldValue) -> str:
+    if isinstance(value, bool):  # before int: a bool is an int
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return f"{value}i"
+    return repr(float(value))
 
 
-def _tags(pairs: Iterable[tuple[str, str]]) -> str:
-    return "".join(f",{k}={_tag(v)}" for k, v in pairs if v)
+def line(point: Point, time_ns: int | None = None) -> str:
+    """The line protocol of `point` (`time_ns` overrides its time): tags in the point's order, those with an
+    empty value left out (line protocol has none), escaped; ints as `<n>i`, floats as Python's shortest
+    repr, bools as `true` / `false`."""
+    tags = "".join(f",{key}={value.translate(_TAG_ESCAPE)}" for key, value in point.tags if value)
+    fields = ",".join(f"{key}={_field_text(value)}" for key, value in point.fields)
+    return f"{point.measurement}{tags} {fields} {point.time_ns if time_ns is None else time_ns}"
 
 
-def latency_line(s: LatencySample, ts_ns: int | None = None) -> str:
-    """Line protocol of one `hop_latency` point (`ts_ns` overrides the sample's time)."""
-    tags = _tags(
-        (
-            ("from_hop", s.from_hop),
-            ("from_node", s.from_node),
-            ("segment", s.segment),
-            ("to_hop", s.to_hop),
-            ("to_node", s.to_node),
-            ("trace", s.trace),
-        )
-    )
-    flag = ",below_clock_bound=true" if s.below_clock_bound else ""
-    ts = s.ts_ns if ts_ns is None else ts_ns
-    return f"{HOP_LATENCY}{tags} latency_ns={s.latency_ns}i,packet_id={s.packet_id}i{flag} {ts}"
-
-
-def segment_line(w: SegmentWindow) -> str:
-    """Line protocol of one `segment_stats` point (its window statistics and sketches)."""
-    tags = _tags(
-        (
-            ("collector", w.instance),
-            ("from_hop", w.from_hop),
-            ("segment", w.segment),
-            ("to_hop", w.to_hop),
-            ("trace", w.trace),
-        )
-    )
-    fields = (
-        f"count={w.count}i,mean_ns={float(w.mean_ns)!r},p50_ns={w.p50_ns}i,p90_ns={w.p90_ns}i,"
-        f"p99_ns={w.p99_ns}i,max_ns={w.max_ns}i,incomplete={w.incomplete}i"
-    )
-    if w.packets is not None:
-        fields += f",packets={w.packets}i,complete={w.complete or 0}i"
-    fields += (
-        f",from_count={w.from_count}i,loss_count={w.loss_count}i,loss_rate={float(w.loss_rate)!r},"
-        f"tracer_lost={w.tracer_lost}i,jitter_ns={float(w.jitter_ns)!r},jitter_p99_ns={w.jitter_p99_ns}i,"
-        f"same_node={'true' if w.same_node else 'false'},"
-        f"below_clock_bound={'true' if w.below_clock_bound else 'false'},"
-        f"below_bound_count={w.below_bound_count}i,clock_bound_ns={w.clock_bound_ns}i,"
-        f"sum_ns={w.sum_ns}i,min_ns={w.min_ns}i,jitter_sum_ns={w.jitter_sum_ns}i,jitter_count={w.jitter_count}i"
-    )
-    buckets = [f"{k}={n}i" for k, n in w.sketch.fields(LATENCY_PREFIX).items()]
-    buckets.extend(f"{k}={n}i" for k, n in w.jitter_sketch.fields(JITTER_PREFIX).items())
-    if buckets:
-        fields += "," + ",".join(buckets)
-    return f"{SEGMENT_STATS}{tags} {fields} {w.start_ns}"
-
-
-def counters_lines(w: HopCounterWindow) -> list[str]:
-    """Line protocol of one `hop_counters` point: the counter deltas and/or the throughput (same point)."""
-    tags = _tags(
-        (("container", w.container), ("hop", w.hop), ("node", w.node), ("pod", w.pod), ("trace", w.trace))
-    )
-    out = []
-    if w.has_counters:
-        out.append(
-            f"{HOP_COUNTERS}{tags} matched={w.matched}i,tagged={w.tagged}i,untagged={w.untagged}i,"
-            f"parse_errors={w.parse_errors}i,lost_events={w.lost_events}i,bytes={w.bytes}i {w.start_ns}"
-        )
-    if w.has_records:
-        out.append(
-            f"{HOP_COUNTERS}{tags} packets={w.packets}i,packets_per_s={float(w.packets_per_s)!r},"
-            f"bytes_per_s={float(w.bytes_per_s)!r} {w.start_ns}"
-        )
-    return out
-
-
-def counters_line(w: HopCounterWindow) -> str:
-    """The `hop_counters` lines of one window, joined by newlines."""
-    return "\n".join(counters_lines(w))
-
-
-def node_clock_line(p: NodeClockPoint) -> str:
-    """Line protocol of one `node_clock` point."""
-    return (
-        f"{NODE_CLOCK}{_tags((('node', p.node),))} offset_ns={p.offset_ns}i,delay_ns={p.delay_ns}i,"
-        f"bound_ns={p.bound_ns}i,drift_ppm={float(p.drift_ppm)!r} {p.ts_ns}"
-    )
-
-
-def tracer_loss_line(w: TracerLossWindow) -> str:
-    """Line protocol of one `tracer_loss` point."""
-    tags = _tags((("hop", w.hop), ("node", w.node), ("reason", w.reason), ("trace", w.trace)))
-    return f"{TRACER_LOSS}{tags} records={w.records}i {w.start_ns}"
+def latency_series(point: Point) -> tuple[tuple[str, str, str, str], int]:
+    """The series of a `hop_latency` point (trace, segment, from_node, to_node) and its packet's ID."""
+    series = (point.tag("trace"), point.tag("segment"), point.tag("from_node"), point.tag("to_node"))
+    return series, int(point.field("packet_id") or 0)
 
 
 class TimestampDeduper:
@@ -163,20 +82,26 @@ class TimestampDeduper:
         self._used: dict[tuple[str, str, str, str], dict[int, tuple[int, int]]] = {}
         self._newest: dict[tuple[str, str, str, str], int] = {}
 
-    def unique(self, s: LatencySample) -> int:
-        """Return a timestamp for `s` not used before in its series by another packet (within the horizon)."""
-        series = (s.trace, s.segment, s.from_node, s.to_node)
+    def same_packet(self, taken: tuple[int, int], time_ns: int, packet_id: int) -> bool:
+        """Whether the point that took a timestamp, (its own time, its packet ID), is the one at `time_ns` of
+        packet `packet_id` again."""
+        return taken == (time_ns, packet_id)
+
+    def unique(self, point: Point) -> int:
+        """A timestamp for `point` (a `hop_latency` point) not used before in its series by another packet
+        (within the horizon)."""
+        series, packet_id = latency_series(point)
         used = self._used.get(series)
         if used is None:
             used = self._used[series] = {}
-            self._newest[series] = s.ts_ns
-        ts = s.ts_ns
-        while ts in used:
-            if used[ts] == (s.ts_ns, s.packet_id):
-                return ts  # this very packet again
+            self._newest[series] = point.time_ns
+        ts = point.time_ns
+        while (taken := used.get(ts)) is not None:
+            if self.same_packet(taken, point.time_ns, packet_id):
+                return ts  # this very packet again: its point overwrites itself
             ts += 1
             self.moved += 1
-        used[ts] = (s.ts_ns, s.packet_id)
+        used[ts] = (point.time_ns, packet_id)
         newest = self._newest[series]
         if ts > newest + self.horizon_ns // 4:
             # prune now and then: the dict is in insertion order, which is nearly time order
@@ -305,7 +230,8 @@ class Spool:
 
 
 class InfluxExporter:
-    """Writes line protocol into InfluxDB from a worker thread; spools to disk while InfluxDB is away."""
+    """The InfluxDB exporter: takes the pipeline's points (`export`), writes them as line protocol from a
+    worker thread, and spools them to disk while InfluxDB is away."""
 
     def __init__(self, config: InfluxConfig) -> None:
         config.validate()
@@ -370,8 +296,13 @@ class InfluxExporter:
 
     # -- producers -------------------------------------------------------------------------------------
 
-    def submit_lines(self, lines: list[str]) -> None:
-        """Queue line-protocol lines; never blocks. Beyond `max_pending` they are dropped and counted."""
+    def export(self, points: Iterable[Point]) -> None:
+        """Queue points as line protocol; never blocks. Beyond `max_pending` they are dropped and counted.
+        A `hop_latency` point gets a timestamp of its own in its series (`TimestampDeduper`)."""
+        unique = self.dedupe.unique
+        self._submit([line(p, unique(p)) if p.measurement == HOP_LATENCY else line(p) for p in points])
+
+    def _submit(self, lines: list[str]) -> None:
         if not lines:
             return
         with self._lock:
@@ -382,24 +313,6 @@ class InfluxExporter:
             self._pending += len(lines)
             self.accepted += len(lines)
         self._queue.put(lines)
-
-    def export(
-        self,
-        samples: Iterable[LatencySample] = (),
-        segments: Iterable[SegmentWindow] = (),
-        counters: Iterable[HopCounterWindow] = (),
-        clocks: Iterable[NodeClockPoint] = (),
-        tracer_loss: Iterable[TracerLossWindow] = (),
-    ) -> None:
-        """Queue the pipeline's output as points of the measurements (`samples`: the exemplars)."""
-        unique = self.dedupe.unique
-        lines = [latency_line(s, unique(s)) for s in samples]
-        lines.extend(segment_line(w) for w in segments)
-        for w in counters:
-            lines.extend(counters_lines(w))
-        lines.extend(node_clock_line(p) for p in clocks)
-        lines.extend(tracer_loss_line(w) for w in tracer_loss)
-        self.submit_lines(lines)
 
     def flush(self, timeout_s: float = 30.0, give_up_when_down: bool = False) -> bool:
         """Wait until everything queued so far is written to InfluxDB (spool included) or dropped.

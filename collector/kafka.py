@@ -55,13 +55,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from google.protobuf.message import DecodeError
 
-from hoptrace.collector.aggregate import LatencySample
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter, TimestampDeduper
-from hoptrace.collector.metrics import MetricsServer, _Writer, start_metrics_server
+from hoptrace.collector.metrics import MetricsServer, MetricsWriter, start_metrics_server
+from hoptrace.collector.pipeline import CollectorConfig, CollectorPipeline, start_shared_parts
 from hoptrace.collector.receiver import SeenBatches
 from hoptrace.collector.records import RecordDecodeError, decode_batch
-from hoptrace.collector.service import CollectorConfig, CollectorPipeline, start_shared_parts
 from hoptrace.v1 import records_pb2
 
 log = logging.getLogger(__name__)
@@ -155,36 +154,14 @@ class ReplayDeduper(TimestampDeduper):
     def __init__(self, horizon_ns: int = 10_000_000_000) -> None:
         super().__init__(horizon_ns)
         self.replayed = 0
-        self._owner: dict[tuple[str, str, str, str], dict[int, int]] = {}
-        self._newest_owner: dict[tuple[str, str, str, str], int] = {}
 
-    def unique(self, s: LatencySample) -> int:
-        """The timestamp of `s`: its own again if this packet's point was made already, else the first
-        free one from its time on."""
-        series = (s.trace, s.segment, s.from_node, s.to_node)
-        owner = self._owner.get(series)
-        if owner is None:
-            owner = self._owner[series] = {}
-            self._newest_owner[series] = s.ts_ns
-        ts = s.ts_ns
-        while (pid := owner.get(ts)) is not None:
-            if pid == s.packet_id:
-                self.replayed += 1
-                return ts
-            ts += 1
-            self.moved += 1
-        owner[ts] = s.packet_id
-        if ts > self._newest_owner[series] + self.horizon_ns // 4:
-            self._newest_owner[series] = ts
-            cutoff = ts - self.horizon_ns
-            old = []
-            for t in owner:  # insertion order is nearly time order
-                if t >= cutoff:
-                    break
-                old.append(t)
-            for t in old:
-                del owner[t]
-        return ts
+    def same_packet(self, taken: tuple[int, int], time_ns: int, packet_id: int) -> bool:
+        """The packet that took a timestamp, whatever time its point had: a replayed packet gets the
+        timestamp it got the first time."""
+        if taken[1] != packet_id:
+            return False
+        self.replayed += 1
+        return True
 
 
 class CommitTrackingExporter(InfluxExporter):
@@ -614,7 +591,7 @@ def render_kafka_metrics(service: KafkaCollectorService) -> str:
     exp = service.exporter
     with service._lock:
         states = list(service.partitions.values())
-    w = _Writer()
+    w = MetricsWriter()
     w.metric(
         "records_received_total",
         "counter",

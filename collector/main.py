@@ -1,24 +1,32 @@
-"""`hoptrace collector`: command-line entry of the collector (thin: parses flags, calls `run_collector`)."""
+"""`hoptrace collector`: command-line entry of the collector: parses flags, then `run_collector` runs the gRPC
+collector (`service.py`) or the Kafka one (`kafka.py`) until a signal."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
 from hoptrace.collector.aggregate import AggregateConfig
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
-from hoptrace.collector.kafka import KafkaConfig, read_secret_file
-from hoptrace.collector.service import run_collector
+from hoptrace.collector.influx import InfluxConfig
+from hoptrace.collector.join import JoinConfig
+from hoptrace.collector.kafka import KafkaCollectorService, KafkaConfig, read_secret_file
+from hoptrace.collector.pipeline import CollectorConfig
+from hoptrace.collector.receiver import ReceiverConfig
+from hoptrace.collector.service import start_collector
 from hoptrace.common.grpcutil import (
     INFLUX_TOKEN_ENV,
     TOKEN_ENV,
+    TLSFiles,
     add_secret_argument,
     add_server_tls_arguments,
     api_channel,
@@ -221,6 +229,65 @@ def run(args: argparse.Namespace) -> int:
         )
     finally:
         stop_sync.set()
+
+
+def run_collector(
+    listen: str,
+    influx_url: str,
+    influx_bucket: str,
+    influx_org: str = "-",
+    influx_token: str = "",
+    *,
+    catalog: TraceCatalog | None = None,
+    catalog_file: str | None = None,
+    join_window_s: float = 2.0,
+    max_entries: int = 500_000,
+    stop_event: threading.Event | None = None,
+    clock_listen: str | None = "127.0.0.1:7123",
+    metrics_listen: str | None = "127.0.0.1:9171",
+    spool_dir: str | None = None,
+    spool_bytes: int = 1 << 30,
+    max_export_points: int = 1_000_000,
+    tls: TLSFiles | None = None,
+    kafka: Any = None,
+    aggregate: AggregateConfig | None = None,
+) -> int:
+    """Run the collector until SIGTERM/SIGINT (or `stop_event`), then flush everything. Returns 0.
+
+    With `kafka` (a `hoptrace.collector.kafka.KafkaConfig`) it consumes the records topic in a consumer
+    group instead of serving gRPC on `listen`."""
+    config = CollectorConfig(
+        receiver=ReceiverConfig(listen=listen, tls=tls),
+        join=JoinConfig(window_ns=int(join_window_s * 1e9), max_entries=max_entries),
+        aggregate=aggregate or AggregateConfig(),
+        influx=InfluxConfig(
+            url=influx_url,
+            bucket=influx_bucket,
+            org=influx_org,
+            token=influx_token,
+            spool_dir=spool_dir,
+            spool_bytes=spool_bytes,
+            max_pending=max_export_points,
+        ),
+        catalog_file=catalog_file,
+        clock_listen=clock_listen or None,
+        metrics_listen=metrics_listen or None,
+    )
+    stop = stop_event or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    service: Any
+    if kafka is not None:
+        service = KafkaCollectorService(config, kafka, catalog)
+    else:
+        service = start_collector(config, catalog)
+    try:
+        while not stop.wait(0.5):  # short waits keep the main thread responsive to signals
+            pass
+    finally:
+        service.stop()
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

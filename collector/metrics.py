@@ -16,12 +16,12 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from hoptrace.collector.timeservice import parse_addr
-
-if TYPE_CHECKING:
-    from hoptrace.collector.service import CollectorService
+from hoptrace.collector.influx import InfluxExporter
+from hoptrace.collector.pipeline import CollectorPipeline
+from hoptrace.collector.receiver import CollectorReceiver
+from hoptrace.collector.timeservice import TimeServer, parse_addr
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,18 @@ def _format(value: float) -> str:
     return repr(float(value))
 
 
-class _Writer:
+class RunningCollector(Protocol):
+    """What `/metrics` reads of a running gRPC collector (`service.CollectorService`)."""
+
+    pipeline: CollectorPipeline
+    exporter: InfluxExporter
+    receiver: CollectorReceiver
+    time_server: TimeServer | None
+
+
+class MetricsWriter:
+    """The exposition text, one metric family at a time."""
+
     def __init__(self) -> None:
         self.lines: list[str] = []
 
@@ -59,13 +70,13 @@ class _Writer:
         self.metric(name, kind, help_text, [({}, value)])
 
 
-def render_metrics(service: CollectorService) -> str:
+def render_metrics(service: RunningCollector) -> str:
     """The exposition text of a running collector's counters."""
     pipe = service.pipeline
     join = pipe.joiner.stats
     exp = service.exporter
     nodes = service.receiver.stats_snapshot()
-    w = _Writer()
+    w = MetricsWriter()
     per_node = sorted(nodes.items())
     w.metric(
         "records_received_total",

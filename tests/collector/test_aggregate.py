@@ -282,7 +282,8 @@ def test_default_instance_tells_collectors_on_one_host_apart() -> None:
 def test_hop_counters_carry_the_container_and_pod_of_a_workload_hop() -> None:
     """A spec whose hops were named by workloads (the dispatcher's resolved HopSpec.workload): their
     hop_counters windows, from counters and from records, carry the container and pod; other hops none."""
-    from hoptrace.collector.influx import counters_lines
+    from hoptrace.collector.influx import line
+    from hoptrace.collector.points import counters_points
     from hoptrace.v1 import trace_pb2
 
     spec = trace_pb2.TraceSpec(name="t")
@@ -300,7 +301,7 @@ def test_hop_counters_carry_the_container_and_pod_of_a_workload_hop() -> None:
     assert tags == {"a-out": ("web", ""), "wire": ("", ""), "b-in": ("k8s_app_web-0", "shop/web-0")}
     agg.add_counters("t", "n2", [_counters(2, "b-in", 20, matched=9)])
     (window,) = agg.close_windows(22 * SEC)
-    assert counters_lines(window)[0].startswith(
+    assert line(counters_points(window)[0]).startswith(
         "hop_counters,container=k8s_app_web-0,hop=b-in,node=n2,pod=shop/web-0,trace=t matched=4i,"
     )
 

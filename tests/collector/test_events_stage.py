@@ -16,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.events import EVENT_COUNTS, EVENT_HISTOGRAM, EventsStage
 from hoptrace.collector.influx import InfluxConfig
+from hoptrace.collector.influx import line as line_protocol
 from hoptrace.collector.receiver import ReceiverConfig
 from hoptrace.collector.service import CollectorConfig, start_collector
 from hoptrace.lab.processes import InfluxServer
@@ -48,6 +49,11 @@ def event_values(
     return e
 
 
+def as_lines(points: list) -> list[str]:
+    """The points as the InfluxDB exporter writes them."""
+    return [line_protocol(p) for p in points]
+
+
 @pytest.mark.unit
 def test_a_stream_resumed_after_a_commit_takes_its_first_values_as_the_baseline() -> None:
     """Kafka: the partition's previous owner wrote the growth up to its commit; the new owner's first
@@ -59,21 +65,21 @@ def test_a_stream_resumed_after_a_commit_takes_its_first_values_as_the_baseline(
         for i in range(3)
     ]
     continuous = EventsStage()
-    written = [continuous.add_events("t", "n1", [v]) for v in values]
+    written = [as_lines(continuous.add_events("t", "n1", [v])) for v in values]
     resumed = EventsStage()
     resumed.resume_after_commit()
-    assert resumed.add_events("t", "n1", [values[1]]) == [] and resumed.baselines == 4
-    assert resumed.add_events("t", "n1", [values[2]]) == written[2] != []
+    assert as_lines(resumed.add_events("t", "n1", [values[1]])) == [] and resumed.baselines == 4
+    assert as_lines(resumed.add_events("t", "n1", [values[2]])) == written[2] != []
     # a key first seen after the first message grew from 0 since: counted in full
     later = event_values(0, "rx", now + 3, {0: 17, 1: 2, 5: 6}, by="cpu", buckets=[0, 6], arg="len")
-    assert [line.split(" ")[1] for line in resumed.add_events("t", "n1", [later])] == [
+    assert [line.split(" ")[1] for line in as_lines(resumed.add_events("t", "n1", [later]))] == [
         "count=4i",
         "count=6i",
         "count=1i",
     ]
     # another node's first message after the resume is a baseline too; without a commit it counts
-    assert resumed.add_events("t", "n2", [values[0]]) == []
-    fresh = EventsStage().add_events("t", "n2", [values[0]])
+    assert as_lines(resumed.add_events("t", "n2", [values[0]])) == []
+    fresh = as_lines(EventsStage().add_events("t", "n2", [values[0]]))
     assert fresh == [line.replace("node=n1", "node=n2") for line in written[0]] != []
 
 
@@ -81,18 +87,22 @@ def test_a_stream_resumed_after_a_commit_takes_its_first_values_as_the_baseline(
 def test_cumulative_event_values_become_deltas_and_a_restart_counts_in_full() -> None:
     stage = EventsStage()
     now = int(time.time())
-    first = stage.add_events("t", "n1", [event_values(0, "rx", now, {0: 5, 1: 2}, by="cpu")])
+    first = as_lines(stage.add_events("t", "n1", [event_values(0, "rx", now, {0: 5, 1: 2}, by="cpu")]))
     assert first == [
         f"{EVENT_COUNTS},by=cpu,event=rx,node=n1,trace=t,key=0 count=5i {now * SEC}",
         f"{EVENT_COUNTS},by=cpu,event=rx,node=n1,trace=t,key=1 count=2i {now * SEC}",
     ]
-    second = stage.add_events("t", "n1", [event_values(0, "rx", now + 1, {0: 9, 1: 2, 3: 1}, by="cpu")])
+    second = as_lines(
+        stage.add_events("t", "n1", [event_values(0, "rx", now + 1, {0: 9, 1: 2, 3: 1}, by="cpu")])
+    )
     assert [line.split(" ")[1] for line in second] == ["count=4i", "count=1i"]  # key 1 did not grow
-    third = stage.add_events("t", "n1", [event_values(0, "rx", now + 2, {0: 3}, by="cpu")])
+    third = as_lines(stage.add_events("t", "n1", [event_values(0, "rx", now + 2, {0: 3}, by="cpu")]))
     assert [line.split(" ")[1] for line in third] == ["count=3i"] and stage.resets == 1
-    plain = stage.add_events("t", "n1", [event_values(1, "all", now, {0: 7})])
+    plain = as_lines(stage.add_events("t", "n1", [event_values(1, "all", now, {0: 7})]))
     assert plain == [f"{EVENT_COUNTS},by=total,event=all,node=n1,trace=t,key=0 count=7i {now * SEC}"]
-    hist = stage.add_events("t", "n1", [event_values(2, "sizes", now, buckets=[0, 0, 4, 0, 1], arg="len")])
+    hist = as_lines(
+        stage.add_events("t", "n1", [event_values(2, "sizes", now, buckets=[0, 0, 4, 0, 1], arg="len")])
+    )
     assert hist == [
         f"{EVENT_HISTOGRAM},arg=len,event=sizes,node=n1,trace=t,le=3 count=4i {now * SEC}",
         f"{EVENT_HISTOGRAM},arg=len,event=sizes,node=n1,trace=t,le=15 count=1i {now * SEC}",

@@ -22,6 +22,7 @@ from hoptrace.collector.actions import (
 )
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig
+from hoptrace.collector.influx import line as line_protocol
 from hoptrace.collector.receiver import ReceiverConfig
 from hoptrace.collector.records import (
     RECORD_SIZE,
@@ -65,28 +66,39 @@ def with_actions(
     return c
 
 
+def as_lines(points: list) -> list[str]:
+    """The points as the InfluxDB exporter writes them."""
+    return [line_protocol(p) for p in points]
+
+
 @pytest.mark.unit
 def test_cumulative_values_become_deltas_and_a_restart_counts_in_full() -> None:
     stage = HopActionsStage()
     now = int(time.time())
-    first = stage.add_counters(
-        "t", "n1", [with_actions(1, "b-in", now, {0: 5, 1: 2}, by=counters_pb2.FIELD_CPU)]
+    first = as_lines(
+        stage.add_counters("t", "n1", [with_actions(1, "b-in", now, {0: 5, 1: 2}, by=counters_pb2.FIELD_CPU)])
     )
     assert first == [
         f"{HOP_COUNTS},by=cpu,hop=b-in,node=n1,trace=t,key=0 count=5i {now * SEC}",
         f"{HOP_COUNTS},by=cpu,hop=b-in,node=n1,trace=t,key=1 count=2i {now * SEC}",
     ]
-    second = stage.add_counters(
-        "t", "n1", [with_actions(1, "b-in", now + 1, {0: 9, 1: 2, 3: 1}, by=counters_pb2.FIELD_CPU)]
+    second = as_lines(
+        stage.add_counters(
+            "t", "n1", [with_actions(1, "b-in", now + 1, {0: 9, 1: 2, 3: 1}, by=counters_pb2.FIELD_CPU)]
+        )
     )
     assert [line.split(" ")[1] for line in second] == ["count=4i", "count=1i"]  # key 1 did not grow
     # The hop was attached again: its values start over and count in full.
-    third = stage.add_counters(
-        "t", "n1", [with_actions(1, "b-in", now + 2, {0: 3}, by=counters_pb2.FIELD_CPU)]
+    third = as_lines(
+        stage.add_counters("t", "n1", [with_actions(1, "b-in", now + 2, {0: 3}, by=counters_pb2.FIELD_CPU)])
     )
     assert [line.split(" ")[1] for line in third] == ["count=3i"] and stage.resets == 1
-    hist = stage.add_counters(
-        "t", "n1", [with_actions(2, "b-rx", now, buckets=[0, 0, 4, 0, 1], field=counters_pb2.FIELD_LATENCY)]
+    hist = as_lines(
+        stage.add_counters(
+            "t",
+            "n1",
+            [with_actions(2, "b-rx", now, buckets=[0, 0, 4, 0, 1], field=counters_pb2.FIELD_LATENCY)],
+        )
     )
     assert hist == [
         f"{HOP_HISTOGRAM},field=latency,hop=b-rx,node=n1,trace=t,le=3 count=4i {now * SEC}",
@@ -187,7 +199,9 @@ def test_recorded_values_pair_with_their_records_and_aggregate_per_hop_and_field
         def to_master(self, ts_ns: int) -> int:
             return ts_ns + 5
 
-    lines = RecordedValuesStage().add_values("t", "n1", decoded.values, Shift(), lambda i: f"hop-{i}")
+    lines = as_lines(
+        RecordedValuesStage().add_values("t", "n1", decoded.values, Shift(), lambda i: f"hop-{i}")
+    )
     assert lines == [
         f"{HOP_RECORDED},field=len,hop=hop-1,node=n1,trace=t count=4i,sum={float(sum(sizes))},min=64i,"
         f"max=1500i,last=64i {2003 + 5}",

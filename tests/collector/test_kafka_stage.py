@@ -6,12 +6,13 @@ import pytest
 
 from hoptrace.collector.aggregate import LatencySample
 from hoptrace.collector.kafka import KafkaConfig, ReplayDeduper, parse_written_before
+from hoptrace.collector.points import Point, latency_point
 
 pytestmark = pytest.mark.unit
 
 
-def sample(ts: int, packet_id: int) -> LatencySample:
-    return LatencySample("t", "a>b", "a", "b", "n1", "n2", ts, 100, packet_id, False)
+def sample(ts: int, packet_id: int) -> Point:
+    return latency_point(LatencySample("t", "a>b", "a", "b", "n1", "n2", ts, 100, packet_id, False))
 
 
 def test_replayed_packet_keeps_its_timestamp_collisions_still_move() -> None:

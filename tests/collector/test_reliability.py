@@ -16,6 +16,7 @@ from hoptrace.collector.aggregate import AggregateConfig
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter, Spool
 from hoptrace.collector.join import JoinConfig
+from hoptrace.collector.points import Point
 from hoptrace.collector.receiver import ReceiverConfig
 from hoptrace.collector.records import RECORD_SIZE
 from hoptrace.collector.service import CollectorConfig, CollectorService, WrittenBeforeMark, start_collector
@@ -284,10 +285,11 @@ def test_exporter_bounds_and_counts_every_drop(tmp_path: Path) -> None:
     )
     try:
         t = time.monotonic()
-        exp.submit_lines(["m v=1i 1"] * 5)  # more than max_pending at once: dropped, never blocks
+        point = Point("m", (), (("v", 1),), 1)  # "m v=1i 1"
+        exp.export([point] * 5)  # more than max_pending at once: dropped, never blocks
         assert exp.drops["queue_full"] == 5
         for k in range(40):
-            exp.submit_lines([f"m v={k}i {k}", f"m v={k}i {k + 100}"])
+            exp.export([Point("m", (), (("v", k),), k), Point("m", (), (("v", k),), k + 100)])
             time.sleep(0.005)
         assert time.monotonic() - t < 2.0  # InfluxDB unreachable: submit never waits
         assert not exp.flush(1.0, give_up_when_down=True)

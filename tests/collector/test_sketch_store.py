@@ -15,18 +15,11 @@ from collector_helpers import pid, rec
 
 from hoptrace.collector.aggregate import END_TO_END, AggregateConfig, SegmentAggregator, SegmentWindow
 from hoptrace.collector.catalog import TraceCatalog
-from hoptrace.collector.influx import (
-    InfluxConfig,
-    InfluxExporter,
-    counters_lines,
-    latency_line,
-    node_clock_line,
-    segment_line,
-    tracer_loss_line,
-)
+from hoptrace.collector.influx import InfluxConfig, InfluxExporter
 from hoptrace.collector.join import JoinedPacket
+from hoptrace.collector.pipeline import CollectorPipeline
+from hoptrace.collector.points import Point, window_points
 from hoptrace.collector.records import decode_batch, hop_counters, pack_records
-from hoptrace.collector.service import CollectorPipeline
 from hoptrace.lab.processes import InfluxServer
 from hoptrace.results.report_view import report_from_proto
 from hoptrace.results.store import get_packets, read_report
@@ -71,12 +64,12 @@ def test_two_collectors_and_a_replay_merge_by_content(influxd: InfluxServer) -> 
             windows = agg.flush()
             exemplars = sampled + agg.take_exemplars()
             assert len({w.start_ns for w in windows}) == 3  # both write the same seconds
-            exporter.export(exemplars, windows)
+            exporter.export(window_points(exemplars, windows))
             if instance == "c1":  # c1 crashed after writing and replays the same windows
-                exporter.export(exemplars, windows)
+                exporter.export(window_points(exemplars, windows))
         # while the path was being learned, 5 packets went into an end-to-end window under placeholder names
         placeholder = SegmentWindow(trace, END_TO_END, "hop0", "hop2", start, 0, 0.0, 0, 0, 0, 0, 5, 5, 0)
-        exporter.export(segments=[placeholder])
+        exporter.export(window_points(segments=[placeholder]))
         assert exporter.flush(30) and exporter.dropped == 0
     finally:
         exporter.close()
@@ -110,17 +103,17 @@ def test_two_collectors_and_a_replay_merge_by_content(influxd: InfluxServer) -> 
     assert all(len(p.segments) == 2 for p in slowest.packets)
 
 
-def count_lines(exported: dict[str, int]):  # noqa: ANN201 - an Exporter that counts line-protocol points
-    """An exporter that renders every point as the InfluxDB exporter would and counts them by measurement."""
+def count_points(exported: dict[str, int]):  # noqa: ANN201 - an Exporter that counts stored points
+    """An exporter that counts the points InfluxDB would keep, by measurement: one per series and time (the
+    counter deltas and the throughput of a hop's window are two points of one series and time, merged)."""
+    stored: set[tuple] = set()
 
     class Counting:
-        def export(self, samples=(), segments=(), counters=(), clocks=(), tracer_loss=()) -> None:  # noqa: ANN001
-            exported["hop_latency"] += len([latency_line(s) for s in samples])
-            exported["segment_stats"] += len([segment_line(w) for w in segments])
-            # the counter deltas and the throughput are two lines of one point (same series and time)
-            exported["hop_counters"] += len([counters_lines(w) for w in counters])
-            exported["node_clock"] += len([node_clock_line(p) for p in clocks])
-            exported["tracer_loss"] += len([tracer_loss_line(w) for w in tracer_loss])
+        def export(self, points: list[Point]) -> None:
+            for p in points:
+                if (p.measurement, p.tags, p.time_ns) not in stored:
+                    stored.add((p.measurement, p.tags, p.time_ns))
+                    exported[p.measurement] += 1
 
     return Counting()
 
@@ -134,7 +127,7 @@ def test_points_per_traced_packet_at_default_settings() -> None:
     catalog = TraceCatalog()
     catalog.set_trace("demo", hops, nodes)
     exported = dict.fromkeys(("hop_latency", "segment_stats", "hop_counters", "node_clock", "tracer_loss"), 0)
-    pipeline = CollectorPipeline(count_lines(exported), catalog)
+    pipeline = CollectorPipeline(count_points(exported), catalog)
     base, rate, seconds = 1_700_000_000 * SEC, 1_000, 10
     rng = random.Random(8)
     for second in range(seconds):

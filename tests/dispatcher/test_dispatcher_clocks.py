@@ -18,6 +18,7 @@ from test_dispatcher_server import _hoptrace
 
 from hoptrace.collector.clock import NodeClockPoint
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter
+from hoptrace.collector.points import window_points
 from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.reports import influx_clock_provider
 from hoptrace.dispatcher.server import DispatcherServer
@@ -38,7 +39,7 @@ def write_clocks(influxd: InfluxServer, points: list[NodeClockPoint]) -> None:
         InfluxConfig(url=influxd.url, bucket=influxd.bucket, org=influxd.org, token=influxd.token)
     )
     try:
-        exporter.export(clocks=points)
+        exporter.export(window_points(clocks=points))
         assert exporter.flush(timeout_s=30), "node_clock points not written"
     finally:
         exporter.close()

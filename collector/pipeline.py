@@ -1,0 +1,267 @@
+"""The collector's pipeline: clock alignment -> join -> aggregation and actions -> exporters, whatever the
+records come by (gRPC: `service.py`; Kafka: `kafka.py`, one pipeline per owned partition).
+
+`CollectorPipeline` is driven by its receiver (one call per batch) and by a ticker (idle expiry, window
+closing). Every stage's output leaves as `points.Point`s through one interface, `Exporter.export`: hop
+actions, event probes and recorded values as each batch brings them, exemplars, windows, clock estimates and
+tracer losses as windows close.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from operator import itemgetter
+from typing import Protocol
+
+from hoptrace.collector.actions import HopActionsStage, RecordedValuesStage
+from hoptrace.collector.aggregate import AggregateConfig, HopCounterAggregator, SegmentAggregator
+from hoptrace.collector.catalog import TraceCatalog
+from hoptrace.collector.clock import ClockAligner
+from hoptrace.collector.events import EventsStage
+from hoptrace.collector.influx import InfluxConfig, ensure_database
+from hoptrace.collector.join import HopJoiner, JoinConfig, JoinedPacket
+from hoptrace.collector.points import Point, window_points
+from hoptrace.collector.receiver import ReceiverConfig
+from hoptrace.collector.records import HOP_INDEX, DecodedBatch
+from hoptrace.collector.segment_metrics import SegmentMetrics
+from hoptrace.collector.timeservice import TimeServer, parse_addr
+
+log = logging.getLogger(__name__)
+
+
+class Exporter(Protocol):
+    """Where the pipeline's points go: the InfluxDB exporter (`influx.InfluxExporter`), any peer beside it
+    that takes the same points, or a list in tests. `export` must not block the pipeline: an exporter that
+    falls behind queues, then drops and counts (the InfluxDB one: `max_pending`, `drops`)."""
+
+    def export(self, points: list[Point]) -> None: ...
+
+
+@dataclass
+class CollectorConfig:
+    """Configuration of every stage."""
+
+    receiver: ReceiverConfig = field(default_factory=ReceiverConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
+    aggregate: AggregateConfig = field(default_factory=AggregateConfig)
+    influx: InfluxConfig = field(default_factory=InfluxConfig)
+    catalog_file: str | None = None
+    tick_s: float = 0.25
+    create_database: bool = True
+    clock_listen: str | None = "127.0.0.1:7123"  # NTP time service (UDP); None: off
+    metrics_listen: str | None = "127.0.0.1:9171"  # Prometheus /metrics (HTTP); None: off
+
+    def validate(self) -> None:
+        """Validate every stage's config."""
+        self.receiver.validate()
+        self.join.validate()
+        self.aggregate.validate()
+        self.influx.validate()
+        if self.tick_s <= 0:
+            raise ValueError("tick_s must be positive")
+        for addr in (self.clock_listen, self.metrics_listen):
+            if addr is not None:
+                parse_addr(addr)
+
+
+class CollectorPipeline:
+    """The processing stages between the receiver and the exporter. Thread-safe (one lock)."""
+
+    def __init__(
+        self,
+        exporter: Exporter,
+        catalog: TraceCatalog | None = None,
+        join_config: JoinConfig | None = None,
+        aggregate_config: AggregateConfig | None = None,
+    ) -> None:
+        self.catalog = catalog if catalog is not None else TraceCatalog()
+        self.exporter = exporter
+        self.clock = ClockAligner()
+        self.joiner = HopJoiner(self.catalog, join_config)
+        self.segments = SegmentAggregator(self.catalog, self.clock, aggregate_config)
+        self.counters = HopCounterAggregator(self.clock, aggregate_config, self.catalog)
+        self.hop_actions = HopActionsStage(self.clock)
+        self.events = EventsStage(self.clock)
+        self.recorded = RecordedValuesStage()
+        self._lock = threading.Lock()
+        self._agent_dropped: dict[str, int] = {}  # node -> last cumulative agent_dropped
+        self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
+        # node -> records and counters it sent for hops of another node (refused, see own_hops_only)
+        self.foreign_records: dict[str, int] = {}
+        self.segment_metrics = SegmentMetrics()
+        self._flushed_before = 0  # flush() closed every window before this (master time)
+
+    def closed_before(self) -> int:
+        """Master time before which every window is closed and handed to the exporter: what the exporter
+        has accepted once this returns includes their points (windows are exported under the same lock)."""
+        with self._lock:
+            return max(min(self.segments.closed_before, self.counters.closed_before), self._flushed_before)
+
+    def resume_after(self, written_before_ns: int) -> None:
+        """Replay a stream (a Kafka partition from its commit) whose windows before `written_before_ns`
+        (master time; 0 when the commit does not say) an earlier pipeline wrote: they are not written
+        again (see `SegmentAggregator.resume_after`), and the cumulative hop-action and event values
+        seen first set the baseline (their growth so far was written by that pipeline)."""
+        with self._lock:
+            self.segments.resume_after(written_before_ns)
+            self.counters.resume_after(written_before_ns)
+            self.hop_actions.resume_after_commit()
+            self.events.resume_after_commit()
+
+    def own_hops_only(self, batch: DecodedBatch) -> DecodedBatch:
+        """The batch without records and counters at hops its node does not run: an agent only ever
+        records its own hops, so others are forged or corrupt (with mutual TLS, `batch.node` is the
+        sender's certificate) and would move another node's segments."""
+        path = self.catalog.get(batch.trace)
+        if path is None or not path.known or not any(path.hop_nodes):
+            return batch  # no path with nodes to check against yet (records wait in the join)
+        own = {i for i, node in enumerate(path.hop_nodes) if node in ("", batch.node)}
+        if set(map(itemgetter(HOP_INDEX), batch.records)) <= own and all(
+            c.hop_index in own for c in batch.counters
+        ):
+            return batch
+        records = [r for r in batch.records if r[HOP_INDEX] in own]
+        counters = [c for c in batch.counters if c.hop_index in own]
+        refused = len(batch.records) - len(records) + len(batch.counters) - len(counters)
+        if not self.foreign_records.get(batch.node):
+            log.warning(
+                "node %s sent %d records/counters for other nodes' hops of trace %s: refused",
+                batch.node,
+                refused,
+                batch.trace,
+            )
+        self.foreign_records[batch.node] = self.foreign_records.get(batch.node, 0) + refused
+        return replace(batch, records=records, counters=counters)
+
+    def consume(self, batch: DecodedBatch) -> None:
+        """Process one decoded batch through every stage and export what is ready."""
+        with self._lock:
+            batch = self.own_hops_only(batch)
+            mapping = self.clock.update(batch.node, batch.clock)
+            for c in batch.counters:
+                if c.hop:
+                    self.catalog.learn_hop(batch.trace, c.hop_index, c.hop, batch.node)
+            # The node's own watermark (its queue's oldest record), not its counters' time: counters
+            # overtake records still queued in the agent.
+            if batch.watermark_ns:
+                self.joiner.heard_from(batch.node, mapping.to_master(batch.watermark_ns))
+            packets = self.joiner.join_hops(
+                batch.trace,
+                batch.node,
+                batch.records,
+                mapping.delta_ns,
+                drift=mapping.drift,
+                ref_mono_ns=mapping.ref_mono_ns,
+            )
+            self.counters.add_records(batch.trace, batch.node, batch.records, mapping)
+            now = self.joiner.watermark_ns or time.time_ns()
+            # Hop actions, event probes and recorded values go out as they come (their growth since the
+            # agent's previous report); windows go out when they close (_export).
+            actions: list[Point] = []
+            if batch.counters:
+                for hop, ts, lost in self.counters.add_counters(
+                    batch.trace, batch.node, batch.counters, now_ns=now
+                ):
+                    self.segments.note_tracer_lost(batch.trace, hop, batch.node, ts, lost, "ringbuf_full")
+                actions += self.hop_actions.add_counters(batch.trace, batch.node, batch.counters, now_ns=now)
+            if batch.events:
+                actions += self.events.add_events(batch.trace, batch.node, batch.events, now_ns=now)
+            if batch.values:
+                path = self.catalog.get(batch.trace)
+                actions += self.recorded.add_values(
+                    batch.trace,
+                    batch.node,
+                    batch.values,
+                    mapping,
+                    path.hop_name if path is not None else (lambda index: f"hop{index}"),
+                )
+            if actions:
+                self.exporter.export(actions)
+            self._note_agent_dropped(batch, now)
+            self._export(packets)
+
+    def _note_agent_dropped(self, batch: DecodedBatch, now: int) -> None:
+        """`agent_dropped` is cumulative per agent; its growth is tracer loss of the batch's node."""
+        prev = self._agent_dropped.get(batch.node)
+        value = batch.agent_dropped
+        self._agent_dropped[batch.node] = value
+        delta = value if prev is None or value < prev else value - prev  # smaller: the agent restarted
+        if delta > 0:
+            self.agent_dropped[batch.node] = self.agent_dropped.get(batch.node, 0) + delta
+            self.segments.note_tracer_lost(batch.trace, "", batch.node, now, delta, "agent_dropped")
+
+    def tick(self, now_ns: int | None = None) -> None:
+        """Expire packets whose window passed (also while idle) and export closed windows."""
+        with self._lock:
+            self._export(self.joiner.tick(now_ns))
+
+    def _export(self, packets: list[JoinedPacket]) -> None:
+        samples = self.segments.add_packets(packets) if packets else []
+        upto = self.joiner.watermark_ns - self.joiner.config.window_ns - self.segments.config.interval_ns
+        windows = self.segments.close_windows(upto)
+        samples.extend(self.segments.take_exemplars())
+        counters = self.counters.close_windows(upto)
+        clocks = self.clock.due_points()
+        losses = self.segments.take_tracer_loss()
+        self.segment_metrics.observe(windows)
+        if windows:  # once a second: drop the series of deleted traces
+            self.segment_metrics.forget_traces(set(self.catalog.names()))
+        if samples or windows or counters or clocks or losses:
+            self.exporter.export(window_points(samples, windows, counters, clocks, losses))
+
+    def flush(self) -> None:
+        """Emit every pending packet and close every window (shutdown)."""
+        with self._lock:
+            samples = self.segments.add_packets(self.joiner.flush())
+            windows = self.segments.flush()
+            counters = self.counters.flush()
+            samples.extend(self.segments.take_exemplars())
+            self.segment_metrics.observe(windows)
+            interval = self.segments.config.interval_ns
+            for start in [w.start_ns for w in windows] + [w.start_ns for w in counters]:
+                self._flushed_before = max(self._flushed_before, start + interval)
+            clocks, losses = self.clock.due_points(), self.segments.take_tracer_loss()
+            self.exporter.export(window_points(samples, windows, counters, clocks, losses))
+
+    def stats(self) -> dict[str, object]:
+        """Counters of every stage, for logs and status."""
+        j = self.joiner.stats
+        return {
+            "records": j.records,
+            "packets": j.packets,
+            "complete": j.complete,
+            "incomplete": j.incomplete,
+            "collisions": j.collisions,
+            "evicted": j.evicted,
+            "out_of_path": j.out_of_path,
+            "missing_hops": {f"{t}/{h}": n for (t, h), n in j.missing.items()},
+            "pending": self.joiner.pending(),
+            "samples": self.segments.stats.samples,
+            "below_clock_bound": self.segments.stats.below_clock_bound,
+            "late": self.segments.stats.late,
+            "late_records": self.counters.stats.late_records,
+            "tracer_lost": self.segments.stats.tracer_lost,
+            "foreign_records": dict(self.foreign_records),
+        }
+
+
+def start_shared_parts(
+    config: CollectorConfig, catalog: TraceCatalog | None
+) -> tuple[TraceCatalog, TimeServer | None]:
+    """What a collector sets up before it takes records, whichever way they come (gRPC or Kafka): the trace
+    catalogue (with its file), the InfluxDB database and the time service."""
+    catalog = catalog if catalog is not None else TraceCatalog()
+    if config.catalog_file:
+        catalog.load_file(config.catalog_file)
+    if config.create_database:
+        ensure_database(config.influx.url, config.influx.bucket, config.influx.token)
+    time_server = None
+    if config.clock_listen is not None:
+        try:
+            time_server = TimeServer(config.clock_listen).start()
+        except OSError as err:  # records still flow; agents then report an unknown clock bound
+            log.error("time service: cannot listen on udp %s: %s", config.clock_listen, err)
+    return catalog, time_server
