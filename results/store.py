@@ -23,13 +23,11 @@ numbers are raw: a cross-node latency within its clock bound may be negative (`r
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
 from influxdb_client import InfluxDBClient
 
 from hoptrace.collector.schema import (
@@ -43,35 +41,10 @@ from hoptrace.collector.schema import (
     SEGMENT_STATS,
 )
 from hoptrace.collector.sketch import sketch_from_fields
+from hoptrace.results.flux import flux_string, flux_time, records, request_range
 from hoptrace.results.packets_view import DEFAULT_SLOWEST, MAX_SLOWEST
 from hoptrace.results.store_actions import query_events, query_hop_actions, query_recorded
 from hoptrace.v1 import api_pb2
-
-_DURATION = re.compile(r"^(\d+(ns|us|µs|ms|s|m|h|d|w))+$")
-
-
-def _flux_string(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${") + '"'
-
-
-def flux_time(value: str | datetime | Timestamp | None, default: str) -> str:
-    """A Flux time expression: a duration like "10m" (meaning -10m), a datetime/Timestamp, or `default`."""
-    if (
-        value is None
-        or value == ""
-        or (isinstance(value, Timestamp) and not value.seconds and not value.nanos)
-    ):
-        return default
-    if isinstance(value, Timestamp):
-        dt = value.ToDatetime(tzinfo=UTC)
-        return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{value.nanos:09d}Z"
-    if isinstance(value, datetime):
-        dt = value.astimezone(UTC)
-        return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{dt.microsecond:06d}000Z"
-    text = value.lstrip("-")
-    if not _DURATION.match(text):
-        raise ValueError(f"bad duration {value!r}: use e.g. 30s, 10m, 1h, 1h30m")
-    return "-" + text
 
 
 def _order(pairs: dict[str, tuple[str, str]], path: Sequence[str] | None) -> list[str]:
@@ -108,8 +81,8 @@ def query_report(
     """The report of `trace` between `start` and `stop` (Flux time expressions: `flux_time`)."""
     q = client.query_api()
     base = (
-        f"from(bucket: {_flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
-        f" |> filter(fn: (r) => r.trace == {_flux_string(trace)}"
+        f"from(bucket: {flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
+        f" |> filter(fn: (r) => r.trace == {flux_string(trace)}"
     )
     # Sketches and mergeable sums of every window of the range, from every collector, and the counts of
     # packets and losses: summed by InfluxDB in one query, so a window landing while the report is read is
@@ -127,18 +100,17 @@ def query_report(
     stats: dict[str, api_pb2.SegmentStats] = {}
     fields: dict[str, dict[str, int]] = {}
     named: dict[str, dict[tuple[str, str], int]] = {}
-    for table in q.query(summed, org=org):
-        for rec in table.records:
-            seg = rec.values.get("segment")
-            if seg is None:
-                continue
-            hops = (rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
-            value = int(rec.get_value() or 0)
-            field = rec.get_field()
-            found = fields.setdefault(seg, {})
-            found[field] = found.get(field, 0) + value
-            by_hops = named.setdefault(seg, {})
-            by_hops[hops] = by_hops.get(hops, 0) + (value if field == "count" else 0)
+    for rec in records(q, org, summed):
+        seg = rec.values.get("segment")
+        if seg is None:
+            continue
+        hops = (rec.values.get("from_hop", ""), rec.values.get("to_hop", ""))
+        value = int(rec.get_value() or 0)
+        field = rec.get_field()
+        found = fields.setdefault(seg, {})
+        found[field] = found.get(field, 0) + value
+        by_hops = named.setdefault(seg, {})
+        by_hops[hops] = by_hops.get(hops, 0) + (value if field == "count" else 0)
     for seg, by_hops in named.items():
         stats[seg] = _segment(*max(by_hops, key=by_hops.__getitem__))
     for seg, found in fields.items():
@@ -160,29 +132,26 @@ def query_report(
         f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "max_ns")'
         ' |> group(columns: ["segment"]) |> max()'
     )
-    for table in q.query(extremes, org=org):
-        for rec in table.records:
-            seg = rec.values.get("segment")
-            if seg in stats and stats[seg].count:
-                stats[seg].max_ns = int(rec.get_value() or 0)
+    for rec in records(q, org, extremes):
+        seg = rec.values.get("segment")
+        if seg in stats and stats[seg].count:
+            stats[seg].max_ns = int(rec.get_value() or 0)
     same = (
         f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "same_node")'
         ' |> group(columns: ["segment"]) |> sort(columns: ["_time"]) |> last()'
     )
-    for table in q.query(same, org=org):
-        for rec in table.records:
-            seg = rec.values.get("segment")
-            if seg in stats:
-                stats[seg].same_node = bool(rec.get_value())
+    for rec in records(q, org, same):
+        seg = rec.values.get("segment")
+        if seg in stats:
+            stats[seg].same_node = bool(rec.get_value())
     bounds = (
         f'{base} and r._measurement == "{SEGMENT_STATS}" and r._field == "clock_bound_ns")'
         ' |> group(columns: ["segment"]) |> max()'
     )
-    for table in q.query(bounds, org=org):
-        for rec in table.records:
-            seg = rec.values.get("segment")
-            if seg in stats:
-                stats[seg].clock_bound_ns = int(rec.get_value() or 0)
+    for rec in records(q, org, bounds):
+        seg = rec.values.get("segment")
+        if seg in stats:
+            stats[seg].clock_bound_ns = int(rec.get_value() or 0)
     e2e = stats.pop(END_TO_END, None)
     pairs = {s: (getattr(v, "from"), v.to) for s, v in stats.items()}
     # A path whose segments have no latency yet (just applied, or only action points) has none to show.
@@ -229,16 +198,15 @@ def _query_hops(q: Any, org: str, base: str, order: Sequence[str]) -> list[api_p
         ' |> group(columns: ["hop", "container", "pod", "_field"]) |> mean()'
     )
     found: dict[str, api_pb2.HopThroughput] = {}
-    for table in q.query(flux, org=org):
-        for rec in table.records:
-            hop = rec.values.get("hop")
-            if hop is None:
-                continue
-            entry = found.setdefault(hop, api_pb2.HopThroughput(hop=hop))
-            setattr(entry, rec.get_field(), float(rec.get_value() or 0.0))
-            for tag in ("container", "pod"):  # the hop's workload (hop_counters tags), when named by one
-                if rec.values.get(tag):
-                    setattr(entry, tag, rec.values[tag])
+    for rec in records(q, org, flux):
+        hop = rec.values.get("hop")
+        if hop is None:
+            continue
+        entry = found.setdefault(hop, api_pb2.HopThroughput(hop=hop))
+        setattr(entry, rec.get_field(), float(rec.get_value() or 0.0))
+        for tag in ("container", "pod"):  # the hop's workload (hop_counters tags), when named by one
+            if rec.values.get(tag):
+                setattr(entry, tag, rec.values[tag])
     hops = {name: found[name] for name in _in_order(list(found), order)}
     actions = query_hop_actions(q, org, base)
     recorded = query_recorded(q, org, base)
@@ -277,8 +245,7 @@ def get_report(
     path: Sequence[str] | None = None,
 ) -> api_pb2.Report:
     """Answer `Hoptrace.GetReport` (the dispatcher calls this); unset start = 1 h ago, unset end = now."""
-    start = flux_time(request.start if request.HasField("start") else None, "-1h")
-    stop = flux_time(request.end if request.HasField("end") else None, "now()")
+    start, stop = request_range(request)
     with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
         report = query_report(client, bucket, org, request.trace, start, stop, path)
         if request.with_series:
@@ -306,8 +273,8 @@ def query_series(
     """Per segment (end to end left out), the per-second p50 of `segment_stats` averaged and its p99 maxed
     over each `window`, oldest first."""
     query = (
-        f"data = from(bucket: {_flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
-        f' |> filter(fn: (r) => r._measurement == "{SEGMENT_STATS}" and r.trace == {_flux_string(trace)}'
+        f"data = from(bucket: {flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
+        f' |> filter(fn: (r) => r._measurement == "{SEGMENT_STATS}" and r.trace == {flux_string(trace)}'
         f' and r.segment != "{END_TO_END}")'
         ' |> keep(columns: ["_time", "_value", "_field", "segment"])\n'
         'data |> filter(fn: (r) => r._field == "p50_ns") |> group(columns: ["segment"])'
@@ -316,13 +283,12 @@ def query_series(
         f' |> aggregateWindow(every: {window}, fn: max, createEmpty: false) |> yield(name: "p99")\n'
     )
     points: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    for table in client.query_api().query(query, org=org):
-        for rec in table.records:
-            segment, name, value = rec.values.get("segment"), rec.values.get("result"), rec.get_value()
-            if segment is None or name not in ("p50", "p99") or value is None:
-                continue
-            at_ns = int(rec.get_time().timestamp() * 1e9)
-            points.setdefault(segment, {"p50": [], "p99": []})[name].append((at_ns, float(value)))
+    for rec in records(client.query_api(), org, query):
+        segment, name, value = rec.values.get("segment"), rec.values.get("result"), rec.get_value()
+        if segment is None or name not in ("p50", "p99") or value is None:
+            continue
+        at_ns = int(rec.get_time().timestamp() * 1e9)
+        points.setdefault(segment, {"p50": [], "p99": []})[name].append((at_ns, float(value)))
     out = []
     for segment in sorted(points):
         series = api_pb2.SegmentSeries(segment=segment)
@@ -366,25 +332,24 @@ def segment_windows(
     """The closed 1 s `segment_stats` windows of `trace` after `after_ns` (unix ns), oldest first and, within
     a window, segments in path order (end to end last). Feeds `Hoptrace.WatchSegmentStats`."""
     query = (
-        f"from(bucket: {_flux_string(bucket)}) |> range(start: time(v: {after_ns + 1}))"
-        f' |> filter(fn: (r) => r._measurement == "{SEGMENT_STATS}" and r.trace == {_flux_string(trace)}'
+        f"from(bucket: {flux_string(bucket)}) |> range(start: time(v: {after_ns + 1}))"
+        f' |> filter(fn: (r) => r._measurement == "{SEGMENT_STATS}" and r.trace == {flux_string(trace)}'
         " and r._field !~ /^[bj][pnz][0-9]*$/)"  # not the sketches' buckets
         ' |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")'
     )
     order = {f"{a}>{b}": i for i, (a, b) in enumerate(zip(path or [], (path or [])[1:], strict=False))}
     rows: list[tuple[int, int, api_pb2.SegmentStats]] = []
     with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
-        for table in client.query_api().query(query, org=org):
-            for rec in table.records:
-                values = rec.values
-                stats = api_pb2.SegmentStats(
-                    **{k: conv(values[k]) for k, conv in _WINDOW_FIELDS.items() if values.get(k) is not None}
-                )
-                setattr(stats, "from", values.get("from_hop", ""))  # noqa: B010
-                stats.to = values.get("to_hop", "")
-                stats.at.FromDatetime(rec.get_time())
-                segment = values.get("segment", "")
-                rows.append((stats.at.ToNanoseconds(), order.get(segment, len(order)), stats))
+        for rec in records(client.query_api(), org, query):
+            values = rec.values
+            stats = api_pb2.SegmentStats(
+                **{k: conv(values[k]) for k, conv in _WINDOW_FIELDS.items() if values.get(k) is not None}
+            )
+            setattr(stats, "from", values.get("from_hop", ""))  # noqa: B010
+            stats.to = values.get("to_hop", "")
+            stats.at.FromDatetime(rec.get_time())
+            segment = values.get("segment", "")
+            rows.append((stats.at.ToNanoseconds(), order.get(segment, len(order)), stats))
     rows.sort(key=lambda row: row[:2])
     return [stats for _, _, stats in rows]
 
@@ -405,12 +370,11 @@ def get_packets(
 ) -> api_pb2.PacketList:
     """Answer `Hoptrace.GetPackets`: the slowest packets end to end over the range, slowest first, or the
     one packet `request.packet_id` (its latest passage), each with its segments in path order."""
-    start = flux_time(request.start if request.HasField("start") else None, "-1h")
-    stop = flux_time(request.end if request.HasField("end") else None, "now()")
+    start, stop = request_range(request)
     base = (
-        f"from(bucket: {_flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
+        f"from(bucket: {flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
         f' |> filter(fn: (r) => r._measurement == "{HOP_LATENCY}"'
-        f" and r.trace == {_flux_string(request.trace)}"
+        f" and r.trace == {flux_string(request.trace)}"
     )
     out = api_pb2.PacketList()
     with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
@@ -421,7 +385,7 @@ def get_packets(
                 f'{base} and r._field == "packet_id" and r._value == {int(request.packet_id)})'
                 ' |> group() |> sort(columns: ["_time"], desc: true) |> limit(n: 1)'
             )
-            times = [_ns(rec.get_time()) for table in q.query(found, org=org) for rec in table.records]
+            times = [_ns(rec.get_time()) for rec in records(q, org, found)]
             if times:
                 timeline = _packet_timeline(q, bucket, org, request.trace, request.packet_id, times[0], path)
                 if timeline is not None:
@@ -434,16 +398,16 @@ def get_packets(
             f'{base} and r.segment == "{END_TO_END}" and r._field == "latency_ns")'
             f" |> group() |> top(n: {count})"
         )
-        times = [_ns(rec.get_time()) for table in q.query(slowest, org=org) for rec in table.records]
+        times = [_ns(rec.get_time()) for rec in records(q, org, slowest)]
         for at_ns in times:
             id_query = (
-                f"from(bucket: {_flux_string(bucket)})"
+                f"from(bucket: {flux_string(bucket)})"
                 f" |> range(start: time(v: {at_ns}), stop: time(v: {at_ns + 1000}))"
                 f' |> filter(fn: (r) => r._measurement == "{HOP_LATENCY}"'
-                f" and r.trace == {_flux_string(request.trace)}"
+                f" and r.trace == {flux_string(request.trace)}"
                 f' and r.segment == "{END_TO_END}" and r._field == "packet_id")'
             )
-            ids = [int(rec.get_value()) for table in q.query(id_query, org=org) for rec in table.records]
+            ids = [int(rec.get_value()) for rec in records(q, org, id_query)]
             if not ids:
                 continue
             timeline = _packet_timeline(q, bucket, org, request.trace, ids[0], at_ns, path)
@@ -466,34 +430,33 @@ def _packet_timeline(
 ) -> api_pb2.PacketTimeline | None:
     """One packet's points near `around_ns` (unix ns), as a timeline; None when none is found."""
     query = (
-        f"from(bucket: {_flux_string(bucket)})"
+        f"from(bucket: {flux_string(bucket)})"
         f" |> range(start: time(v: {around_ns - PASSAGE_MARGIN_NS}),"
         f" stop: time(v: {around_ns + PASSAGE_MARGIN_NS}))"
-        f' |> filter(fn: (r) => r._measurement == "{HOP_LATENCY}" and r.trace == {_flux_string(trace)}'
+        f' |> filter(fn: (r) => r._measurement == "{HOP_LATENCY}" and r.trace == {flux_string(trace)}'
         ' and (r._field == "latency_ns" or r._field == "packet_id" or r._field == "below_clock_bound"))'
         ' |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")'
         f" |> filter(fn: (r) => r.packet_id == {int(packet_id)})"
     )
     rows: dict[str, dict[str, Any]] = {}
-    for table in q.query(query, org=org):
-        for rec in table.records:
-            values = rec.values
-            segment = values.get("segment")
-            if segment is None or values.get("latency_ns") is None:
-                continue
-            at = _ns(rec.get_time())
-            # The same ID again (IDs wrap): keep the passage nearest `around_ns`.
-            if segment in rows and abs(rows[segment]["at"] - around_ns) <= abs(at - around_ns):
-                continue
-            rows[segment] = {
-                "at": at,
-                "from": values.get("from_hop", ""),
-                "to": values.get("to_hop", ""),
-                "from_node": values.get("from_node", ""),
-                "to_node": values.get("to_node", ""),
-                "latency_ns": int(values["latency_ns"]),
-                "below": bool(values.get("below_clock_bound")),
-            }
+    for rec in records(q, org, query):
+        values = rec.values
+        segment = values.get("segment")
+        if segment is None or values.get("latency_ns") is None:
+            continue
+        at = _ns(rec.get_time())
+        # The same ID again (IDs wrap): keep the passage nearest `around_ns`.
+        if segment in rows and abs(rows[segment]["at"] - around_ns) <= abs(at - around_ns):
+            continue
+        rows[segment] = {
+            "at": at,
+            "from": values.get("from_hop", ""),
+            "to": values.get("to_hop", ""),
+            "from_node": values.get("from_node", ""),
+            "to_node": values.get("to_node", ""),
+            "latency_ns": int(values["latency_ns"]),
+            "below": bool(values.get("below_clock_bound")),
+        }
     if not rows:
         return None
     e2e = rows.pop(END_TO_END, None)
@@ -540,20 +503,19 @@ def node_clocks(
     `timeout_ms` is short: ListAgents waits for this, and answers without clocks when the store is slow.
     """
     query = (
-        f"from(bucket: {_flux_string(bucket)}) |> range(start: {CLOCK_LOOKBACK})"
+        f"from(bucket: {flux_string(bucket)}) |> range(start: {CLOCK_LOOKBACK})"
         f' |> filter(fn: (r) => r._measurement == "{NODE_CLOCK}")'
         ' |> group(columns: ["node", "_field"]) |> last()'
     )
     fields: dict[str, dict[str, Any]] = {}
     with InfluxDBClient(url=url, token=token, org=org, timeout=timeout_ms) as client:
-        for table in client.query_api().query(query, org=org):
-            for rec in table.records:
-                node = rec.values.get("node")
-                if node is None or rec.get_value() is None:
-                    continue
-                entry = fields.setdefault(node, {"at": rec.get_time()})
-                entry[rec.get_field()] = rec.get_value()
-                entry["at"] = max(entry["at"], rec.get_time())
+        for rec in records(client.query_api(), org, query):
+            node = rec.values.get("node")
+            if node is None or rec.get_value() is None:
+                continue
+            entry = fields.setdefault(node, {"at": rec.get_time()})
+            entry[rec.get_field()] = rec.get_value()
+            entry["at"] = max(entry["at"], rec.get_time())
     out: dict[str, api_pb2.NodeClockStatus] = {}
     for node, entry in fields.items():
         status = api_pb2.NodeClockStatus(

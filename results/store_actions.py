@@ -22,6 +22,7 @@ from hoptrace.collector.schema import (
     HOP_RECORDED,
     TOTAL,
 )
+from hoptrace.results.flux import records
 from hoptrace.v1 import api_pb2
 
 # Fields whose value is a name: hoptrace.h's comm, the task name's first 8 bytes as a little-endian u64.
@@ -52,35 +53,33 @@ def query_hop_actions(q: Any, org: str, base: str) -> dict[str, HopActions]:
         f'{base} and r._measurement == "{HOP_COUNTS}" and r._field == "count")'
         ' |> group(columns: ["hop", "node", "by", "key"]) |> sum()'
     )
-    for table in q.query(counts, org=org):
-        for rec in table.records:
-            hop = rec.values.get("hop")
-            if hop is None:
-                continue
-            by = "" if rec.values.get("by") == TOTAL else rec.values.get("by", "")
-            key = int(rec.values.get("key") or 0)
-            out.setdefault(hop, HopActions()).counts.append(
-                api_pb2.HopCount(
-                    node=rec.values.get("node", ""),
-                    by=by,
-                    key=key,
-                    count=int(rec.get_value() or 0),
-                    key_name=key_name(by, key),
-                )
+    for rec in records(q, org, counts):
+        hop = rec.values.get("hop")
+        if hop is None:
+            continue
+        by = "" if rec.values.get("by") == TOTAL else rec.values.get("by", "")
+        key = int(rec.values.get("key") or 0)
+        out.setdefault(hop, HopActions()).counts.append(
+            api_pb2.HopCount(
+                node=rec.values.get("node", ""),
+                by=by,
+                key=key,
+                count=int(rec.get_value() or 0),
+                key_name=key_name(by, key),
             )
+        )
     hist = (
         f'{base} and r._measurement == "{HOP_HISTOGRAM}" and r._field == "count")'
         ' |> group(columns: ["hop", "node", "field", "le"]) |> sum()'
     )
     histograms: dict[tuple[str, str, str], dict[int, int]] = {}
-    for table in q.query(hist, org=org):
-        for rec in table.records:
-            hop = rec.values.get("hop")
-            if hop is None:
-                continue
-            key = (hop, rec.values.get("node", ""), rec.values.get("field", ""))
-            le = int(rec.values.get("le") or 0)
-            histograms.setdefault(key, {})[le] = int(rec.get_value() or 0)
+    for rec in records(q, org, hist):
+        hop = rec.values.get("hop")
+        if hop is None:
+            continue
+        key = (hop, rec.values.get("node", ""), rec.values.get("field", ""))
+        le = int(rec.values.get("le") or 0)
+        histograms.setdefault(key, {})[le] = int(rec.get_value() or 0)
     for (hop, node, name), buckets in sorted(histograms.items()):
         out.setdefault(hop, HopActions()).histograms.append(
             api_pb2.HopHistogram(
@@ -109,13 +108,12 @@ def query_recorded(q: Any, org: str, base: str) -> dict[str, list[api_pb2.HopRec
             f'{base} and r._measurement == "{HOP_RECORDED}" and r._field == "{column}")'
             f' |> group(columns: ["hop", "node", "field"]) |> {reduce}'
         )
-        for table in q.query(flux, org=org):
-            for rec in table.records:
-                hop = rec.values.get("hop")
-                if hop is None:
-                    continue
-                key = (hop, rec.values.get("node", ""), rec.values.get("field", ""))
-                found.setdefault(key, {})[column] = rec.get_value() or 0
+        for rec in records(q, org, flux):
+            hop = rec.values.get("hop")
+            if hop is None:
+                continue
+            key = (hop, rec.values.get("node", ""), rec.values.get("field", ""))
+            found.setdefault(key, {})[column] = rec.get_value() or 0
     out: dict[str, list[api_pb2.HopRecorded]] = {}
     for (hop, node, name), v in sorted(found.items()):
         count = int(v.get("count", 0))
@@ -147,34 +145,32 @@ def query_events(q: Any, org: str, base: str) -> list[api_pb2.EventResult]:
         f'{base} and r._measurement == "{EVENT_COUNTS}" and r._field == "count")'
         ' |> group(columns: ["event", "node", "by", "key"]) |> sum()'
     )
-    for table in q.query(counts, org=org):
-        for rec in table.records:
-            name = rec.values.get("event")
-            if name is None:
-                continue
-            e = entry(name, rec.values.get("node", ""))
-            n = int(rec.get_value() or 0)
-            by = rec.values.get("by", TOTAL)
-            e.count += n
-            if by != TOTAL:
-                e.count_by = by
-                key = str(rec.values.get("key") or 0)
-                e.by[key] = e.by.get(key, 0) + n
+    for rec in records(q, org, counts):
+        name = rec.values.get("event")
+        if name is None:
+            continue
+        e = entry(name, rec.values.get("node", ""))
+        n = int(rec.get_value() or 0)
+        by = rec.values.get("by", TOTAL)
+        e.count += n
+        if by != TOTAL:
+            e.count_by = by
+            key = str(rec.values.get("key") or 0)
+            e.by[key] = e.by.get(key, 0) + n
     hist = (
         f'{base} and r._measurement == "{EVENT_HISTOGRAM}" and r._field == "count")'
         ' |> group(columns: ["event", "node", "arg", "le"]) |> sum()'
     )
     buckets: dict[tuple[str, str], dict[int, int]] = {}
-    for table in q.query(hist, org=org):
-        for rec in table.records:
-            name = rec.values.get("event")
-            if name is None:
-                continue
-            node = rec.values.get("node", "")
-            entry(name, node).histogram_arg = rec.values.get("arg", "")
-            le = int(rec.values.get("le") or 0)
-            per = buckets.setdefault((name, node), {})
-            per[le] = per.get(le, 0) + int(rec.get_value() or 0)
+    for rec in records(q, org, hist):
+        name = rec.values.get("event")
+        if name is None:
+            continue
+        node = rec.values.get("node", "")
+        entry(name, node).histogram_arg = rec.values.get("arg", "")
+        le = int(rec.values.get("le") or 0)
+        per = buckets.setdefault((name, node), {})
+        per[le] = per.get(le, 0) + int(rec.get_value() or 0)
     for key, per in buckets.items():
         found[key].histogram.extend(
             api_pb2.HistogramBucket(le=le, count=n) for le, n in sorted(per.items()) if n
@@ -183,12 +179,9 @@ def query_events(q: Any, org: str, base: str) -> list[api_pb2.EventResult]:
         f'{base} and r._measurement == "{EVENT_LATENCY_MISSED}" and r._field == "count")'
         ' |> group(columns: ["event", "node"]) |> sum()'
     )
-    for table in q.query(missed, org=org):
-        for rec in table.records:
-            if rec.values.get("event") is not None:
-                entry(rec.values["event"], rec.values.get("node", "")).latency_missed += int(
-                    rec.get_value() or 0
-                )
+    for rec in records(q, org, missed):
+        if rec.values.get("event") is not None:
+            entry(rec.values["event"], rec.values.get("node", "")).latency_missed += int(rec.get_value() or 0)
     for (name, node), per_arg in _query_event_recorded(q, org, base).items():
         entry(name, node).recorded.extend(per_arg[arg] for arg in sorted(per_arg))
     return [found[key] for key in sorted(found)]
@@ -211,25 +204,22 @@ def _query_event_recorded(
         flux = (
             f'{base} and r._measurement == "{EVENT_RECORDED}" and (r._field == {fields})){group} |> {reduce}'
         )
-        for table in q.query(flux, org=org):
-            for rec in table.records:
-                name, arg = rec.values.get("event"), rec.values.get("arg")
-                if name is None or arg is None:
-                    continue
-                per_arg = out.setdefault((name, rec.values.get("node", "")), {})
-                if arg not in per_arg:
-                    per_arg[arg] = api_pb2.EventRecordedResult(
-                        arg=arg, signed=rec.values.get("signed") == "true"
-                    )
-                stats = per_arg[arg]
-                value = rec.get_value()
-                field = rec.get_field()
-                if field == "count":
-                    stats.count += int(value or 0)
-                elif field == "sum":
-                    stats.sum += float(value or 0.0)
-                elif value is not None:
-                    setattr(stats, field, int(value))
+        for rec in records(q, org, flux):
+            name, arg = rec.values.get("event"), rec.values.get("arg")
+            if name is None or arg is None:
+                continue
+            per_arg = out.setdefault((name, rec.values.get("node", "")), {})
+            if arg not in per_arg:
+                per_arg[arg] = api_pb2.EventRecordedResult(arg=arg, signed=rec.values.get("signed") == "true")
+            stats = per_arg[arg]
+            value = rec.get_value()
+            field = rec.get_field()
+            if field == "count":
+                stats.count += int(value or 0)
+            elif field == "sum":
+                stats.sum += float(value or 0.0)
+            elif value is not None:
+                setattr(stats, field, int(value))
     for per_arg in out.values():
         for stats in per_arg.values():
             if stats.count:

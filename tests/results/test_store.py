@@ -1,5 +1,5 @@
-"""store.py: the pieces of the Flux queries that need no InfluxDB (the queries themselves run against a real
-one in tests/collector/test_integration.py and test_sketch_store.py)."""
+"""store.py and flux.py: the pieces of the Flux queries that need no InfluxDB (the queries run against a
+real one in tests/collector/test_integration.py and test_sketch_store.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from hoptrace.results.store import _order, flux_time
+from hoptrace.results.flux import flux_time
+from hoptrace.results.store import _order
 
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
