@@ -3,9 +3,10 @@
     .venv/bin/python bench/run.py --full|--quick [--only NAME[,NAME...]]
 
 Runs every benchmark module in turn (bpf_cost, event_cost, action_cost, agent_records, collector, dispatcher,
-overhead, accuracy, scale; docs/benchmarks.md), writes `bench/results/<UTC time>.json`, a Markdown summary
-beside it and PNG plots. A benchmark that fails makes the run exit non-zero after the others ran (and cleaned
-up).
+overhead, accuracy, scale; docs/benchmarks.md), with --quick also every other script of bench/ once at a
+tiny size (SMOKE_RUNS; they run on their own at full size), writes `bench/results/<UTC time>.json`, a
+Markdown summary beside it and PNG plots. A benchmark that fails makes the run exit non-zero after the
+others ran (and cleaned up).
 Targets are reported, met or missed, never asserted. Needs root (namespaces, BPF).
 """
 
@@ -40,6 +41,52 @@ BENCHMARKS = [
     "scale",
 ]
 RESULTS = BENCH / "results"
+
+# Benchmarks and case studies with flags and sizes of their own, run on their own (docs/benchmarks.md,
+# docs/case-studies/, docs/mace.md, docs/iron.md): --quick runs each once at a tiny size, so that none
+# breaks unnoticed. Their numbers come from their own runs, never from these.
+SMOKE_RUNS: dict[str, list[str]] = {
+    "case_congested_bridge": ["--seconds", "1", "--mps", "100", "--json"],
+    "case_container_overlay": ["--seconds", "1", "--mps", "100", "--iperf-seconds", "0", "--json"],
+    "case_scheduling_delay": ["--seconds", "1", "--mps", "100", "--json"],
+    # These two boot qemu guests (minutes under TCG): their smoke run is the script's import and flags;
+    # tests/vms runs the same guests lab (lab/guest_cluster.py) in make test.
+    "case_vm_ovs": ["--help"],
+    "case_vm_scheduling": ["--help"],
+    "collector_join": ["--packets", "2000", "--hops", "2"],
+    "collector_pipeline": ["--baseline", "HEAD", "--packets", "2000", "--rounds", "1"],
+    "idle_cost": ["--seconds", "1", "--settle", "0.5"],
+    "iron_penalty": ["--work", "200000", "--json"],
+    "kafka_collectors": ["--packets", "2000", "--cases", "1:1"],
+    "mace_rtt": ["--rounds", "1", "--count", "20", "--json"],
+    "object_ab": ["--rounds", "1"],
+    "ring_cost": ["--rounds", "1", "--conditions", "ring"],
+    "tail_cause": ["--rounds", "1", "--seconds", "1", "--conditions", "none"],
+    "tcp_overhead": ["--rounds", "1", "--seconds", "1", "--conditions", "none,hops"],
+}
+# A smoke run past this is broken, not slow.
+SMOKE_TIMEOUT_S = 300
+
+
+def smoke_run(name: str) -> dict[str, Any]:
+    """`bench/NAME.py` with its SMOKE_RUNS flags, in a process of its own: exit status, time, output."""
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, str(BENCH / f"{name}.py"), *SMOKE_RUNS[name]],
+            capture_output=True,
+            text=True,
+            timeout=SMOKE_TIMEOUT_S,
+        )
+        code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as err:
+        code, output = -9, f"{err.stdout or ''}{err.stderr or ''}\nkilled after {SMOKE_TIMEOUT_S} s"
+    return {
+        "args": SMOKE_RUNS[name],
+        "returncode": code,
+        "seconds": time.monotonic() - started,
+        "output_tail": output[-3000:] if isinstance(output, str) else "",
+    }
 
 
 def ensure_matplotlib() -> Any:
@@ -123,6 +170,12 @@ def summary_markdown(doc: dict[str, Any]) -> str:
         f"{m['cpu']}, {m['cores']} cores, {m['mem_gib']} GiB, Linux {m['kernel']}",
         "",
     ]
+    if doc.get("smoke"):
+        out += ["## smoke runs (SMOKE_RUNS: each script once, tiny; no numbers)", ""]
+        out += ["| script | flags | exit | seconds |", "|---|---|---|---|"]
+        for name, run in doc["smoke"].items():
+            out.append(f"| {name} | `{' '.join(run['args'])}` | {run['returncode']} | {run['seconds']:.0f} |")
+        out.append("")
     for name, result in doc["benchmarks"].items():
         out.append(f"## {name} ({result.get('seconds', 0):.0f} s)")
         if "error" in result:
@@ -234,10 +287,20 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench/run.py: run as root (namespaces, BPF programs)", file=sys.stderr)
         return 2
-    names = [n for n in args.only.split(",") if n] or BENCHMARKS
-    unknown = set(names) - set(BENCHMARKS)
+    only = [n for n in args.only.split(",") if n]
+    names = [n for n in only if n in BENCHMARKS] if only else BENCHMARKS
+    smoke = [n for n in only if n in SMOKE_RUNS] if only else list(SMOKE_RUNS) if args.quick else []
+    unknown = set(only) - set(BENCHMARKS) - set(SMOKE_RUNS)
     if unknown:
-        print(f"unknown benchmarks: {sorted(unknown)}; known: {BENCHMARKS}", file=sys.stderr)
+        print(
+            f"unknown benchmarks: {sorted(unknown)}; known: {BENCHMARKS + list(SMOKE_RUNS)}", file=sys.stderr
+        )
+        return 2
+    if smoke and not args.quick:
+        print(
+            f"{', '.join(smoke)}: run on their own at full size (only --quick smoke-runs them)",
+            file=sys.stderr,
+        )
         return 2
     ensure_matplotlib()
 
@@ -273,6 +336,13 @@ def main() -> int:
                 log(f"{name} FAILED:\n{result['error']}")
             result["seconds"] = time.monotonic() - t0
             doc["benchmarks"][name] = result
+        doc["smoke"] = {}
+        for name in smoke:
+            log(f"== {name} (smoke run: {' '.join(SMOKE_RUNS[name])})")
+            run = doc["smoke"][name] = smoke_run(name)
+            if run["returncode"] != 0:
+                failed.append(name)
+                log(f"{name} FAILED (exit {run['returncode']}):\n{run['output_tail']}")
     finally:
         ctx.close()
     doc["seconds"] = time.monotonic() - t_all
