@@ -8,10 +8,14 @@ from pathlib import Path
 
 import pytest
 from spec_fixtures import (
+    ACTION_HOPS,
+    ACTIONS_HEAD,
+    EVENTS_HEAD,
     WORKLOAD_SPEC,
     example_registrations,
     guest_registrations,
     registrations_with_workloads,
+    with_items,
 )
 
 from hoptrace.dispatcher.compile import BpfCompiler, build_plans, elf_sections, programs_for_plan
@@ -24,41 +28,20 @@ from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 
 pytestmark = pytest.mark.unit
 
-HOPS_HEAD = """\
-name: acts
-filter: {protocol: udp, dst_port: 5000}
-hops:
-  - {name: a-out, node: host-a, at: tc-egress, dev: eth0, netns: c1}
-"""
-EVENTS_HEAD = """\
-name: evs
-filter: {protocol: udp, dst_port: 5000}
-hops:
-  - {name: a-out, node: host-a, at: tc-egress, dev: eth0, netns: c1}
-events:
-"""
-
 
 def _hops(*hops: str) -> str:
-    return HOPS_HEAD + "".join(f"  - {hop}\n" for hop in hops)
+    return with_items(ACTIONS_HEAD, *hops)
 
 
 def _events(*events: str) -> str:
-    return EVENTS_HEAD + "".join(f"  - {event}\n" for event in events)
+    return with_items(EVENTS_HEAD, *events)
 
 
 # ---- hop actions ---------------------------------------------------------------------------------------
 
 
 def test_actions_compile_to_typed_constants() -> None:
-    text = _hops(
-        "{name: a-wire, node: host-a, at: tc-egress, dev: wire0,"
-        " actions: [timestamp, {count: {by: cpu}}, {histogram: latency}]}",
-        "{name: b-in, node: host-b, at: tc-ingress, dev: wire0,"
-        " actions: [timestamp, count, {histogram: len}]}",
-        "{name: b-c2, node: host-b, at: tc-ingress, dev: eth0, netns: c2,"
-        " actions: [timestamp, {count: , by: mark}, {record: [len, ttl]}]}",
-    )
+    text = _hops(*ACTION_HOPS)
     plans = build_plans(check_spec(load_spec(text), example_registrations()), 1)
     a = {hop.name: hop.actions for hop in plans["host-a"].hops}
     b = {hop.name: hop.actions for hop in plans["host-b"].hops}

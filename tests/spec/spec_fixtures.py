@@ -23,6 +23,31 @@ hops:                            # in path order; each hop runs on one node's ag
   - {name: b-c2-in,    node: host-b, at: tc-ingress, dev: eth0, netns: c2}
 """
 
+# The heads of the actions' and the events' test specs: one UDP hop out of c1 on host-a, then the hops or
+# events a test lists (`with_items`).
+ACTIONS_HEAD = """\
+name: acts
+filter: {protocol: udp, dst_port: 5000}
+hops:
+  - {name: a-out, node: host-a, at: tc-egress, dev: eth0, netns: c1}
+"""
+EVENTS_HEAD = ACTIONS_HEAD.replace("name: acts", "name: evs") + "events:\n"
+# Hops after ACTIONS_HEAD's with every kind of action: a latency histogram on host-a (so a-out keeps
+# timestamps for it), count, histogram and record on host-b.
+ACTION_HOPS = (
+    "{name: a-wire, node: host-a, at: tc-egress, dev: wire0,"
+    " actions: [timestamp, {count: {by: cpu}}, {histogram: latency}]}",
+    "{name: b-in, node: host-b, at: tc-ingress, dev: wire0, actions: [timestamp, count, {histogram: len}]}",
+    "{name: b-c2, node: host-b, at: tc-ingress, dev: eth0, netns: c2,"
+    " actions: [timestamp, {count: , by: mark}, {record: [len, ttl]}]}",
+)
+
+
+def with_items(head: str, *items: str) -> str:
+    """`head` and one YAML list item per entry of `items` (flow mappings: hops or events)."""
+    return head + "".join(f"  - {item}\n" for item in items)
+
+
 # What this machine's kernel allows (docs/ENVIRONMENT): fentry refused by lockdown, kprobes not compiled in.
 ATTACH_SUPPORT = {
     "tc": (True, ""),

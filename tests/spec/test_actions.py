@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from spec_fixtures import example_registrations, make_registration
+from spec_fixtures import ACTION_HOPS, ACTIONS_HEAD, example_registrations, make_registration, with_items
 
 from hoptrace import kernel_abi
 from hoptrace.spec import SpecError, actions, load_spec, spec_to_json, spec_to_yaml
@@ -15,16 +15,9 @@ from hoptrace.v1 import counters_pb2
 
 pytestmark = pytest.mark.unit
 
-HEAD = """\
-name: acts
-filter: {protocol: udp, dst_port: 5000}
-hops:
-  - {name: a-out, node: host-a, at: tc-egress, dev: eth0, netns: c1}
-"""
-
 
 def _spec(*hops: str) -> str:
-    return HEAD + "".join(f"  - {hop}\n" for hop in hops)
+    return with_items(ACTIONS_HEAD, *hops)
 
 
 def _errors(text: str, agents=None) -> list[str]:
@@ -46,14 +39,7 @@ def test_catalogue_is_the_generated_one_and_every_field_has_its_kinds() -> None:
 
 
 def test_actions_round_trip() -> None:
-    text = _spec(
-        "{name: a-wire, node: host-a, at: tc-egress, dev: wire0,"
-        " actions: [timestamp, {count: {by: cpu}}, {histogram: latency}]}",
-        "{name: b-in, node: host-b, at: tc-ingress, dev: wire0,"
-        " actions: [timestamp, count, {histogram: len}]}",
-        "{name: b-c2, node: host-b, at: tc-ingress, dev: eth0, netns: c2,"
-        " actions: [timestamp, {count: , by: mark}, {record: [len, ttl]}]}",
-    )
+    text = _spec(*ACTION_HOPS)
     spec = load_spec(text, example_registrations())
     assert load_spec(spec_to_yaml(spec)) == spec
     assert load_spec(spec_to_json(spec)) == spec

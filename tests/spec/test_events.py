@@ -5,7 +5,7 @@ typed EventAttach messages of the plans)."""
 from __future__ import annotations
 
 import pytest
-from spec_fixtures import example_registrations, guest_registrations
+from spec_fixtures import EVENTS_HEAD, example_registrations, guest_registrations, with_items
 
 from hoptrace import kernel_abi
 from hoptrace.spec import SpecError, events, load_spec, spec_to_json, spec_to_yaml, validate_spec
@@ -13,13 +13,6 @@ from hoptrace.v1 import counters_pb2, trace_pb2
 
 pytestmark = pytest.mark.unit
 
-HEAD = """\
-name: evs
-filter: {protocol: udp, dst_port: 5000}
-hops:
-  - {name: a-out, node: host-a, at: tc-egress, dev: eth0, netns: c1}
-events:
-"""
 
 EQ, NE, LT, GT, BIT, IN = (
     counters_pb2.EVENT_OP_EQ,
@@ -32,7 +25,7 @@ EQ, NE, LT, GT, BIT, IN = (
 
 
 def _spec(*items: str) -> str:
-    return HEAD + "".join(f"  - {item}\n" for item in items)
+    return with_items(EVENTS_HEAD, *items)
 
 
 def _errors(text: str) -> list[str]:
@@ -281,7 +274,9 @@ def test_bad_records_and_latencies_name_the_field(events: list[str], field: str,
 
 
 def test_since_on_a_hop_is_refused() -> None:
-    text = HEAD.replace("netns: c1}", "netns: c1, actions: [timestamp, {histogram: latency, since: x}]}")
+    text = EVENTS_HEAD.replace(
+        "netns: c1}", "netns: c1, actions: [timestamp, {histogram: latency, since: x}]}"
+    )
     errors = _errors(text.replace("events:\n", ""))
     assert any(e.startswith("hops[0].actions[1]: since: pairs two events") for e in errors), errors
 
