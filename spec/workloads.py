@@ -1,9 +1,9 @@
 """Hops named by the workloads users know: ``netns: container:NAME`` and ``netns: pod:NAMESPACE/NAME``.
 
 Agents report, per network namespace, the Docker containers whose processes run there and the Kubernetes
-pods they belong to (`Namespace.workloads`). At apply time the dispatcher resolves a hop's workload netns
-against its node's latest inventory and records the result in the typed `HopSpec.workload`: the plan
-attaches in `workload.netns`, the collector tags points with `workload.container_name` and `pod_*`, and
+pods they belong to (`Namespace.workloads`). Checked against the agents (`check_spec`, at every apply), a
+hop's workload netns is resolved against its node's latest inventory into the typed `HopSpec.workload`: the
+plan attaches in `workload.netns`, the collector tags points with `workload.container_name` and `pod_*`, and
 nothing downstream parses `netns` again. A container that restarts gets a new namespace: apply the spec
 again to follow it.
 """
