@@ -46,7 +46,7 @@
     tr.append(name);
     const count = cell(String(s.count), true);
     count.classList.add("count");
-    // Latencies as the server wrote them (hoptrace.collector.report.latency_text): never negative.
+    // Latencies as the server wrote them (hoptrace.results.report_view.latency_text): never negative.
     const p50 = cell(s.display.p50_ns, true);
     p50.classList.add("p50");
     const p99 = cell(s.display.p99_ns, true);
