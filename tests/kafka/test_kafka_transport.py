@@ -154,7 +154,7 @@ def test_group_survives_a_killed_collector_and_a_new_one(
     newcomer.wait_metric(
         lambda m: m.get("hoptrace_collector_kafka_partitions_assigned", 0) >= 1, 60, "partitions"
     )
-    time.sleep(2)
+    time.sleep(2)  # traffic for the newcomer to consume (pacing)
     sent = flow.stop()
     agent_a.stop()
     agent_b.stop()
@@ -210,7 +210,7 @@ def test_broker_down_20s_agents_buffer_nothing_lost(
     time.sleep(max(0.0, down + 8 - time.monotonic()))
     lab.broker.restart()  # ~10 s until it serves again: ~20 s without a broker
     outage = time.monotonic() - down
-    time.sleep(2)
+    time.sleep(2)  # traffic after the broker is back (pacing)
     sent = flow.stop()
     agent_a.stop()
     agent_b.stop()
@@ -369,7 +369,7 @@ def test_broker_down_buffered_records_shown_in_agents_and_metrics(
 
         lab.broker.stop_process()
         sent_at_down = flow.sent
-        time.sleep(3)
+        time.sleep(3)  # the outage the node's queue holds the records of (the thing tested)
         sent = flow.stop()
         # Every record of the packets sent since the broker stopped waits on the node (and maybe some before).
         held = hops_a * (sent - sent_at_down)

@@ -23,6 +23,7 @@ from hoptrace.lab.influx import (  # noqa: F401
     segment_latencies,
 )
 from hoptrace.lab.localcluster import LocalCluster
+from hoptrace.lab.waiting import WaitTimeout, wait_until
 
 
 @dataclass
@@ -79,29 +80,35 @@ def report(cluster: LocalCluster, trace: str) -> dict[str, Any]:
 def wait_report(cluster: LocalCluster, trace: str, packets: int, timeout_s: float = 30.0) -> dict[str, Any]:
     """Poll the report until it has `packets` complete packets, counted in every segment (the join window and
     export take a moment, and a packet's later segments may fall into the next 1 s window, closed later)."""
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
+    last = [""]
+
+    def complete_report() -> dict[str, Any] | None:
         cluster.check_running()
         result = cluster.hoptrace("report", trace, "--since", "30m", "--json", check=False)
-        if result.returncode == 0:
-            data = json.loads(result.stdout)
-            complete = data.get("complete", 0)
-            # (not the placeholders hop<i> > hop<j> of windows written before the collector knew the path)
-            segments = [
-                s
-                for s in [*data.get("segments", []), data.get("end_to_end", {})]
-                if not re.fullmatch(r"hop\d+", s.get("from", ""))
-            ]
-            if complete >= packets and all(
-                s.get("count", 0) + s.get("incomplete", 0) >= complete for s in segments
-            ):
-                return data
-            last = result.stdout
-        else:  # no data yet is an error answer too
-            last = result.stderr
-        time.sleep(1)
-    raise AssertionError(f"report of {trace} never reached {packets} complete packets: {last}")
+        if result.returncode != 0:  # no data yet is an error answer too
+            last[0] = result.stderr
+            return None
+        data = json.loads(result.stdout)
+        complete = data.get("complete", 0)
+        # (not the placeholders hop<i> > hop<j> of windows written before the collector knew the path)
+        segments = [
+            s
+            for s in [*data.get("segments", []), data.get("end_to_end", {})]
+            if not re.fullmatch(r"hop\d+", s.get("from", ""))
+        ]
+        if complete >= packets and all(
+            s.get("count", 0) + s.get("incomplete", 0) >= complete for s in segments
+        ):
+            return data
+        last[0] = result.stdout
+        return None
+
+    try:
+        return wait_until(
+            complete_report, f"report of {trace} with {packets} complete packets", timeout_s, 0.2
+        )
+    except WaitTimeout as timeout:
+        raise AssertionError(f"{timeout}: {last[0]}") from None
 
 
 def p50(values: list[int]) -> float:

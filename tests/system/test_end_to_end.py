@@ -26,6 +26,7 @@ from system_helpers import (
 )
 
 from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.lab.waiting import wait_until
 from hoptrace.v1 import api_pb2, trace_pb2
 
 
@@ -191,10 +192,14 @@ def test_apply_update_delete_while_traffic_flows(topology, influxd):
             spec.filter.dst_port = 11112
             second = cluster.apply(spec)
             assert second.generation > first.generation
-            time.sleep(3)  # packets of the old generation leave the join window
+            time.sleep(3)  # packets of the old generation leave the join window: an absence, no event
             before = report(cluster, "e2e-live")["complete"]
-            time.sleep(3)
-            assert report(cluster, "e2e-live")["complete"] > before + 50  # the updated filter still traces
+            wait_until(  # the updated filter still traces
+                lambda: report(cluster, "e2e-live")["complete"] > before + 50,
+                "50 more complete packets",
+                10,
+                0.5,
+            )
 
             cluster.api().DeleteTrace(api_pb2.DeleteTraceRequest(name="e2e-live"))
             names = [t.spec.name for t in cluster.api().ListTraces(api_pb2.ListTracesRequest()).traces]
