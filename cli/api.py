@@ -1,12 +1,12 @@
-"""The CLI's side of the user API: an ApiClient (hoptrace.common.client) from the client flags, and
-CliError, which every command turns into a message on stderr and exit status 1."""
+"""The CLI's side of the user API: the ApiClient (hoptrace.common.client) the client flags describe, and
+CliError, which `hoptrace` prints as one line, exit 1."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from hoptrace.common.client import CALL_TIMEOUT_S, ApiClient, ApiError
+from hoptrace.common.client import ApiClient
 from hoptrace.common.grpcutil import TOKEN_ENV, api_channel, secret_from
 from hoptrace.common.tlscheck import check_tls_files
 
@@ -16,7 +16,8 @@ class CliError(Exception):
 
 
 def client_of(args: argparse.Namespace) -> ApiClient:
-    """The API client the flags describe (--dispatcher, --ca/--cert/--key, --token, --insecure)."""
+    """The API client the flags describe (--dispatcher, --ca/--cert/--key, --token-file, --insecure); its
+    failures are ApiError, which `hoptrace` prints as one line."""
 
     def channel() -> Any:
         try:
@@ -34,11 +35,3 @@ def client_of(args: argparse.Namespace) -> ApiClient:
             raise CliError(f"cannot set up the connection to {args.dispatcher}: {error}") from None
 
     return ApiClient(args.dispatcher, channel)
-
-
-def api_call(args: argparse.Namespace, method: str, request: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
-    """Call one API method; its failure becomes CliError with the dispatcher's message."""
-    try:
-        return client_of(args).call(method, request, timeout=timeout)
-    except ApiError as error:
-        raise CliError(error.message) from None

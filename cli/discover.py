@@ -14,15 +14,11 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from hoptrace.cli.api import CliError, api_call, client_of
-from hoptrace.common.client import APPLY_TIMEOUT_S, ApiError
+from hoptrace.cli.api import CliError, client_of
 from hoptrace.common.durations import parse_duration
 from hoptrace.results.path_view import path_data, paths_text, segment_data
 from hoptrace.spec import SpecError, load_spec, spec_to_data, spec_to_yaml
 from hoptrace.v1 import api_pb2, trace_pb2
-
-# Beyond --duration: the agents load and attach, read, and answer (dispatcher/presets.py RESULT_GRACE_S).
-STREAM_GRACE_S = 45.0
 
 
 def duration_argument(text: str) -> float:
@@ -117,14 +113,12 @@ def cmd_discover(args: argparse.Namespace) -> int:
     """hoptrace discover [FILTER | -f SPEC] [--node N]... [--duration D] [--packets N] [--apply NAME]."""
     request = request_of(args)
     result: api_pb2.DiscoverResult | None = None
-    try:
-        for event in client_of(args).stream("Discover", request, timeout=args.duration + STREAM_GRACE_S):
-            if event.HasField("progress") and not args.quiet:
-                print(f"discover: {event.progress.message}", file=sys.stderr, flush=True)
-            elif event.HasField("result"):
-                result = event.result
-    except ApiError as error:
-        raise CliError(error.message) from None
+    client = client_of(args)
+    for event in client.discover(request):
+        if event.HasField("progress") and not args.quiet:
+            print(f"discover: {event.progress.message}", file=sys.stderr, flush=True)
+        elif event.HasField("result"):
+            result = event.result
     if result is None:
         raise CliError("the dispatcher ended the discovery without a result")
     if not result.paths:
@@ -147,8 +141,6 @@ def cmd_discover(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(spec_to_yaml(result.spec))
     if args.apply:
-        trace = api_call(
-            args, "ApplyTrace", api_pb2.ApplyTraceRequest(spec=result.spec), timeout=APPLY_TIMEOUT_S
-        )
+        trace = client.apply(result.spec)
         print(f"applied {trace.spec.name} (generation {trace.generation})", file=sys.stderr)
     return 0

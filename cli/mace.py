@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hoptrace.cli.api import CliError, api_call
+from hoptrace.cli.api import CliError, client_of
 from hoptrace.common.netns import inet_checksum, netns_path, socket_in_netns
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -229,7 +229,7 @@ def run_remote_preset(args: argparse.Namespace, preset: str, preset_args: dict[s
         node=args.node, preset=preset, args={k: v for k, v in preset_args.items() if v}
     )
     # The dispatcher answers after the preset's duration (plus its own grace for loading and reading).
-    result = api_call(args, "RunPreset", request, timeout=args.duration + 60)
+    result = client_of(args).run_preset(request, args.duration)
     return json.loads(result.summary_json)
 
 

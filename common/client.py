@@ -5,6 +5,7 @@ opened on first use and shared by threads, and one mapping of gRPC failures to m
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +17,11 @@ from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 # Apply compiles and waits for every agent's status (seconds); the other calls answer at once.
 APPLY_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 15.0
+# A report or a packet list runs several Flux queries over the range: longer than a plain call.
+QUERY_TIMEOUT_S = 60.0
+# Beyond its own duration, a preset or a discovery loads and attaches on the nodes, reads, and answers: the
+# dispatcher waits 30 s for that (dispatcher/presets.py RESULT_GRACE_S), its client a little longer.
+RUN_GRACE_S = 45.0
 # gRPC's words when the dispatcher itself cannot be reached (as opposed to an UNAVAILABLE it answered).
 _TRANSPORT_FAILURES = (
     "failed to connect",
@@ -85,9 +91,13 @@ class ApiClient:
             details = f"the dispatcher at {self.address} did not answer within {timeout:g}s"
         return ApiError(details, error.code())
 
-    def agents(self) -> list[api_pb2.Agent]:
+    def agents(self, timeout: float = CALL_TIMEOUT_S) -> list[api_pb2.Agent]:
         """Every registered agent."""
-        return list(self.call("ListAgents", api_pb2.ListAgentsRequest()).agents)
+        return list(self.call("ListAgents", api_pb2.ListAgentsRequest(), timeout=timeout).agents)
+
+    def agent(self, node: str) -> api_pb2.Agent:
+        """The agent of `node` (ApiError NOT_FOUND when none registered)."""
+        return self.call("GetAgent", api_pb2.GetAgentRequest(node=node))
 
     def traces(self) -> list[api_pb2.Trace]:
         """Every applied trace."""
@@ -108,3 +118,40 @@ class ApiClient:
     def delete(self, name: str) -> None:
         """Detach a trace everywhere."""
         self.call("DeleteTrace", api_pb2.DeleteTraceRequest(name=name), timeout=APPLY_TIMEOUT_S)
+
+    def report(
+        self, trace: str, since_s: float | None = None, *, with_series: bool = False
+    ) -> api_pb2.Report:
+        """The trace's report over the `since_s` seconds ending now (None: the dispatcher's default range);
+        `with_series` adds each segment's p50/p99 over time."""
+        request = api_pb2.GetReportRequest(trace=trace, with_series=with_series)
+        if since_s is not None:
+            request.start.FromNanoseconds(_start_ns(since_s))
+        return self.call("GetReport", request, timeout=QUERY_TIMEOUT_S)
+
+    def packets(
+        self, trace: str, since_s: float | None = None, *, packet_id: int = 0, slowest: int = 10
+    ) -> api_pb2.PacketList:
+        """The `slowest` packets of the trace end to end over the `since_s` seconds ending now, or the one
+        packet `packet_id` (not 0)."""
+        request = api_pb2.GetPacketsRequest(trace=trace, packet_id=packet_id, slowest=slowest)
+        if since_s is not None:
+            request.start.FromNanoseconds(_start_ns(since_s))
+        return self.call("GetPackets", request, timeout=QUERY_TIMEOUT_S)
+
+    def version(self, timeout: float = CALL_TIMEOUT_S) -> api_pb2.Version:
+        """The dispatcher's version and API."""
+        return self.call("GetVersion", api_pb2.GetVersionRequest(), timeout=timeout)
+
+    def run_preset(self, request: api_pb2.RunPresetRequest, duration_s: float) -> api_pb2.PresetResult:
+        """Run a preset on a node for `duration_s` seconds; it answers after them."""
+        return self.call("RunPreset", request, timeout=duration_s + RUN_GRACE_S)
+
+    def discover(self, request: api_pb2.DiscoverRequest) -> Iterator[api_pb2.DiscoverEvent]:
+        """The events of a discovery: progress while the agents look, then the result."""
+        return self.stream("Discover", request, timeout=request.duration_ms / 1000 + RUN_GRACE_S)
+
+
+def _start_ns(since_s: float) -> int:
+    """The start, in ns since the epoch, of the range of `since_s` seconds ending now."""
+    return time.time_ns() - round(since_s * 1e9)

@@ -9,7 +9,6 @@ the page needs no JavaScript.
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 from flask import Blueprint, abort, render_template, request
@@ -17,9 +16,8 @@ from flask import Blueprint, abort, render_template, request
 from hoptrace.common.client import ApiError
 from hoptrace.results.format import WITHIN_CLOCK_BOUND, format_ns
 from hoptrace.results.packets_view import MAX_SLOWEST, packets_from_proto
-from hoptrace.v1 import api_pb2
 from hoptrace.web.dispatcher import get_client, http_status
-from hoptrace.web.results import REPORT_TIMEOUT_S, SINCE_CHOICES, requested_since, since_seconds
+from hoptrace.web.results import SINCE_CHOICES, requested_since, since_seconds
 
 bp = Blueprint("packets", __name__)
 
@@ -80,12 +78,10 @@ def page(name: str):  # noqa: ANN201 - a view
     except ValueError:
         abort(400, description="slowest: a number of packets, e.g. 10")
     slowest = max(1, min(slowest, MAX_SLOWEST))
-    query = api_pb2.GetPacketsRequest(trace=name, packet_id=packet_id, slowest=slowest)
-    query.start.FromSeconds(int(time.time()) - since_seconds(since))
     error, status = None, 200
     packets: list[dict[str, Any]] = []
     try:
-        answer = get_client().call("GetPackets", query, timeout=REPORT_TIMEOUT_S)
+        answer = get_client().packets(name, since_seconds(since), packet_id=packet_id, slowest=slowest)
         packets = [packet_view(packet) for packet in packets_from_proto(answer)]
     except ApiError as exc:  # no such trace, no store, store down: say so instead of a 500
         error, status = f"no packets of {name}: {exc.message}", http_status(exc)

@@ -24,8 +24,6 @@ bp = Blueprint("presets", __name__, url_prefix="/presets")
 
 PRESETS = ("mace", "iron")
 MACE_PATHS = ("inner-dev", "max-dev", "syscalls")
-# The dispatcher waits up to the duration + 30 s for the agent; the web request a little longer.
-CALL_GRACE_S = 45.0
 # Form inputs -> RunPreset args (the agent's flags without dashes), per preset.
 FORM_ARGS = {
     "mace": {"container": "container", "path": "path", "peer": "peer", "duration": "duration"},
@@ -101,9 +99,7 @@ def index():  # noqa: ANN201 - a view
     error = None
     summary = None
     try:
-        result = get_client().call(
-            "RunPreset", form.request(), timeout=duration_s(form.duration) + CALL_GRACE_S
-        )
+        result = get_client().run_preset(form.request(), duration_s(form.duration))
         summary = json.loads(result.summary_json)
     except ApiError as failure:
         if failure.code == grpc.StatusCode.INVALID_ARGUMENT:

@@ -10,7 +10,6 @@ InfluxDB itself: Flux lives only in `hoptrace.results.store`. The page is readab
 from __future__ import annotations
 
 import re
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,6 @@ SINCE_CHOICES = ("1m", "5m", "15m", "1h", "6h", "24h")
 _DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 CHART_JS = ("chart.js", "dist", "chart.umd.js")
-# A report runs several Flux queries over the range: give it longer than a plain call.
-REPORT_TIMEOUT_S = 60.0
 
 __all__ = ["bp", "format_ns"]
 
@@ -90,9 +87,7 @@ def results_data(name: str, since: str) -> dict[str, Any]:
 
     trace = _applied_trace(name)
     view = trace_view(trace) if trace is not None else None
-    report_request = api_pb2.GetReportRequest(trace=name, with_series=True)
-    report_request.start.FromSeconds(int(time.time()) - since_seconds(since))
-    report = get_client().call("GetReport", report_request, timeout=REPORT_TIMEOUT_S)
+    report = get_client().report(name, since_seconds(since), with_series=True)
     data = report_from_proto(report)  # the numbers of `hoptrace report --json`, raw
     summary = most_time_text(data)
     data["segments"] = [with_display(segment) for segment in data["segments"]]

@@ -315,11 +315,6 @@ def discover_request(
     return request_, errors
 
 
-def _discover_timeout_s(request_: api_pb2.DiscoverRequest) -> float:
-    # The agents look for the duration, then answer: leave room for their summaries.
-    return request_.duration_ms / 1000 + 45
-
-
 def _dispatcher_field_errors(error: ApiError) -> list[FieldError]:
     """The FieldErrors of an INVALID_ARGUMENT answer (one "field: reason" per line)."""
     return [FieldError(*line.split(": ", 1)) for line in error.message.splitlines() if ": " in line]
@@ -340,7 +335,7 @@ def _discover(form: TraceForm, editing: str | None):  # noqa: ANN202
         return _render_form(form, errors, editing=editing, status=422, discover_duration=duration)
     result = None
     try:
-        for event in get_client().stream("Discover", request_, timeout=_discover_timeout_s(request_)):
+        for event in get_client().discover(request_):
             if event.HasField("result"):
                 result = event.result
     except ApiError as error:
@@ -399,7 +394,7 @@ def discover_stream():  # noqa: ANN201 - a view
 
     def events() -> Iterator[str]:
         try:
-            for event in client.stream("Discover", request_, timeout=_discover_timeout_s(request_)):
+            for event in client.discover(request_):
                 if event.HasField("result"):
                     line: dict[str, Any] = {"result": discovery_view(event.result)}
                 else:

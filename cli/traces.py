@@ -1,0 +1,148 @@
+"""``hoptrace trace apply|validate|ls|get|rm``: traces through the dispatcher's API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hoptrace.cli.api import CliError, client_of
+from hoptrace.cli.table import table
+from hoptrace.results.format import timestamp_text
+from hoptrace.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
+from hoptrace.v1 import api_pb2, trace_pb2
+
+
+def read_spec_file(path: str) -> bytes:
+    """The spec file's bytes ('-' = stdin); load_spec decodes them and says so when they are not text."""
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise CliError(f"cannot read {path}: {error.strerror}") from None
+
+
+def load_spec_file(path: str) -> trace_pb2.TraceSpec:
+    """The spec in `path` ('-' = stdin), checked; CliError with every problem found."""
+    text = read_spec_file(path)
+    try:
+        return load_spec(text)
+    except SpecError as error:
+        shown = "stdin" if path == "-" else path
+        raise CliError(f"invalid trace spec ({shown}):\n{error}") from None
+
+
+def node_summary(trace: api_pb2.Trace) -> str:
+    """`3/4 nodes active`."""
+    healthy = sum(1 for status in trace.nodes if status.active and not status.error)
+    return f"{healthy}/{len(trace.nodes)} nodes active"
+
+
+def status_node(trace: api_pb2.Trace, index: int) -> str:
+    """The node name of trace.nodes[index] (nodes are in the spec's path order)."""
+    nodes = list(dict.fromkeys(hop.node for hop in trace.spec.hops))
+    return nodes[index] if index < len(nodes) else "?"
+
+
+def run_trace_apply(args: argparse.Namespace) -> int:
+    """hoptrace trace apply -f SPEC."""
+    trace = client_of(args).apply(load_spec_file(args.file))
+    nodes = ", ".join(status_node(trace, index) for index in range(len(trace.nodes)))
+    print(f"trace {trace.spec.name} applied: generation {trace.generation} on {nodes}")
+    return 0
+
+
+def run_trace_validate(args: argparse.Namespace) -> int:
+    """hoptrace trace validate -f SPEC: the schema locally, then the agents through the dispatcher."""
+    spec = load_spec_file(args.file)
+    if not args.offline:
+        errors = client_of(args).validate(spec)
+        if errors:
+            lines = "\n".join(f"{error.field}: {error.reason}" for error in errors)
+            raise CliError(f"invalid trace spec ({args.file}), checked against the agents:\n{lines}")
+    where = "schema only" if args.offline else "schema and agents"
+    print(f"trace spec {spec.name} is valid ({where})")
+    return 0
+
+
+def run_trace_ls(args: argparse.Namespace) -> int:
+    """hoptrace trace ls."""
+    rows = [["NAME", "GENERATION", "HOPS", "NODES", "STATUS", "APPLIED"]]
+    for trace in client_of(args).traces():
+        nodes = ",".join(dict.fromkeys(hop.node for hop in trace.spec.hops))
+        rows.append(
+            [
+                trace.spec.name,
+                str(trace.generation),
+                str(len(trace.spec.hops)),
+                nodes,
+                node_summary(trace),
+                timestamp_text(trace.applied_at),
+            ]
+        )
+    print(table(rows) if len(rows) > 1 else "no traces")
+    return 0
+
+
+def run_trace_get(args: argparse.Namespace) -> int:
+    """hoptrace trace get NAME [-o yaml|json]: the applied spec, re-appliable as is."""
+    trace = client_of(args).trace(args.name)
+    if args.output == "json":
+        print(spec_to_json(trace.spec))
+        return 0
+    print(f"# generation {trace.generation}, applied {timestamp_text(trace.applied_at)}")
+    for index, status in enumerate(trace.nodes):
+        state = "active" if status.active and not status.error else "not active"
+        problems = [status.error] if status.error else []
+        problems += [hop.error for hop in status.hops if hop.error]
+        detail = f": {'; '.join(problems)}" if problems else ""
+        print(f"# node {status_node(trace, index)}: {state}{detail}")
+    sys.stdout.write(spec_to_yaml(trace.spec))
+    return 0
+
+
+def run_trace_rm(args: argparse.Namespace) -> int:
+    """hoptrace trace rm NAME."""
+    client_of(args).delete(args.name)
+    print(f"trace {args.name} removed")
+    return 0
+
+
+def add_parser(subparsers: Any, client: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Register ``trace`` and its actions on a subparsers object (cli/main.py)."""
+    trace = subparsers.add_parser(
+        "trace", help="apply, list, show, remove traces", description="Manage traces."
+    )
+    actions = trace.add_subparsers(dest="trace_command", metavar="ACTION", required=True)
+    apply = actions.add_parser(
+        "apply", parents=[client], help="create or update a trace", description="Create or update a trace."
+    )
+    apply.add_argument(
+        "-f", "--file", required=True, metavar="SPEC", help="spec file, YAML or JSON ('-' = stdin)"
+    )
+    apply.set_defaults(func=run_trace_apply)
+    validate = actions.add_parser(
+        "validate",
+        parents=[client],
+        help="check a spec without applying it",
+        description="Check a spec: the schema, then the registered agents (nodes, namespaces, devices).",
+    )
+    validate.add_argument("-f", "--file", required=True, metavar="SPEC", help="spec file ('-' = stdin)")
+    validate.add_argument("--offline", action="store_true", help="check the schema only, no dispatcher")
+    validate.set_defaults(func=run_trace_validate)
+    ls = actions.add_parser("ls", parents=[client], help="list traces", description="List traces.")
+    ls.set_defaults(func=run_trace_ls)
+    get = actions.add_parser(
+        "get", parents=[client], help="print a trace's spec", description="Print an applied trace's spec."
+    )
+    get.add_argument("name", help="trace name")
+    get.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml", help="format (default yaml)")
+    get.set_defaults(func=run_trace_get)
+    rm = actions.add_parser(
+        "rm", parents=[client], help="remove a trace everywhere", description="Detach a trace on every node."
+    )
+    rm.add_argument("name", help="trace name")
+    rm.set_defaults(func=run_trace_rm)
+    return trace
