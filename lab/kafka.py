@@ -241,7 +241,7 @@ def publish_backlog(
     # Idempotent, as the agents' franz-go producer is: each partition stays in the order produced. Without
     # it a produce request retried behind later ones put a partition's first seconds after newer records
     # and heartbeats (2 of 6 topics published on a busy machine here), and the collectors' join rightly
-    # found them late: the "backlog rebalance loss" of issue 14.
+    # found them late: the "backlog rebalance loss" (records left behind when a rebalance moved a partition).
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,

@@ -44,7 +44,7 @@ def test_stream_records_counts_per_node_across_reconnects() -> None:
 
 
 def test_an_oversized_message_is_refused_and_the_receiver_goes_on() -> None:
-    """Review finding 9: one 60 MiB batch raised RSS by 1.4 GB. Past 4 MiB (128x an agent's largest
+    """One 60 MiB batch once raised RSS by 1.4 GB. Past 4 MiB (128x an agent's largest
     batch), gRPC refuses the message before it is decoded."""
     got: list[DecodedBatch] = []
     server, port = start_receiver(CollectorReceiver(got.append), ReceiverConfig(listen="127.0.0.1:0"))

@@ -43,7 +43,7 @@ def plan_for(obj) -> dict:
         ("bpf_probe_write_user", 0, "calls bpf_probe_write_user"),
         ("bpf_send_signal", 0, "calls bpf_send_signal"),
         ("bpf_override_return", 0, "calls bpf_override_return"),
-        # review finding 10: TC_ACT_SHOT and bpf_clone_redirect took a namespace to 100 % loss
+        # TC_ACT_SHOT and bpf_clone_redirect took a namespace to 100 % loss
         ("bpf_clone_redirect", 0, "calls bpf_clone_redirect"),
         ("bpf_redirect", 0, "calls bpf_redirect"),
         ("", 2, "returns 2, which is not TC_ACT_OK or TC_ACT_UNSPEC"),

@@ -1,4 +1,4 @@
-"""Signed plans and presets (issue 16): the real dispatcher signs what it sends, the real agent loads only
+"""Signed plans and presets: the real dispatcher signs what it sends, the real agent loads only
 what a dispatcher certificate of its CA signed for it. A plan changed after signing (in transit), one signed
 by another identity or another CA, or an unsigned one is refused with the node and the reason, shown to the
 user, counted in the agent's /metrics, and nothing is attached (asked of the kernel, not of the agent)."""

@@ -109,7 +109,7 @@ def test_servers_need_tls_or_an_explicit_insecure(tmp_path):
 
 
 def test_roles_limit_what_a_token_may_do(servers: LocalCluster, certs: CertBundle, tmp_path):
-    """Review finding 5: any valid token with any CA-signed certificate could apply, delete and run presets.
+    """Any valid token with any CA-signed certificate once could apply, delete and run presets.
     A viewer reads; an operator also applies; the collector's certificate only reads, whatever its token."""
     env = servers.client_env()
     viewer = add_token(certs.tokens, "view-only", "viewer")
@@ -135,7 +135,7 @@ def test_roles_limit_what_a_token_may_do(servers: LocalCluster, certs: CertBundl
 
 
 def test_tokens_never_travel_on_the_command_line(servers: LocalCluster, certs: CertBundle):
-    """Finding 5: tokens were passed as --token/--dispatcher-token values, readable in /proc/PID/cmdline.
+    """Tokens were once passed as --token/--dispatcher-token values, readable in /proc/PID/cmdline.
     Clients take --token-file or $HOPTRACE_TOKEN; the cluster's collector and web get files."""
     env = {k: v for k, v in servers.client_env().items() if k != TOKEN_ENV}
     by_file = run_cli(servers, env, "trace", "ls", "--token-file", str(certs.out / "admin.token"))

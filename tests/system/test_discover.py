@@ -1,4 +1,4 @@
-"""Path discovery end to end (issue 12): ``hoptrace discover`` through the dispatcher on the two-host VXLAN
+"""Path discovery end to end: ``hoptrace discover`` through the dispatcher on the two-host VXLAN
 topology, with real UDP and TCP flows from c1 to c2.
 
 Ground truth: the device sequence of the reference path (lab/reference.py, the demo's and the system tests'

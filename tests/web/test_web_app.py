@@ -164,7 +164,7 @@ def test_chart_library_is_served_from_node_modules(client: FlaskClient):
 
 
 def test_failed_logins_are_rate_limited_even_for_the_right_password(app, client: FlaskClient):
-    """Review finding 7: 100 wrong passwords at 7/s, then the right one, were accepted."""
+    """100 wrong passwords at 7/s, then the right one, were once accepted."""
     limit = int(app.config["LOGIN_RATE_LIMIT"].split()[0])
     token = token_of(client.get("/login").text)
     for _ in range(limit):
