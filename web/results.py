@@ -9,7 +9,6 @@ InfluxDB itself: Flux lives only in `hoptrace.results.store`. The page is readab
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from flask import Blueprint, abort, current_app, jsonify, render_template, request, send_from_directory
 
 from hoptrace.common.client import ApiError
+from hoptrace.common.durations import parse_duration
 from hoptrace.results.format import WITHIN_CLOCK_BOUND, format_ns
 from hoptrace.results.report_view import (
     LATENCY_FIELDS,
@@ -32,25 +32,27 @@ from hoptrace.web.dispatcher import get_client, http_status
 bp = Blueprint("results", __name__)
 
 SINCE_CHOICES = ("1m", "5m", "15m", "1h", "6h", "24h")
-_DURATION = re.compile(r"^(\d+)(s|m|h|d)$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 CHART_JS = ("chart.js", "dist", "chart.umd.js")
 
 __all__ = ["bp", "format_ns"]
 
 
 def requested_since() -> str:
-    """The requested time range (?since=15m), checked; the configured default otherwise."""
+    """The requested time range (?since=15m, any duration of hoptrace.common.durations up to its limit),
+    checked; the configured default otherwise. 400 with the reason when it is not one."""
     since = request.args.get("since") or current_app.config["RESULTS_SINCE"]
-    if not _DURATION.match(since):
-        abort(400, description=f"bad since {since!r}: use e.g. 5m, 15m, 1h")
+    try:
+        seconds = parse_duration(since)
+    except ValueError as error:
+        abort(400, description=f"since: {error}")
+    if seconds <= 0:
+        abort(400, description=f"since: {since!r}: want a time range > 0, e.g. 5m, 15m, 1h")
     return since
 
 
-def since_seconds(since: str) -> int:
+def since_seconds(since: str) -> float:
     """Seconds of a checked ?since value (15m: 900)."""
-    number, unit = _DURATION.match(since).groups()  # type: ignore[union-attr]
-    return int(number) * _SECONDS[unit]
+    return parse_duration(since)
 
 
 def series_data(report: api_pb2.Report) -> dict[str, dict[str, list[list[float]]]]:

@@ -40,3 +40,14 @@ def test_what_is_not_a_duration_is_refused_by_name(text: str) -> None:
 def test_a_bare_number_can_mean_another_unit() -> None:
     """The delay box reads a bare number in microseconds, as tc does."""
     assert parse_duration_ns("40", bare_unit="us") == 40_000
+
+
+@pytest.mark.parametrize("text", ["999999999h", "3651d", "522w", "9" * 400, "1" + "0" * 400 + "s"])
+def test_a_duration_longer_than_ten_years_is_refused_with_the_limit(text: str) -> None:
+    """A range that long would start before year 1 (OverflowError in datetime, a 500 in the web)."""
+    with pytest.raises(ValueError, match=r"is longer than the limit of 10 years \(3650d\)"):
+        parse_duration_ns(text)
+
+
+def test_ten_years_is_still_a_duration() -> None:
+    assert parse_duration("3650d") == 3650 * 86400

@@ -3,6 +3,7 @@ CSRF, and the dispatcher's own errors placed next to the form's fields."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -155,6 +156,17 @@ def test_results_page_says_why_there_is_no_report(client: FlaskClient, login):
     error = client.get("/traces/anything/results.json").json["error"]
     assert error.startswith("no report of anything: reports are not configured"), error
     assert client.get("/traces/anything/results?since=forever").status_code == 400
+
+
+def test_a_range_longer_than_ten_years_is_refused_with_the_limit(client: FlaskClient, login):
+    """?since=999999999h would start before year 1: the results and the packets pages refuse it (400, the
+    parameter and the limit named) instead of failing with a 500."""
+    login()
+    for page in ("results", "results.json", "packets"):
+        response = client.get(f"/traces/anything/{page}?since=999999999h")
+        assert response.status_code == 400, (page, response.status_code)
+        text = html.unescape(response.text)
+        assert "since: '999999999h' is longer than the limit of 10 years" in text, text
 
 
 def test_chart_library_is_served_from_node_modules(client: FlaskClient):
