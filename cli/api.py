@@ -1,5 +1,5 @@
 """The CLI's side of the user API: the ApiClient (hoptrace.common.client) the client flags describe, and
-CliError, which `hoptrace` prints as one line, exit 1."""
+CliError (hoptrace.common.entry), which `hoptrace` prints as one line, exit 1."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import argparse
 from typing import Any
 
 from hoptrace.common.client import ApiClient
+from hoptrace.common.entry import CliError
 from hoptrace.common.grpcutil import TOKEN_ENV, api_channel, secret_from
 from hoptrace.common.tlscheck import check_tls_files
 
-
-class CliError(Exception):
-    """A failure to report on stderr; the command exits 1."""
+__all__ = ["CliError", "client_of"]
 
 
 def client_of(args: argparse.Namespace) -> ApiClient:

@@ -7,7 +7,6 @@ c1 -> c2, runs it for a while, prints the report, and removes everything it crea
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import secrets
@@ -20,6 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.timeouts import scaled
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import start_influxd
@@ -98,7 +98,7 @@ def say(text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo; with --keep, leave everything up until Ctrl-C."""
-    parser = argparse.ArgumentParser(prog="hoptrace demo", description=__doc__)
+    parser = ArgumentParser(prog="hoptrace demo", description=__doc__)
     parser.add_argument("--seconds", type=float, default=10, help="how long the traced flow runs")
     parser.add_argument("--mps", type=int, default=1000, help="sockperf messages per second")
     parser.add_argument("--keep", action="store_true", help="keep everything up until Ctrl-C")
@@ -167,8 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up")
             # Not signal.pause(): a signal landing between the interpreter's check before that call and
             # pause(2) itself would wait for the next one. A 1 s sleep handles it within a second.
-            while True:
-                time.sleep(1)
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                return (
+                    0  # Ctrl-C is how --keep ends: a finished demo, not an interrupted one (make: no error)
+                )
         return 0
     except KeyboardInterrupt:
         return 130
@@ -191,4 +196,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

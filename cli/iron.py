@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hoptrace.cli.mace import agent_binary, is_remote, run_remote_preset
+from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.grpcutil import INFLUX_TOKEN_ENV, add_secret_argument, secret_from
 
 
@@ -126,10 +127,10 @@ def cmd_iron(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: ``python -m hoptrace.cli.iron ARGS``."""
-    parser = argparse.ArgumentParser(prog="hoptrace")
+    parser = ArgumentParser(prog="hoptrace")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["iron", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    return run_command(lambda: args.func(args))
 
 
 if __name__ == "__main__":

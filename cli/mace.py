@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hoptrace.cli.api import CliError, client_of
+from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.netns import inet_checksum, netns_path, socket_in_netns
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -394,10 +395,10 @@ def cmd_mace(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: ``python -m hoptrace.cli.mace ARGS``."""
-    parser = argparse.ArgumentParser(prog="hoptrace")
+    parser = ArgumentParser(prog="hoptrace")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["mace", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    return run_command(lambda: args.func(args))
 
 
 if __name__ == "__main__":

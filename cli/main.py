@@ -2,7 +2,8 @@
 API. Each group of commands is a module of its own with `add_parser(subparsers, ...)` and its `run_*`
 functions: traces.py, report.py, agents.py, servers.py, certs.py, discover.py, mace.py, iron.py.
 
-Exit status: 0 success, 1 a failed request or invalid spec (details on stderr), 2 bad usage.
+Exit status: 0 success, 1 a failed request or invalid spec (one line on stderr, hoptrace.common.entry), 2 bad
+usage, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -11,23 +12,20 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from hoptrace.cli import agents, certs, discover, iron, mace, report, servers, traces
-from hoptrace.cli.api import CliError
 from hoptrace.cli.servers import DEFAULT_DISPATCHER
 from hoptrace.common.client import ApiError
-from hoptrace.common.grpcutil import CA_ENV, CERT_ENV, DISPATCHER_ENV, KEY_ENV, TOKEN_ENV, TOKEN_FILE_ENV
-
-
-class _SecretOnCommandLine(argparse.Action):
-    """Refuses a secret given as a flag's value: every local user can read /proc/PID/cmdline."""
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
-        parser.error(
-            f"{self.option_strings[0]} is not taken on the command line (anyone on the host can read it): "
-            f"use --token-file FILE or ${TOKEN_ENV}"
-        )
+from hoptrace.common.entry import ArgumentParser, CliError, run_command
+from hoptrace.common.grpcutil import (
+    CA_ENV,
+    CERT_ENV,
+    DISPATCHER_ENV,
+    KEY_ENV,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    SecretOnCommandLine,
+)
 
 
 def _add_client_security_arguments(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
@@ -37,7 +35,12 @@ def _add_client_security_arguments(parser: argparse.ArgumentParser, *, top_level
         return (os.environ.get(env) or None) if top_level else argparse.SUPPRESS
 
     # --token used to take the token itself; say why it does not any more (and never read it as a file).
-    parser.add_argument("--token", action=_SecretOnCommandLine, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--token",
+        action=SecretOnCommandLine,
+        use=f"--token-file FILE or ${TOKEN_ENV}",
+        dest=argparse.SUPPRESS,
+    )
     parser.add_argument(
         "--token-file",
         metavar="FILE",
@@ -74,7 +77,8 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The `hoptrace` argument parser (argv decides whether the collector's own flags are loaded)."""
     default_dispatcher = os.environ.get(DISPATCHER_ENV) or DEFAULT_DISPATCHER
-    parser = argparse.ArgumentParser(
+    # Every subparser is an ArgumentParser too (add_subparsers' parser_class): no abbreviated flags anywhere.
+    parser = ArgumentParser(
         prog="hoptrace", description="hoptrace: per-hop latency of the same packets across layers and hosts."
     )
     parser.add_argument(
@@ -85,7 +89,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     )
     _add_client_security_arguments(parser, top_level=True)
     # Client commands accept --dispatcher after the subcommand too; SUPPRESS keeps the top-level value.
-    client = argparse.ArgumentParser(add_help=False)
+    client = ArgumentParser(add_help=False)
     client.add_argument("--dispatcher", default=argparse.SUPPRESS, metavar="ADDR", help="dispatcher address")
     _add_client_security_arguments(client, top_level=False)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -125,18 +129,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    try:
-        return func(args)
-    except (CliError, ApiError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        # The reader left (`hoptrace report --json | head`): stop quietly, as other Unix tools do.
-        # Point stdout at /dev/null so the interpreter's own flush at exit raises nothing either.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
+
+    def command() -> int:
+        try:
+            return func(args)
+        except ApiError as error:  # the dispatcher's own words (or why it could not be reached)
+            raise CliError(error.message) from None
+
+    return run_command(command)
 
 
 if __name__ == "__main__":

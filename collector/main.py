@@ -23,6 +23,7 @@ from hoptrace.collector.kafka import KafkaCollectorService, KafkaConfig, read_se
 from hoptrace.collector.pipeline import CollectorConfig
 from hoptrace.collector.receiver import ReceiverConfig
 from hoptrace.collector.service import start_collector
+from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.grpcutil import (
     INFLUX_TOKEN_ENV,
     TOKEN_ENV,
@@ -292,9 +293,10 @@ def run_collector(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]) and run the collector."""
-    parser = argparse.ArgumentParser(prog="hoptrace collector", description="receive records, write InfluxDB")
+    parser = ArgumentParser(prog="hoptrace collector", description="receive records, write InfluxDB")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return run_command(lambda: run(args))
 
 
 if __name__ == "__main__":

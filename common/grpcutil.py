@@ -12,6 +12,7 @@ Who is who (docs/security.md):
 
 from __future__ import annotations
 
+import argparse
 import collections
 import hashlib
 import hmac
@@ -187,9 +188,39 @@ def api_channel(
 INFLUX_TOKEN_ENV = "HOPTRACE_INFLUX_TOKEN"
 
 
+class SecretOnCommandLine(argparse.Action):
+    """Refuses a secret given as a flag's value, without echoing it: every local user can read
+    /proc/PID/cmdline. `use` says where the secret goes instead."""
+
+    def __init__(self, *args: Any, use: str = "", **kwargs: Any) -> None:
+        kwargs.setdefault("nargs", "?")
+        kwargs.setdefault("help", argparse.SUPPRESS)
+        super().__init__(*args, **kwargs)
+        self.use = use
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        """Exit 2 with why (argparse's usage error), never with the value."""
+        parser.error(
+            f"{self.option_strings[0]} is not taken on the command line (anyone on the host can read it): "
+            f"use {self.use}"
+        )
+
+
+class SecretFileError(ValueError):
+    """A secret's file that cannot be read; the message names the flag, the file and the cause."""
+
+
+# A token or password is a line; a file much longer than that is not the one meant (and /dev/zero never ends).
+MAX_SECRET_BYTES = 64 * 1024
+
+
 def add_secret_argument(parser: Any, flag: str, env: str, what: str) -> None:
-    """`--FLAG-file FILE` for a secret: read from the file (default $ENV_FILE), else from $ENV. A value on
-    the command line would be readable by every local user in /proc/PID/cmdline."""
+    """`--FLAG-file FILE` for a secret: read from the file (default $ENV_FILE), else from $ENV. `--FLAG
+    VALUE` is refused without echoing VALUE: a value on the command line would be readable by every local
+    user in /proc/PID/cmdline."""
+    parser.add_argument(
+        f"--{flag}", action=SecretOnCommandLine, use=f"--{flag}-file FILE or ${env}", dest=argparse.SUPPRESS
+    )
     parser.add_argument(
         f"--{flag}-file",
         metavar="FILE",
@@ -199,10 +230,27 @@ def add_secret_argument(parser: Any, flag: str, env: str, what: str) -> None:
 
 
 def secret_from(args: Any, flag: str, env: str) -> str:
-    """The secret of `add_secret_argument(parser, flag, env, ...)`: the file's content, else $ENV, else ""."""
+    """The secret of `add_secret_argument(parser, flag, env, ...)`: the file's content, else $ENV, else "".
+    SecretFileError names the flag (and $ENV_FILE when the path came from it) and the file it cannot read."""
     path = getattr(args, f"{flag.replace('-', '_')}_file", None)
     if path:
-        return Path(path).read_text().strip()
+        where = f"--{flag}-file {path}"
+        if os.environ.get(f"{env}_FILE") == path:
+            where += f" (${env}_FILE)"
+        try:
+            with open(path, "rb") as file:
+                data = file.read(MAX_SECRET_BYTES + 1)
+        except OSError as error:
+            raise SecretFileError(f"{where}: {error.strerror or error}") from None
+        if len(data) > MAX_SECRET_BYTES:
+            raise SecretFileError(f"{where}: more than {MAX_SECRET_BYTES} bytes, not a secret's file")
+        try:
+            secret = data.decode().strip()
+        except UnicodeDecodeError:
+            raise SecretFileError(f"{where}: not text") from None
+        if not secret:
+            raise SecretFileError(f"{where}: the file is empty")
+        return secret
     return os.environ.get(env, "").strip()  # a newline or space pasted with it is never part of a secret
 
 

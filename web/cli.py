@@ -12,6 +12,7 @@ from typing import Any
 
 DEFAULT_LISTEN = "127.0.0.1:7080"
 DEV_USER = ("admin", "admin")
+SECRET_KEY_ENV = "HOPTRACE_WEB_SECRET_KEY"  # the app reads it too (HOPTRACE_WEB_ prefixed settings)
 
 log = logging.getLogger("hoptrace.web")
 
@@ -27,11 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("HOPTRACE_WEB_USERS_FILE"),
         help="lines USER:PASSWORD_HASH (werkzeug generate_password_hash); default $HOPTRACE_WEB_USERS_FILE",
     )
-    parser.add_argument(
-        "--secret-key-file",
-        default=os.environ.get("HOPTRACE_WEB_SECRET_KEY_FILE"),
-        help="file holding the session signing key (or set $HOPTRACE_WEB_SECRET_KEY)",
-    )
+    from hoptrace.common.grpcutil import add_secret_argument
+
+    add_secret_argument(parser, "secret-key", SECRET_KEY_ENV, "the session signing key")
     parser.add_argument(
         "--behind-https-proxy",
         action="store_true",
@@ -43,7 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def read_users_file(path: str) -> dict[str, str]:
     """USER:HASH lines (blank lines and # comments ignored)."""
     users = {}
-    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ValueError(f"--users-file {path}: {error.strerror or error}") from None
+    for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -77,6 +80,8 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The app configuration for parsed flags; raises ValueError when the setup is not safe to serve."""
     from werkzeug.security import generate_password_hash
 
+    from hoptrace.common.grpcutil import secret_from
+
     insecure = bool(getattr(args, "insecure", False))
     config: dict[str, Any] = {
         "DISPATCHER": args.dispatcher,
@@ -98,8 +103,8 @@ def config_from_args(args: argparse.Namespace) -> dict[str, Any]:
         log.warning("--insecure: development login %s/%s", *DEV_USER)
     config["USERS"] = users
     if args.secret_key_file:
-        config["SECRET_KEY"] = Path(args.secret_key_file).read_text().strip()
-    elif not os.environ.get("HOPTRACE_WEB_SECRET_KEY") and not insecure:
+        config["SECRET_KEY"] = secret_from(args, "secret-key", SECRET_KEY_ENV)
+    elif not os.environ.get(SECRET_KEY_ENV) and not insecure:
         raise ValueError("no session key: give --secret-key-file or $HOPTRACE_WEB_SECRET_KEY (or --insecure)")
     return config
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from test_cli_output import cli
+
+from hoptrace.lab.waiting import wait_until
 
 pytestmark = pytest.mark.unit  # no root, no server: make test-unit runs it without root
 
@@ -71,3 +75,143 @@ def test_a_range_longer_than_ten_years_is_refused_naming_the_flag(command: str) 
     """--since 999999999h started before year 1: OverflowError."""
     result = run(cli(command, "t", "--since", "999999999h", *NOWHERE))
     one_line_error(result, 2, "--since", "'999999999h' is longer than the limit of 10 years")
+
+
+# ---- no abbreviations; a secret flag's value never echoed ---------------------------------------------
+
+
+def test_a_token_on_the_collectors_command_line_is_refused_without_echoing_it() -> None:
+    """`--dispatcher-token X` was taken as `--dispatcher-token-file X`: X read as a path, and the traceback
+    printed it."""
+    for argv in (
+        cli("collector", "--insecure", "--dispatcher", "127.0.0.1:9", "--dispatcher-token", SECRET),
+        module(
+            "hoptrace.collector.main",
+            "--insecure",
+            "--dispatcher",
+            "127.0.0.1:9",
+            f"--dispatcher-token={SECRET}",
+        ),
+        cli("dispatcher", "--insecure", "--influx-url", "http://127.0.0.1:9", "--influx-token", SECRET),
+        cli("trace", "ls", *NOWHERE, "--token", SECRET),
+        cli("web", *NOWHERE, "--secret-key", SECRET),
+    ):
+        line = one_line_error(run(argv), 2, "is not taken on the command line")
+        assert "-file FILE" in line, line
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["report", "t", "--sin", "5m"], "--sin"),
+        (["packets", "t", "--slow", "3"], "--slow"),
+        (["trace", "validate", "--off", "-f", "x.yaml"], "--off"),
+        (["collector", "--insecure", "--dispatcher-tok", SECRET], "--dispatcher-tok"),
+    ],
+)
+def test_an_abbreviated_flag_is_refused_and_its_values_not_echoed(argv: list[str], flag: str) -> None:
+    """`--sin` and `--slow` were silently taken for --since and --slowest."""
+    one_line_error(run(cli(*argv, *NOWHERE[:2])), 2, f"unrecognized arguments: {flag}")
+
+
+def test_the_web_refuses_an_abbreviated_flag() -> None:
+    one_line_error(run(cli("web", "--insecure", "--users", "/nope")), 2, "unrecognized arguments: --users")
+
+
+# ---- token files that cannot be read ------------------------------------------------------------------
+
+
+def test_a_missing_token_file_is_named_with_its_flag_and_the_cause(tmp_path: Path) -> None:
+    """A token file that cannot be read was a traceback (collector, dispatcher) or a bare errno."""
+    collector = ["collector", "--insecure", "--dispatcher", "127.0.0.1:9"]
+    dispatcher = ["dispatcher", "--insecure", "--influx-url", "http://127.0.0.1:9"]
+    cases = [
+        (cli("trace", "ls", *NOWHERE, "--token-file", "/nope"), {}, "--token-file /nope: No such file"),
+        (
+            cli("trace", "ls", *NOWHERE),
+            {"HOPTRACE_TOKEN_FILE": "/nope"},
+            "--token-file /nope ($HOPTRACE_TOKEN_FILE): No such file",
+        ),
+        (
+            cli(*collector, "--dispatcher-token-file", "/nope"),
+            {},
+            "--dispatcher-token-file /nope: No such file",
+        ),
+        (cli(*dispatcher, "--influx-token-file", "/nope"), {}, "--influx-token-file /nope: No such file"),
+        (cli("web", *NOWHERE, "--token-file", str(tmp_path)), {}, f"--token-file {tmp_path}: Is a directory"),
+        (cli("web", *NOWHERE, "--secret-key-file", "/nope"), {}, "--secret-key-file /nope: No such file"),
+        (cli("web", *NOWHERE, "--users-file", "/nope"), {}, "--users-file /nope: No such file"),
+    ]
+    for argv, env, words in cases:
+        one_line_error(run(argv, **env), 1, words)
+
+
+# ---- one error path per program -----------------------------------------------------------------------
+
+
+def test_an_expected_failure_is_one_line_and_an_unexpected_one_says_how_to_see_more(capsys) -> None:
+    from hoptrace.common.entry import CliError, run_command
+
+    def unexpected() -> int:
+        raise KeyError("nobody expected this")
+
+    def expected() -> int:
+        raise CliError("--flag x: what went wrong")
+
+    assert run_command(expected) == 1
+    assert capsys.readouterr().err == "error: --flag x: what went wrong\n"
+    assert run_command(unexpected) == 1
+    assert capsys.readouterr().err == (
+        "error: internal error: KeyError: 'nobody expected this' (set HOPTRACE_DEBUG=1 for the traceback)\n"
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOPTRACE_DEBUG", "1")
+        assert run_command(unexpected) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    assert run_command(interrupted) == 130
+    assert capsys.readouterr().err == ""
+
+
+# The collector's spool cannot be made: it fails before it serves anything.
+UNUSABLE_SPOOL = ["--insecure", "--listen", "127.0.0.1:0", "--clock-listen=", "--metrics-listen="]
+UNUSABLE_SPOOL += ["--spool-dir", "/dev/null/spool"]
+
+
+@pytest.mark.parametrize(
+    "argv", [cli("collector", *UNUSABLE_SPOOL), module("hoptrace.collector.main", *UNUSABLE_SPOOL)]
+)
+def test_a_server_that_cannot_start_says_why_in_one_line(argv: list[str]) -> None:
+    one_line_error(run(argv), 1, "/dev/null/spool")
+
+
+def test_the_web_says_a_bad_certificate_in_one_line(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate\n")
+    one_line_error(
+        run(cli("web", "--dispatcher", "127.0.0.1:9", "--ca", str(ca), "--cert", str(ca), "--key", str(ca))),
+        1,
+        str(ca),
+    )
+
+
+def test_ctrl_c_ends_a_command_quietly_with_130() -> None:
+    """A spec read from stdin that never comes, interrupted."""
+    process = subprocess.Popen(
+        cli("trace", "validate", "--offline", "-f", "-"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        syscall = Path(f"/proc/{process.pid}/syscall")
+        wait_until(lambda: syscall.read_text().startswith("0 0x0 "), "the CLI reading stdin", 30)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and stderr == "", (process.returncode, stderr)
