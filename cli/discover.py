@@ -15,6 +15,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from hoptrace.cli.api import CliError, client_of
+from hoptrace.cli.traces import read_spec_file
 from hoptrace.common.durations import parse_duration
 from hoptrace.results.path_view import path_data, paths_text, segment_data
 from hoptrace.spec import SpecError, load_spec, spec_to_data, spec_to_yaml
@@ -69,7 +70,7 @@ def request_of(args: argparse.Namespace) -> api_pb2.DiscoverRequest:
     """The DiscoverRequest the flags describe (flags override the filter of -f)."""
     flt = trace_pb2.Filter()
     if args.file:
-        text = sys.stdin.buffer.read() if args.file == "-" else _read(args.file)
+        text = read_spec_file(args.file)
         try:
             # A spec without hops is not valid as a trace, but its filter is all discover needs.
             flt.CopyFrom(load_spec(text).filter)
@@ -90,14 +91,6 @@ def request_of(args: argparse.Namespace) -> api_pb2.DiscoverRequest:
         packets=max(args.packets, 0),
         name=name,
     )
-
-
-def _read(path: str) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except OSError as error:
-        raise CliError(f"cannot read {path}: {error.strerror}") from None
 
 
 def _filter_only(text: bytes) -> trace_pb2.Filter:

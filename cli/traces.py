@@ -4,24 +4,32 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from hoptrace.cli.api import CliError, client_of
 from hoptrace.cli.table import table
 from hoptrace.results.format import timestamp_text
 from hoptrace.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
+from hoptrace.spec.spec import MAX_SPEC_BYTES
 from hoptrace.v1 import api_pb2, trace_pb2
 
 
 def read_spec_file(path: str) -> bytes:
-    """The spec file's bytes ('-' = stdin); load_spec decodes them and says so when they are not text."""
-    if path == "-":
-        return sys.stdin.buffer.read()
+    """The spec file's bytes ('-' = stdin), at most MAX_SPEC_BYTES: one byte more is read to refuse a
+    longer file (or an endless one, /dev/zero) by its name and the limit. load_spec decodes them and says
+    so when they are not text."""
+    shown = "stdin" if path == "-" else path
     try:
-        return Path(path).read_bytes()
+        if path == "-":
+            data = sys.stdin.buffer.read(MAX_SPEC_BYTES + 1)
+        else:
+            with open(path, "rb") as file:
+                data = file.read(MAX_SPEC_BYTES + 1)
     except OSError as error:
-        raise CliError(f"cannot read {path}: {error.strerror}") from None
+        raise CliError(f"cannot read {shown}: {error.strerror or error}") from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise CliError(f"{shown}: more than {MAX_SPEC_BYTES} bytes: a trace spec is at most {MAX_SPEC_BYTES}")
+    return data
 
 
 def load_spec_file(path: str) -> trace_pb2.TraceSpec:

@@ -14,6 +14,7 @@ import pytest
 from test_cli_output import cli
 
 from hoptrace.lab.waiting import wait_until
+from hoptrace.spec.spec import MAX_SPEC_BYTES
 
 pytestmark = pytest.mark.unit  # no root, no server: make test-unit runs it without root
 
@@ -144,6 +145,27 @@ def test_a_missing_token_file_is_named_with_its_flag_and_the_cause(tmp_path: Pat
     ]
     for argv, env, words in cases:
         one_line_error(run(argv, **env), 1, words)
+
+
+# ---- spec files: at most MAX_SPEC_BYTES read ----------------------------------------------------------
+
+
+def test_an_endless_spec_file_is_refused_after_the_limit() -> None:
+    """`trace apply -f /dev/zero` read until MemoryError."""
+    limit = f"more than {MAX_SPEC_BYTES} bytes"
+    one_line_error(run(cli("trace", "validate", "--offline", "-f", "/dev/zero")), 1, "/dev/zero", limit)
+    one_line_error(run(cli("trace", "apply", *NOWHERE, "-f", "/dev/zero")), 1, "/dev/zero", limit)
+    with open("/dev/zero", "rb") as zero:
+        one_line_error(
+            run(cli("trace", "validate", "--offline", "-f", "-"), stdin=zero.fileno()), 1, "stdin", limit
+        )
+    with open("/dev/zero", "rb") as zero:
+        one_line_error(
+            run(cli("discover", *NOWHERE, "--src", "198.18.0.1", "-f", "-"), stdin=zero.fileno()),
+            1,
+            "stdin",
+            limit,
+        )
 
 
 # ---- one error path per program -----------------------------------------------------------------------
