@@ -23,14 +23,28 @@ from hoptrace.v1 import api_pb2, trace_pb2
 
 
 def duration_argument(text: str) -> float:
-    """A --duration value (5s, 500ms, 1m) in seconds."""
+    """A --duration value (5s, 500ms, 1m) in seconds, more than 0."""
     try:
         seconds = parse_duration(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: want a duration such as 5s or 500ms") from None
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error}; want a duration such as 5s or 500ms") from None
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: want a duration > 0")
     return seconds
+
+
+def count_argument(text: str) -> int:
+    """A --packets value: a whole number, more than 0."""
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a number of packets > 0")
+    return int(text)
+
+
+def port_argument(text: str) -> int:
+    """A --src-port/--dst-port value: 1 to 65535."""
+    if not text.isdigit() or not 0 < int(text) < 1 << 16:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a port from 1 to 65535")
+    return int(text)
 
 
 def add_parser(subparsers: Any, client: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -49,15 +63,17 @@ def add_parser(subparsers: Any, client: argparse.ArgumentParser) -> argparse.Arg
     parser.add_argument("--protocol", choices=("udp", "tcp"), help="the flow's protocol")
     parser.add_argument("--src", help="source address or CIDR (required: the sender's namespace tags)")
     parser.add_argument("--dst", help="destination address or CIDR")
-    parser.add_argument("--src-port", type=int, default=0, help="source port")
-    parser.add_argument("--dst-port", type=int, default=0, help="destination port")
+    parser.add_argument("--src-port", type=port_argument, default=0, help="source port")
+    parser.add_argument("--dst-port", type=port_argument, default=0, help="destination port")
     parser.add_argument(
         "--node", action="append", default=[], help="look on this node (repeat; default: all)"
     )
     parser.add_argument(
         "--duration", type=duration_argument, default=5.0, help="how long to look (default 5s)"
     )
-    parser.add_argument("--packets", type=int, default=0, help="stop once N tagged packets were seen")
+    parser.add_argument(
+        "--packets", type=count_argument, default=0, metavar="N", help="stop once N tagged packets were seen"
+    )
     parser.add_argument("--name", default="", help="name of the printed spec (default: discovered)")
     parser.add_argument("--apply", metavar="NAME", help="apply the discovered spec as trace NAME")
     parser.add_argument("--json", action="store_true", help="print JSON: the spec and every path")
@@ -88,7 +104,7 @@ def request_of(args: argparse.Namespace) -> api_pb2.DiscoverRequest:
         filter=flt,
         nodes=args.node,
         duration_ms=int(round(args.duration * 1000)),
-        packets=max(args.packets, 0),
+        packets=args.packets,
         name=name,
     )
 

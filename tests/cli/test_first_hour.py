@@ -237,3 +237,21 @@ def test_ctrl_c_ends_a_command_quietly_with_130() -> None:
     finally:
         process.kill()
     assert process.returncode == 130 and stderr == "", (process.returncode, stderr)
+
+
+# ---- discover's counts and durations ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--packets", "-1"),
+        ("--packets", "0"),
+        ("--duration", "0s"),
+        ("--src-port", "-1"),
+        ("--dst-port", "70000"),
+    ],
+)
+def test_discover_refuses_a_count_or_duration_out_of_range_naming_the_flag(flag: str, value: str) -> None:
+    result = run(cli("discover", *NOWHERE, "--src", "198.18.0.1", f"{flag}={value}"))
+    one_line_error(result, 2, f"argument {flag}", repr(value))
