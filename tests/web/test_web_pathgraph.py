@@ -34,9 +34,9 @@ from hoptrace.results.report_view import latency_text, report_from_proto
 from hoptrace.v1 import api_pb2, trace_pb2
 from hoptrace.web import create_app
 
-TRACE = "web-graph"
 pytestmark = pytest.mark.kernel  # running_cluster's agents load BPF here
 
+TRACE = "web-graph"
 
 
 class RecordDiscover(grpc.UnaryStreamClientInterceptor):
