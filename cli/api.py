@@ -4,14 +4,16 @@ CliError (hoptrace.common.entry), which `hoptrace` prints as one line, exit 1.""
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hoptrace.common.client import ApiClient
-from hoptrace.common.entry import CliError
+from hoptrace.common.entry import ArgumentParser, CliError, run_command
 from hoptrace.common.grpcutil import TOKEN_ENV, api_channel, secret_from
 from hoptrace.common.tlscheck import check_tls_files
 
-__all__ = ["CliError", "client_of"]
+__all__ = ["CliError", "client_of", "run_standalone"]
 
 
 def client_of(args: argparse.Namespace) -> ApiClient:
@@ -34,3 +36,13 @@ def client_of(args: argparse.Namespace) -> ApiClient:
             raise CliError(f"cannot set up the connection to {args.dispatcher}: {error}") from None
 
     return ApiClient(args.dispatcher, channel)
+
+
+def run_standalone(add_parser: Callable[[Any], Any], command: str, argv: Sequence[str] | None) -> int:
+    """A command group's own entry point (``python -m hoptrace.cli.mace ARGS``): `argv` (default
+    sys.argv[1:]) parsed as ``hoptrace COMMAND ARGS`` by the parser `add_parser` registers, then run as
+    `hoptrace` runs it."""
+    parser = ArgumentParser(prog="hoptrace")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    return run_command(lambda: args.func(args))

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hoptrace.cli.api import CliError, run_standalone
 from hoptrace.cli.mace import agent_binary, is_remote, run_remote_preset
-from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.grpcutil import INFLUX_TOKEN_ENV, add_secret_argument, secret_from
 
 
@@ -118,19 +118,15 @@ def cmd_iron(args: argparse.Namespace) -> int:
         return 0
     try:
         report = run_iron(args.duration, args.host_netns, influx)
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        raise CliError(str(error)) from None
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: ``python -m hoptrace.cli.iron ARGS``."""
-    parser = ArgumentParser(prog="hoptrace")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["iron", *(sys.argv[1:] if argv is None else argv)])
-    return run_command(lambda: args.func(args))
+    return run_standalone(add_parser, "iron", argv)
 
 
 if __name__ == "__main__":

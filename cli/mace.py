@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hoptrace.cli.api import CliError, client_of
-from hoptrace.common.entry import ArgumentParser, run_command
+from hoptrace.cli.api import CliError, client_of, run_standalone
 from hoptrace.common.netns import inet_checksum, netns_path, socket_in_netns
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -369,36 +368,27 @@ def cmd_mace(args: argparse.Namespace) -> int:
     """Run ``hoptrace mace``: on this machine, or with a remote ``--node`` through the dispatcher."""
     if is_remote(args.node):
         if args.ping or args.packets:
-            print(
-                f"error: --node {args.node}: --ping and --packets run on this machine only", file=sys.stderr
-            )
-            return 1
+            raise CliError(f"--node {args.node}: --ping and --packets run on this machine only")
         report = {"summary": run_remote_preset(args, "mace", remote_mace_args(args))}
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         return 0
     if args.container.startswith(("container:", "pod:")):
         # Names of workloads are the agents' inventories, which the dispatcher holds: not this process.
-        print(
-            f"error: --container {args.container}: a container or pod is resolved by the dispatcher from "
-            "the node's inventory: add --node NODE (and the dispatcher's flags), or pass its netns or a PID",
-            file=sys.stderr,
+        raise CliError(
+            f"--container {args.container}: a container or pod is resolved by the dispatcher from "
+            "the node's inventory: add --node NODE (and the dispatcher's flags), or pass its netns or a PID"
         )
-        return 1
     try:
         report = run(args)
-    except (RuntimeError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    except RuntimeError as error:
+        raise CliError(str(error)) from None
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: ``python -m hoptrace.cli.mace ARGS``."""
-    parser = ArgumentParser(prog="hoptrace")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["mace", *(sys.argv[1:] if argv is None else argv)])
-    return run_command(lambda: args.func(args))
+    return run_standalone(add_parser, "mace", argv)
 
 
 if __name__ == "__main__":
