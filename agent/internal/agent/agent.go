@@ -223,14 +223,16 @@ func (s *stage) wait(timeout time.Duration) (inTime bool) {
 
 // running is one agent between start and shutdown.
 type running struct {
-	cfg                            Config
-	plan                           *pb.TracePlan
-	out                            *output.Writer
-	outFile                        *os.File
-	metricsLis                     net.Listener
-	mgr                            *tracer.Manager
-	mgrClosed                      bool
-	queue, collectorQueue          *stream.Queue
+	cfg        Config
+	plan       *pb.TracePlan
+	out        *output.Writer
+	outFile    *os.File
+	metricsLis net.Listener
+	mgr        *tracer.Manager
+	mgrClosed  bool
+	// printQueue feeds the JSON printer, sendQueue the collector stream or
+	// the Kafka producer: each sink takes every batch from a queue of its own.
+	printQueue, sendQueue          *stream.Queue
 	nodeClock                      *clock.Node
 	client                         *collector.Client
 	producer                       *kafka.Producer
@@ -278,17 +280,24 @@ func start(cfg Config) (*running, error) {
 			cfg.Log.Warn("no /metrics (pass a free --metrics-listen, or \"\" to turn it off)", "err", err)
 		}
 	}
-	a.queue = stream.NewQueue(cfg.BufferBytes)
-	a.mgr, err = tracer.New(tracer.Config{Node: cfg.Node, Netns: cfg.Netns, BaseDir: baseDir, RingBytes: cfg.RingBytes, Queue: a.queue})
+	// The batches fan out to every sink's queue: a sink that falls behind
+	// drops (and counts) from its own queue and never holds back the others.
+	var sinks []*stream.Queue
+	if a.out != nil {
+		a.printQueue = stream.NewQueue(cfg.BufferBytes)
+		sinks = append(sinks, a.printQueue)
+	}
+	if cfg.Collector != "" || cfg.Kafka != nil || a.out == nil {
+		// Without any sink nothing takes from it: it fills, and drops its
+		// oldest batches, counted, as /metrics shows.
+		a.sendQueue = stream.NewQueue(cfg.BufferBytes)
+		sinks = append(sinks, a.sendQueue)
+	}
+	a.mgr, err = tracer.New(tracer.Config{Node: cfg.Node, Netns: cfg.Netns, BaseDir: baseDir, RingBytes: cfg.RingBytes,
+		Out: stream.NewFanout(sinks...)})
 	if err != nil {
 		a.close()
 		return nil, err
-	}
-	// When both a printer and a collector want the records, the printer
-	// consumes the queue and forwards to the collector's own queue.
-	a.collectorQueue = a.queue
-	if a.out != nil && (cfg.Collector != "" || cfg.Kafka != nil) {
-		a.collectorQueue = stream.NewQueue(cfg.BufferBytes)
 	}
 	// The node's clock: the monotonic->realtime mapping always, Cristian
 	// rounds against the collector's time service when there is one.
@@ -297,7 +306,7 @@ func start(cfg Config) (*running, error) {
 	if a.nodeClock.Source().Simulated() {
 		cfg.Log.Warn("SIMULATED clock error", "offset", cfg.ClockOffset, "drift_ppm", cfg.ClockDriftPPM)
 	}
-	batcher := transport.Batcher{Node: cfg.Node, Queue: a.collectorQueue, Counters: a.mgr.Counters, Clock: a.nodeClock.NodeClock}
+	batcher := transport.Batcher{Node: cfg.Node, Queue: a.sendQueue, Counters: a.mgr.Counters, Clock: a.nodeClock.NodeClock}
 	if cfg.Kafka != nil {
 		if cfg.ClockServer == "" {
 			cfg.Log.Warn("no --clock-server with --kafka-brokers: records carry no clock offset; name a collector's time service (host:7123)")
@@ -331,11 +340,13 @@ func (a *running) close() {
 
 // parts are what /metrics and the heartbeat's transport status read.
 func (a *running) parts() parts {
-	queues := []*stream.Queue{a.queue}
-	if a.collectorQueue != a.queue {
-		queues = append(queues, a.collectorQueue)
+	var queues []*stream.Queue
+	for _, q := range []*stream.Queue{a.printQueue, a.sendQueue} {
+		if q != nil {
+			queues = append(queues, q)
+		}
 	}
-	return parts{mgr: a.mgr, queues: queues, outQueue: a.collectorQueue, clock: a.nodeClock,
+	return parts{mgr: a.mgr, queues: queues, outQueue: queues[len(queues)-1], clock: a.nodeClock,
 		client: a.client, producer: a.producer, session: a.sess, clockSync: a.cfg.ClockServerAddr() != "", verifier: a.verifier}
 }
 
@@ -352,26 +363,22 @@ func (a *running) startAux() {
 	})
 }
 
-// startRecords runs the printer and the collector stream: they take records
-// from the queue until it is closed and drained (or the stage is cancelled).
+// startRecords runs the sinks, the printer and the collector stream (or the
+// Kafka producer): each takes records from its own queue until the queue is
+// closed and drained (or the stage is cancelled).
 func (a *running) startRecords() {
 	ctx := a.records.ctx
 	if a.out != nil {
 		a.records.g.Go(func() error {
 			for {
-				b := a.queue.Pop(ctx)
+				b := a.printQueue.Pop(ctx)
 				if b == nil {
-					if a.collectorQueue != a.queue {
-						a.collectorQueue.Close()
-					}
 					return nil
 				}
 				if err := a.out.Records(b.Trace, b.Records, func(i uint16) string { return a.mgr.HopName(b.Trace, i) }); err != nil {
 					a.cfg.Log.Error("write records", "err", err)
 				}
-				if a.collectorQueue != a.queue {
-					a.collectorQueue.Push(b)
-				}
+				b.Release()
 			}
 		})
 	}

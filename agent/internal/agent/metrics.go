@@ -17,8 +17,8 @@ import (
 // parts are what /metrics reads from; nil members are left out.
 type parts struct {
 	mgr       *tracer.Manager
-	queues    []*stream.Queue // every queue a record passes through
-	outQueue  *stream.Queue   // the one toward the collector (or the printer)
+	queues    []*stream.Queue // every sink's queue (the printer's, the collector's or Kafka's)
+	outQueue  *stream.Queue   // the one toward the collector or Kafka (else the printer's)
 	clock     *clock.Node
 	client    *collector.Client
 	producer  *kafka.Producer
@@ -70,7 +70,7 @@ func newRegistry(p parts) *metrics.Registry {
 
 	hops := func() []tracer.TraceCounters { return p.mgr.Counters() }
 	r.CounterVec("hoptrace_agent_records_dropped_total",
-		"Records lost, by reason: queue_full (the agent's bound, oldest dropped), ringbuf_full (the kernel could not reserve; per-hop counters summed), unrouted (no running trace for the slot).",
+		"Records lost, by reason: queue_full (the agent's bound, oldest dropped; each sink's queue counts its own), ringbuf_full (the kernel could not reserve; per-hop counters summed), unrouted (no running trace for the slot).",
 		func() []metrics.Sample {
 			var queued uint64
 			for _, q := range p.queues {

@@ -33,13 +33,12 @@ func transportStatus(p parts) *pb.TransportStatus {
 	return st
 }
 
-// droppedRecords: what the agent gave up on the way out (its queues' bound,
-// messages the brokers refused); the kernel's ring-buffer losses are per hop.
+// droppedRecords: what the agent gave up on the way out (the bound of the
+// queue toward the collector or Kafka, messages the brokers refused); the
+// kernel's ring-buffer losses are per hop, and the printer's queue drops only
+// its own copies.
 func droppedRecords(p parts) uint64 {
-	var n uint64
-	for _, q := range p.queues {
-		n += q.Dropped()
-	}
+	n := p.outQueue.Dropped()
 	if p.producer != nil {
 		n += p.producer.Stats().RecordsFailed
 	}

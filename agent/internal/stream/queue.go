@@ -1,13 +1,16 @@
 // Package stream moves records from the agent's one ring buffer to its
 // consumers: a Reader routes raw records by trace_slot into per-trace
 // batches (flushed at N records or after 100 ms), and a bounded Queue holds
-// the batches until the collector (or the standalone printer) takes them.
+// the batches until their consumer takes them: the collector stream or the
+// Kafka producer, the standalone printer, or, through a Fanout, each of them
+// from a queue of its own.
 package stream
 
 import (
 	"context"
 	"encoding/binary"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
@@ -25,6 +28,9 @@ type Batch struct {
 	// Seq is the batch_seq once the batch was first sent; a batch resent
 	// after a reconnect keeps it, so the collector can drop duplicates.
 	Seq uint64
+	// shares counts the sinks still holding this batch's records when a
+	// Fanout gave each its own Batch over them; nil = one holder.
+	shares *atomic.Int32
 }
 
 // OldestTs is the ts_ns of the oldest record waiting in the queue (the first
@@ -53,8 +59,13 @@ func newRecordBuffer(size int) []byte {
 }
 
 // Release gives the batch's record buffer back for a later batch, once the
-// batch is sent and no resend can need it; the batch is empty afterwards.
+// batch is sent and no resend can need it (and, for a batch a Fanout shared,
+// once every sink released its own); the batch is empty afterwards.
 func (b *Batch) Release() {
+	if b.shares != nil && b.shares.Add(-1) > 0 {
+		b.Records = nil
+		return
+	}
 	if cap(b.Records) > 0 {
 		buf := b.Records[:0]
 		recordBuffers.Put(&buf)

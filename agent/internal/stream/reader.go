@@ -31,7 +31,7 @@ type route struct {
 // Reader reads the agent's ring buffer and routes records by trace_slot.
 type Reader struct {
 	rd         *ringbuf.Reader
-	out        *Queue
+	out        Sink
 	maxRecords int
 	flushEvery time.Duration
 
@@ -51,7 +51,7 @@ type Reader struct {
 }
 
 // NewReader opens a reader on the records ring buffer; batches go to out.
-func NewReader(records *ebpf.Map, out *Queue, maxRecords int, flushEvery time.Duration) (*Reader, error) {
+func NewReader(records *ebpf.Map, out Sink, maxRecords int, flushEvery time.Duration) (*Reader, error) {
 	rd, err := ringbuf.NewReader(records)
 	if err != nil {
 		return nil, fmt.Errorf("ring buffer reader: %w", err)

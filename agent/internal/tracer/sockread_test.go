@@ -283,7 +283,7 @@ func TestUprobeBadTargets(t *testing.T) {
 	}
 	for _, c := range cases {
 		q := stream.NewQueue(0)
-		m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+		m, err := New(Config{Node: "n1", Out: q, FlushEvery: 20 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

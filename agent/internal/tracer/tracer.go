@@ -32,8 +32,9 @@ type Config struct {
 	BaseDir string
 	// RingBytes sizes the records ring buffer (power of two, page multiple).
 	RingBytes uint32
-	// Queue receives the record batches.
-	Queue        *stream.Queue
+	// Out receives the record batches: a Queue, or a Fanout to several
+	// (nil: a Queue of its own). Close closes it.
+	Out          stream.Sink
 	BatchRecords int
 	FlushEvery   time.Duration
 }
@@ -81,14 +82,14 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.RingBytes == 0 {
 		cfg.RingBytes = DefaultRingBytes
 	}
-	if cfg.Queue == nil {
-		cfg.Queue = stream.NewQueue(0)
+	if cfg.Out == nil {
+		cfg.Out = stream.NewQueue(0)
 	}
 	records, err := ebpf.NewMap(&ebpf.MapSpec{Name: "ht_records", Type: ebpf.RingBuf, MaxEntries: cfg.RingBytes})
 	if err != nil {
 		return nil, fmt.Errorf("create records ring buffer (%d bytes): %w", cfg.RingBytes, err)
 	}
-	rd, err := stream.NewReader(records, cfg.Queue, cfg.BatchRecords, cfg.FlushEvery)
+	rd, err := stream.NewReader(records, cfg.Out, cfg.BatchRecords, cfg.FlushEvery)
 	if err != nil {
 		records.Close()
 		return nil, err
@@ -98,9 +99,6 @@ func New(cfg Config) (*Manager, error) {
 		traces: map[string]*Trace{}, slots: map[uint16]bool{}, nextSlot: 1,
 		hopNames: map[string]map[uint16]string{}}, nil
 }
-
-// Queue is where record batches go.
-func (m *Manager) Queue() *stream.Queue { return m.cfg.Queue }
 
 // Records is the agent's ring buffer.
 func (m *Manager) Records() *ebpf.Map { return m.records }
@@ -418,7 +416,7 @@ func (m *Manager) Close() error {
 	if m.sockReadLast != nil {
 		m.sockReadLast.Close()
 	}
-	m.cfg.Queue.Close()
+	m.cfg.Out.Close()
 	return err
 }
 

@@ -139,7 +139,7 @@ func TestAttachRecordsAndDetach(t *testing.T) {
 	tu.RequireRoot(t)
 	p := tu.NewVethPair(t, "198.18.40")
 	q := stream.NewQueue(0)
-	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+	m, err := New(Config{Node: "n1", Out: q, FlushEvery: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestKernelFunctionHops(t *testing.T) {
 			refusal := attach.KernelFunctionRefusal(kind)
 			if refusal != "" {
 				q := stream.NewQueue(0)
-				m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+				m, err := New(Config{Node: "n1", Out: q, FlushEvery: 20 * time.Millisecond})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -609,7 +609,7 @@ func childAgent() {
 func newTestManager(t *testing.T) (*Manager, *stream.Queue) {
 	t.Helper()
 	q := stream.NewQueue(0)
-	m, err := New(Config{Node: "n1", Queue: q, FlushEvery: 20 * time.Millisecond})
+	m, err := New(Config{Node: "n1", Out: q, FlushEvery: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
