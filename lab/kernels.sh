@@ -30,12 +30,16 @@ for suite in "$@"; do
 	fi
 	echo "kernel $release ($suite): fetching $image-unsigned"
 	(cd "$state/cache/archives" && apt-get -qq "${apt_opts[@]}" download "$image-unsigned")
-	tree=$(mktemp -d)
-	dpkg-deb -x "$state/cache/archives/${image}-unsigned_"*.deb "$tree"
 	mkdir -p "$out/$release" /lib/modules
+	# Unpacked beside /lib/modules (one file system: the rename below is atomic). A release's module tree
+	# already there stays: it is this package's, and guests of another checkout may be reading it (a tree
+	# replaced under a running guest's /lib overlay fails its module loads: "Unknown device type").
+	tree=$(mktemp -d /lib/modules/.hoptrace-kernel-XXXXXX)
+	dpkg-deb -x "$state/cache/archives/${image}-unsigned_"*.deb "$tree"
 	cp "$tree/boot/vmlinuz-$release" "$out/$release/vmlinuz"
-	rm -rf "/lib/modules/$release"
-	mv "$tree/lib/modules/$release" "/lib/modules/$release"
+	if [ ! -d "/lib/modules/$release" ]; then
+		mv "$tree/lib/modules/$release" "/lib/modules/$release"
+	fi
 	rm -rf "$tree"
 	echo "$suite" >"$out/$release/suite"
 done
