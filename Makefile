@@ -197,7 +197,7 @@ test-unit: setup ## the pure tests (marker unit), as an unprivileged user
 # The root tiers (tests/conftest.py gives each test its tiers; docs/testing.md says what each needs and
 # takes). Each test is in exactly one of test-unit and these (tests/test_tiers.py checks it).
 PYTEST := $(PY) -m pytest -v --durations=25
-TIER_ROOT := root and not (vm or browser or docker or kafka)
+TIER_ROOT := root and not (vm or browser or docker or kafka or k8s)
 TIER_VM := vm
 TIER_BROWSER := browser and not vm
 TIER_DOCKER := docker and not (vm or browser)
@@ -228,7 +228,7 @@ test: setup build proto-check lint test-unit ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
 	@# the _floor variants (kernels 5.10-5.17), proven here on a fast kernel too
 	cd agent && HOPTRACE_FLOOR=1 go test -count=1 ./internal/loader ./internal/tracer
-	$(PYTEST) tests --ignore=tests/deploy/test_compose.py
+	$(PYTEST) tests --ignore=tests/deploy/test_compose.py --ignore=tests/k8s
 	$(MAKE) --no-print-directory compose-test
 	$(MAKE) --no-print-directory fuzz FUZZ_TIME=50000x FUZZ_EXAMPLES=1000
 	$(PY) bench/run.py --quick
@@ -272,7 +272,7 @@ bench: setup build ## every benchmark, full size (~12 min): bench/results/<time>
 	$(PY) bench/run.py --full
 
 .PHONY: bench-quick
-bench-quick: setup build ## every benchmark at a tiny size (~2 min); make test runs it to keep them working
+bench-quick: setup build ## every benchmark at a tiny size, every other bench script once (SMOKE_RUNS); make test runs it
 	$(PY) bench/run.py --quick
 
 .PHONY: demo-guest
@@ -281,9 +281,31 @@ demo-guest: setup build ## make demo inside a guest of GUEST_KERNEL (5.10, 6.1, 
 	$(PY) -m hoptrace.lab.vm $(GUEST_KERNEL) --demo --log .tools/demo-guest-$(GUEST_KERNEL).log
 
 .PHONY: demo
+# Ctrl-C is how `DEMO_ARGS=--keep` ends: the demo cleans up and exits 130, which is no error of make's (the
+# recipe's shell ignores SIGINT; the demo sets its own handler).
 demo: setup build ## two emulated hosts, a traced UDP flow, the per-hop decomposition
-	$(PY) -m hoptrace.cli.demo $(DEMO_ARGS)
+	trap '' INT; $(PY) -m hoptrace.cli.demo $(DEMO_ARGS) || [ $$? -eq 130 ]
 
 .PHONY: clean
 clean: ## remove build output
 	rm -rf $(BPF_BUILD) agent/bin
+
+## ---- Kubernetes lab cluster (lab/kubernetes.py) ---------------------------
+# kube-apiserver, kube-controller-manager, kube-scheduler, the kubelet, kube-proxy, kubectl and etcd built
+# from the Go module proxy at the k8s.io/kubernetes version lab/kubernetes/go.mod pins, once per version
+# into .tools/k8s/VERSION (docs/kubernetes-lab.md has the build times). containerd, runc and the CNI
+# plugins are Debian's (APT_PACKAGES).
+K8S_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2}' lab/kubernetes/go.mod)
+K8S_TOOLS := .tools/k8s/$(K8S_VERSION)
+TIER_K8S := k8s
+
+.PHONY: k8s-tools
+k8s-tools: .tools/apt.stamp $(K8S_TOOLS)/kubectl ## build Kubernetes' commands and etcd into .tools/k8s/VERSION (once per version)
+
+# build.sh fills VERSION.partial and renames it: kubectl exists only when every command does.
+$(K8S_TOOLS)/kubectl:
+	bash lab/kubernetes/build.sh $(K8S_TOOLS)
+
+.PHONY: test-k8s
+test-k8s: setup k8s-tools ## a one-node Kubernetes cluster: a pod behind a ClusterIP Service, reached byte for byte
+	$(PYTEST) -m '$(TIER_K8S)' tests

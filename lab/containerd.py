@@ -103,7 +103,7 @@ class PrivateContainerd:
             raise ContainerdLabError("the CRI lab did not start in time")
         made = json.loads(line)
         self.socket = made["socket"]
-        for pod in made["pods"]:
+        for pod in made["pods"] or []:  # null: no pods asked for
             cri_pod = CriPod(**pod)
             self.made[f"{cri_pod.namespace}/{cri_pod.name}"] = cri_pod
         return self

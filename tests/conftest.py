@@ -29,6 +29,7 @@ _PREFIXES: set[str] = set()
 FOLDER_TIERS: dict[str, tuple[str, ...]] = {
     "e2e": ("kernel",),
     "kafka": ("kernel", "kafka"),
+    "k8s": ("k8s", "slow"),
     "kernels": ("vm", "slow"),
     "presets": ("kernel",),
     "security": ("kernel",),
