@@ -233,9 +233,12 @@ def test_ctrl_c_ends_a_command_quietly_with_130() -> None:
         syscall = Path(f"/proc/{process.pid}/syscall")
         wait_until(lambda: syscall.read_text().startswith("0 0x0 "), "the CLI reading stdin", 30)
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        # stdin stays open: an EOF would end the read too, and the test would race the signal against it.
+        process.wait(timeout=30)
+        stderr = process.stderr.read()
     finally:
         process.kill()
+        process.stdin.close()
     assert process.returncode == 130 and stderr == "", (process.returncode, stderr)
 
 
