@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from hoptrace.common.client import ApiClient
 from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.timeouts import scaled
 from hoptrace.lab.localcluster import LocalCluster
@@ -28,7 +29,6 @@ from hoptrace.lab.topology import TwoHostTopology
 from hoptrace.lab.workloads import sockperf
 from hoptrace.results.report_view import render_text, report_from_proto
 from hoptrace.spec import spec_to_yaml
-from hoptrace.v1 import api_pb2
 
 # sockperf's count of the messages its client sent in the whole run (warm-up included): the datagrams
 # c1 sent to c2, each of which the trace follows.
@@ -67,11 +67,10 @@ def wait_for_report(
     the packet counts that reach it). After `timeout_s` (scaled), the report as it stands: its counts then
     show what is missing."""
     deadline = time.monotonic() + scaled(timeout_s)
+    client = ApiClient(cluster.dispatcher_addr, cluster.channel)
     while True:
         cluster.check_running()
-        request = api_pb2.GetReportRequest(trace=trace)
-        request.start.FromSeconds(int(time.time()) - REPORT_SINCE_S)
-        report = report_from_proto(cluster.api().GetReport(request, timeout=scaled(30)))
+        report = report_from_proto(client.report(trace, REPORT_SINCE_S))
         segments = [*report["segments"], report["end_to_end"]]
         accounted = report["packets"] >= packets and all(s["count"] >= report["complete"] for s in segments)
         if accounted or time.monotonic() > deadline:
@@ -167,13 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up")
             # Not signal.pause(): a signal landing between the interpreter's check before that call and
             # pause(2) itself would wait for the next one. A 1 s sleep handles it within a second.
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                return (
-                    0  # Ctrl-C is how --keep ends: a finished demo, not an interrupted one (make: no error)
-                )
+            while True:
+                time.sleep(1)
         return 0
     except KeyboardInterrupt:
         return 130
