@@ -8,7 +8,7 @@ the host's own iptables, FORWARD policy and ip_forward are never touched. Addres
 198.18.0.0/15, nothing routes out):
 
     NODE_IP        198.18.244.1   the node's InternalIP (on its lo), where the API server listens
-    POD_SUBNET     198.18.242.0/24  the CNI bridge's pods (the bridge holds .1, the node's side)
+    POD_SUBNET     198.18.242.0/24  the CNI bridge's pods; the bridge holds .1, their gateway to ClusterIPs
     SERVICE_RANGE  198.19.128.0/20  ClusterIPs (the API server's `kubernetes` Service is .1)
 
 The Kubernetes commands come from `make k8s-tools` (.tools/k8s/VERSION, built from the Go module proxy at the
@@ -526,6 +526,7 @@ class KubernetesLab:
         step = time.monotonic()
         with _thread_in_netns(self.netns_path):
             self._containerd = PrivateContainerd(pods=[], bridge=BRIDGE, subnet=POD_SUBNET).start()
+        self._write_cni_config()
         # The node's side of the pod bridge: the CNI bridge plugin adopts a bridge of its name as it is.
         _ip("link", "add", BRIDGE, "type", "bridge")
         bridge_ip = str(ipaddress.ip_network(POD_SUBNET)[1])
@@ -565,6 +566,34 @@ class KubernetesLab:
             bridge_nf = Path("/proc/sys/net/bridge/bridge-nf-call-iptables")
             if bridge_nf.exists():  # pod -> ClusterIP -> pod on one bridge passes kube-proxy's rules
                 bridge_nf.write_text("1\n")
+
+    def _write_cni_config(self) -> None:
+        """The pods' network: the CRI lab's bridge and subnet, with the bridge's .1 as the pods' gateway for
+        the Service range only, so a pod reaches a ClusterIP through kube-proxy's rules in the node's
+        namespace (there is no default route). containerd uses the first file of its CNI directory (the CRI
+        lab's DIR/cni) and reloads it when it changes; this one sorts before the CRI lab's own."""
+        assert self._containerd is not None and self.dir is not None
+        gateway = str(ipaddress.ip_network(POD_SUBNET)[1])
+        config = {
+            "cniVersion": "0.4.0",
+            "name": "hoptrace-k8s-lab",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "isGateway": True,
+                    "ipMasq": False,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": [[{"subnet": POD_SUBNET, "gateway": gateway}]],
+                        "routes": [{"dst": SERVICE_RANGE}],
+                        "dataDir": str(self.dir / "cni-ipam"),
+                    },
+                }
+            ],
+        }
+        conf_dir = Path(self._containerd.socket).parent / "cni"
+        (conf_dir / "05-hoptrace-k8s-lab.conflist").write_text(json.dumps(config, indent=1))
 
     def _write_pki(self) -> None:
         assert self.dir is not None
@@ -648,6 +677,7 @@ class KubernetesLab:
                 f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.pem'}",
                 f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
                 f"--kubelet-certificate-authority={pki / 'ca.pem'}",
+                "--kubelet-preferred-address-types=InternalIP",  # the node's name resolves nowhere
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -788,6 +818,33 @@ class KubernetesLab:
         if check and result.returncode != 0:
             raise KubernetesLabError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
         return result
+
+    def exec_in_pod(
+        self, namespace: str, pod: str, argv: Sequence[str], stdin: bytes, timeout_s: float = 60.0
+    ) -> bytes:
+        """`kubectl exec -i` of `argv` in `pod` with `stdin`: its standard output, byte for byte."""
+        with _thread_in_netns(self.netns_path):
+            result = subprocess.run(
+                [
+                    str(self.bin / "kubectl"),
+                    f"--kubeconfig={self.admin_kubeconfig}",
+                    "-n",
+                    namespace,
+                    "exec",
+                    "-i",
+                    pod,
+                    "--",
+                    *argv,
+                ],
+                input=stdin,
+                capture_output=True,
+                timeout=scaled(timeout_s),
+            )
+        if result.returncode != 0:
+            raise KubernetesLabError(
+                f"kubectl exec {pod} -- {' '.join(argv)}: {result.stderr.decode(errors='replace')}"
+            )
+        return result.stdout
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         """kubectl's output; KubernetesLabError with its message when it fails."""

@@ -32,7 +32,8 @@ LABELS = {"app": "echo"}
 
 
 def echo_objects() -> list[dict[str, object]]:
-    """A namespace, a one-replica Deployment of the echo image and a ClusterIP Service in front of it."""
+    """A namespace, a one-replica Deployment of the echo image, a ClusterIP Service in front of it, and a
+    client pod of the same image (whose --relay mode connects to the Service)."""
     ports = [
         {"name": f"{proto.lower()}-echo", "protocol": proto, "port": ECHO_PORT} for proto in ("TCP", "UDP")
     ]
@@ -58,6 +59,12 @@ def echo_objects() -> list[dict[str, object]]:
         },
         {
             "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "client", "namespace": NAMESPACE, "labels": {"app": "client"}},
+            "spec": {"containers": [{**container, "name": "client"}]},
+        },
+        {
+            "apiVersion": "v1",
             "kind": "Service",
             "metadata": {"name": "echo", "namespace": NAMESPACE},
             "spec": {"type": "ClusterIP", "selector": LABELS, "ports": ports},
@@ -78,9 +85,21 @@ def cluster() -> Iterator[KubernetesLab]:
 @pytest.fixture(scope="module")
 def echo_service(cluster: KubernetesLab) -> dict[str, str]:
     """The echo Deployment rolled out and its Service's endpoint ready: the pod's and the Service's IPs."""
-    cluster.apply(echo_objects())
+    namespace, *workloads = echo_objects()
+    cluster.apply(namespace)
+    # A bare pod is refused until the controller manager made its namespace's default service account.
+    wait_until(
+        lambda: cluster.kubectl_run(
+            ["-n", NAMESPACE, "get", "serviceaccount", "default"], check=False
+        ).returncode
+        == 0,
+        "the namespace's default service account",
+        60,
+    )
+    cluster.apply(workloads)
     try:
         cluster.kubectl("-n", NAMESPACE, "rollout", "status", "deployment/echo", "--timeout=180s")
+        cluster.kubectl("-n", NAMESPACE, "wait", "--for=condition=Ready", "pod/client", "--timeout=180s")
     except Exception as err:
         raise AssertionError(f"{err}\n{cluster.logs()}") from None
 
@@ -108,6 +127,7 @@ def echo_service(cluster: KubernetesLab) -> dict[str, str]:
         "items"
     ]
     service = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "service", "echo", "-o", "json"))
+    client = json.loads(cluster.kubectl("-n", NAMESPACE, "get", "pod", "client", "-o", "json"))
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     # A ready endpoint is not yet a rule: kube-proxy rejects a Service's traffic until its next sync writes
     # the DNAT to the pod (both protocols, one iptables-restore).
@@ -123,6 +143,7 @@ def echo_service(cluster: KubernetesLab) -> dict[str, str]:
         "endpoint": endpoint,
         "cluster_ip": service["spec"]["clusterIP"],
         "node": pods[0]["spec"]["nodeName"],
+        "client_ip": client["status"]["podIP"],
     }
 
 
@@ -177,6 +198,21 @@ def test_udp_through_cluster_ip_comes_back_byte_for_byte(
             assert sock.recv(2048) == payload, f"datagram {i}"
 
 
+def test_pod_to_cluster_ip_to_pod_comes_back_byte_for_byte(
+    cluster: KubernetesLab, echo_service: dict[str, str]
+) -> None:
+    """A client pod's TCP connection to the ClusterIP carries 256 KiB to the echo pod and back identical:
+    pod -> ClusterIP -> pod through kube-proxy's DNAT in the node's namespace (the bytes travel through
+    `kubectl exec -i`, so the API server -> kubelet -> containerd stream path works too)."""
+    assert ipaddress.ip_address(echo_service["client_ip"]) in ipaddress.ip_network(POD_SUBNET)
+    assert echo_service["client_ip"] != echo_service["pod_ip"]
+    sent = os.urandom(256 * 1024)
+    relay = ["/echo", f"--relay={echo_service['cluster_ip']}:{ECHO_PORT}"]
+    received = cluster.exec_in_pod(NAMESPACE, "client", relay, sent)
+    assert len(received) == len(sent)
+    assert received == sent
+
+
 def test_stop_leaves_nothing(cluster: KubernetesLab, echo_service: dict[str, str]) -> None:
     """After stop(): no process, namespace, directory, mount, container cgroup or log link of the cluster
     is left, and the kernel settings the kubelet changed are back (the fixture's stop() has nothing to do)."""
@@ -184,7 +220,7 @@ def test_stop_leaves_nothing(cluster: KubernetesLab, echo_service: dict[str, str
     assert before_dir is not None
     sysctls = cluster.sysctls_before()
     containers = cluster.ctr("containers", "list", "--quiet").split()
-    assert len(containers) >= 2, containers  # the echo pod's sandbox and its container
+    assert len(containers) >= 4, containers  # the echo and client pods' sandboxes and containers
     cluster.stop()
     assert not Path(f"/run/netns/{NODE_NETNS}").exists()
     assert not before_dir.exists()
