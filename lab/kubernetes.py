@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import fcntl
 import hashlib
 import io
 import ipaddress
@@ -66,6 +67,8 @@ BRIDGE = "hk8s-br0"
 ECHO_IMAGE = "localhost/hoptrace-echo:lab"
 ECHO_PORT = 7007
 TMP_PREFIX = "hoptrace-k8s-"
+# Held while a cluster lives: its names and addresses are fixed, so one runs per host at a time.
+LOCK_FILE = Path("/run/hoptrace-k8s.lock")
 COMMANDS = (
     "etcd",
     "kube-apiserver",
@@ -465,6 +468,7 @@ class KubernetesLab:
     _log_links_before: set[str] | None = field(default=None, repr=False)
     _log_links_read: bool = field(default=False, repr=False)
     _pki: ClusterPki | None = field(default=None, repr=False)
+    _lock: int | None = field(default=None, repr=False)
 
     @property
     def bin(self) -> Path:
@@ -490,7 +494,16 @@ class KubernetesLab:
         missing = missing_tools(self.version)
         if missing:
             raise KubernetesLabError(f"{', '.join(missing)} not built in {self.bin}: run `make k8s-tools`")
-        sweep_leftovers()
+        lock = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            raise KubernetesLabError(
+                f"another lab cluster runs on this host ({LOCK_FILE} is locked)"
+            ) from None
+        self._lock = lock
+        sweep_leftovers()  # only with the lock: what is left then is a killed run's
         try:
             self._start(timeout_s)
         except BaseException:
@@ -922,6 +935,9 @@ class KubernetesLab:
             except OSError as err:
                 problems.append(f"sysctl {key}={value}: {err}")
         self._sysctls = {}
+        if self._lock is not None:
+            os.close(self._lock)  # the lock goes with it
+            self._lock = None
         if problems:
             raise KubernetesLabError("the lab cluster was not removed completely:\n" + "\n".join(problems))
 
