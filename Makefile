@@ -22,7 +22,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 
 .PHONY: help
 help: ## this list
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 ## ---- setup -------------------------------------------------------------
 .PHONY: setup
