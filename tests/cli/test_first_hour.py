@@ -228,6 +228,9 @@ def test_ctrl_c_ends_a_command_quietly_with_130() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A shell's background job (`make test &`, CI) ignores SIGINT, and its children inherit that:
+        # give the CLI the terminal's default, as a user's Ctrl-C finds it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         syscall = Path(f"/proc/{process.pid}/syscall")
@@ -240,6 +243,21 @@ def test_ctrl_c_ends_a_command_quietly_with_130() -> None:
         process.kill()
         process.stdin.close()
     assert process.returncode == 130 and stderr == "", (process.returncode, stderr)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["trace", "ls"],
+        ["report", "t"],
+        ["packets", "t", "--since", "5m"],
+        ["agents"],
+        ["mace", "--node", "another-node", "--container", "container:web", "--duration", "1"],
+        ["discover", "--src", "198.18.0.1", "--duration", "1s"],
+    ],
+)
+def test_a_dispatcher_that_is_not_there_is_one_line_in_every_client_command(argv: list[str]) -> None:
+    one_line_error(run(cli(*NOWHERE, *argv)), 1, "cannot reach the dispatcher at 127.0.0.1:9")
 
 
 # ---- discover's counts and durations ------------------------------------------------------------------
