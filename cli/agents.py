@@ -9,7 +9,6 @@ from typing import Any
 
 from hoptrace.cli.api import CliError, client_of
 from hoptrace.cli.table import table
-from hoptrace.common.client import ApiError
 from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.results.agent_view import agent_data, clock_texts, transport_state
 from hoptrace.results.format import timestamp_text
@@ -105,7 +104,7 @@ def run_version(args: argparse.Namespace) -> int:
         data["dispatcher"].update(version=version.dispatcher, api=version.api)
         agents = client.agents(timeout=VERSION_TIMEOUT_S)
         data["agents"] = {agent.registration.node: agent.registration.agent_version for agent in agents}
-    except (ApiError, CliError) as error:
+    except CliError as error:  # an ApiError too
         data["dispatcher"]["error"] = str(error)
     if args.json:
         print(json.dumps(data, indent=2))

@@ -15,8 +15,7 @@ from collections.abc import Callable, Sequence
 
 from hoptrace.cli import agents, certs, discover, iron, mace, report, servers, traces
 from hoptrace.cli.servers import DEFAULT_DISPATCHER
-from hoptrace.common.client import ApiError
-from hoptrace.common.entry import ArgumentParser, CliError, run_command
+from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.grpcutil import (
     CA_ENV,
     CERT_ENV,
@@ -129,14 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv).parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-
-    def command() -> int:
-        try:
-            return func(args)
-        except ApiError as error:  # the dispatcher's own words (or why it could not be reached)
-            raise CliError(error.message) from None
-
-    return run_command(command)
+    return run_command(lambda: func(args))  # an ApiError is a CliError: the dispatcher's words, one line
 
 
 if __name__ == "__main__":

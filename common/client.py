@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from hoptrace.common.entry import CliError
 from hoptrace.common.timeouts import scaled
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
@@ -32,8 +33,9 @@ _TRANSPORT_FAILURES = (
 )
 
 
-class ApiError(Exception):
-    """A failed call: `message` is the dispatcher's own text (or why it could not be reached)."""
+class ApiError(CliError):
+    """A failed call: `message` is the dispatcher's own text (or why it could not be reached). A CliError:
+    a program that does not handle it says it in one line (hoptrace.common.entry.run_command)."""
 
     def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
