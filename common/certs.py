@@ -92,7 +92,8 @@ def _write_private(path: Path, data: bytes) -> None:
     os.chmod(path, 0o600)  # O_CREAT's mode does not apply to a file that already existed
 
 
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """A private key as unencrypted PKCS#8 PEM."""
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -108,7 +109,8 @@ def _name(common_name: str, role: str) -> x509.Name:
     )
 
 
-def _alt_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
+def alt_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
+    """Subject alternative names of `hosts`: an IP address entry for each address, a DNS name otherwise."""
     names: list[x509.GeneralName] = []
     for host in dict.fromkeys(hosts):
         try:
@@ -123,16 +125,9 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1)
 
 
-def load_or_create_ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    """The CA in `out` (ca.pem, ca.key), created if absent."""
-    cert_path, key_path = out / "ca.pem", out / "ca.key"
-    if cert_path.exists() and key_path.exists():
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise ValueError(f"{key_path}: not an ECDSA key")
-        return x509.load_pem_x509_certificate(cert_path.read_bytes()), key
+def new_ca(name: x509.Name, valid: datetime.timedelta) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A self-signed CA (ECDSA P-256) named `name`, valid from a minute ago for `valid`: signs leaves only."""
     key = ec.generate_private_key(ec.SECP256R1())
-    name = _name("hoptrace CA", "ca")
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -140,7 +135,7 @@ def load_or_create_ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePriv
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(_now())
-        .not_valid_after(_now() + datetime.timedelta(days=CA_DAYS))
+        .not_valid_after(_now() + valid)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -159,7 +154,19 @@ def load_or_create_ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePriv
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(key_path, _key_pem(key))
+    return cert, key
+
+
+def load_or_create_ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """The CA in `out` (ca.pem, ca.key), created if absent."""
+    cert_path, key_path = out / "ca.pem", out / "ca.key"
+    if cert_path.exists() and key_path.exists():
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{key_path}: not an ECDSA key")
+        return x509.load_pem_x509_certificate(cert_path.read_bytes()), key
+    cert, key = new_ca(_name("hoptrace CA", "ca"), datetime.timedelta(days=CA_DAYS))
+    _write_private(key_path, key_pem(key))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert, key
 
@@ -181,9 +188,9 @@ def issue(
     usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server_hosts else []) + (
         [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
     )
-    alt_names = _alt_names(server_hosts)
+    sans = alt_names(server_hosts)
     if not server_hosts and _DNS_LABEL.match(common_name):
-        alt_names = [x509.DNSName(common_name)]  # agents: the node name, for tools that only read SANs
+        sans = [x509.DNSName(common_name)]  # agents: the node name, for tools that only read SANs
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name, role))
@@ -213,11 +220,11 @@ def issue(
             critical=False,
         )
     )
-    if alt_names:
-        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())
     files = TLSFiles(out / "ca.pem", out / f"{file_name}.pem", out / f"{file_name}.key")
-    _write_private(files.key, _key_pem(key))
+    _write_private(files.key, key_pem(key))
     files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return files
 

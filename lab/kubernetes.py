@@ -51,6 +51,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from hoptrace.common.certs import alt_names, new_ca
 from hoptrace.common.netns import socket_in_netns
 from hoptrace.common.timeouts import scaled
 from hoptrace.lab.containerd import PrivateContainerd
@@ -142,36 +143,8 @@ class ClusterPki:
 
     def __post_init__(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        self.ca_key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hoptrace-lab-kubernetes-ca")])
-        self.ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self.ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(_now() - datetime.timedelta(minutes=5))
-            .not_valid_after(_now() + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(self.ca_key.public_key()), critical=False
-            )
-            .sign(self.ca_key, hashes.SHA256())
-        )
+        self.ca_cert, self.ca_key = new_ca(name, datetime.timedelta(days=2))
         self.ca.write_bytes(self.ca_cert.public_bytes(serialization.Encoding.PEM))
 
     @property
@@ -202,13 +175,7 @@ class ClusterPki:
             )
         )
         if hosts:
-            alt: list[x509.GeneralName] = []
-            for host in hosts:
-                try:
-                    alt.append(x509.IPAddress(ipaddress.ip_address(host)))
-                except ValueError:
-                    alt.append(x509.DNSName(host))
-            builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
+            builder = builder.add_extension(x509.SubjectAlternativeName(alt_names(hosts)), critical=False)
         cert = builder.sign(self.ca_key, hashes.SHA256())
         cert_path, key_path = self.out / f"{name}.pem", self.out / f"{name}.key"
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
