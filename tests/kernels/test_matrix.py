@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from guest_runs import SHARED_STRETCH
 
 from hoptrace.common.timeouts import timeout_scale
 from hoptrace.lab import vm
@@ -59,16 +62,23 @@ def matrix_kernels() -> list[vm.Kernel]:
     return [found[version] for version in REQUIRED]
 
 
-@pytest.fixture(scope="module")
-def test_binaries(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("guest-tests")
-    for package in GUEST_TESTS:
-        subprocess.run(
-            ["go", "test", "-c", "-o", str(out / f"{package}.test"), f"./internal/{package}"],
-            cwd=AGENT_DIR,
-            check=True,
-        )
-    return out
+_BINARIES_LOCK = threading.Lock()
+_BINARIES: list[Path] = []
+
+
+def guest_test_binaries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The guest test binaries, built here once per session (the guests run them)."""
+    with _BINARIES_LOCK:
+        if not _BINARIES:
+            out = tmp_path_factory.mktemp("guest-tests")
+            for package in GUEST_TESTS:
+                subprocess.run(
+                    ["go", "test", "-c", "-o", str(out / f"{package}.test"), f"./internal/{package}"],
+                    cwd=AGENT_DIR,
+                    check=True,
+                )
+            _BINARIES.append(out)
+        return _BINARIES[0]
 
 
 # What each guest showed, for the README's kernel table (test_readme_table_is_this_matrix).
@@ -87,10 +97,11 @@ def table_row(result: dict[str, str]) -> str:
 # The guest's own limit (vm.run's timeout) decides, not pytest's default: TCG runs these in minutes. 5.10,
 # the slowest, took just over 900 s in CI once the return hops and function events joined (it was one event
 # test short of done), and 11.5 min beside another guest: 1200 s leaves room without hiding a hang.
-GUEST_TIMEOUT_S = 1200
+# Beside another guest (guest_runs.py), both stretch by SHARED_STRETCH.
+GUEST_TIMEOUT_S = 1200 * SHARED_STRETCH
 # Each package's own limit in the guest, well inside the guest's: a test that deadlocks in user space
 # panics with every goroutine's stack instead of idling until the guest is killed.
-PACKAGE_TIMEOUT_S = 600
+PACKAGE_TIMEOUT_S = 600 * SHARED_STRETCH
 
 
 def failure_excerpt(output: str, size: int = 6000) -> str:
@@ -103,42 +114,62 @@ def failure_excerpt(output: str, size: int = 6000) -> str:
     return output[-size:]
 
 
-@pytest.mark.timeout(2 * int(GUEST_TIMEOUT_S * timeout_scale()) + 120)  # a hung guest's second run
-@pytest.mark.parametrize("version", REQUIRED)
-def test_bpf_runs_on_kernel(version: str, test_binaries: Path, tmp_path: Path) -> None:
+@dataclass
+class MatrixRun:
+    """A kernel's matrix guest: what it printed; if a first run hung (then it ran again), that run's log
+    and hang report."""
+
+    kernel: vm.Kernel
+    result: vm.GuestRun
+    hung_log: Path | None = None
+    hang_report: str = ""
+
+
+def run_matrix(version: str, tmp_path_factory: pytest.TempPathFactory) -> MatrixRun:
+    """Boots `version`'s guest and runs GUEST_TESTS in it (beside other guests: guest_runs.py)."""
     kernel = next(k for k in matrix_kernels() if f"{k.version[0]}.{k.version[1]}" == version)
+    binaries = guest_test_binaries(tmp_path_factory)
     commands = [
-        f"cd {AGENT_DIR}/internal/{package} && {test_binaries}/{package}.test -test.v -test.count=1 "
+        f"cd {AGENT_DIR}/internal/{package} && {binaries}/{package}.test -test.v -test.count=1 "
         f"-test.timeout {int(PACKAGE_TIMEOUT_S * timeout_scale())}s "
         f"-test.run '^({pattern})$'; echo \"exit {package} $?\""
         for package, pattern in GUEST_TESTS.items()
     ]
-
-    # 5.10 under TCG runs the action tests in ~70 s more; 480 s no longer left room for a busy machine.
     # The guest's output as it runs: tail -f it (pytest keeps the last three runs' directories).
+    logs = tmp_path_factory.mktemp(f"matrix-{version}")
+
     def run_guest(log: str) -> vm.GuestRun:
         return vm.run(
             kernel,
             "uname -r; " + "; ".join(commands),
             timeout=GUEST_TIMEOUT_S,
-            writable=(test_binaries,),
-            log=tmp_path / log,
+            writable=(binaries,),
+            log=logs / log,
         )
 
     result = run_guest("guest.log")
-    if result.returncode == -9:
-        # Killed at its limit: a guest that stopped making progress. A 6.1 guest did, at the start of
-        # TestEventCountsWhereTermsHold: TCG hung on the kernel patching its syscall entry (lab/vm.py's
-        # SYSCALL_TRACEPOINTS_ON now avoids that patching). Its hang report goes to the log, and the
-        # kernel runs the tests once more; a warning, so a run that passes the second time still says
-        # so in pytest's summary.
+    if result.returncode != -9:
+        return MatrixRun(kernel, result)
+    # Killed at its limit: a guest that stopped making progress. A 6.1 guest did, at the start of
+    # TestEventCountsWhereTermsHold: TCG hung on the kernel patching its syscall entry (lab/vm.py's
+    # SYSCALL_TRACEPOINTS_ON now avoids that patching). Its hang report goes to the log, and the kernel
+    # runs the tests once more.
+    return MatrixRun(kernel, run_guest("guest-again.log"), logs / "guest.log", failure_excerpt(result.output))
+
+
+@pytest.mark.timeout(2 * int(GUEST_TIMEOUT_S * timeout_scale()) + 120)  # a hung guest's second run
+@pytest.mark.guest_run(run=run_matrix)
+@pytest.mark.parametrize("version", REQUIRED)
+def test_bpf_runs_on_kernel(version: str, guest_run: MatrixRun) -> None:
+    kernel, result = guest_run.kernel, guest_run.result
+    if guest_run.hung_log is not None:
+        # A warning, so a run that passes the second time still says so in pytest's summary.
         warnings.warn(
             f"{kernel.release}: the guest hung and ran again; its output, with the hang report: "
-            f"{tmp_path / 'guest.log'}",
+            f"{guest_run.hung_log}",
             stacklevel=1,
         )
-        print(f"{kernel.release} hung; its hang report:\n{failure_excerpt(result.output)}")
-        result = run_guest("guest-again.log")
+        print(f"{kernel.release} hung; its hang report:\n{guest_run.hang_report}")
     output = result.output
     assert kernel.release in output, f"the guest did not boot {kernel.release}:\n{output[-3000:]}"
     for package in GUEST_TESTS:
