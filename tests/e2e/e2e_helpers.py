@@ -320,6 +320,23 @@ class TcpSegment:
         """SYN set."""
         return bool(self.flags & 0x02)
 
+    def option_bytes_without_sack(self) -> int:
+        """The option bytes but SACK blocks and the NOPs that align them (RFC 2018): a receiver that saw loss
+        or reordering (a loaded machine) acknowledges with SACK, whatever the tracer does."""
+        opts, i, length = self.options, 0, len(self.options)
+        while i < len(opts):
+            kind = opts[i]
+            if kind == 0 or (kind != 1 and (i + 1 >= len(opts) or opts[i + 1] < 2)):
+                break
+            size = 1 if kind == 1 else opts[i + 1]
+            if kind == 5:
+                nops = 0
+                while nops < 2 and i - nops - 1 >= 0 and opts[i - nops - 1] == 1:
+                    nops += 1
+                length -= size + nops
+            i += size
+        return length
+
     def hoptrace_id(self) -> int | None:
         """The ID in option 253 with hoptrace's ExID (RFC 6994); None if absent or the options are broken."""
         opts, i = self.options, 0

@@ -342,14 +342,15 @@ def test_tcp_sampled_out_segments_carry_no_option_bytes(
     segments = [seg for _, frame in frames if (seg := parse_tcp(frame)) is not None]
     forward = [s for s in segments if s.src == src and s.dst == dst and s.dport == IPERF_PORT and not s.syn]
     backward = [s for s in segments if s.src == dst and s.dst == src and s.sport == IPERF_PORT and not s.syn]
-    untraced_lengths = {len(s.options) for s in backward}
+    untraced_lengths = {s.option_bytes_without_sack() for s in backward}
     assert untraced_lengths == {12}, f"c2's segments: option lengths {untraced_lengths} (timestamps: 12)"
     tagged = [s for s in forward if s.hoptrace_id() is not None]
     sampled_out = [s for s in forward if s.hoptrace_id() is None and not s.rst]
     assert tagged and sampled_out, f"{len(tagged)} tagged and {len(sampled_out)} sampled-out segments seen"
-    padded = [s for s in sampled_out if len(s.options) != 12]
+    padded = [s for s in sampled_out if s.option_bytes_without_sack() != 12]
     assert not padded, f"{len(padded)} sampled-out segments carry more than timestamps: {padded[:3]}"
-    assert {len(s.options) for s in tagged} == {20}, "a tagged segment: timestamps and the 8-byte option"
+    tagged_lengths = {s.option_bytes_without_sack() for s in tagged}
+    assert tagged_lengths == {20}, f"a tagged segment: timestamps and the 8-byte option, not {tagged_lengths}"
     assert {s.hoptrace_id() for s in tagged} <= set(by_id), "IDs on the wire but never recorded"
 
 
