@@ -230,6 +230,7 @@ test: setup build proto-check lint test-unit ## run every test tier (needs root)
 	cd agent && HOPTRACE_FLOOR=1 go test -count=1 ./internal/loader ./internal/tracer
 	$(PYTEST) tests --ignore=tests/deploy/test_compose.py --ignore=tests/k8s
 	$(MAKE) --no-print-directory compose-test
+	$(MAKE) --no-print-directory test-k8s
 	$(MAKE) --no-print-directory fuzz FUZZ_TIME=50000x FUZZ_EXAMPLES=1000
 	$(PY) bench/run.py --quick
 
