@@ -271,12 +271,16 @@ def _boot_and_run(
     # The output goes to a file as it comes (a pipe would show nothing until the guest ends).
     log_path = log or scripts / "output.log"
     start = log_path.stat().st_size if append and log_path.exists() else 0
-    with open(log_path, "ab" if append else "wb") as sink:
+    # The kernel's console goes to a file of its own, added to the log at the end: qemu opens it anew
+    # (virtme-ng's dmesg chardev on /proc/self/fd/2, truncating, at an offset of its own), and sharing the
+    # log with it wrote console lines over the command's output (a PASS line of the matrix, once).
+    console_path = log_path.with_name(log_path.name + ".console")
+    with open(log_path, "ab" if append else "wb") as sink, open(console_path, "wb") as console:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=sink,
-            stderr=subprocess.STDOUT,
+            stderr=console,
             env=env,
             start_new_session=True,
         )
@@ -298,6 +302,9 @@ def _boot_and_run(
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         reaper.release()
+        with open(log_path, "ab") as kept:
+            kept.write(console_path.read_bytes())
+        console_path.unlink(missing_ok=True)
         output = log_path.read_bytes()[start:].decode(errors="replace") + note
         if log is not None and note:
             with open(log, "a") as kept:
