@@ -22,6 +22,21 @@ DASHBOARDS = sorted((GRAFANA / "dashboards").glob("*.json"))
 MACROS = {"v.timeRangeStart": "-1h", "v.timeRangeStop": "now()", "v.windowPeriod": "5s"}
 
 
+def stored_report(traced_influx: Any) -> dict[str, Any]:
+    """`hoptrace report --json` of the traced trace over the last hour, as the dashboards' ground truth."""
+    from hoptrace.results.report_view import report_from_proto
+    from hoptrace.results.store import read_report
+
+    data = read_report(
+        traced_influx.trace,
+        url=traced_influx.url,
+        bucket=traced_influx.bucket,
+        since="1h",
+        path=traced_influx.hops,
+    )
+    return report_from_proto(data)
+
+
 def panels(board: dict[str, Any]) -> list[dict[str, Any]]:
     """Every panel, rows' nested panels included."""
     found = []
@@ -131,22 +146,12 @@ def test_dashboard_sketch_percentiles_use_the_collectors_bucket_width():
 def test_dashboard_table_agrees_with_the_report(traced_influx):
     """The percentiles table merges the same sketches as `hoptrace report`: the same count, mean and max,
     and the same p50/p90/p99 (the report rounds them to whole ns)."""
-    from hoptrace.results.report_view import report_from_proto
-    from hoptrace.results.store import read_report
 
     board = json.loads((GRAFANA / "dashboards" / "hoptrace-latency.json").read_text())
     table = next(p for p in panels(board) if p["title"].startswith("Segment percentiles"))
     query = substitute(table["targets"][0]["query"], traced_influx.trace, traced_influx.bucket)
     rows = {row["segment"]: row for t in run_flux(traced_influx.url, query) for row in t}
-    report = report_from_proto(
-        read_report(
-            traced_influx.trace,
-            url=traced_influx.url,
-            bucket=traced_influx.bucket,
-            since="1h",
-            path=traced_influx.hops,
-        )
-    )
+    report = stored_report(traced_influx)
     assert len(rows) == len(report["segments"]) == len(traced_influx.hops) - 1
     for segment in report["segments"]:
         row = rows[f"{segment['from']}>{segment['to']}"]
@@ -176,26 +181,12 @@ def test_actions_dashboard_shows_the_reports_hop_counts_histograms_and_events(tr
     """Each panel of the actions dashboard returns what was written: the event probe's count and histogram
     equal the datagrams sent; the hops' counts and histograms equal `hoptrace report`'s (the kernel counted
     the burst too, which the receiver may not all get)."""
-    from hoptrace.results.report_view import report_from_proto
-    from hoptrace.results.store import read_report
-
-    def report() -> dict[str, Any]:
-        return report_from_proto(
-            read_report(
-                traced_influx.trace,
-                url=traced_influx.url,
-                bucket=traced_influx.bucket,
-                since="1h",
-                path=traced_influx.hops,
-            )
-        )
-
     sent = traced_influx.event_sent
-    data = report()
+    data = stored_report(traced_influx)
     deadline = time.monotonic() + 30  # event results come with the agents' counters, every second
     while time.monotonic() < deadline and sum(e["count"] for e in data["events"]) < sent:
         time.sleep(1)
-        data = report()
+        data = stored_report(traced_influx)
 
     (event,) = data["events"]
     assert (event["name"], event["node"], event["count"]) == ("wire-frames", "host-a", sent), event
@@ -234,8 +225,6 @@ def test_actions_dashboard_shows_the_reports_recorded_values(traced_influx):
     """The recorded-values table: at b-wire-in every traced datagram's wire frame and TTL, so min = max = the
     sent size and the sent TTL, one row per field, its packets = what the hop's in-kernel count counted (the
     steady datagrams and the burst), and every number the same as `hoptrace report`'s."""
-    from hoptrace.results.report_view import report_from_proto
-    from hoptrace.results.store import read_report
 
     query = substitute(
         actions_panel("Hop recorded values")["targets"][0]["query"], traced_influx.trace, traced_influx.bucket
@@ -244,15 +233,7 @@ def test_actions_dashboard_shows_the_reports_recorded_values(traced_influx):
     assert len(tables) == 1, f"one table, one row per (hop, node, field) ({len(tables)} tables)"
     rows = {(r["hop"], r["node"], r["field"]): r for r in tables[0]}
     assert set(rows) == {("b-wire-in", "host-b", "len"), ("b-wire-in", "host-b", "ttl")}, rows
-    report = report_from_proto(
-        read_report(
-            traced_influx.trace,
-            url=traced_influx.url,
-            bucket=traced_influx.bucket,
-            since="1h",
-            path=traced_influx.hops,
-        )
-    )
+    report = stored_report(traced_influx)
     wire = next(h for h in report["hops"] if h["hop"] == "b-wire-in")
     counted = sum(c["count"] for c in wire["counts"])
     assert counted >= 300, wire["counts"]  # at least the steady datagrams, all delivered
@@ -279,8 +260,6 @@ def test_actions_dashboard_shows_the_events_recorded_arguments(traced_influx):
     """The event recorded-arguments table: `wire-frames` records net_dev_xmit's len of the frames it matched
     (one size), so hits = the datagrams sent and min = max = last = mean = the frame's length, the same as
     `hoptrace report`'s events[].recorded."""
-    from hoptrace.results.report_view import report_from_proto
-    from hoptrace.results.store import read_report
 
     sent = traced_influx.event_sent
     query = substitute(
@@ -305,15 +284,7 @@ def test_actions_dashboard_shows_the_events_recorded_arguments(traced_influx):
         frame,
         frame,
     )
-    report = report_from_proto(
-        read_report(
-            traced_influx.trace,
-            url=traced_influx.url,
-            bucket=traced_influx.bucket,
-            since="1h",
-            path=traced_influx.hops,
-        )
-    )
+    report = stored_report(traced_influx)
     (event,) = report["events"]
     (recorded,) = event["recorded"]
     assert {k: recorded[k] for k in ("arg", "count", "min", "max", "last")} == {
