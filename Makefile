@@ -204,7 +204,7 @@ TIER_DOCKER := docker and not (vm or browser)
 TIER_KAFKA := kafka and not (vm or browser or docker)
 
 .PHONY: test-root
-test-root: setup build ## namespaces, BPF on this kernel, InfluxDB: every root test but the four tiers below
+test-root: setup build helm ## namespaces, BPF on this kernel, InfluxDB: every root test but the four tiers below
 	$(PYTEST) -m '$(TIER_ROOT)' tests
 
 .PHONY: test-vm
@@ -224,7 +224,7 @@ test-kafka: setup build ## the collector's Kafka transport against a real broker
 	$(PYTEST) -m '$(TIER_KAFKA)' tests
 
 .PHONY: test
-test: setup build proto-check lint test-unit ## run every test tier (needs root)
+test: setup build helm proto-check lint test-unit ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
 	@# the _floor variants (kernels 5.10-5.17), proven here on a fast kernel too
 	cd agent && HOPTRACE_FLOOR=1 go test -count=1 ./internal/loader ./internal/tracer
@@ -307,6 +307,17 @@ k8s-tools: .tools/apt.stamp $(K8S_TOOLS)/kubectl ## build Kubernetes' commands a
 $(K8S_TOOLS)/kubectl:
 	bash lab/kubernetes/build.sh $(K8S_TOOLS)
 
+# helm, built from the Go module proxy (helm.sh/helm/v3 at HELM_VERSION, which lab/kubernetes.py pins) into
+# .tools/helm/VERSION, once per version: the chart's tests (deploy/helm) and the k8s tier install with it.
+HELM_VERSION := $(shell sed -n 's/^HELM_VERSION = "\([^"]*\)".*/\1/p' lab/kubernetes.py)
+HELM := .tools/helm/$(HELM_VERSION)/helm
+
+.PHONY: helm
+helm: $(HELM) ## build helm into .tools/helm/VERSION (once per version; about 2 min cold)
+
+$(HELM):
+	bash lab/kubernetes/build-helm.sh $(HELM_VERSION) $(@D)
+
 .PHONY: test-k8s
-test-k8s: setup k8s-tools ## a one-node Kubernetes cluster: a pod behind a ClusterIP Service, reached byte for byte
+test-k8s: setup k8s-tools helm ## a one-node Kubernetes cluster: a pod behind a ClusterIP Service, reached byte for byte
 	$(PYTEST) -m '$(TIER_K8S)' tests

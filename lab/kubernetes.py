@@ -70,6 +70,7 @@ ECHO_PORT = 7007
 TMP_PREFIX = "hoptrace-k8s-"
 # Held while a cluster lives: its names and addresses are fixed, so one runs per host at a time.
 LOCK_FILE = Path("/run/hoptrace-k8s.lock")
+HELM_VERSION = "v3.22.0"  # helm.sh/helm/v3, built by `make helm` (lab/kubernetes/build-helm.sh)
 COMMANDS = (
     "etcd",
     "kube-apiserver",
@@ -110,6 +111,14 @@ def k8s_version() -> str:
 def tools_dir(version: str | None = None) -> Path:
     """Where `make k8s-tools` puts the commands of `version` (default: the pinned one)."""
     return REPO / ".tools" / "k8s" / (version or k8s_version())
+
+
+def helm_binary(version: str = HELM_VERSION) -> Path:
+    """The helm `make helm` builds into .tools/helm/VERSION; KubernetesLabError when it is not built."""
+    helm = REPO / ".tools" / "helm" / version / "helm"
+    if not helm.is_file():
+        raise KubernetesLabError(f"{helm} is not built: run `make helm`")
+    return helm
 
 
 def missing_tools(version: str | None = None) -> list[str]:
