@@ -12,6 +12,7 @@ from hoptrace.cli.api import client_of
 from hoptrace.common.durations import parse_duration
 from hoptrace.results.packets_view import packets_from_proto, render_packets_text
 from hoptrace.results.report_view import render_text, report_from_proto
+from hoptrace.results.timerange import parse_time
 
 
 def since_duration(text: str) -> float:
@@ -20,6 +21,33 @@ def since_duration(text: str) -> float:
         return parse_duration(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def time_argument(text: str) -> int:
+    """`--start`, `--end`: ns since the epoch of an ISO 8601 time (UTC unless it names a zone) or of a
+    duration ago (hoptrace.results.timerange)."""
+    try:
+        return parse_time(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_range_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    """--since or --start, and --end: the range of a report or a packet list. The dispatcher checks that
+    the range holds time (an end before its start is refused there, for every client alike)."""
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument(
+        "--since", type=since_duration, help=f"time range ending now, e.g. 30s, 10m, 1h ({default})"
+    )
+    start.add_argument(
+        "--start",
+        type=time_argument,
+        metavar="TIME",
+        help="range start: 2025-03-01T14:05:00Z (UTC) or 2h (ago)",
+    )
+    parser.add_argument(
+        "--end", type=time_argument, metavar="TIME", help="range end, as --start (default now)"
+    )
 
 
 def packet_id_argument(text: str) -> int:
@@ -41,8 +69,9 @@ def slowest_argument(text: str) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """hoptrace report NAME [--since DURATION] [--json]."""
-    report = report_from_proto(client_of(args).report(args.name, args.since))
+    """hoptrace report NAME [--since DURATION | --start TIME] [--end TIME] [--json]."""
+    answer = client_of(args).report(args.name, args.since, start_ns=args.start, end_ns=args.end)
+    report = report_from_proto(answer)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -51,8 +80,16 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def run_packets(args: argparse.Namespace) -> int:
-    """hoptrace packets NAME [--since D] [--slowest N | --id ID] [--json]: per-packet waterfalls."""
-    answer = client_of(args).packets(args.name, args.since, packet_id=args.id or 0, slowest=args.slowest)
+    """hoptrace packets NAME [--since D | --start T] [--end T] [--slowest N | --id ID] [--json]: per-packet
+    waterfalls."""
+    answer = client_of(args).packets(
+        args.name,
+        args.since,
+        packet_id=args.id or 0,
+        slowest=args.slowest,
+        start_ns=args.start,
+        end_ns=args.end,
+    )
     packets = packets_from_proto(answer)
     if args.json:
         print(json.dumps(packets, indent=2))
@@ -75,7 +112,7 @@ def add_parser(subparsers: Any, client: argparse.ArgumentParser) -> None:
         description="Per-segment latency (count, mean, p50/p90/p99, max, incomplete) in path order.",
     )
     report.add_argument("name", help="trace name")
-    report.add_argument("--since", type=since_duration, help="time range ending now, e.g. 30s, 10m, 1h")
+    add_range_arguments(report, "default 1h")
     report.add_argument("--json", action="store_true", help="print one JSON object")
     report.set_defaults(func=run_report)
 
@@ -87,7 +124,7 @@ def add_parser(subparsers: Any, client: argparse.ArgumentParser) -> None:
         "packet by its ID.",
     )
     packets.add_argument("name", help="trace name")
-    packets.add_argument("--since", type=since_duration, help="time range ending now (default 1h)")
+    add_range_arguments(packets, "default 1h")
     which = packets.add_mutually_exclusive_group()
     which.add_argument(
         "--slowest", type=slowest_argument, default=10, metavar="N", help="the N slowest (at most 50)"

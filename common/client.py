@@ -122,23 +122,34 @@ class ApiClient:
         self.call("DeleteTrace", api_pb2.DeleteTraceRequest(name=name), timeout=APPLY_TIMEOUT_S)
 
     def report(
-        self, trace: str, since_s: float | None = None, *, with_series: bool = False
+        self,
+        trace: str,
+        since_s: float | None = None,
+        *,
+        with_series: bool = False,
+        start_ns: int | None = None,
+        end_ns: int | None = None,
     ) -> api_pb2.Report:
-        """The trace's report over the `since_s` seconds ending now (None: the dispatcher's default range);
-        `with_series` adds each segment's p50/p99 over time."""
+        """The trace's report over the `since_s` seconds ending now, or from `start_ns` to `end_ns` (ns since
+        the epoch; None: the dispatcher's defaults); `with_series` adds each segment's p50/p99 over time."""
         request = api_pb2.GetReportRequest(trace=trace, with_series=with_series)
-        if since_s is not None:
-            request.start.FromNanoseconds(_start_ns(since_s))
+        _set_range(request, since_s, start_ns, end_ns)
         return self.call("GetReport", request, timeout=QUERY_TIMEOUT_S)
 
     def packets(
-        self, trace: str, since_s: float | None = None, *, packet_id: int = 0, slowest: int = 10
+        self,
+        trace: str,
+        since_s: float | None = None,
+        *,
+        packet_id: int = 0,
+        slowest: int = 10,
+        start_ns: int | None = None,
+        end_ns: int | None = None,
     ) -> api_pb2.PacketList:
-        """The `slowest` packets of the trace end to end over the `since_s` seconds ending now, or the one
-        packet `packet_id` (not 0)."""
+        """The `slowest` packets of the trace end to end over the `since_s` seconds ending now (or from
+        `start_ns` to `end_ns`, as report()), or the one packet `packet_id` (not 0)."""
         request = api_pb2.GetPacketsRequest(trace=trace, packet_id=packet_id, slowest=slowest)
-        if since_s is not None:
-            request.start.FromNanoseconds(_start_ns(since_s))
+        _set_range(request, since_s, start_ns, end_ns)
         return self.call("GetPackets", request, timeout=QUERY_TIMEOUT_S)
 
     def version(self, timeout: float = CALL_TIMEOUT_S) -> api_pb2.Version:
@@ -152,6 +163,17 @@ class ApiClient:
     def discover(self, request: api_pb2.DiscoverRequest) -> Iterator[api_pb2.DiscoverEvent]:
         """The events of a discovery: progress while the agents look, then the result."""
         return self.stream("Discover", request, timeout=request.duration_ms / 1000 + RUN_GRACE_S)
+
+
+def _set_range(request: Any, since_s: float | None, start_ns: int | None, end_ns: int | None) -> None:
+    """Set a GetReportRequest's or GetPacketsRequest's start (`start_ns`, else `since_s` before now) and end;
+    unset ones are the dispatcher's to choose, and it checks the range."""
+    if start_ns is not None:
+        request.start.FromNanoseconds(start_ns)
+    elif since_s is not None:
+        request.start.FromNanoseconds(_start_ns(since_s))
+    if end_ns is not None:
+        request.end.FromNanoseconds(end_ns)
 
 
 def _start_ns(since_s: float) -> int:

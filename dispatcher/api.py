@@ -15,6 +15,7 @@ from hoptrace.dispatcher.controller import DispatcherError, TraceController
 from hoptrace.dispatcher.discover import run_discovery
 from hoptrace.dispatcher.presets import PresetError
 from hoptrace.dispatcher.registry import AgentRegistry
+from hoptrace.results.timerange import request_range_problem
 from hoptrace.v1 import agent_pb2, api_pb2, api_pb2_grpc, trace_pb2
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
             )
         if not request.trace:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trace: required")
+        self._check_range(request, context)
         spec = self.controller.spec_of(request.trace)
         try:
             report = self.report_provider(request, spec)
@@ -176,6 +178,7 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
             )
         if not request.trace:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "trace: required")
+        self._check_range(request, context)
         spec = self.controller.spec_of(request.trace)
         try:
             packets = self.packets_provider(request, spec)
@@ -186,16 +189,24 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_trace(request.trace))
         return packets
 
+    @staticmethod
+    def _check_range(
+        request: api_pb2.GetReportRequest | api_pb2.GetPacketsRequest, context: grpc.ServicerContext
+    ) -> None:
+        """INVALID_ARGUMENT naming both ends when the request's range holds no time (a store would fail
+        on it with an error of its own, or find nothing)."""
+        problem = request_range_problem(request)
+        if problem:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+
     def _has_results(self, request: api_pb2.GetPacketsRequest) -> bool:
         """Whether the store has anything of the request's trace in its range (a packet ID not seen is an
         empty answer; a trace never seen is NOT_FOUND)."""
         if self.report_provider is None:
             return True  # cannot tell: answer what the packets query found
-        query = api_pb2.GetReportRequest(trace=request.trace)
+        query = api_pb2.GetReportRequest(trace=request.trace)  # the same range, the same defaults
         if request.HasField("start"):
             query.start.CopyFrom(request.start)
-        else:  # GetPackets' default range: the last hour
-            query.start.FromSeconds(int(time.time()) - 3600)
         if request.HasField("end"):
             query.end.CopyFrom(request.end)
         try:

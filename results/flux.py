@@ -10,6 +10,8 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 from influxdb_client.client.flux_table import FluxRecord
 
+from hoptrace.results.timerange import DEFAULT_RANGE_S
+
 _DURATION = re.compile(r"^(\d+(ns|us|µs|ms|s|m|h|d|w))+$")
 
 
@@ -40,8 +42,16 @@ def flux_time(value: str | datetime | Timestamp | None, default: str) -> str:
 
 def request_range(request: Any) -> tuple[str, str]:
     """The Flux start and stop of a request with optional `start` and `end` (GetReport, GetPackets): unset
-    start = 1 h ago, unset end = now."""
-    start = flux_time(request.start if request.HasField("start") else None, "-1h")
+    end = now, unset start = DEFAULT_RANGE_S before the end. A start after the end is refused before this
+    (hoptrace.results.timerange.range_problem): Flux would fail on it with an error of its own."""
+    if request.HasField("start"):
+        start = flux_time(request.start, "")
+    elif request.HasField("end"):
+        default = Timestamp()
+        default.FromNanoseconds(request.end.ToNanoseconds() - DEFAULT_RANGE_S * 1_000_000_000)
+        start = flux_time(default, "")
+    else:
+        start = f"-{DEFAULT_RANGE_S}s"
     stop = flux_time(request.end if request.HasField("end") else None, "now()")
     return start, stop
 

@@ -63,6 +63,8 @@ _TRACEPOINT = re.compile(r"^([A-Za-z0-9_]+):([A-Za-z0-9_]+)$")
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")  # a kernel symbol, e.g. net_rx_action, tcp_v4_rcv.cold
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(==|!=|<|>|&|\bin\b)\s*(.*?)\s*$")
 _AND = re.compile(r"\s+and\s+")
+_OR = re.compile(r"\s+or\s+")
+_QUOTE_CHARS = re.compile(r"[\"']")
 _QUOTED = re.compile(r"""^(["'])(.*)\1$""")
 _TEXT = re.compile(r"""^[^\s"'\\]+$""")  # a device's or a task's name: no spaces, quotes, backslashes
 _INT64_MIN, _UINT64_MAX = -(1 << 63), (1 << 64) - 1
@@ -167,6 +169,8 @@ def parse_where(text: str) -> tuple[list[trace_pb2.EventTerm], str | None]:
     if not text.strip():
         return [], "must not be empty (leave where out to count every hit)"
     for part in _AND.split(text.strip()):
+        if _OR.search(part) and not _QUOTE_CHARS.search(part):  # a text holds no space: its own error
+            return [], _or_problem(text.strip())
         match = _TERM.match(part)
         if match is None:
             bad = re.match(r"^\s*[A-Za-z_][A-Za-z0-9_]*\s*([^\sA-Za-z0-9_\[\-]+)", part)
@@ -180,6 +184,18 @@ def parse_where(text: str) -> tuple[list[trace_pb2.EventTerm], str | None]:
         assert term is not None
         terms.append(term)
     return terms, None
+
+
+def _or_problem(text: str) -> str:
+    """Why a where: with `or` cannot be read, and what to write: one argument's values in a list."""
+    said = f"only 'and' joins terms, got 'or' in {text!r}"
+    alternatives = [_TERM.match(part) for part in _OR.split(text)]
+    if len(_AND.split(text)) == 1 and all(match and match.group(2) == "==" for match in alternatives):
+        args = {match.group(1) for match in alternatives if match}
+        values = [match.group(3) for match in alternatives if match]
+        if len(args) == 1 and len(values) <= kernel_abi.EVENT_IN_VALUES:
+            return f"{said}: for one of several values write {args.pop()} in [{', '.join(values)}]"
+    return f"{said}: write one event per alternative, or ARG in [A, B] for one argument's values"
 
 
 def where_text(terms: Sequence[trace_pb2.EventTerm]) -> str:
@@ -269,8 +285,6 @@ def convert_events(value: Any, spec: trace_pb2.TraceSpec) -> list[EventError]:
         return []
     if not isinstance(value, list):
         return [("events", f"must be a list of event probes, got {value!r}")]
-    if len(value) > MAX_EVENTS:
-        return [("events", f"a trace has at most {MAX_EVENTS} events, got {len(value)}")]
     errors: list[EventError] = []
     for position, item in enumerate(value):
         errors += convert_event(item, f"events[{position}]", spec.events.add())
@@ -430,7 +444,10 @@ def latency_since(event: trace_pb2.EventSpec) -> str:
 
 
 def validate_events(spec: trace_pb2.TraceSpec) -> list[EventError]:
-    """Problems of the spec's events that need no agent, names unique among them."""
+    """Problems of the spec's events that need no agent, names unique among them; at most MAX_EVENTS (the
+    one check of YAML and API specs alike: an agent attaches each event's program, and the 65th fails)."""
+    if len(spec.events) > MAX_EVENTS:
+        return [("events", f"a trace has at most {MAX_EVENTS} events, got {len(spec.events)}")]
     errors: list[EventError] = []
     first_use: dict[str, int] = {}
     for position, event in enumerate(spec.events):

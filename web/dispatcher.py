@@ -21,6 +21,9 @@ def get_client() -> ApiClient:
 
 
 def http_status(error: ApiError) -> int:
-    """The page's status for a failed call: 404 for what does not exist (a mistyped trace name), 502 for
-    a dispatcher or store that could not answer."""
-    return 404 if error.code == grpc.StatusCode.NOT_FOUND else 502
+    """The page's status for a failed call: 404 for what does not exist (a mistyped trace name), 400 for a
+    request the dispatcher refused as it was asked (an end before its start), 502 for a dispatcher or store
+    that could not answer."""
+    if error.code == grpc.StatusCode.NOT_FOUND:
+        return 404
+    return 400 if error.code == grpc.StatusCode.INVALID_ARGUMENT else 502

@@ -17,7 +17,14 @@ from hoptrace.common.client import ApiError
 from hoptrace.results.format import WITHIN_CLOCK_BOUND, format_ns
 from hoptrace.results.packets_view import MAX_SLOWEST, packets_from_proto
 from hoptrace.web.dispatcher import get_client, http_status
-from hoptrace.web.results import SINCE_CHOICES, requested_since, since_seconds
+from hoptrace.web.results import (
+    SINCE_CHOICES,
+    bounds_ns,
+    range_text,
+    requested_bounds,
+    requested_since,
+    since_seconds,
+)
 
 bp = Blueprint("packets", __name__)
 
@@ -69,8 +76,9 @@ def packet_view(packet: dict[str, Any]) -> dict[str, Any]:
 
 @bp.get("/traces/<name>/packets")
 def page(name: str):  # noqa: ANN201 - a view
-    """The slowest packets of the range (?since=, ?slowest=) or one packet (?packet=ID) as waterfalls."""
-    since = requested_since()
+    """The slowest packets of the range (?since= or ?start=, ?end=; ?slowest=) or one packet (?packet=ID) as
+    waterfalls."""
+    since, bounds = requested_since(), requested_bounds()
     packet_text = request.args.get("packet", "").strip()
     packet_id = parse_packet_id(packet_text) if packet_text else 0
     try:
@@ -81,7 +89,9 @@ def page(name: str):  # noqa: ANN201 - a view
     error, status = None, 200
     packets: list[dict[str, Any]] = []
     try:
-        answer = get_client().packets(name, since_seconds(since), packet_id=packet_id, slowest=slowest)
+        answer = get_client().packets(
+            name, since_seconds(since), packet_id=packet_id, slowest=slowest, **bounds_ns(bounds)
+        )
         packets = [packet_view(packet) for packet in packets_from_proto(answer)]
     except ApiError as exc:  # no such trace, no store, store down: say so instead of a 500
         error, status = f"no packets of {name}: {exc.message}", http_status(exc)
@@ -89,6 +99,8 @@ def page(name: str):  # noqa: ANN201 - a view
         "packets.html",
         name=name,
         since=since,
+        bounds=bounds,
+        range_text=range_text(since, bounds),
         since_choices=SINCE_CHOICES,
         slowest=slowest,
         packet_id=packet_id,

@@ -25,6 +25,7 @@ from hoptrace.results.report_view import (
     most_time_text,
     report_from_proto,
 )
+from hoptrace.results.timerange import parse_time
 from hoptrace.v1 import api_pb2
 from hoptrace.web import actions, pathgraph
 from hoptrace.web.dispatcher import get_client, http_status
@@ -48,6 +49,35 @@ def requested_since() -> str:
     if seconds <= 0:
         abort(400, description=f"since: {since!r}: want a time range > 0, e.g. 5m, 15m, 1h")
     return since
+
+
+def requested_bounds() -> dict[str, str]:
+    """?start= and ?end= as given (each an ISO 8601 time, UTC unless it names a zone, or a duration ago:
+    hoptrace.results.timerange.parse_time), checked; 400 naming the parameter when one is no time. The
+    dispatcher checks the range they make (an end before its start: 400 with its reason)."""
+    bounds = {}
+    for key in ("start", "end"):
+        text = request.args.get(key, "").strip()
+        if text:
+            try:
+                parse_time(text)
+            except ValueError as error:
+                abort(400, description=f"{key}: {error}")
+            bounds[key] = text
+    return bounds
+
+
+def bounds_ns(bounds: dict[str, str]) -> dict[str, int]:
+    """The checked ?start= and ?end= of requested_bounds() as the client's start_ns and end_ns."""
+    return {f"{key}_ns": parse_time(text) for key, text in bounds.items()}
+
+
+def range_text(since: str, bounds: dict[str, str]) -> str:
+    """The range as a page says it: "the last 15m", "2025-03-01T14:05:00Z to now"."""
+    if not bounds:
+        return f"the last {since}"
+    start = bounds.get("start") or (f"{since} before the end" if "end" in bounds else f"the last {since}")
+    return f"{start} to {bounds.get('end', 'now')}"
 
 
 def since_seconds(since: str) -> float:
@@ -83,13 +113,14 @@ def _applied_trace(name: str) -> api_pb2.Trace | None:
         return None
 
 
-def results_data(name: str, since: str) -> dict[str, Any]:
-    """Everything the results page shows, JSON-ready; raises ApiError when there is no report."""
+def results_data(name: str, since: str, bounds: dict[str, str] | None = None) -> dict[str, Any]:
+    """Everything the results page shows, JSON-ready, over `since` (or the `bounds` of requested_bounds());
+    raises ApiError when there is no report."""
     from hoptrace.web.traces import trace_view
 
     trace = _applied_trace(name)
     view = trace_view(trace) if trace is not None else None
-    report = get_client().report(name, since_seconds(since), with_series=True)
+    report = get_client().report(name, since_seconds(since), with_series=True, **bounds_ns(bounds or {}))
     data = report_from_proto(report)  # the numbers of `hoptrace report --json`, raw
     summary = most_time_text(data)
     data["segments"] = [with_display(segment) for segment in data["segments"]]
@@ -115,15 +146,17 @@ def results_data(name: str, since: str) -> dict[str, Any]:
 @bp.get("/traces/<name>/results")
 def page(name: str):  # noqa: ANN201 - a view
     """The results page (tables rendered here; charts and polling in static/results.js)."""
-    since = requested_since()
+    since, bounds = requested_since(), requested_bounds()
     try:
-        data, error, status = results_data(name, since), None, 200
+        data, error, status = results_data(name, since, bounds), None, 200
     except ApiError as exc:  # no such trace, or no report (store down, not configured): say so, never a 500
         data, error, status = None, f"no report of {name}: {exc.message}", http_status(exc)
     return render_template(
         "results.html",
         name=name,
         since=since,
+        bounds=bounds,
+        range_text=range_text(since, bounds),
         since_choices=SINCE_CHOICES,
         data=data,
         error=error,
@@ -134,9 +167,9 @@ def page(name: str):  # noqa: ANN201 - a view
 @bp.get("/traces/<name>/results.json")
 def data_json(name: str):  # noqa: ANN201 - a view
     """The results as JSON (polled every 2 s by the page while it is open)."""
-    since = requested_since()
+    since, bounds = requested_since(), requested_bounds()
     try:
-        return jsonify(results_data(name, since))
+        return jsonify(results_data(name, since, bounds))
     except ApiError as exc:  # same as the page: a readable error, not a 500
         return jsonify({"error": f"no report of {name}: {exc.message}"}), http_status(exc)
 

@@ -73,7 +73,15 @@ def test_short_where_parses_to_typed_terms(where: str, terms: list[tuple[str, in
         ("vec in 3", "'in' takes a list such as [1, 3]"),
         ("vec in [1,2,3,4,5,6,7,8,9]", "'in' takes 1 to 8 values, got 9"),
         ("== 3", "cannot read term '== 3'"),
-        ("vec == 3 or vec == 4", "is not an integer"),
+        (
+            "vec == 3 or vec == 4",
+            "only 'and' joins terms, got 'or' in 'vec == 3 or vec == 4': for one of several values write"
+            " vec in [3, 4]",
+        ),
+        (
+            "vec == 3 or len > 4",
+            "only 'and' joins terms, got 'or' in 'vec == 3 or len > 4': write one event per",
+        ),
         ("", "must not be empty"),
         ("vec == 18446744073709551616", "does not fit in 64 bits"),
     ],
@@ -231,6 +239,24 @@ def test_api_spec_with_a_bad_operator_number_is_refused() -> None:
         "events[0].where[0]: unknown operator number 42",
         "events[0].where[1]: takes one value, got 2",
     ], errors
+
+
+def test_the_event_limit_holds_for_api_specs_as_for_yaml() -> None:
+    """An API client sends a TraceSpec message, never YAML: 100 events must be refused by the same
+    validation (they passed it, and the apply failed on the node at its 65th attach)."""
+    limit = events.MAX_EVENTS
+    spec = load_spec(_spec("{name: e0, node: host-a, tracepoint: 'irq:softirq_entry'}"))
+    for position in range(1, 100):
+        spec.events.add().CopyFrom(spec.events[0])
+        spec.events[-1].name = f"e{position}"
+    errors = [str(error) for error in validate_spec(spec, example_registrations())]
+    assert errors == [f"events: a trace has at most {limit} events, got 100"], errors
+    del spec.events[limit:]
+    assert validate_spec(spec, example_registrations()) == []
+    yaml_errors = _errors(
+        _spec(*(f"{{name: e{i}, node: host-a, tracepoint: 'irq:softirq_entry'}}" for i in range(100)))
+    )
+    assert [error.split(" (line")[0] for error in yaml_errors] == errors, yaml_errors
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """Fixtures of the web UI tests: the Flask app and test client on an in-process dispatcher, a live server in
-a thread, headless Chromium through selenium + chromedriver, and the full cluster (tests/system's helper)."""
+a thread, headless Chromium through selenium + chromedriver, the full cluster (tests/system's helper), and
+stored results in a real InfluxDB with a dispatcher reading them (`glance`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from stored_results import Glance, glance_world
 from web_helpers import CHROMEDRIVER, CHROMIUM, CHROMIUM_ARGS, PASSWORD, USERNAME, web_config
 
 from hoptrace.dispatcher.server import DispatcherServer
+from hoptrace.lab.processes import InfluxServer
 from hoptrace.web import create_app
 
 
@@ -80,3 +83,11 @@ def browser() -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def glance(tmp_path: Path, influxd: InfluxServer) -> Iterator[Glance]:
+    """One trace's results and a node's clock in InfluxDB, a dispatcher reading them, two registered agents
+    (one never measured): stored_results.glance_world."""
+    with glance_world(tmp_path, influxd) as world:
+        yield world
