@@ -186,6 +186,14 @@ def test_agent_daemonset_has_host_namespaces_mounts_and_exactly_its_capabilities
         assert re.search(rf"# CAP_{capability}: .+\n(\s+#.*\n)*\s+- {capability}\n", text), capability
 
 
+def test_collector_follows_the_dispatcher_with_its_own_token():
+    """The dispatcher refuses a user API call without a token (--tokens): the collector's is the viewer token
+    `hoptrace certs` writes, from the mounted certificates Secret."""
+    (container,) = by_kind("Deployment")["hoptrace-collector"]["spec"]["template"]["spec"]["containers"]
+    assert flag(container["args"], "dispatcher") == "hoptrace-dispatcher.hoptrace.svc:7070"
+    assert flag(container["args"], "dispatcher-token-file") == "/etc/hoptrace/certs/collector.token"
+
+
 def test_control_plane_pods_run_without_capabilities():
     for name, deployment in by_kind("Deployment").items():
         for container in deployment["spec"]["template"]["spec"]["containers"]:
