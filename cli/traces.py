@@ -9,6 +9,7 @@ from typing import Any
 from hoptrace.cli.api import CliError, client_of
 from hoptrace.cli.table import table
 from hoptrace.results.format import timestamp_text
+from hoptrace.results.trace_view import node_states, status_nodes, status_text
 from hoptrace.spec import SpecError, load_spec, spec_to_json, spec_to_yaml
 from hoptrace.spec.spec import MAX_SPEC_BYTES
 from hoptrace.v1 import api_pb2, trace_pb2
@@ -43,14 +44,13 @@ def load_spec_file(path: str) -> trace_pb2.TraceSpec:
 
 
 def node_summary(trace: api_pb2.Trace) -> str:
-    """`3/4 nodes active`."""
-    healthy = sum(1 for status in trace.nodes if status.active and not status.error)
-    return f"{healthy}/{len(trace.nodes)} nodes active"
+    """`3/4 nodes active`, with each inactive node's reason (hoptrace.results.trace_view)."""
+    return status_text(trace)
 
 
 def status_node(trace: api_pb2.Trace, index: int) -> str:
     """The node name of trace.nodes[index] (nodes are in the spec's path order)."""
-    nodes = list(dict.fromkeys(hop.node for hop in trace.spec.hops))
+    nodes = status_nodes(trace)
     return nodes[index] if index < len(nodes) else "?"
 
 
@@ -77,7 +77,7 @@ def run_trace_validate(args: argparse.Namespace) -> int:
 
 def run_trace_ls(args: argparse.Namespace) -> int:
     """hoptrace trace ls."""
-    rows = [["NAME", "GENERATION", "HOPS", "NODES", "STATUS", "APPLIED"]]
+    rows = [["NAME", "GENERATION", "HOPS", "NODES", "APPLIED", "STATUS"]]
     for trace in client_of(args).traces():
         nodes = ",".join(dict.fromkeys(hop.node for hop in trace.spec.hops))
         rows.append(
@@ -86,8 +86,8 @@ def run_trace_ls(args: argparse.Namespace) -> int:
                 str(trace.generation),
                 str(len(trace.spec.hops)),
                 nodes,
-                node_summary(trace),
                 timestamp_text(trace.applied_at),
+                node_summary(trace),  # last: it names what is wrong, at any length
             ]
         )
     print(table(rows) if len(rows) > 1 else "no traces")
@@ -101,12 +101,9 @@ def run_trace_get(args: argparse.Namespace) -> int:
         print(spec_to_json(trace.spec))
         return 0
     print(f"# generation {trace.generation}, applied {timestamp_text(trace.applied_at)}")
-    for index, status in enumerate(trace.nodes):
-        state = "active" if status.active and not status.error else "not active"
-        problems = [status.error] if status.error else []
-        problems += [hop.error for hop in status.hops if hop.error]
-        detail = f": {'; '.join(problems)}" if problems else ""
-        print(f"# node {status_node(trace, index)}: {state}{detail}")
+    for state in node_states(trace):
+        detail = f": {'; '.join(state['problems'])}" if state["problems"] else ""
+        print(f"# node {state['node']}: {'active' if state['active'] else 'not active'}{detail}")
     sys.stdout.write(spec_to_yaml(trace.spec))
     return 0
 

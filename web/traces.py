@@ -32,6 +32,7 @@ from flask import (
 from hoptrace.common.client import ApiError
 from hoptrace.common.durations import parse_duration
 from hoptrace.results.path_view import path_data
+from hoptrace.results.trace_view import node_states, status_text
 from hoptrace.spec import FieldError, SpecError, load_spec, spec_from_data, spec_to_yaml
 from hoptrace.spec.actions import action_to_data
 from hoptrace.spec.spec import FILTER_KEYS, HOP_STRING_KEYS
@@ -200,29 +201,10 @@ def check_form(form: TraceForm) -> tuple[trace_pb2.TraceSpec | None, list[FieldE
     return None, structural + others
 
 
-def node_of_status(trace: api_pb2.Trace, index: int) -> str:
-    """The node of trace.nodes[index] (statuses follow the nodes' first appearance in the path)."""
-    nodes = list(dict.fromkeys(hop.node for hop in trace.spec.hops))
-    return nodes[index] if index < len(nodes) else "?"
-
-
 def trace_view(trace: api_pb2.Trace) -> dict[str, Any]:
-    """One trace for the templates: its nodes' status and a one-word state."""
-    nodes = []
-    for index, status in enumerate(trace.nodes):
-        problems = ([status.error] if status.error else []) + [hop.error for hop in status.hops if hop.error]
-        nodes.append(
-            {
-                "node": node_of_status(trace, index),
-                "active": status.active and not problems,
-                "generation": status.generation,
-                "problems": problems,
-                "hops": [
-                    {"index": hop.hop_index, "name": hop.name, "attached": hop.attached, "error": hop.error}
-                    for hop in status.hops
-                ],
-            }
-        )
+    """One trace for the templates: its nodes' status (hoptrace.results.trace_view, as `hoptrace trace ls`
+    says it) and a one-word state."""
+    nodes = node_states(trace)
     active = sum(1 for node in nodes if node["active"])
     applied = (
         trace.applied_at.ToDatetime().isoformat(timespec="seconds") + "Z" if trace.applied_at.seconds else "-"
@@ -236,6 +218,7 @@ def trace_view(trace: api_pb2.Trace) -> dict[str, Any]:
         "node_names": list(dict.fromkeys(hop.node for hop in trace.spec.hops)),
         "nodes": nodes,
         "active": active,
+        "status": status_text(trace),
         "state": "running"
         if nodes and active == len(nodes)
         else ("partly running" if active else "not running"),

@@ -116,6 +116,7 @@ type Hop struct {
 	Loaded   *loader.Hop
 	Describe string // e.g. "tcx egress on eth0 in netns c1"
 	detach   detachers
+	place    *place // what Gone checks (nil: nothing to lose)
 }
 
 // Close detaches first, then releases the program and maps.
@@ -205,7 +206,8 @@ func load(spec *ebpf.CollectionSpec, k hopKind, p *pending, opts loader.Options)
 		l.Close()
 		return nil, fmt.Errorf("attach %s: %w", p.describe, err)
 	}
-	return &Hop{Name: p.cfg.Name, Index: uint32(p.cfg.HopIndex), Loaded: l, Describe: p.describe, detach: d}, nil
+	return &Hop{Name: p.cfg.Name, Index: uint32(p.cfg.HopIndex), Loaded: l, Describe: p.describe, detach: d,
+		place: placeOf(p)}, nil
 }
 
 // netnsInode sets the hop's netns inode constant: the programs that see

@@ -32,6 +32,9 @@ type Tracer interface {
 	Apply(*pb.TracePlan) *pb.TraceStatus
 	Remove(name string) *pb.TraceStatus
 	Running() []*pb.TraceStatus
+	// Check finds hops whose device or netns went away and returns the
+	// statuses of the traces that changed (tracer.Manager.Check).
+	Check() []*pb.TraceStatus
 }
 
 // PresetRunner runs one preset (mace, iron) with its flags without dashes and
@@ -213,6 +216,7 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 		defer sendMu.Unlock()
 		return st.Send(m)
 	}
+	s.Tracer.Check() // Register.running says what is attached now, not what was
 	registration := s.Register()
 	if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_Register{Register: registration}}); err != nil {
 		return false, fmt.Errorf("register: %w", err)
@@ -246,6 +250,16 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_Heartbeat{Heartbeat: hb}}); err != nil {
 					cancel()
 					return
+				}
+				// A hop whose device or netns went away is no longer attached: the
+				// dispatcher hears it as the trace's status, as after an apply.
+				for _, st := range s.Tracer.Check() {
+					s.Log.Warn("trace lost a hop", "trace", st.GetTrace(), "generation", st.GetGeneration(),
+						"active", st.GetActive(), "hops", lostHops(st))
+					if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_TraceStatus{TraceStatus: st}}); err != nil {
+						cancel()
+						return
+					}
 				}
 			}
 		}
@@ -298,6 +312,17 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 			return true, err
 		}
 	}
+}
+
+// lostHops are the errors of a status's hops that are not attached.
+func lostHops(st *pb.TraceStatus) []string {
+	var out []string
+	for _, h := range st.GetHops() {
+		if !h.GetAttached() {
+			out = append(out, h.GetError())
+		}
+	}
+	return out
 }
 
 // planOf is the plan an apply message carries once its signature is

@@ -23,6 +23,15 @@ import (
 type fakeTracer struct {
 	mu      sync.Mutex
 	running map[string]*pb.TraceStatus
+	lost    []*pb.TraceStatus // Check's answer, once
+}
+
+func (f *fakeTracer) Check() []*pb.TraceStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.lost
+	f.lost = nil
+	return out
 }
 
 func (f *fakeTracer) Apply(p *pb.TracePlan) *pb.TraceStatus {
@@ -172,6 +181,46 @@ func TestSessionAppliesAndReconnects(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(d2.done)
+}
+
+// TestSessionReportsLostHops: a hop the tracer finds gone (its device or
+// netns deleted) reaches the dispatcher as the trace's status, unasked.
+func TestSessionReportsLostHops(t *testing.T) {
+	defer goleak.VerifyNone(t)
+
+	srv, d, addr := startDispatcher(t, "127.0.0.1:0")
+	defer srv.Stop()
+	ft := &fakeTracer{running: map[string]*pb.TraceStatus{}}
+	s := &Session{Addr: addr, Node: "n1", Version: "test", Tracer: ft, Heartbeat: 20 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	st := recvSession(t, d)
+	if m, err := st.Recv(); err != nil || m.GetRegister() == nil {
+		t.Fatalf("register %v %v", m, err)
+	}
+	lost := &pb.TraceStatus{Trace: "t1", Generation: 4, Active: false,
+		Hops: []*pb.HopStatus{{Name: "a-veth-in", Error: "hop a-veth-in: device veth-c1 is gone from netns c1"}}}
+	ft.mu.Lock()
+	ft.lost = []*pb.TraceStatus{lost}
+	ft.mu.Unlock()
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.GetTraceStatus(); got != nil {
+			if !proto.Equal(got, lost) {
+				t.Fatalf("status %v, want %v", got, lost)
+			}
+			break
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	close(d.done)
 }
 
 func TestSessionRunsPresets(t *testing.T) {

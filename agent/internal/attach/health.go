@@ -1,0 +1,80 @@
+package attach
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/hoptrace/hoptrace/agent/internal/netns"
+)
+
+// place is where a hop was attached, as it was then: its netns (the file and
+// its inode) and its device (name and ifindex). Gone compares it with now.
+type place struct {
+	nsPath, nsName string
+	nsIno          uint64 // 0: not known at attach time (not compared)
+	dev            string // "" when the hop has no device
+	ifindex        int
+}
+
+// placeOf is what a hop's attachment depends on: its netns when the plan
+// names one or the hop is on a device there, and the device. nil when it
+// depends on neither (a kernel function seen in every netns, the tagger).
+func placeOf(p *pending) *place {
+	if p.plan == nil || (p.plan.GetNetns() == "" && p.ifindex == 0) {
+		return nil
+	}
+	w := &place{nsPath: p.nsPath, nsName: p.nsName, ifindex: p.ifindex}
+	if p.ifindex != 0 {
+		w.dev = p.plan.GetDev()
+	}
+	if ino, err := netns.Inode(p.nsPath); err == nil {
+		w.nsIno = ino
+	}
+	return w
+}
+
+// Gone says why the hop no longer sees its packets: its netns or its device
+// went away (deleted, or deleted and made again under the same name, which
+// the program is not on), or its tcx/XDP link was detached; "" while it is
+// where it was attached. A tcx or XDP link is detached by the kernel when
+// its device is unregistered (tcx_uninstall, dev_xdp_uninstall); a clsact
+// filter goes with its device's qdisc.
+func (h *Hop) Gone() string {
+	if h == nil || h.place == nil {
+		return ""
+	}
+	w := h.place
+	if _, err := os.Stat(w.nsPath); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Sprintf("netns %s is gone", w.nsName)
+		}
+		return fmt.Sprintf("netns %s cannot be read: %v", w.nsName, err)
+	}
+	if ino, err := netns.Inode(w.nsPath); err == nil && w.nsIno != 0 && ino != w.nsIno {
+		return fmt.Sprintf("netns %s is gone (another namespace has its name now)", w.nsName)
+	}
+	if w.dev == "" {
+		return ""
+	}
+	ifindex, err := netns.Ifindex(w.nsPath, w.dev)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("device %s is gone from netns %s", w.dev, w.nsName)
+	case ifindex != w.ifindex:
+		return fmt.Sprintf("device %s is gone from netns %s (another device has its name now)", w.dev, w.nsName)
+	}
+	for _, l := range h.Links() {
+		info, err := l.Info()
+		if err != nil {
+			continue
+		}
+		if tcx := info.TCX(); tcx != nil && tcx.Ifindex == 0 {
+			return fmt.Sprintf("its tcx link on %s was detached", w.dev)
+		}
+		if xdp := info.XDP(); xdp != nil && xdp.Ifindex == 0 {
+			return fmt.Sprintf("its XDP link on %s was detached", w.dev)
+		}
+	}
+	return ""
+}
