@@ -1,7 +1,9 @@
 """Join stage: joins each packet's records across hops and nodes.
 
-Key: (trace, origin = packet_id >> 24, flow_hash, packet_id). Records of one packet wait in a bounded reorder
-window; a packet is emitted
+Key: (trace, packet_id). The dispatcher gives each applied trace its own ID origin (the ID's top 8 bits) and
+only the trace's first hop writes IDs, so an ID names one packet of one trace; the 5-tuple is not in the key
+because an address translation (DNAT, SNAT) changes it between hops. Records of one packet wait in a bounded
+reorder window; a packet is emitted
 
 * complete, as soon as every hop of the trace's path was seen (path known from the `TraceCatalog`);
 * incomplete, when its window expires: the watermark passed `window_ns` beyond the master time of the packet's
@@ -15,14 +17,14 @@ window; a packet is emitted
   first is emitted as it is, the second starts a new entry (`JoinStats.collisions`);
 * when `max_entries` is reached, the oldest entries are emitted incomplete (`JoinStats.evicted`).
 
-Memory bound: at most `max_entries` pending packets. One entry is a key tuple (4 items), a list of
+Memory bound: at most `max_entries` pending packets. One entry is a key tuple (2 items), a list of
 2 * hops + 2 slots and one int per timestamp seen: about 250 + 50 * hops bytes on CPython 3.11 (measured by
 `bench/collector_join.py`: 330 B for 2 hops, 430 B for 4), so the default 500 000 entries of a 4-hop trace
 hold about 220 MB at most. Throughput measured there: about 1.2 M hop records/s joined on one core (4 hops).
 
 Hot path (`HopJoiner.join_hops`): one dict lookup keyed by a tuple and one list per packet; no per-record
-object other than the decoded tuple and the key (trace, flow_hash, packet_id: the origin is the ID's top
-8 bits); a packet completed by a record is emitted inline.
+object other than the decoded tuple and the key (trace, packet_id: the origin is the ID's top 8 bits); a
+packet completed by a record is emitted inline.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hoptrace.collector.catalog import MAX_HOPS, TraceCatalog, TracePath
-from hoptrace.collector.records import Record
+from hoptrace.collector.records import ID_SEQ_BITS, Record
 
 # Width of the per-packet slot array of a trace whose path is not known yet (grown when needed).
 _UNKNOWN_WIDTH = 8
@@ -62,7 +64,6 @@ class JoinedPacket(NamedTuple):
 
     trace: str
     origin: int
-    flow_hash: int
     packet_id: int
     times: list[int | None]
     nodes: list[str | None]
@@ -108,8 +109,8 @@ class HopJoiner:
         self.config = config or JoinConfig()
         self.config.validate()
         self.stats = JoinStats()
-        # key (trace, flow_hash, packet_id): the origin is the ID's top 8 bits, so it needs no slot of its own
-        self._pending: dict[tuple[str, int, int], list] = {}
+        # key (trace, packet_id): the origin is the ID's top 8 bits, so it needs no slot of its own
+        self._pending: dict[tuple[str, int], list] = {}
         self._traces: dict[str, _TraceState] = {}
         self._watermark = 0
         self._next_sweep = 0
@@ -197,7 +198,7 @@ class HopJoiner:
 
     # -- emission ------------------------------------------------------------------------------------------
 
-    def _emit(self, key: tuple[str, int, int], e: list, st: _TraceState, cut: bool = False) -> JoinedPacket:
+    def _emit(self, key: tuple[str, int], e: list, st: _TraceState, cut: bool = False) -> JoinedPacket:
         w = st.width
         times = e[:w]
         complete = st.path_len > 0 and e[-1] == st.path_len
@@ -213,7 +214,7 @@ class HopJoiner:
                 if times[i] is None:
                     stats.missing[(key[0], path.hop_name(i))] += 1
         return JoinedPacket(
-            key[0], key[2] >> 24, key[1], key[2], times, e[w : 2 * w], complete, cut and not complete
+            key[0], key[1] >> ID_SEQ_BITS, key[1], times, e[w : 2 * w], complete, cut and not complete
         )
 
     # -- the hot path ------------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ class HopJoiner:
         dropped = 0
         completed = 0
         make = tuple.__new__  # JoinedPacket without its Python-level __new__ (the hot path's one object)
-        for ts, pid, fh, _ifindex, _wire_len, hop, _slot, _cpu, _flags in records:
+        for ts, pid, _flow_hash, _ifindex, _wire_len, hop, _slot, _cpu, _flags in records:
             n += 1
             if hop >= width:
                 if known or hop >= MAX_HOPS:
@@ -261,7 +262,7 @@ class HopJoiner:
                 t -= round(drift * (ts - ref_mono_ns))
             if t > newest:
                 newest = t
-            key = (trace, fh, pid)
+            key = (trace, pid)
             e = get(key)
             if e is not None:
                 if e[hop] is None:
@@ -274,7 +275,7 @@ class HopJoiner:
                         out.append(
                             make(
                                 JoinedPacket,
-                                (trace, pid >> 24, fh, pid, e[:width], e[width : 2 * width], True, False),
+                                (trace, pid >> ID_SEQ_BITS, pid, e[:width], e[width:-2], True, False),
                             )
                         )
                     else:

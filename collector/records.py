@@ -30,7 +30,7 @@ assert VALUES_STRUCT.size == VALUES_SIZE, "kernel_abi.VALUES_FORMAT disagrees wi
 # Tuple positions, for readers that index records.
 TS_NS, PACKET_ID, FLOW_HASH, IFINDEX, WIRE_LEN, HOP_INDEX, TRACE_SLOT, CPU, FLAGS = range(len(RECORD_FIELDS))
 
-# Packet IDs: origin node salt in the top 8 bits, a per-trace sequence in the low bits.
+# Packet IDs: the trace's origin in the top 8 bits, a per-trace sequence in the low bits.
 ID_SEQ_BITS = kernel_abi.ID_SEQ_BITS
 ID_SEQ_MASK = kernel_abi.ID_SEQ_MASK
 
@@ -57,7 +57,7 @@ class RecordDecodeError(ValueError):
 
 
 def origin_of(packet_id: int) -> int:
-    """Return the origin node salt of a packet ID (its top 8 bits)."""
+    """Return the origin of a packet ID (its top 8 bits: the trace's, given by the dispatcher)."""
     return packet_id >> ID_SEQ_BITS
 
 

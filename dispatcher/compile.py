@@ -286,12 +286,14 @@ def event_attach(event: trace_pb2.EventSpec, index: int, spec: trace_pb2.TraceSp
     return attach
 
 
-def build_plans(checked: CheckedSpec, generation: int) -> dict[str, agent_pb2.TracePlan]:
+def build_plans(checked: CheckedSpec, generation: int, origin: int = 0) -> dict[str, agent_pb2.TracePlan]:
     """Split a checked spec into per-node plans (without objects), keyed by node, in path order.
 
     Hops and events keep their global index. UDP: the first hop writes IDs (tag_udp). TCP: the first hop's
     node tags the segments its sockets send in the first hop's netns (sock_ops); a cgroup-egress first hop
     narrows the sock_ops attachment to its cgroup. Events go to their nodes' plans (maybe events alone).
+    `origin`: the trace's ID origin (1..TRACE_ORIGINS), by which every hop also follows its packets
+    through address translations; 0 for plans without one (standalone: the filter alone decides).
     """
     spec, points = checked.spec, checked.points
     plans: dict[str, agent_pb2.TracePlan] = {}
@@ -301,7 +303,7 @@ def build_plans(checked: CheckedSpec, generation: int) -> dict[str, agent_pb2.Tr
         plan = plans.get(hop.node)
         if plan is None:
             plan = plans[hop.node] = agent_pb2.TracePlan(
-                trace=spec.name, generation=generation, sample=spec.sample or 1
+                trace=spec.name, generation=generation, sample=spec.sample or 1, id_origin=origin
             )
             plan.match.CopyFrom(match)
         plan.hops.append(
@@ -318,7 +320,7 @@ def build_plans(checked: CheckedSpec, generation: int) -> dict[str, agent_pb2.Tr
         plan = plans.get(event.node)
         if plan is None:
             plan = plans[event.node] = agent_pb2.TracePlan(
-                trace=spec.name, generation=generation, sample=spec.sample or 1
+                trace=spec.name, generation=generation, sample=spec.sample or 1, id_origin=origin
             )
             plan.match.CopyFrom(match)
         plan.events.append(event_attach(event, index, spec))
@@ -582,11 +584,11 @@ class BpfCompiler:
 
 
 def compile_spec(
-    checked: CheckedSpec, generation: int, compiler: BpfCompiler
+    checked: CheckedSpec, generation: int, compiler: BpfCompiler, origin: int = 0
 ) -> dict[str, agent_pb2.TracePlan]:
-    """Per-node plans of a checked spec with their objects, keyed by node in path order; raises
-    CompileError."""
-    plans = build_plans(checked, generation)
+    """Per-node plans of a checked spec with their objects (build_plans'), keyed by node in path order;
+    raises CompileError."""
+    plans = build_plans(checked, generation, origin)
     compiler.compile_plans(plans)
     return plans
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from hoptrace import kernel_abi
 from hoptrace.dispatcher.compile import (
     BpfCompiler,
     CompileError,
@@ -91,6 +92,18 @@ def status_failures(
     if not failures and not status.active:
         failures.append(f"node {node}: trace not active")
     return failures
+
+
+def _free_origin(taken: set[int], trace: str) -> int:
+    """The lowest ID origin no applied trace has; raises DispatcherError when all are taken."""
+    for origin in range(1, kernel_abi.TRACE_ORIGINS + 1):
+        if origin not in taken:
+            return origin
+    raise DispatcherError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"trace {trace}: {kernel_abi.TRACE_ORIGINS} traces are applied, as many as packet IDs can tell "
+        "apart; delete one (hoptrace trace rm NAME) first",
+    )
 
 
 @dataclass
@@ -186,6 +199,11 @@ class TraceController:
             except SpecError as error:
                 log.error("stored trace %s no longer validates, not applied:\n%s", stored.spec.name, error)
                 continue
+            taken = {trace.stored.origin for trace in self._traces.values()}
+            if not 0 < stored.origin <= kernel_abi.TRACE_ORIGINS or stored.origin in taken:
+                # A state written before traces had origins (or a copied file): given one now, kept after.
+                stored.origin = _free_origin(taken, stored.spec.name)
+                store.save(stored)
             self._traces[stored.spec.name] = _Trace(stored, checked, nodes=spec_nodes(stored.spec))
         if self._traces:
             log.info("loaded %d trace(s) from %s", len(self._traces), store.state_dir)
@@ -271,15 +289,20 @@ class TraceController:
                     grpc.StatusCode.UNAVAILABLE,
                     f"trace {spec.name}: no agent connected on node(s) {', '.join(missing)}; nothing changed",
                 )
+            with self._lock:
+                previous = self._traces.get(spec.name)
+                origin = (
+                    previous.stored.origin
+                    if previous
+                    else _free_origin({trace.stored.origin for trace in self._traces.values()}, spec.name)
+                )
             generation = self.store.next_generation()
             try:
-                plans = compile_spec(checked, generation, self.compiler)
+                plans = compile_spec(checked, generation, self.compiler, origin)
             except CompileError as error:
                 raise DispatcherError(
                     grpc.StatusCode.INTERNAL, f"trace {spec.name}: compiling the BPF objects failed:\n{error}"
                 ) from None
-            with self._lock:
-                previous = self._traces.get(spec.name)
             failures = self._push_plans(spec.name, plans, spec)
             if failures:
                 rollback_problems = self._roll_back(spec, previous)
@@ -293,7 +316,7 @@ class TraceController:
                 if rollback_problems:
                     message += "\nrollback problems:\n" + "\n".join(rollback_problems)
                 raise DispatcherError(grpc.StatusCode.FAILED_PRECONDITION, message)
-            stored = StoredTrace(spec=spec, generation=generation, applied_at=now())
+            stored = StoredTrace(spec=spec, generation=generation, applied_at=now(), origin=origin)
             self.store.save(stored)
             trace = _Trace(stored, checked, plans=plans, nodes=nodes)
             with self._lock:
@@ -379,11 +402,13 @@ class TraceController:
         problems = self._remove_from(failed.name, only_failed)
         generation = self.store.next_generation()
         try:
-            plans = compile_spec(previous.checked, generation, self.compiler)
+            plans = compile_spec(previous.checked, generation, self.compiler, previous.stored.origin)
         except CompileError as error:
             return [*problems, f"recompiling the previous spec failed: {error}"]
         problems.extend(self._push_plans(failed.name, plans))
-        stored = StoredTrace(previous.stored.spec, generation, previous.stored.applied_at)
+        stored = StoredTrace(
+            previous.stored.spec, generation, previous.stored.applied_at, origin=previous.stored.origin
+        )
         self.store.save(stored)
         with self._lock:
             self._traces[failed.name] = _Trace(stored, previous.checked, plans=plans, nodes=previous.nodes)
@@ -401,7 +426,7 @@ class TraceController:
     def _plan_for(self, trace: _Trace, node: str) -> agent_pb2.TracePlan:
         with self._lock:
             if trace.plans is None:
-                trace.plans = build_plans(trace.checked, trace.stored.generation)
+                trace.plans = build_plans(trace.checked, trace.stored.generation, trace.stored.origin)
             plan = trace.plans[node]
         if not plan.object:
             self.compiler.compile_plans({node: plan})

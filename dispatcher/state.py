@@ -21,11 +21,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StoredTrace:
-    """A trace as applied: its spec, the generation agents run, and when it was applied."""
+    """A trace as applied: its spec, the generation agents run, when it was applied, and its ID origin
+    (the top bits of its packets' IDs, 1..TRACE_ORIGINS; 0: none given yet)."""
 
     spec: trace_pb2.TraceSpec
     generation: int
     applied_at: datetime
+    origin: int = 0
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -61,6 +63,7 @@ class StateStore:
         """Write one trace (replacing its previous generation) atomically."""
         document = {
             "generation": stored.generation,
+            "origin": stored.origin,
             "applied_at": stored.applied_at.isoformat(),
             "spec": spec_to_data(stored.spec),
         }
@@ -100,6 +103,7 @@ class StateStore:
                     spec=spec,
                     generation=int(document["generation"]),
                     applied_at=datetime.fromisoformat(document["applied_at"]),
+                    origin=int(document.get("origin") or 0),
                 )
             except (
                 OSError,

@@ -28,7 +28,12 @@ const volatile __u16 trace_slot = 0;
 const volatile __u32 hop_ifindex = 0;
 const volatile __u32 hop_netns_ino = 0;
 const volatile __u8 hop_tag_udp = 0;
-const volatile __u8 node_salt = 1;
+/* The top bits of the IDs this trace writes (the dispatcher gives each trace its own). */
+const volatile __u8 id_origin = 1;
+/* Hops take a packet that carries an ID of this origin even when its addresses or ports no longer
+ * match the filter: an address translation (DNAT, SNAT, masquerade) rewrote them after it was
+ * tagged. 0: the filter alone decides (standalone plans, presets). */
+const volatile __u8 follow_origin = 0;
 const volatile __u32 sample_every = 1;
 const volatile __u8 filter_proto = 0;
 const volatile __u8 filter_family = 0;
@@ -173,8 +178,28 @@ static __always_inline bool flow_match(__u8 family, __u8 proto, const __u32 *sad
 /* hop_parse's status for a packet the filter refuses (beside parse.bpf.h's PARSE_*). */
 #define HOP_NOT_MATCHED 0x100
 
-/* The packet's headers, then the filter, then, only for a matching packet, its ID: a packet of
- * another flow pays no TCP option scan. */
+/* Whether a packet of protocol proto that the filter refuses may still be the trace's, translated:
+ * it is followed by its ID, and a translation keeps the protocol. */
+static __always_inline bool hop_may_follow(__u8 proto)
+{
+	return follow_origin && (!filter_proto || proto == filter_proto);
+}
+
+/* A packet the filter refused: the trace's all the same when it carries an ID of the trace's origin
+ * (HOPTRACE_F_FOLLOWED), else HOP_NOT_MATCHED, whatever its ID's parse found. */
+static __always_inline int hop_follow(enum pkt_source src, struct pkt_reader *r, struct pkt_info *p)
+{
+	if (!hop_may_follow(p->proto) || parse_id(src, r, p) || !p->id ||
+	    p->id >> HOPTRACE_ID_SEQ_BITS != follow_origin) {
+		p->id = 0;
+		return HOP_NOT_MATCHED;
+	}
+	p->flags |= HOPTRACE_F_FOLLOWED;
+	return PARSE_OK;
+}
+
+/* The packet's headers, then the filter, then, only for a matching packet (or one a hop may
+ * follow), its ID: a packet of another flow pays no TCP option scan. */
 static __always_inline int hop_parse(enum pkt_source src, struct pkt_reader *r, __u16 ethertype,
 				     struct pkt_info *p)
 {
@@ -183,21 +208,28 @@ static __always_inline int hop_parse(enum pkt_source src, struct pkt_reader *r, 
 	if (status)
 		return status;
 	if (!flow_match(p->family, p->proto, p->saddr, p->daddr, p->sport, p->dport))
-		return HOP_NOT_MATCHED;
+		return hop_follow(src, r, p);
 	return parse_id(src, r, p);
 }
 
-/*
- * A packet of another flow, refused by the fast path (parse.bpf.h's fast_flow_*) and counted as
- * the general path would count it; false: the general path decides.
- */
-static __always_inline bool hop_fast_refuses(bool decided, const struct fast_flow *f)
+/* What the fast path (parse.bpf.h's fast_flow_*) made of a frame. */
+enum fast_verdict {
+	FAST_GENERAL, /* undecided, or maybe followed by its ID: the general parser decides */
+	FAST_TAKEN,   /* the filter's flow: the general parser resumes at fast_resume's */
+	FAST_REFUSED, /* another flow, counted as the general path would count it: done */
+};
+
+static __always_inline enum fast_verdict hop_fast_verdict(bool decided, const struct fast_flow *f)
 {
-	if (!decided || flow_match(f->family, f->proto, f->saddr, f->daddr, f->sport, f->dport))
-		return false;
+	if (!decided)
+		return FAST_GENERAL;
+	if (flow_match(f->family, f->proto, f->saddr, f->daddr, f->sport, f->dport))
+		return FAST_TAKEN;
+	if (!f->no_id && hop_may_follow(f->proto))
+		return FAST_GENERAL;
 	count(HOPTRACE_C_SEEN, 1);
 	count(HOPTRACE_C_NOT_MATCHED, 1);
-	return true;
+	return FAST_REFUSED;
 }
 
 /*
@@ -304,7 +336,7 @@ static __always_inline __u32 next_id(bool floor)
 			return 0;
 		n /= sample_every;
 	}
-	return ((__u32)node_salt << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
+	return ((__u32)id_origin << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
 }
 
 /* Never a wake-up: one schedules the agent onto the traced packet's CPU, in the middle of its
@@ -870,9 +902,12 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 		bool fast = fast_flow_l2((const __u8 *)(long)skb->data,
 					 (const __u8 *)(long)skb->data_end, len, &f);
 
-		if (hop_fast_refuses(fast, &f) || (fast && hop_fast_untagged(&f, len)))
+		enum fast_verdict verdict = hop_fast_verdict(fast, &f);
+
+		if (verdict == FAST_REFUSED ||
+		    (verdict == FAST_TAKEN && hop_fast_untagged(&f, len)))
 			return TCX_NEXT_;
-		resume = fast ? fast_resume(&f) : 0;
+		resume = verdict == FAST_TAKEN ? fast_resume(&f) : 0;
 	}
 	/* Zeroed after the fast path: a packet it refuses pays no stack stores for them. */
 	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
@@ -915,9 +950,12 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 		    fast_flow_l3((const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 				 len, 0, bpf_htons(ethertype ? ethertype : ETH_P_IP_), &f);
 
-		if (hop_fast_refuses(fast, &f) || (fast && hop_fast_untagged(&f, len)))
+		enum fast_verdict verdict = hop_fast_verdict(fast, &f);
+
+		if (verdict == FAST_REFUSED ||
+		    (verdict == FAST_TAKEN && hop_fast_untagged(&f, len)))
 			return SK_PASS_;
-		resume = fast ? fast_resume(&f) : 0;
+		resume = verdict == FAST_TAKEN ? fast_resume(&f) : 0;
 	}
 	/* Zeroed after the fast path: a packet it refuses pays no stack stores for them. */
 	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
@@ -955,12 +993,14 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 		/* the linear part's length: a frame with fragments takes the general path */
 		bool fast = fast_flow_l2(data, data_end, data_end - data, &f);
 
+		enum fast_verdict verdict = hop_fast_verdict(fast, &f);
+
 		/* the length only for an untagged segment: the helper call is not free */
-		if (hop_fast_refuses(fast, &f) ||
-		    (fast && f.tcp_untagged &&
+		if (verdict == FAST_REFUSED ||
+		    (verdict == FAST_TAKEN && f.tcp_untagged &&
 		     hop_fast_untagged(&f, xdp_frame_len(ctx, data, data_end, floor))))
 			return XDP_PASS;
-		resume = fast ? fast_resume(&f) : 0;
+		resume = verdict == FAST_TAKEN ? fast_resume(&f) : 0;
 	}
 	len = xdp_frame_len(ctx, data, data_end, floor);
 	/* Zeroed after the fast path: a packet it refuses pays no stack stores for them. */

@@ -21,11 +21,15 @@ enum hoptrace_wire {
 	HOPTRACE_UDP_ID_LEN = 4,
 	HOPTRACE_VXLAN_PORT = 4789,
 	HOPTRACE_GENEVE_PORT = 6081,
-	/* Packet IDs: origin node salt in the top 8 bits, a per-trace sequence in
-	 * the low 24 bits, so IDs of one origin never repeat within 16 M packets.
-	 * ID 0 means "no ID". */
+	/* Packet IDs: the trace's origin in the top 8 bits (the dispatcher gives
+	 * each applied trace its own), a per-trace sequence in the low 24 bits, so
+	 * IDs of one origin never repeat within 16 M packets. ID 0 means "no ID". */
 	HOPTRACE_ID_SEQ_BITS = 24,
 	HOPTRACE_ID_SEQ_MASK = (1u << 24) - 1,
+	/* Origins the dispatcher gives applied traces: 1..this. The ones above
+	 * are presets' and standalone plans', by node name: their IDs never pass
+	 * for an applied trace's at a hop that follows IDs (follow_origin). */
+	HOPTRACE_TRACE_ORIGINS = 239,
 	/* Hops in one trace's path (hop_index < this): the dispatcher refuses
 	 * longer paths and the collector keeps per-packet join state bounded. */
 	HOPTRACE_MAX_HOPS = 64,
@@ -84,13 +88,17 @@ enum hoptrace_record_flag {
 	/* socket-read hops: the record's ifindex holds the reading task's pid
 	 * (tgid), not a device; the packet arrived on the device hops before. */
 	HOPTRACE_F_TASK = 1 << 8,
+	/* the packet's addresses or ports no longer match the filter (an address translation
+	 * rewrote them): the hop took it by its ID, whose origin is the trace's */
+	HOPTRACE_F_FOLLOWED = 1 << 9,
 };
 
 /* One timestamp of one packet at one hop. 32 bytes, no padding. */
 struct hoptrace_record {
 	__u64 ts_ns;	  /* bpf_ktime_get_ns(): CLOCK_MONOTONIC of the node */
 	__u32 packet_id;  /* never 0 in a record */
-	__u32 flow_hash;  /* hash of the innermost 5-tuple: equal at every hop */
+	__u32 flow_hash;  /* hash of the innermost 5-tuple as this hop saw it: equal at every
+			     hop unless an address translation rewrote the packet */
 	__u32 ifindex;	  /* device the packet was seen on (its own netns); with
 			     HOPTRACE_F_TASK the reading task's pid instead */
 	__u32 wire_len;	  /* skb/frame length at this hop, L2 included when present */

@@ -728,7 +728,8 @@ struct fast_flow {
 	__u8 family;
 	__u8 vxlan;	   /* the flow is VXLAN's inner packet */
 	__u8 tcp_untagged; /* a TCP segment fast_tcp_untagged read: no ID, well formed */
-	__u32 l3;	   /* its IP header */
+	__u8 no_id; /* it carries no ID: neither UDP with the ID's surplus nor TCP with options */
+	__u32 l3;   /* its IP header */
 };
 
 /*
@@ -765,17 +766,20 @@ static __always_inline bool fast_ports(const __u8 *data, const __u8 *data_end, _
 	f->sport = 0;
 	f->dport = 0;
 	f->tcp_untagged = 0;
+	f->no_id = 1;
 	if (f->proto == IPPROTO_UDP_) {
 		if ((const void *)(udp + 1) > (const void *)data_end)
 			return false;
 		udp_len = bpf_ntohs(udp->len);
 		if (udp_len < sizeof(*udp) || hdr_len + udp_len > ip_len)
 			return false;
+		f->no_id = ip_len - hdr_len - udp_len != HOPTRACE_UDP_ID_LEN;
 	} else if (f->proto == IPPROTO_TCP_) {
 		/* the ports only, as parse_l3 reads them */
 		if ((const void *)udp + 4 > (const void *)data_end)
 			return false;
 		f->tcp_untagged = fast_tcp_untagged(data, data_end, l4, hdr_len, ip_len);
+		f->no_id = f->tcp_untagged;
 	} else {
 		return true;
 	}

@@ -34,7 +34,7 @@ def catalog() -> TraceCatalog:
 
 def packet(pid: int, times: list[int | None], nodes: list[str | None] | None = None) -> JoinedPacket:
     nodes = nodes or [n if t is not None else None for n, t in zip(NODES, times, strict=True)]
-    return JoinedPacket("t", 7, 1, pid, times, nodes, all(t is not None for t in times))
+    return JoinedPacket("t", 7, pid, times, nodes, all(t is not None for t in times))
 
 
 def test_quantiles_by_hand() -> None:
@@ -82,7 +82,7 @@ def test_segment_order_follows_the_path_not_the_hop_arrival() -> None:
     c = TraceCatalog()
     c.set_trace("t", ["z-first", "a-second", "m-third"], ["n", "n", "n"])
     agg = SegmentAggregator(c)
-    agg.add_packets([JoinedPacket("t", 7, 1, 1, [SEC, SEC + 5, SEC + 9], ["n"] * 3, True)])
+    agg.add_packets([JoinedPacket("t", 7, 1, [SEC, SEC + 5, SEC + 9], ["n"] * 3, True)])
     assert [w.segment for w in agg.flush()] == ["z-first>a-second", "a-second>m-third", END_TO_END]
 
 

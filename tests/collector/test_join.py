@@ -44,7 +44,7 @@ def test_join_across_hops_and_nodes_in_shuffled_order() -> None:
     by_id = {p.packet_id: p for p in packets}
     for i in range(300):
         p = by_id[pid(i + 1)]
-        assert p.complete and p.origin == 7 and p.flow_hash == i % 4
+        assert p.complete and p.origin == 7
         assert p.times == [SEC + i * 1000 + h * 10 + i % 5 for h in range(3)]
         assert p.nodes == NODES
 
@@ -126,12 +126,19 @@ def test_id_collision_is_counted_and_not_joined() -> None:
     assert len(out) == 1 and out[0].complete and out[0].times == [SEC + 100, SEC + 105, SEC + 110]
 
 
-def test_same_id_in_another_flow_or_origin_is_another_packet() -> None:
+def test_same_id_of_another_origin_is_another_packet() -> None:
     j = HopJoiner(catalog())
-    j.join_hops(
-        "t", "node-a", [rec(SEC, pid(1), 0, flow=1), rec(SEC, pid(1), 0, flow=2), rec(SEC, pid(1, salt=8), 0)]
-    )
-    assert j.pending() == 3 and j.stats.collisions == 0
+    j.join_hops("t", "node-a", [rec(SEC, pid(1), 0, flow=1), rec(SEC, pid(1, salt=8), 0, flow=1)])
+    assert j.pending() == 2 and j.stats.collisions == 0
+
+
+def test_a_packet_whose_addresses_were_translated_is_one_packet() -> None:
+    """A DNAT between hops 0 and 1 changes the 5-tuple (and its hash) later hops see: the ID joins them."""
+    j = HopJoiner(catalog())
+    j.join_hops("t", "node-a", [rec(SEC, pid(1), 0, flow=1), rec(SEC + 5, pid(1), 1, flow=2)])
+    out = j.join_hops("t", "node-b", [rec(SEC + 9, pid(1), 2, flow=2)])
+    assert len(out) == 1 and out[0].complete and out[0].times == [SEC, SEC + 5, SEC + 9]
+    assert j.stats.collisions == 0
 
 
 def test_max_entries_evicts_the_oldest() -> None:

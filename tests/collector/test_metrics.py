@@ -173,9 +173,9 @@ def test_packets_the_collector_cut_short_are_not_loss() -> None:
     agg = SegmentAggregator(c)
     agg.add_packets(
         [
-            JoinedPacket("t", 7, 1, 1, [BASE, None], ["n1", None], False),  # lost in the network
-            JoinedPacket("t", 7, 1, 2, [BASE + 5, None], ["n1", None], False, cut=True),  # evicted
-            JoinedPacket("t", 7, 1, 3, [BASE + 9, BASE + 90], ["n1", "n2"], True),
+            JoinedPacket("t", 7, 1, [BASE, None], ["n1", None], False),  # lost in the network
+            JoinedPacket("t", 7, 2, [BASE + 5, None], ["n1", None], False, cut=True),  # evicted
+            JoinedPacket("t", 7, 3, [BASE + 9, BASE + 90], ["n1", "n2"], True),
         ]
     )
     seg = by_segment(agg.flush())["h0>h1"]

@@ -44,7 +44,7 @@ def synthetic_packets(trace: str, start_ns: int, seconds: int, per_second: int) 
         t0 = start_ns + i * SEC // per_second
         t1 = t0 + max(1, round(rng.lognormvariate(math.log(2_500), 0.5)))
         t2 = t1 + (rng.randint(40_000, 60_000) if rng.random() < 0.95 else rng.randint(300_000, 900_000))
-        packets.append(JoinedPacket(trace, 7, 1, pid(i + 1), [t0, t1, t2], list(NODES), True))
+        packets.append(JoinedPacket(trace, 7, pid(i + 1), [t0, t1, t2], list(NODES), True))
     return packets
 
 

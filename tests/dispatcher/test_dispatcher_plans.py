@@ -18,8 +18,9 @@ from spec_fixtures import (
     with_items,
 )
 
+from hoptrace import kernel_abi
 from hoptrace.dispatcher.compile import BpfCompiler, build_plans, elf_sections, programs_for_plan
-from hoptrace.dispatcher.controller import status_failures
+from hoptrace.dispatcher.controller import DispatcherError, _free_origin, status_failures
 from hoptrace.dispatcher.presets import agent_args, validate_preset_request
 from hoptrace.dispatcher.state import StateStore, StoredTrace, now
 from hoptrace.spec import check_spec, load_spec, spec_to_json, spec_to_yaml
@@ -253,3 +254,18 @@ def test_a_restarted_dispatcher_keeps_what_apply_resolved(tmp_path) -> None:
         "",
         "/proc/4242/ns/net",
     ]
+
+
+def test_each_trace_has_its_own_id_origin_in_every_plan_and_across_restarts(tmp_path) -> None:
+    """Hops follow a trace's packets through address translations by the ID's origin: every plan of a trace
+    carries the trace's origin, two traces never share one, and the state keeps it."""
+    agents = registrations_with_workloads()
+    resolved = check_spec(load_spec(WORKLOAD_SPEC), agents).spec
+    assert {plan.id_origin for plan in build_plans(check_spec(resolved), 1, origin=5).values()} == {5}
+    assert {plan.id_origin for plan in build_plans(check_spec(resolved), 1).values()} == {0}  # standalone
+    StateStore(tmp_path).save(StoredTrace(spec=resolved, generation=3, applied_at=now(), origin=5))
+    (loaded,) = StateStore(tmp_path).load()
+    assert loaded.origin == 5
+    assert _free_origin({1, 2, 4}, "t") == 3
+    with pytest.raises(DispatcherError, match="239 traces are applied.*hoptrace trace rm NAME"):
+        _free_origin(set(range(1, kernel_abi.TRACE_ORIGINS + 1)), "t")

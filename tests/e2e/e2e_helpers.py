@@ -45,12 +45,13 @@ ALL_HOPS = HOST_A_HOPS + HOST_B_HOPS
 WIRE_HOPS = (3, 4)  # the only hops that see the VXLAN packet rather than the container's
 
 
-def node_salt(node: str) -> int:
-    """The top 8 bits of the IDs a node writes: FNV-1a of its name mapped to 1..255 (docs/design.md)."""
+def node_origin(node: str) -> int:
+    """The top 8 bits of the IDs a node writes for a standalone plan (no origin of the dispatcher's): FNV-1a
+    of its name mapped above the traces' origins, TRACE_ORIGINS+1..255 (docs/design.md)."""
     h = 0x811C9DC5
     for byte in node.encode():
         h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
-    return h % 255 + 1
+    return h % (255 - kernel_abi.TRACE_ORIGINS) + kernel_abi.TRACE_ORIGINS + 1
 
 
 def start_attached(
@@ -99,7 +100,7 @@ def assert_complete_path(
     origin: str = "host-a",
 ) -> dict[int, list[dict[str, Any]]]:
     """Every recorded ID is seen exactly once at every hop of ``hops``, in path order on each node, with the
-    same flow hash everywhere and the origin node's salt; returns the records by ID."""
+    same flow hash everywhere and the origin node's ID origin; returns the records by ID."""
     hops = tuple(hops)
     per_hop = ids_by_hop(records)
     first = per_hop.get(hops[0], [])
@@ -114,10 +115,10 @@ def assert_complete_path(
             f"extra {sorted(extra)[:10]}"
         )
     assert set(per_hop) == set(hops), f"records at unexpected hops: {sorted(set(per_hop) - set(hops))}"
-    salt = node_salt(origin)
+    salt = node_origin(origin)
     by_id = records_by_id(records)
     for pid, recs in by_id.items():
-        assert pid >> 24 == salt, f"ID {pid:#x} does not carry {origin}'s salt {salt:#x}"
+        assert pid >> 24 == salt, f"ID {pid:#x} does not carry {origin}'s origin {salt:#x}"
         assert len({r["flow_hash"] for r in recs}) == 1, (
             f"ID {pid:#x}: flow hash differs between hops: {recs}"
         )

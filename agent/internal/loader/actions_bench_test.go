@@ -37,7 +37,7 @@ func BenchmarkActionCost(b *testing.B) {
 	}
 	b.Cleanup(func() { prev.Close() })
 	load := func(index uint16, actions loader.Actions, filter ...loader.FilterConstants) *loader.Hop {
-		cfg := loader.HopConfig{Program: loader.ProgTC, Name: "cost", NodeSalt: 7, TraceSlot: 3, HopIndex: index, Actions: actions}
+		cfg := loader.HopConfig{Program: loader.ProgTC, Name: "cost", IDOrigin: 7, TraceSlot: 3, HopIndex: index, Actions: actions}
 		if len(filter) > 0 {
 			cfg.Filter = filter[0]
 		}

@@ -213,7 +213,7 @@ func TestActionLatencyFromPreviousHop(t *testing.T) {
 	}
 	t.Cleanup(func() { prev.Close() })
 	load := func(cfg loader.HopConfig) *loader.Hop {
-		cfg.Program, cfg.Name, cfg.NodeSalt, cfg.TraceSlot = loader.ProgTC, "latency", 7, 3
+		cfg.Program, cfg.Name, cfg.IDOrigin, cfg.TraceSlot = loader.ProgTC, "latency", 7, 3
 		hop, err := loader.LoadHop(h.spec, cfg, loader.Options{Records: h.records, IDState: h.idState, PrevTS: prev, Cache: kernelBTF})
 		if err != nil {
 			t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
 // FilterConstants are the filter_* const volatile variables of docs/design.md.
@@ -63,10 +64,13 @@ func FilterFromMatch(m *pb.FlowMatch) (FilterConstants, error) {
 	return c, nil
 }
 
-// NodeSalt maps a node name into 1..255 with FNV-1a (32 bit): the top 8
-// bits of the IDs this node writes, so IDs of different origins differ.
-func NodeSalt(node string) uint8 {
+// NodeOrigin maps a node name into the origins above the dispatcher's
+// (HOPTRACE_TRACE_ORIGINS+1..255) with FNV-1a (32 bit): the top 8 bits of the
+// IDs of presets and standalone plans on this node, which no hop following an
+// applied trace's IDs takes for its own.
+func NodeOrigin(node string) uint8 {
 	h := fnv.New32a()
 	h.Write([]byte(node))
-	return uint8(h.Sum32()%255) + 1
+	spread := uint32(255 - record.TraceOrigins)
+	return uint8(h.Sum32()%spread) + record.TraceOrigins + 1
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
 func TestFilterFromMatch(t *testing.T) {
@@ -34,23 +35,23 @@ func TestFilterFromMatch(t *testing.T) {
 	}
 }
 
-func TestNodeSalt(t *testing.T) {
+func TestNodeOriginIsAboveTheTraces(t *testing.T) {
 	seen := map[uint8]bool{}
 	for _, n := range []string{"", "a", "b", "node-1", "node-2", "host-with-a-long-name"} {
-		s := NodeSalt(n)
-		if s == 0 {
-			t.Errorf("salt of %q is 0", n)
+		o := NodeOrigin(n)
+		if o <= record.TraceOrigins {
+			t.Errorf("origin of %q is %d, one the dispatcher gives traces (1..%d)", n, o, record.TraceOrigins)
 		}
-		seen[s] = true
-		if NodeSalt(n) != s {
+		seen[o] = true
+		if NodeOrigin(n) != o {
 			t.Error("not deterministic")
 		}
 	}
-	// FNV-1a("a") = 0xe40c292c; 0xe40c292c % 255 + 1.
-	if got, want := NodeSalt("a"), uint8(0xe40c292c%255+1); got != want {
-		t.Errorf("NodeSalt(a) = %d, want %d", got, want)
+	// FNV-1a("a") = 0xe40c292c.
+	if got, want := NodeOrigin("a"), uint8(0xe40c292c%(255-record.TraceOrigins))+record.TraceOrigins+1; got != want {
+		t.Errorf("NodeOrigin(a) = %d, want %d", got, want)
 	}
-	if len(seen) < 5 {
-		t.Errorf("salts collide too much: %v", seen)
+	if len(seen) < 4 {
+		t.Errorf("origins collide too much: %v", seen)
 	}
 }

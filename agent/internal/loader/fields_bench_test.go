@@ -39,7 +39,7 @@ func BenchmarkHopTCActions(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer records.Close()
-			hop, err := loader.LoadHop(spec, loader.HopConfig{Program: loader.ProgTC, Name: c.name, NodeSalt: 7,
+			hop, err := loader.LoadHop(spec, loader.HopConfig{Program: loader.ProgTC, Name: c.name, IDOrigin: 7,
 				TraceSlot: 3, Actions: c.actions}, loader.Options{Records: records, IDState: ids, Cache: kernelBTF})
 			if err != nil {
 				b.Fatal(err)

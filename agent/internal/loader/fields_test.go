@@ -301,7 +301,7 @@ func TestFloorVariantsLoadWithEveryField(t *testing.T) {
 		{loader.ProgXDP, loader.Actions{Count: true, CountBy: record.FieldTTL, Histogram: record.FieldLen, Record: headers}},
 	} {
 		for _, program := range []string{c.program, c.program + loader.FloorSuffix} {
-			cfg := loader.HopConfig{Program: program, Name: program, NodeSalt: 7, TraceSlot: 3, Actions: c.actions}
+			cfg := loader.HopConfig{Program: program, Name: program, IDOrigin: 7, TraceSlot: 3, Actions: c.actions}
 			ps := h.spec.Programs[program]
 			if ps.Type == ebpf.CGroupSKB {
 				cfg.AttachType = ebpf.AttachCGroupInetEgress

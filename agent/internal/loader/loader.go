@@ -112,7 +112,8 @@ type HopConfig struct {
 	Ifindex        uint32
 	NetnsIno       uint32
 	TagUDP         bool
-	NodeSalt       uint8
+	IDOrigin       uint8 // the top 8 bits of the IDs this hop writes
+	FollowOrigin   uint8 // also take packets with IDs of this origin the filter refuses; 0: none
 	SampleEvery    uint32
 	Filter         FilterConstants
 	TagNetnsCookie uint64
@@ -283,7 +284,8 @@ func (c *HopConfig) variables() []struct {
 		{"hop_ifindex", c.Ifindex, c.Ifindex == 0},
 		{"hop_netns_ino", c.NetnsIno, c.NetnsIno == 0},
 		{"hop_tag_udp", tag, tag == 0},
-		{"node_salt", c.NodeSalt, c.NodeSalt == 0},
+		{"id_origin", c.IDOrigin, c.IDOrigin == 0},
+		{"follow_origin", c.FollowOrigin, c.FollowOrigin == 0},
 		{"sample_every", c.SampleEvery, c.SampleEvery <= 1},
 		{"filter_proto", f.Proto, f.Proto == 0},
 		{"filter_family", f.Family, f.Family == 0},

@@ -81,7 +81,7 @@ func BenchmarkObjectAB(b *testing.B) {
 		}
 		b.Cleanup(func() { ids.Close() })
 		for _, pkt := range packets {
-			cfg := loader.HopConfig{Program: loader.ProgTC, Name: "ab", NodeSalt: 7, TraceSlot: 3, HopIndex: 1, Filter: pkt.filter, TagUDP: pkt.tagUDP}
+			cfg := loader.HopConfig{Program: loader.ProgTC, Name: "ab", IDOrigin: 7, TraceSlot: 3, HopIndex: 1, Filter: pkt.filter, TagUDP: pkt.tagUDP}
 			hop, err := loader.LoadHop(obj.spec, cfg, loader.Options{Records: h.records, IDState: ids, Cache: kernelBTF})
 			if err != nil {
 				b.Fatalf("%s: %v", obj.name, err)

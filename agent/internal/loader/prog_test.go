@@ -66,8 +66,8 @@ func (h *harness) load(t testing.TB, cfg loader.HopConfig) *loader.Hop {
 	if cfg.Name == "" {
 		cfg.Name = "test"
 	}
-	if cfg.NodeSalt == 0 {
-		cfg.NodeSalt = 7
+	if cfg.IDOrigin == 0 {
+		cfg.IDOrigin = 7
 	}
 	if cfg.TraceSlot == 0 {
 		cfg.TraceSlot = 3
@@ -285,7 +285,7 @@ func TestParserRejectsMalformed(t *testing.T) {
 
 func TestTagUDP(t *testing.T) {
 	h := newHarness(t)
-	hop := h.load(t, loader.HopConfig{TagUDP: true, NodeSalt: 9})
+	hop := h.load(t, loader.HopConfig{TagUDP: true, IDOrigin: 9})
 	u := tu.UDP(40000, 5000, []byte("payload!"))
 	pkt := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, u, 0))
 
@@ -569,3 +569,85 @@ func knownRefusal(ps *ebpf.ProgramSpec, err error) string {
 	}
 	return ""
 }
+
+// A hop following origin 7 takes a packet the filter refuses when it carries an ID of origin 7 (its
+// addresses were translated after it was tagged: DNAT, SNAT), flagged FOLLOWED; one of another origin,
+// or without an ID, stays refused. UDP and TCP, IPv4 and IPv6, through tc's and XDP's fast paths.
+func TestFollowedThroughTranslation(t *testing.T) {
+	h := newHarness(t)
+	// The filter names the Service address the client sends to; the packets carry the backend's.
+	fc, err := loader.FilterFromMatch(&pb.FlowMatch{IpProto: 17, Family: 4, DstAddr: []byte{198, 18, 99, 9},
+		DstMask: []byte{255, 255, 255, 255}, DstPort: 8080})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fcTCP6, err := loader.FilterFromMatch(&pb.FlowMatch{IpProto: 6, Family: 6,
+		DstAddr: []byte{0xfd, 0, 0, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9}, DstMask: bytesOf(16, 0xff), DstPort: 8080})
+	if err != nil {
+		t.Fatal(err)
+	}
+	udp := func(dst string, dport uint16, id uint32) []byte {
+		p := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst, nil, tu.UDP(40000, dport, []byte("svc")), 4), tu.ID(id))
+		if id == 0 {
+			p = tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst, nil, tu.UDP(40000, dport, []byte("svc")), 0))
+		}
+		return p
+	}
+	tcp6 := func(dst string, dport uint16, id uint32) []byte {
+		opts := []byte{1, 1, 8, 10, 0, 0, 0, 7, 0, 0, 0, 9}
+		if id != 0 {
+			opts = tu.Cat(opts, tu.TCPIDOption(id))
+		}
+		return tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(6, src6, dst, nil, tu.TCP(40000, dport, opts, []byte("svc")), 0))
+	}
+	cases := []struct {
+		name     string
+		filter   loader.FilterConstants
+		pkt      []byte
+		followed bool
+	}{
+		{"udp dnat, the trace's origin", fc, udp("198.18.2.2", 11111, 0x07000001), true},
+		{"udp dnat, another origin", fc, udp("198.18.2.2", 11111, 0x08000001), false},
+		{"udp dnat, no ID", fc, udp("198.18.2.2", 11111, 0), false},
+		{"tcp6 dnat, the trace's origin", fcTCP6, tcp6(dst6, 11111, 0x07000002), true},
+		{"tcp6 dnat, another origin", fcTCP6, tcp6(dst6, 11111, 0x09000002), false},
+		{"tcp6 dnat, no ID", fcTCP6, tcp6(dst6, 11111, 0), false},
+	}
+	for _, program := range []string{loader.ProgTC, loader.ProgXDP} {
+		for _, c := range cases {
+			t.Run(program+" "+c.name, func(t *testing.T) {
+				hop := h.load(t, loader.HopConfig{Program: program, Filter: c.filter, FollowOrigin: 7})
+				if _, ok := runOnly(t, hop, c.pkt); !ok {
+					t.Fatalf("%s refused the frame", program)
+				}
+				recs := h.drain(t)
+				cn := counters(t, hop)
+				if !c.followed {
+					if len(recs) != 0 || cn[record.CNotMatched] != 1 || cn[record.CMatched] != 0 {
+						t.Fatalf("records %+v, counters %v: want none, the packet not matched", recs, cn)
+					}
+					return
+				}
+				if len(recs) != 1 || recs[0].Flags&record.FlagFollowed == 0 || recs[0].PacketID>>record.IDSeqBits != 7 {
+					t.Fatalf("records %+v, counters %v: want one FOLLOWED record of origin 7", recs, cn)
+				}
+				if cn[record.CMatched] != 1 || cn[record.CRecorded] != 1 {
+					t.Errorf("counters %v", cn)
+				}
+			})
+		}
+	}
+
+	// Without following (follow_origin 0), the filter alone decides, as before.
+	hop := h.load(t, loader.HopConfig{Filter: fc})
+	if _, recs := h.run(t, hop, udp("198.18.2.2", 11111, 0x07000003)); len(recs) != 0 {
+		t.Errorf("a hop without following took a translated packet: %+v", recs)
+	}
+	// A packet that matches the filter is never FOLLOWED.
+	hop = h.load(t, loader.HopConfig{Filter: fc, FollowOrigin: 7})
+	if _, recs := h.run(t, hop, udp("198.18.99.9", 8080, 0x07000004)); len(recs) != 1 || recs[0].Flags&record.FlagFollowed != 0 {
+		t.Errorf("records %+v, want one record without FOLLOWED", recs)
+	}
+}
+
+func bytesOf(n int, b byte) []byte { return slices.Repeat([]byte{b}, n) }

@@ -241,7 +241,7 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 	}
 	defer idState.Close()
 	env := attach.Env{Netns: cfg.HostNetns,
-		Base: loader.HopConfig{NodeSalt: loader.NodeSalt(cfg.Node), Filter: filter},
+		Base: loader.HopConfig{IDOrigin: loader.NodeOrigin(cfg.Node), Filter: filter},
 		Load: loader.Options{Records: records, IDState: idState, Cache: btf.NewCache()}}
 
 	// 1. The crossing programs, in every owned namespace (one map of inodes each).

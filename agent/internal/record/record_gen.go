@@ -92,6 +92,7 @@ const (
 	FlagVLAN        = 64
 	FlagValues      = 128
 	FlagTask        = 256
+	FlagFollowed    = 512
 )
 
 // Wire and ID constants: enum hoptrace_wire.
@@ -104,6 +105,7 @@ const (
 	GenevePort            = 6081
 	IDSeqBits             = 24
 	IDSeqMask             = 16777215
+	TraceOrigins          = 239
 	MaxHops               = 64
 	HistBuckets           = 65
 	CountKeys             = 1024
@@ -283,4 +285,5 @@ var flagCNames = map[string]uint16{
 	"HOPTRACE_F_VLAN":         FlagVLAN,
 	"HOPTRACE_F_VALUES":       FlagValues,
 	"HOPTRACE_F_TASK":         FlagTask,
+	"HOPTRACE_F_FOLLOWED":     FlagFollowed,
 }

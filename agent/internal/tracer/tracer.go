@@ -158,6 +158,11 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		st.Error = err.Error()
 		return st
 	}
+	idOrigin, followOrigin, err := traceOrigins(plan, m.cfg.Node)
+	if err != nil {
+		st.Error = err.Error()
+		return st
+	}
 	if m.prevTS == nil {
 		if m.prevTS, err = loader.NewPrevTS(spec); err != nil {
 			st.Error = err.Error()
@@ -202,10 +207,11 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 	env := attach.Env{
 		Netns: m.cfg.Netns,
 		Base: loader.HopConfig{
-			TraceSlot:   slot,
-			NodeSalt:    loader.NodeSalt(m.cfg.Node),
-			SampleEvery: plan.GetSample(),
-			Filter:      filter,
+			TraceSlot:    slot,
+			IDOrigin:     idOrigin,
+			FollowOrigin: followOrigin,
+			SampleEvery:  plan.GetSample(),
+			Filter:       filter,
 		},
 		Load: loader.Options{Records: m.records, IDState: t.idState, PrevTS: m.prevTS,
 			SockReadLast: m.sockReadLast, Cache: kernelTypes},
@@ -429,4 +435,18 @@ func cloneStatus(s *pb.TraceStatus) *pb.TraceStatus {
 		c.Events = append(c.Events, &pb.EventStatus{EventIndex: e.EventIndex, Name: e.Name, Attached: e.Attached, Error: e.Error})
 	}
 	return c
+}
+
+// traceOrigins gives the origin of the IDs a plan's trace writes on this node, and the origin its hops
+// follow through address translations: the dispatcher's for the trace, or without one (a standalone
+// plan) the node's own origin, and no following.
+func traceOrigins(plan *pb.TracePlan, node string) (idOrigin, followOrigin uint8, err error) {
+	o := plan.GetIdOrigin()
+	switch {
+	case o == 0:
+		return loader.NodeOrigin(node), 0, nil
+	case o > record.TraceOrigins:
+		return 0, 0, fmt.Errorf("plan: id_origin %d is not a trace's origin (1..%d)", o, record.TraceOrigins)
+	}
+	return uint8(o), uint8(o), nil
 }

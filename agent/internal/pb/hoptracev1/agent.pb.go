@@ -1303,7 +1303,12 @@ type TracePlan struct {
 	// TCP: tag the segments sent by sockets in this namespace (sock_ops).
 	TcpTagging *TcpTagging `protobuf:"bytes,8,opt,name=tcp_tagging,json=tcpTagging,proto3" json:"tcp_tagging,omitempty"`
 	// The trace's event probes on this node.
-	Events        []*EventAttach `protobuf:"bytes,10,rep,name=events,proto3" json:"events,omitempty"`
+	Events []*EventAttach `protobuf:"bytes,10,rep,name=events,proto3" json:"events,omitempty"`
+	// The trace's ID origin (the top 8 bits of the IDs it writes, 1..HOPTRACE_TRACE_ORIGINS), the
+	// dispatcher's for each applied trace: its hops also take a packet that carries an ID of this origin
+	// when an address translation (DNAT, SNAT, masquerade) has rewritten the addresses the filter names.
+	// 0: IDs of the node's own origin, and the filter alone decides (standalone plans).
+	IdOrigin      uint32 `protobuf:"varint,11,opt,name=id_origin,json=idOrigin,proto3" json:"id_origin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1399,6 +1404,13 @@ func (x *TracePlan) GetEvents() []*EventAttach {
 		return x.Events
 	}
 	return nil
+}
+
+func (x *TracePlan) GetIdOrigin() uint32 {
+	if x != nil {
+		return x.IdOrigin
+	}
+	return 0
 }
 
 // A trace's Filter as the BPF programs compare it (load-time constants).
@@ -2263,7 +2275,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1c\n" +
 	"\tsignature\x18\x03 \x01(\fR\tsignature\x12\x1f\n" +
 	"\vsigner_cert\x18\x04 \x01(\fR\n" +
-	"signerCert\"\xe6\x02\n" +
+	"signerCert\"\x83\x03\n" +
 	"\tTracePlan\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
 	"\n" +
@@ -2278,7 +2290,8 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\vtcp_tagging\x18\b \x01(\v2\x17.hoptrace.v1.TcpTaggingR\n" +
 	"tcpTagging\x120\n" +
 	"\x06events\x18\n" +
-	" \x03(\v2\x18.hoptrace.v1.EventAttachR\x06eventsJ\x04\b\x05\x10\x06R\x06filter\"\xe0\x01\n" +
+	" \x03(\v2\x18.hoptrace.v1.EventAttachR\x06events\x12\x1b\n" +
+	"\tid_origin\x18\v \x01(\rR\bidOriginJ\x04\b\x05\x10\x06R\x06filter\"\xe0\x01\n" +
 	"\tFlowMatch\x12\x19\n" +
 	"\bip_proto\x18\x01 \x01(\rR\aipProto\x12\x16\n" +
 	"\x06family\x18\x02 \x01(\rR\x06family\x12\x19\n" +

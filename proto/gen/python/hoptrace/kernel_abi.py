@@ -31,6 +31,7 @@ RECORD_FLAGS = {
     "VLAN": 64,
     "VALUES": 128,
     "TASK": 256,
+    "FOLLOWED": 512,
 }
 
 # enum hoptrace_wire (HOPTRACE_ prefix dropped)
@@ -42,6 +43,7 @@ VXLAN_PORT = 4789
 GENEVE_PORT = 6081
 ID_SEQ_BITS = 24
 ID_SEQ_MASK = 16777215
+TRACE_ORIGINS = 239
 MAX_HOPS = 64
 HIST_BUCKETS = 65
 COUNT_KEYS = 1024

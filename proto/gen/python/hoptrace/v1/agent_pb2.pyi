@@ -222,7 +222,7 @@ class SignedMessage(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ..., node: _Optional[str] = ..., signature: _Optional[bytes] = ..., signer_cert: _Optional[bytes] = ...) -> None: ...
 
 class TracePlan(_message.Message):
-    __slots__ = ("trace", "generation", "object", "object_path", "match", "sample", "hops", "tcp_tagging", "events")
+    __slots__ = ("trace", "generation", "object", "object_path", "match", "sample", "hops", "tcp_tagging", "events", "id_origin")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     OBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +232,7 @@ class TracePlan(_message.Message):
     HOPS_FIELD_NUMBER: _ClassVar[int]
     TCP_TAGGING_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ID_ORIGIN_FIELD_NUMBER: _ClassVar[int]
     trace: str
     generation: int
     object: bytes
@@ -241,7 +242,8 @@ class TracePlan(_message.Message):
     hops: _containers.RepeatedCompositeFieldContainer[HopAttach]
     tcp_tagging: TcpTagging
     events: _containers.RepeatedCompositeFieldContainer[EventAttach]
-    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., object: _Optional[bytes] = ..., object_path: _Optional[str] = ..., match: _Optional[_Union[FlowMatch, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopAttach, _Mapping]]] = ..., tcp_tagging: _Optional[_Union[TcpTagging, _Mapping]] = ..., events: _Optional[_Iterable[_Union[EventAttach, _Mapping]]] = ...) -> None: ...
+    id_origin: int
+    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., object: _Optional[bytes] = ..., object_path: _Optional[str] = ..., match: _Optional[_Union[FlowMatch, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopAttach, _Mapping]]] = ..., tcp_tagging: _Optional[_Union[TcpTagging, _Mapping]] = ..., events: _Optional[_Iterable[_Union[EventAttach, _Mapping]]] = ..., id_origin: _Optional[int] = ...) -> None: ...
 
 class FlowMatch(_message.Message):
     __slots__ = ("ip_proto", "family", "src_addr", "src_mask", "dst_addr", "dst_mask", "src_port", "dst_port")
