@@ -13,6 +13,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -24,15 +25,44 @@ from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.timeouts import scaled
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import start_influxd
-from hoptrace.lab.reference import vxlan_path_spec
-from hoptrace.lab.topology import TwoHostTopology
-from hoptrace.lab.workloads import sockperf
+from hoptrace.lab.reference import SOCKPERF_PORT, vxlan_path_spec
+from hoptrace.lab.topology import TwoHostTopology, netns_list
+from hoptrace.lab.workloads import sockperf, wait_listening
 from hoptrace.results.report_view import render_text, report_from_proto
 from hoptrace.spec import spec_to_yaml
 
 # sockperf's count of the messages its client sent in the whole run (warm-up included): the datagrams
 # c1 sent to c2, each of which the trace follows.
 _SENT_MESSAGES = re.compile(r"\[Total Run\].*\bSentMessages=(\d+)")
+
+
+# The demo's namespaces: htdemo-a, htdemo-b (the hosts), htdemo-c1, htdemo-c2 (a container on each). Fixed,
+# so that the specs of examples/ name them and run against the demo as they are.
+DEMO_PREFIX = "htdemo"
+
+
+def serve_traffic(topo: TwoHostTopology) -> None:
+    """The sockperf servers a kept demo leaves up for the user's traffic (traffic_commands): UDP and TCP in
+    c2, UDP on host-b's wire address, each on SOCKPERF_PORT; topo.destroy() stops them."""
+    for role, proto in (("c2", "udp"), ("c2", "tcp"), ("host-b", "udp")):
+        tcp = ["--tcp"] if proto == "tcp" else []
+        topo.popen(
+            role, "sockperf", "server", *tcp, "-i", topo.addr(role), "-p", str(SOCKPERF_PORT),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_listening(topo, role, proto, SOCKPERF_PORT)
+
+
+def traffic_commands(topo: TwoHostTopology) -> list[str]:
+    """Shell lines (as root) that send 3 s of sockperf ping-pong through the kept demo's path, to the
+    servers of serve_traffic(): UDP and TCP c1 -> c2, and UDP host-a -> host-b on the wire."""
+    lines = []
+    for client, server, tcp in (("c1", "c2", ""), ("c1", "c2", "--tcp "), ("host-a", "host-b", "")):
+        lines.append(
+            f"ip netns exec {topo.netns(client)} sockperf ping-pong {tcp}-i {topo.addr(server)}"
+            f" -p {SOCKPERF_PORT} --mps 1000 -t 3"
+        )
+    return lines
 
 
 # The report covers the last 5 minutes (`hoptrace report demo-udp --since 5m`): the demo's whole flow.
@@ -117,7 +147,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     influx = None
     cluster = None
-    topo = TwoHostTopology(f"htdemo{os.getpid() % 1000}", overlay="vxlan")
+    topo = TwoHostTopology(DEMO_PREFIX, overlay="vxlan")
+    running = sorted(set(topo.namespaces) & set(netns_list()))
+    if running:
+        print(
+            f"hoptrace demo: a demo runs already (namespaces {', '.join(running)}): stop it (Ctrl-C), or"
+            " remove a killed one's with `ip netns del NAME`",
+            file=sys.stderr,
+        )
+        return 1
     try:
         say("two emulated hosts: c1 on host-a, c2 on host-b, VXLAN between them")
         # The namespaces are built while influxd starts: on a slow machine (a TCG guest) each takes a minute.
@@ -163,6 +201,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(shell_exports(cluster.client_exports()))
             commands = ["trace ls", "report demo-udp", "packets demo-udp --slowest 3", "agents"]
             print("\n".join(f"hoptrace {command}" for command in commands), flush=True)
+            serve_traffic(topo)
+            say(
+                "traffic through the demo's path, for a trace of examples/ or `hoptrace discover` to see (as"
+                " root, while it runs): UDP c1 -> c2, TCP c1 -> c2, UDP host-a -> host-b"
+            )
+            print("\n".join(traffic_commands(topo)), flush=True)
             say(f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up")
             # Not signal.pause(): a signal landing between the interpreter's check before that call and
             # pause(2) itself would wait for the next one. A 1 s sleep handles it within a second.

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from hoptrace.cli.demo import DEMO_PREFIX
 from hoptrace.lab.topology import netns_list
 
 pytestmark = pytest.mark.kernel  # the demo's agents load BPF here
@@ -25,7 +26,7 @@ def test_the_printed_exports_are_all_the_cli_needs() -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    prefix = f"htdemo{demo.pid % 1000}"
+    prefix = f"{DEMO_PREFIX}-"
     output: list[str] = []
     try:
         assert demo.stdout is not None

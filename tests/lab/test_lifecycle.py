@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from hoptrace.cli.demo import DEMO_PREFIX
 from hoptrace.common.timeouts import scaled
 from hoptrace.lab.topology import netns_list
 from hoptrace.lab.waiting import wait_until
@@ -70,7 +71,7 @@ def test_demo_leaves_nothing_behind(sig: signal.Signals) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    prefix = f"htdemo{demo.pid % 1000}"
+    prefix = f"{DEMO_PREFIX}-"
     output: list[str] = []
     try:
         assert demo.stdout is not None
