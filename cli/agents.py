@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from hoptrace.cli.api import CliError, client_of
@@ -41,16 +42,90 @@ def transport_cells(agent: api_pb2.Agent) -> list[str]:
     ]
 
 
+# `hoptrace agents` fits a terminal of this many columns; --wide lists everything.
+WIDTH = 100
+SUMMARY_HEADER = ["NODE", "CONNECTED", "KERNEL", "CLOCK", "TRANSPORT", "NETNS", "CONTAINERS"]
+WIDE_HEADER = [
+    *["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "CLOCK OFFSET", "BOUND", "DRIFT"],
+    *["CLOCK MEASURED", "TRANSPORT", "PEER", "BUFFERED", "DROPPED"],
+    *["NAMESPACES", "CONTAINERS", "UNSUPPORTED"],
+]
+
+
+def age_text(at: Any, now: datetime) -> str:
+    """How long ago a timestamp was: "3s ago", "5m ago"; "-" when unset."""
+    if not at.seconds and not at.nanos:
+        return "-"
+    seconds = max(0, int((now - at.ToDatetime(tzinfo=UTC)).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def containers_of(agent: api_pb2.Agent) -> list[str]:
+    """The agent's containers as `hoptrace agents` names them, or its runtime's error."""
+    registration = agent.registration
+    if registration.runtime.error:
+        return [f"({registration.runtime.error})"]
+    return [workload_text(w) for namespace in registration.namespaces for w in namespace.workloads]
+
+
+def summary_row(agent: api_pb2.Agent, now: datetime) -> list[str]:
+    """One agent's row of `hoptrace agents`: namespaces and containers counted (listed by --wide)."""
+    clock = clock_texts(agent.clock, now)
+    registration = agent.registration
+    transport = "-"
+    if agent.HasField("transport") and agent.transport.kind:
+        kind, state, buffered, dropped = transport_cells(agent)
+        transport = f"{kind} {state}"
+        transport += f", {buffered} buffered" if buffered != "0" else ""
+        transport += f", {dropped} dropped" if dropped != "0" else ""
+    containers = containers_of(agent)
+    return [
+        registration.node,
+        f"{'yes' if agent.connected else 'no'}, {age_text(agent.last_heartbeat, now)}",
+        registration.kernel_release or "-",
+        clock["offset"] if clock["bound"] == "-" else f"{clock['offset']} {clock['bound']}",
+        transport,
+        str(len(registration.namespaces)),
+        "-" if registration.runtime.error else str(len(containers)),
+    ]
+
+
+def names_within(names: list[str], width: int) -> str:
+    """`names` joined, as many as fit in `width` columns, the rest counted: "a, b, +3 more (--wide)"."""
+    shown: list[str] = []
+    for position, name in enumerate(names):
+        rest = len(names) - position - 1
+        tail = f", +{rest} more (--wide)" if rest else ""
+        if len(", ".join([*shown, name]) + tail) > width:
+            break
+        shown.append(name)
+    if len(shown) == len(names):
+        return ", ".join(shown)
+    return ", ".join([*shown, f"+{len(names) - len(shown)} more (--wide)"])
+
+
+def summary_table(agents: list[api_pb2.Agent], now: datetime | None = None) -> str:
+    """`hoptrace agents`: one line per agent, then each agent's containers named as far as one line of
+    WIDTH columns holds them (--wide: every namespace, container and unsupported attach kind)."""
+    now = now or datetime.now(UTC)
+    lines = table([SUMMARY_HEADER, *(summary_row(agent, now) for agent in agents)]).splitlines()
+    for agent in agents:
+        containers = containers_of(agent)
+        if containers:
+            label = f"{agent.registration.node} containers: "
+            lines.append(label + names_within(containers, WIDTH - len(label)))
+    return "\n".join(lines)
+
+
 def agent_row(agent: api_pb2.Agent) -> list[str]:
-    """One agent's row of `hoptrace agents`."""
+    """One agent's row of `hoptrace agents --wide`."""
     clock = clock_texts(agent.clock)
     registration = agent.registration
     namespaces = ",".join(namespace.name or "(own)" for namespace in registration.namespaces)
-    containers = ",".join(
-        workload_text(workload) for namespace in registration.namespaces for workload in namespace.workloads
-    )
-    if registration.runtime.error:
-        containers = f"({registration.runtime.error})"
+    containers = ",".join(containers_of(agent))
     unsupported = ",".join(
         sorted(kind for kind, support in registration.capabilities.attach.items() if not support.supported)
     )
@@ -72,7 +147,7 @@ def agent_row(agent: api_pb2.Agent) -> list[str]:
 
 
 def run_agents(args: argparse.Namespace) -> int:
-    """hoptrace agents [--json]."""
+    """hoptrace agents [--wide | --json]."""
     agents = client_of(args).agents()
     if args.json:
         print(json.dumps([agent_data(agent) for agent in agents], indent=2))
@@ -80,12 +155,10 @@ def run_agents(args: argparse.Namespace) -> int:
     if not agents:
         print("no agents registered")
         return 0
-    header = [
-        *["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "CLOCK OFFSET", "BOUND", "DRIFT"],
-        *["CLOCK MEASURED", "TRANSPORT", "PEER", "BUFFERED", "DROPPED"],
-        *["NAMESPACES", "CONTAINERS", "UNSUPPORTED"],
-    ]
-    print(table([header, *(agent_row(agent) for agent in agents)]))
+    if args.wide:
+        print(table([WIDE_HEADER, *(agent_row(agent) for agent in agents)]))
+    else:
+        print(summary_table(agents))
     return 0
 
 
@@ -128,7 +201,11 @@ def add_parser(subparsers: Any, client: argparse.ArgumentParser) -> None:
     agents = subparsers.add_parser(
         "agents", parents=[client], help="list registered agents", description="List the registered agents."
     )
-    agents.add_argument("--json", action="store_true", help="print JSON")
+    output = agents.add_mutually_exclusive_group()
+    output.add_argument(
+        "--wide", action="store_true", help="every namespace, container and unsupported attach kind"
+    )
+    output.add_argument("--json", action="store_true", help="print JSON")
     agents.set_defaults(func=run_agents)
 
     version = subparsers.add_parser(

@@ -170,7 +170,7 @@ def test_the_agent_maps_each_containers_netns_to_its_name_id_and_image(cluster, 
     # two containers, two namespaces
     assert by_name["ht-names-a"][0].inode != by_name["ht-names-b"][0].inode
 
-    shown = cluster.hoptrace("agents").stdout
+    shown = cluster.hoptrace("agents", "--wide").stdout
     assert "ht-names-a" in shown and "ht-names-b" in shown, shown
 
     # the web UI: the agents page shows each container with its image in its namespace's row, and the

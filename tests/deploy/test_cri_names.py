@@ -116,7 +116,7 @@ def test_the_agent_names_each_pod_and_container_in_the_netns_containerd_made(clu
     aliases = {alias for ns in agent["namespaces"] for alias in ns["aliases"]}
     assert {f"pod:{WEB}", f"pod:{DB}", "container:app"} <= aliases, aliases
     assert agent["container_runtime"]["endpoint"] == containerd.socket
-    shown = cluster.hoptrace("agents").stdout
+    shown = cluster.hoptrace("agents", "--wide").stdout
     assert f"app[pod {WEB}]" in shown, shown
 
 

@@ -381,7 +381,7 @@ def test_broker_down_buffered_records_shown_in_agents_and_metrics(
             f"down with >= {held} buffered records",
         )
         assert down["state"].startswith("down") and down["dropped_records"] == 0, down
-        table = cluster.hoptrace("agents").stdout
+        table = cluster.hoptrace("agents", "--wide").stdout
         assert "kafka:" in table and "down" in table and "BUFFERED" in table, table
         shown = scrape_agent(metrics_a)
         assert shown["hoptrace_agent_buffered_records"] >= held, shown
