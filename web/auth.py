@@ -2,14 +2,16 @@
 the static files and the chart library requires a logged-in session.
 
 Sessions are signed cookies that also name a server-side session id: logging out forgets the id, so a
-cookie copied before the logout no longer works. Failed logins are rate-limited per client address and
-per username (Flask-Limiter); past the limit even the right password waits.
+cookie copied before the logout no longer works. Failed logins are rate-limited per client address, and per
+username from each address (Flask-Limiter): wrong passwords from one address lock that name there only, never
+its owner elsewhere; past the limit even the right password waits, answered 429 with Retry-After.
 """
 
 from __future__ import annotations
 
 import secrets
 import threading
+import time
 from urllib.parse import urlsplit
 
 from flask import (
@@ -147,8 +149,12 @@ def logout():  # noqa: ANN201 - a view
 
 
 def _too_many_logins(error: Exception):  # noqa: ANN202 - a response
-    message = "Too many failed logins; wait a minute and try again."
-    return render_template("login.html", error=message), 429
+    """429 with Retry-After (Flask-Limiter adds it to this response: headers_enabled), said in the page."""
+    limiter: Limiter = current_app.extensions["hoptrace_limiter"]
+    window = limiter.current_limit
+    retry_s = max(1, int(window.reset_at - time.time()) + 1) if window is not None else 60
+    message = f"Too many failed logins from this address; try again in {retry_s} s."
+    return render_template("login.html", error=message), 429, {"Retry-After": str(retry_s)}
 
 
 def init_app(app: Flask) -> None:
@@ -158,14 +164,16 @@ def init_app(app: Flask) -> None:
 
 
 def limit_logins(app: Flask) -> None:
-    """Count failed logins per client address and per username, each app on its own (call after the
-    blueprint is registered)."""
+    """Count failed logins per client address, and per username from each client address, each app on its
+    own (call after the blueprint is registered). Per username alone, anyone's wrong tries locked the name's
+    owner out everywhere."""
     limiter = Limiter(key_func=get_remote_address, app=app, storage_uri="memory://")
+    app.extensions["hoptrace_limiter"] = limiter
     by_user = limiter.limit(
         _login_limit,
         methods=["POST"],
         deduct_when=_failed,
-        key_func=lambda: "user:" + request.form.get("username", ""),
+        key_func=lambda: f"user:{request.form.get('username', '')}@{get_remote_address()}",
     )
     by_address = limiter.limit(_login_limit, methods=["POST"], deduct_when=_failed)
     app.view_functions["auth.login"] = by_address(by_user(app.view_functions["auth.login"]))
