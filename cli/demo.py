@@ -207,7 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 " root, while it runs): UDP c1 -> c2, TCP c1 -> c2, UDP host-a -> host-b"
             )
             print("\n".join(traffic_commands(topo)), flush=True)
-            say(f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up")
+            say(
+                f"everything stays up (dispatcher {cluster.dispatcher_addr}); Ctrl-C stops and cleans up, and"
+                f" leaves {cluster.workdir}: the logs, and the CA's key, certificates and tokens (secrets)"
+            )
             # Not signal.pause(): a signal landing between the interpreter's check before that call and
             # pause(2) itself would wait for the next one. A 1 s sleep handles it within a second.
             while True:
@@ -231,6 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if influx:
             influx.stop()
         topo.destroy()
+        if cluster and args.keep:
+            print(
+                f"left {cluster.workdir}: the components' logs, and the CA's key, certificates and tokens"
+                f" (secrets): `rm -r {cluster.workdir}` when done with them"
+            )
+        elif cluster:
+            shutil.rmtree(cluster.workdir, ignore_errors=True)  # the CA's key and every token among them
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,6 +95,10 @@ def test_demo_leaves_nothing_behind(sig: signal.Signals) -> None:
         rest = demo.stdout.read()
         if sig != signal.SIGKILL:
             assert "cleaning up" in rest and demo.returncode in (130, 143), rest[-2000:]
+            # kept: its directory stays, said to hold secrets (the CA's key, every token), not in silence
+            kept = re.search(r"^left (/\S+): .*\(secrets\)", rest, re.M)
+            assert kept and (Path(kept.group(1)) / "certs").is_dir(), rest[-2000:]
+            shutil.rmtree(kept.group(1))
         # after SIGKILL the children die with it (PDEATHSIG) and the reaper removes the namespaces
         wait_until(lambda: not [n for n in netns_list() if n.startswith(prefix)], "namespaces deleted", 30)
         wait_until(lambda: not alive(children), f"the demo's processes gone: {alive(children)}", 30)
@@ -105,3 +112,17 @@ def test_demo_leaves_nothing_behind(sig: signal.Signals) -> None:
         for name in netns_list():
             if name.startswith(prefix):
                 subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def test_a_demo_not_kept_removes_its_directory(tmp_path: Path) -> None:
+    """Its files (logs, the CA's key, every token: 20 MB) stayed in /tmp/hoptrace-cluster-*, unsaid."""
+    demo = subprocess.run(
+        [sys.executable, "-m", "hoptrace.cli.demo", "--seconds", "1", "--mps", "200"],
+        capture_output=True,
+        text=True,
+        timeout=scaled(300),
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert demo.returncode == 0, (demo.stdout + demo.stderr)[-3000:]
+    assert "where the time went" in demo.stdout
+    assert list(tmp_path.glob("hoptrace-cluster-*")) == []
