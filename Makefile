@@ -319,5 +319,5 @@ $(HELM):
 	bash lab/kubernetes/build-helm.sh $(HELM_VERSION) $(@D)
 
 .PHONY: test-k8s
-test-k8s: setup k8s-tools helm ## a one-node Kubernetes cluster: a pod behind a ClusterIP Service, reached byte for byte
+test-k8s: setup build k8s-tools helm ## a one-node Kubernetes cluster: a pod behind a ClusterIP Service; hoptrace installed by helm, tracing pod -> pod
 	$(PYTEST) -m '$(TIER_K8S)' tests

@@ -55,13 +55,15 @@ class PrivateContainerd:
     bridge: str
     subnet: str
     socket: str = ""
+    # The directory its own (root, state, socket) is made in: None = the system's temporary directory.
+    parent: str | None = None
     made: dict[str, CriPod] = field(default_factory=dict)  # by "NAMESPACE/NAME"
     _dir: Path | None = None
     _process: subprocess.Popen[str] | None = None
 
     def start(self, timeout_s: float = 120.0) -> PrivateContainerd:
         """Build the lab's command and the pause binary, start it, and wait until the pods run."""
-        self._dir = Path(tempfile.mkdtemp(prefix="hoptrace-crilab-"))
+        self._dir = Path(tempfile.mkdtemp(prefix="hoptrace-crilab-", dir=self.parent))
         bin_dir = self._dir / "bin"
         bin_dir.mkdir()
         build = subprocess.run(

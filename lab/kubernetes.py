@@ -24,6 +24,7 @@ are set back. `sweep_leftovers()` does the same for a run that was killed before
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import datetime
@@ -91,6 +92,7 @@ KUBELET_SYSCTLS = (
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 )
+BPFFS = "/sys/fs/bpf"
 CONTAINER_LOG_LINKS = Path("/var/log/containers")  # the kubelet's fixed directory of log links
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
@@ -290,6 +292,17 @@ def oci_archive(image: str, binary: bytes, entrypoint: Sequence[str]) -> bytes:
     return _tar(files)
 
 
+def _docker_reference(image: str) -> str:
+    """`image` as containerd (and the kubelet) name it: Docker Hub's short names made full."""
+    name = image if ":" in image.rsplit("/", 1)[-1] else f"{image}:latest"
+    first = name.split("/", 1)[0]
+    if "/" not in name:
+        return f"docker.io/library/{name}"
+    if "." in first or ":" in first or first == "localhost":
+        return name
+    return f"docker.io/{name}"
+
+
 # ---- processes in the node's namespace ------------------------------------------------------------------
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -363,6 +376,22 @@ def _unmount_under(prefixes: Sequence[str]) -> list[str]:
     return failed
 
 
+def _mount_propagation(point: str) -> str | None:
+    """'shared', 'slave' or 'private' for the mount at `point` (the topmost one there); None when nothing is
+    mounted there."""
+    found = None
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == point:
+            optional = fields[6 : fields.index("-")]
+            found = "private"
+            if any(o.startswith("shared:") for o in optional):
+                found = "shared"
+            elif any(o.startswith("master:") for o in optional):
+                found = "slave"
+    return found
+
+
 def _cgroup_roots() -> list[Path]:
     """The mount point of every cgroup hierarchy (v1 controllers and v2; a hybrid host has both)."""
     roots = []
@@ -433,6 +462,9 @@ class KubernetesLab:
     """A one-node cluster: `start()` brings it up and waits until the node is Ready, `stop()` removes it."""
 
     version: str = ""
+    # Images of the Docker engine that start() imports into the node's containerd (`docker save`, while the
+    # control plane starts): hoptrace's own, as the compose tier builds them.
+    docker_images: Sequence[str] = ()
     timings: dict[str, float] = field(default_factory=dict)  # seconds each step of start() took
     dir: Path | None = None
     _components: list[Component] = field(default_factory=list, repr=False)
@@ -445,6 +477,8 @@ class KubernetesLab:
     _log_links_read: bool = field(default=False, repr=False)
     _pki: ClusterPki | None = field(default=None, repr=False)
     _lock: int | None = field(default=None, repr=False)
+    # start() made the host's bpffs mount shared (it was private): stop() makes it private again.
+    _bpffs_shared_here: bool = field(default=False, repr=False)
 
     @property
     def bin(self) -> Path:
@@ -500,6 +534,7 @@ class KubernetesLab:
         )
         self._log_links_read = True
         self.dir = Path(tempfile.mkdtemp(prefix=TMP_PREFIX))
+        self._share_node_mounts()
         echo = self.dir / "echo"
         _run(
             ["go", "build", "-trimpath", "-o", str(echo), "./echo"],
@@ -514,7 +549,11 @@ class KubernetesLab:
 
         step = time.monotonic()
         with _thread_in_netns(self.netns_path):
-            self._containerd = PrivateContainerd(pods=[], bridge=BRIDGE, subnet=POD_SUBNET).start()
+            # Its directory inside the cluster's (a shared mount): a pod may mount the CRI socket's
+            # directory with HostToContainer propagation, as hoptrace's agent does.
+            self._containerd = PrivateContainerd(
+                pods=[], bridge=BRIDGE, subnet=POD_SUBNET, parent=str(self.dir)
+            ).start()
         self._write_cni_config()
         # The node's side of the pod bridge: the CNI bridge plugin adopts a bridge of its name as it is.
         _ip("link", "add", BRIDGE, "type", "bridge")
@@ -529,20 +568,44 @@ class KubernetesLab:
         self.ctr("images", "import", str(archive))
         self._step("containerd", step)
 
-        step = time.monotonic()
-        self._start_control_plane()
-        self._step("control plane", step)
+        # The Docker images go in beside the control plane's start (disk and one core against its CPU).
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="docker-images") as importer:
+            imported = (
+                importer.submit(self.import_docker_images, self.docker_images) if self.docker_images else None
+            )
+            step = time.monotonic()
+            self._start_control_plane()
+            self._step("control plane", step)
 
-        step = time.monotonic()
-        self._start_node()
-        wait_until(self._node_ready, f"node {NODE_NAME} Ready", timeout_s)
-        wait_until(
-            lambda: "-N KUBE-SERVICES" in self.node_iptables_nat(),
-            "kube-proxy's first Service rules",
-            timeout_s,
-        )
-        self._step("node ready", step)
+            step = time.monotonic()
+            self._start_node()
+            wait_until(self._node_ready, f"node {NODE_NAME} Ready", timeout_s)
+            wait_until(
+                lambda: "-N KUBE-SERVICES" in self.node_iptables_nat(),
+                "kube-proxy's first Service rules",
+                timeout_s,
+            )
+            self._step("node ready", step)
+            if imported is not None:  # on a failure above, the pool's exit waits for it before stop()
+                self.timings["docker images"] = round(imported.result(), 2)
         self._step("total", started)
+
+    def _share_node_mounts(self) -> None:
+        """What a systemd host's mounts are and this VM's are not: shared. The kubelet refuses a pod's
+        hostPath with mountPropagation HostToContainer whose source is on a private mount ('is mounted on "/"
+        but it is not a shared or slave mount'). The cluster's directory (containerd's root, state and
+        socket, the kubelet's) becomes a shared mount of its own; bpffs is mounted if it is not, and made
+        shared while the cluster runs. /run/netns is shared already (ip netns makes it so)."""
+        assert self.dir is not None
+        _run(["mount", "--bind", str(self.dir), str(self.dir)], "mount --bind of the cluster's directory")
+        _run(["mount", "--make-rshared", str(self.dir)], "mount --make-rshared of the cluster's directory")
+        propagation = _mount_propagation(BPFFS)
+        if propagation is None:
+            _run(["mount", "-t", "bpf", "bpf", BPFFS], "mount of bpffs")
+            propagation = _mount_propagation(BPFFS)
+        if propagation == "private":
+            _run(["mount", "--make-shared", BPFFS], "mount --make-shared of bpffs")
+            self._bpffs_shared_here = True
 
     def _make_node_netns(self) -> None:
         _run(["ip", "netns", "add", NODE_NETNS], "ip netns add")
@@ -851,6 +914,82 @@ class KubernetesLab:
         assert self._containerd is not None
         return _run(["ctr", "--address", self._containerd.socket, "-n", "k8s.io", *args], "ctr")
 
+    @property
+    def cri_socket(self) -> str:
+        """The node's CRI socket (the private containerd's): what a node's agent names pods through."""
+        assert self._containerd is not None
+        return self._containerd.socket
+
+    def import_docker_images(self, images: Sequence[str], timeout_s: float = 300.0) -> float:
+        """`docker save` of `images` from the Docker engine (the compose tier builds hoptrace's) streamed into
+        `ctr images import` on the node's containerd: how images reach the cluster without a registry. Pods
+        name them as Docker does (hoptrace/agent:local is docker.io/hoptrace/agent:local to both). Returns
+        the seconds it took."""
+        assert self._containerd is not None
+        started = time.monotonic()
+        save = subprocess.Popen(
+            ["docker", "save", *images],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            result = subprocess.run(
+                ["ctr", "--address", self._containerd.socket, "-n", "k8s.io", "images", "import", "-"],
+                stdin=save.stdout,
+                capture_output=True,
+                text=True,
+                timeout=scaled(timeout_s),
+            )
+        finally:
+            assert save.stdout is not None and save.stderr is not None
+            save.stdout.close()
+            try:
+                save.wait(timeout=scaled(timeout_s))
+            except subprocess.TimeoutExpired:
+                save.kill()
+                save.wait()
+            saved = save.stderr.read().decode(errors="replace")
+            save.stderr.close()
+        if save.returncode != 0:
+            raise KubernetesLabError(f"docker save {' '.join(images)} failed ({save.returncode}): {saved}")
+        if result.returncode != 0:
+            raise KubernetesLabError(
+                f"ctr images import failed ({result.returncode}): {result.stderr[-3000:]}"
+            )
+        listed = set(self.ctr("images", "list", "--quiet").split())
+        missing = [i for i in images if _docker_reference(i) not in listed]
+        if missing:
+            raise KubernetesLabError(
+                f"ctr images import did not make {missing}; containerd has {sorted(listed)}"
+            )
+        return time.monotonic() - started
+
+    def helm(self, *args: str, timeout_s: float = 300.0) -> str:
+        """helm (`make helm`) as the cluster's admin, in the node's namespace, its configuration, cache and
+        data in the cluster's directory; its output, KubernetesLabError with its message when it fails."""
+        assert self.dir is not None
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.dir)}
+        for kind in ("CONFIG", "CACHE", "DATA"):
+            env[f"HELM_{kind}_HOME"] = str(self.dir / "helm" / kind.lower())
+        argv = [str(helm_binary()), f"--kubeconfig={self.admin_kubeconfig}", *args]
+        with _thread_in_netns(self.netns_path):
+            result = subprocess.run(argv, capture_output=True, text=True, timeout=scaled(timeout_s), env=env)
+        if result.returncode != 0:
+            raise KubernetesLabError(
+                f"helm {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}"
+            )
+        return result.stdout
+
+    def run_on_node(
+        self, argv: Sequence[str], env: dict[str, str] | None = None, timeout_s: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        """A command in the node's network namespace (a client there reaches ClusterIPs and pod IPs)."""
+        with _thread_in_netns(self.netns_path):
+            return subprocess.run(
+                list(argv), capture_output=True, text=True, timeout=scaled(timeout_s), env=env, check=False
+            )
+
     def node_socket(self, family: int, type_: int) -> socket.socket:
         """A socket in the node's network namespace (a client on the node, as kube-proxy's rules see it)."""
         return socket_in_netns(self.netns_path, family, type_)
@@ -911,6 +1050,11 @@ class KubernetesLab:
             except OSError as err:
                 problems.append(f"sysctl {key}={value}: {err}")
         self._sysctls = {}
+        if self._bpffs_shared_here:
+            result = subprocess.run(["mount", "--make-private", BPFFS], capture_output=True, text=True)
+            if result.returncode != 0:
+                problems.append(f"mount --make-private {BPFFS}: {result.stderr.strip()}")
+            self._bpffs_shared_here = False
         if self._lock is not None:
             os.close(self._lock)  # the lock goes with it
             self._lock = None

@@ -3,23 +3,40 @@
 // so a test can check a Service's path byte for byte. With --relay ADDR it is
 // the client instead: its standard input goes to a TCP connection to ADDR and
 // what comes back to its standard output (`kubectl exec -i` in a client pod).
-// Static, with no dependencies: the image is this binary alone (no registry
+// With --udp-send ADDR it sends --count numbered UDP datagrams to ADDR and
+// prints, as one JSON line, how many it sent (the kernel took each one) and
+// how many came back: the ground truth of a traced flow. Static, with no dependencies: the image is this binary alone (no registry
 // is reachable).
 package main
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"os"
+	"time"
 )
 
 func main() {
 	port := flag.Int("port", 7007, "TCP and UDP port to echo on")
 	relayTo := flag.String("relay", "", "HOST:PORT: relay standard input and output over TCP instead")
+	udpTo := flag.String("udp-send", "", "HOST:PORT: send --count UDP datagrams there instead")
+	count := flag.Int("count", 100, "datagrams to send with --udp-send")
+	size := flag.Int("size", 64, "bytes of each datagram (at least 4: its number)")
+	gap := flag.Duration("gap", time.Millisecond, "pause between two datagrams")
 	flag.Parse()
+	if *udpTo != "" {
+		result, err := udpSend(*udpTo, *count, *size, *gap)
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = json.NewEncoder(os.Stdout).Encode(result)
+		return
+	}
 	if *relayTo != "" {
 		if err := relay(*relayTo); err != nil {
 			log.Fatal(err)
@@ -79,4 +96,52 @@ func relay(addr string) error {
 		return err
 	}
 	return <-sent
+}
+
+// udpResult is what --udp-send prints.
+type udpResult struct {
+	Sent   int `json:"sent"`
+	Echoed int `json:"echoed"`
+}
+
+// udpSend sends count datagrams of size bytes (each starting with its
+// number) to addr, gap apart, and counts the distinct ones echoed back
+// until a second after the last went out.
+func udpSend(addr string, count, size int, gap time.Duration) (udpResult, error) {
+	var result udpResult
+	if size < 4 {
+		return result, fmt.Errorf("--size %d: at least 4", size)
+	}
+	conn, err := net.Dial("udp", addr)
+	if err != nil {
+		return result, err
+	}
+	defer conn.Close()
+	echoed := make(chan int, 1)
+	go func() {
+		seen := make(map[uint32]bool)
+		buf := make([]byte, 65536)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil { // the deadline set after the last send
+				echoed <- len(seen)
+				return
+			}
+			if n >= 4 {
+				seen[binary.BigEndian.Uint32(buf)] = true
+			}
+		}
+	}()
+	payload := make([]byte, size)
+	for i := 0; i < count; i++ {
+		binary.BigEndian.PutUint32(payload, uint32(i))
+		if _, err := conn.Write(payload); err != nil {
+			return result, fmt.Errorf("datagram %d: %w", i, err)
+		}
+		result.Sent++
+		time.Sleep(gap)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	result.Echoed = <-echoed
+	return result, nil
 }

@@ -1,0 +1,418 @@
+"""hoptrace installed as Kubernetes users install it, on the lab's real cluster: the images the compose tier
+builds (`docker save` into the node's containerd: no registry), the certificate Secrets, `helm install` of
+deploy/helm/hoptrace with the cluster's admin kubeconfig and the node's containerd socket as the agent's CRI
+socket. Every pod of the release becomes Ready; the namespace needs Pod Security "privileged" (the agent; the
+dispatcher's BTF hostPath) and nothing more (the others pass "restricted"); `hoptrace agents`, through the
+dispatcher's ClusterIP from the node, shows the node and its pods by name; a UDP flow from a client pod to a
+server pod, traced by a spec that names the pods (`netns: pod:NS/NAME`), is reported datagram for datagram
+(the client's own count of what it sent); `helm uninstall` takes the agent's hooks out of the pods.
+
+There is no cluster DNS in the lab: the release's Services get fixed ClusterIPs of the Service range's static
+band, the components reach each other there, and the dispatcher's and collector's certificates name them.
+
+Needs `make k8s-tools`, `make helm` and the Docker engine with the compose tier's images (`make
+compose-images`); `make test-k8s` builds them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hoptrace.common.certs import create_bundle
+from hoptrace.common.grpcutil import CA_ENV, CERT_ENV, DISPATCHER_ENV, KEY_ENV, TOKEN_FILE_ENV
+from hoptrace.lab.compose import IMAGES, DockerEngine, bpf_ids_alive, bpf_ids_held_by, build_images
+from hoptrace.lab.kubernetes import ECHO_IMAGE, ECHO_PORT, NODE_NAME, KubernetesLab
+from hoptrace.lab.waiting import WaitTimeout, wait_until
+
+pytestmark = pytest.mark.kernel  # the release's agent loads and attaches BPF on this kernel
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "hoptrace"
+NAMESPACE = "hoptrace"
+APPS = "hoptrace-shop"  # the traced pods' namespace
+# Fixed ClusterIPs in the static band of the lab's Service range (198.19.128.0/20): no cluster DNS here.
+ADDRESSES = {
+    "dispatcher": "198.19.128.10",
+    "collector": "198.19.128.11",
+    "influxdb": "198.19.128.12",
+    "web": "198.19.128.13",
+}
+COMPONENTS = ("agent", "dispatcher", "collector", "influxdb", "web")
+DATAGRAMS = 400
+TRACE = "pod-to-pod"
+
+
+@dataclass
+class Release:
+    """The lab cluster with hoptrace installed by helm, and what a client of its dispatcher needs."""
+
+    cluster: KubernetesLab
+    certs: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def hoptrace(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """The `hoptrace` CLI in the node's namespace, against the dispatcher's ClusterIP, as the admin."""
+        env = {key: value for key, value in os.environ.items() if not key.startswith("HOPTRACE_")}
+        env.update(
+            {
+                DISPATCHER_ENV: f"{ADDRESSES['dispatcher']}:7070",
+                CA_ENV: str(self.certs / "ca.pem"),
+                CERT_ENV: str(self.certs / "admin.pem"),
+                KEY_ENV: str(self.certs / "admin.key"),
+                TOKEN_FILE_ENV: str(self.certs / "admin.token"),
+            }
+        )
+        result = self.cluster.run_on_node([sys.executable, "-m", "hoptrace.cli.main", *args], env=env)
+        if check:
+            assert result.returncode == 0, f"hoptrace {' '.join(args)}: {result.stderr}"
+        return result
+
+    def pods(self, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+        """The namespace's pods as the API has them."""
+        return json.loads(self.cluster.kubectl("-n", namespace, "get", "pods", "-o", "json"))["items"]
+
+
+def lab_values(cri_socket: str) -> dict[str, Any]:
+    """The chart's values on the lab: the compose tier's local images, never pulled; the node's containerd
+    (`cri_socket`) as the agent's CRI socket; fixed ClusterIPs as the components' addresses; InfluxDB 1.8
+    (the local image, no setup, its data path and user); no persistent volumes (the lab has no storage
+    provisioner)."""
+
+    def image(name: str) -> dict[str, str]:
+        return {"repository": f"hoptrace/{name}", "tag": "local"}
+
+    return {
+        "images": {
+            "agent": image("agent"),
+            "python": image("python"),
+            "dispatcher": image("dispatcher"),
+            "influxdb": image("influxd"),
+            "pullPolicy": "Never",
+        },
+        "secrets": {"agentCerts": "hoptrace-agent-certs"},
+        "agent": {"criSocket": cri_socket},
+        "dispatcher": {
+            "host": ADDRESSES["dispatcher"],
+            "service": {"clusterIP": ADDRESSES["dispatcher"]},
+            "persistence": {"enabled": False},
+        },
+        "collector": {"host": ADDRESSES["collector"], "service": {"clusterIP": ADDRESSES["collector"]}},
+        "web": {"service": {"clusterIP": ADDRESSES["web"]}},
+        "influxdb": {
+            "url": f"http://{ADDRESSES['influxdb']}:8086",
+            "service": {"clusterIP": ADDRESSES["influxdb"]},
+            "setup": False,
+            "dataPath": "/var/lib/influxdb",
+            "runAsUser": 10001,
+            "persistence": {"enabled": False},
+        },
+    }
+
+
+def create_secrets(cluster: KubernetesLab, certs: Path) -> None:
+    """The namespace (Pod Security "privileged") and the Secrets the chart mounts: the control plane's
+    certificates and tokens, the agents' apart (neither holds the CA's key), InfluxDB's, the web UI's."""
+    from werkzeug.security import generate_password_hash
+
+    create_bundle(certs, hosts=[ADDRESSES["dispatcher"], ADDRESSES["collector"]], agents=[NODE_NAME])
+    (certs / "web-users").write_text(f"admin:{generate_password_hash(secrets.token_urlsafe(12))}\n")
+    (certs / "web-secret-key").write_text(secrets.token_hex(32))
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": NAMESPACE, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}},
+        }
+    )
+    control = [
+        "ca.pem",
+        *(f"{name}.{kind}" for name in ("dispatcher", "collector", "web") for kind in ("pem", "key")),
+        "tokens",
+        "collector.token",
+        "web.token",
+    ]
+    agent = ["ca.pem", f"agent-{NODE_NAME}.pem", f"agent-{NODE_NAME}.key"]
+    for name, files in (("hoptrace-certs", control), ("hoptrace-agent-certs", agent)):
+        cluster.kubectl(
+            "-n", NAMESPACE, "create", "secret", "generic", name, *(f"--from-file={certs / f}" for f in files)
+        )
+    cluster.kubectl(
+        *("-n", NAMESPACE, "create", "secret", "generic", "hoptrace-influxdb"),
+        f"--from-literal=token={secrets.token_hex(16)}",
+        f"--from-literal=admin-password={secrets.token_hex(16)}",
+    )
+    cluster.kubectl(
+        *("-n", NAMESPACE, "create", "secret", "generic", "hoptrace-web"),
+        f"--from-file=users={certs / 'web-users'}",
+        f"--from-file=secret-key={certs / 'web-secret-key'}",
+    )
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
+    """The cluster up, hoptrace's images in its containerd, the Secrets, `helm install`, every pod Ready;
+    the cluster removed afterwards (stop() raises what it could not remove)."""
+    started = time.monotonic()
+    work = tmp_path_factory.mktemp("helm")
+    engine = DockerEngine().ensure()
+    cluster = KubernetesLab(docker_images=IMAGES)
+    run = Release(cluster, work / "certs")
+    try:
+        try:
+            run.timings["images (build or cache)"] = build_images()
+            step = time.monotonic()
+            cluster.start()
+            run.timings["cluster start, images into containerd"] = time.monotonic() - step
+            run.timings["of which the images"] = cluster.timings["docker images"]
+        finally:
+            engine.stop()
+        create_secrets(cluster, run.certs)
+        values = work / "values.yaml"
+        values.write_text(yaml.safe_dump(lab_values(cluster.cri_socket)))
+        step = time.monotonic()
+        cluster.helm(
+            *("install", "hoptrace", str(CHART), "-n", NAMESPACE, "-f", str(values)),
+            *("--wait", "--timeout", "120s"),
+        )
+        # helm's --wait counts a DaemonSet of one node with maxUnavailable 1 as ready with none: every pod.
+        cluster.kubectl("-n", NAMESPACE, "wait", "--for=condition=Ready", "pods", "--all", "--timeout=120s")
+        run.timings["helm install, every pod Ready"] = time.monotonic() - step
+        yield run
+    except Exception as error:
+        raise AssertionError(f"{error}\n{cluster.logs()}") from None
+    finally:
+        step = time.monotonic()
+        cluster.stop()
+        run.timings["cluster stop"] = time.monotonic() - step
+        run.timings["whole module"] = time.monotonic() - started
+        print("\nk8s helm timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in run.timings.items()))
+
+
+def test_every_pod_of_the_release_is_ready_with_the_local_images(release: Release) -> None:
+    pods = {pod["metadata"]["labels"]["app.kubernetes.io/component"]: pod for pod in release.pods()}
+    assert set(pods) == set(COMPONENTS), sorted(pods)
+    for component, pod in pods.items():
+        ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}["Ready"]
+        assert ready == "True", component
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["ready"] and status["restartCount"] == 0, (component, status)
+        assert status["image"].startswith("docker.io/hoptrace/") and status["image"].endswith(":local")
+    agent = pods["agent"]["spec"]
+    assert agent["hostNetwork"] and agent["hostPID"] and agent["nodeName"] == NODE_NAME
+    assert agent["containers"][0]["securityContext"]["privileged"] is False
+    assert f"--cri-socket={release.cluster.cri_socket}" in agent["containers"][0]["args"]
+    services = json.loads(release.cluster.kubectl("-n", NAMESPACE, "get", "services", "-o", "json"))["items"]
+    assert {
+        s["metadata"]["name"].removeprefix("hoptrace-"): s["spec"]["clusterIP"] for s in services
+    } == ADDRESSES
+
+
+def test_the_namespace_needs_privileged_and_only_the_agent_and_dispatcher_need_it(release: Release) -> None:
+    """The API server's own PodSecurity check (a server-side dry run of the namespace's label): under
+    "baseline" and "restricted" only the agent (host namespaces, capabilities, hostPath) and the
+    dispatcher (its read-only BTF hostPath) would be refused; the collector, InfluxDB and the web UI pass
+    "restricted"."""
+    pods = {
+        pod["metadata"]["name"]: pod["metadata"]["labels"]["app.kubernetes.io/component"]
+        for pod in release.pods()
+    }
+    for level in ("baseline", "restricted"):
+        result = release.cluster.kubectl_run(
+            [
+                *("label", "--dry-run=server", "--overwrite", "namespace", NAMESPACE),
+                f"pod-security.kubernetes.io/enforce={level}",
+            ]
+        )
+        assert f'violate the new PodSecurity enforce level "{level}:latest"' in result.stderr, result.stderr
+        violations = dict(re.findall(r"^Warning: (\S+): (.+)$", result.stderr, re.M))
+        refused = {pods[name] for name in violations if name in pods}
+        assert refused == {"agent", "dispatcher"}, (level, violations)
+        dispatcher = next(v for name, v in violations.items() if pods.get(name) == "dispatcher")
+        assert "hostPath volumes" in dispatcher or "restricted volume types" in dispatcher, dispatcher
+
+
+def agent_json(release: Release) -> dict[str, Any]:
+    """The node's agent as `hoptrace agents --json` shows it."""
+    agents = json.loads(release.hoptrace("agents", "--json").stdout)
+    (agent,) = [a for a in agents if a["node"] == NODE_NAME]
+    return agent
+
+
+def test_hoptrace_agents_shows_the_node_and_its_pods_by_name(release: Release) -> None:
+    """Through the dispatcher's ClusterIP: the node's agent is connected, streams to the collector, names
+    the pods through the node's containerd (the release's own among them)."""
+
+    def connected() -> dict[str, Any] | None:
+        agent = agent_json(release)
+        pods = {alias for ns in agent["namespaces"] for alias in ns["aliases"] if alias.startswith("pod:")}
+        ready = agent["connected"] and agent["transport"]["state"] == "up" and len(pods) >= len(COMPONENTS)
+        return agent if ready else None
+
+    agent = wait_until(connected, f"the agent of {NODE_NAME} connected, naming the release's pods", 60)
+    runtime = agent["container_runtime"]
+    assert runtime["endpoint"] == release.cluster.cri_socket and not runtime["error"], runtime
+    assert runtime["version"].startswith("containerd 1.6"), runtime
+    assert agent["transport"]["destination"] == f"{ADDRESSES['collector']}:7071"
+    aliases = {alias for ns in agent["namespaces"] for alias in ns["aliases"]}
+    names = [pod["metadata"]["name"] for pod in release.pods()]
+    # the hostNetwork agent is in the node's namespace; every other pod in one of its own
+    assert {f"pod:{NAMESPACE}/{name}" for name in names if "-agent-" not in name} <= aliases, aliases
+    shown = release.hoptrace("agents", "--wide").stdout
+    assert re.search(rf"^{NODE_NAME}\s+yes\b", shown, re.M), shown
+    for name in names:
+        assert f"[pod {NAMESPACE}/{name}]" in shown, (name, shown)
+
+
+# ---- traced flows between pods ---------------------------------------------------------------------------
+
+
+@dataclass
+class Shop:
+    """Two pods of the echo image: `client` sends, `server` echoes; their addresses."""
+
+    client_ip: str
+    server_ip: str
+
+
+@pytest.fixture(scope="module")
+def shop(release: Release) -> Shop:
+    """The client and server pods Ready in their own namespace."""
+    cluster = release.cluster
+    cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APPS}})
+    # A bare pod is refused until the controller manager made its namespace's default service account.
+    wait_until(
+        lambda: cluster.kubectl_run(["-n", APPS, "get", "serviceaccount", "default"], check=False).returncode
+        == 0,
+        "the namespace's default service account",
+        60,
+    )
+
+    def pod(name: str) -> dict[str, Any]:
+        container = {
+            "name": "echo",
+            "image": ECHO_IMAGE,
+            "imagePullPolicy": "Never",
+            "args": [f"--port={ECHO_PORT}"],
+            "readinessProbe": {"tcpSocket": {"port": ECHO_PORT}, "periodSeconds": 1},
+        }
+        metadata = {"name": name, "namespace": APPS, "labels": {"app": name}}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": [container]}}
+
+    cluster.apply([pod("client"), pod("server")])
+    cluster.kubectl("-n", APPS, "wait", "--for=condition=Ready", "pod/client", "pod/server", "--timeout=120s")
+    ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in release.pods(APPS)}
+    return Shop(client_ip=ips["client"], server_ip=ips["server"])
+
+
+def send_udp(release: Release, destination: str, count: int) -> int:
+    """`count` datagrams from the client pod to `destination` (HOST:PORT); the number the client sent."""
+    out = release.cluster.kubectl(
+        *("-n", APPS, "exec", "client", "--", "/echo"), f"--udp-send={destination}", f"--count={count}"
+    )
+    result = json.loads(out)
+    assert result["echoed"] == result["sent"], result  # the server answered each: the path is whole
+    return int(result["sent"])
+
+
+def wait_report(release: Release, trace: str, packets: int, timeout_s: float = 60.0) -> dict[str, Any]:
+    """`hoptrace report --json` once every segment counts `packets` (join window, per-second windows,
+    InfluxDB export); the last report seen when the time is up."""
+    report: dict[str, Any] = {}
+
+    def counted() -> dict[str, Any] | None:
+        nonlocal report
+        result = release.hoptrace("report", trace, "--since", "30m", "--json", check=False)
+        report = json.loads(result.stdout) if result.returncode == 0 else {}
+        counts = [s.get("count", 0) for s in [*report.get("segments", []), report.get("end_to_end", {})]]
+        return report if report.get("complete", 0) >= packets and min(counts) >= packets else None
+
+    try:
+        return wait_until(counted, f"the report of {trace} counting {packets} packets", timeout_s, 1.0)
+    except WaitTimeout:
+        return report  # the test says what it lacks
+
+
+def pod_spec(name: str, destination: str, sender: str, receiver: str) -> dict[str, Any]:
+    """A spec of the UDP flow to `destination` from pod `sender`'s eth0 to pod `receiver`'s, both named."""
+    return {
+        "name": name,
+        "filter": {"protocol": "udp", "dst": destination, "dst_port": ECHO_PORT},
+        "sample": 1,
+        "hops": [
+            {"node": NODE_NAME, "at": "tc-egress", "dev": "eth0", "netns": f"pod:{APPS}/{sender}"},
+            {"node": NODE_NAME, "at": "tc-ingress", "dev": "eth0", "netns": f"pod:{APPS}/{receiver}"},
+        ],
+    }
+
+
+def test_pod_to_pod_udp_is_traced_datagram_for_datagram(release: Release, shop: Shop, tmp_path: Path) -> None:
+    """`hoptrace trace apply` of a spec naming the two pods; the client sends; `hoptrace report` counts
+    exactly what the client sent in the one segment, under hop names and pods the user knows."""
+    spec = tmp_path / "pod-to-pod.yaml"
+    spec.write_text(yaml.safe_dump(pod_spec(TRACE, shop.server_ip, "client", "server")))
+    release.hoptrace("trace", "apply", "-f", str(spec))
+
+    def active() -> bool:
+        listed = release.hoptrace("trace", "ls").stdout
+        return bool(re.search(rf"^{TRACE}\s.*1/1 nodes active", listed, re.M))
+
+    wait_until(active, f"{TRACE} active on the node", 30)
+    started = time.monotonic()
+    sent = send_udp(release, f"{shop.server_ip}:{ECHO_PORT}", DATAGRAMS)
+    assert sent == DATAGRAMS
+    report = wait_report(release, TRACE, sent)
+    release.timings["pod -> pod: send to full report"] = time.monotonic() - started
+    assert report.get("complete") == sent, report
+    (segment,) = report["segments"]
+    assert (segment["from"], segment["to"], segment["count"]) == ("client-eth0-out", "server-eth0-in", sent)
+    assert report["end_to_end"]["count"] == sent and 0 < segment["p50_ns"] < 10_000_000, segment
+    shown = release.hoptrace("report", TRACE, "--since", "30m").stdout
+    assert f"trace {TRACE}: {sent} packets, {sent} complete" in shown, shown
+    for pod in ("client", "server"):
+        assert re.search(rf"^{pod}-eth0-(out|in)\s.*pod {APPS}/{pod}\b", shown, re.M), shown
+    # The agent's clock rounds reach the collector's time service (UDP) through its ClusterIP: the
+    # collector's estimate of the node's clock is in the store.
+    wait_until(lambda: agent_json(release)["clock"]["measured"], "the node's clock measured", 30, 1.0)
+
+
+# ---- pod -> ClusterIP Service -> pod, through kube-proxy's DNAT ------------------------------------------
+# NAT-following (a spec naming a ClusterIP, traced through the node's DNAT to the pod) goes here: a Service
+# in front of `server` (its ClusterIP from `kubectl get service`), a spec whose filter names the ClusterIP,
+# `send_udp(release, f"{cluster_ip}:{ECHO_PORT}", n)`, and `wait_report` counting the n datagrams.
+
+
+def test_uninstall_takes_the_agents_hooks_out_of_the_pods(release: Release, shop: Shop) -> None:
+    """`helm uninstall`: the release's pods go, and with the agent every BPF link and program it held (the
+    trace's tc hooks in the pods' namespaces): nothing of it stays in the kernel."""
+    links, programs = bpf_ids_held_by(agent_pid(release))
+    assert len(links) >= 2 and programs, "the trace's two tc hooks, held by the agent before uninstall"
+    release.cluster.helm("uninstall", "hoptrace", "-n", NAMESPACE, "--wait", "--timeout", "120s")
+    wait_until(lambda: not release.pods(), "the release's pods gone", 60)
+
+    def released() -> bool:
+        alive_links, alive_programs = bpf_ids_alive()
+        return not (links & alive_links) and not (programs & alive_programs)
+
+    wait_until(released, "the agent's BPF links and programs gone from the kernel", 30)
+
+
+def agent_pid(release: Release) -> int:
+    """The agent container's process, in this host's PID namespace (containerd's task list)."""
+    (pod,) = [p for p in release.pods() if p["metadata"]["labels"]["app.kubernetes.io/component"] == "agent"]
+    container = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    tasks = [line.split() for line in release.cluster.ctr("tasks", "list").splitlines()[1:]]
+    (pid,) = [int(task[1]) for task in tasks if task[0] == container]
+    return pid
