@@ -44,6 +44,7 @@ from hoptrace.collector.sketch import sketch_from_fields
 from hoptrace.results.flux import flux_string, flux_time, records, request_range
 from hoptrace.results.packets_view import DEFAULT_SLOWEST, MAX_SLOWEST
 from hoptrace.results.store_actions import query_events, query_hop_actions, query_recorded
+from hoptrace.results.timerange import DEFAULT_RANGE_S
 from hoptrace.v1 import api_pb2
 
 
@@ -244,14 +245,16 @@ def get_report(
     token: str = "",
     path: Sequence[str] | None = None,
 ) -> api_pb2.Report:
-    """Answer `Hoptrace.GetReport` (the dispatcher calls this); unset start = 1 h ago, unset end = now."""
+    """Answer `Hoptrace.GetReport` (the dispatcher calls this); unset end = now, unset start = an hour before
+    the end."""
     start, stop = request_range(request)
     with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
         report = query_report(client, bucket, org, request.trace, start, stop, path)
         if request.with_series:
-            now = time.time()
-            first = request.start.ToNanoseconds() / 1e9 if request.HasField("start") else now - 3600
-            last = request.end.ToNanoseconds() / 1e9 if request.HasField("end") else now
+            last = request.end.ToNanoseconds() / 1e9 if request.HasField("end") else time.time()
+            first = (
+                request.start.ToNanoseconds() / 1e9 if request.HasField("start") else last - DEFAULT_RANGE_S
+            )
             window = series_window(last - first)
             report.series.extend(query_series(client, bucket, org, request.trace, start, stop, window))
         return report

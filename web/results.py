@@ -85,15 +85,36 @@ def since_seconds(since: str) -> float:
     return parse_duration(since)
 
 
-def series_data(report: api_pb2.Report) -> dict[str, dict[str, list[list[float]]]]:
-    """Report.series as the charts take it: per segment, [[epoch ms, ns], ...] of p50 and p99."""
-    return {
-        series.segment: {
-            "p50": [[point.at.ToMilliseconds() * 1.0, point.ns] for point in series.p50],
-            "p99": [[point.at.ToMilliseconds() * 1.0, point.ns] for point in series.p99],
+def series_data(report: api_pb2.Report) -> dict[str, dict[str, Any]]:
+    """Report.series as the charts take it: per segment, [[epoch ms, ns], ...] of p50 and p99, with a
+    [ms, None] where windows are missing (no packet then: the chart's line breaks there instead of joining
+    across the gap), and the segment's clock bound (cross-node: the chart draws it; 0 within a node).
+
+    The windows are aggregated to one step (hoptrace.results.store.series_window): the smallest distance
+    between two points of any series is it, and a distance over 1.5 steps is a gap."""
+    times = sorted({point.at.ToMilliseconds() for series in report.series for point in series.p50})
+    steps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
+    step = min(steps) if steps else 0
+    bounds = {f"{getattr(s, 'from')}>{s.to}": s for s in report.segments}
+
+    def points(found: Any) -> list[list[float | None]]:
+        out: list[list[float | None]] = []
+        for point in found:
+            at = point.at.ToMilliseconds() * 1.0
+            if out and step and at - out[-1][0] > 1.5 * step:  # type: ignore[operator]
+                out.append([out[-1][0] + step, None])  # type: ignore[operator]
+            out.append([at, point.ns])
+        return out
+
+    data: dict[str, dict[str, Any]] = {}
+    for series in report.series:
+        segment = bounds.get(series.segment)
+        data[series.segment] = {
+            "p50": points(series.p50),
+            "p99": points(series.p99),
+            "clock_bound_ns": segment.clock_bound_ns if segment is not None and not segment.same_node else 0,
         }
-        for series in report.series
-    }
+    return data
 
 
 def with_display(segment: dict[str, Any]) -> dict[str, Any]:

@@ -230,3 +230,45 @@ def logged_in(app: Any) -> Any:
     response = client.post("/login", data={"username": USERNAME, "password": PASSWORD, "csrf_token": token})
     assert response.status_code == 302
     return client
+
+
+# A cross-host segment's per-second windows whose p50 is below zero within its clock bound, and a gap.
+SERIES_SECONDS = [*range(0, 5), *range(20, 25)]
+SERIES_WIRE_P50_NS = -100
+
+
+def write_series(influxd: InfluxServer, trace: str, node: str) -> list[int]:
+    """Per-second windows of `trace` (SERIES_SECONDS after a minute ago, nothing in between): a-c1-out >
+    a-wire-out on one node (p50 3 us), a-wire-out > b-wire-in across nodes with p50 SERIES_WIRE_P50_NS within
+    its clock bound BOUND_NS, and end to end; returns the windows' start times (ns)."""
+    now = time.time_ns()
+    base = now - now % SEC - 60 * SEC
+    starts = [base + second * SEC for second in SERIES_SECONDS]
+    windows = []
+    for start in starts:
+        windows += [
+            SegmentWindow(
+                trace, "a-c1-out>a-wire-out", "a-c1-out", "a-wire-out", start, 10, 3000.0, 3000, 3400, 3900,
+                4000, 0, from_count=10, same_node=True,
+            ),
+            SegmentWindow(
+                trace, "a-wire-out>b-wire-in", "a-wire-out", "b-wire-in", start, 10, -80.0,
+                SERIES_WIRE_P50_NS, 150, 240, 246, 0, from_count=10, below_clock_bound=True,
+                below_bound_count=10, clock_bound_ns=BOUND_NS,
+            ),
+            SegmentWindow(
+                trace, END_TO_END, "a-c1-out", "b-wire-in", start, 10, 2920.0, 2900, 3500, 4100, 4200, 0,
+                packets=10, complete=10, from_count=10, clock_bound_ns=BOUND_NS,
+            ),
+        ]  # fmt: skip
+    exporter = InfluxExporter(
+        InfluxConfig(url=influxd.url, bucket=influxd.bucket, org=influxd.org, token=influxd.token)
+    )
+    try:
+        exporter.export(
+            window_points(samples=[], segments=windows, clocks=[NodeClockPoint(node, now, 40, 150, 85, 1.0)])
+        )
+        assert exporter.flush(timeout_s=30), "points not written"
+    finally:
+        exporter.close()
+    return starts

@@ -125,26 +125,75 @@
         plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
       },
     });
+    // Each segment's p50/p99 over time. Lines break where windows are missing (the server puts a null
+    // there). A cross-node segment's clock bound is drawn as a band from 0 to the bound: a latency inside
+    // it cannot be told from zero (the table says "≤ ±BOUND"), so it is drawn at 0 and read as within the
+    // bound, never as a negative latency.
     const datasets = [];
+    let first = Infinity;
+    let last = -Infinity;
     Object.keys(data.series).forEach((segment, i) => {
+      const series = data.series[segment];
+      const bound = series.clock_bound_ns || 0;
+      const name = segment.replace(">", " → ");
       for (const [q, dash] of [["p50", []], ["p99", [5, 4]]]) {
+        const label = `${name} ${q}`;
         datasets.push({
-          label: `${segment.replace(">", " → ")} ${q}`,
-          data: data.series[segment][q].map(([t, ns]) => ({ x: t, y: ns / 1e3 })),
+          label,
+          bound,  // read by the tooltip: this poll's, not the first's
+          data: series[q].map(([t, ns]) => {
+            first = Math.min(first, t);
+            last = Math.max(last, t);
+            return { x: t, y: ns === null ? null : Math.max(ns, 0) / 1e3, ns };
+          }),
           borderColor: color(i), backgroundColor: color(i), borderDash: dash, pointRadius: 2, borderWidth: 1.5,
+          spanGaps: false,
+        });
+      }
+      if (bound > 0) {
+        datasets.push({
+          label: `${name}: clock bound ±${fmtNs(bound)}`,
+          clockBound: bound,
+          data: [],  // spans the chart once the range is known (below)
+          borderColor: "rgba(179, 38, 30, 0.5)", backgroundColor: "rgba(179, 38, 30, 0.12)",
+          borderWidth: 1, borderDash: [2, 2], pointRadius: 0, fill: "origin",
         });
       }
     });
+    for (const set of datasets) {
+      if (set.clockBound && first <= last) {
+        set.data = [{ x: first, y: set.clockBound / 1e3 }, { x: last, y: set.clockBound / 1e3 }];
+      }
+    }
+    const utc = (ms) => new Date(ms).toISOString().slice(11, 19);  // 24-hour UTC, as every time on the page
     upsert("timeseries-chart", {
       type: "line",
       data: { datasets },
       options: {
         animation: false, parsing: false, responsive: true, maintainAspectRatio: false,
         scales: {
-          x: { type: "linear", ticks: { maxTicksLimit: 8, callback: (v) => new Date(v).toLocaleTimeString() } },
-          y: { ticks: usTicks, beginAtZero: true },
+          x: {
+            type: "linear", ticks: { maxTicksLimit: 8, callback: (v) => utc(v) },
+            title: { display: true, text: "time (UTC)" },
+          },
+          y: { ticks: usTicks, min: 0, beginAtZero: true },
         },
-        plugins: { legend: { position: "bottom", labels: { boxWidth: 12 } } },
+        plugins: {
+          legend: { position: "bottom", labels: { boxWidth: 12 } },
+          tooltip: {
+            callbacks: {
+              title: (items) => (items.length ? `${new Date(items[0].parsed.x).toISOString().slice(0, 19)}Z` : ""),
+              label: (item) => {
+                const set = item.dataset;
+                if (set.clockBound) return set.label;
+                const bound = set.bound || 0;
+                const ns = item.raw.ns;
+                if (bound > 0 && ns <= bound) return `${set.label}: ≤ ±${fmtNs(bound)} (within clock bound)`;
+                return `${set.label}: ${fmtNs(ns)}`;
+              },
+            },
+          },
+        },
       },
     });
     upsert("loss-chart", {
