@@ -20,8 +20,9 @@ from flask import render_template
 from hoptrace.results.format import format_ns
 from hoptrace.v1 import api_pb2, trace_pb2
 
-# Geometry (px): a column per position along the path, a row per parallel branch.
-COLUMN_W = 116
+# Geometry (px): a column per position along the path, a row per parallel branch. A graph's vertices and
+# columns are widened to its longest label (`_widths`): every name is read whole, none runs into another.
+COLUMN_W = 116  # the least: VERTEX_W and the gap an edge's label stands in
 VERTEX_W = 70
 VERTEX_H = 40
 ROW_H = 96
@@ -29,6 +30,11 @@ MARGIN = 12
 HOST_LABEL_H = 22
 NETNS_LABEL_H = 18
 EDGE_LABEL_H = 30
+HOP_NAME_H = 14  # the hop's name under its vertex
+LABEL_PAD = 10  # clear space beside a label
+# Average glyph width per px of font size (the page's system-ui sans serif; bold a little wider): what a
+# label's width is estimated with. tests/web/test_web_pathgraph_layout.py holds Chromium's own widths to it.
+GLYPH_EM, BOLD_GLYPH_EM = 0.62, 0.68
 # Edge colours of the paths (most common first); an edge every path takes is drawn in the first.
 PALETTE = ("#2557d6", "#e8710a", "#11733b", "#7e3fb8", "#00838f", "#c2185b")
 
@@ -44,8 +50,16 @@ def netns_label(netns: str) -> str:
 
 
 def at_label(at: str) -> str:
-    """The attach point, short: ``tc-ingress`` -> ``in``, ``tc-egress`` -> ``out``, others as they are."""
+    """The attach point, short: ``tc-ingress`` -> ``in``, ``tc-egress`` -> ``out``, a tracepoint by its event
+    (``tracepoint:net:netif_receive_skb`` -> ``tp netif_receive_skb``), others as they are."""
+    if at.startswith("tracepoint:"):
+        return "tp " + at.rsplit(":", 1)[-1]
     return {"tc-ingress": "in", "tc-egress": "out"}.get(at, at)
+
+
+def text_width(text: str, size_px: float, bold: bool = False) -> float:
+    """The estimated width of `text` at `size_px` in the graph's font."""
+    return len(text) * size_px * (BOLD_GLYPH_EM if bold else GLYPH_EM)
 
 
 @dataclass
@@ -60,10 +74,17 @@ class Vertex:
     at: str
     column: int = 0
     row: int = 0
+    column_w: int = COLUMN_W  # the graph's (_lay_out)
+    vertex_w: int = VERTEX_W
+
+    @property
+    def at_short(self) -> str:
+        """The attach point as the vertex shows it (at_label)."""
+        return at_label(self.at)
 
     @property
     def x(self) -> int:
-        return MARGIN + self.column * COLUMN_W + (COLUMN_W - VERTEX_W) // 2
+        return MARGIN + self.column * self.column_w + (self.column_w - self.vertex_w) // 2
 
     @property
     def y(self) -> int:
@@ -88,10 +109,10 @@ class Edge:
     def geometry(self) -> dict[str, float]:
         """Start and end (the vertices' facing sides), the control points of a curve between rows, and
         where the label goes."""
-        x1, y1 = self.source.x + VERTEX_W, self.source.y + VERTEX_H / 2
+        x1, y1 = self.source.x + self.source.vertex_w, self.source.y + VERTEX_H / 2
         x2, y2 = self.target.x, self.target.y + VERTEX_H / 2
         if x2 <= x1:  # back to an earlier column (a packet that returns): go round underneath
-            x1, x2 = self.source.x + VERTEX_W / 2, self.target.x + VERTEX_W / 2
+            x1, x2 = self.source.x + self.source.vertex_w / 2, self.target.x + self.target.vertex_w / 2
             y1, y2 = self.source.y + VERTEX_H, self.target.y + VERTEX_H
         mid_x = (x1 + x2) / 2
         # The label (median, p99 under it) stands above the vertices' row, where it may be a column wide; an
@@ -124,6 +145,8 @@ class PathGraph:
     namespaces: list[Box] = field(default_factory=list)
     width: int = 0
     height: int = 0
+    vertex_w: int = VERTEX_W
+    column_w: int = COLUMN_W
 
     def to_data(self) -> dict[str, Any]:
         """The graph as JSON (what the page's script and the tests read besides the SVG)."""
@@ -149,8 +172,30 @@ class PathGraph:
         }
 
 
+def _widths(graph: PathGraph) -> tuple[int, int]:
+    """The graph's vertex and column widths: a vertex holds its device and attach point (12 px bold, 11 px)
+    and its namespace's label (11 px, in a box 8 px wider on each side); a column also holds the hop's
+    name under the vertex and an edge's latency labels above the gap after it (10.5 px; 11 estimated),
+    each with clear space."""
+    vertex = max(
+        [VERTEX_W]
+        + [text_width(v.dev, 12, bold=True) + LABEL_PAD for v in graph.vertices]
+        + [text_width(v.at_short, 11) + LABEL_PAD for v in graph.vertices]
+        + [text_width(f"netns {netns_label(v.netns)}", 11) + 12 - 16 for v in graph.vertices if v.netns]
+    )
+    names = [text_width(v.name, 11) + LABEL_PAD for v in graph.vertices]
+    latencies = [
+        text_width(t, 11) + LABEL_PAD for e in graph.edges for t in (e.median_text, f"p99 {e.p99_text}")
+    ]
+    column = max([COLUMN_W, vertex + COLUMN_W - VERTEX_W, *names, *latencies])
+    return int(vertex + 0.5), int(column + 0.5)
+
+
 def _lay_out(graph: PathGraph, rows_of_paths: Sequence[Sequence[str]]) -> PathGraph:
     """Columns, rows, host and namespace boxes, and the drawing's size."""
+    graph.vertex_w, graph.column_w = _widths(graph)
+    for vertex in graph.vertices:
+        vertex.vertex_w, vertex.column_w = graph.vertex_w, graph.column_w
     by_id = {v.id: v for v in graph.vertices}
     taken: set[tuple[int, int]] = set()
     placed: set[str] = set()
@@ -168,21 +213,23 @@ def _lay_out(graph: PathGraph, rows_of_paths: Sequence[Sequence[str]]) -> PathGr
     rows = 1 + max((v.row for v in graph.vertices), default=0)
     columns = 1 + max((v.column for v in graph.vertices), default=0)
     top = MARGIN
-    bottom = MARGIN + HOST_LABEL_H + NETNS_LABEL_H + EDGE_LABEL_H + (rows - 1) * ROW_H + VERTEX_H + 14
+    bottom = (
+        MARGIN + HOST_LABEL_H + NETNS_LABEL_H + EDGE_LABEL_H + (rows - 1) * ROW_H + VERTEX_H + HOP_NAME_H + 14
+    )
     for node in dict.fromkeys(v.node for v in graph.vertices):
         mine = [v for v in graph.vertices if v.node == node]
-        left = MARGIN + min(v.column for v in mine) * COLUMN_W + 3
-        right = MARGIN + (max(v.column for v in mine) + 1) * COLUMN_W - 3
+        left = MARGIN + min(v.column for v in mine) * graph.column_w + 3
+        right = MARGIN + (max(v.column for v in mine) + 1) * graph.column_w - 3
         graph.hosts.append(Box(node, node, "", left, top, right - left, bottom - top))
         for netns in dict.fromkeys(v.netns for v in mine if v.netns):
             inside = [v for v in mine if v.netns == netns]
             left = min(v.x for v in inside) - 8
-            right = max(v.x for v in inside) + VERTEX_W + 8
+            right = max(v.x for v in inside) + graph.vertex_w + 8
             ns_top = top + HOST_LABEL_H
             graph.namespaces.append(
                 Box(netns_label(netns), node, netns, left, ns_top, right - left, bottom - ns_top - 6)
             )
-    graph.width = 2 * MARGIN + columns * COLUMN_W
+    graph.width = 2 * MARGIN + columns * graph.column_w
     graph.height = bottom + MARGIN
     return graph
 
@@ -273,5 +320,5 @@ def render(graph: PathGraph, *, applicable: bool = False) -> str:
     """The graph's SVG and its paths' legend as HTML (`applicable`: each path gets an "apply as trace"
     button, on the new-trace page)."""
     return render_template(
-        "_pathgraph.html", graph=graph, applicable=applicable, vertex_w=VERTEX_W, vertex_h=VERTEX_H
+        "_pathgraph.html", graph=graph, applicable=applicable, vertex_w=graph.vertex_w, vertex_h=VERTEX_H
     )
