@@ -314,6 +314,12 @@ def shop(release: Release) -> Shop:
     cluster.apply([pod("client"), pod("server")])
     cluster.kubectl("-n", APPS, "wait", "--for=condition=Ready", "pod/client", "pod/server", "--timeout=120s")
     ips = {p["metadata"]["name"]: p["status"]["podIP"] for p in release.pods(APPS)}
+
+    def named() -> bool:  # the agent's inventory comes with its heartbeats (2 s)
+        aliases = {alias for ns in agent_json(release)["namespaces"] for alias in ns["aliases"]}
+        return {f"pod:{APPS}/client", f"pod:{APPS}/server"} <= aliases
+
+    wait_until(named, "the agent naming the client and server pods", 30, 0.5)
     return Shop(client_ip=ips["client"], server_ip=ips["server"])
 
 
