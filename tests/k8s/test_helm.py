@@ -192,13 +192,22 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Release]:
         run.timings["helm install, every pod Ready"] = time.monotonic() - step
         yield run
     except Exception as error:
-        raise AssertionError(f"{error}\n{cluster.logs()}") from None
+        raise AssertionError(f"{error}\n{release_state(cluster)}\n{cluster.logs()}") from None
     finally:
         step = time.monotonic()
         cluster.stop()
         run.timings["cluster stop"] = time.monotonic() - step
         run.timings["whole module"] = time.monotonic() - started
         print("\nk8s helm timings: " + ", ".join(f"{k} {v:.1f} s" for k, v in run.timings.items()))
+
+
+def release_state(cluster: KubernetesLab) -> str:
+    """The release's pods and the namespace's events, for a failed setup's message."""
+    if cluster.dir is None:
+        return ""
+    pods = cluster.kubectl_run(["get", "pods", "-A", "-o", "wide"], check=False)
+    events = cluster.kubectl_run(["-n", NAMESPACE, "get", "events", "--sort-by=.lastTimestamp"], check=False)
+    return f"--- pods ---\n{pods.stdout}{pods.stderr}--- events ---\n{events.stdout[-4000:]}{events.stderr}"
 
 
 def test_every_pod_of_the_release_is_ready_with_the_local_images(release: Release) -> None:
