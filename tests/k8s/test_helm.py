@@ -404,9 +404,62 @@ def test_pod_to_pod_udp_is_traced_datagram_for_datagram(release: Release, shop: 
 
 
 # ---- pod -> ClusterIP Service -> pod, through kube-proxy's DNAT ------------------------------------------
-# NAT-following (a spec naming a ClusterIP, traced through the node's DNAT to the pod) goes here: a Service
-# in front of `server` (its ClusterIP from `kubectl get service`), a spec whose filter names the ClusterIP,
-# `send_udp(release, f"{cluster_ip}:{ECHO_PORT}", n)`, and `wait_report` counting the n datagrams.
+SERVICE_PORT = 8080  # the Service's port; kube-proxy translates it to the server pod's ECHO_PORT
+SERVICE_TRACE = "pod-to-service"
+
+
+def test_pod_to_cluster_ip_is_traced_through_kube_proxys_dnat(
+    release: Release, shop: Shop, tmp_path: Path
+) -> None:
+    """A spec whose filter names a ClusterIP and the Service's port, as the client sends them: kube-proxy's
+    DNAT rewrites both to the server pod's address and port on the node, and the server's hop still takes
+    every datagram, by its ID (its record flagged FOLLOWED). The report counts exactly what the client
+    sent."""
+    cluster = release.cluster
+    ports = [{"protocol": "UDP", "port": SERVICE_PORT, "targetPort": ECHO_PORT}]
+    metadata = {"name": "server", "namespace": APPS}
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata,
+            "spec": {"selector": {"app": "server"}, "ports": ports},
+        }
+    )
+    service = json.loads(cluster.kubectl("-n", APPS, "get", "service", "server", "-o", "json"))
+    cluster_ip = service["spec"]["clusterIP"]
+    destination = f"{cluster_ip}:{SERVICE_PORT}"
+
+    def translated() -> bool:  # kube-proxy has written the Service's rules: a datagram comes back
+        result = cluster.kubectl_run(
+            ["-n", APPS, "exec", "client", "--", "/echo", f"--udp-send={destination}", "--count=1"],
+            check=False,
+        )
+        return result.returncode == 0 and json.loads(result.stdout)["echoed"] == 1
+
+    wait_until(translated, f"kube-proxy translating {destination}", 60, 1.0)
+
+    spec = pod_spec(SERVICE_TRACE, cluster_ip, "client", "server")
+    spec["filter"]["dst_port"] = SERVICE_PORT
+    spec["hops"] = [
+        dict(hop, name=name) for hop, name in zip(spec["hops"], ("client-out", "server-in"), strict=True)
+    ]
+    spec_file = tmp_path / "pod-to-service.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    release.hoptrace("trace", "apply", "-f", str(spec_file))
+    wait_until(
+        lambda: re.search(
+            rf"^{SERVICE_TRACE}\s.*1/1 nodes active", release.hoptrace("trace", "ls").stdout, re.M
+        ),
+        f"{SERVICE_TRACE} active on the node",
+        30,
+    )
+    sent = send_udp(release, destination, DATAGRAMS)
+    report = wait_report(release, SERVICE_TRACE, sent)
+    assert report.get("complete") == report.get("packets") == sent, report
+    (segment,) = report["segments"]
+    assert (segment["from"], segment["to"], segment["count"]) == ("client-out", "server-in", sent), segment
+    assert segment["loss_count"] == segment["incomplete"] == 0, segment
 
 
 def test_uninstall_takes_the_agents_hooks_out_of_the_pods(release: Release, shop: Shop) -> None:
