@@ -71,6 +71,7 @@ def run_dispatcher(args: argparse.Namespace) -> int:
             ack_timeout=args.ack_timeout,
             tls=tls,
             tokens_file=args.tokens,
+            bpf_cache_dir=args.bpf_cache_dir,
         ).start()
     except (OSError, RuntimeError, ValueError) as error:
         raise CliError(f"dispatcher: {error}") from None
@@ -136,6 +137,12 @@ def add_parser(subparsers: Any, client: argparse.ArgumentParser, command: str | 
     dispatcher.add_argument("--listen", default=DEFAULT_DISPATCHER, help="gRPC address (HOST:PORT)")
     dispatcher.add_argument(
         "--state-dir", default="/var/lib/hoptrace/dispatcher", help="where applied specs are kept"
+    )
+    dispatcher.add_argument(
+        "--bpf-cache-dir",
+        metavar="DIR",
+        help="where compiled BPF objects are kept, by content hash (default: STATE_DIR/cache); dispatchers "
+        "of the same sources may share one",
     )
     dispatcher.add_argument("--influx-url", help="collector's InfluxDB, for reports (unset: no GetReport)")
     dispatcher.add_argument("--influx-bucket", default="hoptrace/autogen", help="InfluxDB bucket (db/rp)")

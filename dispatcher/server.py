@@ -58,7 +58,9 @@ class DispatcherServer:
     With `tls`, the port is mutual TLS (every client needs a certificate of `tls.ca`) and an agent may only
     register as the node its certificate names; without, it is plaintext (a WARNING is logged). With
     `tokens_file`, user API calls need a bearer token of that file (docs/security.md). Plans and presets are
-    signed by `signer`, by default with `tls`'s certificate and key (unsigned without `tls`).
+    signed by `signer`, by default with `tls`'s certificate and key (unsigned without `tls`). Compiled BPF
+    objects are cached by content hash in `bpf_cache_dir` (default `<state_dir>/cache`), which dispatchers
+    of the same sources may share.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class DispatcherServer:
         tls: TLSFiles | None = None,
         tokens_file: str | Path | None = None,
         signer: MessageSigner | None = None,
+        bpf_cache_dir: str | Path | None = None,
     ) -> None:
         self.listen = listen
         self.tls = tls
@@ -87,7 +90,8 @@ class DispatcherServer:
             interceptors.append(AgentIdentityInterceptor({AGENT_CONNECT_METHOD: register_node}))
         self.store = StateStore(state_dir)
         self.registry = AgentRegistry()
-        self.compiler = compiler or BpfCompiler(Toolchain.default(), cache_dir=self.store.state_dir / "cache")
+        cache_dir = Path(bpf_cache_dir) if bpf_cache_dir else self.store.state_dir / "cache"
+        self.compiler = compiler or BpfCompiler(Toolchain.default(), cache_dir=cache_dir)
         if signer is None:
             signer = MessageSigner.from_files(tls.cert, tls.key) if tls is not None else MessageSigner()
         self.controller = TraceController(

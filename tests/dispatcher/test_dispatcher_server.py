@@ -345,6 +345,7 @@ def test_agents_and_report_hook(tmp_path: Path, compiler: BpfCompiler) -> None:
                 "loss_count": 0,
                 "loss_rate": 0.0,
                 "tracer_lost": 0,
+                "before_attach": 0,
                 "jitter_ns": 0.0,
                 "jitter_p99_ns": 0.0,
                 "same_node": False,
@@ -508,9 +509,10 @@ def test_cli_unreachable_dispatcher_and_help() -> None:
 
 
 def test_cli_dispatcher_command_serves_and_persists(tmp_path: Path) -> None:
-    state_dir = tmp_path / "state"
+    state_dir, cache_dir = tmp_path / "state", tmp_path / "bpf-cache"
     process = subprocess.Popen(
-        [str(HOPTRACE), "dispatcher", "--insecure", "--listen", "127.0.0.1:0", "--state-dir", str(state_dir)],
+        [str(HOPTRACE), "dispatcher", "--insecure", "--listen", "127.0.0.1:0", "--state-dir", str(state_dir)]
+        + ["--bpf-cache-dir", str(cache_dir)],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -523,7 +525,10 @@ def test_cli_dispatcher_command_serves_and_persists(tmp_path: Path) -> None:
         address = line.split("dispatcher listening on ")[1].split()[0]
         result = _hoptrace(address, "agents")
         assert result.returncode == 0 and "no agents registered" in result.stdout
+        # The compiler prepares its precompiled header at start, in the cache directory it was given.
+        wait_until(lambda: list(cache_dir.glob("*.pch")), "the precompiled header in --bpf-cache-dir", 60)
     finally:
         process.terminate()
         assert process.wait(timeout=10) == 0
     assert (state_dir / "traces").is_dir()
+    assert not (state_dir / "cache").exists()
