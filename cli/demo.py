@@ -23,17 +23,27 @@ from typing import Any
 from hoptrace.common.client import ApiClient
 from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.timeouts import scaled
-from hoptrace.lab.localcluster import LocalCluster
+from hoptrace.lab.localcluster import BPF_CACHE_DIR, LocalCluster, writable_bpf_cache
 from hoptrace.lab.processes import start_influxd
 from hoptrace.lab.reference import SOCKPERF_PORT, vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology, netns_list
 from hoptrace.lab.workloads import sockperf, wait_listening
 from hoptrace.results.report_view import render_text, report_from_proto
 from hoptrace.spec import spec_to_yaml
+from hoptrace.v1 import trace_pb2
 
 # sockperf's count of the messages its client sent in the whole run (warm-up included): the datagrams
 # c1 sent to c2, each of which the trace follows.
 _SENT_MESSAGES = re.compile(r"\[Total Run\].*\bSentMessages=(\d+)")
+
+
+# The demo's trace: the sockperf flow c1 -> c2 on every hop of the VXLAN path.
+TRACE = "demo-udp"
+
+
+def demo_spec(topo: TwoHostTopology) -> trace_pb2.TraceSpec:
+    """The trace the demo applies on `topo` (its BPF objects depend on the hops' attach kinds only)."""
+    return vxlan_path_spec(topo, TRACE)
 
 
 # The demo's namespaces: htdemo-a, htdemo-b (the hosts), htdemo-c1, htdemo-c2 (a container on each). Fixed,
@@ -169,7 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"namespaces: {', '.join(topo.namespaces)}")
 
         say("InfluxDB, collector, dispatcher, one agent per host, web UI")
-        cluster = LocalCluster(influx_url=influx.url)
+        # Compiled objects kept in .tools/bpf-cache between demos (and shared with a guest's demo, lab/vm.py):
+        # a second demo applies without clang.
+        cluster = LocalCluster(influx_url=influx.url, bpf_cache_dir=writable_bpf_cache(BPF_CACHE_DIR))
         cluster.start_on(topo)
         # The web UI starts now and is waited for last: its start-up overlaps the trace.
         password = secrets.token_urlsafe(9)
@@ -178,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"dispatcher {cluster.dispatcher_addr}, collector {cluster.collector_addr}, influxdb {influx.url}"
         )
 
-        spec = vxlan_path_spec(topo, "demo-udp")
+        spec = demo_spec(topo)
         say("trace spec (hoptrace trace apply -f SPEC.yaml)")
         print(spec_to_yaml(spec))
         started = time.monotonic()
@@ -190,16 +202,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(summary)
         print(f"c1 sent {sent} datagrams to c2")
 
-        say("where the time went (hoptrace report demo-udp --since 5m)")
-        print(render_text(wait_for_report(cluster, "demo-udp", sent)))
+        say(f"where the time went (hoptrace report {TRACE} --since 5m)")
+        print(render_text(wait_for_report(cluster, TRACE, sent)))
         cluster.wait_http(web_url + "/login")
-        say(f"web UI: {web_url}  (login admin / {password}; results at {web_url}/traces/demo-udp/results)")
+        say(f"web UI: {web_url}  (login admin / {password}; results at {web_url}/traces/{TRACE}/results)")
         if not args.keep:
             print("it stops with the demo now; `make demo DEMO_ARGS=--keep` keeps everything up until Ctrl-C")
         if args.keep:
             say("the CLI against this demo: paste these lines into another shell (as root), then run")
             print(shell_exports(cluster.client_exports()))
-            commands = ["trace ls", "report demo-udp", "packets demo-udp --slowest 3", "agents"]
+            commands = ["trace ls", f"report {TRACE}", f"packets {TRACE} --slowest 3", "agents"]
             print("\n".join(f"hoptrace {command}" for command in commands), flush=True)
             serve_traffic(topo)
             say(

@@ -38,13 +38,38 @@ from hoptrace.common.grpcutil import (
     api_channel,
 )
 from hoptrace.common.timeouts import scaled
+from hoptrace.dispatcher.compile import BpfCompiler, Toolchain, compile_spec
 from hoptrace.lab.lifecycle import dies_with_parent
+from hoptrace.spec import check_spec
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
 # The checkout this runs from (editable install), or $HOPTRACE_REPO: demo and tests use its topology.
 REPO = Path(os.environ.get("HOPTRACE_REPO") or Path(__file__).resolve().parent.parent)
 AGENT_BINARY = Path(os.environ.get("HOPTRACE_AGENT") or REPO / "agent" / "bin" / "hoptrace-agent")
 HOPTRACE = [sys.executable, "-m", "hoptrace.cli.main"]
+# Compiled BPF objects kept between runs (the dispatcher's --bpf-cache-dir) by `make demo` and the case
+# studies. An object depends on the sources, vmlinux.h and clang's flags, not on the kernel it loads on
+# (CO-RE), so a guest that shares this checkout (lab/vm.py) uses the objects compiled here.
+BPF_CACHE_DIR = REPO / ".tools" / "bpf-cache"
+
+
+def writable_bpf_cache(directory: Path = BPF_CACHE_DIR) -> Path | None:
+    """`directory`, made if missing, when this process can write there; else None (a guest's read-only
+    share): the dispatcher then caches in its state directory, as it does by default."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return directory if os.access(directory, os.W_OK | os.X_OK) else None
+
+
+def compile_spec_objects(spec: trace_pb2.TraceSpec, cache_dir: Path) -> int:
+    """Compile the BPF objects a dispatcher's apply of `spec` needs into `cache_dir`, through the dispatcher's
+    own path (check_spec, then compile_spec with its default toolchain), so that a dispatcher started with
+    --bpf-cache-dir `cache_dir` finds them; returns how many clang compiled (0: all were there)."""
+    compiler = BpfCompiler(Toolchain.default(), cache_dir=cache_dir)
+    compile_spec(check_spec(spec), 1, compiler)  # objects do not depend on the generation
+    return compiler.clang_runs
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
@@ -95,6 +120,8 @@ class LocalCluster:
     components: dict[str, Component] = field(default_factory=dict)
     secure: bool = True
     certs: CertBundle | None = None
+    # The dispatcher's --bpf-cache-dir (e.g. BPF_CACHE_DIR); None: its default, in the workdir.
+    bpf_cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.dispatcher_addr = self.dispatcher_addr or f"127.0.0.1:{free_port()}"
@@ -228,6 +255,7 @@ class LocalCluster:
                 self.influx_bucket,
                 *self._tls_flags(self.certs and self.certs.files("dispatcher")),
                 *(["--tokens", str(self.certs.tokens)] if self.certs else []),
+                *(["--bpf-cache-dir", str(self.bpf_cache_dir)] if self.bpf_cache_dir else []),
                 *extra,
             ],
         )

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hoptrace.common.timeouts import timeout_scale
 from hoptrace.lab.lifecycle import Reaper
+from hoptrace.lab.localcluster import BPF_CACHE_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KERNELS_DIR = REPO_ROOT / ".tools" / "kernels"
@@ -146,6 +147,10 @@ PYTHON_TREES = (
 # `make demo` as a guest runs it (`make demo-guest`, tests/kernels/test_demo_in_guest.py): every deadline
 # stretched for TCG, a short flow.
 GUEST_DEMO = "HOPTRACE_TIMEOUT_SCALE=20 make demo DEMO_ARGS='--seconds 2 --mps 200'"
+# What the guest's demo writes through the share, at the same path as here: the demo's compiled BPF objects
+# (the dispatcher's --bpf-cache-dir). They do not depend on the kernel (CO-RE), so objects compiled here
+# spare the guest clang under TCG (minutes), and the guest's own are kept for the next run.
+GUEST_DEMO_WRITABLE = (BPF_CACHE_DIR,)
 
 
 def ram_trees(trees: tuple[Path, ...], archive: Path) -> str:
@@ -190,7 +195,8 @@ def run(
 
     `timeout` is in this machine's seconds before HOPTRACE_TIMEOUT_SCALE; a guest past it is killed
     and the run fails with what it printed so far. `log`, if given, receives the output as the guest
-    prints it (`tail -f` it to watch a long run) and keeps it after. `in_memory`: directories the guest
+    prints it (`tail -f` it to watch a long run; each boot starts it anew) and keeps every boot's output
+    after. `in_memory`: directories the guest
     reads from a copy in its memory (see `ram_trees`; e.g. PYTHON_TREES), not through the share.
     A guest that dies booting, before the command starts, is booted again (BOOT_ATTEMPTS in all).
     """
@@ -208,10 +214,11 @@ def run(
                 cpus,
                 log,
                 in_memory,
-                append=bool(earlier),
             )
         died_booting = result.returncode == VNG_NO_EXIT_STATUS and SCRIPT_STARTED not in result.output
         if not died_booting or attempt == BOOT_ATTEMPTS:
+            if log is not None and earlier:
+                log.write_text(earlier + result.output)  # each boot's qemu emptied it: every boot's output
             return GuestRun(kernel, result.returncode, earlier + result.output)
         note = (
             f"\n[hoptrace lab] guest {kernel.release} died booting "
@@ -234,10 +241,11 @@ def _boot_and_run(
     cpus: int,
     log: Path | None,
     in_memory: tuple[Path, ...],
-    append: bool,
 ) -> GuestRun:
     """One boot of `run`: `limit` in this machine's seconds; `scripts` holds the guest script and the
-    output when no `log` is given; `append` adds to `log` instead of starting it."""
+    output when no `log` is given. The output file starts empty: qemu opens it anew for the guest's
+    stdout (virtme-ng's file chardev on /proc/self/fd/1, which truncates and writes from offset 0), so a
+    boot's output cannot go after an earlier boot's in the same file."""
     setup = (
         f"echo '{SCRIPT_STARTED}'; "
         "mount -t bpf bpf /sys/fs/bpf 2>/dev/null; mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null; "
@@ -270,12 +278,11 @@ def _boot_and_run(
     reaper = Reaper()
     # The output goes to a file as it comes (a pipe would show nothing until the guest ends).
     log_path = log or scripts / "output.log"
-    start = log_path.stat().st_size if append and log_path.exists() else 0
     # The kernel's console goes to a file of its own, added to the log at the end: qemu opens it anew
     # (virtme-ng's dmesg chardev on /proc/self/fd/2, truncating, at an offset of its own), and sharing the
     # log with it wrote console lines over the command's output (a PASS line of the matrix, once).
     console_path = log_path.with_name(log_path.name + ".console")
-    with open(log_path, "ab" if append else "wb") as sink, open(console_path, "wb") as console:
+    with open(log_path, "wb") as sink, open(console_path, "wb") as console:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -305,7 +312,7 @@ def _boot_and_run(
         with open(log_path, "ab") as kept:
             kept.write(console_path.read_bytes())
         console_path.unlink(missing_ok=True)
-        output = log_path.read_bytes()[start:].decode(errors="replace") + note
+        output = log_path.read_bytes().decode(errors="replace") + note
         if log is not None and note:
             with open(log, "a") as kept:
                 kept.write(note)
@@ -341,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.demo == bool(args.command):
         parser.error("give a command or --demo")
     command = GUEST_DEMO if args.demo else args.command
+    writable = GUEST_DEMO_WRITABLE if args.demo else ()
+    for directory in writable:
+        directory.mkdir(parents=True, exist_ok=True)  # the guest mounts it: it must exist
     try:
         kernel = kernel_for(args.kernel)
     except RuntimeError as err:
@@ -356,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=args.timeout,
             memory=args.memory,
             log=log,
+            writable=writable,
             in_memory=PYTHON_TREES if args.python_in_memory or args.demo else (),
         )
     finally:

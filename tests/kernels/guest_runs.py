@@ -19,11 +19,12 @@ import pytest
 GUESTS_AT_ONCE = max(1, int(os.environ.get("HOPTRACE_GUESTS_AT_ONCE", os.cpu_count() or 1)))
 SHARED_STRETCH = 1.5 if GUESTS_AT_ONCE > 1 else 1.0
 
-# Seconds each run took alone in CI (2 cores, TCG): the longest starts first, so the queues end close
-# together (here: 5.10's matrix then 6.12's, beside 5.10's demo then 6.1's matrix).
+# Seconds each run took alone (2 cores, TCG; the matrices in CI, the demo here with its BPF objects compiled
+# on the host first): the longest starts first, so the queues end close together (here: 5.10's matrix then
+# 6.12's, beside 5.10's demo then 6.1's matrix).
 EXPECTED_S = {
     ("run_matrix", "5.10"): 483,
-    ("run_demo", "5.10"): 438,
+    ("run_demo", "5.10"): 307,
     ("run_matrix", "6.1"): 249,
     ("run_matrix", "6.12"): 247,
 }

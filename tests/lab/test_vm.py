@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,11 +53,14 @@ def test_guest_past_its_timeout_is_killed(kernel: vm.Kernel) -> None:
     wait_until(lambda: not guests(), "no qemu left after the timeout", 10)
 
 
-def test_guest_that_dies_booting_is_booted_again(kernel: vm.Kernel) -> None:
-    # 24 MB is too little for the kernel to reach init: every boot dies, and each death is kept.
-    result = vm.run(kernel, "true", timeout=60, memory="24M")
+def test_guest_that_dies_booting_is_booted_again(kernel: vm.Kernel, tmp_path: Path) -> None:
+    # 24 MB is too little for the kernel to reach init: every boot dies, and each death is kept, in the
+    # result and in the log (which each boot's qemu empties when it opens it).
+    log = tmp_path / "guest.log"
+    result = vm.run(kernel, "true", timeout=60, memory="24M", log=log)
     assert result.returncode == vm.VNG_NO_EXIT_STATUS, result.output[-3000:]
     assert result.output.count("died booting") == vm.BOOT_ATTEMPTS - 1, result.output[-3000:]
+    assert log.read_text().count("died booting") == vm.BOOT_ATTEMPTS - 1, log.read_text()[-3000:]
     assert vm.SCRIPT_STARTED not in result.output
 
 
