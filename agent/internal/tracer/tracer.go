@@ -14,10 +14,12 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/hoptrace/hoptrace/agent/internal/allowlist"
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
+	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
@@ -49,6 +51,10 @@ type Trace struct {
 	Events     []*Event
 	Status     *pb.TraceStatus
 	idState    *ebpf.Map
+	match      *pb.FlowMatch
+	// attachedNs: since when each hop (by index) has watched its place,
+	// CLOCK_MONOTONIC (HopCounters.attached_ns).
+	attachedNs map[uint32]int64
 	// eventMarks: the times its marking events leave for later events'
 	// latencies (nil when no event of the trace pairs with another).
 	eventMarks *ebpf.Map
@@ -181,7 +187,8 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		return st
 	}
 
-	t := &Trace{Name: plan.GetTrace(), Generation: plan.GetGeneration(), Slot: slot, Status: st}
+	t := &Trace{Name: plan.GetTrace(), Generation: plan.GetGeneration(), Slot: slot, Status: st,
+		match: plan.GetMatch(), attachedNs: map[uint32]int64{}}
 	// Generations of one trace share one ID sequence, so IDs do not repeat.
 	if old != nil && old.idState != nil {
 		t.idState, err = old.idState.Clone()
@@ -228,6 +235,7 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		} else {
 			hs.Attached = true
 			t.Hops = append(t.Hops, h)
+			t.attachedNs[h.Index] = attachedSince(old, t, h)
 			attached++
 		}
 		st.Hops = append(st.Hops, hs)
@@ -275,6 +283,22 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		m.closeTrace(old)
 	}
 	return cloneStatus(st)
+}
+
+// attachedSince is since when hop h of trace t watches its place: now, or
+// the running generation's time for the same hop at the same place with the
+// same filter, which stays attached until t replaces it and records the
+// same packets meanwhile. A packet that passed the hop before was not seen
+// there: the collector does not count it lost at this hop.
+func attachedSince(old, t *Trace, h *attach.Hop) int64 {
+	if old != nil && proto.Equal(old.match, t.match) {
+		for _, o := range old.Hops {
+			if at, ok := old.attachedNs[o.Index]; ok && o.Index == h.Index && o.Name == h.Name && o.Describe == h.Describe {
+				return at
+			}
+		}
+	}
+	return clock.Monotonic()
 }
 
 // closeTrace detaches a trace's hops, then flushes and forgets its slot.
@@ -360,6 +384,7 @@ func (m *Manager) Counters() []TraceCounters {
 				continue
 			}
 			hc := HopCounters(h.Index, h.Name, now, c)
+			hc.AttachedNs = t.attachedNs[h.Index]
 			if a := h.Loaded.Actions; a.Count || a.Histogram != record.FieldNone {
 				v, err := h.Loaded.ReadActions()
 				if err != nil {

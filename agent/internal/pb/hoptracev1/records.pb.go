@@ -420,7 +420,13 @@ type HopCounters struct {
 	Values []uint64 `protobuf:"varint,18,rep,packed,name=values,proto3" json:"values,omitempty"`
 	// The hop's count and histogram actions, cumulative since attach; absent
 	// when the hop has neither.
-	Actions       *HopActionValues `protobuf:"bytes,19,opt,name=actions,proto3" json:"actions,omitempty"`
+	Actions *HopActionValues `protobuf:"bytes,19,opt,name=actions,proto3" json:"actions,omitempty"`
+	// When the hop's program was attached: the node's CLOCK_MONOTONIC, like a
+	// record's ts_ns. A packet that passed the hop before was not seen there,
+	// so the collector does not count it lost at this hop. A newer generation
+	// attached at the same place with the same filter keeps the older's time:
+	// the older stayed attached until it was. 0 = unknown (an older agent).
+	AttachedNs    int64 `protobuf:"varint,20,opt,name=attached_ns,json=attachedNs,proto3" json:"attached_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -488,6 +494,13 @@ func (x *HopCounters) GetActions() *HopActionValues {
 		return x.Actions
 	}
 	return nil
+}
+
+func (x *HopCounters) GetAttachedNs() int64 {
+	if x != nil {
+		return x.AttachedNs
+	}
+	return 0
 }
 
 type HopActionValues struct {
@@ -759,13 +772,15 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\x03min\x18\x04 \x01(\x03R\x03min\x12\x10\n" +
 	"\x03max\x18\x05 \x01(\x03R\x03max\x12\x12\n" +
 	"\x04last\x18\x06 \x01(\x03R\x04last\x12\x16\n" +
-	"\x06signed\x18\a \x01(\bR\x06signed\"\xbe\x01\n" +
+	"\x06signed\x18\a \x01(\bR\x06signed\"\xdf\x01\n" +
 	"\vHopCounters\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x10\n" +
 	"\x03hop\x18\x02 \x01(\tR\x03hop\x12*\n" +
 	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
 	"\x06values\x18\x12 \x03(\x04R\x06values\x126\n" +
-	"\aactions\x18\x13 \x01(\v2\x1c.hoptrace.v1.HopActionValuesR\aactionsJ\x04\b\x04\x10\x12\"\x9f\x02\n" +
+	"\aactions\x18\x13 \x01(\v2\x1c.hoptrace.v1.HopActionValuesR\aactions\x12\x1f\n" +
+	"\vattached_ns\x18\x14 \x01(\x03R\n" +
+	"attachedNsJ\x04\b\x04\x10\x12\"\x9f\x02\n" +
 	"\x0fHopActionValues\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\bR\x05count\x12-\n" +
 	"\bcount_by\x18\x02 \x01(\x0e2\x12.hoptrace.v1.FieldR\acountBy\x12@\n" +

@@ -94,18 +94,20 @@ class EventRecorded(_message.Message):
     def __init__(self, arg: _Optional[str] = ..., count: _Optional[int] = ..., sum: _Optional[float] = ..., min: _Optional[int] = ..., max: _Optional[int] = ..., last: _Optional[int] = ..., signed: bool = ...) -> None: ...
 
 class HopCounters(_message.Message):
-    __slots__ = ("hop_index", "hop", "at", "values", "actions")
+    __slots__ = ("hop_index", "hop", "at", "values", "actions", "attached_ns")
     HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
     HOP_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_NS_FIELD_NUMBER: _ClassVar[int]
     hop_index: int
     hop: str
     at: _timestamp_pb2.Timestamp
     values: _containers.RepeatedScalarFieldContainer[int]
     actions: HopActionValues
-    def __init__(self, hop_index: _Optional[int] = ..., hop: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., values: _Optional[_Iterable[int]] = ..., actions: _Optional[_Union[HopActionValues, _Mapping]] = ...) -> None: ...
+    attached_ns: int
+    def __init__(self, hop_index: _Optional[int] = ..., hop: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., values: _Optional[_Iterable[int]] = ..., actions: _Optional[_Union[HopActionValues, _Mapping]] = ..., attached_ns: _Optional[int] = ...) -> None: ...
 
 class HopActionValues(_message.Message):
     __slots__ = ("count", "count_by", "counts", "histogram", "buckets")
