@@ -36,7 +36,10 @@ vNetTracer's metrics (section III-D of the paper), per segment and window:
   record cannot be told apart from a lost packet one by one, only by count. Records lost at the first hop
   cannot inflate the loss (such a packet is not counted in N_i), so they are not subtracted. The records
   subtracted, plus the packets cut short, are reported as `tracer_lost`, and each loss as a `TracerLossWindow`
-  (measurement `tracer_loss`).
+  (measurement `tracer_loss`). Nor is a packet lost at a hop it passed before that hop was attached (in
+  flight while the trace was applied: `JoinedPacket.before_attach`): it is counted in `before_attach`, the
+  segment's when its second hop is such a hop, end to end's when every hop it lacks is. A packet that lacks
+  a hop that was attached is lost end to end even when it also passed one unwatched.
 * Jitter: the mean of |dT(i+1) - dT(i)| over consecutive packets of the window, in the order of their time at
   the first hop (`jitter_ns`), and the nearest-rank p99 of those differences (`jitter_p99_ns`).
 * Per-device processing time: a segment whose two hops are on one node is flagged `same_node`.
@@ -139,6 +142,8 @@ class SegmentWindow:
     loss_count: int = 0
     loss_rate: float = 0.0
     tracer_lost: int = 0
+    # Packets seen at from_hop that passed to_hop before it was attached: neither a latency nor loss.
+    before_attach: int = 0
     jitter_ns: float = 0.0
     jitter_p99_ns: int = 0
     same_node: bool = False
@@ -268,6 +273,7 @@ class _Window:
         "from_count",
         "lost",
         "cut_lost",
+        "before_attach",
         "flagged",
         "same_node",
         "clock_bound",
@@ -285,6 +291,7 @@ class _Window:
         self.from_count = 0
         self.lost = 0
         self.cut_lost = 0
+        self.before_attach = 0
         self.flagged = 0
         self.same_node: bool | None = None
         self.clock_bound = 0
@@ -605,7 +612,7 @@ class SegmentAggregator:
                 from_node = nodes[a] if a < len(nodes) and nodes[a] else (path.hop_node(a) if path else "")
                 to_node = nodes[b] if b < len(nodes) and nodes[b] else (path.hop_node(b) if path else "")
                 if w is not None:
-                    self._count_path(w, ta, tb, p.cut, from_node, to_node)
+                    self._count_path(w, ta, tb, p.cut, from_node, to_node, p.before_attach >> b & 1)
                 if ta is None or tb is None:
                     if w is not None:
                         w.incomplete += 1
@@ -647,7 +654,10 @@ class SegmentAggregator:
                 w.packets += 1
                 if p.complete:
                     w.complete += 1
-                self._count_path(w, t0, tn, p.cut, from_node, to_node)
+                # lost end to end unless every hop it lacks is one it passed before that was attached
+                missing = sum(1 << i for i in range(n) if i >= len(times) or times[i] is None)
+                unwatched = bool(p.before_attach) and not missing & ~p.before_attach
+                self._count_path(w, t0, tn, p.cut, from_node, to_node, unwatched)
             if t0 is None or tn is None:
                 if w is not None:
                     w.incomplete += 1
@@ -709,9 +719,16 @@ class SegmentAggregator:
 
     @staticmethod
     def _count_path(
-        w: _Window, ta: int | None, tb: int | None, cut: bool, from_node: str, to_node: str
+        w: _Window,
+        ta: int | None,
+        tb: int | None,
+        cut: bool,
+        from_node: str,
+        to_node: str,
+        before_attach: bool | int = False,
     ) -> None:
-        """Loss and node bookkeeping of one packet in one segment window."""
+        """Loss and node bookkeeping of one packet in one segment window. `before_attach`: the packet
+        passed the segment's second hop (end to end: every hop it lacks) before that was attached."""
         if to_node and not w.to_node:
             w.to_node = to_node
         if ta is not None:
@@ -719,6 +736,8 @@ class SegmentAggregator:
             if tb is None:
                 if cut:
                     w.cut_lost += 1
+                elif before_attach:
+                    w.before_attach += 1
                 else:
                     w.lost += 1
         if ta is not None and tb is not None:
@@ -801,6 +820,7 @@ class SegmentAggregator:
             loss_count=loss,
             loss_rate=loss / w.from_count if w.from_count else 0.0,
             tracer_lost=lost_at_to + w.cut_lost,
+            before_attach=w.before_attach,
             jitter_ns=jit,
             jitter_p99_ns=jit_p99,
             same_node=same_node,

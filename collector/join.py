@@ -7,7 +7,8 @@ reorder window; a packet is emitted
 
 * complete, as soon as every hop of the trace's path was seen (path known from the `TraceCatalog`);
 * incomplete, when its window expires: the watermark passed `window_ns` beyond the master time of the packet's
-  first record. Each hop missing from it is counted (`JoinStats.missing`). The watermark is the *slowest*
+  first record. Each hop missing from it is counted (`JoinStats.missing`), and those it passed before they
+  were attached are marked (`JoinedPacket.before_attach`, below). The watermark is the *slowest*
   node's: every node has its own (the newest master time of its records and of its counter heartbeats, which
   agents send every second), and the join's is the minimum over the nodes it expects (those of the traces'
   paths, and any heard from) that are alive. A node that lags (an agent draining its backlog after a
@@ -16,6 +17,16 @@ reorder window; a packet is emitted
 * on an ID collision: the same key seen twice at the same hop inside the window. The two are not joined: the
   first is emitted as it is, the second starts a new entry (`JoinStats.collisions`);
 * when `max_entries` is reached, the oldest entries are emitted incomplete (`JoinStats.evicted`).
+
+Hops attached after the packet passed them. A trace applied to live traffic attaches its hops one by one,
+and its nodes at different moments, so a packet tagged at the first hop can pass a later one before that is
+attached: it is missing there, and not lost. Each node's agent says since when each hop has watched its place
+(`HopCounters.attached_ns`, mapped to master time: `hop_attached`); a missing hop whose attach time is later
+than the packet's time at the nearest hop before it that saw it is one it may have passed unwatched, and is
+marked in `JoinedPacket.before_attach`, which the aggregation counts apart from loss. Once any node has said
+so for a trace, a hop of it no node has named yet is not attached (its node has not applied the trace, or
+its counters are on the way). A trace no node has said it for (an agent that does not send the time) is
+joined as if every hop had always been attached.
 
 Memory bound: at most `max_entries` pending packets. One entry is a key tuple (2 items), a list of
 2 * hops + 2 slots and one int per timestamp seen: about 250 + 50 * hops bytes on CPython 3.11 (measured by
@@ -71,6 +82,10 @@ class JoinedPacket(NamedTuple):
     # Emitted early by the collector (evicted at `max_entries`, or the first of an ID collision): a hop it
     # lacks may still have seen it, so its missing hops are tracer loss, not network loss.
     cut: bool = False
+    # Bit i set: hop i is missing and was attached only after the packet's time at the nearest hop before
+    # it that saw it, so the packet may have passed it unwatched (in flight while the trace was applied):
+    # not lost there.
+    before_attach: int = 0
 
 
 @dataclass
@@ -86,6 +101,8 @@ class JoinStats:
     out_of_path: int = 0
     # (trace, hop name) -> packets emitted without that hop
     missing: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # packets emitted without a hop they passed before it was attached
+    before_attach: int = 0
 
 
 class _TraceState:
@@ -119,6 +136,9 @@ class HopJoiner:
         self._started: int | None = None  # collector time of the first input (the clock callers pass)
         self._node_wm: dict[str, int] = {}  # node -> newest master time of its records or heartbeats
         self._node_heard: dict[str, int] = {}  # node -> collector monotonic time it was last heard
+        # trace -> node -> (generation, {hop name: master time attached}), as the node said last
+        self._attached_by_node: dict[str, dict[str, tuple[int, dict[str, int]]]] = {}
+        self._attached: dict[str, dict[str, int]] = {}  # trace -> hop name -> master time attached
 
     @property
     def watermark_ns(self) -> int:
@@ -130,6 +150,44 @@ class HopJoiner:
         self._node_heard[node] = time.monotonic_ns() if now_ns is None else now_ns
         if master_ns > self._node_wm.get(node, 0):
             self._node_wm[node] = master_ns
+
+    def hop_attached(self, trace: str, node: str, generation: int, attached: dict[str, int]) -> None:
+        """The hops `node` runs for `trace` (at `generation`), each with the master time since which it has
+        watched its place (0: always, as far as the agent says). Replaces what the node said before for an
+        older or the same generation: a hop it no longer names is no longer attached there."""
+        nodes = self._attached_by_node.setdefault(trace, {})
+        known = nodes.get(node)
+        if known is not None and (known[0] > generation or known == (generation, attached)):
+            return
+        nodes[node] = (generation, dict(attached))
+        merged: dict[str, int] = {}
+        for _, hops in nodes.values():
+            merged.update(hops)
+        self._attached[trace] = merged
+
+    def forget_traces(self, live: set[str]) -> None:
+        """Drop the attach times of the traces not in `live` (deleted: applied again, it attaches anew)."""
+        for trace in [t for t in self._attached if t not in live]:
+            del self._attached[trace]
+            del self._attached_by_node[trace]
+
+    def _before_attach(self, trace: str, path: TracePath | None, times: list[int | None], n: int) -> int:
+        """The `JoinedPacket.before_attach` bits of an incomplete packet's first `n` hops."""
+        attached = self._attached.get(trace)
+        if attached is None or path is None:
+            return 0
+        bits = 0
+        last = None  # the packet's latest time at the hops before i that saw it
+        for i in range(n):
+            t = times[i]
+            if t is not None:
+                if last is None or t > last:
+                    last = t
+            elif last is not None:
+                at = attached.get(path.hop_name(i))
+                if at is None or at > last:
+                    bits |= 1 << i
+        return bits
 
     def _advance_watermark(self, now: int) -> None:
         """Move the watermark to the slowest live expected node's, never backwards."""
@@ -204,17 +262,28 @@ class HopJoiner:
         complete = st.path_len > 0 and e[-1] == st.path_len
         stats = self.stats
         stats.packets += 1
+        unattached = 0
         if complete:
             stats.complete += 1
         else:
             stats.incomplete += 1
             path = st.path
-            n = st.path_len or (len(path.hop_names) if path else 0)
-            for i in range(min(n, w)):
+            n = min(st.path_len or (len(path.hop_names) if path else 0), w)
+            for i in range(n):
                 if times[i] is None:
                     stats.missing[(key[0], path.hop_name(i))] += 1
+            unattached = self._before_attach(key[0], path, times, n)
+            if unattached:
+                stats.before_attach += 1
         return JoinedPacket(
-            key[0], key[1] >> ID_SEQ_BITS, key[1], times, e[w : 2 * w], complete, cut and not complete
+            key[0],
+            key[1] >> ID_SEQ_BITS,
+            key[1],
+            times,
+            e[w : 2 * w],
+            complete,
+            cut and not complete,
+            unattached,
         )
 
     # -- the hot path ------------------------------------------------------------------------------------
@@ -275,7 +344,7 @@ class HopJoiner:
                         out.append(
                             make(
                                 JoinedPacket,
-                                (trace, pid >> ID_SEQ_BITS, pid, e[:width], e[width:-2], True, False),
+                                (trace, pid >> ID_SEQ_BITS, pid, e[:width], e[width:-2], True, False, 0),
                             )
                         )
                     else:

@@ -112,6 +112,12 @@ def render_metrics(service: RunningCollector) -> str:
     w.one("packets_emitted_total", "counter", "Packets the join emitted.", join.packets)
     w.one("packets_complete_total", "counter", "Packets seen at every hop.", join.complete)
     w.one("packets_incomplete_total", "counter", "Packets missing a hop when emitted.", join.incomplete)
+    w.one(
+        "packets_before_attach_total",
+        "counter",
+        "Packets emitted without a hop they passed before it was attached (not loss).",
+        join.before_attach,
+    )
     w.one("collisions_total", "counter", "Packet ID collisions in the join window.", join.collisions)
     w.one("evictions_total", "counter", "Packets evicted from the join at its bound.", join.evicted)
     w.one("join_pending_packets", "gauge", "Packets waiting in the join window.", pipe.joiner.pending())

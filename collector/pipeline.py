@@ -144,6 +144,16 @@ class CollectorPipeline:
             for c in batch.counters:
                 if c.hop:
                     self.catalog.learn_hop(batch.trace, c.hop_index, c.hop, batch.node)
+            if batch.counters:  # a heartbeat: every hop the node runs for the trace, with its attach time
+                self.joiner.hop_attached(
+                    batch.trace,
+                    batch.node,
+                    batch.generation,
+                    {
+                        c.hop or f"hop{c.hop_index}": mapping.to_master(c.attached_ns) if c.attached_ns else 0
+                        for c in batch.counters
+                    },
+                )
             # The node's own watermark (its queue's oldest record), not its counters' time: counters
             # overtake records still queued in the agent.
             if batch.watermark_ns:
@@ -207,8 +217,10 @@ class CollectorPipeline:
         clocks = self.clock.due_points()
         losses = self.segments.take_tracer_loss()
         self.segment_metrics.observe(windows)
-        if windows:  # once a second: drop the series of deleted traces
-            self.segment_metrics.forget_traces(set(self.catalog.names()))
+        if windows:  # once a second: drop the series and attach times of deleted traces
+            live = set(self.catalog.names())
+            self.segment_metrics.forget_traces(live)
+            self.joiner.forget_traces(live)
         if samples or windows or counters or clocks or losses:
             self.exporter.export(window_points(samples, windows, counters, clocks, losses))
 
@@ -238,6 +250,7 @@ class CollectorPipeline:
             "evicted": j.evicted,
             "out_of_path": j.out_of_path,
             "missing_hops": {f"{t}/{h}": n for (t, h), n in j.missing.items()},
+            "before_attach": j.before_attach,
             "pending": self.joiner.pending(),
             "samples": self.segments.stats.samples,
             "below_clock_bound": self.segments.stats.below_clock_bound,

@@ -97,6 +97,8 @@ def segment_point(w: SegmentWindow) -> Point:
         ("jitter_sum_ns", w.jitter_sum_ns),
         ("jitter_count", w.jitter_count),
     ]
+    if w.before_attach:  # rare (a trace applied to live traffic): written only when some passed
+        fields.append(("before_attach", w.before_attach))
     fields += w.sketch.fields(LATENCY_PREFIX).items()
     fields += w.jitter_sketch.fields(JITTER_PREFIX).items()
     return Point(SEGMENT_STATS, tags, tuple(fields), w.start_ns)

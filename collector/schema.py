@@ -13,7 +13,9 @@ the Grafana dashboards (deploy/) use them: a contract.
   `p50_ns`, `p90_ns`, `p99_ns`, `incomplete` (ints). Segment `end_to_end` (first hop -> last hop of the path)
   also carries `packets` (packets joined in the window) and `complete` (packets seen at every hop).
   vNetTracer's metrics (`aggregate.py` says how): `from_count` (N_i, packets seen at from_hop), `loss_count`,
-  `loss_rate` (float), `tracer_lost` (records the tracer lost, never in loss_count), `jitter_ns` (float),
+  `loss_rate` (float), `tracer_lost` (records the tracer lost, never in loss_count), `before_attach`
+  (packets seen at from_hop that passed to_hop before it was attached, never in loss_count; written only
+  when not 0), `jitter_ns` (float),
   `jitter_p99_ns`, `same_node` (bool: both hops on one node, the latency is that node's processing time),
   `below_clock_bound` (bool: median latency below the two nodes' clock bounds), `below_bound_count` and
   `clock_bound_ns` (the sum of the two nodes' clock bounds, the largest in the window; 0 on one node).

@@ -4,8 +4,8 @@
 JSON shape (a contract):
     {"trace", "packets", "complete",
      "segments": [{"from", "to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete",
-                   "loss_count", "loss_rate", "tracer_lost", "jitter_ns", "jitter_p99_ns", "same_node",
-                   "below_clock_bound", "clock_bound_ns"}],
+                   "loss_count", "loss_rate", "tracer_lost", "before_attach", "jitter_ns", "jitter_p99_ns",
+                   "same_node", "below_clock_bound", "clock_bound_ns"}],
      "end_to_end": {same keys},
      "hops": [{"hop", "packets_per_s", "bytes_per_s", "counts", "histograms", "recorded", and "container",
                "pod" for a hop named by a workload}],
@@ -38,6 +38,7 @@ def _stats_data(stats: api_pb2.SegmentStats) -> dict[str, Any]:
         "loss_count": stats.loss_count,
         "loss_rate": stats.loss_rate,
         "tracer_lost": stats.tracer_lost,
+        "before_attach": stats.before_attach,
         "jitter_ns": stats.jitter_ns,
         "jitter_p99_ns": stats.jitter_p99_ns,
         "same_node": stats.same_node,
@@ -212,6 +213,12 @@ def render_text(report: dict[str, Any]) -> str:
         if s.get("tracer_lost"):
             notes.append(
                 f"{s['from']} > {s['to']}: {s['tracer_lost']} records lost by the tracer (not counted)"
+            )
+        if s.get("before_attach"):
+            notes.append(
+                f"{s['from']} > {s['to']}: {s['before_attach']} packets passed "
+                + ("a hop" if s.get("_name") else s["to"])
+                + " before it was attached, in flight while the trace was applied (not counted as loss)"
             )
         rows.append(
             [

@@ -8,13 +8,14 @@ InfluxDB sums each field over the windows (`count`, `sum_ns`, the sketches' buck
 mean and max are exact and p50/p90/p99 are the nearest-rank percentiles of every packet in the range within
 `sketch.RELATIVE_ACCURACY` (0.5 %). Jitter: `jitter_ns` is the mean of |dT(i+1) - dT(i)| over consecutive
 packets within each window (pairs across a window's edge are left out), `jitter_p99_ns` their p99 from the
-merged jitter sketch. `incomplete`, `packets`, `complete`, `loss_count` and `tracer_lost` are sums over
-`segment_stats`; `loss_rate` = sum(loss_count) / sum(from_count); `same_node` is the last window's. A
-segment is `below_clock_bound` when at least half its packets were (its median latency is below the clocks'
-bound); its `clock_bound_ns` is the largest of its windows' (the sum of its two nodes' clock bounds; 0 on
-one node). Per hop, `packets_per_s` and `bytes_per_s` are the means of `hop_counters` over the seconds with
-traffic. Segments and hops come in path order (the given path, else the chain their from/to hops form). The
-numbers are raw: a cross-node latency within its clock bound may be negative (`report_view` says so).
+merged jitter sketch. `incomplete`, `packets`, `complete`, `loss_count`, `tracer_lost` and `before_attach`
+are sums over `segment_stats`; `loss_rate` = sum(loss_count) / sum(from_count); `same_node` is the last
+window's. A segment is `below_clock_bound` when at least half its packets were (its median latency is below
+the clocks' bound); its `clock_bound_ns` is the largest of its windows' (the sum of its two nodes' clock
+bounds; 0 on one node). Per hop, `packets_per_s` and `bytes_per_s` are the means of `hop_counters` over the
+seconds with traffic. Segments and hops come in path order (the given path, else the chain their from/to
+hops form). The numbers are raw: a cross-node latency within its clock bound may be negative (`report_view`
+says so).
 
 `node_clocks` reads each node's last `node_clock` point. `get_packets` reads `hop_latency`, the exemplars
 (the slowest packets of each window and 1 in N by ID), whose points carry each packet's ID.
@@ -93,7 +94,8 @@ def query_report(
         ' or r._field == "count" or r._field == "sum_ns" or r._field == "below_bound_count"'
         ' or r._field == "jitter_sum_ns" or r._field == "jitter_count"'
         ' or r._field == "incomplete" or r._field == "packets" or r._field == "complete"'
-        ' or r._field == "loss_count" or r._field == "from_count" or r._field == "tracer_lost"))'
+        ' or r._field == "loss_count" or r._field == "from_count" or r._field == "tracer_lost"'
+        ' or r._field == "before_attach"))'
         ' |> group(columns: ["segment", "from_hop", "to_hop", "_field"]) |> sum()'
     )
     # A segment's windows may carry other hop names over the range (end to end while the path was still
@@ -126,6 +128,7 @@ def query_report(
         entry.incomplete = found.get("incomplete", 0)
         entry.loss_count = found.get("loss_count", 0)
         entry.tracer_lost = found.get("tracer_lost", 0)
+        entry.before_attach = found.get("before_attach", 0)
         from_count, below = found.get("from_count", 0), found.get("below_bound_count", 0)
         entry.loss_rate = entry.loss_count / from_count if from_count else 0.0
         entry.below_clock_bound = count > 0 and 2 * below >= count
@@ -314,6 +317,7 @@ _WINDOW_FIELDS = {
     "loss_count": int,
     "loss_rate": float,
     "tracer_lost": int,
+    "before_attach": int,
     "jitter_ns": float,
     "jitter_p99_ns": float,
     "same_node": bool,

@@ -71,6 +71,7 @@ def expected_stats(
         "loss_count": lost,
         "loss_rate": lost / sent if sent else 0.0,
         "tracer_lost": 0,
+        "before_attach": 0,
         "jitter_ns": sum(diffs) / len(diffs),
         "jitter_p99_ns": nearest_rank(diffs, 0.99),
         "same_node": same_node,

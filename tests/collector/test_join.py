@@ -209,3 +209,78 @@ def test_path_change_emits_packets_that_do_not_fit() -> None:
     out = j.join_hops("t", "n", [rec(SEC + 2, pid(2), 1)])
     assert out[0].complete and out[0].times == [SEC + 1, SEC + 2]
     assert j.pending() == 1  # pid 3 kept
+
+
+# -- hops attached after the packet passed them ------------------------------------------------------------
+
+
+def test_a_hop_attached_after_the_packet_passed_it_is_marked_not_lost() -> None:
+    """A packet missing at a hop whose attach time is later than its time at the nearest hop before that saw
+    it may have passed it unwatched: that hop's bit is set in `before_attach`. A hop attached by then is not
+    marked: the packet never reached it."""
+    j = HopJoiner(catalog())
+    j.hop_attached("t", "node-a", 1, {"a-egress": SEC, "bridge": 2 * SEC})
+    j.hop_attached("t", "node-b", 1, {"b-ingress": 3 * SEC})
+    t0 = 2 * SEC + SEC // 2
+    j.join_hops(
+        "t",
+        "node-a",
+        [
+            # in flight while b-ingress attached: seen at both of node-a's hops before its attach time
+            rec(t0, pid(1), 0),
+            rec(t0 + 10, pid(1), 1),
+            # tagged before bridge attached, and gone before b-ingress attached: missing at both
+            rec(SEC + SEC // 2, pid(2), 0),
+            # missing at bridge, attached long before: lost there (so end to end too)
+            rec(t0, pid(3), 0),
+            # tagged before b-ingress attached but at bridge after: lost between bridge and b-ingress
+            rec(3 * SEC - 10, pid(4), 0),
+            rec(3 * SEC + 10, pid(4), 1),
+            # every hop attached: lost
+            rec(4 * SEC, pid(5), 0),
+            rec(4 * SEC + 10, pid(5), 1),
+        ],
+    )
+    out = {p.packet_id: p for p in j.flush()}
+    assert {i: out[pid(i)].before_attach for i in range(1, 6)} == {1: 0b100, 2: 0b110, 3: 0b100, 4: 0, 5: 0}
+    assert not any(p.complete or p.cut for p in out.values())
+    assert j.stats.before_attach == 3 and j.stats.incomplete == 5
+
+
+def test_a_hop_no_node_has_named_yet_is_not_attached() -> None:
+    """Once one node gave its attach times, a hop no node named is not attached (its node has not applied
+    the trace yet); a trace no node gave them for is joined as before: every hop always attached."""
+    j = HopJoiner(catalog())
+    j.join_hops("t", "node-a", [rec(SEC, pid(1), 0), rec(SEC + 10, pid(1), 1)])
+    assert [p.before_attach for p in j.flush()] == [0]
+
+    j.hop_attached("t", "node-a", 1, {"a-egress": 0, "bridge": 0})  # 0: an agent that does not say when
+    j.join_hops("t", "node-a", [rec(SEC, pid(2), 0), rec(SEC + 10, pid(2), 1)])
+    assert [p.before_attach for p in j.flush()] == [0b100]
+    j.hop_attached("t", "node-b", 1, {"b-ingress": 0})
+    j.join_hops("t", "node-a", [rec(SEC, pid(3), 0), rec(SEC + 10, pid(3), 1)])
+    assert [p.before_attach for p in j.flush()] == [0]
+
+
+def test_attach_times_follow_each_nodes_newest_generation() -> None:
+    """Each node's newest generation says which of its hops are attached and since when: an older one
+    arriving late changes nothing, a newer one replaces it (a hop it no longer names is not attached), and
+    a deleted trace's times are forgotten."""
+    j = HopJoiner(catalog())
+    j.hop_attached("t", "node-a", 5, {"a-egress": SEC, "bridge": SEC})
+    j.hop_attached("t", "node-b", 5, {"b-ingress": 4 * SEC})
+    j.hop_attached("t", "node-b", 4, {"b-ingress": SEC})  # late: the generation it replaced
+    packet = [rec(3 * SEC, pid(1), 0), rec(3 * SEC + 10, pid(1), 1)]
+    j.join_hops("t", "node-a", packet)
+    assert [p.before_attach for p in j.flush()] == [0b100]
+
+    j.hop_attached("t", "node-b", 6, {"b-ingress": 2 * SEC})
+    j.join_hops("t", "node-a", [rec(3 * SEC, pid(2), 0), rec(3 * SEC + 10, pid(2), 1)])
+    assert [p.before_attach for p in j.flush()] == [0]
+    j.hop_attached("t", "node-a", 7, {"a-egress": SEC})  # generation 7 runs no bridge on node-a
+    j.join_hops("t", "node-a", [rec(3 * SEC, pid(3), 0)])
+    assert [p.before_attach for p in j.flush()] == [0b010]
+
+    j.forget_traces({"other"})
+    j.join_hops("t", "node-a", [rec(3 * SEC, pid(4), 0)])
+    assert [p.before_attach for p in j.flush()] == [0]

@@ -188,6 +188,46 @@ def test_packets_the_collector_cut_short_are_not_loss() -> None:
     assert [(p.packet_id, p.cut) for p in out] == [(pid(1), True)]
 
 
+def test_packets_that_passed_a_hop_before_it_was_attached_are_not_loss() -> None:
+    """A trace applied to live traffic: n2's hop h2 is attached 0.3 s into a flow that n1's hops already
+    trace. Its attach time comes in n2's counters on n2's clock (7 s behind the master's); the packets that
+    passed h2 before are counted apart, every 20th after it is lost."""
+    p, out = pipeline(["h0", "h1", "h2"], ["n1", "n1", "n2"])
+    n1_clock = records_pb2.NodeClock(monotonic_to_realtime_ns=BASE)  # n1 monotonic 0 = master BASE
+    n2_clock = records_pb2.NodeClock(monotonic_to_realtime_ns=BASE - 7 * SEC)  # n2 monotonic 7 s = BASE
+    attached = {"h0": 0, "h1": 1_000, "h2": 7 * SEC + 300_000_000}  # each on its node's monotonic clock
+    heartbeat = {node: [] for node in ("n1", "n2")}
+    for index, (hop, at) in enumerate(attached.items()):
+        counters = hop_counters(index, hop)
+        counters.attached_ns = at
+        heartbeat["n2" if hop == "h2" else "n1"].append(counters)
+    feed(p, "n1", [], counters=heartbeat["n1"], clock=n1_clock, generation=3)
+    feed(p, "n2", [], counters=heartbeat["n2"], clock=n2_clock, generation=3)
+    n1, n2 = [], []
+    lost = 0
+    for i in range(N):  # 0.5 s of packets
+        t = i * 500_000
+        n1 += [rec(t + 2_000, pid(i + 1), 0), rec(t + 10_000, pid(i + 1), 1)]
+        if t + 10_000 < 300_000_000:
+            continue  # passed h2 before it was attached
+        if i % 20 == 19:
+            lost += 1
+            continue
+        n2.append(rec(7 * SEC + t + 30_000, pid(i + 1), 2))
+    feed(p, "n1", n1, clock=n1_clock, generation=3)
+    feed(p, "n2", n2, clock=n2_clock, generation=3)
+    p.flush()
+    in_flight = sum(1 for i in range(N) if i * 500_000 + 10_000 < 300_000_000)
+    assert (in_flight, lost) == (600, 20)
+    segments = by_segment(out.segments)
+    first, second, e2e = segments["h0>h1"], segments["h1>h2"], segments[END_TO_END]
+    assert (first.from_count, first.loss_count, getattr(first, "before_attach", 0)) == (N, 0, 0)
+    assert (second.from_count, second.loss_count, second.before_attach) == (N, lost, in_flight)
+    assert (e2e.loss_count, e2e.before_attach, e2e.tracer_lost) == (lost, in_flight, 0)
+    assert second.loss_rate == lost / N
+    assert p.stats()["before_attach"] == in_flight
+
+
 # -- jitter, same node, throughput ---------------------------------------------------------------------------
 
 

@@ -36,9 +36,9 @@ def test_text_table_and_dict() -> None:
         complete=3,
         segments=[
             stats("a", "b", loss_count=2, loss_rate=0.02, jitter_ns=350.0, same_node=True),
-            stats("b", "c", below_clock_bound=True, tracer_lost=7),
+            stats("b", "c", below_clock_bound=True, tracer_lost=7, before_attach=4),
         ],
-        end_to_end=stats("a", "c"),
+        end_to_end=stats("a", "c", before_attach=4),
         hops=[api_pb2.HopThroughput(hop="a", packets_per_s=100.0, bytes_per_s=12_800.0)],
     )
     report = report_from_proto(message)
@@ -64,12 +64,20 @@ def test_text_table_and_dict() -> None:
         in lines
     )
     assert "note: b > c: 7 records lost by the tracer (not counted)" in lines
+    in_flight = "before it was attached, in flight while the trace was applied (not counted as loss)"
+    assert f"note: b > c: 4 packets passed c {in_flight}" in lines
+    assert f"note: a > c: 4 packets passed a hop {in_flight}" in lines
     assert format_ns(850) == "850ns" and format_ns(2.5e9) == "2.50s"
     assert [(s["from"], s["to"]) for s in report["segments"]] == [("a", "b"), ("b", "c")]
     assert (report["end_to_end"]["p99_ns"], report["packets"], report["complete"]) == (2500, 4, 3)
     first, second = report["segments"]
     assert (first["loss_count"], first["loss_rate"], first["jitter_ns"]) == (2, 0.02, 350)
     assert first["same_node"] and second["below_clock_bound"] and second["tracer_lost"] == 7
+    assert (first["before_attach"], second["before_attach"], report["end_to_end"]["before_attach"]) == (
+        0,
+        4,
+        4,
+    )
     assert report["hops"] == [
         {
             "hop": "a",

@@ -1307,7 +1307,10 @@ type SegmentStats struct {
 	SameNode bool `protobuf:"varint,17,opt,name=same_node,json=sameNode,proto3" json:"same_node,omitempty"`
 	// Cross-node segment: the sum of its two nodes' clock error bounds (the largest over the range);
 	// a latency below it cannot be told from zero. 0 = same node or unknown.
-	ClockBoundNs  int64 `protobuf:"varint,18,opt,name=clock_bound_ns,json=clockBoundNs,proto3" json:"clock_bound_ns,omitempty"`
+	ClockBoundNs int64 `protobuf:"varint,18,opt,name=clock_bound_ns,json=clockBoundNs,proto3" json:"clock_bound_ns,omitempty"`
+	// Packets seen at `from` that reached `to` before its hop was attached (in
+	// flight while the trace was applied): neither latency nor loss.
+	BeforeAttach  uint64 `protobuf:"varint,19,opt,name=before_attach,json=beforeAttach,proto3" json:"before_attach,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1464,6 +1467,13 @@ func (x *SegmentStats) GetSameNode() bool {
 func (x *SegmentStats) GetClockBoundNs() int64 {
 	if x != nil {
 		return x.ClockBoundNs
+	}
+	return 0
+}
+
+func (x *SegmentStats) GetBeforeAttach() uint64 {
+	if x != nil {
+		return x.BeforeAttach
 	}
 	return 0
 }
@@ -3023,7 +3033,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x03p99\x18\x03 \x03(\v2\x18.hoptrace.v1.SeriesPointR\x03p99\"I\n" +
 	"\vSeriesPoint\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x0e\n" +
-	"\x02ns\x18\x02 \x01(\x01R\x02ns\"\x96\x04\n" +
+	"\x02ns\x18\x02 \x01(\x01R\x02ns\"\xbb\x04\n" +
 	"\fSegmentStats\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\x12\x14\n" +
@@ -3047,7 +3057,8 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\vtracer_lost\x18\x10 \x01(\x04R\n" +
 	"tracerLost\x12\x1b\n" +
 	"\tsame_node\x18\x11 \x01(\bR\bsameNode\x12$\n" +
-	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\"\xb5\x02\n" +
+	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\x12#\n" +
+	"\rbefore_attach\x18\x13 \x01(\x04R\fbeforeAttach\"\xb5\x02\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
