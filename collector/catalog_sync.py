@@ -2,8 +2,10 @@
 
 The dispatcher owns the specs; the collector needs each trace's path (hop names and nodes, in order) to join
 and order hops. It follows the dispatcher's `WatchSpecs` stream: the whole set of applied specs at once,
-then again after every apply or delete. A late path only delays emission (packets wait in the join
-window), it never mis-joins; while the dispatcher is away, the known paths are kept.
+then again after every apply or delete; a spec comes as soon as its plans go to the agents, before any hop
+of it is attached, so the packets in flight while its hops attach are joined on its path. A late path only
+delays emission (packets wait in the join window), it never mis-joins; while the dispatcher is away, the
+known paths are kept.
 """
 
 from __future__ import annotations

@@ -187,6 +187,8 @@ class TraceController:
         self._lock = threading.RLock()  # guards _traces
         self._apply_lock = threading.Lock()  # one apply/delete at a time
         self._traces: dict[str, _Trace] = {}
+        # Specs being pushed to their agents: WatchSpecs shows them already (see apply).
+        self._applying: dict[str, trace_pb2.TraceSpec] = {}
         # Bumped on every change of the applied specs; watchers (WatchSpecs) wait on it.
         self._specs_version = 0
         self._specs_changed = threading.Condition(self._lock)
@@ -227,13 +229,22 @@ class TraceController:
     def wait_specs(
         self, after_version: int, timeout_s: float
     ) -> tuple[int, list[trace_pb2.TraceSpec]] | None:
-        """The applied specs (by name) and their version once it differs from `after_version`; None when
-        nothing changed within `timeout_s`."""
+        """The applied specs, and those being applied, by name, and their version once it differs from
+        `after_version`; None when nothing changed within `timeout_s`."""
         with self._specs_changed:
             if not self._specs_changed.wait_for(lambda: self._specs_version != after_version, timeout_s):
                 return None
-            specs = [self._traces[name].stored.spec for name in sorted(self._traces)]
-            return self._specs_version, specs
+            specs = {name: trace.stored.spec for name, trace in self._traces.items()} | self._applying
+            return self._specs_version, [specs[name] for name in sorted(specs)]
+
+    def _set_applying(self, name: str, spec: trace_pb2.TraceSpec | None) -> None:
+        """Show `spec` in WatchSpecs while it is being applied (None: no longer, the apply failed)."""
+        with self._lock:
+            if spec is None:
+                self._applying.pop(name, None)
+            else:
+                self._applying[name] = spec
+        self._specs_did_change()
 
     def _specs_did_change(self) -> None:
         with self._specs_changed:
@@ -303,8 +314,16 @@ class TraceController:
                 raise DispatcherError(
                     grpc.StatusCode.INTERNAL, f"trace {spec.name}: compiling the BPF objects failed:\n{error}"
                 ) from None
-            failures = self._push_plans(spec.name, plans, spec)
+            # The collector gets the path before the agents attach: the packets in flight while the hops
+            # attach one by one reach it before the apply returns, and are joined and named on this path.
+            self._set_applying(spec.name, spec)
+            try:
+                failures = self._push_plans(spec.name, plans, spec)
+            except BaseException:
+                self._set_applying(spec.name, None)
+                raise
             if failures:
+                self._set_applying(spec.name, None)
                 rollback_problems = self._roll_back(spec, previous)
                 message = f"trace {spec.name} generation {generation} failed on its agents:\n"
                 message += "\n".join(failures)
@@ -319,9 +338,9 @@ class TraceController:
             stored = StoredTrace(spec=spec, generation=generation, applied_at=now(), origin=origin)
             self.store.save(stored)
             trace = _Trace(stored, checked, plans=plans, nodes=nodes)
-            with self._lock:
+            with self._lock:  # the set WatchSpecs shows is the same: the spec moves from applying to applied
                 self._traces[spec.name] = trace
-            self._specs_did_change()
+                self._applying.pop(spec.name, None)
             if previous is not None:
                 dropped = [node for node in previous.nodes if node not in nodes]
                 for problem in self._remove_from(spec.name, dropped):

@@ -55,8 +55,9 @@ type HoptraceClient interface {
 	GetReport(ctx context.Context, in *GetReportRequest, opts ...grpc.CallOption) (*Report, error)
 	// Per-segment statistics, one message per segment per interval, while the trace runs.
 	WatchSegmentStats(ctx context.Context, in *WatchSegmentStatsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SegmentStats], error)
-	// The applied specs: the whole set now, then again after every apply or delete, until the client goes.
-	// The collector follows it for the trace paths it joins on.
+	// The applied specs, and those being applied (from the moment their plans go to the agents): the whole
+	// set now, then again after every change, until the client goes. The collector follows it for the
+	// trace paths it joins on.
 	WatchSpecs(ctx context.Context, in *WatchSpecsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SpecSet], error)
 	// Run a preset (mace, iron) on one node for its duration and return its summary.
 	RunPreset(ctx context.Context, in *RunPresetRequest, opts ...grpc.CallOption) (*PresetResult, error)
@@ -265,8 +266,9 @@ type HoptraceServer interface {
 	GetReport(context.Context, *GetReportRequest) (*Report, error)
 	// Per-segment statistics, one message per segment per interval, while the trace runs.
 	WatchSegmentStats(*WatchSegmentStatsRequest, grpc.ServerStreamingServer[SegmentStats]) error
-	// The applied specs: the whole set now, then again after every apply or delete, until the client goes.
-	// The collector follows it for the trace paths it joins on.
+	// The applied specs, and those being applied (from the moment their plans go to the agents): the whole
+	// set now, then again after every change, until the client goes. The collector follows it for the
+	// trace paths it joins on.
 	WatchSpecs(*WatchSpecsRequest, grpc.ServerStreamingServer[SpecSet]) error
 	// Run a preset (mace, iron) on one node for its duration and return its summary.
 	RunPreset(context.Context, *RunPresetRequest) (*PresetResult, error)

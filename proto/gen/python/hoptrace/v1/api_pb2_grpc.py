@@ -172,8 +172,9 @@ class HoptraceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def WatchSpecs(self, request, context):
-        """The applied specs: the whole set now, then again after every apply or delete, until the client goes.
-        The collector follows it for the trace paths it joins on.
+        """The applied specs, and those being applied (from the moment their plans go to the agents): the whole
+        set now, then again after every change, until the client goes. The collector follows it for the
+        trace paths it joins on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
