@@ -116,7 +116,7 @@ def test_agents_show_the_collectors_clock_or_unknown(
         "measured_at": None,
     }
 
-    table = _hoptrace(dispatcher.address, "agents")
+    table = _hoptrace(dispatcher.address, "agents", "--wide")  # the clock's columns in full
     assert table.returncode == 0, table.stderr
     header, *rows = table.stdout.splitlines()
     assert "CLOCK OFFSET" in header and "BOUND" in header and "DRIFT" in header and "CLOCK MEASURED" in header

@@ -422,10 +422,9 @@ def test_cli_trace_lifecycle(cluster: Cluster, tmp_path: Path) -> None:
         and data[0]["capabilities"]["attach"]["fentry"]["supported"] is False
     )
     table = _hoptrace(cluster.address, "agents")
-    assert (
-        table.stdout.splitlines()[0].split()[:2] == ["NODE", "CONNECTED"]
-        and "fentry,fexit,kprobe,kretprobe" in table.stdout
-    )
+    assert table.stdout.splitlines()[0].split()[:2] == ["NODE", "CONNECTED"], table.stdout
+    wide = _hoptrace(cluster.address, "agents", "--wide")  # every unsupported attach kind named
+    assert "fentry,fexit,kprobe,kretprobe" in wide.stdout, wide.stdout
 
     removed = _hoptrace(cluster.address, "trace", "rm", "udp-a-to-b")
     assert removed.returncode == 0 and "removed" in removed.stdout
