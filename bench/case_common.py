@@ -20,27 +20,38 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hoptrace.lab.localcluster import LocalCluster
+from hoptrace.lab.localcluster import LocalCluster, writable_bpf_cache
 from hoptrace.lab.processes import start_influxd
 from hoptrace.lab.topology import Overlay, TwoHostTopology, add_container
+from hoptrace.lab.waiting import WaitTimeout, wait_until
 from hoptrace.lab.workloads import sockperf as run_sockperf
+from hoptrace.lab.workloads import wait_listening
 from hoptrace.v1 import trace_pb2
 
 REPO = Path(__file__).resolve().parents[1]
 
 SOCKPERF_PORT = 11111
+# sockperf's count of the messages its client sent in the whole run, warm-up included: every one a packet
+# of the traced flow.
+SENT_MESSAGES = re.compile(r"\[Total Run\].*\bSentMessages=(\d+)")
+# How long a report may take to account for a flow's packets (the last second's window is written about 4 s
+# after the flow ends: the join window, 2 s, and a window's own second).
+REPORT_TIMEOUT_S = 30
 
 
 @contextlib.contextmanager
 def traced_topology(overlay: Overlay) -> Iterator[tuple[TwoHostTopology, LocalCluster]]:
-    """A fresh TwoHostTopology, InfluxDB, dispatcher, collector and an agent per host; removed after."""
+    """A fresh TwoHostTopology, InfluxDB, dispatcher, collector and an agent per host; removed after.
+
+    The dispatcher keeps its compiled BPF objects in `make demo`'s cache (BPF_CACHE_DIR): no case measures
+    a compile."""
     topo = TwoHostTopology("cs" + secrets.token_hex(2), overlay=overlay)
     influx = cluster = None
     extra: list[str] = []
     try:
         topo.create()
         influx = start_influxd()
-        cluster = LocalCluster(influx_url=influx.url)
+        cluster = LocalCluster(influx_url=influx.url, bpf_cache_dir=writable_bpf_cache())
         cluster.start_on(topo)
         topo.extra_netns = extra  # type: ignore[attr-defined]
         yield topo, cluster
@@ -78,7 +89,8 @@ def spec(name: str, topo: TwoHostTopology, hops: list[tuple[str, str, str, str, 
 def sockperf(
     topo: TwoHostTopology, seconds: float, mps: int, client: str = "c1", server: str = "c2", **popen: Any
 ) -> dict[str, float]:
-    """A sockperf UDP ping-pong ``client`` -> ``server``: sockperf's own average and percentiles (µs).
+    """A sockperf UDP ping-pong ``client`` -> ``server``: sockperf's own average and percentiles (µs), and
+    ``sent``, the messages its client sent (the packets a trace of the flow must account for).
 
     ``server_prefix`` / ``client_prefix``: a command put before sockperf (e.g. ``("taskset", "-c", "1")``);
     ``client_args``: extra ping-pong arguments; ``on_server_up``: called with the server's pid once it
@@ -90,6 +102,8 @@ def sockperf(
         client_prefix=popen.pop("client_prefix", ()), on_server_up=popen.pop("on_server_up", None),
     )  # fmt: skip
     result: dict[str, float] = {}
+    if m := SENT_MESSAGES.search(out):
+        result["sent"] = int(m.group(1))
     if m := re.search(r"avg-latency=([\d.]+)", out):
         result["avg_us"] = float(m.group(1))
     for pct, value in re.findall(r"percentile ([\d.]+) =\s+([\d.]+)", out):
@@ -104,7 +118,8 @@ def iperf3_load(topo: TwoHostTopology, flows: list[tuple[str, int]], seconds: fl
     try:
         for i, _ in enumerate(flows):
             procs.append(topo.popen("host-b", "iperf3", "-s", "-p", str(5201 + i), stdout=subprocess.DEVNULL))
-        time.sleep(0.5)
+        for i, _ in enumerate(flows):
+            wait_listening(topo, "host-b", "tcp", 5201 + i)
         for i, (ns, streams) in enumerate(flows):
             procs.append(
                 subprocess.Popen(
@@ -116,7 +131,8 @@ def iperf3_load(topo: TwoHostTopology, flows: list[tuple[str, int]], seconds: fl
                     stderr=subprocess.DEVNULL,
                 )
             )
-        time.sleep(1)
+        if flows:
+            time.sleep(1)  # pacing: the load runs at full speed before the measured flow starts
         yield
     finally:
         for proc in reversed(procs):
@@ -129,24 +145,31 @@ def iperf3_load(topo: TwoHostTopology, flows: list[tuple[str, int]], seconds: fl
                     proc.wait()
 
 
-def report(cluster: LocalCluster, name: str) -> dict[str, Any]:
-    """``hoptrace report NAME --json`` for the last 10 minutes, after the collector's join window closed."""
-    time.sleep(3)
-    out = cluster.hoptrace("report", name, "--since", "10m", "--json")
-    return json.loads(out.stdout)
-
-
-def settled_report(cluster: LocalCluster, name: str, timeout_s: float = 20) -> dict[str, Any]:
-    """``report``, repeated until every segment window is written or ``timeout_s`` has passed.
-
-    Written means the packet totals reach the per-packet end-to-end count: on a busy machine the last window
-    closes later than report's 3 s wait.
+def report(
+    cluster: LocalCluster, name: str, app: dict[str, float], timeout_s: float = REPORT_TIMEOUT_S
+) -> dict[str, Any]:
+    """``hoptrace report NAME --json`` for the last 10 minutes, once it accounts for the flow ``app`` (a
+    ``sockperf`` result) sent: each of its ``sent`` datagrams a packet, complete or not, and every segment
+    counted for every complete one. The collector writes a second's window once the join window after it
+    has closed, seconds after the flow ends. Raises WaitTimeout, with the counts, past ``timeout_s``
+    (scaled): a report that misses packets of the flow is no result.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rep = report(cluster, name)
-        if rep["packets"] >= rep["end_to_end"]["count"] > 0 or time.monotonic() > deadline:
-            return rep
+    sent = int(app.get("sent", 0))
+    latest: dict[str, Any] = {}
+
+    def accounted() -> bool:
+        out = cluster.hoptrace("report", name, "--since", "10m", "--json")
+        latest.clear()
+        latest.update(json.loads(out.stdout))
+        segments = [*latest["segments"], latest["end_to_end"]]
+        return 0 < sent <= latest["packets"] and all(s["count"] >= latest["complete"] for s in segments)
+
+    try:
+        wait_until(accounted, f"report {name} accounting for the {sent} datagrams sent", timeout_s, 0.5)
+    except WaitTimeout as timeout:
+        counts = f"{latest.get('packets')} packets, {latest.get('complete')} complete"
+        raise WaitTimeout(f"{timeout} ({counts})") from None
+    return latest
 
 
 def require_root() -> None:

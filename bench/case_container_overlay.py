@@ -14,7 +14,8 @@ events-only trace, co-softirqs: irq:softirq_entry where vec == 3 / 2, count by c
 under each trace.
 Writes bench/results/<time>-container-overlay.json (everything).
 
-    sudo .venv/bin/python bench/case_container_overlay.py [--seconds 8] [--mps 1000] [--iperf-seconds 3]
+    sudo .venv/bin/python bench/case_container_overlay.py [--seconds 8] [--mps 1000] [--iperf-seconds 3] \\
+        [--path overlay|host ...]
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from case_common import (
     REPO,
     SOCKPERF_PORT,
     TwoHostTopology,
+    report,
     require_root,
-    settled_report,
     sockperf,
     spec,
     traced_topology,
@@ -163,14 +164,18 @@ def counted_sockperf(
 
 
 PATHS = {"overlay": ("c1", "c2"), "host": ("host-a", "host-b")}
+PATH_SPECS = {"overlay": overlay_spec, "host": host_spec}
 
 
-def run(seconds: float = 8, mps: int = 1000, iperf_seconds: float = 3) -> dict[str, Any]:
-    """Both paths on one VXLAN topology.
+def run(
+    seconds: float = 8, mps: int = 1000, iperf_seconds: float = 3, paths: list[str] | None = None
+) -> dict[str, Any]:
+    """The `paths` (default: both of PATHS) on one VXLAN topology.
 
     Untraced first (no trace applied, so the agents send nothing): the idle softirq rate, sockperf and
     iperf3 over each path with the softirqs they cause. Then each path's sockperf again under its trace.
     """
+    selected = {path: ends for path, ends in PATHS.items() if paths is None or path in paths}
     with traced_topology("vxlan") as (topo, cluster):
         softirqs = SoftirqCounter(cluster)
         before, start = softirqs(), time.monotonic()
@@ -179,20 +184,20 @@ def run(seconds: float = 8, mps: int = 1000, iperf_seconds: float = 3) -> dict[s
         idle = {"seconds": time.monotonic() - start, "softirqs": idle_delta}
         untraced = {
             path: counted_sockperf(topo, client, server, max(seconds / 2, 2), mps, softirqs)
-            for path, (client, server) in PATHS.items()
+            for path, (client, server) in selected.items()
         }
         throughput = {}
         if iperf_seconds > 0:
             throughput = {
                 path: iperf3(topo, client, server, iperf_seconds, softirqs)
-                for path, (client, server) in PATHS.items()
+                for path, (client, server) in selected.items()
             }
-        cluster.apply(overlay_spec(topo, "co-overlay"))
-        cluster.apply(host_spec(topo, "co-host"))
+        for path in selected:
+            cluster.apply(PATH_SPECS[path](topo, f"co-{path}"))
         traced = {}
-        for path, (client, server) in PATHS.items():
-            traced[path] = {"sockperf": sockperf(topo, seconds, mps, client=client, server=server)}
-            traced[path]["report"] = settled_report(cluster, f"co-{path}")
+        for path, (client, server) in selected.items():
+            app = sockperf(topo, seconds, mps, client=client, server=server)
+            traced[path] = {"sockperf": app, "report": report(cluster, f"co-{path}", app)}
     return {"mps": mps, "idle": idle, "untraced": untraced, "iperf3": throughput, "traced": traced}
 
 
@@ -218,13 +223,13 @@ def _rtt(app: dict[str, float]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """Markdown tables: the overlay's segments, both paths side by side, per-hop rates, softirqs, iperf3."""
-    ov, host = result["traced"]["overlay"], result["traced"]["host"]
+    """Markdown tables: the overlay's segments, the paths side by side, per-hop rates, softirqs, iperf3."""
+    traced_paths = result["traced"]
     lines = ["| segment (overlay c1 → c2) | mean / p99 µs | count |", "|---|---|---|"]
-    for s in ov["report"]["segments"]:
+    for s in traced_paths.get("overlay", {}).get("report", {}).get("segments", []):
         label = OVERLAY_SEGMENTS.get(f"{s['from']}>{s['to']}", f"{s['from']} → {s['to']}")
         lines.append(f"| {label} (`{s['from']}` → `{s['to']}`) | {_seg(s)} | {s['count']} |")
-    for s in host["report"]["segments"]:
+    for s in traced_paths.get("host", {}).get("report", {}).get("segments", []):
         lines.append(f"| host path: wire (`{s['from']}` → `{s['to']}`) | {_seg(s)} | {s['count']} |")
     lines += [
         "",
@@ -233,7 +238,9 @@ def table(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for path, label in (("overlay", "overlay c1 → c2"), ("host", "host-a → host-b")):
-        traced, untraced = result["traced"][path], result["untraced"][path]
+        if path not in traced_paths:
+            continue
+        traced, untraced = traced_paths[path], result["untraced"][path]
         rep = traced["report"]
         irq = net_softirqs(untraced, result["idle"])
         lines.append(
@@ -242,7 +249,7 @@ def table(result: dict[str, Any]) -> str:
             f"| {irq['NET_RX']['net'] / untraced['round_trips']:.2f} | {irq['NET_RX']['per_cpu']} |"
         )
     lines += ["", "| hop | packets/s | bytes/s | bytes/packet |", "|---|---|---|---|"]
-    for p in (ov, host):
+    for p in traced_paths.values():
         for h in p["report"]["hops"]:
             pps, bps = h["packets_per_s"], h["bytes_per_s"]
             lines.append(f"| `{h['hop']}` | {pps:.0f} | {bps:.0f} | {bps / pps if pps else 0:.0f} |")
@@ -271,10 +278,16 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8, help="sockperf run per path (default 8)")
     parser.add_argument("--mps", type=int, default=1000, help="sockperf messages per second (default 1000)")
     parser.add_argument("--iperf-seconds", type=float, default=3, help="iperf3 per path, 0: none (default 3)")
+    parser.add_argument(
+        "--path",
+        action="append",
+        choices=list(PATHS),
+        help="measure this path only (repeatable; default: both)",
+    )
     parser.add_argument("--json", action="store_true", help="print everything as JSON instead of the tables")
     args = parser.parse_args()
     require_root()
-    result = run(args.seconds, args.mps, args.iperf_seconds)
+    result = run(args.seconds, args.mps, args.iperf_seconds, args.path)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / (datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-container-overlay.json")
     path.write_text(json.dumps(result, indent=1))

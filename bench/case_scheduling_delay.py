@@ -23,7 +23,7 @@ Three tracers per case on the routed TwoHostTopology:
 Writes bench/results/<time>-scheduling-delay.png (device -> socket time over time, per case) and
 <time>-scheduling-delay.json (everything, with the per-packet series).
 
-    sudo .venv/bin/python bench/case_scheduling_delay.py [--seconds 5] [--mps 500] [--json]
+    sudo .venv/bin/python bench/case_scheduling_delay.py [--seconds 5] [--mps 500] [--case NAME ...] [--json]
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from case_common import (
     REPO,
     SOCKPERF_PORT,
     TwoHostTopology,
+    report,
     require_root,
-    settled_report,
     sockperf,
     spec,
     traced_topology,
@@ -315,23 +315,30 @@ def mace_args(topo: TwoHostTopology) -> list[str]:
     ]
 
 
-def run(seconds: float = 5, mps: int = 500) -> list[dict[str, Any]]:
-    """Every case in turn on one routed topology: sockperf, the trace report, MACE and the rx timeline."""
+def run(seconds: float = 5, mps: int = 500, cases: list[str] | None = None) -> list[dict[str, Any]]:
+    """The `cases` (default: every one of CASES) in turn on one routed topology: sockperf, the trace report,
+    MACE and the rx timeline."""
     results = []
     # Everything started from here inherits CPU 0 (cluster, InfluxDB, bpftrace, MACE, the client): CPU 1 is
     # left to the server and the CPU-bound task, which taskset puts there.
     affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {int(CLIENT_CPU)})
     try:
-        return _run_cases(seconds, mps, results)
+        selected = [(case, hog) for case, hog in CASES if cases is None or case in cases]
+        return _run_cases(seconds, mps, selected, results)
     finally:
         os.sched_setaffinity(0, affinity)
 
 
-def _run_cases(seconds: float, mps: int, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _run_cases(
+    seconds: float,
+    mps: int,
+    cases: list[tuple[str, tuple[str, ...] | None]],
+    results: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
     with traced_topology("routed") as (topo, cluster):
         hops = [(n, node, at, dev, ns.format(c1=topo.c1, c2=topo.c2)) for n, node, at, dev, ns in HOPS]
-        for case, hog_cmd in CASES:
+        for case, hog_cmd in cases:
             name = f"sd-{case}"
             cluster.apply(spec(name, topo, hops))
             sched_name = f"{name}-sched"
@@ -365,7 +372,7 @@ def _run_cases(seconds: float, mps: int, results: list[dict[str, Any]]) -> list[
                         "spikes": spikes(rows),
                         "long_waits_behind": waited_behind(rows),
                     },
-                    "report": settled_report(cluster, name),
+                    "report": report(cluster, name, app),
                     "sched_events": sched_events(cluster, sched_name),
                     "series": rows,
                 }
@@ -473,13 +480,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5, help="sockperf run per case (default 5)")
     parser.add_argument("--mps", type=int, default=500, help="sockperf messages per second (default 500)")
+    parser.add_argument(
+        "--case",
+        action="append",
+        choices=[case for case, _ in CASES],
+        help="run this case only (repeatable; default: every case)",
+    )
     parser.add_argument("--json", action="store_true", help="print everything as JSON instead of the tables")
     args = parser.parse_args()
     require_root()
     for tool in ("sockperf", "taskset", "chrt", "bpftrace"):
         if shutil.which(tool) is None:
             sys.exit(f"{tool} is missing: run make setup")
-    results = run(args.seconds, args.mps)
+    results = run(args.seconds, args.mps, args.case)
     RESULTS.mkdir(exist_ok=True)
     stem = RESULTS / (datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-scheduling-delay")
     stem.with_suffix(".json").write_text(json.dumps(results, indent=1))

@@ -54,9 +54,16 @@ def build_revision(rev: str, workdir: Path) -> Path:
 
 
 def measure(
-    topo: TwoHostTopology, sink: RecordSink, workdir: Path, name: str, obj: Path, port: int
+    topo: TwoHostTopology,
+    sink: RecordSink,
+    workdir: Path,
+    name: str,
+    obj: Path,
+    port: int,
+    seconds: int = SECONDS,
 ) -> tuple[float, float]:
-    """(tagger, recording hops) ns per run with `obj` loaded by both agents, filtering on `port`."""
+    """(tagger, recording hops) ns per run with `obj` loaded by both agents, filtering on `port`, over
+    `seconds` of traffic."""
     filter_ = {"protocol": "udp", "dst": topo.addr("c2"), "dstPort": port}
     plans = path_plans(topo, f"objectab-{name}", filter_)
     for plan in plans:
@@ -64,7 +71,7 @@ def measure(
     with path_agents(topo, sink.addr, workdir, plans) as (a, b):
         ids = hop_prog_ids(topo, {"host-a": a.pid, "host-b": b.pid})
         before = prog_stats(ids)
-        hop_run_times(ids, topo, SECONDS, MPS)
+        hop_run_times(ids, topo, seconds, MPS)
         after = prog_stats(ids)
         recording = recording_ns_per_run(ids, before, after)
     ns, runs = (after[TAGGER][i] - before[TAGGER][i] for i in (0, 1))
@@ -78,6 +85,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--against", default="HEAD", help="the git revision whose kernel-patch/ is compared")
     ap.add_argument("--non-matching", action="store_true", help="filter on another port than the traffic's")
+    ap.add_argument("--seconds", type=int, default=SECONDS, help=f"traffic per object and round ({SECONDS})")
     args = ap.parse_args()
     current = REPO / "kernel-patch" / "build" / "hoptrace.bpf.o"
     if not current.exists():
@@ -93,7 +101,7 @@ def main() -> int:
             for r in range(args.rounds):
                 for name in list(objects)[:: 1 if r % 2 == 0 else -1]:
                     port = OTHER_PORT if args.non_matching else SOCKPERF_PORT
-                    tagger, recording = measure(topo, sink, workdir, name, objects[name], port)
+                    tagger, recording = measure(topo, sink, workdir, name, objects[name], port, args.seconds)
                     results[name].append((tagger, recording))
                     log(f"object_ab round {r}: {name} tagger {tagger:.0f} ns, recording {recording:.0f} ns")
     finally:

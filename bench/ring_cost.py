@@ -304,10 +304,10 @@ def recording_ns_per_run(
     return ns / runs if runs else None
 
 
-def timed(ids: dict[str, int], topo: TwoHostTopology, pinned: bool) -> float | None:
-    """The traffic, and the recording hops' ns per run meanwhile."""
+def timed(ids: dict[str, int], topo: TwoHostTopology, pinned: bool, seconds: int) -> float | None:
+    """The traffic for `seconds`, and the recording hops' ns per run meanwhile."""
     before = prog_stats(ids)
-    hop_run_times(ids, topo, SECONDS, MPS, pinned)
+    hop_run_times(ids, topo, seconds, MPS, pinned)
     return recording_ns_per_run(ids, before, prog_stats(ids))
 
 
@@ -327,14 +327,19 @@ def load_floor(floor: Path, records_id: int | None, path: Path) -> Path:
 
 
 def measure(
-    topo: TwoHostTopology, sink: RecordSink, workdir: Path, condition: str, objects: dict[str, Path]
+    topo: TwoHostTopology,
+    sink: RecordSink,
+    workdir: Path,
+    condition: str,
+    objects: dict[str, Path],
+    seconds: int = SECONDS,
 ) -> float | None:
-    """One condition's ns per run of the recording tc hops."""
+    """One condition's ns per run of the recording tc hops, over `seconds` of traffic."""
     pinned = condition.endswith("_pin")
     base = condition.removesuffix("_pin")
     if base == "empty":
         with empty_tc_programs(topo, workdir) as ids:
-            return timed(ids, topo, pinned)
+            return timed(ids, topo, pinned, seconds)
     port = OTHER_PORT if base in ("other", "floor_other") else SOCKPERF_PORT
     filter_ = {"protocol": "udp", "dst": topo.addr("c2"), "dstPort": port}
     plans = path_plans(topo, f"ringcost-{condition}", filter_)
@@ -363,7 +368,7 @@ def measure(
                     instead |= {hop: path for hop in others}
             with programs_instead(topo, ids, instead) as running:
                 records = sink.count()
-                ns = timed(running, topo, pinned)
+                ns = timed(running, topo, pinned, seconds)
             log(f"ring_cost {condition}: {sink.count() - records} records")
             return ns
     finally:
@@ -373,15 +378,19 @@ def measure(
             pin_dir.rmdir()
 
 
-def run(rounds: int, conditions: list[str]) -> dict[str, list[float]]:
-    """Each condition's ns per run, one per round (order rotated per round)."""
+def build_objects(workdir: Path, bases: set[str]) -> dict[str, Path]:
+    """The objects of the conditions `bases` (without _pin) that run one built here: `local`, the floors."""
+    objects = {"local": build_local_object(workdir)} if "local" in bases else {}
+    for name in ("floor", "floor_local", "floor_other"):
+        if name in bases:
+            objects[name] = build_floor_object(workdir, name)
+    return objects
+
+
+def run(rounds: int, conditions: list[str], seconds: int = SECONDS) -> dict[str, list[float]]:
+    """Each condition's ns per run over `seconds` of traffic, one per round (order rotated per round)."""
     workdir = Path(tempfile.mkdtemp(prefix="hoptrace-ring-cost-"))
-    objects = {
-        "local": build_local_object(workdir),
-        "floor": build_floor_object(workdir, "floor"),
-        "floor_local": build_floor_object(workdir, "floor_local"),
-        "floor_other": build_floor_object(workdir, "floor_other"),
-    }
+    objects = build_objects(workdir, {condition.removesuffix("_pin") for condition in conditions})
     results: dict[str, list[float]] = {c: [] for c in conditions}
     sink = RecordSink()
     topo = TwoHostTopology("hrc", overlay="vxlan")
@@ -391,7 +400,7 @@ def run(rounds: int, conditions: list[str]) -> dict[str, list[float]]:
             for r in range(rounds):
                 order = conditions[r % len(conditions) :] + conditions[: r % len(conditions)]
                 for condition in order:
-                    ns = measure(topo, sink, workdir, condition, objects)
+                    ns = measure(topo, sink, workdir, condition, objects, seconds)
                     if ns is not None:
                         results[condition].append(ns)
                     log(
@@ -414,12 +423,13 @@ def main() -> int:
         default="ring,ring1M,ring128M,ring_pin,local,local_pin,empty,empty_pin,floor,floor_local,shared,"
         "other,floor_other",
     )
+    ap.add_argument("--seconds", type=int, default=SECONDS, help=f"traffic per condition (default {SECONDS})")
     args = ap.parse_args()
     conditions = [c for c in args.conditions.split(",") if c]
     for name in conditions:
         if name.removesuffix("_pin") not in CONDITIONS:
             ap.error(f"unknown condition {name!r} (known: {', '.join(CONDITIONS)}, each also with _pin)")
-    results = run(args.rounds, conditions)
+    results = run(args.rounds, conditions, args.seconds)
     print("| condition | ns per run, recording tc hops (median over rounds) | rounds |")
     print("|---|---|---|")
     for name, values in results.items():

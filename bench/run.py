@@ -44,23 +44,27 @@ RESULTS = BENCH / "results"
 
 # Benchmarks and case studies with flags and sizes of their own, run on their own (docs/benchmarks.md,
 # docs/case-studies/, docs/mace.md, docs/iron.md): --quick runs each once at a tiny size, so that none
-# breaks unnoticed. Their numbers come from their own runs, never from these.
+# breaks unnoticed: its whole code path (a cluster up, a trace applied, traffic, a report that accounts for
+# it), once. Their numbers come from their own runs, never from these.
 SMOKE_RUNS: dict[str, list[str]] = {
-    "case_congested_bridge": ["--seconds", "1", "--mps", "100", "--json"],
-    "case_container_overlay": ["--seconds", "1", "--mps", "100", "--iperf-seconds", "0", "--json"],
-    "case_scheduling_delay": ["--seconds", "1", "--mps", "100", "--json"],
+    # One case each, the one that runs the most of the script (the load, the CPU hog, the 8-hop overlay).
+    "case_congested_bridge": ["--seconds", "1", "--mps", "100", "--case", "1-flow-1-port", "--json"],
+    "case_container_overlay": ["--seconds=1", "--mps=100", "--iperf-seconds=0", "--path=overlay", "--json"],
+    "case_scheduling_delay": ["--seconds", "1", "--mps", "100", "--case", "cpu-shared", "--json"],
     # These two boot qemu guests (minutes under TCG): their smoke run is the script's import and flags;
     # tests/vms runs the same guests lab (lab/guest_cluster.py) in make test.
     "case_vm_ovs": ["--help"],
     "case_vm_scheduling": ["--help"],
     "collector_join": ["--packets", "2000", "--hops", "2"],
     "collector_pipeline": ["--baseline", "HEAD", "--packets", "2000", "--rounds", "1"],
-    "idle_cost": ["--seconds", "1", "--settle", "0.5"],
+    "idle_cost": ["--seconds", "0.5", "--settle", "0"],
     "iron_penalty": ["--work", "200000", "--json"],
     "kafka_collectors": ["--packets", "2000", "--cases", "1:1"],
     "mace_rtt": ["--rounds", "1", "--count", "20", "--json"],
-    "object_ab": ["--rounds", "1"],
-    "ring_cost": ["--rounds", "1", "--conditions", "ring"],
+    "object_ab": ["--rounds", "1", "--seconds", "1"],
+    # The two conditions that run an object built here: a patched hop object, and the floor in the
+    # agent's ring instead of its hops.
+    "ring_cost": ["--rounds", "1", "--conditions", "local,floor", "--seconds", "1"],
     "tail_cause": ["--rounds", "1", "--seconds", "1", "--conditions", "none"],
     "tcp_overhead": ["--rounds", "1", "--seconds", "1", "--conditions", "none,hops"],
 }
