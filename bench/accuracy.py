@@ -18,7 +18,6 @@ error is the
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from common import (
@@ -27,7 +26,9 @@ from common import (
     log,
     mad,
     median,
+    metric_sum,
     pctl,
+    scrape,
     start_cluster,
     start_cluster_agent,
     target,
@@ -35,8 +36,10 @@ from common import (
 )
 from hoptrace.lab.delaybox import read_log
 from hoptrace.lab.influx import EVERY_PACKET, segment_latencies
+from hoptrace.lab.localcluster import writable_bpf_cache
 from hoptrace.lab.processes import udp_transfer
 from hoptrace.lab.reference import vxlan_path_spec
+from hoptrace.lab.waiting import wait_until
 from hoptrace.v1 import api_pb2
 
 BOX_SEGMENT = "a-wire-out>b-wire-in"
@@ -58,8 +61,9 @@ def delay_sweep(ctx: BenchContext, delays_us: list[int], packets: int) -> list[d
     try:
         topo.create()
         cluster = start_cluster(
-            influx.url, topo, ctx.workdir / "acc-delay", "--join-window", "1", *EVERY_PACKET
-        )
+            influx.url, topo, ctx.workdir / "acc-delay", "--join-window", "1", *EVERY_PACKET,
+            bpf_cache_dir=writable_bpf_cache(),
+        )  # fmt: skip
         for delay_us in delays_us:
             log_path = ctx.workdir / f"box-{delay_us}.jsonl"
             topo.start_delay_box(delay_us * 1000, log_path=log_path)
@@ -113,12 +117,29 @@ def segment_p50(report: Any, segment: str) -> float | None:
     return None
 
 
+# Clock rounds (one a second from the agent's start) that fit an agent's drift.
+DRIFT_ROUNDS = 3
+
+
 def restart_agent_b(cluster: Any, topo: TwoHostTopology, *flags: str) -> None:
-    """Restart host-b's agent with `flags` and wait until it is connected again."""
+    """Restart host-b's agent with `flags`; wait until it is connected again and has DRIFT_ROUNDS clock
+    rounds, so the drift is fitted."""
     cluster.components["agent-host-b"].stop()
     start_cluster_agent(cluster, "host-b", topo.host_b, *flags)
     cluster.wait_agents(["host-a", "host-b"])
-    time.sleep(3.5)  # three clock rounds (start, +1 s, +2 s) so the drift is fitted
+    metrics = cluster.metrics_addr("agent-host-b")
+    wait_until(
+        lambda: clock_rounds(metrics) >= DRIFT_ROUNDS, f"{DRIFT_ROUNDS} clock rounds of host-b's agent", 30
+    )
+
+
+def clock_rounds(metrics: str) -> float:
+    """The clock rounds with an estimate of the agent serving /metrics at `metrics` (0 while it does not
+    answer yet)."""
+    try:
+        return metric_sum(scrape(metrics), "hoptrace_agent_clock_rounds_total")
+    except OSError:
+        return 0
 
 
 def clock_and_loss(ctx: BenchContext, offsets: list[str], losses: list[int], packets: int) -> dict[str, Any]:
@@ -130,8 +151,9 @@ def clock_and_loss(ctx: BenchContext, offsets: list[str], losses: list[int], pac
     try:
         topo.create()
         cluster = start_cluster(
-            ctx.influx().url, topo, ctx.workdir / "acc-clock", "--join-window", "1", *EVERY_PACKET
-        )
+            ctx.influx().url, topo, ctx.workdir / "acc-clock", "--join-window", "1", *EVERY_PACKET,
+            bpf_cache_dir=writable_bpf_cache(),
+        )  # fmt: skip
         baseline = None
         for offset in ["unskewed", *offsets]:  # a last "unskewed" shows the run-to-run spread
             flags = [] if offset == "unskewed" else ["--clock-offset", offset, "--clock-drift-ppm", "50"]

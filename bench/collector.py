@@ -21,6 +21,7 @@ from common import REPO, BenchContext, TwoHostTopology, log, median, pctl, start
 from hoptrace.collector.aggregate import LatencySample
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter
 from hoptrace.collector.points import latency_point
+from hoptrace.lab.localcluster import writable_bpf_cache
 from hoptrace.lab.reference import vxlan_path_spec
 
 
@@ -95,7 +96,9 @@ def freshness(ctx: BenchContext, packets: int) -> dict[str, Any]:
     delays: list[float] = []
     try:
         topo.create()
-        cluster = start_cluster(influx.url, topo, ctx.workdir / "fresh-cluster")
+        cluster = start_cluster(
+            influx.url, topo, ctx.workdir / "fresh-cluster", bpf_cache_dir=writable_bpf_cache()
+        )
         trace = "bench-fresh"
         cluster.apply(vxlan_path_spec(topo, trace))
         segments = 8  # 7 segments + end_to_end per packet

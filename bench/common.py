@@ -440,12 +440,19 @@ def _agent_takes_unsigned_flag() -> bool:
 
 
 def start_cluster(
-    influx_url: str, topo: TwoHostTopology | None, workdir: Path, *collector_args: str, agents: bool = True
+    influx_url: str,
+    topo: TwoHostTopology | None,
+    workdir: Path,
+    *collector_args: str,
+    agents: bool = True,
+    bpf_cache_dir: Path | None = None,
 ) -> Any:
     """A LocalCluster (dispatcher, collector, an agent per emulated host of `topo`), started; call stop().
 
     With an agent that takes TLS flags the cluster runs as LocalCluster sets it up (TLS and tokens); with an
-    older agent binary, plaintext on loopback (the agents then get no TLS flags).
+    older agent binary, plaintext on loopback (the agents then get no TLS flags). The dispatcher compiles
+    into `bpf_cache_dir` (e.g. the lab's BPF_CACHE_DIR, where objects compiled before are found), by
+    default a new directory of its own: its first apply then compiles.
     """
     from hoptrace.lab.localcluster import LocalCluster
 
@@ -454,6 +461,7 @@ def start_cluster(
     cluster = (
         LocalCluster(influx_url=influx_url, workdir=workdir) if tls else _plain_cluster(influx_url, workdir)
     )
+    cluster.bpf_cache_dir = bpf_cache_dir
     try:
         cluster.start_dispatcher()
         cluster.start_collector(*collector_args)
