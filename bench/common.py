@@ -9,6 +9,7 @@ blocks, so a failing benchmark leaves the machine as it found it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -402,16 +403,24 @@ def tcx_prog_ids(topo: TwoHostTopology, role: str, dev: str) -> dict[str, list[i
     return tcx_programs(topo.netns_path(role), topo.ifindex(role, dev))
 
 
+# Held while a benchmark has kernel.bpf_stats_enabled set (bpf_stats_enabled): scripts run side by side
+# (bench/run.py's smoke runs, or by hand) take turns instead of switching it under each other's measurement.
+BPF_STATS_LOCK = Path("/run/hoptrace-bench-bpf-stats.lock")
+
+
 @contextlib.contextmanager
-def bpf_stats_enabled() -> Iterator[None]:
-    """`kernel.bpf_stats_enabled=1` for the block; the previous value restored after, even on failure."""
-    path = Path("/proc/sys/kernel/bpf_stats_enabled")
-    before = path.read_text().strip()
-    path.write_text("1\n")
-    try:
-        yield
-    finally:
-        path.write_text(before + "\n")
+def bpf_stats_enabled(on: bool = True) -> Iterator[None]:
+    """`kernel.bpf_stats_enabled` on (or off) for the block, holding BPF_STATS_LOCK; the previous value
+    restored after, even on failure."""
+    with open(BPF_STATS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        path = Path("/proc/sys/kernel/bpf_stats_enabled")
+        before = path.read_text().strip()
+        path.write_text(f"{int(on)}\n")
+        try:
+            yield
+        finally:
+            path.write_text(before + "\n")
 
 
 # ---- namespaces ----------------------------------------------------------------------------------

@@ -4,9 +4,9 @@
 
 Runs every benchmark module in turn (bpf_cost, event_cost, action_cost, agent_records, collector, dispatcher,
 overhead, accuracy, scale; docs/benchmarks.md), with --quick also every other script of bench/ once at a
-tiny size (SMOKE_RUNS; they run on their own at full size), writes `bench/results/<UTC time>.json`, a
-Markdown summary beside it and PNG plots. A benchmark that fails makes the run exit non-zero after the
-others ran (and cleaned up).
+tiny size, three side by side (SMOKE_RUNS; they run on their own at full size), writes
+`bench/results/<UTC time>.json`, a Markdown summary beside it and PNG plots. A benchmark that fails makes
+the run exit non-zero after the others ran (and cleaned up).
 Targets are reported, met or missed, never asserted. Needs root (namespaces, BPF).
 """
 
@@ -19,8 +19,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,52 +47,95 @@ RESULTS = BENCH / "results"
 # Benchmarks and case studies with flags and sizes of their own, run on their own (docs/benchmarks.md,
 # docs/case-studies/, docs/mace.md, docs/iron.md): --quick runs each once at a tiny size, so that none
 # breaks unnoticed: its whole code path (a cluster up, a trace applied, traffic, a report that accounts for
-# it), once. Their numbers come from their own runs, never from these.
+# it), once. Their numbers come from their own runs, never from these. The longest first (smoke_runs).
 SMOKE_RUNS: dict[str, list[str]] = {
-    # One case each, the one that runs the most of the script (the load, the CPU hog, the 8-hop overlay).
-    "case_congested_bridge": ["--seconds", "1", "--mps", "100", "--case", "1-flow-1-port", "--json"],
+    # One case each, the one that runs the most of the script (the 8-hop overlay, the CPU hog, the load).
     "case_container_overlay": ["--seconds=1", "--mps=100", "--iperf-seconds=0", "--path=overlay", "--json"],
-    "case_scheduling_delay": ["--seconds", "1", "--mps", "100", "--case", "cpu-shared", "--json"],
-    # These two boot qemu guests (minutes under TCG): their smoke run is the script's import and flags;
-    # tests/vms runs the same guests lab (lab/guest_cluster.py) in make test.
-    "case_vm_ovs": ["--help"],
-    "case_vm_scheduling": ["--help"],
-    "collector_join": ["--packets", "2000", "--hops", "2"],
-    "collector_pipeline": ["--baseline", "HEAD", "--packets", "2000", "--rounds", "1"],
-    "idle_cost": ["--seconds", "0.5", "--settle", "0"],
-    "iron_penalty": ["--work", "200000", "--json"],
-    "kafka_collectors": ["--packets", "2000", "--cases", "1:1"],
-    "mace_rtt": ["--rounds", "1", "--count", "20", "--json"],
     "object_ab": ["--rounds", "1", "--seconds", "1"],
     # The two conditions that run an object built here: a patched hop object, and the floor in the
     # agent's ring instead of its hops.
     "ring_cost": ["--rounds", "1", "--conditions", "local,floor", "--seconds", "1"],
-    "tail_cause": ["--rounds", "1", "--seconds", "1", "--conditions", "none"],
+    "case_scheduling_delay": ["--seconds", "1", "--mps", "100", "--case", "cpu-shared", "--json"],
+    "case_congested_bridge": ["--seconds", "1", "--mps", "100", "--case", "1-flow-1-port", "--json"],
+    "kafka_collectors": ["--packets", "2000", "--cases", "1:1"],
+    "idle_cost": ["--seconds", "0.5", "--settle", "0"],
     "tcp_overhead": ["--rounds", "1", "--seconds", "1", "--conditions", "none,hops"],
+    "iron_penalty": ["--work", "200000", "--json"],
+    "tail_cause": ["--rounds", "1", "--seconds", "1", "--conditions", "none"],
+    "mace_rtt": ["--rounds", "1", "--count", "20", "--json"],
+    "collector_pipeline": ["--baseline", "HEAD", "--packets", "2000", "--rounds", "1"],
+    "collector_join": ["--packets", "2000", "--hops", "2"],
+    # These two boot qemu guests (minutes under TCG): their smoke run is the script's import and flags;
+    # tests/vms runs the same guests lab (lab/guest_cluster.py) in make test.
+    "case_vm_ovs": ["--help"],
+    "case_vm_scheduling": ["--help"],
 }
 # A smoke run past this is broken, not slow.
 SMOKE_TIMEOUT_S = 300
+# Smoke runs side by side: they mostly wait (for clusters, reports, traffic), and their numbers are not used.
+# Those that switch kernel.bpf_stats_enabled take turns at it (common.bpf_stats_enabled holds a lock).
+SMOKE_AT_ONCE = 3
+
+_smoke_processes: set[subprocess.Popen[str]] = set()
+_smoke_lock = threading.Lock()
+_smoke_stopped = threading.Event()  # interrupted: a smoke run starting now is killed at once
 
 
 def smoke_run(name: str) -> dict[str, Any]:
     """`bench/NAME.py` with its SMOKE_RUNS flags, in a process of its own: exit status, time, output."""
     started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, str(BENCH / f"{name}.py"), *SMOKE_RUNS[name]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    with _smoke_lock:
+        _smoke_processes.add(process)
+        if _smoke_stopped.is_set():
+            process.kill()
     try:
-        done = subprocess.run(
-            [sys.executable, str(BENCH / f"{name}.py"), *SMOKE_RUNS[name]],
-            capture_output=True,
-            text=True,
-            timeout=SMOKE_TIMEOUT_S,
-        )
-        code, output = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as err:
-        code, output = -9, f"{err.stdout or ''}{err.stderr or ''}\nkilled after {SMOKE_TIMEOUT_S} s"
+        stdout, stderr = process.communicate(timeout=SMOKE_TIMEOUT_S)
+        code, output = process.returncode, stdout + stderr
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        code, output = -9, f"{stdout}{stderr}\nkilled after {SMOKE_TIMEOUT_S} s"
+    finally:
+        with _smoke_lock:
+            _smoke_processes.discard(process)
     return {
         "args": SMOKE_RUNS[name],
         "returncode": code,
         "seconds": time.monotonic() - started,
-        "output_tail": output[-3000:] if isinstance(output, str) else "",
+        "output_tail": output[-3000:],
     }
+
+
+def smoke_runs(names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each of `names` by `smoke_run`, SMOKE_AT_ONCE side by side, started in their order; the results in
+    that order. Interrupted, the running ones are killed and the rest not started."""
+
+    def logged(name: str) -> dict[str, Any]:
+        log(f"== {name} (smoke run: {' '.join(SMOKE_RUNS[name])})")
+        result = smoke_run(name)
+        if result["returncode"] != 0:
+            log(f"{name} FAILED (exit {result['returncode']}):\n{result['output_tail']}")
+        return result
+
+    pool = ThreadPoolExecutor(max_workers=SMOKE_AT_ONCE, thread_name_prefix="smoke")
+    try:
+        runs = {name: pool.submit(logged, name) for name in names}
+        return {name: run.result() for name, run in runs.items()}
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        with _smoke_lock:
+            _smoke_stopped.set()
+            for process in _smoke_processes:
+                process.kill()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def ensure_matplotlib() -> Any:
@@ -284,7 +329,7 @@ def main() -> int:
     """Run the selected benchmarks; 0 when all ran, 1 when any failed."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--quick", action="store_true", help="every benchmark at a tiny size (< 3 minutes)")
+    mode.add_argument("--quick", action="store_true", help="every benchmark at a tiny size (about 4 minutes)")
     mode.add_argument("--full", action="store_true", help="the full sizes (20-40 minutes)")
     ap.add_argument("--only", default="", help="comma-separated benchmark names")
     args = ap.parse_args()
@@ -340,13 +385,8 @@ def main() -> int:
                 log(f"{name} FAILED:\n{result['error']}")
             result["seconds"] = time.monotonic() - t0
             doc["benchmarks"][name] = result
-        doc["smoke"] = {}
-        for name in smoke:
-            log(f"== {name} (smoke run: {' '.join(SMOKE_RUNS[name])})")
-            run = doc["smoke"][name] = smoke_run(name)
-            if run["returncode"] != 0:
-                failed.append(name)
-                log(f"{name} FAILED (exit {run['returncode']}):\n{run['output_tail']}")
+        doc["smoke"] = smoke_runs(smoke)
+        failed += [name for name, run in doc["smoke"].items() if run["returncode"] != 0]
     finally:
         ctx.close()
     doc["seconds"] = time.monotonic() - t_all

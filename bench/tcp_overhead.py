@@ -95,6 +95,7 @@ from common import (
     REPO,
     PlanAgent,
     RecordSink,
+    bpf_stats_enabled,
     bpftool_json,
     log,
     median,
@@ -530,15 +531,14 @@ def run(
     server, server_iface = SERVER[path]
     timeline: list[tuple[int, str, float]] = []  # (round, condition, Mbit/s) in the order run
     profiled = False
-    # bpf_stats reads the clock twice per program run: a cost of the measurement, on only when asked.
-    subprocess.run(["sysctl", "-qw", f"kernel.bpf_stats_enabled={int(bpf_stats)}"], check=True)
 
     def measure() -> float:
         return iperf3(topo, seconds, udp=udp, server=server, server_iface=server_iface, cpus=cpus)
 
     try:
         topo.create()
-        with tempfile.TemporaryDirectory(prefix="hoptrace-tcpo-") as tmp:
+        # bpf_stats reads the clock twice per program run: a cost of the measurement, on only when asked.
+        with bpf_stats_enabled(bpf_stats), tempfile.TemporaryDirectory(prefix="hoptrace-tcpo-") as tmp:
             for r, order in enumerate(schedule(conditions, rounds, bracket)):
                 for name in order:
                     with condition(name, topo, Path(tmp), sink, path, ab or {}) as pids:
@@ -569,7 +569,6 @@ def run(
                     log(f"round {r + 1} {name}: {mbps:.0f} Mbit/s; {grown}")
                     timeline.append((r, name, mbps))
     finally:
-        subprocess.run(["sysctl", "-qw", "kernel.bpf_stats_enabled=0"], check=False)
         topo.destroy()
         sink.close()
     ratios = {}
