@@ -12,12 +12,12 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kept_demo import start_kept_demo
 
 from hoptrace.cli.demo import DEMO_PREFIX
 from hoptrace.common.timeouts import scaled
@@ -27,7 +27,6 @@ from hoptrace.spec import load_spec
 pytestmark = pytest.mark.kernel  # the demo's agents load BPF here
 
 REPO = Path(__file__).resolve().parents[2]
-READY = "everything stays up"
 APPLY = re.compile(r"^hoptrace trace apply -f (examples/\S+)$")
 
 
@@ -76,21 +75,8 @@ def test_every_example_runs_against_the_demo_as_its_readme_says() -> None:
     assert groups(runs)[0][:3] == front[front.index(groups(runs)[0][0]) :][:3]
     assert any(line.startswith(discover_block[0].removesuffix(" &")) for line in front), discover_block
 
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "hoptrace.cli.demo", "--keep", "--seconds", "2", "--mps", "500"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-    )
-    output: list[str] = []
+    demo, output = start_kept_demo("--seconds", "2", "--mps", "500", cwd=REPO)
     try:
-        assert demo.stdout is not None
-        for line in demo.stdout:  # the demo says when everything is up; nothing is slept on
-            output.append(line)
-            if READY in line:
-                break
-        assert any(READY in line for line in output), "".join(output[-40:])
         exports = [line.rstrip("\n") for line in output if line.startswith("export ")]
         traffic = {line.rstrip("\n") for line in output if line.startswith("ip netns exec ")}
         used = {line for line in [*runs, *discover_block] if line.startswith("ip netns exec ")}

@@ -7,34 +7,20 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 
 import pytest
+from kept_demo import start_kept_demo
 
 from hoptrace.cli.demo import DEMO_PREFIX
 from hoptrace.lab.topology import netns_list
 
 pytestmark = pytest.mark.kernel  # the demo's agents load BPF here
 
-READY = "everything stays up"
-
 
 def test_the_printed_exports_are_all_the_cli_needs() -> None:
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "hoptrace.cli.demo", "--keep", "--seconds", "2", "--mps", "500"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    demo, output = start_kept_demo("--seconds", "2", "--mps", "500")
     prefix = f"{DEMO_PREFIX}-"
-    output: list[str] = []
     try:
-        assert demo.stdout is not None
-        for line in demo.stdout:  # the demo says when everything is up; nothing is slept on
-            output.append(line)
-            if READY in line:
-                break
-        assert any(READY in line for line in output), "".join(output[-40:])
         exports = [line.rstrip("\n") for line in output if line.startswith("export ")]
         names = [line.split("=", 1)[0].removeprefix("export ") for line in exports]
         assert names == [

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kept_demo import start_kept_demo
 
 from hoptrace.cli.demo import DEMO_PREFIX
 from hoptrace.common.timeouts import scaled
@@ -20,8 +21,6 @@ from hoptrace.lab.topology import netns_list
 from hoptrace.lab.waiting import wait_until
 
 pytestmark = pytest.mark.kernel  # the demo's agents load BPF here
-
-READY = "everything stays up"
 
 
 def hoptrace_links() -> list[dict]:
@@ -68,21 +67,9 @@ def alive(pids: set[int]) -> set[int]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
 def test_demo_leaves_nothing_behind(sig: signal.Signals) -> None:
     links_before = {link["id"] for link in hoptrace_links()}
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "hoptrace.cli.demo", "--keep", "--seconds", "1", "--mps", "200"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    demo, output = start_kept_demo("--seconds", "1", "--mps", "200")
     prefix = f"{DEMO_PREFIX}-"
-    output: list[str] = []
     try:
-        assert demo.stdout is not None
-        for line in demo.stdout:  # the demo says when everything is up; nothing is slept on
-            output.append(line)
-            if READY in line:
-                break
-        assert any(READY in line for line in output), "".join(output[-40:])
         assert any(name.startswith(prefix) for name in netns_list()), "the demo's namespaces are not there"
         assert hoptrace_links(), "the agents attached nothing"
 
