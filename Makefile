@@ -224,7 +224,9 @@ test-kafka: setup build ## the collector's Kafka transport against a real broker
 	$(PYTEST) -m '$(TIER_KAFKA)' tests
 
 .PHONY: test
-test: setup build helm proto-check lint test-unit ## run every test tier (needs root)
+# proto-check before build: it rewrites the generated Go files, which would leave the agent older than them
+# (and a guest's `make demo` would build it again, minutes under TCG).
+test: setup proto-check build helm lint test-unit ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
 	@# the _floor variants (kernels 5.10-5.17), proven here on a fast kernel too
 	cd agent && HOPTRACE_FLOOR=1 go test -count=1 ./internal/loader ./internal/tracer

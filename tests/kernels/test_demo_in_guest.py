@@ -16,6 +16,7 @@ through 5.10's verifier and attach them, and the traced flow runs there."""
 from __future__ import annotations
 
 import re
+import subprocess
 
 import pytest
 from guest_runs import SHARED_STRETCH
@@ -36,6 +37,9 @@ def run_demo(version: str, tmp_path_factory: pytest.TempPathFactory) -> vm.Guest
     in it (beside other guests: guest_runs.py)."""
     for directory in vm.GUEST_DEMO_WRITABLE:
         directory.mkdir(parents=True, exist_ok=True)
+    # `make demo` builds first: whatever is stale (a regenerated Go file is newer than the agent) is built
+    # here, in seconds, not in the guest, where a Go build under TCG takes minutes.
+    subprocess.run(["make", "--no-print-directory", "build"], cwd=vm.REPO_ROOT, check=True)
     # The namespaces' names do not reach the objects: only the hops' attach kinds do.
     compile_spec_objects(demo_spec(TwoHostTopology("htdemo", overlay="vxlan")), BPF_CACHE_DIR)
     return vm.run(
