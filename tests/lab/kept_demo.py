@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from hoptrace.cli.demo import DEMO_PREFIX
+from hoptrace.lab.topology import netns_list
 
 # The line the demo prints once everything is up.
 READY = "everything stays up"
@@ -28,3 +32,18 @@ def start_kept_demo(*args: str, cwd: Path | None = None) -> tuple[subprocess.Pop
             break
     assert any(READY in line for line in output), "".join(output[-40:])
     return demo, output
+
+
+def stop_kept_demo(demo: subprocess.Popen[str]) -> None:
+    """Stop a kept demo as Ctrl-C would (SIGTERM: it cleans up), killed if it takes over a minute, and
+    delete any namespace of the demo's that is left."""
+    if demo.poll() is None:
+        demo.send_signal(signal.SIGTERM)
+        try:
+            demo.wait(60)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+            demo.wait()
+    for name in netns_list():
+        if name.startswith(f"{DEMO_PREFIX}-"):
+            subprocess.run(["ip", "netns", "del", name], check=False)

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kept_demo import start_kept_demo
+from kept_demo import start_kept_demo, stop_kept_demo
 
-from hoptrace.cli.demo import DEMO_PREFIX
 from hoptrace.common.timeouts import scaled
-from hoptrace.lab.topology import netns_list
 from hoptrace.spec import load_spec
 
 pytestmark = pytest.mark.kernel  # the demo's agents load BPF here
@@ -138,13 +135,4 @@ def test_every_example_runs_against_the_demo_as_its_readme_says() -> None:
         assert [hop.node for hop in path.hops[:1]] == ["host-a"], (found, progress)
         assert {hop.node for hop in path.hops} == {"host-a", "host-b"}, (found, progress)
     finally:
-        if demo.poll() is None:
-            demo.send_signal(signal.SIGTERM)
-            try:
-                demo.wait(60)
-            except subprocess.TimeoutExpired:
-                demo.kill()
-                demo.wait()
-        for name in netns_list():
-            if name.startswith(f"{DEMO_PREFIX}-"):
-                subprocess.run(["ip", "netns", "del", name], check=False)
+        stop_kept_demo(demo)

@@ -5,21 +5,16 @@ trace ls`, `hoptrace report`, `hoptrace agents` and `hoptrace version` need to w
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 
 import pytest
-from kept_demo import start_kept_demo
-
-from hoptrace.cli.demo import DEMO_PREFIX
-from hoptrace.lab.topology import netns_list
+from kept_demo import start_kept_demo, stop_kept_demo
 
 pytestmark = pytest.mark.kernel  # the demo's agents load BPF here
 
 
 def test_the_printed_exports_are_all_the_cli_needs() -> None:
     demo, output = start_kept_demo("--seconds", "2", "--mps", "500")
-    prefix = f"{DEMO_PREFIX}-"
     try:
         exports = [line.rstrip("\n") for line in output if line.startswith("export ")]
         names = [line.split("=", 1)[0].removeprefix("export ") for line in exports]
@@ -97,13 +92,4 @@ def test_the_printed_exports_are_all_the_cli_needs() -> None:
         )
         assert bare.returncode == 1 and "Traceback" not in bare.stderr, bare.stderr
     finally:
-        if demo.poll() is None:
-            demo.send_signal(signal.SIGTERM)
-            try:
-                demo.wait(60)
-            except subprocess.TimeoutExpired:
-                demo.kill()
-                demo.wait()
-        for name in netns_list():
-            if name.startswith(prefix):
-                subprocess.run(["ip", "netns", "del", name], check=False)
+        stop_kept_demo(demo)
