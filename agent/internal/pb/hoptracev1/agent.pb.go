@@ -390,8 +390,12 @@ type Capabilities struct {
 	// ("drop_reason", "pid"), each with the reason (e.g. "skb:kfree_skb has
 	// no reason argument before Linux 5.17"); they are not in action_fields.
 	UnavailableFields map[string]string `protobuf:"bytes,6,rep,name=unavailable_fields,json=unavailableFields,proto3" json:"unavailable_fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// This kernel's enum skb_drop_reason from its BTF, value -> name without
+	// the SKB_DROP_REASON_ prefix (e.g. 3 -> "NO_SOCKET"); empty before 5.17,
+	// whose skb:kfree_skb has no reason. The values differ between kernels.
+	DropReasons   map[uint32]string `protobuf:"bytes,7,rep,name=drop_reasons,json=dropReasons,proto3" json:"drop_reasons,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -462,6 +466,13 @@ func (x *Capabilities) GetActionFields() []Field {
 func (x *Capabilities) GetUnavailableFields() map[string]string {
 	if x != nil {
 		return x.UnavailableFields
+	}
+	return nil
+}
+
+func (x *Capabilities) GetDropReasons() map[uint32]string {
+	if x != nil {
+		return x.DropReasons
 	}
 	return nil
 }
@@ -2198,7 +2209,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aifindex\x18\x02 \x01(\rR\aifindex\x12\x10\n" +
 	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x12\n" +
-	"\x04kind\x18\x04 \x01(\tR\x04kind\"\xe5\x03\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\"\xf4\x04\n" +
 	"\fCapabilities\x12\x10\n" +
 	"\x03btf\x18\x01 \x01(\bR\x03btf\x12\x1f\n" +
 	"\vring_buffer\x18\x02 \x01(\bR\n" +
@@ -2206,12 +2217,16 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x12tcp_header_options\x18\x03 \x01(\bR\x10tcpHeaderOptions\x12=\n" +
 	"\x06attach\x18\x04 \x03(\v2%.hoptrace.v1.Capabilities.AttachEntryR\x06attach\x127\n" +
 	"\raction_fields\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\factionFields\x12_\n" +
-	"\x12unavailable_fields\x18\x06 \x03(\v20.hoptrace.v1.Capabilities.UnavailableFieldsEntryR\x11unavailableFields\x1aU\n" +
+	"\x12unavailable_fields\x18\x06 \x03(\v20.hoptrace.v1.Capabilities.UnavailableFieldsEntryR\x11unavailableFields\x12M\n" +
+	"\fdrop_reasons\x18\a \x03(\v2*.hoptrace.v1.Capabilities.DropReasonsEntryR\vdropReasons\x1aU\n" +
 	"\vAttachEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x120\n" +
 	"\x05value\x18\x02 \x01(\v2\x1a.hoptrace.v1.AttachSupportR\x05value:\x028\x01\x1aD\n" +
 	"\x16UnavailableFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
+	"\x10DropReasonsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"E\n" +
 	"\rAttachSupport\x12\x1c\n" +
 	"\tsupported\x18\x01 \x01(\bR\tsupported\x12\x16\n" +
@@ -2378,7 +2393,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -2406,13 +2421,14 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*PresetResult)(nil),          // 23: hoptrace.v1.PresetResult
 	nil,                           // 24: hoptrace.v1.Capabilities.AttachEntry
 	nil,                           // 25: hoptrace.v1.Capabilities.UnavailableFieldsEntry
-	nil,                           // 26: hoptrace.v1.RunPreset.ArgsEntry
-	(*Workload)(nil),              // 27: hoptrace.v1.Workload
-	(Field)(0),                    // 28: hoptrace.v1.Field
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(AttachKind)(0),               // 30: hoptrace.v1.AttachKind
-	(*EventTerm)(nil),             // 31: hoptrace.v1.EventTerm
-	(EventKey)(0),                 // 32: hoptrace.v1.EventKey
+	nil,                           // 26: hoptrace.v1.Capabilities.DropReasonsEntry
+	nil,                           // 27: hoptrace.v1.RunPreset.ArgsEntry
+	(*Workload)(nil),              // 28: hoptrace.v1.Workload
+	(Field)(0),                    // 29: hoptrace.v1.Field
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(AttachKind)(0),               // 31: hoptrace.v1.AttachKind
+	(*EventTerm)(nil),             // 32: hoptrace.v1.EventTerm
+	(EventKey)(0),                 // 33: hoptrace.v1.EventKey
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
@@ -2424,44 +2440,45 @@ var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	10, // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	9,  // 7: hoptrace.v1.Register.runtime:type_name -> hoptrace.v1.ContainerRuntime
 	3,  // 8: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	27, // 9: hoptrace.v1.Namespace.workloads:type_name -> hoptrace.v1.Workload
+	28, // 9: hoptrace.v1.Namespace.workloads:type_name -> hoptrace.v1.Workload
 	24, // 10: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	28, // 11: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
+	29, // 11: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
 	25, // 12: hoptrace.v1.Capabilities.unavailable_fields:type_name -> hoptrace.v1.Capabilities.UnavailableFieldsEntry
-	29, // 13: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	8,  // 14: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
-	7,  // 15: hoptrace.v1.Heartbeat.transport:type_name -> hoptrace.v1.TransportStatus
-	2,  // 16: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
-	9,  // 17: hoptrace.v1.Inventory.runtime:type_name -> hoptrace.v1.ContainerRuntime
-	12, // 18: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
-	11, // 19: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
-	18, // 20: hoptrace.v1.HopStatus.refused_actions:type_name -> hoptrace.v1.HopActions
-	15, // 21: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	21, // 22: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	22, // 23: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	14, // 24: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	14, // 25: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	16, // 26: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	17, // 27: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	20, // 28: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	19, // 29: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
-	30, // 30: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	18, // 31: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
-	28, // 32: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
-	28, // 33: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	28, // 34: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
-	31, // 35: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
-	32, // 36: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
-	30, // 37: hoptrace.v1.EventAttach.kind:type_name -> hoptrace.v1.AttachKind
-	26, // 38: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 39: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 40: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	13, // 41: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	41, // [41:42] is the sub-list for method output_type
-	40, // [40:41] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	26, // 13: hoptrace.v1.Capabilities.drop_reasons:type_name -> hoptrace.v1.Capabilities.DropReasonsEntry
+	30, // 14: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	8,  // 15: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
+	7,  // 16: hoptrace.v1.Heartbeat.transport:type_name -> hoptrace.v1.TransportStatus
+	2,  // 17: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
+	9,  // 18: hoptrace.v1.Inventory.runtime:type_name -> hoptrace.v1.ContainerRuntime
+	12, // 19: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
+	11, // 20: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
+	18, // 21: hoptrace.v1.HopStatus.refused_actions:type_name -> hoptrace.v1.HopActions
+	15, // 22: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	21, // 23: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	22, // 24: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	14, // 25: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
+	14, // 26: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
+	16, // 27: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	17, // 28: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	20, // 29: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	19, // 30: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
+	31, // 31: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	18, // 32: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	29, // 33: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	29, // 34: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	29, // 35: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
+	32, // 36: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
+	33, // 37: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
+	31, // 38: hoptrace.v1.EventAttach.kind:type_name -> hoptrace.v1.AttachKind
+	27, // 39: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 40: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 41: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	13, // 42: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	42, // [42:43] is the sub-list for method output_type
+	41, // [41:42] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -2490,7 +2507,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

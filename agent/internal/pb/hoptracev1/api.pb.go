@@ -1310,7 +1310,11 @@ type SegmentStats struct {
 	ClockBoundNs int64 `protobuf:"varint,18,opt,name=clock_bound_ns,json=clockBoundNs,proto3" json:"clock_bound_ns,omitempty"`
 	// Packets seen at `from` that reached `to` before its hop was attached (in
 	// flight while the trace was applied): neither latency nor loss.
-	BeforeAttach  uint64 `protobuf:"varint,19,opt,name=before_attach,json=beforeAttach,proto3" json:"before_attach,omitempty"`
+	BeforeAttach uint64 `protobuf:"varint,19,opt,name=before_attach,json=beforeAttach,proto3" json:"before_attach,omitempty"`
+	// A trace with drops: true: the packets lost here that a node's kernel
+	// freed as dropped (skb:kfree_skb), by node and reason, most first. Their
+	// counts add up to at most loss_count; the rest were lost unseen.
+	Drops         []*DropCount `protobuf:"bytes,20,rep,name=drops,proto3" json:"drops,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1478,6 +1482,76 @@ func (x *SegmentStats) GetBeforeAttach() uint64 {
 	return 0
 }
 
+func (x *SegmentStats) GetDrops() []*DropCount {
+	if x != nil {
+		return x.Drops
+	}
+	return nil
+}
+
+// Lost packets a node's kernel reported dropping, for one reason.
+type DropCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// enum skb_drop_reason's name on that node's kernel, without the
+	// SKB_DROP_REASON_ prefix, e.g. "NETFILTER_DROP", "NO_SOCKET".
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Count         uint64 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropCount) Reset() {
+	*x = DropCount{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropCount) ProtoMessage() {}
+
+func (x *DropCount) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropCount.ProtoReflect.Descriptor instead.
+func (*DropCount) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DropCount) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *DropCount) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DropCount) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 type HopThroughput struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Hop         string                 `protobuf:"bytes,1,opt,name=hop,proto3" json:"hop,omitempty"`
@@ -1499,7 +1573,7 @@ type HopThroughput struct {
 
 func (x *HopThroughput) Reset() {
 	*x = HopThroughput{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1585,7 @@ func (x *HopThroughput) String() string {
 func (*HopThroughput) ProtoMessage() {}
 
 func (x *HopThroughput) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1598,7 @@ func (x *HopThroughput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopThroughput.ProtoReflect.Descriptor instead.
 func (*HopThroughput) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HopThroughput) GetHop() string {
@@ -1600,7 +1674,7 @@ type HopRecorded struct {
 
 func (x *HopRecorded) Reset() {
 	*x = HopRecorded{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1686,7 @@ func (x *HopRecorded) String() string {
 func (*HopRecorded) ProtoMessage() {}
 
 func (x *HopRecorded) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1699,7 @@ func (x *HopRecorded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopRecorded.ProtoReflect.Descriptor instead.
 func (*HopRecorded) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HopRecorded) GetNode() string {
@@ -1692,7 +1766,7 @@ type HopCount struct {
 
 func (x *HopCount) Reset() {
 	*x = HopCount{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1704,7 +1778,7 @@ func (x *HopCount) String() string {
 func (*HopCount) ProtoMessage() {}
 
 func (x *HopCount) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1717,7 +1791,7 @@ func (x *HopCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopCount.ProtoReflect.Descriptor instead.
 func (*HopCount) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HopCount) GetNode() string {
@@ -1768,7 +1842,7 @@ type HopHistogram struct {
 
 func (x *HopHistogram) Reset() {
 	*x = HopHistogram{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1780,7 +1854,7 @@ func (x *HopHistogram) String() string {
 func (*HopHistogram) ProtoMessage() {}
 
 func (x *HopHistogram) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1793,7 +1867,7 @@ func (x *HopHistogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopHistogram.ProtoReflect.Descriptor instead.
 func (*HopHistogram) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *HopHistogram) GetNode() string {
@@ -1835,7 +1909,7 @@ type HistogramBucket struct {
 
 func (x *HistogramBucket) Reset() {
 	*x = HistogramBucket{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1847,7 +1921,7 @@ func (x *HistogramBucket) String() string {
 func (*HistogramBucket) ProtoMessage() {}
 
 func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1860,7 +1934,7 @@ func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistogramBucket.ProtoReflect.Descriptor instead.
 func (*HistogramBucket) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HistogramBucket) GetLe() uint64 {
@@ -1886,7 +1960,7 @@ type WatchSegmentStatsRequest struct {
 
 func (x *WatchSegmentStatsRequest) Reset() {
 	*x = WatchSegmentStatsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +1972,7 @@ func (x *WatchSegmentStatsRequest) String() string {
 func (*WatchSegmentStatsRequest) ProtoMessage() {}
 
 func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +1985,7 @@ func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSegmentStatsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSegmentStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchSegmentStatsRequest) GetTrace() string {
@@ -1929,7 +2003,7 @@ type WatchSpecsRequest struct {
 
 func (x *WatchSpecsRequest) Reset() {
 	*x = WatchSpecsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2015,7 @@ func (x *WatchSpecsRequest) String() string {
 func (*WatchSpecsRequest) ProtoMessage() {}
 
 func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2028,7 @@ func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSpecsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSpecsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 // Every applied trace's spec at one moment, by name.
@@ -1967,7 +2041,7 @@ type SpecSet struct {
 
 func (x *SpecSet) Reset() {
 	*x = SpecSet{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1979,7 +2053,7 @@ func (x *SpecSet) String() string {
 func (*SpecSet) ProtoMessage() {}
 
 func (x *SpecSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1992,7 +2066,7 @@ func (x *SpecSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpecSet.ProtoReflect.Descriptor instead.
 func (*SpecSet) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SpecSet) GetSpecs() []*TraceSpec {
@@ -2019,7 +2093,7 @@ type GetPacketsRequest struct {
 
 func (x *GetPacketsRequest) Reset() {
 	*x = GetPacketsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2031,7 +2105,7 @@ func (x *GetPacketsRequest) String() string {
 func (*GetPacketsRequest) ProtoMessage() {}
 
 func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2044,7 +2118,7 @@ func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
 func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetPacketsRequest) GetTrace() string {
@@ -2092,7 +2166,7 @@ type PacketList struct {
 
 func (x *PacketList) Reset() {
 	*x = PacketList{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2178,7 @@ func (x *PacketList) String() string {
 func (*PacketList) ProtoMessage() {}
 
 func (x *PacketList) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2191,7 @@ func (x *PacketList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
 func (*PacketList) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PacketList) GetPackets() []*PacketTimeline {
@@ -2143,7 +2217,7 @@ type PacketTimeline struct {
 
 func (x *PacketTimeline) Reset() {
 	*x = PacketTimeline{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2155,7 +2229,7 @@ func (x *PacketTimeline) String() string {
 func (*PacketTimeline) ProtoMessage() {}
 
 func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2168,7 +2242,7 @@ func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
 func (*PacketTimeline) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PacketTimeline) GetPacketId() uint32 {
@@ -2216,7 +2290,7 @@ type PacketSegment struct {
 
 func (x *PacketSegment) Reset() {
 	*x = PacketSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2302,7 @@ func (x *PacketSegment) String() string {
 func (*PacketSegment) ProtoMessage() {}
 
 func (x *PacketSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2315,7 @@ func (x *PacketSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
 func (*PacketSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PacketSegment) GetFrom() string {
@@ -2301,7 +2375,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2313,7 +2387,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2326,7 +2400,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 type Version struct {
@@ -2341,7 +2415,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2427,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2440,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -2396,7 +2470,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2408,7 +2482,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2421,7 +2495,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -2464,7 +2538,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2476,7 +2550,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2489,7 +2563,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DiscoverRequest) GetFilter() *Filter {
@@ -2540,7 +2614,7 @@ type DiscoverEvent struct {
 
 func (x *DiscoverEvent) Reset() {
 	*x = DiscoverEvent{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2552,7 +2626,7 @@ func (x *DiscoverEvent) String() string {
 func (*DiscoverEvent) ProtoMessage() {}
 
 func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2565,7 +2639,7 @@ func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
 func (*DiscoverEvent) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
@@ -2626,7 +2700,7 @@ type DiscoverProgress struct {
 
 func (x *DiscoverProgress) Reset() {
 	*x = DiscoverProgress{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2638,7 +2712,7 @@ func (x *DiscoverProgress) String() string {
 func (*DiscoverProgress) ProtoMessage() {}
 
 func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2651,7 +2725,7 @@ func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
 func (*DiscoverProgress) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DiscoverProgress) GetMessage() string {
@@ -2700,7 +2774,7 @@ type DiscoveredPath struct {
 
 func (x *DiscoveredPath) Reset() {
 	*x = DiscoveredPath{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +2786,7 @@ func (x *DiscoveredPath) String() string {
 func (*DiscoveredPath) ProtoMessage() {}
 
 func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +2799,7 @@ func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
 func (*DiscoveredPath) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DiscoveredPath) GetPackets() uint32 {
@@ -2779,7 +2853,7 @@ type DiscoverResult struct {
 
 func (x *DiscoverResult) Reset() {
 	*x = DiscoverResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2791,7 +2865,7 @@ func (x *DiscoverResult) String() string {
 func (*DiscoverResult) ProtoMessage() {}
 
 func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2804,7 +2878,7 @@ func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
 func (*DiscoverResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DiscoverResult) GetSpec() *TraceSpec {
@@ -2868,7 +2942,7 @@ type DiscoveredSegment struct {
 
 func (x *DiscoveredSegment) Reset() {
 	*x = DiscoveredSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2880,7 +2954,7 @@ func (x *DiscoveredSegment) String() string {
 func (*DiscoveredSegment) ProtoMessage() {}
 
 func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2893,7 +2967,7 @@ func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredSegment.ProtoReflect.Descriptor instead.
 func (*DiscoveredSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DiscoveredSegment) GetFromHop() *HopSpec {
@@ -3033,7 +3107,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x03p99\x18\x03 \x03(\v2\x18.hoptrace.v1.SeriesPointR\x03p99\"I\n" +
 	"\vSeriesPoint\x12*\n" +
 	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x0e\n" +
-	"\x02ns\x18\x02 \x01(\x01R\x02ns\"\xbb\x04\n" +
+	"\x02ns\x18\x02 \x01(\x01R\x02ns\"\xe9\x04\n" +
 	"\fSegmentStats\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\x12\x14\n" +
@@ -3058,7 +3132,12 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"tracerLost\x12\x1b\n" +
 	"\tsame_node\x18\x11 \x01(\bR\bsameNode\x12$\n" +
 	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\x12#\n" +
-	"\rbefore_attach\x18\x13 \x01(\x04R\fbeforeAttach\"\xb5\x02\n" +
+	"\rbefore_attach\x18\x13 \x01(\x04R\fbeforeAttach\x12,\n" +
+	"\x05drops\x18\x14 \x03(\v2\x16.hoptrace.v1.DropCountR\x05drops\"M\n" +
+	"\tDropCount\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\"\xb5\x02\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +
@@ -3203,7 +3282,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -3227,119 +3306,121 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*SegmentSeries)(nil),            // 19: hoptrace.v1.SegmentSeries
 	(*SeriesPoint)(nil),              // 20: hoptrace.v1.SeriesPoint
 	(*SegmentStats)(nil),             // 21: hoptrace.v1.SegmentStats
-	(*HopThroughput)(nil),            // 22: hoptrace.v1.HopThroughput
-	(*HopRecorded)(nil),              // 23: hoptrace.v1.HopRecorded
-	(*HopCount)(nil),                 // 24: hoptrace.v1.HopCount
-	(*HopHistogram)(nil),             // 25: hoptrace.v1.HopHistogram
-	(*HistogramBucket)(nil),          // 26: hoptrace.v1.HistogramBucket
-	(*WatchSegmentStatsRequest)(nil), // 27: hoptrace.v1.WatchSegmentStatsRequest
-	(*WatchSpecsRequest)(nil),        // 28: hoptrace.v1.WatchSpecsRequest
-	(*SpecSet)(nil),                  // 29: hoptrace.v1.SpecSet
-	(*GetPacketsRequest)(nil),        // 30: hoptrace.v1.GetPacketsRequest
-	(*PacketList)(nil),               // 31: hoptrace.v1.PacketList
-	(*PacketTimeline)(nil),           // 32: hoptrace.v1.PacketTimeline
-	(*PacketSegment)(nil),            // 33: hoptrace.v1.PacketSegment
-	(*GetVersionRequest)(nil),        // 34: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 35: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 36: hoptrace.v1.RunPresetRequest
-	(*DiscoverRequest)(nil),          // 37: hoptrace.v1.DiscoverRequest
-	(*DiscoverEvent)(nil),            // 38: hoptrace.v1.DiscoverEvent
-	(*DiscoverProgress)(nil),         // 39: hoptrace.v1.DiscoverProgress
-	(*DiscoveredPath)(nil),           // 40: hoptrace.v1.DiscoveredPath
-	(*DiscoverResult)(nil),           // 41: hoptrace.v1.DiscoverResult
-	(*DiscoveredSegment)(nil),        // 42: hoptrace.v1.DiscoveredSegment
-	nil,                              // 43: hoptrace.v1.EventResult.ByEntry
-	nil,                              // 44: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 45: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 46: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 47: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 48: hoptrace.v1.Register
-	(*TransportStatus)(nil),          // 49: hoptrace.v1.TransportStatus
-	(*Filter)(nil),                   // 50: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 51: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 52: hoptrace.v1.PresetResult
+	(*DropCount)(nil),                // 22: hoptrace.v1.DropCount
+	(*HopThroughput)(nil),            // 23: hoptrace.v1.HopThroughput
+	(*HopRecorded)(nil),              // 24: hoptrace.v1.HopRecorded
+	(*HopCount)(nil),                 // 25: hoptrace.v1.HopCount
+	(*HopHistogram)(nil),             // 26: hoptrace.v1.HopHistogram
+	(*HistogramBucket)(nil),          // 27: hoptrace.v1.HistogramBucket
+	(*WatchSegmentStatsRequest)(nil), // 28: hoptrace.v1.WatchSegmentStatsRequest
+	(*WatchSpecsRequest)(nil),        // 29: hoptrace.v1.WatchSpecsRequest
+	(*SpecSet)(nil),                  // 30: hoptrace.v1.SpecSet
+	(*GetPacketsRequest)(nil),        // 31: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 32: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 33: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 34: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 35: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 36: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 37: hoptrace.v1.RunPresetRequest
+	(*DiscoverRequest)(nil),          // 38: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 39: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 40: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 41: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 42: hoptrace.v1.DiscoverResult
+	(*DiscoveredSegment)(nil),        // 43: hoptrace.v1.DiscoveredSegment
+	nil,                              // 44: hoptrace.v1.EventResult.ByEntry
+	nil,                              // 45: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 46: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 47: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 48: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 49: hoptrace.v1.Register
+	(*TransportStatus)(nil),          // 50: hoptrace.v1.TransportStatus
+	(*Filter)(nil),                   // 51: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 52: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 53: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	45, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	46, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	45, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	45, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	46, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	47, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	46, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	46, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	47, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	48, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	48, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	46, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	49, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	47, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	49, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
-	46, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	46, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	46, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	50, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
+	47, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	47, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	47, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	21, // 15: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	21, // 16: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
-	22, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
+	23, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
 	19, // 18: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
 	17, // 19: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
-	43, // 20: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
-	26, // 21: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
+	44, // 20: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
+	27, // 21: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
 	18, // 22: hoptrace.v1.EventResult.recorded:type_name -> hoptrace.v1.EventRecordedResult
 	20, // 23: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
 	20, // 24: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	46, // 25: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	46, // 26: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	24, // 27: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
-	25, // 28: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
-	23, // 29: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
-	26, // 30: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	45, // 31: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	46, // 32: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	46, // 33: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	32, // 34: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	46, // 35: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	33, // 36: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	44, // 37: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	50, // 38: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	39, // 39: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	41, // 40: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	51, // 41: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	45, // 42: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	40, // 43: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	42, // 44: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
-	51, // 45: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
-	51, // 46: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
-	1,  // 47: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 48: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 49: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 50: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 51: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 52: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 53: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 54: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	27, // 55: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	28, // 56: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	36, // 57: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	34, // 58: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	30, // 59: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	37, // 60: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 61: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 62: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 63: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 64: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 65: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 66: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 67: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 68: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	21, // 69: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	29, // 70: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	52, // 71: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	35, // 72: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	31, // 73: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	38, // 74: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	61, // [61:75] is the sub-list for method output_type
-	47, // [47:61] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	47, // 25: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	47, // 26: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	22, // 27: hoptrace.v1.SegmentStats.drops:type_name -> hoptrace.v1.DropCount
+	25, // 28: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	26, // 29: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	24, // 30: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
+	27, // 31: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	46, // 32: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	47, // 33: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	47, // 34: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	33, // 35: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	47, // 36: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	34, // 37: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	45, // 38: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	51, // 39: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	40, // 40: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	42, // 41: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	52, // 42: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	46, // 43: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	41, // 44: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	43, // 45: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
+	52, // 46: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	52, // 47: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	1,  // 48: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 49: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 50: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 51: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 52: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 53: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 54: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 55: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	28, // 56: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	29, // 57: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	37, // 58: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	35, // 59: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	31, // 60: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	38, // 61: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	2,  // 62: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 63: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 64: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 65: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 66: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 67: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 68: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 69: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	21, // 70: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	30, // 71: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	53, // 72: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	36, // 73: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	32, // 74: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	39, // 75: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	62, // [62:76] is the sub-list for method output_type
+	48, // [48:62] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -3349,7 +3430,7 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
-	file_hoptrace_v1_api_proto_msgTypes[38].OneofWrappers = []any{
+	file_hoptrace_v1_api_proto_msgTypes[39].OneofWrappers = []any{
 		(*DiscoverEvent_Progress)(nil),
 		(*DiscoverEvent_Result)(nil),
 	}
@@ -3359,7 +3440,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -132,7 +132,16 @@ type TraceSpec struct {
 	Hops []*HopSpec `protobuf:"bytes,4,rep,name=hops,proto3" json:"hops,omitempty"`
 	// Probes not tied to a traced packet: kernel tracepoints whose hits are
 	// counted and histogrammed in the kernel.
-	Events        []*EventSpec `protobuf:"bytes,5,rep,name=events,proto3" json:"events,omitempty"`
+	Events []*EventSpec `protobuf:"bytes,5,rep,name=events,proto3" json:"events,omitempty"`
+	// Say why the trace's lost packets were lost: on each node of the path the
+	// dispatcher adds a skb:kfree_skb hop that records the trace's packets the
+	// kernel frees as dropped, with the drop reason; the collector ties each
+	// to the segment where the packet was lost. Needs kernels from 5.17.
+	Drops bool `protobuf:"varint,6,opt,name=drops,proto3" json:"drops,omitempty"`
+	// Output only: set by the dispatcher at apply when drops is set, one per
+	// node of the path in the order of its first hop there (a value given by
+	// the user is replaced). The collector reads its drop records by these.
+	DropHops      []*DropHop `protobuf:"bytes,7,rep,name=drop_hops,json=dropHops,proto3" json:"drop_hops,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -202,6 +211,85 @@ func (x *TraceSpec) GetEvents() []*EventSpec {
 	return nil
 }
 
+func (x *TraceSpec) GetDrops() bool {
+	if x != nil {
+		return x.Drops
+	}
+	return false
+}
+
+func (x *TraceSpec) GetDropHops() []*DropHop {
+	if x != nil {
+		return x.DropHops
+	}
+	return nil
+}
+
+// The skb:kfree_skb hop a trace with drops: true runs on one node.
+type DropHop struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Its records' hop index: after the path's hops (hops.size() + position).
+	HopIndex uint32 `protobuf:"varint,2,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"`
+	// The node kernel's enum skb_drop_reason, value -> name without the
+	// SKB_DROP_REASON_ prefix (Capabilities.drop_reasons): the values differ
+	// between kernels, the names are what reports show.
+	Reasons       map[uint32]string `protobuf:"bytes,3,rep,name=reasons,proto3" json:"reasons,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DropHop) Reset() {
+	*x = DropHop{}
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DropHop) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DropHop) ProtoMessage() {}
+
+func (x *DropHop) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DropHop.ProtoReflect.Descriptor instead.
+func (*DropHop) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DropHop) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *DropHop) GetHopIndex() uint32 {
+	if x != nil {
+		return x.HopIndex
+	}
+	return 0
+}
+
+func (x *DropHop) GetReasons() map[uint32]string {
+	if x != nil {
+		return x.Reasons
+	}
+	return nil
+}
+
 // One event probe as the user writes it; the dispatcher checks it once and
 // the agent resolves its arguments against the node's tracefs format file.
 type EventSpec struct {
@@ -234,7 +322,7 @@ type EventSpec struct {
 
 func (x *EventSpec) Reset() {
 	*x = EventSpec{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[1]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +334,7 @@ func (x *EventSpec) String() string {
 func (*EventSpec) ProtoMessage() {}
 
 func (x *EventSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[1]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +347,7 @@ func (x *EventSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventSpec.ProtoReflect.Descriptor instead.
 func (*EventSpec) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{1}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *EventSpec) GetName() string {
@@ -336,7 +424,7 @@ type EventTerm struct {
 
 func (x *EventTerm) Reset() {
 	*x = EventTerm{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -348,7 +436,7 @@ func (x *EventTerm) String() string {
 func (*EventTerm) ProtoMessage() {}
 
 func (x *EventTerm) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[2]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -361,7 +449,7 @@ func (x *EventTerm) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventTerm.ProtoReflect.Descriptor instead.
 func (*EventTerm) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{2}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EventTerm) GetArg() string {
@@ -408,7 +496,7 @@ type Filter struct {
 
 func (x *Filter) Reset() {
 	*x = Filter{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +508,7 @@ func (x *Filter) String() string {
 func (*Filter) ProtoMessage() {}
 
 func (x *Filter) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[3]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +521,7 @@ func (x *Filter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Filter.ProtoReflect.Descriptor instead.
 func (*Filter) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{3}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Filter) GetProtocol() string {
@@ -507,7 +595,7 @@ type HopSpec struct {
 
 func (x *HopSpec) Reset() {
 	*x = HopSpec{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[4]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +607,7 @@ func (x *HopSpec) String() string {
 func (*HopSpec) ProtoMessage() {}
 
 func (x *HopSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[4]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +620,7 @@ func (x *HopSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopSpec.ProtoReflect.Descriptor instead.
 func (*HopSpec) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{4}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HopSpec) GetName() string {
@@ -616,7 +704,7 @@ type Workload struct {
 
 func (x *Workload) Reset() {
 	*x = Workload{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +716,7 @@ func (x *Workload) String() string {
 func (*Workload) ProtoMessage() {}
 
 func (x *Workload) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[5]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +729,7 @@ func (x *Workload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Workload.ProtoReflect.Descriptor instead.
 func (*Workload) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{5}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Workload) GetContainerId() string {
@@ -715,7 +803,7 @@ type ActionSpec struct {
 
 func (x *ActionSpec) Reset() {
 	*x = ActionSpec{}
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[6]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +815,7 @@ func (x *ActionSpec) String() string {
 func (*ActionSpec) ProtoMessage() {}
 
 func (x *ActionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_trace_proto_msgTypes[6]
+	mi := &file_hoptrace_v1_trace_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +828,7 @@ func (x *ActionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActionSpec.ProtoReflect.Descriptor instead.
 func (*ActionSpec) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{6}
+	return file_hoptrace_v1_trace_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ActionSpec) GetKind() string {
@@ -782,13 +870,22 @@ var File_hoptrace_v1_trace_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\n" +
-	"\x17hoptrace/v1/trace.proto\x12\vhoptrace.v1\x1a\x1ahoptrace/v1/counters.proto\"\xbe\x01\n" +
+	"\x17hoptrace/v1/trace.proto\x12\vhoptrace.v1\x1a\x1ahoptrace/v1/counters.proto\"\x87\x02\n" +
 	"\tTraceSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x06filter\x18\x02 \x01(\v2\x13.hoptrace.v1.FilterR\x06filter\x12\x16\n" +
 	"\x06sample\x18\x03 \x01(\rR\x06sample\x12(\n" +
 	"\x04hops\x18\x04 \x03(\v2\x14.hoptrace.v1.HopSpecR\x04hops\x12.\n" +
-	"\x06events\x18\x05 \x03(\v2\x16.hoptrace.v1.EventSpecR\x06events\"\xf6\x01\n" +
+	"\x06events\x18\x05 \x03(\v2\x16.hoptrace.v1.EventSpecR\x06events\x12\x14\n" +
+	"\x05drops\x18\x06 \x01(\bR\x05drops\x121\n" +
+	"\tdrop_hops\x18\a \x03(\v2\x14.hoptrace.v1.DropHopR\bdropHops\"\xb3\x01\n" +
+	"\aDropHop\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
+	"\thop_index\x18\x02 \x01(\rR\bhopIndex\x12;\n" +
+	"\areasons\x18\x03 \x03(\v2!.hoptrace.v1.DropHop.ReasonsEntryR\areasons\x1a:\n" +
+	"\fReasonsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf6\x01\n" +
 	"\tEventSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1e\n" +
@@ -866,32 +963,36 @@ func file_hoptrace_v1_trace_proto_rawDescGZIP() []byte {
 }
 
 var file_hoptrace_v1_trace_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_hoptrace_v1_trace_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_hoptrace_v1_trace_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_hoptrace_v1_trace_proto_goTypes = []any{
 	(AttachKind)(0),    // 0: hoptrace.v1.AttachKind
 	(*TraceSpec)(nil),  // 1: hoptrace.v1.TraceSpec
-	(*EventSpec)(nil),  // 2: hoptrace.v1.EventSpec
-	(*EventTerm)(nil),  // 3: hoptrace.v1.EventTerm
-	(*Filter)(nil),     // 4: hoptrace.v1.Filter
-	(*HopSpec)(nil),    // 5: hoptrace.v1.HopSpec
-	(*Workload)(nil),   // 6: hoptrace.v1.Workload
-	(*ActionSpec)(nil), // 7: hoptrace.v1.ActionSpec
-	(EventOp)(0),       // 8: hoptrace.v1.EventOp
+	(*DropHop)(nil),    // 2: hoptrace.v1.DropHop
+	(*EventSpec)(nil),  // 3: hoptrace.v1.EventSpec
+	(*EventTerm)(nil),  // 4: hoptrace.v1.EventTerm
+	(*Filter)(nil),     // 5: hoptrace.v1.Filter
+	(*HopSpec)(nil),    // 6: hoptrace.v1.HopSpec
+	(*Workload)(nil),   // 7: hoptrace.v1.Workload
+	(*ActionSpec)(nil), // 8: hoptrace.v1.ActionSpec
+	nil,                // 9: hoptrace.v1.DropHop.ReasonsEntry
+	(EventOp)(0),       // 10: hoptrace.v1.EventOp
 }
 var file_hoptrace_v1_trace_proto_depIdxs = []int32{
-	4, // 0: hoptrace.v1.TraceSpec.filter:type_name -> hoptrace.v1.Filter
-	5, // 1: hoptrace.v1.TraceSpec.hops:type_name -> hoptrace.v1.HopSpec
-	2, // 2: hoptrace.v1.TraceSpec.events:type_name -> hoptrace.v1.EventSpec
-	3, // 3: hoptrace.v1.EventSpec.where:type_name -> hoptrace.v1.EventTerm
-	7, // 4: hoptrace.v1.EventSpec.actions:type_name -> hoptrace.v1.ActionSpec
-	8, // 5: hoptrace.v1.EventTerm.op:type_name -> hoptrace.v1.EventOp
-	7, // 6: hoptrace.v1.HopSpec.actions:type_name -> hoptrace.v1.ActionSpec
-	6, // 7: hoptrace.v1.HopSpec.workload:type_name -> hoptrace.v1.Workload
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	5,  // 0: hoptrace.v1.TraceSpec.filter:type_name -> hoptrace.v1.Filter
+	6,  // 1: hoptrace.v1.TraceSpec.hops:type_name -> hoptrace.v1.HopSpec
+	3,  // 2: hoptrace.v1.TraceSpec.events:type_name -> hoptrace.v1.EventSpec
+	2,  // 3: hoptrace.v1.TraceSpec.drop_hops:type_name -> hoptrace.v1.DropHop
+	9,  // 4: hoptrace.v1.DropHop.reasons:type_name -> hoptrace.v1.DropHop.ReasonsEntry
+	4,  // 5: hoptrace.v1.EventSpec.where:type_name -> hoptrace.v1.EventTerm
+	8,  // 6: hoptrace.v1.EventSpec.actions:type_name -> hoptrace.v1.ActionSpec
+	10, // 7: hoptrace.v1.EventTerm.op:type_name -> hoptrace.v1.EventOp
+	8,  // 8: hoptrace.v1.HopSpec.actions:type_name -> hoptrace.v1.ActionSpec
+	7,  // 9: hoptrace.v1.HopSpec.workload:type_name -> hoptrace.v1.Workload
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_trace_proto_init() }
@@ -906,7 +1007,7 @@ func file_hoptrace_v1_trace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_trace_proto_rawDesc), len(file_hoptrace_v1_trace_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

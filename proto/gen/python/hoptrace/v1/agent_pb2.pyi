@@ -66,7 +66,7 @@ class Device(_message.Message):
     def __init__(self, name: _Optional[str] = ..., ifindex: _Optional[int] = ..., mtu: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("btf", "ring_buffer", "tcp_header_options", "attach", "action_fields", "unavailable_fields")
+    __slots__ = ("btf", "ring_buffer", "tcp_header_options", "attach", "action_fields", "unavailable_fields", "drop_reasons")
     class AttachEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,19 +81,28 @@ class Capabilities(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class DropReasonsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
     BTF_FIELD_NUMBER: _ClassVar[int]
     RING_BUFFER_FIELD_NUMBER: _ClassVar[int]
     TCP_HEADER_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     ATTACH_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELDS_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELDS_FIELD_NUMBER: _ClassVar[int]
+    DROP_REASONS_FIELD_NUMBER: _ClassVar[int]
     btf: bool
     ring_buffer: bool
     tcp_header_options: bool
     attach: _containers.MessageMap[str, AttachSupport]
     action_fields: _containers.RepeatedScalarFieldContainer[_counters_pb2.Field]
     unavailable_fields: _containers.ScalarMap[str, str]
-    def __init__(self, btf: bool = ..., ring_buffer: bool = ..., tcp_header_options: bool = ..., attach: _Optional[_Mapping[str, AttachSupport]] = ..., action_fields: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ..., unavailable_fields: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    drop_reasons: _containers.ScalarMap[int, str]
+    def __init__(self, btf: bool = ..., ring_buffer: bool = ..., tcp_header_options: bool = ..., attach: _Optional[_Mapping[str, AttachSupport]] = ..., action_fields: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ..., unavailable_fields: _Optional[_Mapping[str, str]] = ..., drop_reasons: _Optional[_Mapping[int, str]] = ...) -> None: ...
 
 class AttachSupport(_message.Message):
     __slots__ = ("supported", "reason")

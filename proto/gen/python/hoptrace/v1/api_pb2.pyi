@@ -223,7 +223,7 @@ class SeriesPoint(_message.Message):
     def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ns: _Optional[float] = ...) -> None: ...
 
 class SegmentStats(_message.Message):
-    __slots__ = ("to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete", "loss_count", "loss_rate", "jitter_ns", "jitter_p99_ns", "at", "below_clock_bound", "tracer_lost", "same_node", "clock_bound_ns", "before_attach")
+    __slots__ = ("to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete", "loss_count", "loss_rate", "jitter_ns", "jitter_p99_ns", "at", "below_clock_bound", "tracer_lost", "same_node", "clock_bound_ns", "before_attach", "drops")
     FROM_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +243,7 @@ class SegmentStats(_message.Message):
     SAME_NODE_FIELD_NUMBER: _ClassVar[int]
     CLOCK_BOUND_NS_FIELD_NUMBER: _ClassVar[int]
     BEFORE_ATTACH_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
     to: str
     count: int
     mean_ns: float
@@ -261,7 +262,18 @@ class SegmentStats(_message.Message):
     same_node: bool
     clock_bound_ns: int
     before_attach: int
-    def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., tracer_lost: _Optional[int] = ..., same_node: bool = ..., clock_bound_ns: _Optional[int] = ..., before_attach: _Optional[int] = ..., **kwargs) -> None: ...
+    drops: _containers.RepeatedCompositeFieldContainer[DropCount]
+    def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., tracer_lost: _Optional[int] = ..., same_node: bool = ..., clock_bound_ns: _Optional[int] = ..., before_attach: _Optional[int] = ..., drops: _Optional[_Iterable[_Union[DropCount, _Mapping]]] = ..., **kwargs) -> None: ...
+
+class DropCount(_message.Message):
+    __slots__ = ("node", "reason", "count")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    reason: str
+    count: int
+    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class HopThroughput(_message.Message):
     __slots__ = ("hop", "packets_per_s", "bytes_per_s", "counts", "histograms", "recorded", "container", "pod")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from hoptrace.v1 import counters_pb2 as hoptrace_dot_v1_dot_counters__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hoptrace/v1/trace.proto\x12\x0bhoptrace.v1\x1a\x1ahoptrace/v1/counters.proto\"\x9a\x01\n\tTraceSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x13.hoptrace.v1.Filter\x12\x0e\n\x06sample\x18\x03 \x01(\r\x12\"\n\x04hops\x18\x04 \x03(\x0b\x32\x14.hoptrace.v1.HopSpec\x12&\n\x06\x65vents\x18\x05 \x03(\x0b\x32\x16.hoptrace.v1.EventSpec\"\xb9\x01\n\tEventSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x12\n\ntracepoint\x18\x03 \x01(\t\x12%\n\x05where\x18\x04 \x03(\x0b\x32\x16.hoptrace.v1.EventTerm\x12(\n\x07\x61\x63tions\x18\x05 \x03(\x0b\x32\x17.hoptrace.v1.ActionSpec\x12\x0b\n\x03key\x18\x06 \x01(\t\x12\x0e\n\x06kprobe\x18\x07 \x01(\t\x12\x0e\n\x06\x66\x65ntry\x18\x08 \x01(\t\"X\n\tEventTerm\x12\x0b\n\x03\x61rg\x18\x01 \x01(\t\x12 \n\x02op\x18\x02 \x01(\x0e\x32\x14.hoptrace.v1.EventOp\x12\x0e\n\x06values\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\"X\n\x06\x46ilter\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12\x10\n\x08src_port\x18\x04 \x01(\r\x12\x10\n\x08\x64st_port\x18\x05 \x01(\r\"\xb0\x01\n\x07HopSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\n\n\x02\x61t\x18\x03 \x01(\t\x12\x0b\n\x03\x64\x65v\x18\x04 \x01(\t\x12\r\n\x05netns\x18\x05 \x01(\t\x12\x0e\n\x06\x63group\x18\x06 \x01(\t\x12(\n\x07\x61\x63tions\x18\x07 \x03(\x0b\x32\x17.hoptrace.v1.ActionSpec\x12\'\n\x08workload\x18\x08 \x01(\x0b\x32\x15.hoptrace.v1.Workload\"\x8f\x01\n\x08Workload\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontainer_name\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12\x15\n\rpod_namespace\x18\x04 \x01(\t\x12\x10\n\x08pod_name\x18\x05 \x01(\t\x12\r\n\x05netns\x18\x06 \x01(\t\x12\x0e\n\x06\x63group\x18\x07 \x01(\t\"T\n\nActionSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02\x62y\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0e\n\x06\x66ields\x18\x04 \x03(\t\x12\r\n\x05since\x18\x05 \x01(\t*\x82\x03\n\nAttachKind\x12\x1b\n\x17\x41TTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41TTACH_KIND_TC_INGRESS\x10\x01\x12\x19\n\x15\x41TTACH_KIND_TC_EGRESS\x10\x02\x12\x13\n\x0f\x41TTACH_KIND_XDP\x10\x03\x12\x1e\n\x1a\x41TTACH_KIND_CGROUP_INGRESS\x10\x04\x12\x1d\n\x19\x41TTACH_KIND_CGROUP_EGRESS\x10\x05\x12\x1a\n\x16\x41TTACH_KIND_TRACEPOINT\x10\x06\x12\x16\n\x12\x41TTACH_KIND_FENTRY\x10\x07\x12\x16\n\x12\x41TTACH_KIND_KPROBE\x10\x08\x12\x1b\n\x17\x41TTACH_KIND_SOCKET_READ\x10\t\x12\x16\n\x12\x41TTACH_KIND_UPROBE\x10\n\x12\x19\n\x15\x41TTACH_KIND_URETPROBE\x10\x0b\x12\x15\n\x11\x41TTACH_KIND_FEXIT\x10\x0c\x12\x19\n\x15\x41TTACH_KIND_KRETPROBE\x10\rBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17hoptrace/v1/trace.proto\x12\x0bhoptrace.v1\x1a\x1ahoptrace/v1/counters.proto\"\xd2\x01\n\tTraceSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x06\x66ilter\x18\x02 \x01(\x0b\x32\x13.hoptrace.v1.Filter\x12\x0e\n\x06sample\x18\x03 \x01(\r\x12\"\n\x04hops\x18\x04 \x03(\x0b\x32\x14.hoptrace.v1.HopSpec\x12&\n\x06\x65vents\x18\x05 \x03(\x0b\x32\x16.hoptrace.v1.EventSpec\x12\r\n\x05\x64rops\x18\x06 \x01(\x08\x12\'\n\tdrop_hops\x18\x07 \x03(\x0b\x32\x14.hoptrace.v1.DropHop\"\x8e\x01\n\x07\x44ropHop\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x11\n\thop_index\x18\x02 \x01(\r\x12\x32\n\x07reasons\x18\x03 \x03(\x0b\x32!.hoptrace.v1.DropHop.ReasonsEntry\x1a.\n\x0cReasonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb9\x01\n\tEventSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x12\n\ntracepoint\x18\x03 \x01(\t\x12%\n\x05where\x18\x04 \x03(\x0b\x32\x16.hoptrace.v1.EventTerm\x12(\n\x07\x61\x63tions\x18\x05 \x03(\x0b\x32\x17.hoptrace.v1.ActionSpec\x12\x0b\n\x03key\x18\x06 \x01(\t\x12\x0e\n\x06kprobe\x18\x07 \x01(\t\x12\x0e\n\x06\x66\x65ntry\x18\x08 \x01(\t\"X\n\tEventTerm\x12\x0b\n\x03\x61rg\x18\x01 \x01(\t\x12 \n\x02op\x18\x02 \x01(\x0e\x32\x14.hoptrace.v1.EventOp\x12\x0e\n\x06values\x18\x03 \x03(\x03\x12\x0c\n\x04text\x18\x04 \x01(\t\"X\n\x06\x46ilter\x12\x10\n\x08protocol\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12\x10\n\x08src_port\x18\x04 \x01(\r\x12\x10\n\x08\x64st_port\x18\x05 \x01(\r\"\xb0\x01\n\x07HopSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\n\n\x02\x61t\x18\x03 \x01(\t\x12\x0b\n\x03\x64\x65v\x18\x04 \x01(\t\x12\r\n\x05netns\x18\x05 \x01(\t\x12\x0e\n\x06\x63group\x18\x06 \x01(\t\x12(\n\x07\x61\x63tions\x18\x07 \x03(\x0b\x32\x17.hoptrace.v1.ActionSpec\x12\'\n\x08workload\x18\x08 \x01(\x0b\x32\x15.hoptrace.v1.Workload\"\x8f\x01\n\x08Workload\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontainer_name\x18\x02 \x01(\t\x12\r\n\x05image\x18\x03 \x01(\t\x12\x15\n\rpod_namespace\x18\x04 \x01(\t\x12\x10\n\x08pod_name\x18\x05 \x01(\t\x12\r\n\x05netns\x18\x06 \x01(\t\x12\x0e\n\x06\x63group\x18\x07 \x01(\t\"T\n\nActionSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\n\n\x02\x62y\x18\x02 \x01(\t\x12\r\n\x05\x66ield\x18\x03 \x01(\t\x12\x0e\n\x06\x66ields\x18\x04 \x03(\t\x12\r\n\x05since\x18\x05 \x01(\t*\x82\x03\n\nAttachKind\x12\x1b\n\x17\x41TTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x41TTACH_KIND_TC_INGRESS\x10\x01\x12\x19\n\x15\x41TTACH_KIND_TC_EGRESS\x10\x02\x12\x13\n\x0f\x41TTACH_KIND_XDP\x10\x03\x12\x1e\n\x1a\x41TTACH_KIND_CGROUP_INGRESS\x10\x04\x12\x1d\n\x19\x41TTACH_KIND_CGROUP_EGRESS\x10\x05\x12\x1a\n\x16\x41TTACH_KIND_TRACEPOINT\x10\x06\x12\x16\n\x12\x41TTACH_KIND_FENTRY\x10\x07\x12\x16\n\x12\x41TTACH_KIND_KPROBE\x10\x08\x12\x1b\n\x17\x41TTACH_KIND_SOCKET_READ\x10\t\x12\x16\n\x12\x41TTACH_KIND_UPROBE\x10\n\x12\x19\n\x15\x41TTACH_KIND_URETPROBE\x10\x0b\x12\x15\n\x11\x41TTACH_KIND_FEXIT\x10\x0c\x12\x19\n\x15\x41TTACH_KIND_KRETPROBE\x10\rBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,20 +33,26 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hoptrace.v1.trace_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1'
-  _globals['_ATTACHKIND']._serialized_start=1005
-  _globals['_ATTACHKIND']._serialized_end=1391
+  _globals['_DROPHOP_REASONSENTRY']._loaded_options = None
+  _globals['_DROPHOP_REASONSENTRY']._serialized_options = b'8\001'
+  _globals['_ATTACHKIND']._serialized_start=1206
+  _globals['_ATTACHKIND']._serialized_end=1592
   _globals['_TRACESPEC']._serialized_start=69
-  _globals['_TRACESPEC']._serialized_end=223
-  _globals['_EVENTSPEC']._serialized_start=226
-  _globals['_EVENTSPEC']._serialized_end=411
-  _globals['_EVENTTERM']._serialized_start=413
-  _globals['_EVENTTERM']._serialized_end=501
-  _globals['_FILTER']._serialized_start=503
-  _globals['_FILTER']._serialized_end=591
-  _globals['_HOPSPEC']._serialized_start=594
-  _globals['_HOPSPEC']._serialized_end=770
-  _globals['_WORKLOAD']._serialized_start=773
-  _globals['_WORKLOAD']._serialized_end=916
-  _globals['_ACTIONSPEC']._serialized_start=918
-  _globals['_ACTIONSPEC']._serialized_end=1002
+  _globals['_TRACESPEC']._serialized_end=279
+  _globals['_DROPHOP']._serialized_start=282
+  _globals['_DROPHOP']._serialized_end=424
+  _globals['_DROPHOP_REASONSENTRY']._serialized_start=378
+  _globals['_DROPHOP_REASONSENTRY']._serialized_end=424
+  _globals['_EVENTSPEC']._serialized_start=427
+  _globals['_EVENTSPEC']._serialized_end=612
+  _globals['_EVENTTERM']._serialized_start=614
+  _globals['_EVENTTERM']._serialized_end=702
+  _globals['_FILTER']._serialized_start=704
+  _globals['_FILTER']._serialized_end=792
+  _globals['_HOPSPEC']._serialized_start=795
+  _globals['_HOPSPEC']._serialized_end=971
+  _globals['_WORKLOAD']._serialized_start=974
+  _globals['_WORKLOAD']._serialized_end=1117
+  _globals['_ACTIONSPEC']._serialized_start=1119
+  _globals['_ACTIONSPEC']._serialized_end=1203
 # @@protoc_insertion_point(module_scope)

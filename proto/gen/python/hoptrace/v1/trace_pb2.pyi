@@ -40,18 +40,39 @@ ATTACH_KIND_FEXIT: AttachKind
 ATTACH_KIND_KRETPROBE: AttachKind
 
 class TraceSpec(_message.Message):
-    __slots__ = ("name", "filter", "sample", "hops", "events")
+    __slots__ = ("name", "filter", "sample", "hops", "events", "drops", "drop_hops")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
+    DROP_HOPS_FIELD_NUMBER: _ClassVar[int]
     name: str
     filter: Filter
     sample: int
     hops: _containers.RepeatedCompositeFieldContainer[HopSpec]
     events: _containers.RepeatedCompositeFieldContainer[EventSpec]
-    def __init__(self, name: _Optional[str] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopSpec, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventSpec, _Mapping]]] = ...) -> None: ...
+    drops: bool
+    drop_hops: _containers.RepeatedCompositeFieldContainer[DropHop]
+    def __init__(self, name: _Optional[str] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopSpec, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventSpec, _Mapping]]] = ..., drops: bool = ..., drop_hops: _Optional[_Iterable[_Union[DropHop, _Mapping]]] = ...) -> None: ...
+
+class DropHop(_message.Message):
+    __slots__ = ("node", "hop_index", "reasons")
+    class ReasonsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    hop_index: int
+    reasons: _containers.ScalarMap[int, str]
+    def __init__(self, node: _Optional[str] = ..., hop_index: _Optional[int] = ..., reasons: _Optional[_Mapping[int, str]] = ...) -> None: ...
 
 class EventSpec(_message.Message):
     __slots__ = ("name", "node", "tracepoint", "where", "actions", "key", "kprobe", "fentry")
