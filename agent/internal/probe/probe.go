@@ -36,6 +36,9 @@ func Capabilities() *pb.Capabilities {
 	}
 	_, err := btf.LoadKernelSpec()
 	c.Btf = err == nil
+	// A kernel without the enum (or without BTF) has no names: drops: true is refused there anyway,
+	// for the missing drop_reason field.
+	c.DropReasons, _ = DropReasons()
 
 	c.RingBuffer = features.HaveMapType(ebpf.RingBuf) == nil
 	c.TcpHeaderOptions = features.HaveProgramType(ebpf.SockOps) == nil &&
