@@ -139,8 +139,9 @@ type TraceSpec struct {
 	// to the segment where the packet was lost. Needs kernels from 5.17.
 	Drops bool `protobuf:"varint,6,opt,name=drops,proto3" json:"drops,omitempty"`
 	// Output only: set by the dispatcher at apply when drops is set, one per
-	// node of the path in the order of its first hop there (a value given by
-	// the user is replaced). The collector reads its drop records by these.
+	// node and namespace of the path's hops, in the order of their first hop
+	// there (a value given by the user is replaced). The collector reads the
+	// drop records by these.
 	DropHops      []*DropHop `protobuf:"bytes,7,rep,name=drop_hops,json=dropHops,proto3" json:"drop_hops,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -225,7 +226,9 @@ func (x *TraceSpec) GetDropHops() []*DropHop {
 	return nil
 }
 
-// The skb:kfree_skb hop a trace with drops: true runs on one node.
+// A skb:kfree_skb hop of a trace with drops: true, in one namespace of one
+// node: one per (node, netns) of the path's hops, since a tracepoint hop
+// sees its own namespace only.
 type DropHop struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -234,7 +237,11 @@ type DropHop struct {
 	// The node kernel's enum skb_drop_reason, value -> name without the
 	// SKB_DROP_REASON_ prefix (Capabilities.drop_reasons): the values differ
 	// between kernels, the names are what reports show.
-	Reasons       map[uint32]string `protobuf:"bytes,3,rep,name=reasons,proto3" json:"reasons,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Reasons map[uint32]string `protobuf:"bytes,3,rep,name=reasons,proto3" json:"reasons,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The namespace it attaches in, as HopAttach.netns ("" = the node's own).
+	Netns string `protobuf:"bytes,4,opt,name=netns,proto3" json:"netns,omitempty"`
+	// Its hop name in counters and reports: drops@NODE, or drops@NODE/NETNS.
+	Name          string `protobuf:"bytes,5,opt,name=name,proto3" json:"name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -288,6 +295,20 @@ func (x *DropHop) GetReasons() map[uint32]string {
 		return x.Reasons
 	}
 	return nil
+}
+
+func (x *DropHop) GetNetns() string {
+	if x != nil {
+		return x.Netns
+	}
+	return ""
+}
+
+func (x *DropHop) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
 }
 
 // One event probe as the user writes it; the dispatcher checks it once and
@@ -878,11 +899,13 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\x04hops\x18\x04 \x03(\v2\x14.hoptrace.v1.HopSpecR\x04hops\x12.\n" +
 	"\x06events\x18\x05 \x03(\v2\x16.hoptrace.v1.EventSpecR\x06events\x12\x14\n" +
 	"\x05drops\x18\x06 \x01(\bR\x05drops\x121\n" +
-	"\tdrop_hops\x18\a \x03(\v2\x14.hoptrace.v1.DropHopR\bdropHops\"\xb3\x01\n" +
+	"\tdrop_hops\x18\a \x03(\v2\x14.hoptrace.v1.DropHopR\bdropHops\"\xdd\x01\n" +
 	"\aDropHop\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\thop_index\x18\x02 \x01(\rR\bhopIndex\x12;\n" +
-	"\areasons\x18\x03 \x03(\v2!.hoptrace.v1.DropHop.ReasonsEntryR\areasons\x1a:\n" +
+	"\areasons\x18\x03 \x03(\v2!.hoptrace.v1.DropHop.ReasonsEntryR\areasons\x12\x14\n" +
+	"\x05netns\x18\x04 \x01(\tR\x05netns\x12\x12\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\x1a:\n" +
 	"\fReasonsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf6\x01\n" +

@@ -58,7 +58,7 @@ class TraceSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., filter: _Optional[_Union[Filter, _Mapping]] = ..., sample: _Optional[int] = ..., hops: _Optional[_Iterable[_Union[HopSpec, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventSpec, _Mapping]]] = ..., drops: bool = ..., drop_hops: _Optional[_Iterable[_Union[DropHop, _Mapping]]] = ...) -> None: ...
 
 class DropHop(_message.Message):
-    __slots__ = ("node", "hop_index", "reasons")
+    __slots__ = ("node", "hop_index", "reasons", "netns", "name")
     class ReasonsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -69,10 +69,14 @@ class DropHop(_message.Message):
     NODE_FIELD_NUMBER: _ClassVar[int]
     HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
     REASONS_FIELD_NUMBER: _ClassVar[int]
+    NETNS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     node: str
     hop_index: int
     reasons: _containers.ScalarMap[int, str]
-    def __init__(self, node: _Optional[str] = ..., hop_index: _Optional[int] = ..., reasons: _Optional[_Mapping[int, str]] = ...) -> None: ...
+    netns: str
+    name: str
+    def __init__(self, node: _Optional[str] = ..., hop_index: _Optional[int] = ..., reasons: _Optional[_Mapping[int, str]] = ..., netns: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class EventSpec(_message.Message):
     __slots__ = ("name", "node", "tracepoint", "where", "actions", "key", "kprobe", "fentry")
