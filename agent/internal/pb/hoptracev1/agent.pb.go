@@ -1080,8 +1080,7 @@ type DispatcherMessage struct {
 	//	*DispatcherMessage_Apply
 	//	*DispatcherMessage_Remove
 	//	*DispatcherMessage_RunPreset
-	//	*DispatcherMessage_SignedApply
-	//	*DispatcherMessage_SignedRunPreset
+	//	*DispatcherMessage_Signed
 	Body          isDispatcherMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1151,19 +1150,10 @@ func (x *DispatcherMessage) GetRunPreset() *RunPreset {
 	return nil
 }
 
-func (x *DispatcherMessage) GetSignedApply() *SignedMessage {
+func (x *DispatcherMessage) GetSigned() *SignedMessage {
 	if x != nil {
-		if x, ok := x.Body.(*DispatcherMessage_SignedApply); ok {
-			return x.SignedApply
-		}
-	}
-	return nil
-}
-
-func (x *DispatcherMessage) GetSignedRunPreset() *SignedMessage {
-	if x != nil {
-		if x, ok := x.Body.(*DispatcherMessage_SignedRunPreset); ok {
-			return x.SignedRunPreset
+		if x, ok := x.Body.(*DispatcherMessage_Signed); ok {
+			return x.Signed
 		}
 	}
 	return nil
@@ -1174,8 +1164,9 @@ type isDispatcherMessage_Body interface {
 }
 
 type DispatcherMessage_Apply struct {
-	// Unsigned plan: only an agent without TLS (--insecure) takes it; an agent
-	// with a CA refuses it (docs/security.md, "Signed plans and presets").
+	// Unsigned commands: only an agent without TLS (--insecure) takes them; an
+	// agent with a CA refuses and counts them (docs/security.md, "Signed
+	// commands").
 	Apply *TracePlan `protobuf:"bytes,1,opt,name=apply,proto3,oneof"`
 }
 
@@ -1185,18 +1176,14 @@ type DispatcherMessage_Remove struct {
 
 type DispatcherMessage_RunPreset struct {
 	// Run a ready-made trace (hoptrace-agent mace|iron) once and answer with a
-	// PresetResult. Unsigned, like apply: only an agent without TLS takes it.
+	// PresetResult.
 	RunPreset *RunPreset `protobuf:"bytes,3,opt,name=run_preset,json=runPreset,proto3,oneof"`
 }
 
-type DispatcherMessage_SignedApply struct {
-	// A TracePlan signed by the dispatcher: what an agent with a CA requires.
-	SignedApply *SignedMessage `protobuf:"bytes,4,opt,name=signed_apply,json=signedApply,proto3,oneof"`
-}
-
-type DispatcherMessage_SignedRunPreset struct {
-	// A RunPreset signed by the dispatcher.
-	SignedRunPreset *SignedMessage `protobuf:"bytes,5,opt,name=signed_run_preset,json=signedRunPreset,proto3,oneof"`
+type DispatcherMessage_Signed struct {
+	// A Command signed by the dispatcher: what an agent with a CA requires for
+	// every apply, remove and preset.
+	Signed *SignedMessage `protobuf:"bytes,6,opt,name=signed,proto3,oneof"`
 }
 
 func (*DispatcherMessage_Apply) isDispatcherMessage_Body() {}
@@ -1205,19 +1192,152 @@ func (*DispatcherMessage_Remove) isDispatcherMessage_Body() {}
 
 func (*DispatcherMessage_RunPreset) isDispatcherMessage_Body() {}
 
-func (*DispatcherMessage_SignedApply) isDispatcherMessage_Body() {}
+func (*DispatcherMessage_Signed) isDispatcherMessage_Body() {}
 
-func (*DispatcherMessage_SignedRunPreset) isDispatcherMessage_Body() {}
+// One command of the dispatcher to one agent, with what makes it fresh. It is
+// signed whole (SignedMessage.payload), so the trace and generation its action
+// names, the sequence and the expiry are all in the signed bytes: an agent
+// refuses a command whose sequence is not above the last it took from the
+// same signer for the same trace (a replay), one past its expiry, and one
+// whose generation is older than one it already took for that trace.
+type Command struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Increases with every command the dispatcher signs, across its restarts
+	// (nanoseconds since the epoch, kept above a floor in its state directory).
+	Sequence uint64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// The dispatcher's clock when it signed; the agent allows --max-clock-skew
+	// of difference between the two clocks.
+	SignedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=signed_at,json=signedAt,proto3" json:"signed_at,omitempty"`
+	// No agent acts on it after this (the dispatcher's --command-ttl after
+	// signed_at).
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Types that are valid to be assigned to Action:
+	//
+	//	*Command_Apply
+	//	*Command_Remove
+	//	*Command_RunPreset
+	Action        isCommand_Action `protobuf_oneof:"action"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Command) Reset() {
+	*x = Command{}
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Command) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Command) ProtoMessage() {}
+
+func (x *Command) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Command.ProtoReflect.Descriptor instead.
+func (*Command) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Command) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *Command) GetSignedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SignedAt
+	}
+	return nil
+}
+
+func (x *Command) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Command) GetAction() isCommand_Action {
+	if x != nil {
+		return x.Action
+	}
+	return nil
+}
+
+func (x *Command) GetApply() *TracePlan {
+	if x != nil {
+		if x, ok := x.Action.(*Command_Apply); ok {
+			return x.Apply
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRemove() *RemoveTrace {
+	if x != nil {
+		if x, ok := x.Action.(*Command_Remove); ok {
+			return x.Remove
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRunPreset() *RunPreset {
+	if x != nil {
+		if x, ok := x.Action.(*Command_RunPreset); ok {
+			return x.RunPreset
+		}
+	}
+	return nil
+}
+
+type isCommand_Action interface {
+	isCommand_Action()
+}
+
+type Command_Apply struct {
+	Apply *TracePlan `protobuf:"bytes,10,opt,name=apply,proto3,oneof"`
+}
+
+type Command_Remove struct {
+	Remove *RemoveTrace `protobuf:"bytes,11,opt,name=remove,proto3,oneof"`
+}
+
+type Command_RunPreset struct {
+	RunPreset *RunPreset `protobuf:"bytes,12,opt,name=run_preset,json=runPreset,proto3,oneof"`
+}
+
+func (*Command_Apply) isCommand_Action() {}
+
+func (*Command_Remove) isCommand_Action() {}
+
+func (*Command_RunPreset) isCommand_Action() {}
 
 // A message and the dispatcher's detached signature over its exact bytes.
 // The agent checks the signature over `payload` as received and only then
 // parses it: protobuf has no canonical encoding, so nothing is re-encoded to
 // be checked, and no field (object bytes or attach plan) can change unseen.
 // The standalone agent (hoptrace-agent run --plan FILE) also reads this
-// message as JSON: a signed plan file.
+// message as JSON: a signed plan file, whose payload is a bare TracePlan.
 type SignedMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The serialized TracePlan (signed_apply) or RunPreset (signed_run_preset).
+	// The serialized Command (DispatcherMessage.signed), or TracePlan (a plan
+	// file).
 	Payload []byte `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
 	// The node the message is for; the agent refuses one signed for another.
 	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
@@ -1225,13 +1345,14 @@ type SignedMessage struct {
 	//
 	//	"hoptrace-signed-message-v1" 0x00 TYPE 0x00 node 0x00 payload
 	//
-	// where TYPE is the payload's full message name ("hoptrace.v1.TracePlan",
-	// "hoptrace.v1.RunPreset"), so a signed preset cannot pass as a plan nor a
-	// plan for one node as another's. ECDSA keys: ASN.1 DER over SHA-256;
+	// where TYPE is the payload's full message name ("hoptrace.v1.Command",
+	// "hoptrace.v1.TracePlan"), so a plan file cannot pass as a command nor a
+	// command for one node as another's. ECDSA keys: ASN.1 DER over SHA-256;
 	// Ed25519 keys: the 64-byte signature.
 	Signature []byte `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
 	// The signer's X.509 certificate (DER). It must chain to the CA the agent
-	// trusts and carry the role dispatcher (subject OU).
+	// trusts, carry the role dispatcher (subject OU) and not be revoked by the
+	// agent's --crl.
 	SignerCert    []byte `protobuf:"bytes,4,opt,name=signer_cert,json=signerCert,proto3" json:"signer_cert,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1239,7 +1360,7 @@ type SignedMessage struct {
 
 func (x *SignedMessage) Reset() {
 	*x = SignedMessage{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +1372,7 @@ func (x *SignedMessage) String() string {
 func (*SignedMessage) ProtoMessage() {}
 
 func (x *SignedMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[14]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +1385,7 @@ func (x *SignedMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignedMessage.ProtoReflect.Descriptor instead.
 func (*SignedMessage) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SignedMessage) GetPayload() []byte {
@@ -1326,7 +1447,7 @@ type TracePlan struct {
 
 func (x *TracePlan) Reset() {
 	*x = TracePlan{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1459,7 @@ func (x *TracePlan) String() string {
 func (*TracePlan) ProtoMessage() {}
 
 func (x *TracePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1472,7 @@ func (x *TracePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TracePlan.ProtoReflect.Descriptor instead.
 func (*TracePlan) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TracePlan) GetTrace() string {
@@ -1446,7 +1567,7 @@ type FlowMatch struct {
 
 func (x *FlowMatch) Reset() {
 	*x = FlowMatch{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1579,7 @@ func (x *FlowMatch) String() string {
 func (*FlowMatch) ProtoMessage() {}
 
 func (x *FlowMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1592,7 @@ func (x *FlowMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowMatch.ProtoReflect.Descriptor instead.
 func (*FlowMatch) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *FlowMatch) GetIpProto() uint32 {
@@ -1563,7 +1684,7 @@ type HopAttach struct {
 
 func (x *HopAttach) Reset() {
 	*x = HopAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1575,7 +1696,7 @@ func (x *HopAttach) String() string {
 func (*HopAttach) ProtoMessage() {}
 
 func (x *HopAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1588,7 +1709,7 @@ func (x *HopAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopAttach.ProtoReflect.Descriptor instead.
 func (*HopAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HopAttach) GetHopIndex() uint32 {
@@ -1703,7 +1824,7 @@ type HopActions struct {
 
 func (x *HopActions) Reset() {
 	*x = HopActions{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1836,7 @@ func (x *HopActions) String() string {
 func (*HopActions) ProtoMessage() {}
 
 func (x *HopActions) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1849,7 @@ func (x *HopActions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopActions.ProtoReflect.Descriptor instead.
 func (*HopActions) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HopActions) GetCount() bool {
@@ -1806,7 +1927,7 @@ type EventAttach struct {
 
 func (x *EventAttach) Reset() {
 	*x = EventAttach{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +1939,7 @@ func (x *EventAttach) String() string {
 func (*EventAttach) ProtoMessage() {}
 
 func (x *EventAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +1952,7 @@ func (x *EventAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventAttach.ProtoReflect.Descriptor instead.
 func (*EventAttach) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EventAttach) GetEventIndex() uint32 {
@@ -1960,7 +2081,7 @@ type TcpTagging struct {
 
 func (x *TcpTagging) Reset() {
 	*x = TcpTagging{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2093,7 @@ func (x *TcpTagging) String() string {
 func (*TcpTagging) ProtoMessage() {}
 
 func (x *TcpTagging) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2106,7 @@ func (x *TcpTagging) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpTagging.ProtoReflect.Descriptor instead.
 func (*TcpTagging) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TcpTagging) GetNetns() string {
@@ -2010,15 +2131,18 @@ func (x *TcpTagging) GetProgram() string {
 }
 
 type RemoveTrace struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Trace         string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Trace string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
+	// The newest generation the dispatcher had handed out when it sent this: an
+	// agent refuses a removal older than a generation of the trace it took.
+	Generation    uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveTrace) Reset() {
 	*x = RemoveTrace{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2030,7 +2154,7 @@ func (x *RemoveTrace) String() string {
 func (*RemoveTrace) ProtoMessage() {}
 
 func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2043,7 +2167,7 @@ func (x *RemoveTrace) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveTrace.ProtoReflect.Descriptor instead.
 func (*RemoveTrace) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RemoveTrace) GetTrace() string {
@@ -2051,6 +2175,13 @@ func (x *RemoveTrace) GetTrace() string {
 		return x.Trace
 	}
 	return ""
+}
+
+func (x *RemoveTrace) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 type RunPreset struct {
@@ -2067,7 +2198,7 @@ type RunPreset struct {
 
 func (x *RunPreset) Reset() {
 	*x = RunPreset{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2210,7 @@ func (x *RunPreset) String() string {
 func (*RunPreset) ProtoMessage() {}
 
 func (x *RunPreset) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2223,7 @@ func (x *RunPreset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPreset.ProtoReflect.Descriptor instead.
 func (*RunPreset) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RunPreset) GetId() string {
@@ -2130,7 +2261,7 @@ type PresetResult struct {
 
 func (x *PresetResult) Reset() {
 	*x = PresetResult{}
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2273,7 @@ func (x *PresetResult) String() string {
 func (*PresetResult) ProtoMessage() {}
 
 func (x *PresetResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_agent_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2286,7 @@ func (x *PresetResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PresetResult.ProtoReflect.Descriptor instead.
 func (*PresetResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_hoptrace_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *PresetResult) GetId() string {
@@ -2276,15 +2407,25 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
 	"\battached\x18\x03 \x01(\bR\battached\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12@\n" +
-	"\x0frefused_actions\x18\x05 \x01(\v2\x17.hoptrace.v1.HopActionsR\x0erefusedActions\"\xc3\x02\n" +
+	"\x0frefused_actions\x18\x05 \x01(\v2\x17.hoptrace.v1.HopActionsR\x0erefusedActions\"\x9b\x02\n" +
 	"\x11DispatcherMessage\x12.\n" +
 	"\x05apply\x18\x01 \x01(\v2\x16.hoptrace.v1.TracePlanH\x00R\x05apply\x122\n" +
 	"\x06remove\x18\x02 \x01(\v2\x18.hoptrace.v1.RemoveTraceH\x00R\x06remove\x127\n" +
 	"\n" +
-	"run_preset\x18\x03 \x01(\v2\x16.hoptrace.v1.RunPresetH\x00R\trunPreset\x12?\n" +
-	"\fsigned_apply\x18\x04 \x01(\v2\x1a.hoptrace.v1.SignedMessageH\x00R\vsignedApply\x12H\n" +
-	"\x11signed_run_preset\x18\x05 \x01(\v2\x1a.hoptrace.v1.SignedMessageH\x00R\x0fsignedRunPresetB\x06\n" +
-	"\x04body\"|\n" +
+	"run_preset\x18\x03 \x01(\v2\x16.hoptrace.v1.RunPresetH\x00R\trunPreset\x124\n" +
+	"\x06signed\x18\x06 \x01(\v2\x1a.hoptrace.v1.SignedMessageH\x00R\x06signedB\x06\n" +
+	"\x04bodyJ\x04\b\x04\x10\x05J\x04\b\x05\x10\x06R\fsigned_applyR\x11signed_run_preset\"\xc0\x02\n" +
+	"\aCommand\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\x04R\bsequence\x127\n" +
+	"\tsigned_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bsignedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12.\n" +
+	"\x05apply\x18\n" +
+	" \x01(\v2\x16.hoptrace.v1.TracePlanH\x00R\x05apply\x122\n" +
+	"\x06remove\x18\v \x01(\v2\x18.hoptrace.v1.RemoveTraceH\x00R\x06remove\x127\n" +
+	"\n" +
+	"run_preset\x18\f \x01(\v2\x16.hoptrace.v1.RunPresetH\x00R\trunPresetB\b\n" +
+	"\x06action\"|\n" +
 	"\rSignedMessage\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1c\n" +
@@ -2364,9 +2505,12 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"TcpTagging\x12\x14\n" +
 	"\x05netns\x18\x01 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06cgroup\x18\x02 \x01(\tR\x06cgroup\x12\x18\n" +
-	"\aprogram\x18\x03 \x01(\tR\aprogram\"#\n" +
+	"\aprogram\x18\x03 \x01(\tR\aprogram\"C\n" +
 	"\vRemoveTrace\x12\x14\n" +
-	"\x05trace\x18\x01 \x01(\tR\x05trace\"\xa2\x01\n" +
+	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\"\xa2\x01\n" +
 	"\tRunPreset\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06preset\x18\x02 \x01(\tR\x06preset\x124\n" +
@@ -2393,7 +2537,7 @@ func file_hoptrace_v1_agent_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_agent_proto_rawDescData
 }
 
-var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_hoptrace_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*AgentMessage)(nil),          // 0: hoptrace.v1.AgentMessage
 	(*Register)(nil),              // 1: hoptrace.v1.Register
@@ -2409,76 +2553,81 @@ var file_hoptrace_v1_agent_proto_goTypes = []any{
 	(*EventStatus)(nil),           // 11: hoptrace.v1.EventStatus
 	(*HopStatus)(nil),             // 12: hoptrace.v1.HopStatus
 	(*DispatcherMessage)(nil),     // 13: hoptrace.v1.DispatcherMessage
-	(*SignedMessage)(nil),         // 14: hoptrace.v1.SignedMessage
-	(*TracePlan)(nil),             // 15: hoptrace.v1.TracePlan
-	(*FlowMatch)(nil),             // 16: hoptrace.v1.FlowMatch
-	(*HopAttach)(nil),             // 17: hoptrace.v1.HopAttach
-	(*HopActions)(nil),            // 18: hoptrace.v1.HopActions
-	(*EventAttach)(nil),           // 19: hoptrace.v1.EventAttach
-	(*TcpTagging)(nil),            // 20: hoptrace.v1.TcpTagging
-	(*RemoveTrace)(nil),           // 21: hoptrace.v1.RemoveTrace
-	(*RunPreset)(nil),             // 22: hoptrace.v1.RunPreset
-	(*PresetResult)(nil),          // 23: hoptrace.v1.PresetResult
-	nil,                           // 24: hoptrace.v1.Capabilities.AttachEntry
-	nil,                           // 25: hoptrace.v1.Capabilities.UnavailableFieldsEntry
-	nil,                           // 26: hoptrace.v1.Capabilities.DropReasonsEntry
-	nil,                           // 27: hoptrace.v1.RunPreset.ArgsEntry
-	(*Workload)(nil),              // 28: hoptrace.v1.Workload
-	(Field)(0),                    // 29: hoptrace.v1.Field
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(AttachKind)(0),               // 31: hoptrace.v1.AttachKind
-	(*EventTerm)(nil),             // 32: hoptrace.v1.EventTerm
-	(EventKey)(0),                 // 33: hoptrace.v1.EventKey
+	(*Command)(nil),               // 14: hoptrace.v1.Command
+	(*SignedMessage)(nil),         // 15: hoptrace.v1.SignedMessage
+	(*TracePlan)(nil),             // 16: hoptrace.v1.TracePlan
+	(*FlowMatch)(nil),             // 17: hoptrace.v1.FlowMatch
+	(*HopAttach)(nil),             // 18: hoptrace.v1.HopAttach
+	(*HopActions)(nil),            // 19: hoptrace.v1.HopActions
+	(*EventAttach)(nil),           // 20: hoptrace.v1.EventAttach
+	(*TcpTagging)(nil),            // 21: hoptrace.v1.TcpTagging
+	(*RemoveTrace)(nil),           // 22: hoptrace.v1.RemoveTrace
+	(*RunPreset)(nil),             // 23: hoptrace.v1.RunPreset
+	(*PresetResult)(nil),          // 24: hoptrace.v1.PresetResult
+	nil,                           // 25: hoptrace.v1.Capabilities.AttachEntry
+	nil,                           // 26: hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	nil,                           // 27: hoptrace.v1.Capabilities.DropReasonsEntry
+	nil,                           // 28: hoptrace.v1.RunPreset.ArgsEntry
+	(*Workload)(nil),              // 29: hoptrace.v1.Workload
+	(Field)(0),                    // 30: hoptrace.v1.Field
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(AttachKind)(0),               // 32: hoptrace.v1.AttachKind
+	(*EventTerm)(nil),             // 33: hoptrace.v1.EventTerm
+	(EventKey)(0),                 // 34: hoptrace.v1.EventKey
 }
 var file_hoptrace_v1_agent_proto_depIdxs = []int32{
 	1,  // 0: hoptrace.v1.AgentMessage.register:type_name -> hoptrace.v1.Register
 	6,  // 1: hoptrace.v1.AgentMessage.heartbeat:type_name -> hoptrace.v1.Heartbeat
 	10, // 2: hoptrace.v1.AgentMessage.trace_status:type_name -> hoptrace.v1.TraceStatus
-	23, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
+	24, // 3: hoptrace.v1.AgentMessage.preset_result:type_name -> hoptrace.v1.PresetResult
 	4,  // 4: hoptrace.v1.Register.capabilities:type_name -> hoptrace.v1.Capabilities
 	2,  // 5: hoptrace.v1.Register.namespaces:type_name -> hoptrace.v1.Namespace
 	10, // 6: hoptrace.v1.Register.running:type_name -> hoptrace.v1.TraceStatus
 	9,  // 7: hoptrace.v1.Register.runtime:type_name -> hoptrace.v1.ContainerRuntime
 	3,  // 8: hoptrace.v1.Namespace.devices:type_name -> hoptrace.v1.Device
-	28, // 9: hoptrace.v1.Namespace.workloads:type_name -> hoptrace.v1.Workload
-	24, // 10: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
-	29, // 11: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
-	25, // 12: hoptrace.v1.Capabilities.unavailable_fields:type_name -> hoptrace.v1.Capabilities.UnavailableFieldsEntry
-	26, // 13: hoptrace.v1.Capabilities.drop_reasons:type_name -> hoptrace.v1.Capabilities.DropReasonsEntry
-	30, // 14: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	29, // 9: hoptrace.v1.Namespace.workloads:type_name -> hoptrace.v1.Workload
+	25, // 10: hoptrace.v1.Capabilities.attach:type_name -> hoptrace.v1.Capabilities.AttachEntry
+	30, // 11: hoptrace.v1.Capabilities.action_fields:type_name -> hoptrace.v1.Field
+	26, // 12: hoptrace.v1.Capabilities.unavailable_fields:type_name -> hoptrace.v1.Capabilities.UnavailableFieldsEntry
+	27, // 13: hoptrace.v1.Capabilities.drop_reasons:type_name -> hoptrace.v1.Capabilities.DropReasonsEntry
+	31, // 14: hoptrace.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	8,  // 15: hoptrace.v1.Heartbeat.inventory:type_name -> hoptrace.v1.Inventory
 	7,  // 16: hoptrace.v1.Heartbeat.transport:type_name -> hoptrace.v1.TransportStatus
 	2,  // 17: hoptrace.v1.Inventory.namespaces:type_name -> hoptrace.v1.Namespace
 	9,  // 18: hoptrace.v1.Inventory.runtime:type_name -> hoptrace.v1.ContainerRuntime
 	12, // 19: hoptrace.v1.TraceStatus.hops:type_name -> hoptrace.v1.HopStatus
 	11, // 20: hoptrace.v1.TraceStatus.events:type_name -> hoptrace.v1.EventStatus
-	18, // 21: hoptrace.v1.HopStatus.refused_actions:type_name -> hoptrace.v1.HopActions
-	15, // 22: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
-	21, // 23: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
-	22, // 24: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
-	14, // 25: hoptrace.v1.DispatcherMessage.signed_apply:type_name -> hoptrace.v1.SignedMessage
-	14, // 26: hoptrace.v1.DispatcherMessage.signed_run_preset:type_name -> hoptrace.v1.SignedMessage
-	16, // 27: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
-	17, // 28: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
-	20, // 29: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
-	19, // 30: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
-	31, // 31: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
-	18, // 32: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
-	29, // 33: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
-	29, // 34: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
-	29, // 35: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
-	32, // 36: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
-	33, // 37: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
-	31, // 38: hoptrace.v1.EventAttach.kind:type_name -> hoptrace.v1.AttachKind
-	27, // 39: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
-	5,  // 40: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
-	0,  // 41: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
-	13, // 42: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
-	42, // [42:43] is the sub-list for method output_type
-	41, // [41:42] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	19, // 21: hoptrace.v1.HopStatus.refused_actions:type_name -> hoptrace.v1.HopActions
+	16, // 22: hoptrace.v1.DispatcherMessage.apply:type_name -> hoptrace.v1.TracePlan
+	22, // 23: hoptrace.v1.DispatcherMessage.remove:type_name -> hoptrace.v1.RemoveTrace
+	23, // 24: hoptrace.v1.DispatcherMessage.run_preset:type_name -> hoptrace.v1.RunPreset
+	15, // 25: hoptrace.v1.DispatcherMessage.signed:type_name -> hoptrace.v1.SignedMessage
+	31, // 26: hoptrace.v1.Command.signed_at:type_name -> google.protobuf.Timestamp
+	31, // 27: hoptrace.v1.Command.expires_at:type_name -> google.protobuf.Timestamp
+	16, // 28: hoptrace.v1.Command.apply:type_name -> hoptrace.v1.TracePlan
+	22, // 29: hoptrace.v1.Command.remove:type_name -> hoptrace.v1.RemoveTrace
+	23, // 30: hoptrace.v1.Command.run_preset:type_name -> hoptrace.v1.RunPreset
+	17, // 31: hoptrace.v1.TracePlan.match:type_name -> hoptrace.v1.FlowMatch
+	18, // 32: hoptrace.v1.TracePlan.hops:type_name -> hoptrace.v1.HopAttach
+	21, // 33: hoptrace.v1.TracePlan.tcp_tagging:type_name -> hoptrace.v1.TcpTagging
+	20, // 34: hoptrace.v1.TracePlan.events:type_name -> hoptrace.v1.EventAttach
+	32, // 35: hoptrace.v1.HopAttach.kind:type_name -> hoptrace.v1.AttachKind
+	19, // 36: hoptrace.v1.HopAttach.actions:type_name -> hoptrace.v1.HopActions
+	30, // 37: hoptrace.v1.HopActions.count_by:type_name -> hoptrace.v1.Field
+	30, // 38: hoptrace.v1.HopActions.histogram:type_name -> hoptrace.v1.Field
+	30, // 39: hoptrace.v1.HopActions.record:type_name -> hoptrace.v1.Field
+	33, // 40: hoptrace.v1.EventAttach.where:type_name -> hoptrace.v1.EventTerm
+	34, // 41: hoptrace.v1.EventAttach.count_by:type_name -> hoptrace.v1.EventKey
+	32, // 42: hoptrace.v1.EventAttach.kind:type_name -> hoptrace.v1.AttachKind
+	28, // 43: hoptrace.v1.RunPreset.args:type_name -> hoptrace.v1.RunPreset.ArgsEntry
+	5,  // 44: hoptrace.v1.Capabilities.AttachEntry.value:type_name -> hoptrace.v1.AttachSupport
+	0,  // 45: hoptrace.v1.AgentSession.Connect:input_type -> hoptrace.v1.AgentMessage
+	13, // 46: hoptrace.v1.AgentSession.Connect:output_type -> hoptrace.v1.DispatcherMessage
+	46, // [46:47] is the sub-list for method output_type
+	45, // [45:46] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_agent_proto_init() }
@@ -2498,8 +2647,12 @@ func file_hoptrace_v1_agent_proto_init() {
 		(*DispatcherMessage_Apply)(nil),
 		(*DispatcherMessage_Remove)(nil),
 		(*DispatcherMessage_RunPreset)(nil),
-		(*DispatcherMessage_SignedApply)(nil),
-		(*DispatcherMessage_SignedRunPreset)(nil),
+		(*DispatcherMessage_Signed)(nil),
+	}
+	file_hoptrace_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
+		(*Command_Apply)(nil),
+		(*Command_Remove)(nil),
+		(*Command_RunPreset)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2507,7 +2660,7 @@ func file_hoptrace_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_agent_proto_rawDesc), len(file_hoptrace_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

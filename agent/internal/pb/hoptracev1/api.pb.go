@@ -3012,6 +3012,263 @@ func (x *DiscoveredSegment) GetP99Ns() int64 {
 	return 0
 }
 
+type ListAuditRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The newest this many entries (0 = every entry kept).
+	Limit uint32 `protobuf:"varint,1,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Only the entries of this trace ("" = all).
+	Trace         string `protobuf:"bytes,2,opt,name=trace,proto3" json:"trace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditRequest) Reset() {
+	*x = ListAuditRequest{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditRequest) ProtoMessage() {}
+
+func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
+func (*ListAuditRequest) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ListAuditRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListAuditRequest) GetTrace() string {
+	if x != nil {
+		return x.Trace
+	}
+	return ""
+}
+
+type ListAuditResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Oldest first.
+	Entries       []*AuditEntry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditResponse) Reset() {
+	*x = ListAuditResponse{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditResponse) ProtoMessage() {}
+
+func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
+func (*ListAuditResponse) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ListAuditResponse) GetEntries() []*AuditEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+// One change asked of the dispatcher, as it ended.
+type AuditEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	At    *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=at,proto3" json:"at,omitempty"`
+	// "apply", "delete", "preset" or "discover".
+	Action string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	// The caller: the name and role of its API token ("" when the dispatcher takes no tokens), and the
+	// subject (CN) and role (OU) of its client certificate ("" on plaintext).
+	Token           string `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
+	TokenRole       string `protobuf:"bytes,4,opt,name=token_role,json=tokenRole,proto3" json:"token_role,omitempty"`
+	Certificate     string `protobuf:"bytes,5,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	CertificateRole string `protobuf:"bytes,6,opt,name=certificate_role,json=certificateRole,proto3" json:"certificate_role,omitempty"`
+	// The user the client says it acts for (the web UI's logged-in user; "" for the CLI), as the
+	// client's token vouches for it.
+	OnBehalfOf string `protobuf:"bytes,7,opt,name=on_behalf_of,json=onBehalfOf,proto3" json:"on_behalf_of,omitempty"`
+	// The client's address (gRPC peer, e.g. "ipv4:127.0.0.1:50312").
+	Peer string `protobuf:"bytes,8,opt,name=peer,proto3" json:"peer,omitempty"`
+	// apply, delete: the trace and the generation applied or removed (0 when none was reached).
+	Trace      string `protobuf:"bytes,9,opt,name=trace,proto3" json:"trace,omitempty"`
+	Generation uint64 `protobuf:"varint,10,opt,name=generation,proto3" json:"generation,omitempty"`
+	// preset, discover: the preset and its nodes.
+	Preset string   `protobuf:"bytes,11,opt,name=preset,proto3" json:"preset,omitempty"`
+	Nodes  []string `protobuf:"bytes,12,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// "ok", or "failed" with the dispatcher's answer in error.
+	Outcome       string `protobuf:"bytes,13,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Error         string `protobuf:"bytes,14,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEntry) Reset() {
+	*x = AuditEntry{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEntry) ProtoMessage() {}
+
+func (x *AuditEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
+func (*AuditEntry) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *AuditEntry) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetTokenRole() string {
+	if x != nil {
+		return x.TokenRole
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetCertificate() string {
+	if x != nil {
+		return x.Certificate
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetCertificateRole() string {
+	if x != nil {
+		return x.CertificateRole
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetOnBehalfOf() string {
+	if x != nil {
+		return x.OnBehalfOf
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetTrace() string {
+	if x != nil {
+		return x.Trace
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *AuditEntry) GetPreset() string {
+	if x != nil {
+		return x.Preset
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_hoptrace_v1_api_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_api_proto_rawDesc = "" +
@@ -3247,7 +3504,33 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\apackets\x18\x03 \x01(\rR\apackets\x12\x14\n" +
 	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x1b\n" +
 	"\tmedian_ns\x18\x05 \x01(\x03R\bmedianNs\x12\x15\n" +
-	"\x06p99_ns\x18\x06 \x01(\x03R\x05p99Ns2\x8a\b\n" +
+	"\x06p99_ns\x18\x06 \x01(\x03R\x05p99Ns\">\n" +
+	"\x10ListAuditRequest\x12\x14\n" +
+	"\x05limit\x18\x01 \x01(\rR\x05limit\x12\x14\n" +
+	"\x05trace\x18\x02 \x01(\tR\x05trace\"F\n" +
+	"\x11ListAuditResponse\x121\n" +
+	"\aentries\x18\x01 \x03(\v2\x17.hoptrace.v1.AuditEntryR\aentries\"\x9c\x03\n" +
+	"\n" +
+	"AuditEntry\x12*\n" +
+	"\x02at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\tR\x05token\x12\x1d\n" +
+	"\n" +
+	"token_role\x18\x04 \x01(\tR\ttokenRole\x12 \n" +
+	"\vcertificate\x18\x05 \x01(\tR\vcertificate\x12)\n" +
+	"\x10certificate_role\x18\x06 \x01(\tR\x0fcertificateRole\x12 \n" +
+	"\fon_behalf_of\x18\a \x01(\tR\n" +
+	"onBehalfOf\x12\x12\n" +
+	"\x04peer\x18\b \x01(\tR\x04peer\x12\x14\n" +
+	"\x05trace\x18\t \x01(\tR\x05trace\x12\x1e\n" +
+	"\n" +
+	"generation\x18\n" +
+	" \x01(\x04R\n" +
+	"generation\x12\x16\n" +
+	"\x06preset\x18\v \x01(\tR\x06preset\x12\x14\n" +
+	"\x05nodes\x18\f \x03(\tR\x05nodes\x12\x18\n" +
+	"\aoutcome\x18\r \x01(\tR\aoutcome\x12\x14\n" +
+	"\x05error\x18\x0e \x01(\tR\x05error2\xd6\b\n" +
 	"\bHoptrace\x12V\n" +
 	"\rValidateTrace\x12!.hoptrace.v1.ValidateTraceRequest\x1a\".hoptrace.v1.ValidateTraceResponse\x12@\n" +
 	"\n" +
@@ -3268,7 +3551,8 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"GetVersion\x12\x1e.hoptrace.v1.GetVersionRequest\x1a\x14.hoptrace.v1.Version\x12E\n" +
 	"\n" +
 	"GetPackets\x12\x1e.hoptrace.v1.GetPacketsRequest\x1a\x17.hoptrace.v1.PacketList\x12F\n" +
-	"\bDiscover\x12\x1c.hoptrace.v1.DiscoverRequest\x1a\x1a.hoptrace.v1.DiscoverEvent0\x01BFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
+	"\bDiscover\x12\x1c.hoptrace.v1.DiscoverRequest\x1a\x1a.hoptrace.v1.DiscoverEvent0\x01\x12J\n" +
+	"\tListAudit\x12\x1d.hoptrace.v1.ListAuditRequest\x1a\x1e.hoptrace.v1.ListAuditResponseBFZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3"
 
 var (
 	file_hoptrace_v1_api_proto_rawDescOnce sync.Once
@@ -3282,7 +3566,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -3328,99 +3612,106 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*DiscoveredPath)(nil),           // 41: hoptrace.v1.DiscoveredPath
 	(*DiscoverResult)(nil),           // 42: hoptrace.v1.DiscoverResult
 	(*DiscoveredSegment)(nil),        // 43: hoptrace.v1.DiscoveredSegment
-	nil,                              // 44: hoptrace.v1.EventResult.ByEntry
-	nil,                              // 45: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 46: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 47: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 48: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 49: hoptrace.v1.Register
-	(*TransportStatus)(nil),          // 50: hoptrace.v1.TransportStatus
-	(*Filter)(nil),                   // 51: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 52: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 53: hoptrace.v1.PresetResult
+	(*ListAuditRequest)(nil),         // 44: hoptrace.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),        // 45: hoptrace.v1.ListAuditResponse
+	(*AuditEntry)(nil),               // 46: hoptrace.v1.AuditEntry
+	nil,                              // 47: hoptrace.v1.EventResult.ByEntry
+	nil,                              // 48: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 49: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 50: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 51: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 52: hoptrace.v1.Register
+	(*TransportStatus)(nil),          // 53: hoptrace.v1.TransportStatus
+	(*Filter)(nil),                   // 54: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 55: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 56: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	46, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	49, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	46, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	46, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	47, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	48, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	49, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	49, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	50, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	51, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	49, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	47, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	52, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	50, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	50, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
-	47, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	47, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	47, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	53, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
+	50, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	50, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	50, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	21, // 15: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	21, // 16: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
 	23, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
 	19, // 18: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
 	17, // 19: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
-	44, // 20: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
+	47, // 20: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
 	27, // 21: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
 	18, // 22: hoptrace.v1.EventResult.recorded:type_name -> hoptrace.v1.EventRecordedResult
 	20, // 23: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
 	20, // 24: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	47, // 25: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	47, // 26: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	50, // 25: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	50, // 26: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
 	22, // 27: hoptrace.v1.SegmentStats.drops:type_name -> hoptrace.v1.DropCount
 	25, // 28: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
 	26, // 29: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
 	24, // 30: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
 	27, // 31: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	46, // 32: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	47, // 33: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	47, // 34: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	49, // 32: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	50, // 33: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	50, // 34: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
 	33, // 35: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	47, // 36: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	50, // 36: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
 	34, // 37: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	45, // 38: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	51, // 39: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	48, // 38: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	54, // 39: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
 	40, // 40: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
 	42, // 41: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	52, // 42: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	46, // 43: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	55, // 42: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	49, // 43: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
 	41, // 44: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
 	43, // 45: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
-	52, // 46: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
-	52, // 47: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
-	1,  // 48: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 49: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 50: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 51: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 52: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 53: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 54: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 55: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	28, // 56: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	29, // 57: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	37, // 58: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	35, // 59: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	31, // 60: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	38, // 61: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	2,  // 62: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 63: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 64: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 65: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 66: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 67: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 68: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 69: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	21, // 70: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	30, // 71: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	53, // 72: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	36, // 73: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	32, // 74: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	39, // 75: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	62, // [62:76] is the sub-list for method output_type
-	48, // [48:62] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	55, // 46: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	55, // 47: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	46, // 48: hoptrace.v1.ListAuditResponse.entries:type_name -> hoptrace.v1.AuditEntry
+	50, // 49: hoptrace.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	1,  // 50: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 51: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 52: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 53: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 54: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 55: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 56: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 57: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	28, // 58: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	29, // 59: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	37, // 60: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	35, // 61: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	31, // 62: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	38, // 63: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	44, // 64: hoptrace.v1.Hoptrace.ListAudit:input_type -> hoptrace.v1.ListAuditRequest
+	2,  // 65: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 66: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 67: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 68: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 69: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 70: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 71: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 72: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	21, // 73: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	30, // 74: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	56, // 75: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	36, // 76: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	32, // 77: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	39, // 78: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	45, // 79: hoptrace.v1.Hoptrace.ListAudit:output_type -> hoptrace.v1.ListAuditResponse
+	65, // [65:80] is the sub-list for method output_type
+	50, // [50:65] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -3440,7 +3731,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   46,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -33,6 +33,7 @@ const (
 	Hoptrace_GetVersion_FullMethodName        = "/hoptrace.v1.Hoptrace/GetVersion"
 	Hoptrace_GetPackets_FullMethodName        = "/hoptrace.v1.Hoptrace/GetPackets"
 	Hoptrace_Discover_FullMethodName          = "/hoptrace.v1.Hoptrace/Discover"
+	Hoptrace_ListAudit_FullMethodName         = "/hoptrace.v1.Hoptrace/ListAudit"
 )
 
 // HoptraceClient is the client API for Hoptrace service.
@@ -69,6 +70,9 @@ type HoptraceClient interface {
 	// nodes, for a duration or until enough packets were seen; progress as it runs, then the result,
 	// whose spec has the crossed devices as hops in path order.
 	Discover(ctx context.Context, in *DiscoverRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DiscoverEvent], error)
+	// The dispatcher's audit trail: who applied and deleted which trace, ran which preset or discovery,
+	// when, and how it ended (the last 10,000 entries, kept in its state directory).
+	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
 }
 
 type hoptraceClient struct {
@@ -246,6 +250,16 @@ func (c *hoptraceClient) Discover(ctx context.Context, in *DiscoverRequest, opts
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Hoptrace_DiscoverClient = grpc.ServerStreamingClient[DiscoverEvent]
 
+func (c *hoptraceClient) ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAuditResponse)
+	err := c.cc.Invoke(ctx, Hoptrace_ListAudit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HoptraceServer is the server API for Hoptrace service.
 // All implementations must embed UnimplementedHoptraceServer
 // for forward compatibility.
@@ -280,6 +294,9 @@ type HoptraceServer interface {
 	// nodes, for a duration or until enough packets were seen; progress as it runs, then the result,
 	// whose spec has the crossed devices as hops in path order.
 	Discover(*DiscoverRequest, grpc.ServerStreamingServer[DiscoverEvent]) error
+	// The dispatcher's audit trail: who applied and deleted which trace, ran which preset or discovery,
+	// when, and how it ended (the last 10,000 entries, kept in its state directory).
+	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
 	mustEmbedUnimplementedHoptraceServer()
 }
 
@@ -331,6 +348,9 @@ func (UnimplementedHoptraceServer) GetPackets(context.Context, *GetPacketsReques
 }
 func (UnimplementedHoptraceServer) Discover(*DiscoverRequest, grpc.ServerStreamingServer[DiscoverEvent]) error {
 	return status.Error(codes.Unimplemented, "method Discover not implemented")
+}
+func (UnimplementedHoptraceServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAudit not implemented")
 }
 func (UnimplementedHoptraceServer) mustEmbedUnimplementedHoptraceServer() {}
 func (UnimplementedHoptraceServer) testEmbeddedByValue()                  {}
@@ -584,6 +604,24 @@ func _Hoptrace_Discover_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Hoptrace_DiscoverServer = grpc.ServerStreamingServer[DiscoverEvent]
 
+func _Hoptrace_ListAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAuditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HoptraceServer).ListAudit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Hoptrace_ListAudit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HoptraceServer).ListAudit(ctx, req.(*ListAuditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Hoptrace_ServiceDesc is the grpc.ServiceDesc for Hoptrace service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -634,6 +672,10 @@ var Hoptrace_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetPackets",
 			Handler:    _Hoptrace_GetPackets_Handler,
+		},
+		{
+			MethodName: "ListAudit",
+			Handler:    _Hoptrace_ListAudit_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

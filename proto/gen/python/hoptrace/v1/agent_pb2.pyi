@@ -205,18 +205,32 @@ class HopStatus(_message.Message):
     def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ..., refused_actions: _Optional[_Union[HopActions, _Mapping]] = ...) -> None: ...
 
 class DispatcherMessage(_message.Message):
-    __slots__ = ("apply", "remove", "run_preset", "signed_apply", "signed_run_preset")
+    __slots__ = ("apply", "remove", "run_preset", "signed")
     APPLY_FIELD_NUMBER: _ClassVar[int]
     REMOVE_FIELD_NUMBER: _ClassVar[int]
     RUN_PRESET_FIELD_NUMBER: _ClassVar[int]
-    SIGNED_APPLY_FIELD_NUMBER: _ClassVar[int]
-    SIGNED_RUN_PRESET_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_FIELD_NUMBER: _ClassVar[int]
     apply: TracePlan
     remove: RemoveTrace
     run_preset: RunPreset
-    signed_apply: SignedMessage
-    signed_run_preset: SignedMessage
-    def __init__(self, apply: _Optional[_Union[TracePlan, _Mapping]] = ..., remove: _Optional[_Union[RemoveTrace, _Mapping]] = ..., run_preset: _Optional[_Union[RunPreset, _Mapping]] = ..., signed_apply: _Optional[_Union[SignedMessage, _Mapping]] = ..., signed_run_preset: _Optional[_Union[SignedMessage, _Mapping]] = ...) -> None: ...
+    signed: SignedMessage
+    def __init__(self, apply: _Optional[_Union[TracePlan, _Mapping]] = ..., remove: _Optional[_Union[RemoveTrace, _Mapping]] = ..., run_preset: _Optional[_Union[RunPreset, _Mapping]] = ..., signed: _Optional[_Union[SignedMessage, _Mapping]] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("sequence", "signed_at", "expires_at", "apply", "remove", "run_preset")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    SIGNED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    APPLY_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    RUN_PRESET_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    signed_at: _timestamp_pb2.Timestamp
+    expires_at: _timestamp_pb2.Timestamp
+    apply: TracePlan
+    remove: RemoveTrace
+    run_preset: RunPreset
+    def __init__(self, sequence: _Optional[int] = ..., signed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., apply: _Optional[_Union[TracePlan, _Mapping]] = ..., remove: _Optional[_Union[RemoveTrace, _Mapping]] = ..., run_preset: _Optional[_Union[RunPreset, _Mapping]] = ...) -> None: ...
 
 class SignedMessage(_message.Message):
     __slots__ = ("payload", "node", "signature", "signer_cert")
@@ -365,10 +379,12 @@ class TcpTagging(_message.Message):
     def __init__(self, netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., program: _Optional[str] = ...) -> None: ...
 
 class RemoveTrace(_message.Message):
-    __slots__ = ("trace",)
+    __slots__ = ("trace", "generation")
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     trace: str
-    def __init__(self, trace: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class RunPreset(_message.Message):
     __slots__ = ("id", "preset", "args")

@@ -518,3 +518,49 @@ class DiscoveredSegment(_message.Message):
     median_ns: int
     p99_ns: int
     def __init__(self, from_hop: _Optional[_Union[_trace_pb2.HopSpec, _Mapping]] = ..., to_hop: _Optional[_Union[_trace_pb2.HopSpec, _Mapping]] = ..., packets: _Optional[int] = ..., share: _Optional[float] = ..., median_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("limit", "trace")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    trace: str
+    def __init__(self, limit: _Optional[int] = ..., trace: _Optional[str] = ...) -> None: ...
+
+class ListAuditResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ...) -> None: ...
+
+class AuditEntry(_message.Message):
+    __slots__ = ("at", "action", "token", "token_role", "certificate", "certificate_role", "on_behalf_of", "peer", "trace", "generation", "preset", "nodes", "outcome", "error")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ROLE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_ROLE_FIELD_NUMBER: _ClassVar[int]
+    ON_BEHALF_OF_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    at: _timestamp_pb2.Timestamp
+    action: str
+    token: str
+    token_role: str
+    certificate: str
+    certificate_role: str
+    on_behalf_of: str
+    peer: str
+    trace: str
+    generation: int
+    preset: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    outcome: str
+    error: str
+    def __init__(self, at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., action: _Optional[str] = ..., token: _Optional[str] = ..., token_role: _Optional[str] = ..., certificate: _Optional[str] = ..., certificate_role: _Optional[str] = ..., on_behalf_of: _Optional[str] = ..., peer: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., preset: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., outcome: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...

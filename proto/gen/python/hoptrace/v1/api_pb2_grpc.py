@@ -106,6 +106,11 @@ class HoptraceStub(object):
                 request_serializer=hoptrace_dot_v1_dot_api__pb2.DiscoverRequest.SerializeToString,
                 response_deserializer=hoptrace_dot_v1_dot_api__pb2.DiscoverEvent.FromString,
                 _registered_method=True)
+        self.ListAudit = channel.unary_unary(
+                '/hoptrace.v1.Hoptrace/ListAudit',
+                request_serializer=hoptrace_dot_v1_dot_api__pb2.ListAuditRequest.SerializeToString,
+                response_deserializer=hoptrace_dot_v1_dot_api__pb2.ListAuditResponse.FromString,
+                _registered_method=True)
 
 
 class HoptraceServicer(object):
@@ -210,6 +215,14 @@ class HoptraceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListAudit(self, request, context):
+        """The dispatcher's audit trail: who applied and deleted which trace, ran which preset or discovery,
+        when, and how it ended (the last 10,000 entries, kept in its state directory).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HoptraceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -282,6 +295,11 @@ def add_HoptraceServicer_to_server(servicer, server):
                     servicer.Discover,
                     request_deserializer=hoptrace_dot_v1_dot_api__pb2.DiscoverRequest.FromString,
                     response_serializer=hoptrace_dot_v1_dot_api__pb2.DiscoverEvent.SerializeToString,
+            ),
+            'ListAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAudit,
+                    request_deserializer=hoptrace_dot_v1_dot_api__pb2.ListAuditRequest.FromString,
+                    response_serializer=hoptrace_dot_v1_dot_api__pb2.ListAuditResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -663,6 +681,33 @@ class Hoptrace(object):
             '/hoptrace.v1.Hoptrace/Discover',
             hoptrace_dot_v1_dot_api__pb2.DiscoverRequest.SerializeToString,
             hoptrace_dot_v1_dot_api__pb2.DiscoverEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hoptrace.v1.Hoptrace/ListAudit',
+            hoptrace_dot_v1_dot_api__pb2.ListAuditRequest.SerializeToString,
+            hoptrace_dot_v1_dot_api__pb2.ListAuditResponse.FromString,
             options,
             channel_credentials,
             insecure,
