@@ -40,6 +40,10 @@ vNetTracer's metrics (section III-D of the paper), per segment and window:
   flight while the trace was applied: `JoinedPacket.before_attach`): it is counted in `before_attach`, the
   segment's when its second hop is such a hop, end to end's when every hop it lacks is. A packet that lacks
   a hop that was attached is lost end to end even when it also passed one unwatched.
+* Drops (a trace with ``drops: true``): a lost packet that a node's kernel reported dropping
+  (`JoinedPacket.drop`: node and reason, from the drop hops' skb:kfree_skb records) is counted by (node,
+  reason) in the window of the segment it was lost in (`SegmentWindow.drops`), and end to end. The loss
+  itself is counted as before: drops say why, for as many of the lost packets as the kernel said so.
 * Jitter: the mean of |dT(i+1) - dT(i)| over consecutive packets of the window, in the order of their time at
   the first hop (`jitter_ns`), and the nearest-rank p99 of those differences (`jitter_p99_ns`).
 * Per-device processing time: a segment whose two hops are on one node is flagged `same_node`.
@@ -144,6 +148,8 @@ class SegmentWindow:
     tracer_lost: int = 0
     # Packets seen at from_hop that passed to_hop before it was attached: neither a latency nor loss.
     before_attach: int = 0
+    # The lost packets a node's kernel dropped, by (node, reason name): `drops: true`.
+    drops: dict[tuple[str, str], int] = field(default_factory=dict)
     jitter_ns: float = 0.0
     jitter_p99_ns: int = 0
     same_node: bool = False
@@ -272,6 +278,7 @@ class _Window:
         "complete",
         "from_count",
         "lost",
+        "drops",
         "cut_lost",
         "before_attach",
         "flagged",
@@ -290,6 +297,7 @@ class _Window:
         self.complete = 0
         self.from_count = 0
         self.lost = 0
+        self.drops: dict[tuple[str, str], int] = {}
         self.cut_lost = 0
         self.before_attach = 0
         self.flagged = 0
@@ -612,7 +620,7 @@ class SegmentAggregator:
                 from_node = nodes[a] if a < len(nodes) and nodes[a] else (path.hop_node(a) if path else "")
                 to_node = nodes[b] if b < len(nodes) and nodes[b] else (path.hop_node(b) if path else "")
                 if w is not None:
-                    self._count_path(w, ta, tb, p.cut, from_node, to_node, p.before_attach >> b & 1)
+                    self._count_path(w, ta, tb, p.cut, from_node, to_node, p.before_attach >> b & 1, p.drop)
                 if ta is None or tb is None:
                     if w is not None:
                         w.incomplete += 1
@@ -657,7 +665,7 @@ class SegmentAggregator:
                 # lost end to end unless every hop it lacks is one it passed before that was attached
                 missing = sum(1 << i for i in range(n) if i >= len(times) or times[i] is None)
                 unwatched = bool(p.before_attach) and not missing & ~p.before_attach
-                self._count_path(w, t0, tn, p.cut, from_node, to_node, unwatched)
+                self._count_path(w, t0, tn, p.cut, from_node, to_node, unwatched, p.drop)
             if t0 is None or tn is None:
                 if w is not None:
                     w.incomplete += 1
@@ -726,9 +734,11 @@ class SegmentAggregator:
         from_node: str,
         to_node: str,
         before_attach: bool | int = False,
+        drop: tuple[str, str, int] | None = None,
     ) -> None:
         """Loss and node bookkeeping of one packet in one segment window. `before_attach`: the packet
-        passed the segment's second hop (end to end: every hop it lacks) before that was attached."""
+        passed the segment's second hop (end to end: every hop it lacks) before that was attached;
+        `drop`: where and why its kernel dropped it (`JoinedPacket.drop`), counted with a loss."""
         if to_node and not w.to_node:
             w.to_node = to_node
         if ta is not None:
@@ -740,6 +750,9 @@ class SegmentAggregator:
                     w.before_attach += 1
                 else:
                     w.lost += 1
+                    if drop is not None:
+                        key = (drop[0], drop[1])
+                        w.drops[key] = w.drops.get(key, 0) + 1
         if ta is not None and tb is not None:
             same = bool(from_node) and from_node == to_node
             w.same_node = same if w.same_node is None else (w.same_node and same)
@@ -821,6 +834,7 @@ class SegmentAggregator:
             loss_rate=loss / w.from_count if w.from_count else 0.0,
             tracer_lost=lost_at_to + w.cut_lost,
             before_attach=w.before_attach,
+            drops=w.drops,
             jitter_ns=jit,
             jitter_p99_ns=jit_p99,
             same_node=same_node,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,22 @@ from hoptrace.v1 import trace_pb2
 
 # A path longer than this is refused (hoptrace.h: keeps per-packet join state bounded).
 MAX_HOPS = kernel_abi.MAX_HOPS
+
+
+@dataclass(frozen=True, slots=True)
+class DropSite:
+    """A drop hop of a trace with ``drops: true`` (`trace_pb2.DropHop`): the skb:kfree_skb hop of one node
+    and namespace, whose records are the trace's packets the kernel dropped there, with the reason's value
+    in its kernel's enum skb_drop_reason, named by `reasons`."""
+
+    hop_index: int
+    node: str
+    name: str
+    reasons: Mapping[int, str] = field(default_factory=dict)
+
+    def reason_name(self, value: int) -> str:
+        """The reason's name on this node's kernel ("NETFILTER_DROP"); `reason<N>` when it has none."""
+        return self.reasons.get(value) or f"reason{value}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,16 +49,29 @@ class TracePath:
     # Per hop: the container and pod ("namespace/name") its netns belongs to, as the dispatcher resolved a
     # `netns: container:NAME` / `pod:NS/NAME` (`HopSpec.workload`); "" for other hops. Empty: none known.
     hop_workloads: tuple[tuple[str, str], ...] = ()
+    # The drop hops (`drops: true`), whose indexes follow the path's: not part of the path.
+    drop_hops: tuple[DropSite, ...] = ()
 
     def hop_name(self, index: int) -> str:
-        """Name of hop `index`, or a placeholder `hop<index>` when not known."""
+        """Name of hop `index` (a drop hop's too), or a placeholder `hop<index>` when not known."""
         if index < len(self.hop_names) and self.hop_names[index]:
             return self.hop_names[index]
-        return f"hop{index}"
+        drop = self.drop_site(index)
+        return drop.name if drop is not None else f"hop{index}"
 
     def hop_node(self, index: int) -> str:
-        """Node of hop `index`, or "" when not known."""
-        return self.hop_nodes[index] if index < len(self.hop_nodes) else ""
+        """Node of hop `index` (a drop hop's too), or "" when not known."""
+        if index < len(self.hop_nodes):
+            return self.hop_nodes[index]
+        drop = self.drop_site(index)
+        return drop.node if drop is not None else ""
+
+    def drop_site(self, index: int) -> DropSite | None:
+        """The drop hop whose records carry hop index `index`, or None."""
+        position = index - len(self.hop_names)
+        if 0 <= position < len(self.drop_hops) and self.drop_hops[position].hop_index == index:
+            return self.drop_hops[position]
+        return next((drop for drop in self.drop_hops if drop.hop_index == index), None)
 
     def hop_workload(self, index: int) -> tuple[str, str]:
         """(container, pod) of hop `index`: ("", "") when it was not given by a workload."""
@@ -55,6 +84,7 @@ class TraceCatalog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._paths: dict[str, TracePath] = {}
+        self._specs: dict[str, trace_pb2.TraceSpec] = {}  # as the dispatcher gave them (set_spec)
         self._version = 0
 
     def set_trace(
@@ -63,9 +93,10 @@ class TraceCatalog:
         hop_names: Sequence[str],
         hop_nodes: Sequence[str] | None = None,
         hop_workloads: Sequence[tuple[str, str]] | None = None,
+        drop_hops: Sequence[DropSite] = (),
     ) -> None:
         """Set the path of trace `name`: `hop_names[i]` is hop i; `hop_nodes[i]` its node and
-        `hop_workloads[i]` its (container, pod) (both optional)."""
+        `hop_workloads[i]` its (container, pod) (both optional); `drop_hops` its drop hops."""
         if not name:
             raise ValueError("trace name is empty")
         if not hop_names or len(hop_names) > MAX_HOPS:
@@ -78,6 +109,9 @@ class TraceCatalog:
         workloads = tuple(hop_workloads) if hop_workloads is not None else ()
         if workloads and len(workloads) != len(hop_names):
             raise ValueError(f"trace {name}: {len(hop_names)} hop names but {len(workloads)} hop workloads")
+        drops = tuple(drop_hops)
+        if len(hop_names) + len(drops) > MAX_HOPS or any(d.hop_index < len(hop_names) for d in drops):
+            raise ValueError(f"trace {name}: drop hops must follow the path's, within {MAX_HOPS} hops")
         with self._lock:
             old = self._paths.get(name)
             if (
@@ -86,13 +120,17 @@ class TraceCatalog:
                 and old.hop_names == tuple(hop_names)
                 and old.hop_nodes == nodes
                 and old.hop_workloads == workloads
+                and old.drop_hops == drops
             ):
                 return
             self._version += 1
-            self._paths[name] = TracePath(name, tuple(hop_names), nodes, True, self._version, workloads)
+            self._paths[name] = TracePath(
+                name, tuple(hop_names), nodes, True, self._version, workloads, drops
+            )
 
     def set_spec(self, spec: trace_pb2.TraceSpec) -> None:
         """Set a trace's path from its `TraceSpec` (hop_index = position in `spec.hops`)."""
+        self._specs[spec.name] = spec
         workloads = [
             (
                 h.workload.container_name,
@@ -105,12 +143,14 @@ class TraceCatalog:
             [h.name for h in spec.hops],
             [h.node for h in spec.hops],
             workloads if any(c or pod for c, pod in workloads) else None,
+            [DropSite(d.hop_index, d.node, d.name, dict(d.reasons)) for d in spec.drop_hops],
         )
 
     def remove_trace(self, name: str) -> None:
         """Forget a trace (deleted by the user)."""
         with self._lock:
             self._paths.pop(name, None)
+            self._specs.pop(name, None)
 
     def learn_hop(self, trace: str, hop_index: int, hop_name: str, node: str) -> None:
         """Fallback: record a hop name seen in `HopCounters`, unless the trace's path is set explicitly."""
@@ -135,6 +175,11 @@ class TraceCatalog:
     def get(self, name: str) -> TracePath | None:
         """The path of trace `name`, or None."""
         return self._paths.get(name)
+
+    def spec(self, name: str) -> trace_pb2.TraceSpec | None:
+        """The spec of trace `name` as `set_spec` had it (its hops' attach points, devices, namespaces and
+        its flow filter), or None (a path from a file or learned from counters)."""
+        return self._specs.get(name)
 
     def names(self) -> list[str]:
         """Names of all traces in the catalog."""

@@ -28,6 +28,14 @@ so for a trace, a hop of it no node has named yet is not attached (its node has 
 its counters are on the way). A trace no node has said it for (an agent that does not send the time) is
 joined as if every hop had always been attached.
 
+Drops (a trace with ``drops: true``): its drop hops' records (skb:kfree_skb on each node and namespace of the
+path, `catalog.DropSite`) are no hops of the path: they never make a packet complete, and their indexes follow
+the path's. Each is kept in the packet's entry, in a slot after the path's, with its node and reason (the
+record's `drop_reason` value, from the batch's recorded values, named by its node's kernel); an incomplete
+packet leaves with the earliest as `JoinedPacket.drop`, which the aggregation counts at the segment where the
+packet went missing. A drop of a packet that never reaches the path's hops (or was complete already) is
+counted in `JoinStats.drops_unmatched`; a freed packet whose reason is no drop (`CONSUMED`) is ignored.
+
 Memory bound: at most `max_entries` pending packets. One entry is a key tuple (2 items), a list of
 2 * hops + 2 slots and one int per timestamp seen: about 250 + 50 * hops bytes on CPython 3.11 (measured by
 `bench/collector_join.py`: 330 B for 2 hops, 430 B for 4), so the default 500 000 entries of a 4-hop trace
@@ -47,7 +55,11 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hoptrace.collector.catalog import MAX_HOPS, TraceCatalog, TracePath
-from hoptrace.collector.records import ID_SEQ_BITS, Record
+from hoptrace.collector.records import HOP_INDEX, ID_SEQ_BITS, PACKET_ID, TS_NS, Record, RecordedValues
+from hoptrace.spec.actions import FIELD_NUMBERS
+from hoptrace.spec.drops import DROP_REASON_FIELD, NOT_DROPS
+
+_DROP_REASON = FIELD_NUMBERS[DROP_REASON_FIELD]
 
 # Width of the per-packet slot array of a trace whose path is not known yet (grown when needed).
 _UNKNOWN_WIDTH = 8
@@ -86,6 +98,9 @@ class JoinedPacket(NamedTuple):
     # it that saw it, so the packet may have passed it unwatched (in flight while the trace was applied):
     # not lost there.
     before_attach: int = 0
+    # The kernel dropped the packet after its last hop seen (`drops: true`): (node, reason name, drop hop
+    # index), the earliest of its drop hops' records; None when none saw it.
+    drop: tuple[str, str, int] | None = None
 
 
 @dataclass
@@ -103,10 +118,12 @@ class JoinStats:
     missing: Counter[tuple[str, str]] = field(default_factory=Counter)
     # packets emitted without a hop they passed before it was attached
     before_attach: int = 0
+    # drop records (drops: true) of packets no hop of the path saw in the window, or complete ones
+    drops_unmatched: int = 0
 
 
 class _TraceState:
-    __slots__ = ("path", "version", "width", "path_len", "template")
+    __slots__ = ("path", "version", "width", "path_len", "limit", "template")
 
     def __init__(self, path: TracePath | None, width: int) -> None:
         self.path = path
@@ -114,6 +131,8 @@ class _TraceState:
         known = path is not None and path.known
         self.path_len = len(path.hop_names) if known else 0  # 0: never complete before expiry
         self.width = width
+        # Hop indexes from here on are no hops of the path: a known path's drop hops up to `width`.
+        self.limit = self.path_len or width
         # entry layout: [ts_0 .. ts_{w-1}, node_0 .. node_{w-1}, open_watermark, hops_seen]
         self.template: list = [None] * (2 * width) + [0, 0]
 
@@ -221,7 +240,7 @@ class HopJoiner:
         if st is not None and (path is None or path.version == st.version):
             return st
         if path is not None and path.known:
-            width = len(path.hop_names)
+            width = len(path.hop_names) + len(path.drop_hops)
         else:
             width = max(_UNKNOWN_WIDTH, len(path.hop_names) if path else 0, st.width if st else 0)
         new = _TraceState(path, width)
@@ -258,7 +277,8 @@ class HopJoiner:
 
     def _emit(self, key: tuple[str, int], e: list, st: _TraceState, cut: bool = False) -> JoinedPacket:
         w = st.width
-        times = e[:w]
+        pw = st.limit  # the path's slots; drop hops' after them
+        times = e[:pw]
         complete = st.path_len > 0 and e[-1] == st.path_len
         stats = self.stats
         stats.packets += 1
@@ -275,15 +295,23 @@ class HopJoiner:
             unattached = self._before_attach(key[0], path, times, n)
             if unattached:
                 stats.before_attach += 1
+        drop = None
+        if not complete and pw < w:
+            dropped = [i for i in range(pw, w) if e[i] is not None]
+            if dropped:
+                first = min(dropped, key=e.__getitem__)
+                node, reason = e[w + first]
+                drop = (node, reason, first)
         return JoinedPacket(
             key[0],
             key[1] >> ID_SEQ_BITS,
             key[1],
             times,
-            e[w : 2 * w],
+            e[w : w + pw],
             complete,
             cut and not complete,
             unattached,
+            drop,
         )
 
     # -- the hot path ------------------------------------------------------------------------------------
@@ -297,16 +325,18 @@ class HopJoiner:
         now_ns: int | None = None,
         drift: float = 0.0,
         ref_mono_ns: int = 0,
+        values: Iterable[RecordedValues] = (),
     ) -> list[JoinedPacket]:
         """Join one batch of records (one trace, one node) and return the packets this completes or expires.
 
         Master time of a record: `ts + delta_ns - drift * (ts - ref_mono_ns)` (`clock.NodeMapping`).
         `now_ns` is the collector's monotonic clock (default: now), used only to advance the watermark while
-        idle.
+        idle. `values`: the batch's recorded values, where its drop hops' records have their reasons.
         """
         out: list[JoinedPacket] = []
         st = self._state(trace, out)
         width = st.width
+        limit = st.limit
         plen = st.path_len
         tmpl = st.template
         known = plen > 0
@@ -318,14 +348,23 @@ class HopJoiner:
         dropped = 0
         completed = 0
         make = tuple.__new__  # JoinedPacket without its Python-level __new__ (the hot path's one object)
+        reasons: dict[tuple[int, int, int], int] | None = None
         for ts, pid, _flow_hash, _ifindex, _wire_len, hop, _slot, _cpu, _flags in records:
             n += 1
-            if hop >= width:
+            if hop >= limit:
+                if hop < width:  # a drop hop of a known path
+                    if reasons is None:
+                        reasons = {
+                            (r[TS_NS], r[PACKET_ID], r[HOP_INDEX]): v.get(_DROP_REASON, 0) for r, v in values
+                        }
+                    t = ts + delta_ns - (round(drift * (ts - ref_mono_ns)) if drift else 0)
+                    self._note_drop(st, (trace, pid), hop, t, node, reasons.get((ts, pid, hop), 0))
+                    continue
                 if known or hop >= MAX_HOPS:
                     dropped += 1
                     continue
                 st = self._grow(trace, st, hop, out)
-                width, tmpl = st.width, st.template
+                width, tmpl, limit = st.width, st.template, st.limit
             t = ts + delta_ns
             if drift:
                 t -= round(drift * (ts - ref_mono_ns))
@@ -344,7 +383,17 @@ class HopJoiner:
                         out.append(
                             make(
                                 JoinedPacket,
-                                (trace, pid >> ID_SEQ_BITS, pid, e[:width], e[width:-2], True, False, 0),
+                                (
+                                    trace,
+                                    pid >> ID_SEQ_BITS,
+                                    pid,
+                                    e[:plen],
+                                    e[width : width + plen],
+                                    True,
+                                    False,
+                                    0,
+                                    None,
+                                ),
                             )
                         )
                     else:
@@ -379,6 +428,24 @@ class HopJoiner:
             out.extend(self.expire())
         return out
 
+    def _note_drop(
+        self, st: _TraceState, key: tuple[str, int], hop: int, t: int, node: str, value: int
+    ) -> None:
+        """A drop hop's record: kept in the packet's entry (a new one when the packet has none yet: its
+        path records may come later from other nodes), the earliest per drop hop."""
+        path = st.path
+        site = path.drop_site(hop) if path is not None else None
+        reason = site.reason_name(value) if site is not None else f"reason{value}"
+        if reason in NOT_DROPS:
+            return
+        e = self._pending.get(key)
+        if e is None:
+            e = self._pending[key] = st.template.copy()
+            e[-2] = t  # the window runs from the packet's first record
+        if e[hop] is None or t < e[hop]:
+            e[hop] = t
+            e[st.width + hop] = (node, reason)
+
     # -- expiry --------------------------------------------------------------------------------------------
 
     def expire(self) -> list[JoinedPacket]:
@@ -402,6 +469,9 @@ class HopJoiner:
         traces = self._traces
         for key in expired:
             e = pending.pop(key)
+            if not e[-1]:  # drop records alone: no hop of the path saw the packet (or it left complete)
+                self.stats.drops_unmatched += 1
+                continue
             if e[-2] > cutoff:
                 evicted += 1
             out.append(self._emit(key, e, traces[key[0]], cut=e[-2] > cutoff))
@@ -427,7 +497,8 @@ class HopJoiner:
     def flush(self) -> list[JoinedPacket]:
         """Emit every pending packet (shutdown)."""
         traces = self._traces
-        out = [self._emit(k, e, traces[k[0]]) for k, e in self._pending.items()]
+        out = [self._emit(k, e, traces[k[0]]) for k, e in self._pending.items() if e[-1]]
+        self.stats.drops_unmatched += len(self._pending) - len(out)
         self._pending.clear()
         return out
 

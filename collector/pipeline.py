@@ -119,6 +119,7 @@ class CollectorPipeline:
         if path is None or not path.known or not any(path.hop_nodes):
             return batch  # no path with nodes to check against yet (records wait in the join)
         own = {i for i, node in enumerate(path.hop_nodes) if node in ("", batch.node)}
+        own.update(drop.hop_index for drop in path.drop_hops if drop.node == batch.node)
         if set(map(itemgetter(HOP_INDEX), batch.records)) <= own and all(
             c.hop_index in own for c in batch.counters
         ):
@@ -165,6 +166,7 @@ class CollectorPipeline:
                 mapping.delta_ns,
                 drift=mapping.drift,
                 ref_mono_ns=mapping.ref_mono_ns,
+                values=batch.values,
             )
             self.counters.add_records(batch.trace, batch.node, batch.records, mapping)
             now = self.joiner.watermark_ns or time.time_ns()

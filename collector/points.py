@@ -18,6 +18,7 @@ from hoptrace.collector.schema import (
     JITTER_PREFIX,
     LATENCY_PREFIX,
     NODE_CLOCK,
+    SEGMENT_DROPS,
     SEGMENT_STATS,
     TRACER_LOSS,
 )
@@ -104,6 +105,25 @@ def segment_point(w: SegmentWindow) -> Point:
     return Point(SEGMENT_STATS, tags, tuple(fields), w.start_ns)
 
 
+def drops_points(w: SegmentWindow) -> list[Point]:
+    """The `segment_drops` points of one window: its lost packets' drops, one per node and reason."""
+    return [
+        Point(
+            SEGMENT_DROPS,
+            (
+                ("collector", w.instance),
+                ("node", node),
+                ("reason", reason),
+                ("segment", w.segment),
+                ("trace", w.trace),
+            ),
+            (("count", count),),
+            w.start_ns,
+        )
+        for (node, reason), count in sorted(w.drops.items())
+    ]
+
+
 def counters_points(w: HopCounterWindow) -> list[Point]:
     """The `hop_counters` points of one window: the counter deltas and the throughput, two points of the
     same series and time (InfluxDB merges their fields)."""
@@ -155,7 +175,10 @@ def window_points(
 ) -> list[Point]:
     """The points of the aggregation's output: exemplars, windows, clock estimates and tracer losses."""
     points = [latency_point(s) for s in samples]
-    points.extend(segment_point(w) for w in segments)
+    for w in segments:
+        points.append(segment_point(w))
+        if w.drops:
+            points.extend(drops_points(w))
     for w in counters:
         points.extend(counters_points(w))
     points.extend(node_clock_point(p) for p in clocks)

@@ -19,6 +19,11 @@ the Grafana dashboards (deploy/) use them: a contract.
   `jitter_p99_ns`, `same_node` (bool: both hops on one node, the latency is that node's processing time),
   `below_clock_bound` (bool: median latency below the two nodes' clock bounds), `below_bound_count` and
   `clock_bound_ns` (the sum of the two nodes' clock bounds, the largest in the window; 0 on one node).
+* `segment_drops` - a trace with `drops: true`: per trace, segment (end_to_end too), interval, collector,
+  node and reason, the lost packets that node's kernel reported dropping (skb:kfree_skb) for that reason.
+  Tags `trace`, `segment`, `node`, `reason` (enum skb_drop_reason's name on that node's kernel without
+  SKB_DROP_REASON_, e.g. `NETFILTER_DROP`), `collector`; int field `count`. Time: the window's start, as
+  `segment_stats`; written only for windows with drops.
 * `hop_latency` - exemplars: one point per segment of the packets kept as examples (`AggregateConfig`: the
   slowest few per trace and window, and 1 in N by packet ID). Tags `trace`, `segment` ("from>to"),
   `from_hop`, `to_hop`, `from_node`, `to_node`; fields `latency_ns` (int), `packet_id` (int), and
@@ -51,6 +56,7 @@ Tags with an empty value are left out (line protocol does not allow them).
 from __future__ import annotations
 
 SEGMENT_STATS = "segment_stats"
+SEGMENT_DROPS = "segment_drops"
 HOP_LATENCY = "hop_latency"
 HOP_COUNTERS = "hop_counters"
 NODE_CLOCK = "node_clock"

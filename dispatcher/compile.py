@@ -30,6 +30,7 @@ from hoptrace import kernel_abi
 from hoptrace.common.timeouts import scaled
 from hoptrace.spec import AttachPoint, CheckedSpec, tcp_tagging_enabled, udp_tagging_enabled
 from hoptrace.spec.actions import FIELD_NUMBERS
+from hoptrace.spec.drops import DROP_REASON_FIELD, drop_hops
 from hoptrace.spec.events import CPU_KEY, function_source, latency_since
 from hoptrace.spec.workloads import attach_netns
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
@@ -252,6 +253,22 @@ def hop_attach(
     return attach
 
 
+def drop_hop_attach(drop: trace_pb2.DropHop) -> agent_pb2.HopAttach:
+    """A drop hop (``drops: true``) as its node's agent attaches it: skb:kfree_skb in its namespace, any
+    device, recording the reason of each of the trace's packets the kernel drops there. Only packets with
+    the trace's ID are recorded (hop_finish), so the hop costs the node's other drops a filter miss."""
+    return agent_pb2.HopAttach(
+        hop_index=drop.hop_index,
+        name=drop.name,
+        kind=trace_pb2.ATTACH_KIND_TRACEPOINT,
+        program=KFREE_TRACEPOINT_PROGRAM,
+        netns=drop.netns,
+        tracepoint_group="skb",
+        tracepoint_event="kfree_skb",
+        actions=agent_pb2.HopActions(record=[FIELD_NUMBERS[DROP_REASON_FIELD]]),
+    )
+
+
 def event_attach(event: trace_pb2.EventSpec, index: int, spec: trace_pb2.TraceSpec) -> agent_pb2.EventAttach:
     """One validated event as its node's agent loads it: typed terms, count key, histogram argument,
     recorded arguments, and the pairing of latencies (this event marks its time when a later event of
@@ -316,6 +333,10 @@ def build_plans(checked: CheckedSpec, generation: int, origin: int = 0) -> dict[
                 protocol=spec.filter.protocol,
             )
         )
+    # Resolved at validation against the agents (with their kernels' reason names); a spec checked without
+    # agents (standalone plans) gets the same hops here.
+    for drop in spec.drop_hops or drop_hops(spec):
+        plans[drop.node].hops.append(drop_hop_attach(drop))
     for index, event in enumerate(spec.events):
         plan = plans.get(event.node)
         if plan is None:

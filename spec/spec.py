@@ -18,6 +18,7 @@ import yaml
 
 from hoptrace import kernel_abi
 from hoptrace.spec import actions as hop_actions
+from hoptrace.spec import drops as drop_hops
 from hoptrace.spec import events as event_probes
 from hoptrace.spec import workloads
 from hoptrace.spec.attach import AT_FORMS, AttachPoint, at_spelling, attach_refusal, parse_attach_point
@@ -38,7 +39,7 @@ MAX_SPEC_BYTES = 1 << 20
 MAX_NESTING = 16  # mappings and lists inside each other (a spec needs 3)
 MAX_REPORTED_ERRORS = 30  # in a message; SpecError.errors keeps them all
 
-TOP_LEVEL_KEYS = ("name", "filter", "sample", "hops", "events")
+TOP_LEVEL_KEYS = ("name", "filter", "sample", "hops", "events", "drops")
 FILTER_KEYS = ("protocol", "src", "dst", "src_port", "dst_port")
 HOP_KEYS = ("name", "node", "at", "dev", "netns", "cgroup", "actions")
 # The hop keys whose values are strings.
@@ -266,6 +267,11 @@ class _Converter:
                 self.convert_hop(hop, f"hops[{position}]", spec.hops.add())
         for where, reason in event_probes.convert_events(data.get("events"), spec):
             self.error(where, reason)
+        drops = data.get("drops")
+        if drops is not None and not isinstance(drops, bool):
+            self.error("drops", f"must be true or false, got {_type_name(drops)} {drops!r}")
+        elif drops:
+            spec.drops = True
         return spec
 
     def convert_filter(self, value: Any, target: trace_pb2.Filter) -> None:
@@ -370,6 +376,8 @@ def spec_to_data(spec: trace_pb2.TraceSpec) -> dict[str, Any]:
         data["hops"].append(hop_data)
     if spec.events:
         data["events"] = [event_probes.event_to_data(event) for event in spec.events]
+    if spec.drops:
+        data["drops"] = True
     return data
 
 
@@ -631,6 +639,7 @@ def _validate(
     points: list[AttachPoint | None] = []
     if agents is not None:
         spec = workloads.resolve_workloads(spec, agents)
+        spec = drop_hops.resolve_drop_hops(spec, agents)
     if not spec.name:
         errors.append(FieldError("name", "required: the trace's name, [a-z0-9-]+"))
     elif not NAME_PATTERN.match(spec.name) or len(spec.name) > NAME_MAX_LEN:
@@ -664,6 +673,7 @@ def _validate(
     if points and points[0] is not None:
         _validate_tagging(spec, points[0], errors)
     errors.extend(FieldError(where, reason) for where, reason in event_probes.validate_events(spec))
+    errors.extend(FieldError(where, reason) for where, reason in drop_hops.validate_drops(spec))
     read_nodes = {
         hop.node
         for hop, point in zip(spec.hops, points, strict=True)
@@ -695,5 +705,9 @@ def _validate(
         _validate_against_agents(spec, points, agents, errors)
         errors.extend(
             FieldError(where, reason) for where, reason in event_probes.validate_against_agents(spec, agents)
+        )
+        errors.extend(
+            FieldError(where, reason)
+            for where, reason in drop_hops.validate_drops_against_agents(spec, agents)
         )
     return spec, errors, points

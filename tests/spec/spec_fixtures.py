@@ -63,6 +63,8 @@ ATTACH_SUPPORT = {
     "kretprobe": (False, "kretprobe not supported: kernel has no kprobe_events"),
 }
 
+DROP_REASONS = {1: "CONSUMED", 2: "NOT_SPECIFIED", 3: "NO_SOCKET", 12: "NETFILTER_DROP"}
+
 NODE_NAMESPACES = {
     "host-a": {"": ["lo", "wire0", "veth-c1", "br0"], "c1": ["lo", "eth0"]},
     "host-b": {"": ["lo", "wire0", "veth-c2", "br0"], "c2": ["lo", "eth0"]},
@@ -79,6 +81,8 @@ def make_registration(
     registration.capabilities.tcp_header_options = True
     # Every field of the catalogue, as probe.Capabilities reports it.
     registration.capabilities.action_fields.extend(range(1, len(kernel_abi.FIELDS)))
+    # A few of the kernel's enum skb_drop_reason names, as probe.DropReasons reads them from BTF.
+    registration.capabilities.drop_reasons.update(DROP_REASONS)
     for kind, (supported, reason) in ATTACH_SUPPORT.items():
         registration.capabilities.attach[kind].supported = supported
         registration.capabilities.attach[kind].reason = reason
