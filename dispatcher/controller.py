@@ -35,12 +35,14 @@ log = logging.getLogger(__name__)
 
 
 class DispatcherError(Exception):
-    """A request that cannot be done; `code` is the gRPC status the API answers with."""
+    """A request that cannot be done; `code` is the gRPC status the API answers with, `generation` the one
+    an apply had reached when it failed (0: none; the audit trail says it)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, generation: int = 0) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.generation = generation
 
 
 def spec_nodes(spec: trace_pb2.TraceSpec) -> list[str]:
@@ -220,6 +222,12 @@ class TraceController:
         with self._lock:
             return sorted(self._traces)
 
+    def generation_of(self, name: str) -> int:
+        """The generation trace `name` runs at (0 when it is not applied)."""
+        with self._lock:
+            trace = self._traces.get(name)
+            return trace.stored.generation if trace else 0
+
     def spec_of(self, name: str) -> trace_pb2.TraceSpec | None:
         """The applied spec of trace `name`, or None."""
         with self._lock:
@@ -312,7 +320,9 @@ class TraceController:
                 plans = compile_spec(checked, generation, self.compiler, origin)
             except CompileError as error:
                 raise DispatcherError(
-                    grpc.StatusCode.INTERNAL, f"trace {spec.name}: compiling the BPF objects failed:\n{error}"
+                    grpc.StatusCode.INTERNAL,
+                    f"trace {spec.name}: compiling the BPF objects failed:\n{error}",
+                    generation,
                 ) from None
             # The collector gets the path before the agents attach: the packets in flight while the hops
             # attach one by one reach it before the apply returns, and are joined and named on this path.
@@ -334,7 +344,7 @@ class TraceController:
                 )
                 if rollback_problems:
                     message += "\nrollback problems:\n" + "\n".join(rollback_problems)
-                raise DispatcherError(grpc.StatusCode.FAILED_PRECONDITION, message)
+                raise DispatcherError(grpc.StatusCode.FAILED_PRECONDITION, message, generation)
             stored = StoredTrace(spec=spec, generation=generation, applied_at=now(), origin=origin)
             self.store.save(stored)
             trace = _Trace(stored, checked, plans=plans, nodes=nodes)
@@ -375,7 +385,7 @@ class TraceController:
         sent = []
         for node, plan in plans.items():
             connection = self.registry.connection(node)
-            if connection is None or not connection.send(self.signer.apply(node, plan)):
+            if connection is None or not self.signer.deliver(connection, node, apply=plan):
                 failures.append(f"node {node}: agent disconnected")
             else:
                 sent.append(node)
@@ -396,10 +406,10 @@ class TraceController:
         mark = self._statuses.mark()
         problems = []
         sent = []
+        remove = agent_pb2.RemoveTrace(trace=trace, generation=self.store.current_generation())
         for node in nodes:
             connection = self.registry.connection(node)
-            remove = agent_pb2.DispatcherMessage(remove=agent_pb2.RemoveTrace(trace=trace))
-            if connection is None or not connection.send(remove):
+            if connection is None or not self.signer.deliver(connection, node, remove=remove):
                 problems.append(f"node {node}: agent not connected; it is cleaned up when it reconnects")
             else:
                 sent.append(node)
@@ -478,8 +488,9 @@ class TraceController:
                 )
                 continue
             log.info("pushing %s generation %d to node %s", name, plan.generation, node)
-            connection.send(self.signer.apply(node, plan))
+            self.signer.deliver(connection, node, apply=plan)
         for name in running:
             if name not in wanted_names:
                 log.info("node %s runs %s, which is not applied there: removing", node, name)
-                connection.send(agent_pb2.DispatcherMessage(remove=agent_pb2.RemoveTrace(trace=name)))
+                remove = agent_pb2.RemoveTrace(trace=name, generation=self.store.current_generation())
+                self.signer.deliver(connection, node, remove=remove)

@@ -152,7 +152,7 @@ class PresetRunner:
         with self._lock:
             self._waiting[request.id] = (done, box)
         try:
-            if not connection.send(self.signer.run_preset(node, request)):
+            if not self.signer.deliver(connection, node, run_preset=request):
                 raise PresetError(grpc.StatusCode.UNAVAILABLE, f"node {node}: agent disconnected")
             deadline = time.monotonic() + timeout
             while not done.wait(min(0.5, max(0.0, deadline - time.monotonic()))):

@@ -30,7 +30,7 @@ from hoptrace.dispatcher.compile import BpfCompiler, Toolchain
 from hoptrace.dispatcher.controller import TraceController
 from hoptrace.dispatcher.registry import AgentRegistry
 from hoptrace.dispatcher.session import AgentSessionServicer
-from hoptrace.dispatcher.signing import MessageSigner
+from hoptrace.dispatcher.signing import DEFAULT_COMMAND_TTL_S, MessageSigner
 from hoptrace.dispatcher.state import StateStore
 from hoptrace.v1 import agent_pb2_grpc, api_pb2_grpc
 
@@ -57,8 +57,9 @@ class DispatcherServer:
 
     With `tls`, the port is mutual TLS (every client needs a certificate of `tls.ca`) and an agent may only
     register as the node its certificate names; without, it is plaintext (a WARNING is logged). With
-    `tokens_file`, user API calls need a bearer token of that file (docs/security.md). Plans and presets are
-    signed by `signer`, by default with `tls`'s certificate and key (unsigned without `tls`). Compiled BPF
+    `tokens_file`, user API calls need a bearer token of that file (docs/security.md). Commands to agents
+    (plans, removals, presets) are signed by `signer`, by default with `tls`'s certificate and key and valid
+    for `command_ttl_s` (unsigned without `tls`). Compiled BPF
     objects are cached by content hash in `bpf_cache_dir` (default `<state_dir>/cache`), which dispatchers
     of the same sources may share.
     """
@@ -79,6 +80,7 @@ class DispatcherServer:
         tokens_file: str | Path | None = None,
         signer: MessageSigner | None = None,
         bpf_cache_dir: str | Path | None = None,
+        command_ttl_s: float = DEFAULT_COMMAND_TTL_S,
     ) -> None:
         self.listen = listen
         self.tls = tls
@@ -93,7 +95,13 @@ class DispatcherServer:
         cache_dir = Path(bpf_cache_dir) if bpf_cache_dir else self.store.state_dir / "cache"
         self.compiler = compiler or BpfCompiler(Toolchain.default(), cache_dir=cache_dir)
         if signer is None:
-            signer = MessageSigner.from_files(tls.cert, tls.key) if tls is not None else MessageSigner()
+            signer = (
+                MessageSigner.from_files(tls.cert, tls.key, ttl_s=command_ttl_s)
+                if tls is not None
+                else MessageSigner(ttl_s=command_ttl_s)
+            )
+        # Command sequences continue above the last one signed, across restarts.
+        signer.sequence = self.store.next_sequence
         self.controller = TraceController(
             self.registry, self.store, self.compiler, ack_timeout=ack_timeout, signer=signer
         )
@@ -133,9 +141,9 @@ class DispatcherServer:
         self._server.start()
         signer = self.controller.signer
         if signer.signs:
-            log.info("plans and presets are signed by %s", signer.subject)
+            log.info("commands to agents are signed by %s, valid for %gs", signer.subject, signer.ttl_s)
         else:
-            log.warning("WARNING: plans and presets go unsigned: only agents run with --insecure take them")
+            log.warning("WARNING: commands to agents go unsigned: only agents run with --insecure take them")
         threading.Thread(target=self.compiler.warm_up, name="bpf-warm-up", daemon=True).start()
         log.info("dispatcher listening on %s (state in %s)", self.address, self.store.state_dir)
         return self

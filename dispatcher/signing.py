@@ -1,18 +1,26 @@
-"""The dispatcher's signatures on what it sends agents (docs/security.md, "Signed plans and presets").
+"""The dispatcher's signatures on what it sends agents (docs/security.md, "Signed commands").
 
-Every plan (the compiled object's bytes and the attach plan) and every remote preset leaves the dispatcher as
-a `SignedMessage`: the serialized message, the node it is for, a signature by the dispatcher's key (the one
-it serves TLS with) and its certificate. An agent with a CA verifies the signature over the payload's bytes as
-received before parsing them (protobuf has no canonical encoding: nothing is re-encoded to be checked), and
-takes only a certificate of that CA whose role (subject OU) is ``dispatcher``.
+Every command to an agent (apply a plan, remove a trace, run a preset) leaves the dispatcher as a `Command`
+in a `SignedMessage`: the serialized command, the node it is for, a signature by the dispatcher's key (the one
+it serves TLS with) and its certificate. The command carries a sequence (growing with every command signed,
+across restarts), the time it was signed and its expiry, and its action names the trace and the generation:
+all of it is signed, so an agent can refuse a command played again. An agent with a CA verifies the signature
+over the payload's bytes as received before parsing them (protobuf has no canonical encoding: nothing is
+re-encoded to be checked), and takes only a certificate of that CA whose role (subject OU) is ``dispatcher``.
 
 The signed bytes are ``CONTEXT 0x00 TYPE 0x00 NODE 0x00 PAYLOAD``, TYPE the payload's full message name: the
-Go side (``agent/internal/signing.SignedBytes``) builds the same, and its tests pin the format.
+Go side (``agent/internal/signing.SignedBytes``) builds the same, and its tests pin the format. Plan files
+(``hoptrace plan sign``) are bare signed TracePlans, without sequence or expiry: only ``hoptrace-agent run
+--plan`` takes them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cryptography import x509
@@ -21,13 +29,34 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import NameOID
 
 from hoptrace.common.grpcutil import ROLE_DISPATCHER
+from hoptrace.dispatcher.registry import AgentConnection
 from hoptrace.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
 
 CONTEXT = b"hoptrace-signed-message-v1"
+COMMAND_TYPE = agent_pb2.Command.DESCRIPTOR.full_name
 PLAN_TYPE = agent_pb2.TracePlan.DESCRIPTOR.full_name
-PRESET_TYPE = agent_pb2.RunPreset.DESCRIPTOR.full_name
+# How long an agent may act on a command after it was signed (--command-ttl): its way to the agent and the
+# two clocks' difference (the agent allows --max-clock-skew on top); it checks commands as they arrive.
+DEFAULT_COMMAND_TTL_S = 60.0
+# The longest agents take (agent/internal/signing.MaxCommandLifetime): it bounds what they must remember.
+MAX_COMMAND_TTL_S = 600.0
+
+
+class TimeSequence:
+    """Command sequences without a state directory: nanoseconds since the epoch, each above the last. A
+    dispatcher keeps its own above a persisted floor too (StateStore.next_sequence), so a clock set back
+    across a restart never repeats one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = 0
+
+    def __call__(self) -> int:
+        with self._lock:
+            self._last = max(time.time_ns(), self._last + 1)
+            return self._last
 
 
 def signed_bytes(type_name: str, node: str, payload: bytes) -> bytes:
@@ -50,7 +79,21 @@ class MessageSigner:
     `cert_pem` (PEM); without them (``--insecure``) the messages go unsigned, and only agents that run
     ``--insecure`` too take them."""
 
-    def __init__(self, cert_pem: bytes | None = None, key_pem: bytes | None = None) -> None:
+    def __init__(
+        self,
+        cert_pem: bytes | None = None,
+        key_pem: bytes | None = None,
+        *,
+        ttl_s: float = DEFAULT_COMMAND_TTL_S,
+    ) -> None:
+        if not 0 < ttl_s <= MAX_COMMAND_TTL_S:
+            raise ValueError(f"a command's time to live must be above 0 and at most {MAX_COMMAND_TTL_S:g}s")
+        self.ttl_s = ttl_s
+        # The next command's sequence; the dispatcher puts its persisted one here (DispatcherServer).
+        self.sequence: Callable[[], int] = TimeSequence()
+        # Held from a command's sequence to its place in the agent's queue: each agent gets its commands in
+        # sequence order, so none is refused as older than one sent before it.
+        self._order = threading.Lock()
         self._key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey | None = None
         self._cert_der = b""
         self.subject = ""
@@ -79,9 +122,11 @@ class MessageSigner:
             )
 
     @classmethod
-    def from_files(cls, cert: str | Path, key: str | Path) -> MessageSigner:
+    def from_files(
+        cls, cert: str | Path, key: str | Path, *, ttl_s: float = DEFAULT_COMMAND_TTL_S
+    ) -> MessageSigner:
         """A signer with the certificate and key in these PEM files (the dispatcher's --cert and --key)."""
-        return cls(Path(cert).read_bytes(), Path(key).read_bytes())
+        return cls(Path(cert).read_bytes(), Path(key).read_bytes(), ttl_s=ttl_s)
 
     @property
     def signs(self) -> bool:
@@ -101,18 +146,42 @@ class MessageSigner:
             payload=payload, node=node, signature=signature, signer_cert=self._cert_der
         )
 
-    def apply(self, node: str, plan: agent_pb2.TracePlan) -> agent_pb2.DispatcherMessage:
-        """The message that applies `plan` on `node`."""
+    def command(
+        self,
+        node: str,
+        *,
+        apply: agent_pb2.TracePlan | None = None,
+        remove: agent_pb2.RemoveTrace | None = None,
+        run_preset: agent_pb2.RunPreset | None = None,
+        signed_at: datetime | None = None,
+    ) -> agent_pb2.DispatcherMessage:
+        """The message that orders `node`'s agent to do one of apply, remove, run_preset: a signed Command
+        with the next sequence, valid for `ttl_s` from `signed_at` (default now; tests sign in the past);
+        unsigned without a key (--insecure). Use `deliver` to queue it for an agent."""
+        actions = {"apply": apply, "remove": remove, "run_preset": run_preset}
+        given = {name: message for name, message in actions.items() if message is not None}
+        if len(given) != 1:
+            raise ValueError(f"a command orders exactly one of {', '.join(actions)}, not {sorted(given)}")
         if not self.signs:
-            return agent_pb2.DispatcherMessage(apply=plan)
-        return agent_pb2.DispatcherMessage(
-            signed_apply=self.sign(PLAN_TYPE, node, plan.SerializeToString(deterministic=True))
-        )
+            return agent_pb2.DispatcherMessage(**given)
+        signed_at = signed_at or datetime.now(UTC)
+        command = agent_pb2.Command(sequence=self.sequence(), **given)
+        command.signed_at.FromDatetime(signed_at)
+        command.expires_at.FromDatetime(signed_at + timedelta(seconds=self.ttl_s))
+        payload = command.SerializeToString(deterministic=True)
+        return agent_pb2.DispatcherMessage(signed=self.sign(COMMAND_TYPE, node, payload))
 
-    def run_preset(self, node: str, request: agent_pb2.RunPreset) -> agent_pb2.DispatcherMessage:
-        """The message that runs preset `request` on `node`."""
-        if not self.signs:
-            return agent_pb2.DispatcherMessage(run_preset=request)
-        return agent_pb2.DispatcherMessage(
-            signed_run_preset=self.sign(PRESET_TYPE, node, request.SerializeToString(deterministic=True))
-        )
+    def deliver(
+        self,
+        connection: AgentConnection,
+        node: str,
+        *,
+        apply: agent_pb2.TracePlan | None = None,
+        remove: agent_pb2.RemoveTrace | None = None,
+        run_preset: agent_pb2.RunPreset | None = None,
+    ) -> bool:
+        """Sign the command and queue it on `connection` (an AgentConnection), in sequence order; False when
+        the connection is closed."""
+        with self._order:
+            message = self.command(node, apply=apply, remove=remove, run_preset=run_preset)
+            return connection.send(message)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +18,9 @@ from hoptrace.spec import SpecError, spec_from_data, spec_to_data
 from hoptrace.v1 import trace_pb2
 
 log = logging.getLogger(__name__)
+
+# How far the persisted sequence floor runs ahead of the sequences handed out.
+SEQUENCE_FLOOR_AHEAD_NS = 60 * 1_000_000_000
 
 
 @dataclass
@@ -54,6 +58,12 @@ class StateStore:
         self._generation_path = self.state_dir / "generation"
         self._lock = threading.Lock()
         self._last_generation: int | None = None
+        # Command sequences (nanoseconds since the epoch, each above the last): a floor kept on disk, a
+        # minute ahead of the last handed out, so a restart (even with the clock set back) continues above.
+        self._sequence_path = self.state_dir / "sequence"
+        self._last_sequence: int | None = None
+        self._sequence_floor = 0
+        self.clock_ns = time.time_ns  # the wall clock sequences follow (tests set it back)
 
     def path_for(self, name: str) -> Path:
         """The file of trace `name` (names are [a-z0-9-]+, safe as file names)."""
@@ -126,15 +136,43 @@ class StateStore:
         may still run.
         """
         with self._lock:
-            if self._last_generation is None:
-                try:
-                    counter = int(self._generation_path.read_text().strip() or 0)
-                except (FileNotFoundError, ValueError):
-                    counter = 0
-                self._last_generation = max([counter, *(stored.generation for stored in self.load())])
-            self._last_generation += 1
+            self._last_generation = self._generation_read() + 1
             _write_atomically(self._generation_path, f"{self._last_generation}\n")
             return self._last_generation
+
+    def current_generation(self) -> int:
+        """The newest generation handed out (0 before the first): a removal carries it, so an agent takes
+        it after every apply it may have seen, and refuses it after a later one."""
+        with self._lock:
+            return self._generation_read()
+
+    def _generation_read(self) -> int:
+        """The newest generation handed out (the caller holds the lock)."""
+        if self._last_generation is None:
+            try:
+                counter = int(self._generation_path.read_text().strip() or 0)
+            except (FileNotFoundError, ValueError):
+                counter = 0
+            self._last_generation = max([counter, *(stored.generation for stored in self.load())])
+        return self._last_generation
+
+    def next_sequence(self) -> int:
+        """The sequence of the next signed command: the wall clock in nanoseconds, above every one handed out
+        before, across restarts (docs/security.md, "Signed commands"). The floor on disk is written once a
+        minute of sequences, not per command."""
+        with self._lock:
+            if self._last_sequence is None:
+                try:
+                    self._sequence_floor = int(self._sequence_path.read_text().strip() or 0)
+                except (FileNotFoundError, ValueError):
+                    self._sequence_floor = 0
+                self._last_sequence = self._sequence_floor
+            sequence = max(self.clock_ns(), self._last_sequence + 1)
+            if sequence >= self._sequence_floor:
+                self._sequence_floor = sequence + SEQUENCE_FLOOR_AHEAD_NS
+                _write_atomically(self._sequence_path, f"{self._sequence_floor}\n")
+            self._last_sequence = sequence
+            return sequence
 
 
 def now() -> datetime:

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -88,26 +89,22 @@ def metric(address: str, series: str) -> float:
     raise AssertionError(f"no series {series} on {address}/metrics")
 
 
-class InTransit:
+class InTransit(MessageSigner):
     """The dispatcher's real signer, whose signed plans an attacker on the way changes (`edit`)."""
 
     def __init__(self, signer: MessageSigner, edit: Callable[[agent_pb2.TracePlan], None]) -> None:
-        self.signer = signer
+        super().__init__()
+        self.__dict__.update(signer.__dict__)
         self.edit = edit
-        self.signs = signer.signs
-        self.subject = signer.subject
 
-    def apply(self, node: str, plan: agent_pb2.TracePlan) -> agent_pb2.DispatcherMessage:
-        """Signed as usual, then changed."""
-        message = self.signer.apply(node, plan)
-        changed = agent_pb2.TracePlan.FromString(message.signed_apply.payload)
-        self.edit(changed)
-        message.signed_apply.payload = changed.SerializeToString()
+    def command(self, node: str, **action: Any) -> agent_pb2.DispatcherMessage:
+        """Signed as usual, then the plan changed (removals and presets pass unchanged)."""
+        message = super().command(node, **action)
+        if action.get("apply") is not None:
+            command = agent_pb2.Command.FromString(message.signed.payload)
+            self.edit(command.apply)
+            message.signed.payload = command.SerializeToString()
         return message
-
-    def run_preset(self, node: str, request: agent_pb2.RunPreset) -> agent_pb2.DispatcherMessage:
-        """Presets pass unchanged."""
-        return self.signer.run_preset(node, request)
 
 
 def flip_last_object_byte(plan: agent_pb2.TracePlan) -> None:
@@ -189,7 +186,17 @@ def test_signed_plan_is_attached(certs: CertBundle, compiler, netns, workdir):
         assert list(attached) == [f"{DEV}/egress"], attached
         assert program_names(attached[f"{DEV}/egress"]) == ["hop_tc"]
         assert bpf_fds(agent.process.pid)["link"], "the agent holds no link"
-        for reason in ("unsigned", "node", "certificate", "role", "signature", "payload"):
+        for reason in (
+            "unsigned",
+            "node",
+            "certificate",
+            "revoked",
+            "role",
+            "signature",
+            "payload",
+            "expired",
+            "replayed",
+        ):
             series = f'hoptrace_agent_signature_refusals_total{{type="plan",reason="{reason}"}}'
             assert metric(metrics, series) == 0, reason
         stub.DeleteTrace(api_pb2.DeleteTraceRequest(name="signed"), timeout=30)
@@ -202,12 +209,12 @@ def test_signed_plan_is_attached(certs: CertBundle, compiler, netns, workdir):
         (
             "object byte changed in transit",
             "signature",
-            'signature by "dispatcher" does not match the plan\'s bytes',
+            'signature by "dispatcher" does not match the command\'s bytes',
         ),
         (
             "attach device changed in transit",
             "signature",
-            'signature by "dispatcher" does not match the plan\'s bytes',
+            'signature by "dispatcher" does not match the command\'s bytes',
         ),
         (
             "signed by an agent's certificate",

@@ -79,8 +79,12 @@ type Config struct {
 	MetricsListen string
 	// TLS: mutual TLS toward the dispatcher and the collector
 	// (docs/security.md); Insecure = plaintext instead, said explicitly.
+	// TLS.CRL also refuses revoked signers of commands and plan files.
 	TLS      tlsconf.Files
 	Insecure bool
+	// MaxClockSkew is how far the dispatcher's clock may be from this
+	// node's when a signed command's expiry is checked (0 = the default).
+	MaxClockSkew time.Duration
 
 	Log    *slog.Logger
 	Stdout io.Writer
@@ -132,7 +136,7 @@ func ReadPlan(path, node string, v *signing.Verifier, allowUnsigned bool, log *s
 	}
 	if !allowUnsigned {
 		if v != nil {
-			v.Count(signing.TypePlan, signing.ReasonUnsigned)
+			v.Count(signing.KindPlan, signing.ReasonUnsigned)
 		}
 		return nil, fmt.Errorf("plan %s is not signed: sign it (`hoptrace plan sign`) and pass --ca, "+
 			"or pass --allow-unsigned-plan to run what the file says", path)
@@ -250,10 +254,19 @@ func start(cfg Config) (*running, error) {
 	if a.dispatcherCreds, a.collectorCred, err = transportCredentials(cfg); err != nil {
 		return nil, err
 	}
-	// With a CA, plans and presets must carry a dispatcher's signature.
+	// With a CA, every command (and a plan file) must carry a dispatcher's
+	// signature, and commands must be fresh.
 	if !cfg.Insecure && cfg.TLS.CA != "" {
 		if a.verifier, err = signing.LoadVerifier(cfg.TLS.CA); err != nil {
 			return nil, err
+		}
+		if cfg.MaxClockSkew > 0 {
+			a.verifier.MaxClockSkew = cfg.MaxClockSkew
+		}
+		if cfg.TLS.CRL != "" {
+			if a.verifier.CRL, err = tlsconf.LoadRevocationList(cfg.TLS.CRL, cfg.TLS.CA, cfg.Log); err != nil {
+				return nil, err
+			}
 		}
 	}
 	baseDir := ""

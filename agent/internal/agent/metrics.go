@@ -116,7 +116,7 @@ func newRegistry(p parts) *metrics.Registry {
 		})
 	if p.verifier != nil {
 		r.CounterVec("hoptrace_agent_signature_refusals_total",
-			"Plans and presets refused before anything was loaded or run, by type (plan, preset) and reason: unsigned, node (signed for another), certificate (not of the trusted CA, expired), role (not a dispatcher certificate), signature (bytes changed), payload.",
+			"Dispatcher commands (and plan files) refused before anything was loaded, detached or run, by type (plan, remove, preset, command: one that does not parse) and reason: unsigned, node (signed for another), certificate (not of the trusted CA, expired), revoked (on the CA's CRL), role (not a dispatcher certificate), signature (bytes changed or forged), payload (malformed), expired (past its expiry or signed in the future, beyond --max-clock-skew), replayed (sequence or generation not newer than one taken).",
 			func() []metrics.Sample {
 				var out []metrics.Sample
 				for _, r := range p.verifier.Refusals() {

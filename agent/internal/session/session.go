@@ -267,21 +267,46 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 	defer wg.Wait()
 	defer cancel()
 
-	for {
-		m, err := st.Recv()
-		if err != nil {
-			return true, err
-		}
-		var status *pb.TraceStatus
-		switch b := m.GetBody().(type) {
-		case *pb.DispatcherMessage_RunPreset, *pb.DispatcherMessage_SignedRunPreset:
-			req, refused := s.presetOf(m)
-			if refused != nil {
-				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_PresetResult{PresetResult: refused}}); err != nil {
-					return true, err
+	// Commands are checked as they arrive, on a goroutine of their own, and
+	// acted on in order here: a command's expiry covers its way to the agent,
+	// not its wait behind slow applies before it.
+	admitted := make(chan *command, 64)
+	var recvErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(admitted)
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				recvErr = err
+				return
+			}
+			c, refusal := s.admit(m)
+			if refusal != nil {
+				if err := send(refusal); err != nil {
+					recvErr = err
+					cancel()
+					return
 				}
 				continue
 			}
+			if c == nil {
+				continue
+			}
+			select {
+			case admitted <- c:
+			case <-sctx.Done():
+				recvErr = sctx.Err()
+				return
+			}
+		}
+	}()
+
+	for c := range admitted {
+		var status *pb.TraceStatus
+		switch {
+		case c.preset != nil:
 			// A preset runs for its duration: on its own goroutine, so
 			// applies and heartbeats go on meanwhile. It ends with the session.
 			wg.Add(1)
@@ -291,26 +316,113 @@ func (s *Session) connect(ctx context.Context, client pb.AgentSessionClient) (bo
 				if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_PresetResult{PresetResult: res}}); err != nil {
 					cancel()
 				}
-			}(req)
+			}(c.preset)
 			continue
-		case *pb.DispatcherMessage_Apply, *pb.DispatcherMessage_SignedApply:
-			plan, refused := s.planOf(m)
-			if refused != nil {
-				status = refused
-				break
-			}
-			status = s.Tracer.Apply(plan)
+		case c.plan != nil:
+			status = s.Tracer.Apply(c.plan)
 			s.Log.Info("applied trace", "trace", status.GetTrace(), "generation", status.GetGeneration(),
 				"active", status.GetActive(), "error", status.GetError())
-		case *pb.DispatcherMessage_Remove:
-			status = s.Tracer.Remove(b.Remove.GetTrace())
-			s.Log.Info("removed trace", "trace", b.Remove.GetTrace(), "error", status.GetError())
-		default:
-			continue
+		case c.remove != nil:
+			status = s.Tracer.Remove(c.remove.GetTrace())
+			s.Log.Info("removed trace", "trace", c.remove.GetTrace(), "generation", c.remove.GetGeneration(), "error", status.GetError())
 		}
 		if err := send(&pb.AgentMessage{Body: &pb.AgentMessage_TraceStatus{TraceStatus: status}}); err != nil {
+			cancel()
+			for range admitted { // the receiver ends with the stream
+			}
 			return true, err
 		}
+	}
+	return true, recvErr
+}
+
+// command is what one dispatcher message asks, once admitted: one of plan,
+// remove, preset.
+type command struct {
+	plan   *pb.TracePlan
+	remove *pb.RemoveTrace
+	preset *pb.RunPreset
+}
+
+// admit checks a message: with a Verifier only signed, fresh commands pass
+// (docs/security.md, "Signed commands"); without one (--insecure) every
+// command is taken as it comes. A refused command gets the answer that
+// refuses it (nothing attached, removed or run); a message that asks nothing
+// gets neither.
+func (s *Session) admit(m *pb.DispatcherMessage) (*command, *pb.AgentMessage) {
+	var c *pb.Command
+	switch b := m.GetBody().(type) {
+	case *pb.DispatcherMessage_Signed:
+		if s.Verifier == nil {
+			// No CA to check against: as good as unsigned, and taken like it.
+			c = &pb.Command{}
+			if err := proto.Unmarshal(b.Signed.GetPayload(), c); err != nil {
+				s.Log.Warn("dropped a signed command that does not parse", "err", err)
+				return nil, nil
+			}
+			break
+		}
+		var err error
+		if c, err = s.Verifier.Command(s.Node, b.Signed); err != nil {
+			// The payload's trace, generation or preset id only label the
+			// answer (the dispatcher matches answers by them); nothing of it
+			// is used.
+			unchecked := &pb.Command{}
+			_ = proto.Unmarshal(b.Signed.GetPayload(), unchecked)
+			return nil, s.refusal(unchecked, err)
+		}
+	case *pb.DispatcherMessage_Apply:
+		c = &pb.Command{Action: &pb.Command_Apply{Apply: b.Apply}}
+	case *pb.DispatcherMessage_Remove:
+		c = &pb.Command{Action: &pb.Command_Remove{Remove: b.Remove}}
+	case *pb.DispatcherMessage_RunPreset:
+		c = &pb.Command{Action: &pb.Command_RunPreset{RunPreset: b.RunPreset}}
+	default:
+		return nil, nil
+	}
+	if _, signed := m.GetBody().(*pb.DispatcherMessage_Signed); !signed && s.Verifier != nil {
+		return nil, s.refusal(c, s.Verifier.Unsigned(signing.KindOfCommand(c)))
+	}
+	switch {
+	case c.GetApply() != nil:
+		return &command{plan: c.GetApply()}, nil
+	case c.GetRemove() != nil:
+		return &command{remove: c.GetRemove()}, nil
+	case c.GetRunPreset() != nil:
+		return &command{preset: c.GetRunPreset()}, nil
+	}
+	return nil, nil
+}
+
+// refusal is the answer to a refused command c (its fields only label it):
+// a plan's or a removal's TraceStatus, a preset's PresetResult.
+func (s *Session) refusal(c *pb.Command, err error) *pb.AgentMessage {
+	reason := signing.ReasonOf(err)
+	switch {
+	case c.GetRunPreset() != nil:
+		req := c.GetRunPreset()
+		s.Log.Warn("refused a preset: nothing run", "preset", req.GetPreset(), "id", req.GetId(), "reason", reason, "err", err)
+		return &pb.AgentMessage{Body: &pb.AgentMessage_PresetResult{PresetResult: &pb.PresetResult{Id: req.GetId(),
+			Error: "preset refused, nothing run: " + err.Error()}}}
+	case c.GetRemove() != nil:
+		// The trace stays as it runs: the answer says so, with the refusal.
+		name := c.GetRemove().GetTrace()
+		st := &pb.TraceStatus{Trace: name}
+		for _, r := range s.Tracer.Running() {
+			if r.GetTrace() == name {
+				st = r
+			}
+		}
+		s.Log.Warn("refused a removal: nothing detached", "trace", name, "reason", reason, "err", err)
+		st = proto.Clone(st).(*pb.TraceStatus)
+		st.Error = "removal refused, nothing detached: " + err.Error()
+		return &pb.AgentMessage{Body: &pb.AgentMessage_TraceStatus{TraceStatus: st}}
+	default:
+		plan := c.GetApply()
+		s.Log.Warn("refused a plan: nothing attached", "trace", plan.GetTrace(), "generation", plan.GetGeneration(),
+			"reason", reason, "err", err)
+		return &pb.AgentMessage{Body: &pb.AgentMessage_TraceStatus{TraceStatus: &pb.TraceStatus{Trace: plan.GetTrace(),
+			Generation: plan.GetGeneration(), Error: "plan refused, nothing attached: " + err.Error()}}}
 	}
 }
 
@@ -323,65 +435,6 @@ func lostHops(st *pb.TraceStatus) []string {
 		}
 	}
 	return out
-}
-
-// planOf is the plan an apply message carries once its signature is
-// checked, or the status that refuses it (nothing attached). Without a
-// Verifier (--insecure) plans are taken unsigned.
-func (s *Session) planOf(m *pb.DispatcherMessage) (*pb.TracePlan, *pb.TraceStatus) {
-	var plan *pb.TracePlan
-	var err error
-	switch {
-	case m.GetApply() != nil && s.Verifier == nil:
-		return m.GetApply(), nil
-	case m.GetApply() != nil:
-		plan, err = m.GetApply(), s.Verifier.Unsigned(signing.TypePlan)
-	case s.Verifier == nil:
-		// No CA to check against: as good as unsigned, and taken like it.
-		plan = &pb.TracePlan{}
-		if err = proto.Unmarshal(m.GetSignedApply().GetPayload(), plan); err == nil {
-			return plan, nil
-		}
-	default:
-		if plan, err = s.Verifier.Plan(s.Node, m.GetSignedApply()); err == nil {
-			return plan, nil
-		}
-		// Refused: the payload's trace and generation only label the answer
-		// (the dispatcher matches statuses by them); nothing of it is used.
-		plan = &pb.TracePlan{}
-		_ = proto.Unmarshal(m.GetSignedApply().GetPayload(), plan)
-	}
-	s.Log.Warn("refused a plan: nothing attached", "trace", plan.GetTrace(), "generation", plan.GetGeneration(),
-		"reason", signing.ReasonOf(err), "err", err)
-	return nil, &pb.TraceStatus{Trace: plan.GetTrace(), Generation: plan.GetGeneration(),
-		Error: "plan refused, nothing attached: " + err.Error()}
-}
-
-// presetOf is the preset request a message carries once its signature is
-// checked, or the result that refuses it (nothing run).
-func (s *Session) presetOf(m *pb.DispatcherMessage) (*pb.RunPreset, *pb.PresetResult) {
-	var req *pb.RunPreset
-	var err error
-	switch {
-	case m.GetRunPreset() != nil && s.Verifier == nil:
-		return m.GetRunPreset(), nil
-	case m.GetRunPreset() != nil:
-		req, err = m.GetRunPreset(), s.Verifier.Unsigned(signing.TypePreset)
-	case s.Verifier == nil:
-		req = &pb.RunPreset{}
-		if err = proto.Unmarshal(m.GetSignedRunPreset().GetPayload(), req); err == nil {
-			return req, nil
-		}
-	default:
-		if req, err = s.Verifier.Preset(s.Node, m.GetSignedRunPreset()); err == nil {
-			return req, nil
-		}
-		req = &pb.RunPreset{}
-		_ = proto.Unmarshal(m.GetSignedRunPreset().GetPayload(), req)
-	}
-	s.Log.Warn("refused a preset: nothing run", "preset", req.GetPreset(), "id", req.GetId(),
-		"reason", signing.ReasonOf(err), "err", err)
-	return nil, &pb.PresetResult{Id: req.GetId(), Error: "preset refused, nothing run: " + err.Error()}
 }
 
 func (s *Session) runPreset(ctx context.Context, req *pb.RunPreset) *pb.PresetResult {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/signing"
@@ -275,9 +276,10 @@ func TestSessionRunsPresets(t *testing.T) {
 	close(d.done)
 }
 
-// TestSessionVerifiesSignatures: with a Verifier, only plans and presets the
-// dispatcher signed for this node reach the tracer and the preset runner;
-// everything else is answered with a refusal naming the reason, and counted.
+// TestSessionVerifiesSignatures: with a Verifier, only commands the
+// dispatcher signed for this node, fresh and not taken before, reach the
+// tracer and the preset runner; everything else is answered with a refusal
+// naming the reason, and counted.
 func TestSessionVerifiesSignatures(t *testing.T) {
 	defer goleak.VerifyNone(t)
 
@@ -304,20 +306,22 @@ func TestSessionVerifiesSignatures(t *testing.T) {
 	if _, err := st.Recv(); err != nil { // Register
 		t.Fatal(err)
 	}
-	signed := func(by testutil.Leaf, typ, node string, m proto.Message) *pb.SignedMessage {
-		b, err := proto.Marshal(m)
+	var sequence uint64
+	signed := func(by testutil.Leaf, node string, c *pb.Command) *pb.DispatcherMessage {
+		if c.Sequence == 0 {
+			sequence++
+			c.Sequence = sequence
+		}
+		if c.SignedAt == nil {
+			c.SignedAt, c.ExpiresAt = timestamppb.Now(), timestamppb.New(time.Now().Add(time.Minute))
+		}
+		sm, err := signing.SignCommand(by.Key, by.DER, node, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sm, err := signing.Sign(by.Key, by.DER, typ, node, b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return sm
+		return &pb.DispatcherMessage{Body: &pb.DispatcherMessage_Signed{Signed: sm}}
 	}
-	apply := func(m *pb.SignedMessage) *pb.DispatcherMessage {
-		return &pb.DispatcherMessage{Body: &pb.DispatcherMessage_SignedApply{SignedApply: m}}
-	}
+	apply := func(p *pb.TracePlan) *pb.Command { return &pb.Command{Action: &pb.Command_Apply{Apply: p}} }
 	status := func() *pb.TraceStatus {
 		for {
 			m, err := st.Recv()
@@ -329,17 +333,20 @@ func TestSessionVerifiesSignatures(t *testing.T) {
 			}
 		}
 	}
-	tampered := signed(dispatcherCert, signing.TypePlan, "n1", &pb.TracePlan{Trace: "t3", Generation: 3, Object: []byte("obj")})
-	tampered.Payload[len(tampered.Payload)-1] ^= 1
+	tampered := signed(dispatcherCert, "n1", apply(&pb.TracePlan{Trace: "t3", Generation: 3, Object: []byte("obj")}))
+	tampered.GetSigned().Payload[len(tampered.GetSigned().Payload)-1] ^= 1
+	expired := apply(&pb.TracePlan{Trace: "t4", Generation: 4})
+	expired.SignedAt, expired.ExpiresAt = timestamppb.New(time.Now().Add(-2*time.Hour)), timestamppb.New(time.Now().Add(-2*time.Hour+time.Minute))
 	for _, tc := range []struct {
 		msg  *pb.DispatcherMessage
 		want string
 	}{
 		{&pb.DispatcherMessage{Body: &pb.DispatcherMessage_Apply{Apply: &pb.TracePlan{Trace: "t1", Generation: 1}}},
 			"plan refused, nothing attached: not signed: this agent trusts a CA and takes only plans signed by a dispatcher certificate"},
-		{apply(signed(collectorCert, signing.TypePlan, "n1", &pb.TracePlan{Trace: "t2", Generation: 2})),
+		{signed(collectorCert, "n1", apply(&pb.TracePlan{Trace: "t2", Generation: 2})),
 			`plan refused, nothing attached: signer certificate "collector" has role [collector], not dispatcher`},
-		{apply(tampered), `plan refused, nothing attached: signature by "dispatcher" does not match the plan's bytes`},
+		{tampered, `plan refused, nothing attached: signature by "dispatcher" does not match the command's bytes`},
+		{signed(dispatcherCert, "n1", expired), "plan refused, nothing attached: signed command expired at "},
 	} {
 		if err := st.Send(tc.msg); err != nil {
 			t.Fatal(err)
@@ -353,21 +360,65 @@ func TestSessionVerifiesSignatures(t *testing.T) {
 		}
 	}
 	// The refusals name the trace and generation the dispatcher waits for.
-	if err := st.Send(apply(signed(dispatcherCert, signing.TypePlan, "n1", &pb.TracePlan{Trace: "ok", Generation: 9}))); err != nil {
+	ok := signed(dispatcherCert, "n1", apply(&pb.TracePlan{Trace: "ok", Generation: 9}))
+	if err := st.Send(ok); err != nil {
 		t.Fatal(err)
 	}
 	if got := status(); got.GetTrace() != "ok" || got.GetGeneration() != 9 || !got.GetActive() || got.GetError() != "" {
 		t.Fatalf("signed plan: status %v", got)
 	}
+	// The same signed message again is a replay: refused, the trace runs on.
+	if err := st.Send(ok); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(); !strings.HasPrefix(got.GetError(), "plan refused, nothing attached: replayed plan command: sequence") {
+		t.Fatalf("replayed plan: status %v", got)
+	}
+	// Removals: unsigned or replayed ones leave the trace running and say
+	// so; the dispatcher's removes it.
+	removal := signed(dispatcherCert, "n1", &pb.Command{Action: &pb.Command_Remove{Remove: &pb.RemoveTrace{Trace: "ok", Generation: 9}}})
+	for _, tc := range []struct {
+		msg  *pb.DispatcherMessage
+		want string
+	}{
+		{&pb.DispatcherMessage{Body: &pb.DispatcherMessage_Remove{Remove: &pb.RemoveTrace{Trace: "ok"}}},
+			"removal refused, nothing detached: not signed: this agent trusts a CA and takes only removals signed by a dispatcher certificate"},
+		{signed(dispatcherCert, "n1", &pb.Command{Action: &pb.Command_Remove{Remove: &pb.RemoveTrace{Trace: "ok", Generation: 8}}}),
+			`removal refused, nothing detached: replayed remove command: generation 8 of trace "ok" is older than generation 9`},
+	} {
+		if err := st.Send(tc.msg); err != nil {
+			t.Fatal(err)
+		}
+		got := status()
+		if !got.GetActive() || got.GetGeneration() != 9 || !strings.HasPrefix(got.GetError(), tc.want) {
+			t.Fatalf("status %v, want the running trace and an error starting %q", got, tc.want)
+		}
+		if len(ft.Running()) != 1 {
+			t.Fatalf("a refused removal reached the tracer: %v", ft.Running())
+		}
+	}
+	if err := st.Send(removal); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(); got.GetActive() || got.GetError() != "" || len(ft.Running()) != 0 {
+		t.Fatalf("signed removal: status %v, running %v", got, ft.Running())
+	}
+	if err := st.Send(removal); err != nil {
+		t.Fatal(err)
+	}
+	if got := status(); !strings.Contains(got.GetError(), "replayed remove command") {
+		t.Fatalf("replayed removal: status %v", got)
+	}
 
 	// Presets: an unsigned one and one signed by the collector are refused
 	// with their ids; the dispatcher's runs.
+	preset := func(id, container string) *pb.RunPreset {
+		return &pb.RunPreset{Id: id, Preset: "mace", Args: map[string]string{"container": container}}
+	}
 	for _, m := range []*pb.DispatcherMessage{
-		{Body: &pb.DispatcherMessage_RunPreset{RunPreset: &pb.RunPreset{Id: "p1", Preset: "mace", Args: map[string]string{"container": "unsigned"}}}},
-		{Body: &pb.DispatcherMessage_SignedRunPreset{SignedRunPreset: signed(collectorCert, signing.TypePreset, "n1",
-			&pb.RunPreset{Id: "p2", Preset: "mace", Args: map[string]string{"container": "collector"}})}},
-		{Body: &pb.DispatcherMessage_SignedRunPreset{SignedRunPreset: signed(dispatcherCert, signing.TypePreset, "n1",
-			&pb.RunPreset{Id: "p3", Preset: "mace", Args: map[string]string{"container": "dispatcher"}})}},
+		{Body: &pb.DispatcherMessage_RunPreset{RunPreset: preset("p1", "unsigned")}},
+		signed(collectorCert, "n1", &pb.Command{Action: &pb.Command_RunPreset{RunPreset: preset("p2", "collector")}}),
+		signed(dispatcherCert, "n1", &pb.Command{Action: &pb.Command_RunPreset{RunPreset: preset("p3", "dispatcher")}}),
 	} {
 		if err := st.Send(m); err != nil {
 			t.Fatal(err)
@@ -402,7 +453,8 @@ func TestSessionVerifiesSignatures(t *testing.T) {
 	for _, r := range v.Refusals() {
 		counts[r.Type+"/"+string(r.Reason)] = r.Count
 	}
-	want := map[string]uint64{"plan/unsigned": 1, "plan/role": 1, "plan/signature": 1, "preset/unsigned": 1, "preset/role": 1}
+	want := map[string]uint64{"plan/unsigned": 1, "plan/role": 1, "plan/signature": 1, "plan/expired": 1, "plan/replayed": 1,
+		"remove/unsigned": 1, "remove/replayed": 2, "preset/unsigned": 1, "preset/role": 1}
 	for _, r := range v.Refusals() {
 		k := r.Type + "/" + string(r.Reason)
 		if counts[k] != want[k] {

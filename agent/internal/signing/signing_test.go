@@ -74,15 +74,12 @@ func TestValidSignatureAccepted(t *testing.T) {
 			t.Fatalf("accepted messages counted as refused: %+v", v.Refusals())
 		}
 	}
-	// A signed preset too.
+	// A signed preset command too.
 	req := &pb.RunPreset{Id: "42", Preset: "mace", Args: map[string]string{"container": "c1", "duration": "3000ms"}}
-	m, err := Sign(dispatcher.Key, dispatcher.DER, TypePreset, "host-a", mustMarshal(t, req))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gotReq, err := v.Preset("host-a", m)
-	if err != nil || !proto.Equal(gotReq, req) {
-		t.Fatalf("signed preset: got %v, %v; want %v", gotReq, err, req)
+	c := fresh(1, &pb.Command{Action: &pb.Command_RunPreset{RunPreset: req}})
+	got2, err := v.Command("host-a", signCommand(t, dispatcher, "host-a", c))
+	if err != nil || !proto.Equal(got2.GetRunPreset(), req) {
+		t.Fatalf("signed preset: got %v, %v; want %v", got2, err, req)
 	}
 }
 
@@ -179,8 +176,8 @@ func TestRefusals(t *testing.T) {
 			m.Node = "host-a"
 			return m
 		}, ReasonSignature, "does not match the plan's bytes"},
-		{"a signed preset passed off as a plan", func(t *testing.T) *pb.SignedMessage {
-			m, err := Sign(dispatcher.Key, dispatcher.DER, TypePreset, "host-a", mustMarshal(t, testPlan()))
+		{"a signed command passed off as a plan file", func(t *testing.T) *pb.SignedMessage {
+			m, err := Sign(dispatcher.Key, dispatcher.DER, TypeCommand, "host-a", mustMarshal(t, testPlan()))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -229,7 +226,7 @@ func TestRefusals(t *testing.T) {
 func TestUnsignedCounted(t *testing.T) {
 	ca := newPKI(t)
 	v, _ := NewVerifier(ca.PEM)
-	err := v.Unsigned(TypePreset)
+	err := v.Unsigned(KindPreset)
 	if ReasonOf(err) != ReasonUnsigned || !strings.Contains(err.Error(), "takes only presets signed by a dispatcher certificate") {
 		t.Fatalf("unsigned preset: %v", err)
 	}
@@ -247,13 +244,13 @@ func TestUnsignedCounted(t *testing.T) {
 func TestSignedBytesSeparatesFields(t *testing.T) {
 	// The same bytes under another type or node are another message.
 	a := SignedBytes(TypePlan, "host-a", []byte("x"))
-	for _, b := range [][]byte{SignedBytes(TypePreset, "host-a", []byte("x")), SignedBytes(TypePlan, "host-ab", []byte("x")[1:]),
+	for _, b := range [][]byte{SignedBytes(TypeCommand, "host-a", []byte("x")), SignedBytes(TypePlan, "host-ab", []byte("x")[1:]),
 		SignedBytes(TypePlan, "host-", []byte("ax"))} {
 		if string(a) == string(b) {
 			t.Fatalf("%q collides", b)
 		}
 	}
-	if TypePlan != "hoptrace.v1.TracePlan" || TypePreset != "hoptrace.v1.RunPreset" {
-		t.Fatalf("types %q %q: the dispatcher signs with the full message names", TypePlan, TypePreset)
+	if TypePlan != "hoptrace.v1.TracePlan" || TypeCommand != "hoptrace.v1.Command" {
+		t.Fatalf("types %q %q: the dispatcher signs with the full message names", TypePlan, TypeCommand)
 	}
 }

@@ -3,8 +3,9 @@
 // own certificate (CN = its node name) and accepts a server only if that
 // server's certificate chains to the hoptrace CA, names the dialed host, and
 // carries the expected role in its subject OU ("dispatcher" for the session,
-// "collector" for records). So only the real dispatcher can push plans, and
-// an agent certificate or the collector's cannot stand in for it.
+// "collector" for records), and is not revoked by the CA's CRL (--crl). So
+// only the real dispatcher can push plans, and an agent certificate or the
+// collector's cannot stand in for it.
 package tlsconf
 
 import (
@@ -25,9 +26,11 @@ const (
 	RoleAgent      = "agent"
 )
 
-// Files are the PEM files of the agent's TLS identity.
+// Files are the PEM files of the agent's TLS identity, and the CA's CRL
+// ("" = none).
 type Files struct {
 	CA, Cert, Key string
+	CRL           string
 }
 
 // Empty reports whether no file is set.
@@ -55,6 +58,17 @@ type Identity struct {
 // Client loads the files and returns the client configuration for a server
 // of role (RoleDispatcher, RoleCollector).
 func Client(f Files, role string) (*tls.Config, Identity, error) {
+	var crl *RevocationList
+	if f.CRL != "" {
+		var err error
+		if crl, err = LoadRevocationList(f.CRL, f.CA, nil); err != nil {
+			return nil, Identity{}, err
+		}
+	}
+	return client(f, role, crl)
+}
+
+func client(f Files, role string, crl *RevocationList) (*tls.Config, Identity, error) {
 	if err := f.Validate(); err != nil {
 		return nil, Identity{}, err
 	}
@@ -80,7 +94,10 @@ func Client(f Files, role string) (*tls.Config, Identity, error) {
 		Certificates: []tls.Certificate{pair},
 		// Runs after crypto/tls verified the chain and the host name.
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			return checkRole(cs.PeerCertificates, role)
+			if err := checkRole(cs.PeerCertificates, role); err != nil {
+				return err
+			}
+			return crl.Check(cs.PeerCertificates[0])
 		},
 	}
 	return cfg, identityOf(leaf), nil
