@@ -126,6 +126,7 @@ struct {
 /* Keep the record layout in this object's BTF for the layout tests. */
 const struct hoptrace_record *unused_record_type __attribute__((unused));
 const struct hoptrace_values *unused_values_type __attribute__((unused));
+const struct hoptrace_addresses *unused_addresses_type __attribute__((unused));
 const enum hoptrace_counter *unused_counter_type __attribute__((unused));
 
 static __always_inline void count(enum hoptrace_counter c, __u64 n)
@@ -348,18 +349,39 @@ static __always_inline void submit_record(struct hoptrace_record *rec)
 	count(HOPTRACE_C_RECORDED, 1);
 }
 
+/* The record's sample: the record, its values (a record action) and the addresses the hop saw (one
+ * packet in HOPTRACE_ADDRESSES_EVERY). A reserve's size must be constant where the verifier walks
+ * it: four calls, each on its own path. */
+static __always_inline struct hoptrace_record *reserve_sample(bool with_values, bool with_addresses)
+{
+	const __u64 rec = sizeof(struct hoptrace_record), vals = sizeof(struct hoptrace_values),
+		    addrs = sizeof(struct hoptrace_addresses);
+
+	if (with_values)
+		return with_addresses ? bpf_ringbuf_reserve(&records, rec + vals + addrs, 0)
+				      : bpf_ringbuf_reserve(&records, rec + vals, 0);
+	return with_addresses ? bpf_ringbuf_reserve(&records, rec + addrs, 0)
+			      : bpf_ringbuf_reserve(&records, rec, 0);
+}
+
+/* Whether this packet's records carry the addresses each hop saw: the same packets at every hop,
+ * chosen by their ID alone. */
+static __always_inline bool describes_addresses(__u32 packet_id)
+{
+	return (packet_id & (HOPTRACE_ADDRESSES_EVERY - 1)) == 1;
+}
+
 /* vals: the record action's values, read only when the hop has one (act_record[0]): then they
- * follow the record in the same sample (HOPTRACE_F_VALUES). */
+ * follow the record in the same sample (HOPTRACE_F_VALUES). addrs: the parsed packet whose
+ * addresses follow them (HOPTRACE_F_ADDRESSES), or NULL. */
 static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 flags,
 					__u32 ifindex, __u32 wire_len, __u64 ts,
-					const struct hoptrace_values *vals)
+					const struct hoptrace_values *vals,
+					const struct pkt_info *addrs)
 {
-	struct hoptrace_record *rec;
+	struct hoptrace_record *rec = reserve_sample(act_record[0], addrs);
+	void *next;
 
-	if (act_record[0])
-		rec = bpf_ringbuf_reserve(&records, sizeof(*rec) + sizeof(*vals), 0);
-	else
-		rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
 	if (!rec) {
 		count(HOPTRACE_C_RINGBUF_FULL, 1);
 		return;
@@ -373,9 +395,20 @@ static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 
 	rec->trace_slot = trace_slot;
 	rec->cpu = bpf_get_smp_processor_id();
 	rec->flags = flags;
+	next = rec + 1;
 	if (act_record[0]) {
 		rec->flags |= HOPTRACE_F_VALUES;
-		__builtin_memcpy((void *)(rec + 1), vals, sizeof(*vals));
+		__builtin_memcpy(next, vals, sizeof(*vals));
+		next += sizeof(*vals);
+	}
+	if (addrs) {
+		struct hoptrace_addresses *a = next;
+
+		rec->flags |= HOPTRACE_F_ADDRESSES;
+		/* struct pkt_info begins with the same saddr..family */
+		__builtin_memcpy(a, addrs, offsetof(struct hoptrace_addresses, pad));
+		a->pad[0] = 0;
+		a->pad[1] = 0;
 	}
 	submit_record(rec);
 }
@@ -732,6 +765,19 @@ static __always_inline bool prev_hop_latency(__u32 packet_id, __u64 ts, __u64 *l
 	return found;
 }
 
+/* A parsed packet's record, with the addresses this hop saw when its ID says so. A call per case,
+ * each with a constant addrs: with one call and a maybe-NULL addrs, clang tests the ID twice and
+ * the verifier cannot tie the reserve's size to the copy. */
+static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 ifindex,
+					       __u32 wire_len, __u64 ts,
+					       const struct hoptrace_values *vals)
+{
+	if (describes_addresses(p->id))
+		emit_record(p->id, flow_hash(p), p->flags, ifindex, wire_len, ts, vals, p);
+	else
+		emit_record(p->id, flow_hash(p), p->flags, ifindex, wire_len, ts, vals, NULL);
+}
+
 /* The part every hop shares once it has parsed the packet; true when it
  * emitted the packet's record. */
 static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifindex,
@@ -773,9 +819,9 @@ static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifi
 	 * (which the verifier refuses), or the hot path would pay to zero it. */
 	if (act_record[0]) {
 		record_values(&vals, p, ifindex, wire_len, m);
-		emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, &vals);
+		emit_packet_record(p, record_ifindex, wire_len, ts, &vals);
 	} else {
-		emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, NULL);
+		emit_packet_record(p, record_ifindex, wire_len, ts, NULL);
 	}
 	return true;
 }
@@ -832,9 +878,9 @@ static __always_inline void hop_finish_read(__u32 packet_id, __u32 flow_hash, __
 	flags |= HOPTRACE_F_TASK;
 	if (act_record[0]) {
 		record_values(&vals, NULL, 0, wire_len, m);
-		emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, &vals);
+		emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, &vals, NULL);
 	} else {
-		emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, NULL);
+		emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, NULL, NULL);
 	}
 }
 

@@ -73,6 +73,11 @@ enum hoptrace_wire {
 	/* Event times remembered for a later event's latency (one LRU map per
 	 * trace per node; a later event that finds none counts LATENCY_MISS). */
 	HOPTRACE_EVENT_MARKS = 16384,
+	/* One packet in this many of a trace carries the addresses every hop saw (struct
+	 * hoptrace_addresses): the IDs whose sequence is 1 modulo it, so each hop describes the
+	 * same packets and the collector compares them hop by hop (what a NAT rewrote, where). A
+	 * power of two. */
+	HOPTRACE_ADDRESSES_EVERY = 64,
 };
 
 /* record.flags */
@@ -91,6 +96,8 @@ enum hoptrace_record_flag {
 	/* the packet's addresses or ports no longer match the filter (an address translation
 	 * rewrote them): the hop took it by its ID, whose origin is the trace's */
 	HOPTRACE_F_FOLLOWED = 1 << 9,
+	/* a struct hoptrace_addresses follows the record (and its values) in its sample */
+	HOPTRACE_F_ADDRESSES = 1 << 10,
 };
 
 /* One timestamp of one packet at one hop. 32 bytes, no padding. */
@@ -115,6 +122,19 @@ struct hoptrace_values {
 	__u8 field[HOPTRACE_VALUES_MAX];  /* enum hoptrace_field of each value; NONE past count */
 	__u32 count;			  /* values used */
 	__u64 value[HOPTRACE_VALUES_MAX]; /* in the order of the hop's record: list */
+};
+
+/* The innermost 5-tuple as one hop saw it: in the same sample, after the record and its values,
+ * when the record's flags has HOPTRACE_F_ADDRESSES. The parser's own layout (struct pkt_info
+ * begins with it), so a hop copies it in one go. 40 bytes, no padding. */
+struct hoptrace_addresses {
+	__u32 saddr[4]; /* network order; IPv4 in saddr[0] */
+	__u32 daddr[4];
+	__u16 sport; /* host order */
+	__u16 dport;
+	__u8 proto;
+	__u8 family; /* 4 or 6 */
+	__u8 pad[2];
 };
 
 /* Per-hop counters: one per-CPU array entry per reason, summed by the agent.

@@ -30,6 +30,7 @@ import (
 const (
 	recordStruct = "hoptrace_record"
 	valuesStruct = "hoptrace_values"
+	addrsStruct  = "hoptrace_addresses"
 	flagEnum     = "hoptrace_record_flag"
 	counterEnum  = "hoptrace_counter"
 	wireEnum     = "hoptrace_wire"
@@ -105,7 +106,8 @@ type constant struct {
 
 type vocabulary struct {
 	RecordSize uint32
-	ValuesSize uint32 // sizeof(struct hoptrace_values), its layout checked by valuesLayout
+	ValuesSize uint32 // sizeof(struct hoptrace_values), its layout checked by checkLayout
+	AddrsSize  uint32 // sizeof(struct hoptrace_addresses), its layout checked by checkLayout
 	Record     []member
 	Flags      []constant
 	Counters   []constant // without HOPTRACE_C_MAX
@@ -121,22 +123,33 @@ type program struct {
 	Section string // e.g. tc, tp_btf/net_dev_xmit
 }
 
-// valuesLayout checks struct hoptrace_values is what the Go and Python readers decode: u8 field[N] at
-// 0, u32 count at N, u64 value[N] at 8, N = 4 (HOPTRACE_VALUES_MAX), and returns its size.
-func valuesLayout(spec *btf.Spec) (uint32, error) {
-	var vals *btf.Struct
-	if err := spec.TypeByName(valuesStruct, &vals); err != nil {
-		return 0, fmt.Errorf("struct %s: %w", valuesStruct, err)
+// layoutMember is one member a reader decodes: its byte offset, its element count (0: not an array)
+// and the size of one element.
+type layoutMember struct {
+	name           string
+	offset, nelems uint32
+	size           uint32
+}
+
+// The trailers a record may carry, as the Go and Python readers decode them.
+var (
+	// u8 field[N] at 0, u32 count at N, u64 value[N] at 8, N = 4 (HOPTRACE_VALUES_MAX)
+	valuesLayout = []layoutMember{{"field", 0, 4, 1}, {"count", 4, 0, 4}, {"value", 8, 4, 8}}
+	// u32 saddr[4], u32 daddr[4], u16 sport, u16 dport, u8 proto, u8 family, u8 pad[2]
+	addrsLayout = []layoutMember{{"saddr", 0, 4, 4}, {"daddr", 16, 4, 4}, {"sport", 32, 0, 2},
+		{"dport", 34, 0, 2}, {"proto", 36, 0, 1}, {"family", 37, 0, 1}, {"pad", 38, 2, 1}}
+)
+
+// checkLayout checks the struct is what the readers decode (want), and returns its size.
+func checkLayout(spec *btf.Spec, name string, want []layoutMember) (uint32, error) {
+	var st *btf.Struct
+	if err := spec.TypeByName(name, &st); err != nil {
+		return 0, fmt.Errorf("struct %s: %w", name, err)
 	}
-	want := []struct {
-		name           string
-		offset, nelems uint32
-		size           uint32
-	}{{"field", 0, 4, 1}, {"count", 4, 0, 4}, {"value", 8, 4, 8}}
-	if len(vals.Members) != len(want) {
-		return 0, fmt.Errorf("struct %s: %d members, the readers decode %d", valuesStruct, len(vals.Members), len(want))
+	if len(st.Members) != len(want) {
+		return 0, fmt.Errorf("struct %s: %d members, the readers decode %d", name, len(st.Members), len(want))
 	}
-	for i, m := range vals.Members {
+	for i, m := range st.Members {
 		w := want[i]
 		typ, n := btf.UnderlyingType(m.Type), uint32(0)
 		if arr, ok := typ.(*btf.Array); ok {
@@ -144,10 +157,10 @@ func valuesLayout(spec *btf.Spec) (uint32, error) {
 		}
 		in, ok := typ.(*btf.Int)
 		if !ok || m.Name != w.name || uint32(m.Offset)/8 != w.offset || n != w.nelems || in.Size != w.size {
-			return 0, fmt.Errorf("struct %s: member %d (%s) is not the layout the readers decode", valuesStruct, i, m.Name)
+			return 0, fmt.Errorf("struct %s: member %d (%s) is not the layout the readers decode", name, i, m.Name)
 		}
 	}
-	return vals.Size, nil
+	return st.Size, nil
 }
 
 func readVocabulary(object string) (*vocabulary, error) {
@@ -160,7 +173,10 @@ func readVocabulary(object string) (*vocabulary, error) {
 		return nil, fmt.Errorf("struct %s: %w", recordStruct, err)
 	}
 	v := &vocabulary{RecordSize: rec.Size}
-	if v.ValuesSize, err = valuesLayout(spec); err != nil {
+	if v.ValuesSize, err = checkLayout(spec, valuesStruct, valuesLayout); err != nil {
+		return nil, err
+	}
+	if v.AddrsSize, err = checkLayout(spec, addrsStruct, addrsLayout); err != nil {
 		return nil, err
 	}
 	for _, m := range rec.Members {
@@ -265,6 +281,7 @@ func renderGo(v *vocabulary) ([]byte, error) {
 	p("// %s\n\npackage record\n\nimport \"encoding/binary\"\n\n", header)
 	p("// Size is sizeof(struct %s).\nconst Size = %d\n\n", recordStruct, v.RecordSize)
 	p("// ValuesSize is sizeof(struct %s): u8 field[4], u32 count, u64 value[4].\nconst ValuesSize = %d\n\n", valuesStruct, v.ValuesSize)
+	p("// AddressesSize is sizeof(struct %s): u32 saddr[4], u32 daddr[4], u16 sport, u16 dport, u8 proto, u8 family, u8 pad[2].\nconst AddressesSize = %d\n\n", addrsStruct, v.AddrsSize)
 	p("// Record is struct %s, decoded from its little-endian bytes.\ntype Record struct {\n", recordStruct)
 	for _, m := range v.Record {
 		p("\t%s %s\n", goName(m.Name), goInt(m))
@@ -407,6 +424,7 @@ func renderPython(v *vocabulary) ([]byte, error) {
 	}
 	p("# struct %s, little-endian (struct module format).\nRECORD_FORMAT = %q\nRECORD_SIZE = %d\n", recordStruct, format, v.RecordSize)
 	p("# struct %s (u8 field[4], u32 count, u64 value[4]; layout checked by vocabgen).\nVALUES_FORMAT = \"<4BI4Q\"\nVALUES_SIZE = %d\n", valuesStruct, v.ValuesSize)
+	p("# struct %s (addresses in network order, ports in host order; layout checked by vocabgen).\nADDRESSES_FORMAT = \"<16s16sHHBB2x\"\nADDRESSES_SIZE = %d\n", addrsStruct, v.AddrsSize)
 	p("RECORD_FIELDS = (\n")
 	for _, m := range v.Record {
 		p("    %q,\n", m.Name)

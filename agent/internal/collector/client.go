@@ -171,7 +171,7 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 			if !resend {
 				b.Seq = c.NextSeq()
 			}
-			m := c.Message(b.Trace, b.Generation, b.Records, b.Values, b.Seq)
+			m := c.Message(b.Trace, b.Generation, b.Records, b.Trailers, b.Seq)
 			if err := send(m); err != nil {
 				keep(b)
 				requeue()

@@ -173,23 +173,33 @@ func SplitByPartition(trace string, records []byte, partitions int) [][]byte {
 	return out
 }
 
-// SplitValuesByPartition splits a batch's record-action values the way SplitByPartition splits its
-// records: each record with FlagValues takes the next values, and they go to its partition, in order.
-func SplitValuesByPartition(trace string, records, values []byte, partitions int) [][]byte {
-	out := make([][]byte, partitions)
-	if len(values) == 0 {
+// SplitTrailersByPartition splits a batch's trailers the way SplitByPartition splits its records:
+// each record with a trailer's flag takes the next one of its kind, and it goes to the record's
+// partition, in order.
+func SplitTrailersByPartition(trace string, records []byte, tr stream.Trailers, partitions int) []stream.Trailers {
+	out := make([]stream.Trailers, partitions)
+	if len(tr.Values) == 0 && len(tr.Addresses) == 0 {
 		return out
 	}
 	th := traceHash(trace)
-	next := 0
+	nextValues, nextAddrs := 0, 0
 	for i := 0; i+record.Size <= len(records); i += record.Size {
-		if !record.HasValues(records[i:]) || next+record.ValuesSize > len(values) {
+		rec := records[i:]
+		hasValues := record.ValuesTrailer.On(rec) && nextValues+record.ValuesSize <= len(tr.Values)
+		hasAddrs := record.AddressesTrailer.On(rec) && nextAddrs+record.AddressesSize <= len(tr.Addresses)
+		if !hasValues && !hasAddrs {
 			continue
 		}
-		id := binary.LittleEndian.Uint32(records[i+record.OffsetPacketID:])
-		p := packetHash(th, id) % uint32(partitions)
-		out[p] = append(out[p], values[next:next+record.ValuesSize]...)
-		next += record.ValuesSize
+		id := binary.LittleEndian.Uint32(rec[record.OffsetPacketID:])
+		p := &out[packetHash(th, id)%uint32(partitions)]
+		if hasValues {
+			p.Values = append(p.Values, tr.Values[nextValues:nextValues+record.ValuesSize]...)
+			nextValues += record.ValuesSize
+		}
+		if hasAddrs {
+			p.Addresses = append(p.Addresses, tr.Addresses[nextAddrs:nextAddrs+record.AddressesSize]...)
+			nextAddrs += record.AddressesSize
+		}
 	}
 	return out
 }
@@ -394,8 +404,8 @@ var errNoTopic = errors.New("no such topic")
 
 // message is the Batcher's message, with the records the brokers refused
 // counted as dropped too.
-func (p *Producer) message(trace string, gen uint64, records, values []byte, seq uint64) *pb.RecordBatch {
-	m := p.Message(trace, gen, records, values, seq)
+func (p *Producer) message(trace string, gen uint64, records []byte, tr stream.Trailers, seq uint64) *pb.RecordBatch {
+	m := p.Message(trace, gen, records, tr, seq)
 	m.AgentDropped += p.recordsFailed.Load()
 	return m
 }
@@ -435,12 +445,12 @@ func (p *Producer) publish(ctx context.Context, b *stream.Batch) {
 	// another partition, and collectors deduplicate per partition by (node,
 	// batch_seq).
 	seq := p.NextSeq()
-	values := SplitValuesByPartition(b.Trace, b.Records, b.Values, n)
+	trailers := SplitTrailersByPartition(b.Trace, b.Records, b.Trailers, n)
 	for part, recs := range SplitByPartition(b.Trace, b.Records, n) {
 		if len(recs) == 0 {
 			continue
 		}
-		m := p.message(b.Trace, b.Generation, recs, values[part], seq)
+		m := p.message(b.Trace, b.Generation, recs, trailers[part], seq)
 		p.produce(ctx, m, int32(part), len(recs)/record.Size)
 	}
 }

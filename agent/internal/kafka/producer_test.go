@@ -72,53 +72,71 @@ func TestSplitByPartition(t *testing.T) {
 	}
 }
 
-// The record action's values follow their records into the same partition, in order; records without
-// values take none.
-func TestSplitValuesByPartition(t *testing.T) {
+// The trailers (record-action values, addresses) follow their records into the same partition, in
+// order; records without them take none.
+func TestSplitTrailersByPartition(t *testing.T) {
 	ids := make([]uint32, 300)
 	for i := range ids {
 		ids[i] = 0x2a000000 | uint32(i*13)
 	}
 	recs := packed(ids)
-	var values []byte
+	var tr stream.Trailers
 	for i := range ids {
-		if i%3 == 0 {
-			continue // no record action at this record's hop
-		}
 		off := i * record.Size
-		binary.LittleEndian.PutUint16(recs[off+record.OffsetFlags:], record.FlagValues)
-		v := make([]byte, record.ValuesSize)
-		v[0], v[record.ValuesMax] = byte(record.FieldLen), 1
-		binary.LittleEndian.PutUint64(v[8:], uint64(ids[i])) // the value names its packet
-		values = append(values, v...)
+		var flags uint16
+		if i%3 != 0 { // else no record action at this record's hop
+			flags |= record.FlagValues
+			v := make([]byte, record.ValuesSize)
+			v[0], v[record.ValuesMax] = byte(record.FieldLen), 1
+			binary.LittleEndian.PutUint64(v[8:], uint64(ids[i])) // the value names its packet
+			tr.Values = append(tr.Values, v...)
+		}
+		if i%4 == 0 { // a packet that carries its addresses
+			flags |= record.FlagAddresses
+			a := make([]byte, record.AddressesSize)
+			binary.LittleEndian.PutUint32(a[0:], ids[i]) // the source address names its packet
+			a[37] = 4
+			tr.Addresses = append(tr.Addresses, a...)
+		}
+		binary.LittleEndian.PutUint16(recs[off+record.OffsetFlags:], flags)
 	}
 	const parts = 5
 	recParts := SplitByPartition("t", recs, parts)
-	valParts := SplitValuesByPartition("t", recs, values, parts)
-	total := 0
+	trParts := SplitTrailersByPartition("t", recs, tr, parts)
+	withValues, withAddrs := 0, 0
 	for p := range parts {
-		next := 0
+		nextValues, nextAddrs := 0, 0
 		for off := 0; off < len(recParts[p]); off += record.Size {
-			if !record.HasValues(recParts[p][off:]) {
-				continue
+			rec := recParts[p][off:]
+			id := binary.LittleEndian.Uint32(rec[record.OffsetPacketID:])
+			if record.HasValues(rec) {
+				v, err := record.DecodeValues(trParts[p].Values[nextValues:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(v.Values) != 1 || v.Values[0] != uint64(id) || v.Fields[0] != record.FieldLen {
+					t.Fatalf("partition %d: record %#x paired with values %+v", p, id, v)
+				}
+				nextValues += record.ValuesSize
+				withValues++
 			}
-			id := binary.LittleEndian.Uint32(recParts[p][off+record.OffsetPacketID:])
-			v, err := record.DecodeValues(valParts[p][next:])
-			if err != nil {
-				t.Fatal(err)
+			if record.AddressesTrailer.On(rec) {
+				a := trParts[p].Addresses[nextAddrs:]
+				if got := binary.LittleEndian.Uint32(a); got != id {
+					t.Fatalf("partition %d: record %#x paired with the addresses of %#x", p, id, got)
+				}
+				nextAddrs += record.AddressesSize
+				withAddrs++
 			}
-			if len(v.Values) != 1 || v.Values[0] != uint64(id) || v.Fields[0] != record.FieldLen {
-				t.Fatalf("partition %d: record %#x paired with values %+v", p, id, v)
-			}
-			next += record.ValuesSize
-			total++
 		}
-		if next != len(valParts[p]) {
-			t.Fatalf("partition %d: %d value bytes, %d used by its records", p, len(valParts[p]), next)
+		if nextValues != len(trParts[p].Values) || nextAddrs != len(trParts[p].Addresses) {
+			t.Fatalf("partition %d: %d value and %d address bytes, %d and %d used by its records", p,
+				len(trParts[p].Values), len(trParts[p].Addresses), nextValues, nextAddrs)
 		}
 	}
-	if total != len(ids)-len(ids)/3 {
-		t.Fatalf("%d records paired with values, want %d", total, len(ids)-len(ids)/3)
+	if withValues != len(ids)-(len(ids)+2)/3 || withAddrs != (len(ids)+3)/4 {
+		t.Fatalf("%d records paired with values, %d with addresses, want %d and %d", withValues, withAddrs,
+			len(ids)-(len(ids)+2)/3, (len(ids)+3)/4)
 	}
 }
 

@@ -221,7 +221,7 @@ func TestRecordActionCarriesValues(t *testing.T) {
 	for i, payload := range []int{1, 100, 1000, 37} {
 		u := tu.UDP(40000, 5000, make([]byte, payload))
 		pkt := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, u, 4), tu.ID(0))
-		want = append(want, sent{len(pkt), uint8(10 + i), uint32(0x100 * (i + 1)), uint32(0x07000200 + i)})
+		want = append(want, sent{len(pkt), uint8(10 + i), uint32(0x100 * (i + 1)), uint32(0x07000202 + i)})
 	}
 	h.runCtxAny(t, hop, udp4(0), skbCtxFull{}) // untagged: counted, no record, no values
 	if recs := h.rawSamples(t); len(recs) != 0 {
@@ -229,7 +229,7 @@ func TestRecordActionCarriesValues(t *testing.T) {
 	}
 	samples := [][]byte{}
 	for i, payload := range []int{1, 100, 1000, 37} {
-		id := uint32(0x07000200 + i)
+		id := uint32(0x07000202 + i)
 		u := tu.UDP(40000, 5000, make([]byte, payload))
 		pkt := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, u, 4), tu.ID(id))
 		pkt[ethLen+8] = want[i].ttl
@@ -271,7 +271,7 @@ func TestRecordActionCarriesValues(t *testing.T) {
 
 	plain := h.load(t, loader.HopConfig{})
 	h.run(t, plain, udp4(0x07000300)) // drains: use a fresh run for the raw sample
-	opts := &ebpf.RunOptions{Data: udp4(0x07000301), DataOut: make([]byte, 512)}
+	opts := &ebpf.RunOptions{Data: udp4(0x07000302), DataOut: make([]byte, 512)}
 	if _, err := plain.Program.Run(opts); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package loader_test
 import (
 	"encoding/binary"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -148,6 +149,64 @@ func udp4(id uint32, tpids ...uint16) []byte {
 	return tu.Cat(tu.Ethernet(0x0800, tpids...), tu.IPv4(17, src4, dst4, nil, u, 4), tu.ID(id))
 }
 
+// One packet in ADDRESSES_EVERY (sequence 1 modulo it) carries the 5-tuple the hop saw, after the
+// record and its values; the others carry neither the flag nor the bytes.
+func TestAddressesDescribeOnePacketInN(t *testing.T) {
+	h := newHarness(t)
+	udp6 := func(id uint32) []byte {
+		return tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(40001, 5001, []byte("v6")), 4), tu.ID(id))
+	}
+	every := uint32(record.AddressesEvery)
+	cases := []struct {
+		name    string
+		pkt     []byte
+		actions loader.Actions
+		want    *record.Addresses
+	}{
+		{"ipv4 sequence 1", udp4(0x07000001), loader.Actions{},
+			&record.Addresses{Src: netip.MustParseAddr(src4), Dst: netip.MustParseAddr(dst4), SrcPort: 40000, DstPort: 5000, Proto: 17}},
+		{"ipv6 sequence 1+N", udp6(0x07000001 + every), loader.Actions{},
+			&record.Addresses{Src: netip.MustParseAddr(src6), Dst: netip.MustParseAddr(dst6), SrcPort: 40001, DstPort: 5001, Proto: 17}},
+		{"after values", udp4(0x07000001 + 2*every), loader.Actions{Record: [record.ValuesMax]record.ActionField{record.FieldLen}},
+			&record.Addresses{Src: netip.MustParseAddr(src4), Dst: netip.MustParseAddr(dst4), SrcPort: 40000, DstPort: 5000, Proto: 17}},
+		{"sequence 2", udp4(0x07000002), loader.Actions{}, nil},
+		{"sequence 2 with values", udp4(0x07000002), loader.Actions{Record: [record.ValuesMax]record.ActionField{record.FieldLen}}, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			hop := h.load(t, loader.HopConfig{HopIndex: 2, Actions: c.actions})
+			if _, err := hop.Program.Run(&ebpf.RunOptions{Data: c.pkt, DataOut: make([]byte, len(c.pkt)+256)}); err != nil {
+				t.Fatal(err)
+			}
+			samples := h.drainRaw(t)
+			if len(samples) != 1 {
+				t.Fatalf("%d samples, want 1", len(samples))
+			}
+			raw := samples[0]
+			size := record.Size
+			if record.HasValues(raw) {
+				size += record.ValuesSize
+			}
+			if c.want == nil {
+				if record.AddressesTrailer.On(raw) || len(raw) != size {
+					t.Fatalf("flags %#x, %d bytes: want no addresses", binary.LittleEndian.Uint16(raw[record.OffsetFlags:]), len(raw))
+				}
+				return
+			}
+			if !record.AddressesTrailer.On(raw) || len(raw) != size+record.AddressesSize {
+				t.Fatalf("flags %#x, %d bytes: want the addresses after %d", binary.LittleEndian.Uint16(raw[record.OffsetFlags:]), len(raw), size)
+			}
+			got, err := record.DecodeAddresses(raw[size:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != *c.want {
+				t.Errorf("addresses %+v, want %+v", got, *c.want)
+			}
+		})
+	}
+}
+
 func TestParserFindsIDs(t *testing.T) {
 	h := newHarness(t)
 	tcpOpts := tu.Cat(
@@ -172,7 +231,7 @@ func TestParserFindsIDs(t *testing.T) {
 		id    uint32
 		flags uint16
 	}{
-		{"ipv4 udp surplus", udp4(0x07000001), 0x07000001, record.FlagUDP},
+		{"ipv4 udp surplus", udp4(0x07000001), 0x07000001, record.FlagUDP | record.FlagAddresses},
 		{"802.1Q", udp4(0x07000002, 0x8100), 0x07000002, record.FlagUDP | record.FlagVLAN},
 		{"QinQ", udp4(0x07000003, 0x88a8, 0x8100), 0x07000003, record.FlagUDP | record.FlagVLAN},
 		{"ipv4 options", tu.Cat(tu.Ethernet(0x0800),

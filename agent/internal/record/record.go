@@ -8,6 +8,7 @@ package record
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 )
 
 //go:generate sh -c "cd ../../.. && make vocab"
@@ -27,9 +28,48 @@ func TraceSlot(b []byte) uint16 { return binary.LittleEndian.Uint16(b[OffsetTrac
 // HopIndex reads only the hop_index of a raw record.
 func HopIndex(b []byte) uint16 { return binary.LittleEndian.Uint16(b[OffsetHopIndex:]) }
 
+// Trailer is a struct that may follow a record in its ring sample, announced by a flag of the
+// record's: the record action's values, then the addresses the hop saw, in that order.
+type Trailer struct {
+	Flag uint16
+	Size int
+}
+
+var (
+	ValuesTrailer    = Trailer{FlagValues, ValuesSize}
+	AddressesTrailer = Trailer{FlagAddresses, AddressesSize}
+)
+
+// On says whether a raw record is followed by this trailer.
+func (t Trailer) On(rec []byte) bool {
+	return len(rec) >= Size && binary.LittleEndian.Uint16(rec[OffsetFlags:])&t.Flag != 0
+}
+
 // HasValues says whether a raw record is followed by a struct hoptrace_values (the record action).
-func HasValues(b []byte) bool {
-	return len(b) >= Size && binary.LittleEndian.Uint16(b[OffsetFlags:])&FlagValues != 0
+func HasValues(b []byte) bool { return ValuesTrailer.On(b) }
+
+// Addresses is struct hoptrace_addresses: the innermost 5-tuple one hop saw.
+type Addresses struct {
+	Src, Dst         netip.Addr
+	SrcPort, DstPort uint16
+	Proto            uint8
+}
+
+// DecodeAddresses reads one struct hoptrace_addresses (layout checked against BTF by vocabgen).
+func DecodeAddresses(b []byte) (Addresses, error) {
+	if len(b) < AddressesSize {
+		return Addresses{}, fmt.Errorf("record addresses: %d bytes, want %d", len(b), AddressesSize)
+	}
+	a := Addresses{SrcPort: binary.LittleEndian.Uint16(b[32:]), DstPort: binary.LittleEndian.Uint16(b[34:]), Proto: b[36]}
+	switch family := b[37]; family {
+	case 4:
+		a.Src, a.Dst = netip.AddrFrom4([4]byte(b[0:4])), netip.AddrFrom4([4]byte(b[16:20]))
+	case 6:
+		a.Src, a.Dst = netip.AddrFrom16([16]byte(b[0:16])), netip.AddrFrom16([16]byte(b[16:32]))
+	default:
+		return Addresses{}, fmt.Errorf("record addresses: family %d", family)
+	}
+	return a, nil
 }
 
 // Values is struct hoptrace_values: the record action's fields and their values of one packet.

@@ -10,6 +10,9 @@ const Size = 32
 // ValuesSize is sizeof(struct hoptrace_values): u8 field[4], u32 count, u64 value[4].
 const ValuesSize = 40
 
+// AddressesSize is sizeof(struct hoptrace_addresses): u32 saddr[4], u32 daddr[4], u16 sport, u16 dport, u8 proto, u8 family, u8 pad[2].
+const AddressesSize = 40
+
 // Record is struct hoptrace_record, decoded from its little-endian bytes.
 type Record struct {
 	TsNs      uint64
@@ -93,6 +96,7 @@ const (
 	FlagValues      = 128
 	FlagTask        = 256
 	FlagFollowed    = 512
+	FlagAddresses   = 1024
 )
 
 // Wire and ID constants: enum hoptrace_wire.
@@ -124,6 +128,7 @@ const (
 	EventTextArray        = 3
 	ValuesMax             = 4
 	EventMarks            = 16384
+	AddressesEvery        = 64
 )
 
 // Counter is enum hoptrace_counter: the index into a hop's percpu counters map
@@ -286,4 +291,5 @@ var flagCNames = map[string]uint16{
 	"HOPTRACE_F_VALUES":       FlagValues,
 	"HOPTRACE_F_TASK":         FlagTask,
 	"HOPTRACE_F_FOLLOWED":     FlagFollowed,
+	"HOPTRACE_F_ADDRESSES":    FlagAddresses,
 }

@@ -15,6 +15,16 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
+// Trailers are what followed a batch's records in their samples, each kind in its own buffer.
+type Trailers struct {
+	// Values: one struct hoptrace_values (record.ValuesSize bytes) per record with
+	// FlagValues, in the order of those records (the record action).
+	Values []byte
+	// Addresses: one struct hoptrace_addresses (record.AddressesSize bytes) per record with
+	// FlagAddresses, in the order of those records.
+	Addresses []byte
+}
+
 // Batch is records of one trace, packed struct hoptrace_record bytes as they
 // left the ring buffer.
 type Batch struct {
@@ -22,9 +32,7 @@ type Batch struct {
 	Generation uint64
 	Slot       uint16
 	Records    []byte // len is a multiple of record.Size
-	// Values: one struct hoptrace_values (record.ValuesSize bytes) per record with
-	// FlagValues, in the order of those records (the record action).
-	Values []byte
+	Trailers
 	// Seq is the batch_seq once the batch was first sent; a batch resent
 	// after a reconnect keeps it, so the collector can drop duplicates.
 	Seq uint64
@@ -76,8 +84,8 @@ func (b *Batch) Release() {
 // Count is the number of records in the batch.
 func (b *Batch) Count() int { return len(b.Records) / record.Size }
 
-// Bytes is what the batch holds against the queue's bound: records and their values.
-func (b *Batch) Bytes() int { return len(b.Records) + len(b.Values) }
+// Bytes is what the batch holds against the queue's bound: records and their trailers.
+func (b *Batch) Bytes() int { return len(b.Records) + len(b.Values) + len(b.Addresses) }
 
 // Queue is a bounded FIFO of batches. When adding a batch would exceed the
 // byte bound, the oldest batches are dropped and their records counted.

@@ -24,7 +24,7 @@ type route struct {
 	trace      string
 	generation uint64
 	buf        []byte
-	values     []byte // struct hoptrace_values of buf's records with FlagValues
+	trailers   Trailers // what followed buf's records in their samples
 	since      time.Time
 }
 
@@ -223,25 +223,34 @@ func (r *Reader) addLocked(raw []byte, last *routeCache) bool {
 		rt.since = time.Now()
 	}
 	rt.buf = append(rt.buf, raw[:record.Size]...)
-	if record.HasValues(raw) {
-		if len(raw) >= record.Size+record.ValuesSize {
-			rt.values = append(rt.values, raw[record.Size:record.Size+record.ValuesSize]...)
-		} else { // cannot happen: the hop reserved both; keep the pairing right
-			rt.values = append(rt.values, make([]byte, record.ValuesSize)...)
-		}
-	}
+	off := record.Size
+	rt.trailers.Values, off = appendTrailer(rt.trailers.Values, raw, off, record.ValuesTrailer)
+	rt.trailers.Addresses, _ = appendTrailer(rt.trailers.Addresses, raw, off, record.AddressesTrailer)
 	if len(rt.buf) >= r.maxRecords*record.Size {
 		r.flushLocked(slot, rt)
 	}
 	return true
 }
 
+// appendTrailer appends the trailer t of the raw sample, found at off, when its record has it;
+// returns the buffer and the offset past it.
+func appendTrailer(buf, raw []byte, off int, t record.Trailer) ([]byte, int) {
+	if !t.On(raw) {
+		return buf, off
+	}
+	if len(raw) >= off+t.Size {
+		return append(buf, raw[off:off+t.Size]...), off + t.Size
+	}
+	// cannot happen: the hop reserved them all; keep the pairing right
+	return append(buf, make([]byte, t.Size)...), off + t.Size
+}
+
 func (r *Reader) flushLocked(slot uint16, rt *route) {
 	if len(rt.buf) == 0 {
 		return
 	}
-	r.out.Push(&Batch{Trace: rt.trace, Generation: rt.generation, Slot: slot, Records: rt.buf, Values: rt.values})
-	rt.buf, rt.values = nil, nil
+	r.out.Push(&Batch{Trace: rt.trace, Generation: rt.generation, Slot: slot, Records: rt.buf, Trailers: rt.trailers})
+	rt.buf, rt.trailers = nil, Trailers{}
 }
 
 func (r *Reader) flushOld(now time.Time) {

@@ -58,9 +58,9 @@ func (b *Batcher) NextSeq() uint64 {
 }
 
 // Message builds the RecordBatch of one trace's records (and their
-// record-action values, if any) numbered seq, with the node's clock as of
-// the records' middle and what the queue has dropped so far.
-func (b *Batcher) Message(trace string, gen uint64, records, values []byte, seq uint64) *pb.RecordBatch {
+// trailers, if any) numbered seq, with the node's clock as of the records'
+// middle and what the queue has dropped so far.
+func (b *Batcher) Message(trace string, gen uint64, records []byte, tr stream.Trailers, seq uint64) *pb.RecordBatch {
 	var clk *pb.NodeClock
 	if b.Clock != nil {
 		clk = b.Clock(midTimestamp(records))
@@ -69,8 +69,11 @@ func (b *Batcher) Message(trace string, gen uint64, records, values []byte, seq 
 	}
 	m := &pb.RecordBatch{Node: b.Node, Trace: trace, Generation: gen, BatchSeq: seq,
 		Records: records, RecordSize: record.Size, AgentDropped: b.Queue.Dropped(), Clock: clk}
-	if len(values) > 0 {
-		m.Values, m.ValueSize = values, record.ValuesSize
+	if len(tr.Values) > 0 {
+		m.Values, m.ValueSize = tr.Values, record.ValuesSize
+	}
+	if len(tr.Addresses) > 0 {
+		m.Addresses, m.AddressesSize = tr.Addresses, record.AddressesSize
 	}
 	return m
 }
@@ -85,7 +88,7 @@ func (b *Batcher) Heartbeats() []*pb.RecordBatch {
 	watermark := b.Watermark()
 	var out []*pb.RecordBatch
 	for _, tc := range b.Counters() {
-		m := b.Message(tc.Trace, tc.Generation, nil, nil, b.NextSeq())
+		m := b.Message(tc.Trace, tc.Generation, nil, stream.Trailers{}, b.NextSeq())
 		m.Counters = tc.Hops
 		m.Events = tc.Events
 		m.WatermarkNs = watermark

@@ -43,8 +43,8 @@ func TestMessageClockAtRecordsMiddle(t *testing.T) {
 		asked = append(asked, mono)
 		return &pb.NodeClock{OffsetNs: 7}
 	}}
-	values := make([]byte, record.ValuesSize)
-	m := b.Message("t", 3, packed(1000, 1500, 3000), values, 42)
+	tr := stream.Trailers{Values: make([]byte, record.ValuesSize), Addresses: make([]byte, 2*record.AddressesSize)}
+	m := b.Message("t", 3, packed(1000, 1500, 3000), tr, 42)
 	if len(asked) != 1 || asked[0] != 2000 {
 		t.Errorf("clock asked at %v, want [2000] (between the first and last record)", asked)
 	}
@@ -58,14 +58,17 @@ func TestMessageClockAtRecordsMiddle(t *testing.T) {
 	if m.GetValueSize() != record.ValuesSize || len(m.GetValues()) != record.ValuesSize {
 		t.Errorf("values %d bytes of size %d", len(m.GetValues()), m.GetValueSize())
 	}
-	if b.Message("t", 3, nil, nil, 43); asked[1] != 0 {
+	if m.GetAddressesSize() != record.AddressesSize || len(m.GetAddresses()) != 2*record.AddressesSize {
+		t.Errorf("addresses %d bytes of size %d", len(m.GetAddresses()), m.GetAddressesSize())
+	}
+	if b.Message("t", 3, nil, stream.Trailers{}, 43); asked[1] != 0 {
 		t.Errorf("a message without records asked the clock at %d, want 0 (now)", asked[1])
 	}
 }
 
 func TestMessageWithoutClockMapsHostClock(t *testing.T) {
 	b := &Batcher{Queue: stream.NewQueue(0)}
-	got := b.Message("t", 1, nil, nil, 1).GetClock().GetMonotonicToRealtimeNs()
+	got := b.Message("t", 1, nil, stream.Trailers{}, 1).GetClock().GetMonotonicToRealtimeNs()
 	host := clock.SamplePair(5).MonotonicToRealtime
 	if d := got - host; d < -int64(time.Millisecond) || d > int64(time.Millisecond) {
 		t.Errorf("monotonic_to_realtime %d, host's %d", got, host)

@@ -49,8 +49,14 @@ type RecordBatch struct {
 	// The record action's values: one packed struct hoptrace_values
 	// (kernel-patch/include/hoptrace.h, value_size bytes, little-endian) per
 	// record whose flags has HOPTRACE_F_VALUES, in the order of those records.
-	Values        []byte `protobuf:"bytes,12,opt,name=values,proto3" json:"values,omitempty"`
-	ValueSize     uint32 `protobuf:"varint,13,opt,name=value_size,json=valueSize,proto3" json:"value_size,omitempty"`
+	Values    []byte `protobuf:"bytes,12,opt,name=values,proto3" json:"values,omitempty"`
+	ValueSize uint32 `protobuf:"varint,13,opt,name=value_size,json=valueSize,proto3" json:"value_size,omitempty"`
+	// The addresses hops saw: one packed struct hoptrace_addresses
+	// (kernel-patch/include/hoptrace.h, addresses_size bytes, little-endian)
+	// per record whose flags has HOPTRACE_F_ADDRESSES, in the order of those
+	// records. One packet in HOPTRACE_ADDRESSES_EVERY of a trace has them.
+	Addresses     []byte `protobuf:"bytes,14,opt,name=addresses,proto3" json:"addresses,omitempty"`
+	AddressesSize uint32 `protobuf:"varint,15,opt,name=addresses_size,json=addressesSize,proto3" json:"addresses_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -172,6 +178,20 @@ func (x *RecordBatch) GetValues() []byte {
 func (x *RecordBatch) GetValueSize() uint32 {
 	if x != nil {
 		return x.ValueSize
+	}
+	return 0
+}
+
+func (x *RecordBatch) GetAddresses() []byte {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *RecordBatch) GetAddressesSize() uint32 {
+	if x != nil {
+		return x.AddressesSize
 	}
 	return 0
 }
@@ -727,7 +747,7 @@ var File_hoptrace_v1_records_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\n" +
-	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\xc4\x03\n" +
+	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\x89\x04\n" +
 	"\vRecordBatch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05trace\x18\x02 \x01(\tR\x05trace\x12\x1e\n" +
@@ -746,7 +766,9 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\x06events\x18\v \x03(\v2\x18.hoptrace.v1.EventValuesR\x06events\x12\x16\n" +
 	"\x06values\x18\f \x01(\fR\x06values\x12\x1d\n" +
 	"\n" +
-	"value_size\x18\r \x01(\rR\tvalueSize\"\xdf\x03\n" +
+	"value_size\x18\r \x01(\rR\tvalueSize\x12\x1c\n" +
+	"\taddresses\x18\x0e \x01(\fR\taddresses\x12%\n" +
+	"\x0eaddresses_size\x18\x0f \x01(\rR\raddressesSize\"\xdf\x03\n" +
 	"\vEventValues\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x14\n" +

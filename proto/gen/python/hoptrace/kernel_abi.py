@@ -8,6 +8,9 @@ RECORD_SIZE = 32
 # struct hoptrace_values (u8 field[4], u32 count, u64 value[4]; layout checked by vocabgen).
 VALUES_FORMAT = "<4BI4Q"
 VALUES_SIZE = 40
+# struct hoptrace_addresses (addresses in network order, ports in host order; layout checked by vocabgen).
+ADDRESSES_FORMAT = "<16s16sHHBB2x"
+ADDRESSES_SIZE = 40
 RECORD_FIELDS = (
     "ts_ns",
     "packet_id",
@@ -32,6 +35,7 @@ RECORD_FLAGS = {
     "VALUES": 128,
     "TASK": 256,
     "FOLLOWED": 512,
+    "ADDRESSES": 1024,
 }
 
 # enum hoptrace_wire (HOPTRACE_ prefix dropped)
@@ -62,6 +66,7 @@ EVENT_TEXT_REL_LOC = 2
 EVENT_TEXT_ARRAY = 3
 VALUES_MAX = 4
 EVENT_MARKS = 16384
+ADDRESSES_EVERY = 64
 
 # Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.
 PROGRAMS = {

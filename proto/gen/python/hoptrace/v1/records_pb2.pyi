@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RecordBatch(_message.Message):
-    __slots__ = ("node", "trace", "generation", "batch_seq", "records", "record_size", "counters", "agent_dropped", "clock", "watermark_ns", "events", "values", "value_size")
+    __slots__ = ("node", "trace", "generation", "batch_seq", "records", "record_size", "counters", "agent_dropped", "clock", "watermark_ns", "events", "values", "value_size", "addresses", "addresses_size")
     NODE_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,8 @@ class RecordBatch(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     VALUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_SIZE_FIELD_NUMBER: _ClassVar[int]
     node: str
     trace: str
     generation: int
@@ -38,7 +40,9 @@ class RecordBatch(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[EventValues]
     values: bytes
     value_size: int
-    def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ..., events: _Optional[_Iterable[_Union[EventValues, _Mapping]]] = ..., values: _Optional[bytes] = ..., value_size: _Optional[int] = ...) -> None: ...
+    addresses: bytes
+    addresses_size: int
+    def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ..., events: _Optional[_Iterable[_Union[EventValues, _Mapping]]] = ..., values: _Optional[bytes] = ..., value_size: _Optional[int] = ..., addresses: _Optional[bytes] = ..., addresses_size: _Optional[int] = ...) -> None: ...
 
 class EventValues(_message.Message):
     __slots__ = ("event_index", "event", "at", "count_by", "counts", "count", "histogram", "buckets", "seen", "matched", "recorded", "latency_missed")
