@@ -860,7 +860,13 @@ type Report struct {
 	// Set when GetReportRequest.with_series: per segment (end to end left out).
 	Series []*SegmentSeries `protobuf:"bytes,7,rep,name=series,proto3" json:"series,omitempty"`
 	// The spec's event probes over the report's range, per event and node.
-	Events        []*EventResult `protobuf:"bytes,8,rep,name=events,proto3" json:"events,omitempty"`
+	Events []*EventResult `protobuf:"bytes,8,rep,name=events,proto3" json:"events,omitempty"`
+	// What each hop saw of its packets' addresses (one packet in 64 describes
+	// them), in path order, the most packets first within a hop.
+	Addresses []*HopAddresses `protobuf:"bytes,9,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// Where consecutive hops saw different addresses: a translation (DNAT,
+	// SNAT) rewrote them between the two.
+	Translations  []*AddressTranslation `protobuf:"bytes,10,rep,name=translations,proto3" json:"translations,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -951,6 +957,187 @@ func (x *Report) GetEvents() []*EventResult {
 	return nil
 }
 
+func (x *Report) GetAddresses() []*HopAddresses {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+func (x *Report) GetTranslations() []*AddressTranslation {
+	if x != nil {
+		return x.Translations
+	}
+	return nil
+}
+
+type HopAddresses struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Hop   string                 `protobuf:"bytes,1,opt,name=hop,proto3" json:"hop,omitempty"`
+	// "udp", "tcp", or the IP protocol number.
+	Protocol string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// The source address (its port left out: clients' ports vary) and the
+	// destination "address:port" ("[v6]:port").
+	Source      string `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	Destination string `protobuf:"bytes,4,opt,name=destination,proto3" json:"destination,omitempty"`
+	// Packets that described their addresses at this hop.
+	Packets       uint64 `protobuf:"varint,5,opt,name=packets,proto3" json:"packets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HopAddresses) Reset() {
+	*x = HopAddresses{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HopAddresses) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HopAddresses) ProtoMessage() {}
+
+func (x *HopAddresses) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HopAddresses.ProtoReflect.Descriptor instead.
+func (*HopAddresses) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *HopAddresses) GetHop() string {
+	if x != nil {
+		return x.Hop
+	}
+	return ""
+}
+
+func (x *HopAddresses) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *HopAddresses) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *HopAddresses) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *HopAddresses) GetPackets() uint64 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
+type AddressTranslation struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	FromHop string                 `protobuf:"bytes,1,opt,name=from_hop,json=fromHop,proto3" json:"from_hop,omitempty"`
+	ToHop   string                 `protobuf:"bytes,2,opt,name=to_hop,json=toHop,proto3" json:"to_hop,omitempty"`
+	// "dnat" (the destination changed), "snat" (the source), "dnat+snat".
+	Kind string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	// What changed, before and after: "address:port", or the address alone
+	// when the port stayed; both ends ("src > dst") for dnat+snat.
+	Before        string `protobuf:"bytes,4,opt,name=before,proto3" json:"before,omitempty"`
+	After         string `protobuf:"bytes,5,opt,name=after,proto3" json:"after,omitempty"`
+	Packets       uint64 `protobuf:"varint,6,opt,name=packets,proto3" json:"packets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddressTranslation) Reset() {
+	*x = AddressTranslation{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddressTranslation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddressTranslation) ProtoMessage() {}
+
+func (x *AddressTranslation) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddressTranslation.ProtoReflect.Descriptor instead.
+func (*AddressTranslation) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *AddressTranslation) GetFromHop() string {
+	if x != nil {
+		return x.FromHop
+	}
+	return ""
+}
+
+func (x *AddressTranslation) GetToHop() string {
+	if x != nil {
+		return x.ToHop
+	}
+	return ""
+}
+
+func (x *AddressTranslation) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *AddressTranslation) GetBefore() string {
+	if x != nil {
+		return x.Before
+	}
+	return ""
+}
+
+func (x *AddressTranslation) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+func (x *AddressTranslation) GetPackets() uint64 {
+	if x != nil {
+		return x.Packets
+	}
+	return 0
+}
+
 type EventResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -972,7 +1159,7 @@ type EventResult struct {
 
 func (x *EventResult) Reset() {
 	*x = EventResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1171,7 @@ func (x *EventResult) String() string {
 func (*EventResult) ProtoMessage() {}
 
 func (x *EventResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1184,7 @@ func (x *EventResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
 func (*EventResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EventResult) GetName() string {
@@ -1081,7 +1268,7 @@ type EventRecordedResult struct {
 
 func (x *EventRecordedResult) Reset() {
 	*x = EventRecordedResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1280,7 @@ func (x *EventRecordedResult) String() string {
 func (*EventRecordedResult) ProtoMessage() {}
 
 func (x *EventRecordedResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1293,7 @@ func (x *EventRecordedResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRecordedResult.ProtoReflect.Descriptor instead.
 func (*EventRecordedResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EventRecordedResult) GetArg() string {
@@ -1181,7 +1368,7 @@ type SegmentSeries struct {
 
 func (x *SegmentSeries) Reset() {
 	*x = SegmentSeries{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +1380,7 @@ func (x *SegmentSeries) String() string {
 func (*SegmentSeries) ProtoMessage() {}
 
 func (x *SegmentSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +1393,7 @@ func (x *SegmentSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentSeries.ProtoReflect.Descriptor instead.
 func (*SegmentSeries) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SegmentSeries) GetSegment() string {
@@ -1240,7 +1427,7 @@ type SeriesPoint struct {
 
 func (x *SeriesPoint) Reset() {
 	*x = SeriesPoint{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1439,7 @@ func (x *SeriesPoint) String() string {
 func (*SeriesPoint) ProtoMessage() {}
 
 func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1452,7 @@ func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeriesPoint.ProtoReflect.Descriptor instead.
 func (*SeriesPoint) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SeriesPoint) GetAt() *timestamppb.Timestamp {
@@ -1321,7 +1508,7 @@ type SegmentStats struct {
 
 func (x *SegmentStats) Reset() {
 	*x = SegmentStats{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1520,7 @@ func (x *SegmentStats) String() string {
 func (*SegmentStats) ProtoMessage() {}
 
 func (x *SegmentStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1533,7 @@ func (x *SegmentStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentStats.ProtoReflect.Descriptor instead.
 func (*SegmentStats) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SegmentStats) GetFrom() string {
@@ -1503,7 +1690,7 @@ type DropCount struct {
 
 func (x *DropCount) Reset() {
 	*x = DropCount{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1515,7 +1702,7 @@ func (x *DropCount) String() string {
 func (*DropCount) ProtoMessage() {}
 
 func (x *DropCount) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1528,7 +1715,7 @@ func (x *DropCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropCount.ProtoReflect.Descriptor instead.
 func (*DropCount) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DropCount) GetNode() string {
@@ -1573,7 +1760,7 @@ type HopThroughput struct {
 
 func (x *HopThroughput) Reset() {
 	*x = HopThroughput{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +1772,7 @@ func (x *HopThroughput) String() string {
 func (*HopThroughput) ProtoMessage() {}
 
 func (x *HopThroughput) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +1785,7 @@ func (x *HopThroughput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopThroughput.ProtoReflect.Descriptor instead.
 func (*HopThroughput) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *HopThroughput) GetHop() string {
@@ -1674,7 +1861,7 @@ type HopRecorded struct {
 
 func (x *HopRecorded) Reset() {
 	*x = HopRecorded{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1873,7 @@ func (x *HopRecorded) String() string {
 func (*HopRecorded) ProtoMessage() {}
 
 func (x *HopRecorded) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1886,7 @@ func (x *HopRecorded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopRecorded.ProtoReflect.Descriptor instead.
 func (*HopRecorded) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *HopRecorded) GetNode() string {
@@ -1766,7 +1953,7 @@ type HopCount struct {
 
 func (x *HopCount) Reset() {
 	*x = HopCount{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1778,7 +1965,7 @@ func (x *HopCount) String() string {
 func (*HopCount) ProtoMessage() {}
 
 func (x *HopCount) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1791,7 +1978,7 @@ func (x *HopCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopCount.ProtoReflect.Descriptor instead.
 func (*HopCount) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HopCount) GetNode() string {
@@ -1842,7 +2029,7 @@ type HopHistogram struct {
 
 func (x *HopHistogram) Reset() {
 	*x = HopHistogram{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1854,7 +2041,7 @@ func (x *HopHistogram) String() string {
 func (*HopHistogram) ProtoMessage() {}
 
 func (x *HopHistogram) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1867,7 +2054,7 @@ func (x *HopHistogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopHistogram.ProtoReflect.Descriptor instead.
 func (*HopHistogram) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HopHistogram) GetNode() string {
@@ -1909,7 +2096,7 @@ type HistogramBucket struct {
 
 func (x *HistogramBucket) Reset() {
 	*x = HistogramBucket{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2108,7 @@ func (x *HistogramBucket) String() string {
 func (*HistogramBucket) ProtoMessage() {}
 
 func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2121,7 @@ func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistogramBucket.ProtoReflect.Descriptor instead.
 func (*HistogramBucket) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *HistogramBucket) GetLe() uint64 {
@@ -1960,7 +2147,7 @@ type WatchSegmentStatsRequest struct {
 
 func (x *WatchSegmentStatsRequest) Reset() {
 	*x = WatchSegmentStatsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2159,7 @@ func (x *WatchSegmentStatsRequest) String() string {
 func (*WatchSegmentStatsRequest) ProtoMessage() {}
 
 func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2172,7 @@ func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSegmentStatsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSegmentStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchSegmentStatsRequest) GetTrace() string {
@@ -2003,7 +2190,7 @@ type WatchSpecsRequest struct {
 
 func (x *WatchSpecsRequest) Reset() {
 	*x = WatchSpecsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2202,7 @@ func (x *WatchSpecsRequest) String() string {
 func (*WatchSpecsRequest) ProtoMessage() {}
 
 func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2215,7 @@ func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSpecsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSpecsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 // Every applied trace's spec at one moment, by name.
@@ -2041,7 +2228,7 @@ type SpecSet struct {
 
 func (x *SpecSet) Reset() {
 	*x = SpecSet{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2240,7 @@ func (x *SpecSet) String() string {
 func (*SpecSet) ProtoMessage() {}
 
 func (x *SpecSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2253,7 @@ func (x *SpecSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpecSet.ProtoReflect.Descriptor instead.
 func (*SpecSet) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SpecSet) GetSpecs() []*TraceSpec {
@@ -2093,7 +2280,7 @@ type GetPacketsRequest struct {
 
 func (x *GetPacketsRequest) Reset() {
 	*x = GetPacketsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2105,7 +2292,7 @@ func (x *GetPacketsRequest) String() string {
 func (*GetPacketsRequest) ProtoMessage() {}
 
 func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2118,7 +2305,7 @@ func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
 func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetPacketsRequest) GetTrace() string {
@@ -2166,7 +2353,7 @@ type PacketList struct {
 
 func (x *PacketList) Reset() {
 	*x = PacketList{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2365,7 @@ func (x *PacketList) String() string {
 func (*PacketList) ProtoMessage() {}
 
 func (x *PacketList) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2378,7 @@ func (x *PacketList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
 func (*PacketList) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PacketList) GetPackets() []*PacketTimeline {
@@ -2217,7 +2404,7 @@ type PacketTimeline struct {
 
 func (x *PacketTimeline) Reset() {
 	*x = PacketTimeline{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2229,7 +2416,7 @@ func (x *PacketTimeline) String() string {
 func (*PacketTimeline) ProtoMessage() {}
 
 func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2242,7 +2429,7 @@ func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
 func (*PacketTimeline) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PacketTimeline) GetPacketId() uint32 {
@@ -2290,7 +2477,7 @@ type PacketSegment struct {
 
 func (x *PacketSegment) Reset() {
 	*x = PacketSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2302,7 +2489,7 @@ func (x *PacketSegment) String() string {
 func (*PacketSegment) ProtoMessage() {}
 
 func (x *PacketSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2315,7 +2502,7 @@ func (x *PacketSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
 func (*PacketSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PacketSegment) GetFrom() string {
@@ -2375,7 +2562,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2387,7 +2574,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2400,7 +2587,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 type Version struct {
@@ -2415,7 +2602,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2614,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2627,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -2470,7 +2657,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2482,7 +2669,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2495,7 +2682,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -2538,7 +2725,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2550,7 +2737,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2563,7 +2750,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DiscoverRequest) GetFilter() *Filter {
@@ -2614,7 +2801,7 @@ type DiscoverEvent struct {
 
 func (x *DiscoverEvent) Reset() {
 	*x = DiscoverEvent{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2626,7 +2813,7 @@ func (x *DiscoverEvent) String() string {
 func (*DiscoverEvent) ProtoMessage() {}
 
 func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2639,7 +2826,7 @@ func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
 func (*DiscoverEvent) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
@@ -2700,7 +2887,7 @@ type DiscoverProgress struct {
 
 func (x *DiscoverProgress) Reset() {
 	*x = DiscoverProgress{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +2899,7 @@ func (x *DiscoverProgress) String() string {
 func (*DiscoverProgress) ProtoMessage() {}
 
 func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +2912,7 @@ func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
 func (*DiscoverProgress) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DiscoverProgress) GetMessage() string {
@@ -2774,7 +2961,7 @@ type DiscoveredPath struct {
 
 func (x *DiscoveredPath) Reset() {
 	*x = DiscoveredPath{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2786,7 +2973,7 @@ func (x *DiscoveredPath) String() string {
 func (*DiscoveredPath) ProtoMessage() {}
 
 func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2799,7 +2986,7 @@ func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
 func (*DiscoveredPath) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DiscoveredPath) GetPackets() uint32 {
@@ -2853,7 +3040,7 @@ type DiscoverResult struct {
 
 func (x *DiscoverResult) Reset() {
 	*x = DiscoverResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2865,7 +3052,7 @@ func (x *DiscoverResult) String() string {
 func (*DiscoverResult) ProtoMessage() {}
 
 func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2878,7 +3065,7 @@ func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
 func (*DiscoverResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DiscoverResult) GetSpec() *TraceSpec {
@@ -2942,7 +3129,7 @@ type DiscoveredSegment struct {
 
 func (x *DiscoveredSegment) Reset() {
 	*x = DiscoveredSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +3141,7 @@ func (x *DiscoveredSegment) String() string {
 func (*DiscoveredSegment) ProtoMessage() {}
 
 func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +3154,7 @@ func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredSegment.ProtoReflect.Descriptor instead.
 func (*DiscoveredSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DiscoveredSegment) GetFromHop() *HopSpec {
@@ -3024,7 +3211,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3036,7 +3223,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3049,7 +3236,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListAuditRequest) GetLimit() uint32 {
@@ -3076,7 +3263,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3088,7 +3275,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3101,7 +3288,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -3143,7 +3330,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3155,7 +3342,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3168,7 +3355,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AuditEntry) GetAt() *timestamppb.Timestamp {
@@ -3325,7 +3512,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
 	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x1f\n" +
 	"\vwith_series\x18\x04 \x01(\bR\n" +
-	"withSeries\"\xda\x02\n" +
+	"withSeries\"\xd8\x03\n" +
 	"\x06Report\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x18\n" +
 	"\apackets\x18\x02 \x01(\x04R\apackets\x12\x1a\n" +
@@ -3335,7 +3522,23 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"end_to_end\x18\x05 \x01(\v2\x19.hoptrace.v1.SegmentStatsR\bendToEnd\x12.\n" +
 	"\x04hops\x18\x06 \x03(\v2\x1a.hoptrace.v1.HopThroughputR\x04hops\x122\n" +
 	"\x06series\x18\a \x03(\v2\x1a.hoptrace.v1.SegmentSeriesR\x06series\x120\n" +
-	"\x06events\x18\b \x03(\v2\x18.hoptrace.v1.EventResultR\x06events\"\x95\x03\n" +
+	"\x06events\x18\b \x03(\v2\x18.hoptrace.v1.EventResultR\x06events\x127\n" +
+	"\taddresses\x18\t \x03(\v2\x19.hoptrace.v1.HopAddressesR\taddresses\x12C\n" +
+	"\ftranslations\x18\n" +
+	" \x03(\v2\x1f.hoptrace.v1.AddressTranslationR\ftranslations\"\x90\x01\n" +
+	"\fHopAddresses\x12\x10\n" +
+	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\x1a\n" +
+	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12\x16\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\x12 \n" +
+	"\vdestination\x18\x04 \x01(\tR\vdestination\x12\x18\n" +
+	"\apackets\x18\x05 \x01(\x04R\apackets\"\xa2\x01\n" +
+	"\x12AddressTranslation\x12\x19\n" +
+	"\bfrom_hop\x18\x01 \x01(\tR\afromHop\x12\x15\n" +
+	"\x06to_hop\x18\x02 \x01(\tR\x05toHop\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x16\n" +
+	"\x06before\x18\x04 \x01(\tR\x06before\x12\x14\n" +
+	"\x05after\x18\x05 \x01(\tR\x05after\x12\x18\n" +
+	"\apackets\x18\x06 \x01(\x04R\apackets\"\x95\x03\n" +
 	"\vEventResult\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x14\n" +
@@ -3566,7 +3769,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -3585,133 +3788,137 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*NodeClockStatus)(nil),          // 14: hoptrace.v1.NodeClockStatus
 	(*GetReportRequest)(nil),         // 15: hoptrace.v1.GetReportRequest
 	(*Report)(nil),                   // 16: hoptrace.v1.Report
-	(*EventResult)(nil),              // 17: hoptrace.v1.EventResult
-	(*EventRecordedResult)(nil),      // 18: hoptrace.v1.EventRecordedResult
-	(*SegmentSeries)(nil),            // 19: hoptrace.v1.SegmentSeries
-	(*SeriesPoint)(nil),              // 20: hoptrace.v1.SeriesPoint
-	(*SegmentStats)(nil),             // 21: hoptrace.v1.SegmentStats
-	(*DropCount)(nil),                // 22: hoptrace.v1.DropCount
-	(*HopThroughput)(nil),            // 23: hoptrace.v1.HopThroughput
-	(*HopRecorded)(nil),              // 24: hoptrace.v1.HopRecorded
-	(*HopCount)(nil),                 // 25: hoptrace.v1.HopCount
-	(*HopHistogram)(nil),             // 26: hoptrace.v1.HopHistogram
-	(*HistogramBucket)(nil),          // 27: hoptrace.v1.HistogramBucket
-	(*WatchSegmentStatsRequest)(nil), // 28: hoptrace.v1.WatchSegmentStatsRequest
-	(*WatchSpecsRequest)(nil),        // 29: hoptrace.v1.WatchSpecsRequest
-	(*SpecSet)(nil),                  // 30: hoptrace.v1.SpecSet
-	(*GetPacketsRequest)(nil),        // 31: hoptrace.v1.GetPacketsRequest
-	(*PacketList)(nil),               // 32: hoptrace.v1.PacketList
-	(*PacketTimeline)(nil),           // 33: hoptrace.v1.PacketTimeline
-	(*PacketSegment)(nil),            // 34: hoptrace.v1.PacketSegment
-	(*GetVersionRequest)(nil),        // 35: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 36: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 37: hoptrace.v1.RunPresetRequest
-	(*DiscoverRequest)(nil),          // 38: hoptrace.v1.DiscoverRequest
-	(*DiscoverEvent)(nil),            // 39: hoptrace.v1.DiscoverEvent
-	(*DiscoverProgress)(nil),         // 40: hoptrace.v1.DiscoverProgress
-	(*DiscoveredPath)(nil),           // 41: hoptrace.v1.DiscoveredPath
-	(*DiscoverResult)(nil),           // 42: hoptrace.v1.DiscoverResult
-	(*DiscoveredSegment)(nil),        // 43: hoptrace.v1.DiscoveredSegment
-	(*ListAuditRequest)(nil),         // 44: hoptrace.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),        // 45: hoptrace.v1.ListAuditResponse
-	(*AuditEntry)(nil),               // 46: hoptrace.v1.AuditEntry
-	nil,                              // 47: hoptrace.v1.EventResult.ByEntry
-	nil,                              // 48: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 49: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 50: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 51: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 52: hoptrace.v1.Register
-	(*TransportStatus)(nil),          // 53: hoptrace.v1.TransportStatus
-	(*Filter)(nil),                   // 54: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 55: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 56: hoptrace.v1.PresetResult
+	(*HopAddresses)(nil),             // 17: hoptrace.v1.HopAddresses
+	(*AddressTranslation)(nil),       // 18: hoptrace.v1.AddressTranslation
+	(*EventResult)(nil),              // 19: hoptrace.v1.EventResult
+	(*EventRecordedResult)(nil),      // 20: hoptrace.v1.EventRecordedResult
+	(*SegmentSeries)(nil),            // 21: hoptrace.v1.SegmentSeries
+	(*SeriesPoint)(nil),              // 22: hoptrace.v1.SeriesPoint
+	(*SegmentStats)(nil),             // 23: hoptrace.v1.SegmentStats
+	(*DropCount)(nil),                // 24: hoptrace.v1.DropCount
+	(*HopThroughput)(nil),            // 25: hoptrace.v1.HopThroughput
+	(*HopRecorded)(nil),              // 26: hoptrace.v1.HopRecorded
+	(*HopCount)(nil),                 // 27: hoptrace.v1.HopCount
+	(*HopHistogram)(nil),             // 28: hoptrace.v1.HopHistogram
+	(*HistogramBucket)(nil),          // 29: hoptrace.v1.HistogramBucket
+	(*WatchSegmentStatsRequest)(nil), // 30: hoptrace.v1.WatchSegmentStatsRequest
+	(*WatchSpecsRequest)(nil),        // 31: hoptrace.v1.WatchSpecsRequest
+	(*SpecSet)(nil),                  // 32: hoptrace.v1.SpecSet
+	(*GetPacketsRequest)(nil),        // 33: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 34: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 35: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 36: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 37: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 38: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 39: hoptrace.v1.RunPresetRequest
+	(*DiscoverRequest)(nil),          // 40: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 41: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 42: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 43: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 44: hoptrace.v1.DiscoverResult
+	(*DiscoveredSegment)(nil),        // 45: hoptrace.v1.DiscoveredSegment
+	(*ListAuditRequest)(nil),         // 46: hoptrace.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),        // 47: hoptrace.v1.ListAuditResponse
+	(*AuditEntry)(nil),               // 48: hoptrace.v1.AuditEntry
+	nil,                              // 49: hoptrace.v1.EventResult.ByEntry
+	nil,                              // 50: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 51: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 52: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 53: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 54: hoptrace.v1.Register
+	(*TransportStatus)(nil),          // 55: hoptrace.v1.TransportStatus
+	(*Filter)(nil),                   // 56: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 57: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 58: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	49, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	51, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	49, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	49, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	50, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	51, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	51, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	51, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	52, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	53, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	52, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	50, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	54, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	52, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	53, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
-	50, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	50, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	50, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
-	21, // 15: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
-	21, // 16: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
-	23, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
-	19, // 18: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
-	17, // 19: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
-	47, // 20: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
-	27, // 21: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
-	18, // 22: hoptrace.v1.EventResult.recorded:type_name -> hoptrace.v1.EventRecordedResult
-	20, // 23: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
-	20, // 24: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	50, // 25: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	50, // 26: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	22, // 27: hoptrace.v1.SegmentStats.drops:type_name -> hoptrace.v1.DropCount
-	25, // 28: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
-	26, // 29: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
-	24, // 30: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
-	27, // 31: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	49, // 32: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	50, // 33: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	50, // 34: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	33, // 35: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	50, // 36: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	34, // 37: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	48, // 38: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	54, // 39: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	40, // 40: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	42, // 41: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	55, // 42: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	49, // 43: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	41, // 44: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	43, // 45: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
-	55, // 46: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
-	55, // 47: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
-	46, // 48: hoptrace.v1.ListAuditResponse.entries:type_name -> hoptrace.v1.AuditEntry
-	50, // 49: hoptrace.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	1,  // 50: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 51: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 52: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 53: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 54: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 55: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 56: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 57: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	28, // 58: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	29, // 59: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	37, // 60: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	35, // 61: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	31, // 62: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	38, // 63: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	44, // 64: hoptrace.v1.Hoptrace.ListAudit:input_type -> hoptrace.v1.ListAuditRequest
-	2,  // 65: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 66: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 67: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 68: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 69: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 70: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 71: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 72: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	21, // 73: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	30, // 74: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	56, // 75: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	36, // 76: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	32, // 77: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	39, // 78: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	45, // 79: hoptrace.v1.Hoptrace.ListAudit:output_type -> hoptrace.v1.ListAuditResponse
-	65, // [65:80] is the sub-list for method output_type
-	50, // [50:65] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	55, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
+	52, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	52, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	52, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	23, // 15: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
+	23, // 16: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
+	25, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
+	21, // 18: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
+	19, // 19: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
+	17, // 20: hoptrace.v1.Report.addresses:type_name -> hoptrace.v1.HopAddresses
+	18, // 21: hoptrace.v1.Report.translations:type_name -> hoptrace.v1.AddressTranslation
+	49, // 22: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
+	29, // 23: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
+	20, // 24: hoptrace.v1.EventResult.recorded:type_name -> hoptrace.v1.EventRecordedResult
+	22, // 25: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
+	22, // 26: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
+	52, // 27: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	52, // 28: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	24, // 29: hoptrace.v1.SegmentStats.drops:type_name -> hoptrace.v1.DropCount
+	27, // 30: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	28, // 31: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	26, // 32: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
+	29, // 33: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	51, // 34: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	52, // 35: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	52, // 36: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	35, // 37: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	52, // 38: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	36, // 39: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	50, // 40: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	56, // 41: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	42, // 42: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	44, // 43: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	57, // 44: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	51, // 45: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	43, // 46: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	45, // 47: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
+	57, // 48: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	57, // 49: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	48, // 50: hoptrace.v1.ListAuditResponse.entries:type_name -> hoptrace.v1.AuditEntry
+	52, // 51: hoptrace.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	1,  // 52: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 53: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 54: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 55: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 56: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 57: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 58: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	15, // 59: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	30, // 60: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	31, // 61: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	39, // 62: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	37, // 63: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	33, // 64: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	40, // 65: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	46, // 66: hoptrace.v1.Hoptrace.ListAudit:input_type -> hoptrace.v1.ListAuditRequest
+	2,  // 67: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 68: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 69: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 70: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 71: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 72: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 73: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	16, // 74: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	23, // 75: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	32, // 76: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	58, // 77: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	38, // 78: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	34, // 79: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	41, // 80: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	47, // 81: hoptrace.v1.Hoptrace.ListAudit:output_type -> hoptrace.v1.ListAuditResponse
+	67, // [67:82] is the sub-list for method output_type
+	52, // [52:67] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -3721,7 +3928,7 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
-	file_hoptrace_v1_api_proto_msgTypes[39].OneofWrappers = []any{
+	file_hoptrace_v1_api_proto_msgTypes[41].OneofWrappers = []any{
 		(*DiscoverEvent_Progress)(nil),
 		(*DiscoverEvent_Result)(nil),
 	}
@@ -3731,7 +3938,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   49,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -136,7 +136,7 @@ class GetReportRequest(_message.Message):
     def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., with_series: bool = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("trace", "packets", "complete", "segments", "end_to_end", "hops", "series", "events")
+    __slots__ = ("trace", "packets", "complete", "segments", "end_to_end", "hops", "series", "events", "addresses", "translations")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     PACKETS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,8 @@ class Report(_message.Message):
     HOPS_FIELD_NUMBER: _ClassVar[int]
     SERIES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATIONS_FIELD_NUMBER: _ClassVar[int]
     trace: str
     packets: int
     complete: int
@@ -153,7 +155,39 @@ class Report(_message.Message):
     hops: _containers.RepeatedCompositeFieldContainer[HopThroughput]
     series: _containers.RepeatedCompositeFieldContainer[SegmentSeries]
     events: _containers.RepeatedCompositeFieldContainer[EventResult]
-    def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[SegmentSeries, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventResult, _Mapping]]] = ...) -> None: ...
+    addresses: _containers.RepeatedCompositeFieldContainer[HopAddresses]
+    translations: _containers.RepeatedCompositeFieldContainer[AddressTranslation]
+    def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[SegmentSeries, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventResult, _Mapping]]] = ..., addresses: _Optional[_Iterable[_Union[HopAddresses, _Mapping]]] = ..., translations: _Optional[_Iterable[_Union[AddressTranslation, _Mapping]]] = ...) -> None: ...
+
+class HopAddresses(_message.Message):
+    __slots__ = ("hop", "protocol", "source", "destination", "packets")
+    HOP_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    hop: str
+    protocol: str
+    source: str
+    destination: str
+    packets: int
+    def __init__(self, hop: _Optional[str] = ..., protocol: _Optional[str] = ..., source: _Optional[str] = ..., destination: _Optional[str] = ..., packets: _Optional[int] = ...) -> None: ...
+
+class AddressTranslation(_message.Message):
+    __slots__ = ("from_hop", "to_hop", "kind", "before", "after", "packets")
+    FROM_HOP_FIELD_NUMBER: _ClassVar[int]
+    TO_HOP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    PACKETS_FIELD_NUMBER: _ClassVar[int]
+    from_hop: str
+    to_hop: str
+    kind: str
+    before: str
+    after: str
+    packets: int
+    def __init__(self, from_hop: _Optional[str] = ..., to_hop: _Optional[str] = ..., kind: _Optional[str] = ..., before: _Optional[str] = ..., after: _Optional[str] = ..., packets: _Optional[int] = ...) -> None: ...
 
 class EventResult(_message.Message):
     __slots__ = ("name", "node", "count", "count_by", "by", "histogram_arg", "histogram", "latency_missed", "recorded")
