@@ -5,7 +5,8 @@ JSON shape (a contract):
     {"trace", "packets", "complete",
      "segments": [{"from", "to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete",
                    "loss_count", "loss_rate", "tracer_lost", "before_attach", "jitter_ns", "jitter_p99_ns",
-                   "same_node", "below_clock_bound", "clock_bound_ns"}],
+                   "same_node", "below_clock_bound", "clock_bound_ns",
+                   "drops": [{"node", "reason", "count"}]}],
      "end_to_end": {same keys},
      "hops": [{"hop", "packets_per_s", "bytes_per_s", "counts", "histograms", "recorded", and "container",
                "pod" for a hop named by a workload}],
@@ -13,7 +14,8 @@ JSON shape (a contract):
                  "recorded"}]}
 with segments and hops in path order. The numbers are raw: a cross-node latency within its clock bound may
 be negative. Readers show it through `latency_text`, which says "≤ ±BOUND" for it, and `most_time_text`
-names the segment with the largest p50.
+names the segment with the largest p50. A trace with `drops: true` has each segment's lost packets that a
+node's kernel dropped in "drops", by node and reason (most first), which `loss_text` says in one line.
 """
 
 from __future__ import annotations
@@ -44,7 +46,19 @@ def _stats_data(stats: api_pb2.SegmentStats) -> dict[str, Any]:
         "same_node": stats.same_node,
         "below_clock_bound": stats.below_clock_bound,
         "clock_bound_ns": stats.clock_bound_ns,
+        "drops": [{"node": d.node, "reason": d.reason, "count": d.count} for d in stats.drops],
     }
+
+
+def loss_text(segment: dict[str, Any]) -> str:
+    """A segment's loss and why, in one line: "lost 12: 9 NETFILTER_DROP on host-b, 3 NO_SOCKET on host-b",
+    with "N not seen dropped" for lost packets no kernel reported (and "lost 0" without loss)."""
+    lost = segment.get("loss_count", 0)
+    parts = [f"{d['count']} {d['reason']} on {d['node']}" for d in segment.get("drops", [])]
+    unexplained = lost - sum(d["count"] for d in segment.get("drops", []))
+    if parts and unexplained > 0:
+        parts.append(f"{unexplained} not seen dropped")
+    return f"lost {lost}: " + ", ".join(parts) if parts else f"lost {lost}"
 
 
 def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
@@ -251,6 +265,14 @@ def render_text(report: dict[str, Any]) -> str:
         for r in hrows:
             cells = [r[0].ljust(hw[0]), r[1].rjust(hw[1]), r[2].rjust(hw[2]), *r[3:]]
             lines.append("  ".join(cells).rstrip())
+    segments = [*report["segments"], {**report["end_to_end"], "_name": "end to end"}]
+    if any(s.get("drops") for s in segments):
+        lines.append("")
+        lines.append("drops (where the kernel freed the lost packets, and why):")
+        for s in segments:
+            if s.get("loss_count") or s.get("drops"):
+                name = "end to end" if s.get("_name") else f"{s['from']} > {s['to']}"
+                lines.append(f"  {name}: {loss_text(s)}")
     action_lines = hop_actions_lines(report.get("hops", []))
     if action_lines:
         lines.append("")

@@ -11,7 +11,8 @@ packets within each window (pairs across a window's edge are left out), `jitter_
 merged jitter sketch. `incomplete`, `packets`, `complete`, `loss_count`, `tracer_lost` and `before_attach`
 are sums over `segment_stats`; `loss_rate` = sum(loss_count) / sum(from_count); `same_node` is the last
 window's. A segment is `below_clock_bound` when at least half its packets were (its median latency is below
-the clocks' bound); its `clock_bound_ns` is the largest of its windows' (the sum of its two nodes' clock
+the clocks' bound); its `drops` (a trace with `drops: true`) are the sums of `segment_drops` by node and
+reason, most first; its `clock_bound_ns` is the largest of its windows' (the sum of its two nodes' clock
 bounds; 0 on one node). Per hop, `packets_per_s` and `bytes_per_s` are the means of `hop_counters` over the
 seconds with traffic. Segments and hops come in path order (the given path, else the chain their from/to
 hops form). The numbers are raw: a cross-node latency within its clock bound may be negative (`report_view`
@@ -39,6 +40,7 @@ from hoptrace.collector.schema import (
     LATENCY_PREFIX,
     NODE_CLOCK,
     QUANTILES,
+    SEGMENT_DROPS,
     SEGMENT_STATS,
 )
 from hoptrace.collector.sketch import sketch_from_fields
@@ -156,6 +158,7 @@ def query_report(
         seg = rec.values.get("segment")
         if seg in stats:
             stats[seg].clock_bound_ns = int(rec.get_value() or 0)
+    _query_drops(q, org, base, stats)
     e2e = stats.pop(END_TO_END, None)
     pairs = {s: (getattr(v, "from"), v.to) for s, v in stats.items()}
     # A path whose segments have no latency yet (just applied, or only action points) has none to show.
@@ -175,6 +178,25 @@ def query_report(
         hops=_query_hops(q, org, base, order),
         events=query_events(q, org, base),
     )
+
+
+def _query_drops(q: Any, org: str, base: str, stats: dict[str, api_pb2.SegmentStats]) -> None:
+    """Each segment's lost packets that its nodes' kernels dropped (`segment_drops`), by node and reason,
+    most first (ties by node, then reason)."""
+    summed = (
+        f'{base} and r._measurement == "{SEGMENT_DROPS}" and r._field == "count")'
+        ' |> group(columns: ["segment", "node", "reason"]) |> sum()'
+    )
+    found: dict[str, dict[tuple[str, str], int]] = {}
+    for rec in records(q, org, summed):
+        seg = rec.values.get("segment")
+        if seg in stats:
+            key = (rec.values.get("node", ""), rec.values.get("reason", ""))
+            found.setdefault(seg, {})[key] = found.get(seg, {}).get(key, 0) + int(rec.get_value() or 0)
+    for seg, counts in found.items():
+        for (node, reason), count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            if count:
+                stats[seg].drops.add(node=node, reason=reason, count=count)
 
 
 def _hop_order(segments: list[api_pb2.SegmentStats]) -> list[str]:

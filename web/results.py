@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, render_template, request, send_from_directory
+from markupsafe import escape
 
 from hoptrace.common.client import ApiError
 from hoptrace.common.durations import parse_duration
@@ -22,6 +23,7 @@ from hoptrace.results.report_view import (
     LATENCY_FIELDS,
     bound_text,
     latency_text,
+    loss_text,
     most_time_text,
     report_from_proto,
 )
@@ -161,7 +163,23 @@ def results_data(name: str, since: str, bounds: dict[str, str] | None = None) ->
         else "",
         # Hop counts/histograms and event probes, drawn by the server from the same report.
         "actions_html": actions.render(data),
+        "drops_html": drops_html(data),
     }
+
+
+def drops_html(report: dict[str, Any]) -> str:
+    """A trace with `drops: true`: each segment's loss and why, as `hoptrace report` says it
+    (`report_view.loss_text`); "" when no segment has drops."""
+    segments = [*report["segments"], {**report["end_to_end"], "_e2e": True}]
+    if not any(s.get("drops") for s in segments):
+        return ""
+    items = "".join(
+        f"<li>{escape('end to end' if s.get('_e2e') else s['from'] + ' → ' + s['to'])}: "
+        f"{escape(loss_text(s))}</li>"
+        for s in segments
+        if s.get("loss_count") or s.get("drops")
+    )
+    return f"<h2>Drops (where the kernel freed the lost packets, and why)</h2><ul>{items}</ul>"
 
 
 @bp.get("/traces/<name>/results")

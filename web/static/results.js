@@ -87,6 +87,8 @@
     // Hop counts/histograms and events, drawn by the server from the same report (hoptrace.web.actions).
     const actions = document.getElementById("actions");
     if (actions && data.actions_html !== undefined) actions.innerHTML = data.actions_html;
+    const drops = document.getElementById("drops");  // drops: true (hoptrace.web.results.drops_html)
+    if (drops && data.drops_html !== undefined) drops.innerHTML = data.drops_html;
     const summary = document.getElementById("most-time");
     summary.textContent = data.summary || "";
     summary.hidden = !data.summary;
