@@ -1113,8 +1113,8 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		return 0;
 	}
 	/* skb:kfree_skb with its reason: UDP trims a datagram's ID off (pskb_trim_rcsum) before it
-	 * drops it for want of a socket; on a linear skb only the tail moved, so the ID is read below
-	 * skb->end, as hop_sock_read does. */
+	 * drops it for want of a socket; on a linear skb only the tail moved, so the ID is read
+	 * below skb->end, as hop_sock_read does. */
 	if (act_reads(HOPTRACE_FIELD_DROP_REASON) && !KERNEL_FIELD(btf, skb, data_len)) {
 		__u32 end = KERNEL_FIELD(btf, skb, end), start = r.kbase - BPF_CORE_READ(skb, head);
 
