@@ -204,7 +204,7 @@ TIER_DOCKER := docker and not (vm or browser)
 TIER_KAFKA := kafka and not (vm or browser or docker)
 
 .PHONY: test-root
-test-root: setup build helm ## namespaces, BPF on this kernel, InfluxDB: every root test but the four tiers below
+test-root: setup build helm jaeger ## namespaces, BPF on this kernel, InfluxDB: every root test but the four tiers below
 	$(PYTEST) -m '$(TIER_ROOT)' tests
 
 .PHONY: test-vm
@@ -226,7 +226,7 @@ test-kafka: setup build ## the collector's Kafka transport against a real broker
 .PHONY: test
 # proto-check before build: it rewrites the generated Go files, which would leave the agent older than them
 # (and a guest's `make demo` would build it again, minutes under TCG).
-test: setup proto-check build helm lint test-unit ## run every test tier (needs root)
+test: setup proto-check build helm jaeger lint test-unit ## run every test tier (needs root)
 	cd agent && go test -race -count=1 ./...
 	@# the _floor variants (kernels 5.10-5.17), proven here on a fast kernel too
 	cd agent && HOPTRACE_FLOOR=1 go test -count=1 ./internal/loader ./internal/tracer
@@ -319,6 +319,19 @@ helm: $(HELM) ## build helm into .tools/helm/VERSION (once per version; about 2 
 
 $(HELM):
 	bash lab/kubernetes/build-helm.sh $(HELM_VERSION) $(@D)
+
+## ---- OpenTelemetry backend (lab/otel.py) ---------------------------------
+# Jaeger v2 (an OpenTelemetry Collector distribution with an in-memory trace store and a query API), the
+# backend the collector's OTLP export is tested against, built from the Go module proxy at the version
+# lab/jaeger/go.mod pins into .tools/jaeger/VERSION, once per version.
+JAEGER_VERSION := $(shell awk '$$1 == "github.com/jaegertracing/jaeger" {print $$2}' lab/jaeger/go.mod)
+JAEGER := .tools/jaeger/$(JAEGER_VERSION)/jaeger
+
+.PHONY: jaeger
+jaeger: $(JAEGER) ## build Jaeger v2 into .tools/jaeger/VERSION (once per version; about 6 min cold)
+
+$(JAEGER):
+	bash lab/jaeger/build.sh $(@D)
 
 .PHONY: test-k8s
 test-k8s: setup build k8s-tools helm ## a one-node Kubernetes cluster: a pod behind a ClusterIP Service; hoptrace installed by helm, tracing pod -> pod

@@ -57,7 +57,8 @@ from google.protobuf.message import DecodeError
 
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter, TimestampDeduper
-from hoptrace.collector.metrics import MetricsServer, MetricsWriter, start_metrics_server
+from hoptrace.collector.metrics import MetricsServer, MetricsWriter, start_metrics_server, write_otlp_metrics
+from hoptrace.collector.otlp import beside, start_otlp_exporter
 from hoptrace.collector.pipeline import CollectorConfig, CollectorPipeline, start_shared_parts
 from hoptrace.collector.receiver import SeenBatches
 from hoptrace.collector.records import RecordDecodeError, decode_batch
@@ -233,6 +234,7 @@ class KafkaCollectorService:
         self.kafka = kafka
         self.catalog, self.time_server = start_shared_parts(config, catalog)
         self.exporter = CommitTrackingExporter(config.influx)
+        self.otlp = start_otlp_exporter(config.otlp, self.catalog, config.aggregate)  # None when off
         self.stats = KafkaStats()
         self.partitions: dict[int, PartitionState] = {}
         # (exporter.accepted when taken, {partition: offset to commit})
@@ -276,7 +278,9 @@ class KafkaCollectorService:
         aggregate = dataclasses.replace(
             self.config.aggregate, instance=f"{self.kafka.topic}/partition-{partition}"
         )
-        pipeline = CollectorPipeline(self.exporter, self.catalog, self.config.join, aggregate)
+        pipeline = CollectorPipeline(
+            beside(self.exporter, self.otlp), self.catalog, self.config.join, aggregate
+        )
         return PartitionState(partition, pipeline)
 
     def _written_before(self, consumer: Consumer, partitions: list[TopicPartition]) -> dict[int, int]:
@@ -564,6 +568,8 @@ class KafkaCollectorService:
         except KafkaException as err:
             log.warning("kafka: close: %s", err)
         self.exporter.close()
+        if self.otlp is not None:
+            self.otlp.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         if self.time_server is not None:
@@ -686,6 +692,7 @@ def render_kafka_metrics(service: KafkaCollectorService) -> str:
     w.one("spool_points", "gauge", "Points spooled on disk.", exp.spool_points)
     w.one("points_written_total", "counter", "Points InfluxDB accepted.", exp.written)
     w.one("influx_up", "gauge", "1 while InfluxDB takes writes.", 0 if exp.failing else 1)
+    write_otlp_metrics(w, service.otlp)
     return "\n".join(w.lines) + "\n"
 
 

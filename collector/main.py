@@ -20,6 +20,7 @@ from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.collector.influx import InfluxConfig
 from hoptrace.collector.join import JoinConfig
 from hoptrace.collector.kafka import KafkaCollectorService, KafkaConfig, read_secret_file
+from hoptrace.collector.otlp import OtlpConfig
 from hoptrace.collector.pipeline import CollectorConfig
 from hoptrace.collector.receiver import ReceiverConfig
 from hoptrace.collector.service import start_collector
@@ -151,6 +152,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "so collectors on one host differ); keep it across restarts so that a replay overwrites instead of "
         "adding",
     )
+    otlp = parser.add_argument_group(
+        "OpenTelemetry",
+        "also export exemplar packets as traces and segment latency as histograms (docs/otel.md)",
+    )
+    otlp.add_argument(
+        "--otlp-endpoint", default="", metavar="HOST:PORT", help="OTLP/gRPC receiver (turns it on)"
+    )
+    otlp.add_argument("--otlp-insecure", action="store_true", help="plaintext toward it (default: TLS)")
+    otlp.add_argument(
+        "--otlp-ca", default=None, metavar="PEM", help="CA of its certificate (default: system's)"
+    )
+    otlp.add_argument("--otlp-cert", default=None, metavar="PEM", help="client certificate, if it asks")
+    otlp.add_argument("--otlp-key", default=None, metavar="PEM", help="its private key")
+    otlp.add_argument(
+        "--otlp-sample",
+        default="slowest",
+        metavar="slowest|1/N|all",
+        help="which exemplar packets become traces: the slowest per trace and window (--exemplar-slowest), "
+        "1 in N by ID (N a multiple of --exemplar-every), or every exemplar",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_server_tls_arguments(parser)
 
@@ -173,6 +194,15 @@ def run(args: argparse.Namespace) -> int:
         )
         aggregate.instance = args.instance if args.instance is not None else default_instance(args.listen)
         aggregate.validate()
+        otlp = OtlpConfig(
+            endpoint=args.otlp_endpoint,
+            insecure=args.otlp_insecure,
+            ca=args.otlp_ca,
+            cert=args.otlp_cert,
+            key=args.otlp_key,
+            sample=args.otlp_sample,
+        )
+        otlp.validate(aggregate.exemplar_every, aggregate.exemplar_slowest)
     except ValueError as error:
         print(f"hoptrace collector: {error}", file=sys.stderr)
         return 2
@@ -227,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
             tls=tls,
             kafka=kafka,
             aggregate=aggregate,
+            otlp=otlp,
         )
     finally:
         stop_sync.set()
@@ -252,6 +283,7 @@ def run_collector(
     tls: TLSFiles | None = None,
     kafka: Any = None,
     aggregate: AggregateConfig | None = None,
+    otlp: OtlpConfig | None = None,
 ) -> int:
     """Run the collector until SIGTERM/SIGINT (or `stop_event`), then flush everything. Returns 0.
 
@@ -273,6 +305,7 @@ def run_collector(
         catalog_file=catalog_file,
         clock_listen=clock_listen or None,
         metrics_listen=metrics_listen or None,
+        otlp=otlp or OtlpConfig(),
     )
     stop = stop_event or threading.Event()
     if threading.current_thread() is threading.main_thread():

@@ -7,6 +7,9 @@ index is outside its trace's path), `decode_error` (batches whose records did no
 out of the window and its sketch; still an exemplar when its ID is sampled), and the exporter's
 `queue_full`, `spool_overflow`, `spool_error`, `rejected`, `closed` (points). Records the tracer lost
 before the collector (ring buffer full, agent drops) are `hoptrace_collector_tracer_lost_records_total`.
+The OpenTelemetry export (`otlp.py`, with `--otlp-endpoint`) counts what it sent and dropped by signal
+(`traces`: packets; `metrics`: histogram points) in `hoptrace_collector_otlp_exported_total{signal}` and
+`hoptrace_collector_otlp_dropped_total{signal,reason}` (`queue_full`, `export_failed`, `closed`).
 The per-segment latency, loss and jitter users alert on follow them (`hoptrace.collector.segment_metrics`).
 """
 
@@ -19,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from hoptrace.collector.influx import InfluxExporter
+from hoptrace.collector.otlp import OTLP_DROP_REASONS, OtlpExporter
 from hoptrace.collector.pipeline import CollectorPipeline
 from hoptrace.collector.receiver import CollectorReceiver
 from hoptrace.collector.timeservice import TimeServer, parse_addr
@@ -48,6 +52,7 @@ class RunningCollector(Protocol):
     exporter: InfluxExporter
     receiver: CollectorReceiver
     time_server: TimeServer | None
+    otlp: OtlpExporter | None
 
 
 class MetricsWriter:
@@ -193,7 +198,28 @@ def render_metrics(service: RunningCollector) -> str:
     )
     ts = service.time_server
     w.one("time_requests_total", "counter", "NTP requests answered.", ts.requests if ts else 0)
+    write_otlp_metrics(w, service.otlp)
     return "\n".join(w.lines) + "\n" + pipe.segment_metrics.render()
+
+
+def write_otlp_metrics(w: MetricsWriter, otlp: OtlpExporter | None) -> None:
+    """The OpenTelemetry export's counters (none while it is off)."""
+    if otlp is None:
+        return
+    signals = ("metrics", "traces")
+    w.metric(
+        "otlp_exported_total",
+        "counter",
+        "What the OTLP backend took: packets (traces) and histogram points (metrics).",
+        [({"signal": s}, otlp.exported(s)) for s in signals],
+    )
+    dropped = otlp.dropped
+    w.metric(
+        "otlp_dropped_total",
+        "counter",
+        "What the OTLP export dropped (queue full, export failed after retries, closed), never waiting.",
+        [({"reason": r, "signal": s}, dropped.get((s, r), 0)) for s in signals for r in OTLP_DROP_REASONS],
+    )
 
 
 class MetricsServer:

@@ -23,6 +23,7 @@ from hoptrace.collector.clock import ClockAligner
 from hoptrace.collector.events import EventsStage
 from hoptrace.collector.influx import InfluxConfig, ensure_database
 from hoptrace.collector.join import HopJoiner, JoinConfig, JoinedPacket
+from hoptrace.collector.otlp import OtlpConfig
 from hoptrace.collector.points import Point, window_points
 from hoptrace.collector.receiver import ReceiverConfig
 from hoptrace.collector.records import HOP_INDEX, DecodedBatch
@@ -48,6 +49,7 @@ class CollectorConfig:
     join: JoinConfig = field(default_factory=JoinConfig)
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     influx: InfluxConfig = field(default_factory=InfluxConfig)
+    otlp: OtlpConfig = field(default_factory=OtlpConfig)  # OpenTelemetry export beside InfluxDB (otlp.py)
     catalog_file: str | None = None
     tick_s: float = 0.25
     create_database: bool = True
@@ -60,6 +62,7 @@ class CollectorConfig:
         self.join.validate()
         self.aggregate.validate()
         self.influx.validate()
+        self.otlp.validate(self.aggregate.exemplar_every, self.aggregate.exemplar_slowest)
         if self.tick_s <= 0:
             raise ValueError("tick_s must be positive")
         for addr in (self.clock_listen, self.metrics_listen):

@@ -24,6 +24,7 @@ import grpc
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxExporter
 from hoptrace.collector.metrics import MetricsServer, start_metrics_server
+from hoptrace.collector.otlp import beside, start_otlp_exporter
 from hoptrace.collector.pipeline import CollectorConfig, CollectorPipeline, start_shared_parts
 from hoptrace.collector.receiver import CollectorReceiver, start_receiver
 
@@ -81,7 +82,9 @@ class CollectorService:
         self.config = config
         self.catalog, self.time_server = start_shared_parts(config, catalog)
         self.exporter = InfluxExporter(config.influx)
-        self.pipeline = CollectorPipeline(self.exporter, self.catalog, config.join, config.aggregate)
+        self.otlp = start_otlp_exporter(config.otlp, self.catalog, config.aggregate)  # None when off
+        exporter = beside(self.exporter, self.otlp)
+        self.pipeline = CollectorPipeline(exporter, self.catalog, config.join, config.aggregate)
         # With a fixed spool, what was written survives a restart: resume after it (WrittenBeforeMark).
         self.mark = WrittenBeforeMark(config.influx.spool_dir) if config.influx.spool_dir else None
         self._marks: deque[tuple[int, int]] = deque()  # (exporter.accepted when taken, closed before)
@@ -142,6 +145,8 @@ class CollectorService:
         self._ticker.join()
         self.pipeline.flush()
         self.exporter.close()
+        if self.otlp is not None:
+            self.otlp.close()
         self._advance_mark()  # everything left memory (written or spooled) unless the exporter gave up
         if self.metrics_server is not None:
             self.metrics_server.stop()
