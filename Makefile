@@ -15,7 +15,7 @@ INFLUXD := $(TOOLS)/influxd
 
 APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 sockperf iperf3 tcpdump nftables clang-format \
 	ethtool chromium chromium-driver bpftrace qemu-system-x86 kmod busybox-static openvswitch-switch \
-	docker.io docker-compose debootstrap containerd runc containernetworking-plugins
+	docker.io docker-compose debootstrap containerd runc containernetworking-plugins conmon
 
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
@@ -333,6 +333,19 @@ jaeger: $(JAEGER) ## build Jaeger v2 into .tools/jaeger/VERSION (once per versio
 $(JAEGER):
 	bash lab/jaeger/build.sh $(@D)
 
+# CRI-O for the CRI lab (lab/crio.py): crio, pinns and importimage built from the Go module proxy at the
+# version lab/crio/go.mod pins, once per version into .tools/crio/VERSION; conmon, runc and the CNI plugins are
+# Debian's (APT_PACKAGES).
+CRIO_VERSION := $(shell awk '$$1 == "github.com/cri-o/cri-o" {print $$2}' lab/crio/go.mod)
+CRIO_TOOLS := .tools/crio/$(CRIO_VERSION)
+
+.PHONY: crio
+crio: .tools/apt.stamp $(CRIO_TOOLS)/crio ## build CRI-O (crio, pinns, importimage) into .tools/crio/VERSION (once per version; about 4 min cold)
+
+# build.sh fills VERSION.partial and renames it: crio exists only when every program does.
+$(CRIO_TOOLS)/crio:
+	bash lab/crio/build.sh $(CRIO_TOOLS)
+
 .PHONY: test-k8s
-test-k8s: setup build k8s-tools helm ## a one-node Kubernetes cluster: a pod behind a ClusterIP Service; hoptrace installed by helm, tracing pod -> pod
+test-k8s: setup build k8s-tools helm crio ## a one-node Kubernetes cluster: a pod behind a ClusterIP Service; hoptrace installed by helm, tracing pod -> pod; pods named through CRI-O
 	$(PYTEST) -m '$(TIER_K8S)' tests

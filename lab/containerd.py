@@ -57,6 +57,8 @@ class PrivateContainerd:
     socket: str = ""
     # The directory its own (root, state, socket) is made in: None = the system's temporary directory.
     parent: str | None = None
+    # More arguments of the lab's command: hoptrace.lab.crio's runtime (CRI-O instead of containerd).
+    runtime_args: Sequence[str] = ()
     made: dict[str, CriPod] = field(default_factory=dict)  # by "NAMESPACE/NAME"
     _dir: Path | None = None
     _process: subprocess.Popen[str] | None = None
@@ -82,6 +84,7 @@ class PrivateContainerd:
         argv = [
             *[str(bin_dir / "crilab"), "--dir", str(self._dir), "--pause", str(bin_dir / "pause")],
             *["--bridge", self.bridge, "--subnet", self.subnet],
+            *self.runtime_args,
         ]
         for pod in self.pods:
             argv += ["--pod", pod]

@@ -225,13 +225,16 @@ func podLabels(sb sandboxStatus) map[string]string {
 // runtimeInfo is the part of a status' verbose "info" JSON the agent reads.
 // containerd (pkg/cri/server/sandbox_status.go, container_status.go) and
 // CRI-O (server/sandbox_status.go, container_status.go) both put the
-// process's pid, the sandbox image and the OCI runtime spec there (CRI-O's
-// sandbox without an infra container: the spec only).
+// process's pid, the sandbox image and the OCI runtime spec there. CRI-O's
+// sandbox without an infra container (drop_infra_ctr, its default: every pod
+// that shares no PID namespace) has the spec only, the pause image in its
+// annotations.
 type runtimeInfo struct {
 	Pid         int    `json:"pid"`
 	Image       string `json:"image"`
 	RuntimeSpec struct {
-		Linux struct {
+		Annotations map[string]string `json:"annotations"`
+		Linux       struct {
 			Namespaces []struct {
 				Type string `json:"type"`
 				Path string `json:"path"`
@@ -246,11 +249,18 @@ func verboseInfo(info map[string]string) runtimeInfo {
 	return ri
 }
 
+// crioImageAnnotation is where CRI-O keeps the image a sandbox or container
+// was asked for (pkg/annotations: UserRequestedImage); a sandbox's is the
+// pause image.
+const crioImageAnnotation = "io.kubernetes.cri-o.Image"
+
 // sandboxOf reads a sandbox's pod and network namespace. The namespace is
 // the runtime spec's network namespace path (containerd bind-mounts it at
-// /var/run/netns/cni-UUID, CRI-O at /var/run/netns/UUID): it names the
-// namespace for the pod's whole life. A hostNetwork pod's spec has none;
-// its pause process's /proc/PID/ns/net (the node's) is used then.
+// /var/run/netns/cni-UUID, CRI-O's pinns at NAMESPACES_DIR/netns/UUID,
+// /var/run/netns/UUID by default): it names the namespace for the pod's
+// whole life. A hostNetwork pod's spec has none; its pause process's
+// /proc/PID/ns/net (the node's) is used then (CRI-O without an infra
+// container: neither; its containers are found by their own processes).
 func sandboxOf(meta *cri.PodSandboxMetadata, info map[string]string) sandboxStatus {
 	ri := verboseInfo(info)
 	sb := sandboxStatus{
@@ -258,6 +268,9 @@ func sandboxOf(meta *cri.PodSandboxMetadata, info map[string]string) sandboxStat
 		uid:   meta.GetUid(),
 		image: ri.Image,
 		pid:   ri.Pid,
+	}
+	if sb.image == "" {
+		sb.image = ri.RuntimeSpec.Annotations[crioImageAnnotation]
 	}
 	for _, ns := range ri.RuntimeSpec.Linux.Namespaces {
 		if ns.Type == "network" && ns.Path != "" {

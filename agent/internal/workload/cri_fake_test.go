@@ -111,3 +111,26 @@ func TestCRIErrorsSayWhatIsWrong(t *testing.T) {
 		t.Fatalf("no socket: %v %v", found, state)
 	}
 }
+
+// CRI-O 1.34.0's verbose status of a pod sandbox without an infra container
+// (drop_infra_ctr, its default for a pod that shares no PID namespace),
+// recorded from the CRI lab's CRI-O: the runtime spec only, no pid and no
+// "image". The pod lives in the network namespace pinns pinned; the sandbox
+// image is the pause image of the spec's annotations.
+func TestCRIOSandboxWithoutInfraContainerIsPlacedByItsSpec(t *testing.T) {
+	info, err := os.ReadFile("testdata/crio-1.34.0-sandbox-info.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta := &cri.PodSandboxMetadata{Name: "web-0", Namespace: "shop", Uid: "00000000-0000-4000-8000-000000000001"}
+	sb := sandboxOf(meta, map[string]string{"info": string(info)})
+	want := sandboxStatus{
+		pod:   Pod{Namespace: "shop", Name: "web-0"},
+		uid:   "00000000-0000-4000-8000-000000000001",
+		image: "localhost/hoptrace-pause:lab",
+		netns: "/tmp/crilab-crio-try/ns/netns/dc770c27-9607-467c-a27d-2c57726556c6",
+	}
+	if sb != want {
+		t.Fatalf("sandboxOf = %+v, want %+v", sb, want)
+	}
+}

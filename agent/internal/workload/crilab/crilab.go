@@ -1,13 +1,14 @@
-// Package crilab runs a private containerd with its CRI plugin for tests:
-// its own root, state and socket under one directory, pods wired by the CNI
-// bridge plugin on a bridge and subnet of the caller's (inside
-// 198.18.0.0/15, no gateway, no masquerade: no route out), and a pause image
-// built here (no image registry is reachable). Pods are created through the
-// CRI API, as the kubelet does.
+// Package crilab runs a private CRI runtime for tests: containerd (Debian's
+// 1.6, its CRI plugin) or CRI-O (built by `make crio`), with its own root,
+// state and socket under one directory, pods wired by the CNI bridge plugin
+// on a bridge and subnet of the caller's (inside 198.18.0.0/15, no gateway,
+// no masquerade: no route out), and a pause image built here (no image
+// registry is reachable). Pods are created through the CRI API, as the
+// kubelet does.
 //
 // Stop removes everything it made, also after a failed test: pods, leftover
-// shim and container processes, mounts, network namespaces, the bridge and
-// the directory.
+// shim, monitor and container processes, mounts, network namespaces, the
+// bridge and the directory.
 package crilab
 
 import (
@@ -36,6 +37,12 @@ import (
 // Image is the name the pause image is imported as (sandbox_image).
 const Image = "localhost/hoptrace-pause:lab"
 
+// The runtimes the lab runs (Config.Runtime).
+const (
+	Containerd = "containerd"
+	CRIO       = "cri-o"
+)
+
 // AptPackages install what the lab runs: containerd 1.6 (CRI v1 plugin built
 // in), runc, and the CNI plugins (bridge, host-local, loopback).
 const AptPackages = "apt-get install -y containerd runc containernetworking-plugins"
@@ -46,8 +53,14 @@ const shimDir = "/run/containerd"
 // cniBinDir is where Debian's containernetworking-plugins puts the plugins.
 const cniBinDir = "/usr/lib/cni"
 
-// Config says where the lab lives and which network its pods get.
+// Config says which runtime runs, where the lab lives and which network its
+// pods get.
 type Config struct {
+	// Runtime is Containerd ("" too) or CRIO.
+	Runtime string
+	// CRIODir holds crio, pinns and importimage (make crio's
+	// .tools/crio/VERSION); CRIO only.
+	CRIODir string
 	// Dir holds everything (config, root, state, socket, CNI state); Stop
 	// removes it.
 	Dir string
@@ -59,14 +72,18 @@ type Config struct {
 	Pause string
 }
 
-// Containerd is one running private containerd.
-type Containerd struct {
+// Lab is one running private CRI runtime.
+type Lab struct {
 	Config
-	Socket  string
+	Socket string
+	// Runtime is the client of its CRI RuntimeService (Config.Runtime names
+	// the runtime).
 	Runtime cri.RuntimeServiceClient
 
-	cmd  *exec.Cmd
-	conn *grpc.ClientConn
+	cmd *exec.Cmd
+	// exited is closed when the runtime's process has exited.
+	exited <-chan struct{}
+	conn   *grpc.ClientConn
 	// shimDirMade: Start made shimDir, so Stop removes it (when empty).
 	shimDirMade bool
 	log         *os.File
@@ -74,11 +91,11 @@ type Containerd struct {
 	netns []string
 }
 
-// Missing names the programs the lab needs that are not installed ("" =
-// none), with the command that installs them.
-func Missing() string {
+// missingPrograms names the programs (on PATH, or absolute paths) that do
+// not exist.
+func missingPrograms(programs ...string) []string {
 	var missing []string
-	for _, p := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", cniBinDir + "/bridge", cniBinDir + "/host-local", cniBinDir + "/loopback"} {
+	for _, p := range programs {
 		if strings.HasPrefix(p, "/") {
 			if _, err := os.Stat(p); err != nil {
 				missing = append(missing, p)
@@ -87,17 +104,37 @@ func Missing() string {
 			missing = append(missing, p)
 		}
 	}
+	return missing
+}
+
+// Missing names the programs the containerd lab needs that are not
+// installed ("" = none), with the command that installs them.
+func Missing() string {
+	missing := missingPrograms("containerd", "containerd-shim-runc-v2", "runc", "ctr",
+		cniBinDir+"/bridge", cniBinDir+"/host-local", cniBinDir+"/loopback")
 	if len(missing) == 0 {
 		return ""
 	}
 	return fmt.Sprintf("%s missing: %s (or make setup)", strings.Join(missing, ", "), AptPackages)
 }
 
-// Start starts containerd with the CRI plugin, imports the pause image and
-// waits until the CRI API answers. On error everything made is removed.
-func Start(ctx context.Context, cfg Config) (c *Containerd, err error) {
-	if m := Missing(); m != "" {
-		return nil, errors.New(m)
+// Start starts the runtime, imports the pause image and waits until the CRI
+// API answers. On error everything made is removed.
+func Start(ctx context.Context, cfg Config) (c *Lab, err error) {
+	if cfg.Runtime == "" {
+		cfg.Runtime = Containerd
+	}
+	missing := ""
+	switch cfg.Runtime {
+	case Containerd:
+		missing = Missing()
+	case CRIO:
+		missing = MissingCRIO(cfg.CRIODir)
+	default:
+		return nil, fmt.Errorf("runtime %q: the lab runs %s or %s", cfg.Runtime, Containerd, CRIO)
+	}
+	if missing != "" {
+		return nil, errors.New(missing)
 	}
 	if !strings.HasPrefix(cfg.Subnet, "198.18.") && !strings.HasPrefix(cfg.Subnet, "198.19.") {
 		return nil, fmt.Errorf("subnet %s: the lab's pods live inside 198.18.0.0/15 only", cfg.Subnet)
@@ -105,7 +142,7 @@ func Start(ctx context.Context, cfg Config) (c *Containerd, err error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, err
 	}
-	c = &Containerd{Config: cfg, Socket: filepath.Join(cfg.Dir, "containerd.sock")}
+	c = &Lab{Config: cfg}
 	defer func() {
 		if err != nil {
 			c.Stop()
@@ -113,21 +150,43 @@ func Start(ctx context.Context, cfg Config) (c *Containerd, err error) {
 		}
 	}()
 	deleteLink(cfg.Bridge) // a killed earlier run's
-	if _, err := os.Stat(shimDir); errors.Is(err, os.ErrNotExist) {
-		c.shimDirMade = true
-	}
-	if err := c.writeConfig(); err != nil {
+	if err := c.writeCNIConfig(); err != nil {
 		return c, err
 	}
-	if c.log, err = os.Create(filepath.Join(cfg.Dir, "containerd.log")); err != nil {
+	var argv []string
+	if cfg.Runtime == CRIO {
+		// CRI-O reads images from its storage only: the image goes there
+		// before it starts.
+		c.Socket = filepath.Join(cfg.Dir, "crio.sock")
+		if err := c.writeCRIOConfig(); err != nil {
+			return c, err
+		}
+		if err := c.copyPauseIntoStorage(ctx); err != nil {
+			return c, err
+		}
+		argv = c.crioCommand()
+	} else {
+		c.Socket = filepath.Join(cfg.Dir, "containerd.sock")
+		if _, err := os.Stat(shimDir); errors.Is(err, os.ErrNotExist) {
+			c.shimDirMade = true
+		}
+		if err := c.writeContainerdConfig(); err != nil {
+			return c, err
+		}
+		argv = []string{"containerd", "--config", filepath.Join(cfg.Dir, "config.toml")}
+	}
+	if c.log, err = os.Create(c.logPath()); err != nil {
 		return c, err
 	}
-	c.cmd = exec.Command("containerd", "--config", filepath.Join(cfg.Dir, "config.toml"))
+	c.cmd = exec.Command(argv[0], argv[1:]...)
 	c.cmd.Stdout, c.cmd.Stderr = c.log, c.log
 	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := c.cmd.Start(); err != nil {
-		return c, fmt.Errorf("start containerd: %w", err)
+		return c, fmt.Errorf("start %s: %w", cfg.Runtime, err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = c.cmd.Wait(); close(exited) }()
+	c.exited = exited
 	if c.conn, err = grpc.NewClient("unix://"+c.Socket, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		return c, err
 	}
@@ -140,27 +199,36 @@ func Start(ctx context.Context, cfg Config) (c *Containerd, err error) {
 		if err == nil {
 			break
 		}
-		if time.Now().After(deadline) || c.cmd.ProcessState != nil {
-			return c, fmt.Errorf("containerd's CRI did not answer on %s: %v\n%s", c.Socket, err, c.Log())
+		select {
+		case <-exited:
+			return c, fmt.Errorf("%s exited before its CRI answered on %s: %v\n%s", cfg.Runtime, c.Socket, err, c.Log())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return c, fmt.Errorf("%s's CRI did not answer on %s: %v\n%s", cfg.Runtime, c.Socket, err, c.Log())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := c.importPause(ctx); err != nil {
-		return c, err
+	if cfg.Runtime == Containerd {
+		if err := c.importPause(ctx); err != nil {
+			return c, err
+		}
 	}
 	return c, nil
 }
 
-// Log is containerd's output so far (its last 4 KiB).
-func (c *Containerd) Log() string {
-	b, _ := os.ReadFile(filepath.Join(c.Dir, "containerd.log"))
+func (c *Lab) logPath() string { return filepath.Join(c.Dir, c.Config.Runtime+".log") }
+
+// Log is the runtime's output so far (its last 4 KiB).
+func (c *Lab) Log() string {
+	b, _ := os.ReadFile(c.logPath())
 	if len(b) > 4096 {
 		b = b[len(b)-4096:]
 	}
 	return string(b)
 }
 
-func (c *Containerd) writeConfig() error {
+func (c *Lab) writeContainerdConfig() error {
 	d := c.Dir
 	// restrict_oom_score_adj: a sandbox's default oom_score_adj (-998) needs
 	// CAP_SYS_RESOURCE, which a VM's or container's bounding set may lack
@@ -191,9 +259,13 @@ state = %[2]q
       Root = %[9]q
 `, filepath.Join(d, "root"), filepath.Join(d, "state"), c.Socket, c.Socket+".ttrpc",
 		filepath.Join(d, "opt"), Image, cniBinDir, filepath.Join(d, "cni"), filepath.Join(d, "runc"))
-	if err := os.WriteFile(filepath.Join(d, "config.toml"), []byte(config), 0o600); err != nil {
-		return err
-	}
+	return os.WriteFile(filepath.Join(d, "config.toml"), []byte(config), 0o600)
+}
+
+// writeCNIConfig writes the pods' network: the bridge plugin on Bridge with
+// Subnet.
+func (c *Lab) writeCNIConfig() error {
+	d := c.Dir
 	// No gateway, no masquerade: the pods reach each other on the bridge and
 	// nothing else. host-local keeps its leases under the lab's directory.
 	cni := map[string]any{
@@ -218,9 +290,9 @@ state = %[2]q
 	return os.WriteFile(filepath.Join(d, "cni", "10-hoptrace-lab.conflist"), b, 0o644)
 }
 
-// importPause builds the pause image as an OCI image layout (oci-layout,
-// index.json, blobs) in a tar and imports it into the CRI's namespace.
-func (c *Containerd) importPause(ctx context.Context) error {
+// writePauseArchive builds the pause image as an OCI image layout
+// (oci-layout, index.json, blobs) in a tar under Dir and returns its path.
+func (c *Lab) writePauseArchive(ctx context.Context) (string, error) {
 	pause := c.Pause
 	if pause == "" {
 		pause = filepath.Join(c.Dir, "pause")
@@ -228,19 +300,25 @@ func (c *Containerd) importPause(ctx context.Context) error {
 			"github.com/hoptrace/hoptrace/agent/internal/workload/crilab/pause")
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
-			return fmt.Errorf("build the pause binary: %v\n%s", err, out)
+			return "", fmt.Errorf("build the pause binary: %v\n%s", err, out)
 		}
 	}
 	bin, err := os.ReadFile(pause)
 	if err != nil {
-		return err
+		return "", err
 	}
 	archive, err := ociArchive(bin)
 	if err != nil {
-		return err
+		return "", err
 	}
 	path := filepath.Join(c.Dir, "pause-image.tar")
-	if err := os.WriteFile(path, archive, 0o600); err != nil {
+	return path, os.WriteFile(path, archive, 0o600)
+}
+
+// importPause imports the pause image into containerd's CRI namespace.
+func (c *Lab) importPause(ctx context.Context) error {
+	path, err := c.writePauseArchive(ctx)
+	if err != nil {
 		return err
 	}
 	imp := exec.CommandContext(ctx, "ctr", "--address", c.Socket, "-n", "k8s.io", "images", "import", path)
@@ -333,19 +411,32 @@ func tarOf(files map[string]file) ([]byte, error) {
 type Pod struct {
 	ID     string
 	Config *cri.PodSandboxConfig
-	// Netns is the network namespace path containerd made for it.
+	// Netns is the network namespace path the runtime made for it.
 	Netns string
 }
 
+// podNamespaces are the kubelet's for a pod without hostNetwork and
+// shareProcessNamespace: the pod's network and IPC namespaces, a PID
+// namespace per container. (CRI-O then runs no infra container.)
+var podNamespaces = &cri.NamespaceOption{
+	Network: cri.NamespaceMode_POD, Pid: cri.NamespaceMode_CONTAINER, Ipc: cri.NamespaceMode_POD,
+}
+
 // RunPod runs a pod sandbox as the kubelet would, with the kubelet's labels.
-func (c *Containerd) RunPod(ctx context.Context, namespace, name, uid string) (*Pod, error) {
+func (c *Lab) RunPod(ctx context.Context, namespace, name, uid string) (*Pod, error) {
 	cfg := &cri.PodSandboxConfig{
 		Metadata: &cri.PodSandboxMetadata{Name: name, Namespace: namespace, Uid: uid},
 		Hostname: name,
 		Labels: map[string]string{
 			"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": name, "io.kubernetes.pod.uid": uid,
 		},
-		Linux: &cri.LinuxPodSandboxConfig{},
+		Linux: &cri.LinuxPodSandboxConfig{
+			// The kubelet's is /kubepods/QOS/podUID (cgroupfs driver): one
+			// parent per pod, the runtime's cgroups (its monitor's too)
+			// under it.
+			CgroupParent:    c.cgroupParent() + "/pod" + uid,
+			SecurityContext: &cri.LinuxSandboxSecurityContext{NamespaceOptions: podNamespaces},
+		},
 	}
 	r, err := c.Runtime.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg})
 	if err != nil {
@@ -379,13 +470,17 @@ func (c *Containerd) RunPod(ctx context.Context, namespace, name, uid string) (*
 }
 
 // RunContainer creates and starts a container of the pause image in pod.
-func (c *Containerd) RunContainer(ctx context.Context, pod *Pod, name string) (string, error) {
+func (c *Lab) RunContainer(ctx context.Context, pod *Pod, name string) (string, error) {
 	r, err := c.Runtime.CreateContainer(ctx, &cri.CreateContainerRequest{
 		PodSandboxId: pod.ID,
 		Config: &cri.ContainerConfig{
 			Metadata: &cri.ContainerMetadata{Name: name},
-			Image:    &cri.ImageSpec{Image: Image},
-			Linux:    &cri.LinuxContainerConfig{},
+			// The kubelet names the image twice: as resolved and as the
+			// user wrote it (CRI-O checks signatures against the latter).
+			Image: &cri.ImageSpec{Image: Image, UserSpecifiedImage: Image},
+			Linux: &cri.LinuxContainerConfig{
+				SecurityContext: &cri.LinuxContainerSecurityContext{NamespaceOptions: podNamespaces},
+			},
 		},
 		SandboxConfig: pod.Config,
 	})
@@ -400,7 +495,7 @@ func (c *Containerd) RunContainer(ctx context.Context, pod *Pod, name string) (s
 
 // RemovePod stops and removes a pod sandbox with its containers (the CNI
 // teardown and the network namespace go with it).
-func (c *Containerd) RemovePod(ctx context.Context, id string) error {
+func (c *Lab) RemovePod(ctx context.Context, id string) error {
 	if _, err := c.Runtime.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
 		return fmt.Errorf("StopPodSandbox: %w", err)
 	}
@@ -410,12 +505,12 @@ func (c *Containerd) RemovePod(ctx context.Context, id string) error {
 	return nil
 }
 
-// Stop removes every pod, stops containerd and removes what it left: shim
-// and container processes, mounts, network namespaces, the bridge and Dir.
+// Stop removes every pod, stops the runtime and removes what it left: shim,
+// conmon and container processes, mounts, network namespaces, the bridge and Dir.
 // It returns what it could not remove.
-func (c *Containerd) Stop() error {
+func (c *Lab) Stop() error {
 	var errs []error
-	if c.Runtime != nil && c.cmd != nil && c.cmd.ProcessState == nil {
+	if c.Runtime != nil && c.running() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if pods, err := c.Runtime.ListPodSandbox(ctx, &cri.ListPodSandboxRequest{}); err == nil {
 			for _, p := range pods.GetItems() {
@@ -429,22 +524,20 @@ func (c *Containerd) Stop() error {
 	if c.conn != nil {
 		c.conn.Close()
 	}
-	if c.cmd != nil && c.cmd.Process != nil && c.cmd.ProcessState == nil {
+	if c.exited != nil {
 		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = c.cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-c.exited:
 		case <-time.After(10 * time.Second):
 			_ = c.cmd.Process.Kill()
-			<-done
+			<-c.exited
 		}
 	}
 	if c.log != nil {
 		c.log.Close()
 	}
-	// Shims outlive containerd by design; a pod that could not be removed
-	// keeps its processes. Both are found by the lab's directory.
+	// Shims and conmon outlive their runtime by design; a pod that could not
+	// be removed keeps its processes. Both are found by the lab's directory.
 	for _, pid := range processesUnder(c.Dir) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
@@ -458,6 +551,7 @@ func (c *Containerd) Stop() error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, removeCgroups(c.cgroupParent())...)
 	deleteLink(c.Bridge)
 	if c.shimDirMade { // empty once every shim is gone; left alone otherwise
 		_ = os.Remove(filepath.Join(shimDir, "s"))
@@ -469,9 +563,63 @@ func (c *Containerd) Stop() error {
 	return errors.Join(errs...)
 }
 
-// processesUnder are the PIDs of containerd's shims for dir (their command
-// line names its socket) and of processes whose root directory is under dir
-// (a container's rootfs in containerd's state).
+// cgroupParent is the cgroup the lab's pods are made under, the same for
+// every hierarchy, named by the lab's directory.
+func (c *Lab) cgroupParent() string {
+	sum := sha256.Sum256([]byte(c.Dir))
+	return "/hoptrace-crilab-" + hex.EncodeToString(sum[:6])
+}
+
+// removeCgroups removes the cgroup tree at parent in every mounted cgroup
+// hierarchy (v1 controllers, v2), deepest first: runc removes a
+// container's own cgroup, not the parents made for its pod, and CRI-O
+// leaves the cgroups it made for conmon.
+func removeCgroups(parent string) []error {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	var dirs []string
+	for _, line := range strings.Split(string(b), "\n") {
+		_, after, ok := strings.Cut(line, " - ")
+		fields := strings.Fields(line)
+		if !ok || len(fields) < 5 {
+			continue
+		}
+		if fstype := strings.Fields(after); len(fstype) == 0 || (fstype[0] != "cgroup" && fstype[0] != "cgroup2") {
+			continue
+		}
+		_ = filepath.WalkDir(fields[4]+parent, func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+	}
+	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+	var errs []error
+	for _, dir := range dirs {
+		if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, syscall.ENOENT) {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+		}
+	}
+	return errs
+}
+
+// running says whether the runtime's process still runs.
+func (c *Lab) running() bool {
+	if c.exited == nil {
+		return false
+	}
+	select {
+	case <-c.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// processesUnder are the PIDs of the runtime's monitors for dir
+// (containerd's shims, CRI-O's conmon: their command lines name paths under
+// it) and of processes whose root directory is under dir (a container's
+// rootfs in the runtime's state).
 func processesUnder(dir string) []int {
 	entries, _ := os.ReadDir("/proc")
 	var pids []int
@@ -482,7 +630,8 @@ func processesUnder(dir string) []int {
 		}
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		root, _ := os.Readlink(fmt.Sprintf("/proc/%d/root", pid))
-		shim := bytes.Contains(cmdline, []byte("containerd-shim")) && bytes.Contains(cmdline, []byte(dir))
+		monitor := bytes.Contains(cmdline, []byte("containerd-shim")) || bytes.Contains(cmdline, []byte("conmon"))
+		shim := monitor && bytes.Contains(cmdline, []byte(dir))
 		if shim || strings.HasPrefix(root, dir+"/") {
 			pids = append(pids, pid)
 		}

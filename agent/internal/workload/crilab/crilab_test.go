@@ -16,3 +16,16 @@ func TestMissingNamesTheProgramsAndTheInstallCommand(t *testing.T) {
 		}
 	}
 }
+
+// Without CRI-O's build the lab says what is missing: make crio's programs
+// in the directory given, and the Debian packages beside them.
+func TestMissingCRIONamesTheBuildAndThePackages(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	dir := t.TempDir()
+	got := MissingCRIO(dir)
+	for _, want := range []string{dir + "/crio, " + dir + "/pinns, " + dir + "/importimage, conmon, runc", "make crio", CRIOAptPackages} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("MissingCRIO() = %q, want it to name %q", got, want)
+		}
+	}
+}

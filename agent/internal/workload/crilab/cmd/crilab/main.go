@@ -1,11 +1,13 @@
 // Command crilab runs the CRI lab (package crilab) for tests in other
-// languages: a private containerd with the pods named on the command line.
+// languages: a private containerd or CRI-O with the pods named on the
+// command line.
 // It prints one JSON line (the socket, each pod's id and network namespace,
 // each container's id), then keeps everything until SIGTERM, SIGINT or the
 // end of its standard input, removes it all and exits (1 when something
 // could not be removed, said on standard error).
 //
 //	crilab --dir DIR --bridge NAME --subnet 198.18.241.0/24 --pod shop/web-0/app --pod shop/db-0
+//	crilab --runtime cri-o --crio-dir .tools/crio/VERSION --dir DIR ...
 package main
 
 import (
@@ -48,6 +50,8 @@ func main() {
 func run() (err error) {
 	var cfg crilab.Config
 	var pods podFlags
+	flag.StringVar(&cfg.Runtime, "runtime", crilab.Containerd, "the CRI runtime: "+crilab.Containerd+" or "+crilab.CRIO)
+	flag.StringVar(&cfg.CRIODir, "crio-dir", "", "where make crio put crio, pinns and importimage (--runtime "+crilab.CRIO+")")
 	flag.StringVar(&cfg.Dir, "dir", "", "the lab's directory (removed at exit)")
 	flag.StringVar(&cfg.Bridge, "bridge", "", "the CNI bridge's name")
 	flag.StringVar(&cfg.Subnet, "subnet", "", "the pods' subnet, inside 198.18.0.0/15")
