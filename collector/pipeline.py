@@ -17,6 +17,7 @@ from operator import itemgetter
 from typing import Protocol
 
 from hoptrace.collector.actions import HopActionsStage, RecordedValuesStage
+from hoptrace.collector.addresses import HopAddressesStage
 from hoptrace.collector.aggregate import AggregateConfig, HopCounterAggregator, SegmentAggregator
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.clock import ClockAligner
@@ -26,7 +27,7 @@ from hoptrace.collector.join import HopJoiner, JoinConfig, JoinedPacket
 from hoptrace.collector.otlp import OtlpConfig
 from hoptrace.collector.points import Point, window_points
 from hoptrace.collector.receiver import ReceiverConfig
-from hoptrace.collector.records import HOP_INDEX, DecodedBatch
+from hoptrace.collector.records import HOP_INDEX, DecodedBatch, DescribedRecord
 from hoptrace.collector.segment_metrics import SegmentMetrics
 from hoptrace.collector.timeservice import TimeServer, parse_addr
 
@@ -89,6 +90,7 @@ class CollectorPipeline:
         self.hop_actions = HopActionsStage(self.clock)
         self.events = EventsStage(self.clock)
         self.recorded = RecordedValuesStage()
+        self.addresses = HopAddressesStage()
         self._lock = threading.Lock()
         self._agent_dropped: dict[str, int] = {}  # node -> last cumulative agent_dropped
         self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
@@ -193,10 +195,26 @@ class CollectorPipeline:
                     mapping,
                     path.hop_name if path is not None else (lambda index: f"hop{index}"),
                 )
+            if batch.addresses:
+                on_path = self._on_path(batch.trace, batch.addresses)
+                self.addresses.add(batch.trace, on_path, time.monotonic_ns())
             if actions:
                 self.exporter.export(actions)
             self._note_agent_dropped(batch, now)
             self._export(packets)
+
+    def _on_path(self, trace: str, described: list[DescribedRecord]) -> list[DescribedRecord]:
+        """The described records of the trace's path hops (a drop hop's are not on the path)."""
+        path = self.catalog.get(trace)
+        if path is None or not path.known:
+            return described
+        return [d for d in described if d[0][HOP_INDEX] < len(path.hop_names)]
+
+    def _path_hops(self, trace: str) -> list[str] | None:
+        path = self.catalog.get(trace)
+        if path is None or not path.known:
+            return None
+        return [path.hop_name(i) for i in range(len(path.hop_names))]
 
     def _note_agent_dropped(self, batch: DecodedBatch, now: int) -> None:
         """`agent_dropped` is cumulative per agent; its growth is tracer loss of the batch's node."""
@@ -226,8 +244,12 @@ class CollectorPipeline:
             live = set(self.catalog.names())
             self.segment_metrics.forget_traces(live)
             self.joiner.forget_traces(live)
+            self.addresses.forget_traces(live)
+        addresses = self.addresses.take_points(time.monotonic_ns(), time.time_ns(), self._path_hops)
         if samples or windows or counters or clocks or losses:
             self.exporter.export(window_points(samples, windows, counters, clocks, losses))
+        if addresses:
+            self.exporter.export(addresses)
 
     def flush(self) -> None:
         """Emit every pending packet and close every window (shutdown)."""
@@ -242,6 +264,9 @@ class CollectorPipeline:
                 self._flushed_before = max(self._flushed_before, start + interval)
             clocks, losses = self.clock.due_points(), self.segments.take_tracer_loss()
             self.exporter.export(window_points(samples, windows, counters, clocks, losses))
+            addresses = self.addresses.take_points(2**63 - 1, time.time_ns(), self._path_hops)  # settle all
+            if addresses:
+                self.exporter.export(addresses)
 
     def stats(self) -> dict[str, object]:
         """Counters of every stage, for logs and status."""

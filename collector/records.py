@@ -10,6 +10,8 @@ field order of `RECORD_FIELDS`.
 from __future__ import annotations
 
 import enum
+import ipaddress
+import socket
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +28,10 @@ VALUES_STRUCT = struct.Struct(kernel_abi.VALUES_FORMAT)
 VALUES_SIZE = kernel_abi.VALUES_SIZE
 VALUES_MAX = kernel_abi.VALUES_MAX
 assert VALUES_STRUCT.size == VALUES_SIZE, "kernel_abi.VALUES_FORMAT disagrees with the BTF's size"
+# struct hoptrace_addresses: the 5-tuple a hop saw, after each record (and its values) with ADDRESSES set.
+ADDRESSES_STRUCT = struct.Struct(kernel_abi.ADDRESSES_FORMAT)
+ADDRESSES_SIZE = kernel_abi.ADDRESSES_SIZE
+assert ADDRESSES_STRUCT.size == ADDRESSES_SIZE, "kernel_abi.ADDRESSES_FORMAT disagrees with the BTF's size"
 
 # Tuple positions, for readers that index records.
 TS_NS, PACKET_ID, FLOW_HASH, IFINDEX, WIRE_LEN, HOP_INDEX, TRACE_SLOT, CPU, FLAGS = range(len(RECORD_FIELDS))
@@ -47,6 +53,8 @@ RecordFlag.__doc__ = "`enum hoptrace_record_flag`."
 # The flags tested per record, as plain ints: `int & RecordFlag.X` builds an enum member every time (it was
 # a fifth of the Kafka collector's profile).
 F_TCP, F_UDP, F_VALUES = int(RecordFlag.TCP), int(RecordFlag.UDP), int(RecordFlag.VALUES)
+F_ADDRESSES = int(RecordFlag.ADDRESSES)
+PROTOCOLS = {socket.IPPROTO_TCP: "tcp", socket.IPPROTO_UDP: "udp"}
 
 Counter = enum.IntEnum("Counter", {name.upper(): index for index, name in enumerate(kernel_abi.COUNTERS)})
 Counter.__doc__ = "`enum hoptrace_counter`: index of each per-hop counter in `HopCounters.values`."
@@ -108,6 +116,61 @@ def decode_values(records: list[Record], data: bytes, value_size: int = VALUES_S
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class FiveTuple:
+    """The innermost 5-tuple one hop saw (`struct hoptrace_addresses`)."""
+
+    protocol: int
+    source: str  # address
+    source_port: int
+    destination: str
+    destination_port: int
+
+    @property
+    def protocol_name(self) -> str:
+        return PROTOCOLS.get(self.protocol, str(self.protocol))
+
+    def endpoint(self, side: str, with_port: bool = True) -> str:
+        """`side` ("source" or "destination") as "address:port" ("[v6]:port"), or the address alone."""
+        if side == "source":
+            address, port = self.source, self.source_port
+        else:
+            address, port = self.destination, self.destination_port
+        if not with_port:
+            return address
+        return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+# One packet's addresses at one hop: (record, what the hop saw).
+DescribedRecord = tuple[Record, FiveTuple]
+
+
+def decode_addresses(records: list[Record], data: bytes, size: int = ADDRESSES_SIZE) -> list[DescribedRecord]:
+    """Pair each record that has ADDRESSES in its flags with its struct hoptrace_addresses, in order.
+
+    Raises `RecordDecodeError` when the addresses do not match the records that announce them."""
+    described = [r for r in records if r[FLAGS] & F_ADDRESSES]
+    if not described and not data:
+        return []
+    size = size or ADDRESSES_SIZE
+    if size < ADDRESSES_SIZE or len(data) != size * len(described):
+        raise RecordDecodeError(
+            f"{len(data)} bytes of addresses for {len(described)} records with addresses"
+            f" (addresses_size {size})"
+        )
+    out: list[DescribedRecord] = []
+    for i, rec in enumerate(described):
+        saddr, daddr, sport, dport, proto, family = ADDRESSES_STRUCT.unpack_from(data, i * size)
+        if family == 4:
+            src, dst = str(ipaddress.IPv4Address(saddr[:4])), str(ipaddress.IPv4Address(daddr[:4]))
+        elif family == 6:
+            src, dst = str(ipaddress.IPv6Address(saddr)), str(ipaddress.IPv6Address(daddr))
+        else:
+            raise RecordDecodeError(f"addresses of packet {rec[PACKET_ID]:#x}: family {family}")
+        out.append((rec, FiveTuple(proto, src, sport, dst, dport)))
+    return out
+
+
 @dataclass(slots=True)
 class DecodedBatch:
     """One `RecordBatch` after decoding: its identity, records as tuples, counters and clock."""
@@ -123,6 +186,7 @@ class DecodedBatch:
     watermark_ns: int = 0  # node CLOCK_MONOTONIC: every record not sent yet is at least this recent
     events: list[records_pb2.EventValues] = field(default_factory=list)  # event probes, cumulative
     values: list[RecordedValues] = field(default_factory=list)  # the record action's, per packet
+    addresses: list[DescribedRecord] = field(default_factory=list)  # what hops saw, one packet in 64
 
 
 def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
@@ -135,6 +199,7 @@ def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
         batch_seq=batch.batch_seq,
         records=records,
         values=decode_values(records, batch.values, batch.value_size),
+        addresses=decode_addresses(records, batch.addresses, batch.addresses_size),
         counters=list(batch.counters),
         clock=batch.clock if batch.HasField("clock") else None,
         agent_dropped=batch.agent_dropped,

@@ -47,6 +47,13 @@ the Grafana dashboards (deploy/) use them: a contract.
   loss), `reason` (`ringbuf_full`, `agent_dropped`, `collector_cut`); int field `records`.
 * `hop_counts`, `hop_histogram`, `hop_recorded` - hops' in-kernel count, histogram and record actions
   (`actions.py`).
+* `hop_addresses` - what each hop saw of the packets that describe their addresses (one in 64, by ID:
+  `addresses.py`), as those packets settle. Tags `trace`, `hop`, `protocol` (`tcp`, `udp` or the number),
+  `source` (the address: clients' ports vary), `destination` ("address:port", "[v6]:port"); int field
+  `packets` (since the previous point of the series). Time: master time when they settled.
+* `address_translations` - where two consecutive hops of such a packet saw different tuples. Tags `trace`,
+  `from_hop`, `to_hop`, `kind` (`dnat`, `snat`, `dnat+snat`), `before`, `after` (what changed: "address:port",
+  the address alone when the port stayed, both ends "src > dst" for `dnat+snat`); int field `packets`.
 * `event_counts`, `event_histogram`, `event_recorded`, `event_latency_missed` - a spec's event probes
   (`events.py`).
 
@@ -64,6 +71,8 @@ TRACER_LOSS = "tracer_loss"
 HOP_COUNTS = "hop_counts"
 HOP_HISTOGRAM = "hop_histogram"
 HOP_RECORDED = "hop_recorded"
+HOP_ADDRESSES = "hop_addresses"
+ADDRESS_TRANSLATIONS = "address_translations"
 EVENT_COUNTS = "event_counts"
 EVENT_HISTOGRAM = "event_histogram"
 EVENT_RECORDED = "event_recorded"

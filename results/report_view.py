@@ -11,8 +11,12 @@ JSON shape (a contract):
      "hops": [{"hop", "packets_per_s", "bytes_per_s", "counts", "histograms", "recorded", and "container",
                "pod" for a hop named by a workload}],
      "events": [{"name", "node", "count", "count_by", "by", "histogram_arg", "histogram", "latency_missed",
-                 "recorded"}]}
-with segments and hops in path order. The numbers are raw: a cross-node latency within its clock bound may
+                 "recorded"}],
+     "addresses": [{"hop", "protocol", "source", "destination", "packets"}],
+     "translations": [{"from", "to", "kind", "before", "after", "packets"}]}
+with segments and hops in path order. "addresses" is what each hop saw of the packets that describe their
+addresses (one in 64), "translations" where consecutive hops saw them differ (a DNAT, a masquerade):
+`translation_text` says one in a line. The numbers are raw: a cross-node latency within its clock bound may
 be negative. Readers show it through `latency_text`, which says "≤ ±BOUND" for it, and `most_time_text`
 names the segment with the largest p50. A trace with `drops: true` has each segment's lost packets that a
 node's kernel dropped in "drops", by node and reason (most first), which `loss_text` says in one line.
@@ -134,7 +138,58 @@ def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
             }
             for e in report.events
         ],
+        "addresses": [
+            {
+                "hop": a.hop,
+                "protocol": a.protocol,
+                "source": a.source,
+                "destination": a.destination,
+                "packets": a.packets,
+            }
+            for a in report.addresses
+        ],
+        "translations": [
+            {
+                "from": t.from_hop,
+                "to": t.to_hop,
+                "kind": t.kind,
+                "before": t.before,
+                "after": t.after,
+                "packets": t.packets,
+            }
+            for t in report.translations
+        ],
     }
+
+
+def translation_text(translation: dict[str, Any]) -> str:
+    """One translation in a line: "client > node: DNAT 198.18.99.9:8080 -> 198.18.2.2:11111 (12 packets)"."""
+    t = translation
+    return (
+        f"{t['from']} > {t['to']}: {t['kind'].upper()} {t['before']} -> {t['after']} ({t['packets']} packets)"
+    )
+
+
+def addresses_lines(report: dict[str, Any], per_hop: int = 2) -> list[str]:
+    """The addresses section of the text report: each hop's most seen tuples, then the translations."""
+    lines: list[str] = []
+    shown: dict[str, int] = {}
+    for a in report.get("addresses", []):
+        shown[a["hop"]] = shown.get(a["hop"], 0) + 1
+        if shown[a["hop"]] <= per_hop:
+            lines.append(
+                f"  {a['hop']}: {a['protocol']} {a['source']} > {a['destination']} ({a['packets']} packets)"
+            )
+    for hop, n in shown.items():
+        if n > per_hop:
+            lines.append(f"  {hop}: {n - per_hop} more (hoptrace report --json lists them)")
+    if not lines:
+        return []
+    head = ["addresses each hop saw (the packets that describe them, one in 64):", *lines]
+    translations = [f"  {translation_text(t)}" for t in report.get("translations", [])]
+    if translations:
+        head += ["translations (where consecutive hops saw different addresses):", *translations]
+    return head
 
 
 def recorded_value(value: int, signed: bool) -> int:
@@ -273,6 +328,10 @@ def render_text(report: dict[str, Any]) -> str:
             if s.get("loss_count") or s.get("drops"):
                 name = "end to end" if s.get("_name") else f"{s['from']} > {s['to']}"
                 lines.append(f"  {name}: {loss_text(s)}")
+    address_lines = addresses_lines(report)
+    if address_lines:
+        lines.append("")
+        lines.extend(address_lines)
     action_lines = hop_actions_lines(report.get("hops", []))
     if action_lines:
         lines.append("")

@@ -33,7 +33,9 @@ from typing import Any
 from influxdb_client import InfluxDBClient
 
 from hoptrace.collector.schema import (
+    ADDRESS_TRANSLATIONS,
     END_TO_END,
+    HOP_ADDRESSES,
     HOP_COUNTERS,
     HOP_LATENCY,
     JITTER_PREFIX,
@@ -169,6 +171,7 @@ def query_report(
         e2e = _segment(first, last)
     order = list(path or _hop_order(segments))
     end_to_end = fields.get(END_TO_END, {})
+    addresses, translations = _query_addresses(q, org, base, order)
     return api_pb2.Report(
         trace=trace,
         packets=end_to_end.get("packets", 0),
@@ -177,7 +180,66 @@ def query_report(
         end_to_end=e2e,
         hops=_query_hops(q, org, base, order),
         events=query_events(q, org, base),
+        addresses=addresses,
+        translations=translations,
     )
+
+
+# Per hop, and per pair of hops, the most packets first: a Service's clients vary, its backends do not.
+MAX_ADDRESSES_PER_HOP = 8
+
+
+def _query_addresses(
+    q: Any, org: str, base: str, order: Sequence[str]
+) -> tuple[list[api_pb2.HopAddresses], list[api_pb2.AddressTranslation]]:
+    """What each hop saw of the packets that describe their addresses (`hop_addresses`), and where two
+    consecutive hops saw them differ (`address_translations`), over the range: hops in `order`, the most
+    packets first within a hop (or pair of hops)."""
+    seen: dict[tuple[str, str, str, str], int] = {}
+    flux = (
+        f'{base} and r._measurement == "{HOP_ADDRESSES}" and r._field == "packets")'
+        ' |> group(columns: ["hop", "protocol", "source", "destination"]) |> sum()'
+    )
+    for rec in records(q, org, flux):
+        key = tuple(rec.values.get(tag, "") for tag in ("hop", "protocol", "source", "destination"))
+        seen[key] = seen.get(key, 0) + int(rec.get_value() or 0)
+    rewritten: dict[tuple[str, str, str, str, str], int] = {}
+    flux = (
+        f'{base} and r._measurement == "{ADDRESS_TRANSLATIONS}" and r._field == "packets")'
+        ' |> group(columns: ["from_hop", "to_hop", "kind", "before", "after"]) |> sum()'
+    )
+    for rec in records(q, org, flux):
+        key = tuple(rec.values.get(tag, "") for tag in ("from_hop", "to_hop", "kind", "before", "after"))
+        rewritten[key] = rewritten.get(key, 0) + int(rec.get_value() or 0)
+
+    def position(hop: str) -> tuple[int, str]:
+        return (order.index(hop), "") if hop in order else (len(order), hop)
+
+    addresses: list[api_pb2.HopAddresses] = []
+    per_hop: dict[str, int] = {}
+    for (hop, protocol, source, destination), packets in sorted(
+        seen.items(), key=lambda kv: (position(kv[0][0]), -kv[1], kv[0])
+    ):
+        per_hop[hop] = per_hop.get(hop, 0) + 1
+        if per_hop[hop] <= MAX_ADDRESSES_PER_HOP:
+            addresses.append(
+                api_pb2.HopAddresses(
+                    hop=hop, protocol=protocol, source=source, destination=destination, packets=packets
+                )
+            )
+    translations: list[api_pb2.AddressTranslation] = []
+    per_pair: dict[tuple[str, str], int] = {}
+    for (frm, to, kind, before, after), packets in sorted(
+        rewritten.items(), key=lambda kv: (position(kv[0][0]), position(kv[0][1]), -kv[1], kv[0])
+    ):
+        per_pair[(frm, to)] = per_pair.get((frm, to), 0) + 1
+        if per_pair[(frm, to)] <= MAX_ADDRESSES_PER_HOP:
+            translations.append(
+                api_pb2.AddressTranslation(
+                    from_hop=frm, to_hop=to, kind=kind, before=before, after=after, packets=packets
+                )
+            )
+    return addresses, translations
 
 
 def _query_drops(q: Any, org: str, base: str, stats: dict[str, api_pb2.SegmentStats]) -> None:

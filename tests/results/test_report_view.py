@@ -197,3 +197,51 @@ def test_lost_packets_say_where_and_why() -> None:
     report.segments[0].ClearField("drops")
     report.segments[1].ClearField("drops")
     assert "drops (" not in render_text(report_from_proto(report))  # a trace without drops: no section
+
+
+def test_addresses_each_hop_saw_and_the_translations_between_them() -> None:
+    report = api_pb2.Report(
+        trace="svc",
+        segments=[stats("client", "node"), stats("node", "backend")],
+        end_to_end=stats("client", "backend"),
+        addresses=[
+            api_pb2.HopAddresses(
+                hop="client", protocol="udp", source="198.18.0.1", destination="198.18.99.9:8080", packets=9
+            ),
+            api_pb2.HopAddresses(
+                hop="node", protocol="udp", source="198.18.0.1", destination="198.18.2.2:11111", packets=9
+            ),
+        ],
+        translations=[
+            api_pb2.AddressTranslation(
+                from_hop="client",
+                to_hop="node",
+                kind="dnat",
+                before="198.18.99.9:8080",
+                after="198.18.2.2:11111",
+                packets=9,
+            )
+        ],
+    )
+    data = report_from_proto(report)
+    assert data["translations"] == [
+        {
+            "from": "client",
+            "to": "node",
+            "kind": "dnat",
+            "before": "198.18.99.9:8080",
+            "after": "198.18.2.2:11111",
+            "packets": 9,
+        }
+    ]
+    assert data["addresses"][1] == {
+        "hop": "node",
+        "protocol": "udp",
+        "source": "198.18.0.1",
+        "destination": "198.18.2.2:11111",
+        "packets": 9,
+    }
+    text = render_text(data)
+    assert "  client: udp 198.18.0.1 > 198.18.99.9:8080 (9 packets)" in text
+    assert "  client > node: DNAT 198.18.99.9:8080 -> 198.18.2.2:11111 (9 packets)" in text
+    assert "translations" not in render_text(report_from_proto(api_pb2.Report(trace="svc")))

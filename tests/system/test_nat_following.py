@@ -11,6 +11,7 @@ before translation.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -22,6 +23,7 @@ from system_helpers import running_cluster, wait_report
 
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
+from hoptrace.lab.waiting import WaitTimeout, wait_until
 from hoptrace.v1 import trace_pb2
 
 SERVICE = {4: "198.18.99.9", 6: "fd00:99::9"}
@@ -107,6 +109,28 @@ def service_spec(topo: TwoHostTopology, flow: Flow) -> trace_pb2.TraceSpec:
         )
     )
     return spec
+
+
+def endpoint(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def wait_addresses(cluster, trace: str, hops: list[str], described: int) -> dict:
+    """Poll the report until every hop has described the addresses of `described` packets and their
+    translations are in (the collector compares a packet's hops once no record of it came for 3 s)."""
+
+    last: list[dict] = [{}]
+
+    def settled() -> dict | None:
+        report = last[0] = json.loads(cluster.hoptrace("report", trace, "--since", "30m", "--json").stdout)
+        per_hop = {hop: sum(a["packets"] for a in report["addresses"] if a["hop"] == hop) for hop in hops}
+        translated = sum(t["packets"] for t in report["translations"])
+        return report if set(per_hop.values()) == {described} and translated == described else None
+
+    try:
+        return wait_until(settled, f"{trace}: {described} packets' addresses at all {len(hops)} hops", 30)
+    except WaitTimeout as timeout:
+        raise AssertionError(f"{timeout}: {last[0]['addresses']}, {last[0]['translations']}") from None
 
 
 def send_datagrams(topo: TwoHostTopology, family: int) -> list[bytes]:
@@ -200,3 +224,28 @@ def test_packets_to_a_service_address_are_traced_at_every_hop_through_dnat_and_m
                     name,
                     segment,
                 )
+            # What each hop saw: the Service address up to host-a's veth, the backend (from host-a's own
+            # address) from its overlay on; the translation named between those two hops.
+            # IDs 1, 65, 129...: the packets whose sequence is 1 modulo 64 describe their addresses
+            described = (sent + 63) // 64
+            report = wait_addresses(cluster, flow.trace, hops, described)
+            client, backend = topology.addr("c1", flow.family), topology.addr("c2", flow.family)
+            service = endpoint(SERVICE[flow.family], flow.service_port)
+            backend_at = endpoint(backend, flow.backend_port)
+            seen = {a["hop"]: a for a in report["addresses"]}
+            assert len(report["addresses"]) == len(hops), report["addresses"]  # one tuple at each hop
+            for hop in hops[:2]:
+                assert (seen[hop]["source"], seen[hop]["destination"]) == (client, service), seen[hop]
+            for hop in hops[2:]:
+                assert seen[hop]["source"] != client and seen[hop]["destination"] == backend_at, seen[hop]
+            assert seen[hops[0]]["protocol"] == flow.protocol
+            [translation] = report["translations"]
+            assert (translation["from"], translation["to"], translation["kind"]) == (
+                hops[1],
+                hops[2],
+                "dnat+snat",
+            )
+            assert translation["before"].startswith(endpoint(client, 0)[:-1]), translation
+            assert translation["before"].endswith(f" > {service}"), translation
+            assert translation["after"].endswith(f" > {backend_at}"), translation
+            assert translation["packets"] == described
