@@ -1,5 +1,6 @@
-"""``hoptrace certs`` (CA, certificates and tokens of a deployment), ``hoptrace token create`` (a user API
-token), ``hoptrace plan sign`` (a plan file an agent runs alone)."""
+"""``hoptrace certs`` (CA, certificates and tokens of a deployment), ``hoptrace revoke`` (a certificate onto
+the CA's revocation list), ``hoptrace token create`` (a user API token), ``hoptrace plan sign`` (a plan file
+an agent runs alone)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ def run_certs(args: argparse.Namespace) -> int:
     clients = ", ".join(bundle.clients)
     print(f"certificates in {bundle.out}: ca, dispatcher, collector, {clients}; agents: {agents}")
     print(f"dispatcher tokens file: {bundle.tokens} (tokens in {bundle.out}/NAME.token)")
+    print(f"revocation list for --crl: {bundle.crl} (`hoptrace revoke NAME --out {bundle.out}` adds to it)")
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    """hoptrace revoke NAME... --out DIR: add the certificates to DIR/ca.crl, which every server and agent
+    given --crl re-reads (docs/security.md, "Revocation")."""
+    from hoptrace.common.certs import CRL_FILE, revoke
+
+    try:
+        revoked = revoke(args.out, args.name)
+    except (OSError, ValueError) as error:
+        raise CliError(f"revoke: {error}") from None
+    for certificate in revoked:
+        print(f"revoked {certificate.subject.rfc4514_string()} (serial {certificate.serial_number:x})")
+    print(
+        f"{Path(args.out) / CRL_FILE}: copy it where the servers' and agents' --crl points; they re-read it"
+    )
     return 0
 
 
@@ -48,7 +67,7 @@ def run_token_create(args: argparse.Namespace) -> int:
 
 def run_plan_sign(args: argparse.Namespace) -> int:
     """hoptrace plan sign PLAN --node N --signer-cert C --signer-key K --out FILE: a signed plan file for
-    ``hoptrace-agent run --plan FILE --ca CA`` (docs/security.md, "Signed plans and presets")."""
+    ``hoptrace-agent run --plan FILE --ca CA`` (docs/security.md, "Signed commands", Standalone)."""
     from hoptrace.dispatcher.signing import PLAN_TYPE, MessageSigner
 
     plan_path = Path(args.plan)
@@ -71,7 +90,7 @@ def run_plan_sign(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: Any) -> None:
-    """Register ``certs``, ``token`` and ``plan`` on a subparsers object (cli/main.py)."""
+    """Register ``certs``, ``revoke``, ``token`` and ``plan`` on a subparsers object (cli/main.py)."""
     certs = subparsers.add_parser(
         "certs",
         help="create a CA, component certificates and tokens",
@@ -92,6 +111,19 @@ def add_parser(subparsers: Any) -> None:
         help="a user API client certificate (repeat; default admin and web)",
     )
     certs.set_defaults(func=run_certs)
+
+    revoke = subparsers.add_parser(
+        "revoke",
+        help="revoke certificates (the CA's CRL)",
+        description="Add certificates to the CA's revocation list DIR/ca.crl (signed with DIR/ca.key). The "
+        "dispatcher, the collector and the agents given --crl refuse them from their next call or "
+        "handshake, without a restart.",
+    )
+    revoke.add_argument(
+        "name", nargs="+", help="a certificate of DIR by name (agent-NODE, admin) or a .pem path"
+    )
+    revoke.add_argument("--out", required=True, metavar="DIR", help="the directory of `hoptrace certs`")
+    revoke.set_defaults(func=run_revoke)
 
     token = subparsers.add_parser("token", help="manage user API tokens", description="User API tokens.")
     token_commands = token.add_subparsers(dest="token_command", metavar="ACTION", required=True)

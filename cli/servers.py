@@ -72,6 +72,7 @@ def run_dispatcher(args: argparse.Namespace) -> int:
             tls=tls,
             tokens_file=args.tokens,
             bpf_cache_dir=args.bpf_cache_dir,
+            command_ttl_s=args.command_ttl,
         ).start()
     except (OSError, RuntimeError, ValueError) as error:
         raise CliError(f"dispatcher: {error}") from None
@@ -157,6 +158,14 @@ def add_parser(subparsers: Any, client: argparse.ArgumentParser, command: str | 
         help="seconds to wait for each agent's status on apply (5, times HOPTRACE_TIMEOUT_SCALE)",
     )
     dispatcher.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    dispatcher.add_argument(
+        "--command-ttl",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long agents may act on a signed command after it was signed (at most 600; agents allow "
+        "their --max-clock-skew on top): it bounds the replay of a command after an agent restarts",
+    )
     dispatcher.add_argument(
         "--tokens", metavar="FILE", help="user API tokens, NAME:ROLE:SHA256HEX lines (required with TLS)"
     )

@@ -28,6 +28,7 @@ from hoptrace.common.grpcutil import (
     insecure_warning,
     server_credentials,
 )
+from hoptrace.common.revocation import revocation_interceptors
 from hoptrace.v1 import records_pb2, records_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,12 @@ def start_receiver(receiver: CollectorReceiver, config: ReceiverConfig) -> tuple
             ("grpc.max_receive_message_length", config.max_message_bytes),
             ("grpc.so_reuseport", 0),
         ],
-        interceptors=[AgentIdentityInterceptor({STREAM_RECORDS_METHOD: batch_node})] if config.tls else [],
+        interceptors=[
+            *revocation_interceptors(config.tls.crl, config.tls.ca),
+            AgentIdentityInterceptor({STREAM_RECORDS_METHOD: batch_node}),
+        ]
+        if config.tls
+        else [],
     )
     records_pb2_grpc.add_CollectorServicer_to_server(receiver, server)
     if config.tls is None:

@@ -9,6 +9,8 @@ Files written in OUT (keys mode 0600; an existing CA in OUT is reused, so agents
     web.pem/.key, admin.pem/.key            user API clients (the web app, the CLI)
     tokens                                  NAME:SHA256 lines for the dispatcher's --tokens
     admin.token, web.token, collector.token the tokens themselves (only created when absent)
+    ca.crl                                  the CA's revocation list for every --crl (empty until
+                                            `hoptrace revoke NAME` lists a certificate)
 
 The subject's OU carries the role (agent, client, dispatcher, collector), the CN the name; servers check both.
 Keys are ECDSA P-256: small, fast handshakes, supported by gRPC's C core and Go's crypto/tls alike.
@@ -47,6 +49,9 @@ DEFAULT_CLIENTS = ("admin", "web")
 DEFAULT_TOKENS = {"admin": "admin", "web": "operator", "collector": "viewer"}
 CA_DAYS = 3650
 LEAF_DAYS = 825  # the longest validity clients such as browsers still accept for a server certificate
+CRL_FILE = "ca.crl"
+# A CRL's nextUpdate: servers warn once it is past (they keep using it); `hoptrace revoke` writes a new one.
+CRL_DAYS = 365
 _DNS_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
 
@@ -70,6 +75,11 @@ class CertBundle:
     def agent(self, node: str) -> TLSFiles:
         """TLS files of the agent of `node`."""
         return self.files(f"agent-{node}")
+
+    @property
+    def crl(self) -> Path:
+        """The CA's certificate revocation list (the servers' and agents' --crl)."""
+        return self.out / CRL_FILE
 
     @property
     def tokens(self) -> Path:
@@ -260,6 +270,8 @@ def create_bundle(
         issue(out, ca, f"agent-{node}", node, ROLE_AGENT)
     for name in clients:
         issue(out, ca, name, name, ROLE_CLIENT)
+    if not (out / CRL_FILE).exists():
+        write_crl(out, ca, {})
     token_file = out / "tokens"
     known = read_token_file(token_file) if token_file.exists() else {}
     for name, role in tokens.items():
@@ -273,3 +285,69 @@ def add_agent(out: str | Path, node: str) -> TLSFiles:
     out = Path(out)
     ca = load_or_create_ca(out)
     return issue(out, ca, f"agent-{check_node_name(node)}", node, ROLE_AGENT)
+
+
+def read_crl(out: Path) -> tuple[dict[int, datetime.datetime], int]:
+    """The serial numbers the CRL in `out` revokes, each with its revocation time, and the CRL's number
+    (none and 0 when there is no CRL yet)."""
+    path = out / CRL_FILE
+    if not path.exists():
+        return {}, 0
+    crl = x509.load_pem_x509_crl(path.read_bytes())
+    number = crl.extensions.get_extension_for_class(x509.CRLNumber).value.crl_number
+    return {entry.serial_number: entry.revocation_date_utc for entry in crl}, number
+
+
+def write_crl(
+    out: Path,
+    ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+    revoked: dict[int, datetime.datetime],
+) -> Path:
+    """Write `out`/ca.crl (RFC 5280 section 5) signed by the CA, revoking the serials of `revoked`, numbered
+    one above the CRL it replaces (servers refuse a list older than the one they read). Replaced atomically:
+    servers re-read it when it changes, never half-written."""
+    ca_cert, ca_key = ca
+    _, number = read_crl(out)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca_cert.subject)
+        .last_update(_now())
+        .next_update(_now() + datetime.timedelta(days=CRL_DAYS))
+        .add_extension(x509.CRLNumber(number + 1), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+    )
+    for serial, at in sorted(revoked.items()):
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(at).build()
+        )
+    crl = builder.sign(ca_key, hashes.SHA256())
+    path = out / CRL_FILE
+    partial = out / f".{CRL_FILE}.{os.getpid()}.tmp"
+    partial.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+    os.replace(partial, path)
+    return path
+
+
+def revoke(out: str | Path, names: Sequence[str]) -> list[x509.Certificate]:
+    """Add certificates to the CA's CRL in `out` (written if absent): each of `names` is a certificate of
+    `out` by name (``agent-host-a``, ``admin``) or a PEM file's path. Returns the certificates revoked;
+    ValueError names one that is not there or not of this CA."""
+    out = Path(out)
+    ca = load_or_create_ca(out)
+    revoked, _ = read_crl(out)
+    certificates = []
+    for name in names:
+        path = Path(name) if Path(name).suffix == ".pem" else out / f"{name}.pem"
+        try:
+            certificate = x509.load_pem_x509_certificate(path.read_bytes())
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{name}: no certificate at {path} ({error})") from None
+        if certificate.issuer != ca[0].subject or certificate == ca[0]:
+            raise ValueError(f"{name}: {path} is not a certificate issued by the CA in {out}")
+        revoked.setdefault(certificate.serial_number, datetime.datetime.now(datetime.UTC))
+        certificates.append(certificate)
+    write_crl(out, ca, revoked)
+    return certificates

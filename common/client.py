@@ -46,11 +46,19 @@ class ApiError(CliError):
 class ApiClient:
     """Calls `hoptrace.v1.Hoptrace` on `address`; the channel is opened on first use and shared by threads."""
 
-    def __init__(self, address: str, channel_factory: Callable[[], grpc.Channel] | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        channel_factory: Callable[[], grpc.Channel] | None = None,
+        metadata: Callable[[], list[tuple[str, str]]] | None = None,
+    ) -> None:
         self.address = address
         # Makes the channel: mutual TLS and the API token in a deployment (grpcutil.api_channel), plaintext
         # when None (a dispatcher started with --insecure).
         self.channel_factory = channel_factory
+        # Metadata added to every call, asked for at each: the web UI says which of its users acts
+        # (grpcutil.ON_BEHALF_OF_HEADER, in the dispatcher's audit trail).
+        self.metadata = metadata
         self._stub: api_pb2_grpc.HoptraceStub | None = None
         self._lock = threading.Lock()
 
@@ -69,15 +77,20 @@ class ApiClient:
         """Call one API method; gRPC errors become ApiError with the dispatcher's message (or why it could
         not be reached)."""
         try:
-            return getattr(self._get_stub(), method)(request, timeout=scaled(timeout))
+            return getattr(self._get_stub(), method)(
+                request, timeout=scaled(timeout), metadata=self._metadata()
+            )
         except grpc.RpcError as error:
             raise self._error(error, timeout) from None
+
+    def _metadata(self) -> list[tuple[str, str]] | None:
+        return self.metadata() if self.metadata is not None else None
 
     def stream(self, method: str, request: Any, timeout: float) -> Iterator[Any]:
         """Call one server-streaming API method and yield its messages; gRPC errors become ApiError, as in
         call()."""
         try:
-            yield from getattr(self._get_stub(), method)(request, timeout=timeout)
+            yield from getattr(self._get_stub(), method)(request, timeout=timeout, metadata=self._metadata())
         except grpc.RpcError as error:
             raise self._error(error, timeout) from None
 
@@ -159,6 +172,11 @@ class ApiClient:
     def run_preset(self, request: api_pb2.RunPresetRequest, duration_s: float) -> api_pb2.PresetResult:
         """Run a preset on a node for `duration_s` seconds; it answers after them."""
         return self.call("RunPreset", request, timeout=duration_s + RUN_GRACE_S)
+
+    def audit(self, limit: int = 0, trace: str = "") -> list[api_pb2.AuditEntry]:
+        """The dispatcher's audit trail, oldest first: the newest `limit` entries (0: all it keeps), of
+        `trace` only when given."""
+        return list(self.call("ListAudit", api_pb2.ListAuditRequest(limit=limit, trace=trace)).entries)
 
     def discover(self, request: api_pb2.DiscoverRequest) -> Iterator[api_pb2.DiscoverEvent]:
         """The events of a discovery: progress while the agents look, then the result."""

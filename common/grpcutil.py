@@ -50,16 +50,18 @@ ROLE_AGENT, ROLE_CLIENT, ROLE_DISPATCHER, ROLE_COLLECTOR = "agent", "client", "d
 
 @dataclass(frozen=True)
 class TLSFiles:
-    """PEM files of one component: the CA that signs every peer, the component's own certificate and key."""
+    """PEM files of one component: the CA that signs every peer, the component's own certificate and key; a
+    server's also the CA's revocation list (None: none; hoptrace.common.revocation)."""
 
     ca: Path
     cert: Path
     key: Path
+    crl: Path | None = None
 
     @classmethod
-    def of(cls, ca: str | Path, cert: str | Path, key: str | Path) -> TLSFiles:
+    def of(cls, ca: str | Path, cert: str | Path, key: str | Path, crl: str | Path | None = None) -> TLSFiles:
         """From paths given as strings (command-line values)."""
-        return cls(Path(ca), Path(cert), Path(key))
+        return cls(Path(ca), Path(cert), Path(key), Path(crl) if crl else None)
 
     def read(self) -> tuple[bytes, bytes, bytes]:
         """(ca, cert, key) PEM bytes; OSError names the missing file."""
@@ -286,6 +288,8 @@ METHOD_ROLES = {
     "RunPreset": "operator",
     # Attaches short-lived programs on the nodes and detaches them, as a preset does.
     "Discover": "operator",
+    # Who changed what: what an operator answers for, and the web UI (operator) shows.
+    "ListAudit": "operator",
 }
 # The most a client certificate's role (subject OU) allows, whatever its token says: the collector only
 # reads, agents have no business on the user API.
@@ -527,6 +531,49 @@ def peer_identity(context: grpc.ServicerContext) -> PeerIdentity | None:
     return PeerIdentity(role=first(NameOID.ORGANIZATIONAL_UNIT_NAME), name=first(NameOID.COMMON_NAME))
 
 
+# The user a client acts for (the web UI's logged-in user), as the client's token vouches for it: the audit
+# trail's `on_behalf_of`.
+ON_BEHALF_OF_HEADER = "x-hoptrace-on-behalf-of"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who made a user API call, for the audit trail: the token's name and role (empty without tokens), the
+    client certificate's name and role (empty on plaintext), the user the client says it acts for, and its
+    address."""
+
+    token: str = ""
+    token_role: str = ""
+    certificate: str = ""
+    certificate_role: str = ""
+    on_behalf_of: str = ""
+    peer: str = ""
+
+
+def bearer_token(metadata: Any) -> str:
+    """The token of `authorization: Bearer <token>` in call metadata ("" when there is none)."""
+    values = [value for key, value in (metadata or ()) if key == "authorization"]
+    scheme, _, token = str(values[0]).partition(" ") if values else ("", "", "")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def caller_of(context: grpc.ServicerContext, tokens: TokenFile | None) -> Caller:
+    """Who is calling: the token of the call's metadata looked up in `tokens`, the verified client
+    certificate, the on-behalf-of header (at most 64 printable characters kept)."""
+    metadata = context.invocation_metadata()
+    entry = tokens.match(bearer_token(metadata)) if tokens is not None and bearer_token(metadata) else None
+    peer = peer_identity(context)
+    claimed = next((str(value) for key, value in (metadata or ()) if key == ON_BEHALF_OF_HEADER), "")
+    return Caller(
+        token=entry.name if entry else "",
+        token_role=entry.role if entry else "",
+        certificate=peer.name if peer else "",
+        certificate_role=peer.role if peer else "",
+        on_behalf_of="".join(c for c in claimed if c.isprintable())[:64],
+        peer=context.peer(),
+    )
+
+
 def _agent_identity(context: grpc.ServicerContext) -> PeerIdentity:
     identity = peer_identity(context)
     if identity is None:
@@ -615,6 +662,12 @@ def add_server_tls_arguments(parser: Any) -> None:
     group.add_argument("--cert", metavar="PEM", help="this server's certificate")
     group.add_argument("--key", metavar="PEM", help="this server's private key")
     group.add_argument(
+        "--crl",
+        metavar="FILE",
+        help="the CA's certificate revocation list (`hoptrace revoke`): a client certificate on it is "
+        "refused; re-read when the file changes",
+    )
+    group.add_argument(
         "--insecure",
         action="store_true",
         help="serve plaintext without client authentication (loopback demos and tests only)",
@@ -623,17 +676,17 @@ def add_server_tls_arguments(parser: Any) -> None:
 
 def server_tls_from_args(args: Any) -> TLSFiles | None:
     """The TLS files the flags name; None with --insecure; ValueError when neither is complete."""
-    given = [flag for flag in ("ca", "cert", "key") if getattr(args, flag, None)]
+    given = [flag for flag in ("ca", "cert", "key", "crl") if getattr(args, flag, None)]
     if args.insecure:
         if given:
             raise ValueError(f"--insecure and --{given[0]} exclude each other")
         return None
-    if len(given) < 3:
+    if len({"ca", "cert", "key"} & set(given)) < 3:
         missing = ", ".join(f"--{flag}" for flag in ("ca", "cert", "key") if flag not in given)
         raise ValueError(
             f"TLS needs --ca, --cert and --key (missing {missing}; `hoptrace certs` makes them), "
             "or --insecure for a plaintext server"
         )
-    tls = TLSFiles.of(args.ca, args.cert, args.key)
+    tls = TLSFiles.of(args.ca, args.cert, args.key, getattr(args, "crl", None))
     check_tls_files(tls.ca, tls.cert, tls.key)  # TLSFileError names the file and the cause
     return tls

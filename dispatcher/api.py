@@ -7,14 +7,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import grpc
 
+from hoptrace.common.grpcutil import TokenFile, caller_of
 from hoptrace.common.version import API_VERSION, package_version
 from hoptrace.dispatcher.controller import DispatcherError, TraceController
 from hoptrace.dispatcher.discover import run_discovery
 from hoptrace.dispatcher.presets import PresetError
 from hoptrace.dispatcher.registry import AgentRegistry
+from hoptrace.dispatcher.state import AuditLog
 from hoptrace.results.timerange import request_range_problem
 from hoptrace.v1 import agent_pb2, api_pb2, api_pb2_grpc, trace_pb2
 
@@ -45,8 +48,13 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         window_provider: WindowProvider | None = None,
         clock_provider: ClockProvider | None = None,
         packets_provider: PacketsProvider | None = None,
+        audit: AuditLog | None = None,
+        tokens: TokenFile | None = None,
     ) -> None:
         self.controller = controller
+        # Who applied, deleted and ran what (ListAudit); callers named by their tokens and certificates.
+        self.audit = audit
+        self.tokens = tokens
         self.registry = registry
         self.report_provider = report_provider
         self.window_provider = window_provider
@@ -89,6 +97,52 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"no trace named {name!r} ({applied}; none of that name has results in the range){hint}"
 
+    @contextmanager
+    def _audited(
+        self, context: grpc.ServicerContext, action: str, **fields: object
+    ) -> Iterator[api_pb2.AuditEntry]:
+        """Record one entry of the audit trail for the call's action when it ends: "ok", or "failed" with the
+        dispatcher's answer. The body may fill in what it learns (the generation applied)."""
+        caller = caller_of(context, self.tokens)
+        entry = api_pb2.AuditEntry(
+            action=action,
+            token=caller.token,
+            token_role=caller.token_role,
+            certificate=caller.certificate,
+            certificate_role=caller.certificate_role,
+            on_behalf_of=caller.on_behalf_of,
+            peer=caller.peer,
+            **fields,  # type: ignore[arg-type]
+        )
+        try:
+            yield entry
+        except (DispatcherError, PresetError) as error:
+            entry.outcome, entry.error = "failed", error.message
+            entry.generation = entry.generation or getattr(error, "generation", 0)
+            raise
+        except GeneratorExit:  # a stream (Discover) whose client went away
+            entry.outcome, entry.error = "failed", "the client ended the call"
+            raise
+        except BaseException as error:
+            entry.outcome, entry.error = "failed", str(error) or type(error).__name__
+            raise
+        else:
+            entry.outcome = "ok"
+        finally:
+            entry.at.GetCurrentTime()
+            if self.audit is not None:
+                self.audit.record(entry)
+            log.info(
+                "audit: %s %s by token %r (%s), certificate %r%s: %s",
+                action,
+                entry.trace or entry.preset,
+                entry.token,
+                entry.token_role,
+                entry.certificate,
+                f" for {entry.on_behalf_of!r}" if entry.on_behalf_of else "",
+                entry.outcome,
+            )
+
     def _run(self, context: grpc.ServicerContext, action: Callable[[], object]) -> object:
         try:
             return action()
@@ -107,7 +161,13 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
 
     def ApplyTrace(self, request: api_pb2.ApplyTraceRequest, context: grpc.ServicerContext) -> api_pb2.Trace:  # noqa: N802
         """Create or update a trace on every node, all or nothing."""
-        return self._run(context, lambda: self.controller.apply(request.spec))
+        try:
+            with self._audited(context, "apply", trace=request.spec.name) as entry:
+                trace = self.controller.apply(request.spec)
+                entry.generation = trace.generation
+        except DispatcherError as error:
+            context.abort(error.code, error.message)
+        return trace
 
     def ListTraces(  # noqa: N802
         self, request: api_pb2.ListTracesRequest, context: grpc.ServicerContext
@@ -123,7 +183,12 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         self, request: api_pb2.DeleteTraceRequest, context: grpc.ServicerContext
     ) -> api_pb2.DeleteTraceResponse:
         """Detach a trace on every node and forget it."""
-        self._run(context, lambda: self.controller.delete(request.name))
+        generation = self.controller.generation_of(request.name)
+        try:
+            with self._audited(context, "delete", trace=request.name, generation=generation):
+                self.controller.delete(request.name)
+        except DispatcherError as error:
+            context.abort(error.code, error.message)
         return api_pb2.DeleteTraceResponse()
 
     def ListAgents(  # noqa: N802
@@ -258,7 +323,8 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         INVALID_ARGUMENT names the field; a node that failed fails the discovery with its reason."""
         connected = [node for node in self.registry.registrations() if self.registry.connection(node)]
         try:
-            yield from run_discovery(self.controller.presets, connected, request)
+            with self._audited(context, "discover", preset="discover", nodes=request.nodes or connected):
+                yield from run_discovery(self.controller.presets, connected, request)
         except PresetError as error:
             context.abort(error.code, error.message)
 
@@ -267,7 +333,17 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
     ) -> agent_pb2.PresetResult:
         """Run a preset on one node for its duration and return its summary; INVALID_ARGUMENT names the
         field, NOT_FOUND when the node's agent is not connected, FAILED_PRECONDITION when the node failed."""
-        return self._run(
-            context,
-            lambda: self.controller.presets.run(request.node, request.preset, dict(request.args)),
-        )
+        try:
+            with self._audited(context, "preset", preset=request.preset, nodes=[request.node]):
+                return self.controller.presets.run(request.node, request.preset, dict(request.args))
+        except PresetError as error:
+            context.abort(error.code, error.message)
+        raise AssertionError("unreachable")  # context.abort raises
+
+    def ListAudit(  # noqa: N802
+        self, request: api_pb2.ListAuditRequest, context: grpc.ServicerContext
+    ) -> api_pb2.ListAuditResponse:
+        """The audit trail, oldest first: the newest `limit` entries (0: all kept), of one trace if named."""
+        if self.audit is None:
+            return api_pb2.ListAuditResponse()
+        return api_pb2.ListAuditResponse(entries=self.audit.entries(request.limit, request.trace))

@@ -19,6 +19,7 @@ from hoptrace.common.grpcutil import (
     register_node,
     server_credentials,
 )
+from hoptrace.common.revocation import revocation_interceptors
 from hoptrace.dispatcher.api import (
     ClockProvider,
     HoptraceServicer,
@@ -85,7 +86,10 @@ class DispatcherServer:
         self.listen = listen
         self.tls = tls
         self.tokens = TokenFile(tokens_file) if tokens_file else None
-        interceptors: list[grpc.ServerInterceptor] = []
+        # A revoked client certificate is refused first, whatever else it brings.
+        interceptors: list[grpc.ServerInterceptor] = (
+            revocation_interceptors(tls.crl, tls.ca) if tls is not None else []
+        )
         if self.tokens is not None:
             interceptors.append(TokenAuthInterceptor(self.tokens))
         if tls is not None:
@@ -119,6 +123,8 @@ class DispatcherServer:
                 window_provider,
                 clock_provider,
                 packets_provider,
+                audit=self.store.audit,
+                tokens=self.tokens,
             ),
             self._server,
         )

@@ -1,12 +1,15 @@
-"""Applied trace specs on disk: one YAML file per trace with its generation, written atomically (write a
-temporary file, fsync, rename), reloaded when the dispatcher starts."""
+"""The dispatcher's state on disk, reloaded when it starts: one YAML file per applied trace with its
+generation, written atomically (write a temporary file, fsync, rename); the generation counter; the floor of
+the signed commands' sequences; the audit trail (the last AUDIT_LIMIT entries)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,12 +18,14 @@ import yaml
 from google.protobuf import json_format
 
 from hoptrace.spec import SpecError, spec_from_data, spec_to_data
-from hoptrace.v1 import trace_pb2
+from hoptrace.v1 import api_pb2, trace_pb2
 
 log = logging.getLogger(__name__)
 
 # How far the persisted sequence floor runs ahead of the sequences handed out.
 SEQUENCE_FLOOR_AHEAD_NS = 60 * 1_000_000_000
+# The audit entries kept (ListAudit, `hoptrace audit`); older ones are dropped.
+AUDIT_LIMIT = 10_000
 
 
 @dataclass
@@ -48,8 +53,66 @@ def _write_atomically(path: Path, text: str) -> None:
         os.close(directory)
 
 
+class AuditLog:
+    """The last `limit` audit entries: in memory, and one JSON object per line in `path`, appended and fsynced
+    as each is recorded (an apply or a delete is seconds of work; the write is not what it waits for). The
+    file is rewritten to the last `limit` once it holds twice as many."""
+
+    def __init__(self, path: Path, limit: int = AUDIT_LIMIT) -> None:
+        self.path = path
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._entries: deque[api_pb2.AuditEntry] = deque(maxlen=limit)
+        self._lines = 0
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            lines = []
+        skipped = 0
+        for line in lines:
+            try:
+                self._entries.append(json_format.ParseDict(json.loads(line), api_pb2.AuditEntry()))
+            except (ValueError, json_format.ParseError):
+                skipped += 1
+        if skipped:
+            log.error("audit trail %s: %d unreadable line(s) skipped", path, skipped)
+        self._lines = len(lines)
+
+    def record(self, entry: api_pb2.AuditEntry) -> None:
+        """Keep `entry` (and write it through to the file)."""
+        line = json.dumps(json_format.MessageToDict(entry, preserving_proto_field_name=True), sort_keys=True)
+        with self._lock:
+            self._entries.append(entry)
+            try:
+                if self._lines >= 2 * self.limit:
+                    text = "".join(
+                        json.dumps(
+                            json_format.MessageToDict(kept, preserving_proto_field_name=True), sort_keys=True
+                        )
+                        + "\n"
+                        for kept in self._entries
+                    )
+                    _write_atomically(self.path, text)
+                    self._lines = len(self._entries)
+                    return
+                with open(self.path, "a") as handle:
+                    handle.write(line + "\n")
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                self._lines += 1
+            except OSError as error:  # the action happened: keep it in memory, say that the file missed it
+                log.error("audit trail %s: not written: %s", self.path, error)
+
+    def entries(self, limit: int = 0, trace: str = "") -> list[api_pb2.AuditEntry]:
+        """The newest `limit` entries (0: all kept), of trace `trace` only when given; oldest first."""
+        with self._lock:
+            found = [entry for entry in self._entries if not trace or entry.trace == trace]
+        return found[-limit:] if limit else found
+
+
 class StateStore:
-    """The dispatcher's state directory: traces/<name>.yaml and the generation counter."""
+    """The dispatcher's state directory: traces/<name>.yaml, the generation counter, the commands' sequence
+    floor and the audit trail (audit.jsonl)."""
 
     def __init__(self, state_dir: str | Path) -> None:
         self.state_dir = Path(state_dir)
@@ -64,6 +127,7 @@ class StateStore:
         self._last_sequence: int | None = None
         self._sequence_floor = 0
         self.clock_ns = time.time_ns  # the wall clock sequences follow (tests set it back)
+        self.audit = AuditLog(self.state_dir / "audit.jsonl")
 
     def path_for(self, name: str) -> Path:
         """The file of trace `name` (names are [a-z0-9-]+, safe as file names)."""

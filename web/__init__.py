@@ -1,4 +1,4 @@
-"""hoptrace.web: the operator UI (Flask). Agents, traces (form and YAML), per-hop results, presets.
+"""hoptrace.web: the operator UI (Flask). Agents, traces (form and YAML), per-hop results, presets, audit.
 
 The UI is a client of the dispatcher's user API (`hoptrace.v1.Hoptrace` over gRPC): every spec check it shows
 is the dispatcher's own (`ValidateTrace`), every change goes through `ApplyTrace`/`DeleteTrace`, and results
@@ -69,7 +69,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         # Sessions then last as long as the process; `hoptrace web` requires a key unless --insecure.
         app.config["SECRET_KEY"] = secrets.token_hex(32)
 
-    from hoptrace.web import agents, auth, csrf, dispatcher, packets, presets, results, traces
+    from hoptrace.web import agents, audit, auth, csrf, dispatcher, packets, presets, results, traces
 
     dispatcher.init_app(app)
     auth.init_app(app)  # before csrf: an anonymous POST is sent to the login page, not refused
@@ -81,6 +81,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(results.bp)
     app.register_blueprint(packets.bp)
     app.register_blueprint(presets.bp)
+    app.register_blueprint(audit.bp)
     app.jinja_env.filters["ns"] = results.format_ns
     app.after_request(security_headers)
     if app.config["BEHIND_HTTPS_PROXY"]:

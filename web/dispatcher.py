@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import grpc
-from flask import Flask, current_app
+from flask import Flask, current_app, g, has_request_context
 
 from hoptrace.common.client import ApiClient, ApiError
+from hoptrace.common.grpcutil import ON_BEHALF_OF_HEADER
+
+
+def acting_user() -> list[tuple[str, str]]:
+    """The logged-in user of the request a call is made for, as call metadata: the dispatcher's audit trail
+    names them beside the web's token."""
+    user = g.get("user") if has_request_context() else None
+    return [(ON_BEHALF_OF_HEADER, user)] if user else []
 
 
 def init_app(app: Flask) -> None:
     """Attach an ApiClient for the configured address to `app`."""
     app.extensions["hoptrace_dispatcher"] = ApiClient(
-        app.config["DISPATCHER"], app.config.get("DISPATCHER_CHANNEL_FACTORY")
+        app.config["DISPATCHER"], app.config.get("DISPATCHER_CHANNEL_FACTORY"), metadata=acting_user
     )
 
 

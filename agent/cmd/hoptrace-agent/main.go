@@ -98,7 +98,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.TLS.CA, "ca", "", "CA certificate (PEM) the dispatcher's and collector's certificates must chain to")
 	fs.StringVar(&cfg.TLS.Cert, "cert", "", "this agent's certificate (PEM; its CN must be --node): `hoptrace certs --agent NODE`")
 	fs.StringVar(&cfg.TLS.Key, "key", "", "this agent's private key (PEM)")
-	fs.StringVar(&cfg.TLS.CRL, "crl", "", "the CA's certificate revocation list, PEM or DER (hoptrace certs revoke): a dispatcher or collector certificate on it is refused, and so is a command it signed; re-read when the file changes")
+	fs.StringVar(&cfg.TLS.CRL, "crl", "", "the CA's certificate revocation list, PEM or DER (hoptrace revoke): a dispatcher or collector certificate on it is refused, and so is a command it signed; re-read when the file changes")
 	fs.DurationVar(&cfg.MaxClockSkew, "max-clock-skew", signing.DefaultMaxClockSkew, "how far the dispatcher's clock may be from this node's: a signed command is taken until its expiry plus this, and refused when signed further ahead")
 	fs.BoolVar(&cfg.Insecure, "insecure", false, "talk to the dispatcher and collector in plaintext, unauthenticated (loopback demos and tests only)")
 	var kcfg kafka.Config

@@ -344,7 +344,7 @@ func crlPKI(t *testing.T) testutil.PKI {
 }
 
 // writeCRL writes ca's CRL number n revoking serials, replacing the file
-// (a new inode, as `hoptrace certs revoke` writes it).
+// (a new inode, as `hoptrace revoke` writes it).
 func writeCRL(t *testing.T, ca testutil.PKI, path string, n int64, serials ...*big.Int) {
 	t.Helper()
 	var entries []x509.RevocationListEntry

@@ -118,7 +118,7 @@ func (r *RevocationList) load(stamp fileStamp) error {
 		revoked[e.SerialNumber.Text(16)] = e.RevocationTime
 	}
 	if !crl.NextUpdate.IsZero() && time.Now().After(crl.NextUpdate) {
-		r.log.Warn("the CRL's next update is past: issue a new one (hoptrace certs revoke)", "crl", r.path, "next_update", crl.NextUpdate)
+		r.log.Warn("the CRL's next update is past: issue a new one (hoptrace revoke)", "crl", r.path, "next_update", crl.NextUpdate)
 	}
 	if r.number != nil && crl.Number != nil && crl.Number.Cmp(r.number) < 0 {
 		// RFC 5280 5.2.3: CRL numbers only grow; an older list would unrevoke.
