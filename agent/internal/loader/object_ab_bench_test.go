@@ -58,7 +58,9 @@ func BenchmarkObjectAB(b *testing.B) {
 		tagUDP bool  // a tagging hop (which a packet of another flow leaves untagged)
 		follow uint8 // follow_origin: the hop also takes IDs of this origin the filter refuses
 	}{
-		{"udp_traced", udp4(0x07000001), loader.FilterConstants{}, true, false, 0},
+		{"udp_traced", udp4(0x07000002), loader.FilterConstants{}, true, false, 0},
+		// one packet in 64 (its sequence 1 modulo 64) carries the addresses the hop saw
+		{"udp_traced_describing", udp4(0x07000001), loader.FilterConstants{}, true, false, 0},
 		{"vxlan_traced", vxlan4(udp4(0x07000001)), loader.FilterConstants{Proto: 17, Dport: 5000}, true, false, 0},
 		{"vxlan_non_matching", vxlan4(udp4(0x07000001)), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false, 0},
 		{"udp_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false, 0},

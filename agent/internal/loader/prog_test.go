@@ -41,7 +41,8 @@ func newHarness(t testing.TB) *harness {
 	t.Helper()
 	tu.RequireRoot(t)
 	spec := tu.LoadSpec(t)
-	records, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.RingBuf, MaxEntries: 1 << 16})
+	// 256 KiB: a benchmark's chunk of runs of one packet, each with its record, values and addresses
+	records, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.RingBuf, MaxEntries: 1 << 18})
 	if err != nil {
 		t.Fatal(err)
 	}
