@@ -26,6 +26,7 @@ from hoptrace.results.report_view import (
     loss_text,
     most_time_text,
     report_from_proto,
+    translation_text,
 )
 from hoptrace.results.timerange import parse_time
 from hoptrace.v1 import api_pb2
@@ -164,7 +165,30 @@ def results_data(name: str, since: str, bounds: dict[str, str] | None = None) ->
         # Hop counts/histograms and event probes, drawn by the server from the same report.
         "actions_html": actions.render(data),
         "drops_html": drops_html(data),
+        "addresses_html": addresses_html(data),
     }
+
+
+def addresses_html(report: dict[str, Any]) -> str:
+    """What each hop saw of the packets that describe their addresses, and the translations between hops,
+    as `hoptrace report` says them; "" when no packet described them yet."""
+    if not report.get("addresses"):
+        return ""
+    rows = "".join(
+        "<tr>"
+        + "".join(f"<td>{escape(str(a[k]))}</td>" for k in ("hop", "protocol", "source", "destination"))
+        + f'<td class="num">{a["packets"]}</td></tr>'
+        for a in report["addresses"]
+    )
+    html = (
+        "<h2>Addresses each hop saw (the packets that describe them, one in 64)</h2>"
+        "<table><thead><tr><th>hop</th><th>protocol</th><th>source</th><th>destination</th>"
+        f"<th>packets</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+    if report.get("translations"):
+        items = "".join(f"<li>{escape(translation_text(t))}</li>" for t in report["translations"])
+        html += f"<h2>Translations (where consecutive hops saw different addresses)</h2><ul>{items}</ul>"
+    return html
 
 
 def drops_html(report: dict[str, Any]) -> str:

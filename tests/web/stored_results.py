@@ -17,10 +17,12 @@ from typing import Any
 import grpc
 from web_helpers import PASSWORD, USERNAME
 
+from hoptrace.collector.addresses import HopAddressesStage
 from hoptrace.collector.aggregate import END_TO_END, LatencySample, SegmentWindow
 from hoptrace.collector.clock import NodeClockPoint
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter
 from hoptrace.collector.points import window_points
+from hoptrace.collector.records import FiveTuple
 from hoptrace.collector.sketch import LatencySketch
 from hoptrace.dispatcher.reports import (
     influx_clock_provider,
@@ -45,6 +47,25 @@ WIRE_LATENCY = [-150 + 4 * i for i in range(PACKETS)]
 def pid(i: int) -> int:
     """Packet i's ID: origin salt 7 in the top byte (IDs are never 0), sequence i + 1."""
     return (7 << 24) | (i + 1)
+
+
+# What the packets that describe their addresses (IDs 1 and 65) saw: a DNAT between host-a's two hops.
+CLIENT_TUPLE = FiveTuple(17, "198.18.1.2", 40000, "198.18.99.9", 8080)
+BACKEND_TUPLE = FiveTuple(17, "198.18.1.2", 40000, "198.18.2.2", 11111)
+TRANSLATION = "a-c1-out > a-wire-out: DNAT 198.18.99.9:8080 -> 198.18.2.2:11111 (2 packets)"
+HOPS = ["a-c1-out", "a-wire-out", "b-wire-in"]
+
+
+def address_points(trace: str) -> list:
+    """The hop_addresses and address_translations points the collector's stage makes of those packets."""
+    stage = HopAddressesStage(settle_ns=0)
+    for i in (0, 64):
+        described = [
+            ((0, pid(i), 0, 0, 0, hop, 0, 0, 0), CLIENT_TUPLE if hop == 0 else BACKEND_TUPLE)
+            for hop in range(3)
+        ]
+        stage.add(trace, described, now_ns=0)
+    return stage.take_points(now_ns=1, master_ns=time.time_ns() - 2 * SEC, path_hops=lambda name: HOPS)
 
 
 # From the merged sketches (within 0.5 % of the exact 3490/3536, 3980/4222): 3481/3551, 3964/4209.
@@ -171,6 +192,7 @@ def write_trace_and_clocks(influxd: InfluxServer, trace: str, measured: str, pee
                 segments=windows,
                 clocks=[NodeClockPoint(measured, now, -231, 150, 85, 1.5)],
             )
+            + address_points(trace)
         )
         assert exporter.flush(timeout_s=30), "points not written"
     finally:

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
-from stored_results import BOUND_NS, PACKETS, WHERE_MOST_TIME, Glance, logged_in, pid
+from stored_results import BOUND_NS, PACKETS, TRANSLATION, WHERE_MOST_TIME, Glance, logged_in, pid
 from web_helpers import PASSWORD, USERNAME, live_server, screenshot, web_config
 
 from hoptrace.v1 import api_pb2, api_pb2_grpc
@@ -73,6 +73,9 @@ def test_results_read_within_clock_bound_and_name_where_most_time_goes(glance: G
     # p90 and p99 from the sketch: 205 and 241 ns, within 0.5 % of the exact 206 and 242; max exact
     assert numbers[:6] == [str(PACKETS), "≤ ±170ns", "≤ ±170ns", "205ns", "241ns", "246ns"], numbers
     assert not any(n.startswith("-") for n in numbers), numbers  # never a negative latency
+    addresses = text[text.index('<section id="addresses">') :]
+    assert f"<li>{TRANSLATION}</li>" in addresses
+    assert "<td>a-wire-out</td><td>udp</td><td>198.18.1.2</td><td>198.18.2.2:11111</td>" in addresses
 
     data = client.get(f"/traces/{glance.trace}/results.json?since=15m").json
     assert data["summary"] == WHERE_MOST_TIME
@@ -101,6 +104,9 @@ def test_the_browser_draws_the_same(glance: Glance, browser: Any) -> None:
         assert "a-wire-out → b-wire-in" in row.text and "≤ ±170ns (within clock bound)" in row.text
         assert row.find_element(By.CSS_SELECTOR, "td.p50").text == "≤ ±170ns"
         assert row.find_element(By.CSS_SELECTOR, "td.p99").text == "241ns"
+        translations = browser.find_elements(By.CSS_SELECTOR, "#addresses li")
+        assert [li.text for li in translations] == [TRANSLATION]
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#addresses tbody tr")) == 3
         browser.execute_script("document.getElementById('decomposition').scrollIntoView()")
         screenshot(browser, "results-within-clock-bound")
         browser.get(f"{base}/agents/")

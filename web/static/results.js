@@ -89,6 +89,8 @@
     if (actions && data.actions_html !== undefined) actions.innerHTML = data.actions_html;
     const drops = document.getElementById("drops");  // drops: true (hoptrace.web.results.drops_html)
     if (drops && data.drops_html !== undefined) drops.innerHTML = data.drops_html;
+    const addresses = document.getElementById("addresses");  // hoptrace.web.results.addresses_html
+    if (addresses && data.addresses_html !== undefined) addresses.innerHTML = data.addresses_html;
     const summary = document.getElementById("most-time");
     summary.textContent = data.summary || "";
     summary.hidden = !data.summary;
