@@ -351,6 +351,7 @@ def test_agents_and_report_hook(tmp_path: Path, compiler: BpfCompiler) -> None:
                 "same_node": False,
                 "below_clock_bound": False,
                 "clock_bound_ns": 0,
+                "drops": [],
             }
         ]
         assert data["hops"] == []
