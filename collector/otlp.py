@@ -218,6 +218,11 @@ class _Packet:
     packet_id: int
     samples: tuple[Point, ...]  # its hop_latency points, end to end among them when it went end to end
 
+    @property
+    def spans(self) -> int:
+        """How many spans it becomes: a root, and one per segment (end to end is the root's)."""
+        return 1 + sum(1 for p in self.samples if p.tag("segment") != END_TO_END)
+
 
 def exponential_buckets(sketch: LatencySketch) -> tuple[int, Buckets, Buckets]:
     """(scale, positive, negative) buckets of an exponential histogram holding `sketch`'s values: each
@@ -282,6 +287,7 @@ class OtlpExporter:
         self._busy = False  # the worker holds items taken from the queues
         self._closed = False
         self._giving_up = False  # closing: a worker waiting for the processor's room stops waiting
+        self._hop_cache: dict[tuple[str, str, str, str, int], dict[str, Any]] = {}
         attributes = {"service.name": "hoptrace"}
         if instance:
             attributes["service.instance.id"] = instance
@@ -357,10 +363,14 @@ class OtlpExporter:
         """Queue the exemplars and windows among `points` (what the InfluxDB exporter gets too)."""
         packets: dict[tuple[str, int], list[Point]] = {}
         windows = []
+        wanted: dict[int, bool] = {}
         for p in points:
             if p.measurement == HOP_LATENCY:
                 packet_id = int(p.field("packet_id") or 0)
-                if self.wants(packet_id):
+                want = wanted.get(packet_id)
+                if want is None:
+                    want = wanted[packet_id] = self.wants(packet_id)
+                if want:
                     packets.setdefault((p.tag("trace"), packet_id), []).append(p)
             elif p.measurement == SEGMENT_STATS and p.field("count"):
                 windows.append(p)
@@ -401,7 +411,7 @@ class OtlpExporter:
                 if windows:
                     self._queue_metrics(windows)
                 for i, packet in enumerate(packets):
-                    if not self._room_for(len(packet.samples) + 1):
+                    if not self._room_for(packet.spans):
                         self._count("traces", "closed", len(packets) - i)
                         break
                     self._send_packet(packet)
@@ -413,49 +423,58 @@ class OtlpExporter:
                     self._lock.notify_all()
 
     def _room_for(self, spans: int) -> bool:
-        """Wait until the BatchSpanProcessor's queue has room for `spans` more; False when closed meanwhile
-        and the wait cannot end (the processor exports no more)."""
-        with self._lock:
-            while self._in_processor + spans > self.config.max_spans:
+        """Wait until the BatchSpanProcessor's queue has room for `spans` more; False when the exporter is
+        closing and gives up. While it is full, this thread has the processor send what it holds: the
+        processor wakes at once only when its queue crosses a batch's size during an `end()`, otherwise
+        once per schedule delay (a batch a second: a full queue would drain at 512 spans per second)."""
+        while True:
+            with self._lock:
+                if self._in_processor + spans <= self.config.max_spans:
+                    self._in_processor += spans
+                    return True
                 if self._giving_up:
                     return False
-                self._lock.wait(0.5)
-            self._in_processor += spans
-            return True
+            self.provider.force_flush()  # outside the lock: the export counts under it
 
     def _send_packet(self, packet: _Packet) -> None:
         """The packet's spans: its root, then a child per segment, with the packet's own times."""
-        samples = sorted(packet.samples, key=lambda p: (p.time_ns, p.tag("segment") == END_TO_END))
-        e2e = next((s for s in samples if s.tag("segment") == END_TO_END), None)
-        segments = [s for s in samples if s.tag("segment") != END_TO_END]
+        samples = sorted(
+            ((p.time_ns, dict(p.tags), dict(p.fields)) for p in packet.samples),
+            key=lambda s: (s[0], s[1]["segment"] == END_TO_END),
+        )
+        e2e = next((s for s in samples if s[1]["segment"] == END_TO_END), None)
+        segments = [s for s in samples if s[1]["segment"] != END_TO_END]
         if e2e is not None:
-            start = e2e.time_ns
-            end = start + max(int(e2e.field("latency_ns") or 0), 0)
+            start = e2e[0]
+            end = start + max(int(e2e[2]["latency_ns"]), 0)
         else:  # not end to end: from its first time seen to the end of its last segment
-            start = min(s.time_ns for s in segments)
-            end = max(s.time_ns + max(int(s.field("latency_ns") or 0), 0) for s in segments)
+            start = min(t for t, _, _ in segments)
+            end = max(t + max(int(fields["latency_ns"]), 0) for t, _, fields in segments)
         tid = trace_id(packet.trace, packet.packet_id, start)
-        root_attributes = self._packet_attributes(packet, e2e)
         self._ids.trace_id, self._ids.span_id = tid, span_id(tid, "")
-        root = self.tracer.start_span(packet.trace, start_time=start, attributes=root_attributes)
+        root = self.tracer.start_span(
+            packet.trace, start_time=start, attributes=self._packet_attributes(packet, e2e)
+        )
         parent = trace_api.set_span_in_context(root)
-        for s in segments:
-            latency = int(s.field("latency_ns") or 0)
-            self._ids.span_id = span_id(tid, s.tag("segment"))
+        for t, tags, fields in segments:
+            self._ids.span_id = span_id(tid, tags["segment"])
             span = self.tracer.start_span(
-                s.tag("segment"), context=parent, start_time=s.time_ns, attributes=self._segment_attributes(s)
+                tags["segment"],
+                context=parent,
+                start_time=t,
+                attributes=self._segment_attributes(tags, fields),
             )
-            span.end(end_time=s.time_ns + max(latency, 0))
+            span.end(end_time=t + max(int(fields["latency_ns"]), 0))
         root.end(end_time=end)
 
-    def _packet_attributes(self, packet: _Packet, e2e: Point | None) -> dict[str, Any]:
+    def _packet_attributes(self, packet: _Packet, e2e: tuple[int, dict, dict] | None) -> dict[str, Any]:
         attributes: dict[str, Any] = {
             "hoptrace.trace": packet.trace,
             "hoptrace.packet_id": packet.packet_id,
             "hoptrace.complete": e2e is not None,
         }
         if e2e is not None:
-            attributes.update(self._segment_attributes(e2e))
+            attributes.update(self._segment_attributes(e2e[1], e2e[2]))
         spec = self.catalog.spec(packet.trace) if self.catalog is not None else None
         path = self.catalog.get(packet.trace) if self.catalog is not None else None
         if path is not None and path.known:
@@ -472,24 +491,36 @@ class OtlpExporter:
                     attributes[f"{side}.port"] = port
         return attributes
 
-    def _segment_attributes(self, s: Point) -> dict[str, Any]:
-        trace = s.tag("trace")
+    def _segment_attributes(self, tags: dict[str, str], fields: dict[str, Any]) -> dict[str, Any]:
+        """A segment span's attributes, from its `hop_latency` point's tags and fields."""
+        trace = tags["trace"]
         attributes: dict[str, Any] = {
             "hoptrace.trace": trace,
-            "hoptrace.packet_id": int(s.field("packet_id") or 0),
-            "hoptrace.segment": s.tag("segment"),
-            "hoptrace.latency_ns": int(s.field("latency_ns") or 0),
+            "hoptrace.packet_id": int(fields["packet_id"]),
+            "hoptrace.segment": tags["segment"],
+            "hoptrace.latency_ns": int(fields["latency_ns"]),
         }
-        if s.field("below_clock_bound"):
+        if fields.get("below_clock_bound"):
             attributes["hoptrace.below_clock_bound"] = True
         for end in ("from", "to"):
-            attributes.update(self._hop_attributes(trace, s.tag(f"{end}_hop"), s.tag(f"{end}_node"), end))
+            hop, node = tags.get(f"{end}_hop", ""), tags.get(f"{end}_node", "")
+            attributes.update(self._hop_attributes(trace, hop, node, end))
         return attributes
 
     def _hop_attributes(self, trace: str, hop: str, node: str, end: str) -> dict[str, Any]:
         """`hoptrace.<end>.*` of one end of a segment: its hop and node, and what the trace's spec and
         the dispatcher's resolution of its workload say of it (attach point, device, netns, container,
-        pod)."""
+        pod). Kept per trace path version (the worker's only: no lock)."""
+        path = self.catalog.get(trace) if self.catalog is not None else None
+        key = (trace, hop, node, end, path.version if path is not None else -1)
+        found = self._hop_cache.get(key)
+        if found is None:
+            if len(self._hop_cache) > 4096:
+                self._hop_cache.clear()
+            found = self._hop_cache[key] = self._describe_hop(trace, hop, node, end)
+        return found
+
+    def _describe_hop(self, trace: str, hop: str, node: str, end: str) -> dict[str, Any]:
         prefix = f"hoptrace.{end}"
         out: dict[str, Any] = {f"{prefix}.hop": hop}
         if node:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import socket
 import threading
 from collections import defaultdict
 
@@ -291,3 +292,30 @@ def test_a_stuck_backend_costs_drops_never_a_wait() -> None:
     assert dropped[("traces", "export_failed")] >= 1
     accounted = sum(n for (signal, _), n in dropped.items() if signal == "traces")
     assert accounted == 1000 and otlp.exported("traces") == 0
+
+
+def test_a_backend_that_is_down_costs_counted_drops() -> None:
+    """The SDK's own OTLP exporters toward a port nothing listens on: they retry until their timeout, then
+    give up; every packet and histogram point is counted export_failed, none is lost uncounted."""
+    aggregate = AggregateConfig(exemplar_slowest=1, exemplar_every=0)
+    with socket.socket() as held:  # bound, never listening: connections are refused, and no one takes it
+        held.bind(("127.0.0.1", 0))
+        config = OtlpConfig(endpoint=f"127.0.0.1:{held.getsockname()[1]}", insecure=True, timeout_s=0.5)
+        otlp = OtlpExporter(config, TraceCatalog(), exemplar_every=0)
+        traced(300, aggregate, otlp)
+        assert otlp.flush(timeout_s=30)
+        otlp.close()
+    assert otlp.dropped == {("traces", "export_failed"): 3, ("metrics", "export_failed"): 4 * 3}
+    assert otlp.exported("traces") == otlp.exported("metrics") == 0
+
+
+def test_a_small_span_queue_delays_the_worker_and_drops_nothing() -> None:
+    """The worker waits for the processor's room (80 spans: 20 packets) and has it send what it holds, so
+    400 packets all leave through a queue far smaller than them."""
+    aggregate = AggregateConfig(exemplar_slowest=3, exemplar_every=1)
+    otlp, spans, _ = exporter(None, "all", aggregate, max_spans=80, max_packets=1000)
+    traced(400, aggregate, otlp)
+    assert otlp.flush(timeout_s=60)
+    otlp.close()
+    assert not otlp.dropped and otlp.exported("traces") == 400
+    assert len(by_trace(spans.get_finished_spans())) == 400
