@@ -414,7 +414,7 @@ def test_pod_to_cluster_ip_is_traced_through_kube_proxys_dnat(
     """A spec whose filter names a ClusterIP and the Service's port, as the client sends them: kube-proxy's
     DNAT rewrites both to the server pod's address and port on the node, and the server's hop still takes
     every datagram, by its ID (its record flagged FOLLOWED). The report counts exactly what the client
-    sent."""
+    sent, and names the DNAT between the two hops."""
     cluster = release.cluster
     ports = [{"protocol": "UDP", "port": SERVICE_PORT, "targetPort": ECHO_PORT}]
     metadata = {"name": "server", "namespace": APPS}
@@ -460,6 +460,23 @@ def test_pod_to_cluster_ip_is_traced_through_kube_proxys_dnat(
     (segment,) = report["segments"]
     assert (segment["from"], segment["to"], segment["count"]) == ("client-out", "server-in", sent), segment
     assert segment["loss_count"] == segment["incomplete"] == 0, segment
+    # The report names the translation: the packets whose ID is 1 modulo 64 describe their addresses at both
+    # hops, the ClusterIP and Service port at the client's, the server pod's at the server's.
+    described = (sent + 63) // 64
+    dnat = {
+        "from": "client-out",
+        "to": "server-in",
+        "kind": "dnat",
+        "before": destination,
+        "after": f"{shop.server_ip}:{ECHO_PORT}",
+        "packets": described,
+    }
+
+    def translation_reported() -> bool:
+        data = json.loads(release.hoptrace("report", SERVICE_TRACE, "--since", "30m", "--json").stdout)
+        return data["translations"] == [dnat]
+
+    wait_until(translation_reported, f"the report naming kube-proxy's DNAT of {described} packets", 30)
 
 
 def test_uninstall_takes_the_agents_hooks_out_of_the_pods(release: Release, shop: Shop) -> None:
