@@ -323,9 +323,12 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
         INVALID_ARGUMENT names the field; a node that failed fails the discovery with its reason."""
         connected = [node for node in self.registry.registrations() if self.registry.connection(node)]
         try:
-            with self._audited(context, "discover", preset="discover", nodes=request.nodes or connected):
-                yield from run_discovery(self.controller.presets, connected, request)
-        except PresetError as error:
+            with (
+                self._audited(context, "discover", preset="discover", nodes=request.nodes or connected),
+                self.controller.discovery_origin() as origin,
+            ):
+                yield from run_discovery(self.controller.presets, connected, request, origin)
+        except (PresetError, DispatcherError) as error:
             context.abort(error.code, error.message)
 
     def RunPreset(  # noqa: N802

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import grpc
@@ -189,6 +190,7 @@ class TraceController:
         self._lock = threading.RLock()  # guards _traces
         self._apply_lock = threading.Lock()  # one apply/delete at a time
         self._traces: dict[str, _Trace] = {}
+        self._discovery_origins: set[int] = set()  # held by running discoveries (discovery_origin)
         # Specs being pushed to their agents: WatchSpecs shows them already (see apply).
         self._applying: dict[str, trace_pb2.TraceSpec] = {}
         # Bumped on every change of the applied specs; watchers (WatchSpecs) wait on it.
@@ -211,6 +213,23 @@ class TraceController:
             self._traces[stored.spec.name] = _Trace(stored, checked, nodes=spec_nodes(stored.spec))
         if self._traces:
             log.info("loaded %d trace(s) from %s", len(self._traces), store.state_dir)
+
+    def _origins_taken(self) -> set[int]:
+        """The ID origins applied traces and running discoveries hold (under the lock)."""
+        return {trace.stored.origin for trace in self._traces.values()} | self._discovery_origins
+
+    @contextmanager
+    def discovery_origin(self) -> Iterator[int]:
+        """An ID origin for one discovery, held while it runs: its taggers write IDs of it on every node and
+        the crossing programs follow them through address translation, as a trace's hops do."""
+        with self._lock:
+            origin = _free_origin(self._origins_taken(), "discovery")
+            self._discovery_origins.add(origin)
+        try:
+            yield origin
+        finally:
+            with self._lock:
+                self._discovery_origins.discard(origin)
 
     # ---- queries ---------------------------------------------------------------------------------------
 
@@ -310,11 +329,8 @@ class TraceController:
                 )
             with self._lock:
                 previous = self._traces.get(spec.name)
-                origin = (
-                    previous.stored.origin
-                    if previous
-                    else _free_origin({trace.stored.origin for trace in self._traces.values()}, spec.name)
-                )
+                taken = self._origins_taken()
+                origin = previous.stored.origin if previous else _free_origin(taken, spec.name)
             generation = self.store.next_generation()
             try:
                 plans = compile_spec(checked, generation, self.compiler, origin)

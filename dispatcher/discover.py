@@ -57,7 +57,9 @@ class Crossing:
     """One device crossing of one packet, as a node's agent reported it."""
 
     node: str
-    packet: tuple[int, int]  # (packet ID, flow hash): IDs of different origins may collide
+    # The packet's ID, of the discovery's own origin: the flow's address and ports may change on the way
+    # (a Service's DNAT), its ID does not; only the sender's namespace tags, so IDs do not repeat.
+    packet: int
     mono_ns: int
     master_ns: int
     netns: str
@@ -96,7 +98,7 @@ def crossings_of(node: str, summary: dict) -> list[Crossing]:
     return [
         Crossing(
             node=node,
-            packet=(int(c["packet_id"]), int(c["flow_hash"])),
+            packet=int(c["packet_id"]),
             mono_ns=int(c["mono_ns"]),
             master_ns=int(c["master_ns"]),
             netns=c["netns"],
@@ -196,7 +198,7 @@ def build_graph(
     """The paths (as build_paths) and the path graph's edges: each step some packets made from one
     crossing to the next, with its packets, share and the median and p99 of those packets' own step
     times, in the order the steps first appear along the paths (most common path first)."""
-    by_packet: dict[tuple[int, int], list[Crossing]] = defaultdict(list)
+    by_packet: dict[int, list[Crossing]] = defaultdict(list)
     for crossing in crossings:
         by_packet[crossing.packet].append(crossing)
     ordered = {packet: order_packet(cs) for packet, cs in by_packet.items()}
@@ -288,9 +290,10 @@ def build_result(
 
 
 def run_discovery(
-    presets: PresetRunner, connected: Sequence[str], request: api_pb2.DiscoverRequest
+    presets: PresetRunner, connected: Sequence[str], request: api_pb2.DiscoverRequest, origin: int
 ) -> Iterator[api_pb2.DiscoverEvent]:
-    """Run discover on the nodes at once; progress events as nodes finish, then the result.
+    """Run discover on the nodes at once; progress events as nodes finish, then the result. `origin` is the
+    discovery's own ID origin (Controller.discovery_origin): every node tags with it and follows it.
     Raises PresetError (with the status to answer) for a bad request or a failed node."""
     errors = validate_request(request, connected)
     if errors:
@@ -303,6 +306,7 @@ def run_discovery(
         "match": json_format.MessageToJson(flow_match(request.filter), indent=None),
         "duration": f"{duration_ms / 1000:g}s",
         "packets": str(request.packets),
+        "origin": str(origin),
     }
     done: queue.Queue[tuple[str, dict | None, PresetError | None]] = queue.Queue()
 

@@ -69,6 +69,7 @@ func flagSet(ctx context.Context, name string, w io.Writer, align Aligner) (*fla
 		fs.StringVar(&c.Match, "match", "", "the flow: a FlowMatch in protojson (the dispatcher sends it), e.g. {\"ipProto\":17,\"family\":4,\"srcAddr\":\"xhIBAg==\",\"srcMask\":\"/////w==\"}")
 		fs.DurationVar(&c.Duration, "duration", 5*time.Second, "how long to look")
 		fs.IntVar(&c.Packets, "packets", 0, "stop once this many tagged packets were seen (0 = run the duration)")
+		fs.UintVar(&c.Origin, "origin", 0, "the discovery's ID origin (the dispatcher gives one, 1..239): its taggers write IDs of it and every node follows them through address translation; 0 = this node's own, not followed")
 		fs.StringVar(&c.Object, "object", "", "hoptrace.bpf.o (default: searched, see $"+ObjectDirEnv+")")
 		run = func() error {
 			if c.Node == "" {

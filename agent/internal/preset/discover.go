@@ -80,8 +80,12 @@ type DiscoverConfig struct {
 	Match    string // FlowMatch in protojson, from the dispatcher
 	Duration time.Duration
 	Packets  int // stop once this many tagged packets were seen (0 = run the duration)
-	Object   string
-	Align    Aligner
+	// Origin: the discovery's ID origin from the dispatcher (1..record.TraceOrigins), the same on every
+	// node: the taggers write IDs of it and the crossing programs also take packets of it that an address
+	// translation moved out of the flow's match. 0: the node's own origin, nothing followed.
+	Origin uint
+	Object string
+	Align  Aligner
 }
 
 // discoverSettle is how long the crossing programs run before the tagger
@@ -240,8 +244,14 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 		return err
 	}
 	defer idState.Close()
-	env := attach.Env{Netns: cfg.HostNetns,
-		Base: loader.HopConfig{IDOrigin: loader.NodeOrigin(cfg.Node), Filter: filter},
+	base := loader.HopConfig{IDOrigin: loader.NodeOrigin(cfg.Node), Filter: filter}
+	if cfg.Origin != 0 {
+		if cfg.Origin > record.TraceOrigins {
+			return fmt.Errorf("origin %d is not a discovery's (1..%d)", cfg.Origin, record.TraceOrigins)
+		}
+		base.IDOrigin, base.FollowOrigin = uint8(cfg.Origin), uint8(cfg.Origin)
+	}
+	env := attach.Env{Netns: cfg.HostNetns, Base: base,
 		Load: loader.Options{Records: records, IDState: idState, Cache: btf.NewCache()}}
 
 	// 1. The crossing programs, in every owned namespace (one map of inodes each).
