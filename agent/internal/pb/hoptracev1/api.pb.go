@@ -702,7 +702,11 @@ type NodeClockStatus struct {
 	// When the collector received this estimate (master time).
 	MeasuredAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=measured_at,json=measuredAt,proto3" json:"measured_at,omitempty"`
 	// Round-trip delay of the probe the estimate comes from.
-	DelayNs       int64 `protobuf:"varint,6,opt,name=delay_ns,json=delayNs,proto3" json:"delay_ns,omitempty"`
+	DelayNs int64 `protobuf:"varint,6,opt,name=delay_ns,json=delayNs,proto3" json:"delay_ns,omitempty"`
+	// The node's last clock jump the collector saw (unset: none in the store):
+	// its offset moved by jump_ns between two estimates, beyond the allowed_ns
+	// their bounds (and drift) allow, with no step of the node's own clock.
+	LastJump      *ClockJump `protobuf:"bytes,7,opt,name=last_jump,json=lastJump,proto3" json:"last_jump,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -779,6 +783,97 @@ func (x *NodeClockStatus) GetDelayNs() int64 {
 	return 0
 }
 
+func (x *NodeClockStatus) GetLastJump() *ClockJump {
+	if x != nil {
+		return x.LastJump
+	}
+	return nil
+}
+
+// A node's measured offset moved beyond what its bounds allow between two
+// estimates, without a step of the node's own CLOCK_REALTIME: a shifted or
+// forged time exchange, or a clock that changed rate. Cross-node segments at
+// that node are suspect around `at`.
+type ClockJump struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// New offset - the offset the previous estimate predicted (drift applied).
+	JumpNs int64 `protobuf:"varint,2,opt,name=jump_ns,json=jumpNs,proto3" json:"jump_ns,omitempty"`
+	// The sum of the two estimates' bounds (and the drift allowance).
+	AllowedNs int64 `protobuf:"varint,3,opt,name=allowed_ns,json=allowedNs,proto3" json:"allowed_ns,omitempty"`
+	// When the collector received the new estimate (master time).
+	At *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=at,proto3" json:"at,omitempty"`
+	// In a report: the cross-node segments with a hop on the node ("from > to").
+	Segments      []string `protobuf:"bytes,5,rep,name=segments,proto3" json:"segments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClockJump) Reset() {
+	*x = ClockJump{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClockJump) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClockJump) ProtoMessage() {}
+
+func (x *ClockJump) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClockJump.ProtoReflect.Descriptor instead.
+func (*ClockJump) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ClockJump) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ClockJump) GetJumpNs() int64 {
+	if x != nil {
+		return x.JumpNs
+	}
+	return 0
+}
+
+func (x *ClockJump) GetAllowedNs() int64 {
+	if x != nil {
+		return x.AllowedNs
+	}
+	return 0
+}
+
+func (x *ClockJump) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *ClockJump) GetSegments() []string {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
 type GetReportRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Trace string                 `protobuf:"bytes,1,opt,name=trace,proto3" json:"trace,omitempty"`
@@ -792,7 +887,7 @@ type GetReportRequest struct {
 
 func (x *GetReportRequest) Reset() {
 	*x = GetReportRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +899,7 @@ func (x *GetReportRequest) String() string {
 func (*GetReportRequest) ProtoMessage() {}
 
 func (x *GetReportRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[15]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +912,7 @@ func (x *GetReportRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReportRequest.ProtoReflect.Descriptor instead.
 func (*GetReportRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{15}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetReportRequest) GetTrace() string {
@@ -866,14 +961,16 @@ type Report struct {
 	Addresses []*HopAddresses `protobuf:"bytes,9,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	// Where consecutive hops saw different addresses: a translation (DNAT,
 	// SNAT) rewrote them between the two.
-	Translations  []*AddressTranslation `protobuf:"bytes,10,rep,name=translations,proto3" json:"translations,omitempty"`
+	Translations []*AddressTranslation `protobuf:"bytes,10,rep,name=translations,proto3" json:"translations,omitempty"`
+	// Clock jumps of the path's nodes within the range, oldest first.
+	ClockJumps    []*ClockJump `protobuf:"bytes,11,rep,name=clock_jumps,json=clockJumps,proto3" json:"clock_jumps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Report) Reset() {
 	*x = Report{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -885,7 +982,7 @@ func (x *Report) String() string {
 func (*Report) ProtoMessage() {}
 
 func (x *Report) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[16]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -898,7 +995,7 @@ func (x *Report) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Report.ProtoReflect.Descriptor instead.
 func (*Report) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{16}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Report) GetTrace() string {
@@ -971,6 +1068,13 @@ func (x *Report) GetTranslations() []*AddressTranslation {
 	return nil
 }
 
+func (x *Report) GetClockJumps() []*ClockJump {
+	if x != nil {
+		return x.ClockJumps
+	}
+	return nil
+}
+
 type HopAddresses struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Hop   string                 `protobuf:"bytes,1,opt,name=hop,proto3" json:"hop,omitempty"`
@@ -988,7 +1092,7 @@ type HopAddresses struct {
 
 func (x *HopAddresses) Reset() {
 	*x = HopAddresses{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1104,7 @@ func (x *HopAddresses) String() string {
 func (*HopAddresses) ProtoMessage() {}
 
 func (x *HopAddresses) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[17]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1117,7 @@ func (x *HopAddresses) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopAddresses.ProtoReflect.Descriptor instead.
 func (*HopAddresses) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{17}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HopAddresses) GetHop() string {
@@ -1068,7 +1172,7 @@ type AddressTranslation struct {
 
 func (x *AddressTranslation) Reset() {
 	*x = AddressTranslation{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1184,7 @@ func (x *AddressTranslation) String() string {
 func (*AddressTranslation) ProtoMessage() {}
 
 func (x *AddressTranslation) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[18]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1197,7 @@ func (x *AddressTranslation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddressTranslation.ProtoReflect.Descriptor instead.
 func (*AddressTranslation) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{18}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AddressTranslation) GetFromHop() string {
@@ -1159,7 +1263,7 @@ type EventResult struct {
 
 func (x *EventResult) Reset() {
 	*x = EventResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1275,7 @@ func (x *EventResult) String() string {
 func (*EventResult) ProtoMessage() {}
 
 func (x *EventResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[19]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1288,7 @@ func (x *EventResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventResult.ProtoReflect.Descriptor instead.
 func (*EventResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{19}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EventResult) GetName() string {
@@ -1268,7 +1372,7 @@ type EventRecordedResult struct {
 
 func (x *EventRecordedResult) Reset() {
 	*x = EventRecordedResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1384,7 @@ func (x *EventRecordedResult) String() string {
 func (*EventRecordedResult) ProtoMessage() {}
 
 func (x *EventRecordedResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[20]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1397,7 @@ func (x *EventRecordedResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventRecordedResult.ProtoReflect.Descriptor instead.
 func (*EventRecordedResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{20}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EventRecordedResult) GetArg() string {
@@ -1368,7 +1472,7 @@ type SegmentSeries struct {
 
 func (x *SegmentSeries) Reset() {
 	*x = SegmentSeries{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1484,7 @@ func (x *SegmentSeries) String() string {
 func (*SegmentSeries) ProtoMessage() {}
 
 func (x *SegmentSeries) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[21]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1497,7 @@ func (x *SegmentSeries) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentSeries.ProtoReflect.Descriptor instead.
 func (*SegmentSeries) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{21}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SegmentSeries) GetSegment() string {
@@ -1427,7 +1531,7 @@ type SeriesPoint struct {
 
 func (x *SeriesPoint) Reset() {
 	*x = SeriesPoint{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1439,7 +1543,7 @@ func (x *SeriesPoint) String() string {
 func (*SeriesPoint) ProtoMessage() {}
 
 func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[22]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1452,7 +1556,7 @@ func (x *SeriesPoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeriesPoint.ProtoReflect.Descriptor instead.
 func (*SeriesPoint) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{22}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SeriesPoint) GetAt() *timestamppb.Timestamp {
@@ -1508,7 +1612,7 @@ type SegmentStats struct {
 
 func (x *SegmentStats) Reset() {
 	*x = SegmentStats{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1624,7 @@ func (x *SegmentStats) String() string {
 func (*SegmentStats) ProtoMessage() {}
 
 func (x *SegmentStats) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[23]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1637,7 @@ func (x *SegmentStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SegmentStats.ProtoReflect.Descriptor instead.
 func (*SegmentStats) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{23}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SegmentStats) GetFrom() string {
@@ -1690,7 +1794,7 @@ type DropCount struct {
 
 func (x *DropCount) Reset() {
 	*x = DropCount{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1702,7 +1806,7 @@ func (x *DropCount) String() string {
 func (*DropCount) ProtoMessage() {}
 
 func (x *DropCount) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[24]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1715,7 +1819,7 @@ func (x *DropCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DropCount.ProtoReflect.Descriptor instead.
 func (*DropCount) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{24}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DropCount) GetNode() string {
@@ -1760,7 +1864,7 @@ type HopThroughput struct {
 
 func (x *HopThroughput) Reset() {
 	*x = HopThroughput{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1772,7 +1876,7 @@ func (x *HopThroughput) String() string {
 func (*HopThroughput) ProtoMessage() {}
 
 func (x *HopThroughput) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[25]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1785,7 +1889,7 @@ func (x *HopThroughput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopThroughput.ProtoReflect.Descriptor instead.
 func (*HopThroughput) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{25}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *HopThroughput) GetHop() string {
@@ -1861,7 +1965,7 @@ type HopRecorded struct {
 
 func (x *HopRecorded) Reset() {
 	*x = HopRecorded{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +1977,7 @@ func (x *HopRecorded) String() string {
 func (*HopRecorded) ProtoMessage() {}
 
 func (x *HopRecorded) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[26]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +1990,7 @@ func (x *HopRecorded) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopRecorded.ProtoReflect.Descriptor instead.
 func (*HopRecorded) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{26}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HopRecorded) GetNode() string {
@@ -1953,7 +2057,7 @@ type HopCount struct {
 
 func (x *HopCount) Reset() {
 	*x = HopCount{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1965,7 +2069,7 @@ func (x *HopCount) String() string {
 func (*HopCount) ProtoMessage() {}
 
 func (x *HopCount) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[27]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1978,7 +2082,7 @@ func (x *HopCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopCount.ProtoReflect.Descriptor instead.
 func (*HopCount) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{27}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HopCount) GetNode() string {
@@ -2029,7 +2133,7 @@ type HopHistogram struct {
 
 func (x *HopHistogram) Reset() {
 	*x = HopHistogram{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2041,7 +2145,7 @@ func (x *HopHistogram) String() string {
 func (*HopHistogram) ProtoMessage() {}
 
 func (x *HopHistogram) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[28]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2054,7 +2158,7 @@ func (x *HopHistogram) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HopHistogram.ProtoReflect.Descriptor instead.
 func (*HopHistogram) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{28}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *HopHistogram) GetNode() string {
@@ -2096,7 +2200,7 @@ type HistogramBucket struct {
 
 func (x *HistogramBucket) Reset() {
 	*x = HistogramBucket{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2108,7 +2212,7 @@ func (x *HistogramBucket) String() string {
 func (*HistogramBucket) ProtoMessage() {}
 
 func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[29]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2121,7 +2225,7 @@ func (x *HistogramBucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HistogramBucket.ProtoReflect.Descriptor instead.
 func (*HistogramBucket) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{29}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HistogramBucket) GetLe() uint64 {
@@ -2147,7 +2251,7 @@ type WatchSegmentStatsRequest struct {
 
 func (x *WatchSegmentStatsRequest) Reset() {
 	*x = WatchSegmentStatsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2263,7 @@ func (x *WatchSegmentStatsRequest) String() string {
 func (*WatchSegmentStatsRequest) ProtoMessage() {}
 
 func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[30]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2276,7 @@ func (x *WatchSegmentStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSegmentStatsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSegmentStatsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{30}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchSegmentStatsRequest) GetTrace() string {
@@ -2190,7 +2294,7 @@ type WatchSpecsRequest struct {
 
 func (x *WatchSpecsRequest) Reset() {
 	*x = WatchSpecsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2306,7 @@ func (x *WatchSpecsRequest) String() string {
 func (*WatchSpecsRequest) ProtoMessage() {}
 
 func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[31]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2319,7 @@ func (x *WatchSpecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSpecsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSpecsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{31}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
 }
 
 // Every applied trace's spec at one moment, by name.
@@ -2228,7 +2332,7 @@ type SpecSet struct {
 
 func (x *SpecSet) Reset() {
 	*x = SpecSet{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2240,7 +2344,7 @@ func (x *SpecSet) String() string {
 func (*SpecSet) ProtoMessage() {}
 
 func (x *SpecSet) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[32]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2253,7 +2357,7 @@ func (x *SpecSet) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpecSet.ProtoReflect.Descriptor instead.
 func (*SpecSet) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{32}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SpecSet) GetSpecs() []*TraceSpec {
@@ -2280,7 +2384,7 @@ type GetPacketsRequest struct {
 
 func (x *GetPacketsRequest) Reset() {
 	*x = GetPacketsRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2292,7 +2396,7 @@ func (x *GetPacketsRequest) String() string {
 func (*GetPacketsRequest) ProtoMessage() {}
 
 func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[33]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2305,7 +2409,7 @@ func (x *GetPacketsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPacketsRequest.ProtoReflect.Descriptor instead.
 func (*GetPacketsRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{33}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetPacketsRequest) GetTrace() string {
@@ -2353,7 +2457,7 @@ type PacketList struct {
 
 func (x *PacketList) Reset() {
 	*x = PacketList{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2365,7 +2469,7 @@ func (x *PacketList) String() string {
 func (*PacketList) ProtoMessage() {}
 
 func (x *PacketList) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[34]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2378,7 +2482,7 @@ func (x *PacketList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketList.ProtoReflect.Descriptor instead.
 func (*PacketList) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{34}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PacketList) GetPackets() []*PacketTimeline {
@@ -2404,7 +2508,7 @@ type PacketTimeline struct {
 
 func (x *PacketTimeline) Reset() {
 	*x = PacketTimeline{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2416,7 +2520,7 @@ func (x *PacketTimeline) String() string {
 func (*PacketTimeline) ProtoMessage() {}
 
 func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[35]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2429,7 +2533,7 @@ func (x *PacketTimeline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketTimeline.ProtoReflect.Descriptor instead.
 func (*PacketTimeline) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{35}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PacketTimeline) GetPacketId() uint32 {
@@ -2477,7 +2581,7 @@ type PacketSegment struct {
 
 func (x *PacketSegment) Reset() {
 	*x = PacketSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2593,7 @@ func (x *PacketSegment) String() string {
 func (*PacketSegment) ProtoMessage() {}
 
 func (x *PacketSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[36]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2606,7 @@ func (x *PacketSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
 func (*PacketSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{36}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PacketSegment) GetFrom() string {
@@ -2562,7 +2666,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2574,7 +2678,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2587,7 +2691,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 type Version struct {
@@ -2602,7 +2706,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2614,7 +2718,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2627,7 +2731,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -2657,7 +2761,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2669,7 +2773,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2682,7 +2786,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -2725,7 +2829,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2737,7 +2841,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2750,7 +2854,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DiscoverRequest) GetFilter() *Filter {
@@ -2801,7 +2905,7 @@ type DiscoverEvent struct {
 
 func (x *DiscoverEvent) Reset() {
 	*x = DiscoverEvent{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2813,7 +2917,7 @@ func (x *DiscoverEvent) String() string {
 func (*DiscoverEvent) ProtoMessage() {}
 
 func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2826,7 +2930,7 @@ func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
 func (*DiscoverEvent) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
@@ -2887,7 +2991,7 @@ type DiscoverProgress struct {
 
 func (x *DiscoverProgress) Reset() {
 	*x = DiscoverProgress{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2899,7 +3003,7 @@ func (x *DiscoverProgress) String() string {
 func (*DiscoverProgress) ProtoMessage() {}
 
 func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2912,7 +3016,7 @@ func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
 func (*DiscoverProgress) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DiscoverProgress) GetMessage() string {
@@ -2961,7 +3065,7 @@ type DiscoveredPath struct {
 
 func (x *DiscoveredPath) Reset() {
 	*x = DiscoveredPath{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2973,7 +3077,7 @@ func (x *DiscoveredPath) String() string {
 func (*DiscoveredPath) ProtoMessage() {}
 
 func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2986,7 +3090,7 @@ func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
 func (*DiscoveredPath) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DiscoveredPath) GetPackets() uint32 {
@@ -3040,7 +3144,7 @@ type DiscoverResult struct {
 
 func (x *DiscoverResult) Reset() {
 	*x = DiscoverResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3156,7 @@ func (x *DiscoverResult) String() string {
 func (*DiscoverResult) ProtoMessage() {}
 
 func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3169,7 @@ func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
 func (*DiscoverResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DiscoverResult) GetSpec() *TraceSpec {
@@ -3129,7 +3233,7 @@ type DiscoveredSegment struct {
 
 func (x *DiscoveredSegment) Reset() {
 	*x = DiscoveredSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3141,7 +3245,7 @@ func (x *DiscoveredSegment) String() string {
 func (*DiscoveredSegment) ProtoMessage() {}
 
 func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3154,7 +3258,7 @@ func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredSegment.ProtoReflect.Descriptor instead.
 func (*DiscoveredSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DiscoveredSegment) GetFromHop() *HopSpec {
@@ -3211,7 +3315,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3223,7 +3327,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3236,7 +3340,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListAuditRequest) GetLimit() uint32 {
@@ -3263,7 +3367,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3275,7 +3379,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3288,7 +3392,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -3330,7 +3434,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3342,7 +3446,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3355,7 +3459,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AuditEntry) GetAt() *timestamppb.Timestamp {
@@ -3498,7 +3602,7 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x0elast_heartbeat\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x122\n" +
 	"\x05clock\x18\x04 \x01(\v2\x1c.hoptrace.v1.NodeClockStatusR\x05clock\x12!\n" +
 	"\flost_records\x18\x05 \x01(\x04R\vlostRecords\x12:\n" +
-	"\ttransport\x18\x06 \x01(\v2\x1c.hoptrace.v1.TransportStatusR\ttransport\"\xda\x01\n" +
+	"\ttransport\x18\x06 \x01(\v2\x1c.hoptrace.v1.TransportStatusR\ttransport\"\x8f\x02\n" +
 	"\x0fNodeClockStatus\x12\x1b\n" +
 	"\toffset_ns\x18\x01 \x01(\x03R\boffsetNs\x12\x19\n" +
 	"\bbound_ns\x18\x02 \x01(\x03R\aboundNs\x12\x1b\n" +
@@ -3506,13 +3610,21 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\bmeasured\x18\x04 \x01(\bR\bmeasured\x12;\n" +
 	"\vmeasured_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"measuredAt\x12\x19\n" +
-	"\bdelay_ns\x18\x06 \x01(\x03R\adelayNs\"\xa9\x01\n" +
+	"\bdelay_ns\x18\x06 \x01(\x03R\adelayNs\x123\n" +
+	"\tlast_jump\x18\a \x01(\v2\x16.hoptrace.v1.ClockJumpR\blastJump\"\x9f\x01\n" +
+	"\tClockJump\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x17\n" +
+	"\ajump_ns\x18\x02 \x01(\x03R\x06jumpNs\x12\x1d\n" +
+	"\n" +
+	"allowed_ns\x18\x03 \x01(\x03R\tallowedNs\x12*\n" +
+	"\x02at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1a\n" +
+	"\bsegments\x18\x05 \x03(\tR\bsegments\"\xa9\x01\n" +
 	"\x10GetReportRequest\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
 	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x1f\n" +
 	"\vwith_series\x18\x04 \x01(\bR\n" +
-	"withSeries\"\xd8\x03\n" +
+	"withSeries\"\x91\x04\n" +
 	"\x06Report\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x18\n" +
 	"\apackets\x18\x02 \x01(\x04R\apackets\x12\x1a\n" +
@@ -3525,7 +3637,9 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x06events\x18\b \x03(\v2\x18.hoptrace.v1.EventResultR\x06events\x127\n" +
 	"\taddresses\x18\t \x03(\v2\x19.hoptrace.v1.HopAddressesR\taddresses\x12C\n" +
 	"\ftranslations\x18\n" +
-	" \x03(\v2\x1f.hoptrace.v1.AddressTranslationR\ftranslations\"\x90\x01\n" +
+	" \x03(\v2\x1f.hoptrace.v1.AddressTranslationR\ftranslations\x127\n" +
+	"\vclock_jumps\x18\v \x03(\v2\x16.hoptrace.v1.ClockJumpR\n" +
+	"clockJumps\"\x90\x01\n" +
 	"\fHopAddresses\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\x1a\n" +
 	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12\x16\n" +
@@ -3769,7 +3883,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -3786,139 +3900,143 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*GetAgentRequest)(nil),          // 12: hoptrace.v1.GetAgentRequest
 	(*Agent)(nil),                    // 13: hoptrace.v1.Agent
 	(*NodeClockStatus)(nil),          // 14: hoptrace.v1.NodeClockStatus
-	(*GetReportRequest)(nil),         // 15: hoptrace.v1.GetReportRequest
-	(*Report)(nil),                   // 16: hoptrace.v1.Report
-	(*HopAddresses)(nil),             // 17: hoptrace.v1.HopAddresses
-	(*AddressTranslation)(nil),       // 18: hoptrace.v1.AddressTranslation
-	(*EventResult)(nil),              // 19: hoptrace.v1.EventResult
-	(*EventRecordedResult)(nil),      // 20: hoptrace.v1.EventRecordedResult
-	(*SegmentSeries)(nil),            // 21: hoptrace.v1.SegmentSeries
-	(*SeriesPoint)(nil),              // 22: hoptrace.v1.SeriesPoint
-	(*SegmentStats)(nil),             // 23: hoptrace.v1.SegmentStats
-	(*DropCount)(nil),                // 24: hoptrace.v1.DropCount
-	(*HopThroughput)(nil),            // 25: hoptrace.v1.HopThroughput
-	(*HopRecorded)(nil),              // 26: hoptrace.v1.HopRecorded
-	(*HopCount)(nil),                 // 27: hoptrace.v1.HopCount
-	(*HopHistogram)(nil),             // 28: hoptrace.v1.HopHistogram
-	(*HistogramBucket)(nil),          // 29: hoptrace.v1.HistogramBucket
-	(*WatchSegmentStatsRequest)(nil), // 30: hoptrace.v1.WatchSegmentStatsRequest
-	(*WatchSpecsRequest)(nil),        // 31: hoptrace.v1.WatchSpecsRequest
-	(*SpecSet)(nil),                  // 32: hoptrace.v1.SpecSet
-	(*GetPacketsRequest)(nil),        // 33: hoptrace.v1.GetPacketsRequest
-	(*PacketList)(nil),               // 34: hoptrace.v1.PacketList
-	(*PacketTimeline)(nil),           // 35: hoptrace.v1.PacketTimeline
-	(*PacketSegment)(nil),            // 36: hoptrace.v1.PacketSegment
-	(*GetVersionRequest)(nil),        // 37: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 38: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 39: hoptrace.v1.RunPresetRequest
-	(*DiscoverRequest)(nil),          // 40: hoptrace.v1.DiscoverRequest
-	(*DiscoverEvent)(nil),            // 41: hoptrace.v1.DiscoverEvent
-	(*DiscoverProgress)(nil),         // 42: hoptrace.v1.DiscoverProgress
-	(*DiscoveredPath)(nil),           // 43: hoptrace.v1.DiscoveredPath
-	(*DiscoverResult)(nil),           // 44: hoptrace.v1.DiscoverResult
-	(*DiscoveredSegment)(nil),        // 45: hoptrace.v1.DiscoveredSegment
-	(*ListAuditRequest)(nil),         // 46: hoptrace.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),        // 47: hoptrace.v1.ListAuditResponse
-	(*AuditEntry)(nil),               // 48: hoptrace.v1.AuditEntry
-	nil,                              // 49: hoptrace.v1.EventResult.ByEntry
-	nil,                              // 50: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 51: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 52: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 53: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 54: hoptrace.v1.Register
-	(*TransportStatus)(nil),          // 55: hoptrace.v1.TransportStatus
-	(*Filter)(nil),                   // 56: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 57: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 58: hoptrace.v1.PresetResult
+	(*ClockJump)(nil),                // 15: hoptrace.v1.ClockJump
+	(*GetReportRequest)(nil),         // 16: hoptrace.v1.GetReportRequest
+	(*Report)(nil),                   // 17: hoptrace.v1.Report
+	(*HopAddresses)(nil),             // 18: hoptrace.v1.HopAddresses
+	(*AddressTranslation)(nil),       // 19: hoptrace.v1.AddressTranslation
+	(*EventResult)(nil),              // 20: hoptrace.v1.EventResult
+	(*EventRecordedResult)(nil),      // 21: hoptrace.v1.EventRecordedResult
+	(*SegmentSeries)(nil),            // 22: hoptrace.v1.SegmentSeries
+	(*SeriesPoint)(nil),              // 23: hoptrace.v1.SeriesPoint
+	(*SegmentStats)(nil),             // 24: hoptrace.v1.SegmentStats
+	(*DropCount)(nil),                // 25: hoptrace.v1.DropCount
+	(*HopThroughput)(nil),            // 26: hoptrace.v1.HopThroughput
+	(*HopRecorded)(nil),              // 27: hoptrace.v1.HopRecorded
+	(*HopCount)(nil),                 // 28: hoptrace.v1.HopCount
+	(*HopHistogram)(nil),             // 29: hoptrace.v1.HopHistogram
+	(*HistogramBucket)(nil),          // 30: hoptrace.v1.HistogramBucket
+	(*WatchSegmentStatsRequest)(nil), // 31: hoptrace.v1.WatchSegmentStatsRequest
+	(*WatchSpecsRequest)(nil),        // 32: hoptrace.v1.WatchSpecsRequest
+	(*SpecSet)(nil),                  // 33: hoptrace.v1.SpecSet
+	(*GetPacketsRequest)(nil),        // 34: hoptrace.v1.GetPacketsRequest
+	(*PacketList)(nil),               // 35: hoptrace.v1.PacketList
+	(*PacketTimeline)(nil),           // 36: hoptrace.v1.PacketTimeline
+	(*PacketSegment)(nil),            // 37: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 38: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 39: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 40: hoptrace.v1.RunPresetRequest
+	(*DiscoverRequest)(nil),          // 41: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 42: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 43: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 44: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 45: hoptrace.v1.DiscoverResult
+	(*DiscoveredSegment)(nil),        // 46: hoptrace.v1.DiscoveredSegment
+	(*ListAuditRequest)(nil),         // 47: hoptrace.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),        // 48: hoptrace.v1.ListAuditResponse
+	(*AuditEntry)(nil),               // 49: hoptrace.v1.AuditEntry
+	nil,                              // 50: hoptrace.v1.EventResult.ByEntry
+	nil,                              // 51: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 52: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 54: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 55: hoptrace.v1.Register
+	(*TransportStatus)(nil),          // 56: hoptrace.v1.TransportStatus
+	(*Filter)(nil),                   // 57: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 58: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 59: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	51, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	52, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	51, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	51, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	52, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	53, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	52, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	52, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	53, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	54, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	54, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	52, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	55, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	53, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	55, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
-	52, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
-	52, // 13: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	52, // 14: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
-	23, // 15: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
-	23, // 16: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
-	25, // 17: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
-	21, // 18: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
-	19, // 19: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
-	17, // 20: hoptrace.v1.Report.addresses:type_name -> hoptrace.v1.HopAddresses
-	18, // 21: hoptrace.v1.Report.translations:type_name -> hoptrace.v1.AddressTranslation
-	49, // 22: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
-	29, // 23: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
-	20, // 24: hoptrace.v1.EventResult.recorded:type_name -> hoptrace.v1.EventRecordedResult
-	22, // 25: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
-	22, // 26: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	52, // 27: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	52, // 28: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
-	24, // 29: hoptrace.v1.SegmentStats.drops:type_name -> hoptrace.v1.DropCount
-	27, // 30: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
-	28, // 31: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
-	26, // 32: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
-	29, // 33: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	51, // 34: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	52, // 35: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	52, // 36: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
-	35, // 37: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	52, // 38: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	36, // 39: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	50, // 40: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	56, // 41: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	42, // 42: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	44, // 43: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	57, // 44: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	51, // 45: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	43, // 46: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	45, // 47: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
-	57, // 48: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
-	57, // 49: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
-	48, // 50: hoptrace.v1.ListAuditResponse.entries:type_name -> hoptrace.v1.AuditEntry
-	52, // 51: hoptrace.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	1,  // 52: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 53: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 54: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 55: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 56: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 57: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 58: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	15, // 59: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	30, // 60: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	31, // 61: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	39, // 62: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	37, // 63: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	33, // 64: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	40, // 65: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	46, // 66: hoptrace.v1.Hoptrace.ListAudit:input_type -> hoptrace.v1.ListAuditRequest
-	2,  // 67: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 68: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 69: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 70: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 71: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 72: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 73: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	16, // 74: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	23, // 75: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	32, // 76: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	58, // 77: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	38, // 78: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	34, // 79: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	41, // 80: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	47, // 81: hoptrace.v1.Hoptrace.ListAudit:output_type -> hoptrace.v1.ListAuditResponse
-	67, // [67:82] is the sub-list for method output_type
-	52, // [52:67] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	56, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
+	53, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	15, // 13: hoptrace.v1.NodeClockStatus.last_jump:type_name -> hoptrace.v1.ClockJump
+	53, // 14: hoptrace.v1.ClockJump.at:type_name -> google.protobuf.Timestamp
+	53, // 15: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	53, // 16: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	24, // 17: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
+	24, // 18: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
+	26, // 19: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
+	22, // 20: hoptrace.v1.Report.series:type_name -> hoptrace.v1.SegmentSeries
+	20, // 21: hoptrace.v1.Report.events:type_name -> hoptrace.v1.EventResult
+	18, // 22: hoptrace.v1.Report.addresses:type_name -> hoptrace.v1.HopAddresses
+	19, // 23: hoptrace.v1.Report.translations:type_name -> hoptrace.v1.AddressTranslation
+	15, // 24: hoptrace.v1.Report.clock_jumps:type_name -> hoptrace.v1.ClockJump
+	50, // 25: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
+	30, // 26: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
+	21, // 27: hoptrace.v1.EventResult.recorded:type_name -> hoptrace.v1.EventRecordedResult
+	23, // 28: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
+	23, // 29: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
+	53, // 30: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	53, // 31: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	25, // 32: hoptrace.v1.SegmentStats.drops:type_name -> hoptrace.v1.DropCount
+	28, // 33: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
+	29, // 34: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
+	27, // 35: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
+	30, // 36: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
+	52, // 37: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	53, // 38: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	53, // 39: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	36, // 40: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
+	53, // 41: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	37, // 42: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	51, // 43: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	57, // 44: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	43, // 45: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	45, // 46: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	58, // 47: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	52, // 48: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	44, // 49: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	46, // 50: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
+	58, // 51: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	58, // 52: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	49, // 53: hoptrace.v1.ListAuditResponse.entries:type_name -> hoptrace.v1.AuditEntry
+	53, // 54: hoptrace.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	1,  // 55: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 56: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 57: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 58: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 59: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 60: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 61: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	16, // 62: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	31, // 63: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	32, // 64: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	40, // 65: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	38, // 66: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	34, // 67: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	41, // 68: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	47, // 69: hoptrace.v1.Hoptrace.ListAudit:input_type -> hoptrace.v1.ListAuditRequest
+	2,  // 70: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 71: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 72: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 73: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 74: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 75: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 76: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	17, // 77: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	24, // 78: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	33, // 79: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	59, // 80: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	39, // 81: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	35, // 82: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	42, // 83: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	48, // 84: hoptrace.v1.Hoptrace.ListAudit:output_type -> hoptrace.v1.ListAuditResponse
+	70, // [70:85] is the sub-list for method output_type
+	55, // [55:70] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -3928,7 +4046,7 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
-	file_hoptrace_v1_api_proto_msgTypes[41].OneofWrappers = []any{
+	file_hoptrace_v1_api_proto_msgTypes[42].OneofWrappers = []any{
 		(*DiscoverEvent_Progress)(nil),
 		(*DiscoverEvent_Result)(nil),
 	}
@@ -3938,7 +4056,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   51,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -108,20 +108,36 @@ class Agent(_message.Message):
     def __init__(self, registration: _Optional[_Union[_agent_pb2.Register, _Mapping]] = ..., connected: bool = ..., last_heartbeat: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., clock: _Optional[_Union[NodeClockStatus, _Mapping]] = ..., lost_records: _Optional[int] = ..., transport: _Optional[_Union[_agent_pb2.TransportStatus, _Mapping]] = ...) -> None: ...
 
 class NodeClockStatus(_message.Message):
-    __slots__ = ("offset_ns", "bound_ns", "drift_ppm", "measured", "measured_at", "delay_ns")
+    __slots__ = ("offset_ns", "bound_ns", "drift_ppm", "measured", "measured_at", "delay_ns", "last_jump")
     OFFSET_NS_FIELD_NUMBER: _ClassVar[int]
     BOUND_NS_FIELD_NUMBER: _ClassVar[int]
     DRIFT_PPM_FIELD_NUMBER: _ClassVar[int]
     MEASURED_FIELD_NUMBER: _ClassVar[int]
     MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
     DELAY_NS_FIELD_NUMBER: _ClassVar[int]
+    LAST_JUMP_FIELD_NUMBER: _ClassVar[int]
     offset_ns: int
     bound_ns: int
     drift_ppm: float
     measured: bool
     measured_at: _timestamp_pb2.Timestamp
     delay_ns: int
-    def __init__(self, offset_ns: _Optional[int] = ..., bound_ns: _Optional[int] = ..., drift_ppm: _Optional[float] = ..., measured: bool = ..., measured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., delay_ns: _Optional[int] = ...) -> None: ...
+    last_jump: ClockJump
+    def __init__(self, offset_ns: _Optional[int] = ..., bound_ns: _Optional[int] = ..., drift_ppm: _Optional[float] = ..., measured: bool = ..., measured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., delay_ns: _Optional[int] = ..., last_jump: _Optional[_Union[ClockJump, _Mapping]] = ...) -> None: ...
+
+class ClockJump(_message.Message):
+    __slots__ = ("node", "jump_ns", "allowed_ns", "at", "segments")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    JUMP_NS_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_NS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    jump_ns: int
+    allowed_ns: int
+    at: _timestamp_pb2.Timestamp
+    segments: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., jump_ns: _Optional[int] = ..., allowed_ns: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., segments: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetReportRequest(_message.Message):
     __slots__ = ("trace", "start", "end", "with_series")
@@ -136,7 +152,7 @@ class GetReportRequest(_message.Message):
     def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., with_series: bool = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("trace", "packets", "complete", "segments", "end_to_end", "hops", "series", "events", "addresses", "translations")
+    __slots__ = ("trace", "packets", "complete", "segments", "end_to_end", "hops", "series", "events", "addresses", "translations", "clock_jumps")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     PACKETS_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +163,7 @@ class Report(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     TRANSLATIONS_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_JUMPS_FIELD_NUMBER: _ClassVar[int]
     trace: str
     packets: int
     complete: int
@@ -157,7 +174,8 @@ class Report(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[EventResult]
     addresses: _containers.RepeatedCompositeFieldContainer[HopAddresses]
     translations: _containers.RepeatedCompositeFieldContainer[AddressTranslation]
-    def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[SegmentSeries, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventResult, _Mapping]]] = ..., addresses: _Optional[_Iterable[_Union[HopAddresses, _Mapping]]] = ..., translations: _Optional[_Iterable[_Union[AddressTranslation, _Mapping]]] = ...) -> None: ...
+    clock_jumps: _containers.RepeatedCompositeFieldContainer[ClockJump]
+    def __init__(self, trace: _Optional[str] = ..., packets: _Optional[int] = ..., complete: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentStats, _Mapping]]] = ..., end_to_end: _Optional[_Union[SegmentStats, _Mapping]] = ..., hops: _Optional[_Iterable[_Union[HopThroughput, _Mapping]]] = ..., series: _Optional[_Iterable[_Union[SegmentSeries, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[EventResult, _Mapping]]] = ..., addresses: _Optional[_Iterable[_Union[HopAddresses, _Mapping]]] = ..., translations: _Optional[_Iterable[_Union[AddressTranslation, _Mapping]]] = ..., clock_jumps: _Optional[_Iterable[_Union[ClockJump, _Mapping]]] = ...) -> None: ...
 
 class HopAddresses(_message.Message):
     __slots__ = ("hop", "protocol", "source", "destination", "packets")
