@@ -31,8 +31,8 @@ import statistics
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import grpc
 from google.protobuf import json_format
@@ -41,8 +41,9 @@ from hoptrace.common.stats import quantile
 from hoptrace.dispatcher.compile import flow_match
 from hoptrace.dispatcher.presets import MAX_DURATION_S, PresetError, PresetRunner
 from hoptrace.spec import FieldError, at_spelling, format_errors, validate_filter
+from hoptrace.spec import workloads as workloads_mod
 from hoptrace.spec.spec import NAME_PATTERN
-from hoptrace.v1 import api_pb2, trace_pb2
+from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
 
 DEFAULT_DURATION_MS = 5000
 DEFAULT_NAME = "discovered"
@@ -164,8 +165,9 @@ class HopNamer:
     def name(self, node: str, netns: str, dev: str, direction: str) -> str:
         """The name of one crossing's hop, unique among those this namer gave."""
         parts = [node.removeprefix(self.node_prefix) or node]
-        if netns:
-            parts.append(netns.rsplit("/", 1)[-1].removeprefix(self.netns_prefix))
+        if netns:  # a pod's name, a container's, or the namespace's last path element
+            label = netns.rsplit("/", 1)[-1].removeprefix(workloads_mod.CONTAINER_PREFIX)
+            parts.append(label.removeprefix(self.netns_prefix))
         parts += [dev, "in" if direction == "ingress" else "out"]
         base = _slug("-".join(parts))
         name, suffix = base, 2
@@ -262,11 +264,43 @@ def build_graph(
     return result, list(segments.values())
 
 
+def workload_netns(netns: str, namespace: agent_pb2.Namespace | None) -> str:
+    """How a hop names the namespace a crossing was in: ``pod:NAMESPACE/NAME`` when the node reported one pod
+    there, ``container:NAME`` for one container outside pods, else the namespace's own name (a pod's is a
+    runtime's random name, and changes when the pod is made again)."""
+    workloads = list(namespace.workloads) if namespace is not None else []
+    pods = {(w.pod_namespace, w.pod_name) for w in workloads if w.pod_name}
+    if len(pods) == 1 and all(w.pod_name for w in workloads):
+        pod_namespace, pod_name = pods.pop()
+        return f"{workloads_mod.POD_PREFIX}{pod_namespace}/{pod_name}"
+    if len(workloads) == 1 and workloads[0].container_name:
+        return f"{workloads_mod.CONTAINER_PREFIX}{workloads[0].container_name}"
+    return netns
+
+
+def name_workloads(
+    crossings: list[Crossing], registrations: Mapping[str, agent_pb2.Register]
+) -> list[Crossing]:
+    """The crossings, each namespace named by its workload where its node reported one (workload_netns)."""
+    namespaces = {
+        (node, ns.name): ns for node, registration in registrations.items() for ns in registration.namespaces
+    }
+    return [
+        replace(c, netns=workload_netns(c.netns, namespaces.get((c.node, c.netns)))) if c.netns else c
+        for c in crossings
+    ]
+
+
 def build_result(
-    request: api_pb2.DiscoverRequest, summaries: dict[str, dict], duration_ms: int
+    request: api_pb2.DiscoverRequest,
+    summaries: dict[str, dict],
+    duration_ms: int,
+    registrations: Mapping[str, agent_pb2.Register] | None = None,
 ) -> api_pb2.DiscoverResult:
-    """The result of the nodes' summaries: every path, and a spec of the most common one."""
+    """The result of the nodes' summaries: every path, and a spec of the most common one; namespaces named
+    by their pod or container where `registrations` (the nodes' latest) say."""
     crossings = [c for node, summary in summaries.items() for c in crossings_of(node, summary)]
+    crossings = name_workloads(crossings, registrations or {})
     window = None
     if summaries and all("listen_from_ns" in s for s in summaries.values()):
         window = (
@@ -362,4 +396,6 @@ def run_discovery(
     if failures:
         # Half a path would look like a whole one: fail, naming each node and its reason.
         raise PresetError(failures[0].code, "; ".join(f.message for f in failures))
-    yield api_pb2.DiscoverEvent(result=build_result(request, summaries, duration_ms))
+    yield api_pb2.DiscoverEvent(
+        result=build_result(request, summaries, duration_ms, presets.registry.registrations())
+    )

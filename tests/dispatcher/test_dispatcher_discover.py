@@ -18,7 +18,7 @@ from hoptrace.dispatcher.discover import (
     order_packet,
     validate_request,
 )
-from hoptrace.v1 import api_pb2, trace_pb2
+from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
 
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
@@ -41,7 +41,7 @@ def crossings(packet: int, path, start_ns: int, skew: dict[str, int] | None = No
     out = []
     for i, (node, netns, dev, way) in enumerate(path):
         master = start_ns + 1000 * i
-        out.append(Crossing(node, (packet, 99), master + skew.get(node, 0), master, netns, dev, way))
+        out.append(Crossing(node, packet, master + skew.get(node, 0), master, netns, dev, way))
     return out
 
 
@@ -174,6 +174,33 @@ def test_result_spec_is_the_main_path_and_nothing_seen_says_so() -> None:
     assert result.spec.name == "x" and result.spec.filter.src == "198.18.1.2"
     assert [(h.node, h.netns, h.dev) for h in result.spec.hops] == [p[:3] for p in PATH]
     assert result.packets == 1 and list(result.nodes) == ["host-a", "host-b"] and not result.message
+    # Namespaces a node reported a pod (or a container) in are named by it, hop names too.
+    registrations = {
+        "host-a": agent_pb2.Register(
+            namespaces=[
+                agent_pb2.Namespace(
+                    name="t-c1",
+                    workloads=[
+                        trace_pb2.Workload(container_name="k8s_app", pod_namespace="shop", pod_name="client"),
+                        trace_pb2.Workload(
+                            container_name="k8s_pause", pod_namespace="shop", pod_name="client"
+                        ),
+                    ],
+                )
+            ]
+        ),
+        "host-b": agent_pb2.Register(
+            namespaces=[
+                agent_pb2.Namespace(name="t-c2", workloads=[trace_pb2.Workload(container_name="web")])
+            ]
+        ),
+    }
+    named = build_result(
+        request, {"host-a": summary("host-a"), "host-b": summary("host-b")}, 5000, registrations
+    )
+    ends = [(h.name, h.netns) for h in (named.spec.hops[0], named.spec.hops[-1])]
+    assert ends == [("a-client-eth0-out", "pod:shop/client"), ("b-web-eth0-in", "container:web")]
+    assert [h.netns for h in named.spec.hops[1:-1]] == [""] * (len(PATH) - 2)
     empty = build_result(request, {"host-a": {"crossings": []}}, 5000)
     assert not empty.paths and not empty.spec.hops
     assert empty.message.startswith("no packet of the flow was seen in 5s on host-a")
