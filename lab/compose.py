@@ -329,14 +329,21 @@ def build_kafka_image() -> float:
     return time.monotonic() - start
 
 
+# The generic CO-RE objects the agent's presets load (discover, mace, iron; `make bpf`): in the agent image.
+AGENT_OBJECTS = [REPO / "kernel-patch" / "build" / f"{name}.bpf.o" for name in ("hoptrace", "mace", "iron")]
+
+
 def stage_context(python: str = sys.executable) -> Path:
-    """The build context of deploy/local/Dockerfile: the Dockerfile, the agent binary, influxd, wheels of
+    """The build context of deploy/local/Dockerfile: the Dockerfile, the agent binary and its preset objects
+    (bpf/), influxd, wheels of
     hoptrace and its dependencies, web/node_modules, kernel-patch/ sources, influxdb.conf; for the Kafka
     override's broker image, the jars of `make kafka` (kafka-libs/) and kafka-broker.sh when they exist."""
     agent = REPO / "agent" / "bin" / "hoptrace-agent"
     influxd = REPO / ".tools" / "bin" / "influxd"
     node_modules = REPO / "web" / "node_modules"
-    for needed, make in ((agent, "make agent"), (influxd, "make setup"), (node_modules, "make setup")):
+    needs = [(agent, "make agent"), (influxd, "make setup"), (node_modules, "make setup")]
+    needs += [(obj, "make bpf") for obj in AGENT_OBJECTS]
+    for needed, make in needs:
         if not needed.exists():
             raise ComposeError(f"{needed} is missing: run `{make}`")
     CONTEXT.mkdir(parents=True, exist_ok=True)
@@ -347,6 +354,7 @@ def stage_context(python: str = sys.executable) -> Path:
         "kernel-patch",
         "kafka-libs",
         "kafka-broker.sh",
+        "bpf",
     ):
         target = CONTEXT / name
         if target.is_dir() and not target.is_symlink():
@@ -356,6 +364,9 @@ def stage_context(python: str = sys.executable) -> Path:
     shutil.copy2(DOCKERFILE, CONTEXT / "Dockerfile")
     shutil.copy2(REPO / "deploy" / "local" / "influxdb.conf", CONTEXT / "influxdb.conf")
     shutil.copy2(agent, CONTEXT / "hoptrace-agent")
+    (CONTEXT / "bpf").mkdir()
+    for obj in AGENT_OBJECTS:
+        shutil.copy2(obj, CONTEXT / "bpf" / obj.name)
     shutil.copy2(influxd.resolve(), CONTEXT / "influxd")
     shutil.copytree(node_modules, CONTEXT / "node_modules", symlinks=False)
     # Sources only: vmlinux.h comes from the BTF of the kernel the dispatcher runs on.
@@ -406,9 +417,10 @@ PYTHON_SOURCES = (
 
 
 def inputs_digest() -> str:
-    """sha256 over the Dockerfile, influxdb.conf, the agent and influxd binaries, the Python package's
-    sources, web/node_modules and kernel-patch/ sources."""
+    """sha256 over the Dockerfile, influxdb.conf, the agent and influxd binaries, the agent's preset objects,
+    the Python package's sources, web/node_modules and kernel-patch/ sources."""
     paths = [DOCKERFILE, COMPOSE_FILE.parent / "influxdb.conf", REPO / "agent" / "bin" / "hoptrace-agent"]
+    paths += AGENT_OBJECTS
     paths.append((REPO / ".tools" / "bin" / "influxd").resolve())
     for top in (*PYTHON_SOURCES, "kernel-patch"):
         root = REPO / top
