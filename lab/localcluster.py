@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -112,7 +113,9 @@ class LocalCluster:
 
     influx_url: str
     influx_bucket: str = "hoptrace/autogen"
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="hoptrace-cluster-")))
+    # Logs, certificates, state, spool. None: a temporary one of its own, removed when the cluster's `with`
+    # block ends without an error (kept after one, for its logs); one given is the caller's to remove.
+    workdir: Path = None  # type: ignore[assignment]
     dispatcher_addr: str = ""
     collector_addr: str = ""
     clock_addr: str = ""
@@ -124,6 +127,9 @@ class LocalCluster:
     bpf_cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
+        self._owns_workdir = self.workdir is None
+        if self._owns_workdir:
+            self.workdir = Path(tempfile.mkdtemp(prefix="hoptrace-cluster-"))
         self.dispatcher_addr = self.dispatcher_addr or f"127.0.0.1:{free_port()}"
         self.collector_addr = self.collector_addr or f"127.0.0.1:{free_port()}"
         self.clock_addr = self.clock_addr or f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"
@@ -348,8 +354,10 @@ class LocalCluster:
     def __enter__(self) -> LocalCluster:
         return self
 
-    def __exit__(self, *_: object) -> None:
+    def __exit__(self, exc_type: object, *_: object) -> None:
         self.stop()
+        if self._owns_workdir and exc_type is None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- API ------------------------------------------------------------------------------------------
 

@@ -128,8 +128,5 @@ def running_cluster(
     `agent_args` adds flags per node, e.g. {"host-b": ["--clock-offset", "3.7ms"]}; `collector_args` adds
     collector flags, e.g. EVERY_PACKET (one hop_latency point per packet, for per-packet ground truth).
     """
-    cluster = LocalCluster(influx_url=influx_url)
-    try:
+    with LocalCluster(influx_url=influx_url) as cluster:  # its workdir removed unless the test failed
         yield cluster.start_on(topo, ["--join-window", "1", *collector_args], agent_args)
-    finally:
-        cluster.stop()
