@@ -13,16 +13,20 @@ Of `probes` probes the one with the smallest delay wins (Cristian; vNetTracer II
 one least disturbed by queueing. Whatever the asymmetry of its two legs, the true offset lies within
 delay / 2 of the estimate, plus the timestamps' resolution: `bound_ns` = delay / 2 + `RESOLUTION_NS`.
 T2 and T3 are read from the reply's fixed-point fields to the nanosecond (`reply_times`), not through
-ntplib's floats.
+ntplib's floats. With a `ClientKey` the probes are authenticated as the agents' (`clockauth.py`): a reply
+that is not the server's authentic answer to the probe is counted in `refused` and never used.
 """
 
 from __future__ import annotations
 
+import secrets
 import socket
 import time
+from dataclasses import dataclass
 
 import ntplib
 
+from hoptrace.collector.clockauth import ClockAuthError, auth_request, check_reply
 from hoptrace.collector.timeservice import (
     CMSG_SPACE,
     NTP_PACKET_SIZE,
@@ -40,7 +44,22 @@ from hoptrace.v1 import records_pb2
 RESOLUTION_NS = 1
 
 
-def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, int]]:
+@dataclass(frozen=True)
+class ClientKey:
+    """A node's clock key (`ClockKeys.issue`, or `derive_key` of a key file with key_id 0)."""
+
+    node: str
+    key_id: int
+    key: bytes
+
+
+def _probes(
+    addr: str,
+    probes: int,
+    timeout_s: float,
+    key: ClientKey | None = None,
+    refused: dict[str, int] | None = None,
+) -> list[tuple[int, int, int]]:
     """Run the exchanges; return (delay_ns, offset_ns, node wall time at the probe's midpoint) of each."""
     host, port = parse_addr(addr)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -54,13 +73,17 @@ def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, in
             # The transmit timestamp is only a nonce the server echoes (as chrony does); T1 is kept here, read
             # like the server's T3: before the encoding and the send, so both legs carry the same overhead.
             request = ntplib.NTPPacket(version=4, mode=3, tx_timestamp=ns_to_ntp(time.time_ns()))
+            nonce = secrets.token_bytes(16)
             t1 = time.time_ns()
             data = request.to_data()
+            if key is not None:
+                data = auth_request(data, key.key, key.key_id, nonce, key.node)
             sock.send(data)
             if tx_stamps:
                 t1 = kernel_tx_ns(sock) or t1
             sent = ntplib.NTPPacket()
-            sent.from_data(data)  # the nonce as the server reads it
+            sent.from_data(data[:NTP_PACKET_SIZE])  # the nonce as the server reads it
+            deadline = time.monotonic() + timeout_s  # replies that are not this probe's end it no later
             while True:
                 try:
                     data, ancdata, _flags, _peer = sock.recvmsg(512, CMSG_SPACE)
@@ -68,6 +91,16 @@ def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, in
                     data = b""
                     break
                 t4 = kernel_rx_ns(ancdata) or time.time_ns()
+                if key is not None:
+                    try:
+                        check_reply(data, key.key, key.key_id, nonce)
+                    except ClockAuthError as err:
+                        if refused is not None:
+                            refused[err.reason] = refused.get(err.reason, 0) + 1
+                        if time.monotonic() > deadline:
+                            data = b""
+                            break
+                        continue
                 reply = ntplib.NTPPacket()
                 try:
                     reply.from_data(data[:NTP_PACKET_SIZE])
@@ -86,18 +119,31 @@ def _probes(addr: str, probes: int, timeout_s: float) -> list[tuple[int, int, in
     return out
 
 
-def measure_offset(addr: str, probes: int = 100, timeout_s: float = 1.0) -> tuple[int, int, int]:
-    """Cristian's algorithm against the time service at `addr` ("HOST:PORT").
+def measure_offset(
+    addr: str,
+    probes: int = 100,
+    timeout_s: float = 1.0,
+    key: ClientKey | None = None,
+    refused: dict[str, int] | None = None,
+) -> tuple[int, int, int]:
+    """Cristian's algorithm against the time service at `addr` ("HOST:PORT"), authenticated with `key`
+    (replies refused are counted by reason in `refused`).
 
     Returns (offset_ns, delay_ns, bound_ns) of the minimum-delay probe: offset = this machine's
     CLOCK_REALTIME - the master's. Raises TimeoutError when no probe is answered.
     """
-    delay, offset, _ = _best(addr, probes, timeout_s)
+    delay, offset, _ = _best(addr, probes, timeout_s, key, refused)
     return offset, delay, delay // 2 + RESOLUTION_NS
 
 
-def _best(addr: str, probes: int, timeout_s: float) -> tuple[int, int, int]:
-    samples = _probes(addr, probes, timeout_s)
+def _best(
+    addr: str,
+    probes: int,
+    timeout_s: float,
+    key: ClientKey | None = None,
+    refused: dict[str, int] | None = None,
+) -> tuple[int, int, int]:
+    samples = _probes(addr, probes, timeout_s, key, refused)
     if not samples:
         raise TimeoutError(f"time service at {addr} answered none of {probes} probes")
     return min(samples)

@@ -17,6 +17,7 @@ import grpc
 from hoptrace.collector.aggregate import AggregateConfig
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
+from hoptrace.collector.clockauth import read_key_file
 from hoptrace.collector.influx import InfluxConfig
 from hoptrace.collector.join import JoinConfig
 from hoptrace.collector.kafka import KafkaCollectorService, KafkaConfig, read_secret_file
@@ -66,6 +67,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="127.0.0.1:7123",
         metavar="ADDR",
         help="UDP address of the NTP time service agents align their clocks on ('' = off)",
+    )
+    parser.add_argument(
+        "--clock-key-file",
+        default=None,
+        metavar="FILE",
+        help="shared secret (32+ bytes, raw or hex) authenticating clock rounds, given to the agents' "
+        "--clock-key-file too (Kafka, --insecure); default: a random key per process, handed to each "
+        "agent over its mutual TLS and rotated",
+    )
+    parser.add_argument(
+        "--clock-key-rotate",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long each handed-out clock key is current (the previous one is still taken)",
     )
     parser.add_argument(
         "--metrics-listen",
@@ -203,7 +219,9 @@ def run(args: argparse.Namespace) -> int:
             sample=args.otlp_sample,
         )
         otlp.validate(aggregate.exemplar_every, aggregate.exemplar_slowest)
-    except ValueError as error:
+        if args.clock_key_file:
+            read_key_file(args.clock_key_file)
+    except (ValueError, OSError) as error:
         print(f"hoptrace collector: {error}", file=sys.stderr)
         return 2
     kafka: KafkaConfig | None = None
@@ -250,6 +268,8 @@ def run(args: argparse.Namespace) -> int:
             join_window_s=args.join_window,
             max_entries=args.max_pending,
             clock_listen=args.clock_listen,
+            clock_key_file=args.clock_key_file,
+            clock_key_rotate_s=args.clock_key_rotate,
             metrics_listen=args.metrics_listen,
             spool_dir=args.spool_dir,
             spool_bytes=args.spool_bytes,
@@ -276,6 +296,8 @@ def run_collector(
     max_entries: int = 500_000,
     stop_event: threading.Event | None = None,
     clock_listen: str | None = "127.0.0.1:7123",
+    clock_key_file: str | None = None,
+    clock_key_rotate_s: float = 3600.0,
     metrics_listen: str | None = "127.0.0.1:9171",
     spool_dir: str | None = None,
     spool_bytes: int = 1 << 30,
@@ -304,6 +326,8 @@ def run_collector(
         ),
         catalog_file=catalog_file,
         clock_listen=clock_listen or None,
+        clock_key_file=clock_key_file,
+        clock_key_rotate_s=clock_key_rotate_s,
         metrics_listen=metrics_listen or None,
         otlp=otlp or OtlpConfig(),
     )

@@ -198,6 +198,19 @@ def render_metrics(service: RunningCollector) -> str:
     )
     ts = service.time_server
     w.one("time_requests_total", "counter", "NTP requests answered.", ts.requests if ts else 0)
+    w.one(
+        "time_requests_authenticated_total",
+        "counter",
+        "NTP requests answered with a MAC (clock rounds authenticated).",
+        ts.authenticated if ts else 0,
+    )
+    w.metric(
+        "time_requests_refused_total",
+        "counter",
+        "Authenticated NTP requests left unanswered, by reason: mac (forged or changed), key (a key_id "
+        "not taken now), malformed.",
+        [({"reason": r}, (ts.refused.get(r, 0) if ts else 0)) for r in ("key", "mac", "malformed")],
+    )
     write_otlp_metrics(w, service.otlp)
     return "\n".join(w.lines) + "\n" + pipe.segment_metrics.render()
 

@@ -21,6 +21,7 @@ from hoptrace.collector.addresses import HopAddressesStage
 from hoptrace.collector.aggregate import AggregateConfig, HopCounterAggregator, SegmentAggregator
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.clock import ClockAligner
+from hoptrace.collector.clockauth import ClockKeys
 from hoptrace.collector.events import EventsStage
 from hoptrace.collector.influx import InfluxConfig, ensure_database
 from hoptrace.collector.join import HopJoiner, JoinConfig, JoinedPacket
@@ -55,6 +56,8 @@ class CollectorConfig:
     tick_s: float = 0.25
     create_database: bool = True
     clock_listen: str | None = "127.0.0.1:7123"  # NTP time service (UDP); None: off
+    clock_key_file: str | None = None  # shared clock key (clockauth.py); None: a random one, rotated
+    clock_key_rotate_s: float = 3600.0
     metrics_listen: str | None = "127.0.0.1:9171"  # Prometheus /metrics (HTTP); None: off
 
     def validate(self) -> None:
@@ -66,6 +69,8 @@ class CollectorConfig:
         self.otlp.validate(self.aggregate.exemplar_every, self.aggregate.exemplar_slowest)
         if self.tick_s <= 0:
             raise ValueError("tick_s must be positive")
+        if self.clock_key_rotate_s <= 0:
+            raise ValueError("--clock-key-rotate must be positive")
         for addr in (self.clock_listen, self.metrics_listen):
             if addr is not None:
                 parse_addr(addr)
@@ -303,8 +308,12 @@ def start_shared_parts(
         ensure_database(config.influx.url, config.influx.bucket, config.influx.token)
     time_server = None
     if config.clock_listen is not None:
+        if config.clock_key_file:
+            keys = ClockKeys.from_file(config.clock_key_file)
+        else:
+            keys = ClockKeys(rotate_s=config.clock_key_rotate_s)
         try:
-            time_server = TimeServer(config.clock_listen).start()
+            time_server = TimeServer(config.clock_listen, keys).start()
         except OSError as err:  # records still flow; agents then report an unknown clock bound
             log.error("time service: cannot listen on udp %s: %s", config.clock_listen, err)
     return catalog, time_server

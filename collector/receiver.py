@@ -161,8 +161,13 @@ class CollectorReceiver(records_pb2_grpc.CollectorServicer):
         return records_pb2.StreamSummary(batches=batches, records=records)
 
 
-def start_receiver(receiver: CollectorReceiver, config: ReceiverConfig) -> tuple[grpc.Server, int]:
-    """Start a gRPC server serving `receiver`; return it and the bound port (useful with port 0)."""
+def start_receiver(
+    receiver: CollectorReceiver,
+    config: ReceiverConfig,
+    add_services: Callable[[grpc.Server], None] | None = None,
+) -> tuple[grpc.Server, int]:
+    """Start a gRPC server serving `receiver` (and what `add_services` adds beside it, e.g. the clock keys);
+    return it and the bound port (useful with port 0)."""
     config.validate()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.max_workers, thread_name_prefix="collector-rpc"),
@@ -178,6 +183,8 @@ def start_receiver(receiver: CollectorReceiver, config: ReceiverConfig) -> tuple
         else [],
     )
     records_pb2_grpc.add_CollectorServicer_to_server(receiver, server)
+    if add_services is not None:
+        add_services(server)
     if config.tls is None:
         log.warning(insecure_warning("collector", config.listen))
         port = server.add_insecure_port(config.listen)

@@ -22,11 +22,13 @@ from pathlib import Path
 import grpc
 
 from hoptrace.collector.catalog import TraceCatalog
+from hoptrace.collector.clockauth import ClockKeyService
 from hoptrace.collector.influx import InfluxExporter
 from hoptrace.collector.metrics import MetricsServer, start_metrics_server
 from hoptrace.collector.otlp import beside, start_otlp_exporter
 from hoptrace.collector.pipeline import CollectorConfig, CollectorPipeline, start_shared_parts
 from hoptrace.collector.receiver import CollectorReceiver, start_receiver
+from hoptrace.v1.clock_pb2_grpc import add_ClockKeysServicer_to_server
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,13 @@ class CollectorService:
             log.info("resuming after windows written before %d (%s)", resume, self.mark.path)
         self.receiver = CollectorReceiver(self.pipeline.consume)
         self.server: grpc.Server
-        self.server, self.port = start_receiver(self.receiver, config.receiver)
+        # Beside the records, each agent's clock key (its mutual TLS vouches for the node it names).
+        keys = self.time_server.keys if self.time_server is not None else None
+        self.server, self.port = start_receiver(
+            self.receiver,
+            config.receiver,
+            (lambda server: add_ClockKeysServicer_to_server(ClockKeyService(keys), server)) if keys else None,
+        )
         self.metrics_server: MetricsServer | None = None
         if config.metrics_listen is not None:
             try:

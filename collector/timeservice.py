@@ -13,6 +13,12 @@ of it. Clients take T1 and T4 from kernel stamps too, so all four times are take
 All are CLOCK_REALTIME. ntplib holds timestamps as float seconds since 1900, which round to about
 0.24 us (half a float ulp at 3.9e9 s): more than a minimum-delay probe's whole bound on one machine. So T2
 and T3 are written into the reply as exact 32.32 fixed point (`ntp_fixed`), to the nanosecond.
+
+A request with an HTC1 trailer (`clockauth.py`) is answered only when its tag verifies under the node's key,
+with a reply whose tag covers T2, T3 and the request's nonce; one that fails gets no answer and is counted
+(`refused`, by reason). The MAC is computed after T3 is read, so its cost is inside the measured TX lag, which
+authenticated and plain replies keep apart (their lags differ by it). A plain request gets a plain reply, as
+before: an agent that authenticates refuses such replies itself, so answering them gives an attacker nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import time
 from collections import deque
 
 import ntplib
+
+from hoptrace.collector.clockauth import ClockAuthError, ClockKeys, sign_reply
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +141,8 @@ def kernel_tx_ns(sock: socket.socket) -> int | None:
 class TimeServer:
     """A minimal NTP server (mode 4 answers to mode 3 requests) on one UDP socket, in a thread."""
 
-    def __init__(self, listen: str = "127.0.0.1:7123") -> None:
+    def __init__(self, listen: str = "127.0.0.1:7123", keys: ClockKeys | None = None) -> None:
+        """`keys`: answer authenticated requests (None: only plain ones, and a trailer is ignored)."""
         host, port = parse_addr(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -141,10 +150,17 @@ class TimeServer:
         self.sock.settimeout(0.2)  # lets the thread notice stop()
         self.kernel_timestamps = enable_rx_timestamps(self.sock)
         self.tx_correction = enable_tx_timestamps(self.sock)
-        self._tx_lags: deque[int] = deque(maxlen=TX_LAG_WINDOW)
+        self.keys = keys
+        # The TX lag of plain and of authenticated replies (which compute a MAC after reading T3).
+        self._tx_lags: dict[bool, deque[int]] = {
+            False: deque(maxlen=TX_LAG_WINDOW),
+            True: deque(maxlen=TX_LAG_WINDOW),
+        }
         self.port: int = self.sock.getsockname()[1]
         self.requests = 0
+        self.authenticated = 0  # of `requests`: answered with a MAC
         self.bad_requests = 0
+        self.refused: dict[str, int] = {}  # authenticated requests left unanswered: key, mac, malformed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="collector-time", daemon=True)
 
@@ -181,6 +197,15 @@ class TimeServer:
             if request.mode != 3:  # only client requests
                 self.bad_requests += 1
                 continue
+            auth = None
+            if self.keys is not None and len(data) > NTP_PACKET_SIZE:
+                try:
+                    _node, key_id, key, nonce = self.keys.check_request(data)
+                except ClockAuthError as err:
+                    self.refused[err.reason] = self.refused.get(err.reason, 0) + 1
+                    continue
+                auth = (key, key_id, nonce)
+            lags = self._tx_lags[auth is not None]
             reply = ntplib.NTPPacket(version=request.version or 4, mode=4)
             reply.stratum = 1
             reply.precision = -20  # about 1 us (log2 seconds)
@@ -189,15 +214,17 @@ class TimeServer:
             reply.recv_timestamp = ns_to_ntp(t2)
             reply.ref_timestamp = reply.recv_timestamp
             read_at = time.time_ns()
-            lag = min(self._tx_lags) if len(self._tx_lags) >= TX_LAG_MIN_SAMPLES else 0
+            lag = min(lags) if len(lags) >= TX_LAG_MIN_SAMPLES else 0
             t3 = read_at + lag  # when the reply leaves, as measured lately
             reply.tx_timestamp = ns_to_ntp(t3)
             try:
                 data = bytearray(reply.to_data())
                 REPLY_TIMES.pack_into(data, REPLY_TIMES_OFFSET, ntp_fixed(t2), ntp_fixed(t3))
-                self.sock.sendto(data, peer)
+                out = bytes(data) if auth is None else sign_reply(bytes(data), *auth)
+                self.sock.sendto(out, peer)
                 self.requests += 1
+                self.authenticated += auth is not None
                 if self.tx_correction and (sent_at := kernel_tx_ns(self.sock)):
-                    self._tx_lags.append(sent_at - read_at)
+                    lags.append(sent_at - read_at)
             except (OSError, ntplib.NTPException):
                 self.bad_requests += 1

@@ -93,6 +93,8 @@ func run(args []string) error {
 	fs.StringVar(&cfg.ClockServer, "clock-server", "", `collector's NTP time service host:port (default: the --collector host, port `+agent.DefaultClockPort+`; "off" = no clock rounds)`)
 	fs.DurationVar(&cfg.ClockInterval, "clock-interval", 10*time.Second, "time between clock rounds (Cristian's algorithm against --clock-server)")
 	fs.IntVar(&cfg.ClockProbes, "clock-probes", 100, "NTP probes per clock round; the one with the smallest delay wins")
+	fs.StringVar(&cfg.ClockAuth, "clock-auth", "auto", "authenticate the clock rounds (HMAC-SHA256 and a nonce per probe): on (no key: no rounds, the clock stays unknown), off, or auto (on when a key is to be had: --clock-key-file, or mutual TLS to a --collector, which hands one)")
+	fs.StringVar(&cfg.ClockKeyFile, "clock-key-file", "", "shared secret (32+ bytes, raw or hex) the collector's --clock-key-file holds too: authenticated rounds without the collector's mutual TLS (Kafka, --insecure labs)")
 	fs.DurationVar(&cfg.ClockOffset, "clock-offset", 0, "SIMULATION (tests/demos on one machine): act as a host whose wall clock is off by this much (e.g. 3.7ms, -1ms), in record timestamps and clock rounds alike")
 	fs.Float64Var(&cfg.ClockDriftPPM, "clock-drift-ppm", 0, "SIMULATION (tests/demos on one machine): and whose clock error grows by this many ppm from the agent's start")
 	fs.StringVar(&cfg.TLS.CA, "ca", "", "CA certificate (PEM) the dispatcher's and collector's certificates must chain to")

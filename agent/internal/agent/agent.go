@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -71,6 +72,12 @@ type Config struct {
 	ClockServer   string
 	ClockInterval time.Duration
 	ClockProbes   int
+	// ClockAuth: "on" (rounds authenticated, or none run), "off" (plain
+	// NTP), "auto"/"" (on when there is a key: ClockKeyFile, or mutual TLS to
+	// a gRPC Collector, which hands the key). ClockKeyFile: a shared secret
+	// the collector's --clock-key-file holds too (Kafka, or --insecure labs).
+	ClockAuth    string
+	ClockKeyFile string
 	// SIMULATION (tests and demos on one machine): behave like a host whose
 	// wall clock is off by ClockOffset + ClockDriftPPM·(t − start).
 	ClockOffset   time.Duration
@@ -239,6 +246,8 @@ type running struct {
 	printQueue, sendQueue          *stream.Queue
 	nodeClock                      *clock.Node
 	client                         *collector.Client
+	collectorConn                  *grpc.ClientConn
+	clockKeys                      *collector.ClockKeys
 	producer                       *kafka.Producer
 	sess                           *session.Session
 	dispatcherCreds, collectorCred credentials.TransportCredentials
@@ -313,9 +322,15 @@ func start(cfg Config) (*running, error) {
 		return nil, err
 	}
 	// The node's clock: the monotonic->realtime mapping always, Cristian
-	// rounds against the collector's time service when there is one.
+	// rounds against the collector's time service when there is one,
+	// authenticated when a key is to be had (clockAuth).
+	keys, err := a.clockAuth()
+	if err != nil {
+		a.close()
+		return nil, err
+	}
 	a.nodeClock = clock.NewNode(clock.Config{Server: cfg.ClockServerAddr(), Interval: cfg.ClockInterval,
-		Probes: cfg.ClockProbes, Source: clock.NewSource(cfg.ClockOffset, cfg.ClockDriftPPM), Log: cfg.Log})
+		Probes: cfg.ClockProbes, Source: clock.NewSource(cfg.ClockOffset, cfg.ClockDriftPPM), Keys: keys, Log: cfg.Log})
 	if a.nodeClock.Source().Simulated() {
 		cfg.Log.Warn("SIMULATED clock error", "offset", cfg.ClockOffset, "drift_ppm", cfg.ClockDriftPPM)
 	}
@@ -326,7 +341,8 @@ func start(cfg Config) (*running, error) {
 		}
 		a.producer = &kafka.Producer{Config: *cfg.Kafka, Batcher: batcher, Log: cfg.Log}
 	} else if cfg.Collector != "" {
-		a.client = &collector.Client{Addr: cfg.Collector, Batcher: batcher, Log: cfg.Log, Creds: a.collectorCred}
+		a.client = &collector.Client{Addr: cfg.Collector, Batcher: batcher, Log: cfg.Log, Creds: a.collectorCred,
+			Conn: a.collectorConn}
 	}
 	if cfg.Dispatcher != "" {
 		a.sess = &session.Session{Addr: cfg.Dispatcher, Node: cfg.Node, Version: Version, Netns: cfg.Netns,
@@ -349,6 +365,57 @@ func (a *running) close() {
 	if a.outFile != nil {
 		a.outFile.Close()
 	}
+	if a.collectorConn != nil {
+		a.collectorConn.Close()
+	}
+}
+
+// clockAuth decides how the clock rounds are authenticated (Config.
+// ClockAuth) and returns their keyring: nil for plain NTP. With mutual TLS
+// to a gRPC collector it opens the collector connection (shared with the
+// record stream) and the ClockKeys that fills the ring over it.
+func (a *running) clockAuth() (*clock.Keyring, error) {
+	cfg := a.cfg
+	mode := cfg.ClockAuth
+	switch mode {
+	case "", "auto", "on", "off":
+	default:
+		return nil, fmt.Errorf("--clock-auth %q: want auto, on or off", mode)
+	}
+	if mode == "off" && cfg.ClockKeyFile != "" {
+		return nil, errors.New("--clock-auth off and --clock-key-file exclude each other")
+	}
+	if cfg.ClockServerAddr() == "" {
+		return nil, nil // no rounds
+	}
+	if cfg.ClockKeyFile != "" {
+		master, err := clock.ReadKeyFile(cfg.ClockKeyFile)
+		if err != nil {
+			return nil, err
+		}
+		return clock.StaticKeyring(clock.DeriveKey(master, cfg.Node, 0)), nil
+	}
+	fromCollector := cfg.Collector != "" && cfg.Kafka == nil && !cfg.Insecure
+	if mode != "off" && fromCollector {
+		conn, err := collector.NewConn(cfg.Collector, a.collectorCred, nil)
+		if err != nil {
+			return nil, err
+		}
+		a.collectorConn = conn
+		keys := clock.NewKeyring()
+		a.clockKeys = &collector.ClockKeys{Conn: conn, Node: cfg.Node, Keys: keys, Log: cfg.Log}
+		return keys, nil
+	}
+	if mode == "on" {
+		return nil, errors.New("--clock-auth on: no clock key to be had: give --clock-key-file, or mutual TLS (--ca --cert --key) to a --collector, which hands one")
+	}
+	why := "--clock-auth off"
+	if mode != "off" {
+		why = "no key: neither --clock-key-file nor mutual TLS to a --collector"
+	}
+	cfg.Log.Warn("WARNING: clock rounds are NOT authenticated ("+why+"): anyone on the path to the time service can shift this node's offset, and every cross-node latency with it (docs/security.md)",
+		"server", cfg.ClockServerAddr())
+	return nil, nil
 }
 
 // parts are what /metrics and the heartbeat's transport status read.
@@ -366,6 +433,9 @@ func (a *running) parts() parts {
 // startAux runs the clock and /metrics: they live until the very end.
 func (a *running) startAux() {
 	a.aux.g.Go(func() error { a.nodeClock.Run(a.aux.ctx); return nil })
+	if a.clockKeys != nil {
+		a.aux.g.Go(func() error { a.clockKeys.Run(a.aux.ctx); return nil })
+	}
 	if a.metricsLis == nil {
 		return
 	}

@@ -145,6 +145,21 @@ func newRegistry(p parts) *metrics.Registry {
 				func() float64 { return float64(st().Rounds) })
 			r.Counter("hoptrace_agent_clock_round_failures_total", "Clock rounds with no answer.",
 				func() float64 { return float64(st().RoundFailures) })
+			r.Gauge("hoptrace_agent_clock_authenticated", "1 when clock rounds are authenticated (HMAC and nonce), 0 for plain NTP.",
+				func() float64 { return b2f(st().Authenticated) })
+			if p.clock.Stats().Authenticated {
+				r.Gauge("hoptrace_agent_clock_key_valid", "1 while the node holds a current clock key (without one no round runs).",
+					func() float64 { return b2f(st().KeyValid) })
+				r.CounterVec("hoptrace_agent_clock_replies_refused_total",
+					"Clock replies refused, never used, by reason: unauthenticated (no MAC), key (another key_id), mac (forged, or its times or nonce rewritten), nonce (authentic but answering another probe: late, or played again), malformed.",
+					func() []metrics.Sample {
+						var out []metrics.Sample
+						for _, reason := range []string{clock.RefusedUnauthenticated, clock.RefusedKey, clock.RefusedMAC, clock.RefusedNonce, clock.RefusedMalformed} {
+							out = append(out, metrics.Sample{Labels: []string{"reason", reason}, Value: float64(st().Refused[reason])})
+						}
+						return out
+					})
+			}
 		}
 	}
 	r.CounterVec("hoptrace_agent_reconnects_total", "Connections made again after the first, per peer.",

@@ -2,7 +2,9 @@ package clock
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"maps"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -25,7 +27,12 @@ type Config struct {
 	// steps CLOCK_REALTIME, never CLOCK_MONOTONIC.
 	MapEvery time.Duration
 	Source   *Source
-	Log      *slog.Logger
+	// Keys, when set, authenticate every round (auth.go): a round runs only
+	// with a current key, and takes only the server's authentic answers;
+	// without one the clock stays unknown (or keeps its last authentic
+	// estimate), never falling back to plain NTP. nil = plain NTP.
+	Keys *Keyring
+	Log  *slog.Logger
 }
 
 // Stats are the clock's counters for /metrics.
@@ -36,6 +43,10 @@ type Stats struct {
 	DriftErrPPM           float64 // the drift's error bound (Fit.ErrPPM)
 	DriftValid            bool
 	MapGapNs              int64
+	// Authenticated: rounds need a key (Config.Keys); KeyValid: one is
+	// current; Refused: replies refused, by reason (Refused* constants).
+	Authenticated, KeyValid bool
+	Refused                 map[string]uint64
 }
 
 // Node is this node's clock as reported to the collector.
@@ -53,6 +64,7 @@ type Node struct {
 	history  []Point
 	rounds   uint64
 	failures uint64
+	refused  map[string]uint64
 	first    chan struct{}
 	once     sync.Once
 }
@@ -97,7 +109,7 @@ func NewNode(cfg Config) *Node {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	n := &Node{cfg: cfg, first: make(chan struct{})}
+	n := &Node{cfg: cfg, first: make(chan struct{}), refused: map[string]uint64{}}
 	n.refreshMapping()
 	return n
 }
@@ -149,7 +161,10 @@ func (n *Node) Stats() Stats {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	s := Stats{Rounds: n.rounds, RoundFailures: n.failures, DriftPPM: n.drift, DriftErrPPM: n.driftErr, DriftValid: n.driftOK,
-		MapGapNs: n.mapGap.Load()}
+		MapGapNs: n.mapGap.Load(), Authenticated: n.cfg.Keys != nil, Refused: maps.Clone(n.refused)}
+	if n.cfg.Keys != nil {
+		_, s.KeyValid = n.cfg.Keys.Current()
+	}
 	if n.est != nil {
 		s.Last = *n.est
 	}
@@ -173,9 +188,49 @@ func (n *Node) WaitFirst(ctx context.Context, max time.Duration) bool {
 
 // Round runs one Cristian round and records its result.
 func (n *Node) Round(ctx context.Context) (Measurement, error) {
-	m, err := Measure(ctx, n.cfg.Server, n.cfg.Probes, n.cfg.Timeout, n.cfg.Source)
+	auth, err := n.auth(ctx)
+	if err != nil {
+		n.Record(Measurement{}, err)
+		return Measurement{}, err
+	}
+	m, err := Measure(ctx, n.cfg.Server, n.cfg.Probes, n.cfg.Timeout, n.cfg.Source, auth)
+	if err != nil && auth != nil {
+		// No authentic answer at all: the collector may hold another key
+		// now (restarted, or rotated past ours) and drops our requests.
+		n.cfg.Keys.AskRefresh()
+	}
 	n.Record(m, err)
 	return m, err
+}
+
+// keyWait is how long a round waits for a first key (the collector's
+// answer over gRPC) before it fails.
+const keyWait = 3 * time.Second
+
+// errNoKey: authenticated rounds without a current key do not run.
+var errNoKey = errors.New("no current clock key: rounds are authenticated, and none was run (the clock stays unknown)")
+
+// auth is the round's authentication: nil for plain NTP, else the current
+// key; errNoKey when there is none.
+func (n *Node) auth(ctx context.Context) (*Auth, error) {
+	if n.cfg.Keys == nil {
+		return nil, nil
+	}
+	k, ok := n.cfg.Keys.Current()
+	if !ok {
+		n.cfg.Keys.AskRefresh()
+		n.cfg.Keys.Wait(ctx, keyWait)
+		if k, ok = n.cfg.Keys.Current(); !ok {
+			return nil, errNoKey
+		}
+	}
+	return &Auth{Key: k, Refused: n.countRefused}, nil
+}
+
+func (n *Node) countRefused(reason string) {
+	n.mu.Lock()
+	n.refused[reason]++
+	n.mu.Unlock()
 }
 
 // Record takes one round's result: the newest offset, and the drift fitted

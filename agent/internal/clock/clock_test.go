@@ -47,7 +47,7 @@ func TestCristianFindsInjectedSkew(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := startNTPServer(t, tc.master)
-			m, err := Measure(context.Background(), srv.addr, 100, time.Second, NewSource(tc.node, 0))
+			m, err := Measure(context.Background(), srv.addr, 100, time.Second, NewSource(tc.node, 0), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,7 +76,7 @@ func TestCristianLoopbackError(t *testing.T) {
 	src := NewSource(inject, 0)
 	var errs []float64
 	for range 20 {
-		m, err := Measure(context.Background(), addr, 100, time.Second, src)
+		m, err := Measure(context.Background(), addr, 100, time.Second, src, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

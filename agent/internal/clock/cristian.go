@@ -58,12 +58,23 @@ func Best(samples []Sample) (Measurement, error) {
 	}, nil
 }
 
+// Auth authenticates a round's probes (auth.go): each request carries a
+// tag under Key and a fresh nonce, and only the server's authentic answer
+// to that very request is taken. Every other reply is passed to Refused.
+type Auth struct {
+	Key     Key
+	Refused func(reason string)
+}
+
 // Exchange sends n probes, one after the other, to the NTP server at addr
 // and returns the answered ones; it gives up after maxMisses probes in a
 // row get no answer, or when ctx ends. T1 and T4 come from src. The socket is a
 // plain blocking one (not Go's netpoller): the receiving thread wakes
 // straight from the kernel, which keeps the scheduling noise out of T4.
-func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, src *Source) ([]Sample, error) {
+// With auth (nil = plain NTP), replies that are not the authentic answer to
+// the probe are refused and counted, and the probe waits on for its own
+// until its timeout.
+func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, src *Source, auth *Auth) ([]Sample, error) {
 	ua, err := net.ResolveUDPAddr("udp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("clock server %s: %w", addr, err)
@@ -95,7 +106,7 @@ func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, sr
 	buf := make([]byte, 512)
 	oob := make([]byte, 512)
 	var samples []Sample
-	var lastErr error
+	var lastErr, lastRefusal error
 	misses := 0
 	for range n {
 		if ctx.Err() != nil || misses >= maxMisses {
@@ -103,7 +114,19 @@ func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, sr
 		}
 		misses++
 		t1 := src.Now()
-		if _, err := unix.Write(fd, Request(t1)); err != nil {
+		req := Request(t1)
+		var nonce [nonceSize]byte
+		if auth != nil {
+			nonce = newNonce()
+			if req, err = AuthRequest(t1, auth.Key, nonce); err != nil {
+				return nil, err
+			}
+		}
+		// A stream of replies that are not this probe's answer (late ones,
+		// forged ones) must not hold the probe beyond its timeout: each
+		// would start SO_RCVTIMEO afresh.
+		deadline := time.Now().Add(timeout)
+		if _, err := unix.Write(fd, req); err != nil {
 			lastErr = err
 			continue
 		}
@@ -130,9 +153,27 @@ func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, sr
 				}
 				continue
 			}
-			t2, t3, err := parseReply(buf[:k], t1)
-			if errors.Is(err, errStale) {
-				continue // a late answer to an earlier probe
+			var t2, t3 int64
+			if auth != nil {
+				t2, t3, err = parseAuthReply(buf[:k], auth.Key, nonce[:])
+				if refusal := (*RefusedError)(nil); errors.As(err, &refusal) {
+					if auth.Refused != nil {
+						auth.Refused(refusal.Reason)
+					}
+					lastRefusal = err
+					if time.Now().After(deadline) {
+						break
+					}
+					continue // never used; this probe's own answer may still come
+				}
+			} else {
+				t2, t3, err = parseReply(buf[:k], t1)
+				if errors.Is(err, errStale) {
+					if time.Now().After(deadline) {
+						break
+					}
+					continue // a late answer to an earlier probe
+				}
 			}
 			if err != nil {
 				lastErr = err
@@ -148,6 +189,9 @@ func Exchange(ctx context.Context, addr string, n int, timeout time.Duration, sr
 		}
 	}
 	if len(samples) == 0 {
+		if lastRefusal != nil {
+			lastErr = lastRefusal // what the answers there were said: more than a timeout
+		}
 		if lastErr == nil {
 			lastErr = errors.New("no answer")
 		}
@@ -216,8 +260,8 @@ func timespecNs(b []byte) int64 {
 }
 
 // Measure runs one round: n probes, then the min-delay sample.
-func Measure(ctx context.Context, addr string, n int, timeout time.Duration, src *Source) (Measurement, error) {
-	samples, err := Exchange(ctx, addr, n, timeout, src)
+func Measure(ctx context.Context, addr string, n int, timeout time.Duration, src *Source, auth *Auth) (Measurement, error) {
+	samples, err := Exchange(ctx, addr, n, timeout, src, auth)
 	if err != nil {
 		return Measurement{}, err
 	}

@@ -15,15 +15,23 @@ import (
 // collector's, it reads T2 when the request is in and T3 just before the
 // reply leaves.
 type Server struct {
-	Skew time.Duration
-	fd   int
-	addr string
-	done chan struct{}
+	Skew  time.Duration
+	keyOf func(node string, id uint32) []byte
+	fd    int
+	addr  string
+	done  chan struct{}
 }
 
 // StartServer listens on addr (IPv4 host:port, port 0 = any) and answers
 // until Close.
 func StartServer(addr string, skew time.Duration) (*Server, error) {
+	return StartAuthServer(addr, skew, nil)
+}
+
+// StartAuthServer is StartServer that also answers authenticated requests
+// (auth.go) whose key keyOf knows, as the collector's time service does;
+// requests that fail the check get no answer.
+func StartAuthServer(addr string, skew time.Duration, keyOf func(node string, id uint32) []byte) (*Server, error) {
 	ua, err := net.ResolveUDPAddr("udp4", addr)
 	if err != nil {
 		return nil, err
@@ -40,7 +48,7 @@ func StartServer(addr string, skew time.Duration) (*Server, error) {
 	}
 	got, _ := unix.Getsockname(fd)
 	g := got.(*unix.SockaddrInet4)
-	s := &Server{Skew: skew, fd: fd, done: make(chan struct{}),
+	s := &Server{Skew: skew, keyOf: keyOf, fd: fd, done: make(chan struct{}),
 		addr: (&net.UDPAddr{IP: net.IP(g.Addr[:]), Port: g.Port}).String()}
 	go s.serve()
 	return s, nil
@@ -76,6 +84,13 @@ func (s *Server) serve() {
 		if err != nil || req.Mode != modeClient {
 			continue
 		}
+		var key Key
+		var nonce []byte
+		if n > PacketSize && s.keyOf != nil { // else a plain server: what follows the header is ignored
+			if key, nonce, err = ParseAuthRequest(buf[:n], s.keyOf); err != nil {
+				continue
+			}
+		}
 		reply := Packet{Version: req.Version, Mode: modeServer, Stratum: 1, Origin: req.Transmit,
 			Receive: ToNTP(t2 + int64(s.Skew))}
 		read := Realtime()
@@ -84,7 +99,11 @@ func (s *Server) serve() {
 			lag = slices.Min(lags)
 		}
 		reply.Transmit = ToNTP(read + lag + int64(s.Skew))
-		_ = unix.Sendto(s.fd, reply.Marshal(), 0, from)
+		out := reply.Marshal()
+		if nonce != nil {
+			out = SignReply(out, key, nonce)
+		}
+		_ = unix.Sendto(s.fd, out, 0, from)
 		if kernel {
 			if tx := txStamp(s.fd, oob); tx != 0 {
 				if lags = append(lags, tx-read); len(lags) > lagWindow {

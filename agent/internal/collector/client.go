@@ -34,6 +34,9 @@ type Client struct {
 	// Creds are the transport credentials when DialOptions is nil (nil =
 	// plaintext, --insecure): mutual TLS from internal/tlsconf.
 	Creds credentials.TransportCredentials
+	// Conn, when set, is the connection to stream on (NewConn; the caller
+	// closes it): ClockKeys asks for clock keys over the same one.
+	Conn *grpc.ClientConn
 
 	recordsSent, batchesSent, batchesResent atomic.Uint64
 	streams                                 atomic.Uint64
@@ -59,24 +62,14 @@ func (c *Client) Run(ctx context.Context) error {
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
-	opts := c.DialOptions
-	if opts == nil {
-		creds := c.Creds
-		if creds == nil {
-			creds = insecure.NewCredentials()
+	conn := c.Conn
+	if conn == nil {
+		var err error
+		if conn, err = NewConn(c.Addr, c.Creds, c.DialOptions); err != nil {
+			return err
 		}
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(creds),
-			// A fixed window (no BDP growth) bounds what the stream can
-			// have accepted but the collector not yet consumed below what
-			// the resend keeps (resendBytes).
-			grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(streamWindow)}
+		defer conn.Close()
 	}
-	opts = append(slices.Clip(opts), grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newBatchCodec())))
-	conn, err := grpc.NewClient(c.Addr, opts...)
-	if err != nil {
-		return fmt.Errorf("collector %s: %w", c.Addr, err)
-	}
-	defer conn.Close()
 	client := pb.NewCollectorClient(conn)
 	bo := backoff.Backoff{}
 	for {
@@ -92,6 +85,27 @@ func (c *Client) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// NewConn is the agent's connection to the collector at addr (gRPC dials
+// lazily, at the first call): creds (nil = plaintext), or opts instead.
+func NewConn(addr string, creds credentials.TransportCredentials, opts []grpc.DialOption) (*grpc.ClientConn, error) {
+	if opts == nil {
+		if creds == nil {
+			creds = insecure.NewCredentials()
+		}
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(creds),
+			// A fixed window (no BDP growth) bounds what the stream can
+			// have accepted but the collector not yet consumed below what
+			// the resend keeps (resendBytes).
+			grpc.WithInitialWindowSize(streamWindow), grpc.WithInitialConnWindowSize(streamWindow)}
+	}
+	opts = append(slices.Clip(opts), grpc.WithDefaultCallOptions(grpc.ForceCodecV2(newBatchCodec())))
+	conn, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("collector %s: %w", addr, err)
+	}
+	return conn, nil
 }
 
 // stream runs one StreamRecords call; it returns how many batches it sent.
