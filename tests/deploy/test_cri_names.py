@@ -22,9 +22,10 @@ import pytest
 from test_container_names import RECEIVER, SENDER, _wait_report
 
 from hoptrace.lab.containerd import CriPod, PrivateContainerd
+from hoptrace.lab.cri_agent import cri_cluster, pod_address, wait_pods
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.waiting import wait_until
-from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
+from hoptrace.v1 import api_pb2, trace_pb2
 
 pytestmark = pytest.mark.kernel  # the agent attaches tc hops in the pods' namespaces
 
@@ -46,48 +47,12 @@ def containerd() -> Iterator[PrivateContainerd]:
 @pytest.fixture(scope="module")
 def cluster(influxd, containerd) -> Iterator[LocalCluster]:
     """Dispatcher, collector and one agent in the root namespace asking only the CRI runtime."""
-    cluster = LocalCluster(influx_url=influxd.url)
-    try:
-        cluster.start_dispatcher()
-        cluster.start_collector("--join-window", "1")
-        cluster.wait_listening()
-        cluster.start_agent(NODE, "", "--cri-socket", containerd.socket, "--docker-socket", "")
-        cluster.wait_agents([NODE])
+    with cri_cluster(influxd.url, NODE, containerd.socket) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-
-
-def _registration(cluster: LocalCluster) -> agent_pb2.Register:
-    agents = cluster.api().ListAgents(api_pb2.ListAgentsRequest()).agents
-    return next(agent for agent in agents if agent.registration.node == NODE).registration
-
-
-def _wait_pods(cluster: LocalCluster) -> agent_pb2.Register:
-    """The agent's registration once it names both pods (at registration or a heartbeat)."""
-
-    def both() -> agent_pb2.Register | None:
-        registration = _registration(cluster)
-        pods = {f"{w.pod_namespace}/{w.pod_name}" for ns in registration.namespaces for w in ns.workloads}
-        return registration if {WEB, DB} <= pods else None
-
-    return wait_until(both, "the agent's inventory naming both pods", timeout_s=20)
-
-
-def _address(pod: CriPod) -> str:
-    out = subprocess.run(
-        ["nsenter", f"--net={pod.netns}", "ip", "-j", "-4", "addr", "show", "eth0"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout
-    (link,) = json.loads(out)
-    return link["addr_info"][0]["local"]
 
 
 def test_the_agent_names_each_pod_and_container_in_the_netns_containerd_made(cluster, containerd) -> None:
-    registration = _wait_pods(cluster)
+    registration = wait_pods(cluster, NODE, [WEB, DB])
     runtime = registration.runtime
     assert runtime.endpoint == containerd.socket and not runtime.error, runtime
     assert runtime.version.startswith("containerd 1."), runtime
@@ -150,9 +115,9 @@ def _udp_between(sender: CriPod, receiver: CriPod, dst: str, packets: int) -> in
 
 
 def test_a_spec_naming_pods_attaches_in_their_namespaces_and_traces_packets(cluster, containerd) -> None:
-    _wait_pods(cluster)
+    wait_pods(cluster, NODE, [WEB, DB])
     web, db = containerd.made[WEB], containerd.made[DB]
-    dst = _address(db)
+    dst = pod_address(db)
     assert dst.startswith("198.18.241."), dst
     spec = _spec("cri-pods-udp", WEB, DB, dst)
     errors = cluster.api().ValidateTrace(api_pb2.ValidateTraceRequest(spec=spec)).errors
@@ -181,7 +146,7 @@ def test_a_spec_naming_pods_attaches_in_their_namespaces_and_traces_packets(clus
 
 
 def test_an_unknown_pod_is_refused_naming_the_pods_the_node_has(cluster, containerd) -> None:
-    _wait_pods(cluster)
+    wait_pods(cluster, NODE, [WEB, DB])
     with pytest.raises(grpc.RpcError) as refused:
         cluster.apply(_spec("cri-pods-bad", WEB, f"{NS}/cache-0", "198.18.241.250"))
     details = refused.value.details()

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from hoptrace.lab.containerd import CriPod
+from hoptrace.lab.cri_agent import cri_cluster, pod_address, wait_pods
 from hoptrace.lab.crio import PrivateCrio, crio_version
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.waiting import wait_until
-from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
+from hoptrace.v1 import api_pb2, trace_pb2
 
 pytestmark = pytest.mark.kernel  # the agent attaches tc hops in the pods' namespaces
 
@@ -47,44 +46,12 @@ def crio() -> Iterator[PrivateCrio]:
 @pytest.fixture(scope="module")
 def cluster(influxd, crio) -> Iterator[LocalCluster]:
     """Dispatcher, collector and one agent in the root namespace asking only CRI-O."""
-    cluster = LocalCluster(influx_url=influxd.url)
-    try:
-        cluster.start_dispatcher()
-        cluster.start_collector("--join-window", "1")
-        cluster.wait_listening()
-        cluster.start_agent(NODE, "", "--cri-socket", crio.socket, "--docker-socket", "")
-        cluster.wait_agents([NODE])
+    with cri_cluster(influxd.url, NODE, crio.socket) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-
-
-def _wait_pods(cluster: LocalCluster) -> agent_pb2.Register:
-    """The agent's registration once it names both pods (at registration or a heartbeat)."""
-
-    def both() -> agent_pb2.Register | None:
-        agents = cluster.api().ListAgents(api_pb2.ListAgentsRequest()).agents
-        registration = next(agent for agent in agents if agent.registration.node == NODE).registration
-        pods = {f"{w.pod_namespace}/{w.pod_name}" for ns in registration.namespaces for w in ns.workloads}
-        return registration if {WEB, DB} <= pods else None
-
-    return wait_until(both, "the agent's inventory naming both pods", timeout_s=20)
-
-
-def _address(pod: CriPod) -> str:
-    out = subprocess.run(
-        ["nsenter", f"--net={pod.netns}", "ip", "-j", "-4", "addr", "show", "eth0"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout
-    (link,) = json.loads(out)
-    return link["addr_info"][0]["local"]
 
 
 def test_the_agent_names_each_pod_and_container_in_the_netns_crio_pinned(cluster, crio) -> None:
-    registration = _wait_pods(cluster)
+    registration = wait_pods(cluster, NODE, [WEB, DB])
     runtime = registration.runtime
     assert runtime.endpoint == crio.socket and not runtime.error, runtime
     assert runtime.version == f"cri-o {crio_version().removeprefix('v')}", runtime
@@ -92,7 +59,7 @@ def test_the_agent_names_each_pod_and_container_in_the_netns_crio_pinned(cluster
     # pinns pins each pod's namespace under CRI-O's namespaces_dir (the lab's own directory here)
     for pod in (web, db):
         assert pod.netns.startswith(f"{crio.socket.rsplit('/', 1)[0]}/ns/netns/"), pod.netns
-        assert _address(pod).startswith(SUBNET_PREFIX)
+        assert pod_address(pod).startswith(SUBNET_PREFIX)
     by_name = {w.container_name: (ns, w) for ns in registration.namespaces for w in ns.workloads}
     expected = {
         f"k8s_POD_web-0_{NS}_{web.uid}_0": (web, web.id),
@@ -130,7 +97,7 @@ def _spec(name: str, sender: str, receiver: str) -> trace_pb2.TraceSpec:
 
 
 def test_a_spec_naming_crio_pods_attaches_in_their_namespaces(cluster, crio) -> None:
-    _wait_pods(cluster)
+    wait_pods(cluster, NODE, [WEB, DB])
     web, db = crio.made[WEB], crio.made[DB]
     trace = cluster.apply(_spec("crio-pods-udp", WEB, DB))
     try:
