@@ -182,7 +182,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	a.startPlans(ctx)
-	a.printCountersUntil(ctx)
+	<-ctx.Done() // the printer writes the counters every second meanwhile
 	return a.shutdown()
 }
 
@@ -294,6 +294,9 @@ func start(cfg Config) (*running, error) {
 			return nil, fmt.Errorf("open --out: %w", err)
 		}
 		a.out = output.NewWriter(a.outFile)
+	}
+	if a.out != nil {
+		a.out.Node, a.out.Describe = cfg.Node, a.describe
 	}
 	if cfg.MetricsListen != "" {
 		// Not fatal: tracing matters more than its metrics, and a second
@@ -452,18 +455,7 @@ func (a *running) startAux() {
 func (a *running) startRecords() {
 	ctx := a.records.ctx
 	if a.out != nil {
-		a.records.g.Go(func() error {
-			for {
-				b := a.printQueue.Pop(ctx)
-				if b == nil {
-					return nil
-				}
-				if err := a.out.Records(b.Trace, b.Records, func(i uint16) string { return a.mgr.HopName(b.Trace, i) }); err != nil {
-					a.cfg.Log.Error("write records", "err", err)
-				}
-				b.Release()
-			}
-		})
+		a.records.g.Go(func() error { a.printRecords(ctx); return nil })
 	}
 	if a.client != nil {
 		a.records.g.Go(func() error {
@@ -490,6 +482,55 @@ func (a *running) startRecords() {
 			return nil
 		})
 	}
+}
+
+// printRecords writes the printer's queue to the JSON lines as the collector
+// stream sends it (the same transport.Batcher): each batch's records with
+// the node's clock, and every second a heartbeat, each trace's counters and
+// events with the watermark of what the output holds, so that `hoptrace
+// import` can join and place the records as a collector does. It returns once
+// the queue is closed and written, or the stage is cancelled.
+func (a *running) printRecords(ctx context.Context) {
+	beat := transport.Batcher{Node: a.cfg.Node, Queue: a.printQueue, Counters: a.mgr.Counters, Clock: a.nodeClock.NodeClock}
+	// As the collector stream does: the first records wait for the first
+	// clock round (bounded), so they are placed with an offset.
+	if a.cfg.ClockServerAddr() != "" {
+		a.nodeClock.WaitFirst(ctx, 3*time.Second)
+	}
+	hopName := func(trace string) func(uint16) string {
+		return func(i uint16) string { return a.mgr.HopName(trace, i) }
+	}
+	next := time.Now().Add(beat.Every())
+	for {
+		b := beat.Pop(ctx, next)
+		if b != nil {
+			if err := a.out.Batch(beat.Message(b.Trace, b.Generation, b.Records, b.Trailers, 0), hopName(b.Trace)); err != nil {
+				a.cfg.Log.Error("write records", "err", err)
+			}
+			b.Release()
+		}
+		if ctx.Err() != nil || b == nil && a.printQueue.Closed() {
+			return
+		}
+		if !time.Now().Before(next) {
+			for _, m := range beat.Heartbeats() {
+				if err := a.out.Heartbeat(m); err != nil {
+					a.cfg.Log.Error("write counters", "err", err)
+				}
+			}
+			next = time.Now().Add(beat.Every())
+		}
+	}
+}
+
+// describe is the status of a running trace (nil when it is not).
+func (a *running) describe(trace string) *pb.TraceStatus {
+	for _, st := range a.mgr.Running() {
+		if st.GetTrace() == trace {
+			return st
+		}
+	}
+	return nil
 }
 
 // applyPlan applies the standalone plan, if any; a plan that does not
@@ -536,25 +577,11 @@ func (a *running) printCounters() {
 		return
 	}
 	for _, tc := range a.mgr.Counters() {
-		if err := a.out.Counters(tc.Trace, tc.Hops); err != nil {
+		if err := a.out.Counters(tc.Trace, tc.Generation, tc.Hops); err != nil {
 			a.cfg.Log.Error("write counters", "err", err)
 		}
 		if err := a.out.Events(tc.Trace, tc.Events); err != nil {
 			a.cfg.Log.Error("write events", "err", err)
-		}
-	}
-}
-
-// printCountersUntil prints the counters every second until ctx ends.
-func (a *running) printCountersUntil(ctx context.Context) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-			a.printCounters()
 		}
 	}
 }

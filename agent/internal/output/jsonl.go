@@ -1,5 +1,8 @@
-// Package output prints the standalone agent's JSON lines (docs/design.md,
-// "Standalone agent"): status, record and counters lines, each with a type.
+// Package output prints the agent's JSON lines (docs/design.md, "Standalone
+// agent"): status, trace, clock, record, counters and event lines, each with
+// a type. They carry what the collector stream carries (the RecordBatch
+// messages of internal/transport), so `hoptrace import` makes the same
+// report of a file as a collector of the stream.
 package output
 
 import (
@@ -10,6 +13,7 @@ import (
 	"io"
 	"strconv"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -21,10 +25,25 @@ import (
 type Writer struct {
 	mu sync.Mutex
 	w  *bufio.Writer
+	// Node names this node in trace and clock lines.
+	Node string
+	// Describe gives a running trace's status (its hops on this node) for
+	// the trace's line; nil, or a nil status, writes none.
+	Describe func(trace string) *pb.TraceStatus
+
+	described map[traceGeneration]bool
+	clock     *ClockLine // the last clock line written
+}
+
+type traceGeneration struct {
+	trace      string
+	generation uint64
 }
 
 // NewWriter wraps w.
-func NewWriter(w io.Writer) *Writer { return &Writer{w: bufio.NewWriter(w)} }
+func NewWriter(w io.Writer) *Writer {
+	return &Writer{w: bufio.NewWriter(w), described: map[traceGeneration]bool{}}
+}
 
 // Flush flushes buffered lines.
 func (w *Writer) Flush() error {
@@ -57,34 +76,172 @@ func (w *Writer) Status(st *pb.TraceStatus) error {
 	return w.w.Flush()
 }
 
-// RecordLine is one record line.
-type RecordLine struct {
-	Type     string `json:"type"`
-	Trace    string `json:"trace"`
-	Hop      string `json:"hop"`
-	HopIndex uint16 `json:"hop_index"`
-	PacketID uint32 `json:"packet_id"`
-	FlowHash uint32 `json:"flow_hash"`
-	TsNs     uint64 `json:"ts_ns"`
-	Ifindex  uint32 `json:"ifindex"`
-	WireLen  uint32 `json:"wire_len"`
-	CPU      uint16 `json:"cpu"`
-	Flags    uint16 `json:"flags"`
+// TraceLine names a trace's hops on this node, before the trace's first
+// other line of each generation: an import rebuilds the path from every
+// node's trace lines.
+type TraceLine struct {
+	Type       string    `json:"type"` // "trace"
+	Trace      string    `json:"trace"`
+	Generation uint64    `json:"generation"`
+	Node       string    `json:"node"`
+	Hops       []HopLine `json:"hops"`
 }
 
-// Records writes one line per record of a batch; hopName names hop indexes.
-func (w *Writer) Records(trace string, raw []byte, hopName func(uint16) string) error {
+// HopLine is one hop of a trace line.
+type HopLine struct {
+	HopIndex uint32 `json:"hop_index"`
+	Name     string `json:"name"`
+}
+
+// traceLocked writes the trace line of (trace, generation) unless written.
+func (w *Writer) traceLocked(trace string, generation uint64) error {
+	key := traceGeneration{trace, generation}
+	if w.Describe == nil || w.described[key] {
+		return nil
+	}
+	st := w.Describe(trace)
+	if st == nil {
+		return nil
+	}
+	line := TraceLine{Type: "trace", Trace: trace, Generation: st.GetGeneration(), Node: w.Node}
+	for _, h := range st.GetHops() {
+		line.Hops = append(line.Hops, HopLine{HopIndex: h.GetHopIndex(), Name: h.GetName()})
+	}
+	// Batches of an older generation still queued name the hops as now.
+	w.described[key] = true
+	w.described[traceGeneration{trace, st.GetGeneration()}] = true
+	return json.NewEncoder(w.w).Encode(&line)
+}
+
+// ClockLine is the node's clock (NodeClock, as a RecordBatch carries it)
+// for the record lines after it: wall = ts_ns + monotonic_to_realtime_ns;
+// master = wall - offset_ns (+ drift, as collector/clock.py maps).
+type ClockLine struct {
+	Type                  string  `json:"type"` // "clock"
+	Node                  string  `json:"node"`
+	MonotonicToRealtimeNs int64   `json:"monotonic_to_realtime_ns"`
+	OffsetNs              int64   `json:"offset_ns,omitempty"`
+	BoundNs               int64   `json:"bound_ns,omitempty"`
+	DriftPPM              float64 `json:"drift_ppm,omitempty"`
+	DelayNs               int64   `json:"delay_ns,omitempty"`
+	SampledAtNs           int64   `json:"sampled_at_ns,omitempty"`
+}
+
+// clockStep is how far the monotonic->realtime mapping or the bound may move
+// before a new clock line says so: below what a clock round resolves.
+const clockStep = int64(time.Microsecond)
+
+// clockLocked writes c as a clock line when it differs from the last one: a
+// new estimate (a Cristian round), or the mapping or bound moved by
+// clockStep. The mapping is refreshed every second and barely moves, so a
+// file has about a line per round, not one per batch.
+func (w *Writer) clockLocked(c *pb.NodeClock) error {
+	if c == nil {
+		return nil
+	}
+	line := ClockLine{Type: "clock", Node: w.Node, MonotonicToRealtimeNs: c.GetMonotonicToRealtimeNs(),
+		OffsetNs: c.GetOffsetNs(), BoundNs: c.GetBoundNs(), DriftPPM: c.GetDriftPpm(), DelayNs: c.GetDelayNs(),
+		SampledAtNs: c.GetSampledAtNs()}
+	if last := w.clock; last != nil && last.OffsetNs == line.OffsetNs && last.SampledAtNs == line.SampledAtNs &&
+		last.DriftPPM == line.DriftPPM && last.DelayNs == line.DelayNs &&
+		abs(last.MonotonicToRealtimeNs-line.MonotonicToRealtimeNs) < clockStep && abs(last.BoundNs-line.BoundNs) < clockStep {
+		return nil
+	}
+	w.clock = &line
+	return json.NewEncoder(w.w).Encode(&line)
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+// RecordLine is one record line; values and addresses are the record's
+// trailers (the record action's fields, the 5-tuple the hop saw), when it
+// has them.
+type RecordLine struct {
+	Type      string            `json:"type"`
+	Trace     string            `json:"trace"`
+	Hop       string            `json:"hop"`
+	HopIndex  uint16            `json:"hop_index"`
+	PacketID  uint32            `json:"packet_id"`
+	FlowHash  uint32            `json:"flow_hash"`
+	TsNs      uint64            `json:"ts_ns"`
+	Ifindex   uint32            `json:"ifindex"`
+	WireLen   uint32            `json:"wire_len"`
+	CPU       uint16            `json:"cpu"`
+	Flags     uint16            `json:"flags"`
+	Values    map[string]uint64 `json:"values,omitempty"`
+	Addresses *AddressesLine    `json:"addresses,omitempty"`
+}
+
+// AddressesLine is struct hoptrace_addresses: the innermost 5-tuple a hop saw.
+type AddressesLine struct {
+	Proto   uint8  `json:"proto"`
+	Src     string `json:"src"`
+	SrcPort uint16 `json:"src_port"`
+	Dst     string `json:"dst"`
+	DstPort uint16 `json:"dst_port"`
+}
+
+// Batch writes a RecordBatch's records (one line each, with their
+// trailers), after the trace's line and, when it moved, the node's clock;
+// hopName names hop indexes.
+func (w *Writer) Batch(m *pb.RecordBatch, hopName func(uint16) string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err := w.traceLocked(m.GetTrace(), m.GetGeneration()); err != nil {
+		return err
+	}
+	if err := w.clockLocked(m.GetClock()); err != nil {
+		return err
+	}
 	enc := json.NewEncoder(w.w)
+	raw, values, addresses := m.GetRecords(), m.GetValues(), m.GetAddresses()
+	size := int(m.GetRecordSize())
+	if size < record.Size {
+		size = record.Size
+	}
 	var r record.Record
-	for off := 0; off+record.Size <= len(raw); off += record.Size {
-		if err := record.Decode(raw[off:off+record.Size], &r); err != nil {
+	for off := 0; off+size <= len(raw); off += size {
+		rec := raw[off : off+size]
+		if err := record.Decode(rec, &r); err != nil {
 			return err
 		}
-		line := RecordLine{Type: "record", Trace: trace, Hop: hopName(r.HopIndex), HopIndex: r.HopIndex,
+		line := RecordLine{Type: "record", Trace: m.GetTrace(), Hop: hopName(r.HopIndex), HopIndex: r.HopIndex,
 			PacketID: r.PacketID, FlowHash: r.FlowHash, TsNs: r.TsNs, Ifindex: r.Ifindex, WireLen: r.WireLen,
 			CPU: r.CPU, Flags: r.Flags}
+		// Each trailer is in its own buffer, one per record that announces it, in record order.
+		if record.ValuesTrailer.On(rec) {
+			if len(values) < record.ValuesSize {
+				return fmt.Errorf("record of packet %#x announces values the batch lacks", r.PacketID)
+			}
+			v, err := record.DecodeValues(values[:record.ValuesSize])
+			if err != nil {
+				return err
+			}
+			values = values[record.ValuesSize:]
+			line.Values = map[string]uint64{}
+			for i, f := range v.Fields {
+				if f != record.FieldNone {
+					line.Values[valueKey(f)] = v.Values[i]
+				}
+			}
+		}
+		if record.AddressesTrailer.On(rec) {
+			if len(addresses) < record.AddressesSize {
+				return fmt.Errorf("record of packet %#x announces addresses the batch lacks", r.PacketID)
+			}
+			a, err := record.DecodeAddresses(addresses[:record.AddressesSize])
+			if err != nil {
+				return err
+			}
+			addresses = addresses[record.AddressesSize:]
+			line.Addresses = &AddressesLine{Proto: a.Proto, Src: a.Src.String(), SrcPort: a.SrcPort,
+				Dst: a.Dst.String(), DstPort: a.DstPort}
+		}
 		if err := enc.Encode(&line); err != nil {
 			return err
 		}
@@ -95,13 +252,20 @@ func (w *Writer) Records(trace string, raw []byte, hopName func(uint16) string) 
 // CountersLine is one counters line: the HopCounters fields in snake_case,
 // as JSON numbers, named by record.CounterKeys.
 type CountersLine struct {
-	Type     string
-	Trace    string
-	Hop      string
-	HopIndex uint32
-	At       string
-	Values   []uint64 // indexed by record.Counter
-	Actions  *pb.HopActionValues
+	Type       string
+	Trace      string
+	Generation uint64
+	Hop        string
+	HopIndex   uint32
+	At         string
+	AttachedNs int64    // CLOCK_MONOTONIC, like ts_ns (0 = unknown)
+	Values     []uint64 // indexed by record.Counter
+	Actions    *pb.HopActionValues
+	// WatermarkNs (CLOCK_MONOTONIC): every record not in the file before
+	// this line is at least this recent (0 = unknown). AgentDropped: the
+	// records the agent dropped on their way to this file since it started.
+	WatermarkNs  int64
+	AgentDropped uint64
 }
 
 // MarshalJSON writes the fixed fields, then one field per counter.
@@ -109,6 +273,12 @@ func (c CountersLine) MarshalJSON() ([]byte, error) {
 	out := map[string]any{"type": c.Type, "trace": c.Trace, "hop": c.Hop, "hop_index": c.HopIndex}
 	if c.At != "" {
 		out["at"] = c.At
+	}
+	for key, v := range map[string]int64{"generation": int64(c.Generation), "attached_ns": c.AttachedNs,
+		"watermark_ns": c.WatermarkNs, "agent_dropped": int64(c.AgentDropped)} {
+		if v != 0 {
+			out[key] = v
+		}
 	}
 	for i, key := range record.CounterKeys {
 		var v uint64
@@ -139,6 +309,15 @@ func (c CountersLine) MarshalJSON() ([]byte, error) {
 	return json.Marshal(out)
 }
 
+// valueKey names a recorded field as specs do, or by its number when this
+// agent does not know it.
+func valueKey(f record.ActionField) string {
+	if f < record.FieldMax {
+		return record.FieldKeys[f]
+	}
+	return strconv.Itoa(int(f))
+}
+
 // fieldKey names a Field as specs do ("" for none).
 func fieldKey(f pb.Field) string {
 	if f <= 0 || int(f) >= len(record.FieldKeys) {
@@ -147,28 +326,65 @@ func fieldKey(f pb.Field) string {
 	return record.FieldKeys[f]
 }
 
-// Counters writes one counters line per hop.
-func (w *Writer) Counters(trace string, hops []*pb.HopCounters) error {
+// Counters writes one counters line per hop of a trace's generation.
+func (w *Writer) Counters(trace string, generation uint64, hops []*pb.HopCounters) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err := w.countersLocked(&pb.RecordBatch{Trace: trace, Generation: generation, Counters: hops}); err != nil {
+		return err
+	}
+	return w.w.Flush()
+}
+
+// Heartbeat writes a heartbeat message (internal/transport) as the counters
+// lines of its hops, with its watermark and drops, and its event lines.
+func (w *Writer) Heartbeat(m *pb.RecordBatch) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.traceLocked(m.GetTrace(), m.GetGeneration()); err != nil {
+		return err
+	}
+	if err := w.clockLocked(m.GetClock()); err != nil {
+		return err
+	}
+	if err := w.countersLocked(m); err != nil {
+		return err
+	}
+	if err := w.eventsLocked(m.GetTrace(), m.GetEvents()); err != nil {
+		return err
+	}
+	return w.w.Flush()
+}
+
+func (w *Writer) countersLocked(m *pb.RecordBatch) error {
+	if len(m.GetCounters()) == 0 {
+		return nil
+	}
+	if err := w.traceLocked(m.GetTrace(), m.GetGeneration()); err != nil {
+		return err
+	}
 	enc := json.NewEncoder(w.w)
-	for _, c := range hops {
-		line := CountersLine{Type: "counters", Trace: trace, Hop: c.GetHop(), HopIndex: c.GetHopIndex(), Values: c.GetValues(),
-			Actions: c.GetActions()}
+	for _, c := range m.GetCounters() {
+		line := CountersLine{Type: "counters", Trace: m.GetTrace(), Generation: m.GetGeneration(), Hop: c.GetHop(),
+			HopIndex: c.GetHopIndex(), AttachedNs: c.GetAttachedNs(), Values: c.GetValues(), Actions: c.GetActions(),
+			WatermarkNs: m.GetWatermarkNs(), AgentDropped: m.GetAgentDropped()}
 		if c.GetAt() != nil {
-			line.At = c.GetAt().AsTime().UTC().Format("2006-01-02T15:04:05.000000000Z")
+			line.At = formatTime(c.GetAt().AsTime())
 		}
 		if err := enc.Encode(&line); err != nil {
 			return fmt.Errorf("counters line: %w", err)
 		}
 	}
-	return w.w.Flush()
+	return nil
 }
+
+func formatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000000Z") }
 
 // EventLine is one event probe's cumulative results (a spec's events:).
 type EventLine struct {
 	Type       string            `json:"type"` // "event"
 	Trace      string            `json:"trace"`
+	At         string            `json:"at,omitempty"`
 	Event      string            `json:"event"`
 	EventIndex uint32            `json:"event_index"`
 	Seen       uint64            `json:"seen"`
@@ -205,11 +421,21 @@ type BucketLine struct {
 func (w *Writer) Events(trace string, events []*pb.EventValues) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err := w.eventsLocked(trace, events); err != nil {
+		return err
+	}
+	return w.w.Flush()
+}
+
+func (w *Writer) eventsLocked(trace string, events []*pb.EventValues) error {
 	enc := json.NewEncoder(w.w)
 	for _, e := range events {
 		line := EventLine{Type: "event", Trace: trace, Event: e.GetEvent(), EventIndex: e.GetEventIndex(),
 			Seen: e.GetSeen(), Matched: e.GetMatched(), CountBy: e.GetCountBy(), Histogram: e.GetHistogram(),
 			LatencyMissed: e.GetLatencyMissed()}
+		if e.GetAt() != nil {
+			line.At = formatTime(e.GetAt().AsTime())
+		}
 		for _, r := range e.GetRecorded() {
 			line.Recorded = append(line.Recorded, RecordedLine{Arg: r.GetArg(), Count: r.GetCount(), Sum: r.GetSum(),
 				Min: r.GetMin(), Max: r.GetMax(), Last: r.GetLast(), Signed: r.GetSigned()})
@@ -229,5 +455,5 @@ func (w *Writer) Events(trace string, events []*pb.EventValues) error {
 			return fmt.Errorf("event line: %w", err)
 		}
 	}
-	return w.w.Flush()
+	return nil
 }
