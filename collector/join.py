@@ -14,8 +14,12 @@ reorder window; a packet is emitted
   paths, and any heard from) that are alive. A node that lags (an agent draining its backlog after a
   collector restart, a slow link) holds packets back instead of having them cut; a node silent for
   `node_timeout_ns` of the collector's own time is taken as gone and no longer waited for;
-* on an ID collision: the same key seen twice at the same hop inside the window. The two are not joined: the
-  first is emitted as it is, the second starts a new entry (`JoinStats.collisions`);
+* never twice: a packet seen again at a hop it was already seen at is the same packet there, and its time at
+  that hop is its first record's (`JoinStats.repeats`). A TCP packet's ID rides the one TCP header of a large
+  (GSO) skb; where the skb is cut into wire segments (software GSO on a device without the offload, a NIC's
+  TSO) every segment carries a copy of it, so a hop after the cut (before GRO merges them again, if it does)
+  records each segment. Segments that come after their packet left complete are recognised for a window
+  too (TCP packets only: UDP packets are never cut with their ID, their tagger leaves GSO skbs untagged);
 * when `max_entries` is reached, the oldest entries are emitted incomplete (`JoinStats.evicted`).
 
 Hops attached after the packet passed them. A trace applied to live traffic attaches its hops one by one,
@@ -55,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hoptrace.collector.catalog import MAX_HOPS, TraceCatalog, TracePath
-from hoptrace.collector.records import HOP_INDEX, ID_SEQ_BITS, PACKET_ID, TS_NS, Record, RecordedValues
+from hoptrace.collector.records import F_TCP, HOP_INDEX, ID_SEQ_BITS, PACKET_ID, TS_NS, Record, RecordedValues
 from hoptrace.spec.actions import FIELD_NUMBERS
 from hoptrace.spec.drops import DROP_REASON_FIELD, NOT_DROPS
 
@@ -111,7 +115,9 @@ class JoinStats:
     packets: int = 0
     complete: int = 0
     incomplete: int = 0
-    collisions: int = 0
+    collisions: int = 0  # kept for the metric's sake: a repeat is one packet now (repeats)
+    # records of a packet at a hop it was already seen at: the segments of a GSO skb cut on the way
+    repeats: int = 0
     evicted: int = 0
     out_of_path: int = 0
     # (trace, hop name) -> packets emitted without that hop
@@ -147,6 +153,8 @@ class HopJoiner:
         self.stats = JoinStats()
         # key (trace, packet_id): the origin is the ID's top 8 bits, so it needs no slot of its own
         self._pending: dict[tuple[str, int], list] = {}
+        # TCP packets that left complete -> the master time they did: their later segments are repeats
+        self._completed: dict[tuple[str, int], int] = {}
         self._traces: dict[str, _TraceState] = {}
         self._watermark = 0
         self._next_sweep = 0
@@ -344,12 +352,13 @@ class HopJoiner:
         get = pending.get
         newest = 0
         n = 0
-        collisions = 0
+        repeats = 0
         dropped = 0
         completed = 0
+        done = self._completed
         make = tuple.__new__  # JoinedPacket without its Python-level __new__ (the hot path's one object)
         reasons: dict[tuple[int, int, int], int] | None = None
-        for ts, pid, _flow_hash, _ifindex, _wire_len, hop, _slot, _cpu, _flags in records:
+        for ts, pid, _flow_hash, _ifindex, _wire_len, hop, _slot, _cpu, flags in records:
             n += 1
             if hop >= limit:
                 if hop < width:  # a drop hop of a known path
@@ -380,6 +389,8 @@ class HopJoiner:
                     if seen == plen:  # complete: what _emit does for it, inline
                         del pending[key]
                         completed += 1
+                        if flags & F_TCP:
+                            done[key] = t
                         out.append(
                             make(
                                 JoinedPacket,
@@ -399,10 +410,14 @@ class HopJoiner:
                     else:
                         e[-1] = seen
                     continue
-                # ID collision: same key twice at one hop. Emit the first, start over with the second.
-                collisions += 1
-                del pending[key]
-                out.append(self._emit(key, e, st, cut=True))
+                # Seen at this hop already: another segment of the packet; its first is its time here.
+                repeats += 1
+                if t < e[hop]:
+                    e[hop] = t
+                continue
+            if done and key in done:  # a segment of a packet that left complete
+                repeats += 1
+                continue
             e = tmpl.copy()
             e[hop] = t
             e[width + hop] = node
@@ -422,7 +437,7 @@ class HopJoiner:
         stats.records += n
         stats.packets += completed
         stats.complete += completed
-        stats.collisions += collisions
+        stats.repeats += repeats
         stats.out_of_path += dropped
         if wm >= self._next_sweep or len(pending) > self.config.max_entries:
             out.extend(self.expire())
@@ -455,6 +470,12 @@ class HopJoiner:
         window = self.config.window_ns
         cutoff = self._watermark - window
         self._next_sweep = self._watermark + window // 16
+        done = self._completed
+        while done:  # completed in time order: the old ones are a prefix
+            key = next(iter(done))
+            if done[key] > cutoff and len(done) <= self.config.max_entries:
+                break
+            del done[key]
         excess = len(pending) - self.config.max_entries
         expired: list[tuple[str, int, int]] = []
         # Entries sit in creation order, which follows their first record's time closely (each node sends in

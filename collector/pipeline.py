@@ -282,6 +282,7 @@ class CollectorPipeline:
             "complete": j.complete,
             "incomplete": j.incomplete,
             "collisions": j.collisions,
+            "repeats": j.repeats,
             "evicted": j.evicted,
             "out_of_path": j.out_of_path,
             "missing_hops": {f"{t}/{h}": n for (t, h), n in j.missing.items()},

@@ -9,6 +9,7 @@ from collector_helpers import pid, rec
 
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.join import HopJoiner, JoinConfig, join_hops
+from hoptrace.collector.records import RecordFlag
 
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
@@ -111,19 +112,37 @@ def test_a_node_silent_past_the_timeout_is_not_waited_for() -> None:
     assert j.stats.missing[("t", "bridge")] == 1 and j.stats.missing[("t", "b-ingress")] == 1
 
 
-def test_id_collision_is_counted_and_not_joined() -> None:
+def test_segments_of_one_packet_at_a_hop_are_that_packet_at_its_first_segment() -> None:
+    """A TCP packet cut into wire segments after hop 0 (GSO): hop 1 records each, with the same ID. One
+    packet, complete, its time at hop 1 its earliest segment's, whatever order the records came in."""
     j = HopJoiner(catalog())
-    first = j.join_hops("t", "node-a", [rec(SEC, pid(9), 0), rec(SEC + 5, pid(9), 1)])
-    assert first == []
-    # the same key at hop 0 again (the 24-bit sequence wrapped, or a duplicate): not the same packet
-    out = j.join_hops("t", "node-a", [rec(SEC + 100, pid(9), 0)])
-    assert j.stats.collisions == 1
-    assert len(out) == 1 and out[0].times == [SEC, SEC + 5, None] and not out[0].complete
-    # the second occurrence lives on as its own packet
-    out = j.join_hops("t", "node-a", [rec(SEC + 105, pid(9), 1)]) + j.join_hops(
-        "t", "node-b", [rec(SEC + 110, pid(9), 2)]
+    tcp = int(RecordFlag.TCP)
+    j.join_hops("t", "node-a", [rec(SEC, pid(9), 0, flags=tcp)])
+    out = j.join_hops("t", "node-a", [rec(SEC + 7, pid(9), 1, flags=tcp), rec(SEC + 5, pid(9), 1, flags=tcp)])
+    assert out == [] and j.stats.repeats == 1
+    out = j.join_hops("t", "node-b", [rec(SEC + 20, pid(9), 2, flags=tcp)])
+    assert len(out) == 1 and out[0].complete and out[0].times == [SEC, SEC + 5, SEC + 20]
+    # the last segments reach the last hop after the packet left complete: still that packet, not a new one
+    out = j.join_hops(
+        "t", "node-b", [rec(SEC + 21, pid(9), 2, flags=tcp), rec(SEC + 22, pid(9), 2, flags=tcp)]
     )
-    assert len(out) == 1 and out[0].complete and out[0].times == [SEC + 100, SEC + 105, SEC + 110]
+    assert out == [] and j.pending() == 0 and j.stats.repeats == 3
+    assert j.stats.incomplete == j.stats.collisions == 0
+    # once the window passed, the packet is forgotten (bounded memory)
+    j.heard_from("node-a", 10 * SEC)
+    j.heard_from("node-b", 10 * SEC)
+    j.tick()
+    assert j._completed == {}
+
+
+def test_a_udp_packet_seen_again_after_it_left_starts_anew() -> None:
+    """UDP packets are never cut with their ID (the tagger leaves GSO skbs untagged): none is remembered once
+    complete, so a record after that is a packet of its own."""
+    j = HopJoiner(catalog())
+    j.join_hops("t", "node-a", [rec(SEC, pid(3), 0), rec(SEC + 1, pid(3), 1)])
+    assert len(j.join_hops("t", "node-b", [rec(SEC + 2, pid(3), 2)])) == 1
+    j.join_hops("t", "node-b", [rec(SEC + 3, pid(3), 2)])
+    assert j.pending() == 1 and j._completed == {}
 
 
 def test_same_id_of_another_origin_is_another_packet() -> None:

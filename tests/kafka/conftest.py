@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from kafka_helpers import scrape
 
 from hoptrace.lab.influx import EVERY_PACKET
 from hoptrace.lab.kafka import KafkaBroker, start_kafka
 from hoptrace.lab.lifecycle import dies_with_parent
 from hoptrace.lab.processes import InfluxServer, free_port
+from hoptrace.lab.prometheus import scrape
 
 
 @pytest.fixture(scope="session")

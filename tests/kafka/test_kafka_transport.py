@@ -15,13 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
-from kafka_helpers import scrape
 
 from hoptrace.dispatcher.compile import event_attach
 from hoptrace.lab.influx import BUCKET, distinct_packets, segment_counts
 from hoptrace.lab.kafka import publish_backlog
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import AgentProcess, free_port, udp_transfer
+from hoptrace.lab.prometheus import scrape
 from hoptrace.lab.reference import path_plans, vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
 from hoptrace.results.report_view import report_from_proto

@@ -1,4 +1,4 @@
-"""What the Kafka tests share: reading /metrics."""
+"""Reading a component's Prometheus /metrics (the collector's, an agent's) in tests and benchmarks."""
 
 from __future__ import annotations
 
