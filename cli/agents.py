@@ -11,7 +11,7 @@ from typing import Any
 from hoptrace.cli.api import CliError, client_of
 from hoptrace.cli.table import table
 from hoptrace.common.version import API_VERSION, package_version
-from hoptrace.results.agent_view import agent_data, clock_texts, transport_state
+from hoptrace.results.agent_view import agent_data, clock_jump_note, clock_texts, transport_state
 from hoptrace.results.format import timestamp_text
 from hoptrace.v1 import api_pb2, trace_pb2
 
@@ -47,7 +47,7 @@ WIDTH = 100
 SUMMARY_HEADER = ["NODE", "CONNECTED", "KERNEL", "CLOCK", "TRANSPORT", "NETNS", "CONTAINERS"]
 WIDE_HEADER = [
     *["NODE", "CONNECTED", "KERNEL", "AGENT", "LAST HEARTBEAT", "CLOCK OFFSET", "BOUND", "DRIFT"],
-    *["CLOCK MEASURED", "TRANSPORT", "PEER", "BUFFERED", "DROPPED"],
+    *["CLOCK MEASURED", "CLOCK JUMP", "TRANSPORT", "PEER", "BUFFERED", "DROPPED"],
     *["NAMESPACES", "CONTAINERS", "UNSUPPORTED"],
 ]
 
@@ -117,6 +117,10 @@ def summary_table(agents: list[api_pb2.Agent], now: datetime | None = None) -> s
         if containers:
             label = f"{agent.registration.node} containers: "
             lines.append(label + names_within(containers, WIDTH - len(label)))
+    for agent in agents:
+        note = clock_jump_note(agent.registration.node, agent.clock, now)
+        if note:
+            lines.append(f"note: {note}")
     return "\n".join(lines)
 
 
@@ -139,6 +143,7 @@ def agent_row(agent: api_pb2.Agent) -> list[str]:
         clock["bound"],
         clock["drift"],
         clock["measured"],
+        clock["jump"],
         *transport_cells(agent),
         namespaces or "-",
         containers or "-",

@@ -124,12 +124,6 @@ def render_metrics(service: RunningCollector) -> str:
         join.before_attach,
     )
     w.one("collisions_total", "counter", "Packet ID collisions in the join window.", join.collisions)
-    w.one(
-        "repeats_total",
-        "counter",
-        "Records of a packet at a hop it was already seen at (the segments of a GSO skb cut on the way).",
-        join.repeats,
-    )
     w.one("evictions_total", "counter", "Packets evicted from the join at its bound.", join.evicted)
     w.one("join_pending_packets", "gauge", "Packets waiting in the join window.", pipe.joiner.pending())
     drops: dict[str, int] = {
@@ -201,6 +195,19 @@ def render_metrics(service: RunningCollector) -> str:
         "gauge",
         "Drift of the offset.",
         [({"node": n}, m.drift_ppm) for n, m in clocks],
+    )
+    w.metric(
+        "node_clock_jumps_total",
+        "counter",
+        "Times a node's offset moved beyond its bounds between two estimates without a step of its own "
+        "clock: its cross-node segments are suspect around then.",
+        [({"node": n}, pipe.clock.jump_counts.get(n, 0)) for n, _ in clocks],
+    )
+    w.metric(
+        "node_clock_last_jump_ns",
+        "gauge",
+        "By how much the node's offset moved at its last clock jump (new - predicted).",
+        [({"node": n}, j.jump_ns) for n, j in sorted(pipe.clock.last_jump.items())],
     )
     ts = service.time_server
     w.one("time_requests_total", "counter", "NTP requests answered.", ts.requests if ts else 0)

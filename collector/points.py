@@ -151,12 +151,14 @@ def counters_points(w: HopCounterWindow) -> list[Point]:
 
 def node_clock_point(p: NodeClockPoint) -> Point:
     """The `node_clock` point of one node's new clock estimate."""
-    fields = (
+    fields: tuple[tuple[str, FieldValue], ...] = (
         ("offset_ns", p.offset_ns),
         ("delay_ns", p.delay_ns),
         ("bound_ns", p.bound_ns),
         ("drift_ppm", float(p.drift_ppm)),
     )
+    if p.jump is not None:  # written only with a clock jump
+        fields += (("jump_ns", p.jump.jump_ns), ("jump_allowed_ns", p.jump.allowed_ns))
     return Point(NODE_CLOCK, (("node", p.node),), fields, p.ts_ns)
 
 

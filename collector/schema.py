@@ -42,7 +42,9 @@ the Grafana dashboards (deploy/) use them: a contract.
   without hoptrace's ID). The two groups are separate points of the same series and time (InfluxDB merges
   the fields).
 * `node_clock` - per node, each time a new clock estimate arrives (at most 1/s). Tag `node`; fields
-  `offset_ns`, `delay_ns`, `bound_ns` (ints), `drift_ppm` (float). Time: master time of arrival.
+  `offset_ns`, `delay_ns`, `bound_ns` (ints), `drift_ppm` (float), and with an estimate whose offset jumped
+  beyond its bounds (`clock.py`: at once, whatever the rate) `jump_ns` and `jump_allowed_ns` (ints). Time:
+  master time of arrival.
 * `tracer_loss` - records the tracer lost, per interval. Tags `trace`, `node`, `hop` (absent for a node-wide
   loss), `reason` (`ringbuf_full`, `agent_dropped`, `collector_cut`); int field `records`.
 * `hop_counts`, `hop_histogram`, `hop_recorded` - hops' in-kernel count, histogram and record actions

@@ -86,7 +86,17 @@ def transport_state(transport: agent_pb2.TransportStatus) -> str:
 
 def clock_data(clock: api_pb2.NodeClockStatus) -> dict[str, Any]:
     """A node's clock status, JSON-ready (`hoptrace agents --json`, the agents page): the numbers and when
-    they were measured, or `measured` false and nulls when the collector has not measured the node."""
+    they were measured, or `measured` false and nulls when the collector has not measured the node; its last
+    clock jump (`jump_ns`, `allowed_ns`, `at`) or None."""
+    last_jump = (
+        {
+            "jump_ns": clock.last_jump.jump_ns,
+            "allowed_ns": clock.last_jump.allowed_ns,
+            "at": clock.last_jump.at.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds"),
+        }
+        if clock.HasField("last_jump")
+        else None
+    )
     if not clock.measured:
         return {
             "measured": False,
@@ -95,6 +105,7 @@ def clock_data(clock: api_pb2.NodeClockStatus) -> dict[str, Any]:
             "drift_ppm": None,
             "delay_ns": None,
             "measured_at": None,
+            "last_jump": last_jump,
         }
     return {
         "measured": True,
@@ -103,19 +114,42 @@ def clock_data(clock: api_pb2.NodeClockStatus) -> dict[str, Any]:
         "drift_ppm": clock.drift_ppm,
         "delay_ns": clock.delay_ns,
         "measured_at": clock.measured_at.ToDatetime(tzinfo=UTC).isoformat(timespec="seconds"),
+        "last_jump": last_jump,
     }
 
 
 def clock_texts(clock: api_pb2.NodeClockStatus, now: datetime | None = None) -> dict[str, str]:
     """A node's clock status as a reader sees it: offset "-231ns", bound "±85ns", drift "1.50 ppm",
-    measured "2026-01-02T03:04:05+00:00 (4 s ago)"; "unknown" (and "-") when it was not measured."""
+    measured "2026-01-02T03:04:05+00:00 (4 s ago)"; "unknown" (and "-") when it was not measured; jump
+    "-5.00ms at 2026-01-02T03:04:05+00:00 (40 s ago)", "-" when the collector saw none."""
+    now = now or datetime.now(UTC)
+    jump = "-"
+    if clock.HasField("last_jump"):
+        jumped = clock.last_jump.at.ToDatetime(tzinfo=UTC)
+        jump = (
+            f"{format_ns(clock.last_jump.jump_ns)} at {jumped.isoformat(timespec='seconds')}"
+            f" ({max(0.0, (now - jumped).total_seconds()):.0f} s ago)"
+        )
     if not clock.measured:
-        return {"offset": "unknown", "bound": "-", "drift": "-", "measured": "-"}
+        return {"offset": "unknown", "bound": "-", "drift": "-", "measured": "-", "jump": jump}
     at = clock.measured_at.ToDatetime(tzinfo=UTC)
-    age = max(0.0, ((now or datetime.now(UTC)) - at).total_seconds())
+    age = max(0.0, (now - at).total_seconds())
     return {
         "offset": format_ns(clock.offset_ns),
         "bound": f"±{format_ns(clock.bound_ns)}",
         "drift": f"{clock.drift_ppm:.2f} ppm",
         "measured": f"{at.isoformat(timespec='seconds')} ({age:.0f} s ago)",
+        "jump": jump,
     }
+
+
+def clock_jump_note(node: str, clock: api_pb2.NodeClockStatus, now: datetime | None = None) -> str | None:
+    """ "host-b clock jumped by -5.00ms at ... (40 s ago), beyond the ±25.0us its bounds allow: cross-node
+    segments at host-b are suspect around then" for a node whose clock the collector saw jump; else None."""
+    if not clock.HasField("last_jump"):
+        return None
+    return (
+        f"{node} clock jumped by {clock_texts(clock, now)['jump']}, beyond the "
+        f"±{format_ns(clock.last_jump.allowed_ns)} its bounds allow: cross-node segments at {node} are "
+        "suspect around then (hoptrace report names them)"
+    )

@@ -13,20 +13,23 @@ JSON shape (a contract):
      "events": [{"name", "node", "count", "count_by", "by", "histogram_arg", "histogram", "latency_missed",
                  "recorded"}],
      "addresses": [{"hop", "protocol", "source", "destination", "packets"}],
-     "translations": [{"from", "to", "kind", "before", "after", "packets"}]}
+     "translations": [{"from", "to", "kind", "before", "after", "packets"}],
+     "clock_jumps": [{"node", "jump_ns", "allowed_ns", "at", "segments"}]}
 with segments and hops in path order. "addresses" is what each hop saw of the packets that describe their
 addresses (one in 64), "translations" where consecutive hops saw them differ (a DNAT, a masquerade):
 `translation_text` says one in a line. The numbers are raw: a cross-node latency within its clock bound may
 be negative. Readers show it through `latency_text`, which says "≤ ±BOUND" for it, and `most_time_text`
 names the segment with the largest p50. A trace with `drops: true` has each segment's lost packets that a
 node's kernel dropped in "drops", by node and reason (most first), which `loss_text` says in one line.
+"clock_jumps" are the path's nodes whose offset moved beyond their bounds within the range (oldest first),
+with the cross-node segments at that node, which `clock_jump_text` calls suspect in a note.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from hoptrace.results.format import WITHIN_CLOCK_BOUND, format_ns
+from hoptrace.results.format import WITHIN_CLOCK_BOUND, format_ns, timestamp_text
 from hoptrace.v1 import api_pb2
 
 
@@ -159,7 +162,26 @@ def report_from_proto(report: api_pb2.Report) -> dict[str, Any]:
             }
             for t in report.translations
         ],
+        "clock_jumps": [
+            {
+                "node": j.node,
+                "jump_ns": j.jump_ns,
+                "allowed_ns": j.allowed_ns,
+                "at": timestamp_text(j.at),
+                "segments": list(j.segments),
+            }
+            for j in report.clock_jumps
+        ],
     }
+
+
+def clock_jump_text(jump: dict[str, Any]) -> str:
+    """A clock jump as the report's note: "clock of host-b jumped by -5.00ms at 2026-...: segments across it
+    are suspect: a > b, end to end"."""
+    return (
+        f"clock of {jump['node']} jumped by {format_ns(jump['jump_ns'])} at {jump['at']} (its bounds allow "
+        f"±{format_ns(jump['allowed_ns'])}): segments across it are suspect: " + ", ".join(jump["segments"])
+    )
 
 
 def translation_text(translation: dict[str, Any]) -> str:
@@ -340,6 +362,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append("events:")
         lines.extend(f"  {line}" for line in events_lines(report["events"]))
+    notes.extend(clock_jump_text(j) for j in report.get("clock_jumps", []))
     if notes:
         lines.append("")
         lines.extend(f"note: {n}" for n in notes)

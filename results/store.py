@@ -18,7 +18,9 @@ seconds with traffic. Segments and hops come in path order (the given path, else
 hops form). The numbers are raw: a cross-node latency within its clock bound may be negative (`report_view`
 says so).
 
-`node_clocks` reads each node's last `node_clock` point. `get_packets` reads `hop_latency`, the exemplars
+`node_clocks` reads each node's last `node_clock` point (and the last with a clock jump); a report's
+`clock_jumps` are the jumps within its range of the nodes its cross-node segments join (by `hop_counters`'
+nodes), each naming those segments. `get_packets` reads `hop_latency`, the exemplars
 (the slowest packets of each window and 1 in N by ID), whose points carry each packet's ID.
 """
 
@@ -182,7 +184,53 @@ def query_report(
         events=query_events(q, org, base),
         addresses=addresses,
         translations=translations,
+        clock_jumps=_query_clock_jumps(q, org, bucket, start, stop, base, [*segments, e2e]),
     )
+
+
+def _query_clock_jumps(
+    q: Any, org: str, bucket: str, start: str, stop: str, base: str, segments: Sequence[api_pb2.SegmentStats]
+) -> list[api_pb2.ClockJump]:
+    """The clock jumps (`node_clock` points with `jump_ns`) within the range of the nodes whose hops the
+    trace's cross-node segments join, oldest first, each naming those segments ("from > to")."""
+    node_of: dict[str, str] = {}
+    flux = (
+        f'{base} and r._measurement == "{HOP_COUNTERS}" and (r._field == "packets" or r._field == "matched"))'
+        ' |> group(columns: ["hop", "node"]) |> last()'
+    )
+    for rec in records(q, org, flux):
+        if rec.values.get("hop") and rec.values.get("node"):
+            node_of[rec.values["hop"]] = rec.values["node"]
+    across: dict[str, list[str]] = {}  # node -> the cross-node segments with a hop on it
+    for segment in segments:
+        ends = (node_of.get(getattr(segment, "from"), ""), node_of.get(segment.to, ""))
+        if segment.same_node or not all(ends) or ends[0] == ends[1]:
+            continue
+        for node in ends:
+            across.setdefault(node, []).append(f"{getattr(segment, 'from')} > {segment.to}")
+    if not across:
+        return []
+    flux = (
+        f"from(bucket: {flux_string(bucket)}) |> range(start: {start}, stop: {stop})"
+        f' |> filter(fn: (r) => r._measurement == "{NODE_CLOCK}"'
+        ' and (r._field == "jump_ns" or r._field == "jump_allowed_ns"))'
+    )
+    found: dict[tuple[str, datetime], dict[str, int]] = {}
+    for rec in records(q, org, flux):
+        node = rec.values.get("node")
+        if node in across and rec.get_value() is not None:
+            found.setdefault((node, rec.get_time()), {})[rec.get_field()] = int(rec.get_value())
+    jumps = []
+    for (node, at), values in sorted(found.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        jump = api_pb2.ClockJump(
+            node=node,
+            jump_ns=values.get("jump_ns", 0),
+            allowed_ns=values.get("jump_allowed_ns", 0),
+            segments=across[node],
+        )
+        jump.at.FromDatetime(at)
+        jumps.append(jump)
+    return jumps
 
 
 # Per hop, and per pair of hops, the most packets first: a Service's clients vary, its backends do not.
@@ -599,14 +647,18 @@ def node_clocks(
         ' |> group(columns: ["node", "_field"]) |> last()'
     )
     fields: dict[str, dict[str, Any]] = {}
+    jumped_at: dict[str, datetime] = {}  # a jump's fields come with its own point, not every estimate's
     with InfluxDBClient(url=url, token=token, org=org, timeout=timeout_ms) as client:
         for rec in records(client.query_api(), org, query):
             node = rec.values.get("node")
             if node is None or rec.get_value() is None:
                 continue
-            entry = fields.setdefault(node, {"at": rec.get_time()})
+            entry = fields.setdefault(node, {})
             entry[rec.get_field()] = rec.get_value()
-            entry["at"] = max(entry["at"], rec.get_time())
+            if rec.get_field() in ("jump_ns", "jump_allowed_ns"):
+                jumped_at[node] = rec.get_time()
+            else:
+                entry["at"] = max(entry.get("at", rec.get_time()), rec.get_time())
     out: dict[str, api_pb2.NodeClockStatus] = {}
     for node, entry in fields.items():
         status = api_pb2.NodeClockStatus(
@@ -616,6 +668,12 @@ def node_clocks(
             delay_ns=int(entry.get("delay_ns", 0)),
         )
         status.measured = status.bound_ns > 0
-        status.measured_at.FromDatetime(entry["at"])
+        if "at" in entry:
+            status.measured_at.FromDatetime(entry["at"])
+        if node in jumped_at:
+            status.last_jump.node = node
+            status.last_jump.jump_ns = int(entry.get("jump_ns", 0))
+            status.last_jump.allowed_ns = int(entry.get("jump_allowed_ns", 0))
+            status.last_jump.at.FromDatetime(jumped_at[node])
         out[node] = status
     return out

@@ -105,6 +105,7 @@ def test_agents_show_the_collectors_clock_or_unknown(
         "drift_ppm": 1.5,
         "delay_ns": 150,
         "measured_at": clocks[measured]["measured_at"],
+        "last_jump": None,
     }
     assert abs(_epoch(clocks[measured]["measured_at"]) - measured_at / 1e9) < 1.5
     assert clocks[unmeasured] == {
@@ -114,6 +115,7 @@ def test_agents_show_the_collectors_clock_or_unknown(
         "drift_ppm": None,
         "delay_ns": None,
         "measured_at": None,
+        "last_jump": None,
     }
 
     table = _hoptrace(dispatcher.address, "agents", "--wide")  # the clock's columns in full

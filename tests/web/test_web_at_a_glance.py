@@ -53,6 +53,7 @@ def test_agents_page_shows_each_nodes_measured_clock_or_unknown(glance: Glance) 
         "drift_ppm": None,
         "delay_ns": None,
         "measured_at": None,
+        "last_jump": None,
     }
 
 

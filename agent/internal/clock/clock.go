@@ -58,6 +58,7 @@ type Node struct {
 
 	mu       sync.Mutex
 	est      *Measurement
+	estM2R   int64 // host m2r when est was taken: a step of CLOCK_REALTIME since moves est with it
 	drift    float64
 	driftErr float64 // ppm: Fit.ErrPPM of drift
 	driftOK  bool
@@ -145,6 +146,16 @@ func (n *Node) NodeClock(mono int64) *pb.NodeClock {
 		c.BoundNs = n.est.BoundNs
 		c.DelayNs = n.est.DelayNs
 		c.SampledAtNs = n.est.SampledAt
+		// CLOCK_REALTIME − CLOCK_MONOTONIC changes only when the wall clock
+		// is stepped (settimeofday, an NTP step, a leap second; slewing moves
+		// both clocks alike). A step since the round moved the node's offset
+		// and the round's wall time by as much: carry them over, so records
+		// after a step are mapped right before the next round, and the
+		// collector sees the step in the mapping and the offset alike.
+		if step := n.m2r.Load() - n.estM2R; step > stepFoldNs || step < -stepFoldNs {
+			c.OffsetNs += step
+			c.SampledAtNs += step
+		}
 		if n.driftOK {
 			c.DriftPpm = n.drift
 			// The collector extrapolates the offset with the drift from
@@ -263,7 +274,16 @@ func (n *Node) Record(m Measurement, err error) {
 	}
 	mm := m
 	n.est = &mm
+	// The mapping read now, with the estimate: both after any step that
+	// came before the round.
+	n.refreshMapping()
+	n.estM2R = n.m2r.Load()
 }
+
+// stepFoldNs: a change of the host's CLOCK_REALTIME − CLOCK_MONOTONIC
+// beyond this is a step of the wall clock (a reading's own uncertainty is
+// its pair's gap, well under a microsecond).
+const stepFoldNs = 10_000
 
 // stepNs: an offset this far from the fit's prediction restarts the fit.
 const stepNs = 1e6

@@ -298,3 +298,26 @@ func TestRoundsSpreadOutToTheInterval(t *testing.T) {
 		t.Errorf("a short interval is kept: %v", g)
 	}
 }
+
+// A step of the wall clock after a round (the host's CLOCK_REALTIME −
+// CLOCK_MONOTONIC moved) moves the reported offset and its sample time by
+// as much; the mapping's own reading noise does not.
+func TestStepAfterRoundIsCarriedOver(t *testing.T) {
+	n := NewNode(Config{Server: "unused"})
+	n.Record(Measurement{OffsetNs: 1000, BoundNs: 50, SampledAt: 1_800_000_000e9}, nil)
+	if c := n.NodeClock(0); c.GetOffsetNs() != 1000 || c.GetSampledAtNs() != 1_800_000_000e9 {
+		t.Fatalf("no step: %v", c)
+	}
+	const step = 50_000_000 // settimeofday 50 ms ahead
+	n.m2r.Add(step)
+	c := n.NodeClock(0)
+	if c.GetOffsetNs() != 1000+step || c.GetSampledAtNs() != 1_800_000_000e9+step {
+		t.Errorf("after a 50 ms step: offset %d sampled_at %d", c.GetOffsetNs(), c.GetSampledAtNs())
+	}
+	// The next round measures the stepped clock: nothing to carry over.
+	n.Record(Measurement{OffsetNs: 1000 + step, BoundNs: 50, SampledAt: 1_800_000_010e9 + step}, nil)
+	n.m2r.Add(stepFoldNs / 2) // within a reading's noise (and a real host's m2r is the same again)
+	if c := n.NodeClock(0); c.GetOffsetNs() != 1000+step {
+		t.Errorf("after the next round: %v", c)
+	}
+}
