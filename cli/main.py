@@ -1,6 +1,7 @@
 """`hoptrace`: run the dispatcher, the collector or the web UI, and manage traces through the dispatcher's
 API. Each group of commands is a module of its own with `add_parser(subparsers, ...)` and its `run_*`
-functions: traces.py, report.py, agents.py, audit.py, servers.py, certs.py, discover.py, mace.py, iron.py.
+functions: traces.py, report.py, agents.py, audit.py, servers.py, certs.py, discover.py, mace.py, iron.py,
+importer.py.
 
 Exit status: 0 success, 1 a failed request or invalid spec (one line on stderr, hoptrace.common.entry), 2 bad
 usage, 130 interrupted.
@@ -13,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from hoptrace.cli import agents, audit, certs, discover, iron, mace, report, servers, traces
+from hoptrace.cli import agents, audit, certs, discover, importer, iron, mace, report, servers, traces
 from hoptrace.cli.servers import DEFAULT_DISPATCHER
 from hoptrace.common.entry import ArgumentParser, run_command
 from hoptrace.common.grpcutil import (
@@ -99,6 +100,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     agents.add_parser(subparsers, client)
     audit.add_parser(subparsers, client)
     report.add_parser(subparsers, client)
+    importer.add_parser(subparsers)
     # Presets (ready-made traces on one node) and path discovery.
     mace.add_parser(subparsers)
     iron.add_parser(subparsers)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Protocol
@@ -103,6 +104,10 @@ class CollectorPipeline:
         self.foreign_records: dict[str, int] = {}
         self.segment_metrics = SegmentMetrics()
         self._flushed_before = 0  # flush() closed every window before this (master time)
+        # Master time now, for what is stamped when it leaves (clock estimates, addresses, counters without
+        # a time): the collector's clock; an import of recorded files (file_input.py) gives the time its
+        # records have reached, so those points land among the records.
+        self.now_ns: Callable[[], int] = time.time_ns
 
     def closed_before(self) -> int:
         """Master time before which every window is closed and handed to the exporter: what the exporter
@@ -179,7 +184,7 @@ class CollectorPipeline:
                 values=batch.values,
             )
             self.counters.add_records(batch.trace, batch.node, batch.records, mapping)
-            now = self.joiner.watermark_ns or time.time_ns()
+            now = self.joiner.watermark_ns or self.now_ns()
             # Hop actions, event probes and recorded values go out as they come (their growth since the
             # agent's previous report); windows go out when they close (_export).
             actions: list[Point] = []
@@ -242,7 +247,7 @@ class CollectorPipeline:
         windows = self.segments.close_windows(upto)
         samples.extend(self.segments.take_exemplars())
         counters = self.counters.close_windows(upto)
-        clocks = self.clock.due_points()
+        clocks = self.clock.due_points(self.now_ns())
         losses = self.segments.take_tracer_loss()
         self.segment_metrics.observe(windows)
         if windows:  # once a second: drop the series and attach times of deleted traces
@@ -250,7 +255,7 @@ class CollectorPipeline:
             self.segment_metrics.forget_traces(live)
             self.joiner.forget_traces(live)
             self.addresses.forget_traces(live)
-        addresses = self.addresses.take_points(time.monotonic_ns(), time.time_ns(), self._path_hops)
+        addresses = self.addresses.take_points(time.monotonic_ns(), self.now_ns(), self._path_hops)
         if samples or windows or counters or clocks or losses:
             self.exporter.export(window_points(samples, windows, counters, clocks, losses))
         if addresses:
@@ -267,9 +272,9 @@ class CollectorPipeline:
             interval = self.segments.config.interval_ns
             for start in [w.start_ns for w in windows] + [w.start_ns for w in counters]:
                 self._flushed_before = max(self._flushed_before, start + interval)
-            clocks, losses = self.clock.due_points(), self.segments.take_tracer_loss()
+            clocks, losses = self.clock.due_points(self.now_ns()), self.segments.take_tracer_loss()
             self.exporter.export(window_points(samples, windows, counters, clocks, losses))
-            addresses = self.addresses.take_points(2**63 - 1, time.time_ns(), self._path_hops)  # settle all
+            addresses = self.addresses.take_points(2**63 - 1, self.now_ns(), self._path_hops)  # settle all
             if addresses:
                 self.exporter.export(addresses)
 
