@@ -126,3 +126,19 @@ def test_the_point_carries_the_jump() -> None:
         rf"node_clock,node=n\ 1 offset_ns={point.offset_ns}i,delay_ns=10000i,bound_ns=5000i,drift_ppm=0.0,"
         f"jump_ns={point.jump.jump_ns}i,jump_allowed_ns={point.jump.allowed_ns}i 5"
     )
+
+
+def test_one_direction_held_is_within_the_bound() -> None:
+    """An on-path delay of the requests only (2 ms) moves the estimate by half of it, but its bound grows by
+    as much (Cristian's bound holds whatever the split): no jump, and the truth stays inside the bound."""
+    c = ClockAligner()
+    base = [0, 0, 0]
+    rounds(c, "host-a", base, bound=5_000)
+    held = records_pb2.NodeClock(
+        monotonic_to_realtime_ns=M2R,
+        offset_ns=-1_000_000,  # ((T1 - T2) + (T4 - T3)) / 2 with T2 late by 2 ms
+        bound_ns=1_000_000 + 5_000,  # delay / 2: the held 2 ms are in the round trip
+        sampled_at_ns=START + 40 * SEC,
+    )
+    c.update("host-a", held)
+    assert c.jump_counts == {} and abs(held.offset_ns - 0) <= held.bound_ns

@@ -25,17 +25,20 @@ type ClockKeys struct {
 	Node string
 	Keys *clock.Keyring
 	Log  *slog.Logger
+	// MinRefresh bounds how often the agent asks (a refused key, a
+	// rotation due at once); 0 = a second.
+	MinRefresh time.Duration
 
 	fetched, failures atomic.Uint64
 }
-
-// minRefresh bounds how often a refused key makes the agent ask again.
-const minRefresh = time.Second
 
 // Run asks for keys until ctx ends.
 func (c *ClockKeys) Run(ctx context.Context) {
 	if c.Log == nil {
 		c.Log = slog.Default()
+	}
+	if c.MinRefresh <= 0 {
+		c.MinRefresh = time.Second
 	}
 	client := pb.NewClockKeysClient(c.Conn)
 	bo := backoff.Backoff{Max: 30 * time.Second}
@@ -66,10 +69,10 @@ func (c *ClockKeys) Run(ctx context.Context) {
 		case <-timer.C:
 		case <-c.Keys.Refresh():
 			timer.Stop()
-			select { // a round that failed at once asks again at most every minRefresh
+			select { // a round that failed at once asks again at most every MinRefresh
 			case <-ctx.Done():
 				return
-			case <-time.After(minRefresh):
+			case <-time.After(c.MinRefresh):
 			}
 		}
 	}
@@ -89,7 +92,7 @@ func (c *ClockKeys) fetch(ctx context.Context, client pb.ClockKeysClient) (time.
 	}
 	c.Keys.Set(clock.Key{ID: k.GetKeyId(), Secret: k.GetKey(), Node: c.Node}, k.GetValidFor().AsDuration())
 	c.fetched.Add(1)
-	return max(k.GetRefreshAfter().AsDuration(), minRefresh), nil
+	return max(k.GetRefreshAfter().AsDuration(), c.MinRefresh), nil
 }
 
 // Fetched and Failures count the answers taken and the calls that failed.

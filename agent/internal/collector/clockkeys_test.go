@@ -79,7 +79,7 @@ func TestClockKeysFollowsRotation(t *testing.T) {
 	defer conn.Close()
 
 	ring := clock.NewKeyring()
-	c := &ClockKeys{Conn: conn, Node: "host-b", Keys: ring}
+	c := &ClockKeys{Conn: conn, Node: "host-b", Keys: ring, MinRefresh: 20 * time.Millisecond}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { c.Run(ctx); close(done) }()
@@ -88,11 +88,11 @@ func TestClockKeysFollowsRotation(t *testing.T) {
 	if k, ok := ring.Current(); !ok || k.ID != 1 || k.Node != "host-b" || !bytes.Equal(k.Secret, bytes.Repeat([]byte{1}, 32)) {
 		t.Fatalf("first key %+v %v", k, ok)
 	}
-	// A refused round asks again (after minRefresh).
+	// A refused round asks again (after MinRefresh).
 	ring.AskRefresh()
 	waitFor(t, "key 2 after a refresh request", func() bool { return currentID(ring) == 2 })
 	// The collector rotates: the agent asks when it says.
-	ks.set(func(s *keyServer) { s.refresh = 0 }) // minRefresh apart
+	ks.set(func(s *keyServer) { s.refresh = 0 }) // MinRefresh apart
 	ring.AskRefresh()
 	waitFor(t, "keys following the rotation", func() bool { return currentID(ring) >= 5 })
 	// A key for another node is not taken; the last good one stays.
