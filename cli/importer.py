@@ -66,5 +66,6 @@ def run_import(args: argparse.Namespace) -> int:
         hops = ", ".join(
             f"{name} ({node})" for name, node in zip(path.hop_names, path.hop_nodes, strict=True)
         )
-        print(f"trace {path.trace}: {hops}")
+        drops = "".join(f"; {drop.name}" for drop in path.drop_hops)
+        print(f"trace {path.trace}: {hops}{drops}")
     return 0

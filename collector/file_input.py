@@ -33,7 +33,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from hoptrace import kernel_abi
 from hoptrace.collector.aggregate import AggregateConfig
-from hoptrace.collector.catalog import MAX_HOPS, TraceCatalog
+from hoptrace.collector.catalog import MAX_HOPS, DropSite, TraceCatalog
 from hoptrace.collector.clock import mapping_of
 from hoptrace.collector.influx import InfluxConfig, InfluxExporter, ensure_database
 from hoptrace.collector.join import JoinConfig
@@ -58,6 +58,8 @@ BATCH_RECORDS = 1024
 LINE_TYPES = frozenset({"status", "trace", "clock", "record", "counters", "event"})
 # Files of one recording: each file's records of a trace lie within this of the others' (ns).
 OVERLAP_SLACK_NS = 10_000_000_000
+# How the dispatcher names a drop hop (spec/drops.py, drops: true): its records are no hop of the path.
+DROP_HOP_PREFIX = "drops@"
 
 
 class AgentFileError(ValueError):
@@ -76,6 +78,7 @@ class TraceInFile:
     generation: int = 0
     hops: dict[int, str] = field(default_factory=dict)  # hop index -> name (trace, status or record lines)
     described: bool = False  # by a trace line (with the node), not only learned from records
+    drop_reasons: dict[int, str] = field(default_factory=dict)  # this node's kernel's, for its drop hops
     records: int = 0
     first_ns: int | None = None  # master time of its first and last record
     last_ns: int | None = None
@@ -392,6 +395,8 @@ class AgentFile:
                     in_file = stats.traces.setdefault(trace, TraceInFile())
                     in_file.generation = _int(obj, "generation", 0)
                     in_file.described = True
+                    reasons = obj.get("drop_reasons") or {}
+                    in_file.drop_reasons = {int(value): str(name) for value, name in reasons.items()}
                     for hop in obj.get("hops") or []:
                         in_file.hops[_int(hop, "hop_index")] = str(hop.get("name", ""))
                 elif kind == "status" and isinstance(obj.get("trace"), str):
@@ -446,11 +451,12 @@ def scan_files(paths: Iterable[str | Path]) -> list[AgentFile]:
 
 @dataclass(frozen=True)
 class ImportedPath:
-    """A trace's path as the files give it: hop names and nodes by hop index."""
+    """A trace's path as the files give it: hop names and nodes by hop index, and its drop hops."""
 
     trace: str
     hop_names: tuple[str, ...]
     hop_nodes: tuple[str, ...]
+    drop_hops: tuple[DropSite, ...] = ()
 
 
 def _span(start: int | None, end: int | None) -> str:
@@ -519,9 +525,26 @@ def check_files(files: list[AgentFile]) -> list[ImportedPath]:
         names = [hops[i][0] or f"hop{i}" for i in range(len(hops))]
         if len(set(names)) != len(names):
             raise AgentFileError(hops[0][2].path, 0, f"trace {trace}: hop names repeat: {', '.join(names)}")
+        path = [i for i in range(len(hops)) if not names[i].startswith(DROP_HOP_PREFIX)]
+        if path != list(range(len(path))):
+            raise AgentFileError(
+                hops[0][2].path, 0, f"trace {trace}: drop hops among the path's: {', '.join(names)}"
+            )
+        drops = tuple(
+            DropSite(i, hops[i][1], names[i], hops[i][2].stats.traces[trace].drop_reasons)
+            for i in range(len(path), len(hops))
+        )
         _check_recorded_together(trace, [f for f in files if trace in f.stats.traces])
-        paths.append(ImportedPath(trace, tuple(names), tuple(hops[i][1] for i in range(len(hops)))))
+        paths.append(ImportedPath(trace, tuple(names[: len(path)]), tuple(hops[i][1] for i in path), drops))
     return paths
+
+
+def catalog_of(paths: Iterable[ImportedPath]) -> TraceCatalog:
+    """The collector's catalog of the imported traces' paths."""
+    catalog = TraceCatalog()
+    for path in paths:
+        catalog.set_trace(path.trace, path.hop_names, path.hop_nodes, drop_hops=path.drop_hops)
+    return catalog
 
 
 def _check_recorded_together(trace: str, files: list[AgentFile]) -> None:
@@ -616,9 +639,7 @@ def import_files(
                 f"{agent_file.path}: records without a clock line (an older agent's file): placed with this "
                 "host's monotonic clock, right only on the host that recorded them, since its boot"
             )
-    catalog = TraceCatalog()
-    for path in imported:
-        catalog.set_trace(path.trace, path.hop_names, path.hop_nodes)
+    catalog = catalog_of(imported)
     influx.validate()
     if create_database and not ensure_database(influx.url, influx.bucket, influx.token):
         raise CliError(

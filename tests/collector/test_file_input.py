@@ -13,9 +13,10 @@ import pytest
 from collector_helpers import pid
 
 from hoptrace.cli.main import main
-from hoptrace.collector.catalog import TraceCatalog
+from hoptrace.collector.catalog import DropSite, TraceCatalog
 from hoptrace.collector.file_input import (
     AgentFileError,
+    catalog_of,
     check_files,
     feed_pipeline,
     parse_time,
@@ -39,6 +40,7 @@ from hoptrace.collector.schema import (
     HOP_ADDRESSES,
     HOP_COUNTERS,
     HOP_RECORDED,
+    SEGMENT_DROPS,
     SEGMENT_STATS,
 )
 from hoptrace.spec.actions import FIELD_NUMBERS
@@ -47,8 +49,10 @@ from hoptrace.v1 import records_pb2
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
 TRACE = "imported"
-HOPS = {"host-a": {0: "a-veth", 1: "a-wire"}, "host-b": {2: "b-wire", 3: "b-veth"}}
-HOP_AT_NS = (0, 2_000, 5_000, 7_000)  # each hop's time after the packet's first, master clock
+# host-b's drop hop (drops: true) records the lost packets with their reason, after the path's hops.
+HOPS = {"host-a": {0: "a-veth", 1: "a-wire"}, "host-b": {2: "b-wire", 3: "b-veth", 4: "drops@host-b"}}
+HOP_AT_NS = (0, 2_000, 5_000, 7_000, 4_000)  # each hop's time after the packet's first, master clock
+DROP_REASONS = {2: "NOT_SPECIFIED", 77: "NETFILTER_DROP"}  # host-b's kernel's enum skb_drop_reason
 T0 = 1_800_000_000_000_000_000  # master time of the first packet
 PACKETS, GAP_NS = 600, 5_000_000  # three seconds of packets
 LOST_AT_B = {seq for seq in range(40, 600, 60)}  # ten packets lost before host-b's wire
@@ -66,7 +70,8 @@ CLOCKS = {
         sampled_at_ns=T0 + 1_000_000_000,
     ),
 }
-LEN = FIELD_NUMBERS["len"]
+LEN, DROP_REASON = FIELD_NUMBERS["len"], FIELD_NUMBERS["drop_reason"]
+FIELD_NAMES = {number: name for name, number in FIELD_NUMBERS.items()}
 SERVICE = ("198.18.99.9", 8080)
 BACKEND = ("198.18.2.2", 11111)
 
@@ -88,13 +93,16 @@ def node_stream(node: str) -> list[records_pb2.RecordBatch]:
     for seq in range(PACKETS):
         packet = pid(seq)
         for hop in hops:
-            if hop >= 2 and seq in LOST_AT_B:
-                continue
+            if (hop == 4) != (seq in LOST_AT_B) and hop >= 2:
+                continue  # lost before host-b's path hops; recorded at its drop hop
             flags = F_UDP
             if hop == 1:
                 flags |= F_VALUES
                 values.append(VALUES_STRUCT.pack(LEN, 0, 0, 0, 1, 100 + seq % 7, 0, 0, 0))
-            if seq % 64 == 1:
+            if hop == 4:
+                flags |= F_VALUES
+                values.append(VALUES_STRUCT.pack(DROP_REASON, 0, 0, 0, 1, 77, 0, 0, 0))
+            if seq % 64 == 1 and hop < 4:
                 flags |= F_ADDRESSES
                 dst = SERVICE if hop < 3 else BACKEND  # host-b's veth sees the backend: a DNAT before it
                 addresses.append(
@@ -147,7 +155,8 @@ def heartbeat(node: str, seq: int, batch_seq: int) -> records_pb2.RecordBatch:
         agent_dropped=2 if node == "host-b" else 0,
     )
     for hop, name in HOPS[node].items():
-        seen = seq + 1 - (sum(1 for s in LOST_AT_B if s <= seq) if hop >= 2 else 0)
+        lost = sum(1 for s in LOST_AT_B if s <= seq)
+        seen = lost if hop == 4 else seq + 1 - (lost if hop >= 2 else 0)
         counters = hop_counters(hop, name, seen=seen, matched=seen, recorded=seen, bytes=seen * 100)
         counters.at.FromNanoseconds(master + CLOCKS[node].offset_ns)
         counters.attached_ns = mono(node, T0 - 1_000_000_000)
@@ -163,6 +172,8 @@ def agent_lines(node: str, stream: Iterable[records_pb2.RecordBatch]) -> str:
         {"type": "status", "trace": TRACE, "generation": "3", "active": True, "hops": hops},
         {"type": "trace", "trace": TRACE, "generation": 3, "node": node, "hops": hops},
     ]
+    if node == "host-b":
+        lines[-1]["drop_reasons"] = {str(value): name for value, name in DROP_REASONS.items()}
     clock = CLOCKS[node]
     lines.append(
         {
@@ -196,7 +207,7 @@ def agent_lines(node: str, stream: Iterable[records_pb2.RecordBatch]) -> str:
                 "flags": r[8],
             }
             if r in values:
-                line["values"] = {"len": values[r][LEN]}
+                line["values"] = {FIELD_NAMES[number]: value for number, value in values[r].items()}
             if r in addresses:
                 a = addresses[r]
                 line["addresses"] = {
@@ -228,7 +239,12 @@ def agent_lines(node: str, stream: Iterable[records_pb2.RecordBatch]) -> str:
 
 def catalog() -> TraceCatalog:
     cat = TraceCatalog()
-    cat.set_trace(TRACE, ["a-veth", "a-wire", "b-wire", "b-veth"], ["host-a", "host-a", "host-b", "host-b"])
+    cat.set_trace(
+        TRACE,
+        ["a-veth", "a-wire", "b-wire", "b-veth"],
+        ["host-a", "host-a", "host-b", "host-b"],
+        drop_hops=[DropSite(4, "host-b", "drops@host-b", DROP_REASONS)],
+    )
     return cat
 
 
@@ -265,11 +281,9 @@ def write_files(tmp_path: Path) -> list[Path]:
 
 def imported_points(paths: list[Path]) -> tuple[list[Point], CollectorPipeline]:
     files = scan_files(paths)
-    cat = TraceCatalog()
-    for path in check_files(files):
-        cat.set_trace(path.trace, path.hop_names, path.hop_nodes)
     points: list[Point] = []
-    pipeline = CollectorPipeline(type("List", (), {"export": staticmethod(points.extend)})(), cat)
+    exporter = type("List", (), {"export": staticmethod(points.extend)})()
+    pipeline = CollectorPipeline(exporter, catalog_of(check_files(files)))
     feed_pipeline(files, pipeline)
     return points, pipeline
 
@@ -319,6 +333,9 @@ def test_files_give_the_pipeline_what_the_stream_gives(tmp_path: Path) -> None:
     # What a collector stamps "now" lands among the records, not at the time of the import.
     assert all(T0 <= p.time_ns <= T0 + 4_000_000_000 for p in imported), {p.measurement for p in imported}
     assert pipeline.agent_dropped == {"host-b": 2}
+    drops = of(imported, SEGMENT_DROPS)
+    assert drops == of(live, SEGMENT_DROPS) != []
+    assert {dict(d[0])["reason"] for d in drops} == {"NETFILTER_DROP"}, drops
 
 
 def test_paths_and_nodes_come_from_the_trace_lines(tmp_path: Path) -> None:
@@ -327,7 +344,8 @@ def test_paths_and_nodes_come_from_the_trace_lines(tmp_path: Path) -> None:
     (path,) = check_files(files)
     assert path.hop_names == ("a-veth", "a-wire", "b-wire", "b-veth")
     assert path.hop_nodes == ("host-a", "host-a", "host-b", "host-b")
-    assert files[1].stats.traces[TRACE].records == 2 * PACKETS - 2 * len(LOST_AT_B)
+    assert path.drop_hops == (DropSite(4, "host-b", "drops@host-b", DROP_REASONS),)
+    assert files[1].stats.traces[TRACE].records == 2 * PACKETS - len(LOST_AT_B)
 
 
 def test_parse_time_keeps_nanoseconds() -> None:
@@ -434,9 +452,8 @@ def test_a_file_of_an_older_agent_imports_alone(tmp_path: Path) -> None:
     (path,) = check_files(files)
     assert path.hop_names == ("a-veth", "a-wire") and path.hop_nodes == ("host-a", "host-a")
     points: list[Point] = []
-    cat = TraceCatalog()
-    cat.set_trace(TRACE, path.hop_names, path.hop_nodes)
-    pipeline = CollectorPipeline(type("List", (), {"export": staticmethod(points.extend)})(), cat)
+    exporter = type("List", (), {"export": staticmethod(points.extend)})()
+    pipeline = CollectorPipeline(exporter, catalog_of([path]))
     feed_pipeline(files, pipeline)
     assert pipeline.stats()["complete"] == PACKETS
     assert sum(dict(p.fields)["count"] for p in points if p.measurement == SEGMENT_STATS) == 2 * PACKETS

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -523,14 +524,29 @@ func (a *running) printRecords(ctx context.Context) {
 	}
 }
 
-// describe is the status of a running trace (nil when it is not).
-func (a *running) describe(trace string) *pb.TraceStatus {
+// dropHopPrefix begins the name of every drop hop the dispatcher plans
+// (spec/drops.py, drops: true): skb:kfree_skb recording drop_reason.
+const dropHopPrefix = "drops@"
+
+// describe is the status of a running trace (nil when it is not) and, when
+// it has drop hops, this kernel's names of the reasons they record.
+func (a *running) describe(trace string) (*pb.TraceStatus, map[uint32]string) {
 	for _, st := range a.mgr.Running() {
-		if st.GetTrace() == trace {
-			return st
+		if st.GetTrace() != trace {
+			continue
 		}
+		for _, h := range st.GetHops() {
+			if strings.HasPrefix(h.GetName(), dropHopPrefix) {
+				reasons, err := probe.DropReasons()
+				if err != nil {
+					a.cfg.Log.Warn("drop reasons of this kernel unknown: an import names them by number", "err", err)
+				}
+				return st, reasons
+			}
+		}
+		return st, nil
 	}
-	return nil
+	return nil, nil
 }
 
 // applyPlan applies the standalone plan, if any; a plan that does not

@@ -28,8 +28,9 @@ type Writer struct {
 	// Node names this node in trace and clock lines.
 	Node string
 	// Describe gives a running trace's status (its hops on this node) for
-	// the trace's line; nil, or a nil status, writes none.
-	Describe func(trace string) *pb.TraceStatus
+	// the trace's line, and the names of this kernel's drop reasons when the
+	// trace has drop hops; nil, or a nil status, writes none.
+	Describe func(trace string) (*pb.TraceStatus, map[uint32]string)
 
 	described map[traceGeneration]bool
 	clock     *ClockLine // the last clock line written
@@ -85,6 +86,9 @@ type TraceLine struct {
 	Generation uint64    `json:"generation"`
 	Node       string    `json:"node"`
 	Hops       []HopLine `json:"hops"`
+	// DropReasons names the values of enum skb_drop_reason a drop hop of
+	// the trace records, as this node's kernel numbers them.
+	DropReasons map[uint32]string `json:"drop_reasons,omitempty"`
 }
 
 // HopLine is one hop of a trace line.
@@ -99,11 +103,11 @@ func (w *Writer) traceLocked(trace string, generation uint64) error {
 	if w.Describe == nil || w.described[key] {
 		return nil
 	}
-	st := w.Describe(trace)
+	st, reasons := w.Describe(trace)
 	if st == nil {
 		return nil
 	}
-	line := TraceLine{Type: "trace", Trace: trace, Generation: st.GetGeneration(), Node: w.Node}
+	line := TraceLine{Type: "trace", Trace: trace, Generation: st.GetGeneration(), Node: w.Node, DropReasons: reasons}
 	for _, h := range st.GetHops() {
 		line.Hops = append(line.Hops, HopLine{HopIndex: h.GetHopIndex(), Name: h.GetName()})
 	}

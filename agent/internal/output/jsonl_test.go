@@ -89,9 +89,10 @@ func TestImportLines(t *testing.T) {
 	w := NewWriter(&buf)
 	w.Node = "host-a"
 	described := 0
-	w.Describe = func(trace string) *pb.TraceStatus {
+	w.Describe = func(trace string) (*pb.TraceStatus, map[uint32]string) {
 		described++
-		return &pb.TraceStatus{Trace: trace, Generation: 4, Hops: []*pb.HopStatus{{HopIndex: 2, Name: "a-out"}, {HopIndex: 3, Name: "a-wire"}}}
+		return &pb.TraceStatus{Trace: trace, Generation: 4, Hops: []*pb.HopStatus{{HopIndex: 2, Name: "a-out"}, {HopIndex: 3, Name: "a-wire"}}},
+			map[uint32]string{2: "NOT_SPECIFIED", 77: "NETFILTER_DROP"}
 	}
 	raw := make([]byte, 3*record.Size)
 	record.Encode(raw, &record.Record{TsNs: 100, PacketID: 0x01000041, HopIndex: 2, Flags: record.FlagUDP | record.FlagValues | record.FlagAddresses})
@@ -144,7 +145,7 @@ func TestImportLines(t *testing.T) {
 	tr := got[0]
 	hops := tr["hops"].([]any)
 	if tr["node"] != "host-a" || tr["generation"] != 4.0 || len(hops) != 2 || hops[1].(map[string]any)["name"] != "a-wire" ||
-		hops[1].(map[string]any)["hop_index"] != 3.0 {
+		hops[1].(map[string]any)["hop_index"] != 3.0 || tr["drop_reasons"].(map[string]any)["77"] != "NETFILTER_DROP" {
 		t.Errorf("trace line %v", tr)
 	}
 	// Exact integers: decode the clock and values as numbers, not float64.
