@@ -18,6 +18,8 @@ from hoptrace.collector.file_input import (
     AgentFileError,
     catalog_of,
     check_files,
+    counters_of,
+    event_of,
     feed_pipeline,
     parse_time,
     scan_files,
@@ -479,3 +481,51 @@ def test_hoptrace_import_says_what_is_wrong_in_one_line(
         err.startswith("error: InfluxDB at http://127.0.0.1:9 did not create the database")
         and "Traceback" not in err
     )
+
+
+def test_counters_and_event_lines_are_the_messages_the_agent_had() -> None:
+    """A hop's count and histogram and an event's values, as agent/internal/output writes them, back as the
+    HopCounters and EventValues of the heartbeat (buckets by their upper bound 2^b - 1)."""
+    counters = counters_of(
+        {
+            "type": "counters",
+            "trace": TRACE,
+            "hop": "a-wire",
+            "hop_index": 1,
+            "at": "2027-01-15T08:00:00.000000123Z",
+            "attached_ns": 55,
+            "seen": 9,
+            "bytes": 900,
+            "count": {"by": "cpu", "keys": {"0": 7, "1": 2}},
+            "histogram": {"field": "len", "buckets": [{"le": 127, "count": 9}]},
+        }
+    )
+    expected = hop_counters(1, "a-wire", seen=9, bytes=900)
+    expected.at.FromNanoseconds(calendar.timegm((2027, 1, 15, 8, 0, 0)) * 10**9 + 123)
+    expected.attached_ns = 55
+    expected.actions.count, expected.actions.count_by = True, FIELD_NUMBERS["cpu"]
+    expected.actions.counts.update({0: 7, 1: 2})
+    expected.actions.histogram = LEN
+    expected.actions.buckets.extend([0] * 7 + [9])
+    assert counters == expected
+    event = event_of(
+        {
+            "type": "event",
+            "trace": TRACE,
+            "at": "1970-01-01T00:00:01Z",
+            "event": "frames",
+            "event_index": 1,
+            "seen": 900,
+            "matched": 151,
+            "count_by": "cpu",
+            "counts": {"0": 100, "1": 51},
+            "histogram": "len",
+            "buckets": [{"le": 2047, "count": 150}, {"le": 2**64 - 1, "count": 1}],
+            "recorded": [
+                {"arg": "len", "count": 3, "sum": 9.0, "min": 1, "max": 5, "last": 3, "signed": False}
+            ],
+        }
+    )
+    assert event.at.ToNanoseconds() == 1_000_000_000 and event.count and dict(event.counts) == {0: 100, 1: 51}
+    assert list(event.buckets) == [0] * 11 + [150] + [0] * 52 + [1]
+    assert (event.recorded[0].arg, event.recorded[0].count, event.recorded[0].max) == ("len", 3, 5)
