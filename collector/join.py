@@ -129,10 +129,14 @@ class JoinStats:
 
 
 class _TraceState:
-    __slots__ = ("path", "version", "width", "path_len", "limit", "template")
+    __slots__ = ("path", "version", "width", "path_len", "limit", "template", "completed", "completed_before")
 
     def __init__(self, path: TracePath | None, width: int) -> None:
         self.path = path
+        # IDs of TCP packets that left complete since the last sweep, and in the sweep before: their later
+        # segments are repeats (they come microseconds after; a sweep is window/16 apart)
+        self.completed: set[int] = set()
+        self.completed_before: set[int] = set()
         self.version = path.version if path else 0
         known = path is not None and path.known
         self.path_len = len(path.hop_names) if known else 0  # 0: never complete before expiry
@@ -153,8 +157,6 @@ class HopJoiner:
         self.stats = JoinStats()
         # key (trace, packet_id): the origin is the ID's top 8 bits, so it needs no slot of its own
         self._pending: dict[tuple[str, int], list] = {}
-        # TCP packets that left complete -> the master time they did: their later segments are repeats
-        self._completed: dict[tuple[str, int], int] = {}
         self._traces: dict[str, _TraceState] = {}
         self._watermark = 0
         self._next_sweep = 0
@@ -355,7 +357,7 @@ class HopJoiner:
         repeats = 0
         dropped = 0
         completed = 0
-        done = self._completed
+        done, done_before = st.completed, st.completed_before
         make = tuple.__new__  # JoinedPacket without its Python-level __new__ (the hot path's one object)
         reasons: dict[tuple[int, int, int], int] | None = None
         for ts, pid, _flow_hash, _ifindex, _wire_len, hop, _slot, _cpu, flags in records:
@@ -390,7 +392,7 @@ class HopJoiner:
                         del pending[key]
                         completed += 1
                         if flags & F_TCP:
-                            done[key] = t
+                            done.add(pid)
                         out.append(
                             make(
                                 JoinedPacket,
@@ -415,7 +417,7 @@ class HopJoiner:
                 if t < e[hop]:
                     e[hop] = t
                 continue
-            if done and key in done:  # a segment of a packet that left complete
+            if (done or done_before) and (pid in done or pid in done_before):  # a segment of one that left
                 repeats += 1
                 continue
             e = tmpl.copy()
@@ -470,12 +472,8 @@ class HopJoiner:
         window = self.config.window_ns
         cutoff = self._watermark - window
         self._next_sweep = self._watermark + window // 16
-        done = self._completed
-        while done:  # completed in time order: the old ones are a prefix
-            key = next(iter(done))
-            if done[key] > cutoff and len(done) <= self.config.max_entries:
-                break
-            del done[key]
+        for st in self._traces.values():
+            st.completed_before, st.completed = st.completed, set()
         excess = len(pending) - self.config.max_entries
         expired: list[tuple[str, int, int]] = []
         # Entries sit in creation order, which follows their first record's time closely (each node sends in

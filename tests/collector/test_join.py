@@ -128,11 +128,13 @@ def test_segments_of_one_packet_at_a_hop_are_that_packet_at_its_first_segment() 
     )
     assert out == [] and j.pending() == 0 and j.stats.repeats == 3
     assert j.stats.incomplete == j.stats.collisions == 0
-    # once the window passed, the packet is forgotten (bounded memory)
-    j.heard_from("node-a", 10 * SEC)
-    j.heard_from("node-b", 10 * SEC)
-    j.tick()
-    assert j._completed == {}
+    # two sweeps later (a sweep is window/16 apart) the packet is forgotten (bounded memory)
+    for sweep in (1, 2):
+        j.heard_from("node-a", sweep * 10 * SEC)
+        j.heard_from("node-b", sweep * 10 * SEC)
+        j.expire()
+    st = j._traces["t"]
+    assert st.completed == st.completed_before == set()
 
 
 def test_a_udp_packet_seen_again_after_it_left_starts_anew() -> None:
@@ -142,7 +144,7 @@ def test_a_udp_packet_seen_again_after_it_left_starts_anew() -> None:
     j.join_hops("t", "node-a", [rec(SEC, pid(3), 0), rec(SEC + 1, pid(3), 1)])
     assert len(j.join_hops("t", "node-b", [rec(SEC + 2, pid(3), 2)])) == 1
     j.join_hops("t", "node-b", [rec(SEC + 3, pid(3), 2)])
-    assert j.pending() == 1 and j._completed == {}
+    assert j.pending() == 1 and j._traces["t"].completed == set()
 
 
 def test_same_id_of_another_origin_is_another_packet() -> None:
