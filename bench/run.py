@@ -66,6 +66,7 @@ SMOKE_RUNS: dict[str, list[str]] = {
     "collector_pipeline": ["--baseline", "HEAD", "--packets", "2000", "--rounds", "1"],
     "collector_join": ["--packets", "2000", "--hops", "2"],
     "otlp_cost": ["--packets", "2000", "--rounds", "1"],
+    "import_cost": ["--packets", "2000", "--rounds", "1"],
     # These two boot qemu guests (minutes under TCG): their smoke run is the script's import and flags;
     # tests/vms runs the same guests lab (lab/guest_cluster.py) in make test.
     "case_vm_ovs": ["--help"],
