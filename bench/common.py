@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import grpc
 
 from hoptrace.lab.bpfstate import bpf_fds, tcx_programs
 from hoptrace.lab.processes import InfluxServer, free_port, start_influxd
+from hoptrace.lab.prometheus import scrape
 from hoptrace.lab.reference import path_plans  # noqa: F401 (re-exported to the benchmarks)
 from hoptrace.lab.topology import TwoHostTopology
 from hoptrace.lab.workloads import wait_listening  # noqa: F401 (re-exported to the benchmarks)
@@ -200,20 +200,6 @@ def stop_process(
 
 
 # ---- Prometheus text -----------------------------------------------------------------------------
-
-_METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
-def scrape(addr: str, timeout_s: float = 3.0) -> dict[str, float]:
-    """`/metrics` at `addr` as {"name{labels}": value} (labels as printed)."""
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=timeout_s) as response:
-        text = response.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _METRIC.match(line)
-        if m and not line.startswith("#"):
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
 
 
 def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:

@@ -20,31 +20,19 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from hoptrace.lab.kafka import publish_backlog, start_kafka
 from hoptrace.lab.lifecycle import dies_with_parent
 from hoptrace.lab.processes import free_port, start_influxd
+from hoptrace.lab.prometheus import scrape
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def scrape(addr: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-z_]+(?:\{[^}]*\})?) (\S+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
 
 
 def cpu_seconds(pid: int) -> float:

@@ -24,11 +24,11 @@ import socket
 import struct
 import threading
 import time
-import urllib.request
 
 from hoptrace.collector.timeservice import ns_of_ntp_fixed, ntp_fixed
 from hoptrace.lab.localcluster import LocalCluster
 from hoptrace.lab.processes import udp_transfer
+from hoptrace.lab.prometheus import scrape
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.lab.waiting import wait_until
 
@@ -96,18 +96,6 @@ class ClockRelay:
         self._stop.set()
         self._thread.join(5)
         self.down.close()
-
-
-def scrape(addr: str) -> dict[str, float]:
-    """A /metrics page as {"name{labels}": value}."""
-    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=5) as page:
-        text = page.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def clocks(cluster: LocalCluster) -> dict[str, dict]:
