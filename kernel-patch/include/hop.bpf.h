@@ -55,6 +55,9 @@ const volatile __u8 act_hist = 0;     /* enum hoptrace_field of the log2 histogr
 const volatile __u8 act_record[HOPTRACE_VALUES_MAX] = {};
 const volatile __u8 act_prev_ts = 0; /* 1: remember this hop's timestamp of each traced packet
 					(prev_ts) for a later hop's latency on this node */
+/* capture: N: the first N bytes (at most HOPTRACE_CAPTURE_MAX) of each traced packet ride with its
+ * record (struct hoptrace_capture); 0: none. */
+const volatile __u8 act_capture = 0;
 
 /* One per agent: every hop of every trace writes here. */
 struct {
@@ -127,6 +130,7 @@ struct {
 const struct hoptrace_record *unused_record_type __attribute__((unused));
 const struct hoptrace_values *unused_values_type __attribute__((unused));
 const struct hoptrace_addresses *unused_addresses_type __attribute__((unused));
+const struct hoptrace_capture *unused_capture_type __attribute__((unused));
 const enum hoptrace_counter *unused_counter_type __attribute__((unused));
 
 static __always_inline void count(enum hoptrace_counter c, __u64 n)
@@ -349,14 +353,24 @@ static __always_inline void submit_record(struct hoptrace_record *rec)
 	count(HOPTRACE_C_RECORDED, 1);
 }
 
-/* The record's sample: the record, its values (a record action) and the addresses the hop saw (one
- * packet in HOPTRACE_ADDRESSES_EVERY). A reserve's size must be constant where the verifier walks
- * it: four calls, each on its own path. */
-static __always_inline struct hoptrace_record *reserve_sample(bool with_values, bool with_addresses)
+/* The record's sample: the record, its values (a record action), the addresses the hop saw (one
+ * packet in HOPTRACE_ADDRESSES_EVERY) and its first bytes (a capture action). A reserve's size must
+ * be constant where the verifier walks it: eight calls, each on its own path. */
+static __always_inline struct hoptrace_record *reserve_sample(bool with_values, bool with_addresses,
+							      bool with_capture)
 {
 	const __u64 rec = sizeof(struct hoptrace_record), vals = sizeof(struct hoptrace_values),
-		    addrs = sizeof(struct hoptrace_addresses);
+		    addrs = sizeof(struct hoptrace_addresses),
+		    cap = sizeof(struct hoptrace_capture);
 
+	if (with_capture) {
+		if (with_values)
+			return with_addresses
+				   ? bpf_ringbuf_reserve(&records, rec + vals + addrs + cap, 0)
+				   : bpf_ringbuf_reserve(&records, rec + vals + cap, 0);
+		return with_addresses ? bpf_ringbuf_reserve(&records, rec + addrs + cap, 0)
+				      : bpf_ringbuf_reserve(&records, rec + cap, 0);
+	}
 	if (with_values)
 		return with_addresses ? bpf_ringbuf_reserve(&records, rec + vals + addrs, 0)
 				      : bpf_ringbuf_reserve(&records, rec + vals, 0);
@@ -369,48 +383,6 @@ static __always_inline struct hoptrace_record *reserve_sample(bool with_values, 
 static __always_inline bool describes_addresses(__u32 packet_id)
 {
 	return (packet_id & (HOPTRACE_ADDRESSES_EVERY - 1)) == 1;
-}
-
-/* vals: the record action's values, read only when the hop has one (act_record[0]): then they
- * follow the record in the same sample (HOPTRACE_F_VALUES). addrs: the parsed packet whose
- * addresses follow them (HOPTRACE_F_ADDRESSES), or NULL. */
-static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 flags,
-					__u32 ifindex, __u32 wire_len, __u64 ts,
-					const struct hoptrace_values *vals,
-					const struct pkt_info *addrs)
-{
-	struct hoptrace_record *rec = reserve_sample(act_record[0], addrs);
-	void *next;
-
-	if (!rec) {
-		count(HOPTRACE_C_RINGBUF_FULL, 1);
-		return;
-	}
-	rec->ts_ns = ts;
-	rec->packet_id = packet_id;
-	rec->flow_hash = flow_hash;
-	rec->ifindex = ifindex;
-	rec->wire_len = wire_len;
-	rec->hop_index = hop_index;
-	rec->trace_slot = trace_slot;
-	rec->cpu = bpf_get_smp_processor_id();
-	rec->flags = flags;
-	next = rec + 1;
-	if (act_record[0]) {
-		rec->flags |= HOPTRACE_F_VALUES;
-		__builtin_memcpy(next, vals, sizeof(*vals));
-		next += sizeof(*vals);
-	}
-	if (addrs) {
-		struct hoptrace_addresses *a = next;
-
-		rec->flags |= HOPTRACE_F_ADDRESSES;
-		/* struct pkt_info begins with the same saddr..family */
-		__builtin_memcpy(a, addrs, offsetof(struct hoptrace_addresses, pad));
-		a->pad[0] = 0;
-		a->pad[1] = 0;
-	}
-	submit_record(rec);
 }
 
 /* 6.2+; weak, so that the agent's loader turns it into NULL where it is missing. */
@@ -576,6 +548,12 @@ struct hop_meta {
 	__u32 rmem;
 	__u32 backlog;
 	__u64 comm;
+	/* The capture action: not 0 when the packet as the hop reads it begins with its IP header
+	 * (cgroup hops; kernel hops of an skb without a MAC header: its ethertype), 0 with an
+	 * Ethernet header. Set only with the action, as it is: a link type chosen from it at the
+	 * parse (a branch on the ethertype, carried through it) cost kernel hops +20 % verified
+	 * instructions. */
+	__u16 capture_l3;
 };
 
 /* Does any of this hop's actions read a packet or task field? Load-time constant. Tested once
@@ -722,7 +700,8 @@ static __always_inline void hist_add(__u64 value)
 }
 
 /* The record action's values of this packet, in the order of act_record (the dispatcher refuses
- * latency there: the joined records' timestamps already carry it per packet). */
+ * latency there: the joined records' timestamps already carry it per packet), written in place in
+ * the record's sample: a copy on the stack cost 40 bytes of it, which the kernel hops lack. */
 static __always_inline void record_values(struct hoptrace_values *vals, const struct pkt_info *p,
 					  __u32 ifindex, __u32 wire_len, const struct hop_meta *m)
 {
@@ -765,25 +744,144 @@ static __always_inline bool prev_hop_latency(__u32 packet_id, __u64 ts, __u64 *l
 	return found;
 }
 
+/*
+ * The capture action: the packet's first min(act_capture, what the reader r of its parse can give)
+ * bytes into the sample; src (an skb, an XDP frame or kernel memory) is a constant of the caller's,
+ * m->capture_l3 says what the first byte begins (HOPTRACE_CAPTURE_LINK_*). Only those bytes are the
+ * packet's (the agent zeroes the rest, reader.go): zeroing 128 bytes of ring here would cost every
+ * captured packet more than the copy. A copy that fails leaves captured 0.
+ *
+ * Where no helper reads the packet by offset (kernel hops, XDP frames before 5.18), the hop reads
+ * HOPTRACE_CAPTURE_MAX bytes from its start whatever its length, so that the length stays
+ * imprecise and the verifier prunes the paths that reach here with different ones (as a helper's
+ * size argument it is precise: the floor variants of the kernel hops then passed 1M instructions,
+ * XDP's doubled). Past the packet's last byte that reads the rest of its buffer: an skb's head is
+ * followed by its skb_shared_info at skb->end, an XDP frame's tailroom holds one. Not from
+ * pkt_scratch (pkt_copy_head's copy): testing that pointer here kept it live through the parse,
+ * and states with and without it apart (+30 % verified instructions on the floor variants).
+ */
+static __always_inline void capture_packet(struct hoptrace_capture *cap, enum pkt_source src,
+					   const struct pkt_reader *r, const struct hop_meta *m,
+					   __u32 wire_len)
+{
+	long err;
+	__u32 n;
+
+	/* no branch: (capture_l3 + 0xffff) >> 16 is 1 for an ethertype, 0 for 0 */
+	__u32 l3 = m->capture_l3 + 0xffff;
+
+	barrier_var(l3);
+	l3 >>= 16;
+	cap->link_type = HOPTRACE_CAPTURE_LINK_ETHERNET +
+			 l3 * (HOPTRACE_CAPTURE_LINK_RAW - HOPTRACE_CAPTURE_LINK_ETHERNET);
+	cap->wire_len = wire_len;
+	cap->captured = 0;
+	if (src == PKT_KERNEL) {
+		/* the skb's linear bytes: a paged skb's payload is in its pages */
+		if (bpf_probe_read_kernel(cap->bytes, HOPTRACE_CAPTURE_MAX, r->kbase))
+			return;
+		cap->captured = r->len < act_capture ? r->len : act_capture;
+		return;
+	}
+	if (src == PKT_XDP && r->floor) {
+		/* Before 5.18 no helper reads a frame: it is one buffer, read as memory, as a
+		 * kernel hop's (the frame's tailroom holds its skb_shared_info). */
+		void *data = (void *)(long)((struct xdp_md *)r->ctx)->data;
+
+		if (bpf_probe_read_kernel(cap->bytes, HOPTRACE_CAPTURE_MAX, data))
+			return;
+		cap->captured = wire_len < act_capture ? wire_len : act_capture;
+		return;
+	}
+	/* an skb or a frame, whole, through the helpers */
+	n = wire_len < act_capture ? wire_len : act_capture;
+	barrier_var(n);
+	if (!n || n > HOPTRACE_CAPTURE_MAX)
+		return;
+	barrier_var(n);
+	/* no-op for n in [1, MAX]: bounds the helpers' size to it for the verifier */
+	n = ((n - 1) & (HOPTRACE_CAPTURE_MAX - 1)) + 1;
+	if (src == PKT_SKB)
+		err = bpf_skb_load_bytes(r->ctx, 0, cap->bytes, n);
+	else
+		err = bpf_xdp_load_bytes(r->ctx, 0, cap->bytes, n);
+	if (!err)
+		cap->captured = n;
+}
+
+/* Emits the record's sample: the record, then, each when the hop has it, the record action's values
+ * (act_record[0], HOPTRACE_F_VALUES: written in place from p, ifindex and m, see record_values),
+ * the addresses addrs, the parsed packet, describes (HOPTRACE_F_ADDRESSES; NULL: none) and the
+ * packet's first bytes (act_capture, HOPTRACE_F_CAPTURE), read from src by r (see capture_packet; r
+ * NULL at hops without a packet to read: socket-read's queue, uprobe). */
+static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 flags,
+					__u32 record_ifindex, __u32 wire_len, __u64 ts,
+					const struct pkt_info *p, __u32 ifindex,
+					const struct hop_meta *m, const struct pkt_info *addrs,
+					enum pkt_source src, const struct pkt_reader *r)
+{
+	struct hoptrace_record *rec = reserve_sample(act_record[0], addrs, act_capture && r);
+	void *next;
+
+	if (!rec) {
+		count(HOPTRACE_C_RINGBUF_FULL, 1);
+		return;
+	}
+	rec->ts_ns = ts;
+	rec->packet_id = packet_id;
+	rec->flow_hash = flow_hash;
+	rec->ifindex = record_ifindex;
+	rec->wire_len = wire_len;
+	rec->hop_index = hop_index;
+	rec->trace_slot = trace_slot;
+	rec->cpu = bpf_get_smp_processor_id();
+	rec->flags = flags;
+	next = rec + 1;
+	if (act_record[0]) {
+		rec->flags |= HOPTRACE_F_VALUES;
+		record_values(next, p, ifindex, wire_len, m);
+		next += sizeof(struct hoptrace_values);
+	}
+	if (addrs) {
+		struct hoptrace_addresses *a = next;
+
+		rec->flags |= HOPTRACE_F_ADDRESSES;
+		/* struct pkt_info begins with the same saddr..family */
+		__builtin_memcpy(a, addrs, offsetof(struct hoptrace_addresses, pad));
+		a->pad[0] = 0;
+		a->pad[1] = 0;
+		next += sizeof(*a);
+	}
+	if (act_capture && r) {
+		rec->flags |= HOPTRACE_F_CAPTURE;
+		capture_packet(next, src, r, m, wire_len);
+	}
+	submit_record(rec);
+}
+
 /* A parsed packet's record, with the addresses this hop saw when its ID says so. A call per case,
  * each with a constant addrs: with one call and a maybe-NULL addrs, clang tests the ID twice and
  * the verifier cannot tie the reserve's size to the copy. */
-static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 ifindex,
-					       __u32 wire_len, __u64 ts,
-					       const struct hoptrace_values *vals)
+static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 record_ifindex,
+					       __u32 wire_len, __u64 ts, __u32 ifindex,
+					       const struct hop_meta *m, enum pkt_source src,
+					       const struct pkt_reader *r)
 {
 	if (describes_addresses(p->id))
-		emit_record(p->id, flow_hash(p), p->flags, ifindex, wire_len, ts, vals, p);
+		emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, p, ifindex,
+			    m, p, src, r);
 	else
-		emit_record(p->id, flow_hash(p), p->flags, ifindex, wire_len, ts, vals, NULL);
+		emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, p, ifindex,
+			    m, NULL, src, r);
 }
 
 /* The part every hop shares once it has parsed the packet; true when it
- * emitted the packet's record. */
+ * emitted the packet's record. src and r: where a capture action reads the packet (r NULL:
+ * nowhere, see emit_record). */
 static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifindex,
-				       __u32 wire_len, const struct hop_meta *m)
+				       __u32 wire_len, const struct hop_meta *m,
+				       enum pkt_source src, const struct pkt_reader *r)
 {
-	struct hoptrace_values vals; /* filled and read only with a record action */
 	__u64 ts, latency = 0;
 	__u32 record_ifindex;
 	bool has_latency = false;
@@ -815,14 +913,7 @@ static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifi
 		hist_add(latency);
 	/* socket-read: the reader's pid stands in the record's ifindex (HOPTRACE_F_TASK) */
 	record_ifindex = m->task_pid ? m->task_pid : ifindex;
-	/* Two calls, not one with a maybe-filled struct: clang would copy its undefined bytes
-	 * (which the verifier refuses), or the hot path would pay to zero it. */
-	if (act_record[0]) {
-		record_values(&vals, p, ifindex, wire_len, m);
-		emit_packet_record(p, record_ifindex, wire_len, ts, &vals);
-	} else {
-		emit_packet_record(p, record_ifindex, wire_len, ts, NULL);
-	}
+	emit_packet_record(p, record_ifindex, wire_len, ts, ifindex, m, src, r);
 	return true;
 }
 
@@ -858,7 +949,6 @@ static __always_inline void sock_meta(struct sock *sk, struct hop_meta *m)
 static __always_inline void hop_finish_read(__u32 packet_id, __u32 flow_hash, __u32 wire_len,
 					    __u16 flags, const struct hop_meta *m)
 {
-	struct hoptrace_values vals; /* filled and read only with a record action */
 	__u64 ts, latency = 0;
 
 	count(HOPTRACE_C_MATCHED, 1);
@@ -876,12 +966,8 @@ static __always_inline void hop_finish_read(__u32 packet_id, __u32 flow_hash, __
 	    prev_hop_latency(packet_id, ts, &latency) && act_hist == HOPTRACE_FIELD_LATENCY)
 		hist_add(latency);
 	flags |= HOPTRACE_F_TASK;
-	if (act_record[0]) {
-		record_values(&vals, NULL, 0, wire_len, m);
-		emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, &vals, NULL);
-	} else {
-		emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, NULL, NULL);
-	}
+	emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, NULL, 0, m, NULL,
+		    PKT_KERNEL, NULL);
 }
 
 /* The netns inode of a tc or cgroup_skb packet's device: tc's ctx is the kernel's sk_buff (see
@@ -977,7 +1063,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 			      1); /* too big, GSO, or failed: also counted untagged below */
 		}
 	}
-	hop_finish(status, &p, ifindex, len, &m);
+	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return TCX_NEXT_;
 }
 
@@ -1011,10 +1097,12 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	skb_meta(skb, &m, true, floor);
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
+	if (act_capture)
+		m.capture_l3 = ETH_P_IP_; /* the packet starts at its IP header */
 	count(HOPTRACE_C_SEEN, 1);
 	hop_finish(resume ? hop_parse_fast(PKT_SKB, &r, resume, &p)
 			  : hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p),
-		   &p, ifindex, len, &m);
+		   &p, ifindex, len, &m, PKT_SKB, &r);
 	return SK_PASS_;
 }
 
@@ -1058,7 +1146,7 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 	pkt_set_direct(&r, data, data_end, false);
 	count(HOPTRACE_C_SEEN, 1);
 	hop_finish(resume ? hop_parse_fast(PKT_XDP, &r, resume, &p) : hop_parse(PKT_XDP, &r, 0, &p),
-		   &p, ifindex, len, &m);
+		   &p, ifindex, len, &m, PKT_XDP, &r);
 	return XDP_PASS;
 }
 
@@ -1140,8 +1228,12 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		}
 	}
 	m.drop_reason = drop_reason;
+	/* the reader starts at the MAC header when the skb has one (ethertype 0), else at IP */
+	if (act_capture)
+		m.capture_l3 = ethertype;
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
-	hop_finish(hop_parse(PKT_KERNEL, &r, ethertype, &p), &p, ifindex, r.total, &m);
+	hop_finish(hop_parse(PKT_KERNEL, &r, ethertype, &p), &p, ifindex, r.total, &m, PKT_KERNEL,
+		   &r);
 	return 0;
 }
 
@@ -1294,7 +1386,7 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 	if (m.task_pid)
 		p.flags |= HOPTRACE_F_TASK;
 	/* wire_len as the device hops saw the packet: L2 and IP length, ID included */
-	if (hop_finish(status, &p, ifindex, p.l3_off + p.ip_len, &m))
+	if (hop_finish(status, &p, ifindex, p.l3_off + p.ip_len, &m, PKT_KERNEL, NULL))
 		remember_read(p.id, flow_hash(&p), p.l3_off + p.ip_len, p.flags);
 	return 0;
 }

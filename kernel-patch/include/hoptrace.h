@@ -78,6 +78,13 @@ enum hoptrace_wire {
 	 * same packets and the collector compares them hop by hop (what a NAT rewrote, where). A
 	 * power of two. */
 	HOPTRACE_ADDRESSES_EVERY = 64,
+	/* The capture action (capture: N): at most this many bytes of each traced packet, from the
+	 * start of the frame as the hop sees it, ride with its record (struct hoptrace_capture). */
+	HOPTRACE_CAPTURE_MAX = 128,
+	/* struct hoptrace_capture's link_type: pcap's LINKTYPE_* of its first byte (tcpdump.org's
+	 * link-layer header types), so a pcap writer needs no table. */
+	HOPTRACE_CAPTURE_LINK_ETHERNET = 1, /* tc, xdp, kernel hops of an skb with a MAC header */
+	HOPTRACE_CAPTURE_LINK_RAW = 101,    /* cgroup hops, kernel hops of an skb without one: IP */
 };
 
 /* record.flags */
@@ -98,6 +105,8 @@ enum hoptrace_record_flag {
 	HOPTRACE_F_FOLLOWED = 1 << 9,
 	/* a struct hoptrace_addresses follows the record (and its values) in its sample */
 	HOPTRACE_F_ADDRESSES = 1 << 10,
+	/* a struct hoptrace_capture follows the record (its values and addresses) in its sample */
+	HOPTRACE_F_CAPTURE = 1 << 11,
 };
 
 /* One timestamp of one packet at one hop. 32 bytes, no padding. */
@@ -135,6 +144,18 @@ struct hoptrace_addresses {
 	__u8 proto;
 	__u8 family; /* 4 or 6 */
 	__u8 pad[2];
+};
+
+/* The capture action's bytes (capture: N): in the same sample, after the record, its values and its
+ * addresses, when the record's flags has HOPTRACE_F_CAPTURE. bytes[captured..] are not the packet's
+ * (the hop writes only the first captured ones; the agent zeroes the rest before they leave the
+ * node). 136 bytes, no padding. */
+struct hoptrace_capture {
+	__u32 wire_len; /* the packet's length from bytes[0] on (pcap's original length) */
+	__u16
+	    captured; /* bytes[0..captured) are the packet's: min(N, its bytes the hop can read) */
+	__u16 link_type; /* HOPTRACE_CAPTURE_LINK_*: what bytes[0] begins */
+	__u8 bytes[HOPTRACE_CAPTURE_MAX];
 };
 
 /* Per-hop counters: one per-CPU array entry per reason, summed by the agent.

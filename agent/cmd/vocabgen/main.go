@@ -28,16 +28,17 @@ import (
 )
 
 const (
-	recordStruct = "hoptrace_record"
-	valuesStruct = "hoptrace_values"
-	addrsStruct  = "hoptrace_addresses"
-	flagEnum     = "hoptrace_record_flag"
-	counterEnum  = "hoptrace_counter"
-	wireEnum     = "hoptrace_wire"
-	fieldEnum    = "hoptrace_field"
-	eventOpEnum  = "hoptrace_event_op"
-	eventKeyEnum = "hoptrace_event_key"
-	source       = "kernel-patch/include/hoptrace.h"
+	recordStruct  = "hoptrace_record"
+	valuesStruct  = "hoptrace_values"
+	addrsStruct   = "hoptrace_addresses"
+	captureStruct = "hoptrace_capture"
+	flagEnum      = "hoptrace_record_flag"
+	counterEnum   = "hoptrace_counter"
+	wireEnum      = "hoptrace_wire"
+	fieldEnum     = "hoptrace_field"
+	eventOpEnum   = "hoptrace_event_op"
+	eventKeyEnum  = "hoptrace_event_key"
+	source        = "kernel-patch/include/hoptrace.h"
 )
 
 func main() {
@@ -105,17 +106,18 @@ type constant struct {
 }
 
 type vocabulary struct {
-	RecordSize uint32
-	ValuesSize uint32 // sizeof(struct hoptrace_values), its layout checked by checkLayout
-	AddrsSize  uint32 // sizeof(struct hoptrace_addresses), its layout checked by checkLayout
-	Record     []member
-	Flags      []constant
-	Counters   []constant // without HOPTRACE_C_MAX
-	Wire       []constant
-	Fields     []constant // without HOPTRACE_FIELD_MAX
-	EventOps   []constant // without HOPTRACE_EVENT_OP_MAX
-	EventKeys  []constant
-	Programs   []program // sorted by name
+	RecordSize  uint32
+	ValuesSize  uint32 // sizeof(struct hoptrace_values), its layout checked by checkLayout
+	AddrsSize   uint32 // sizeof(struct hoptrace_addresses), its layout checked by checkLayout
+	CaptureSize uint32 // sizeof(struct hoptrace_capture), its layout checked by checkLayout
+	Record      []member
+	Flags       []constant
+	Counters    []constant // without HOPTRACE_C_MAX
+	Wire        []constant
+	Fields      []constant // without HOPTRACE_FIELD_MAX
+	EventOps    []constant // without HOPTRACE_EVENT_OP_MAX
+	EventKeys   []constant
+	Programs    []program // sorted by name
 }
 
 type program struct {
@@ -138,6 +140,9 @@ var (
 	// u32 saddr[4], u32 daddr[4], u16 sport, u16 dport, u8 proto, u8 family, u8 pad[2]
 	addrsLayout = []layoutMember{{"saddr", 0, 4, 4}, {"daddr", 16, 4, 4}, {"sport", 32, 0, 2},
 		{"dport", 34, 0, 2}, {"proto", 36, 0, 1}, {"family", 37, 0, 1}, {"pad", 38, 2, 1}}
+	// u32 wire_len, u16 captured, u16 link_type, u8 bytes[N], N = 128 (HOPTRACE_CAPTURE_MAX)
+	captureLayout = []layoutMember{{"wire_len", 0, 0, 4}, {"captured", 4, 0, 2}, {"link_type", 6, 0, 2},
+		{"bytes", 8, 128, 1}}
 )
 
 // checkLayout checks the struct is what the readers decode (want), and returns its size.
@@ -177,6 +182,9 @@ func readVocabulary(object string) (*vocabulary, error) {
 		return nil, err
 	}
 	if v.AddrsSize, err = checkLayout(spec, addrsStruct, addrsLayout); err != nil {
+		return nil, err
+	}
+	if v.CaptureSize, err = checkLayout(spec, captureStruct, captureLayout); err != nil {
 		return nil, err
 	}
 	for _, m := range rec.Members {
@@ -282,6 +290,7 @@ func renderGo(v *vocabulary) ([]byte, error) {
 	p("// Size is sizeof(struct %s).\nconst Size = %d\n\n", recordStruct, v.RecordSize)
 	p("// ValuesSize is sizeof(struct %s): u8 field[4], u32 count, u64 value[4].\nconst ValuesSize = %d\n\n", valuesStruct, v.ValuesSize)
 	p("// AddressesSize is sizeof(struct %s): u32 saddr[4], u32 daddr[4], u16 sport, u16 dport, u8 proto, u8 family, u8 pad[2].\nconst AddressesSize = %d\n\n", addrsStruct, v.AddrsSize)
+	p("// CaptureSize is sizeof(struct %s): u32 wire_len, u16 captured, u16 link_type, u8 bytes[128].\nconst CaptureSize = %d\n\n", captureStruct, v.CaptureSize)
 	p("// Record is struct %s, decoded from its little-endian bytes.\ntype Record struct {\n", recordStruct)
 	for _, m := range v.Record {
 		p("\t%s %s\n", goName(m.Name), goInt(m))
@@ -425,6 +434,7 @@ func renderPython(v *vocabulary) ([]byte, error) {
 	p("# struct %s, little-endian (struct module format).\nRECORD_FORMAT = %q\nRECORD_SIZE = %d\n", recordStruct, format, v.RecordSize)
 	p("# struct %s (u8 field[4], u32 count, u64 value[4]; layout checked by vocabgen).\nVALUES_FORMAT = \"<4BI4Q\"\nVALUES_SIZE = %d\n", valuesStruct, v.ValuesSize)
 	p("# struct %s (addresses in network order, ports in host order; layout checked by vocabgen).\nADDRESSES_FORMAT = \"<16s16sHHBB2x\"\nADDRESSES_SIZE = %d\n", addrsStruct, v.AddrsSize)
+	p("# struct %s (u32 wire_len, u16 captured, u16 link_type, u8 bytes[128]; layout checked by vocabgen).\nCAPTURE_FORMAT = \"<IHH128s\"\nCAPTURE_SIZE = %d\n", captureStruct, v.CaptureSize)
 	p("RECORD_FIELDS = (\n")
 	for _, m := range v.Record {
 		p("    %q,\n", m.Name)

@@ -43,7 +43,7 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 		},
 		ebpf.XDP: {
 			attach:  set(ebpf.AttachXDP),
-			helpers: set(asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnXdpGetBuffLen, asm.FnXdpLoadBytes),
+			helpers: set(asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnXdpGetBuffLen, asm.FnXdpLoadBytes),
 			kfuncs:  set[string](),
 		},
 	},

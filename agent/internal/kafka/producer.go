@@ -178,27 +178,26 @@ func SplitByPartition(trace string, records []byte, partitions int) [][]byte {
 // partition, in order.
 func SplitTrailersByPartition(trace string, records []byte, tr stream.Trailers, partitions int) []stream.Trailers {
 	out := make([]stream.Trailers, partitions)
-	if len(tr.Values) == 0 && len(tr.Addresses) == 0 {
+	if tr.Len() == 0 {
 		return out
 	}
 	th := traceHash(trace)
-	nextValues, nextAddrs := 0, 0
+	kinds := tr.Buffers()
+	var next [len(kinds)]int
 	for i := 0; i+record.Size <= len(records); i += record.Size {
 		rec := records[i:]
-		hasValues := record.ValuesTrailer.On(rec) && nextValues+record.ValuesSize <= len(tr.Values)
-		hasAddrs := record.AddressesTrailer.On(rec) && nextAddrs+record.AddressesSize <= len(tr.Addresses)
-		if !hasValues && !hasAddrs {
-			continue
-		}
-		id := binary.LittleEndian.Uint32(rec[record.OffsetPacketID:])
-		p := &out[packetHash(th, id)%uint32(partitions)]
-		if hasValues {
-			p.Values = append(p.Values, tr.Values[nextValues:nextValues+record.ValuesSize]...)
-			nextValues += record.ValuesSize
-		}
-		if hasAddrs {
-			p.Addresses = append(p.Addresses, tr.Addresses[nextAddrs:nextAddrs+record.AddressesSize]...)
-			nextAddrs += record.AddressesSize
+		var p *stream.Trailers
+		for k, tb := range kinds {
+			if !tb.On(rec) || next[k]+tb.Size > len(*tb.Buf) {
+				continue
+			}
+			if p == nil {
+				id := binary.LittleEndian.Uint32(rec[record.OffsetPacketID:])
+				p = &out[packetHash(th, id)%uint32(partitions)]
+			}
+			dst := p.Buffers()[k].Buf
+			*dst = append(*dst, (*tb.Buf)[next[k]:next[k]+tb.Size]...)
+			next[k] += tb.Size
 		}
 	}
 	return out

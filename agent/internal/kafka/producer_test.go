@@ -72,8 +72,8 @@ func TestSplitByPartition(t *testing.T) {
 	}
 }
 
-// The trailers (record-action values, addresses) follow their records into the same partition, in
-// order; records without them take none.
+// The trailers (record-action values, addresses, captures) follow their records into the same
+// partition, in order; records without them take none.
 func TestSplitTrailersByPartition(t *testing.T) {
 	ids := make([]uint32, 300)
 	for i := range ids {
@@ -98,14 +98,21 @@ func TestSplitTrailersByPartition(t *testing.T) {
 			a[37] = 4
 			tr.Addresses = append(tr.Addresses, a...)
 		}
+		if i%5 < 2 { // a hop with the capture action
+			flags |= record.FlagCapture
+			c := make([]byte, record.CaptureSize)
+			binary.LittleEndian.PutUint16(c[4:], 4)
+			binary.BigEndian.PutUint32(c[8:], ids[i]) // the captured bytes name their packet
+			tr.Captures = append(tr.Captures, c...)
+		}
 		binary.LittleEndian.PutUint16(recs[off+record.OffsetFlags:], flags)
 	}
 	const parts = 5
 	recParts := SplitByPartition("t", recs, parts)
 	trParts := SplitTrailersByPartition("t", recs, tr, parts)
-	withValues, withAddrs := 0, 0
+	withValues, withAddrs, withCaptures := 0, 0, 0
 	for p := range parts {
-		nextValues, nextAddrs := 0, 0
+		nextValues, nextAddrs, nextCaptures := 0, 0, 0
 		for off := 0; off < len(recParts[p]); off += record.Size {
 			rec := recParts[p][off:]
 			id := binary.LittleEndian.Uint32(rec[record.OffsetPacketID:])
@@ -128,11 +135,28 @@ func TestSplitTrailersByPartition(t *testing.T) {
 				nextAddrs += record.AddressesSize
 				withAddrs++
 			}
+			if record.CaptureTrailer.On(rec) {
+				c, err := record.DecodeCapture(trParts[p].Captures[nextCaptures:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := binary.BigEndian.Uint32(c.Bytes); got != id {
+					t.Fatalf("partition %d: record %#x paired with the capture of %#x", p, id, got)
+				}
+				nextCaptures += record.CaptureSize
+				withCaptures++
+			}
+		}
+		if nextCaptures != len(trParts[p].Captures) {
+			t.Fatalf("partition %d: %d capture bytes, %d used by its records", p, len(trParts[p].Captures), nextCaptures)
 		}
 		if nextValues != len(trParts[p].Values) || nextAddrs != len(trParts[p].Addresses) {
 			t.Fatalf("partition %d: %d value and %d address bytes, %d and %d used by its records", p,
 				len(trParts[p].Values), len(trParts[p].Addresses), nextValues, nextAddrs)
 		}
+	}
+	if withCaptures != 2*len(ids)/5 {
+		t.Fatalf("%d records paired with captures, want %d", withCaptures, 2*len(ids)/5)
 	}
 	if withValues != len(ids)-(len(ids)+2)/3 || withAddrs != (len(ids)+3)/4 {
 		t.Fatalf("%d records paired with values, %d with addresses, want %d and %d", withValues, withAddrs,

@@ -284,7 +284,8 @@ func TestNoActionsTouchNothing(t *testing.T) {
 func TestActionsVerifierCost(t *testing.T) {
 	h := newHarness(t)
 	all := loader.Actions{Count: true, CountBy: record.FieldMark, Histogram: record.FieldLatency, PrevTS: true,
-		Record: [record.ValuesMax]record.ActionField{record.FieldLen, record.FieldTTL, record.FieldTCPFlags, record.FieldCPU}}
+		Record:  [record.ValuesMax]record.ActionField{record.FieldLen, record.FieldTTL, record.FieldTCPFlags, record.FieldCPU},
+		Capture: record.CaptureMax}
 	for _, program := range []string{loader.ProgTC, loader.ProgTPBTF, loader.ProgXDP} {
 		cost := map[bool]uint32{}
 		for _, with := range []bool{false, true} {

@@ -282,7 +282,8 @@ func TestRecordActionCarriesValues(t *testing.T) {
 }
 
 // Every new field's code in the floor variants (the ones 5.10 up to 5.17 run: no bpf_cast_to_kern_ctx, CO-RE
-// probe reads from the ctx) passes this kernel's verifier, with count, histogram and record all reading.
+// probe reads from the ctx) passes this kernel's verifier, with count, histogram and record all reading, and
+// the capture action beside them.
 // Not in the kernel matrix: it loads the full variants and pid/drop_reason too, which older kernels refuse
 // by design (their agents report those fields unavailable).
 func TestFloorVariantsLoadWithEveryField(t *testing.T) {
@@ -293,12 +294,13 @@ func TestFloorVariantsLoadWithEveryField(t *testing.T) {
 		program string
 		actions loader.Actions
 	}{
-		{loader.ProgTC, loader.Actions{Count: true, CountBy: record.FieldCgroup, Histogram: record.FieldTCPFlags, Record: skbFields}},
+		{loader.ProgTC, loader.Actions{Count: true, CountBy: record.FieldCgroup, Histogram: record.FieldTCPFlags, Record: skbFields, Capture: 128}},
 		{loader.ProgTC, loader.Actions{Count: true, CountBy: record.FieldMark, Histogram: record.FieldPriority, Record: headers}},
-		{loader.ProgCgroupSKB, loader.Actions{Count: true, CountBy: record.FieldPID, Histogram: record.FieldCgroup, Record: skbFields}},
-		{loader.ProgTPBTF, loader.Actions{Count: true, CountBy: record.FieldNetns, Histogram: record.FieldGSOSize, Record: skbFields}},
-		{loader.ProgTPBTFKfree, loader.Actions{Count: true, CountBy: record.FieldDropReason, Record: headers}},
-		{loader.ProgXDP, loader.Actions{Count: true, CountBy: record.FieldTTL, Histogram: record.FieldLen, Record: headers}},
+		{loader.ProgCgroupSKB, loader.Actions{Count: true, CountBy: record.FieldPID, Histogram: record.FieldCgroup, Record: skbFields, Capture: 128}},
+		{loader.ProgTPBTF, loader.Actions{Count: true, CountBy: record.FieldNetns, Histogram: record.FieldGSOSize, Record: skbFields, Capture: 128}},
+		{loader.ProgTPBTFKfree, loader.Actions{Count: true, CountBy: record.FieldDropReason, Record: headers, Capture: 128}},
+		{loader.ProgXDP, loader.Actions{Count: true, CountBy: record.FieldTTL, Histogram: record.FieldLen, Record: headers, Capture: 128}},
+		{loader.ProgKretprobe, loader.Actions{Count: true, CountBy: record.FieldMark, Record: skbFields, Capture: 128}},
 	} {
 		for _, program := range []string{c.program, c.program + loader.FloorSuffix} {
 			cfg := loader.HopConfig{Program: program, Name: program, IDOrigin: 7, TraceSlot: 3, Actions: c.actions}

@@ -129,6 +129,9 @@ type Actions struct {
 	PrevTS    bool               // remember traced packets' timestamps for a later hop's latency
 	// Record: fields whose values ride with each traced packet's record (FieldNone past the last).
 	Record [record.ValuesMax]record.ActionField
+	// Capture: the first bytes of each traced packet ride with its record (struct
+	// hoptrace_capture); 0: none, at most record.CaptureMax.
+	Capture uint8
 }
 
 // ActionsFromPlan checks a plan's HopActions against the field catalogue.
@@ -155,6 +158,10 @@ func ActionsFromPlan(a *pb.HopActions) (Actions, error) {
 		}
 		out.Record[i] = record.ActionField(f)
 	}
+	if a.GetCapture() > record.CaptureMax {
+		return Actions{}, fmt.Errorf("actions: capture of %d bytes, at most %d", a.GetCapture(), record.CaptureMax)
+	}
+	out.Capture = uint8(a.GetCapture())
 	return out, nil
 }
 
@@ -301,6 +308,7 @@ func (c *HopConfig) variables() []struct {
 		{"act_hist", uint8(c.Actions.Histogram), c.Actions.Histogram == record.FieldNone},
 		{"act_prev_ts", boolU8(c.Actions.PrevTS), !c.Actions.PrevTS},
 		{"act_record", recordFields(c.Actions.Record), c.Actions.Record == [record.ValuesMax]record.ActionField{}},
+		{"act_capture", c.Actions.Capture, c.Actions.Capture == 0},
 	}
 }
 
@@ -425,6 +433,8 @@ func (a Actions) Names() []string {
 			names = append(names, "histogram action")
 		case p.Record != [record.ValuesMax]record.ActionField{}:
 			names = append(names, "record action")
+		case p.Capture != 0:
+			names = append(names, "capture action")
 		case p.PrevTS:
 			names = append(names, "timestamp kept for a later hop's latency histogram")
 		}
@@ -443,6 +453,9 @@ func (a Actions) parts() []Actions {
 	}
 	if a.Record != [record.ValuesMax]record.ActionField{} {
 		out = append(out, Actions{Record: a.Record})
+	}
+	if a.Capture != 0 {
+		out = append(out, Actions{Capture: a.Capture})
 	}
 	if a.PrevTS {
 		out = append(out, Actions{PrevTS: true})
@@ -491,12 +504,16 @@ func (a Actions) merge(b Actions) Actions {
 	if b.Record != [record.ValuesMax]record.ActionField{} {
 		a.Record = b.Record
 	}
+	if b.Capture != 0 {
+		a.Capture = b.Capture
+	}
 	return a
 }
 
 // Proto is a as the HopActions message.
 func (a Actions) Proto() *pb.HopActions {
-	out := &pb.HopActions{Count: a.Count, CountBy: pb.Field(a.CountBy), Histogram: pb.Field(a.Histogram), PrevTs: a.PrevTS}
+	out := &pb.HopActions{Count: a.Count, CountBy: pb.Field(a.CountBy), Histogram: pb.Field(a.Histogram), PrevTs: a.PrevTS,
+		Capture: uint32(a.Capture)}
 	for _, f := range a.Record {
 		if f != record.FieldNone {
 			out.Record = append(out.Record, pb.Field(f))

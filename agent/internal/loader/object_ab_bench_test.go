@@ -57,30 +57,34 @@ func BenchmarkObjectAB(b *testing.B) {
 		traced bool
 		tagUDP bool  // a tagging hop (which a packet of another flow leaves untagged)
 		follow uint8 // follow_origin: the hop also takes IDs of this origin the filter refuses
+		// capture: N, in this build only: the other runs the packet without it (a build from before
+		// the action has no act_capture), so this - other is what the action costs
+		capture uint8
 	}{
-		{"udp_traced", udp4(0x07000002), loader.FilterConstants{}, true, false, 0},
+		{"udp_traced", udp4(0x07000002), loader.FilterConstants{}, true, false, 0, 0},
+		{"udp_traced_capture", udp4(0x07000002), loader.FilterConstants{}, true, false, 0, 96},
 		// one packet in 64 (its sequence 1 modulo 64) carries the addresses the hop saw
-		{"udp_traced_describing", udp4(0x07000001), loader.FilterConstants{}, true, false, 0},
-		{"vxlan_traced", vxlan4(udp4(0x07000001)), loader.FilterConstants{Proto: 17, Dport: 5000}, true, false, 0},
-		{"vxlan_non_matching", vxlan4(udp4(0x07000001)), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false, 0},
-		{"udp_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false, 0},
-		{"udp_tagger_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, true, 0},
+		{"udp_traced_describing", udp4(0x07000001), loader.FilterConstants{}, true, false, 0, 0},
+		{"vxlan_traced", vxlan4(udp4(0x07000001)), loader.FilterConstants{Proto: 17, Dport: 5000}, true, false, 0, 0},
+		{"vxlan_non_matching", vxlan4(udp4(0x07000001)), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false, 0, 0},
+		{"udp_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, false, 0, 0},
+		{"udp_tagger_non_matching", udp4(0x07000001), loader.FilterConstants{Proto: 17, Dport: 5001}, false, true, 0, 0},
 		// The ID after the timestamps, where the kernel writes a sock_ops option.
-		{"tcp_traced", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{}, true, false, 0},
-		{"tcp_untagged", tcp(tsOpts), loader.FilterConstants{}, false, false, 0}, // a sampled-out segment
+		{"tcp_traced", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{}, true, false, 0, 0},
+		{"tcp_untagged", tcp(tsOpts), loader.FilterConstants{}, false, false, 0, 0}, // a sampled-out segment
 		// the same, of the filter's flow: hop.bpf.h's hop_fast_untagged
-		{"tcp_untagged_filtered", tcp(tsOpts), loader.FilterConstants{Proto: 6, Dport: 5000}, false, false, 0},
-		{"tcp_non_matching", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{Proto: 6, Dport: 5001}, false, false, 0},
+		{"tcp_untagged_filtered", tcp(tsOpts), loader.FilterConstants{Proto: 6, Dport: 5000}, false, false, 0, 0},
+		{"tcp_non_matching", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{Proto: 6, Dport: 5001}, false, false, 0, 0},
 		// Following IDs through an address translation (follow_origin 7): a translated packet of the
 		// trace, taken by its ID; another trace's tagged packet, its ID read and refused; an untagged
 		// packet of another flow, refused by the fast path as without following.
-		{"udp_translated_followed", udp4(0x07000001), service, true, false, 7},
-		{"udp_other_origin_follow", udp4(0x08000001), service, false, false, 7},
-		{"udp_untagged_follow", udpUntagged, service, false, false, 7},
-		{"udp_untagged_non_matching", udpUntagged, service, false, false, 0},
-		{"tcp_translated_followed", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{Proto: 6, Dport: 8080}, true, false, 7},
-		{"tcp_other_origin_follow", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x08000002))), loader.FilterConstants{Proto: 6, Dport: 8080}, false, false, 7},
-		{"tcp_untagged_follow", tcp(tsOpts), loader.FilterConstants{Proto: 6, Dport: 8080}, false, false, 7},
+		{"udp_translated_followed", udp4(0x07000001), service, true, false, 7, 0},
+		{"udp_other_origin_follow", udp4(0x08000001), service, false, false, 7, 0},
+		{"udp_untagged_follow", udpUntagged, service, false, false, 7, 0},
+		{"udp_untagged_non_matching", udpUntagged, service, false, false, 0, 0},
+		{"tcp_translated_followed", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x07000002))), loader.FilterConstants{Proto: 6, Dport: 8080}, true, false, 7, 0},
+		{"tcp_other_origin_follow", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x08000002))), loader.FilterConstants{Proto: 6, Dport: 8080}, false, false, 7, 0},
+		{"tcp_untagged_follow", tcp(tsOpts), loader.FilterConstants{Proto: 6, Dport: 8080}, false, false, 7, 0},
 	}
 	type pair struct {
 		name   string
@@ -97,6 +101,9 @@ func BenchmarkObjectAB(b *testing.B) {
 		b.Cleanup(func() { ids.Close() })
 		for _, pkt := range packets {
 			cfg := loader.HopConfig{Program: loader.ProgTC, Name: "ab", IDOrigin: 7, TraceSlot: 3, HopIndex: 1, Filter: pkt.filter, TagUDP: pkt.tagUDP, FollowOrigin: pkt.follow}
+			if obj.name == "this" {
+				cfg.Actions.Capture = pkt.capture
+			}
 			hop, err := loader.LoadHop(obj.spec, cfg, loader.Options{Records: h.records, IDState: ids, Cache: kernelBTF})
 			if err != nil {
 				b.Fatalf("%s: %v", obj.name, err)

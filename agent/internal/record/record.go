@@ -29,7 +29,8 @@ func TraceSlot(b []byte) uint16 { return binary.LittleEndian.Uint16(b[OffsetTrac
 func HopIndex(b []byte) uint16 { return binary.LittleEndian.Uint16(b[OffsetHopIndex:]) }
 
 // Trailer is a struct that may follow a record in its ring sample, announced by a flag of the
-// record's: the record action's values, then the addresses the hop saw, in that order.
+// record's: the record action's values, then the addresses the hop saw, then the capture action's
+// bytes, in that order.
 type Trailer struct {
 	Flag uint16
 	Size int
@@ -38,7 +39,37 @@ type Trailer struct {
 var (
 	ValuesTrailer    = Trailer{FlagValues, ValuesSize}
 	AddressesTrailer = Trailer{FlagAddresses, AddressesSize}
+	CaptureTrailer   = Trailer{FlagCapture, CaptureSize}
 )
+
+// Capture is struct hoptrace_capture: the first bytes of one packet at one hop.
+type Capture struct {
+	WireLen  uint32 // the packet's length from Bytes[0] on
+	LinkType uint16 // CaptureLinkEthernet or CaptureLinkRaw (pcap's LINKTYPE_*)
+	Bytes    []byte // the captured bytes, len = the struct's captured
+}
+
+// DecodeCapture reads one struct hoptrace_capture (layout checked against BTF by vocabgen).
+func DecodeCapture(b []byte) (Capture, error) {
+	if len(b) < CaptureSize {
+		return Capture{}, fmt.Errorf("record capture: %d bytes, want %d", len(b), CaptureSize)
+	}
+	n := int(binary.LittleEndian.Uint16(b[4:]))
+	if n > CaptureMax {
+		return Capture{}, fmt.Errorf("record capture: %d bytes captured, at most %d", n, CaptureMax)
+	}
+	return Capture{WireLen: binary.LittleEndian.Uint32(b), LinkType: binary.LittleEndian.Uint16(b[6:]), Bytes: b[8 : 8+n]}, nil
+}
+
+// ScrubCapture zeroes the bytes of a struct hoptrace_capture past its captured ones: the hop writes
+// only those, and the rest of its ring sample holds whatever the ring held before.
+func ScrubCapture(b []byte) {
+	if len(b) < CaptureSize {
+		return
+	}
+	n := min(int(binary.LittleEndian.Uint16(b[4:])), CaptureMax)
+	clear(b[8+n : CaptureSize])
+}
 
 // On says whether a raw record is followed by this trailer.
 func (t Trailer) On(rec []byte) bool {

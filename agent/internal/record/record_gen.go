@@ -13,6 +13,9 @@ const ValuesSize = 40
 // AddressesSize is sizeof(struct hoptrace_addresses): u32 saddr[4], u32 daddr[4], u16 sport, u16 dport, u8 proto, u8 family, u8 pad[2].
 const AddressesSize = 40
 
+// CaptureSize is sizeof(struct hoptrace_capture): u32 wire_len, u16 captured, u16 link_type, u8 bytes[128].
+const CaptureSize = 136
+
 // Record is struct hoptrace_record, decoded from its little-endian bytes.
 type Record struct {
 	TsNs      uint64
@@ -97,6 +100,7 @@ const (
 	FlagTask        = 256
 	FlagFollowed    = 512
 	FlagAddresses   = 1024
+	FlagCapture     = 2048
 )
 
 // Wire and ID constants: enum hoptrace_wire.
@@ -129,6 +133,9 @@ const (
 	ValuesMax             = 4
 	EventMarks            = 16384
 	AddressesEvery        = 64
+	CaptureMax            = 128
+	CaptureLinkEthernet   = 1
+	CaptureLinkRaw        = 101
 )
 
 // Counter is enum hoptrace_counter: the index into a hop's percpu counters map
@@ -292,4 +299,5 @@ var flagCNames = map[string]uint16{
 	"HOPTRACE_F_TASK":         FlagTask,
 	"HOPTRACE_F_FOLLOWED":     FlagFollowed,
 	"HOPTRACE_F_ADDRESSES":    FlagAddresses,
+	"HOPTRACE_F_CAPTURE":      FlagCapture,
 }

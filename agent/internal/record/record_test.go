@@ -168,3 +168,37 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// A capture decodes to its captured bytes only; ScrubCapture zeroes what follows them in place (what the
+// ring held there before), and a length beyond the struct is refused, not read past.
+func TestCaptureScrubAndDecode(t *testing.T) {
+	raw := make([]byte, CaptureSize)
+	for i := range raw {
+		raw[i] = 0xee // stale ring bytes
+	}
+	raw[0], raw[1], raw[2], raw[3] = 0xd2, 0x04, 0, 0 // wire_len 1234
+	raw[4], raw[5] = 5, 0                             // captured 5
+	raw[6], raw[7] = byte(CaptureLinkRaw), 0
+	copy(raw[8:], "abcde")
+	ScrubCapture(raw)
+	c, err := DecodeCapture(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.WireLen != 1234 || c.LinkType != CaptureLinkRaw || string(c.Bytes) != "abcde" {
+		t.Fatalf("decoded %+v", c)
+	}
+	for i, b := range raw[8+5:] {
+		if b != 0 {
+			t.Fatalf("byte %d past the captured ones is %#x after ScrubCapture", 8+5+i, b)
+		}
+	}
+	raw[4] = CaptureMax + 1
+	if _, err := DecodeCapture(raw); err == nil {
+		t.Fatal("a capture longer than its bytes decoded")
+	}
+	ScrubCapture(raw[:CaptureSize-1]) // too short: left alone, no panic
+	if _, err := DecodeCapture(raw[:CaptureSize-1]); err == nil {
+		t.Fatal("a short capture decoded")
+	}
+}

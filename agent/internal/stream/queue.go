@@ -23,7 +23,25 @@ type Trailers struct {
 	// Addresses: one struct hoptrace_addresses (record.AddressesSize bytes) per record with
 	// FlagAddresses, in the order of those records.
 	Addresses []byte
+	// Captures: one struct hoptrace_capture (record.CaptureSize bytes, zero past its captured
+	// bytes) per record with FlagCapture, in the order of those records (the capture action).
+	Captures []byte
 }
+
+// TrailerBuffer is one kind of trailer and the buffer of a Trailers that holds them.
+type TrailerBuffer struct {
+	record.Trailer
+	Buf *[]byte
+}
+
+// Buffers are tr's buffers with their trailer kinds, in the order the trailers follow a record.
+func (tr *Trailers) Buffers() [3]TrailerBuffer {
+	return [3]TrailerBuffer{{record.ValuesTrailer, &tr.Values}, {record.AddressesTrailer, &tr.Addresses},
+		{record.CaptureTrailer, &tr.Captures}}
+}
+
+// Len is the bytes of every trailer in tr.
+func (tr *Trailers) Len() int { return len(tr.Values) + len(tr.Addresses) + len(tr.Captures) }
 
 // Batch is records of one trace, packed struct hoptrace_record bytes as they
 // left the ring buffer.
@@ -85,7 +103,7 @@ func (b *Batch) Release() {
 func (b *Batch) Count() int { return len(b.Records) / record.Size }
 
 // Bytes is what the batch holds against the queue's bound: records and their trailers.
-func (b *Batch) Bytes() int { return len(b.Records) + len(b.Values) + len(b.Addresses) }
+func (b *Batch) Bytes() int { return len(b.Records) + b.Trailers.Len() }
 
 // Queue is a bounded FIFO of batches. When adding a batch would exceed the
 // byte bound, the oldest batches are dropped and their records counted.

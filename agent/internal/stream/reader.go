@@ -224,8 +224,9 @@ func (r *Reader) addLocked(raw []byte, last *routeCache) bool {
 	}
 	rt.buf = append(rt.buf, raw[:record.Size]...)
 	off := record.Size
-	rt.trailers.Values, off = appendTrailer(rt.trailers.Values, raw, off, record.ValuesTrailer)
-	rt.trailers.Addresses, _ = appendTrailer(rt.trailers.Addresses, raw, off, record.AddressesTrailer)
+	for _, tb := range rt.trailers.Buffers() {
+		*tb.Buf, off = appendTrailer(*tb.Buf, raw, off, tb.Trailer)
+	}
 	if len(rt.buf) >= r.maxRecords*record.Size {
 		r.flushLocked(slot, rt)
 	}
@@ -239,7 +240,11 @@ func appendTrailer(buf, raw []byte, off int, t record.Trailer) ([]byte, int) {
 		return buf, off
 	}
 	if len(raw) >= off+t.Size {
-		return append(buf, raw[off:off+t.Size]...), off + t.Size
+		buf = append(buf, raw[off:off+t.Size]...)
+		if t == record.CaptureTrailer {
+			record.ScrubCapture(buf[len(buf)-t.Size:])
+		}
+		return buf, off + t.Size
 	}
 	// cannot happen: the hop reserved them all; keep the pairing right
 	return append(buf, make([]byte, t.Size)...), off + t.Size

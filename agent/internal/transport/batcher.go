@@ -75,6 +75,9 @@ func (b *Batcher) Message(trace string, gen uint64, records []byte, tr stream.Tr
 	if len(tr.Addresses) > 0 {
 		m.Addresses, m.AddressesSize = tr.Addresses, record.AddressesSize
 	}
+	if len(tr.Captures) > 0 {
+		m.Captures, m.CaptureSize = tr.Captures, record.CaptureSize
+	}
 	return m
 }
 

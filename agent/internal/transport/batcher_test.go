@@ -43,7 +43,8 @@ func TestMessageClockAtRecordsMiddle(t *testing.T) {
 		asked = append(asked, mono)
 		return &pb.NodeClock{OffsetNs: 7}
 	}}
-	tr := stream.Trailers{Values: make([]byte, record.ValuesSize), Addresses: make([]byte, 2*record.AddressesSize)}
+	tr := stream.Trailers{Values: make([]byte, record.ValuesSize), Addresses: make([]byte, 2*record.AddressesSize),
+		Captures: make([]byte, 3*record.CaptureSize)}
 	m := b.Message("t", 3, packed(1000, 1500, 3000), tr, 42)
 	if len(asked) != 1 || asked[0] != 2000 {
 		t.Errorf("clock asked at %v, want [2000] (between the first and last record)", asked)
@@ -60,6 +61,9 @@ func TestMessageClockAtRecordsMiddle(t *testing.T) {
 	}
 	if m.GetAddressesSize() != record.AddressesSize || len(m.GetAddresses()) != 2*record.AddressesSize {
 		t.Errorf("addresses %d bytes of size %d", len(m.GetAddresses()), m.GetAddressesSize())
+	}
+	if m.GetCaptureSize() != record.CaptureSize || len(m.GetCaptures()) != 3*record.CaptureSize {
+		t.Errorf("captures %d bytes of size %d", len(m.GetCaptures()), m.GetCaptureSize())
 	}
 	if b.Message("t", 3, nil, stream.Trailers{}, 43); asked[1] != 0 {
 		t.Errorf("a message without records asked the clock at %d, want 0 (now)", asked[1])

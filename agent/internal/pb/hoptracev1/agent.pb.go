@@ -1817,7 +1817,11 @@ type HopActions struct {
 	PrevTs bool `protobuf:"varint,4,opt,name=prev_ts,json=prevTs,proto3" json:"prev_ts,omitempty"`
 	// record: [FIELDS]: these fields' values of every traced packet ride with
 	// its record (struct hoptrace_values; at most HOPTRACE_VALUES_MAX).
-	Record        []Field `protobuf:"varint,5,rep,packed,name=record,proto3,enum=hoptrace.v1.Field" json:"record,omitempty"`
+	Record []Field `protobuf:"varint,5,rep,packed,name=record,proto3,enum=hoptrace.v1.Field" json:"record,omitempty"`
+	// capture: N: the first N bytes (1..HOPTRACE_CAPTURE_MAX) of every traced
+	// packet, as the hop sees it, ride with its record (struct hoptrace_capture);
+	// 0 = none.
+	Capture       uint32 `protobuf:"varint,6,opt,name=capture,proto3" json:"capture,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1885,6 +1889,13 @@ func (x *HopActions) GetRecord() []Field {
 		return x.Record
 	}
 	return nil
+}
+
+func (x *HopActions) GetCapture() uint32 {
+	if x != nil {
+		return x.Capture
+	}
+	return 0
 }
 
 // One event probe as the agent loads it (event.bpf.h's ev_* constants). The
@@ -2471,14 +2482,15 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x05netns\x18\x05 \x01(\tR\x05netns\x12\x16\n" +
 	"\x06cgroup\x18\x06 \x01(\tR\x06cgroup\x12\x17\n" +
 	"\atag_udp\x18\a \x01(\bR\x06tagUdp\x121\n" +
-	"\aactions\x18\r \x01(\v2\x17.hoptrace.v1.HopActionsR\aactionsJ\x04\b\x03\x10\x04R\x02at\"\xc8\x01\n" +
+	"\aactions\x18\r \x01(\v2\x17.hoptrace.v1.HopActionsR\aactionsJ\x04\b\x03\x10\x04R\x02at\"\xe2\x01\n" +
 	"\n" +
 	"HopActions\x12\x14\n" +
 	"\x05count\x18\x01 \x01(\bR\x05count\x12-\n" +
 	"\bcount_by\x18\x02 \x01(\x0e2\x12.hoptrace.v1.FieldR\acountBy\x120\n" +
 	"\thistogram\x18\x03 \x01(\x0e2\x12.hoptrace.v1.FieldR\thistogram\x12\x17\n" +
 	"\aprev_ts\x18\x04 \x01(\bR\x06prevTs\x12*\n" +
-	"\x06record\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\x06record\"\xba\x04\n" +
+	"\x06record\x18\x05 \x03(\x0e2\x12.hoptrace.v1.FieldR\x06record\x12\x18\n" +
+	"\acapture\x18\x06 \x01(\rR\acapture\"\xba\x04\n" +
 	"\vEventAttach\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x12\n" +

@@ -57,6 +57,12 @@ type RecordBatch struct {
 	// records. One packet in HOPTRACE_ADDRESSES_EVERY of a trace has them.
 	Addresses     []byte `protobuf:"bytes,14,opt,name=addresses,proto3" json:"addresses,omitempty"`
 	AddressesSize uint32 `protobuf:"varint,15,opt,name=addresses_size,json=addressesSize,proto3" json:"addresses_size,omitempty"`
+	// The capture action's bytes: one packed struct hoptrace_capture
+	// (kernel-patch/include/hoptrace.h, capture_size bytes, little-endian; the
+	// bytes past its captured are zero) per record whose flags has
+	// HOPTRACE_F_CAPTURE, in the order of those records.
+	Captures      []byte `protobuf:"bytes,16,opt,name=captures,proto3" json:"captures,omitempty"`
+	CaptureSize   uint32 `protobuf:"varint,17,opt,name=capture_size,json=captureSize,proto3" json:"capture_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -192,6 +198,20 @@ func (x *RecordBatch) GetAddresses() []byte {
 func (x *RecordBatch) GetAddressesSize() uint32 {
 	if x != nil {
 		return x.AddressesSize
+	}
+	return 0
+}
+
+func (x *RecordBatch) GetCaptures() []byte {
+	if x != nil {
+		return x.Captures
+	}
+	return nil
+}
+
+func (x *RecordBatch) GetCaptureSize() uint32 {
+	if x != nil {
+		return x.CaptureSize
 	}
 	return 0
 }
@@ -747,7 +767,7 @@ var File_hoptrace_v1_records_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\n" +
-	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\x89\x04\n" +
+	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\xc8\x04\n" +
 	"\vRecordBatch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05trace\x18\x02 \x01(\tR\x05trace\x12\x1e\n" +
@@ -768,7 +788,9 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\n" +
 	"value_size\x18\r \x01(\rR\tvalueSize\x12\x1c\n" +
 	"\taddresses\x18\x0e \x01(\fR\taddresses\x12%\n" +
-	"\x0eaddresses_size\x18\x0f \x01(\rR\raddressesSize\"\xdf\x03\n" +
+	"\x0eaddresses_size\x18\x0f \x01(\rR\raddressesSize\x12\x1a\n" +
+	"\bcaptures\x18\x10 \x01(\fR\bcaptures\x12!\n" +
+	"\fcapture_size\x18\x11 \x01(\rR\vcaptureSize\"\xdf\x03\n" +
 	"\vEventValues\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x14\n" +

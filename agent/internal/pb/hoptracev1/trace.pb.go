@@ -807,7 +807,7 @@ func (x *Workload) GetCgroup() string {
 // in lower case: cpu, len, ifindex, mark, priority, latency.
 type ActionSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "timestamp", "count", "histogram" or "record".
+	// "timestamp", "count", "histogram", "record" or "capture".
 	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	// count: the field the count is keyed by ("" = one total).
 	By string `protobuf:"bytes,2,opt,name=by,proto3" json:"by,omitempty"`
@@ -817,7 +817,10 @@ type ActionSpec struct {
 	Fields []string `protobuf:"bytes,4,rep,name=fields,proto3" json:"fields,omitempty"`
 	// histogram: latency on an event: the event (its name) whose time the
 	// latency is measured from, matched by the two events' key arguments.
-	Since         string `protobuf:"bytes,5,opt,name=since,proto3" json:"since,omitempty"`
+	Since string `protobuf:"bytes,5,opt,name=since,proto3" json:"since,omitempty"`
+	// capture: how many bytes of each traced packet, from the start of the
+	// frame as the hop sees it, ride with its record (1..128).
+	Bytes         uint32 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -887,6 +890,13 @@ func (x *ActionSpec) GetSince() string {
 	return ""
 }
 
+func (x *ActionSpec) GetBytes() uint32 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 var File_hoptrace_v1_trace_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_trace_proto_rawDesc = "" +
@@ -947,14 +957,15 @@ const file_hoptrace_v1_trace_proto_rawDesc = "" +
 	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
 	"\bpod_name\x18\x05 \x01(\tR\apodName\x12\x14\n" +
 	"\x05netns\x18\x06 \x01(\tR\x05netns\x12\x16\n" +
-	"\x06cgroup\x18\a \x01(\tR\x06cgroup\"t\n" +
+	"\x06cgroup\x18\a \x01(\tR\x06cgroup\"\x8a\x01\n" +
 	"\n" +
 	"ActionSpec\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
 	"\x02by\x18\x02 \x01(\tR\x02by\x12\x14\n" +
 	"\x05field\x18\x03 \x01(\tR\x05field\x12\x16\n" +
 	"\x06fields\x18\x04 \x03(\tR\x06fields\x12\x14\n" +
-	"\x05since\x18\x05 \x01(\tR\x05since*\x82\x03\n" +
+	"\x05since\x18\x05 \x01(\tR\x05since\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\rR\x05bytes*\x82\x03\n" +
 	"\n" +
 	"AttachKind\x12\x1b\n" +
 	"\x17ATTACH_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +

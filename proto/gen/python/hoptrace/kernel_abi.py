@@ -11,6 +11,9 @@ VALUES_SIZE = 40
 # struct hoptrace_addresses (addresses in network order, ports in host order; layout checked by vocabgen).
 ADDRESSES_FORMAT = "<16s16sHHBB2x"
 ADDRESSES_SIZE = 40
+# struct hoptrace_capture (u32 wire_len, u16 captured, u16 link_type, u8 bytes[128]; layout checked by vocabgen).
+CAPTURE_FORMAT = "<IHH128s"
+CAPTURE_SIZE = 136
 RECORD_FIELDS = (
     "ts_ns",
     "packet_id",
@@ -36,6 +39,7 @@ RECORD_FLAGS = {
     "TASK": 256,
     "FOLLOWED": 512,
     "ADDRESSES": 1024,
+    "CAPTURE": 2048,
 }
 
 # enum hoptrace_wire (HOPTRACE_ prefix dropped)
@@ -67,6 +71,9 @@ EVENT_TEXT_ARRAY = 3
 VALUES_MAX = 4
 EVENT_MARKS = 16384
 ADDRESSES_EVERY = 64
+CAPTURE_MAX = 128
+CAPTURE_LINK_ETHERNET = 1
+CAPTURE_LINK_RAW = 101
 
 # Programs of the objects (kernel-patch/include/hop.bpf.h macros): ELF name -> section.
 PROGRAMS = {

@@ -319,18 +319,20 @@ class HopAttach(_message.Message):
     def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[_Union[_trace_pb2.AttachKind, str]] = ..., tracepoint_group: _Optional[str] = ..., tracepoint_event: _Optional[str] = ..., function: _Optional[str] = ..., binary: _Optional[str] = ..., program: _Optional[str] = ..., dev: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ..., tag_udp: bool = ..., actions: _Optional[_Union[HopActions, _Mapping]] = ...) -> None: ...
 
 class HopActions(_message.Message):
-    __slots__ = ("count", "count_by", "histogram", "prev_ts", "record")
+    __slots__ = ("count", "count_by", "histogram", "prev_ts", "record", "capture")
     COUNT_FIELD_NUMBER: _ClassVar[int]
     COUNT_BY_FIELD_NUMBER: _ClassVar[int]
     HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
     PREV_TS_FIELD_NUMBER: _ClassVar[int]
     RECORD_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_FIELD_NUMBER: _ClassVar[int]
     count: bool
     count_by: _counters_pb2.Field
     histogram: _counters_pb2.Field
     prev_ts: bool
     record: _containers.RepeatedScalarFieldContainer[_counters_pb2.Field]
-    def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., prev_ts: bool = ..., record: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ...) -> None: ...
+    capture: int
+    def __init__(self, count: bool = ..., count_by: _Optional[_Union[_counters_pb2.Field, str]] = ..., histogram: _Optional[_Union[_counters_pb2.Field, str]] = ..., prev_ts: bool = ..., record: _Optional[_Iterable[_Union[_counters_pb2.Field, str]]] = ..., capture: _Optional[int] = ...) -> None: ...
 
 class EventAttach(_message.Message):
     __slots__ = ("event_index", "name", "tracepoint_group", "tracepoint_event", "program", "where", "count", "count_by", "count_by_arg", "histogram_arg", "record_args", "mark_arg", "latency_arg", "latency_since", "kind", "function")

@@ -163,15 +163,17 @@ class Workload(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., container_name: _Optional[str] = ..., image: _Optional[str] = ..., pod_namespace: _Optional[str] = ..., pod_name: _Optional[str] = ..., netns: _Optional[str] = ..., cgroup: _Optional[str] = ...) -> None: ...
 
 class ActionSpec(_message.Message):
-    __slots__ = ("kind", "by", "field", "fields", "since")
+    __slots__ = ("kind", "by", "field", "fields", "since", "bytes")
     KIND_FIELD_NUMBER: _ClassVar[int]
     BY_FIELD_NUMBER: _ClassVar[int]
     FIELD_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
     kind: str
     by: str
     field: str
     fields: _containers.RepeatedScalarFieldContainer[str]
     since: str
-    def __init__(self, kind: _Optional[str] = ..., by: _Optional[str] = ..., field: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ..., since: _Optional[str] = ...) -> None: ...
+    bytes: int
+    def __init__(self, kind: _Optional[str] = ..., by: _Optional[str] = ..., field: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ..., since: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
