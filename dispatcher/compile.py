@@ -168,6 +168,8 @@ def hop_actions(hops: Sequence[trace_pb2.HopSpec]) -> dict[int, agent_pb2.HopAct
                 actions.count_by = FIELD_NUMBERS.get(action.by, 0)
             elif action.kind == "record":
                 actions.record.extend(FIELD_NUMBERS.get(name, 0) for name in action.fields)
+            elif action.kind == "capture":
+                actions.capture = action.bytes
             elif action.kind == "histogram":
                 actions.histogram = FIELD_NUMBERS.get(action.field, 0)
                 if action.field == "latency":
@@ -193,6 +195,7 @@ def refused_action_fields(
             (action.kind == "count" and refused.count)
             or (action.kind == "histogram" and refused.histogram)
             or (action.kind == "record" and refused.record)
+            or (action.kind == "capture" and refused.capture)
         ):
             fields.append(f"hops[{hop_index}].actions[{position}]")
     if refused.prev_ts:

@@ -12,6 +12,7 @@ Spec forms (in a hop's ``actions`` list)::
     - count: {by: cpu}          # ... keyed by a field (also `- {count: , by: cpu}`)
     - histogram: latency        # log2 buckets of a field
     - record: [len, ttl]        # these fields' values of every traced packet, with its record
+    - capture: 96               # the first 96 bytes of every traced packet, with its record
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from hoptrace import kernel_abi
 from hoptrace.spec.attach import AttachPoint
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 
-ACTION_KINDS = ("timestamp", "count", "histogram", "record")
+ACTION_KINDS = ("timestamp", "count", "histogram", "record", "capture")
 # Fields one record action carries (struct hoptrace_values in hoptrace.h).
 RECORD_FIELDS_MAX = kernel_abi.VALUES_MAX
+# Bytes one capture action keeps of each traced packet (struct hoptrace_capture in hoptrace.h).
+CAPTURE_MAX = kernel_abi.CAPTURE_MAX
 # The catalogue's names, without "none" (value 0).
 FIELDS: tuple[str, ...] = tuple(kernel_abi.FIELDS[1:])
 FIELD_NUMBERS: dict[str, int] = {name: number for number, name in enumerate(kernel_abi.FIELDS) if number}
@@ -88,6 +91,9 @@ FIELD_POINTS: dict[str, tuple[Callable[[AttachPoint], bool], str]] = {
 HISTOGRAM_ONLY = frozenset({"latency"})
 # A name, not a number: a key to count by only (no log2 buckets, no sum).
 COUNT_ONLY = frozenset({"comm"})
+# Families whose hops read the packet's bytes, where the capture action copies them from: not socket-read
+# and uprobe, which find a packet parsed earlier by its ID.
+CAPTURE_FAMILIES = ALL_FAMILIES
 # How a family is named in messages ("tracepoint hops", not "tp_btf hops").
 FAMILY_NAMES = {"tp_btf": "tracepoint", "cgroup_skb": "cgroup", "socket_read": "socket-read"}
 
@@ -170,6 +176,16 @@ def convert_actions(
                 )
             else:
                 action.fields.extend(fields)
+        elif kind == "capture":
+            argument = args.get("field")
+            if not isinstance(argument, int) or isinstance(argument, bool):
+                errors.append(
+                    (where, f"capture: must be a number of bytes (1 to {CAPTURE_MAX}), got {argument!r}")
+                )
+            elif argument < 0:
+                errors.append((where, f"capture: must be 1 to {CAPTURE_MAX} bytes, got {argument}"))
+            else:
+                action.bytes = argument
         elif kind == "histogram":
             argument = args.get("field")
             if kind == "histogram" and not isinstance(argument, str):
@@ -198,6 +214,8 @@ def action_to_data(action: trace_pb2.ActionSpec) -> Any:
         )
     if action.kind == "record":
         return {"record": list(action.fields)}
+    if action.kind == "capture":
+        return {"capture": action.bytes}
     return action.kind
 
 
@@ -260,6 +278,9 @@ def validate_actions(
         if action.kind == "record":
             errors.extend(_record_problems(action, family, point, where))
             continue
+        if action.kind == "capture":
+            errors.extend(_capture_problems(action, family, point, where))
+            continue
         name = action.by if action.kind == "count" else action.field
         if name and family is not None:
             problem = _field_problem(name, family, action.kind, point)
@@ -294,6 +315,24 @@ def _record_problems(
         if problem:
             errors.append((f"{where}.record[{i}]", problem))
     return errors
+
+
+def _capture_problems(
+    action: trace_pb2.ActionSpec, family: str | None, point: AttachPoint | None, where: str
+) -> list[ActionError]:
+    """Problems of one capture action: 1 to CAPTURE_MAX bytes, at a hop that reads the packet."""
+    if not 1 <= action.bytes <= CAPTURE_MAX:
+        return [(where, f"capture: must be 1 to {CAPTURE_MAX} bytes, got {action.bytes}")]
+    if family is not None and family not in CAPTURE_FAMILIES:
+        name = FAMILY_NAMES.get(family, family)
+        return [
+            (
+                where,
+                f"capture is not available at {name} hops: they find a packet parsed earlier by its ID,"
+                " with no bytes of it (capture at a device or kernel hop before it)",
+            )
+        ]
+    return []
 
 
 def _action_fields(action: trace_pb2.ActionSpec) -> list[str]:
