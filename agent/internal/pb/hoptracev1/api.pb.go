@@ -2377,7 +2377,12 @@ type GetPacketsRequest struct {
 	// origin node's salt, 1..255).
 	PacketId uint32 `protobuf:"varint,4,opt,name=packet_id,json=packetId,proto3" json:"packet_id,omitempty"`
 	// Else the slowest packets end to end, at most this many (0 = 10; at most 50).
-	Slowest       uint32 `protobuf:"varint,5,opt,name=slowest,proto3" json:"slowest,omitempty"`
+	Slowest uint32 `protobuf:"varint,5,opt,name=slowest,proto3" json:"slowest,omitempty"`
+	// Not 0: instead, the packets hops captured in the range (a hop's capture
+	// action), in the order of their first capture, at most this many (at most
+	// 20000), each with its bytes at every hop that kept them
+	// (PacketTimeline.captures) and no segments. With packet_id: that packet's.
+	Captured      uint32 `protobuf:"varint,6,opt,name=captured,proto3" json:"captured,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2447,10 +2452,22 @@ func (x *GetPacketsRequest) GetSlowest() uint32 {
 	return 0
 }
 
+func (x *GetPacketsRequest) GetCaptured() uint32 {
+	if x != nil {
+		return x.Captured
+	}
+	return 0
+}
+
 type PacketList struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Slowest first (by ID: one entry, or none when the ID was not seen in the range).
-	Packets       []*PacketTimeline `protobuf:"bytes,1,rep,name=packets,proto3" json:"packets,omitempty"`
+	Packets []*PacketTimeline `protobuf:"bytes,1,rep,name=packets,proto3" json:"packets,omitempty"`
+	// captured: more packets were captured in the range than the request asked for.
+	Truncated bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	// captured: the hops that captured them, in path order (the trace's spec),
+	// else in the order they first captured.
+	CaptureHops   []string `protobuf:"bytes,3,rep,name=capture_hops,json=captureHops,proto3" json:"capture_hops,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2492,6 +2509,20 @@ func (x *PacketList) GetPackets() []*PacketTimeline {
 	return nil
 }
 
+func (x *PacketList) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
+func (x *PacketList) GetCaptureHops() []string {
+	if x != nil {
+		return x.CaptureHops
+	}
+	return nil
+}
+
 // One packet's passage along the path: where each segment started and how long it took.
 type PacketTimeline struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -2501,7 +2532,9 @@ type PacketTimeline struct {
 	// 0 when the packet did not reach the last hop.
 	EndToEndNs int64 `protobuf:"varint,3,opt,name=end_to_end_ns,json=endToEndNs,proto3" json:"end_to_end_ns,omitempty"`
 	// In path order; a segment the packet did not complete is absent.
-	Segments      []*PacketSegment `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	Segments []*PacketSegment `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	// captured: its first bytes at each hop that captured it, in time order.
+	Captures      []*PacketCapture `protobuf:"bytes,5,rep,name=captures,proto3" json:"captures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2564,6 +2597,102 @@ func (x *PacketTimeline) GetSegments() []*PacketSegment {
 	return nil
 }
 
+func (x *PacketTimeline) GetCaptures() []*PacketCapture {
+	if x != nil {
+		return x.Captures
+	}
+	return nil
+}
+
+// One packet's first bytes as one hop saw them (a hop's capture action).
+type PacketCapture struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Hop   string                 `protobuf:"bytes,1,opt,name=hop,proto3" json:"hop,omitempty"`
+	Node  string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// Master time of the hop's record, to the ns.
+	At *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	// The packet's length from data's first byte on.
+	WireLen uint32 `protobuf:"varint,4,opt,name=wire_len,json=wireLen,proto3" json:"wire_len,omitempty"`
+	// pcap's LINKTYPE_ of data's first byte: 1 Ethernet, 101 raw IP.
+	LinkType uint32 `protobuf:"varint,5,opt,name=link_type,json=linkType,proto3" json:"link_type,omitempty"`
+	// Its first bytes (at most HOPTRACE_CAPTURE_MAX, 128).
+	Data          []byte `protobuf:"bytes,6,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PacketCapture) Reset() {
+	*x = PacketCapture{}
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PacketCapture) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PacketCapture) ProtoMessage() {}
+
+func (x *PacketCapture) ProtoReflect() protoreflect.Message {
+	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PacketCapture.ProtoReflect.Descriptor instead.
+func (*PacketCapture) Descriptor() ([]byte, []int) {
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *PacketCapture) GetHop() string {
+	if x != nil {
+		return x.Hop
+	}
+	return ""
+}
+
+func (x *PacketCapture) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *PacketCapture) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *PacketCapture) GetWireLen() uint32 {
+	if x != nil {
+		return x.WireLen
+	}
+	return 0
+}
+
+func (x *PacketCapture) GetLinkType() uint32 {
+	if x != nil {
+		return x.LinkType
+	}
+	return 0
+}
+
+func (x *PacketCapture) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type PacketSegment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	From  string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
@@ -2581,7 +2710,7 @@ type PacketSegment struct {
 
 func (x *PacketSegment) Reset() {
 	*x = PacketSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2593,7 +2722,7 @@ func (x *PacketSegment) String() string {
 func (*PacketSegment) ProtoMessage() {}
 
 func (x *PacketSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[37]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2606,7 +2735,7 @@ func (x *PacketSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PacketSegment.ProtoReflect.Descriptor instead.
 func (*PacketSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{37}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PacketSegment) GetFrom() string {
@@ -2666,7 +2795,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +2807,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[38]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +2820,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{38}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
 }
 
 type Version struct {
@@ -2706,7 +2835,7 @@ type Version struct {
 
 func (x *Version) Reset() {
 	*x = Version{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2718,7 +2847,7 @@ func (x *Version) String() string {
 func (*Version) ProtoMessage() {}
 
 func (x *Version) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[39]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2731,7 +2860,7 @@ func (x *Version) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Version.ProtoReflect.Descriptor instead.
 func (*Version) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{39}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Version) GetDispatcher() string {
@@ -2761,7 +2890,7 @@ type RunPresetRequest struct {
 
 func (x *RunPresetRequest) Reset() {
 	*x = RunPresetRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2773,7 +2902,7 @@ func (x *RunPresetRequest) String() string {
 func (*RunPresetRequest) ProtoMessage() {}
 
 func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[40]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2786,7 +2915,7 @@ func (x *RunPresetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunPresetRequest.ProtoReflect.Descriptor instead.
 func (*RunPresetRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{40}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RunPresetRequest) GetNode() string {
@@ -2829,7 +2958,7 @@ type DiscoverRequest struct {
 
 func (x *DiscoverRequest) Reset() {
 	*x = DiscoverRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2841,7 +2970,7 @@ func (x *DiscoverRequest) String() string {
 func (*DiscoverRequest) ProtoMessage() {}
 
 func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[41]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2854,7 +2983,7 @@ func (x *DiscoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverRequest.ProtoReflect.Descriptor instead.
 func (*DiscoverRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{41}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DiscoverRequest) GetFilter() *Filter {
@@ -2905,7 +3034,7 @@ type DiscoverEvent struct {
 
 func (x *DiscoverEvent) Reset() {
 	*x = DiscoverEvent{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2917,7 +3046,7 @@ func (x *DiscoverEvent) String() string {
 func (*DiscoverEvent) ProtoMessage() {}
 
 func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[42]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2930,7 +3059,7 @@ func (x *DiscoverEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverEvent.ProtoReflect.Descriptor instead.
 func (*DiscoverEvent) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{42}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DiscoverEvent) GetBody() isDiscoverEvent_Body {
@@ -2991,7 +3120,7 @@ type DiscoverProgress struct {
 
 func (x *DiscoverProgress) Reset() {
 	*x = DiscoverProgress{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3003,7 +3132,7 @@ func (x *DiscoverProgress) String() string {
 func (*DiscoverProgress) ProtoMessage() {}
 
 func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[43]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3016,7 +3145,7 @@ func (x *DiscoverProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverProgress.ProtoReflect.Descriptor instead.
 func (*DiscoverProgress) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{43}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DiscoverProgress) GetMessage() string {
@@ -3065,7 +3194,7 @@ type DiscoveredPath struct {
 
 func (x *DiscoveredPath) Reset() {
 	*x = DiscoveredPath{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3077,7 +3206,7 @@ func (x *DiscoveredPath) String() string {
 func (*DiscoveredPath) ProtoMessage() {}
 
 func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[44]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3090,7 +3219,7 @@ func (x *DiscoveredPath) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredPath.ProtoReflect.Descriptor instead.
 func (*DiscoveredPath) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{44}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DiscoveredPath) GetPackets() uint32 {
@@ -3144,7 +3273,7 @@ type DiscoverResult struct {
 
 func (x *DiscoverResult) Reset() {
 	*x = DiscoverResult{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3156,7 +3285,7 @@ func (x *DiscoverResult) String() string {
 func (*DiscoverResult) ProtoMessage() {}
 
 func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[45]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3169,7 +3298,7 @@ func (x *DiscoverResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoverResult.ProtoReflect.Descriptor instead.
 func (*DiscoverResult) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{45}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DiscoverResult) GetSpec() *TraceSpec {
@@ -3233,7 +3362,7 @@ type DiscoveredSegment struct {
 
 func (x *DiscoveredSegment) Reset() {
 	*x = DiscoveredSegment{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3374,7 @@ func (x *DiscoveredSegment) String() string {
 func (*DiscoveredSegment) ProtoMessage() {}
 
 func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[46]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3258,7 +3387,7 @@ func (x *DiscoveredSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiscoveredSegment.ProtoReflect.Descriptor instead.
 func (*DiscoveredSegment) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{46}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DiscoveredSegment) GetFromHop() *HopSpec {
@@ -3315,7 +3444,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3327,7 +3456,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[47]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3340,7 +3469,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{47}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListAuditRequest) GetLimit() uint32 {
@@ -3367,7 +3496,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3379,7 +3508,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[48]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3392,7 +3521,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{48}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -3434,7 +3563,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_hoptrace_v1_api_proto_msgTypes[49]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3575,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_hoptrace_v1_api_proto_msgTypes[49]
+	mi := &file_hoptrace_v1_api_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +3588,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{49}
+	return file_hoptrace_v1_api_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AuditEntry) GetAt() *timestamppb.Timestamp {
@@ -3749,22 +3878,33 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\"\x13\n" +
 	"\x11WatchSpecsRequest\"7\n" +
 	"\aSpecSet\x12,\n" +
-	"\x05specs\x18\x01 \x03(\v2\x16.hoptrace.v1.TraceSpecR\x05specs\"\xc0\x01\n" +
+	"\x05specs\x18\x01 \x03(\v2\x16.hoptrace.v1.TraceSpecR\x05specs\"\xdc\x01\n" +
 	"\x11GetPacketsRequest\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x120\n" +
 	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12,\n" +
 	"\x03end\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03end\x12\x1b\n" +
 	"\tpacket_id\x18\x04 \x01(\rR\bpacketId\x12\x18\n" +
-	"\aslowest\x18\x05 \x01(\rR\aslowest\"C\n" +
+	"\aslowest\x18\x05 \x01(\rR\aslowest\x12\x1a\n" +
+	"\bcaptured\x18\x06 \x01(\rR\bcaptured\"\x84\x01\n" +
 	"\n" +
 	"PacketList\x125\n" +
-	"\apackets\x18\x01 \x03(\v2\x1b.hoptrace.v1.PacketTimelineR\apackets\"\xb4\x01\n" +
+	"\apackets\x18\x01 \x03(\v2\x1b.hoptrace.v1.PacketTimelineR\apackets\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\x12!\n" +
+	"\fcapture_hops\x18\x03 \x03(\tR\vcaptureHops\"\xec\x01\n" +
 	"\x0ePacketTimeline\x12\x1b\n" +
 	"\tpacket_id\x18\x01 \x01(\rR\bpacketId\x12*\n" +
 	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12!\n" +
 	"\rend_to_end_ns\x18\x03 \x01(\x03R\n" +
 	"endToEndNs\x126\n" +
-	"\bsegments\x18\x04 \x03(\v2\x1a.hoptrace.v1.PacketSegmentR\bsegments\"\xd1\x01\n" +
+	"\bsegments\x18\x04 \x03(\v2\x1a.hoptrace.v1.PacketSegmentR\bsegments\x126\n" +
+	"\bcaptures\x18\x05 \x03(\v2\x1a.hoptrace.v1.PacketCaptureR\bcaptures\"\xad\x01\n" +
+	"\rPacketCapture\x12\x10\n" +
+	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x19\n" +
+	"\bwire_len\x18\x04 \x01(\rR\awireLen\x12\x1b\n" +
+	"\tlink_type\x18\x05 \x01(\rR\blinkType\x12\x12\n" +
+	"\x04data\x18\x06 \x01(\fR\x04data\"\xd1\x01\n" +
 	"\rPacketSegment\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x0e\n" +
 	"\x02to\x18\x02 \x01(\tR\x02to\x12\x1b\n" +
@@ -3883,7 +4023,7 @@ func file_hoptrace_v1_api_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_api_proto_rawDescData
 }
 
-var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_hoptrace_v1_api_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*FieldError)(nil),               // 0: hoptrace.v1.FieldError
 	(*ValidateTraceRequest)(nil),     // 1: hoptrace.v1.ValidateTraceRequest
@@ -3922,48 +4062,49 @@ var file_hoptrace_v1_api_proto_goTypes = []any{
 	(*GetPacketsRequest)(nil),        // 34: hoptrace.v1.GetPacketsRequest
 	(*PacketList)(nil),               // 35: hoptrace.v1.PacketList
 	(*PacketTimeline)(nil),           // 36: hoptrace.v1.PacketTimeline
-	(*PacketSegment)(nil),            // 37: hoptrace.v1.PacketSegment
-	(*GetVersionRequest)(nil),        // 38: hoptrace.v1.GetVersionRequest
-	(*Version)(nil),                  // 39: hoptrace.v1.Version
-	(*RunPresetRequest)(nil),         // 40: hoptrace.v1.RunPresetRequest
-	(*DiscoverRequest)(nil),          // 41: hoptrace.v1.DiscoverRequest
-	(*DiscoverEvent)(nil),            // 42: hoptrace.v1.DiscoverEvent
-	(*DiscoverProgress)(nil),         // 43: hoptrace.v1.DiscoverProgress
-	(*DiscoveredPath)(nil),           // 44: hoptrace.v1.DiscoveredPath
-	(*DiscoverResult)(nil),           // 45: hoptrace.v1.DiscoverResult
-	(*DiscoveredSegment)(nil),        // 46: hoptrace.v1.DiscoveredSegment
-	(*ListAuditRequest)(nil),         // 47: hoptrace.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),        // 48: hoptrace.v1.ListAuditResponse
-	(*AuditEntry)(nil),               // 49: hoptrace.v1.AuditEntry
-	nil,                              // 50: hoptrace.v1.EventResult.ByEntry
-	nil,                              // 51: hoptrace.v1.RunPresetRequest.ArgsEntry
-	(*TraceSpec)(nil),                // 52: hoptrace.v1.TraceSpec
-	(*timestamppb.Timestamp)(nil),    // 53: google.protobuf.Timestamp
-	(*TraceStatus)(nil),              // 54: hoptrace.v1.TraceStatus
-	(*Register)(nil),                 // 55: hoptrace.v1.Register
-	(*TransportStatus)(nil),          // 56: hoptrace.v1.TransportStatus
-	(*Filter)(nil),                   // 57: hoptrace.v1.Filter
-	(*HopSpec)(nil),                  // 58: hoptrace.v1.HopSpec
-	(*PresetResult)(nil),             // 59: hoptrace.v1.PresetResult
+	(*PacketCapture)(nil),            // 37: hoptrace.v1.PacketCapture
+	(*PacketSegment)(nil),            // 38: hoptrace.v1.PacketSegment
+	(*GetVersionRequest)(nil),        // 39: hoptrace.v1.GetVersionRequest
+	(*Version)(nil),                  // 40: hoptrace.v1.Version
+	(*RunPresetRequest)(nil),         // 41: hoptrace.v1.RunPresetRequest
+	(*DiscoverRequest)(nil),          // 42: hoptrace.v1.DiscoverRequest
+	(*DiscoverEvent)(nil),            // 43: hoptrace.v1.DiscoverEvent
+	(*DiscoverProgress)(nil),         // 44: hoptrace.v1.DiscoverProgress
+	(*DiscoveredPath)(nil),           // 45: hoptrace.v1.DiscoveredPath
+	(*DiscoverResult)(nil),           // 46: hoptrace.v1.DiscoverResult
+	(*DiscoveredSegment)(nil),        // 47: hoptrace.v1.DiscoveredSegment
+	(*ListAuditRequest)(nil),         // 48: hoptrace.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),        // 49: hoptrace.v1.ListAuditResponse
+	(*AuditEntry)(nil),               // 50: hoptrace.v1.AuditEntry
+	nil,                              // 51: hoptrace.v1.EventResult.ByEntry
+	nil,                              // 52: hoptrace.v1.RunPresetRequest.ArgsEntry
+	(*TraceSpec)(nil),                // 53: hoptrace.v1.TraceSpec
+	(*timestamppb.Timestamp)(nil),    // 54: google.protobuf.Timestamp
+	(*TraceStatus)(nil),              // 55: hoptrace.v1.TraceStatus
+	(*Register)(nil),                 // 56: hoptrace.v1.Register
+	(*TransportStatus)(nil),          // 57: hoptrace.v1.TransportStatus
+	(*Filter)(nil),                   // 58: hoptrace.v1.Filter
+	(*HopSpec)(nil),                  // 59: hoptrace.v1.HopSpec
+	(*PresetResult)(nil),             // 60: hoptrace.v1.PresetResult
 }
 var file_hoptrace_v1_api_proto_depIdxs = []int32{
-	52, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	53, // 0: hoptrace.v1.ValidateTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
 	0,  // 1: hoptrace.v1.ValidateTraceResponse.errors:type_name -> hoptrace.v1.FieldError
-	52, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
-	52, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
-	53, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
-	54, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
+	53, // 2: hoptrace.v1.ApplyTraceRequest.spec:type_name -> hoptrace.v1.TraceSpec
+	53, // 3: hoptrace.v1.Trace.spec:type_name -> hoptrace.v1.TraceSpec
+	54, // 4: hoptrace.v1.Trace.applied_at:type_name -> google.protobuf.Timestamp
+	55, // 5: hoptrace.v1.Trace.nodes:type_name -> hoptrace.v1.TraceStatus
 	4,  // 6: hoptrace.v1.ListTracesResponse.traces:type_name -> hoptrace.v1.Trace
 	13, // 7: hoptrace.v1.ListAgentsResponse.agents:type_name -> hoptrace.v1.Agent
-	55, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
-	53, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
+	56, // 8: hoptrace.v1.Agent.registration:type_name -> hoptrace.v1.Register
+	54, // 9: hoptrace.v1.Agent.last_heartbeat:type_name -> google.protobuf.Timestamp
 	14, // 10: hoptrace.v1.Agent.clock:type_name -> hoptrace.v1.NodeClockStatus
-	56, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
-	53, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
+	57, // 11: hoptrace.v1.Agent.transport:type_name -> hoptrace.v1.TransportStatus
+	54, // 12: hoptrace.v1.NodeClockStatus.measured_at:type_name -> google.protobuf.Timestamp
 	15, // 13: hoptrace.v1.NodeClockStatus.last_jump:type_name -> hoptrace.v1.ClockJump
-	53, // 14: hoptrace.v1.ClockJump.at:type_name -> google.protobuf.Timestamp
-	53, // 15: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
-	53, // 16: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
+	54, // 14: hoptrace.v1.ClockJump.at:type_name -> google.protobuf.Timestamp
+	54, // 15: hoptrace.v1.GetReportRequest.start:type_name -> google.protobuf.Timestamp
+	54, // 16: hoptrace.v1.GetReportRequest.end:type_name -> google.protobuf.Timestamp
 	24, // 17: hoptrace.v1.Report.segments:type_name -> hoptrace.v1.SegmentStats
 	24, // 18: hoptrace.v1.Report.end_to_end:type_name -> hoptrace.v1.SegmentStats
 	26, // 19: hoptrace.v1.Report.hops:type_name -> hoptrace.v1.HopThroughput
@@ -3972,71 +4113,73 @@ var file_hoptrace_v1_api_proto_depIdxs = []int32{
 	18, // 22: hoptrace.v1.Report.addresses:type_name -> hoptrace.v1.HopAddresses
 	19, // 23: hoptrace.v1.Report.translations:type_name -> hoptrace.v1.AddressTranslation
 	15, // 24: hoptrace.v1.Report.clock_jumps:type_name -> hoptrace.v1.ClockJump
-	50, // 25: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
+	51, // 25: hoptrace.v1.EventResult.by:type_name -> hoptrace.v1.EventResult.ByEntry
 	30, // 26: hoptrace.v1.EventResult.histogram:type_name -> hoptrace.v1.HistogramBucket
 	21, // 27: hoptrace.v1.EventResult.recorded:type_name -> hoptrace.v1.EventRecordedResult
 	23, // 28: hoptrace.v1.SegmentSeries.p50:type_name -> hoptrace.v1.SeriesPoint
 	23, // 29: hoptrace.v1.SegmentSeries.p99:type_name -> hoptrace.v1.SeriesPoint
-	53, // 30: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
-	53, // 31: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
+	54, // 30: hoptrace.v1.SeriesPoint.at:type_name -> google.protobuf.Timestamp
+	54, // 31: hoptrace.v1.SegmentStats.at:type_name -> google.protobuf.Timestamp
 	25, // 32: hoptrace.v1.SegmentStats.drops:type_name -> hoptrace.v1.DropCount
 	28, // 33: hoptrace.v1.HopThroughput.counts:type_name -> hoptrace.v1.HopCount
 	29, // 34: hoptrace.v1.HopThroughput.histograms:type_name -> hoptrace.v1.HopHistogram
 	27, // 35: hoptrace.v1.HopThroughput.recorded:type_name -> hoptrace.v1.HopRecorded
 	30, // 36: hoptrace.v1.HopHistogram.buckets:type_name -> hoptrace.v1.HistogramBucket
-	52, // 37: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
-	53, // 38: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
-	53, // 39: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
+	53, // 37: hoptrace.v1.SpecSet.specs:type_name -> hoptrace.v1.TraceSpec
+	54, // 38: hoptrace.v1.GetPacketsRequest.start:type_name -> google.protobuf.Timestamp
+	54, // 39: hoptrace.v1.GetPacketsRequest.end:type_name -> google.protobuf.Timestamp
 	36, // 40: hoptrace.v1.PacketList.packets:type_name -> hoptrace.v1.PacketTimeline
-	53, // 41: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
-	37, // 42: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
-	51, // 43: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
-	57, // 44: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
-	43, // 45: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
-	45, // 46: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
-	58, // 47: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
-	52, // 48: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
-	44, // 49: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
-	46, // 50: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
-	58, // 51: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
-	58, // 52: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
-	49, // 53: hoptrace.v1.ListAuditResponse.entries:type_name -> hoptrace.v1.AuditEntry
-	53, // 54: hoptrace.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
-	1,  // 55: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
-	3,  // 56: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
-	5,  // 57: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
-	7,  // 58: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
-	8,  // 59: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
-	10, // 60: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
-	12, // 61: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
-	16, // 62: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
-	31, // 63: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
-	32, // 64: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
-	40, // 65: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
-	38, // 66: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
-	34, // 67: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
-	41, // 68: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
-	47, // 69: hoptrace.v1.Hoptrace.ListAudit:input_type -> hoptrace.v1.ListAuditRequest
-	2,  // 70: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
-	4,  // 71: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
-	6,  // 72: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
-	4,  // 73: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
-	9,  // 74: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
-	11, // 75: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
-	13, // 76: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
-	17, // 77: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
-	24, // 78: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
-	33, // 79: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
-	59, // 80: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
-	39, // 81: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
-	35, // 82: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
-	42, // 83: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
-	48, // 84: hoptrace.v1.Hoptrace.ListAudit:output_type -> hoptrace.v1.ListAuditResponse
-	70, // [70:85] is the sub-list for method output_type
-	55, // [55:70] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	54, // 41: hoptrace.v1.PacketTimeline.at:type_name -> google.protobuf.Timestamp
+	38, // 42: hoptrace.v1.PacketTimeline.segments:type_name -> hoptrace.v1.PacketSegment
+	37, // 43: hoptrace.v1.PacketTimeline.captures:type_name -> hoptrace.v1.PacketCapture
+	54, // 44: hoptrace.v1.PacketCapture.at:type_name -> google.protobuf.Timestamp
+	52, // 45: hoptrace.v1.RunPresetRequest.args:type_name -> hoptrace.v1.RunPresetRequest.ArgsEntry
+	58, // 46: hoptrace.v1.DiscoverRequest.filter:type_name -> hoptrace.v1.Filter
+	44, // 47: hoptrace.v1.DiscoverEvent.progress:type_name -> hoptrace.v1.DiscoverProgress
+	46, // 48: hoptrace.v1.DiscoverEvent.result:type_name -> hoptrace.v1.DiscoverResult
+	59, // 49: hoptrace.v1.DiscoveredPath.hops:type_name -> hoptrace.v1.HopSpec
+	53, // 50: hoptrace.v1.DiscoverResult.spec:type_name -> hoptrace.v1.TraceSpec
+	45, // 51: hoptrace.v1.DiscoverResult.paths:type_name -> hoptrace.v1.DiscoveredPath
+	47, // 52: hoptrace.v1.DiscoverResult.segments:type_name -> hoptrace.v1.DiscoveredSegment
+	59, // 53: hoptrace.v1.DiscoveredSegment.from_hop:type_name -> hoptrace.v1.HopSpec
+	59, // 54: hoptrace.v1.DiscoveredSegment.to_hop:type_name -> hoptrace.v1.HopSpec
+	50, // 55: hoptrace.v1.ListAuditResponse.entries:type_name -> hoptrace.v1.AuditEntry
+	54, // 56: hoptrace.v1.AuditEntry.at:type_name -> google.protobuf.Timestamp
+	1,  // 57: hoptrace.v1.Hoptrace.ValidateTrace:input_type -> hoptrace.v1.ValidateTraceRequest
+	3,  // 58: hoptrace.v1.Hoptrace.ApplyTrace:input_type -> hoptrace.v1.ApplyTraceRequest
+	5,  // 59: hoptrace.v1.Hoptrace.ListTraces:input_type -> hoptrace.v1.ListTracesRequest
+	7,  // 60: hoptrace.v1.Hoptrace.GetTrace:input_type -> hoptrace.v1.GetTraceRequest
+	8,  // 61: hoptrace.v1.Hoptrace.DeleteTrace:input_type -> hoptrace.v1.DeleteTraceRequest
+	10, // 62: hoptrace.v1.Hoptrace.ListAgents:input_type -> hoptrace.v1.ListAgentsRequest
+	12, // 63: hoptrace.v1.Hoptrace.GetAgent:input_type -> hoptrace.v1.GetAgentRequest
+	16, // 64: hoptrace.v1.Hoptrace.GetReport:input_type -> hoptrace.v1.GetReportRequest
+	31, // 65: hoptrace.v1.Hoptrace.WatchSegmentStats:input_type -> hoptrace.v1.WatchSegmentStatsRequest
+	32, // 66: hoptrace.v1.Hoptrace.WatchSpecs:input_type -> hoptrace.v1.WatchSpecsRequest
+	41, // 67: hoptrace.v1.Hoptrace.RunPreset:input_type -> hoptrace.v1.RunPresetRequest
+	39, // 68: hoptrace.v1.Hoptrace.GetVersion:input_type -> hoptrace.v1.GetVersionRequest
+	34, // 69: hoptrace.v1.Hoptrace.GetPackets:input_type -> hoptrace.v1.GetPacketsRequest
+	42, // 70: hoptrace.v1.Hoptrace.Discover:input_type -> hoptrace.v1.DiscoverRequest
+	48, // 71: hoptrace.v1.Hoptrace.ListAudit:input_type -> hoptrace.v1.ListAuditRequest
+	2,  // 72: hoptrace.v1.Hoptrace.ValidateTrace:output_type -> hoptrace.v1.ValidateTraceResponse
+	4,  // 73: hoptrace.v1.Hoptrace.ApplyTrace:output_type -> hoptrace.v1.Trace
+	6,  // 74: hoptrace.v1.Hoptrace.ListTraces:output_type -> hoptrace.v1.ListTracesResponse
+	4,  // 75: hoptrace.v1.Hoptrace.GetTrace:output_type -> hoptrace.v1.Trace
+	9,  // 76: hoptrace.v1.Hoptrace.DeleteTrace:output_type -> hoptrace.v1.DeleteTraceResponse
+	11, // 77: hoptrace.v1.Hoptrace.ListAgents:output_type -> hoptrace.v1.ListAgentsResponse
+	13, // 78: hoptrace.v1.Hoptrace.GetAgent:output_type -> hoptrace.v1.Agent
+	17, // 79: hoptrace.v1.Hoptrace.GetReport:output_type -> hoptrace.v1.Report
+	24, // 80: hoptrace.v1.Hoptrace.WatchSegmentStats:output_type -> hoptrace.v1.SegmentStats
+	33, // 81: hoptrace.v1.Hoptrace.WatchSpecs:output_type -> hoptrace.v1.SpecSet
+	60, // 82: hoptrace.v1.Hoptrace.RunPreset:output_type -> hoptrace.v1.PresetResult
+	40, // 83: hoptrace.v1.Hoptrace.GetVersion:output_type -> hoptrace.v1.Version
+	35, // 84: hoptrace.v1.Hoptrace.GetPackets:output_type -> hoptrace.v1.PacketList
+	43, // 85: hoptrace.v1.Hoptrace.Discover:output_type -> hoptrace.v1.DiscoverEvent
+	49, // 86: hoptrace.v1.Hoptrace.ListAudit:output_type -> hoptrace.v1.ListAuditResponse
+	72, // [72:87] is the sub-list for method output_type
+	57, // [57:72] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_api_proto_init() }
@@ -4046,7 +4189,7 @@ func file_hoptrace_v1_api_proto_init() {
 	}
 	file_hoptrace_v1_agent_proto_init()
 	file_hoptrace_v1_trace_proto_init()
-	file_hoptrace_v1_api_proto_msgTypes[42].OneofWrappers = []any{
+	file_hoptrace_v1_api_proto_msgTypes[43].OneofWrappers = []any{
 		(*DiscoverEvent_Progress)(nil),
 		(*DiscoverEvent_Result)(nil),
 	}
@@ -4056,7 +4199,7 @@ func file_hoptrace_v1_api_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_api_proto_rawDesc), len(file_hoptrace_v1_api_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   52,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

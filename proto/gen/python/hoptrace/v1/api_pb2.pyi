@@ -416,36 +416,60 @@ class SpecSet(_message.Message):
     def __init__(self, specs: _Optional[_Iterable[_Union[_trace_pb2.TraceSpec, _Mapping]]] = ...) -> None: ...
 
 class GetPacketsRequest(_message.Message):
-    __slots__ = ("trace", "start", "end", "packet_id", "slowest")
+    __slots__ = ("trace", "start", "end", "packet_id", "slowest", "captured")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     PACKET_ID_FIELD_NUMBER: _ClassVar[int]
     SLOWEST_FIELD_NUMBER: _ClassVar[int]
+    CAPTURED_FIELD_NUMBER: _ClassVar[int]
     trace: str
     start: _timestamp_pb2.Timestamp
     end: _timestamp_pb2.Timestamp
     packet_id: int
     slowest: int
-    def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., packet_id: _Optional[int] = ..., slowest: _Optional[int] = ...) -> None: ...
+    captured: int
+    def __init__(self, trace: _Optional[str] = ..., start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., packet_id: _Optional[int] = ..., slowest: _Optional[int] = ..., captured: _Optional[int] = ...) -> None: ...
 
 class PacketList(_message.Message):
-    __slots__ = ("packets",)
+    __slots__ = ("packets", "truncated", "capture_hops")
     PACKETS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_HOPS_FIELD_NUMBER: _ClassVar[int]
     packets: _containers.RepeatedCompositeFieldContainer[PacketTimeline]
-    def __init__(self, packets: _Optional[_Iterable[_Union[PacketTimeline, _Mapping]]] = ...) -> None: ...
+    truncated: bool
+    capture_hops: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, packets: _Optional[_Iterable[_Union[PacketTimeline, _Mapping]]] = ..., truncated: bool = ..., capture_hops: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PacketTimeline(_message.Message):
-    __slots__ = ("packet_id", "at", "end_to_end_ns", "segments")
+    __slots__ = ("packet_id", "at", "end_to_end_ns", "segments", "captures")
     PACKET_ID_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     END_TO_END_NS_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    CAPTURES_FIELD_NUMBER: _ClassVar[int]
     packet_id: int
     at: _timestamp_pb2.Timestamp
     end_to_end_ns: int
     segments: _containers.RepeatedCompositeFieldContainer[PacketSegment]
-    def __init__(self, packet_id: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_to_end_ns: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[PacketSegment, _Mapping]]] = ...) -> None: ...
+    captures: _containers.RepeatedCompositeFieldContainer[PacketCapture]
+    def __init__(self, packet_id: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_to_end_ns: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[PacketSegment, _Mapping]]] = ..., captures: _Optional[_Iterable[_Union[PacketCapture, _Mapping]]] = ...) -> None: ...
+
+class PacketCapture(_message.Message):
+    __slots__ = ("hop", "node", "at", "wire_len", "link_type", "data")
+    HOP_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    WIRE_LEN_FIELD_NUMBER: _ClassVar[int]
+    LINK_TYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    hop: str
+    node: str
+    at: _timestamp_pb2.Timestamp
+    wire_len: int
+    link_type: int
+    data: bytes
+    def __init__(self, hop: _Optional[str] = ..., node: _Optional[str] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wire_len: _Optional[int] = ..., link_type: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class PacketSegment(_message.Message):
     __slots__ = ("to", "offset_ns", "latency_ns", "below_clock_bound", "from_node", "to_node")
