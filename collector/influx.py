@@ -51,6 +51,8 @@ def _field_text(value: FieldValue) -> str:
         return "true" if value else "false"
     if isinstance(value, int):
         return f"{value}i"
+    if isinstance(value, str):  # line protocol: double-quoted, with " and \ escaped
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(float(value))
 
 
@@ -195,8 +197,12 @@ class Spool:
         path = self.directory / f"{self._seq:016d}-{len(lines)}.lp"
         self._seq += 1
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError:  # a full disk: the part written would hold its space for good (never replayed)
+            tmp.unlink(missing_ok=True)
+            raise
         self._files.append((path, len(lines), len(data)))
         self.bytes += len(data)
         self.points += len(lines)

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from hoptrace.common.entry import CliError
+from hoptrace.common.grpcutil import DISPATCHER_ENV
 from hoptrace.common.timeouts import scaled
 from hoptrace.v1 import api_pb2, api_pb2_grpc, trace_pb2
 
@@ -99,7 +100,10 @@ class ApiClient:
         if error.code() == grpc.StatusCode.UNAVAILABLE and any(
             phrase in details.lower() for phrase in _TRANSPORT_FAILURES
         ):
-            details = f"cannot reach the dispatcher at {self.address}: {details}"
+            details = (
+                f"cannot reach the dispatcher at {self.address}: {details} (is `hoptrace dispatcher` running "
+                f"there? the address is --dispatcher or ${DISPATCHER_ENV})"
+            )
         elif error.code() == grpc.StatusCode.UNAUTHENTICATED:
             details = f"the dispatcher refused the request: {details}"
         elif error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

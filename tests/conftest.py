@@ -28,6 +28,7 @@ _PREFIXES: set[str] = set()
 # module marks what neither says. A unit test that uses a fixture needing root contradicts itself.
 FOLDER_TIERS: dict[str, tuple[str, ...]] = {
     "e2e": ("kernel",),
+    "faults": ("kernel",),
     "kafka": ("kernel", "kafka"),
     "k8s": ("k8s", "slow"),
     "kernels": ("vm", "slow"),
