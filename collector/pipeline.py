@@ -20,6 +20,7 @@ from typing import Protocol
 from hoptrace.collector.actions import HopActionsStage, RecordedValuesStage
 from hoptrace.collector.addresses import HopAddressesStage
 from hoptrace.collector.aggregate import AggregateConfig, HopCounterAggregator, SegmentAggregator
+from hoptrace.collector.captures import CaptureConfig, HopCapturesStage
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.clock import ClockAligner
 from hoptrace.collector.clockauth import ClockKeys
@@ -86,6 +87,7 @@ class CollectorPipeline:
         catalog: TraceCatalog | None = None,
         join_config: JoinConfig | None = None,
         aggregate_config: AggregateConfig | None = None,
+        capture_config: CaptureConfig | None = None,
     ) -> None:
         self.catalog = catalog if catalog is not None else TraceCatalog()
         self.exporter = exporter
@@ -97,6 +99,7 @@ class CollectorPipeline:
         self.events = EventsStage(self.clock)
         self.recorded = RecordedValuesStage()
         self.addresses = HopAddressesStage()
+        self.captures = HopCapturesStage(capture_config)
         self._lock = threading.Lock()
         self._agent_dropped: dict[str, int] = {}  # node -> last cumulative agent_dropped
         self.agent_dropped: dict[str, int] = {}  # node -> records the agent dropped, summed over restarts
@@ -205,6 +208,15 @@ class CollectorPipeline:
                     mapping,
                     path.hop_name if path is not None else (lambda index: f"hop{index}"),
                 )
+            if batch.captures:
+                path = self.catalog.get(batch.trace)
+                actions += self.captures.add(
+                    batch.trace,
+                    batch.node,
+                    batch.captures,
+                    mapping,
+                    path.hop_name if path is not None else (lambda index: f"hop{index}"),
+                )
             if batch.addresses:
                 on_path = self._on_path(batch.trace, batch.addresses)
                 self.addresses.add(batch.trace, on_path, time.monotonic_ns())
@@ -255,6 +267,7 @@ class CollectorPipeline:
             self.segment_metrics.forget_traces(live)
             self.joiner.forget_traces(live)
             self.addresses.forget_traces(live)
+            self.captures.forget_traces(live)
         addresses = self.addresses.take_points(time.monotonic_ns(), self.now_ns(), self._path_hops)
         if samples or windows or counters or clocks or losses:
             self.exporter.export(window_points(samples, windows, counters, clocks, losses))
@@ -299,6 +312,8 @@ class CollectorPipeline:
             "late_records": self.counters.stats.late_records,
             "tracer_lost": self.segments.stats.tracer_lost,
             "foreign_records": dict(self.foreign_records),
+            "captures_written": dict(self.captures.written),
+            "captures_dropped": dict(self.captures.dropped),
         }
 
 

@@ -23,8 +23,9 @@ from hoptrace.collector.schema import (
     TRACER_LOSS,
 )
 
-# A field's value: bool, int and float are kept apart (InfluxDB types its fields by the first one written).
-FieldValue = bool | int | float
+# A field's value: bool, int, float and str are kept apart (InfluxDB types its fields by the first one
+# written).
+FieldValue = bool | int | float | str
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,12 @@ assert VALUES_STRUCT.size == VALUES_SIZE, "kernel_abi.VALUES_FORMAT disagrees wi
 ADDRESSES_STRUCT = struct.Struct(kernel_abi.ADDRESSES_FORMAT)
 ADDRESSES_SIZE = kernel_abi.ADDRESSES_SIZE
 assert ADDRESSES_STRUCT.size == ADDRESSES_SIZE, "kernel_abi.ADDRESSES_FORMAT disagrees with the BTF's size"
+# struct hoptrace_capture: a packet's first bytes at a hop, after each record (its values, addresses) with
+# CAPTURE set (the capture action).
+CAPTURE_STRUCT = struct.Struct(kernel_abi.CAPTURE_FORMAT)
+CAPTURE_SIZE = kernel_abi.CAPTURE_SIZE
+CAPTURE_MAX = kernel_abi.CAPTURE_MAX
+assert CAPTURE_STRUCT.size == CAPTURE_SIZE, "kernel_abi.CAPTURE_FORMAT disagrees with the BTF's size"
 
 # Tuple positions, for readers that index records.
 TS_NS, PACKET_ID, FLOW_HASH, IFINDEX, WIRE_LEN, HOP_INDEX, TRACE_SLOT, CPU, FLAGS = range(len(RECORD_FIELDS))
@@ -54,6 +60,7 @@ RecordFlag.__doc__ = "`enum hoptrace_record_flag`."
 # a fifth of the Kafka collector's profile).
 F_TCP, F_UDP, F_VALUES = int(RecordFlag.TCP), int(RecordFlag.UDP), int(RecordFlag.VALUES)
 F_ADDRESSES = int(RecordFlag.ADDRESSES)
+F_CAPTURE = int(RecordFlag.CAPTURE)
 PROTOCOLS = {socket.IPPROTO_TCP: "tcp", socket.IPPROTO_UDP: "udp"}
 
 Counter = enum.IntEnum("Counter", {name.upper(): index for index, name in enumerate(kernel_abi.COUNTERS)})
@@ -171,6 +178,43 @@ def decode_addresses(records: list[Record], data: bytes, size: int = ADDRESSES_S
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Capture:
+    """A packet's first bytes as one hop saw them (`struct hoptrace_capture`)."""
+
+    wire_len: int  # the packet's length from data[0] on
+    link_type: int  # pcap's LINKTYPE_* of data[0]: kernel_abi.CAPTURE_LINK_ETHERNET or _RAW (IP)
+    data: bytes  # the captured bytes (at most CAPTURE_MAX)
+
+
+# One packet's bytes at one hop: (record, its capture).
+CapturedRecord = tuple[Record, Capture]
+
+
+def decode_captures(records: list[Record], data: bytes, size: int = CAPTURE_SIZE) -> list[CapturedRecord]:
+    """Pair each record that has CAPTURE in its flags with its struct hoptrace_capture, in order.
+
+    Raises `RecordDecodeError` when the captures do not match the records that announce them, or one says
+    it holds more bytes than it has."""
+    captured = [r for r in records if r[FLAGS] & F_CAPTURE]
+    if not captured and not data:
+        return []
+    size = size or CAPTURE_SIZE
+    if size < CAPTURE_SIZE or len(data) != size * len(captured):
+        raise RecordDecodeError(
+            f"{len(data)} bytes of captures for {len(captured)} records with captures (capture_size {size})"
+        )
+    out: list[CapturedRecord] = []
+    for i, rec in enumerate(captured):
+        wire_len, length, link_type, raw = CAPTURE_STRUCT.unpack_from(data, i * size)
+        if length > CAPTURE_MAX:
+            raise RecordDecodeError(
+                f"capture of packet {rec[PACKET_ID]:#x}: {length} bytes, at most {CAPTURE_MAX}"
+            )
+        out.append((rec, Capture(wire_len, link_type, raw[:length])))
+    return out
+
+
 @dataclass(slots=True)
 class DecodedBatch:
     """One `RecordBatch` after decoding: its identity, records as tuples, counters and clock."""
@@ -187,6 +231,7 @@ class DecodedBatch:
     events: list[records_pb2.EventValues] = field(default_factory=list)  # event probes, cumulative
     values: list[RecordedValues] = field(default_factory=list)  # the record action's, per packet
     addresses: list[DescribedRecord] = field(default_factory=list)  # what hops saw, one packet in 64
+    captures: list[CapturedRecord] = field(default_factory=list)  # the capture action's bytes, per packet
 
 
 def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
@@ -200,6 +245,7 @@ def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
         records=records,
         values=decode_values(records, batch.values, batch.value_size),
         addresses=decode_addresses(records, batch.addresses, batch.addresses_size),
+        captures=decode_captures(records, batch.captures, batch.capture_size),
         counters=list(batch.counters),
         clock=batch.clock if batch.HasField("clock") else None,
         agent_dropped=batch.agent_dropped,

@@ -56,6 +56,12 @@ the Grafana dashboards (deploy/) use them: a contract.
 * `address_translations` - where two consecutive hops of such a packet saw different tuples. Tags `trace`,
   `from_hop`, `to_hop`, `kind` (`dnat`, `snat`, `dnat+snat`), `before`, `after` (what changed: "address:port",
   the address alone when the port stayed, both ends "src > dst" for `dnat+snat`); int field `packets`.
+* `hop_capture` - a hop's `capture: N` action (`captures.py`): one point per traced packet the hop saw. Tags
+  `trace`, `hop`, `node`; fields `packet_id`, `wire_len` (the packet's length from its first byte on),
+  `link_type` (pcap's LINKTYPE_*: 1 Ethernet, 101 raw IP), all ints, and `bytes` (string: the first bytes,
+  base64). Time: the record's master time. At most `CaptureConfig.per_trace_per_s` points per trace and
+  second (every hop's count); the rest are dropped and counted. Two packets at one hop and nanosecond would
+  share a point: the later overwrites.
 * `event_counts`, `event_histogram`, `event_recorded`, `event_latency_missed` - a spec's event probes
   (`events.py`).
 
@@ -74,6 +80,7 @@ HOP_COUNTS = "hop_counts"
 HOP_HISTOGRAM = "hop_histogram"
 HOP_RECORDED = "hop_recorded"
 HOP_ADDRESSES = "hop_addresses"
+HOP_CAPTURE = "hop_capture"
 ADDRESS_TRANSLATIONS = "address_translations"
 EVENT_COUNTS = "event_counts"
 EVENT_HISTOGRAM = "event_histogram"
