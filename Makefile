@@ -15,7 +15,7 @@ INFLUXD := $(TOOLS)/influxd
 
 APT_PACKAGES := clang llvm libbpf-dev bpftool iproute2 sockperf iperf3 tcpdump nftables clang-format \
 	ethtool chromium chromium-driver bpftrace qemu-system-x86 kmod busybox-static openvswitch-switch \
-	docker.io docker-compose debootstrap containerd runc containernetworking-plugins conmon
+	docker.io docker-compose debootstrap containerd runc containernetworking-plugins conmon tshark
 
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2

@@ -9,9 +9,13 @@ import sys
 from typing import Any
 
 from hoptrace.cli.api import client_of
+from hoptrace.common.client import QUERY_TIMEOUT_S
 from hoptrace.common.durations import parse_duration
+from hoptrace.common.entry import CliError
 from hoptrace.results.packets_view import packets_from_proto, render_packets_text
+from hoptrace.results.pcap import captured_request, write_pcapng
 from hoptrace.results.report_view import render_text, report_from_proto
+from hoptrace.results.store_captures import MAX_CAPTURED
 from hoptrace.results.timerange import parse_time
 
 
@@ -68,6 +72,13 @@ def slowest_argument(text: str) -> int:
     return int(text)
 
 
+def limit_argument(text: str) -> int:
+    """--limit: how many captured packets, 1 to MAX_CAPTURED."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_CAPTURED:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of packets from 1 to {MAX_CAPTURED}")
+    return int(text)
+
+
 def run_report(args: argparse.Namespace) -> int:
     """hoptrace report NAME [--since DURATION | --start TIME] [--end TIME] [--json]."""
     answer = client_of(args).report(args.name, args.since, start_ns=args.start, end_ns=args.end)
@@ -81,7 +92,9 @@ def run_report(args: argparse.Namespace) -> int:
 
 def run_packets(args: argparse.Namespace) -> int:
     """hoptrace packets NAME [--since D | --start T] [--end T] [--slowest N | --id ID] [--json]: per-packet
-    waterfalls."""
+    waterfalls; with --pcap FILE, the captured packets as pcap-ng instead."""
+    if args.pcap:
+        return write_captured(args)
     answer = client_of(args).packets(
         args.name,
         args.since,
@@ -100,6 +113,38 @@ def run_packets(args: argparse.Namespace) -> int:
         )
         return 0
     sys.stdout.write(render_packets_text(packets))
+    return 0
+
+
+def write_captured(args: argparse.Namespace) -> int:
+    """hoptrace packets NAME --pcap FILE [--limit N] [--id ID]: the packets hops captured in the range (a
+    hop's capture action), written as pcap-ng (hoptrace.results.pcap)."""
+    request = captured_request(
+        args.name,
+        args.limit,
+        since_s=args.since,
+        start_ns=args.start,
+        end_ns=args.end,
+        packet_id=args.id or 0,
+    )
+    answer = client_of(args).call("GetPackets", request, timeout=QUERY_TIMEOUT_S)
+    if not answer.packets:
+        raise CliError(
+            f"packet 0x{args.id:08x} was not captured in the range"
+            if args.id
+            else f"no packet of {args.name} was captured in the range (a hop's capture: N action keeps them)"
+        )
+    try:
+        with open(args.pcap, "wb") as out:
+            written = write_pcapng(answer, out)
+    except OSError as error:
+        raise CliError(f"--pcap {args.pcap}: {error.strerror or error}") from None
+    print(
+        f"{args.pcap}: {len(answer.packets)} packets, {written} captures at {len(answer.capture_hops)} hops"
+        f" ({', '.join(answer.capture_hops)})"
+    )
+    if answer.truncated:
+        print(f"more packets were captured in the range: the first {args.limit} are written (--limit)")
     return 0
 
 
@@ -131,4 +176,16 @@ def add_parser(subparsers: Any, client: argparse.ArgumentParser) -> None:
     )
     which.add_argument("--id", type=packet_id_argument, metavar="ID", help="one packet, e.g. 0x07000123")
     packets.add_argument("--json", action="store_true", help="print JSON")
+    packets.add_argument(
+        "--pcap",
+        metavar="FILE",
+        help="write the packets hops captured (capture: N) to FILE as pcap-ng, one interface per hop",
+    )
+    packets.add_argument(
+        "--limit",
+        type=limit_argument,
+        default=10_000,
+        metavar="N",
+        help=f"with --pcap: the first N packets captured in the range (10000; at most {MAX_CAPTURED})",
+    )
     packets.set_defaults(func=run_packets)

@@ -14,7 +14,8 @@ DEFAULT_SLOWEST, MAX_SLOWEST = 10, 50
 
 
 def packets_from_proto(packets: api_pb2.PacketList) -> list[dict[str, Any]]:
-    """`hoptrace packets --json`: each packet with its segments (raw numbers, offsets from its first hop)."""
+    """`hoptrace packets --json`: each packet with its segments (raw numbers, offsets from its first hop), and
+    its captures where the answer has them."""
     return [
         {
             "packet_id": p.packet_id,
@@ -32,9 +33,22 @@ def packets_from_proto(packets: api_pb2.PacketList) -> list[dict[str, Any]]:
                 }
                 for s in p.segments
             ],
+            **({"captures": [capture_from_proto(c) for c in p.captures]} if p.captures else {}),
         }
         for p in packets.packets
     ]
+
+
+def capture_from_proto(capture: api_pb2.PacketCapture) -> dict[str, Any]:
+    """One hop's capture of a packet (`GetPackets` with `captured`): its bytes in hex."""
+    return {
+        "hop": capture.hop,
+        "node": capture.node,
+        "at_ns": capture.at.ToNanoseconds(),
+        "wire_len": capture.wire_len,
+        "link_type": capture.link_type,
+        "data": capture.data.hex(),
+    }
 
 
 def render_packets_text(packets: list[dict[str, Any]], width: int = 40) -> str:

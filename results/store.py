@@ -51,6 +51,7 @@ from hoptrace.collector.sketch import sketch_from_fields
 from hoptrace.results.flux import flux_string, flux_time, records, request_range
 from hoptrace.results.packets_view import DEFAULT_SLOWEST, MAX_SLOWEST
 from hoptrace.results.store_actions import query_events, query_hop_actions, query_recorded
+from hoptrace.results.store_captures import query_captured
 from hoptrace.results.timerange import DEFAULT_RANGE_S
 from hoptrace.v1 import api_pb2
 
@@ -508,7 +509,11 @@ def get_packets(
     path: Sequence[str] | None = None,
 ) -> api_pb2.PacketList:
     """Answer `Hoptrace.GetPackets`: the slowest packets end to end over the range, slowest first, or the
-    one packet `request.packet_id` (its latest passage), each with its segments in path order."""
+    one packet `request.packet_id` (its latest passage), each with its segments in path order; with
+    `request.captured`, the packets hops captured instead (`store_captures.query_captured`)."""
+    if request.captured:
+        with InfluxDBClient(url=url, token=token, org=org, timeout=30_000) as client:
+            return query_captured(client.query_api(), org, bucket, request, path)
     start, stop = request_range(request)
     base = (
         f"from(bucket: {flux_string(bucket)}) |> range(start: {start}, stop: {stop})"

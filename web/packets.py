@@ -8,14 +8,16 @@ the page needs no JavaScript.
 
 from __future__ import annotations
 
+import io
 import re
 from typing import Any
 
-from flask import Blueprint, abort, render_template, request
+from flask import Blueprint, abort, render_template, request, send_file
 
-from hoptrace.common.client import ApiError
+from hoptrace.common.client import QUERY_TIMEOUT_S, ApiError
 from hoptrace.results.format import WITHIN_CLOCK_BOUND, format_ns
 from hoptrace.results.packets_view import MAX_SLOWEST, packets_from_proto
+from hoptrace.results.pcap import captured_request, write_pcapng
 from hoptrace.web.dispatcher import get_client, http_status
 from hoptrace.web.results import (
     SINCE_CHOICES,
@@ -107,3 +109,27 @@ def page(name: str):  # noqa: ANN201 - a view
         packets=packets,
         error=error,
     ), status
+
+
+# The download's packets: the first of the range, as hoptrace packets --pcap writes by default.
+PCAP_PACKETS = 10_000
+
+
+@bp.get("/traces/<name>/packets.pcapng")
+def pcapng(name: str):  # noqa: ANN201 - a view
+    """The packets hops captured in the range (a hop's capture: N action) as a pcap-ng download, as
+    `hoptrace packets NAME --pcap FILE` writes it."""
+    since, bounds = requested_since(), requested_bounds()
+    request_ = captured_request(name, PCAP_PACKETS, since_s=since_seconds(since), **bounds_ns(bounds))
+    try:
+        answer = get_client().call("GetPackets", request_, timeout=QUERY_TIMEOUT_S)
+    except ApiError as exc:
+        abort(http_status(exc), description=f"no packets of {name}: {exc.message}")
+    if not answer.packets:
+        abort(404, description=f"no packet of {name} was captured in {range_text(since, bounds)}")
+    out = io.BytesIO()
+    write_pcapng(answer, out)
+    out.seek(0)
+    return send_file(
+        out, mimetype="application/vnd.tcpdump.pcap", as_attachment=True, download_name=f"{name}.pcapng"
+    )
