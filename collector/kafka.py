@@ -279,7 +279,7 @@ class KafkaCollectorService:
             self.config.aggregate, instance=f"{self.kafka.topic}/partition-{partition}"
         )
         pipeline = CollectorPipeline(
-            beside(self.exporter, self.otlp), self.catalog, self.config.join, aggregate
+            beside(self.exporter, self.otlp), self.catalog, self.config.join, aggregate, self.config.capture
         )
         return PartitionState(partition, pipeline)
 

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from hoptrace.collector.aggregate import AggregateConfig
+from hoptrace.collector.captures import CaptureConfig
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.catalog_sync import follow_dispatcher
 from hoptrace.collector.clockauth import read_key_file
@@ -161,6 +162,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write every packet whose ID is a multiple of N (1 = every packet, 0 = none)",
     )
     parser.add_argument(
+        "--capture-budget",
+        type=int,
+        default=CaptureConfig.per_trace_per_s,
+        metavar="N",
+        help="per trace and second, write at most N captured packets (hop_capture; the rest are dropped"
+        " and counted)",
+    )
+    parser.add_argument(
         "--instance",
         default=None,
         metavar="NAME",
@@ -210,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
         )
         aggregate.instance = args.instance if args.instance is not None else default_instance(args.listen)
         aggregate.validate()
+        capture = CaptureConfig(per_trace_per_s=args.capture_budget)
+        capture.validate()
         otlp = OtlpConfig(
             endpoint=args.otlp_endpoint,
             insecure=args.otlp_insecure,
@@ -278,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
             kafka=kafka,
             aggregate=aggregate,
             otlp=otlp,
+            capture=capture,
         )
     finally:
         stop_sync.set()
@@ -306,6 +318,7 @@ def run_collector(
     kafka: Any = None,
     aggregate: AggregateConfig | None = None,
     otlp: OtlpConfig | None = None,
+    capture: CaptureConfig | None = None,
 ) -> int:
     """Run the collector until SIGTERM/SIGINT (or `stop_event`), then flush everything. Returns 0.
 
@@ -330,6 +343,7 @@ def run_collector(
         clock_key_rotate_s=clock_key_rotate_s,
         metrics_listen=metrics_listen or None,
         otlp=otlp or OtlpConfig(),
+        capture=capture or CaptureConfig(),
     )
     stop = stop_event or threading.Event()
     if threading.current_thread() is threading.main_thread():

@@ -54,6 +54,9 @@ class CollectorConfig:
     aggregate: AggregateConfig = field(default_factory=AggregateConfig)
     influx: InfluxConfig = field(default_factory=InfluxConfig)
     otlp: OtlpConfig = field(default_factory=OtlpConfig)  # OpenTelemetry export beside InfluxDB (otlp.py)
+    capture: CaptureConfig = field(
+        default_factory=CaptureConfig
+    )  # the bound on stored captures (captures.py)
     catalog_file: str | None = None
     tick_s: float = 0.25
     create_database: bool = True
@@ -69,6 +72,7 @@ class CollectorConfig:
         self.aggregate.validate()
         self.influx.validate()
         self.otlp.validate(self.aggregate.exemplar_every, self.aggregate.exemplar_slowest)
+        self.capture.validate()
         if self.tick_s <= 0:
             raise ValueError("tick_s must be positive")
         if self.clock_key_rotate_s <= 0:

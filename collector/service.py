@@ -86,7 +86,9 @@ class CollectorService:
         self.exporter = InfluxExporter(config.influx)
         self.otlp = start_otlp_exporter(config.otlp, self.catalog, config.aggregate)  # None when off
         exporter = beside(self.exporter, self.otlp)
-        self.pipeline = CollectorPipeline(exporter, self.catalog, config.join, config.aggregate)
+        self.pipeline = CollectorPipeline(
+            exporter, self.catalog, config.join, config.aggregate, config.capture
+        )
         # With a fixed spool, what was written survives a restart: resume after it (WrittenBeforeMark).
         self.mark = WrittenBeforeMark(config.influx.spool_dir) if config.influx.spool_dir else None
         self._marks: deque[tuple[int, int]] = deque()  # (exporter.accepted when taken, closed before)

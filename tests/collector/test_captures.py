@@ -12,7 +12,7 @@ from hoptrace import kernel_abi
 from hoptrace.collector.captures import CaptureConfig, HopCapturesStage
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import line
-from hoptrace.collector.pipeline import CollectorPipeline
+from hoptrace.collector.pipeline import CollectorConfig, CollectorPipeline
 from hoptrace.collector.records import (
     CAPTURE_STRUCT,
     F_CAPTURE,
@@ -139,3 +139,22 @@ def test_the_pipeline_names_the_hops_of_the_batchs_captures():
     captured = [p for p in points if p.measurement == HOP_CAPTURE]
     assert [(p.tag("hop"), p.tag("node"), p.field("packet_id")) for p in captured] == [("b-in", "b", pid(3))]
     assert pipeline.stats()["captures_written"] == {"t": 1}
+
+
+class Discard:
+    def export(self, points) -> None:
+        pass
+
+
+def test_the_collectors_budget_reaches_its_pipeline():
+    with pytest.raises(ValueError, match="per_trace_per_s must be >= 0"):
+        CollectorConfig(capture=CaptureConfig(per_trace_per_s=-1)).validate()
+    assert CollectorPipeline(Discard()).captures.config.per_trace_per_s == CaptureConfig.per_trace_per_s
+    pipeline = CollectorPipeline(Discard(), capture_config=CaptureConfig(per_trace_per_s=2))
+    msg = batch("b", "t", [rec(100 + i, pid(i + 1), 0, flags=F_CAPTURE) for i in range(5)], clock_delta=0)
+    msg.captures, msg.capture_size = packed(90, b"abc") * 5, CAPTURE_STRUCT.size
+    pipeline.consume(decode_batch(msg))
+    assert (pipeline.stats()["captures_written"], pipeline.stats()["captures_dropped"]) == (
+        {"t": 2},
+        {"t": 3},
+    )
