@@ -316,7 +316,8 @@ class FaultLab:
         return scrape(self.cluster.metrics_addr(f"agent-{node}"))
 
     def collector_idle(self) -> bool:
-        """Whether the collector holds nothing: no packet in its join, no point queued or spooled."""
+        """Whether the collector holds no packet in its join and no point in its spool (its export queue
+        is never empty for long: every heartbeat adds points)."""
         try:
             values = self.collector_metrics()
         except OSError:  # not listening (yet): it may hold what it gets next
@@ -325,7 +326,6 @@ class FaultLab:
             metric_sum(values, name)
             for name in (
                 "hoptrace_collector_join_pending_packets",
-                "hoptrace_collector_export_queue_points",
                 "hoptrace_collector_spool_points",
             )
         )
@@ -511,9 +511,9 @@ class Flow:
     def finish(self, after_s: float = 1.0, timeout_s: float = 45.0, settle_s: float = 4.0) -> dict[str, Any]:
         """Keep sending `after_s` more while reading the report: time to whole is when it first accounts
         for every packet sent until the fault's end. Then stop sending and wait until it accounts for every
-        packet sent; or until the collector holds nothing any more (no packet in its join, no point queued
-        or spooled) and the report stood still `settle_s` (more than a window takes to close): a cell that
-        lost packets for good; or until `timeout_s`. Returns the last report."""
+        packet sent; or until the collector holds nothing any more (`collector_idle`) and the report stood
+        still `settle_s` (more than a window takes to close): a cell that lost packets for good; or until
+        `timeout_s`. Returns the last report."""
         assert self.sender is not None and self.fault_ended
         while time.monotonic() - self.fault_ended < after_s:
             self._poll()
