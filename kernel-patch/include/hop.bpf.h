@@ -859,20 +859,20 @@ static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 
 	submit_record(rec);
 }
 
-/* A parsed packet's record, with the addresses this hop saw when its ID says so. A call per case,
- * each with a constant addrs: with one call and a maybe-NULL addrs, clang tests the ID twice and
- * the verifier cannot tie the reserve's size to the copy. */
+/* A parsed packet's record, with the addresses this hop saw when its ID says so. The decision is
+ * taken once, and kept in a register clang may not recompute from the ID: the verifier then knows
+ * it on each path, from the reserve's size to the copy (had clang tested the ID again, it could not
+ * tie the two), and walks one copy of the record's code. */
 static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 record_ifindex,
 					       __u32 wire_len, __u64 ts, __u32 ifindex,
 					       const struct hop_meta *m, enum pkt_source src,
 					       const struct pkt_reader *r)
 {
-	if (describes_addresses(p->id))
-		emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, p, ifindex,
-			    m, p, src, r);
-	else
-		emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, p, ifindex,
-			    m, NULL, src, r);
+	__u32 describes = describes_addresses(p->id);
+
+	barrier_var(describes);
+	emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, p, ifindex, m,
+		    describes ? p : NULL, src, r);
 }
 
 /* The part every hop shares once it has parsed the packet; true when it
