@@ -124,6 +124,12 @@ def render_metrics(service: RunningCollector) -> str:
         join.before_attach,
     )
     w.one("collisions_total", "counter", "Packet ID collisions in the join window.", join.collisions)
+    w.one(
+        "repeats_total",
+        "counter",
+        "Records of a packet at a hop it was already seen at (the segments of a GSO skb cut on the way).",
+        join.repeats,
+    )
     w.one("evictions_total", "counter", "Packets evicted from the join at its bound.", join.evicted)
     w.one("join_pending_packets", "gauge", "Packets waiting in the join window.", pipe.joiner.pending())
     drops: dict[str, int] = {
