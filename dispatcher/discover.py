@@ -285,10 +285,22 @@ def name_workloads(
     namespaces = {
         (node, ns.name): ns for node, registration in registrations.items() for ns in registration.namespaces
     }
-    return [
-        replace(c, netns=workload_netns(c.netns, namespaces.get((c.node, c.netns)))) if c.netns else c
-        for c in crossings
-    ]
+    # A node's own namespace (the agent's, "") may also have a name, and hold host-network pods (the
+    # agent's own): it is the node's, never a pod's.
+    own = {
+        (node, ns.inode)
+        for node, registration in registrations.items()
+        for ns in registration.namespaces
+        if not ns.name
+    }
+
+    def named(c: Crossing) -> str:
+        namespace = namespaces.get((c.node, c.netns))
+        if not c.netns or (namespace is not None and (c.node, namespace.inode) in own):
+            return c.netns
+        return workload_netns(c.netns, namespace)
+
+    return [replace(c, netns=named(c)) for c in crossings]
 
 
 def build_result(

@@ -15,6 +15,7 @@ from hoptrace.dispatcher.discover import (
     build_graph,
     build_paths,
     build_result,
+    name_workloads,
     order_packet,
     validate_request,
 )
@@ -191,7 +192,16 @@ def test_result_spec_is_the_main_path_and_nothing_seen_says_so() -> None:
         ),
         "host-b": agent_pb2.Register(
             namespaces=[
-                agent_pb2.Namespace(name="t-c2", workloads=[trace_pb2.Workload(container_name="web")])
+                agent_pb2.Namespace(
+                    name="t-c2", inode=22, workloads=[trace_pb2.Workload(container_name="web")]
+                ),
+                # the node's own namespace, holding a host-network pod: the node's, never the pod's
+                agent_pb2.Namespace(name="", inode=7),
+                agent_pb2.Namespace(
+                    name="node-b",
+                    inode=7,
+                    workloads=[trace_pb2.Workload(pod_namespace="ops", pod_name="agent")],
+                ),
             ]
         ),
     }
@@ -201,6 +211,8 @@ def test_result_spec_is_the_main_path_and_nothing_seen_says_so() -> None:
     ends = [(h.name, h.netns) for h in (named.spec.hops[0], named.spec.hops[-1])]
     assert ends == [("a-client-eth0-out", "pod:shop/client"), ("b-web-eth0-in", "container:web")]
     assert [h.netns for h in named.spec.hops[1:-1]] == [""] * (len(PATH) - 2)
+    own = crossings(8, [("host-b", "node-b", "eth0", "ingress")], 0)
+    assert name_workloads(own, registrations)[0].netns == "node-b"
     empty = build_result(request, {"host-a": {"crossings": []}}, 5000)
     assert not empty.paths and not empty.spec.hops
     assert empty.message.startswith("no packet of the flow was seen in 5s on host-a")
