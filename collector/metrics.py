@@ -4,7 +4,8 @@ plain `http.server` in a thread on `--metrics-listen` (default 127.0.0.1:9171).
 Every drop is counted by reason in `hoptrace_collector_dropped_total{reason}`: `out_of_path` (record whose hop
 index is outside its trace's path), `decode_error` (batches whose records did not decode), `late_record`
 (record whose throughput window had closed), `late_sample` (segment sample whose window had closed: left
-out of the window and its sketch; still an exemplar when its ID is sampled), and the exporter's
+out of the window and its sketch; still an exemplar when its ID is sampled), `capture_budget` (a captured
+packet beyond `--capture-budget` per trace and second: not stored), and the exporter's
 `queue_full`, `spool_overflow`, `spool_error`, `rejected`, `closed` (points). Records the tracer lost
 before the collector (ring buffer full, agent drops) are `hoptrace_collector_tracer_lost_records_total`.
 The OpenTelemetry export (`otlp.py`, with `--otlp-endpoint`) counts what it sent and dropped by signal
@@ -137,6 +138,7 @@ def render_metrics(service: RunningCollector) -> str:
         "decode_error": sum(s.decode_errors for s in nodes.values()),
         "late_record": pipe.counters.stats.late_records,
         "late_sample": pipe.segments.stats.late,
+        "capture_budget": sum(pipe.captures.dropped.values()),
     }
     for reason in ("queue_full", "spool_overflow", "spool_error", "rejected", "closed"):
         drops[reason] = exp.drops.get(reason, 0)
