@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
 )
@@ -195,4 +197,20 @@ func TestCaptureAtKernelHop(t *testing.T) {
 		}
 	}
 	t.Logf("%d packets captured at netif_receive_skb on %s", len(got), p.DevB)
+}
+
+// A plan's capture reaches the hop's constant within the bound, and a refusal names it as the spec does.
+func TestCaptureFromPlan(t *testing.T) {
+	a, err := loader.ActionsFromPlan(&pb.HopActions{Capture: 96, Count: true})
+	if err != nil || a.Capture != 96 || !a.Count {
+		t.Fatalf("capture 96: %+v, %v", a, err)
+	}
+	if _, err := loader.ActionsFromPlan(&pb.HopActions{Capture: record.CaptureMax + 1}); err == nil ||
+		!strings.Contains(err.Error(), "capture of 129 bytes, at most 128") {
+		t.Fatalf("capture 129: %v", err)
+	}
+	refused := loader.Actions{Capture: 64}
+	if names := refused.Names(); len(names) != 1 || names[0] != "capture action" || refused.Proto().GetCapture() != 64 {
+		t.Fatalf("refused capture: names %v, proto %v", names, refused.Proto())
+	}
 }
