@@ -412,6 +412,8 @@ PYTHON_SOURCES = (
     "dispatcher",
     "lab",
     "collector",
+    "results",
+    "spec",
     "web",
 )
 
