@@ -156,6 +156,15 @@ def remove_cgroup(path: Path) -> None:
         path.rmdir()
 
 
+def held_links(pid: int) -> int:
+    """How many BPF links process `pid` holds (its fds on anon_inode:bpf_link): its attached hops."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd) == "anon_inode:bpf_link"
+    return count
+
+
 def proc_status(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM of a process (bytes)."""
     values = {}
@@ -517,7 +526,7 @@ class Flow:
         assert self.sender is not None and self.fault_ended
         while time.monotonic() - self.fault_ended < after_s:
             self._poll()
-            time.sleep(0.2)  # the traffic after the fault (pacing)
+            time.sleep(0.4)  # the traffic after the fault (pacing); each report is several Flux queries
         sent = self.sender.stop()
         deadline = time.monotonic() + timeout_s
         last, since = -1, time.monotonic()
@@ -529,7 +538,7 @@ class Flow:
                 last, since = total, time.monotonic()
             elif time.monotonic() - since >= settle_s:
                 break
-            time.sleep(0.25)
+            time.sleep(0.4)
         return self.last_report
 
     def result(self, component: str, fault: str, outage_s: float, note: str = "") -> CellResult:

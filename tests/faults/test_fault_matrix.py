@@ -28,6 +28,7 @@ from faults_helpers import (
     Flow,
     MemoryCgroup,
     copy_agent,
+    held_links,
     hoptrace_console_script,
     metric_sum,
     proc_status,
@@ -99,6 +100,21 @@ def agent_cut(lab: FaultLab) -> CellResult:
     )
 
 
+def traced_again(lab: FaultLab, flow: Flow) -> str:
+    """After an agent's restart: wait until every hop is attached again, send 1 s more, and check that
+    those packets are complete (the trace resumed by itself). Says how long the hops took."""
+    agent = lab.agent("host-b").process.pid
+    # the agent's own links (the dispatcher's status of the node may still be its predecessor's)
+    wait_until(lambda: held_links(agent) >= 4, "host-b's 4 hops attached by the new agent", 30, 0.1)
+    attached = time.monotonic() - flow.fault_ended
+    assert flow.sender is not None
+    after = flow.sender.sent
+    flow.finish(after_s=attached + 1.0)
+    resumed = flow.sender.sent - after
+    assert flow.last_report.get("complete", 0) >= resumed > 0, (resumed, flow.last_report.get("complete"))
+    return f"attached again {attached:.1f} s after the restart"
+
+
 def agent_sigkill(lab: FaultLab) -> CellResult:
     """host-b's agent killed: its links go with it, and the records it held; restarted, it attaches again."""
     flow = Flow.start(lab, "agent-kill")
@@ -107,9 +123,8 @@ def agent_sigkill(lab: FaultLab) -> CellResult:
     time.sleep(OUTAGE_S)  # the outage (the thing tested)
     lab.start_agent("host-b")
     flow.fault_over()
-    lab.cluster.wait_agents(["host-a", "host-b"])
-    flow.finish()
-    return flow.result("agent", "SIGKILL, restart", OUTAGE_S)
+    resumed = traced_again(lab, flow)
+    return flow.result("agent", "SIGKILL, restart", OUTAGE_S, resumed)
 
 
 def agent_upgrade_in_memory_cgroup(lab: FaultLab) -> CellResult:
@@ -126,16 +141,18 @@ def agent_upgrade_in_memory_cgroup(lab: FaultLab) -> CellResult:
     agent = lab.start_agent("host-b", binary=binary, memory=group)
     flow.fault_over()
     outage = time.monotonic() - started
-    lab.cluster.wait_agents(["host-a", "host-b"])
-    assert Path(f"/proc/{agent.process.pid}/exe").resolve() == binary
-    flow.finish(after_s=2.0)
+    exe = Path(f"/proc/{agent.process.pid}/exe")
+    wait_until(lambda: exe.resolve() == binary, f"{exe} -> {binary} (setpriv, then the script exec it)", 10)
+    resumed = traced_again(lab, flow)
     usage, status = group.usage(), proc_status(agent.process.pid)
     assert usage["oom_kills"] == 0 and agent.process.poll() is None, usage
     note = (
         f"cgroup v{group.version} limit 64 MiB: peak {usage['peak'] / 2**20:.1f} MiB charged (BPF maps "
         f"included), RSS {status['VmRSS'] / 2**20:.1f} MiB (peak {status['VmHWM'] / 2**20:.1f})"
     )
-    return flow.result("agent", "SIGTERM, start from a new path in a 64 MiB memory cgroup", outage, note)
+    return flow.result(
+        "agent", "SIGTERM, start from a new path in a 64 MiB memory cgroup", outage, f"{resumed}; {note}"
+    )
 
 
 def late_records(lab: FaultLab) -> str:
