@@ -20,7 +20,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,7 @@ from hoptrace.results.report_view import report_from_proto
 RATE_PPS = 200  # the flow of every cell: 200 datagrams/s c1 -> c2, 8 hops (4 per node)
 FIRST_PORT = 12100  # each cell's flow goes to a port of its own, so its trace and counter are its own
 COLLECTOR_ARGS = ("--join-window", "1", *EVERY_PACKET)
-CUT_TABLE = "hoptrace_fault_cut"  # the agent's cut: a table of its own in the agents' namespace
+CUT_TABLE = "hoptrace_fault_cut"  # the agent's cut: a table of its own in the agents' (root) namespace
 COUNT_TABLE = "hoptrace_fault_count"  # c2's delivered datagrams, one counter per cell's port
 
 
@@ -475,6 +475,7 @@ class Flow:
     sent_at_end: int = 0
     whole_after_s: float | None = None
     last_report: dict[str, Any] = field(default_factory=dict)
+    last_error: str = ""  # why the last report could not be read
 
     @classmethod
     def start(cls, lab: FaultLab, cell: str) -> Flow:
@@ -500,7 +501,8 @@ class Flow:
         """The trace's report now ({} while the dispatcher cannot give one)."""
         try:
             self.last_report = self.lab.report(self.name)
-        except Exception:  # noqa: BLE001 - no data yet, or the dispatcher away: not whole
+        except Exception as error:  # noqa: BLE001 - no data yet, or the dispatcher away: not whole
+            self.last_error = str(error)
             return {}
         return self.last_report
 
@@ -556,7 +558,7 @@ class Flow:
             unaccounted=self.sender.sent - total,
             duplicates=sum(self.lab.duplicates(self.name).values()),
             time_to_whole_s=self.whole_after_s if self.whole_after_s is not None else float("nan"),
-            note=note,
+            note=note if self.last_report else f"{note} no report: {self.last_error}".strip(),
         )
         RESULTS.append(result)
         return result
@@ -584,8 +586,3 @@ def stop_for(pid: int, seconds: float) -> None:
         time.sleep(seconds)  # the outage (the thing tested)
     finally:
         os.kill(pid, signal.SIGCONT)
-
-
-def wait_metric(read: Callable[[], float], what: str, timeout_s: float = 30.0) -> float:
-    """Wait until `read()` is above 0; returns it."""
-    return wait_until(lambda: read() or None, what, timeout_s, 0.2) or 0.0

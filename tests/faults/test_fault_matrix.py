@@ -240,8 +240,8 @@ def dispatcher_sigkill(lab: FaultLab) -> CellResult:
 
 
 def influx_sigstop(lab: FaultLab) -> CellResult:
-    """InfluxDB hung (SIGSTOP): the collector's writes wait, then time out into the spool; replayed once it
-    answers, each point once."""
+    """InfluxDB hung (SIGSTOP): the collector's write waits (its timeout, 10 s, is longer than the hang)
+    and the export queue holds the points; written once InfluxDB answers, each once."""
     flow = Flow.start(lab, "influx-stop")
     time.sleep(BEFORE_S)  # traffic before the fault (pacing)
     assert lab.influx.process is not None
@@ -301,6 +301,11 @@ def spool_disk_full(lab: FaultLab) -> CellResult:
         assert result.unaccounted > 0 and dropped > 0  # the cell did fill the disk
         return result
     finally:
+        # the cells after this one get InfluxDB and a collector on its usual spool again
+        if lab.influx.process is not None and lab.influx.process.poll() is not None:
+            lab.influx.restart()
+        lab.cluster.components["collector"].stop(signal.SIGKILL)
+        lab.cluster.start_collector(*COLLECTOR_ARGS)
         subprocess.run(["umount", "-l", str(spool)], check=False)
 
 
