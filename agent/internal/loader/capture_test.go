@@ -127,7 +127,7 @@ func TestCaptureActionKeepsFirstBytes(t *testing.T) {
 }
 
 // sendFrame writes an Ethernet frame on dev in namespace ns (AF_PACKET): the peer receives it as it is.
-func sendFrame(t *testing.T, ns, dev string, frame []byte) {
+func sendFrame(t testing.TB, ns, dev string, frame []byte) {
 	t.Helper()
 	err := netns.Do(netns.Path(ns, ""), func() error {
 		iface, err := net.InterfaceByName(dev)
