@@ -275,8 +275,11 @@ def spool_disk_full(lab: FaultLab) -> CellResult:
 
         wait_until(spool_error, "the spool's disk full", 30, 0.2)
         values = lab.collector_metrics()
-        point_bytes = metric_sum(values, "hoptrace_collector_spool_bytes") / max(
-            1.0, metric_sum(values, "hoptrace_collector_spool_points")
+        spooled = metric_sum(values, "hoptrace_collector_spool_points")
+        held = (
+            f"{metric_sum(values, 'hoptrace_collector_spool_bytes') / spooled:.0f} B a point spooled"
+            if spooled
+            else "no batch fitted"
         )
         lab.influx.restart()
         flow.fault_over()
@@ -296,7 +299,7 @@ def spool_disk_full(lab: FaultLab) -> CellResult:
             "collector spool",
             "disk full while InfluxDB is stopped",
             outage,
-            f"spool_error: {dropped:.0f} points; {point_bytes:.0f} B a point spooled",
+            f"spool_error: {dropped:.0f} points; {held}",
         )
         assert result.unaccounted > 0 and dropped > 0  # the cell did fill the disk
         return result
