@@ -76,6 +76,23 @@ func serveCollector(t *testing.T) (*sink, string) {
 }
 
 // writePlan writes plan where Run reads its --plan.
+// vethPlan writes a plan file of trace `trace` at generation `gen`: UDP to port 5000 from tc egress of the
+// pair's "a" end (hop 0, a-out) to tc ingress of its "b" end (hop 1, b-in); returns its path and the plan.
+func vethPlan(t *testing.T, p *tu.VethPair, trace string, gen uint64) (string, *pb.TracePlan) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "plan.json")
+	plan := &pb.TracePlan{
+		Trace: trace, Generation: gen, ObjectPath: tu.ObjectPath(),
+		Match: &pb.FlowMatch{IpProto: 17, DstPort: 5000},
+		Hops: []*pb.HopAttach{
+			{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC, Dev: p.DevA, Netns: p.NsA},
+			{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC, Dev: p.DevB, Netns: p.NsB},
+		},
+	}
+	writePlan(t, path, plan)
+	return path, plan
+}
+
 func writePlan(t *testing.T, path string, plan *pb.TracePlan) {
 	t.Helper()
 	b, err := protojson.Marshal(plan)
@@ -131,16 +148,7 @@ func toMaster(ts uint64, c *pb.NodeClock) int64 {
 func TestSimulatedSkewIsCorrectedAndMetricsServed(t *testing.T) {
 	tu.RequireRoot(t)
 	p := tu.NewVethPair(t, "198.18.43")
-	planPath := filepath.Join(t.TempDir(), "plan.json")
-	plan := &pb.TracePlan{
-		Trace: "sim", Generation: 1, ObjectPath: tu.ObjectPath(),
-		Match: &pb.FlowMatch{IpProto: 17, DstPort: 5000},
-		Hops: []*pb.HopAttach{
-			{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC, Dev: p.DevA, Netns: p.NsA},
-			{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC, Dev: p.DevB, Netns: p.NsB},
-		},
-	}
-	writePlan(t, planPath, plan)
+	planPath, _ := vethPlan(t, p, "sim", 1)
 
 	ntp, err := clock.StartServer("127.0.0.1:0", 0)
 	if err != nil {

@@ -158,16 +158,7 @@ func TestStalledPrinterHoldsNoSinkBack(t *testing.T) {
 func TestPrintedLinesPlaceRecordsAsTheCollector(t *testing.T) {
 	tu.RequireRoot(t)
 	p := tu.NewVethPair(t, "198.18.47")
-	planPath := filepath.Join(t.TempDir(), "plan.json")
-	plan := &pb.TracePlan{
-		Trace: "both", Generation: 2, ObjectPath: tu.ObjectPath(),
-		Match: &pb.FlowMatch{IpProto: 17, DstPort: 5000},
-		Hops: []*pb.HopAttach{
-			{HopIndex: 0, Name: "a-out", Kind: pb.AttachKind_ATTACH_KIND_TC_EGRESS, Program: loader.ProgTC, Dev: p.DevA, Netns: p.NsA},
-			{HopIndex: 1, Name: "b-in", Kind: pb.AttachKind_ATTACH_KIND_TC_INGRESS, Program: loader.ProgTC, Dev: p.DevB, Netns: p.NsB},
-		},
-	}
-	writePlan(t, planPath, plan)
+	planPath, _ := vethPlan(t, p, "both", 2)
 	ntp, err := clock.StartServer("127.0.0.1:0", 0)
 	if err != nil {
 		t.Fatal(err)
