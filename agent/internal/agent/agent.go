@@ -338,7 +338,7 @@ func start(cfg Config) (*running, error) {
 	if a.nodeClock.Source().Simulated() {
 		cfg.Log.Warn("SIMULATED clock error", "offset", cfg.ClockOffset, "drift_ppm", cfg.ClockDriftPPM)
 	}
-	batcher := transport.Batcher{Node: cfg.Node, Queue: a.sendQueue, Counters: a.mgr.Counters, Clock: a.nodeClock.NodeClock}
+	batcher := transport.Batcher{Node: cfg.Node, Queue: a.sendQueue, Counters: a.mgr.Counters, Clock: a.nodeClock.NodeClock, Unqueued: a.mgr.Unqueued}
 	if cfg.Kafka != nil {
 		if cfg.ClockServer == "" {
 			cfg.Log.Warn("no --clock-server with --kafka-brokers: records carry no clock offset; name a collector's time service (host:7123)")
@@ -492,7 +492,7 @@ func (a *running) startRecords() {
 // import` can join and place the records as a collector does. It returns once
 // the queue is closed and written, or the stage is cancelled.
 func (a *running) printRecords(ctx context.Context) {
-	beat := transport.Batcher{Node: a.cfg.Node, Queue: a.printQueue, Counters: a.mgr.Counters, Clock: a.nodeClock.NodeClock}
+	beat := transport.Batcher{Node: a.cfg.Node, Queue: a.printQueue, Counters: a.mgr.Counters, Clock: a.nodeClock.NodeClock, Unqueued: a.mgr.Unqueued}
 	// As the collector stream does: the first records wait for the first
 	// clock round (bounded), so they are placed with an offset.
 	if a.cfg.ClockServerAddr() != "" {

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
@@ -42,6 +44,9 @@ type Reader struct {
 
 	read     atomic.Uint64
 	unrouted atomic.Uint64
+	// readUpTo: CLOCK_MONOTONIC when the last completed pass over the ring began: every record committed
+	// before it has been read (into a route's batch, or the queue).
+	readUpTo atomic.Int64
 	started  atomic.Bool
 	wake     chan struct{} // a Drain is waiting: read now, not at the next tick
 	closing  chan struct{}
@@ -62,9 +67,29 @@ func NewReader(records *ebpf.Map, out Sink, maxRecords int, flushEvery time.Dura
 	if flushEvery <= 0 {
 		flushEvery = DefaultFlushEvery
 	}
-	return &Reader{rd: rd, out: out, maxRecords: maxRecords, flushEvery: flushEvery,
+	r := &Reader{rd: rd, out: out, maxRecords: maxRecords, flushEvery: flushEvery,
 		routes: map[uint16]*route{}, wake: make(chan struct{}, 1), closing: make(chan struct{}),
-		done: make(chan struct{})}, nil
+		done: make(chan struct{})}
+	r.readUpTo.Store(clock.Monotonic())
+	return r, nil
+}
+
+// Unqueued is the earliest CLOCK_MONOTONIC time a record not in the queue yet may carry: the oldest one
+// read into a route's batch, or, for those still in the ring, when the last completed pass over it
+// began. Behind the reader (a stopped agent, SIGSTOP) records pile up in the ring; until it has read
+// them, this stays where it stopped.
+func (r *Reader) Unqueued() int64 {
+	upTo := r.readUpTo.Load()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rt := range r.routes {
+		if len(rt.buf) >= record.Size {
+			if ts := int64(binary.LittleEndian.Uint64(rt.buf)); ts < upTo {
+				upTo = ts
+			}
+		}
+	}
+	return upTo
 }
 
 // AddRoute sends records of slot to the batches of (trace, generation).
@@ -126,6 +151,7 @@ func (r *Reader) run() error {
 		waiting := r.drained
 		r.drained = nil
 		r.mu.Unlock()
+		passStart := clock.Monotonic()
 		n, err := r.readAvailable(&rec)
 		if err != nil {
 			r.FlushAll()
@@ -134,6 +160,7 @@ func (r *Reader) run() error {
 			}
 			return fmt.Errorf("read ring buffer: %w", err)
 		}
+		r.readUpTo.Store(passStart)
 		for _, ch := range waiting {
 			close(ch)
 		}

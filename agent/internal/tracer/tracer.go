@@ -425,6 +425,9 @@ func ActionValues(a loader.Actions, v loader.ActionValues) *pb.HopActionValues {
 // Flush pushes every pending record batch to the queue.
 func (m *Manager) Flush() { m.reader.Drain() }
 
+// Unqueued is the earliest CLOCK_MONOTONIC time a record not queued yet may carry (stream.Reader.Unqueued).
+func (m *Manager) Unqueued() int64 { return m.reader.Unqueued() }
+
 // RecordsRead is the number of records read from the ring buffer, and
 // how many of them belonged to no running trace.
 func (m *Manager) RecordsRead() (read, unrouted uint64) {

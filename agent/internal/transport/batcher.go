@@ -31,6 +31,9 @@ type Batcher struct {
 	// around CLOCK_MONOTONIC time mono (0 = now); nil = the host's
 	// monotonic→realtime mapping only.
 	Clock func(mono int64) *pb.NodeClock
+	// Unqueued is the earliest CLOCK_MONOTONIC time a record not in the
+	// queue yet may carry (the reader's, tracer.Manager.Unqueued); nil: now.
+	Unqueued func() int64
 
 	seq uint64
 }
@@ -114,12 +117,17 @@ func (b *Batcher) Pop(ctx context.Context, until time.Time) *stream.Batch {
 const readerSlack = 250 * time.Millisecond
 
 // Watermark is how recent every record this node has not sent yet is at
-// least (CLOCK_MONOTONIC): the oldest queued record, else now minus what the
-// reader may still hold. Heartbeats overtake the queue, so without it a
-// collector would take their time as the node's progress and cut packets
-// whose records still wait here.
+// least (CLOCK_MONOTONIC): the oldest queued record, else what the reader
+// has not queued yet (Unqueued: records a stopped agent left in the ring
+// are older than now), less what the reader may still hold. Heartbeats
+// overtake the queue, so without it a collector would take their time as the
+// node's progress and cut packets whose records still wait here.
 func (b *Batcher) Watermark() int64 {
-	wm := clock.Monotonic() - int64(readerSlack)
+	upTo := clock.Monotonic()
+	if b.Unqueued != nil {
+		upTo = min(upTo, b.Unqueued())
+	}
+	wm := upTo - int64(readerSlack)
 	if oldest, ok := b.Queue.OldestTs(); ok && oldest < wm {
 		wm = oldest
 	}

@@ -111,3 +111,23 @@ func TestHeartbeatsCarryCountersAndWatermark(t *testing.T) {
 		t.Error("heartbeats without a Counters function")
 	}
 }
+
+// A stopped agent (SIGSTOP) leaves records in the ring that its reader has not read: the watermark
+// stays at the reader's last pass, however late the heartbeat goes out, so the collector waits for them.
+func TestWatermarkWaitsForWhatTheReaderHasNotRead(t *testing.T) {
+	q := stream.NewQueue(0)
+	lastPass := clock.Monotonic() - int64(5*time.Second)
+	b := &Batcher{Queue: q, Unqueued: func() int64 { return lastPass }}
+	if wm := b.Watermark(); wm != lastPass-int64(readerSlack) {
+		t.Errorf("watermark %d, want the reader's last pass %d less the slack", wm, lastPass)
+	}
+	older := lastPass - 2*int64(readerSlack)
+	q.Push(&stream.Batch{Records: packed(older)})
+	if wm := b.Watermark(); wm != older {
+		t.Errorf("watermark %d, want the oldest queued record %d", wm, older)
+	}
+	wm := (&Batcher{Queue: stream.NewQueue(0)}).Watermark()
+	if now := clock.Monotonic(); wm > now-int64(readerSlack) || wm < lastPass {
+		t.Errorf("without a reader: watermark %d, want now %d less the slack", wm, now)
+	}
+}
