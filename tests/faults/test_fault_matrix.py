@@ -341,10 +341,6 @@ class Cell:
         return pytest.param(self, id=str(self), marks=marks)
 
 
-REATTACH = (
-    "a restarted agent's first records move its node's watermark before its first heartbeat names the new "
-    "attach times: packets that passed its hops while no agent ran count as loss, not before attach"
-)
 RESEND = (
     "exemplars (written at join, not covered by the written-before mark) of records the agents resend are "
     "written again by the restarted collector, its clock mapping a few ns off: a second point"
@@ -361,8 +357,8 @@ CELLS = [
     Cell(control),
     Cell(agent_sigstop),
     Cell(agent_cut),
-    Cell(agent_sigkill, known=(PHANTOM_LOSS,), why=REATTACH),
-    Cell(agent_upgrade_in_memory_cgroup, known=(PHANTOM_LOSS,), why=REATTACH),
+    Cell(agent_sigkill),
+    Cell(agent_upgrade_in_memory_cgroup),
     Cell(collector_sigstop),
     Cell(collector_sigkill, known=(DUPLICATES, UNACCOUNTED), why=f"{RESEND}; {CATALOG}"),
     Cell(

@@ -155,11 +155,17 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 		sent++
 		return nil
 	}
+	// The trace generations this stream has sent a heartbeat of. A heartbeat names each hop's attach
+	// time; records of a generation the collector has none of yet would move this node's watermark first,
+	// and packets that passed a hop before it was attached (an agent restarted: no program watched) would
+	// leave the join as lost. So a batch of a generation not announced yet waits for its heartbeat.
+	announced := map[string]uint64{}
 	sendCounters := func() error {
 		for _, m := range c.Heartbeats() {
 			if err := send(m); err != nil {
 				return err
 			}
+			announced[m.GetTrace()] = m.GetGeneration()
 		}
 		return nil
 	}
@@ -179,6 +185,15 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 		if err := sctx.Err(); err != nil {
 			requeue()
 			return sent, err
+		}
+		if b != nil && announced[b.Trace] != b.Generation {
+			if err := sendCounters(); err != nil {
+				c.Queue.PushFront(b)
+				requeue()
+				return sent, err
+			}
+			next = time.Now().Add(c.Every())
+			announced[b.Trace] = b.Generation // a removed trace's last batches: one heartbeat is enough
 		}
 		if b != nil {
 			resend := b.Seq != 0
