@@ -16,7 +16,7 @@ from hoptrace.common.grpcutil import (
     secret_from,
     server_tls_from_args,
 )
-from hoptrace.common.timeouts import scaled
+from hoptrace.common.timeouts import DEFAULT_ACK_TIMEOUT_S, scaled
 
 DEFAULT_DISPATCHER = "127.0.0.1:7070"
 
@@ -154,8 +154,9 @@ def add_parser(subparsers: Any, client: argparse.ArgumentParser, command: str | 
     dispatcher.add_argument(
         "--ack-timeout",
         type=float,
-        default=scaled(5.0),
-        help="seconds to wait for each agent's status on apply (5, times HOPTRACE_TIMEOUT_SCALE)",
+        default=scaled(DEFAULT_ACK_TIMEOUT_S),
+        help=f"seconds to wait for each agent's status on apply or delete ({DEFAULT_ACK_TIMEOUT_S:g}, times"
+        " HOPTRACE_TIMEOUT_SCALE)",
     )
     dispatcher.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     dispatcher.add_argument(

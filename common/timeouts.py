@@ -17,3 +17,8 @@ def timeout_scale() -> float:
 def scaled(seconds: float) -> float:
     """`seconds` stretched by HOPTRACE_TIMEOUT_SCALE."""
     return seconds * timeout_scale()
+
+
+# How long a dispatcher's apply or delete waits for each agent's status: loading and verifying a trace's
+# programs takes seconds on a loaded node (5-7 s measured at load 9-10 on this project's 2-core VM).
+DEFAULT_ACK_TIMEOUT_S = 15.0

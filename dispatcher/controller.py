@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from hoptrace import kernel_abi
+from hoptrace.common.timeouts import DEFAULT_ACK_TIMEOUT_S
 from hoptrace.dispatcher.compile import (
     BpfCompiler,
     CompileError,
@@ -178,7 +179,7 @@ class TraceController:
         registry: AgentRegistry,
         store: StateStore,
         compiler: BpfCompiler,
-        ack_timeout: float = 5.0,
+        ack_timeout: float = DEFAULT_ACK_TIMEOUT_S,
         signer: MessageSigner | None = None,
     ) -> None:
         self.registry = registry

@@ -20,6 +20,7 @@ from hoptrace.common.grpcutil import (
     server_credentials,
 )
 from hoptrace.common.revocation import revocation_interceptors
+from hoptrace.common.timeouts import DEFAULT_ACK_TIMEOUT_S
 from hoptrace.dispatcher.api import (
     ClockProvider,
     HoptraceServicer,
@@ -75,7 +76,7 @@ class DispatcherServer:
         clock_provider: ClockProvider | None = None,
         packets_provider: PacketsProvider | None = None,
         compiler: BpfCompiler | None = None,
-        ack_timeout: float = 5.0,
+        ack_timeout: float = DEFAULT_ACK_TIMEOUT_S,
         max_agents: int = 256,
         tls: TLSFiles | None = None,
         tokens_file: str | Path | None = None,

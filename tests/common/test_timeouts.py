@@ -28,4 +28,4 @@ def test_the_dispatchers_ack_deadline_follows_the_scale(monkeypatch):
 
     monkeypatch.setenv("HOPTRACE_TIMEOUT_SCALE", "8")
     args = build_parser().parse_args(["dispatcher", "--insecure"])
-    assert args.ack_timeout == 40.0
+    assert args.ack_timeout == 8 * 15.0
