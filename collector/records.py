@@ -156,9 +156,9 @@ def decode_addresses(records: list[Record], data: bytes, size: int = ADDRESSES_S
     """Pair each record that has ADDRESSES in its flags with its struct hoptrace_addresses, in order.
 
     Raises `RecordDecodeError` when the addresses do not match the records that announce them."""
-    described = [r for r in records if r[FLAGS] & F_ADDRESSES]
-    if not described and not data:
+    if not data:  # heartbeats, batches without a describing packet: no pass over their records
         return []
+    described = [r for r in records if r[FLAGS] & F_ADDRESSES]
     size = size or ADDRESSES_SIZE
     if size < ADDRESSES_SIZE or len(data) != size * len(described):
         raise RecordDecodeError(
