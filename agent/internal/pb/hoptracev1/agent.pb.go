@@ -844,8 +844,13 @@ type TraceStatus struct {
 	Active     bool                   `protobuf:"varint,3,opt,name=active,proto3" json:"active,omitempty"`
 	Hops       []*HopStatus           `protobuf:"bytes,4,rep,name=hops,proto3" json:"hops,omitempty"`
 	// Set when the whole plan failed (e.g. the object did not load).
-	Error         string         `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
-	Events        []*EventStatus `protobuf:"bytes,6,rep,name=events,proto3" json:"events,omitempty"`
+	Error  string         `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Events []*EventStatus `protobuf:"bytes,6,rep,name=events,proto3" json:"events,omitempty"`
+	// Why the trace, or its TCP tagger, does not outlive this agent, when it
+	// does not: the agent pins nothing (--bpffs ""), or bpffs cannot be used.
+	// Empty: its programs, maps and links are pinned in bpffs and a restarted
+	// or upgraded agent on this node takes them over (docs/reliability.md).
+	NotKept       string `protobuf:"bytes,7,opt,name=not_kept,json=notKept,proto3" json:"not_kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -922,6 +927,13 @@ func (x *TraceStatus) GetEvents() []*EventStatus {
 	return nil
 }
 
+func (x *TraceStatus) GetNotKept() string {
+	if x != nil {
+		return x.NotKept
+	}
+	return ""
+}
+
 type EventStatus struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	EventIndex uint32                 `protobuf:"varint,1,opt,name=event_index,json=eventIndex,proto3" json:"event_index,omitempty"`
@@ -929,7 +941,9 @@ type EventStatus struct {
 	Attached   bool                   `protobuf:"varint,3,opt,name=attached,proto3" json:"attached,omitempty"`
 	// Names the spec field and the reason, e.g. "events[0].where[0]:
 	// irq:softirq_entry has no argument vecc (arguments: vec)".
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// Why this event probe does not outlive the agent (as HopStatus.not_kept).
+	NotKept       string `protobuf:"bytes,5,opt,name=not_kept,json=notKept,proto3" json:"not_kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -992,6 +1006,13 @@ func (x *EventStatus) GetError() string {
 	return ""
 }
 
+func (x *EventStatus) GetNotKept() string {
+	if x != nil {
+		return x.NotKept
+	}
+	return ""
+}
+
 type HopStatus struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	HopIndex uint32                 `protobuf:"varint,1,opt,name=hop_index,json=hopIndex,proto3" json:"hop_index,omitempty"`
@@ -1004,8 +1025,14 @@ type HopStatus struct {
 	// without them, not with them. The dispatcher names the spec's
 	// hops[i].actions[j] they came from.
 	RefusedActions *HopActions `protobuf:"bytes,5,opt,name=refused_actions,json=refusedActions,proto3" json:"refused_actions,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Why this hop does not outlive the agent, when it does not: its link
+	// cannot be pinned on this kernel (a kprobe or uprobe before 5.15, which
+	// has no perf_event bpf_link), or the agent pins nothing. A restarted agent
+	// attaches it again when the plan comes (a gap at this hop meanwhile).
+	// Empty: pinned in bpffs, taken over without a gap.
+	NotKept       string `protobuf:"bytes,6,opt,name=not_kept,json=notKept,proto3" json:"not_kept,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HopStatus) Reset() {
@@ -1071,6 +1098,13 @@ func (x *HopStatus) GetRefusedActions() *HopActions {
 		return x.RefusedActions
 	}
 	return nil
+}
+
+func (x *HopStatus) GetNotKept() string {
+	if x != nil {
+		return x.NotKept
+	}
+	return ""
 }
 
 type DispatcherMessage struct {
@@ -2397,7 +2431,7 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x10ContainerRuntime\x12\x1a\n" +
 	"\bendpoint\x18\x01 \x01(\tR\bendpoint\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xcf\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xea\x01\n" +
 	"\vTraceStatus\x12\x14\n" +
 	"\x05trace\x18\x01 \x01(\tR\x05trace\x12\x1e\n" +
 	"\n" +
@@ -2406,19 +2440,22 @@ const file_hoptrace_v1_agent_proto_rawDesc = "" +
 	"\x06active\x18\x03 \x01(\bR\x06active\x12*\n" +
 	"\x04hops\x18\x04 \x03(\v2\x16.hoptrace.v1.HopStatusR\x04hops\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x120\n" +
-	"\x06events\x18\x06 \x03(\v2\x18.hoptrace.v1.EventStatusR\x06events\"t\n" +
+	"\x06events\x18\x06 \x03(\v2\x18.hoptrace.v1.EventStatusR\x06events\x12\x19\n" +
+	"\bnot_kept\x18\a \x01(\tR\anotKept\"\x8f\x01\n" +
 	"\vEventStatus\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
 	"\battached\x18\x03 \x01(\bR\battached\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error\"\xb0\x01\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x19\n" +
+	"\bnot_kept\x18\x05 \x01(\tR\anotKept\"\xcb\x01\n" +
 	"\tHopStatus\x12\x1b\n" +
 	"\thop_index\x18\x01 \x01(\rR\bhopIndex\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
 	"\battached\x18\x03 \x01(\bR\battached\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12@\n" +
-	"\x0frefused_actions\x18\x05 \x01(\v2\x17.hoptrace.v1.HopActionsR\x0erefusedActions\"\x9b\x02\n" +
+	"\x0frefused_actions\x18\x05 \x01(\v2\x17.hoptrace.v1.HopActionsR\x0erefusedActions\x12\x19\n" +
+	"\bnot_kept\x18\x06 \x01(\tR\anotKept\"\x9b\x02\n" +
 	"\x11DispatcherMessage\x12.\n" +
 	"\x05apply\x18\x01 \x01(\v2\x16.hoptrace.v1.TracePlanH\x00R\x05apply\x122\n" +
 	"\x06remove\x18\x02 \x01(\v2\x18.hoptrace.v1.RemoveTraceH\x00R\x06remove\x127\n" +

@@ -163,46 +163,52 @@ class ContainerRuntime(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., version: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class TraceStatus(_message.Message):
-    __slots__ = ("trace", "generation", "active", "hops", "error", "events")
+    __slots__ = ("trace", "generation", "active", "hops", "error", "events", "not_kept")
     TRACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
     HOPS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NOT_KEPT_FIELD_NUMBER: _ClassVar[int]
     trace: str
     generation: int
     active: bool
     hops: _containers.RepeatedCompositeFieldContainer[HopStatus]
     error: str
     events: _containers.RepeatedCompositeFieldContainer[EventStatus]
-    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., active: bool = ..., hops: _Optional[_Iterable[_Union[HopStatus, _Mapping]]] = ..., error: _Optional[str] = ..., events: _Optional[_Iterable[_Union[EventStatus, _Mapping]]] = ...) -> None: ...
+    not_kept: str
+    def __init__(self, trace: _Optional[str] = ..., generation: _Optional[int] = ..., active: bool = ..., hops: _Optional[_Iterable[_Union[HopStatus, _Mapping]]] = ..., error: _Optional[str] = ..., events: _Optional[_Iterable[_Union[EventStatus, _Mapping]]] = ..., not_kept: _Optional[str] = ...) -> None: ...
 
 class EventStatus(_message.Message):
-    __slots__ = ("event_index", "name", "attached", "error")
+    __slots__ = ("event_index", "name", "attached", "error", "not_kept")
     EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    NOT_KEPT_FIELD_NUMBER: _ClassVar[int]
     event_index: int
     name: str
     attached: bool
     error: str
-    def __init__(self, event_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ...) -> None: ...
+    not_kept: str
+    def __init__(self, event_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ..., not_kept: _Optional[str] = ...) -> None: ...
 
 class HopStatus(_message.Message):
-    __slots__ = ("hop_index", "name", "attached", "error", "refused_actions")
+    __slots__ = ("hop_index", "name", "attached", "error", "refused_actions", "not_kept")
     HOP_INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     REFUSED_ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    NOT_KEPT_FIELD_NUMBER: _ClassVar[int]
     hop_index: int
     name: str
     attached: bool
     error: str
     refused_actions: HopActions
-    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ..., refused_actions: _Optional[_Union[HopActions, _Mapping]] = ...) -> None: ...
+    not_kept: str
+    def __init__(self, hop_index: _Optional[int] = ..., name: _Optional[str] = ..., attached: bool = ..., error: _Optional[str] = ..., refused_actions: _Optional[_Union[HopActions, _Mapping]] = ..., not_kept: _Optional[str] = ...) -> None: ...
 
 class DispatcherMessage(_message.Message):
     __slots__ = ("apply", "remove", "run_preset", "signed")
