@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from guest_runs import GUESTS_AT_ONCE, GuestRuns, run_of
 
 from hoptrace.lab.processes import AGENT_BINARY, AgentProcess, InfluxServer, start_influxd
 from hoptrace.lab.routed import RoutedTopology
@@ -64,9 +65,18 @@ def tiers_of(item: pytest.Item) -> set[str]:
     return tiers
 
 
+def run_order(item: pytest.Item) -> int:
+    """Where a test runs in the session: the host's own tests first, beside the guest runs started in the
+    background (tests/guest_runs.py); then the tests checking those runs; then the tests that boot guests of
+    their own (`vm`), on a machine no background guest uses any more."""
+    if run_of(item) is not None:
+        return 1
+    return 2 if item.get_closest_marker("vm") is not None else 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Gives each test its tiers' markers (`-m kernel` selects by them); a unit test that needs root gets
-    `no_tier` too, and fails when run."""
+    `no_tier` too, and fails when run. Orders the tests by run_order, each group as collected."""
     listed = {}
     for item in items:
         tiers = tiers_of(item)
@@ -77,6 +87,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         listed[item.nodeid] = sorted(tiers)
     if os.environ.get(LIST_TIERS):
         Path(os.environ[LIST_TIERS]).write_text(json.dumps(listed, indent=0))
+    items.sort(key=run_order)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -99,6 +110,25 @@ def require_root(request: pytest.FixtureRequest) -> None:
             "or `sudo .venv/bin/python -m pytest tests`",
             pytrace=False,
         )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def guest_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GuestRuns | None]:
+    """The guest runs the session's selected tests check, started with its first test: one at a time while
+    tests of the host's own run beside them, as many as GUESTS_AT_ONCE when nothing else runs."""
+    items = request.session.items
+    runs = dict(found for item in items if (found := run_of(item)) is not None)
+    if not runs:
+        yield None
+        return
+    beside_host_tests = any(run_order(item) == 0 for item in items)
+    pool = GuestRuns(runs, tmp_path_factory, at_once=1 if beside_host_tests else GUESTS_AT_ONCE)
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -267,7 +267,9 @@ def test_hoptrace_agents_shows_the_node_and_its_pods_by_name(release: Release) -
     def connected() -> dict[str, Any] | None:
         agent = agent_json(release)
         pods = {alias for ns in agent["namespaces"] for alias in ns["aliases"] if alias.startswith("pod:")}
-        ready = agent["connected"] and agent["transport"]["state"] == "up" and len(pods) >= len(COMPONENTS)
+        # the transport is null until the agent's first status after it connected
+        transport = agent["transport"] or {}
+        ready = agent["connected"] and transport.get("state") == "up" and len(pods) >= len(COMPONENTS)
         return agent if ready else None
 
     agent = wait_until(connected, f"the agent of {NODE_NAME} connected, naming the release's pods", 60)
