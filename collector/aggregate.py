@@ -14,7 +14,9 @@ Each window also carries what merges across windows and collectors (`sketch.py`)
 latencies, their sketch (DDSketch buckets), and the jitter's sum, count and sketch. Per-packet samples
 (`LatencySample`, `hop_latency` points) are made only for exemplars: per trace and window the
 `exemplar_slowest` slowest packets end to end (kept in a min-heap, emitted when the window closes:
-`take_exemplars`), and at once every packet whose ID sequence is a multiple of `exemplar_every`.
+`take_exemplars`), and at once every packet whose ID sequence is a multiple of `exemplar_every` (the pipeline
+holds those until their window closes too, so a window and its exemplars are written together: what the
+written-before mark of a restart says, `service.WrittenBeforeMark`).
 
 A window's own percentiles are exact nearest-rank over its values: the value at sorted index ceil(q * n) - 1,
 the rule the sketches' quantiles follow too (`sketch.py`), so reports and windows agree.
@@ -431,6 +433,12 @@ class SegmentAggregator:
             self._add_complete(trace, path, nodes, group, out)
         if others:
             self._add_each(others, paths, out)
+        if self._written_before and out:
+            # An earlier pipeline closed and wrote these windows (`resume_after`), and these exemplars before
+            # them: the records came again (an agent's resend), the exemplars do not.
+            interval = self.config.interval_ns
+            written = self._written_before
+            out = [s for s in out if s.ts_ns - s.ts_ns % interval >= written]
         return out
 
     def _segments_of(

@@ -3,6 +3,10 @@
 The dispatcher feeds it (`set_trace`, `set_spec`); a JSON/YAML file can preload it (`load_file`); and as a
 fallback the collector learns hop names from the `HopCounters.hop` of incoming batches (`learn_hop`). A path
 set explicitly is authoritative: learned names never override it.
+
+A collector that follows a dispatcher knows no path until the dispatcher's first set of specs has come
+(`awaiting_paths`, `catalog_sync.py`): a restarted one can get the agents' backlog before that, and the join
+holds it meanwhile instead of joining it without its path (`join.HopJoiner`).
 """
 
 from __future__ import annotations
@@ -86,6 +90,21 @@ class TraceCatalog:
         self._paths: dict[str, TracePath] = {}
         self._specs: dict[str, trace_pb2.TraceSpec] = {}  # as the dispatcher gave them (set_spec)
         self._version = 0
+        self._awaiting = False
+
+    @property
+    def awaiting_paths(self) -> bool:
+        """True from `expect_paths` until `paths_synced`: the paths are on their way (the dispatcher's first
+        set of specs), so a trace not known yet may well be one."""
+        return self._awaiting
+
+    def expect_paths(self) -> None:
+        """The paths come from elsewhere (a dispatcher being followed) and have not come yet."""
+        self._awaiting = True
+
+    def paths_synced(self) -> None:
+        """Every path the source had has been set (its first whole set of specs)."""
+        self._awaiting = False
 
     def set_trace(
         self,

@@ -5,7 +5,8 @@ and order hops. It follows the dispatcher's `WatchSpecs` stream: the whole set o
 then again after every apply or delete; a spec comes as soon as its plans go to the agents, before any hop
 of it is attached, so the packets in flight while its hops attach are joined on its path. A late path only
 delays emission (packets wait in the join window), it never mis-joins; while the dispatcher is away, the
-known paths are kept.
+known paths are kept. Until its first set of specs has come the catalog is `awaiting_paths`: the join holds
+what the agents send meanwhile (a restarted collector's backlog) instead of joining it without its paths.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def follow_dispatcher(
     `channel` makes the user API channel (TLS, token: hoptrace.common api_channel); default plaintext.
     """
     state: dict[str, grpc.Future | None] = {"call": None}
+    catalog.expect_paths()
 
     def cancel_on_stop() -> None:
         stop.wait()
@@ -72,6 +74,7 @@ def follow_dispatcher(
                     call.cancel()
                 for spec_set in call:
                     synced = apply_spec_set(catalog, spec_set.specs, synced)
+                    catalog.paths_synced()
                     if failing:
                         log.info("dispatcher %s reachable again", address)
                     failing = False

@@ -29,7 +29,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -239,9 +239,11 @@ class InfluxExporter:
     """The InfluxDB exporter: takes the pipeline's points (`export`), writes them as line protocol from a
     worker thread, and spools them to disk while InfluxDB is away."""
 
-    def __init__(self, config: InfluxConfig) -> None:
+    def __init__(self, config: InfluxConfig, settled: Callable[[], None] | None = None) -> None:
         config.validate()
         self.config = config
+        # Called from the worker each time points left memory (`left_memory` grew): the written-before mark.
+        self._on_settled = settled
         self.written = 0
         # In queue order: points queued (`accepted`) and since out of memory (`left_memory`: written,
         # spooled or dropped). Once left_memory reaches the accepted of some moment, every point queued
@@ -393,6 +395,11 @@ class InfluxExporter:
             self._spool_bytes = self.spool.bytes
             self._spool_points = self.spool.points
             self._idle.notify_all()
+        if self._on_settled is not None and points:
+            try:
+                self._on_settled()
+            except Exception:  # the worker must go on writing whatever the callback does
+                log.exception("influx exporter: settled callback failed")
 
     def _deliver(self, lines: list[str]) -> None:
         try:

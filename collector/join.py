@@ -13,7 +13,10 @@ reorder window; a packet is emitted
   agents send every second), and the join's is the minimum over the nodes it expects (those of the traces'
   paths, and any heard from) that are alive. A node that lags (an agent draining its backlog after a
   collector restart, a slow link) holds packets back instead of having them cut; a node silent for
-  `node_timeout_ns` of the collector's own time is taken as gone and no longer waited for;
+  `node_timeout_ns` of the collector's own time is taken as gone and no longer waited for. While the catalog
+  awaits its paths (`TraceCatalog.awaiting_paths`: a restarted collector that has the agents' backlog before
+  the dispatcher's specs) the watermark stands still, for at most `node_timeout_ns` from the first input:
+  without the paths the join knows neither which nodes to wait for nor when a packet is complete;
 * never twice: a packet seen again at a hop it was already seen at is the same packet there, and its time at
   that hop is its first record's (`JoinStats.repeats`). A TCP packet's ID rides the one TCP header of a large
   (GSO) skb; where the skb is cut into wire segments (software GSO on a device without the offload, a NIC's
@@ -224,6 +227,8 @@ class HopJoiner:
         if self._started is None:
             self._started = now
         young = now - self._started < timeout
+        if young and self.catalog.awaiting_paths:
+            return  # the paths are on their way: nothing expires before they name the nodes and hops
         slowest = None
         for node in self.catalog.nodes() | self._node_heard.keys():
             heard = self._node_heard.get(node)
@@ -472,7 +477,10 @@ class HopJoiner:
         window = self.config.window_ns
         cutoff = self._watermark - window
         self._next_sweep = self._watermark + window // 16
-        for st in self._traces.values():
+        for trace in list(self._traces):
+            # a path learned since the trace's last records (the catalog's first specs after a restart):
+            # its waiting packets leave on it
+            st = self._state(trace, out)
             st.completed_before, st.completed = st.completed, set()
         excess = len(pending) - self.config.max_entries
         expired: list[tuple[str, int, int]] = []
@@ -515,8 +523,11 @@ class HopJoiner:
 
     def flush(self) -> list[JoinedPacket]:
         """Emit every pending packet (shutdown)."""
+        out: list[JoinedPacket] = []
+        for trace in list(self._traces):
+            self._state(trace, out)  # on the trace's path as the catalog has it now
         traces = self._traces
-        out = [self._emit(k, e, traces[k[0]]) for k, e in self._pending.items() if e[-1]]
+        out += [self._emit(k, e, traces[k[0]]) for k, e in self._pending.items() if e[-1]]
         self.stats.drops_unmatched += len(self._pending) - len(out)
         self._pending.clear()
         return out

@@ -4,7 +4,9 @@ records come by (gRPC: `service.py`; Kafka: `kafka.py`, one pipeline per owned p
 `CollectorPipeline` is driven by its receiver (one call per batch) and by a ticker (idle expiry, window
 closing). Every stage's output leaves as `points.Point`s through one interface, `Exporter.export`: hop
 actions, event probes and recorded values as each batch brings them, exemplars, windows, clock estimates and
-tracer losses as windows close.
+tracer losses as windows close. An exemplar leaves with its window, never before it (`_hold_exemplars`):
+what `closed_before` says is written is then all of those windows' points, and a restarted collector that
+joins an agent's resend again writes the exemplars of the windows after that mark only, once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ from typing import Protocol
 
 from hoptrace.collector.actions import HopActionsStage, RecordedValuesStage
 from hoptrace.collector.addresses import HopAddressesStage
-from hoptrace.collector.aggregate import AggregateConfig, HopCounterAggregator, SegmentAggregator
+from hoptrace.collector.aggregate import (
+    AggregateConfig,
+    HopCounterAggregator,
+    LatencySample,
+    SegmentAggregator,
+)
 from hoptrace.collector.captures import CaptureConfig, HopCapturesStage
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.clock import ClockAligner
@@ -111,6 +118,8 @@ class CollectorPipeline:
         self.foreign_records: dict[str, int] = {}
         self.segment_metrics = SegmentMetrics()
         self._flushed_before = 0  # flush() closed every window before this (master time)
+        # Exemplars sampled by ID, by the start of their segment's window: held until it closes.
+        self._exemplars: dict[int, list[LatencySample]] = {}
         # Master time now, for what is stamped when it leaves (clock estimates, addresses, counters without
         # a time): the collector's clock; an import of recorded files (file_input.py) gives the time its
         # records have reached, so those points land among the records.
@@ -257,10 +266,31 @@ class CollectorPipeline:
         with self._lock:
             self._export(self.joiner.tick(now_ns))
 
+    def _hold_exemplars(self, samples: list[LatencySample]) -> None:
+        """Keep exemplars sampled by ID (the aggregation gives them at join) until their window closes."""
+        interval = self.segments.config.interval_ns
+        held = self._exemplars
+        for sample in samples:
+            start = sample.ts_ns - sample.ts_ns % interval
+            found = held.get(start)
+            if found is None:
+                held[start] = [sample]
+            else:
+                found.append(sample)
+
+    def _closed_exemplars(self, before_ns: int | None) -> list[LatencySample]:
+        """The held exemplars of the windows that start before `before_ns` (None: all), in window order:
+        a late packet's, whose window had closed already, leaves at once."""
+        held = self._exemplars
+        starts = sorted(s for s in held if before_ns is None or s < before_ns)
+        return [sample for start in starts for sample in held.pop(start)]
+
     def _export(self, packets: list[JoinedPacket]) -> None:
-        samples = self.segments.add_packets(packets) if packets else []
+        if packets:
+            self._hold_exemplars(self.segments.add_packets(packets))
         upto = self.joiner.watermark_ns - self.joiner.config.window_ns - self.segments.config.interval_ns
         windows = self.segments.close_windows(upto)
+        samples = self._closed_exemplars(self.segments.closed_before) if self._exemplars else []
         samples.extend(self.segments.take_exemplars())
         counters = self.counters.close_windows(upto)
         clocks = self.clock.due_points(self.now_ns())
@@ -281,9 +311,10 @@ class CollectorPipeline:
     def flush(self) -> None:
         """Emit every pending packet and close every window (shutdown)."""
         with self._lock:
-            samples = self.segments.add_packets(self.joiner.flush())
+            self._hold_exemplars(self.segments.add_packets(self.joiner.flush()))
             windows = self.segments.flush()
             counters = self.counters.flush()
+            samples = self._closed_exemplars(None)
             samples.extend(self.segments.take_exemplars())
             self.segment_metrics.observe(windows)
             interval = self.segments.config.interval_ns

@@ -339,6 +339,14 @@ class FaultLab:
             )
         )
 
+    def collector_received(self, node: str) -> float:
+        """Records the (running) collector got from `node`'s agent; 0 while it does not answer yet."""
+        try:
+            values = self.collector_metrics()
+        except OSError:
+            return 0.0
+        return metric_sum(values, "hoptrace_collector_records_received_total", node=node)
+
     def collector_metrics(self) -> dict[str, float]:
         """The collector's /metrics."""
         return scrape(self.cluster.metrics_addr("collector"))

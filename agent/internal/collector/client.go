@@ -41,6 +41,15 @@ type Client struct {
 	recordsSent, batchesSent, batchesResent atomic.Uint64
 	streams                                 atomic.Uint64
 	connected                               atomic.Bool
+
+	// sentClocks: the clock each batch kept for a resend was first sent
+	// with, by batch_seq. A resend carries it again, so a collector that
+	// restarted maps the resent records onto the very master times its
+	// predecessor did: a point it writes again for them (an exemplar of a
+	// window written just before the crash, whose written-before mark did
+	// not move yet) is the same point, and overwrites itself. A fresh clock
+	// moves them some ns: a second point. Only Run's goroutine uses it.
+	sentClocks map[uint64]*pb.NodeClock
 }
 
 // Stats are the client's counters for /metrics.
@@ -129,6 +138,9 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 	// everything arrived.
 	var inflight []*stream.Batch
 	inflightBytes := 0
+	if c.sentClocks == nil {
+		c.sentClocks = map[uint64]*pb.NodeClock{}
+	}
 	requeue := func() {
 		for i := len(inflight) - 1; i >= 0; i-- {
 			c.Queue.PushFront(inflight[i])
@@ -140,8 +152,26 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 		inflightBytes += len(b.Records)
 		for len(inflight) > maxInflight && inflightBytes-len(inflight[0].Records) >= resendBytes {
 			inflightBytes -= len(inflight[0].Records)
+			delete(c.sentClocks, inflight[0].Seq)
 			inflight[0].Release()
 			inflight = inflight[1:]
+		}
+	}
+	// forgetDropped drops the clocks of batches requeued and then dropped
+	// by a full queue: once a new batch is sent, every requeued one still
+	// there was popped before it (they are at the queue's front).
+	forgetDropped := func() {
+		if len(c.sentClocks) <= len(inflight) {
+			return
+		}
+		kept := make(map[uint64]bool, len(inflight))
+		for _, k := range inflight {
+			kept[k.Seq] = true
+		}
+		for seq := range c.sentClocks {
+			if !kept[seq] {
+				delete(c.sentClocks, seq)
+			}
 		}
 	}
 	send := func(b *pb.RecordBatch) error {
@@ -201,12 +231,20 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 				b.Seq = c.NextSeq()
 			}
 			m := c.Message(b.Trace, b.Generation, b.Records, b.Trailers, b.Seq)
+			if first, ok := c.sentClocks[b.Seq]; ok {
+				m.Clock = first // a resend: the clock it was first sent with (sentClocks)
+			} else {
+				c.sentClocks[b.Seq] = m.Clock
+			}
 			if err := send(m); err != nil {
 				keep(b)
 				requeue()
 				return sent, err
 			}
 			keep(b)
+			if !resend {
+				forgetDropped()
+			}
 			c.batchesSent.Add(1)
 			c.recordsSent.Add(uint64(b.Count()))
 			if resend {

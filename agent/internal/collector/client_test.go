@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,7 +83,12 @@ func TestClientStreamsAndReconnects(t *testing.T) {
 	counters := func() []tracer.TraceCounters {
 		return []tracer.TraceCounters{{Trace: "t", Generation: 1, Hops: []*pb.HopCounters{{Hop: "h", Values: []uint64{3}}}}}
 	}
-	c := &Client{Addr: addr, Batcher: transport.Batcher{Node: "n1", Queue: q, Counters: counters, CountersEvery: 50 * time.Millisecond}}
+	// Each message a clock of its own (a new estimate, or a new sample of CLOCK_REALTIME - CLOCK_MONOTONIC).
+	var clocks atomic.Int64
+	clock := func(int64) *pb.NodeClock {
+		return &pb.NodeClock{MonotonicToRealtimeNs: 1, OffsetNs: clocks.Add(1)}
+	}
+	c := &Client{Addr: addr, Batcher: transport.Batcher{Node: "n1", Queue: q, Counters: counters, CountersEvery: 50 * time.Millisecond, Clock: clock}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -97,7 +103,7 @@ func TestClientStreamsAndReconnects(t *testing.T) {
 		}
 	}
 	s.mu.Unlock()
-	if b.GetNode() != "n1" || b.GetRecordSize() != 32 || b.GetClock().GetMonotonicToRealtimeNs() <= 0 || b.GetBatchSeq() == 0 {
+	if b.GetNode() != "n1" || b.GetRecordSize() != 32 || b.GetClock().GetOffsetNs() <= 0 || b.GetBatchSeq() == 0 {
 		t.Fatalf("batch %v", b)
 	}
 
@@ -122,9 +128,11 @@ func TestClientStreamsAndReconnects(t *testing.T) {
 	})
 	s.mu.Lock()
 	seqs := map[uint64]int{}
+	firstClock := map[uint64]int64{}
 	for _, x := range s.batches {
 		if len(x.GetRecords()) > 0 {
 			seqs[x.GetBatchSeq()] = len(x.GetRecords())
+			firstClock[x.GetBatchSeq()] = x.GetClock().GetOffsetNs()
 		}
 	}
 	s.mu.Unlock()
@@ -136,8 +144,14 @@ func TestClientStreamsAndReconnects(t *testing.T) {
 			t.Errorf("batch_seq %d reused for a different batch", x.GetBatchSeq())
 		}
 		// The 3-record batch the first collector got is sent again with its
-		// batch_seq: the collector's dedupe key is (node, batch_seq).
+		// batch_seq (the collector's dedupe key is (node, batch_seq)) and the
+		// clock it was first sent with: a restarted collector maps its
+		// records onto the same master times.
 		resentSame = resentSame || (ok && n == 3*record.Size)
+		if ok && x.GetClock().GetOffsetNs() != firstClock[x.GetBatchSeq()] {
+			t.Errorf("batch_seq %d resent with clock %d, first sent with %d", x.GetBatchSeq(),
+				x.GetClock().GetOffsetNs(), firstClock[x.GetBatchSeq()])
+		}
 	}
 	s2.mu.Unlock()
 	if !resentSame {
