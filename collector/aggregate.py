@@ -895,11 +895,20 @@ class HopCounterAggregator:
     def resume_after(self, written_before_ns: int) -> None:
         """Continue a stream whose windows before `written_before_ns` an earlier pipeline wrote (see
         `SegmentAggregator.resume_after`): records before it are left out as late, and counters reported
-        before it only set the base their next report's delta is taken from."""
+        before it only set the base their next report's delta is taken from, as a hop's first report after
+        it does when the hop was attached before it."""
         interval = self.config.interval_ns
         cut = written_before_ns - written_before_ns % interval
         self._closed_before = max(self._closed_before, cut)
         self._written_before = max(self._written_before, cut)
+
+    def _attached_before_resume(self, node: str, c: records_pb2.HopCounters) -> bool:
+        """Whether the hop of `c` was attached before the windows this pipeline resumed after (unknown:
+        taken as before): its counters hold growth an earlier pipeline counted."""
+        if not c.attached_ns:
+            return True
+        attached = self.clock.to_master(node, c.attached_ns) if self.clock is not None else c.attached_ns
+        return attached < self._written_before
 
     def _get(self, trace: str, hop: str, node: str, start: int, counters: bool) -> HopCounterWindow:
         wkey = (trace, hop, node, start)
@@ -960,7 +969,13 @@ class HopCounterAggregator:
             key = (trace, node, c.hop_index)
             prev = self._last.get(key)
             self._last[key] = values
-            if prev is None:
+            if prev is None and self._written_before and self._attached_before_resume(node, c):
+                # The stream of an earlier pipeline resumed (a restart): what the hop counted until that
+                # pipeline's last report was written there, and what it grew since cannot be told apart
+                # from it: this report only sets the base (in full, a restart counted it all again, a
+                # hop's lost records among it as tracer loss).
+                delta = (0,) * len(values)
+            elif prev is None:
                 delta = values
             elif any(v < p for v, p in zip(values, prev, strict=True)):
                 self.stats.counter_resets += 1

@@ -18,7 +18,8 @@ import grpc
 import pytest
 from collector_helpers import batch, pid, rec
 
-from hoptrace.collector.aggregate import AggregateConfig
+from hoptrace import kernel_abi
+from hoptrace.collector.aggregate import AggregateConfig, HopCounterAggregator
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.influx import InfluxConfig
 from hoptrace.collector.join import HopJoiner, JoinConfig
@@ -237,3 +238,41 @@ def test_a_stop_that_cuts_streams_leaves_the_open_windows_to_the_next_collector(
         if line.startswith(HOP_LATENCY + ",")
     )
     assert len(exemplars) == seconds * PER_SECOND * len(SEGMENTS) and set(exemplars.values()) == {1}
+
+
+def test_a_resumed_pipeline_counts_a_hop_s_counters_from_its_first_report() -> None:
+    """A hop's counters are cumulative since it was attached: after a restart its first report sets the
+    base (what it holds was counted by the predecessor; in full, a hop's ring-buffer losses would come back
+    as tracer loss), unless the hop was attached after the resume point (then its counters are all new)."""
+    matched = kernel_abi.COUNTERS.index("matched")
+    full = kernel_abi.COUNTERS.index("ringbuf_full")
+
+    def report(hop: int, count: int, at: int, attached: int) -> records_pb2.HopCounters:
+        values = [0] * len(kernel_abi.COUNTERS)
+        values[matched], values[full] = count, count // 100
+        c = records_pb2.HopCounters(hop=f"h{hop}", hop_index=hop, values=values, attached_ns=attached)
+        c.at.FromNanoseconds(at)
+        return c
+
+    base = 100 * SEC
+    counters = HopCounterAggregator()  # no clock: attach times are master times
+    counters.resume_after(base + 3 * SEC)
+    lost = []
+    for s in range(5, 8):  # h0 attached long before the restart, h1 after it
+        at = base + s * SEC
+        lost += counters.add_counters(
+            "t", "n", [report(0, 100 * (s + 1), at, 1), report(1, 100 * (s - 4), at, at)]
+        )
+    windows = {(w.hop, (w.start_ns - base) // SEC): w.matched for w in counters.flush()}
+    assert windows == {
+        ("h0", 5): 0,
+        ("h0", 6): 100,
+        ("h0", 7): 100,
+        ("h1", 5): 100,
+        ("h1", 6): 100,
+        ("h1", 7): 100,
+    }
+    # a record lost a second at each hop, h0's 6 lost before the restart not among them
+    assert lost == [("h1", base + 5 * SEC, 1)] + [
+        (h, base + s * SEC, 1) for s in (6, 7) for h in ("h0", "h1")
+    ]
