@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from hoptrace import kernel_abi
 from hoptrace.collector.points import Point
-from hoptrace.collector.records import HOP_INDEX, TS_NS, RecordedValues
+from hoptrace.collector.records import DROP_FUNCTION, HOP_INDEX, TS_NS, RecordedValues
 from hoptrace.collector.schema import HOP_COUNTS, HOP_HISTOGRAM, HOP_RECORDED, TOTAL
 from hoptrace.v1 import records_pb2
 
@@ -155,6 +155,8 @@ class RecordedValuesStage:
         for rec, fields in values:
             ts = rec[TS_NS]
             for number, value in fields.items():
+                if number == DROP_FUNCTION:  # a name's ID, no quantity: the report's drops name the function
+                    continue
                 entry = summary.get((rec[HOP_INDEX], number))
                 if entry is None:
                     summary[(rec[HOP_INDEX], number)] = [1, value, value, value, value, ts]

@@ -43,9 +43,10 @@ vNetTracer's metrics (section III-D of the paper), per segment and window:
   segment's when its second hop is such a hop, end to end's when every hop it lacks is. A packet that lacks
   a hop that was attached is lost end to end even when it also passed one unwatched.
 * Drops (a trace with ``drops: true``): a lost packet that a node's kernel reported dropping
-  (`JoinedPacket.drop`: node and reason, from the drop hops' skb:kfree_skb records) is counted by (node,
-  reason) in the window of the segment it was lost in (`SegmentWindow.drops`), and end to end. The loss
-  itself is counted as before: drops say why, for as many of the lost packets as the kernel said so.
+  (`JoinedPacket.drop`: node, reason and function, from the drop hops' skb:kfree_skb records) is counted by
+  (node, reason, function) in the window of the segment it was lost in (`SegmentWindow.drops`), and end to
+  end. The loss itself is counted as before: drops say why, for as many of the lost packets as the kernel
+  said so.
 * Jitter: the mean of |dT(i+1) - dT(i)| over consecutive packets of the window, in the order of their time at
   the first hop (`jitter_ns`), and the nearest-rank p99 of those differences (`jitter_p99_ns`).
 * Per-device processing time: a segment whose two hops are on one node is flagged `same_node`.
@@ -150,8 +151,8 @@ class SegmentWindow:
     tracer_lost: int = 0
     # Packets seen at from_hop that passed to_hop before it was attached: neither a latency nor loss.
     before_attach: int = 0
-    # The lost packets a node's kernel dropped, by (node, reason name): `drops: true`.
-    drops: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The lost packets a node's kernel dropped, by (node, reason name, kernel function): `drops: true`.
+    drops: dict[tuple[str, str, str], int] = field(default_factory=dict)
     jitter_ns: float = 0.0
     jitter_p99_ns: int = 0
     same_node: bool = False
@@ -299,7 +300,7 @@ class _Window:
         self.complete = 0
         self.from_count = 0
         self.lost = 0
-        self.drops: dict[tuple[str, str], int] = {}
+        self.drops: dict[tuple[str, str, str], int] = {}
         self.cut_lost = 0
         self.before_attach = 0
         self.flagged = 0
@@ -742,7 +743,7 @@ class SegmentAggregator:
         from_node: str,
         to_node: str,
         before_attach: bool | int = False,
-        drop: tuple[str, str, int] | None = None,
+        drop: tuple[str, str, int, str] | None = None,
     ) -> None:
         """Loss and node bookkeeping of one packet in one segment window. `before_attach`: the packet
         passed the segment's second hop (end to end: every hop it lacks) before that was attached;
@@ -759,7 +760,7 @@ class SegmentAggregator:
                 else:
                     w.lost += 1
                     if drop is not None:
-                        key = (drop[0], drop[1])
+                        key = (drop[0], drop[1], drop[3])
                         w.drops[key] = w.drops.get(key, 0) + 1
         if ta is not None and tb is not None:
             same = bool(from_node) and from_node == to_node

@@ -37,8 +37,9 @@ joined as if every hop had always been attached.
 
 Drops (a trace with ``drops: true``): its drop hops' records (skb:kfree_skb on each node and namespace of the
 path, `catalog.DropSite`) are no hops of the path: they never make a packet complete, and their indexes follow
-the path's. Each is kept in the packet's entry, in a slot after the path's, with its node and reason (the
-record's `drop_reason` value, from the batch's recorded values, named by its node's kernel); an incomplete
+the path's. Each is kept in the packet's entry, in a slot after the path's, with its node, reason (the
+record's `drop_reason` value, from the batch's recorded values, named by its node's kernel) and the kernel
+function that freed it (its `drop_function`, named by the batch: `records.function_name`); an incomplete
 packet leaves with the earliest as `JoinedPacket.drop`, which the aggregation counts at the segment where the
 packet went missing. A drop of a packet that never reaches the path's hops (or was complete already) is
 counted in `JoinStats.drops_unmatched`; a freed packet whose reason is no drop (`CONSUMED`) is ignored.
@@ -57,12 +58,21 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from hoptrace.collector.catalog import MAX_HOPS, TraceCatalog, TracePath
-from hoptrace.collector.records import F_TCP, HOP_INDEX, ID_SEQ_BITS, PACKET_ID, TS_NS, Record, RecordedValues
+from hoptrace.collector.records import (
+    F_TCP,
+    HOP_INDEX,
+    ID_SEQ_BITS,
+    PACKET_ID,
+    TS_NS,
+    Record,
+    RecordedValues,
+    function_name,
+)
 from hoptrace.spec.actions import FIELD_NUMBERS
 from hoptrace.spec.drops import DROP_REASON_FIELD, NOT_DROPS
 
@@ -106,8 +116,9 @@ class JoinedPacket(NamedTuple):
     # not lost there.
     before_attach: int = 0
     # The kernel dropped the packet after its last hop seen (`drops: true`): (node, reason name, drop hop
-    # index), the earliest of its drop hops' records; None when none saw it.
-    drop: tuple[str, str, int] | None = None
+    # index, the kernel function that freed it), the earliest of its drop hops' records; None when none saw
+    # it.
+    drop: tuple[str, str, int, str] | None = None
 
 
 @dataclass
@@ -315,8 +326,8 @@ class HopJoiner:
             dropped = [i for i in range(pw, w) if e[i] is not None]
             if dropped:
                 first = min(dropped, key=e.__getitem__)
-                node, reason = e[w + first]
-                drop = (node, reason, first)
+                node, reason, function = e[w + first]
+                drop = (node, reason, first, function)
         return JoinedPacket(
             key[0],
             key[1] >> ID_SEQ_BITS,
@@ -341,12 +352,14 @@ class HopJoiner:
         drift: float = 0.0,
         ref_mono_ns: int = 0,
         values: Iterable[RecordedValues] = (),
+        functions: Mapping[int, str] | None = None,
     ) -> list[JoinedPacket]:
         """Join one batch of records (one trace, one node) and return the packets this completes or expires.
 
         Master time of a record: `ts + delta_ns - drift * (ts - ref_mono_ns)` (`clock.NodeMapping`).
         `now_ns` is the collector's monotonic clock (default: now), used only to advance the watermark while
-        idle. `values`: the batch's recorded values, where its drop hops' records have their reasons.
+        idle. `values`: the batch's recorded values, where its drop hops' records have their reasons and
+        functions, which `functions` names (`DecodedBatch.functions`).
         """
         out: list[JoinedPacket] = []
         st = self._state(trace, out)
@@ -364,17 +377,16 @@ class HopJoiner:
         completed = 0
         done, done_before = st.completed, st.completed_before
         make = tuple.__new__  # JoinedPacket without its Python-level __new__ (the hot path's one object)
-        reasons: dict[tuple[int, int, int], int] | None = None
+        reasons: dict[tuple[int, int, int], dict[int, int]] | None = None
         for ts, pid, _flow_hash, _ifindex, _wire_len, hop, _slot, _cpu, flags in records:
             n += 1
             if hop >= limit:
                 if hop < width:  # a drop hop of a known path
                     if reasons is None:
-                        reasons = {
-                            (r[TS_NS], r[PACKET_ID], r[HOP_INDEX]): v.get(_DROP_REASON, 0) for r, v in values
-                        }
+                        reasons = {(r[TS_NS], r[PACKET_ID], r[HOP_INDEX]): v for r, v in values}
                     t = ts + delta_ns - (round(drift * (ts - ref_mono_ns)) if drift else 0)
-                    self._note_drop(st, (trace, pid), hop, t, node, reasons.get((ts, pid, hop), 0))
+                    drop_values = reasons.get((ts, pid, hop), {})
+                    self._note_drop(st, (trace, pid), hop, t, node, drop_values, functions or {})
                     continue
                 if known or hop >= MAX_HOPS:
                     dropped += 1
@@ -451,10 +463,19 @@ class HopJoiner:
         return out
 
     def _note_drop(
-        self, st: _TraceState, key: tuple[str, int], hop: int, t: int, node: str, value: int
+        self,
+        st: _TraceState,
+        key: tuple[str, int],
+        hop: int,
+        t: int,
+        node: str,
+        drop_values: dict[int, int],
+        functions: Mapping[int, str],
     ) -> None:
-        """A drop hop's record: kept in the packet's entry (a new one when the packet has none yet: its
-        path records may come later from other nodes), the earliest per drop hop."""
+        """A drop hop's record, with its recorded values (the reason, the function by the batch's
+        `functions`): kept in the packet's entry (a new one when the packet has none yet: its path records
+        may come later from other nodes), the earliest per drop hop."""
+        value = drop_values.get(_DROP_REASON, 0)
         path = st.path
         site = path.drop_site(hop) if path is not None else None
         reason = site.reason_name(value) if site is not None else f"reason{value}"
@@ -466,7 +487,7 @@ class HopJoiner:
             e[-2] = t  # the window runs from the packet's first record
         if e[hop] is None or t < e[hop]:
             e[hop] = t
-            e[st.width + hop] = (node, reason)
+            e[st.width + hop] = (node, reason, function_name(drop_values, functions))
 
     # -- expiry --------------------------------------------------------------------------------------------
 

@@ -198,6 +198,7 @@ class CollectorPipeline:
                 drift=mapping.drift,
                 ref_mono_ns=mapping.ref_mono_ns,
                 values=batch.values,
+                functions=batch.functions,
             )
             self.counters.add_records(batch.trace, batch.node, batch.records, mapping)
             now = self.joiner.watermark_ns or self.now_ns()

@@ -107,12 +107,14 @@ def segment_point(w: SegmentWindow) -> Point:
 
 
 def drops_points(w: SegmentWindow) -> list[Point]:
-    """The `segment_drops` points of one window: its lost packets' drops, one per node and reason."""
+    """The `segment_drops` points of one window: its lost packets' drops, one per node, reason and kernel
+    function."""
     return [
         Point(
             SEGMENT_DROPS,
             (
                 ("collector", w.instance),
+                ("function", function),
                 ("node", node),
                 ("reason", reason),
                 ("segment", w.segment),
@@ -121,7 +123,7 @@ def drops_points(w: SegmentWindow) -> list[Point]:
             (("count", count),),
             w.start_ns,
         )
-        for (node, reason), count in sorted(w.drops.items())
+        for (node, reason, function), count in sorted(w.drops.items())
     ]
 
 

@@ -13,7 +13,7 @@ import enum
 import ipaddress
 import socket
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from hoptrace import kernel_abi
@@ -49,6 +49,11 @@ ID_SEQ_MASK = kernel_abi.ID_SEQ_MASK
 Record = tuple[int, int, int, int, int, int, int, int, int]
 # One traced packet's recorded values at one hop: (record, {field number: value}).
 RecordedValues = tuple[Record, dict[int, int]]
+
+# The kernel function a drop hop's record names (the drop_function field): the agent writes an ID
+# (RecordBatch.functions names it), 0 when it could not name the kernel's address (no kallsyms).
+DROP_FUNCTION = kernel_abi.FIELDS.index("drop_function")
+UNKNOWN_FUNCTION = "unknown"
 
 # Bytes hoptrace adds to a tagged packet (hoptrace.h): the UDP ID in the surplus area, the TCP option.
 HOPTRACE_UDP_ID_LEN = kernel_abi.UDP_ID_LEN
@@ -232,6 +237,7 @@ class DecodedBatch:
     values: list[RecordedValues] = field(default_factory=list)  # the record action's, per packet
     addresses: list[DescribedRecord] = field(default_factory=list)  # what hops saw, one packet in 64
     captures: list[CapturedRecord] = field(default_factory=list)  # the capture action's bytes, per packet
+    functions: dict[int, str] = field(default_factory=dict)  # the kernel functions `values` name, by ID
 
 
 def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
@@ -246,12 +252,23 @@ def decode_batch(batch: records_pb2.RecordBatch) -> DecodedBatch:
         values=decode_values(records, batch.values, batch.value_size),
         addresses=decode_addresses(records, batch.addresses, batch.addresses_size),
         captures=decode_captures(records, batch.captures, batch.capture_size),
+        functions=dict(batch.functions) if batch.functions else {},
         counters=list(batch.counters),
         clock=batch.clock if batch.HasField("clock") else None,
         agent_dropped=batch.agent_dropped,
         watermark_ns=batch.watermark_ns,
         events=list(batch.events),
     )
+
+
+def function_name(values: Mapping[int, int], functions: Mapping[int, str]) -> str:
+    """The kernel function one record's values name (drop_function: where the kernel freed the packet), by
+    the names its batch carries: "unknown" for 0 or an ID the batch does not name, "" without the field (an
+    older agent's record)."""
+    value = values.get(DROP_FUNCTION)
+    if value is None:
+        return ""
+    return functions.get(value, UNKNOWN_FUNCTION) if value else UNKNOWN_FUNCTION
 
 
 def hop_counters(hop_index: int, hop: str, **values: int) -> records_pb2.HopCounters:

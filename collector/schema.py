@@ -20,9 +20,11 @@ the Grafana dashboards (deploy/) use them: a contract.
   `below_clock_bound` (bool: median latency below the two nodes' clock bounds), `below_bound_count` and
   `clock_bound_ns` (the sum of the two nodes' clock bounds, the largest in the window; 0 on one node).
 * `segment_drops` - a trace with `drops: true`: per trace, segment (end_to_end too), interval, collector,
-  node and reason, the lost packets that node's kernel reported dropping (skb:kfree_skb) for that reason.
-  Tags `trace`, `segment`, `node`, `reason` (enum skb_drop_reason's name on that node's kernel without
-  SKB_DROP_REASON_, e.g. `NETFILTER_DROP`), `collector`; int field `count`. Time: the window's start, as
+  node, reason and function, the lost packets that node's kernel reported dropping (skb:kfree_skb) for that
+  reason in that function. Tags `trace`, `segment`, `node`, `reason` (enum skb_drop_reason's name on that
+  node's kernel without SKB_DROP_REASON_, e.g. `NETFILTER_DROP`), `function` (the kernel function that freed
+  them, from the node's kallsyms, e.g. `nft_do_chain`; `unknown` where its agent could not read kallsyms;
+  absent from an older agent's), `collector`; int field `count`. Time: the window's start, as
   `segment_stats`; written only for windows with drops.
 * `hop_latency` - exemplars: one point per segment of the packets kept as examples (`AggregateConfig`: the
   slowest few per trace and window, and 1 in N by packet ID). Tags `trace`, `segment` ("from>to"),

@@ -4,9 +4,10 @@ Per trace and segment (end to end included, as `segment="end_to_end"`):
 - `hoptrace_segment_latency_seconds` (histogram): every joined packet's latency in the segment, observed
   when its 1 s window closes;
 - `hoptrace_segment_lost_packets_total` (counter): network loss (the tracer's own losses excluded);
-- `hoptrace_segment_dropped_packets_total` (counter, also labelled `node` and `reason`): a trace with
-  `drops: true`: the lost packets that node's kernel dropped for that reason (enum skb_drop_reason's name,
-  e.g. `NETFILTER_DROP`), per segment they were lost in;
+- `hoptrace_segment_dropped_packets_total` (counter, also labelled `node`, `reason` and `function`): a trace
+  with `drops: true`: the lost packets that node's kernel dropped for that reason (enum skb_drop_reason's
+  name, e.g. `NETFILTER_DROP`) in that kernel function (e.g. `nft_do_chain`; `unknown` where the node's
+  agent could not read kallsyms), per segment they were lost in;
 - `hoptrace_segment_jitter_seconds` (gauge): mean jitter of the last closed 1 s window;
 - `hoptrace_segment_below_clock_bound` (gauge, 0/1): the last window's median was within the clocks' bound,
   so its sign and size across the two nodes are not meaningful.
@@ -42,7 +43,7 @@ disable_created_metrics()  # no *_created series: they double the lines and nobo
 # 1 us .. 1 s in 1-2-5 steps: a veth hop is a few us, a congested queue or a VM exit ms.
 LATENCY_BUCKETS = tuple(m * 10.0**e for e in range(-6, 0) for m in (1, 2, 5)) + (1.0,)
 LABELS = ("trace", "segment")
-DROP_LABELS = (*LABELS, "node", "reason")
+DROP_LABELS = (*LABELS, "node", "reason", "function")
 
 
 class LatencyHistograms(Collector):
@@ -101,11 +102,12 @@ class SegmentMetrics:
         )
         self.drops = Counter(
             "hoptrace_segment_dropped_packets",
-            "Lost packets of a segment that a node's kernel dropped, by node and drop reason (drops: true).",
+            "Lost packets of a segment that a node's kernel dropped, by node, drop reason and the kernel"
+            " function that freed them (drops: true).",
             DROP_LABELS,
             registry=self.registry,
         )
-        self._drop_series: set[tuple[str, str, str, str]] = set()
+        self._drop_series: set[tuple[str, str, str, str, str]] = set()
         self.jitter = Gauge(
             "hoptrace_segment_jitter_seconds",
             "Mean jitter of the segment's latency over the last closed 1 s window.",
@@ -143,9 +145,9 @@ class SegmentMetrics:
                 labels = (window.trace, window.segment)
                 self.latency.add_sorted(labels, window.values)
                 self.lost.labels(*labels).inc(window.loss_count)
-                for (node, reason), count in window.drops.items():
-                    self.drops.labels(*labels, node, reason).inc(count)
-                    self._drop_series.add((*labels, node, reason))
+                for (node, reason, function), count in window.drops.items():
+                    self.drops.labels(*labels, node, reason, function).inc(count)
+                    self._drop_series.add((*labels, node, reason, function))
                 self.jitter.labels(*labels).set(window.jitter_ns / 1e9)
                 self.below_bound.labels(*labels).set(1 if window.below_clock_bound else 0)
 

@@ -30,7 +30,7 @@ from hoptrace import kernel_abi
 from hoptrace.common.timeouts import scaled
 from hoptrace.spec import AttachPoint, CheckedSpec, tcp_tagging_enabled, udp_tagging_enabled
 from hoptrace.spec.actions import FIELD_NUMBERS
-from hoptrace.spec.drops import DROP_REASON_FIELD, drop_hops
+from hoptrace.spec.drops import DROP_FUNCTION_FIELD, DROP_REASON_FIELD, drop_hops
 from hoptrace.spec.events import CPU_KEY, function_source, latency_since
 from hoptrace.spec.workloads import attach_netns
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
@@ -258,8 +258,9 @@ def hop_attach(
 
 def drop_hop_attach(drop: trace_pb2.DropHop) -> agent_pb2.HopAttach:
     """A drop hop (``drops: true``) as its node's agent attaches it: skb:kfree_skb in its namespace, any
-    device, recording the reason of each of the trace's packets the kernel drops there. Only packets with
-    the trace's ID are recorded (hop_finish), so the hop costs the node's other drops a filter miss."""
+    device, recording the reason and the freeing function (its address, which the agent names) of each of
+    the trace's packets the kernel drops there. Only packets with the trace's ID are recorded (hop_finish),
+    so the hop costs the node's other drops a filter miss."""
     return agent_pb2.HopAttach(
         hop_index=drop.hop_index,
         name=drop.name,
@@ -268,7 +269,9 @@ def drop_hop_attach(drop: trace_pb2.DropHop) -> agent_pb2.HopAttach:
         netns=drop.netns,
         tracepoint_group="skb",
         tracepoint_event="kfree_skb",
-        actions=agent_pb2.HopActions(record=[FIELD_NUMBERS[DROP_REASON_FIELD]]),
+        actions=agent_pb2.HopActions(
+            record=[FIELD_NUMBERS[DROP_REASON_FIELD], FIELD_NUMBERS[DROP_FUNCTION_FIELD]]
+        ),
     )
 
 

@@ -6,7 +6,7 @@ JSON shape (a contract):
      "segments": [{"from", "to", "count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns", "incomplete",
                    "loss_count", "loss_rate", "tracer_lost", "before_attach", "jitter_ns", "jitter_p99_ns",
                    "same_node", "below_clock_bound", "clock_bound_ns",
-                   "drops": [{"node", "reason", "count"}]}],
+                   "drops": [{"node", "reason", "function", "count"}]}],
      "end_to_end": {same keys},
      "hops": [{"hop", "packets_per_s", "bytes_per_s", "counts", "histograms", "recorded", and "container",
                "pod" for a hop named by a workload}],
@@ -20,7 +20,8 @@ addresses (one in 64), "translations" where consecutive hops saw them differ (a 
 `translation_text` says one in a line. The numbers are raw: a cross-node latency within its clock bound may
 be negative. Readers show it through `latency_text`, which says "≤ ±BOUND" for it, and `most_time_text`
 names the segment with the largest p50. A trace with `drops: true` has each segment's lost packets that a
-node's kernel dropped in "drops", by node and reason (most first), which `loss_text` says in one line.
+node's kernel dropped in "drops", by node, reason and the kernel function that freed them (most first), which
+`loss_text` says in one line.
 "clock_jumps" are the path's nodes whose offset moved beyond their bounds within the range (oldest first),
 with the cross-node segments at that node, which `clock_jump_text` calls suspect in a note.
 """
@@ -53,15 +54,22 @@ def _stats_data(stats: api_pb2.SegmentStats) -> dict[str, Any]:
         "same_node": stats.same_node,
         "below_clock_bound": stats.below_clock_bound,
         "clock_bound_ns": stats.clock_bound_ns,
-        "drops": [{"node": d.node, "reason": d.reason, "count": d.count} for d in stats.drops],
+        "drops": [
+            {"node": d.node, "reason": d.reason, "function": d.function, "count": d.count}
+            for d in stats.drops
+        ],
     }
 
 
 def loss_text(segment: dict[str, Any]) -> str:
-    """A segment's loss and why, in one line: "lost 12: 9 NETFILTER_DROP on host-b, 3 NO_SOCKET on host-b",
-    with "N not seen dropped" for lost packets no kernel reported (and "lost 0" without loss)."""
+    """A segment's loss and why, in one line: "lost 12: 9 NETFILTER_DROP on host-b (nft_do_chain),
+    3 NO_SOCKET on host-b (__udp4_lib_rcv)", the kernel function that freed them in parentheses (none from
+    an older agent), with "N not seen dropped" for lost packets no kernel reported ("lost 0" without loss)."""
     lost = segment.get("loss_count", 0)
-    parts = [f"{d['count']} {d['reason']} on {d['node']}" for d in segment.get("drops", [])]
+    parts = [
+        f"{d['count']} {d['reason']} on {d['node']}" + (f" ({d['function']})" if d.get("function") else "")
+        for d in segment.get("drops", [])
+    ]
     unexplained = lost - sum(d["count"] for d in segment.get("drops", []))
     if parts and unexplained > 0:
         parts.append(f"{unexplained} not seen dropped")

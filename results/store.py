@@ -11,12 +11,12 @@ packets within each window (pairs across a window's edge are left out), `jitter_
 merged jitter sketch. `incomplete`, `packets`, `complete`, `loss_count`, `tracer_lost` and `before_attach`
 are sums over `segment_stats`; `loss_rate` = sum(loss_count) / sum(from_count); `same_node` is the last
 window's. A segment is `below_clock_bound` when at least half its packets were (its median latency is below
-the clocks' bound); its `drops` (a trace with `drops: true`) are the sums of `segment_drops` by node and
-reason, most first; its `clock_bound_ns` is the largest of its windows' (the sum of its two nodes' clock
-bounds; 0 on one node). Per hop, `packets_per_s` and `bytes_per_s` are the means of `hop_counters` over the
-seconds with traffic. Segments and hops come in path order (the given path, else the chain their from/to
-hops form). The numbers are raw: a cross-node latency within its clock bound may be negative (`report_view`
-says so).
+the clocks' bound); its `drops` (a trace with `drops: true`) are the sums of `segment_drops` by node,
+reason and kernel function, most first; its `clock_bound_ns` is the largest of its windows' (the sum of its
+two nodes' clock bounds; 0 on one node). Per hop, `packets_per_s` and `bytes_per_s` are the means of
+`hop_counters` over the seconds with traffic. Segments and hops come in path order (the given path, else the
+chain their from/to hops form). The numbers are raw: a cross-node latency within its clock bound may be
+negative (`report_view` says so).
 
 `node_clocks` reads each node's last `node_clock` point (and the last with a clock jump); a report's
 `clock_jumps` are the jumps within its range of the nodes its cross-node segments join (by `hop_counters`'
@@ -292,22 +292,23 @@ def _query_addresses(
 
 
 def _query_drops(q: Any, org: str, base: str, stats: dict[str, api_pb2.SegmentStats]) -> None:
-    """Each segment's lost packets that its nodes' kernels dropped (`segment_drops`), by node and reason,
-    most first (ties by node, then reason)."""
+    """Each segment's lost packets that its nodes' kernels dropped (`segment_drops`), by node, reason and
+    kernel function, most first (ties by node, reason, then function)."""
     summed = (
         f'{base} and r._measurement == "{SEGMENT_DROPS}" and r._field == "count")'
-        ' |> group(columns: ["segment", "node", "reason"]) |> sum()'
+        ' |> group(columns: ["segment", "node", "reason", "function"]) |> sum()'
     )
-    found: dict[str, dict[tuple[str, str], int]] = {}
+    found: dict[str, dict[tuple[str, str, str], int]] = {}
     for rec in records(q, org, summed):
         seg = rec.values.get("segment")
         if seg in stats:
-            key = (rec.values.get("node", ""), rec.values.get("reason", ""))
+            values = rec.values  # an older agent's points have no function: None here
+            key = (values.get("node") or "", values.get("reason") or "", values.get("function") or "")
             found.setdefault(seg, {})[key] = found.get(seg, {}).get(key, 0) + int(rec.get_value() or 0)
     for seg, counts in found.items():
-        for (node, reason), count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        for (node, reason, function), count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
             if count:
-                stats[seg].drops.add(node=node, reason=reason, count=count)
+                stats[seg].drops.add(node=node, reason=reason, count=count, function=function)
 
 
 def _hop_order(segments: list[api_pb2.SegmentStats]) -> list[str]:

@@ -67,6 +67,8 @@ FIELD_AVAILABILITY: dict[str, frozenset[str]] = {
     "pid": READ_FAMILIES | {"cgroup_skb"},
     # Narrowed by FIELD_POINTS below: the skb:kfree_skb tracepoint only.
     "drop_reason": frozenset({"tp_btf"}),
+    # Only drops: true's hops record it (DROPS_ONLY): the agent names the function, the report shows it.
+    "drop_function": frozenset({"tp_btf"}),
     "rmem": frozenset({"socket_read"}),
     "backlog": frozenset({"socket_read"}),
     "comm": READ_FAMILIES,
@@ -85,12 +87,19 @@ FIELD_POINTS: dict[str, tuple[Callable[[AttachPoint], bool], str]] = {
         lambda point: point.kind == "tp_btf" and (point.group, point.target) == ("skb", "kfree_skb"),
         "tracepoint:skb:kfree_skb hops (its reason argument)",
     ),
+    "drop_function": (
+        lambda point: point.kind == "tp_btf" and (point.group, point.target) == ("skb", "kfree_skb"),
+        "tracepoint:skb:kfree_skb hops (its location argument)",
+    ),
 }
 # A count is keyed by a discrete value; latency is a duration, only for histograms. A record needs no
 # latency either: the joined records' timestamps are each packet's latency already.
 HISTOGRAM_ONLY = frozenset({"latency"})
 # A name, not a number: a key to count by only (no log2 buckets, no sum).
 COUNT_ONLY = frozenset({"comm"})
+# Fields no action of a spec takes: drops: true's hops record the function that freed a lost packet, which
+# the agent names (never the kernel's address) and the report's drops show.
+DROPS_ONLY = frozenset({"drop_function"})
 # Families whose hops read the packet's bytes, where the capture action copies them from: not socket-read
 # and uprobe, which find a packet parsed earlier by its ID.
 CAPTURE_FAMILIES = ALL_FAMILIES
@@ -111,7 +120,7 @@ def field_available(name: str, family: str, point: AttachPoint | None = None) ->
 def available_fields(family: str, point: AttachPoint | None = None) -> list[str]:
     """The catalogue's fields a hop of this program family (and attach point) can give, in catalogue
     order."""
-    return [name for name in FIELDS if field_available(name, family, point)]
+    return [name for name in FIELDS if name not in DROPS_ONLY and field_available(name, family, point)]
 
 
 def _kind_and_args(value: Any) -> tuple[str | None, dict[str, Any], str | None]:
@@ -222,6 +231,8 @@ def action_to_data(action: trace_pb2.ActionSpec) -> Any:
 def _field_problem(name: str, family: str, kind: str, point: AttachPoint | None) -> str | None:
     if name not in FIELD_NUMBERS:
         return f"unknown field {name!r}; fields: {', '.join(FIELDS)}"
+    if name in DROPS_ONLY:
+        return f"field {name!r} is for drops: true, whose report names where the kernel freed lost packets"
     if kind == "count" and name in HISTOGRAM_ONLY:
         return f"field {name!r} is a duration: use histogram: {name}, not count by"
     if kind != "count" and name in COUNT_ONLY:

@@ -23,6 +23,8 @@ from hoptrace.spec.workloads import attach_netns
 from hoptrace.v1 import agent_pb2, counters_pb2, trace_pb2
 
 DROP_REASON_FIELD = "drop_reason"
+# skb:kfree_skb's location, which the agent names (kallsyms): the function that freed the packet.
+DROP_FUNCTION_FIELD = "drop_function"
 # skb:kfree_skb's reason argument: "net: skb: introduce kfree_skb_reason()" (5.17).
 MIN_KERNEL = "5.17"
 # Names of enum skb_drop_reason that are no drop: kfree_skb of a packet that was used (6.0+ fires

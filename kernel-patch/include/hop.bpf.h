@@ -544,7 +544,8 @@ struct hop_meta {
 	__u32 gso_size;
 	__u32 pid;
 	__u32 drop_reason;
-	__u32 task_pid; /* socket-read: the reader's tgid, recorded instead of the ifindex */
+	__u64 drop_location; /* skb:kfree_skb's location: the drop_function field */
+	__u32 task_pid;	     /* socket-read: the reader's tgid, recorded instead of the ifindex */
 	__u32 rmem;
 	__u32 backlog;
 	__u64 comm;
@@ -652,6 +653,8 @@ static __always_inline __u64 field_value(__u8 field, const struct pkt_info *p, _
 		return m->pid;
 	case HOPTRACE_FIELD_DROP_REASON:
 		return m->drop_reason;
+	case HOPTRACE_FIELD_DROP_FUNCTION:
+		return m->drop_location;
 	case HOPTRACE_FIELD_RMEM:
 		return m->rmem;
 	case HOPTRACE_FIELD_BACKLOG:
@@ -1174,7 +1177,8 @@ static __always_inline void pkt_copy_head(struct pkt_reader *r)
  * system-wide event cheap for the packets of other hops and other agents.
  */
 static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device *dev,
-					  __u32 drop_reason, bool btf, bool floor)
+					  __u32 drop_reason, void *drop_location, bool btf,
+					  bool floor)
 {
 	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
@@ -1228,6 +1232,7 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		}
 	}
 	m.drop_reason = drop_reason;
+	m.drop_location = (__u64)(long)drop_location;
 	/* the reader starts at the MAC header when the skb has one (ethertype 0), else at IP */
 	if (act_capture)
 		m.capture_l3 = ethertype;
@@ -1287,7 +1292,7 @@ static __always_inline int hop_kret_return(bool floor)
 	}
 	skb = (struct sk_buff *)(long)*skb_ptr;
 	bpf_map_delete_elem(&kret_skbs, &key);
-	return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false, floor);
+	return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, floor);
 }
 
 /* uprobe hops: the packet each thread read last at a socket-read hop, by
@@ -1741,11 +1746,11 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 #define HOPTRACE_PROG_TP_BTF                                                                       \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, true, false);                              \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false);                        \
 	}                                                                                          \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, true, true);                               \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true);                         \
 	}
 /* net:net_dev_xmit fires after the driver took the skb: a veth has already
  * moved it to its peer (__dev_forward_skb sets skb->dev), so the device is the
@@ -1754,28 +1759,29 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit, struct sk_buff *skb, int rc, struct net_device *dev)         \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, 0, true, false);                                   \
+		return hop_kernel_skb(skb, dev, 0, NULL, true, false);                             \
 	}                                                                                          \
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit_floor, struct sk_buff *skb, int rc, struct net_device *dev)   \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, 0, true, true);                                    \
+		return hop_kernel_skb(skb, dev, 0, NULL, true, true);                              \
 	}
-/* skb:kfree_skb with its drop reason (the drop_reason field): the event has the argument from 5.17
- * (TP_PROTO(skb, location, reason)); older kernels refuse this program, and their agents do not
- * report the field, so the dispatcher picks it only for a kfree_skb hop that reads the reason. */
+/* skb:kfree_skb with its drop reason (the drop_reason field) and where it was freed (location, the
+ * drop_function field): the event has the reason from 5.17 (TP_PROTO(skb, location, reason)); older
+ * kernels refuse this program, and their agents do not report the fields, so the dispatcher picks
+ * it only for a kfree_skb hop that reads the reason. */
 #define HOPTRACE_PROG_TP_BTF_KFREE                                                                 \
 	SEC("tp_btf/kfree_skb")                                                                    \
 	int BPF_PROG(hop_tp_btf_kfree, struct sk_buff *skb, void *location,                        \
 		     enum skb_drop_reason reason)                                                  \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, reason, true, false);                         \
+		return hop_kernel_skb(skb, skb->dev, reason, location, true, false);               \
 	}                                                                                          \
 	SEC("tp_btf/kfree_skb")                                                                    \
 	int BPF_PROG(hop_tp_btf_kfree_floor, struct sk_buff *skb, void *location,                  \
 		     enum skb_drop_reason reason)                                                  \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, reason, true, true);                          \
+		return hop_kernel_skb(skb, skb->dev, reason, location, true, true);                \
 	}
 /* socket-read (hop_sock_read above): one program per protocol, each on its
  * event. UDP's macro also defines the queue pair the agent runs instead on
@@ -1834,31 +1840,31 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, true, false);                              \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false);                        \
 	}                                                                                          \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, true, true);                               \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true);                         \
 	}
 #define HOPTRACE_PROG_KPROBE                                                                       \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe, struct sk_buff *skb)            \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false, false);              \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, false);        \
 	}                                                                                          \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe_floor, struct sk_buff *skb)      \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, false, true);               \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, true);         \
 	}
 /* fexit: the packet at the function's return (its arguments are still there; the skb is the
  * first). The agent retargets it (AttachTo), as fentry. */
 #define HOPTRACE_PROG_FEXIT                                                                        \
 	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit, struct sk_buff *skb)             \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, true, false);                              \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false);                        \
 	}                                                                                          \
 	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit_floor, struct sk_buff *skb)       \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, true, true);                               \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true);                         \
 	}
 /* kretprobe: the return (hop_kret_return) and its entry kprobe, both attached by the agent. */
 #define HOPTRACE_PROG_KRETPROBE                                                                    \

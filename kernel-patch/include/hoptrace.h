@@ -235,6 +235,12 @@ enum hoptrace_field {
 	/* socket-read and uprobe hops: the reading task's name (bpf_get_current_comm), its first
 	 * 8 bytes as a little-endian u64 (NUL-padded); a key of count by, shown as the name. */
 	HOPTRACE_FIELD_COMM,
+	/* skb:kfree_skb's location argument: the return address in the kernel function that freed
+	 * the packet (the caller of sk_skb_reason_drop). A drops: true hop records it beside
+	 * drop_reason; the agent gives its function's name instead (its /proc/kallsyms symbol:
+	 * record.FunctionID of the name in the value, the name beside it), never the address, which
+	 * KASLR randomizes. */
+	HOPTRACE_FIELD_DROP_FUNCTION,
 	HOPTRACE_FIELD_MAX,
 };
 

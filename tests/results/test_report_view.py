@@ -170,28 +170,29 @@ def test_lost_packets_say_where_and_why() -> None:
     report = api_pb2.Report(trace="t", packets=100, complete=84)
     wire = report.segments.add(to="b-in", count=87, loss_count=13, loss_rate=0.13)
     setattr(wire, "from", "a-out")  # noqa: B010 - `from` is a Python keyword
-    wire.drops.add(node="host-b", reason="NETFILTER_DROP", count=9)
-    wire.drops.add(node="host-a", reason="NETFILTER_DROP", count=1)
+    wire.drops.add(node="host-b", reason="NETFILTER_DROP", count=9, function="nft_do_chain")
+    wire.drops.add(node="host-a", reason="NETFILTER_DROP", count=1)  # an older agent: no function
     read = report.segments.add(to="b-read", count=84, loss_count=3, loss_rate=0.03)
     setattr(read, "from", "b-in")  # noqa: B010
-    read.drops.add(node="host-b", reason="NO_SOCKET", count=3)
+    read.drops.add(node="host-b", reason="NO_SOCKET", count=3, function="__udp4_lib_rcv")
     report.end_to_end.CopyFrom(api_pb2.SegmentStats(to="b-read", count=84, loss_count=16))
     setattr(report.end_to_end, "from", "a-out")  # noqa: B010
     data = report_from_proto(report)
     assert data["segments"][0]["drops"] == [
-        {"node": "host-b", "reason": "NETFILTER_DROP", "count": 9},
-        {"node": "host-a", "reason": "NETFILTER_DROP", "count": 1},
+        {"node": "host-b", "reason": "NETFILTER_DROP", "function": "nft_do_chain", "count": 9},
+        {"node": "host-a", "reason": "NETFILTER_DROP", "function": "", "count": 1},
     ]
     assert loss_text(data["segments"][0]) == (
-        "lost 13: 9 NETFILTER_DROP on host-b, 1 NETFILTER_DROP on host-a, 3 not seen dropped"
+        "lost 13: 9 NETFILTER_DROP on host-b (nft_do_chain), 1 NETFILTER_DROP on host-a, 3 not seen dropped"
     )
-    assert loss_text(data["segments"][1]) == "lost 3: 3 NO_SOCKET on host-b"
+    assert loss_text(data["segments"][1]) == "lost 3: 3 NO_SOCKET on host-b (__udp4_lib_rcv)"
     assert loss_text(data["end_to_end"]) == "lost 16"  # no drops end to end in this report
     lines = render_text(data).splitlines()
     start = lines.index("drops (where the kernel freed the lost packets, and why):")
     assert lines[start + 1 : start + 4] == [
-        "  a-out > b-in: lost 13: 9 NETFILTER_DROP on host-b, 1 NETFILTER_DROP on host-a, 3 not seen dropped",
-        "  b-in > b-read: lost 3: 3 NO_SOCKET on host-b",
+        "  a-out > b-in: lost 13: 9 NETFILTER_DROP on host-b (nft_do_chain), 1 NETFILTER_DROP on host-a,"
+        " 3 not seen dropped",
+        "  b-in > b-read: lost 3: 3 NO_SOCKET on host-b (__udp4_lib_rcv)",
         "  end to end: lost 16",
     ]
     report.segments[0].ClearField("drops")

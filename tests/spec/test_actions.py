@@ -91,6 +91,12 @@ def test_actions_round_trip() -> None:
             " tcp_flags, tcp_window",
         ),
         (
+            "{name: x, node: host-b, at: 'tracepoint:skb:kfree_skb',"
+            " actions: [timestamp, {record: [drop_reason, drop_function]}]}",
+            "hops[1].actions[1].record[1]: field 'drop_function' is for drops: true, whose report names where"
+            " the kernel freed lost packets",
+        ),
+        (
             "{name: x, node: host-b, at: xdp, dev: wire0, actions: [timestamp, {histogram: gso_size}]}",
             "hops[1].actions[1]: field 'gso_size' is not available at xdp hops;",
         ),

@@ -47,7 +47,10 @@ def test_drop_hops_follow_the_path_one_per_node_and_namespace() -> None:
                 "kfree_skb",
                 "",
             )
-            assert list(hop.actions.record) == [counters_pb2.FIELD_DROP_REASON]
+            assert list(hop.actions.record) == [
+                counters_pb2.FIELD_DROP_REASON,
+                counters_pb2.FIELD_DROP_FUNCTION,
+            ]
     # the stored spec (checked again without agents, at a restart) keeps its resolved names
     assert check_spec(checked.spec).spec.drop_hops == checked.spec.drop_hops
 

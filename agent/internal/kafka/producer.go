@@ -200,6 +200,11 @@ func SplitTrailersByPartition(trace string, records []byte, tr stream.Trailers, 
 			next[k] += tb.Size
 		}
 	}
+	for i := range out { // the few names of the batch's functions, with each part that has values
+		if len(out[i].Values) > 0 {
+			out[i].Functions = tr.Functions
+		}
+	}
 	return out
 }
 

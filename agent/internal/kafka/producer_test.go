@@ -80,7 +80,7 @@ func TestSplitTrailersByPartition(t *testing.T) {
 		ids[i] = 0x2a000000 | uint32(i*13)
 	}
 	recs := packed(ids)
-	var tr stream.Trailers
+	tr := stream.Trailers{Functions: map[uint64]string{7: "nft_do_chain"}}
 	for i := range ids {
 		off := i * record.Size
 		var flags uint16
@@ -146,6 +146,9 @@ func TestSplitTrailersByPartition(t *testing.T) {
 				nextCaptures += record.CaptureSize
 				withCaptures++
 			}
+		}
+		if len(trParts[p].Values) > 0 && trParts[p].Functions[7] != "nft_do_chain" {
+			t.Fatalf("partition %d: functions %v, want the batch's", p, trParts[p].Functions)
 		}
 		if nextCaptures != len(trParts[p].Captures) {
 			t.Fatalf("partition %d: %d capture bytes, %d used by its records", p, len(trParts[p].Captures), nextCaptures)

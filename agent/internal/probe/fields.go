@@ -16,7 +16,7 @@ import (
 // arrived later.
 func FieldRefusal(f record.ActionField) string {
 	switch f {
-	case record.FieldDropReason:
+	case record.FieldDropReason, record.FieldDropFunction: // the same program, skb:kfree_skb with its reason
 		return KfreeSkbReasonMissing()
 	case record.FieldPID:
 		if err := features.HaveProgramHelper(ebpf.CGroupSKB, asm.FnGetCurrentPidTgid); err != nil {

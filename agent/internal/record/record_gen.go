@@ -212,7 +212,8 @@ const (
 	FieldRmem         ActionField = 21
 	FieldBacklog      ActionField = 22
 	FieldComm         ActionField = 23
-	FieldMax          ActionField = 24
+	FieldDropFunction ActionField = 24
+	FieldMax          ActionField = 25
 )
 
 // FieldKeys names each field as specs, the collector and reports do, by value.
@@ -241,6 +242,7 @@ var FieldKeys = [FieldMax]string{
 	"rmem",
 	"backlog",
 	"comm",
+	"drop_function",
 }
 
 // EventOp is enum hoptrace_event_op: the operator of an event's where: term.

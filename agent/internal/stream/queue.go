@@ -26,6 +26,10 @@ type Trailers struct {
 	// Captures: one struct hoptrace_capture (record.CaptureSize bytes, zero past its captured
 	// bytes) per record with FlagCapture, in the order of those records (the capture action).
 	Captures []byte
+	// Functions names the kernel functions the values name by ID (record.FieldDropFunction:
+	// the Reader gives the function's ID in place of the kernel's address); nil for none.
+	// Shared, never written, once the batch is queued.
+	Functions map[uint64]string
 }
 
 // TrailerBuffer is one kind of trailer and the buffer of a Trailers that holds them.

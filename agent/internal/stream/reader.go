@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/hoptrace/hoptrace/agent/internal/clock"
+	"github.com/hoptrace/hoptrace/agent/internal/kallsyms"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
@@ -42,6 +43,10 @@ type Reader struct {
 	// Drain callers waiting for the read loop to reach their flush point.
 	drained []chan struct{}
 
+	// Functions names the kernel addresses of drop_function values (kallsyms.Kernel unless set
+	// before Start).
+	Functions FunctionNamer
+
 	read     atomic.Uint64
 	unrouted atomic.Uint64
 	// readUpTo: CLOCK_MONOTONIC when the last completed pass over the ring began: every record committed
@@ -53,6 +58,11 @@ type Reader struct {
 	closed   sync.Once
 	done     chan struct{}
 	runErr   error
+}
+
+// FunctionNamer names the kernel function holding an address (kallsyms.Namer).
+type FunctionNamer interface {
+	Function(addr uint64) kallsyms.Function
 }
 
 // NewReader opens a reader on the records ring buffer; batches go to out.
@@ -69,7 +79,7 @@ func NewReader(records *ebpf.Map, out Sink, maxRecords int, flushEvery time.Dura
 	}
 	r := &Reader{rd: rd, out: out, maxRecords: maxRecords, flushEvery: flushEvery,
 		routes: map[uint16]*route{}, wake: make(chan struct{}, 1), closing: make(chan struct{}),
-		done: make(chan struct{})}
+		done: make(chan struct{}), Functions: kallsyms.Kernel}
 	r.readUpTo.Store(clock.Monotonic())
 	return r, nil
 }
@@ -254,10 +264,34 @@ func (r *Reader) addLocked(raw []byte, last *routeCache) bool {
 	for _, tb := range rt.trailers.Buffers() {
 		*tb.Buf, off = appendTrailer(*tb.Buf, raw, off, tb.Trailer)
 	}
+	if record.ValuesTrailer.On(raw) {
+		r.nameFunctions(&rt.trailers, rt.trailers.Values[len(rt.trailers.Values)-record.ValuesSize:])
+	}
 	if len(rt.buf) >= r.maxRecords*record.Size {
 		r.flushLocked(slot, rt)
 	}
 	return true
+}
+
+// nameFunctions gives the drop_function values of one struct hoptrace_values (a drop hop's: where
+// the kernel freed the packet) their function's ID in place of the kernel's address, which never
+// leaves the node (KASLR), and the name beside it in tr.Functions; an address no function holds
+// becomes 0 (unknown).
+func (r *Reader) nameFunctions(tr *Trailers, values []byte) {
+	for i := range record.ValuesMax {
+		if record.ActionField(values[i]) != record.FieldDropFunction {
+			continue
+		}
+		at := 8 + 8*i // struct hoptrace_values: field[ValuesMax], count (u32), value[ValuesMax]
+		f := r.Functions.Function(binary.LittleEndian.Uint64(values[at:]))
+		binary.LittleEndian.PutUint64(values[at:], f.ID)
+		if f.ID != 0 {
+			if tr.Functions == nil {
+				tr.Functions = map[uint64]string{}
+			}
+			tr.Functions[f.ID] = f.Name
+		}
+	}
 }
 
 // appendTrailer appends the trailer t of the raw sample, found at off, when its record has it;

@@ -73,7 +73,7 @@ func (b *Batcher) Message(trace string, gen uint64, records []byte, tr stream.Tr
 	m := &pb.RecordBatch{Node: b.Node, Trace: trace, Generation: gen, BatchSeq: seq,
 		Records: records, RecordSize: record.Size, AgentDropped: b.Queue.Dropped(), Clock: clk}
 	if len(tr.Values) > 0 {
-		m.Values, m.ValueSize = tr.Values, record.ValuesSize
+		m.Values, m.ValueSize, m.Functions = tr.Values, record.ValuesSize, tr.Functions
 	}
 	if len(tr.Addresses) > 0 {
 		m.Addresses, m.AddressesSize = tr.Addresses, record.AddressesSize

@@ -44,7 +44,7 @@ func TestMessageClockAtRecordsMiddle(t *testing.T) {
 		return &pb.NodeClock{OffsetNs: 7}
 	}}
 	tr := stream.Trailers{Values: make([]byte, record.ValuesSize), Addresses: make([]byte, 2*record.AddressesSize),
-		Captures: make([]byte, 3*record.CaptureSize)}
+		Captures: make([]byte, 3*record.CaptureSize), Functions: map[uint64]string{7: "nft_do_chain"}}
 	m := b.Message("t", 3, packed(1000, 1500, 3000), tr, 42)
 	if len(asked) != 1 || asked[0] != 2000 {
 		t.Errorf("clock asked at %v, want [2000] (between the first and last record)", asked)
@@ -58,6 +58,9 @@ func TestMessageClockAtRecordsMiddle(t *testing.T) {
 	}
 	if m.GetValueSize() != record.ValuesSize || len(m.GetValues()) != record.ValuesSize {
 		t.Errorf("values %d bytes of size %d", len(m.GetValues()), m.GetValueSize())
+	}
+	if len(m.GetFunctions()) != 1 || m.GetFunctions()[7] != "nft_do_chain" {
+		t.Errorf("functions %v, want the values' names", m.GetFunctions())
 	}
 	if m.GetAddressesSize() != record.AddressesSize || len(m.GetAddresses()) != 2*record.AddressesSize {
 		t.Errorf("addresses %d bytes of size %d", len(m.GetAddresses()), m.GetAddressesSize())

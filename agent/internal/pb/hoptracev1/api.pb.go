@@ -1780,14 +1780,19 @@ func (x *SegmentStats) GetDrops() []*DropCount {
 	return nil
 }
 
-// Lost packets a node's kernel reported dropping, for one reason.
+// Lost packets a node's kernel reported dropping, for one reason, at one
+// kernel function.
 type DropCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// enum skb_drop_reason's name on that node's kernel, without the
 	// SKB_DROP_REASON_ prefix, e.g. "NETFILTER_DROP", "NO_SOCKET".
-	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
-	Count         uint64 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	Count  uint64 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	// The kernel function that freed them (skb:kfree_skb's location, named
+	// from the node's /proc/kallsyms), e.g. "nft_do_chain"; "unknown" where
+	// the node's agent could not read kallsyms, "" from an older agent.
+	Function      string `protobuf:"bytes,4,opt,name=function,proto3" json:"function,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1841,6 +1846,13 @@ func (x *DropCount) GetCount() uint64 {
 		return x.Count
 	}
 	return 0
+}
+
+func (x *DropCount) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
 }
 
 type HopThroughput struct {
@@ -3836,11 +3848,12 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\tsame_node\x18\x11 \x01(\bR\bsameNode\x12$\n" +
 	"\x0eclock_bound_ns\x18\x12 \x01(\x03R\fclockBoundNs\x12#\n" +
 	"\rbefore_attach\x18\x13 \x01(\x04R\fbeforeAttach\x12,\n" +
-	"\x05drops\x18\x14 \x03(\v2\x16.hoptrace.v1.DropCountR\x05drops\"M\n" +
+	"\x05drops\x18\x14 \x03(\v2\x16.hoptrace.v1.DropCountR\x05drops\"i\n" +
 	"\tDropCount\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
-	"\x05count\x18\x03 \x01(\x04R\x05count\"\xb5\x02\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\x12\x1a\n" +
+	"\bfunction\x18\x04 \x01(\tR\bfunction\"\xb5\x02\n" +
 	"\rHopThroughput\x12\x10\n" +
 	"\x03hop\x18\x01 \x01(\tR\x03hop\x12\"\n" +
 	"\rpackets_per_s\x18\x02 \x01(\x01R\vpacketsPerS\x12\x1e\n" +

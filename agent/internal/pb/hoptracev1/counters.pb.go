@@ -143,6 +143,7 @@ const (
 	Field_FIELD_RMEM          Field = 21
 	Field_FIELD_BACKLOG       Field = 22
 	Field_FIELD_COMM          Field = 23
+	Field_FIELD_DROP_FUNCTION Field = 24
 )
 
 // Enum value maps for Field.
@@ -172,6 +173,7 @@ var (
 		21: "FIELD_RMEM",
 		22: "FIELD_BACKLOG",
 		23: "FIELD_COMM",
+		24: "FIELD_DROP_FUNCTION",
 	}
 	Field_value = map[string]int32{
 		"FIELD_UNSPECIFIED":   0,
@@ -198,6 +200,7 @@ var (
 		"FIELD_RMEM":          21,
 		"FIELD_BACKLOG":       22,
 		"FIELD_COMM":          23,
+		"FIELD_DROP_FUNCTION": 24,
 	}
 )
 
@@ -363,7 +366,7 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"\x12COUNTER_TAG_FAILED\x10\r\x12\x18\n" +
 	"\x14COUNTER_LATENCY_MISS\x10\x0e\x12\x1b\n" +
 	"\x17COUNTER_COUNT_KEYS_FULL\x10\x0f\x12\x1a\n" +
-	"\x16COUNTER_SOCK_READ_LOST\x10\x10*\xc3\x03\n" +
+	"\x16COUNTER_SOCK_READ_LOST\x10\x10*\xdc\x03\n" +
 	"\x05Field\x12\x15\n" +
 	"\x11FIELD_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tFIELD_CPU\x10\x01\x12\r\n" +
@@ -392,7 +395,8 @@ const file_hoptrace_v1_counters_proto_rawDesc = "" +
 	"FIELD_RMEM\x10\x15\x12\x11\n" +
 	"\rFIELD_BACKLOG\x10\x16\x12\x0e\n" +
 	"\n" +
-	"FIELD_COMM\x10\x17*\x8a\x01\n" +
+	"FIELD_COMM\x10\x17\x12\x17\n" +
+	"\x13FIELD_DROP_FUNCTION\x10\x18*\x8a\x01\n" +
 	"\aEventOp\x12\x18\n" +
 	"\x14EVENT_OP_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vEVENT_OP_EQ\x10\x01\x12\x0f\n" +

@@ -61,8 +61,14 @@ type RecordBatch struct {
 	// (kernel-patch/include/hoptrace.h, capture_size bytes, little-endian; the
 	// bytes past its captured are zero) per record whose flags has
 	// HOPTRACE_F_CAPTURE, in the order of those records.
-	Captures      []byte `protobuf:"bytes,16,opt,name=captures,proto3" json:"captures,omitempty"`
-	CaptureSize   uint32 `protobuf:"varint,17,opt,name=capture_size,json=captureSize,proto3" json:"capture_size,omitempty"`
+	Captures    []byte `protobuf:"bytes,16,opt,name=captures,proto3" json:"captures,omitempty"`
+	CaptureSize uint32 `protobuf:"varint,17,opt,name=capture_size,json=captureSize,proto3" json:"capture_size,omitempty"`
+	// Names of the kernel functions the batch's values name, by the ID that
+	// stands in a value for the function (FIELD_DROP_FUNCTION: where the
+	// kernel freed a dropped packet). The agent writes the ID (FNV-1a 64 of
+	// the name) instead of the kernel's address, which KASLR randomizes; a
+	// value 0 names no function the agent could find ("unknown").
+	Functions     map[uint64]string `protobuf:"bytes,18,rep,name=functions,proto3" json:"functions,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -214,6 +220,13 @@ func (x *RecordBatch) GetCaptureSize() uint32 {
 		return x.CaptureSize
 	}
 	return 0
+}
+
+func (x *RecordBatch) GetFunctions() map[uint64]string {
+	if x != nil {
+		return x.Functions
+	}
+	return nil
 }
 
 // One event probe's count and histogram, cumulative since it was attached.
@@ -767,7 +780,7 @@ var File_hoptrace_v1_records_proto protoreflect.FileDescriptor
 
 const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\n" +
-	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\xc8\x04\n" +
+	"\x19hoptrace/v1/records.proto\x12\vhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\xcd\x05\n" +
 	"\vRecordBatch\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05trace\x18\x02 \x01(\tR\x05trace\x12\x1e\n" +
@@ -790,7 +803,11 @@ const file_hoptrace_v1_records_proto_rawDesc = "" +
 	"\taddresses\x18\x0e \x01(\fR\taddresses\x12%\n" +
 	"\x0eaddresses_size\x18\x0f \x01(\rR\raddressesSize\x12\x1a\n" +
 	"\bcaptures\x18\x10 \x01(\fR\bcaptures\x12!\n" +
-	"\fcapture_size\x18\x11 \x01(\rR\vcaptureSize\"\xdf\x03\n" +
+	"\fcapture_size\x18\x11 \x01(\rR\vcaptureSize\x12E\n" +
+	"\tfunctions\x18\x12 \x03(\v2'.hoptrace.v1.RecordBatch.FunctionsEntryR\tfunctions\x1a<\n" +
+	"\x0eFunctionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdf\x03\n" +
 	"\vEventValues\x12\x1f\n" +
 	"\vevent_index\x18\x01 \x01(\rR\n" +
 	"eventIndex\x12\x14\n" +
@@ -859,7 +876,7 @@ func file_hoptrace_v1_records_proto_rawDescGZIP() []byte {
 	return file_hoptrace_v1_records_proto_rawDescData
 }
 
-var file_hoptrace_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_hoptrace_v1_records_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_hoptrace_v1_records_proto_goTypes = []any{
 	(*RecordBatch)(nil),           // 0: hoptrace.v1.RecordBatch
 	(*EventValues)(nil),           // 1: hoptrace.v1.EventValues
@@ -868,30 +885,32 @@ var file_hoptrace_v1_records_proto_goTypes = []any{
 	(*HopActionValues)(nil),       // 4: hoptrace.v1.HopActionValues
 	(*NodeClock)(nil),             // 5: hoptrace.v1.NodeClock
 	(*StreamSummary)(nil),         // 6: hoptrace.v1.StreamSummary
-	nil,                           // 7: hoptrace.v1.EventValues.CountsEntry
-	nil,                           // 8: hoptrace.v1.HopActionValues.CountsEntry
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
-	(Field)(0),                    // 10: hoptrace.v1.Field
+	nil,                           // 7: hoptrace.v1.RecordBatch.FunctionsEntry
+	nil,                           // 8: hoptrace.v1.EventValues.CountsEntry
+	nil,                           // 9: hoptrace.v1.HopActionValues.CountsEntry
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(Field)(0),                    // 11: hoptrace.v1.Field
 }
 var file_hoptrace_v1_records_proto_depIdxs = []int32{
 	3,  // 0: hoptrace.v1.RecordBatch.counters:type_name -> hoptrace.v1.HopCounters
 	5,  // 1: hoptrace.v1.RecordBatch.clock:type_name -> hoptrace.v1.NodeClock
 	1,  // 2: hoptrace.v1.RecordBatch.events:type_name -> hoptrace.v1.EventValues
-	9,  // 3: hoptrace.v1.EventValues.at:type_name -> google.protobuf.Timestamp
-	7,  // 4: hoptrace.v1.EventValues.counts:type_name -> hoptrace.v1.EventValues.CountsEntry
-	2,  // 5: hoptrace.v1.EventValues.recorded:type_name -> hoptrace.v1.EventRecorded
-	9,  // 6: hoptrace.v1.HopCounters.at:type_name -> google.protobuf.Timestamp
-	4,  // 7: hoptrace.v1.HopCounters.actions:type_name -> hoptrace.v1.HopActionValues
-	10, // 8: hoptrace.v1.HopActionValues.count_by:type_name -> hoptrace.v1.Field
-	8,  // 9: hoptrace.v1.HopActionValues.counts:type_name -> hoptrace.v1.HopActionValues.CountsEntry
-	10, // 10: hoptrace.v1.HopActionValues.histogram:type_name -> hoptrace.v1.Field
-	0,  // 11: hoptrace.v1.Collector.StreamRecords:input_type -> hoptrace.v1.RecordBatch
-	6,  // 12: hoptrace.v1.Collector.StreamRecords:output_type -> hoptrace.v1.StreamSummary
-	12, // [12:13] is the sub-list for method output_type
-	11, // [11:12] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 3: hoptrace.v1.RecordBatch.functions:type_name -> hoptrace.v1.RecordBatch.FunctionsEntry
+	10, // 4: hoptrace.v1.EventValues.at:type_name -> google.protobuf.Timestamp
+	8,  // 5: hoptrace.v1.EventValues.counts:type_name -> hoptrace.v1.EventValues.CountsEntry
+	2,  // 6: hoptrace.v1.EventValues.recorded:type_name -> hoptrace.v1.EventRecorded
+	10, // 7: hoptrace.v1.HopCounters.at:type_name -> google.protobuf.Timestamp
+	4,  // 8: hoptrace.v1.HopCounters.actions:type_name -> hoptrace.v1.HopActionValues
+	11, // 9: hoptrace.v1.HopActionValues.count_by:type_name -> hoptrace.v1.Field
+	9,  // 10: hoptrace.v1.HopActionValues.counts:type_name -> hoptrace.v1.HopActionValues.CountsEntry
+	11, // 11: hoptrace.v1.HopActionValues.histogram:type_name -> hoptrace.v1.Field
+	0,  // 12: hoptrace.v1.Collector.StreamRecords:input_type -> hoptrace.v1.RecordBatch
+	6,  // 13: hoptrace.v1.Collector.StreamRecords:output_type -> hoptrace.v1.StreamSummary
+	13, // [13:14] is the sub-list for method output_type
+	12, // [12:13] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_hoptrace_v1_records_proto_init() }
@@ -906,7 +925,7 @@ func file_hoptrace_v1_records_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_hoptrace_v1_records_proto_rawDesc), len(file_hoptrace_v1_records_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

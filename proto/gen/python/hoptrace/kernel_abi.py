@@ -148,6 +148,7 @@ FIELDS = (
     "rmem",
     "backlog",
     "comm",
+    "drop_function",
 )
 
 # enum hoptrace_event_op: event where: operators by value ("none" = 0).

@@ -318,14 +318,16 @@ class SegmentStats(_message.Message):
     def __init__(self, to: _Optional[str] = ..., count: _Optional[int] = ..., mean_ns: _Optional[float] = ..., p50_ns: _Optional[int] = ..., p90_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., max_ns: _Optional[int] = ..., incomplete: _Optional[int] = ..., loss_count: _Optional[int] = ..., loss_rate: _Optional[float] = ..., jitter_ns: _Optional[float] = ..., jitter_p99_ns: _Optional[float] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., below_clock_bound: bool = ..., tracer_lost: _Optional[int] = ..., same_node: bool = ..., clock_bound_ns: _Optional[int] = ..., before_attach: _Optional[int] = ..., drops: _Optional[_Iterable[_Union[DropCount, _Mapping]]] = ..., **kwargs) -> None: ...
 
 class DropCount(_message.Message):
-    __slots__ = ("node", "reason", "count")
+    __slots__ = ("node", "reason", "count", "function")
     NODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
     node: str
     reason: str
     count: int
-    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+    function: str
+    def __init__(self, node: _Optional[str] = ..., reason: _Optional[str] = ..., count: _Optional[int] = ..., function: _Optional[str] = ...) -> None: ...
 
 class HopThroughput(_message.Message):
     __slots__ = ("hop", "packets_per_s", "bytes_per_s", "counts", "histograms", "recorded", "container", "pod")

@@ -50,6 +50,7 @@ class Field(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FIELD_RMEM: _ClassVar[Field]
     FIELD_BACKLOG: _ClassVar[Field]
     FIELD_COMM: _ClassVar[Field]
+    FIELD_DROP_FUNCTION: _ClassVar[Field]
 
 class EventOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -107,6 +108,7 @@ FIELD_TCP_ACK: Field
 FIELD_RMEM: Field
 FIELD_BACKLOG: Field
 FIELD_COMM: Field
+FIELD_DROP_FUNCTION: Field
 EVENT_OP_UNSPECIFIED: EventOp
 EVENT_OP_EQ: EventOp
 EVENT_OP_NE: EventOp

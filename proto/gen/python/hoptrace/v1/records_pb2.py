@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from hoptrace.v1 import counters_pb2 as hoptrace_dot_v1_dot_counters__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19hoptrace/v1/records.proto\x12\x0bhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\x98\x03\n\x0bRecordBatch\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05trace\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x11\n\tbatch_seq\x18\x04 \x01(\x04\x12\x0f\n\x07records\x18\x05 \x01(\x0c\x12\x13\n\x0brecord_size\x18\x06 \x01(\r\x12*\n\x08\x63ounters\x18\x07 \x03(\x0b\x32\x18.hoptrace.v1.HopCounters\x12\x15\n\ragent_dropped\x18\x08 \x01(\x04\x12%\n\x05\x63lock\x18\t \x01(\x0b\x32\x16.hoptrace.v1.NodeClock\x12\x14\n\x0cwatermark_ns\x18\n \x01(\x03\x12(\n\x06\x65vents\x18\x0b \x03(\x0b\x32\x18.hoptrace.v1.EventValues\x12\x0e\n\x06values\x18\x0c \x01(\x0c\x12\x12\n\nvalue_size\x18\r \x01(\r\x12\x11\n\taddresses\x18\x0e \x01(\x0c\x12\x16\n\x0e\x61\x64\x64resses_size\x18\x0f \x01(\r\x12\x10\n\x08\x63\x61ptures\x18\x10 \x01(\x0c\x12\x14\n\x0c\x63\x61pture_size\x18\x11 \x01(\r\"\xe8\x02\n\x0b\x45ventValues\x12\x13\n\x0b\x65vent_index\x18\x01 \x01(\r\x12\r\n\x05\x65vent\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63ount_by\x18\x04 \x01(\t\x12\x34\n\x06\x63ounts\x18\x05 \x03(\x0b\x32$.hoptrace.v1.EventValues.CountsEntry\x12\r\n\x05\x63ount\x18\x06 \x01(\x08\x12\x11\n\thistogram\x18\x07 \x01(\t\x12\x0f\n\x07\x62uckets\x18\x08 \x03(\x04\x12\x0c\n\x04seen\x18\t \x01(\x04\x12\x0f\n\x07matched\x18\n \x01(\x04\x12,\n\x08recorded\x18\x0b \x03(\x0b\x32\x1a.hoptrace.v1.EventRecorded\x12\x16\n\x0elatency_missed\x18\x0c \x01(\x04\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"p\n\rEventRecorded\x12\x0b\n\x03\x61rg\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x0b\n\x03sum\x18\x03 \x01(\x01\x12\x0b\n\x03min\x18\x04 \x01(\x03\x12\x0b\n\x03max\x18\x05 \x01(\x03\x12\x0c\n\x04last\x18\x06 \x01(\x03\x12\x0e\n\x06signed\x18\x07 \x01(\x08\"\xaf\x01\n\x0bHopCounters\x12\x11\n\thop_index\x18\x01 \x01(\r\x12\x0b\n\x03hop\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06values\x18\x12 \x03(\x04\x12-\n\x07\x61\x63tions\x18\x13 \x01(\x0b\x32\x1c.hoptrace.v1.HopActionValues\x12\x13\n\x0b\x61ttached_ns\x18\x14 \x01(\x03J\x04\x08\x04\x10\x12\"\xe7\x01\n\x0fHopActionValues\x12\r\n\x05\x63ount\x18\x01 \x01(\x08\x12$\n\x08\x63ount_by\x18\x02 \x01(\x0e\x32\x12.hoptrace.v1.Field\x12\x38\n\x06\x63ounts\x18\x03 \x03(\x0b\x32(.hoptrace.v1.HopActionValues.CountsEntry\x12%\n\thistogram\x18\x04 \x01(\x0e\x32\x12.hoptrace.v1.Field\x12\x0f\n\x07\x62uckets\x18\x05 \x03(\x04\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x8e\x01\n\tNodeClock\x12 \n\x18monotonic_to_realtime_ns\x18\x01 \x01(\x03\x12\x11\n\toffset_ns\x18\x02 \x01(\x03\x12\x10\n\x08\x62ound_ns\x18\x03 \x01(\x03\x12\x11\n\tdrift_ppm\x18\x04 \x01(\x01\x12\x10\n\x08\x64\x65lay_ns\x18\x05 \x01(\x03\x12\x15\n\rsampled_at_ns\x18\x06 \x01(\x03\"1\n\rStreamSummary\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x04\x12\x0f\n\x07records\x18\x02 \x01(\x04\x32T\n\tCollector\x12G\n\rStreamRecords\x12\x18.hoptrace.v1.RecordBatch\x1a\x1a.hoptrace.v1.StreamSummary(\x01\x42\x46ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19hoptrace/v1/records.proto\x12\x0bhoptrace.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1ahoptrace/v1/counters.proto\"\x86\x04\n\x0bRecordBatch\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05trace\x18\x02 \x01(\t\x12\x12\n\ngeneration\x18\x03 \x01(\x04\x12\x11\n\tbatch_seq\x18\x04 \x01(\x04\x12\x0f\n\x07records\x18\x05 \x01(\x0c\x12\x13\n\x0brecord_size\x18\x06 \x01(\r\x12*\n\x08\x63ounters\x18\x07 \x03(\x0b\x32\x18.hoptrace.v1.HopCounters\x12\x15\n\ragent_dropped\x18\x08 \x01(\x04\x12%\n\x05\x63lock\x18\t \x01(\x0b\x32\x16.hoptrace.v1.NodeClock\x12\x14\n\x0cwatermark_ns\x18\n \x01(\x03\x12(\n\x06\x65vents\x18\x0b \x03(\x0b\x32\x18.hoptrace.v1.EventValues\x12\x0e\n\x06values\x18\x0c \x01(\x0c\x12\x12\n\nvalue_size\x18\r \x01(\r\x12\x11\n\taddresses\x18\x0e \x01(\x0c\x12\x16\n\x0e\x61\x64\x64resses_size\x18\x0f \x01(\r\x12\x10\n\x08\x63\x61ptures\x18\x10 \x01(\x0c\x12\x14\n\x0c\x63\x61pture_size\x18\x11 \x01(\r\x12:\n\tfunctions\x18\x12 \x03(\x0b\x32\'.hoptrace.v1.RecordBatch.FunctionsEntry\x1a\x30\n\x0e\x46unctionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe8\x02\n\x0b\x45ventValues\x12\x13\n\x0b\x65vent_index\x18\x01 \x01(\r\x12\r\n\x05\x65vent\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63ount_by\x18\x04 \x01(\t\x12\x34\n\x06\x63ounts\x18\x05 \x03(\x0b\x32$.hoptrace.v1.EventValues.CountsEntry\x12\r\n\x05\x63ount\x18\x06 \x01(\x08\x12\x11\n\thistogram\x18\x07 \x01(\t\x12\x0f\n\x07\x62uckets\x18\x08 \x03(\x04\x12\x0c\n\x04seen\x18\t \x01(\x04\x12\x0f\n\x07matched\x18\n \x01(\x04\x12,\n\x08recorded\x18\x0b \x03(\x0b\x32\x1a.hoptrace.v1.EventRecorded\x12\x16\n\x0elatency_missed\x18\x0c \x01(\x04\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"p\n\rEventRecorded\x12\x0b\n\x03\x61rg\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\x12\x0b\n\x03sum\x18\x03 \x01(\x01\x12\x0b\n\x03min\x18\x04 \x01(\x03\x12\x0b\n\x03max\x18\x05 \x01(\x03\x12\x0c\n\x04last\x18\x06 \x01(\x03\x12\x0e\n\x06signed\x18\x07 \x01(\x08\"\xaf\x01\n\x0bHopCounters\x12\x11\n\thop_index\x18\x01 \x01(\r\x12\x0b\n\x03hop\x18\x02 \x01(\t\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06values\x18\x12 \x03(\x04\x12-\n\x07\x61\x63tions\x18\x13 \x01(\x0b\x32\x1c.hoptrace.v1.HopActionValues\x12\x13\n\x0b\x61ttached_ns\x18\x14 \x01(\x03J\x04\x08\x04\x10\x12\"\xe7\x01\n\x0fHopActionValues\x12\r\n\x05\x63ount\x18\x01 \x01(\x08\x12$\n\x08\x63ount_by\x18\x02 \x01(\x0e\x32\x12.hoptrace.v1.Field\x12\x38\n\x06\x63ounts\x18\x03 \x03(\x0b\x32(.hoptrace.v1.HopActionValues.CountsEntry\x12%\n\thistogram\x18\x04 \x01(\x0e\x32\x12.hoptrace.v1.Field\x12\x0f\n\x07\x62uckets\x18\x05 \x03(\x04\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x8e\x01\n\tNodeClock\x12 \n\x18monotonic_to_realtime_ns\x18\x01 \x01(\x03\x12\x11\n\toffset_ns\x18\x02 \x01(\x03\x12\x10\n\x08\x62ound_ns\x18\x03 \x01(\x03\x12\x11\n\tdrift_ppm\x18\x04 \x01(\x01\x12\x10\n\x08\x64\x65lay_ns\x18\x05 \x01(\x03\x12\x15\n\rsampled_at_ns\x18\x06 \x01(\x03\"1\n\rStreamSummary\x12\x0f\n\x07\x62\x61tches\x18\x01 \x01(\x04\x12\x0f\n\x07records\x18\x02 \x01(\x04\x32T\n\tCollector\x12G\n\rStreamRecords\x12\x18.hoptrace.v1.RecordBatch\x1a\x1a.hoptrace.v1.StreamSummary(\x01\x42\x46ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,28 +34,32 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'hoptrace.v1.records_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZDgithub.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1;hoptracev1'
+  _globals['_RECORDBATCH_FUNCTIONSENTRY']._loaded_options = None
+  _globals['_RECORDBATCH_FUNCTIONSENTRY']._serialized_options = b'8\001'
   _globals['_EVENTVALUES_COUNTSENTRY']._loaded_options = None
   _globals['_EVENTVALUES_COUNTSENTRY']._serialized_options = b'8\001'
   _globals['_HOPACTIONVALUES_COUNTSENTRY']._loaded_options = None
   _globals['_HOPACTIONVALUES_COUNTSENTRY']._serialized_options = b'8\001'
   _globals['_RECORDBATCH']._serialized_start=104
-  _globals['_RECORDBATCH']._serialized_end=512
-  _globals['_EVENTVALUES']._serialized_start=515
-  _globals['_EVENTVALUES']._serialized_end=875
-  _globals['_EVENTVALUES_COUNTSENTRY']._serialized_start=830
-  _globals['_EVENTVALUES_COUNTSENTRY']._serialized_end=875
-  _globals['_EVENTRECORDED']._serialized_start=877
-  _globals['_EVENTRECORDED']._serialized_end=989
-  _globals['_HOPCOUNTERS']._serialized_start=992
-  _globals['_HOPCOUNTERS']._serialized_end=1167
-  _globals['_HOPACTIONVALUES']._serialized_start=1170
-  _globals['_HOPACTIONVALUES']._serialized_end=1401
-  _globals['_HOPACTIONVALUES_COUNTSENTRY']._serialized_start=830
-  _globals['_HOPACTIONVALUES_COUNTSENTRY']._serialized_end=875
-  _globals['_NODECLOCK']._serialized_start=1404
-  _globals['_NODECLOCK']._serialized_end=1546
-  _globals['_STREAMSUMMARY']._serialized_start=1548
-  _globals['_STREAMSUMMARY']._serialized_end=1597
-  _globals['_COLLECTOR']._serialized_start=1599
-  _globals['_COLLECTOR']._serialized_end=1683
+  _globals['_RECORDBATCH']._serialized_end=622
+  _globals['_RECORDBATCH_FUNCTIONSENTRY']._serialized_start=574
+  _globals['_RECORDBATCH_FUNCTIONSENTRY']._serialized_end=622
+  _globals['_EVENTVALUES']._serialized_start=625
+  _globals['_EVENTVALUES']._serialized_end=985
+  _globals['_EVENTVALUES_COUNTSENTRY']._serialized_start=940
+  _globals['_EVENTVALUES_COUNTSENTRY']._serialized_end=985
+  _globals['_EVENTRECORDED']._serialized_start=987
+  _globals['_EVENTRECORDED']._serialized_end=1099
+  _globals['_HOPCOUNTERS']._serialized_start=1102
+  _globals['_HOPCOUNTERS']._serialized_end=1277
+  _globals['_HOPACTIONVALUES']._serialized_start=1280
+  _globals['_HOPACTIONVALUES']._serialized_end=1511
+  _globals['_HOPACTIONVALUES_COUNTSENTRY']._serialized_start=940
+  _globals['_HOPACTIONVALUES_COUNTSENTRY']._serialized_end=985
+  _globals['_NODECLOCK']._serialized_start=1514
+  _globals['_NODECLOCK']._serialized_end=1656
+  _globals['_STREAMSUMMARY']._serialized_start=1658
+  _globals['_STREAMSUMMARY']._serialized_end=1707
+  _globals['_COLLECTOR']._serialized_start=1709
+  _globals['_COLLECTOR']._serialized_end=1793
 # @@protoc_insertion_point(module_scope)

@@ -11,7 +11,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RecordBatch(_message.Message):
-    __slots__ = ("node", "trace", "generation", "batch_seq", "records", "record_size", "counters", "agent_dropped", "clock", "watermark_ns", "events", "values", "value_size", "addresses", "addresses_size", "captures", "capture_size")
+    __slots__ = ("node", "trace", "generation", "batch_seq", "records", "record_size", "counters", "agent_dropped", "clock", "watermark_ns", "events", "values", "value_size", "addresses", "addresses_size", "captures", "capture_size", "functions")
+    class FunctionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
     NODE_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +36,7 @@ class RecordBatch(_message.Message):
     ADDRESSES_SIZE_FIELD_NUMBER: _ClassVar[int]
     CAPTURES_FIELD_NUMBER: _ClassVar[int]
     CAPTURE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTIONS_FIELD_NUMBER: _ClassVar[int]
     node: str
     trace: str
     generation: int
@@ -46,7 +54,8 @@ class RecordBatch(_message.Message):
     addresses_size: int
     captures: bytes
     capture_size: int
-    def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ..., events: _Optional[_Iterable[_Union[EventValues, _Mapping]]] = ..., values: _Optional[bytes] = ..., value_size: _Optional[int] = ..., addresses: _Optional[bytes] = ..., addresses_size: _Optional[int] = ..., captures: _Optional[bytes] = ..., capture_size: _Optional[int] = ...) -> None: ...
+    functions: _containers.ScalarMap[int, str]
+    def __init__(self, node: _Optional[str] = ..., trace: _Optional[str] = ..., generation: _Optional[int] = ..., batch_seq: _Optional[int] = ..., records: _Optional[bytes] = ..., record_size: _Optional[int] = ..., counters: _Optional[_Iterable[_Union[HopCounters, _Mapping]]] = ..., agent_dropped: _Optional[int] = ..., clock: _Optional[_Union[NodeClock, _Mapping]] = ..., watermark_ns: _Optional[int] = ..., events: _Optional[_Iterable[_Union[EventValues, _Mapping]]] = ..., values: _Optional[bytes] = ..., value_size: _Optional[int] = ..., addresses: _Optional[bytes] = ..., addresses_size: _Optional[int] = ..., captures: _Optional[bytes] = ..., capture_size: _Optional[int] = ..., functions: _Optional[_Mapping[int, str]] = ...) -> None: ...
 
 class EventValues(_message.Message):
     __slots__ = ("event_index", "event", "at", "count_by", "counts", "count", "histogram", "buckets", "seen", "matched", "recorded", "latency_missed")
