@@ -3,8 +3,9 @@
 An agent with `--out FILE` (standalone, `hoptrace-agent run --plan`, or beside its collector stream) writes
 what it would stream as JSON lines (docs/design.md, "Standalone agent"): a `trace` line naming the trace's
 hops on its node, `clock` lines (the node's monotonic->realtime mapping and, with a time service, its Cristian
-offset and bound) before the records they place, `record` lines with the record action's values and the
-addresses a hop saw, and once a second a heartbeat's `counters` (with the file's watermark) and `event` lines.
+offset and bound) before the records they place, `record` lines with the record action's values (and the
+names of the kernel functions they name), the addresses a hop saw and the capture action's bytes, and once a
+second a heartbeat's `counters` (with the file's watermark) and `event` lines.
 
 Each file is read twice. `AgentFile.batches` turns it into the collector's own `DecodedBatch`es, each with the
 clock in force, exactly as a `RecordBatch` would decode (`records.decode_batch`). The first pass only checks:
@@ -39,7 +40,10 @@ from hoptrace.collector.influx import InfluxConfig, InfluxExporter, ensure_datab
 from hoptrace.collector.join import JoinConfig
 from hoptrace.collector.pipeline import CollectorPipeline
 from hoptrace.collector.records import (
+    CAPTURE_MAX,
     TS_NS,
+    Capture,
+    CapturedRecord,
     DecodedBatch,
     DescribedRecord,
     FiveTuple,
@@ -157,6 +161,27 @@ def addresses_of(obj: dict[str, Any]) -> FiveTuple:
     )
 
 
+def capture_of(obj: dict[str, Any]) -> Capture:
+    """The `Capture` of a record line's `capture`: the packet's first bytes, in hex in the line."""
+    data = obj.get("bytes")
+    if not isinstance(data, str):
+        raise ValueError(f"capture bytes {data!r}")
+    try:
+        raw = bytes.fromhex(data)
+    except ValueError:
+        raise ValueError(f"capture bytes {data[:16]!r}...: not hexadecimal") from None
+    if len(raw) > CAPTURE_MAX:
+        raise ValueError(f"capture of {len(raw)} bytes, at most {CAPTURE_MAX}")
+    return Capture(_int(obj, "wire_len"), _int(obj, "link_type"), raw)
+
+
+def functions_of(obj: dict[str, Any]) -> dict[int, str]:
+    """A record line's `functions`: the kernel functions its values name, by ID."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"functions {obj!r}")
+    return {int(key): str(name) for key, name in obj.items()}
+
+
 def clock_of(obj: dict[str, Any]) -> records_pb2.NodeClock:
     """The `NodeClock` of a clock line."""
     drift = obj.get("drift_ppm", 0.0)
@@ -251,6 +276,8 @@ class _Group:
     records: list[Record] = field(default_factory=list)
     values: list[RecordedValues] = field(default_factory=list)
     addresses: list[DescribedRecord] = field(default_factory=list)
+    captures: list[CapturedRecord] = field(default_factory=list)
+    functions: dict[int, str] = field(default_factory=dict)
     counters: list[records_pb2.HopCounters] = field(default_factory=list)
     events: list[records_pb2.EventValues] = field(default_factory=list)
     watermark_ns: int = 0
@@ -375,8 +402,12 @@ class AgentFile:
                         group.values.append(
                             (rec, {_field_number(k): _int(values, k) for k in values if _field_number(k)})
                         )
+                    if "functions" in obj:
+                        group.functions.update(functions_of(obj["functions"]))
                     if "addresses" in obj:
                         group.addresses.append((rec, addresses_of(obj["addresses"])))
+                    if "capture" in obj:
+                        group.captures.append((rec, capture_of(obj["capture"])))
                 elif kind in ("counters", "event"):
                     group = group or _Group(trace)
                     if kind == "counters":
@@ -430,6 +461,8 @@ class AgentFile:
             events=group.events,
             values=group.values,
             addresses=group.addresses,
+            captures=group.captures,
+            functions=group.functions,
         )
         if group.records:
             key = mapping.to_master(group.records[0][TS_NS])

@@ -1,5 +1,6 @@
-"""file_input.py: an agent's JSON lines give the pipeline what the live stream of the same batches gives it,
-and a file that cannot be imported is refused naming its line."""
+"""file_input.py: an agent's JSON lines give the pipeline what the live stream of the same batches gives it
+(the record action's values and the functions they name, addresses, captured bytes), and a file that cannot
+be imported is refused naming its line."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ from hoptrace.collector.pipeline import CollectorPipeline
 from hoptrace.collector.points import Point
 from hoptrace.collector.records import (
     ADDRESSES_STRUCT,
+    CAPTURE_STRUCT,
     F_ADDRESSES,
+    F_CAPTURE,
     F_UDP,
     F_VALUES,
     RECORD_SIZE,
@@ -40,6 +43,7 @@ from hoptrace.collector.records import (
 from hoptrace.collector.schema import (
     ADDRESS_TRANSLATIONS,
     HOP_ADDRESSES,
+    HOP_CAPTURE,
     HOP_COUNTERS,
     HOP_RECORDED,
     SEGMENT_DROPS,
@@ -72,7 +76,14 @@ CLOCKS = {
         sampled_at_ns=T0 + 1_000_000_000,
     ),
 }
-LEN, DROP_REASON = FIELD_NUMBERS["len"], FIELD_NUMBERS["drop_reason"]
+LEN, DROP_REASON, DROP_FUNCTION = (
+    FIELD_NUMBERS["len"],
+    FIELD_NUMBERS["drop_reason"],
+    FIELD_NUMBERS["drop_function"],
+)
+# The kernel function of host-b's drops, by the ID its agent writes in the value (above 2^63: exact in JSON)
+NFT_DO_CHAIN = 0xC0FFEE0000000001
+CAPTURING = {0: 1, 3: 101}  # hops with the capture action, and the link type of what they capture
 FIELD_NAMES = {number: name for name, number in FIELD_NUMBERS.items()}
 SERVICE = ("198.18.99.9", 8080)
 BACKEND = ("198.18.2.2", 11111)
@@ -88,10 +99,11 @@ def mono(node: str, master_ns: int) -> int:
 
 
 def node_stream(node: str) -> list[records_pb2.RecordBatch]:
-    """What the node's agent streams: batches of 50 records (values on a-wire, addresses on one packet in
-    64) and a heartbeat each second of traffic."""
+    """What the node's agent streams: batches of 50 records (values on a-wire and the drop hop, addresses on
+    one packet in 64, captures on one packet in 3 at a-veth and b-veth) and a heartbeat each second of
+    traffic."""
     hops = HOPS[node]
-    records, values, addresses = [], [], []
+    records, values, addresses, captures = [], [], [], []
     for seq in range(PACKETS):
         packet = pid(seq)
         for hop in hops:
@@ -103,7 +115,11 @@ def node_stream(node: str) -> list[records_pb2.RecordBatch]:
                 values.append(VALUES_STRUCT.pack(LEN, 0, 0, 0, 1, 100 + seq % 7, 0, 0, 0))
             if hop == 4:
                 flags |= F_VALUES
-                values.append(VALUES_STRUCT.pack(DROP_REASON, 0, 0, 0, 1, 77, 0, 0, 0))
+                values.append(VALUES_STRUCT.pack(DROP_REASON, DROP_FUNCTION, 0, 0, 2, 77, NFT_DO_CHAIN, 0, 0))
+            if hop in CAPTURING and seq % 3 == 0:
+                flags |= F_CAPTURE
+                data = f"packet {seq} at hop {hop}".encode()
+                captures.append(CAPTURE_STRUCT.pack(90 + seq % 7, len(data), CAPTURING[hop], data))
             if seq % 64 == 1 and hop < 4:
                 flags |= F_ADDRESSES
                 dst = SERVICE if hop < 3 else BACKEND  # host-b's veth sees the backend: a DNAT before it
@@ -120,7 +136,7 @@ def node_stream(node: str) -> list[records_pb2.RecordBatch]:
             ts = mono(node, T0 + seq * GAP_NS + HOP_AT_NS[hop])
             records.append(((ts, packet, 0xABCD, 3 + hop, 100 + seq % 7, hop, 1, 0, flags), seq))
     out: list[records_pb2.RecordBatch] = []
-    values_at = addresses_at = 0
+    values_at = addresses_at = captures_at = 0
     for start in range(0, len(records), 50):
         chunk = [r for r, _ in records[start : start + 50]]
         msg = records_pb2.RecordBatch(
@@ -134,8 +150,14 @@ def node_stream(node: str) -> list[records_pb2.RecordBatch]:
         msg.value_size = VALUES_STRUCT.size
         msg.addresses = b"".join(addresses[addresses_at : addresses_at + with_addresses])
         msg.addresses_size = ADDRESSES_STRUCT.size
+        with_captures = sum(1 for r in chunk if r[8] & F_CAPTURE)
+        msg.captures = b"".join(captures[captures_at : captures_at + with_captures])
+        msg.capture_size = CAPTURE_STRUCT.size
+        if any(r[5] == 4 for r in chunk):
+            msg.functions[NFT_DO_CHAIN] = "nft_do_chain"
         values_at += with_values
         addresses_at += with_addresses
+        captures_at += with_captures
         out.append(msg)
         last_seq = records[min(start + 49, len(records) - 1)][1]
         if (last_seq + 1) % 200 == 0:  # a heartbeat each second: cumulative counters, the watermark
@@ -194,6 +216,7 @@ def agent_lines(node: str, stream: Iterable[records_pb2.RecordBatch]) -> str:
         batch = decode_batch(msg)
         values = {r: v for r, v in batch.values}
         addresses = {r: a for r, a in batch.addresses}
+        captured = {r: c for r, c in batch.captures}
         for r in batch.records:
             line = {
                 "type": "record",
@@ -210,6 +233,12 @@ def agent_lines(node: str, stream: Iterable[records_pb2.RecordBatch]) -> str:
             }
             if r in values:
                 line["values"] = {FIELD_NAMES[number]: value for number, value in values[r].items()}
+                named = values[r].get(DROP_FUNCTION)
+                if named in batch.functions:
+                    line["functions"] = {str(named): batch.functions[named]}
+            if r in captured:
+                c = captured[r]
+                line["capture"] = {"wire_len": c.wire_len, "link_type": c.link_type, "bytes": c.data.hex()}
             if r in addresses:
                 a = addresses[r]
                 line["addresses"] = {
@@ -337,7 +366,15 @@ def test_files_give_the_pipeline_what_the_stream_gives(tmp_path: Path) -> None:
     assert pipeline.agent_dropped == {"host-b": 2}
     drops = of(imported, SEGMENT_DROPS)
     assert drops == of(live, SEGMENT_DROPS) != []
-    assert {dict(d[0])["reason"] for d in drops} == {"NETFILTER_DROP"}, drops
+    assert {(dict(d[0])["reason"], dict(d[0])["function"]) for d in drops} == {
+        ("NETFILTER_DROP", "nft_do_chain")
+    }
+    # Every capture, at its hop, to the ns and the byte.
+    captured = of(imported, HOP_CAPTURE)
+    assert captured == of(live, HOP_CAPTURE)
+    assert len(captured) == len(range(0, PACKETS, 3)) + len(
+        [s for s in range(0, PACKETS, 3) if s not in LOST_AT_B]
+    )
 
 
 def test_paths_and_nodes_come_from_the_trace_lines(tmp_path: Path) -> None:
@@ -386,6 +423,17 @@ def test_bad_files_are_refused_naming_file_and_line(tmp_path: Path) -> None:
     broken.write_text("".join(lines[:at] + [lines[at].replace('"ts_ns": ', '"ts_ns": "x')] + lines[at + 1 :]))
     message = error_of(a, broken)
     assert message.startswith(f"{broken}:{at + 1}: ") and "not JSON" in message
+
+    capture = next(i for i, line in enumerate(lines) if '"capture": ' in line)
+    unhex = tmp_path / "unhex.jsonl"
+    unhex.write_text(
+        "".join(
+            lines[:capture] + [lines[capture].replace('"bytes": "', '"bytes": "zz')] + lines[capture + 1 :]
+        )
+    )
+    message = error_of(a, unhex)
+    assert message.startswith(f"{unhex}:{capture + 1}: record line: capture bytes 'zz"), message
+    assert message.endswith("...: not hexadecimal"), message
 
     typed = tmp_path / "typed.jsonl"
     typed.write_text(

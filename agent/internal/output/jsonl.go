@@ -8,6 +8,7 @@ package output
 import (
 	"bufio"
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -162,9 +163,10 @@ func abs(v int64) int64 {
 	return v
 }
 
-// RecordLine is one record line; values and addresses are the record's
-// trailers (the record action's fields, the 5-tuple the hop saw), when it
-// has them.
+// RecordLine is one record line; values, addresses and capture are the
+// record's trailers (the record action's fields, the 5-tuple the hop saw, the
+// capture action's bytes), when it has them. Functions names the kernel
+// functions its values name by ID (drop_function), as the batch did.
 type RecordLine struct {
 	Type      string            `json:"type"`
 	Trace     string            `json:"trace"`
@@ -178,7 +180,17 @@ type RecordLine struct {
 	CPU       uint16            `json:"cpu"`
 	Flags     uint16            `json:"flags"`
 	Values    map[string]uint64 `json:"values,omitempty"`
+	Functions map[string]string `json:"functions,omitempty"`
 	Addresses *AddressesLine    `json:"addresses,omitempty"`
+	Capture   *CaptureLine      `json:"capture,omitempty"`
+}
+
+// CaptureLine is struct hoptrace_capture: the first bytes of the packet at
+// the hop, in hex (as tcpdump -x shows them).
+type CaptureLine struct {
+	WireLen  uint32 `json:"wire_len"`  // the packet's length from the first byte on
+	LinkType uint16 `json:"link_type"` // pcap's LINKTYPE_* of the first byte (1 Ethernet, 101 IP)
+	Bytes    string `json:"bytes"`
 }
 
 // AddressesLine is struct hoptrace_addresses: the innermost 5-tuple a hop saw.
@@ -203,7 +215,7 @@ func (w *Writer) Batch(m *pb.RecordBatch, hopName func(uint16) string) error {
 		return err
 	}
 	enc := json.NewEncoder(w.w)
-	raw, values, addresses := m.GetRecords(), m.GetValues(), m.GetAddresses()
+	raw, values, addresses, captures := m.GetRecords(), m.GetValues(), m.GetAddresses(), m.GetCaptures()
 	size := int(m.GetRecordSize())
 	if size < record.Size {
 		size = record.Size
@@ -232,6 +244,12 @@ func (w *Writer) Batch(m *pb.RecordBatch, hopName func(uint16) string) error {
 				if f != record.FieldNone {
 					line.Values[valueKey(f)] = v.Values[i]
 				}
+				if name, ok := m.GetFunctions()[v.Values[i]]; ok && f == record.FieldDropFunction {
+					if line.Functions == nil {
+						line.Functions = map[string]string{}
+					}
+					line.Functions[strconv.FormatUint(v.Values[i], 10)] = name
+				}
 			}
 		}
 		if record.AddressesTrailer.On(rec) {
@@ -245,6 +263,17 @@ func (w *Writer) Batch(m *pb.RecordBatch, hopName func(uint16) string) error {
 			addresses = addresses[record.AddressesSize:]
 			line.Addresses = &AddressesLine{Proto: a.Proto, Src: a.Src.String(), SrcPort: a.SrcPort,
 				Dst: a.Dst.String(), DstPort: a.DstPort}
+		}
+		if record.CaptureTrailer.On(rec) {
+			if len(captures) < record.CaptureSize {
+				return fmt.Errorf("record of packet %#x announces a capture the batch lacks", r.PacketID)
+			}
+			c, err := record.DecodeCapture(captures[:record.CaptureSize])
+			if err != nil {
+				return err
+			}
+			captures = captures[record.CaptureSize:]
+			line.Capture = &CaptureLine{WireLen: c.WireLen, LinkType: c.LinkType, Bytes: hex.EncodeToString(c.Bytes)}
 		}
 		if err := enc.Encode(&line); err != nil {
 			return err

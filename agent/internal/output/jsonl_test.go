@@ -97,16 +97,22 @@ func TestImportLines(t *testing.T) {
 	raw := make([]byte, 3*record.Size)
 	record.Encode(raw, &record.Record{TsNs: 100, PacketID: 0x01000041, HopIndex: 2, Flags: record.FlagUDP | record.FlagValues | record.FlagAddresses})
 	record.Encode(raw[record.Size:], &record.Record{TsNs: 101, PacketID: 0x01000042, HopIndex: 2, Flags: record.FlagUDP})
-	record.Encode(raw[2*record.Size:], &record.Record{TsNs: 102, PacketID: 0x01000043, HopIndex: 3, Flags: record.FlagValues})
+	record.Encode(raw[2*record.Size:], &record.Record{TsNs: 102, PacketID: 0x01000043, HopIndex: 3, Flags: record.FlagValues | record.FlagCapture})
 	values := make([]byte, 2*record.ValuesSize)
 	values[0], values[1] = byte(record.FieldLen), byte(record.FieldDropReason)
 	binary.LittleEndian.PutUint32(values[record.ValuesMax:], 2)
 	binary.LittleEndian.PutUint64(values[8:], 60)
 	binary.LittleEndian.PutUint64(values[16:], 1<<63+5) // a u64 beyond int64 stays exact
 	second := values[record.ValuesSize:]
-	second[0] = byte(record.FieldTTL)
-	binary.LittleEndian.PutUint32(second[record.ValuesMax:], 1)
+	second[0], second[1] = byte(record.FieldTTL), byte(record.FieldDropFunction)
+	binary.LittleEndian.PutUint32(second[record.ValuesMax:], 2)
 	binary.LittleEndian.PutUint64(second[8:], 63)
+	binary.LittleEndian.PutUint64(second[16:], 1<<63+9) // the function's ID, named by the batch
+	capture := make([]byte, record.CaptureSize)
+	binary.LittleEndian.PutUint32(capture, 102)
+	binary.LittleEndian.PutUint16(capture[4:], 3)
+	binary.LittleEndian.PutUint16(capture[6:], record.CaptureLinkEthernet)
+	copy(capture[8:], []byte{0x52, 0x54, 0x00})
 	addresses := make([]byte, record.AddressesSize)
 	copy(addresses[0:], []byte{198, 18, 1, 2})
 	copy(addresses[16:], []byte{198, 18, 2, 2})
@@ -114,14 +120,15 @@ func TestImportLines(t *testing.T) {
 	binary.LittleEndian.PutUint16(addresses[34:], 11111)
 	addresses[36], addresses[37] = 17, 4
 	clk := &pb.NodeClock{MonotonicToRealtimeNs: 1_700_000_000_000_000_000, OffsetNs: -3700, BoundNs: 40, SampledAtNs: 1_700_000_000_000_000_001}
-	batch := &pb.RecordBatch{Trace: "t", Generation: 4, Records: raw, RecordSize: record.Size, Values: values, Addresses: addresses, Clock: clk}
+	batch := &pb.RecordBatch{Trace: "t", Generation: 4, Records: raw, RecordSize: record.Size, Values: values, Addresses: addresses,
+		Captures: capture, Functions: map[uint64]string{1<<63 + 9: "nft_do_chain", 63: "not a function: the ttl"}, Clock: clk}
 	hop := func(i uint16) string { return map[uint16]string{2: "a-out", 3: "a-wire"}[i] }
 	if err := w.Batch(batch, hop); err != nil {
 		t.Fatal(err)
 	}
 	// The same clock again (its mapping moved by less than a microsecond): no new line.
 	batch.Clock = &pb.NodeClock{MonotonicToRealtimeNs: clk.MonotonicToRealtimeNs + 300, OffsetNs: -3700, BoundNs: 40, SampledAtNs: clk.SampledAtNs}
-	batch.Records, batch.Values, batch.Addresses = raw[record.Size:2*record.Size], nil, nil
+	batch.Records, batch.Values, batch.Addresses, batch.Captures = raw[record.Size:2*record.Size], nil, nil, nil
 	if err := w.Batch(batch, hop); err != nil {
 		t.Fatal(err)
 	}
@@ -170,8 +177,22 @@ func TestImportLines(t *testing.T) {
 	if _, ok := got[3]["values"]; ok {
 		t.Errorf("second record has no trailers: %v", got[3])
 	}
-	if v := got[4]["values"].(map[string]any); len(v) != 1 || v["ttl"] != 63.0 || got[4]["addresses"] != nil {
+	if v := got[4]["values"].(map[string]any); len(v) != 2 || v["ttl"] != 63.0 || got[4]["addresses"] != nil {
 		t.Errorf("third record: the second values, no addresses: %v", got[4])
+	}
+	var third RecordLine
+	if err := json.Unmarshal([]byte(strings.Split(buf.String(), "\n")[4]), &third); err != nil {
+		t.Fatal(err)
+	}
+	// Only the names of its own functions: a value of another field is no function's ID.
+	if third.Values["drop_function"] != 1<<63+9 || len(third.Functions) != 1 || third.Functions["9223372036854775817"] != "nft_do_chain" {
+		t.Errorf("third record's function %v %v", third.Values, third.Functions)
+	}
+	if c := third.Capture; c == nil || *c != (CaptureLine{WireLen: 102, LinkType: record.CaptureLinkEthernet, Bytes: "525400"}) {
+		t.Errorf("third record's capture %+v", third.Capture)
+	}
+	if first.Functions != nil || first.Capture != nil {
+		t.Errorf("first record: no functions, no capture: %+v", first)
 	}
 	if got[6]["offset_ns"] != -3800.0 {
 		t.Errorf("new round's clock line %v", got[6])
@@ -183,6 +204,10 @@ func TestImportLines(t *testing.T) {
 	err := w.Batch(&pb.RecordBatch{Trace: "t", Generation: 4, Records: raw[:record.Size]}, hop)
 	if err == nil || !strings.Contains(err.Error(), "announces values") {
 		t.Errorf("record without its values: %v", err)
+	}
+	err = w.Batch(&pb.RecordBatch{Trace: "t", Generation: 4, Records: raw[2*record.Size:], Values: second}, hop)
+	if err == nil || !strings.Contains(err.Error(), "announces a capture") {
+		t.Errorf("record without its capture: %v", err)
 	}
 }
 
