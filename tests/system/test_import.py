@@ -174,7 +174,9 @@ def test_imported_files_report_what_the_live_collector_did(topology, influxd, tm
         "b-c2-eth0-in": sent - lost,
     }
     assert all(len(f["bytes"]) == 2 * min(f["len"], CAPTURING[f["interface"]]) for f in live_frames)
+    # A file's clock line is written when the node's mapping moved by 1 us: the times agree within that (9 ns
+    # in the run that set this bound).
     skew = max(abs(i["time_ns"] - f["time_ns"]) for i, f in zip(imported_frames, live_frames, strict=True))
-    assert skew <= 50_000, skew
+    assert skew <= 2_000, skew
     cross = imported_segments["a-wire-out>b-wire-in"]
     assert int(cross["p50_ns"]) < 1_000_000, cross  # not host-b's 3.7 ms

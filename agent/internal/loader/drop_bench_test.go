@@ -20,11 +20,12 @@ import (
 const dropsPerRound = 200
 
 // BenchmarkDropHop is what a trace's drop hop (drops: true: skb:kfree_skb with its reason, recording
-// drop_reason) costs per freed packet, by bpf_stats (run_time_ns / run_cnt growth) on real drops over
-// a veth pair: a traced packet (its ID read, a record with the reason), an untraced one in the hop's
-// namespace (parsed, no ID), and a drop in another namespace (the namespace check alone), each
-// round the median over b.N rounds. The tracepoint runs for every packet any namespace of the machine
-// frees with a reason, so the last is what every other drop on the node pays.
+// drop_reason and drop_function, as the dispatcher plans it) costs per freed packet, by bpf_stats
+// (run_time_ns / run_cnt growth) on real drops over a veth pair: a traced packet (its ID read, a record
+// with the reason and the location), the same recording the reason alone (what the location adds), an
+// untraced one in the hop's namespace (parsed, no ID), and a drop in another namespace (the namespace
+// check alone), each round the median over b.N rounds. The tracepoint runs for every packet any
+// namespace of the machine frees with a reason, so the last is what every other drop on the node pays.
 //
 //	go test -run '^$' -bench DropHop -benchtime 20x ./internal/loader
 func BenchmarkDropHop(b *testing.B) {
@@ -54,15 +55,18 @@ func BenchmarkDropHop(b *testing.B) {
 		copy(pkt[0:6], dst)
 		return pkt
 	}
-	fields := [record.ValuesMax]record.ActionField{record.FieldDropReason}
+	fields := [record.ValuesMax]record.ActionField{record.FieldDropReason, record.FieldDropFunction}
+	reasonOnly := [record.ValuesMax]record.ActionField{record.FieldDropReason}
 	cases := []struct {
-		name string
-		ino  uint64
-		id   uint32
+		name   string
+		ino    uint64
+		id     uint32
+		fields [record.ValuesMax]record.ActionField
 	}{
-		{"traced", inoB, 0x07000002},
-		{"untraced", inoB, 0},
-		{"other_netns", inoA, 0x07000002},
+		{"traced", inoB, 0x07000002, fields},
+		{"traced_reason_only", inoB, 0x07000002, reasonOnly},
+		{"untraced", inoB, 0, fields},
+		{"other_netns", inoA, 0x07000002, fields},
 	}
 	stats, err := ebpf.EnableStats(unix.BPF_STATS_RUN_TIME)
 	if err != nil {
@@ -71,7 +75,7 @@ func BenchmarkDropHop(b *testing.B) {
 	defer stats.Close()
 	for _, c := range cases {
 		hop := h.load(b, loader.HopConfig{Program: loader.ProgTPBTFKfree, AttachTo: "kfree_skb", NetnsIno: uint32(c.ino),
-			HopIndex: 9, Actions: loader.Actions{Record: fields}})
+			HopIndex: 9, Actions: loader.Actions{Record: c.fields}})
 		l, err := link.AttachTracing(link.TracingOptions{Program: hop.Program})
 		if err != nil {
 			b.Fatalf("%s: attach: %v", c.name, err)
@@ -88,7 +92,7 @@ func BenchmarkDropHop(b *testing.B) {
 			}
 			perRun = append(perRun, float64(after.ns-before.ns)/float64(after.runs-before.runs))
 			recorded := len(h.drain(b))
-			if want := map[bool]int{true: dropsPerRound, false: 0}[c.name == "traced"]; recorded != want {
+			if want := map[bool]int{true: dropsPerRound, false: 0}[c.id != 0 && c.ino == inoB]; recorded != want {
 				b.Fatalf("%s: %d records of %d drops, want %d", c.name, recorded, dropsPerRound, want)
 			}
 		}

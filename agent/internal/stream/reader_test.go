@@ -91,3 +91,35 @@ func TestReaderNamesDropFunctions(t *testing.T) {
 		t.Fatalf("a batch without drops names %v", b.Functions)
 	}
 }
+
+// BenchmarkReaderDropRecord is what the reader spends on a record with values, a drop hop's (its
+// location named through kallsyms.Kernel, the name kept after the first) against one without a
+// drop_function:
+//
+//	go test -run '^$' -bench ReaderDropRecord ./internal/stream
+func BenchmarkReaderDropRecord(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		fields []record.ActionField
+	}{
+		{"drop", []record.ActionField{record.FieldDropReason, record.FieldDropFunction}},
+		{"values", []record.ActionField{record.FieldDropReason, record.FieldLen}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			// an address in the kernel's text when kallsyms can be read: its first symbol's
+			addr := uint64(0xffffffff81000010)
+			raw := sample(1, 9, c.fields, []uint64{3, addr})
+			r := &Reader{out: NewQueue(1 << 20), maxRecords: DefaultBatchRecords, routes: map[uint16]*route{},
+				Functions: kallsyms.Kernel}
+			r.AddRoute(3, "drops", 1)
+			kallsyms.Kernel.Function(addr) // the table read, before the clock starts
+			var last routeCache
+			b.ResetTimer()
+			r.mu.Lock()
+			for range b.N {
+				r.addLocked(raw, &last)
+			}
+			r.mu.Unlock()
+		})
+	}
+}
