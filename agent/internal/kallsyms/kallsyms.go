@@ -2,8 +2,9 @@
 // address skb:kfree_skb gives as where a packet was freed (a drops: true hop's drop_function field)
 // becomes the name a user reads ("nft_do_chain"), never the address, which KASLR randomizes per boot.
 //
-// The table is read once, on the first address to name, and each address's name is kept: a node
-// frees its dropped packets at a few places. A node whose kallsyms the agent cannot read (no file,
+// The table is read on the first address to name (again, at most every 30 s, for an address it
+// lacks: a module loaded since), and each address's name is kept: a node frees its dropped packets
+// at a few places. A node whose kallsyms the agent cannot read (no file,
 // or every address 0: kptr_restrict, or no CAP_SYSLOG) names every address Unknown.
 package kallsyms
 
@@ -18,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Unknown names an address no function of the table holds, and every address where the table
@@ -119,16 +121,22 @@ type Function struct {
 	Name string
 }
 
-// Namer names addresses from one kallsyms file, read on first use; safe for concurrent use.
+// Namer names addresses from one kallsyms file, read on first use; safe for concurrent use. An
+// address no function of the table holds is looked up again in a table read anew, once the table is
+// rereadAfter old: a module loaded since (nf_tables, where it is one) has its functions there.
 type Namer struct {
-	path  string
-	once  sync.Once
-	table *Table
-	err   error
+	path string
 
-	mu    sync.Mutex
-	named map[uint64]Function
+	mu     sync.Mutex
+	table  *Table
+	err    error
+	read   time.Time // when the table was read last; zero: never
+	warned bool
+	named  map[uint64]Function
 }
+
+// rereadAfter is how old the table must be before an address it lacks has it read again.
+const rereadAfter = 30 * time.Second
 
 // NewNamer names addresses from the kallsyms file at path.
 func NewNamer(path string) *Namer { return &Namer{path: path, named: map[uint64]Function{}} }
@@ -136,28 +144,47 @@ func NewNamer(path string) *Namer { return &Namer{path: path, named: map[uint64]
 // Kernel names addresses of the running kernel (/proc/kallsyms).
 var Kernel = NewNamer("/proc/kallsyms")
 
-func (n *Namer) load() {
+// readLocked reads the table; a table read before stays when this read fails.
+func (n *Namer) readLocked() {
+	n.read = time.Now()
 	f, err := os.Open(n.path)
+	var table *Table
 	if err == nil {
-		n.table, err = Parse(f)
+		table, err = Parse(f)
 		f.Close()
 	}
-	switch {
-	case err != nil:
-		n.err = err
-	case n.table.Len() == 0:
-		n.err = fmt.Errorf("%s: every address is 0 (kernel.kptr_restrict, or a reader without CAP_SYSLOG)", n.path)
+	if err == nil && table.Len() == 0 {
+		err = fmt.Errorf("%s: every address is 0 (kernel.kptr_restrict, or a reader without CAP_SYSLOG)", n.path)
 	}
-	if n.err != nil {
-		slog.Warn("kernel functions unnamed: drops name where packets were freed "+Unknown, "err", n.err)
+	if err == nil {
+		n.table, n.err = table, nil
+		return
+	}
+	if n.table == nil {
+		n.err = err
+	}
+	if !n.warned {
+		n.warned = true
+		slog.Warn("kernel functions unnamed: drops name where packets were freed "+Unknown, "err", err)
 	}
 }
 
 // Err says why the namer names every address Unknown (nil when it can name them); it reads the
 // table when nothing did yet.
 func (n *Namer) Err() error {
-	n.once.Do(n.load)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.read.IsZero() {
+		n.readLocked()
+	}
 	return n.err
+}
+
+func (n *Namer) nameLocked(addr uint64) string {
+	if n.table == nil {
+		return ""
+	}
+	return n.table.Function(addr)
 }
 
 // Function names the function holding the kernel address addr: its ID 0 and Unknown when no
@@ -165,18 +192,25 @@ func (n *Namer) Err() error {
 func (n *Namer) Function(addr uint64) Function {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if f, ok := n.named[addr]; ok {
+	stale := !n.read.IsZero() && time.Since(n.read) >= rereadAfter
+	if f, ok := n.named[addr]; ok && (f.ID != 0 || !stale) {
 		return f
 	}
+	if n.read.IsZero() {
+		n.readLocked()
+	}
+	name := n.nameLocked(addr)
+	if name == "" && stale {
+		n.readLocked()
+		name = n.nameLocked(addr)
+	}
 	f := Function{Name: Unknown}
-	if n.Err() == nil {
-		if name := n.table.Function(addr); name != "" {
-			f = Function{ID: FunctionID(name), Name: name}
-		}
+	if name != "" {
+		f = Function{ID: FunctionID(name), Name: name}
 	}
 	// Distinct addresses are the places of a kernel that free packets with a reason: a few
 	// hundred, each kept once (and no more than maxNamed, whatever comes).
-	if len(n.named) < maxNamed {
+	if _, ok := n.named[addr]; ok || len(n.named) < maxNamed {
 		n.named[addr] = f
 	}
 	return f

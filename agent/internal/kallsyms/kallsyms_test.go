@@ -110,6 +110,40 @@ func TestNamerReadsOnceAndKeepsNames(t *testing.T) {
 	}
 }
 
+// An address the table lacks is looked up in the file read anew once the table is rereadAfter old (a
+// module loaded since), and a name, once given, stays.
+func TestNamerReadsAgainForAModuleLoadedSince(t *testing.T) {
+	path := writeFile(t, excerpt)
+	n := NewNamer(path)
+	const inModule = 0xffffffffc1000040
+	if f := n.Function(inModule); f != (Function{Name: Unknown}) {
+		t.Fatalf("before the module: %+v", f)
+	}
+	if err := os.WriteFile(path, []byte(excerpt+"ffffffffc1000000 t nft_do_chain_ipv4\t[nf_tables]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if f := n.Function(inModule); f.ID != 0 {
+		t.Fatalf("read again at once: %+v", f)
+	}
+	n.mu.Lock()
+	n.read = n.read.Add(-rereadAfter)
+	n.mu.Unlock()
+	want := Function{ID: FunctionID("nft_do_chain_ipv4"), Name: "nft_do_chain_ipv4"}
+	if f := n.Function(inModule); f != want {
+		t.Fatalf("after %v: %+v, want %+v", rereadAfter, f, want)
+	}
+	// A failed read later keeps the table it had.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	n.mu.Lock()
+	n.read = n.read.Add(-rereadAfter)
+	n.mu.Unlock()
+	if f := n.Function(0xffffffff81f81fd3); f.Name != "nf_hook_slow" || n.Err() != nil {
+		t.Fatalf("after a failed read: %+v (%v)", f, n.Err())
+	}
+}
+
 // The running kernel's table names its own functions (as root: others see addresses as 0).
 func TestKernelNamesItsFunctions(t *testing.T) {
 	if os.Geteuid() != 0 {
