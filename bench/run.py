@@ -3,8 +3,8 @@
     .venv/bin/python bench/run.py --full|--quick [--only NAME[,NAME...]]
 
 Runs every benchmark module in turn (bpf_cost, event_cost, action_cost, agent_records, collector, dispatcher,
-overhead, accuracy, scale; docs/benchmarks.md), with --quick also every other script of bench/ once at a
-tiny size, three side by side (SMOKE_RUNS; they run on their own at full size), writes
+overhead, accuracy, scale, many_traces; docs/benchmarks.md), with --quick also every other script of bench/
+once at a tiny size, three side by side (SMOKE_RUNS; they run on their own at full size), writes
 `bench/results/<UTC time>.json`, a Markdown summary beside it and PNG plots. A benchmark that fails makes
 the run exit non-zero after the others ran (and cleaned up).
 Targets are reported, met or missed, never asserted. Needs root (namespaces, BPF).
@@ -41,6 +41,7 @@ BENCHMARKS = [
     "overhead",
     "accuracy",
     "scale",
+    "many_traces",
 ]
 RESULTS = BENCH / "results"
 
