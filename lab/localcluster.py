@@ -297,7 +297,9 @@ class LocalCluster:
         self, node: str, netns: str, *extra: str, records_to: Sequence[str] | None = None
     ) -> Component:
         """Run `hoptrace-agent` for the emulated host `node` whose own namespace is `netns`; its records go
-        to this cluster's collector, or where `records_to` says (e.g. ``["--kafka-brokers", B, ...]``)."""
+        to this cluster's collector, or where `records_to` says (e.g. ``["--kafka-brokers", B, ...]``).
+        It pins nothing in bpffs (``--pin-dir ""``): a killed lab leaves nothing attached; `extra` may
+        give a --pin-dir (tests/faults)."""
         if not AGENT_BINARY.exists():
             raise RuntimeError(f"{AGENT_BINARY} is missing: run `make agent`")
         files = add_agent(self.certs.out, node) if self.certs else None
@@ -316,6 +318,7 @@ class LocalCluster:
                 self.clock_addr,
                 "--metrics-listen",
                 self.metrics_addr(f"agent-{node}"),
+                "--pin-dir=",
                 *self._tls_flags(files),
                 *extra,
             ],

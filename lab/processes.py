@@ -312,9 +312,10 @@ class AgentProcess:
     @property
     def command(self) -> list[str]:
         """The agent's command line."""
-        # The lab writes its own plans (object files by path): unsigned, said so explicitly.
+        # The lab writes its own plans (object files by path): unsigned, said so explicitly. It pins nothing
+        # in bpffs (as LocalCluster's agents): a killed agent leaves nothing attached.
         cmd = [self.binary, "run", "--plan", str(self.plan_path), "--allow-unsigned-plan", "--out", "-"]
-        cmd += ["--node", self.node]
+        cmd += ["--node", self.node, "--pin-dir="]
         if self.netns:
             cmd += ["--netns", self.netns]
         return cmd + self.extra_args

@@ -43,6 +43,9 @@ func main() {
 // kernelBTFEnv names the --kernel-btf file for every mode, the presets' included.
 const kernelBTFEnv = "HOPTRACE_KERNEL_BTF"
 
+// DefaultPinDir is --pin-dir's default: below bpffs' usual mount point.
+const DefaultPinDir = "/sys/fs/bpf/hoptrace"
+
 func run(args []string) error {
 	// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK (often 64 KiB).
 	if err := loader.AllowLockedMemory(); err != nil {
@@ -116,6 +119,8 @@ func run(args []string) error {
 	fs.StringVar(&kcfg.SASLMechanism, "kafka-sasl-mechanism", "", "SASL toward the brokers: plain, scram-sha-256 or scram-sha-512 (use with TLS)")
 	fs.StringVar(&kcfg.SASLUser, "kafka-sasl-user", "", "SASL user name")
 	fs.StringVar(&kafkaPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (never on the command line)")
+	fs.StringVar(&cfg.PinDir, "pin-dir", DefaultPinDir, `where the traces are pinned in bpffs (a root-only directory per node below it) so that they outlive the agent: a killed agent's hops go on recording into the pinned ring buffer, and the next agent of the node takes them over without a gap ("" = pin nothing: the traces go with the agent's process)`)
+	fs.BoolVar(&cfg.KeepOnExit, "keep-on-exit", false, "on SIGTERM or SIGINT (or at the end of --duration) leave the pinned traces running for the next agent of this node, a restart or an upgrade, instead of detaching them; a killed agent (SIGKILL, the OOM killer, a crash) always leaves them")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9172", `serve Prometheus /metrics and /healthz here ("" = off; several agents on one machine need distinct ports)`)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of hoptrace-agent %s:\n", mode)

@@ -85,6 +85,13 @@ type Config struct {
 	ClockDriftPPM float64
 	// MetricsListen serves /metrics and /healthz ("" = off).
 	MetricsListen string
+	// PinDir is where the traces are pinned in bpffs so that they outlive
+	// the agent, and where the agent takes over its predecessor's ("" = pin
+	// nothing: the traces go with the process). KeepOnExit leaves them
+	// pinned and running on a graceful exit too (a restart or upgrade);
+	// without it the agent detaches and unpins them on its way out.
+	PinDir     string
+	KeepOnExit bool
 	// TLS: mutual TLS toward the dispatcher and the collector
 	// (docs/security.md); Insecure = plaintext instead, said explicitly.
 	// TLS.CRL also refuses revoked signers of commands and plan files.
@@ -319,8 +326,12 @@ func start(cfg Config) (*running, error) {
 		a.sendQueue = stream.NewQueue(cfg.BufferBytes)
 		sinks = append(sinks, a.sendQueue)
 	}
+	if cfg.KeepOnExit && cfg.PinDir == "" {
+		a.close()
+		return nil, errors.New(`--keep-on-exit needs a --pin-dir: with --pin-dir "" nothing outlives the agent`)
+	}
 	a.mgr, err = tracer.New(tracer.Config{Node: cfg.Node, Netns: cfg.Netns, BaseDir: baseDir, RingBytes: cfg.RingBytes,
-		Out: stream.NewFanout(sinks...)})
+		Out: stream.NewFanout(sinks...), PinDir: cfg.PinDir, Log: cfg.Log})
 	if err != nil {
 		a.close()
 		return nil, err
@@ -508,6 +519,7 @@ func (a *running) printRecords(ctx context.Context) {
 			if err := a.out.Batch(beat.Message(b.Trace, b.Generation, b.Records, b.Trailers, 0), hopName(b.Trace)); err != nil {
 				a.cfg.Log.Error("write records", "err", err)
 			}
+			b.Delivered()
 			b.Release()
 		}
 		if ctx.Err() != nil || b == nil && a.printQueue.Closed() {
@@ -550,10 +562,18 @@ func (a *running) describe(trace string) (*pb.TraceStatus, map[uint32]string) {
 }
 
 // applyPlan applies the standalone plan, if any; a plan that does not
-// become active is an error.
+// become active is an error. Traces a previous agent of the node left pinned
+// that the plan does not name are removed: the plan says what runs.
 func (a *running) applyPlan() error {
 	if a.plan == nil {
 		return nil
+	}
+	for _, st := range a.mgr.Running() {
+		if st.GetTrace() != a.plan.GetTrace() {
+			a.cfg.Log.Info("removing a trace taken over from bpffs that the plan does not name", "trace", st.GetTrace(),
+				"generation", st.GetGeneration())
+			a.mgr.Remove(st.GetTrace())
+		}
 	}
 	st := a.mgr.Apply(a.plan)
 	if a.out != nil {
@@ -603,19 +623,30 @@ func (a *running) printCounters() {
 }
 
 // shutdown stops taking plans, flushes the records and the final counters,
-// detaches everything, lets the printer and the collector take what is left
+// detaches everything (or, with KeepOnExit, leaves the pinned traces for the
+// next agent), lets the printer and the collector take what is left
 // (bounded), then stops the clock and /metrics.
 func (a *running) shutdown() error {
 	a.plans.stop()
 	a.mgr.Flush()
 	a.printCounters()
-	err := a.mgr.Close() // detaches, flushes the reader, closes the queue
-	a.mgrClosed = true
+	var err error
+	if a.cfg.KeepOnExit {
+		err = a.mgr.Stop() // stops reading, flushes the reader, closes the queue; the traces run on
+	} else {
+		err = a.mgr.Close() // detaches, unpins, flushes the reader, closes the queue
+		a.mgrClosed = true
+	}
 	if a.out == nil && a.client == nil && a.producer == nil {
 		a.records.cancel() // nothing drains the queue
 	}
 	if !a.records.wait(5 * time.Second) {
 		a.cfg.Log.Warn("collector did not take the last batches in time")
+	}
+	if a.cfg.KeepOnExit {
+		// What the sinks did not send stays in the pinned ring for the next agent.
+		err = errors.Join(err, a.mgr.Release())
+		a.mgrClosed = true
 	}
 	if a.out != nil {
 		a.out.Flush()

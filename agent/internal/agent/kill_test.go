@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -27,11 +28,14 @@ import (
 )
 
 // TestMain turns the test binary into a whole agent (Run, standalone mode)
-// for TestSIGKILLedAgentLeavesNothing when HTGO_AGENT_PLAN is set.
+// for the tests that kill one when HTGO_AGENT_PLAN is set; it pins in
+// HTGO_AGENT_PIN_DIR (none when unset).
 func TestMain(m *testing.M) {
 	if plan := os.Getenv("HTGO_AGENT_PLAN"); plan != "" {
-		err := Run(context.Background(), Config{Node: "killed", Plan: plan, AllowUnsignedPlan: true, Out: "-",
-			Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM) // as main does
+		err := Run(ctx, Config{Node: "killed", Plan: plan, AllowUnsignedPlan: true, Out: "-",
+			PinDir: os.Getenv("HTGO_AGENT_PIN_DIR"), Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+		stop()
 		fmt.Fprintln(os.Stderr, "agent child:", err)
 		os.Exit(1)
 	}

@@ -32,6 +32,8 @@ func newRegistry(p parts) *metrics.Registry {
 	read := func() (uint64, uint64) { return p.mgr.RecordsRead() }
 	r.Counter("hoptrace_agent_records_read_total", "Records read from the ring buffer.",
 		func() float64 { n, _ := read(); return float64(n) })
+	r.Counter("hoptrace_agent_ring_holds_let_go_total", "Batches whose records the ring buffer stopped keeping before they were handed off (more than half the ring held behind, a collector away): a killed agent loses those; a restarted one takes the rest over from the pinned ring.",
+		func() float64 { return float64(p.mgr.RingLetGo()) })
 	if p.client != nil {
 		r.Counter("hoptrace_agent_records_sent_total", "Records sent to the collector (resends included).",
 			func() float64 { return float64(p.client.Stats().RecordsSent) })

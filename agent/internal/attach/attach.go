@@ -4,9 +4,9 @@
 // uprobe.go, and the sock_ops TCP tagger in tagger.go): prepare specialises
 // the hop before load, attach attaches the loaded program and returns what
 // detaches it. The table kinds maps each kind to its pair. Every attachment is
-// an fd-based link and nothing is pinned, so a killed agent leaves nothing
-// attached; the exception is a tc hop's clsact filter on a kernel without tcx
-// (before 6.6), which only Close removes.
+// an fd-based link, or, for a tc hop on a kernel without tcx (before 6.6), a
+// clsact filter, which only Close removes. A hop that Pin pinned in bpffs
+// outlives its agent (pin.go); one that is not goes with its agent's process.
 package attach
 
 import (
@@ -115,15 +115,19 @@ type Hop struct {
 	Index    uint32
 	Loaded   *loader.Hop
 	Describe string // e.g. "tcx egress on eth0 in netns c1"
+	kind     pb.AttachKind
 	detach   detachers
 	place    *place // what Gone checks (nil: nothing to lose)
+	pinDir   string // where Pin pinned it ("" = not pinned)
 }
 
-// Close detaches first, then releases the program and maps.
+// Close detaches first (unpinned, its links detach as they close), then
+// releases the program and maps.
 func (h *Hop) Close() error {
 	if h == nil {
 		return nil
 	}
+	h.unpin()
 	err := h.detach.Close()
 	h.detach = nil
 	h.Loaded.Close()
@@ -206,8 +210,12 @@ func load(spec *ebpf.CollectionSpec, k hopKind, p *pending, opts loader.Options)
 		l.Close()
 		return nil, fmt.Errorf("attach %s: %w", p.describe, err)
 	}
-	return &Hop{Name: p.cfg.Name, Index: uint32(p.cfg.HopIndex), Loaded: l, Describe: p.describe, detach: d,
-		place: placeOf(p)}, nil
+	h := &Hop{Name: p.cfg.Name, Index: uint32(p.cfg.HopIndex), Loaded: l, Describe: p.describe, detach: d,
+		place: placeOf(p)}
+	if p.plan != nil {
+		h.kind = p.plan.GetKind()
+	}
+	return h, nil
 }
 
 // netnsInode sets the hop's netns inode constant: the programs that see

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -27,10 +28,20 @@ type clsactFilter struct {
 	filter *netlink.BpfFilter
 }
 
-// TCXUnsupported probes once whether this kernel has tcx links (6.6, e420bed02507): by attaching a
+// TCXUnsupported says why tc hops attach as clsact filters here, or "" when they attach as tcx
+// links. HOPTRACE_TC=clsact asks for the filters on any kernel (the tests prove the fallback of a
+// kernel without tcx on one with it, as HOPTRACE_FLOOR=1 does the floor programs).
+func TCXUnsupported() string {
+	if os.Getenv("HOPTRACE_TC") == "clsact" {
+		return "HOPTRACE_TC=clsact"
+	}
+	return probeTCX()
+}
+
+// probeTCX probes once whether this kernel has tcx links (6.6, e420bed02507): by attaching a
 // program that lets every packet through (TCX_NEXT) to the loopback device, and detaching it. Loading
 // alone proves nothing: older kernels accept the attach type and ignore it. "" means supported.
-var TCXUnsupported = sync.OnceValue(func() string {
+var probeTCX = sync.OnceValue(func() string {
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, AttachType: ebpf.AttachTCXIngress,
 		License: "GPL", Instructions: asm.Instructions{asm.LoadImm(asm.R0, -1, asm.DWord), asm.Return()}})
 	if err != nil {

@@ -241,6 +241,7 @@ func (c *Client) stream(ctx context.Context, client pb.CollectorClient) (int, er
 				requeue()
 				return sent, err
 			}
+			b.Delivered() // its records may leave the ring buffer (a resend has them here)
 			keep(b)
 			if !resend {
 				forgetDropped()

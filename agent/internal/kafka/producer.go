@@ -363,6 +363,7 @@ func (p *Producer) Run(ctx context.Context) error {
 		}
 		if b != nil {
 			p.publish(ctx, b)
+			b.Delivered() // the Kafka client holds its messages now
 			continue
 		}
 		if p.Queue.Closed() {

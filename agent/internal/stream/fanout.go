@@ -30,6 +30,9 @@ func (f *Fanout) Push(b *Batch) {
 	}
 	shares := new(atomic.Int32)
 	shares.Store(int32(len(f.queues)))
+	if b.handover != nil {
+		b.handover.left.Store(int32(len(f.queues))) // each sink delivers its own
+	}
 	for _, q := range f.queues {
 		own := *b
 		own.shares = shares

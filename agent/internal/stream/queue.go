@@ -61,6 +61,32 @@ type Batch struct {
 	// shares counts the sinks still holding this batch's records when a
 	// Fanout gave each its own Batch over them; nil = one holder.
 	shares *atomic.Int32
+	// handover keeps the batch's records in the ring until every sink has
+	// handed it off (Delivered); nil: nothing kept (a batch made elsewhere).
+	handover  *handover
+	delivered bool
+}
+
+// handover is a batch's hold on the ring, shared by the Batches a Fanout
+// made of it: let go once the last sink delivered its own.
+type handover struct {
+	left    atomic.Int32
+	hold    *hold
+	handoff *handoff
+}
+
+// Delivered says the sink is done with the batch for good: it sent it (a gRPC
+// Send returned, the Kafka client took it, the printer wrote it) or dropped it
+// (counted). Once every sink has, its records may leave the ring buffer: a
+// restarted agent does not read them again. A second call does nothing.
+func (b *Batch) Delivered() {
+	if b.delivered || b.handover == nil {
+		return
+	}
+	b.delivered = true
+	if b.handover.left.Add(-1) == 0 {
+		b.handover.handoff.release(b.handover.hold)
+	}
 }
 
 // OldestTs is the ts_ns of the oldest record waiting in the queue (the first
@@ -136,11 +162,13 @@ func (q *Queue) Push(b *Batch) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
+		// The agent is stopping: not delivered, a pinned ring keeps its records for the next agent.
 		q.dropped += uint64(b.Count())
 		return
 	}
 	if b.Bytes() > q.max {
 		q.dropped += uint64(b.Count())
+		b.Delivered()
 		return
 	}
 	for q.bytes+b.Bytes() > q.max && q.head < len(q.items) {
@@ -149,6 +177,7 @@ func (q *Queue) Push(b *Batch) {
 		q.head++
 		q.bytes -= old.Bytes()
 		q.dropped += uint64(old.Count())
+		old.Delivered()
 	}
 	if q.head > 64 && q.head*2 > len(q.items) {
 		q.items = append(q.items[:0], q.items[q.head:]...)
@@ -169,6 +198,9 @@ func (q *Queue) PushFront(b *Batch) {
 	defer q.mu.Unlock()
 	if q.closed || q.bytes+b.Bytes() > q.max {
 		q.dropped += uint64(b.Count())
+		if !q.closed { // closed: the agent is stopping, as in Push
+			b.Delivered()
+		}
 		return
 	}
 	if q.head > 0 {

@@ -2,15 +2,11 @@ package stream
 
 import (
 	"encoding/binary"
-	"errors"
-	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	"github.com/hoptrace/hoptrace/agent/internal/kallsyms"
@@ -29,11 +25,16 @@ type route struct {
 	buf        []byte
 	trailers   Trailers // what followed buf's records in their samples
 	since      time.Time
+	hold       *hold // the ring from buf's first record on (nil while buf is empty)
 }
 
-// Reader reads the agent's ring buffer and routes records by trace_slot.
+// Reader reads the agent's ring buffer and routes records by trace_slot. The
+// ring's consumer position moves past records only once they are handed off
+// (ring.go): until then a pinned ring keeps them for the next agent.
 type Reader struct {
-	rd         *ringbuf.Reader
+	ring       *ring
+	handoff    *handoff // nil: nothing held (a Reader made without a ring, in tests)
+	at         uint64   // the ring position of the record addLocked adds
 	out        Sink
 	maxRecords int
 	flushEvery time.Duration
@@ -65,11 +66,13 @@ type FunctionNamer interface {
 	Function(addr uint64) kallsyms.Function
 }
 
-// NewReader opens a reader on the records ring buffer; batches go to out.
+// NewReader opens a reader on the records ring buffer, at the kernel's
+// consumer position (a ring taken over: where the last reader left it);
+// batches go to out.
 func NewReader(records *ebpf.Map, out Sink, maxRecords int, flushEvery time.Duration) (*Reader, error) {
-	rd, err := ringbuf.NewReader(records)
+	rg, err := openRing(records)
 	if err != nil {
-		return nil, fmt.Errorf("ring buffer reader: %w", err)
+		return nil, err
 	}
 	if maxRecords <= 0 {
 		maxRecords = DefaultBatchRecords
@@ -77,7 +80,7 @@ func NewReader(records *ebpf.Map, out Sink, maxRecords int, flushEvery time.Dura
 	if flushEvery <= 0 {
 		flushEvery = DefaultFlushEvery
 	}
-	r := &Reader{rd: rd, out: out, maxRecords: maxRecords, flushEvery: flushEvery,
+	r := &Reader{ring: rg, handoff: newHandoff(rg), out: out, maxRecords: maxRecords, flushEvery: flushEvery,
 		routes: map[uint16]*route{}, wake: make(chan struct{}, 1), closing: make(chan struct{}),
 		done: make(chan struct{}), Functions: kallsyms.Kernel}
 	r.readUpTo.Store(clock.Monotonic())
@@ -100,6 +103,15 @@ func (r *Reader) Unqueued() int64 {
 		}
 	}
 	return upTo
+}
+
+// Behind says, before Start, that the ring buffer holds records since CLOCK_MONOTONIC time since
+// that no reader has read yet (a ring taken over from a previous agent): Unqueued says so until the
+// first pass over the ring has read them.
+func (r *Reader) Behind(since int64) {
+	if since < r.readUpTo.Load() {
+		r.readUpTo.Store(since)
+	}
 }
 
 // AddRoute sends records of slot to the batches of (trace, generation).
@@ -125,6 +137,11 @@ func (r *Reader) Read() uint64 { return r.read.Load() }
 // Unrouted counts records whose trace_slot had no route (a detached trace).
 func (r *Reader) Unrouted() uint64 { return r.unrouted.Load() }
 
+// LetGo counts the batches whose records left the ring before they were
+// handed off (the queue held more than half the ring's worth): a killed
+// agent loses those, as it loses anything in its queue.
+func (r *Reader) LetGo() uint64 { return r.handoff.letGo.Load() }
+
 // Start runs the read loop in its own goroutine until Close.
 func (r *Reader) Start() {
 	if r.started.Swap(true) {
@@ -146,13 +163,12 @@ const (
 )
 
 // run reads until Close: it takes what the ring holds without blocking, then
-// sleeps on a Go timer (flushEvery, shorter while busy). Not a blocking ReadInto: a
+// sleeps on a Go timer (flushEvery, shorter while busy). Not a blocking read: a
 // thread parked for 100 ms in epoll_wait outside Go's netpoller makes the
 // runtime's sysmon retake its P and poll every 20 us, which was most of an
-// idle agent's CPU. The Record and its buffer are reused; records are
-// appended to the slot's batch buffer without a per-record allocation.
+// idle agent's CPU. Records are appended from the mapped ring to the slot's
+// batch buffer without a copy or an allocation of their own.
 func (r *Reader) run() error {
-	var rec ringbuf.Record
 	timer := time.NewTimer(r.flushEvery)
 	defer timer.Stop()
 	for {
@@ -162,13 +178,10 @@ func (r *Reader) run() error {
 		r.drained = nil
 		r.mu.Unlock()
 		passStart := clock.Monotonic()
-		n, err := r.readAvailable(&rec)
+		n, err := r.readAvailable()
 		if err != nil {
 			r.FlushAll()
-			if errors.Is(err, ringbuf.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("read ring buffer: %w", err)
+			return err
 		}
 		r.readUpTo.Store(passStart)
 		for _, ch := range waiting {
@@ -193,17 +206,15 @@ func (r *Reader) run() error {
 	}
 }
 
-// readAvailable takes every record committed to the ring now; the bytes read.
-func (r *Reader) readAvailable(rec *ringbuf.Record) (int, error) {
-	r.rd.SetDeadline(time.Now()) // a deadline passed: epoll_wait does not block
+// readAvailable takes every record submitted to the ring now; the bytes read.
+// After each chunk the consumer position follows what is not held.
+func (r *Reader) readAvailable() (int, error) {
 	n := 0
 	for {
-		got, err := r.readChunk(rec)
+		got, more, err := r.readChunk()
 		n += got
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return n, nil
-		}
-		if err != nil {
+		r.handoff.advance(r.ring.read())
+		if err != nil || !more {
 			return n, err
 		}
 	}
@@ -213,24 +224,27 @@ func (r *Reader) readAvailable(rec *ringbuf.Record) (int, error) {
 // for at most that many.
 const chunkRecords = 256
 
-// readChunk reads up to chunkRecords records into their routes' batches; the bytes read. The lock
-// and the route lookup once per record were half the agent's CPU per record (perf, agent_records).
-func (r *Reader) readChunk(rec *ringbuf.Record) (int, error) {
+// readChunk reads up to chunkRecords records into their routes' batches; the bytes read, and
+// whether the ring may hold more. The lock and the route lookup once per record were half the
+// agent's CPU per record (perf, agent_records).
+func (r *Reader) readChunk() (int, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var last routeCache
 	n, records := 0, uint64(0)
 	defer func() { r.read.Add(records) }()
 	for range chunkRecords {
-		if err := r.rd.ReadInto(rec); err != nil {
-			return n, err
+		sample, at, ok, err := r.ring.next()
+		if err != nil || !ok {
+			return n, false, err
 		}
-		n += len(rec.RawSample)
-		if r.addLocked(rec.RawSample, &last) {
+		n += len(sample)
+		r.at = at
+		if r.addLocked(sample, &last) {
 			records++
 		}
 	}
-	return n, nil
+	return n, true, nil
 }
 
 // routeCache is the route of the slot a chunk's last record had: a chunk's records are mostly of
@@ -241,7 +255,8 @@ type routeCache struct {
 	route *route // nil: the slot has no route
 }
 
-// addLocked appends a record to its route's batch; false for a sample too short to be one.
+// addLocked appends a record (at ring position r.at) to its route's batch; false for a sample too
+// short to be one.
 func (r *Reader) addLocked(raw []byte, last *routeCache) bool {
 	if len(raw) < record.Size {
 		return false
@@ -258,6 +273,9 @@ func (r *Reader) addLocked(raw []byte, last *routeCache) bool {
 	if rt.buf == nil {
 		rt.buf = newRecordBuffer(r.maxRecords * record.Size)
 		rt.since = time.Now()
+	}
+	if rt.hold == nil {
+		rt.hold = r.handoff.take(r.at)
 	}
 	rt.buf = append(rt.buf, raw[:record.Size]...)
 	off := record.Size
@@ -315,8 +333,13 @@ func (r *Reader) flushLocked(slot uint16, rt *route) {
 	if len(rt.buf) == 0 {
 		return
 	}
-	r.out.Push(&Batch{Trace: rt.trace, Generation: rt.generation, Slot: slot, Records: rt.buf, Trailers: rt.trailers})
-	rt.buf, rt.trailers = nil, Trailers{}
+	b := &Batch{Trace: rt.trace, Generation: rt.generation, Slot: slot, Records: rt.buf, Trailers: rt.trailers}
+	if rt.hold != nil {
+		b.handover = &handover{hold: rt.hold, handoff: r.handoff}
+		b.handover.left.Store(1)
+	}
+	r.out.Push(b)
+	rt.buf, rt.trailers, rt.hold = nil, Trailers{}, nil
 }
 
 func (r *Reader) flushOld(now time.Time) {
@@ -363,15 +386,20 @@ func (r *Reader) Drain() {
 	r.FlushAll()
 }
 
-// Close stops the read loop (which flushes what it holds) and releases the reader.
+// Close stops the read loop, which flushes what it holds to the batches. The
+// ring stays mapped: the consumer position follows the batches as their
+// sinks hand them off, until Unmap.
 func (r *Reader) Close() error {
 	r.closed.Do(func() { close(r.closing) })
-	err := r.rd.Close()
 	if r.started.Load() {
 		<-r.done
-		if r.runErr != nil {
-			return r.runErr
-		}
+		return r.runErr
 	}
-	return err
+	r.FlushAll()
+	return nil
 }
+
+// Unmap stops moving the consumer position and unmaps the ring (after Close):
+// records not handed off by now stay in a pinned ring for the next agent's
+// reader (which reads on from the consumer position).
+func (r *Reader) Unmap() error { return r.handoff.unmap() }

@@ -3,6 +3,8 @@ package tracer
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -27,14 +29,81 @@ type Event struct {
 	Hist    string
 	// RecordArgs names the record action's arguments, in order.
 	RecordArgs []string
+	pinDir     string // where Pin pinned it ("" = not pinned)
 }
 
-// Close detaches the probe, then releases its program and maps.
+// Close detaches the probe (unpinned first), then releases its program and maps.
 func (e *Event) Close() {
+	e.unpin()
 	if e.Link != nil {
 		e.Link.Close()
 	}
 	e.Loaded.Close()
+}
+
+// Pin pins the probe in dir (made here): its link, program and maps, as attach.Hop.Pin pins a
+// hop. notKept says why it cannot be kept on this kernel (a tracepoint's or kprobe's perf_event
+// link before 5.15), with nothing of it left pinned.
+func (e *Event) Pin(dir string) (notKept string, err error) {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", err
+	}
+	e.pinDir = dir
+	if err := e.Loaded.Pin(dir); err != nil {
+		e.unpin()
+		return "", err
+	}
+	if err := e.Link.Pin(filepath.Join(dir, eventLinkPin)); err != nil {
+		e.unpin()
+		if errors.Is(err, link.ErrNotSupported) {
+			return fmt.Sprintf("event %s: its link cannot be pinned on this kernel (%v): it goes with its agent, "+
+				"and a restarted agent attaches it again", e.Name, err), nil
+		}
+		return "", fmt.Errorf("pin event %s: %w", e.Name, err)
+	}
+	return "", nil
+}
+
+// eventLinkPin is the name of an event probe's link in its directory.
+const eventLinkPin = "link0"
+
+func (e *Event) unpin() {
+	if e.pinDir == "" {
+		return
+	}
+	if e.Link != nil {
+		_ = e.Link.Unpin()
+	}
+	_ = os.RemoveAll(e.pinDir)
+	e.pinDir = ""
+}
+
+// Release closes the agent's handles on the probe; pinned, it stays attached for the next agent,
+// else it is detached (Close).
+func (e *Event) Release() {
+	if e.pinDir == "" {
+		e.Close()
+		return
+	}
+	if e.Link != nil {
+		e.Link.Close()
+	}
+	e.Loaded.Close()
+}
+
+// loadPinnedEvent takes over the probe p an agent pinned in dir.
+func loadPinnedEvent(dir string, p pinnedEvent) (*Event, error) {
+	loaded, err := loader.LoadPinnedEvent(dir, p.Config)
+	if err != nil {
+		return nil, err
+	}
+	l, err := link.LoadPinnedLink(filepath.Join(dir, eventLinkPin), nil)
+	if err != nil {
+		loaded.Close()
+		return nil, fmt.Errorf("load pinned link: %w", err)
+	}
+	return &Event{Index: p.Index, Name: p.Name, Loaded: loaded, Link: l, CountBy: p.CountBy, Hist: p.Hist,
+		RecordArgs: p.RecordArgs, pinDir: dir}, nil
 }
 
 // AttachEvent resolves an event's arguments against this kernel's tracefs

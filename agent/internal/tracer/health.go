@@ -41,6 +41,7 @@ func (m *Manager) Check() []*pb.TraceStatus {
 		if len(t.Hops) == 0 && len(t.Events) == 0 && t.Tagger == nil {
 			t.Status.Active = false
 		}
+		m.commit(t) // a restarted agent takes over what is left, with this status
 		changed = append(changed, cloneStatus(t.Status))
 	}
 	return changed

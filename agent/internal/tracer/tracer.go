@@ -1,12 +1,19 @@
 // Package tracer runs the agent's traces: it applies TracePlans (loading and
 // attaching their hops), replaces a trace by a newer generation without a
 // gap (attach the new, then detach the old), removes traces, and reads
-// their counters. Standalone and daemon modes both drive a Manager.
+// their counters. Standalone and daemon modes both drive a Manager. With a
+// PinDir its traces outlive the agent, pinned in bpffs, and the next agent of
+// the node takes them over (pins.go, adopt.go).
 package tracer
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"sort"
 	"sync"
@@ -39,6 +46,11 @@ type Config struct {
 	Out          stream.Sink
 	BatchRecords int
 	FlushEvery   time.Duration
+	// PinDir is where traces are pinned in bpffs (a directory per node below
+	// it) so that they outlive the agent; "" pins nothing, and the traces go
+	// with the agent's process.
+	PinDir string
+	Log    *slog.Logger
 }
 
 // Trace is one running generation of a trace.
@@ -58,6 +70,14 @@ type Trace struct {
 	// eventMarks: the times its marking events leave for later events'
 	// latencies (nil when no event of the trace pairs with another).
 	eventMarks *ebpf.Map
+	// pinDir is the generation's directory in bpffs ("" = not pinned);
+	// digest identifies its plan; adopted: taken over from a previous agent;
+	// waiting: adopted with hops it could not keep, which its plan attaches
+	// again (complete).
+	pinDir           string
+	digest           string
+	adopted, waiting bool
+	committed        int64
 }
 
 // Manager owns the agent's ring buffer and its traces.
@@ -78,12 +98,23 @@ type Manager struct {
 	nextSlot uint16
 	// hopNames survive removal so late records can still be named.
 	hopNames map[string]map[uint16]string
+
+	// pins is the node's directory in bpffs (nil: nothing pinned, notKept
+	// says why).
+	pins    *pinRoot
+	notKept string
+	log     *slog.Logger
+
+	stopped sync.Once
+	stopErr error
 }
 
 // DefaultRingBytes is the records ring buffer size.
 const DefaultRingBytes = 16 << 20
 
-// New creates the records ring buffer and starts reading it.
+// New creates the records ring buffer and starts reading it. With a PinDir,
+// it takes over what the node's previous agent left pinned there: the ring
+// buffer (and the records it holds) and every complete trace (adopt.go).
 func New(cfg Config) (*Manager, error) {
 	if cfg.RingBytes == 0 {
 		cfg.RingBytes = DefaultRingBytes
@@ -91,19 +122,63 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Out == nil {
 		cfg.Out = stream.NewQueue(0)
 	}
-	records, err := ebpf.NewMap(&ebpf.MapSpec{Name: "ht_records", Type: ebpf.RingBuf, MaxEntries: cfg.RingBytes})
-	if err != nil {
-		return nil, fmt.Errorf("create records ring buffer (%d bytes): %w", cfg.RingBytes, err)
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
 	}
-	rd, err := stream.NewReader(records, cfg.Out, cfg.BatchRecords, cfg.FlushEvery)
+	m := &Manager{cfg: cfg, traces: map[string]*Trace{}, slots: map[uint16]bool{}, nextSlot: 1,
+		hopNames: map[string]map[uint16]string{}, log: cfg.Log,
+		notKept: `the agent pins nothing (--pin-dir ""): the trace goes with its agent's process`}
+	if cfg.PinDir != "" {
+		pins, err := openPinRoot(cfg.PinDir, cfg.Node)
+		switch {
+		case errors.Is(err, errNodeLocked):
+			return nil, err
+		case err != nil:
+			// Tracing matters more than outliving the agent (a container without bpffs).
+			m.notKept = fmt.Sprintf("nothing pinned (%v): the trace goes with its agent's process", err)
+			m.log.Warn("WARNING: the traces will not outlive this agent", "err", err)
+		default:
+			m.pins, m.notKept = pins, ""
+		}
+	}
+	oldest, err := m.takeOver()
 	if err != nil {
-		records.Close()
+		m.closeMaps()
+		if m.pins != nil {
+			m.pins.unlock()
+		}
 		return nil, err
 	}
+	if m.records == nil {
+		if m.records, err = ebpf.NewMap(&ebpf.MapSpec{Name: "ht_records", Type: ebpf.RingBuf, MaxEntries: cfg.RingBytes}); err != nil {
+			m.pins.unlock()
+			return nil, fmt.Errorf("create records ring buffer (%d bytes): %w", cfg.RingBytes, err)
+		}
+		if m.pins != nil {
+			if err := pinMap(m.records, m.pins.path(pinRecords)); err != nil {
+				m.records.Close()
+				m.pins.unlock()
+				return nil, err
+			}
+		}
+	}
+	rd, err := stream.NewReader(m.records, cfg.Out, cfg.BatchRecords, cfg.FlushEvery)
+	if err != nil {
+		m.closeTraces(false)
+		m.closeMaps()
+		m.pins.unlock()
+		return nil, err
+	}
+	m.reader = rd
+	for _, t := range m.traces {
+		rd.AddRoute(t.Slot, t.Name, t.Generation)
+	}
+	if oldest != 0 {
+		// The ring holds what the hops wrote while no agent read it.
+		rd.Behind(oldest)
+	}
 	rd.Start()
-	return &Manager{cfg: cfg, records: records, reader: rd,
-		traces: map[string]*Trace{}, slots: map[uint16]bool{}, nextSlot: 1,
-		hopNames: map[string]map[uint16]string{}}, nil
+	return m, nil
 }
 
 // Records is the agent's ring buffer.
@@ -141,45 +216,28 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 		return st
 	}
 	old := m.traces[plan.GetTrace()]
+	digest := planDigest(plan)
 	if old != nil && plan.GetGeneration() <= old.Generation {
-		if plan.GetGeneration() == old.Generation {
+		if plan.GetGeneration() < old.Generation {
+			st.Error = fmt.Sprintf("generation %d is older than the running %d", plan.GetGeneration(), old.Generation)
+			return st
+		}
+		switch {
+		case old.waiting && old.digest == digest:
+			return m.complete(old, plan)
+		case !old.adopted || old.digest == digest:
 			return cloneStatus(old.Status)
 		}
-		st.Error = fmt.Sprintf("generation %d is older than the running %d", plan.GetGeneration(), old.Generation)
-		return st
+		// A plan file changed under the same generation while no agent ran: it replaces the
+		// trace taken over, as a newer generation would.
+		m.log.Warn("trace taken over from bpffs differs from its plan of the same generation: replaced",
+			"trace", old.Name, "generation", old.Generation)
 	}
 
-	spec, err := loader.LoadSpec(plan, m.cfg.BaseDir)
+	spec, err := m.planSpec(plan)
 	if err != nil {
 		st.Error = err.Error()
 		return st
-	}
-	// Nothing of an object is loaded unless all its programs are allowed.
-	if err := allowlist.Check(spec, allowlist.Hops); err != nil {
-		st.Error = err.Error()
-		return st
-	}
-	filter, err := loader.FilterFromMatch(plan.GetMatch())
-	if err != nil {
-		st.Error = err.Error()
-		return st
-	}
-	idOrigin, followOrigin, err := traceOrigins(plan, m.cfg.Node)
-	if err != nil {
-		st.Error = err.Error()
-		return st
-	}
-	if m.prevTS == nil {
-		if m.prevTS, err = loader.NewPrevTS(spec); err != nil {
-			st.Error = err.Error()
-			return st
-		}
-	}
-	if m.sockReadLast == nil {
-		if m.sockReadLast, err = loader.NewSharedMap(spec, loader.MapSockReadLast); err != nil {
-			st.Error = err.Error()
-			return st
-		}
 	}
 	slot, err := m.allocSlot()
 	if err != nil {
@@ -188,14 +246,20 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 	}
 
 	t := &Trace{Name: plan.GetTrace(), Generation: plan.GetGeneration(), Slot: slot, Status: st,
-		match: plan.GetMatch(), attachedNs: map[uint32]int64{}}
+		match: plan.GetMatch(), attachedNs: map[uint32]int64{}, digest: digest}
 	// Generations of one trace share one ID sequence, so IDs do not repeat.
 	if old != nil && old.idState != nil {
 		t.idState, err = old.idState.Clone()
 	} else {
 		t.idState, err = loader.NewIDState(spec)
 	}
+	if err == nil && m.pins != nil {
+		err = m.pinGeneration(t)
+	}
 	if err != nil {
+		if t.idState != nil {
+			t.idState.Close()
+		}
 		delete(m.slots, slot)
 		st.Error = err.Error()
 		return st
@@ -208,13 +272,80 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 	m.hopNames[plan.GetTrace()] = names
 	m.reader.AddRoute(slot, plan.GetTrace(), plan.GetGeneration())
 
+	attached := m.attachPlan(t, old, plan, spec)
+	if attached == 0 && t.Tagger == nil {
+		if st.Error == "" {
+			st.Error = "no hop attached"
+		}
+		m.closeTrace(t)
+		if old == nil {
+			m.unpinTrace(t.Name)
+		}
+		// A running generation stays.
+		return st
+	}
+	st.Active = true
+	m.commit(t)
+	m.traces[t.Name] = t
+	if old != nil {
+		m.closeTrace(old)
+	}
+	return cloneStatus(st)
+}
+
+// planSpec loads and checks a plan's object, and makes the agent's shared
+// maps from it when they are not there yet.
+func (m *Manager) planSpec(plan *pb.TracePlan) (*ebpf.CollectionSpec, error) {
+	spec, err := loader.LoadSpec(plan, m.cfg.BaseDir)
+	if err != nil {
+		return nil, err
+	}
+	// Nothing of an object is loaded unless all its programs are allowed.
+	if err := allowlist.Check(spec, allowlist.Hops); err != nil {
+		return nil, err
+	}
+	if _, err := loader.FilterFromMatch(plan.GetMatch()); err != nil {
+		return nil, err
+	}
+	if _, _, err := traceOrigins(plan, m.cfg.Node); err != nil {
+		return nil, err
+	}
+	if m.prevTS == nil {
+		if m.prevTS, err = loader.NewPrevTS(spec); err != nil {
+			return nil, err
+		}
+	}
+	if m.sockReadLast == nil {
+		if m.sockReadLast, err = loader.NewSharedMap(spec, loader.MapSockReadLast); err != nil {
+			return nil, err
+		}
+	}
+	if m.pins != nil {
+		if err := pinMap(m.prevTS, m.pins.path(loader.MapPrevTS)); err != nil {
+			return nil, err
+		}
+		if err := pinMap(m.sockReadLast, m.pins.path(loader.MapSockReadLast)); err != nil {
+			return nil, err
+		}
+	}
+	return spec, nil
+}
+
+// attachPlan attaches the plan's hops, TCP tagger and events to t, each one
+// t does not have yet (all of them for a new generation; those a trace taken
+// over lost, for complete), pinning each in t's directory; it returns how
+// many hops and events it attached. old is the generation t replaces, if any.
+func (m *Manager) attachPlan(t *Trace, old *Trace, plan *pb.TracePlan, spec *ebpf.CollectionSpec) int {
+	st := t.Status
+	filter, _ := loader.FilterFromMatch(plan.GetMatch())
+	idOrigin, followOrigin, _ := traceOrigins(plan, m.cfg.Node)
 	// The kernel's types, decoded for CO-RE, are shared by this plan's loads
 	// only: kept, they were most of an idle agent's heap (3.7 of 4.2 MB).
 	kernelTypes := btf.NewCache()
 	env := attach.Env{
 		Netns: m.cfg.Netns,
 		Base: loader.HopConfig{
-			TraceSlot:    slot,
+			TraceSlot:    t.Slot,
 			IDOrigin:     idOrigin,
 			FollowOrigin: followOrigin,
 			SampleEvery:  plan.GetSample(),
@@ -225,64 +356,98 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 	}
 	attached := 0
 	for _, ha := range plan.GetHops() {
-		hs := &pb.HopStatus{HopIndex: ha.GetHopIndex(), Name: ha.GetName()}
+		hs := hopStatus(st, ha.GetHopIndex())
+		if hs == nil {
+			hs = &pb.HopStatus{HopIndex: ha.GetHopIndex(), Name: ha.GetName()}
+			st.Hops = append(st.Hops, hs)
+		} else if hs.Attached {
+			continue
+		}
 		h, err := attach.AttachHop(spec, ha, env)
 		if err != nil {
 			hs.Error = err.Error()
 			if refused := (*loader.ActionsRefusedError)(nil); errors.As(err, &refused) {
 				hs.RefusedActions = refused.Refused.Proto()
 			}
-		} else {
-			hs.Attached = true
-			t.Hops = append(t.Hops, h)
-			t.attachedNs[h.Index] = attachedSince(old, t, h)
-			attached++
+			continue
 		}
-		st.Hops = append(st.Hops, hs)
+		hs.Attached, hs.Error, hs.NotKept = true, "", m.pinHop(t, h, hopPin(h.Index))
+		t.Hops = append(t.Hops, h)
+		t.attachedNs[h.Index] = attachedSince(old, t, h)
+		attached++
 	}
-	if plan.GetTcpTagging() != nil {
+	if plan.GetTcpTagging() != nil && t.Tagger == nil {
 		h, err := attach.AttachTCPTagging(spec, plan.GetTcpTagging(), env)
 		if err != nil {
 			st.Error = err.Error()
 		} else {
 			t.Tagger = h
+			if why := m.pinHop(t, h, pinTagger); why != "" {
+				st.NotKept = "tcp tagging: " + why
+			}
 		}
 	}
 	for _, ea := range plan.GetEvents() {
+		es := eventStatus(st, ea.GetEventIndex())
+		if es == nil {
+			es = &pb.EventStatus{EventIndex: ea.GetEventIndex(), Name: ea.GetName()}
+			st.Events = append(st.Events, es)
+		} else if es.Attached {
+			continue
+		}
 		if (ea.GetMarkArg() != "" || ea.GetLatencyArg() != "") && t.eventMarks == nil {
-			if t.eventMarks, err = loader.NewSharedMap(spec, loader.MapEventMarks); err != nil {
-				st.Error = err.Error()
-				break
+			var err error
+			if t.eventMarks, err = loader.NewSharedMap(spec, loader.MapEventMarks); err == nil && t.pinDir != "" {
+				err = pinMap(t.eventMarks, filepath.Join(t.pinDir, pinMarks))
+			}
+			if err != nil {
+				es.Error = err.Error()
+				continue
 			}
 		}
-		es := &pb.EventStatus{EventIndex: ea.GetEventIndex(), Name: ea.GetName()}
 		e, err := AttachEvent(spec, ea, loader.Options{Records: m.records, Cache: kernelTypes, EventMarks: t.eventMarks})
 		if err != nil {
 			es.Error = err.Error()
-		} else {
-			es.Attached = true
-			t.Events = append(t.Events, e)
-			attached++
+			continue
 		}
-		st.Events = append(st.Events, es)
+		es.Attached, es.Error, es.NotKept = true, "", m.pinEvent(t, e)
+		t.Events = append(t.Events, e)
+		attached++
 	}
-	if attached == 0 && t.Tagger == nil {
-		if st.Error == "" {
-			st.Error = "no hop attached"
+	if m.pins == nil {
+		st.NotKept = m.notKept
+	}
+	return attached
+}
+
+func hopStatus(st *pb.TraceStatus, index uint32) *pb.HopStatus {
+	for _, hs := range st.Hops {
+		if hs.GetHopIndex() == index {
+			return hs
 		}
-		m.closeTrace(t)
-		if old != nil {
-			// The running generation stays.
-			return st
+	}
+	return nil
+}
+
+func eventStatus(st *pb.TraceStatus, index uint32) *pb.EventStatus {
+	for _, es := range st.Events {
+		if es.GetEventIndex() == index {
+			return es
 		}
-		return st
 	}
-	st.Active = true
-	m.traces[t.Name] = t
-	if old != nil {
-		m.closeTrace(old)
+	return nil
+}
+
+// planDigest identifies a plan (its deterministic encoding): a restarted
+// agent tells the plan of a trace it took over from another of the same
+// generation by it.
+func planDigest(plan *pb.TracePlan) string {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(plan)
+	if err != nil {
+		return ""
 	}
-	return cloneStatus(st)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // attachedSince is since when hop h of trace t watches its place: now, or
@@ -301,7 +466,8 @@ func attachedSince(old, t *Trace, h *attach.Hop) int64 {
 	return clock.Monotonic()
 }
 
-// closeTrace detaches a trace's hops, then flushes and forgets its slot.
+// closeTrace detaches a trace's hops and unpins its generation, then flushes
+// and forgets its slot.
 func (m *Manager) closeTrace(t *Trace) {
 	if t.Tagger != nil {
 		t.Tagger.Close()
@@ -312,8 +478,15 @@ func (m *Manager) closeTrace(t *Trace) {
 	for _, e := range t.Events {
 		e.Close()
 	}
-	m.reader.Drain()
-	m.reader.RemoveRoute(t.Slot)
+	if t.pinDir != "" {
+		if err := os.RemoveAll(t.pinDir); err != nil {
+			m.log.Warn("unpin trace", "trace", t.Name, "generation", t.Generation, "err", err)
+		}
+	}
+	if m.reader != nil {
+		m.reader.Drain()
+		m.reader.RemoveRoute(t.Slot)
+	}
 	delete(m.slots, t.Slot)
 	if t.idState != nil {
 		t.idState.Close()
@@ -340,7 +513,18 @@ func (m *Manager) Remove(name string) *pb.TraceStatus {
 	}
 	delete(m.traces, name)
 	m.closeTrace(t)
+	m.unpinTrace(name)
 	return cloneStatus(t.Status)
+}
+
+// unpinTrace removes what is left pinned of a trace that no longer runs (its ID sequence).
+func (m *Manager) unpinTrace(name string) {
+	if m.pins == nil {
+		return
+	}
+	if err := os.RemoveAll(m.pins.traceDir(name)); err != nil {
+		m.log.Warn("unpin trace", "trace", name, "err", err)
+	}
 }
 
 // Running lists the statuses of the running traces, by name.
@@ -428,39 +612,110 @@ func (m *Manager) Flush() { m.reader.Drain() }
 // Unqueued is the earliest CLOCK_MONOTONIC time a record not queued yet may carry (stream.Reader.Unqueued).
 func (m *Manager) Unqueued() int64 { return m.reader.Unqueued() }
 
+// RingLetGo counts the batches the ring buffer stopped keeping before they
+// were handed off (stream.Reader.LetGo).
+func (m *Manager) RingLetGo() uint64 { return m.reader.LetGo() }
+
 // RecordsRead is the number of records read from the ring buffer, and
 // how many of them belonged to no running trace.
 func (m *Manager) RecordsRead() (read, unrouted uint64) {
 	return m.reader.Read(), m.reader.Unrouted()
 }
 
-// Close detaches every trace and stops reading.
+// Close detaches every trace, stops reading, and unpins everything the agent
+// pinned: nothing of it is left for a next agent.
 func (m *Manager) Close() error {
 	m.mu.Lock()
-	for name, t := range m.traces {
-		m.closeTrace(t)
-		delete(m.traces, name)
-	}
+	m.closeTraces(true)
 	m.mu.Unlock()
-	err := m.reader.Close()
-	m.records.Close()
-	if m.prevTS != nil {
-		m.prevTS.Close()
+	err := errors.Join(m.Stop(), m.reader.Unmap())
+	m.closeMaps()
+	if m.pins != nil {
+		if rerr := m.pins.remove(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("unpin: %w", rerr))
+		}
 	}
-	if m.sockReadLast != nil {
-		m.sockReadLast.Close()
-	}
-	m.cfg.Out.Close()
 	return err
 }
 
+// Stop stops reading the ring buffer: what the reader holds goes to the
+// queue, which is closed (its sinks send what it holds, then end). The
+// traces stay attached; Release or Close follows.
+func (m *Manager) Stop() error {
+	m.stopped.Do(func() {
+		m.stopErr = m.reader.Close()
+		m.cfg.Out.Close()
+	})
+	return m.stopErr
+}
+
+// Release stops reading (Stop) and closes what the agent holds, leaving the
+// pinned traces attached and recording into the pinned ring buffer for the
+// next agent of the node, which takes them over in New and reads on from the
+// first record not handed off. Without a PinDir it is Close.
+func (m *Manager) Release() error {
+	if m.pins == nil {
+		return m.Close()
+	}
+	err := errors.Join(m.Stop(), m.reader.Unmap())
+	m.mu.Lock()
+	m.closeTraces(false)
+	m.mu.Unlock()
+	m.closeMaps()
+	m.pins.unlock()
+	return err
+}
+
+// closeTraces closes every trace: detached and unpinned (detach), or only
+// the agent's handles on them (a pinned trace stays attached).
+func (m *Manager) closeTraces(detach bool) {
+	for name, t := range m.traces {
+		if detach {
+			m.closeTrace(t)
+			m.unpinTrace(name)
+		} else {
+			t.release()
+		}
+		delete(m.traces, name)
+	}
+}
+
+// release closes the agent's handles on t, leaving what is pinned of it.
+func (t *Trace) release() {
+	if t.Tagger != nil {
+		t.Tagger.Release()
+	}
+	for _, h := range t.Hops {
+		h.Release()
+	}
+	for _, e := range t.Events {
+		e.Release()
+	}
+	for _, m := range []*ebpf.Map{t.idState, t.eventMarks} {
+		if m != nil {
+			m.Close()
+		}
+	}
+}
+
+// closeMaps closes the agent's ring buffer and shared maps (pinned, they stay).
+func (m *Manager) closeMaps() {
+	for _, mp := range []*ebpf.Map{m.records, m.prevTS, m.sockReadLast} {
+		if mp != nil {
+			mp.Close()
+		}
+	}
+}
+
 func cloneStatus(s *pb.TraceStatus) *pb.TraceStatus {
-	c := &pb.TraceStatus{Trace: s.Trace, Generation: s.Generation, Active: s.Active, Error: s.Error}
+	c := &pb.TraceStatus{Trace: s.Trace, Generation: s.Generation, Active: s.Active, Error: s.Error, NotKept: s.NotKept}
 	for _, h := range s.Hops {
-		c.Hops = append(c.Hops, &pb.HopStatus{HopIndex: h.HopIndex, Name: h.Name, Attached: h.Attached, Error: h.Error})
+		c.Hops = append(c.Hops, &pb.HopStatus{HopIndex: h.HopIndex, Name: h.Name, Attached: h.Attached, Error: h.Error,
+			NotKept: h.NotKept})
 	}
 	for _, e := range s.Events {
-		c.Events = append(c.Events, &pb.EventStatus{EventIndex: e.EventIndex, Name: e.Name, Attached: e.Attached, Error: e.Error})
+		c.Events = append(c.Events, &pb.EventStatus{EventIndex: e.EventIndex, Name: e.Name, Attached: e.Attached, Error: e.Error,
+			NotKept: e.NotKept})
 	}
 	return c
 }

@@ -1,0 +1,421 @@
+package tracer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+
+	"github.com/hoptrace/hoptrace/agent/internal/attach"
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	"github.com/hoptrace/hoptrace/agent/internal/netns"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	"github.com/hoptrace/hoptrace/agent/internal/stream"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+)
+
+// testPinDir is a pin directory of the test's own in bpffs, removed (so unpinned) afterwards.
+func testPinDir(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(bpffsMount, "hoptrace-test-"+tu.Name())
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// newPinnedManager is a Manager of node n1 pinning in dir.
+func newPinnedManager(t *testing.T, dir string) (*Manager, *stream.Queue) {
+	t.Helper()
+	q := stream.NewQueue(0)
+	m, err := New(Config{Node: "n1", Out: q, FlushEvery: 20 * time.Millisecond, PinDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, q
+}
+
+// sendUDP sends n untagged datagrams from the pair's A end to B (port 5000): the first hop tags them.
+func sendUDP(t *testing.T, p *tu.VethPair, n int) {
+	t.Helper()
+	err := netns.Do(netns.Path(p.NsA, ""), func() error {
+		// Not connected: B's port unreachable replies would fail the next write.
+		conn, err := net.ListenPacket("udp4", p.AddrA+":0")
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		to := &net.UDPAddr{IP: net.ParseIP(p.AddrB), Port: 5000}
+		for i := 0; i < n; i++ {
+			if _, err := conn.WriteTo([]byte("hoptrace"), to); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send: %v", err)
+	}
+}
+
+// tracedPackets pops batches until n packets have a record from each of hops hops; their IDs. It
+// delivers each batch, as a sink does: their records leave the ring.
+func tracedPackets(t *testing.T, q *stream.Queue, n, hops int) []uint32 {
+	t.Helper()
+	seen := map[uint32]map[uint16]bool{}
+	var complete []uint32
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for len(complete) < n {
+		b := q.Pop(ctx)
+		if b == nil {
+			t.Fatalf("%d of %d packets traced at every hop (records: %v)", len(complete), n, seen)
+		}
+		for off := 0; off < len(b.Records); off += record.Size {
+			var r record.Record
+			if err := record.Decode(b.Records[off:], &r); err != nil {
+				t.Fatal(err)
+			}
+			if seen[r.PacketID] == nil {
+				seen[r.PacketID] = map[uint16]bool{}
+			}
+			if seen[r.PacketID][r.HopIndex] {
+				t.Errorf("packet %#x twice at hop %d", r.PacketID, r.HopIndex)
+			}
+			seen[r.PacketID][r.HopIndex] = true
+			if len(seen[r.PacketID]) == hops {
+				complete = append(complete, r.PacketID)
+			}
+		}
+		b.Delivered()
+	}
+	return complete
+}
+
+// tcPrograms counts the programs on the pair's tc hooks: tcx links and clsact filters.
+func tcPrograms(t *testing.T, p *tu.VethPair) int {
+	t.Helper()
+	n := tcxCount(t, p)
+	for _, x := range [][2]string{{p.NsA, p.DevA}, {p.NsB, p.DevB}} {
+		for _, dir := range []string{"ingress", "egress"} {
+			n += strings.Count(tu.Ip(t, "netns", "exec", x[0], "tc", "filter", "show", "dev", x[1], dir), "direct-action")
+		}
+	}
+	return n
+}
+
+func attachTimes(m *Manager) map[string]int64 {
+	out := map[string]int64{}
+	for _, tc := range m.Counters() {
+		for _, h := range tc.Hops {
+			out[h.GetHop()] = h.GetAttachedNs()
+		}
+	}
+	return out
+}
+
+// A trace pinned by one agent outlives it: with no agent, its hops go on tracing into the pinned
+// ring buffer; the next agent of the node takes it over (the same programs, attach times and ID
+// sequence, no attach again), reads what was recorded meanwhile and goes on; a removal detaches
+// and unpins it. As tcx links, and as clsact filters (a kernel without tcx).
+func TestTakeOverKeepsTheTrace(t *testing.T) {
+	tu.RequireRoot(t)
+	for _, tc := range []struct{ name, env string }{{"tcx", ""}, {"clsact", "clsact"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("HOPTRACE_TC", tc.env)
+			p := tu.NewVethPair(t, "198.18.47")
+			dir := testPinDir(t)
+			pl := plan(p, 1)
+			pl.Hops[0].TagUdp = true
+			m1, q1 := newPinnedManager(t, dir)
+			st := applyAttached(t, m1, pl)
+			for _, h := range st.GetHops() {
+				if h.GetNotKept() != "" {
+					t.Errorf("hop %s not kept: %s", h.GetName(), h.GetNotKept())
+				}
+			}
+			if st.GetNotKept() != "" {
+				t.Errorf("trace not kept: %s", st.GetNotKept())
+			}
+			// Root only (docs/security.md): the directories 0700, the pins 0600.
+			for path, want := range map[string]os.FileMode{dir: 0o700 | os.ModeDir, filepath.Join(dir, "n1"): 0o700 | os.ModeDir,
+				filepath.Join(dir, "n1", pinRecords): 0o600} {
+				if st, err := os.Stat(path); err != nil || st.Mode() != want {
+					t.Errorf("%s: mode %v (%v), want %v", path, st.Mode(), err, want)
+				}
+			}
+			sendUDP(t, p, 5)
+			before := tracedPackets(t, q1, 5, 3)
+			times := attachTimes(m1)
+			if err := m1.Release(); err != nil {
+				t.Fatal(err)
+			}
+
+			// No agent: the hops stay and record.
+			if n := tcPrograms(t, p); n != 2 {
+				t.Fatalf("%d tc programs with no agent, want the 2 pinned ones", n)
+			}
+			sendUDP(t, p, 5)
+
+			m2, q2 := newPinnedManager(t, dir)
+			closed := false
+			t.Cleanup(func() {
+				if !closed {
+					m2.Close()
+				}
+			})
+			running := m2.Running()
+			if len(running) != 1 || !running[0].GetActive() || running[0].GetGeneration() != 1 {
+				t.Fatalf("running after the takeover: %v", running)
+			}
+			while := tracedPackets(t, q2, 5, 3)
+			last := before[0]
+			for _, id := range before {
+				last = max(last, id)
+			}
+			for _, id := range while {
+				if id <= last {
+					t.Errorf("packet ID %#x after the takeover, the sequence was at %#x: reused", id, last)
+				}
+			}
+			if got := attachTimes(m2); !equalTimes(got, times) {
+				t.Errorf("attach times %v after the takeover, were %v", got, times)
+			}
+			// The plan again (a dispatcher pushes it to a new agent): nothing is attached again.
+			if again := m2.Apply(pl); !again.GetActive() || again.GetError() != "" {
+				t.Fatalf("the plan again: %v", again)
+			}
+			if n := tcPrograms(t, p); n != 2 {
+				t.Fatalf("%d tc programs after the plan again, want 2", n)
+			}
+			sendUDP(t, p, 3)
+			tracedPackets(t, q2, 3, 3)
+
+			if st := m2.Remove("t1"); st.GetActive() {
+				t.Fatalf("removed: %v", st)
+			}
+			if n := tcPrograms(t, p); n != 0 {
+				t.Errorf("%d tc programs after the removal", n)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "n1", "t1")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the trace's pins are left after its removal: %v", err)
+			}
+			closed = true
+			if err := m2.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "n1")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the node's pins are left after Close: %v", err)
+			}
+		})
+	}
+}
+
+// A trace taken over without one of its hops (its pins gone: a hop its kernel could not keep) is not
+// active and says why; its plan attaches the hop again, in the same slot and ID sequence. A
+// generation left without meta (an agent killed while attaching it) is removed; a second agent of
+// the node is refused.
+func TestTakeOverWaitsForThePlan(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.48")
+	dir := testPinDir(t)
+	pl := plan(p, 1)
+	pl.Hops[0].TagUdp = true
+	m1, _ := newPinnedManager(t, dir)
+	applyAttached(t, m1, pl)
+	if _, err := New(Config{Node: "n1", PinDir: dir}); err == nil || !strings.Contains(err.Error(), "another hoptrace-agent runs for node n1") {
+		t.Errorf("a second agent of the node: %v", err)
+	}
+	if err := m1.Release(); err != nil {
+		t.Fatal(err)
+	}
+	trace := filepath.Join(dir, "n1", "t1")
+	slots, _ := filepath.Glob(filepath.Join(trace, "slot*"))
+	if len(slots) != 1 {
+		t.Fatalf("generation directories %v", slots)
+	}
+	if err := os.RemoveAll(filepath.Join(slots[0], "hop1")); err != nil {
+		t.Fatal(err)
+	}
+	half := filepath.Join(trace, "slot999")
+	if err := os.Mkdir(half, 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	m2, q2 := newPinnedManager(t, dir)
+	t.Cleanup(func() { m2.Close() })
+	if _, err := os.Stat(half); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a generation without meta is left: %v", err)
+	}
+	running := m2.Running()
+	if len(running) != 1 || running[0].GetActive() || !strings.Contains(running[0].GetError(), "waiting for its plan") {
+		t.Fatalf("a trace taken over without a hop: %v", running)
+	}
+	if hs := running[0].GetHops()[1]; hs.GetAttached() || !strings.Contains(hs.GetError(), "not kept across the agent's restart") {
+		t.Errorf("the hop not taken over: %v", hs)
+	}
+	// The link whose pins went is released from a deferred context: allow a moment.
+	for until := time.Now().Add(3 * time.Second); tcPrograms(t, p) != 1 && time.Now().Before(until); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := tcPrograms(t, p); n != 1 {
+		t.Fatalf("%d tc programs, want the one left pinned", n)
+	}
+	st := m2.Apply(pl)
+	if !st.GetActive() || st.GetError() != "" || !st.GetHops()[1].GetAttached() {
+		t.Fatalf("the plan of the trace taken over: %v", st)
+	}
+	if n := tcPrograms(t, p); n != 2 {
+		t.Fatalf("%d tc programs after the plan, want 2", n)
+	}
+	sendUDP(t, p, 3)
+	tracedPackets(t, q2, 3, 3)
+	if _, err := os.Stat(filepath.Join(slots[0], "hop1", "link0")); err != nil {
+		t.Errorf("the hop attached again is not pinned: %v", err)
+	}
+
+	// A newer generation replaces the one taken over: its pins go, the new one's come.
+	if st := m2.Apply(plan(p, 2)); !st.GetActive() || st.GetGeneration() != 2 {
+		t.Fatalf("generation 2: %v", st)
+	}
+	if _, err := os.Stat(slots[0]); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("generation 1's pins are left: %v", err)
+	}
+	if now, _ := filepath.Glob(filepath.Join(trace, "slot*", "meta")); len(now) != 1 {
+		t.Errorf("pinned generations %v, want generation 2's", now)
+	}
+}
+
+// Without a pin directory the status says the trace goes with the agent.
+func TestNotKeptWithoutPinDir(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.49")
+	m, _ := newTestManager(t)
+	st := applyAttached(t, m, plan(p, 1))
+	if !strings.Contains(st.GetNotKept(), "pins nothing") {
+		t.Errorf("not_kept %q", st.GetNotKept())
+	}
+}
+
+// Every attach kind this kernel attaches is pinned, and taken over by the next agent with the same
+// links: tcx, XDP, cgroup_skb, tp_btf, socket-read (tracing links), uprobe and uretprobe
+// (perf_event links), the sock_ops tagger and a tracepoint event probe; fentry, fexit, kprobe and
+// kretprobe where the kernel attaches them (this one's lockdown refuses fentry and fexit, and it
+// has no kprobe_events). Nothing is left once the trace is removed.
+func TestEveryAttachKindIsKept(t *testing.T) {
+	tu.RequireRoot(t)
+	bin := buildReader(t)
+	p := tu.NewVethPair(t, "198.18.50")
+	mount, err := attach.Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := "ht-pin-" + tu.Name()
+	if err := os.Mkdir(filepath.Join(mount, rel), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(filepath.Join(mount, rel)) })
+	pl := readerPlan("kinds", p, "tcp", nil, nil,
+		&pb.HopAttach{HopIndex: 3, Name: "b-xdp", Kind: pb.AttachKind_ATTACH_KIND_XDP, Program: loader.ProgXDP,
+			Dev: p.DevB, Netns: p.NsB},
+		&pb.HopAttach{HopIndex: 4, Name: "b-rx", Kind: pb.AttachKind_ATTACH_KIND_TRACEPOINT, TracepointGroup: "net",
+			TracepointEvent: "netif_receive_skb", Program: loader.ProgTPBTF, Dev: p.DevB, Netns: p.NsB},
+		&pb.HopAttach{HopIndex: 5, Name: "app-in", Kind: pb.AttachKind_ATTACH_KIND_CGROUP_INGRESS,
+			Program: loader.ProgCgroupSKB, Cgroup: rel},
+		&pb.HopAttach{HopIndex: 6, Name: "b-handler", Kind: pb.AttachKind_ATTACH_KIND_UPROBE,
+			Program: loader.ProgUprobe, Binary: bin, Function: "handle_request", Netns: p.NsB},
+		&pb.HopAttach{HopIndex: 7, Name: "b-handled", Kind: pb.AttachKind_ATTACH_KIND_URETPROBE,
+			Program: loader.ProgUprobe, Binary: bin, Function: "handle_request", Netns: p.NsB})
+	for i, k := range []struct {
+		kind    pb.AttachKind
+		program string
+		fn      string
+	}{
+		{pb.AttachKind_ATTACH_KIND_FENTRY, loader.ProgFentry, "netif_receive_skb"},
+		{pb.AttachKind_ATTACH_KIND_FEXIT, loader.ProgFexit, returnHopFunction},
+		{pb.AttachKind_ATTACH_KIND_KPROBE, loader.ProgKprobe, "netif_receive_skb"},
+		{pb.AttachKind_ATTACH_KIND_KRETPROBE, loader.ProgKretprobe, returnHopFunction},
+	} {
+		if why := attach.KernelFunctionRefusal(k.kind); why != "" {
+			t.Logf("not on this kernel: %s", why)
+			continue
+		}
+		pl.Hops = append(pl.Hops, &pb.HopAttach{HopIndex: uint32(8 + i), Name: "fn" + fmt.Sprint(i), Kind: k.kind,
+			Program: k.program, Function: k.fn, Netns: p.NsB})
+	}
+	pl.Events = []*pb.EventAttach{{EventIndex: 0, Name: "kills", TracepointGroup: "syscalls",
+		TracepointEvent: "sys_enter_kill", Program: loader.ProgEventTP, Count: true}}
+	dir := testPinDir(t)
+	m1, _ := newPinnedManager(t, dir)
+	st := applyAttached(t, m1, pl)
+	for _, h := range st.GetHops() {
+		if h.GetNotKept() != "" {
+			t.Errorf("hop %s not kept: %s", h.GetName(), h.GetNotKept())
+		}
+	}
+	if st.GetNotKept() != "" || !st.GetEvents()[0].GetAttached() || st.GetEvents()[0].GetNotKept() != "" {
+		t.Errorf("trace or event not kept: %v", st)
+	}
+	before := allLinkIDs(t, m1)
+	if err := m1.Release(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range before {
+		if !linkExists(id) {
+			t.Errorf("link %d is gone with the agent", id)
+		}
+	}
+	m2, _ := newPinnedManager(t, dir)
+	t.Cleanup(func() { m2.Close() })
+	running := m2.Running()
+	if len(running) != 1 || !running[0].GetActive() {
+		t.Fatalf("running after the takeover: %v", running)
+	}
+	if after := allLinkIDs(t, m2); !slices.Equal(after, before) {
+		t.Errorf("links %v after the takeover, were %v", after, before)
+	}
+	if c := m2.Counters(); len(c) != 1 || len(c[0].Hops) != len(pl.Hops) || len(c[0].Events) != 1 {
+		t.Errorf("counters after the takeover: %v", c)
+	}
+	m2.Remove("kinds")
+	for _, id := range before {
+		if linkExists(id) {
+			t.Errorf("link %d left after the removal", id)
+		}
+	}
+}
+
+// allLinkIDs are the IDs of the links of every hop, tagger and event of m's traces, sorted.
+func allLinkIDs(t *testing.T, m *Manager) []uint32 {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var links []link.Link
+	for _, tr := range m.traces {
+		for _, h := range append(tr.Hops, tr.Tagger) {
+			if h != nil {
+				links = append(links, h.Links()...)
+			}
+		}
+		for _, e := range tr.Events {
+			links = append(links, e.Link)
+		}
+	}
+	var ids []uint32
+	for _, l := range links {
+		info, err := l.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, uint32(info.ID))
+	}
+	slices.Sort(ids)
+	return ids
+}
