@@ -157,11 +157,12 @@ def remove_cgroup(path: Path) -> None:
 
 
 def held_links(pid: int) -> int:
-    """How many BPF links process `pid` holds (its fds on anon_inode:bpf_link): its attached hops."""
+    """How many BPF links process `pid` holds: its attached hops. A link it made is anon_inode:bpf_link, one
+    it opened from a pin anon_inode:bpf-link (the kernel's bpf_link_prime and bpf_link_new_fd)."""
     count = 0
     for fd in Path(f"/proc/{pid}/fd").iterdir():
         with contextlib.suppress(OSError):
-            count += os.readlink(fd) == "anon_inode:bpf_link"
+            count += os.readlink(fd) in ("anon_inode:bpf_link", "anon_inode:bpf-link")
     return count
 
 
@@ -246,6 +247,8 @@ class FaultLab:
             yield lab
         finally:
             cluster.stop()
+            # the agents keep their traces on exit: unpinned, they detach
+            shutil.rmtree(lab.pin_dir, ignore_errors=True)
             subprocess.run(["nft", "delete", "table", "inet", CUT_TABLE], capture_output=True)
             topo.destroy()
             for path in lab.agent_cgroups.values():
@@ -254,6 +257,12 @@ class FaultLab:
                 group.remove()
 
     # -- agents ----------------------------------------------------------------------------------------
+
+    @property
+    def pin_dir(self) -> Path:
+        """Where the lab's agents pin their traces (bpffs): a killed or stopped agent's hops stay attached
+        there, and the next agent of the node takes them over."""
+        return Path("/sys/fs/bpf") / f"hoptrace-{self.prefix}"
 
     def netns_of(self, node: str) -> tuple[str, str]:
         """The emulated host's namespace and its container's."""
@@ -264,7 +273,8 @@ class FaultLab:
     ) -> localcluster.Component:
         """Start `node`'s agent (`binary`, default the built one) in its cgroup v2, and in `memory` if given.
         The agent runs in the root namespace, as LocalCluster starts it (--netns names the host's): what the
-        cut drops is its traffic there."""
+        cut drops is its traffic there. It pins its traces in `pin_dir` and keeps them when it stops, as a
+        deployed agent restarted or upgraded does."""
         group = self.agent_cgroups.get(node)
         if group is None:
             group = cgroup2_mount() / f"{self.prefix}-{node}"
@@ -285,7 +295,9 @@ class FaultLab:
         built = localcluster.AGENT_BINARY
         localcluster.AGENT_BINARY = script
         try:
-            return self.cluster.start_agent(node, netns, "--netns-owned", owned)
+            return self.cluster.start_agent(
+                node, netns, "--netns-owned", owned, "--pin-dir", str(self.pin_dir), "--keep-on-exit"
+            )
         finally:
             localcluster.AGENT_BINARY = built
 
@@ -444,6 +456,16 @@ class FaultLab:
             return report_from_proto(client.report(trace, 1800))
         finally:
             channel.close()
+
+    def packet_ids(self, trace: str) -> dict[str, int]:
+        """Per segment, the distinct packet IDs of its exemplars: as many as packets, unless an ID was
+        reused (two packets joined as one) or a packet is missing."""
+        query = (
+            f'from(bucket: "{BUCKET}") |> range(start: -1h) '
+            f'|> filter(fn: (r) => r._measurement == "hop_latency" and r.trace == "{trace}" '
+            f'and r._field == "packet_id") |> group(columns: ["segment"]) |> distinct() |> count()'
+        )
+        return {r["segment"]: int(r["_value"]) for r in flux(self.influx.url, query)}
 
     def duplicates(self, trace: str) -> dict[str, int]:
         """Per segment, exemplar points beyond the distinct packet IDs: a packet written twice."""

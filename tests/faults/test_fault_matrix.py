@@ -102,37 +102,50 @@ def agent_cut(lab: FaultLab) -> CellResult:
     )
 
 
-def traced_again(lab: FaultLab, flow: Flow) -> str:
-    """After an agent's restart: wait until every hop is attached again, send 1 s more, and check that
-    those packets are complete (the trace resumed by itself). Says how long the hops took."""
-    agent = lab.agent("host-b").process.pid
+def traced_again(lab: FaultLab, flow: Flow, node: str) -> str:
+    """After `node`'s agent's restart: wait until it holds every hop of its node (it takes the pinned ones
+    over at its start), send 1 s more, and check that those packets are complete (the trace goes on by
+    itself). Says how long that took."""
+    agent = lab.agent(node).process.pid
     # the agent's own links (the dispatcher's status of the node may still be its predecessor's)
-    wait_until(lambda: held_links(agent) >= 4, "host-b's 4 hops attached by the new agent", 30, 0.1)
+    wait_until(lambda: held_links(agent) >= 4, f"{node}'s 4 hops held by the new agent", 30, 0.1)
     attached = time.monotonic() - flow.fault_ended
     assert flow.sender is not None
     after = flow.sender.sent
     flow.finish(after_s=attached + 1.0)
     resumed = flow.sender.sent - after
     assert flow.last_report.get("complete", 0) >= resumed > 0, (resumed, flow.last_report.get("complete"))
-    return f"attached again {attached:.1f} s after the restart"
+    return f"taken over {attached:.1f} s after the restart"
+
+
+def without_gap(lab: FaultLab, flow: Flow, result: CellResult) -> CellResult:
+    """An agent's restart left no gap: every packet sent is complete (none before attach, none lost), and
+    each segment has an exemplar of every packet under an ID of its own (the ID sequence went on)."""
+    assert result.complete == result.sent and not any(result.counted.values()), f"a gap: {result}"
+    ids = lab.packet_ids(flow.name)
+    assert ids and all(n == result.sent for n in ids.values()), f"packet IDs per segment {ids}: {result}"
+    return result
 
 
 def agent_sigkill(lab: FaultLab) -> CellResult:
-    """host-b's agent killed: its links go with it, and the records it held; restarted, it attaches again."""
+    """host-a's agent killed, the one whose first hop gives each packet its ID: its hops, pinned in bpffs,
+    go on recording into the pinned ring buffer while no agent runs; restarted, it takes them over (and the
+    pinned ID sequence) and reads on from the first record its predecessor had not sent."""
     flow = Flow.start(lab, "agent-kill")
     time.sleep(BEFORE_S)  # traffic before the fault (pacing)
-    lab.agent("host-b").stop(signal.SIGKILL)
+    lab.agent("host-a").stop(signal.SIGKILL)
     time.sleep(OUTAGE_S)  # the outage (the thing tested)
-    lab.start_agent("host-b")
+    lab.start_agent("host-a")
     flow.fault_over()
-    resumed = traced_again(lab, flow)
-    return flow.result("agent", "SIGKILL, restart", OUTAGE_S, resumed)
+    resumed = traced_again(lab, flow, "host-a")
+    return without_gap(lab, flow, flow.result("agent", "SIGKILL, restart", OUTAGE_S, resumed))
 
 
 def agent_upgrade_in_memory_cgroup(lab: FaultLab) -> CellResult:
-    """host-b's agent stopped (SIGTERM) and started from a copy of its binary at another path (an upgrade),
-    in a memory cgroup of 64 MiB (the BPF maps it creates are charged there too): it runs and traces; what
-    it holds is reported. It stays there for the cells after it (one restart for both: the tier's time)."""
+    """host-b's agent stopped (SIGTERM, --keep-on-exit) and started from a copy of its binary at another path
+    (an upgrade), in a memory cgroup of 64 MiB: it takes the pinned trace over without a gap, runs and
+    traces; what it holds is reported. It stays there for the cells after it (one restart for both: the
+    tier's time)."""
     binary = copy_agent(lab.workdir)
     group = MemoryCgroup.create(f"{lab.prefix}-agent-memory", AGENT_MEMORY)
     lab.memory_groups.append(group)
@@ -145,16 +158,18 @@ def agent_upgrade_in_memory_cgroup(lab: FaultLab) -> CellResult:
     outage = time.monotonic() - started
     exe = Path(f"/proc/{agent.process.pid}/exe")
     wait_until(lambda: exe.resolve() == binary, f"{exe} -> {binary} (setpriv, then the script exec it)", 10)
-    resumed = traced_again(lab, flow)
+    resumed = traced_again(lab, flow, "host-b")
     usage, status = group.usage(), proc_status(agent.process.pid)
     assert usage["oom_kills"] == 0 and agent.process.poll() is None, usage
     note = (
-        f"cgroup v{group.version} limit 64 MiB: peak {usage['peak'] / 2**20:.1f} MiB charged (BPF maps "
-        f"included), RSS {status['VmRSS'] / 2**20:.1f} MiB (peak {status['VmHWM'] / 2**20:.1f})"
+        f"cgroup v{group.version} limit 64 MiB: peak {usage['peak'] / 2**20:.1f} MiB charged (the maps taken "
+        f"over stay charged where they were made), RSS {status['VmRSS'] / 2**20:.1f} MiB "
+        f"(peak {status['VmHWM'] / 2**20:.1f})"
     )
-    return flow.result(
+    result = flow.result(
         "agent", "SIGTERM, start from a new path in a 64 MiB memory cgroup", outage, f"{resumed}; {note}"
     )
+    return without_gap(lab, flow, result)
 
 
 def late_records(lab: FaultLab) -> str:
@@ -374,8 +389,8 @@ CELLS = [
     Cell(control),
     Cell(agent_sigstop),
     Cell(agent_cut),
-    Cell(agent_sigkill, whole=False),  # the packets that passed while no agent ran: before attach
-    Cell(agent_upgrade_in_memory_cgroup, whole=False),
+    Cell(agent_sigkill),
+    Cell(agent_upgrade_in_memory_cgroup),
     Cell(collector_sigstop),
     Cell(collector_sigkill),
     Cell(collector_new_entry_point),
