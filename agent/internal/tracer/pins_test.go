@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
@@ -352,70 +353,120 @@ func TestEveryAttachKindIsKept(t *testing.T) {
 	}
 	pl.Events = []*pb.EventAttach{{EventIndex: 0, Name: "kills", TracepointGroup: "syscalls",
 		TracepointEvent: "sys_enter_kill", Program: loader.ProgEventTP, Count: true}}
+	// A perf_event link (kprobes, uprobes, tracepoint events) can be pinned from 5.15 (b89fbfbb854c):
+	// before, those hops and probes are not kept, say so, and wait for the plan after a takeover.
+	perfLinks := kernelAtLeast(t, 5, 15)
+	perfKind := map[pb.AttachKind]bool{pb.AttachKind_ATTACH_KIND_KPROBE: true, pb.AttachKind_ATTACH_KIND_KRETPROBE: true,
+		pb.AttachKind_ATTACH_KIND_UPROBE: true, pb.AttachKind_ATTACH_KIND_URETPROBE: true}
+	kept := map[string]bool{"kills": perfLinks, "tcp-tagging": true}
+	for _, h := range pl.Hops {
+		kept[h.Name] = perfLinks || !perfKind[h.Kind]
+	}
+	notKept := func(name, why string) {
+		switch {
+		case kept[name] && why != "":
+			t.Errorf("%s not kept: %s", name, why)
+		case !kept[name] && !strings.Contains(why, "cannot be pinned on this kernel"):
+			t.Errorf("%s: not_kept %q, want why its link cannot be pinned before 5.15", name, why)
+		}
+	}
 	dir := testPinDir(t)
 	m1, _ := newPinnedManager(t, dir)
 	st := applyAttached(t, m1, pl)
 	for _, h := range st.GetHops() {
-		if h.GetNotKept() != "" {
-			t.Errorf("hop %s not kept: %s", h.GetName(), h.GetNotKept())
-		}
+		notKept(h.GetName(), h.GetNotKept())
 	}
-	if st.GetNotKept() != "" || !st.GetEvents()[0].GetAttached() || st.GetEvents()[0].GetNotKept() != "" {
-		t.Errorf("trace or event not kept: %v", st)
+	if !st.GetEvents()[0].GetAttached() {
+		t.Fatalf("event not attached: %v", st)
 	}
-	before := allLinkIDs(t, m1)
+	notKept("kills", st.GetEvents()[0].GetNotKept())
+	if st.GetNotKept() != "" {
+		t.Errorf("trace not kept: %s", st.GetNotKept())
+	}
+	before := linkIDsByName(t, m1)
 	if err := m1.Release(); err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range before {
-		if !linkExists(id) {
-			t.Errorf("link %d is gone with the agent", id)
+	for name, ids := range before {
+		for _, id := range ids {
+			if linkExists(id) != kept[name] {
+				t.Errorf("%s's link %d: still there %v after its agent, want %v", name, id, !kept[name], kept[name])
+			}
 		}
 	}
 	m2, _ := newPinnedManager(t, dir)
 	t.Cleanup(func() { m2.Close() })
 	running := m2.Running()
-	if len(running) != 1 || !running[0].GetActive() {
-		t.Fatalf("running after the takeover: %v", running)
+	if len(running) != 1 || running[0].GetActive() != perfLinks {
+		t.Fatalf("running after the takeover: %v (perf_event links pinned: %v)", running, perfLinks)
 	}
-	if after := allLinkIDs(t, m2); !slices.Equal(after, before) {
-		t.Errorf("links %v after the takeover, were %v", after, before)
+	after := linkIDsByName(t, m2)
+	for name, ids := range before {
+		if kept[name] && !slices.Equal(after[name], ids) {
+			t.Errorf("%s's links %v after the takeover, were %v", name, after[name], ids)
+		}
+		if !kept[name] && len(after[name]) != 0 {
+			t.Errorf("%s not kept, yet taken over with links %v", name, after[name])
+		}
+	}
+	if !perfLinks {
+		if st := m2.Apply(pl); !st.GetActive() || st.GetError() != "" {
+			t.Fatalf("the plan of the trace taken over: %v", st)
+		}
 	}
 	if c := m2.Counters(); len(c) != 1 || len(c[0].Hops) != len(pl.Hops) || len(c[0].Events) != 1 {
 		t.Errorf("counters after the takeover: %v", c)
 	}
 	m2.Remove("kinds")
-	for _, id := range before {
-		if linkExists(id) {
-			t.Errorf("link %d left after the removal", id)
+	for name, ids := range before {
+		for _, id := range ids {
+			if linkExists(id) {
+				t.Errorf("%s's link %d left after the removal", name, id)
+			}
 		}
 	}
 }
 
-// allLinkIDs are the IDs of the links of every hop, tagger and event of m's traces, sorted.
-func allLinkIDs(t *testing.T, m *Manager) []uint32 {
+// kernelAtLeast says whether the running kernel's release is major.minor or later.
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	t.Helper()
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		t.Fatalf("kernel release %q: %v", u.Release, err)
+	}
+	return ma > major || ma == major && mi >= minor
+}
+
+// linkIDsByName are the IDs of the links of every hop, the tagger ("tcp-tagging") and every event probe
+// of m's traces, by name, sorted.
+func linkIDsByName(t *testing.T, m *Manager) map[string][]uint32 {
 	t.Helper()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var links []link.Link
-	for _, tr := range m.traces {
-		for _, h := range append(tr.Hops, tr.Tagger) {
-			if h != nil {
-				links = append(links, h.Links()...)
-			}
-		}
-		for _, e := range tr.Events {
-			links = append(links, e.Link)
-		}
-	}
-	var ids []uint32
-	for _, l := range links {
+	out := map[string][]uint32{}
+	add := func(name string, l link.Link) {
 		info, err := l.Info()
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, uint32(info.ID))
+		out[name] = append(out[name], uint32(info.ID))
+		slices.Sort(out[name])
 	}
-	slices.Sort(ids)
-	return ids
+	for _, tr := range m.traces {
+		for _, h := range append(tr.Hops, tr.Tagger) {
+			if h != nil {
+				for _, l := range h.Links() {
+					add(h.Name, l)
+				}
+			}
+		}
+		for _, e := range tr.Events {
+			add(e.Name, e.Link)
+		}
+	}
+	return out
 }
