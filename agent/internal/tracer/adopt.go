@@ -83,7 +83,7 @@ func (m *Manager) commit(t *Trace) {
 func (m *Manager) meta(t *Trace) *traceMeta {
 	match, _ := proto.Marshal(t.match)
 	status, _ := proto.Marshal(t.Status)
-	meta := &traceMeta{Trace: t.Name, Generation: t.Generation, Slot: t.Slot, Digest: t.digest, Match: match,
+	meta := &traceMeta{Layout: recordLayout, Trace: t.Name, Generation: t.Generation, Slot: t.Slot, Digest: t.digest, Match: match,
 		Status: status, Committed: t.committed, HopNames: m.hopNames[t.Name], AttachedNs: t.attachedNs,
 		EventMarks: t.eventMarks != nil}
 	for _, h := range t.Hops {
@@ -146,6 +146,14 @@ func (m *Manager) takeOver() (int64, error) {
 		dir := filepath.Join(m.pins.dir, e.Name())
 		meta := newestGeneration(dir, m.log)
 		if meta == nil {
+			_ = os.RemoveAll(dir)
+			continue
+		}
+		if meta.Layout != recordLayout {
+			// Its programs write records this agent would misread: it goes, and its plan attaches it
+			// again (the dispatcher's push, or the --plan).
+			m.log.Warn("pinned trace of another record layout (an upgrade across a change of it): removed",
+				"trace", meta.Trace, "its", meta.Layout, "ours", recordLayout)
 			_ = os.RemoveAll(dir)
 			continue
 		}

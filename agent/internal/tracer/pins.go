@@ -14,6 +14,7 @@ import (
 
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
 // A Manager with a PinDir keeps its traces in bpffs, so that they outlive the agent: a killed
@@ -199,6 +200,9 @@ func pinMap(m *ebpf.Map, path string) error {
 // traceMeta is what a restarted agent needs to take a generation of a trace over, besides its
 // pins: pinned last (saveMeta), it marks the generation complete.
 type traceMeta struct {
+	// Layout is the record layout the trace's programs write (recordLayout): an agent of another
+	// layout (an upgrade across a change of hoptrace.h) cannot read them and takes nothing over.
+	Layout     string             `json:"layout"`
 	Trace      string             `json:"trace"`
 	Generation uint64             `json:"generation"`
 	Slot       uint16             `json:"slot"`
@@ -213,6 +217,10 @@ type traceMeta struct {
 	Events     []pinnedEvent      `json:"events"`
 	EventMarks bool               `json:"event_marks"`
 }
+
+// recordLayout names the sizes of the record and its trailers this agent reads.
+var recordLayout = fmt.Sprintf("record %d values %d addresses %d capture %d", record.Size, record.ValuesSize,
+	record.AddressesSize, record.CaptureSize)
 
 // pinnedEvent is an event probe as a restarted agent takes it over.
 type pinnedEvent struct {

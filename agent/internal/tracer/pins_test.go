@@ -470,3 +470,43 @@ func linkIDsByName(t *testing.T, m *Manager) map[string][]uint32 {
 	}
 	return out
 }
+
+// Pins of another record layout (an upgrade across a change of hoptrace.h) are not taken over: the
+// new agent would misread their records. They are removed, hops detached, and a ring of its own made.
+func TestTakeOverRefusesAnotherLayout(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.52")
+	dir := testPinDir(t)
+	m1, _ := newPinnedManager(t, dir)
+	applyAttached(t, m1, plan(p, 1))
+	if err := m1.Release(); err != nil {
+		t.Fatal(err)
+	}
+	gens, _ := filepath.Glob(filepath.Join(dir, "n1", "t1", "slot*"))
+	if len(gens) != 1 {
+		t.Fatalf("generation directories %v", gens)
+	}
+	meta, err := readMeta(gens[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta.Layout = "record 40 values 40 addresses 40 capture 136"
+	if err := writeMeta(gens[0], meta); err != nil {
+		t.Fatal(err)
+	}
+	m2, _ := newPinnedManager(t, dir)
+	t.Cleanup(func() { m2.Close() })
+	if running := m2.Running(); len(running) != 0 {
+		t.Fatalf("traces of another layout taken over: %v", running)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "n1", "t1")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused trace is still pinned: %v", err)
+	}
+	for until := time.Now().Add(3 * time.Second); tcPrograms(t, p) != 0 && time.Now().Before(until); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := tcPrograms(t, p); n != 0 {
+		t.Errorf("%d tc programs of the refused trace left attached", n)
+	}
+	applyAttached(t, m2, plan(p, 1)) // its plan attaches it again, with the new agent's ring
+}
