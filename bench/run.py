@@ -61,6 +61,8 @@ SMOKE_RUNS: dict[str, list[str]] = {
     "kafka_collectors": ["--packets", "2000", "--cases", "1:1"],
     "idle_cost": ["--seconds", "0.5", "--settle", "0"],
     "tcp_overhead": ["--rounds", "1", "--seconds", "1", "--conditions", "none,hops"],
+    # the least UDP tagger (an object built here, in the agent's ring) beside hoptrace's, bracketed
+    "udp_tag_floor": ["--rounds", "1", "--seconds", "1"],
     "iron_penalty": ["--work", "200000", "--json"],
     "tail_cause": ["--rounds", "1", "--seconds", "1", "--conditions", "none"],
     "mace_rtt": ["--rounds", "1", "--count", "20", "--json"],

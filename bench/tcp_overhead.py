@@ -26,6 +26,10 @@ veth (a hop at each end: the 2-hop case); conditions interleaved in rounds (orde
   node's agent (running the `hops` trace, its tc links detached), which reads them and, finding no trace of
   their slot, frees them: the least a tracer of every segment does whose records reach a reader in user
   space, to compare with `tag_all` (`tag_all_tc` on VXLAN), whose agents also ship them to a collector;
+- `floor_tag` (UDP): `floor_ring`, but at the path's first hop the least UDP tagger (LEAST_TAGGER_SOURCE)
+  instead: each IPv4 UDP datagram grown by a 4-byte ID after its payload as hoptrace's tagger does, lengths
+  and checksums fixed, the ID recorded in the agent's ring; the least a UDP tracer of every datagram does,
+  to compare with `tag_all --udp` (bench/udp_tag_floor.py);
 - `tag_s100`: the 8 hops and the tagger, 1 segment in 100 tagged and recorded;
 - `tag_all`: the same, every segment tagged and recorded;
 - `COND_stopped` (COND one of the above with agents): the same, the agents SIGSTOPped for the measurement
@@ -118,6 +122,7 @@ CONDITIONS = [
     "floor_tagger",
     "floor_all",
     "floor_ring",
+    "floor_tag",
     "floor_s100",
     "tag_none",
     "tag_s100",
@@ -169,6 +174,102 @@ SEC("sockops") int floor_tagger(struct bpf_sock_ops *skops)
 char LICENSE[] SEC("license") = "GPL";
 """
 
+# `floor_tag`: the least tagger of every UDP datagram, in place of hoptrace's first hop. The ID goes where
+# hoptrace's tagger puts it (hop.bpf.h, tag_udp_packet): after the UDP payload, in the surplus bytes UDP's
+# length does not cover, which the receiver's UDP stack trims before the socket; the IPv4 length and header
+# checksum grow with it, and a CHECKSUM_PARTIAL seed loses the ID's share. It refuses what it cannot tag
+# correctly (another protocol, IPv4 options, fragments, padding, GSO, a frame past the device's MTU:
+# MAX_LEN, given at build) and does nothing else: an ID from a per-CPU sequence (unique without a shared
+# line: the CPU in the top bits), no filter, no counters; the record in the agent's ring (map `records`).
+LEAST_TAGGER_SOURCE = """\
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
+#include "hoptrace.h"
+
+extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096); /* replaced by the agent's ring at load */
+} records SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} id_seq SEC(".maps");
+
+struct frame {
+	struct ethhdr eth;
+	struct iphdr ip;
+	struct udphdr udp;
+} __attribute__((packed));
+
+SEC("tc") int least_tagger(struct __sk_buff *skb)
+{
+	struct frame *f = (void *)(long)skb->data;
+	__u32 len = skb->len, key = 0, cpu, ip_end, share, *seq;
+	struct hoptrace_record *rec;
+	__be16 old_len, new_len;
+	__u16 udp_len;
+	__u32 sum;
+
+	if ((void *)(f + 1) > (void *)(long)skb->data_end)
+		return -1;
+	if (f->eth.h_proto != bpf_htons(0x0800) || f->ip.ihl != 5 || f->ip.protocol != IPPROTO_UDP ||
+		f->ip.frag_off & bpf_htons(0x3fff))
+		return -1;
+	old_len = f->ip.tot_len;
+	udp_len = bpf_ntohs(f->udp.len);
+	ip_end = sizeof(f->eth) + bpf_ntohs(old_len);
+	if (ip_end != len || skb->gso_size || len + HOPTRACE_UDP_ID_LEN > MAX_LEN)
+		return -1;
+	seq = bpf_map_lookup_elem(&id_seq, &key);
+	if (!seq)
+		return -1;
+	cpu = bpf_get_smp_processor_id();
+	share = bpf_htonl((cpu + 1) << HOPTRACE_ID_SEQ_BITS | (++*seq & HOPTRACE_ID_SEQ_MASK));
+	if (bpf_skb_change_tail(skb, len + HOPTRACE_UDP_ID_LEN, 0) ||
+		bpf_skb_store_bytes(skb, ip_end, &share, sizeof(share), 0))
+		return -1;
+	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (rec) {
+		rec->ts_ns = bpf_ktime_get_ns();
+		rec->packet_id = bpf_ntohl(share);
+		rec->flow_hash = 0;
+		rec->ifindex = skb->ifindex;
+		rec->wire_len = len + HOPTRACE_UDP_ID_LEN;
+		rec->hop_index = 0;
+		rec->trace_slot = 0;
+		rec->cpu = cpu;
+		rec->flags = 0;
+		bpf_ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+	}
+	/* CHECKSUM_PARTIAL: the seed loses the ID's share, its bytes swapped at an odd offset */
+	if (BPF_CORE_READ_BITFIELD((struct sk_buff *)bpf_cast_to_kern_ctx(skb), ip_summed) == 3) {
+		if (udp_len & 1)
+			share = ((share & 0x00ff00ff) << 8) | ((share & 0xff00ff00) >> 8);
+		bpf_l4_csum_replace(skb, sizeof(f->eth) + sizeof(f->ip) + offsetof(struct udphdr, check),
+			share, 0, BPF_F_PSEUDO_HDR | sizeof(share));
+	}
+	/* the helpers moved the packet: its IPv4 length and header checksum (RFC 1624, eqn. 3) */
+	f = (void *)(long)skb->data;
+	if ((void *)(f + 1) > (void *)(long)skb->data_end)
+		return -1;
+	new_len = bpf_htons(bpf_ntohs(old_len) + HOPTRACE_UDP_ID_LEN);
+	sum = (__u16)~f->ip.check + (__u16)~old_len + (__u16)new_len;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	f->ip.check = (__sum16)~sum;
+	f->ip.tot_len = new_len;
+	return -1; /* TC_ACT_UNSPEC */
+}
+
+char LICENSE[] SEC("license") = "GPL";
+"""
 
 # Where iperf3's server listens on each path: c2 across the VXLAN path, or host-a's bridge address across
 # c1's veth (one veth, a hop at each of its ends).
@@ -188,6 +289,8 @@ EVERY_HOP_AT_TC = {
     },
     "veth": PATH_TC_HOPS["veth"],
 }
+# The hop that tags on each path (c1's eth0, egress), where `floor_tag` runs the least tagger.
+TAGGING_HOP = {"vxlan": "a-c1-eth0-out", "veth": "c1-eth0-out"}
 
 
 def veth_plan(topo: TwoHostTopology, trace: str, dst: str, sample: int, tagging: bool) -> dict[str, Any]:
@@ -240,6 +343,15 @@ def condition(
             floor_tagger(topo, workdir),
             tracing_agents(topo, path, workdir, sink, "tcpo-floor-ring", *hops_only) as pids,
             ring_floor_recorders(topo, path, workdir, pids),
+        ):
+            yield pids
+        return
+    if name == "floor_tag":
+        hops_only = (1, False, (), None, True)
+        tagger = least_tagger_object(topo, path, workdir)
+        with (
+            tracing_agents(topo, path, workdir, sink, "tcpo-floor-tag", *hops_only) as pids,
+            ring_floor_recorders(topo, path, workdir, pids, tagger),
         ):
             yield pids
         return
@@ -377,10 +489,23 @@ def agent_node(pid: int) -> str:
     return argv[argv.index("--node") + 1]
 
 
+def least_tagger_object(topo: TwoHostTopology, path: str, workdir: Path) -> Path:
+    """LEAST_TAGGER_SOURCE built for the tagging hop's device (its MTU and Ethernet header: MAX_LEN)."""
+    role, dev, _ = EVERY_HOP_AT_TC[path][TAGGING_HOP[path]]
+    mtu = int(topo.run(role, "cat", f"/sys/class/net/{dev}/mtu").stdout)
+    src = workdir / "least_tagger.bpf.c"
+    src.write_text(LEAST_TAGGER_SOURCE)
+    obj = workdir / "least_tagger.bpf.o"
+    return build_bpf(src, REPO / "kernel-patch" / "include", obj, f"-DMAX_LEN={mtu + 14}")
+
+
 @contextlib.contextmanager
-def ring_floor_recorders(topo: TwoHostTopology, path: str, workdir: Path, pids: set[int]) -> Iterator[None]:
+def ring_floor_recorders(
+    topo: TwoHostTopology, path: str, workdir: Path, pids: set[int], tagger: Path | None = None
+) -> Iterator[None]:
     """`ring_cost`'s `floor` program at every hop of the path instead of the agents' `pids` hold there
-    (their tc links detached), writing into the ring of the hop's node's agent, for the block."""
+    (their tc links detached), writing into the ring of the hop's node's agent, for the block; with
+    `tagger`, that object (program `least_tagger`, the same ring) at the path's tagging hop instead."""
     hops = EVERY_HOP_AT_TC[path]
     detach_tc_links(topo, hops, pids)
     obj = build_floor_object(workdir, "floor")
@@ -390,13 +515,17 @@ def ring_floor_recorders(topo: TwoHostTopology, path: str, workdir: Path, pids: 
     try:
         nodes = {agent_node(pid): pid for pid in pids}
         pinned = {node: load_floor(obj, records_map_id(pid), pin_dir / node) for node, pid in nodes.items()}
+        at_hop = {hop: pinned[NODE_OF_ROLE[role]] for hop, (role, _, _) in hops.items()}
+        if tagger:
+            node = NODE_OF_ROLE[hops[TAGGING_HOP[path]][0]]
+            at_hop[TAGGING_HOP[path]] = load_floor(tagger, records_map_id(nodes[node]), pin_dir / "tagger")
         for role, dev in devices:
             subprocess.run(["tc", "-n", topo.netns(role), "qdisc", "add", "dev", dev, "clsact"], check=True)
-        for role, dev, direction in hops.values():
+        for hop, (role, dev, direction) in hops.items():
             # nsenter, not `tc -n`: that mounts a sysfs of its own, where /sys/fs/bpf is empty
             subprocess.run(
                 ["nsenter", f"--net={topo.netns_path(role)}", "tc", "filter", "add", "dev", dev, direction,
-                 "bpf", "da", "pinned", str(pinned[NODE_OF_ROLE[role]])],
+                 "bpf", "da", "pinned", str(at_hop[hop])],
                 check=True,
             )  # fmt: skip
         yield
