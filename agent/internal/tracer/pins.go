@@ -176,10 +176,14 @@ func (r *pinRoot) unlock() {
 	}
 }
 
-// remove unpins everything of the node and removes its directory (unlocking it).
+// remove unpins everything of the node and removes its directory (unlocking it), and --pin-dir when no
+// other node's is left in it.
 func (r *pinRoot) remove() error {
 	err := os.RemoveAll(r.dir)
 	r.unlock()
+	if base := filepath.Dir(r.dir); base != bpffsMount {
+		_ = os.Remove(base) // fails while another node's directory is there
+	}
 	return err
 }
 
