@@ -42,6 +42,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -51,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from bpf_cost import tc_programs
+from bpf_cost import EMPTY_TC_SOURCE, tc_programs
 from overhead import iperf3
 from ring_cost import build_bpf
 from tcp_overhead import perf_record
@@ -75,7 +76,7 @@ from hoptrace.lab.workloads import sockperf
 from hoptrace.v1 import api_pb2, trace_pb2
 
 FULL_TRACES = (1, 10, 50, 200)
-QUICK_TRACES = (1, 3)
+QUICK_TRACES = (1, 2)
 # The non-matching traces' destination ports: one each, none the flow's (iperf3 5201, sockperf 11111).
 OTHER_PORTS = 20000
 SOCKPERF_PORT = 11111
@@ -316,11 +317,8 @@ def dispatch_entries(filters: list[trace_pb2.Filter]) -> dict[str, list[tuple[by
 
 def fill_dispatch_maps(prog_id: int, entries: dict[str, list[tuple[bytes, bytes]]], workdir: Path) -> int:
     """Write `entries` into the maps of program `prog_id` (one bpftool batch); the id of its `matched`."""
-    maps = {
-        m["name"]: m["id"]
-        for m in bpftool_json("map", "show")
-        if m["id"] in bpftool_json("prog", "show", "id", str(prog_id))["map_ids"]
-    }
+    ids = bpftool_json("prog", "show", "id", str(prog_id))["map_ids"]
+    maps = {m["name"]: m["id"] for m in bpftool_json("map", "show") if m["id"] in ids}
     batch = workdir / f"dispatch-{prog_id}.batch"
     batch.write_text(
         "".join(
@@ -342,16 +340,68 @@ def matched_counts(map_id: int) -> dict[int, int]:
     }
 
 
+@contextlib.contextmanager
+def empty_programs(topo: TwoHostTopology, obj: Path, count: int) -> Iterator[dict[str, set[int]]]:
+    """`count` empty tc programs (clsact, bpf_cost's EMPTY_TC_SOURCE) at each tc hook of PROTOTYPE_HOOKS;
+    hook -> their ids. The qdiscs are removed after."""
+    ids: dict[str, set[int]] = {}
+    try:
+        for hook, (role, dev, direction) in PROTOTYPE_HOOKS.items():
+            ns = topo.netns(role)
+            subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "clsact"], check=True)
+            for _ in range(count):
+                subprocess.run(
+                    ["tc", "-n", ns, "filter", "add", "dev", dev, direction,
+                     "bpf", "da", "obj", str(obj), "sec", "tc"],
+                    check=True,
+                )  # fmt: skip
+            shown = subprocess.run(
+                ["tc", "-n", ns, "filter", "show", "dev", dev, direction],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            ids[hook] = {int(i) for i in re.findall(r" id (\d+) name empty_tc", shown)}
+        yield ids
+    finally:
+        for role, dev, _ in PROTOTYPE_HOOKS.values():
+            subprocess.run(
+                ["tc", "-n", topo.netns(role), "qdisc", "del", "dev", dev, "clsact"], capture_output=True
+            )
+
+
+def hook_cost(topo: TwoHostTopology, hooks: dict[str, set[int]], seconds: int) -> dict[str, dict[str, Any]]:
+    """per_packet_cost of `hooks` over sockperf UDP at the in-place rate."""
+    every = set().union(*hooks.values())
+    with bpf_stats_enabled():
+        s0 = run_stats(every)
+        sockperf(
+            topo, "throughput", seconds, "--mps", str(IN_PLACE_MPS), "-m", "64",
+            server="host-a", port=SOCKPERF_PORT,
+        )  # fmt: skip
+        s1 = run_stats(every)
+    out = per_packet_cost(hooks, s0, s1)
+    for hook, ids in hooks.items():
+        out[hook]["ns_per_run_each"] = {
+            i: per_packet_cost({hook: {i}}, s0, s1)[hook]["ns_per_packet"] for i in ids
+        }
+    return out
+
+
 def prototype_in_place(
     topo: TwoHostTopology, agent_pid: int, counts: tuple[int, ...], seconds: int, workdir: Path
 ) -> dict[int, Any]:
-    """With only the matching trace applied: the dispatching prototype at both tc hooks, its maps holding
-    the filters of N traces (the matching one among them), for each N of `counts`; the per-packet cost of
-    the hook (the matching trace's hop program and the prototype) and what the prototype matched."""
+    """With only the matching trace applied, for each N of `counts`, at both tc hooks: the dispatching
+    prototype, its maps holding the filters of N traces (the matching one among them): the hook's cost per
+    packet (the matching trace's hop program and the prototype) and what the prototype matched; then N - 1
+    empty programs beside the hop instead: what N programs cost at the least."""
     src, obj = workdir / "dispatch.bpf.c", workdir / "dispatch.bpf.o"
     src.write_text(DISPATCH_SOURCE)
     build_bpf(src, REPO / "kernel-patch" / "include", obj)
-    hooks = hook_programs(agent_pid)
+    empty_src, empty_obj = workdir / "empty_tc.bpf.c", workdir / "empty_tc.bpf.o"
+    empty_src.write_text(EMPTY_TC_SOURCE)
+    subprocess.run(["clang", "-O2", "-target", "bpf", "-c", str(empty_src), "-o", str(empty_obj)], check=True)
+    hooks = {hook: ids for hook, ids in hook_programs(agent_pid).items() if hook in PROTOTYPE_HOOKS}
     out: dict[int, Any] = {}
     for n in counts:
         filters = [trace_spec(topo, i, 1).filter for i in range(n)]
@@ -359,22 +409,17 @@ def prototype_in_place(
             matched = {
                 hook: fill_dispatch_maps(ids[hook], dispatch_entries(filters), workdir) for hook in ids
             }
-            with_prototype = {hook: hooks[hook] | {ids[hook]} for hook in ids}
-            every = set().union(*with_prototype.values())
-            with bpf_stats_enabled():
-                s0 = run_stats(every)
-                sockperf(
-                    topo, "throughput", seconds, "--mps", str(IN_PLACE_MPS), "-m", "64",
-                    server="host-a", port=SOCKPERF_PORT,
-                )  # fmt: skip
-                s1 = run_stats(every)
-            cost = per_packet_cost(with_prototype, s0, s1)
+            cost = hook_cost(topo, {hook: hooks[hook] | {ids[hook]} for hook in ids}, seconds)
             for hook in ids:
-                cost[hook]["prototype_ns_per_run"] = per_packet_cost({hook: {ids[hook]}}, s0, s1)[hook][
-                    "ns_per_packet"
-                ]
+                cost[hook]["prototype_ns_per_run"] = cost[hook]["ns_per_run_each"][ids[hook]]
                 cost[hook]["matched"] = matched_counts(matched[hook])
-            out[n] = cost
+        with empty_programs(topo, empty_obj, n - 1) as empties:
+            empty = hook_cost(topo, {hook: hooks[hook] | empties[hook] for hook in hooks}, seconds)
+            for hook in hooks:
+                runs = [empty[hook]["ns_per_run_each"][i] for i in empties[hook]]
+                cost[hook]["with_empties_ns_per_packet"] = empty[hook]["ns_per_packet"]
+                cost[hook]["empty_ns_per_run"] = median([r for r in runs if r is not None])
+        out[n] = cost
     return out
 
 
@@ -518,9 +563,9 @@ def traced_throughput(
     }
 
 
-def untraced(topo: TwoHostTopology, seconds: int) -> dict[str, float]:
-    """TCP and UDP Mbit/s with nothing traced."""
-    return {"tcp": throughput(topo, seconds, False), "udp": throughput(topo, seconds, True)}
+def untraced(topo: TwoHostTopology, seconds: int, protocols: tuple[str, ...]) -> dict[str, float]:
+    """Mbit/s of each of `protocols` ("tcp", "udp") with nothing traced."""
+    return {proto: throughput(topo, seconds, proto == "udp") for proto in protocols}
 
 
 def apply_traces(
@@ -618,17 +663,18 @@ def measure(
     sample: int,
     prototype: tuple[int, ...] = (),
     perf: bool = False,
+    protocols: tuple[str, ...] = ("tcp", "udp"),
 ) -> dict:
     """Every level of traces in one run (module docstring); with the one matching trace applied, the
     dispatching prototype with the filters of each number of traces in `prototype`; with `perf`, a profile of
-    the largest number's in-place traffic."""
+    each number's in-place traffic."""
     topo = TwoHostTopology(ctx.prefix(), overlay="routed")
     result: dict[str, Any] = {"levels": {}, "untraced": [], "load": []}
     try:
         topo.create()
         with one_host_cluster(ctx, topo) as cluster:
             agent_pid = cluster.components["agent-host-a"].process.pid
-            result["untraced"].append(untraced(topo, seconds))
+            result["untraced"].append(untraced(topo, seconds, protocols))
             for n in levels:
                 level: dict[str, Any] = {"load_before": os.getloadavg()[0]}
                 log(f"many_traces: applying {n} traces (load {level['load_before']:.1f})")
@@ -640,21 +686,21 @@ def measure(
                 level["idle"] = sampler.stop()
                 level["kernel_bytes"] = kernel_bytes(agent_pid)
                 level["in_place"] = in_place(topo, agent_pid, seconds)
-                if perf and n == levels[-1]:
+                if perf:
                     level["perf"] = perf_profile(topo, seconds, ctx.workdir)
                 if n == 1 and prototype:
                     result["prototype"] = prototype_in_place(topo, agent_pid, prototype, seconds, ctx.workdir)
-                level["tcp"] = traced_throughput(cluster, topo, agent_pid, seconds, udp=False)
-                level["udp"] = traced_throughput(cluster, topo, agent_pid, seconds, udp=True)
+                for proto in protocols:
+                    level[proto] = traced_throughput(cluster, topo, agent_pid, seconds, udp=proto == "udp")
                 level["delete_s"] = delete_traces(cluster, level["applied"])
                 level["load_after"] = os.getloadavg()[0]
-                result["untraced"].append(untraced(topo, seconds))
+                result["untraced"].append(untraced(topo, seconds, protocols))
                 result["levels"][n] = level
     finally:
         topo.destroy()
     for i, level in enumerate(result["levels"].values()):
         either_side = result["untraced"][i : i + 2]
-        for proto in ("tcp", "udp"):
+        for proto in protocols:
             level[proto]["ratio"] = level[proto]["mbps"] / (sum(u[proto] for u in either_side) / 2)
     return result
 
@@ -664,21 +710,22 @@ def table(result: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for n, level in result["levels"].items():
         cost = level["in_place"]
+        flows = [level[proto] for proto in ("tcp", "udp") if proto in level]
         rows.append(
             [
                 n if level["applied"] == n else f"{level['applied']} of {n}",
                 *(cost[h]["ns_per_packet"] for h in HOOKS),
-                level["tcp"]["ratio"],
-                level["udp"]["ratio"],
+                level.get("tcp", {}).get("ratio"),
+                level.get("udp", {}).get("ratio"),
                 level["idle"]["cpu_cores"] * 100,
                 level["idle"]["peak_rss_bytes"] / 1e6,
                 level["kernel_bytes"] / 1e6,
-                max(level["tcp"]["agent_cpu"], level["udp"]["agent_cpu"]) * 100,
-                max(level["tcp"]["agent_rss"], level["udp"]["agent_rss"]) / 1e6,
+                max(flow["agent_cpu"] for flow in flows) * 100,
+                max(flow["agent_rss"] for flow in flows) / 1e6,
                 level["apply_s"][-1],
                 sum(level["apply_s"]),
-                level["tcp"]["records_per_s"],
-                level["udp"]["records_per_s"],
+                level.get("tcp", {}).get("records_per_s"),
+                level.get("udp", {}).get("records_per_s"),
                 f"{level['load_before']:.1f}-{level['load_after']:.1f}",
             ]
         )
@@ -720,6 +767,8 @@ def tables(result: dict[str, Any]) -> dict[str, Any]:
                     cost[hook]["prototype_ns_per_run"],
                     cost[hook]["ns_per_packet"] / one[hook]["ns_per_packet"],
                     today,
+                    cost[hook]["with_empties_ns_per_packet"],
+                    cost[hook]["empty_ns_per_run"],
                     " ".join(f"{slot}:{count}" for slot, count in sorted(cost[hook]["matched"].items())),
                 ]
             )
@@ -732,6 +781,8 @@ def tables(result: dict[str, Any]) -> dict[str, Any]:
                 "prototype ns/run",
                 "× one trace today",
                 "N hop programs today, ns/packet",
+                "1 hop + N-1 empty programs, ns/packet",
+                "empty ns/run",
                 "packets by trace slot (256: none)",
             ],
             "rows": rows,
@@ -760,10 +811,18 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    """bench/run.py's entry: 1 and 3 traces with --quick, 1, 10, 50 and 200 with --full; the prototype with
-    the largest number."""
+    """bench/run.py's entry: 1 and 2 traces and TCP alone with --quick, 1, 10, 50 and 200 with --full; the
+    prototype with the largest number."""
     levels = ctx.size(QUICK_TRACES, FULL_TRACES)
-    result = measure(ctx, levels, ctx.size(1, 5), ctx.size(1.0, 10.0), 100, prototype=levels[-1:])
+    result = measure(
+        ctx,
+        levels,
+        ctx.size(1, 5),
+        ctx.size(0.5, 10.0),
+        100,
+        prototype=levels[-1:],
+        protocols=ctx.size(("tcp",), ("tcp", "udp")),
+    )
     return {**result, "table": table(result), "tables": tables(result), "targets": targets(result)}
 
 
@@ -779,7 +838,7 @@ def main() -> int:
         default="",
         help="numbers of traces the dispatching prototype is measured with (1 in --traces)",
     )
-    ap.add_argument("--perf", action="store_true", help="profile the largest number's in-place traffic")
+    ap.add_argument("--perf", action="store_true", help="profile each number's in-place traffic")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line too")
     args = ap.parse_args()
     if os.geteuid() != 0:
