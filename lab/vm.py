@@ -190,6 +190,7 @@ def run(
     cpus: int = 2,
     log: Path | None = None,
     in_memory: tuple[Path, ...] = (),
+    nice: int = 0,
 ) -> GuestRun:
     """Boots `kernel`, runs `command` as root in it (bpffs and tracefs mounted) and powers it off.
 
@@ -198,6 +199,7 @@ def run(
     prints it (`tail -f` it to watch a long run; each boot starts it anew) and keeps every boot's output
     after. `in_memory`: directories the guest
     reads from a copy in its memory (see `ram_trees`; e.g. PYTHON_TREES), not through the share.
+    `nice`: the guest's niceness (qemu's), to leave this machine's CPU to other work first.
     A guest that dies booting, before the command starts, is booted again (BOOT_ATTEMPTS in all).
     """
     limit = timeout * timeout_scale()
@@ -214,6 +216,7 @@ def run(
                 cpus,
                 log,
                 in_memory,
+                nice,
             )
         died_booting = result.returncode == VNG_NO_EXIT_STATUS and SCRIPT_STARTED not in result.output
         if not died_booting or attempt == BOOT_ATTEMPTS:
@@ -241,6 +244,7 @@ def _boot_and_run(
     cpus: int,
     log: Path | None,
     in_memory: tuple[Path, ...],
+    nice: int,
 ) -> GuestRun:
     """One boot of `run`: `limit` in this machine's seconds; `scripts` holds the guest script and the
     output when no `log` is given. The output file starts empty: qemu opens it anew for the guest's
@@ -257,6 +261,8 @@ def _boot_and_run(
     )
     vng = vng_path()
     argv = [vng, "--run", str(kernel.vmlinuz), "--memory", memory, "--cpus", str(cpus)]
+    if nice:
+        argv = ["nice", "-n", str(nice), *argv]  # vng, virtme-run and qemu inherit it
     if not kvm_usable():
         argv.append("--disable-kvm")
     # The guest kernel's warnings and errors (lockups, RCU stalls, hung tasks, oopses, panics) join the

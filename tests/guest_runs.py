@@ -8,7 +8,8 @@ test binaries run one test at a time, the verifier is single-threaded), so while
 guest runs beside them on the other core; once the host's tests are done, GUESTS_AT_ONCE guests run at
 once, one per core (HOPTRACE_GUESTS_AT_ONCE overrides it; 1 runs them one after the other). A guest sharing
 the machine runs slower, so its limits (the guest's and each Go test package's, both there to catch a hang)
-are stretched by SHARED_STRETCH.
+are stretched by SHARED_STRETCH; it runs at GUEST_NICE, so the host's tests, some of which measure time, come
+first.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import pytest
 
 GUESTS_AT_ONCE = max(1, int(os.environ.get("HOPTRACE_GUESTS_AT_ONCE", os.cpu_count() or 1)))
 SHARED_STRETCH = 1.5
+# A guest's niceness: beside the host's tests, which measure time, it takes the CPU they leave idle.
+GUEST_NICE = 10
 
 # Seconds each run took alone (2 cores, TCG; the matrices in CI, the demo here with its BPF objects compiled
 # on the host first): the longest starts first, so the queues end close together.

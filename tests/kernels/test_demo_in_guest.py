@@ -19,7 +19,7 @@ import re
 import subprocess
 
 import pytest
-from guest_runs import SHARED_STRETCH
+from guest_runs import GUEST_NICE, SHARED_STRETCH
 
 from hoptrace.cli.demo import demo_spec
 from hoptrace.common.timeouts import timeout_scale
@@ -50,6 +50,7 @@ def run_demo(version: str, tmp_path_factory: pytest.TempPathFactory) -> vm.Guest
         writable=vm.GUEST_DEMO_WRITABLE,
         log=tmp_path_factory.mktemp(f"demo-{version}") / "guest.log",  # tail -f it while it runs
         in_memory=vm.PYTHON_TREES,
+        nice=GUEST_NICE,
     )
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from guest_runs import SHARED_STRETCH
+from guest_runs import GUEST_NICE, SHARED_STRETCH
 
 from hoptrace.common.timeouts import timeout_scale
 from hoptrace.lab import vm
@@ -145,6 +145,7 @@ def run_matrix(version: str, tmp_path_factory: pytest.TempPathFactory) -> Matrix
             timeout=GUEST_TIMEOUT_S,
             writable=(binaries,),
             log=logs / log,
+            nice=GUEST_NICE,
         )
 
     result = run_guest("guest.log")
