@@ -4,32 +4,39 @@ One emulated host (TwoHostTopology's host-a, its agent in a LocalCluster) and th
 veth. Every trace has the same three hops on that flow's way: tc egress of c1's eth0, the
 `net:netif_receive_skb` tracepoint on host-a's veth-c1 (a `tp_btf` program, the kernel-hook kind this kernel
 has: no kprobes here) and tc ingress of veth-c1. One trace matches the flow (src c1, any protocol and port,
-`sample: 100` by default); the others name c1 -> host-a too but another destination port each (every hop
-parses the packet down to its ports before it refuses it), half of them UDP, half TCP (a TCP trace also puts
-its sock_ops tagger on c1's namespace).
+`sample: 100` by default); the others name c1 and another destination port each (every hop parses the packet
+down to its ports before it refuses it), half of them UDP, half TCP (a TCP trace also puts its sock_ops
+tagger on c1's namespace).
 
 For each number of traces N (1, 10, 50, 200), in one run, side by side:
 
 - untraced: iperf3 TCP and UDP c1 -> host-a (pinned: client CPU 0, server CPU 1), no trace applied;
 - apply: N traces one after another, each `ApplyTrace` timed (it returns once the agent has loaded and
-  attached the trace's hops: apply -> active); the Nth trace's time is that of a node that already runs N-1;
-- idle: the agent's CPU share and RSS with N traces and no traffic;
+  attached the trace's hops: apply -> active); the Nth trace's time is that of a node that already runs N-1.
+  The first trace the agent cannot attach ends the applies: on tcx the 64th program on a device and direction
+  is refused (ERANGE), so N = 200 runs with 63;
+- idle: the agent's CPU share and RSS with N traces and no traffic, and its programs' and maps' kernel memory;
 - in place: with `kernel.bpf_stats_enabled`, sockperf UDP c1 -> host-a at a fixed rate, then iperf3 TCP: the
   per-packet BPF cost at each hook is the sum of `run_time_ns` of every program there over the packets that
   crossed it (`run_cnt` of one of them: every program of a tcx chain and of a tracepoint runs once per
   packet). Which program belongs to which hook: tcx links by their attach type (the agent's link fdinfo),
-  the tracepoint and sock_ops programs by name;
+  the tracepoint and sock_ops programs by name. With `--perf`, `perf record -a -g` meanwhile;
 - traced: iperf3 TCP and UDP again (bpf_stats off), the agent's CPU and RSS meanwhile, and the records the
   collector received (`hoptrace_collector_records_received_total`) per second;
 - the N traces deleted, and the next N's untraced runs bracket this N's traced runs: each ratio is the traced
   throughput over the mean of the untraced runs either side.
 
+With one trace applied, `--prototype N,...` measures the design of docs/design.md ("Many traces on a device")
+at the two tc hooks: DISPATCH_SOURCE, one program that finds a packet's traces among N traces' filters,
+beside the matching trace's hop; then N - 1 empty programs there instead: what N programs cost at the least.
+
 The per-packet cost in place is the figure to draw conclusions from: it counts only the programs' own CPU
 time (run in softirq, not preempted), so a neighbour's load on this 2-vCPU machine moves it little, while a
 throughput ratio moves with every neighbour (docs/benchmarks.md, "How costs are measured").
 
-    .venv/bin/python bench/many_traces.py [--traces 1,10,50,200] [--seconds 5] [--sample 100] [--json]
-    .venv/bin/python bench/run.py --full --only many_traces
+    .venv/bin/python bench/many_traces.py [--traces 1,10,50,200] [--seconds 5] [--sample 100] \
+        [--prototype 1,10,50,200] [--perf] [--json]
+    .venv/bin/python bench/run.py --full --only many_traces   # --quick: 1 and 2 traces, TCP alone
 
 Targets (reported, not asserted): 200 non-matching traces on a device cost at most twice one trace per
 packet; the 200-trace node's agent at most 2 % of a core idle and 100 MB RSS.
@@ -92,7 +99,7 @@ TCX_ATTACH_TYPE = {"c1 eth0 tc egress": 47, "veth-c1 tc ingress": 46}
 PROGRAM_NAME = {"veth-c1 netif_receive_skb": "hop_tp_btf", "c1 sock_ops": "tag_tcp"}
 
 
-DISPATCH_SOURCE = r"""\
+DISPATCH_SOURCE = """\
 // SPDX-License-Identifier: GPL-2.0
 /*
  * The prototype of one program per device and direction: it parses a packet once, finds the traces
@@ -555,6 +562,10 @@ def traced_throughput(
     elapsed = time.monotonic() - t0
     time.sleep(FLUSH_S)
     records = records_received(cluster) - before
+    if not records:
+        raise RuntimeError(
+            f"the collector received no records of the matching trace ({'UDP' if udp else 'TCP'})"
+        )
     return {
         "mbps": mbps,
         "agent_cpu": usage["cpu_cores"],
@@ -652,6 +663,8 @@ def in_place(topo: TwoHostTopology, agent_pid: int, seconds: int) -> dict[str, A
     udp_hooks = {h: v for h, v in hooks.items() if h != "c1 sock_ops"}
     cost = per_packet_cost(udp_hooks, s0, s1)
     cost |= per_packet_cost({"c1 sock_ops": hooks["c1 sock_ops"]}, s1, s2)
+    if missing := [hook for hook, c in cost.items() if not c["packets"]]:
+        raise RuntimeError(f"no program ran at {missing}: {hooks}")
     return cost
 
 
@@ -758,7 +771,10 @@ def tables(result: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for n, cost in result["prototype"].items():
         for hook in PROTOTYPE_HOOKS:
-            today = result["levels"].get(n, {}).get("in_place", {}).get(hook, {}).get("ns_per_packet")
+            level = result["levels"].get(n, {})
+            today = level.get("in_place", {}).get(hook, {}).get("ns_per_packet")
+            if today is not None and level["applied"] != n:
+                today = f"{today:,.0f} ({level['applied']} traces)"
             rows.append(
                 [
                     n,
