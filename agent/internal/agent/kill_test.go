@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -131,30 +130,10 @@ func TestSIGKILLedAgentLeavesNothing(t *testing.T) {
 	if err := os.WriteFile(planPath, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "HTGO_AGENT_PLAN="+planPath)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	child := startChild(t, planPath, "") // pins nothing: its links go with it
+	cmd, lines := child.cmd, child.lines
 
 	// Mid-trace: wait for the attach status, then for records of our traffic.
-	lines := make(chan map[string]any, 100)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				lines <- m
-			}
-		}
-	}()
 	deadline := time.After(20 * time.Second)
 	attached, records := false, 0
 	id := uint32(0x43000001)
