@@ -6,6 +6,7 @@ tcx programs on the namespace's devices, the agent's /metrics counter, the agent
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -40,6 +41,8 @@ from hoptrace.web import create_app
 NS = f"hts-replay-{os.getpid()}"
 DEV, PEER = "rpl0", "rpl1"
 NODE = "sec-a"
+# Where the agent (default --pin-dir) keeps the sequences of the signed commands it took.
+COMMAND_STATE = f"/sys/fs/bpf/hoptrace/commands-{NODE}"
 
 
 class Recording(MessageSigner):
@@ -133,6 +136,7 @@ def cluster(certs: CertBundle, tmp_path_factory: pytest.TempPathFactory) -> Iter
     workdir = tmp_path_factory.mktemp("replay")
     dispatcher = None
     agent = None
+    cluster = None
     try:
         subprocess.run(["ip", "-n", NS, "link", "add", DEV, "type", "veth", "peer", "name", PEER], check=True)
         for dev in (DEV, PEER):
@@ -162,11 +166,18 @@ def cluster(certs: CertBundle, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "the agent's session",
             20,
         )
-        yield Cluster(dispatcher, signer, agent, metrics, api, state_dir)
+        cluster = Cluster(dispatcher, signer, agent, metrics, api, state_dir)
+        yield cluster
         channel.close()
     finally:
+        if cluster is not None:
+            agent = cluster.agent  # restarted by a test
         if agent is not None:
             agent.stop()
+        # The sequences the agents of NODE took, kept beside their pins for the next agent.
+        Path(COMMAND_STATE).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            Path(COMMAND_STATE).parent.rmdir()
         if dispatcher is not None:
             dispatcher.stop()
         subprocess.run(["ip", "netns", "del", NS], check=False)
@@ -186,6 +197,38 @@ def test_replayed_plan_is_refused_and_counted(cluster: Cluster):
     assert attached() == {}
     log = cluster.agent.wait_log("refused a plan: nothing attached")
     assert "replayed plan command: sequence" in log and 'for trace \\"replayed\\"' in log, log[-2000:]
+
+
+def test_replay_refused_after_agent_restart(cluster: Cluster, certs: CertBundle):
+    """A trace applied and deleted; the agent stops (SIGTERM: nothing of the trace left pinned) and starts
+    again, remembering nothing in memory: the trace's plan, played to the new agent, is refused as replayed
+    (counted, nothing attached), since the agent kept the sequence it took beside its pins (root's alone)."""
+    cluster.api.ApplyTrace(api_pb2.ApplyTraceRequest(spec=spec("restarted")), timeout=60)
+    assert attached() == {f"{DEV}/egress": 1}
+    plan = cluster.signer.last("apply", "restarted")
+    cluster.api.DeleteTrace(api_pb2.DeleteTraceRequest(name="restarted"), timeout=30)
+    assert attached() == {}
+    assert os.stat(COMMAND_STATE).st_mode & 0o777 == 0o600
+
+    before = cluster.dispatcher.registry.connection(NODE)
+    cluster.agent.stop()
+    assert cluster.agent.process.returncode == 0, cluster.agent.log()[-2000:]
+    cluster.agent = start_daemon_agent(
+        cluster.agent.log_path.parent, NODE, cluster.dispatcher.address, "", tls_args(certs.agent(NODE)),
+        cluster.metrics,
+    )  # fmt: skip
+    wait_until(
+        lambda: cluster.dispatcher.registry.connection(NODE) not in (None, before),
+        "the restarted agent's session",
+        20,
+    )
+    assert cluster.refusals("plan", "replayed") == 0  # a new process: its counters start at 0
+
+    cluster.inject(plan)
+    cluster.wait_refused("plan", "replayed", 1)
+    assert attached() == {}
+    log = cluster.agent.wait_log("refused a plan: nothing attached")
+    assert "replayed plan command: sequence" in log and 'for trace \\"restarted\\"' in log, log[-2000:]
 
 
 def test_expired_plan_is_refused(cluster: Cluster):

@@ -120,6 +120,7 @@ func run(args []string) error {
 	fs.StringVar(&kcfg.SASLUser, "kafka-sasl-user", "", "SASL user name")
 	fs.StringVar(&kafkaPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (never on the command line)")
 	fs.StringVar(&cfg.PinDir, "pin-dir", DefaultPinDir, `where the traces are pinned in bpffs (a root-only directory per node below it) so that they outlive the agent: a killed agent's hops go on recording into the pinned ring buffer, and the next agent of the node takes them over without a gap ("" = pin nothing: the traces go with the agent's process)`)
+	fs.StringVar(&cfg.CommandState, "command-state", "", `with --pin-dir "": a root-only file where the agent keeps the sequences of the signed commands it took, so that a restarted agent refuses one played again ("" = nowhere: only the commands' expiry bounds a replay after a restart); with a --pin-dir they are pinned there`)
 	fs.BoolVar(&cfg.KeepOnExit, "keep-on-exit", false, "on SIGTERM or SIGINT (or at the end of --duration) leave the pinned traces running for the next agent of this node, a restart or an upgrade, instead of detaching them; a killed agent (SIGKILL, the OOM killer, a crash) always leaves them")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9172", `serve Prometheus /metrics and /healthz here ("" = off; several agents on one machine need distinct ports)`)
 	fs.Usage = func() {

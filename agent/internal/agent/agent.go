@@ -92,6 +92,11 @@ type Config struct {
 	// without it the agent detaches and unpins them on its way out.
 	PinDir     string
 	KeepOnExit bool
+	// CommandState is where the sequences of the signed commands taken are
+	// kept when PinDir is "" ("" = nowhere: after a restart only the
+	// commands' expiry bounds a replay); with a PinDir they are pinned
+	// there (signing.StatePath).
+	CommandState string
 	// TLS: mutual TLS toward the dispatcher and the collector
 	// (docs/security.md); Insecure = plaintext instead, said explicitly.
 	// TLS.CRL also refuses revoked signers of commands and plan files.
@@ -282,6 +287,15 @@ func start(cfg Config) (*running, error) {
 		}
 		if cfg.TLS.CRL != "" {
 			if a.verifier.CRL, err = tlsconf.LoadRevocationList(cfg.TLS.CRL, cfg.TLS.CA, cfg.Log); err != nil {
+				return nil, err
+			}
+		}
+		state := cfg.CommandState
+		if cfg.PinDir != "" {
+			state = signing.StatePath(cfg.PinDir, cfg.Node)
+		}
+		if state != "" {
+			if err := a.verifier.Persist(state); err != nil {
 				return nil, err
 			}
 		}

@@ -144,10 +144,11 @@ type Verifier struct {
 
 	mu      sync.Mutex
 	refused map[string]map[Reason]uint64 // by kind
-	// What the agent took, in memory only: after a restart the expiry
-	// bounds a replay instead (docs/security.md).
+	// What the agent took; kept in statePath too when set (Persist), so
+	// that a restarted agent still refuses it (docs/security.md).
 	sequences   map[sequenceKey]taken // the last sequence per signer and trace
 	generations map[string]taken      // the newest generation per trace
+	statePath   string
 }
 
 // sequenceKey is one signer (its certificate's SHA-256) and one trace ("" for
@@ -306,7 +307,9 @@ func KindOfCommand(c *pb.Command) string {
 func (v *Verifier) Command(node string, m *pb.SignedMessage) (*pb.Command, error) {
 	c, err := v.command(node, m)
 	if err != nil {
-		v.Count(KindOf(m), ReasonOf(err))
+		if r := ReasonOf(err); r != "" { // not a failure to write the state
+			v.Count(KindOf(m), r)
+		}
 		return nil, err
 	}
 	return c, nil
@@ -375,7 +378,9 @@ func (v *Verifier) fresh(c *pb.Command) error {
 
 // take refuses a sequence not above the last taken for key, and a
 // generation older than the newest taken for the trace; otherwise it
-// remembers both. Entries older than a command can live are forgotten.
+// remembers both, in the state file too when there is one: a command whose
+// sequence cannot be written there is not taken. Entries older than a
+// command can live are forgotten.
 func (v *Verifier) take(key sequenceKey, sequence uint64, trace string, generation uint64, kind string) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -394,10 +399,29 @@ func (v *Verifier) take(key sequenceKey, sequence uint64, trace string, generati
 			return refuse(ReasonReplayed, "replayed %s command: generation %d of trace %q is older than generation %d, which this agent already took",
 				kind, generation, trace, newest.value)
 		}
+	}
+	lastSequence, hadSequence := v.sequences[key]
+	lastGeneration, hadGeneration := v.generations[trace]
+	if trace != "" {
 		v.generations[trace] = taken{generation, now}
 	}
 	v.sequences[key] = taken{sequence, now}
+	if err := v.save(); err != nil {
+		restore(v.sequences, key, lastSequence, hadSequence)
+		if trace != "" {
+			restore(v.generations, trace, lastGeneration, hadGeneration)
+		}
+		return fmt.Errorf("%s command not taken: %w", kind, err)
+	}
 	return nil
+}
+
+func restore[K comparable](m map[K]taken, k K, t taken, had bool) {
+	if had {
+		m[k] = t
+	} else {
+		delete(m, k)
+	}
 }
 
 // forget drops what was taken longer ago than any command can live, clock
