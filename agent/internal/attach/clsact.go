@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -104,6 +105,49 @@ func attachClsact(nsPath string, ifindex int, prog *ebpf.Program, ingress bool) 
 		return nil, err
 	}
 	return f, nil
+}
+
+// ClsactFilters are the BPF filters at the clsact ingress or egress of the device ifindex in the
+// network namespace nsPath (none where the device has no clsact qdisc): what a kernel without tcx
+// runs at its tc hooks.
+func ClsactFilters(nsPath string, ifindex int, ingress bool) ([]*netlink.BpfFilter, error) {
+	parent := uint32(netlink.HANDLE_MIN_EGRESS)
+	if ingress {
+		parent = netlink.HANDLE_MIN_INGRESS
+	}
+	var out []*netlink.BpfFilter
+	err := netns.Do(nsPath, func() error {
+		var err error
+		out, err = clsactFilters(ifindex, parent)
+		return err
+	})
+	return out, err
+}
+
+// clsactFilters are the BPF filters at parent of the device ifindex in the current namespace.
+func clsactFilters(ifindex int, parent uint32) ([]*netlink.BpfFilter, error) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return nil, err
+	}
+	qdiscs, err := netlink.QdiscList(l)
+	if err != nil {
+		return nil, fmt.Errorf("list qdiscs: %w", err)
+	}
+	if !slices.ContainsFunc(qdiscs, func(q netlink.Qdisc) bool { return q.Type() == "clsact" }) {
+		return nil, nil // no filter list to ask for
+	}
+	filters, err := netlink.FilterList(l, parent)
+	if err != nil {
+		return nil, fmt.Errorf("list tc filters: %w", err)
+	}
+	var out []*netlink.BpfFilter
+	for _, f := range filters {
+		if bf, ok := f.(*netlink.BpfFilter); ok {
+			out = append(out, bf)
+		}
+	}
+	return out, nil
 }
 
 // Close removes the filter; a device that is gone took it along.

@@ -154,18 +154,26 @@ func findClsact(c *PinnedClsact, loaded *loader.Hop) (*clsactFilter, error) {
 		return nil, fmt.Errorf("program info: %w", err)
 	}
 	id, _ := info.ID()
+	f, err := pinnedClsact(c, uint32(id))
+	if err != nil {
+		return nil, err
+	}
+	if f == nil {
+		return nil, errors.New("its clsact filter is gone")
+	}
+	return f, nil
+}
+
+// pinnedClsact is the clsact filter c on its device running the program prog, or nil.
+func pinnedClsact(c *PinnedClsact, prog uint32) (*clsactFilter, error) {
 	var found *netlink.BpfFilter
-	err = netns.Do(c.NsPath, func() error {
-		l, err := netlink.LinkByIndex(c.Ifindex)
+	err := netns.Do(c.NsPath, func() error {
+		filters, err := clsactFilters(c.Ifindex, c.Parent)
 		if err != nil {
 			return err
 		}
-		filters, err := netlink.FilterList(l, c.Parent)
-		if err != nil {
-			return err
-		}
-		for _, f := range filters {
-			if bf, ok := f.(*netlink.BpfFilter); ok && bf.Handle == c.Handle && bf.Priority == c.Priority && bf.Id == int(id) {
+		for _, bf := range filters {
+			if bf.Handle == c.Handle && bf.Priority == c.Priority && bf.Id == int(prog) {
 				found = bf
 			}
 		}
@@ -175,10 +183,25 @@ func findClsact(c *PinnedClsact, loaded *loader.Hop) (*clsactFilter, error) {
 		return nil, fmt.Errorf("its clsact filter: %w", err)
 	}
 	if found == nil {
-		return nil, errors.New("its clsact filter is gone")
+		return nil, nil
 	}
 	found.LinkIndex, found.Parent = c.Ifindex, c.Parent
 	return &clsactFilter{nsPath: c.NsPath, filter: found}, nil
+}
+
+// DropPinned detaches what of the pinned hop p outlives its pins when it is not taken over: its
+// clsact filter. A pinned link goes with its pins and last file descriptor; a filter stays on its
+// device, running the hop's program, until it is deleted. The filter's handle is the ID of the
+// program it was added with, so a filter still running that program is the hop's.
+func DropPinned(p PinnedHop) error {
+	if p.Clsact == nil {
+		return nil
+	}
+	f, err := pinnedClsact(p.Clsact, p.Clsact.Handle)
+	if err != nil || f == nil {
+		return err
+	}
+	return f.Close()
 }
 
 // Release closes what the agent holds of the hop and leaves a pinned hop attached, for the next

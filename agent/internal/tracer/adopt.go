@@ -154,6 +154,7 @@ func (m *Manager) takeOver() (int64, error) {
 			// again (the dispatcher's push, or the --plan).
 			m.log.Warn("pinned trace of another record layout (an upgrade across a change of it): removed",
 				"trace", meta.Trace, "its", meta.Layout, "ours", recordLayout)
+			m.dropPinned(meta)
 			_ = os.RemoveAll(dir)
 			continue
 		}
@@ -169,6 +170,7 @@ func (m *Manager) takeOver() (int64, error) {
 		m.records.Type() != ebpf.RingBuf {
 		// The hops write a ring buffer of their own (held by their programs), which no agent can read.
 		for _, meta := range metas {
+			m.dropPinned(meta)
 			_ = os.RemoveAll(m.pins.traceDir(meta.Trace))
 		}
 		if m.records != nil {
@@ -199,6 +201,7 @@ func (m *Manager) takeOver() (int64, error) {
 		t, err := m.adopt(meta)
 		if err != nil {
 			m.log.Warn("pinned trace not taken over: removed", "trace", meta.Trace, "generation", meta.Generation, "err", err)
+			m.dropPinned(meta)
 			_ = os.RemoveAll(m.pins.traceDir(meta.Trace))
 			continue
 		}
@@ -219,6 +222,20 @@ func (m *Manager) takeOver() (int64, error) {
 		oldest = clock.Monotonic()
 	}
 	return oldest, nil
+}
+
+// dropPinned detaches the clsact filters of a pinned trace generation that is not taken over (a
+// kernel without tcx): unlike its links, they would stay with its pins gone.
+func (m *Manager) dropPinned(meta *traceMeta) {
+	hops := meta.Hops
+	if meta.Tagger != nil {
+		hops = append(hops[:len(hops):len(hops)], *meta.Tagger)
+	}
+	for _, p := range hops {
+		if err := attach.DropPinned(p); err != nil {
+			m.log.Warn("clsact filter of a pinned hop not taken over", "trace", meta.Trace, "hop", p.Name, "err", err)
+		}
+	}
 }
 
 // newestGeneration reads a trace directory's generations: it keeps the newest
@@ -308,6 +325,9 @@ func (m *Manager) adopt(meta *traceMeta) (*Trace, error) {
 		hopDir := filepath.Join(gen, hopPin(p.Index))
 		h, err := attach.LoadPinnedHop(hopDir, p)
 		if err != nil {
+			if err := attach.DropPinned(p); err != nil {
+				m.log.Warn("clsact filter of a pinned hop not taken over", "trace", meta.Trace, "hop", p.Name, "err", err)
+			}
 			_ = os.RemoveAll(hopDir)
 			hs.Attached, hs.Error = false, lost("hop "+hs.Name, err.Error())
 			continue
