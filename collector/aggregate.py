@@ -743,7 +743,7 @@ class SegmentAggregator:
         from_node: str,
         to_node: str,
         before_attach: bool | int = False,
-        drop: tuple[str, str, int, str] | None = None,
+        drop: tuple[str, str, int, str, int] | None = None,
     ) -> None:
         """Loss and node bookkeeping of one packet in one segment window. `before_attach`: the packet
         passed the segment's second hop (end to end: every hop it lacks) before that was attached;

@@ -116,9 +116,9 @@ class JoinedPacket(NamedTuple):
     # not lost there.
     before_attach: int = 0
     # The kernel dropped the packet after its last hop seen (`drops: true`): (node, reason name, drop hop
-    # index, the kernel function that freed it), the earliest of its drop hops' records; None when none saw
-    # it.
-    drop: tuple[str, str, int, str] | None = None
+    # index, the kernel function that freed it, the drop's master time), the earliest of its drop hops'
+    # records; None when none saw it.
+    drop: tuple[str, str, int, str, int] | None = None
 
 
 @dataclass
@@ -327,7 +327,7 @@ class HopJoiner:
             if dropped:
                 first = min(dropped, key=e.__getitem__)
                 node, reason, function = e[w + first]
-                drop = (node, reason, first, function)
+                drop = (node, reason, first, function, e[first])
         return JoinedPacket(
             key[0],
             key[1] >> ID_SEQ_BITS,

@@ -197,6 +197,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="which exemplar packets become traces: the slowest per trace and window (--exemplar-slowest), "
         "1 in N by ID (N a multiple of --exemplar-every), or every exemplar",
     )
+    otlp.add_argument(
+        "--otlp-drops",
+        action="store_true",
+        help="also every lost packet whose drop was recorded (a trace with drops: true), exemplar or not",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     add_server_tls_arguments(parser)
 
@@ -228,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
             cert=args.otlp_cert,
             key=args.otlp_key,
             sample=args.otlp_sample,
+            drops=args.otlp_drops,
         )
         otlp.validate(aggregate.exemplar_every, aggregate.exemplar_slowest)
         if args.clock_key_file:

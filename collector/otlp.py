@@ -13,6 +13,12 @@ pair the pipeline exports to):
   trace and window (`--exemplar-slowest`); `1/N`, those whose ID sequence is a multiple of N (sampled by ID
   with `--exemplar-every`, so N must be a multiple of it); `all`, every exemplar. Each is a packet
   `hoptrace packets --id` shows too.
+* Beside the points, the pipeline hands it the tuples of the packets that describe their addresses
+  (`note_addresses`) and the lost packets whose drop was recorded (`note_drops`): a segment whose two hops
+  saw different tuples gets a `nat` event (the packet's own tuples, else the trace's last packet's at that
+  segment); a dropped packet gets a span for the segment it was lost in, ERROR, with a `drop` event (reason,
+  function, node). It goes out when it is an exemplar the sample picks, or at once with `drops`
+  (`--otlp-drops`). docs/otel.md lists the attributes.
 * `segment_stats` points, the closed windows, become one exponential-histogram point per trace, segment
   and window (delta temporality: start = the window's start, time = its end). Count, sum, min and max are
   the window's own; the buckets come from its DDSketch buckets (`sketch.py`, 0.5 % relative accuracy), each
@@ -44,7 +50,7 @@ import math
 import queue
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,11 +77,14 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Status, StatusCode
 
-from hoptrace.collector.aggregate import AggregateConfig
+from hoptrace.collector.addresses import translation
+from hoptrace.collector.aggregate import AggregateConfig, LatencySample
 from hoptrace.collector.catalog import MAX_HOPS, TraceCatalog
-from hoptrace.collector.points import Point
-from hoptrace.collector.records import ID_SEQ_MASK
+from hoptrace.collector.join import JoinedPacket
+from hoptrace.collector.points import Point, latency_point
+from hoptrace.collector.records import HOP_INDEX, ID_SEQ_MASK, PACKET_ID, DescribedRecord, FiveTuple
 from hoptrace.collector.schema import END_TO_END, HOP_LATENCY, SEGMENT_STATS
 from hoptrace.collector.sketch import MAPPING, LatencySketch, sketch_from_fields
 
@@ -88,6 +97,9 @@ LATENCY_METRIC = "hoptrace.segment.latency"
 MAX_SCALE = 6
 MAX_BUCKETS = 160
 OTLP_DROP_REASONS = ("closed", "export_failed", "queue_full")
+# Packets whose described addresses, and dropped packets, are kept for their exemplars (oldest forgotten).
+MAX_DESCRIBED = 4096
+MAX_DROPPED = 16384
 
 
 @dataclass
@@ -100,6 +112,7 @@ class OtlpConfig:
     cert: str | None = None  # a client certificate, when the backend asks for one
     key: str | None = None
     sample: str = "slowest"  # slowest | 1/N | all (of the exemplars; see the module's docstring)
+    drops: bool = False  # every packet whose drop was recorded, beside the exemplars
     max_packets: int = 10_000  # packets waiting for the worker
     max_windows: int = 100_000  # windows waiting for the worker
     max_spans: int = 8192  # the BatchSpanProcessor's queue
@@ -217,11 +230,15 @@ class _Packet:
     trace: str
     packet_id: int
     samples: tuple[Point, ...]  # its hop_latency points, end to end among them when it went end to end
+    dropped: JoinedPacket | None = None  # the packet as joined, when the kernel dropped it
 
     @property
     def spans(self) -> int:
-        """How many spans it becomes: a root, and one per segment (end to end is the root's)."""
-        return 1 + sum(1 for p in self.samples if p.tag("segment") != END_TO_END)
+        """How many spans it becomes (at most): a root, one per segment (end to end is the root's), and
+        the segment it was dropped in."""
+        if self.dropped is not None and not self.samples:  # its segments come from its times
+            return 2 + sum(1 for t in self.dropped.times if t is not None)
+        return 1 + sum(1 for p in self.samples if p.tag("segment") != END_TO_END) + (self.dropped is not None)
 
 
 def exponential_buckets(sketch: LatencySketch) -> tuple[int, Buckets, Buckets]:
@@ -288,6 +305,12 @@ class OtlpExporter:
         self._closed = False
         self._giving_up = False  # closing: a worker waiting for the processor's room stops waiting
         self._hop_cache: dict[tuple[str, str, str, str, int], dict[str, Any]] = {}
+        # (trace, packet ID) -> hop index -> the tuple it saw, of the packets that describe their addresses
+        self._described: OrderedDict[tuple[str, int], dict[int, FiveTuple]] = OrderedDict()
+        # (trace, hop index a) -> (packet ID, tuple at a, tuple at a + 1): the last packet seen at both
+        self._last_pair: dict[tuple[str, int], tuple[int, FiveTuple, FiveTuple]] = {}
+        # (trace, packet ID) -> the packet as joined and whether it was queued already (`drops`)
+        self._dropped: OrderedDict[tuple[str, int], tuple[JoinedPacket, bool]] = OrderedDict()
         attributes = {"service.name": "hoptrace"}
         if instance:
             attributes["service.instance.id"] = instance
@@ -382,15 +405,57 @@ class OtlpExporter:
                 self.counts[("metrics", "closed")] += len(windows)
                 return
             for (trace, packet_id), samples in packets.items():
+                dropped, queued = self._dropped.get((trace, packet_id), (None, False))
                 for group in _passages(samples):
+                    # the passage the kernel dropped: its exemplar's segments are among its times
+                    drop = dropped if dropped is not None and group[0].time_ns in dropped.times else None
+                    if drop is not None and queued:
+                        continue  # sent already (`drops`)
                     if len(self._packets) >= self.config.max_packets:
                         self.counts[("traces", "queue_full")] += 1
                     else:
-                        self._packets.append(_Packet(trace, packet_id, group))
+                        self._packets.append(_Packet(trace, packet_id, group, drop))
             room = self.config.max_windows - len(self._windows)
             self._windows.extend(windows[:room])
             if len(windows) > room > -1:
                 self.counts[("metrics", "queue_full")] += len(windows) - max(room, 0)
+            self._lock.notify_all()
+
+    def note_addresses(self, trace: str, described: list[DescribedRecord]) -> None:
+        """The described records of the trace's path hops, as they come (`pipeline`): the tuples each hop
+        saw, kept for the packet's own exemplar and as the trace's last known tuples at each segment."""
+        with self._lock:
+            for rec, seen in described:
+                key = (trace, rec[PACKET_ID])
+                hops = self._described.get(key)
+                if hops is None:
+                    hops = self._described[key] = {}
+                    if len(self._described) > MAX_DESCRIBED:
+                        self._described.popitem(last=False)
+                index = rec[HOP_INDEX]
+                hops[index] = seen
+                if index - 1 in hops:
+                    self._last_pair[(trace, index - 1)] = (rec[PACKET_ID], hops[index - 1], seen)
+                if index + 1 in hops:
+                    self._last_pair[(trace, index)] = (rec[PACKET_ID], seen, hops[index + 1])
+
+    def note_drops(self, packets: list[JoinedPacket]) -> None:
+        """Joined packets the kernel dropped (`JoinedPacket.drop`), as the join emits them (`pipeline`):
+        kept for their exemplars, which come when their window closes; with `drops`, queued at once."""
+        with self._lock:
+            for p in packets:
+                queued = False
+                if self.config.drops and not self._closed:
+                    if len(self._packets) >= self.config.max_packets:
+                        self.counts[("traces", "queue_full")] += 1
+                    else:
+                        self._packets.append(_Packet(p.trace, p.packet_id, (), p))
+                        queued = True
+                key = (p.trace, p.packet_id)
+                self._dropped.pop(key, None)
+                self._dropped[key] = (p, queued)
+                if len(self._dropped) > MAX_DROPPED:
+                    self._dropped.popitem(last=False)
             self._lock.notify_all()
 
     # ---- the worker ---------------------------------------------------------------------------------
@@ -414,7 +479,9 @@ class OtlpExporter:
                     if not self._room_for(packet.spans):
                         self._count("traces", "closed", len(packets) - i)
                         break
-                    self._send_packet(packet)
+                    spans = self._send_packet(packet)
+                    if spans < packet.spans:  # reserved more than it made (a dropped packet's estimate)
+                        self._spans_taken(packet.spans - spans)
             except Exception:  # keep the worker alive: a bug here must not stop the export for good
                 log.exception("OTLP export worker")
             finally:
@@ -436,26 +503,35 @@ class OtlpExporter:
                     return False
             self.provider.force_flush()  # outside the lock: the export counts under it
 
-    def _send_packet(self, packet: _Packet) -> None:
-        """The packet's spans: its root, then a child per segment, with the packet's own times."""
+    def _send_packet(self, packet: _Packet) -> int:
+        """The packet's spans: its root, then a child per segment, with the packet's own times; a packet
+        the kernel dropped also the segment it was lost in. Returns how many spans it made."""
+        points = packet.samples or self._dropped_samples(packet.dropped)
         samples = sorted(
-            ((p.time_ns, dict(p.tags), dict(p.fields)) for p in packet.samples),
+            ((p.time_ns, dict(p.tags), dict(p.fields)) for p in points),
             key=lambda s: (s[0], s[1]["segment"] == END_TO_END),
         )
         e2e = next((s for s in samples if s[1]["segment"] == END_TO_END), None)
         segments = [s for s in samples if s[1]["segment"] != END_TO_END]
+        lost = self._lost_segment(packet.dropped) if packet.dropped is not None else None
+        if not segments and e2e is None and lost is None:
+            return 0  # nothing to show: a dropped packet seen at no segment and after the path's last hop
+        ends = [t + max(int(fields["latency_ns"]), 0) for t, _, fields in segments]
+        if lost is not None:
+            ends.append(max(lost[0], lost[1]))
         if e2e is not None:
             start = e2e[0]
             end = start + max(int(e2e[2]["latency_ns"]), 0)
         else:  # not end to end: from its first time seen to the end of its last segment
-            start = min(t for t, _, _ in segments)
-            end = max(t + max(int(fields["latency_ns"]), 0) for t, _, fields in segments)
+            start = min([t for t, _, _ in segments] + ([lost[0]] if lost is not None else []))
+            end = max(ends)
         tid = trace_id(packet.trace, packet.packet_id, start)
         self._ids.trace_id, self._ids.span_id = tid, span_id(tid, "")
         root = self.tracer.start_span(
             packet.trace, start_time=start, attributes=self._packet_attributes(packet, e2e)
         )
         parent = trace_api.set_span_in_context(root)
+        indexes = self._hop_indexes(packet.trace)
         for t, tags, fields in segments:
             self._ids.span_id = span_id(tid, tags["segment"])
             span = self.tracer.start_span(
@@ -464,8 +540,111 @@ class OtlpExporter:
                 start_time=t,
                 attributes=self._segment_attributes(tags, fields),
             )
+            a = indexes.get(tags.get("from_hop", ""), -1)
+            if a >= 0 and indexes.get(tags.get("to_hop", "")) == a + 1:
+                nat = self._nat(packet.trace, packet.packet_id, a)
+                if nat is not None:
+                    span.add_event("nat", nat, timestamp=t)
             span.end(end_time=t + max(int(fields["latency_ns"]), 0))
+        if lost is not None:
+            at, drop_ns, tags, (node, reason, function) = lost
+            self._ids.span_id = span_id(tid, tags["segment"])
+            attributes = self._segment_attributes(tags, {"packet_id": packet.packet_id})
+            span = self.tracer.start_span(
+                tags["segment"], context=parent, start_time=at, attributes=attributes
+            )
+            span.add_event(
+                "drop",
+                {
+                    "hoptrace.drop.reason": reason,
+                    "hoptrace.drop.function": function,
+                    "hoptrace.drop.node": node,
+                },
+                timestamp=max(drop_ns, at),
+            )
+            span.set_status(Status(StatusCode.ERROR, reason))
+            span.end(end_time=max(drop_ns, at))
         root.end(end_time=end)
+        return 1 + len(segments) + (lost is not None)
+
+    def _hop_indexes(self, trace: str) -> dict[str, int]:
+        path = self.catalog.get(trace) if self.catalog is not None else None
+        if path is None or not path.known:
+            return {}
+        return {name: i for i, name in enumerate(path.hop_names)}
+
+    def _dropped_samples(self, p: JoinedPacket | None) -> list[Point]:
+        """The `hop_latency` points of a dropped packet's segments (those it was seen at both ends of), as
+        the aggregation makes them for an exemplar."""
+        if p is None:
+            return []
+        path = self.catalog.get(p.trace) if self.catalog is not None else None
+        out = []
+        for a in range(len(p.times) - 1):
+            ta, tb = p.times[a], p.times[a + 1]
+            if ta is None or tb is None:
+                continue
+            names = [path.hop_name(i) if path is not None else f"hop{i}" for i in (a, a + 1)]
+            nodes = [p.nodes[i] or (path.hop_node(i) if path is not None else "") for i in (a, a + 1)]
+            sample = LatencySample(
+                p.trace, f"{names[0]}>{names[1]}", *names, *nodes, ta, tb - ta, p.packet_id, False
+            )
+            out.append(latency_point(sample))
+        return out
+
+    def _lost_segment(self, p: JoinedPacket) -> tuple[int, int, dict[str, str], tuple[str, str, str]] | None:
+        """(start, drop time, tags, (node, reason, function)) of the segment a dropped packet was lost in:
+        from the last hop of the path it reached to the next."""
+        seen = [i for i, t in enumerate(p.times) if t is not None]
+        if p.drop is None or not seen:
+            return None
+        path = self.catalog.get(p.trace) if self.catalog is not None else None
+        a = seen[-1]
+        if path is not None and path.known and a + 1 >= len(path.hop_names):
+            return None  # seen at the path's last hop (a hop before it missed it): no segment after it
+        at = p.times[a] or 0
+        names = [path.hop_name(i) if path is not None else f"hop{i}" for i in (a, a + 1)]
+        nodes = [p.nodes[a] or "", path.hop_node(a + 1) if path is not None else ""]
+        if path is not None and not nodes[0]:
+            nodes[0] = path.hop_node(a)
+        tags = {
+            "trace": p.trace,
+            "segment": f"{names[0]}>{names[1]}",
+            "from_hop": names[0],
+            "to_hop": names[1],
+            "from_node": nodes[0],
+            "to_node": nodes[1],
+        }
+        node, reason, _, function, drop_ns = p.drop
+        return at, drop_ns, tags, (node, reason, function)
+
+    def _nat(self, trace: str, packet_id: int, a: int) -> dict[str, Any] | None:
+        """The attributes of a `nat` event on segment a > a + 1 of a packet: where the tuples its two hops
+        saw differ, the packet's own (it described its addresses) or else the trace's last packet seen at
+        both; None without a translation there."""
+        with self._lock:
+            own = self._described.get((trace, packet_id))
+            if own is not None and a in own and a + 1 in own:
+                of, before, after = "packet", own[a], own[a + 1]
+            elif (last := self._last_pair.get((trace, a))) is not None:
+                of, (packet_id, before, after) = "trace", last
+            else:
+                return None
+        if before == after:
+            return None
+        kind = translation(before, after)[0].upper()
+        attributes: dict[str, Any] = {
+            "hoptrace.nat.kind": kind,
+            "hoptrace.nat.addresses_of": of,
+            "hoptrace.nat.packet_id": packet_id,
+        }
+        for suffix, seen in (("before", before), ("after", after)):
+            attributes[f"network.transport.{suffix}"] = seen.protocol_name
+            attributes[f"source.address.{suffix}"] = seen.source
+            attributes[f"source.port.{suffix}"] = seen.source_port
+            attributes[f"destination.address.{suffix}"] = seen.destination
+            attributes[f"destination.port.{suffix}"] = seen.destination_port
+        return attributes
 
     def _packet_attributes(self, packet: _Packet, e2e: tuple[int, dict, dict] | None) -> dict[str, Any]:
         attributes: dict[str, Any] = {
@@ -498,8 +677,9 @@ class OtlpExporter:
             "hoptrace.trace": trace,
             "hoptrace.packet_id": int(fields["packet_id"]),
             "hoptrace.segment": tags["segment"],
-            "hoptrace.latency_ns": int(fields["latency_ns"]),
         }
+        if "latency_ns" in fields:  # not in the segment a packet was dropped in
+            attributes["hoptrace.latency_ns"] = int(fields["latency_ns"])
         if fields.get("below_clock_bound"):
             attributes["hoptrace.below_clock_bound"] = True
         for end in ("from", "to"):
@@ -666,6 +846,14 @@ class _Both:
     def export(self, points: list[Point]) -> None:
         self.first.export(points)
         self.second.export(points)
+
+    def note_addresses(self, trace: str, described: list[DescribedRecord]) -> None:
+        """`OtlpExporter.note_addresses`."""
+        self.second.note_addresses(trace, described)
+
+    def note_drops(self, packets: list[JoinedPacket]) -> None:
+        """`OtlpExporter.note_drops`."""
+        self.second.note_drops(packets)
 
 
 def start_otlp_exporter(

@@ -124,6 +124,10 @@ class CollectorPipeline:
         # a time): the collector's clock; an import of recorded files (file_input.py) gives the time its
         # records have reached, so those points land among the records.
         self.now_ns: Callable[[], int] = time.time_ns
+        # An exporter that follows packets beyond their points (otlp.OtlpExporter, through otlp.beside) is
+        # also handed the described records of the path hops and the joined packets the kernel dropped.
+        self._note_addresses = getattr(exporter, "note_addresses", None)
+        self._note_drops = getattr(exporter, "note_drops", None)
 
     def closed_before(self) -> int:
         """Master time before which every window is closed and handed to the exporter: what the exporter
@@ -234,6 +238,8 @@ class CollectorPipeline:
             if batch.addresses:
                 on_path = self._on_path(batch.trace, batch.addresses)
                 self.addresses.add(batch.trace, on_path, time.monotonic_ns())
+                if self._note_addresses is not None:
+                    self._note_addresses(batch.trace, on_path)
             if actions:
                 self.exporter.export(actions)
             self._note_agent_dropped(batch, now)
@@ -286,9 +292,17 @@ class CollectorPipeline:
         starts = sorted(s for s in held if before_ns is None or s < before_ns)
         return [sample for start in starts for sample in held.pop(start)]
 
+    def _joined(self, packets: list[JoinedPacket]) -> None:
+        """Packets the join emitted: to the aggregation, and those the kernel dropped to `note_drops`."""
+        if self._note_drops is not None:
+            dropped = [p for p in packets if p.drop is not None]
+            if dropped:
+                self._note_drops(dropped)
+        self._hold_exemplars(self.segments.add_packets(packets))
+
     def _export(self, packets: list[JoinedPacket]) -> None:
         if packets:
-            self._hold_exemplars(self.segments.add_packets(packets))
+            self._joined(packets)
         upto = self.joiner.watermark_ns - self.joiner.config.window_ns - self.segments.config.interval_ns
         windows = self.segments.close_windows(upto)
         samples = self._closed_exemplars(self.segments.closed_before) if self._exemplars else []
@@ -312,7 +326,7 @@ class CollectorPipeline:
     def flush(self) -> None:
         """Emit every pending packet and close every window (shutdown)."""
         with self._lock:
-            self._hold_exemplars(self.segments.add_packets(self.joiner.flush()))
+            self._joined(self.joiner.flush())
             windows = self.segments.flush()
             counters = self.counters.flush()
             samples = self._closed_exemplars(None)
