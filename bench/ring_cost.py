@@ -126,22 +126,25 @@ char LICENSE[] SEC("license") = "GPL";
 
 # The `local` object's one change to hop.bpf.h: the record goes to a per-CPU slot, not the ring.
 RESERVE = """\
-	if (act_record[0])
-		rec = bpf_ringbuf_reserve(&records, sizeof(*rec) + sizeof(*vals), 0);
-	else
-		rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (with_capture) {
+		if (with_values)
+			return with_addresses
 """
-LOCAL_SLOT = """\
+# The sample's every shape is reserved in reserve_sample: `local` returns the per-CPU slot before them.
+LOCAL_SLOT = (
+    """\
 	__u32 slot = 0;
 
-	rec = bpf_map_lookup_elem(&bench_local_record, &slot);
+	return bpf_map_lookup_elem(&bench_local_record, &slot);
 """
+    + RESERVE
+)
 LOCAL_MAP = """\
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u8[128]); /* a record and its values */
+	__type(value, __u8[1024]); /* a record and whatever follows it */
 } bench_local_record SEC(".maps");
 
 """
@@ -201,7 +204,7 @@ char LICENSE[] SEC("license") = "GPL";
 
 def build_local_object(workdir: Path) -> Path:
     """The hop object with the record written to a per-CPU slot (LOCAL_SLOT), built as `make bpf` does."""
-    anchor = "static __always_inline void emit_record("
+    anchor = "static __always_inline struct hoptrace_record *reserve_sample("
     patches = [(RESERVE, LOCAL_SLOT), (SUBMIT, LOCAL_SUBMIT), (anchor, LOCAL_MAP + anchor)]
     return build_patched_object(workdir, "local", patches)
 
