@@ -8,11 +8,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/hoptrace/hoptrace/agent/internal/bpffs"
 )
 
 // The taken sequences outlive the agent's process in a state file
@@ -184,15 +185,5 @@ func writeState(path string, b []byte) error {
 // removes that directory with its traces while a restarted one must still
 // refuse the commands taken before.
 func StatePath(pinDir, node string) string {
-	var b strings.Builder
-	b.WriteString("commands-")
-	for i := 0; i < len(node); i++ {
-		c := node[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
-			b.WriteByte(c)
-			continue
-		}
-		fmt.Fprintf(&b, "%%%02X", c) // bpffs refuses a '.' in a name
-	}
-	return filepath.Join(pinDir, b.String())
+	return filepath.Join(pinDir, "commands-"+bpffs.Name(node))
 }

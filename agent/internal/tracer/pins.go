@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
+	"github.com/hoptrace/hoptrace/agent/internal/bpffs"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
@@ -52,38 +53,6 @@ func hopPin(index uint32) string   { return fmt.Sprintf("hop%d", index) }
 func eventPin(index uint32) string { return fmt.Sprintf("event%d", index) }
 func slotPin(slot uint16) string   { return fmt.Sprintf("slot%d", slot) }
 
-// pinName escapes a node or trace name for bpffs: every byte but [A-Za-z0-9_-] as %XX.
-func pinName(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' {
-			b.WriteByte(c)
-			continue
-		}
-		fmt.Fprintf(&b, "%%%02X", c)
-	}
-	return b.String()
-}
-
-// unpinName undoes pinName.
-func unpinName(s string) (string, error) {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] != '%' {
-			b.WriteByte(s[i])
-			continue
-		}
-		var c byte
-		if i+2 >= len(s) || func() bool { _, err := fmt.Sscanf(s[i+1:i+3], "%02X", &c); return err != nil }() {
-			return "", fmt.Errorf("%q is no escaped name", s)
-		}
-		b.WriteByte(c)
-		i += 2
-	}
-	return b.String(), nil
-}
-
 // errNodeLocked: another agent of the node holds its pin directory.
 var errNodeLocked = errors.New("pin directory locked")
 
@@ -103,7 +72,7 @@ func openPinRoot(base, node string) (*pinRoot, error) {
 	if err := ensureBPFFS(base); err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(base, pinName(node))
+	dir := filepath.Join(base, bpffs.Name(node))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pin directory: %w", err)
 	}
@@ -166,7 +135,7 @@ func ensureBPFFS(path string) error {
 
 func (r *pinRoot) path(name string) string { return filepath.Join(r.dir, name) }
 
-func (r *pinRoot) traceDir(trace string) string { return filepath.Join(r.dir, pinName(trace)) }
+func (r *pinRoot) traceDir(trace string) string { return filepath.Join(r.dir, bpffs.Name(trace)) }
 
 // unlock lets another agent of the node take the directory over.
 func (r *pinRoot) unlock() {
