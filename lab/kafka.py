@@ -185,6 +185,15 @@ def _wait_port(addr: str, timeout_s: float, proc: subprocess.Popen[bytes] | None
     return False
 
 
+def _cluster_id() -> str:
+    """A random KRaft cluster ID; like Kafka's own, never one starting with '-', which the
+    storage tool's argument parser would take for an option (1 run in 64 otherwise)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def start_kafka(timeout_s: float = 90.0, heap: str = "512m") -> KafkaBroker:
     """Format a KRaft log directory and start the broker; returns once it serves metadata."""
     if not KAFKA_LIBS.is_dir() or not any(KAFKA_LIBS.glob("kafka_2.13-*.jar")):
@@ -196,7 +205,7 @@ def start_kafka(timeout_s: float = 90.0, heap: str = "512m") -> KafkaBroker:
     (workdir / "log4j2.yaml").write_text(_LOG4J2)
     java = [JAVA, f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]
     java += [f"-Dlog4j2.configurationFile={workdir / 'log4j2.yaml'}", "-cp", f"{KAFKA_LIBS}/*"]
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = _cluster_id()
     fmt = subprocess.run(
         [*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
         capture_output=True,
