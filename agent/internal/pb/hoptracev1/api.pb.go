@@ -3366,8 +3366,11 @@ type DiscoveredSegment struct {
 	Share   float64 `protobuf:"fixed64,4,opt,name=share,proto3" json:"share,omitempty"`
 	// Median and 99th percentile of (to - from) over those packets, from each packet's own timestamps:
 	// exact within a node (one monotonic clock), clock-aligned across nodes (good to the clocks' bounds).
-	MedianNs      int64 `protobuf:"varint,5,opt,name=median_ns,json=medianNs,proto3" json:"median_ns,omitempty"`
-	P99Ns         int64 `protobuf:"varint,6,opt,name=p99_ns,json=p99Ns,proto3" json:"p99_ns,omitempty"`
+	MedianNs int64 `protobuf:"varint,5,opt,name=median_ns,json=medianNs,proto3" json:"median_ns,omitempty"`
+	P99Ns    int64 `protobuf:"varint,6,opt,name=p99_ns,json=p99Ns,proto3" json:"p99_ns,omitempty"`
+	// The flow's addresses changed in this step (a DNAT, a masquerade): the filter took the packets at
+	// from_hop and refused them at to_hop, which took them by their ID.
+	Translated    bool `protobuf:"varint,7,opt,name=translated,proto3" json:"translated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3442,6 +3445,13 @@ func (x *DiscoveredSegment) GetP99Ns() int64 {
 		return x.P99Ns
 	}
 	return 0
+}
+
+func (x *DiscoveredSegment) GetTranslated() bool {
+	if x != nil {
+		return x.Translated
+	}
+	return false
 }
 
 type ListAuditRequest struct {
@@ -3967,14 +3977,17 @@ const file_hoptrace_v1_api_proto_rawDesc = "" +
 	"\apackets\x18\x03 \x01(\rR\apackets\x12\x14\n" +
 	"\x05nodes\x18\x04 \x03(\tR\x05nodes\x12\x18\n" +
 	"\amessage\x18\x05 \x01(\tR\amessage\x12:\n" +
-	"\bsegments\x18\x06 \x03(\v2\x1e.hoptrace.v1.DiscoveredSegmentR\bsegments\"\xd5\x01\n" +
+	"\bsegments\x18\x06 \x03(\v2\x1e.hoptrace.v1.DiscoveredSegmentR\bsegments\"\xf5\x01\n" +
 	"\x11DiscoveredSegment\x12/\n" +
 	"\bfrom_hop\x18\x01 \x01(\v2\x14.hoptrace.v1.HopSpecR\afromHop\x12+\n" +
 	"\x06to_hop\x18\x02 \x01(\v2\x14.hoptrace.v1.HopSpecR\x05toHop\x12\x18\n" +
 	"\apackets\x18\x03 \x01(\rR\apackets\x12\x14\n" +
 	"\x05share\x18\x04 \x01(\x01R\x05share\x12\x1b\n" +
 	"\tmedian_ns\x18\x05 \x01(\x03R\bmedianNs\x12\x15\n" +
-	"\x06p99_ns\x18\x06 \x01(\x03R\x05p99Ns\">\n" +
+	"\x06p99_ns\x18\x06 \x01(\x03R\x05p99Ns\x12\x1e\n" +
+	"\n" +
+	"translated\x18\a \x01(\bR\n" +
+	"translated\">\n" +
 	"\x10ListAuditRequest\x12\x14\n" +
 	"\x05limit\x18\x01 \x01(\rR\x05limit\x12\x14\n" +
 	"\x05trace\x18\x02 \x01(\tR\x05trace\"F\n" +

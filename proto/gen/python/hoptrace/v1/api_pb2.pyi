@@ -582,20 +582,22 @@ class DiscoverResult(_message.Message):
     def __init__(self, spec: _Optional[_Union[_trace_pb2.TraceSpec, _Mapping]] = ..., paths: _Optional[_Iterable[_Union[DiscoveredPath, _Mapping]]] = ..., packets: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[DiscoveredSegment, _Mapping]]] = ...) -> None: ...
 
 class DiscoveredSegment(_message.Message):
-    __slots__ = ("from_hop", "to_hop", "packets", "share", "median_ns", "p99_ns")
+    __slots__ = ("from_hop", "to_hop", "packets", "share", "median_ns", "p99_ns", "translated")
     FROM_HOP_FIELD_NUMBER: _ClassVar[int]
     TO_HOP_FIELD_NUMBER: _ClassVar[int]
     PACKETS_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_NS_FIELD_NUMBER: _ClassVar[int]
     P99_NS_FIELD_NUMBER: _ClassVar[int]
+    TRANSLATED_FIELD_NUMBER: _ClassVar[int]
     from_hop: _trace_pb2.HopSpec
     to_hop: _trace_pb2.HopSpec
     packets: int
     share: float
     median_ns: int
     p99_ns: int
-    def __init__(self, from_hop: _Optional[_Union[_trace_pb2.HopSpec, _Mapping]] = ..., to_hop: _Optional[_Union[_trace_pb2.HopSpec, _Mapping]] = ..., packets: _Optional[int] = ..., share: _Optional[float] = ..., median_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ...) -> None: ...
+    translated: bool
+    def __init__(self, from_hop: _Optional[_Union[_trace_pb2.HopSpec, _Mapping]] = ..., to_hop: _Optional[_Union[_trace_pb2.HopSpec, _Mapping]] = ..., packets: _Optional[int] = ..., share: _Optional[float] = ..., median_ns: _Optional[int] = ..., p99_ns: _Optional[int] = ..., translated: bool = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
     __slots__ = ("limit", "trace")
