@@ -23,6 +23,14 @@ reorder window; a packet is emitted
   TSO) every segment carries a copy of it, so a hop after the cut (before GRO merges them again, if it does)
   records each segment. Segments that come after their packet left complete are recognised for a window
   too (TCP packets only: UDP packets are never cut with their ID, their tagger leaves GSO skbs untagged);
+* whole, segment for segment. A record of a skb that stands for several wire segments (before the cut, or
+  after GRO merged them) carries their number as its `gso_segs` value; any other record is one segment. A
+  packet's segments are the most any one hop saw of it (`JoinedPacket.segments`, the sum at each hop); a
+  packet with more than one segment is complete once every hop saw all of them, and leaves as soon as a
+  single record said how many there are (a hop that saw the whole skb), else when its window expires. At a
+  hop that saw only some of them the packet is lost (its time there is None, its missing segments counted in
+  `JoinStats.segments_missing`), so a latency is only ever taken between two hops that saw the same
+  segments, each at its first: one segment's records are never paired with another's;
 * when `max_entries` is reached, the oldest entries are emitted incomplete (`JoinStats.evicted`).
 
 Hops attached after the packet passed them. A trace applied to live traffic attaches its hops one by one,
@@ -65,6 +73,7 @@ from typing import NamedTuple
 from hoptrace.collector.catalog import MAX_HOPS, TraceCatalog, TracePath
 from hoptrace.collector.records import (
     F_TCP,
+    F_VALUES,
     HOP_INDEX,
     ID_SEQ_BITS,
     PACKET_ID,
@@ -77,6 +86,7 @@ from hoptrace.spec.actions import FIELD_NUMBERS
 from hoptrace.spec.drops import DROP_REASON_FIELD, NOT_DROPS
 
 _DROP_REASON = FIELD_NUMBERS[DROP_REASON_FIELD]
+_GSO_SEGS = FIELD_NUMBERS["gso_segs"]
 
 # Width of the per-packet slot array of a trace whose path is not known yet (grown when needed).
 _UNKNOWN_WIDTH = 8
@@ -119,6 +129,9 @@ class JoinedPacket(NamedTuple):
     # index, the kernel function that freed it, the drop's master time), the earliest of its drop hops'
     # records; None when none saw it.
     drop: tuple[str, str, int, str, int] | None = None
+    # A packet of several wire segments (a GSO skb cut on the way, or merged by GRO): the segments each hop
+    # of the path saw of it, the packet's own being the most; None: one segment, each hop saw it once.
+    segments: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -132,6 +145,10 @@ class JoinStats:
     collisions: int = 0  # kept for the metric's sake: a repeat is one packet now (repeats)
     # records of a packet at a hop it was already seen at: the segments of a GSO skb cut on the way
     repeats: int = 0
+    # wire segments of the packets emitted (a packet of one segment counts one), and those of them a hop that
+    # saw the packet missed (lost on the way, or not recorded)
+    segments: int = 0
+    segments_missing: int = 0
     evicted: int = 0
     out_of_path: int = 0
     # (trace, hop name) -> packets emitted without that hop
@@ -171,6 +188,9 @@ class HopJoiner:
         self.stats = JoinStats()
         # key (trace, packet_id): the origin is the ID's top 8 bits, so it needs no slot of its own
         self._pending: dict[tuple[str, int], list] = {}
+        # key -> segments seen at each hop index, then the most one record said (`_segments_entry`): only the
+        # packets of several segments, or seen twice at a hop
+        self._segs: dict[tuple[str, int], list[int]] = {}
         self._traces: dict[str, _TraceState] = {}
         self._watermark = 0
         self._next_sweep = 0
@@ -305,8 +325,23 @@ class HopJoiner:
         w = st.width
         pw = st.limit  # the path's slots; drop hops' after them
         times = e[:pw]
-        complete = st.path_len > 0 and e[-1] == st.path_len
         stats = self.stats
+        sg = self._segs.pop(key, None) if self._segs else None
+        segments = None
+        complete = st.path_len > 0 and e[-1] == st.path_len
+        if sg is None or sg[-1] == 1:
+            # one segment (seen twice at a hop with no record saying more: a duplicate, its first counts)
+            stats.segments += 1
+        else:
+            # the packet's segments: the most any hop saw; a hop that saw fewer saw part of it, not the packet
+            segments = tuple(sg[:pw])
+            whole = max(sg[-1], *segments)
+            stats.segments += whole
+            for i, got in enumerate(segments):
+                if got and got < whole:
+                    stats.segments_missing += whole - got
+                    times[i] = None
+                    complete = False
         stats.packets += 1
         unattached = 0
         if complete:
@@ -338,6 +373,7 @@ class HopJoiner:
             cut and not complete,
             unattached,
             drop,
+            segments,
         )
 
     # -- the hot path ------------------------------------------------------------------------------------
@@ -378,8 +414,20 @@ class HopJoiner:
         done, done_before = st.completed, st.completed_before
         make = tuple.__new__  # JoinedPacket without its Python-level __new__ (the hot path's one object)
         reasons: dict[tuple[int, int, int], dict[int, int]] | None = None
+        # (ts, packet ID, hop) -> the wire segments a record stands for, where it says (its gso_segs value)
+        counts: dict[tuple[int, int, int], int] | None = None
+        segs_of = self._segs
         for ts, pid, _flow_hash, _ifindex, _wire_len, hop, _slot, _cpu, flags in records:
             n += 1
+            segs = 1
+            if flags & F_VALUES:
+                if counts is None:
+                    counts = {
+                        (r[TS_NS], r[PACKET_ID], r[HOP_INDEX]): v[_GSO_SEGS]
+                        for r, v in values
+                        if v.get(_GSO_SEGS)
+                    }
+                segs = counts.get((ts, pid, hop), 1)
             if hop >= limit:
                 if hop < width:  # a drop hop of a known path
                     if reasons is None:
@@ -401,10 +449,24 @@ class HopJoiner:
             key = (trace, pid)
             e = get(key)
             if e is not None:
+                sg = segs_of.get(key) if segs_of else None
                 if e[hop] is None:
+                    if sg is None and segs > 1:
+                        sg = segs_of[key] = _segments_entry(e)
                     e[hop] = t
                     e[width + hop] = node
                     seen = e[-1] + 1
+                    if sg is not None:
+                        sg[hop] += segs
+                        if segs > sg[-1]:
+                            sg[-1] = segs
+                        e[-1] = seen
+                        if seen == plen and (sg[-1] == 1 or _whole(sg, plen)):
+                            del pending[key]
+                            out.append(self._emit(key, e, st))
+                            if flags & F_TCP:
+                                done.add(pid)
+                        continue
                     if seen == plen:  # complete: what _emit does for it, inline
                         del pending[key]
                         completed += 1
@@ -423,6 +485,7 @@ class HopJoiner:
                                     False,
                                     0,
                                     None,
+                                    None,
                                 ),
                             )
                         )
@@ -433,6 +496,16 @@ class HopJoiner:
                 repeats += 1
                 if t < e[hop]:
                     e[hop] = t
+                if sg is None:
+                    sg = segs_of[key] = _segments_entry(e)
+                sg[hop] += segs
+                if segs > sg[-1]:
+                    sg[-1] = segs
+                if e[-1] == plen and _whole(sg, plen):
+                    del pending[key]
+                    out.append(self._emit(key, e, st))
+                    if flags & F_TCP:
+                        done.add(pid)
                 continue
             if (done or done_before) and (pid in done or pid in done_before):  # a segment of one that left
                 repeats += 1
@@ -442,6 +515,9 @@ class HopJoiner:
             e[width + hop] = node
             e[-2] = t  # the window runs from the packet's first record
             e[-1] = 1
+            if segs > 1:
+                sg = segs_of[key] = [0] * (MAX_HOPS + 1)
+                sg[hop] = sg[-1] = segs
             if plen == 1:
                 out.append(self._emit(key, e, st))
             else:
@@ -456,6 +532,7 @@ class HopJoiner:
         stats.records += n
         stats.packets += completed
         stats.complete += completed
+        stats.segments += completed  # one each: a packet of several leaves through _emit
         stats.repeats += repeats
         stats.out_of_path += dropped
         if wm >= self._next_sweep or len(pending) > self.config.max_entries:
@@ -552,6 +629,26 @@ class HopJoiner:
         self.stats.drops_unmatched += len(self._pending) - len(out)
         self._pending.clear()
         return out
+
+
+def _segments_entry(e: list) -> list[int]:
+    """A packet's segment counts from its entry as it is: one at each hop that saw it, one the most a record
+    said."""
+    sg = [0] * (MAX_HOPS + 1)
+    hops = (len(e) - 2) // 2
+    for i in range(hops):
+        if e[i] is not None:
+            sg[i] = 1
+    sg[-1] = 1
+    return sg
+
+
+def _whole(sg: list[int], plen: int) -> bool:
+    """Has every hop of the path seen every segment a record said the packet has (more than one)? Where no
+    record said more (no hop saw the whole skb: each segment alone, or a duplicate), a packet's later records
+    at a hop are its first's repeats, and it is whole once every hop saw it (the callers' test)."""
+    whole = sg[-1]
+    return whole > 1 and all(sg[i] == whole for i in range(plen))
 
 
 def join_hops(

@@ -131,6 +131,18 @@ def render_metrics(service: RunningCollector) -> str:
         "Records of a packet at a hop it was already seen at (the segments of a GSO skb cut on the way).",
         join.repeats,
     )
+    w.one(
+        "segments_total",
+        "counter",
+        "Wire segments of the packets the join emitted (a GSO skb's count, one for any other packet).",
+        join.segments,
+    )
+    w.one(
+        "segments_missing_total",
+        "counter",
+        "Segments of emitted packets a hop that saw the packet did not see (lost or unrecorded on the way).",
+        join.segments_missing,
+    )
     w.one("evictions_total", "counter", "Packets evicted from the join at its bound.", join.evicted)
     w.one("join_pending_packets", "gauge", "Packets waiting in the join window.", pipe.joiner.pending())
     drops: dict[str, int] = {

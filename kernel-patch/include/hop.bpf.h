@@ -548,6 +548,9 @@ struct hop_meta {
 	__u32 queue_mapping;
 	__u32 gso_segs;
 	__u32 gso_size;
+	/* Wire segments a tagged TCP skb stands for (its gso_segs): > 1 before a GSO/TSO cut and
+	 * after GRO merged segments; 0 or 1: one. Read at every skb hop, whatever the actions. */
+	__u32 segs;
 	__u32 pid;
 	__u32 drop_reason;
 	__u64 drop_location; /* skb:kfree_skb's location: the drop_function field */
@@ -818,8 +821,22 @@ static __always_inline void capture_packet(struct hoptrace_capture *cap, enum pk
 		cap->captured = n;
 }
 
+/* The record action's values slot that carries a segmented skb's count: the action's own gso_segs,
+ * else the first free slot (load-time constants); -1: four other fields, the count is not carried.
+ */
+static __always_inline int segs_slot(void)
+{
+#pragma unroll
+	for (int i = 0; i < HOPTRACE_VALUES_MAX; i++)
+		if (!act_record[i] || act_record[i] == HOPTRACE_FIELD_GSO_SEGS)
+			return i;
+	return -1;
+}
+
 /* Emits the record's sample: the record, then, each when the hop has it, the record action's values
- * (act_record[0], HOPTRACE_F_VALUES: written in place from p, ifindex and m, see record_values),
+ * (act_record[0], HOPTRACE_F_VALUES: written in place from p, ifindex and m, see record_values;
+ * a skb that stands for segs > 1 wire segments carries segs as a gso_segs value, in a values
+ * trailer of its own at a hop without the action: the only records that grow),
  * the addresses addrs, the parsed packet, describes (HOPTRACE_F_ADDRESSES; NULL: none) and the
  * packet's first bytes (act_capture, HOPTRACE_F_CAPTURE), read from src by r (see capture_packet; r
  * NULL at hops without a packet to read: socket-read's queue, uprobe). */
@@ -827,10 +844,16 @@ static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 
 					__u32 record_ifindex, __u32 wire_len, __u64 ts,
 					const struct pkt_info *p, __u32 ifindex,
 					const struct hop_meta *m, const struct pkt_info *addrs,
-					enum pkt_source src, const struct pkt_reader *r)
+					enum pkt_source src, const struct pkt_reader *r, __u32 segs)
 {
-	struct hoptrace_record *rec = reserve_sample(act_record[0], addrs, act_capture && r);
+	/* decided once and kept in a register (see emit_packet_record): the verifier then ties the
+	 * reserve's size to the values written below */
+	__u32 segmented = segs > 1;
+	barrier_var(segmented);
+	struct hoptrace_record *rec =
+	    reserve_sample(act_record[0] || segmented, addrs, act_capture && r);
 	void *next;
+	int slot = segs_slot();
 
 	if (!rec) {
 		count(HOPTRACE_C_RINGBUF_FULL, 1);
@@ -847,8 +870,25 @@ static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 
 	rec->flags = flags;
 	next = rec + 1;
 	if (act_record[0]) {
+		struct hoptrace_values *vals = next;
+
 		rec->flags |= HOPTRACE_F_VALUES;
-		record_values(next, p, ifindex, wire_len, m);
+		record_values(vals, p, ifindex, wire_len, m);
+		if (segmented && slot >= 0 && slot < HOPTRACE_VALUES_MAX) {
+			vals->field[slot] = HOPTRACE_FIELD_GSO_SEGS;
+			vals->value[slot] = segs;
+			if (!act_record[slot])
+				vals->count = slot + 1;
+		}
+		next += sizeof(struct hoptrace_values);
+	} else if (segmented) {
+		struct hoptrace_values *vals = next;
+
+		rec->flags |= HOPTRACE_F_VALUES;
+		__builtin_memset(vals, 0, sizeof(*vals));
+		vals->field[0] = HOPTRACE_FIELD_GSO_SEGS;
+		vals->count = 1;
+		vals->value[0] = segs;
 		next += sizeof(struct hoptrace_values);
 	}
 	if (addrs) {
@@ -881,7 +921,7 @@ static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 r
 
 	barrier_var(describes);
 	emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, p, ifindex, m,
-		    describes ? p : NULL, src, r);
+		    describes ? p : NULL, src, r, m->segs);
 }
 
 /* The part every hop shares once it has parsed the packet; true when it
@@ -976,7 +1016,7 @@ static __always_inline void hop_finish_read(__u32 packet_id, __u32 flow_hash, __
 		hist_add(latency);
 	flags |= HOPTRACE_F_TASK;
 	emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, NULL, 0, m, NULL,
-		    PKT_KERNEL, NULL);
+		    PKT_KERNEL, NULL, 0);
 }
 
 /* The netns inode of a tc or cgroup_skb packet's device: tc's ctx is the kernel's sk_buff (see
@@ -1072,6 +1112,10 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 			      1); /* too big, GSO, or failed: also counted untagged below */
 		}
 	}
+	if (!status && p.id && p.proto == IPPROTO_TCP_) {
+		m.segs = skb->gso_segs;
+		barrier_var(m.segs);
+	}
 	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return TCX_NEXT_;
 }
@@ -1082,6 +1126,7 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	__u32 ifindex = skb->ifindex, len = skb->len;
 	__u16 ethertype = bpf_ntohs(skb->protocol);
 	__u32 resume = 0; /* fast_resume's, or 0: the general parser */
+	int status;
 
 	barrier_var(ifindex);
 	barrier_var(len);
@@ -1109,9 +1154,13 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	if (act_capture)
 		m.capture_l3 = ETH_P_IP_; /* the packet starts at its IP header */
 	count(HOPTRACE_C_SEEN, 1);
-	hop_finish(resume ? hop_parse_fast(PKT_SKB, &r, resume, &p)
-			  : hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p),
-		   &p, ifindex, len, &m, PKT_SKB, &r);
+	status = resume ? hop_parse_fast(PKT_SKB, &r, resume, &p)
+			: hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p);
+	if (!status && p.id && p.proto == IPPROTO_TCP_) {
+		m.segs = skb->gso_segs;
+		barrier_var(m.segs);
+	}
+	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return SK_PASS_;
 }
 
@@ -1191,6 +1240,7 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	struct hop_meta m = {};
 	__u16 ethertype;
 	__u32 ifindex;
+	int status;
 
 	count(HOPTRACE_C_SEEN, 1);
 	if (!dev) {
@@ -1242,9 +1292,16 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	/* the reader starts at the MAC header when the skb has one (ethertype 0), else at IP */
 	if (act_capture)
 		m.capture_l3 = ethertype;
+	status = hop_parse(PKT_KERNEL, &r, ethertype, &p);
+	if (!status && p.id && p.proto == IPPROTO_TCP_) {
+		/* skb_shinfo(skb)->gso_segs, as above */
+		struct skb_shared_info *shinfo =
+		    (void *)(KERNEL_FIELD(btf, skb, head) + KERNEL_FIELD(btf, skb, end));
+
+		m.segs = BPF_CORE_READ(shinfo, gso_segs);
+	}
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
-	hop_finish(hop_parse(PKT_KERNEL, &r, ethertype, &p), &p, ifindex, r.total, &m, PKT_KERNEL,
-		   &r);
+	hop_finish(status, &p, ifindex, r.total, &m, PKT_KERNEL, &r);
 	return 0;
 }
 

@@ -10,6 +10,7 @@ from collector_helpers import pid, rec
 from hoptrace.collector.catalog import TraceCatalog
 from hoptrace.collector.join import HopJoiner, JoinConfig, join_hops
 from hoptrace.collector.records import RecordFlag
+from hoptrace.spec.actions import FIELD_NUMBERS
 
 pytestmark = pytest.mark.unit  # pure code: make test-unit runs it without root
 
@@ -135,6 +136,82 @@ def test_segments_of_one_packet_at_a_hop_are_that_packet_at_its_first_segment() 
         j.expire()
     st = j._traces["t"]
     assert st.completed == st.completed_before == set()
+
+
+GSO_SEGS = FIELD_NUMBERS["gso_segs"]
+TCP = int(RecordFlag.TCP)
+SEGMENTED = TCP | int(RecordFlag.VALUES)
+
+
+def gso(ts: int, packet: int, hop: int, segs: int) -> tuple[tuple, tuple[tuple, dict[int, int]]]:
+    """A record of a skb standing for `segs` wire segments, and its recorded gso_segs value."""
+    r = rec(ts, pid(packet), hop, flags=SEGMENTED)
+    return r, (r, {GSO_SEGS: segs})
+
+
+def test_a_cut_packet_is_complete_once_every_hop_saw_every_segment() -> None:
+    """Hop 0 sees the GSO skb (3 segments), hop 1 after the cut each segment, hop 2 after GRO one skb of 2 and
+    the third alone. Shuffled within the node's batches: one packet, complete only once each hop saw all 3,
+    at each hop its first record's time; 3 segments counted, none missing."""
+    j = HopJoiner(catalog())
+    r0, v0 = gso(SEC, 9, 0, 3)
+    assert j.join_hops("t", "node-a", [rec(SEC + 7, pid(9), 1, flags=TCP), r0], values=[v0]) == []
+    assert j.join_hops("t", "node-a", [rec(SEC + 5, pid(9), 1, flags=TCP)]) == []
+    r2, v2 = gso(SEC + 30, 9, 2, 2)
+    # every hop seen, not every segment: it waits
+    assert j.join_hops("t", "node-b", [r2], values=[v2]) == [] and j.pending() == 1
+    assert j.join_hops("t", "node-a", [rec(SEC + 9, pid(9), 1, flags=TCP)]) == []
+    out = j.join_hops("t", "node-b", [rec(SEC + 31, pid(9), 2, flags=TCP)])
+    assert len(out) == 1 and out[0].complete, out
+    assert out[0].times == [SEC, SEC + 5, SEC + 30] and out[0].segments == (3, 3, 3)
+    assert j.stats.segments == 3 and j.stats.segments_missing == 0 and j.stats.incomplete == 0
+    # a plain packet beside it: one segment, no segment counts
+    j.join_hops("t", "node-a", [rec(SEC, pid(10), 0, flags=TCP), rec(SEC + 1, pid(10), 1, flags=TCP)])
+    out = j.join_hops("t", "node-b", [rec(SEC + 2, pid(10), 2, flags=TCP)])
+    assert len(out) == 1 and out[0].complete and out[0].segments is None and j.stats.segments == 4
+
+
+def test_segments_before_the_count_are_counted_too() -> None:
+    """The segments after the cut come first (their node's batch before the sender's): they are counted one
+    each, and the packet is whole once the record of the whole skb says how many there were."""
+    j = HopJoiner(catalog())
+    j.join_hops("t", "node-b", [rec(SEC + 40 + i, pid(6), 2, flags=TCP) for i in range(3)])
+    j.join_hops("t", "node-a", [rec(SEC + 10 + i, pid(6), 1, flags=TCP) for i in range(3)])
+    assert j.pending() == 1
+    r0, v0 = gso(SEC, 6, 0, 3)
+    out = j.join_hops("t", "node-a", [r0], values=[v0])
+    assert len(out) == 1 and out[0].complete and out[0].segments == (3, 3, 3)
+    assert out[0].times == [SEC, SEC + 10, SEC + 40] and j.stats.segments == 3
+
+
+def test_a_lost_segment_loses_the_packet_where_it_went_missing() -> None:
+    """Hop 0 sends 4 segments' skb, hop 1 sees 4 after the cut, hop 2 only 3 (one lost between 1 and 2). The
+    packet is lost at hop 2: no latency pairs hop 1's first segment with hop 2's (they need not be the same
+    segment), and the missing segment is counted."""
+    j = HopJoiner(catalog())
+    r0, v0 = gso(SEC, 4, 0, 4)
+    j.join_hops(
+        "t", "node-a", [r0, *(rec(SEC + 10 + i, pid(4), 1, flags=TCP) for i in range(4))], values=[v0]
+    )
+    out = j.join_hops("t", "node-b", [rec(SEC + 40 + i, pid(4), 2, flags=TCP) for i in range(1, 4)])
+    assert out == [] and j.pending() == 1  # every hop seen, hop 2 not whole: waits for the window
+    j.heard_from("node-a", 10 * SEC)
+    j.heard_from("node-b", 10 * SEC)
+    out = j.tick()
+    assert len(out) == 1 and not out[0].complete and out[0].segments == (4, 4, 3)
+    assert out[0].times == [SEC, SEC + 10, None]
+    assert j.stats.segments == 4 and j.stats.segments_missing == 1
+    assert j.stats.missing[("t", "b-ingress")] == 1  # the whole packet never reached it
+
+
+def test_a_duplicate_without_a_segment_count_is_the_packet_once() -> None:
+    """No record says more than one segment (a duplicate, or a path whose hops all lie after the cut): the
+    packet's records at a hop are its first's repeats, it is complete once every hop saw it, one segment."""
+    j = HopJoiner(catalog())
+    j.join_hops("t", "node-a", [rec(SEC, pid(5), 0), rec(SEC + 1, pid(5), 1), rec(SEC + 2, pid(5), 1)])
+    out = j.join_hops("t", "node-b", [rec(SEC + 3, pid(5), 2)])
+    assert len(out) == 1 and out[0].complete and out[0].segments is None
+    assert j.stats.segments == 1 and j.stats.segments_missing == 0 and j.stats.repeats == 1
 
 
 def test_a_udp_packet_seen_again_after_it_left_starts_anew() -> None:
