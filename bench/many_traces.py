@@ -15,7 +15,8 @@ For each number of traces N (1, 10, 50, 200), in one run, side by side:
   attached the trace's hops: apply -> active); the Nth trace's time is that of a node that already runs N-1.
   The first trace the agent cannot attach ends the applies: on tcx the 64th program on a device and direction
   is refused (ERANGE), so N = 200 runs with 63;
-- idle: the agent's CPU share and RSS with N traces and no traffic, and its programs' and maps' kernel memory;
+- idle: the agent's CPU share and RSS with N traces and no traffic, and its programs' and maps' kernel memory
+  (with `--perf`, then a profile of the idle agent alone);
 - in place: with `kernel.bpf_stats_enabled`, sockperf UDP c1 -> host-a at a fixed rate, then iperf3 TCP: the
   per-packet BPF cost at each hook is the sum of `run_time_ns` of every program there over the packets that
   crossed it (`run_cnt` of one of them: every program of a tcx chain and of a tracepoint runs once per
@@ -646,6 +647,27 @@ def perf_profile(topo: TwoHostTopology, seconds: int, workdir: Path, lines: int 
     return {"kinds": kinds, "top": [f"{share:5.2f}%  {sym}" for share, sym in shares[:lines]]}
 
 
+def idle_profile(agent_pid: int, seconds: float, workdir: Path, lines: int = 25) -> list[str]:
+    """`perf record -g` of the idle agent alone: the functions its idle CPU goes to, by their share with
+    what they call (Go keeps frame pointers, so the call graph needs no DWARF), the agent's own first."""
+    data = workdir / "many-traces-idle.data"
+    subprocess.run(
+        ["perf", "record", "-g", "-p", str(agent_pid), "-o", str(data), "--", "sleep", str(seconds)],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    out = subprocess.run(
+        ["perf", "report", "-i", str(data), "--children", "--sort", "sym", "--stdio", "-g", "none",
+         "--percentage", "relative"],
+        capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    data.unlink(missing_ok=True)
+    rows = [row.split(None, 3) for row in out.splitlines() if row.strip() and not row.startswith("#")]
+    shares = [(r[0], r[1], r[3]) for r in rows if len(r) == 4 and r[0].endswith("%")]
+    own = [f"{total:>7}  {sym}" for total, _, sym in shares if "hoptrace/" in sym][:lines]
+    by_self = sorted(shares, key=lambda row: -float(row[1].rstrip("%")))[: lines // 2]
+    return own + ["", "by its own time:"] + [f"{own_share:>7}  {sym}" for _, own_share, sym in by_self]
+
+
 def in_place(topo: TwoHostTopology, agent_pid: int, seconds: int) -> dict[str, Any]:
     """Per-packet BPF cost at each hook: UDP at a fixed rate for the tc and tracepoint hooks, then TCP for the
     sock_ops taggers."""
@@ -698,6 +720,8 @@ def measure(
                 time.sleep(idle_s)
                 level["idle"] = sampler.stop()
                 level["kernel_bytes"] = kernel_bytes(agent_pid)
+                if perf:
+                    level["idle_profile"] = idle_profile(agent_pid, idle_s, ctx.workdir)
                 level["in_place"] = in_place(topo, agent_pid, seconds)
                 if perf:
                     level["perf"] = perf_profile(topo, seconds, ctx.workdir)
@@ -854,7 +878,9 @@ def main() -> int:
         default="",
         help="numbers of traces the dispatching prototype is measured with (1 in --traces)",
     )
-    ap.add_argument("--perf", action="store_true", help="profile each number's in-place traffic")
+    ap.add_argument(
+        "--perf", action="store_true", help="profile the idle agent and each number's in-place traffic"
+    )
     ap.add_argument("--json", action="store_true", help="print the result as one JSON line too")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -872,6 +898,9 @@ def main() -> int:
     print(md_table(table(result)))
     print()
     for level in result["levels"].values():
+        if level.get("idle_profile"):
+            print(f"perf, {level['applied']} traces, the idle agent's CPU by function (with callees):")
+            print("\n".join(level["idle_profile"]) + "\n")
         if level.get("perf"):
             kinds = ", ".join(f"{kind} {share:.1f} %" for kind, share in level["perf"]["kinds"].items())
             print(f"perf, {level['applied']} traces, sockperf's kernel time: {kinds}")

@@ -4,10 +4,12 @@ side with these, never the agent's word for it."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
 import os
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -17,6 +19,20 @@ from hoptrace import kernel_abi
 from hoptrace.lab.topology import TwoHostTopology
 
 HOPTRACE_PROGS = frozenset(kernel_abi.PROGRAMS)
+
+# The agent's default --pin-dir: a directory of pins per node, and each node's signed-command sequences
+# beside it (agent/internal/signing StatePath).
+AGENT_PIN_ROOT = Path("/sys/fs/bpf/hoptrace")
+
+
+def remove_agent_state(node: str, root: Path = AGENT_PIN_ROOT) -> None:
+    """Remove what a stopped agent of `node` keeps in bpffs on purpose, for the next agent of the node:
+    its signed-command sequences and, after --keep-on-exit or a kill, its pins. A lab's teardown calls it
+    once its agents are gone. The lab's node names need none of the agent's escaping of bpffs names."""
+    (root / f"commands-{node}").unlink(missing_ok=True)
+    shutil.rmtree(root / node, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        root.rmdir()  # only when no other node's state is left
 
 
 def bpftool_json(*args: str, netns: str | None = None) -> Any:

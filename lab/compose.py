@@ -35,6 +35,8 @@ from pathlib import Path
 
 import yaml
 
+from hoptrace.lab.bpfstate import remove_agent_state
+
 REPO = Path(os.environ.get("HOPTRACE_REPO") or Path(__file__).resolve().parent.parent)
 COMPOSE_FILE = REPO / "deploy" / "local" / "docker-compose.yml"
 KAFKA_OVERRIDE = COMPOSE_FILE.parent / "docker-compose.kafka.yml"  # agents -> Kafka -> a collector group
@@ -663,8 +665,10 @@ class ComposeStack:
         return self.compose("logs", "--no-color", "--tail", "40", check=False).stdout[-8000:]
 
     def down(self) -> None:
-        """Stop and remove every container, network and volume of the project."""
+        """Stop and remove every container, network and volume of the project, and what its agent kept
+        in the host's bpffs for a next agent."""
         self.compose("down", "--volumes", "--remove-orphans", "--timeout", "10", timeout_s=180)
+        remove_agent_state(self.node)
 
     def project_objects(self) -> dict[str, list[str]]:
         """The project's containers and networks the engine still has."""

@@ -100,15 +100,26 @@ class DaemonAgent:
 
 
 def start_daemon_agent(
-    workdir: Path, node: str, dispatcher: str, collector: str, tls_args: list[str], metrics_listen: str = ""
+    workdir: Path,
+    node: str,
+    dispatcher: str,
+    collector: str,
+    tls_args: list[str],
+    metrics_listen: str = "",
+    default_pins: bool = False,
 ) -> DaemonAgent:
-    """Start a daemon agent in the host's namespace (no clock rounds; /metrics only on `metrics_listen`)."""
+    """Start a daemon agent in the host's namespace (no clock rounds; /metrics only on `metrics_listen`).
+    It pins nothing and keeps the signed commands' sequences in `workdir`, which the test's teardown
+    removes; with `default_pins`, under the default --pin-dir as a user's agent does (the caller removes
+    what it leaves there: bpfstate.remove_agent_state)."""
     log_path = workdir / f"agent-{node}-{time.monotonic_ns()}.log"
     argv = [
         str(AGENT_BINARY),
         "--node", node, "--dispatcher", dispatcher, "--collector", collector,
         "--clock-server", "off", "--metrics-listen", metrics_listen, *tls_args,
     ]  # fmt: skip
+    if not default_pins:
+        argv += ["--pin-dir=", f"--command-state={workdir / f'commands-{node}'}"]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     return DaemonAgent(process, log_path)

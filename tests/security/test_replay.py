@@ -6,7 +6,6 @@ tcx programs on the namespace's devices, the agent's /metrics counter, the agent
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -31,7 +30,7 @@ from hoptrace.common.grpcutil import CA_ENV, CERT_ENV, KEY_ENV, TOKEN_ENV, api_c
 from hoptrace.dispatcher.compile import BpfCompiler
 from hoptrace.dispatcher.server import DispatcherServer
 from hoptrace.dispatcher.signing import COMMAND_TYPE, MessageSigner, signed_bytes
-from hoptrace.lab.bpfstate import tcx_programs
+from hoptrace.lab.bpfstate import AGENT_PIN_ROOT, remove_agent_state, tcx_programs
 from hoptrace.lab.localcluster import HOPTRACE, free_port
 from hoptrace.lab.waiting import wait_until
 from hoptrace.spec import spec_to_yaml
@@ -42,7 +41,7 @@ NS = f"hts-replay-{os.getpid()}"
 DEV, PEER = "rpl0", "rpl1"
 NODE = "sec-a"
 # Where the agent (default --pin-dir) keeps the sequences of the signed commands it took.
-COMMAND_STATE = f"/sys/fs/bpf/hoptrace/commands-{NODE}"
+COMMAND_STATE = AGENT_PIN_ROOT / f"commands-{NODE}"
 
 
 class Recording(MessageSigner):
@@ -154,7 +153,7 @@ def cluster(certs: CertBundle, tmp_path_factory: pytest.TempPathFactory) -> Iter
         ).start()
         metrics = f"127.0.0.1:{free_port()}"
         agent = start_daemon_agent(
-            workdir, NODE, dispatcher.address, "", tls_args(certs.agent(NODE)), metrics
+            workdir, NODE, dispatcher.address, "", tls_args(certs.agent(NODE)), metrics, default_pins=True
         )
         admin = certs.files("admin")
         channel = api_channel(
@@ -175,9 +174,7 @@ def cluster(certs: CertBundle, tmp_path_factory: pytest.TempPathFactory) -> Iter
         if agent is not None:
             agent.stop()
         # The sequences the agents of NODE took, kept beside their pins for the next agent.
-        Path(COMMAND_STATE).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            Path(COMMAND_STATE).parent.rmdir()
+        remove_agent_state(NODE)
         if dispatcher is not None:
             dispatcher.stop()
         subprocess.run(["ip", "netns", "del", NS], check=False)
@@ -215,7 +212,7 @@ def test_replay_refused_after_agent_restart(cluster: Cluster, certs: CertBundle)
     assert cluster.agent.process.returncode == 0, cluster.agent.log()[-2000:]
     cluster.agent = start_daemon_agent(
         cluster.agent.log_path.parent, NODE, cluster.dispatcher.address, "", tls_args(certs.agent(NODE)),
-        cluster.metrics,
+        cluster.metrics, default_pins=True,
     )  # fmt: skip
     wait_until(
         lambda: cluster.dispatcher.registry.connection(NODE) not in (None, before),

@@ -142,13 +142,30 @@ func kindOf(name string) string {
 
 // Ifindex resolves dev in the namespace at path.
 func Ifindex(path, dev string) (int, error) {
-	var idx int
+	idx, err := Ifindexes(path)
+	if err != nil {
+		return 0, err
+	}
+	i, ok := idx[dev]
+	if !ok {
+		return 0, fmt.Errorf("no such device")
+	}
+	return i, nil
+}
+
+// Ifindexes maps each device of the namespace at path to its ifindex, from
+// one listing (what resolving a single name costs as well: the kernel is
+// asked for every link either way).
+func Ifindexes(path string) (map[string]int, error) {
+	idx := map[string]int{}
 	err := Do(path, func() error {
-		i, err := net.InterfaceByName(dev)
+		ifs, err := net.Interfaces()
 		if err != nil {
 			return err
 		}
-		idx = i.Index
+		for _, i := range ifs {
+			idx[i.Name] = i.Index
+		}
 		return nil
 	})
 	return idx, err
