@@ -327,7 +327,9 @@ class HoptraceServicer(api_pb2_grpc.HoptraceServicer):
                 self._audited(context, "discover", preset="discover", nodes=request.nodes or connected),
                 self.controller.discovery_origin() as origin,
             ):
-                yield from run_discovery(self.controller.presets, connected, request, origin)
+                yield from run_discovery(
+                    self.controller.presets, connected, request, origin, self.controller.trace_filters()
+                )
         except (PresetError, DispatcherError) as error:
             context.abort(error.code, error.message)
 

@@ -234,6 +234,11 @@ class TraceController:
 
     # ---- queries ---------------------------------------------------------------------------------------
 
+    def trace_filters(self) -> list[tuple[trace_pb2.Filter, int]]:
+        """Each applied trace's filter and ID origin (a discovery follows those overlapping its flow)."""
+        with self._lock:
+            return [(trace.stored.spec.filter, trace.stored.origin) for trace in self._traces.values()]
+
     def validate(self, spec: trace_pb2.TraceSpec) -> list[FieldError]:
         """Problems in `spec`, checked against the registered agents; changes nothing."""
         return validate_spec(spec, self.registry.registrations())

@@ -16,6 +16,12 @@ packet into paths:
 * each step from one crossing to the next that some packets made is an edge of the path graph
   (DiscoverResult.segments), with the median and p99 of those packets' step times: one node's own clock
   within a node, the aligned clocks across nodes.
+* a packet whose addresses a node translates (a Service's DNAT, a masquerade) is followed by its ID: the
+  crossings after the translation are flagged ``followed`` (the filter refused the packet there), and the
+  step into the first of them is the segment marked ``translated``. The IDs followed are the discovery's
+  own origin's and those of applied traces whose filter overlaps the flow (their taggers may tag the
+  flow's packets first, and a tagger never overwrites an ID); a packet no crossing saw matching the
+  filter is another flow of such a trace, and is left out.
 
 Each crossing becomes a hop at ``tc-egress`` / ``tc-ingress`` of its device, named
 ``NODE-[NETNS-]DEV-out|in`` with the common prefixes of node and namespace names left out (``a-veth-c1-in``).
@@ -23,6 +29,7 @@ Each crossing becomes a hop at ``tc-egress`` / ``tc-ingress`` of its device, nam
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
 import queue
@@ -66,6 +73,8 @@ class Crossing:
     netns: str
     dev: str
     direction: str  # "ingress" or "egress"
+    # The filter refused the packet here and its ID took it: its addresses were translated before.
+    followed: bool = False
 
     @property
     def place(self) -> tuple[str, str, str, str]:
@@ -94,6 +103,30 @@ def validate_request(request: api_pb2.DiscoverRequest, connected: Iterable[str])
     return errors
 
 
+def _overlap(a: str, b: str) -> bool:
+    """Whether two filter address fields (address or CIDR, "" = any) may take the same address."""
+    if not a or not b:
+        return True
+    try:
+        return ipaddress.ip_network(a, strict=False).overlaps(ipaddress.ip_network(b, strict=False))
+    except (ValueError, TypeError):  # another family, or not an address: no common address
+        return False
+
+
+def overlapping_origins(flow: trace_pb2.Filter, traces: Iterable[tuple[trace_pb2.Filter, int]]) -> list[int]:
+    """The ID origins of the traces (filter, origin) whose filter may take packets of `flow`: their taggers
+    may tag the flow's packets before the discovery's, so the discovery follows their IDs too."""
+    origins = set()
+    for flt, origin in traces:
+        if flt.protocol and flow.protocol and flt.protocol != flow.protocol:
+            continue
+        if any(x and y and x != y for x, y in ((flt.src_port, flow.src_port), (flt.dst_port, flow.dst_port))):
+            continue
+        if _overlap(flt.src, flow.src) and _overlap(flt.dst, flow.dst):
+            origins.add(origin)
+    return sorted(origins)
+
+
 def crossings_of(node: str, summary: dict) -> list[Crossing]:
     """The crossings of one node's discover summary."""
     return [
@@ -105,6 +138,7 @@ def crossings_of(node: str, summary: dict) -> list[Crossing]:
             netns=c["netns"],
             dev=c["dev"],
             direction=c["direction"],
+            followed=bool(c.get("followed")),
         )
         for c in summary.get("crossings") or []
     ]
@@ -203,7 +237,11 @@ def build_graph(
     by_packet: dict[int, list[Crossing]] = defaultdict(list)
     for crossing in crossings:
         by_packet[crossing.packet].append(crossing)
-    ordered = {packet: order_packet(cs) for packet, cs in by_packet.items()}
+    # A packet followed everywhere (a trace's, by its ID) that no crossing saw matching the filter is
+    # another flow of that trace. A packet of the flow matched at least where it was sent.
+    ordered = {
+        packet: order_packet(cs) for packet, cs in by_packet.items() if not all(c.followed for c in cs)
+    }
     if window is not None:
         ordered = {
             packet: path
@@ -213,6 +251,7 @@ def build_graph(
     counts: Counter[tuple[tuple[str, str, str, str], ...]] = Counter()
     offsets: dict[tuple, list[list[int]]] = defaultdict(list)
     steps: dict[tuple, list[int]] = defaultdict(list)
+    translated: set[tuple] = set()
     for path in ordered.values():
         key = tuple(c.place for c in path)
         counts[key] += 1
@@ -220,6 +259,8 @@ def build_graph(
         for before, after in itertools.pairwise(path):
             step = _step_ns(before, after)
             steps[(before.place, after.place)].append(step)
+            if after.followed and not before.followed:
+                translated.add((before.place, after.place))
             # A packet does not arrive before it left: a step across nodes that aligned clocks make
             # negative is within their bound, and would show the path going back in time.
             since.append(since[-1] + max(step, 0))
@@ -260,6 +301,7 @@ def build_graph(
                 share=len(times) / total,
                 median_ns=quantile(times, 0.5),
                 p99_ns=quantile(times, 0.99),
+                translated=step in translated,
             )
     return result, list(segments.values())
 
@@ -336,10 +378,16 @@ def build_result(
 
 
 def run_discovery(
-    presets: PresetRunner, connected: Sequence[str], request: api_pb2.DiscoverRequest, origin: int
+    presets: PresetRunner,
+    connected: Sequence[str],
+    request: api_pb2.DiscoverRequest,
+    origin: int,
+    traces: Iterable[tuple[trace_pb2.Filter, int]] = (),
 ) -> Iterator[api_pb2.DiscoverEvent]:
     """Run discover on the nodes at once; progress events as nodes finish, then the result. `origin` is the
-    discovery's own ID origin (Controller.discovery_origin): every node tags with it and follows it.
+    discovery's own ID origin (Controller.discovery_origin): every node tags with it and follows it;
+    `traces` are the applied traces' filters and origins (Controller.trace_filters): the nodes also follow
+    the IDs of those that overlap the flow (overlapping_origins).
     Raises PresetError (with the status to answer) for a bad request or a failed node."""
     errors = validate_request(request, connected)
     if errors:
@@ -354,6 +402,9 @@ def run_discovery(
         "packets": str(request.packets),
         "origin": str(origin),
     }
+    follow = [o for o in overlapping_origins(request.filter, traces) if o != origin]
+    if follow:  # only then: an agent without --follow still runs a discovery no trace overlaps
+        args["follow"] = ",".join(map(str, follow))
     done: queue.Queue[tuple[str, dict | None, PresetError | None]] = queue.Queue()
 
     def run(node: str) -> None:

@@ -27,9 +27,9 @@ from hoptrace.v1 import agent_pb2
 PRESET_ARGS: dict[str, frozenset[str]] = {
     "mace": frozenset({"container", "path", "host-netns", "inner", "outer", "peer", "duration"}),
     "iron": frozenset({"host-netns", "duration"}),
-    # Path discovery (dispatcher/discover.py): the flow as a FlowMatch in protojson and the ID origin, the
-    # dispatcher's own.
-    "discover": frozenset({"match", "duration", "packets", "origin"}),
+    # Path discovery (dispatcher/discover.py): the flow as a FlowMatch in protojson, the ID origin (the
+    # dispatcher's own) and the origins of overlapping traces to follow.
+    "discover": frozenset({"match", "duration", "packets", "origin", "follow"}),
 }
 REQUIRED_ARGS: dict[str, frozenset[str]] = {
     "mace": frozenset({"container"}),

@@ -30,7 +30,8 @@ def path_data(path: api_pb2.DiscoveredPath) -> dict[str, Any]:
 
 
 def segment_data(segment: api_pb2.DiscoveredSegment) -> dict[str, Any]:
-    """One edge of the path graph: its hops' names, packets, share, median and p99 step time."""
+    """One edge of the path graph: its hops' names, packets, share, median and p99 step time, and whether
+    the flow's addresses were translated in it."""
     return {
         "from": segment.from_hop.name,
         "to": segment.to_hop.name,
@@ -38,6 +39,7 @@ def segment_data(segment: api_pb2.DiscoveredSegment) -> dict[str, Any]:
         "share": round(segment.share, 4),
         "median_ns": segment.median_ns,
         "p99_ns": segment.p99_ns,
+        "translated": segment.translated,
     }
 
 
@@ -54,5 +56,6 @@ def paths_text(result: api_pb2.DiscoverResult) -> str:
         for segment in result.segments:
             step = f"{segment.from_hop.name} -> {segment.to_hop.name}"
             times = f"{format_ns(segment.median_ns)} / {format_ns(segment.p99_ns)}"
-            lines.append(f"  {step:<40} {times:<20} {segment.share:.0%}")
+            translated = "  addresses translated (followed by the packets' IDs)" if segment.translated else ""
+            lines.append(f"  {step:<40} {times:<20} {segment.share:.0%}{translated}")
     return "\n".join(lines)

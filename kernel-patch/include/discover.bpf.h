@@ -14,6 +14,17 @@
  * device the packet is received on: a bridge port, then the bridge when the
  * frame goes up, a tunnel after decapsulation.
  *
+ * Following through address translation: a packet the filter refuses (a
+ * Service's DNAT rewrote its destination, a masquerade its source) may still
+ * be the flow's. It is taken by its ID when the ID is of the discovery's
+ * origin (hop_parse's follow_origin), or of a trace's origin in
+ * discover_origins: a trace applied to a flow that overlaps the discovery's
+ * may have tagged the packet first, and a tagger never overwrites an ID.
+ * Such crossings are flagged HOPTRACE_F_FOLLOWED (the flow's addresses
+ * changed before them); a trace's packet followed that no crossing on any
+ * node saw matching the filter is another flow of that trace, and the
+ * dispatcher leaves it out.
+ *
  * Include hop.bpf.h before this file (maps, filter, flow hash, parser).
  */
 #ifndef __HOPTRACE_DISCOVER_BPF_H
@@ -35,6 +46,15 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20);
 } crossings SEC(".maps");
+
+/* The ID origins of the traces whose packets to follow besides the
+ * discovery's own (index: the origin, value 1), filled before attach. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, __u8);
+} discover_origins SEC(".maps");
 
 const struct hoptrace_crossing *unused_crossing_type __attribute__((unused));
 const enum hoptrace_direction *unused_direction_type __attribute__((unused));
@@ -61,6 +81,28 @@ static __always_inline void emit_crossing(const struct pkt_info *p, __u32 ifinde
 	/* Discovery runs for seconds and the agent polls: no wakeup per record. */
 	bpf_ringbuf_submit(c, BPF_RB_NO_WAKEUP);
 	count(HOPTRACE_C_RECORDED, 1);
+}
+
+/* A packet the filter refused and hop_parse did not follow (not of the
+ * discovery's origin): followed when its ID is of an origin in
+ * discover_origins. Only in a discovery that follows (follow_origin set) and
+ * for the filter's protocol, as hop_may_follow. */
+static __always_inline bool discover_follow(struct pkt_reader *r, struct pkt_info *p)
+{
+	__u32 origin;
+	__u8 *follow;
+
+	if (!hop_may_follow(p->proto) || parse_id(PKT_KERNEL, r, p) || !p->id)
+		goto refused;
+	origin = p->id >> HOPTRACE_ID_SEQ_BITS;
+	follow = bpf_map_lookup_elem(&discover_origins, &origin);
+	if (!follow || !*follow)
+		goto refused;
+	p->flags |= HOPTRACE_F_FOLLOWED;
+	return true;
+refused:
+	p->id = 0;
+	return false;
 }
 
 /* The device of skb (skb->dev at both events), checked against the owned
@@ -94,11 +136,11 @@ static __always_inline int discover_skb(struct sk_buff *skb, __u8 direction, boo
 	}
 	pkt_copy_head(&r);
 	status = hop_parse(PKT_KERNEL, &r, ethertype, &p);
-	if (status == HOP_NOT_MATCHED) {
+	if (status == HOP_NOT_MATCHED && !discover_follow(&r, &p)) {
 		count(HOPTRACE_C_NOT_MATCHED, 1);
 		return 0;
 	}
-	if (status) {
+	if (status && status != HOP_NOT_MATCHED) {
 		count_parse_error(status);
 		return 0;
 	}

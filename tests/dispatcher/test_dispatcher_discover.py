@@ -17,6 +17,7 @@ from hoptrace.dispatcher.discover import (
     build_result,
     name_workloads,
     order_packet,
+    overlapping_origins,
     validate_request,
 )
 from hoptrace.v1 import agent_pb2, api_pb2, trace_pb2
@@ -118,6 +119,58 @@ def test_segments_carry_each_steps_median_and_p99_over_every_path_that_makes_it(
     twin = by_step[("a-wire1-out", "b-wire1-in")]
     assert (twin.packets, twin.share) == (25, 0.25)
     assert sum(p.packets for p in paths) == 100
+
+
+def test_the_step_into_the_first_followed_crossing_is_the_translated_segment() -> None:
+    """Packets whose addresses host-a translates after veth-c1 (a DNAT): their crossings from vxlan0 on are
+    followed by ID. Exactly the one step veth-c1-in > vxlan0-out is translated, in the graph and the view."""
+    from hoptrace.results.path_view import paths_text, segment_data
+
+    followed_from = PATH.index(("host-a", "", "vxlan0", "egress"))
+    all_crossings = [
+        dataclasses.replace(c, followed=i >= followed_from)
+        for packet in range(10)
+        for i, c in enumerate(crossings(packet, PATH, 10_000_000 * packet))
+    ]
+    paths, segments = build_graph(all_crossings)
+    assert [(p.packets, places(p)) for p in paths] == [(10, PATH)]
+    assert [(s.from_hop.name, s.to_hop.name) for s in segments if s.translated] == [
+        ("a-veth-c1-in", "a-vxlan0-out")
+    ]
+    assert sum(segment_data(s)["translated"] for s in segments) == 1
+    result = api_pb2.DiscoverResult(paths=paths, segments=segments)
+    (line,) = [line for line in paths_text(result).splitlines() if "translated" in line]
+    assert line.split()[:3] == ["a-veth-c1-in", "->", "a-vxlan0-out"], line
+
+
+def test_a_packet_followed_everywhere_is_another_flow_and_left_out() -> None:
+    """Packets of a followed trace's origin that no crossing saw matching the filter (another flow of that
+    trace, taken by its ID alone) are not the flow's: only the packets that matched somewhere make paths."""
+    flow = [c for packet in range(5) for c in crossings(packet, PATH, 10_000_000 * packet)]
+    other = [
+        dataclasses.replace(c, followed=True)
+        for packet in range(100, 120)
+        for c in crossings(packet, TWIN, 10_000_000 * packet + 5_000_000)
+    ]
+    paths = build_paths(flow + other)
+    assert [(p.packets, p.share, places(p)) for p in paths] == [(5, 1.0, PATH)]
+
+
+def test_a_discovery_follows_the_origins_of_traces_that_may_tag_its_flow() -> None:
+    """overlapping_origins: a trace whose filter may take a packet of the flow (the Service address the
+    client sends to, a wider prefix, no protocol) has its origin followed; another protocol, port, family or
+    disjoint prefix has not."""
+    flow = trace_pb2.Filter(protocol="udp", src="198.18.1.2", dst="198.19.143.228", dst_port=8080)
+    traces = [
+        (trace_pb2.Filter(protocol="udp", dst="198.19.143.228", dst_port=8080), 3),
+        (trace_pb2.Filter(src="198.18.0.0/16"), 4),
+        (trace_pb2.Filter(protocol="tcp", dst="198.19.143.228", dst_port=8080), 5),
+        (trace_pb2.Filter(protocol="udp", dst="198.19.143.228", dst_port=8081), 6),
+        (trace_pb2.Filter(protocol="udp", dst="198.18.2.0/24"), 7),
+        (trace_pb2.Filter(src="fd00::/8"), 8),
+        (trace_pb2.Filter(), 9),
+    ]
+    assert overlapping_origins(flow, traces) == [3, 4, 9]
 
 
 def test_within_a_node_its_own_clock_decides_across_nodes_its_run_stays_together() -> None:

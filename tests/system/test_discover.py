@@ -92,14 +92,17 @@ def assert_nothing_attached(topo, cluster=None) -> None:
 
 class TcpConnector:
     """Opens a new TCP connection c1 -> c2:PORT every 50 ms and sends a few segments on it (sock_ops tags
-    connections that start while discovery runs), until stopped."""
+    connections that start while discovery runs), until stopped. With `family` 6, over IPv6; with
+    `connect_to`, the client connects there (a Service address translated to c2:PORT)."""
 
-    def __init__(self, topo, port: int) -> None:
-        self.topo, self.port = topo, port
+    def __init__(self, topo, port: int, family: int = 4, connect_to: tuple[str, int] | None = None) -> None:
+        self.topo, self.port, self.family = topo, port, family
+        af = socket.AF_INET if family == 4 else socket.AF_INET6
+        self.connect_to = connect_to or (topo.addr("c2", family), port)
         self.stop_event = threading.Event()
-        self.server = topo.socket("c2", socket.AF_INET, socket.SOCK_STREAM)
+        self.server = topo.socket("c2", af, socket.SOCK_STREAM)
         self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.server.bind((topo.addr("c2"), port))
+        self.server.bind((topo.addr("c2", family), port))
         self.server.listen(64)
         self.server.settimeout(0.2)
         self.connections = 0
@@ -124,9 +127,10 @@ class TcpConnector:
 
     def _connect(self) -> None:
         while not self.stop_event.is_set():
-            with self.topo.socket("c1", socket.AF_INET, socket.SOCK_STREAM) as client:
+            af = socket.AF_INET if self.family == 4 else socket.AF_INET6
+            with self.topo.socket("c1", af, socket.SOCK_STREAM) as client:
                 client.settimeout(1)
-                client.connect((self.topo.addr("c2"), self.port))
+                client.connect(self.connect_to)
                 for _ in range(3):
                     client.sendall(b"x" * 100)
                 self.connections += 1

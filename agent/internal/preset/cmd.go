@@ -70,6 +70,7 @@ func flagSet(ctx context.Context, name string, w io.Writer, align Aligner) (*fla
 		fs.DurationVar(&c.Duration, "duration", 5*time.Second, "how long to look")
 		fs.IntVar(&c.Packets, "packets", 0, "stop once this many tagged packets were seen (0 = run the duration)")
 		fs.UintVar(&c.Origin, "origin", 0, "the discovery's ID origin (the dispatcher gives one, 1..239): its taggers write IDs of it and every node follows them through address translation; 0 = this node's own, not followed")
+		fs.StringVar(&c.Follow, "follow", "", "ID origins of applied traces whose packets to follow through address translation too (comma-separated, 1..239): a trace of an overlapping flow may have tagged the flow's packets first")
 		fs.StringVar(&c.Object, "object", "", "hoptrace.bpf.o (default: searched, see $"+ObjectDirEnv+")")
 		run = func() error {
 			if c.Node == "" {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -84,6 +85,11 @@ type DiscoverConfig struct {
 	// node: the taggers write IDs of it and the crossing programs also take packets of it that an address
 	// translation moved out of the flow's match. 0: the node's own origin, nothing followed.
 	Origin uint
+	// Follow: the ID origins of applied traces whose filters overlap the flow, comma-separated: their
+	// taggers may have tagged the flow's packets before the discovery's could (a tagger never overwrites
+	// an ID), and the crossing programs follow those IDs through a translation too. The dispatcher
+	// keeps only the packets some crossing saw matching the flow.
+	Follow string
 	Object string
 	Align  Aligner
 }
@@ -118,6 +124,8 @@ type DiscoveredCrossing struct {
 	Ifindex   uint32 `json:"ifindex"`
 	Direction string `json:"direction"`
 	WireLen   uint32 `json:"wire_len"`
+	// Followed: the filter refused the packet here, its ID took it (an address translation before).
+	Followed bool `json:"followed,omitempty"`
 }
 
 func ownedNamespaces(hostNetns, owned string) ([]ownedNetns, error) {
@@ -140,12 +148,19 @@ func ownedNamespaces(hostNetns, owned string) ([]ownedNetns, error) {
 		}
 	}
 	var out []ownedNetns
+	inodes := map[uint64]bool{}
 	for _, n := range names {
 		path := netns.Path(n, hostNetns)
 		ino, err := netns.Inode(path)
 		if err != nil {
 			return nil, fmt.Errorf("netns %s: %w", netns.Display(n, hostNetns), err)
 		}
+		// A name of the node's own namespace (a Kubernetes node's, when the agent runs in it
+		// with hostNetwork), or a second name of another: one namespace, under its first name.
+		if inodes[ino] {
+			continue
+		}
+		inodes[ino] = true
 		o := ownedNetns{Name: n, Path: path, Ino: ino, Devices: map[uint32]string{}}
 		err = netns.Do(path, func() error {
 			ifs, err := net.Interfaces()
@@ -267,6 +282,13 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 			h.Close()
 		}
 	}()
+	follow, err := followOrigins(cfg.Follow)
+	if err != nil {
+		return err
+	}
+	if len(follow) > 0 && cfg.Origin == 0 {
+		return errors.New("follow: only a discovery with its own origin follows IDs (--origin)")
+	}
 	for _, prog := range []string{loader.ProgDiscoverRecv, loader.ProgDiscoverQueue} {
 		cfgHop := env.Base
 		cfgHop.Name = "discover " + prog
@@ -276,6 +298,11 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 			return err
 		}
 		watchers = append(watchers, h)
+		for _, origin := range follow {
+			if err := h.Collection.Maps["discover_origins"].Put(uint32(origin), uint8(1)); err != nil {
+				return fmt.Errorf("%s: follow origin %d: %w", prog, origin, err)
+			}
+		}
 		for _, o := range owned {
 			if err := h.Collection.Maps["discover_netns"].Put(uint32(o.Ino), uint8(1)); err != nil {
 				return fmt.Errorf("%s: owned netns %d: %w", prog, o.Ino, err)
@@ -356,7 +383,11 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 	}
 
 	// 3. Collect until the duration ends or enough packets were seen.
-	seen := map[uint32]bool{}
+	// seen: the packets of the flow, as far as this node can tell (a crossing that matched the filter, or
+	// an ID of the discovery's origin): they count for --packets and the bound. others: packets of a
+	// followed trace's origin seen only after a translation, which another node may have seen matching;
+	// bounded apart, so another flow of that trace crowds out none of the flow's.
+	seen, others := map[uint32]bool{}, map[uint32]bool{}
 	var kept []RawCrossing
 	dropped := 0
 	enoughAt := time.Time{}
@@ -372,12 +403,16 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 				if err != nil {
 					continue
 				}
-				if !seen[c.PacketID] {
-					if len(seen) >= maxKeptPackets {
-						dropped++
-						continue
-					}
+				flow := c.Flags&record.FlagFollowed == 0 || uint(c.PacketID>>record.IDSeqBits) == cfg.Origin
+				switch {
+				case seen[c.PacketID]:
+				case flow && len(seen) < maxKeptPackets:
 					seen[c.PacketID] = true
+				case !flow && (others[c.PacketID] || len(others) < maxKeptPackets):
+					others[c.PacketID] = true
+				default:
+					dropped++
+					continue
 				}
 				kept = append(kept, c)
 			}
@@ -419,7 +454,7 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 		o := byIno[c.NetnsIno]
 		dc := DiscoveredCrossing{PacketID: c.PacketID, FlowHash: c.FlowHash, MonoNs: c.TsNs, Netns: o.Name,
 			NetnsIno: c.NetnsIno, Ifindex: c.Ifindex, WireLen: c.WireLen, Dev: o.Devices[c.Ifindex],
-			Direction: "egress"}
+			Direction: "egress", Followed: c.Flags&record.FlagFollowed != 0}
 		if dc.Dev == "" {
 			dc.Dev = fmt.Sprintf("ifindex-%d", c.Ifindex) // created after discovery began
 		}
@@ -450,6 +485,22 @@ func RunDiscover(ctx context.Context, cfg DiscoverConfig, w io.Writer) error {
 		"namespaces": namespaces, "packets": len(seen), "packets_dropped": dropped,
 		"crossings": crossings, "listen_from_ns": listenFrom, "listen_until_ns": listenUntil, "clock_aligned": aligned, "clock_bound_ns": bound,
 		"duration_ms": time.Since(start).Milliseconds(), "counters": counters})
+}
+
+// followOrigins parses --follow: trace ID origins, 1..record.TraceOrigins.
+func followOrigins(text string) ([]uint8, error) {
+	var out []uint8
+	for _, field := range strings.Split(text, ",") {
+		if field = strings.TrimSpace(field); field == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(field, 10, 8)
+		if err != nil || n == 0 || n > record.TraceOrigins {
+			return nil, fmt.Errorf("follow: %q is not a trace's ID origin (1..%d)", field, record.TraceOrigins)
+		}
+		out = append(out, uint8(n))
+	}
+	return out, nil
 }
 
 // monotonicNow is CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns().

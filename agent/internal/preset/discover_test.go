@@ -204,3 +204,19 @@ func sendFlow(t *testing.T, proto string, pair *tu.VethPair, stop chan struct{})
 		}
 	}
 }
+
+// --follow takes trace ID origins only: 1..record.TraceOrigins, comma-separated.
+func TestFollowOrigins(t *testing.T) {
+	got, err := followOrigins(" 3,17 ,, 239")
+	if err != nil || len(got) != 3 || got[0] != 3 || got[1] != 17 || got[2] != 239 {
+		t.Fatalf("followOrigins: %v, %v", got, err)
+	}
+	if got, err := followOrigins(""); err != nil || len(got) != 0 {
+		t.Fatalf("empty: %v, %v", got, err)
+	}
+	for _, bad := range []string{"0", "240", "256", "x", "-1"} {
+		if _, err := followOrigins(bad); err == nil {
+			t.Errorf("followOrigins(%q): no error", bad)
+		}
+	}
+}
