@@ -1,20 +1,23 @@
-"""A TCP packet through segmentation and GRO, counted segment for segment against the wire.
+"""A TCP packet through segmentation, loss and GRO, counted segment for segment against the wire.
 
 A record is one skb at one hop; a skb that stands for several wire segments (a GSO skb before the cut, a GRO
-skb after the merge) carries their number as its `gso_segs` value. On the two-host VXLAN topology host-a's
-wire0 has no segmentation offloads, so the kernel cuts the overlay's large skbs in software after the
-`a-wire-out` hop (tc egress runs before `validate_xmit_skb`); host-b's wire0 first has GRO off (every
-segment reaches the hops after the cut alone), then on (veth NAPI merges the segments of one skb again,
-which share their TCP options, so only the segments of one ID merge).
+skb after the merge) carries their number as its `gso_segs` value (docs/design.md, "Segmentation and GRO").
+On the two-host VXLAN topology host-a's wire0 has no segmentation offloads, so the kernel cuts the overlay's
+large skbs in software after the `a-wire-out` hop (tc egress runs before `validate_xmit_skb`). Host-b's wire0
+first has GRO off, every segment reaching b-wire-in alone, and netfilter drops one data segment in 97 after
+it (VXLAN's GRO cells merge what is left before b-vxlan-in); then GRO on, veth NAPI merging each ID's
+segments again (they share their TCP options, so only the segments of one ID merge).
 
-Ground truth: tcpdump on both wires (host-a's frames are the wire segments, host-b's what GRO made of them:
-packet taps run after GRO) and the bytes c1 wrote and c2 read. Exact: the report's packets are the IDs on
-the wire, each complete; the join's segments are the wire's; at a-wire-out and b-wire-in the recorded
-segment counts are what tcpdump saw on either side.
+Ground truth: tcpdump on both wires (host-a's frames are the wire segments; host-b's tap runs after GRO and
+before netfilter, and the drop rule's `numgen inc` says which of them it dropped, its counter how many), and
+the bytes c1 wrote and c2 read. Exact: the report's packets are the IDs on the wire, lost only where a drop
+took one of their segments; the join's segments are the wire's, and those missing are the dropped ones at
+every hop after the drop; at a-wire-out and b-wire-in the recorded segment counts are what either tap saw.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -24,8 +27,9 @@ import subprocess
 import threading
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
-from system_helpers import running_cluster, wait_report
+from system_helpers import report, running_cluster, wait_report
 
 from hoptrace.lab.prometheus import scrape
 from hoptrace.lab.reference import vxlan_path_spec
@@ -37,6 +41,10 @@ WRITES = 24
 WRITE_BYTES = 48 * 1024  # a write: GSO skbs of up to 64 KB, about 33 MSS-sized wire segments each
 TCPOPT_HOPTRACE = (253, 8, 0x4854)  # kind, length, ExID ("HT"): hoptrace.h's HOPTRACE_TCPOPT_*
 TCP_FIN = 0x01
+DROP_TABLE = "hoptrace_gso_drop"
+DROP_EVERY, DROP_AT = 97, 50
+DATA_IP_LEN = 100  # an inner IPv4 packet longer than this carries data (c1's ACKs, SYN, FIN are 60 or less)
+HOPS_AFTER_DROP = ("b-vxlan-in", "b-veth-out", "b-c2-eth0-in")
 
 
 def transfer(topo: TwoHostTopology) -> int:
@@ -70,6 +78,59 @@ def transfer(topo: TwoHostTopology) -> int:
     return len(payload)
 
 
+def drop_data_frames(topo: TwoHostTopology) -> None:
+    """Drops, at host-b's wire0 ingress (netfilter's netdev hook, after tc ingress where b-wire-in records),
+    the (DROP_AT + 1)th of every DROP_EVERY data frames of the flow: `numgen inc`, so which ones is known
+    from the tap's order (`dropped_frames`). Offsets from the outer UDP header: UDP 8 + VXLAN 8 + Ethernet
+    14, then the inner IPv4 header (20 bytes) and TCP."""
+    table = ("netdev", DROP_TABLE)
+    topo.run("host-b", "nft", "add", "table", *table)
+    topo.run(
+        "host-b", "nft", "add", "chain", *table, "wire",
+        "{ type filter hook ingress device wire0 priority 0; }",
+    )  # fmt: skip
+    topo.run(
+        "host-b", "nft", "add", "rule", *table, "wire",
+        "udp", "dport", "4789",
+        "@th,224,16", "0x0800",  # inner ethertype: IPv4
+        "@th,240,8", "0x45",  # IPv4 with a 20-byte header
+        "@th,312,8", "6",  # TCP
+        "@th,416,16", str(PORT),  # to c2's port
+        "@th,256,16", ">", str(DATA_IP_LEN),  # with data
+        "numgen", "inc", "mod", str(DROP_EVERY), str(DROP_AT), "counter", "drop",
+    )  # fmt: skip
+
+
+def nft_dropped(topo: TwoHostTopology) -> int:
+    """What the rule of `drop_data_frames` dropped, by its counter; removes it."""
+    data = json.loads(topo.run("host-b", "nft", "-j", "list", "table", "netdev", DROP_TABLE).stdout)
+    topo.run("host-b", "nft", "delete", "table", "netdev", DROP_TABLE)
+    for item in data["nftables"]:
+        for expr in item.get("rule", {}).get("expr", []):
+            if "counter" in expr:
+                return int(expr["counter"]["packets"])
+    raise AssertionError(f"no counter in the drop rule: {data}")
+
+
+def dropped_frames(arrived: list[Frame]) -> list[Frame]:
+    """The frames `drop_data_frames` dropped, from the frames host-b's tap saw in its order (taps run before
+    tc ingress and netfilter)."""
+    data = [f for f in arrived if f.dport == PORT and f.ip_len > DATA_IP_LEN]
+    return [f for k, f in enumerate(data) if k % DROP_EVERY == DROP_AT]
+
+
+def covered(frames: list[Frame]) -> int:
+    """Bytes of the stream the frames cover (a retransmitted range once)."""
+    total, end = 0, None
+    for f in sorted((f for f in frames if f.payload), key=lambda f: f.seq):
+        start = f.seq if end is None else max(f.seq, end)
+        stop = f.seq + f.payload
+        if stop > start:
+            total += stop - start
+            end = stop
+    return total
+
+
 class Capture:
     """tcpdump on one host's wire0, VXLAN frames only, headers only."""
 
@@ -86,23 +147,34 @@ class Capture:
         line = self.proc.stderr.readline()  # "listening on wire0 ...": the tap is in place
         assert "listening" in line, line
 
-    def stop(self) -> list[tuple[int, int]]:
+    def stop(self) -> list[Frame]:
         """Stops it once c1's FIN is in its file (the tap hands frames over in blocks: a stop before would
-        lose the last); (packet ID, TCP payload bytes) of each frame of c1 -> c2 that carries an ID."""
+        lose the last); the frames of c1 -> c2 that carry an ID."""
         wait_until(
-            lambda: any(flags & TCP_FIN for _, _, flags in tagged_frames(self.path.read_bytes())),
+            lambda: any(f.flags & TCP_FIN for f in tagged_frames(self.path.read_bytes())),
             f"c1's FIN in {self.path.name}",
             10,
         )
         self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=10)
         assert re.search(r"^0 packets dropped by kernel", err, re.M), err
-        return [(pid, payload) for pid, payload, _ in tagged_frames(self.path.read_bytes())]
+        return tagged_frames(self.path.read_bytes())
 
 
-def tagged_frames(pcap: bytes) -> list[tuple[int, int, int]]:
-    """Parses a pcap of Ethernet / IPv4 / UDP / VXLAN / Ethernet / IPv4 / TCP frames: (ID, TCP payload bytes,
-    TCP flags) of each with hoptrace's option (c1's segments: the trace tags nothing of c2's)."""
+class Frame(NamedTuple):
+    """One frame of c1 -> c2 that carries an ID, as a tap saw it."""
+
+    pid: int
+    seq: int
+    payload: int  # TCP payload bytes (a GRO frame's: every segment's)
+    flags: int  # TCP flags
+    dport: int
+    ip_len: int  # the inner IPv4 total length
+
+
+def tagged_frames(pcap: bytes) -> list[Frame]:
+    """Parses a pcap of Ethernet / IPv4 / UDP / VXLAN / Ethernet / IPv4 / TCP frames: each with hoptrace's
+    option, in order (c1's segments: the trace tags nothing of c2's)."""
     magic = struct.unpack_from("<I", pcap)[0]
     assert magic == 0xA1B2C3D4, hex(magic)  # little-endian, microseconds, as tcpdump writes here
     out = []
@@ -121,10 +193,10 @@ def tagged_frames(pcap: bytes) -> list[tuple[int, int, int]]:
         total = struct.unpack_from("!H", ip, 2)[0]
         tcp = ip[ihl:]
         doff = (tcp[12] >> 4) * 4
-        options = tcp[20:doff]
-        pid = option_id(options)
+        pid = option_id(tcp[20:doff])
         if pid is not None:
-            out.append((pid, total - ihl - doff, tcp[13]))
+            dport, seq = struct.unpack_from("!HI", tcp, 2)
+            out.append(Frame(pid, seq, total - ihl - doff, tcp[13], dport, total))
     return out
 
 
@@ -166,44 +238,59 @@ def test_segments_of_a_cut_and_merged_tcp_packet_are_counted_exactly(
     spec = vxlan_path_spec(topology, "tcp-gso-gro", protocol="tcp", port=PORT)
     with running_cluster(topology, influxd.url) as cluster:
         cluster.apply(spec)
-        frames = {}
+        frames: dict[str, tuple[list[Frame], list[Frame]]] = {}
+        nft = 0
         for gro in ("off", "on"):
             topology.run("host-b", "ethtool", "-K", "wire0", "gro", gro)
-            sent, merged = (
+            if gro == "off":  # GRO would merge before netfilter: drop single wire segments only
+                drop_data_frames(topology)
+            sent, arrived = (
                 Capture(topology, h, tmp_path / f"{h}-gro-{gro}.pcap") for h in ("host-a", "host-b")
             )
             written = transfer(topology)
-            frames[gro] = (sent.stop(), merged.stop())
-            # what c1 wrote crossed the wire once, in segments of one ID each (no retransmission)
-            assert sum(payload for _, payload in frames[gro][0]) == written, gro
+            frames[gro] = (sent.stop(), arrived.stop())
+            if gro == "off":
+                nft = nft_dropped(topology)
+            # what c1 wrote crossed the wire, each byte in a frame that arrived
+            lost = set(dropped_frames(frames[gro][1])) if gro == "off" else set()
+            assert covered([f for f in frames[gro][0] if f not in lost]) == written, gro
+        assert sum(f.payload for f in frames["on"][0]) == written  # no loss, no retransmission
+
         wire = [f for gro in frames for f in frames[gro][0]]
-        after_gro = [f for gro in frames for f in frames[gro][1]]
-        ids = Counter(pid for pid, _ in wire)
-        report = wait_until(
-            lambda: (r := wait_report(cluster, spec.name, len(ids)))
+        ids = Counter(f.pid for f in wire)
+        drops = Counter(f.pid for f in dropped_frames(frames["off"][1]))
+        # the packets the drops reached no longer reach b-vxlan-in whole: lost in b-wire-in > b-vxlan-in
+        report_now = wait_report(cluster, spec.name, len(ids) - len(drops))
+        report_now = wait_until(
+            lambda: (r := report(cluster, spec.name))["packets"] >= len(ids)
             and recorded_segments(r, "b-wire-in")[0]
             and r,
-            "b-wire-in's recorded segments",
+            f"report of {spec.name} with {len(ids)} packets",
             30,
         )
         metrics = scrape(cluster.metrics_addr("collector"))
 
-    # the cut happened on host-a's wire, and GRO merged on host-b's only with it on
+    # the cut happened on host-a's wire, the drops on host-b's, and GRO merged there only with it on
     cut = sum(1 for n in ids.values() if n > 1)
     assert cut > WRITES, ids
+    assert sum(drops.values()) == nft > 0, (drops, nft)
     assert len(frames["off"][1]) == len(frames["off"][0]), "host-b merged with GRO off"
     assert len(frames["on"][1]) < len(frames["on"][0]), "GRO merged nothing"
-    # Packets: the IDs on the wire, each whole at every hop: none lost, none split into packets
-    assert report["packets"] == report["complete"] == len(ids), (report["packets"], len(ids))
-    for segment in report["segments"]:
-        assert segment["count"] == len(ids) and segment["incomplete"] == segment["loss_count"] == 0, segment
-    # Segments: the wire's, none missing at any hop
+    # Packets: the IDs on the wire; lost exactly where the drops were, whole everywhere else
+    assert report_now["packets"] == len(ids) and report_now["complete"] == len(ids) - len(drops), report_now
+    for segment in report_now["segments"]:
+        lost = len(drops) if (segment["from"], segment["to"]) == ("b-wire-in", "b-vxlan-in") else 0
+        assert segment["loss_count"] == lost and segment["tracer_lost"] == 0, segment
+    # Segments: the wire's; missing, each dropped one at every hop after the drop that saw its packet in part
     assert metrics["hoptrace_collector_segments_total"] == len(wire), (metrics, len(wire))
-    assert metrics["hoptrace_collector_segments_missing_total"] == 0, metrics
+    partial = sum(n for pid, n in drops.items() if ids[pid] > n)
+    assert metrics["hoptrace_collector_segments_missing_total"] == len(HOPS_AFTER_DROP) * partial, metrics
     # Before the cut (a-wire-out) each ID's skb said its segments: the IDs cut into several
-    assert recorded_segments(report, "a-wire-out") == (cut, sum(n for n in ids.values() if n > 1))
+    assert recorded_segments(report_now, "a-wire-out") == (cut, sum(n for n in ids.values() if n > 1))
     # After GRO (b-wire-in) each merged skb said how many it holds: host-b's tap saw those skbs
-    merged_frames = [f for f in after_gro if ids[f[0]] > 1 and f[1] > max(p for _, p in wire)]
-    records, segments = recorded_segments(report, "b-wire-in")
-    assert records == len(merged_frames) > 0, (records, len(merged_frames))
+    after_gro = [f for gro in frames for f in frames[gro][1]]
+    mss = max(f.payload for f in wire)
+    merged = [f for f in after_gro if f.payload > mss]
+    records, segments = recorded_segments(report_now, "b-wire-in")
+    assert records == len(merged) > 0, (records, len(merged))
     assert segments + (len(after_gro) - records) == len(wire), (segments, len(after_gro), len(wire))
