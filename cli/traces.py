@@ -59,6 +59,9 @@ def run_trace_apply(args: argparse.Namespace) -> int:
     trace = client_of(args).apply(load_spec_file(args.file))
     nodes = ", ".join(status_node(trace, index) for index in range(len(trace.nodes)))
     print(f"trace {trace.spec.name} applied: generation {trace.generation} on {nodes}")
+    for state in node_states(trace):
+        if state["not_kept"]:
+            print(f"{state['node']}: not kept across an agent restart: {'; '.join(state['not_kept'])}")
     return 0
 
 

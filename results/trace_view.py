@@ -35,8 +35,23 @@ def node_problems(node: str, status: Any) -> list[str]:
     return problems
 
 
+def node_not_kept(status: Any) -> list[str]:
+    """What of one node's trace would not outlive its agent, each naming the part and the reason (the
+    agent's `not_kept`: pinning was asked for but this kernel or bpffs could not keep it); [] when a
+    restarted or upgraded agent takes all of it over."""
+    hops = [f"hop {hop.name}: {hop.not_kept}" for hop in status.hops if hop.not_kept]
+    return hops + node_not_kept_beside_hops(status)
+
+
+def node_not_kept_beside_hops(status: Any) -> list[str]:
+    """node_not_kept's items that are no hop's: the trace's own (TCP tagger, state) and its events'."""
+    items = [f"trace: {status.not_kept}"] if status.not_kept else []
+    return items + [f"event {event.name}: {event.not_kept}" for event in status.events if event.not_kept]
+
+
 def node_states(trace: api_pb2.Trace) -> list[dict[str, Any]]:
-    """Each node of the trace: its name, whether it is active, its problems, its generation and hops."""
+    """Each node of the trace: its name, whether it is active, its problems, what would not outlive its
+    agent, its generation and hops."""
     names = status_nodes(trace)
     states = []
     for index, status in enumerate(trace.nodes):
@@ -48,8 +63,16 @@ def node_states(trace: api_pb2.Trace) -> list[dict[str, Any]]:
                 "active": not problems,
                 "generation": status.generation,
                 "problems": problems,
+                "not_kept": node_not_kept(status),
+                "not_kept_beside_hops": node_not_kept_beside_hops(status),
                 "hops": [
-                    {"index": hop.hop_index, "name": hop.name, "attached": hop.attached, "error": hop.error}
+                    {
+                        "index": hop.hop_index,
+                        "name": hop.name,
+                        "attached": hop.attached,
+                        "error": hop.error,
+                        "not_kept": hop.not_kept,
+                    }
                     for hop in status.hops
                 ],
             }

@@ -52,3 +52,32 @@ def test_a_lost_hop_an_unattached_event_and_a_missing_agent_are_named_by_node() 
     )
     host_a = node_states(trace)[0]
     assert (host_a["active"], [hop["attached"] for hop in host_a["hops"]]) == (False, [False, True])
+
+
+def test_what_would_not_outlive_its_agent_is_named_by_part() -> None:
+    """The agent's not_kept (a kind it cannot pin on this kernel, a tagger or state not pinned) is named per
+    hop, event and trace, and does not make a node inactive: the trace runs, only a restart would lose it."""
+    kprobe = agent_pb2.HopStatus(name="a-veth-in", attached=True, not_kept="kprobe links cannot be pinned")
+    pinned = agent_pb2.HopStatus(name="a-wire-out", attached=True)
+    trace = trace_of(
+        agent_pb2.TraceStatus(
+            trace="t", generation=3, active=True, hops=[kprobe, pinned], not_kept="tcp tagging: no bpffs"
+        ),
+        agent_pb2.TraceStatus(trace="t", generation=3, active=True, hops=[pinned]),
+        agent_pb2.TraceStatus(
+            trace="t",
+            generation=3,
+            active=True,
+            events=[agent_pb2.EventStatus(name="wake", attached=True, not_kept="not pinned (EPERM)")],
+        ),
+    )
+    assert status_text(trace) == "3/3 nodes active"
+    host_a, host_b, host_c = node_states(trace)
+    assert host_a["not_kept"] == [
+        "hop a-veth-in: kprobe links cannot be pinned",
+        "trace: tcp tagging: no bpffs",
+    ]
+    assert host_a["not_kept_beside_hops"] == ["trace: tcp tagging: no bpffs"]
+    assert [hop["not_kept"] for hop in host_a["hops"]] == ["kprobe links cannot be pinned", ""]
+    assert host_b["not_kept"] == []
+    assert host_c["not_kept"] == ["event wake: not pinned (EPERM)"]
