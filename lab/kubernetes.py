@@ -428,7 +428,8 @@ def _pids_in_netns() -> list[int]:
 
 def sweep_leftovers() -> None:
     """Remove what a killed earlier run left: processes in NODE_NETNS, mounts and directories under
-    /tmp/hoptrace-k8s-*, and the namespace. A run that ended normally leaves nothing for it."""
+    /tmp/hoptrace-k8s-*, the namespace and the node's agent's pins. A run that ended normally leaves
+    nothing for it."""
     for pid in _pids_in_netns():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -438,6 +439,24 @@ def sweep_leftovers() -> None:
         shutil.rmtree(directory, ignore_errors=True)
     if Path(f"/run/netns/{NODE_NETNS}").exists():
         subprocess.run(["ip", "netns", "del", NODE_NETNS], capture_output=True)
+    remove_node_pins()
+
+
+def node_pins() -> list[Path]:
+    """What an agent of the node (hoptrace installed on the cluster) pins in bpffs at its default
+    --pin-dir and leaves there when it is killed: its pin directory and its signed-command state beside it
+    (agent/internal/signing.StatePath; the node's name needs no escaping)."""
+    pin_dir = Path(BPFFS, "hoptrace")
+    return [p for p in (pin_dir / NODE_NAME, pin_dir / f"commands-{NODE_NAME}") if p.exists()]
+
+
+def remove_node_pins() -> None:
+    """Unpin node_pins(): the node goes with the cluster."""
+    for path in node_pins():
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 # ---- the cluster ----------------------------------------------------------------------------------------
@@ -1050,6 +1069,8 @@ class KubernetesLab:
             except OSError as err:
                 problems.append(f"sysctl {key}={value}: {err}")
         self._sysctls = {}
+        remove_node_pins()  # an agent killed with the node leaves its pins
+        problems += [f"{path} not unpinned" for path in node_pins()]
         if self._bpffs_shared_here:
             result = subprocess.run(["mount", "--make-private", BPFFS], capture_output=True, text=True)
             if result.returncode != 0:

@@ -5,7 +5,10 @@ socket. Every pod of the release becomes Ready; the namespace needs Pod Security
 dispatcher's BTF hostPath) and nothing more (the others pass "restricted"); `hoptrace agents`, through the
 dispatcher's ClusterIP from the node, shows the node and its pods by name; a UDP flow from a client pod to a
 server pod, traced by a spec that names the pods (`netns: pod:NS/NAME`), is reported datagram for datagram
-(the client's own count of what it sent); `helm uninstall` takes the agent's hooks out of the pods.
+(the client's own count of what it sent), and so is one to a ClusterIP Service through kube-proxy's DNAT;
+`hoptrace discover` of that flow finds the pods' eth0 and the node's veth ends between them, through the
+DNAT, and its spec traces every datagram; `helm uninstall` takes the agent's hooks out of the pods and
+leaves nothing of it pinned in bpffs.
 
 There is no cluster DNS in the lab: the release's Services get fixed ClusterIPs of the Service range's static
 band, the components reach each other there, and the dispatcher's and collector's certificates name them.
@@ -16,12 +19,14 @@ compose-images`); `make test-k8s` builds them all.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +39,7 @@ import yaml
 from hoptrace.common.certs import create_bundle
 from hoptrace.common.grpcutil import CA_ENV, CERT_ENV, DISPATCHER_ENV, KEY_ENV, TOKEN_FILE_ENV
 from hoptrace.lab.compose import IMAGES, DockerEngine, bpf_ids_alive, bpf_ids_held_by, build_images
-from hoptrace.lab.kubernetes import ECHO_IMAGE, ECHO_PORT, NODE_NAME, KubernetesLab
+from hoptrace.lab.kubernetes import BPFFS, ECHO_IMAGE, ECHO_PORT, NODE_NAME, KubernetesLab, node_pins
 from hoptrace.lab.waiting import WaitTimeout, wait_until
 
 pytestmark = pytest.mark.kernel  # the release's agent loads and attaches BPF on this kernel
@@ -334,10 +339,12 @@ def shop(release: Release) -> Shop:
     return Shop(client_ip=ips["client"], server_ip=ips["server"])
 
 
-def send_udp(release: Release, destination: str, count: int) -> int:
-    """`count` datagrams from the client pod to `destination` (HOST:PORT); the number the client sent."""
+def send_udp(release: Release, destination: str, count: int, gap: str = "1ms") -> int:
+    """`count` datagrams from the client pod to `destination` (HOST:PORT), `gap` apart; the number the
+    client sent."""
     out = release.cluster.kubectl(
-        *("-n", APPS, "exec", "client", "--", "/echo"), f"--udp-send={destination}", f"--count={count}"
+        *("-n", APPS, "exec", "client", "--", "/echo"),
+        *(f"--udp-send={destination}", f"--count={count}", f"--gap={gap}"),
     )
     result = json.loads(out)
     assert result["echoed"] == result["sent"], result  # the server answered each: the path is whole
@@ -410,13 +417,22 @@ SERVICE_PORT = 8080  # the Service's port; kube-proxy translates it to the serve
 SERVICE_TRACE = "pod-to-service"
 
 
-def test_pod_to_cluster_ip_is_traced_through_kube_proxys_dnat(
-    release: Release, shop: Shop, tmp_path: Path
-) -> None:
-    """A spec whose filter names a ClusterIP and the Service's port, as the client sends them: kube-proxy's
-    DNAT rewrites both to the server pod's address and port on the node, and the server's hop still takes
-    every datagram, by its ID (its record flagged FOLLOWED). The report counts exactly what the client
-    sent, and names the DNAT between the two hops."""
+@dataclass(frozen=True)
+class Service:
+    """The server pod behind a ClusterIP Service: its address and port, as the client sends to them."""
+
+    cluster_ip: str
+    port: int
+
+    @property
+    def destination(self) -> str:
+        return f"{self.cluster_ip}:{self.port}"
+
+
+@pytest.fixture(scope="module")
+def service(release: Release, shop: Shop) -> Service:
+    """A ClusterIP Service of the server pod (UDP SERVICE_PORT -> ECHO_PORT), once kube-proxy translates it:
+    a datagram from the client comes back."""
     cluster = release.cluster
     ports = [{"protocol": "UDP", "port": SERVICE_PORT, "targetPort": ECHO_PORT}]
     metadata = {"name": "server", "namespace": APPS}
@@ -428,19 +444,28 @@ def test_pod_to_cluster_ip_is_traced_through_kube_proxys_dnat(
             "spec": {"selector": {"app": "server"}, "ports": ports},
         }
     )
-    service = json.loads(cluster.kubectl("-n", APPS, "get", "service", "server", "-o", "json"))
-    cluster_ip = service["spec"]["clusterIP"]
-    destination = f"{cluster_ip}:{SERVICE_PORT}"
+    data = json.loads(cluster.kubectl("-n", APPS, "get", "service", "server", "-o", "json"))
+    found = Service(data["spec"]["clusterIP"], SERVICE_PORT)
 
     def translated() -> bool:  # kube-proxy has written the Service's rules: a datagram comes back
         result = cluster.kubectl_run(
-            ["-n", APPS, "exec", "client", "--", "/echo", f"--udp-send={destination}", "--count=1"],
+            ["-n", APPS, "exec", "client", "--", "/echo", f"--udp-send={found.destination}", "--count=1"],
             check=False,
         )
         return result.returncode == 0 and json.loads(result.stdout)["echoed"] == 1
 
-    wait_until(translated, f"kube-proxy translating {destination}", 60, 1.0)
+    wait_until(translated, f"kube-proxy translating {found.destination}", 60, 1.0)
+    return found
 
+
+def test_pod_to_cluster_ip_is_traced_through_kube_proxys_dnat(
+    release: Release, shop: Shop, service: Service, tmp_path: Path
+) -> None:
+    """A spec whose filter names a ClusterIP and the Service's port, as the client sends them: kube-proxy's
+    DNAT rewrites both to the server pod's address and port on the node, and the server's hop still takes
+    every datagram, by its ID (its record flagged FOLLOWED). The report counts exactly what the client
+    sent, and names the DNAT between the two hops."""
+    cluster_ip, destination = service.cluster_ip, service.destination
     spec = pod_spec(SERVICE_TRACE, cluster_ip, "client", "server")
     spec["filter"]["dst_port"] = SERVICE_PORT
     spec["hops"] = [
@@ -481,13 +506,103 @@ def test_pod_to_cluster_ip_is_traced_through_kube_proxys_dnat(
     wait_until(translation_reported, f"the report naming kube-proxy's DNAT of {described} packets", 30)
 
 
+DISCOVERED_TRACE = "discovered-service"
+
+
+def host_veth(release: Release, pod_ip: str) -> str:
+    """The node's end of the veth pair whose pod end (eth0) holds `pod_ip`, as the kernel has it: the pod's
+    namespace (containerd's /run/netns/cni-*) found by its address, its eth0's peer ifindex in the node's."""
+    for netns in sorted(Path("/run/netns").glob("cni-*")):
+        ip = ["ip", "-n", netns.name, "-j"]
+        addrs = json.loads(subprocess.run([*ip, "addr", "show", "eth0"], capture_output=True).stdout or "[]")
+        if any(a.get("local") == pod_ip for link in addrs for a in link.get("addr_info", [])):
+            (eth0,) = json.loads(subprocess.run([*ip, "link", "show", "eth0"], capture_output=True).stdout)
+            links = json.loads(release.cluster.run_on_node(["ip", "-j", "link", "show"]).stdout)
+            (peer,) = [link["ifname"] for link in links if link["ifindex"] == eth0["link_index"]]
+            return peer
+    raise AssertionError(f"no pod namespace holds {pod_ip}")
+
+
+def test_discover_finds_the_pods_through_the_service_and_its_path_traces_every_datagram(
+    release: Release, shop: Shop, service: Service, tmp_path: Path
+) -> None:
+    """`hoptrace discover` of client -> ClusterIP:port while the client sends, with pod-to-service (a trace
+    of the same flow, whose tagger runs first) still applied: the path goes on after kube-proxy's DNAT by
+    the packets' IDs, to the server pod's eth0: the client pod's eth0, the node's veth ends of the client
+    and of the server (br_netfilter DNATs the frame on the bridge port and bridges it on: no crossing of
+    the bridge itself), the server pod's eth0, the DNAT in the step between the veths. The discovered spec
+    then replaces pod-to-service and its report counts every datagram the client sent, at every hop."""
+    node = f"{NODE_NAME}-"
+    client_veth, server_veth = host_veth(release, shop.client_ip), host_veth(release, shop.server_ip)
+    expected = [
+        (f"{node}client-eth0-out", f"pod:{APPS}/client", "eth0", "tc-egress"),
+        (f"{node}{client_veth}-in", "", client_veth, "tc-ingress"),
+        (f"{node}{server_veth}-out", "", server_veth, "tc-egress"),
+        (f"{node}server-eth0-in", f"pod:{APPS}/server", "eth0", "tc-ingress"),
+    ]
+    started = time.monotonic()
+    sending = threading.Thread(target=send_udp, args=(release, service.destination, 4000), daemon=True)
+    sending.start()
+    try:
+        result = release.hoptrace(
+            *("discover", "--protocol", "udp", "--src", shop.client_ip, "--dst", service.cluster_ip),
+            *("--dst-port", str(service.port), "--duration", "3s", "--packets", "100", "--json"),
+        )
+    finally:
+        sending.join(60)
+    release.timings["discover through the Service"] = time.monotonic() - started
+    data = json.loads(result.stdout)
+    assert data["packets"] >= 100, data
+    [path] = data["paths"]
+    assert path["share"] == 1.0
+    assert [(h["name"], h["netns"], h["dev"], h["at"]) for h in path["hops"]] == expected, path["hops"]
+    translated = [(s["from"], s["to"]) for s in data["segments"] if s["translated"]]
+    assert translated == [(expected[1][0], expected[2][0])], data["segments"]
+    assert (
+        f"{expected[1][0]} -> {expected[2][0]}" in result.stderr and "addresses translated" in result.stderr
+    )
+
+    # The discovered spec replaces the hand-written one (two traces of one flow: the first tagger wins).
+    release.hoptrace("trace", "rm", SERVICE_TRACE)
+    spec = dict(data["spec"], name=DISCOVERED_TRACE)
+    spec_file = tmp_path / "discovered.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    release.hoptrace("trace", "apply", "-f", str(spec_file))
+    wait_until(
+        lambda: re.search(
+            rf"^{DISCOVERED_TRACE}\s.*1/1 nodes active", release.hoptrace("trace", "ls").stdout, re.M
+        ),
+        f"{DISCOVERED_TRACE} active on the node",
+        30,
+    )
+    started = time.monotonic()
+    sent = send_udp(release, service.destination, DATAGRAMS)
+    report = wait_report(release, DISCOVERED_TRACE, sent)
+    release.timings["discovered path: send to full report"] = time.monotonic() - started
+    assert report.get("complete") == report.get("packets") == sent, report
+    names = [hop[0] for hop in expected]
+    assert [(s["from"], s["to"], s["count"]) for s in report["segments"]] == [
+        (a, b, sent) for a, b in itertools.pairwise(names)
+    ], report["segments"]
+
+
 def test_uninstall_takes_the_agents_hooks_out_of_the_pods(release: Release, shop: Shop) -> None:
     """`helm uninstall`: the release's pods go, and with the agent every BPF link and program it held (the
-    trace's tc hooks in the pods' namespaces): nothing of it stays in the kernel."""
+    trace's tc hooks in the pods' namespaces): nothing of it stays in the kernel. Nor in bpffs: the agent
+    unpins its traces when it stops, and the chart's post-delete Job removes the signed-command state the
+    agent keeps there across its restarts."""
     links, programs = bpf_ids_held_by(agent_pid(release))
     assert len(links) >= 2 and programs, "the trace's two tc hooks, held by the agent before uninstall"
+    state = Path(BPFFS, "hoptrace", f"commands-{NODE_NAME}")
+    assert state in node_pins(), "the agent's signed-command state, written when it took the traces"
+    started = time.monotonic()
     release.cluster.helm("uninstall", "hoptrace", "-n", NAMESPACE, "--wait", "--timeout", "120s")
+    release.timings["helm uninstall"] = time.monotonic() - started
     wait_until(lambda: not release.pods(), "the release's pods gone", 60)
+    try:
+        wait_until(lambda: not node_pins(), "nothing of the node's agent pinned in bpffs", 30)
+    except WaitTimeout:
+        raise AssertionError(f"left in bpffs after helm uninstall: {node_pins()}") from None
 
     def released() -> bool:
         alive_links, alive_programs = bpf_ids_alive()
