@@ -8,7 +8,8 @@ Two discoveries on one cluster:
   its own IDs (a tagger never overwrites one): the discovery follows the IDs it saw on packets of the flow
   before the translation, and the trace keeps every packet nftables counted (discovery changes nothing of
   a trace's packets);
-- TCP over IPv6 (sock_ops tags the connections opened while it looks).
+- TCP over IPv6, with no trace beside (sock_ops tags the connections opened while it looks): the discovery
+  follows its own ID origin through the translation.
 Ground truth: the devices c1 -> c2 cross (test_discover's EXPECTED_NAMES, the same as a discovery of
 c1 -> c2 itself finds), the translating step where the kernel runs the DNAT rule (TRANSLATED), nftables'
 count of the packets c1 sent to the Service.

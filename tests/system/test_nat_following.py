@@ -1,5 +1,6 @@
 """Packets followed through address translation: a spec names the Service address a client sends to, and
-every hop after the node's DNAT (and masquerade) still takes the packet, by its ID; so does discovery.
+every hop after the node's DNAT (and masquerade) still takes the packet, by its ID (discovery through the
+same translation: test_discover_nat).
 
 On the two-host VXLAN topology host-a translates as kube-proxy does for a ClusterIP Service: nftables
 rewrites c1's packets to the Service address 198.18.99.9 (fd00:99::9) to c2's address and port at
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 
 import pytest
 from system_helpers import running_cluster, wait_report
-from test_discover import EXPECTED_NAMES
 
 from hoptrace.lab.reference import vxlan_path_spec
 from hoptrace.lab.topology import TwoHostTopology
@@ -256,36 +256,3 @@ def test_packets_to_a_service_address_are_traced_at_every_hop_through_dnat_and_m
             assert translation["before"].endswith(f" > {service}"), translation
             assert translation["after"].endswith(f" > {backend_at}"), translation
             assert translation["packets"] == described
-
-
-def test_discovery_follows_a_flow_to_the_service_address_through_the_translation(
-    service_topology: TwoHostTopology, influxd
-) -> None:
-    """Discovery of c1 -> the Service address: its packets are tagged with the discovery's own ID origin, so
-    every node's crossing programs take them after host-a rewrote them to c2: the path is the one a flow to
-    c2 itself takes, to c2's eth0 on host-b."""
-    topology = service_topology
-    stop = threading.Event()
-
-    def send() -> None:
-        with topology.socket("c1", socket.AF_INET, socket.SOCK_DGRAM) as client:
-            while not stop.wait(0.005):
-                client.sendto(os.urandom(64), (SERVICE[4], UDP_SERVICE_PORT))
-
-    with running_cluster(topology, influxd.url) as cluster:
-        sender = threading.Thread(target=send, name="service-client", daemon=True)
-        sender.start()
-        try:
-            result = cluster.hoptrace(
-                "discover", "--protocol", "udp", "--src", topology.addr("c1"), "--dst", SERVICE[4],
-                "--dst-port", str(UDP_SERVICE_PORT), "--duration", "3s", "--packets", "50", "--json",
-            )  # fmt: skip
-        finally:
-            stop.set()
-            sender.join(5)
-    data = json.loads(result.stdout)
-    assert data["packets"] >= 50
-    [path] = data["paths"]  # every packet took the one route, through the translation
-    assert path["share"] == 1.0
-    assert [h["name"] for h in path["hops"]] == EXPECTED_NAMES
-    assert data["spec"]["filter"]["dst"] == SERVICE[4]  # the spec names the flow as the client sends it
