@@ -1067,6 +1067,19 @@ static __always_inline void skb_meta(struct __sk_buff *skb, struct hop_meta *m, 
 		m->pid = bpf_get_current_pid_tgid() >> 32;
 }
 
+/* The wire segments a tagged TCP skb stands for: its gso_segs. A GSO skb a guest or a tun/tap
+ * writer handed in (SKB_GSO_DODGY) has 0 there until the stack counts them on egress
+ * (qdisc_pkt_len_init): counted here as the kernel counts them, DIV_ROUND_UP(TCP payload,
+ * gso_size). */
+static __always_inline __u32 skb_segments(const struct pkt_info *p, __u32 gso_segs, __u32 gso_size)
+{
+	__u32 end = p->l3_off + p->ip_len, start = p->l4_off + p->tcp_doff * 4;
+
+	if (gso_segs || !gso_size || !p->tcp_doff || end <= start)
+		return gso_segs;
+	return (end - start + gso_size - 1) / gso_size;
+}
+
 /* tc (tcx) ingress or egress: the frame starts with its Ethernet header. */
 static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 {
@@ -1113,8 +1126,11 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 		}
 	}
 	if (!status && p.id && p.proto == IPPROTO_TCP_) {
-		m.segs = skb->gso_segs;
-		barrier_var(m.segs);
+		__u32 segs = skb->gso_segs, size = skb->gso_size;
+
+		barrier_var(segs);
+		barrier_var(size);
+		m.segs = skb_segments(&p, segs, size);
 	}
 	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return TCX_NEXT_;
@@ -1157,8 +1173,11 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	status = resume ? hop_parse_fast(PKT_SKB, &r, resume, &p)
 			: hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p);
 	if (!status && p.id && p.proto == IPPROTO_TCP_) {
-		m.segs = skb->gso_segs;
-		barrier_var(m.segs);
+		__u32 segs = skb->gso_segs, size = skb->gso_size;
+
+		barrier_var(segs);
+		barrier_var(size);
+		m.segs = skb_segments(&p, segs, size);
 	}
 	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return SK_PASS_;
@@ -1298,6 +1317,8 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		struct skb_shared_info *shinfo =
 		    (void *)(KERNEL_FIELD(btf, skb, head) + KERNEL_FIELD(btf, skb, end));
 
+		/* gso_segs alone: this program's stack has no room for skb_segments (a tun/tap
+		 * writer's GSO skb counts one here) */
 		m.segs = BPF_CORE_READ(shinfo, gso_segs);
 	}
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */

@@ -112,6 +112,8 @@ struct pkt_info {
 	/* IPv4 header bytes 2-11, total length to checksum, as read: what a UDP tag rewrites with
 	 * one store (hop.bpf.h's tag_udp_packet) */
 	__u8 ip_words[10];
+	__u8 tcp_doff; /* TCP data offset (header length / 4), 0 before the TCP header was read; in
+			  the struct's tail padding */
 };
 
 static __always_inline int pkt_load(enum pkt_source src, struct pkt_reader *r, __u32 off, void *to,
@@ -558,6 +560,7 @@ static __always_inline int parse_tcp_id(enum pkt_source src, struct pkt_reader *
 	optlen = (hdr[12] >> 4) * 4;
 	if (optlen < 20 || p->l4_off - p->l3_off + optlen > p->ip_len)
 		return PARSE_MALFORMED;
+	p->tcp_doff = hdr[12] >> 4;
 	optlen -= 20;
 	if (optlen == 0)
 		return PARSE_OK;

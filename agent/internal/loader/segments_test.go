@@ -17,9 +17,10 @@ import (
 // first slot its fields leave free.
 func TestSegmentedSkbRecordCarriesItsCount(t *testing.T) {
 	h := newHarness(t)
-	tagged := func(id uint32) []byte {
-		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(40000, 5000, tu.TCPIDOption(id), make([]byte, 1000)), 0))
+	taggedSized := func(id uint32, payload int) []byte {
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(40000, 5000, tu.TCPIDOption(id), make([]byte, payload)), 0))
 	}
+	tagged := func(id uint32) []byte { return taggedSized(id, 1000) }
 	untagged := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(40000, 5000, nil, make([]byte, 1000)), 0))
 	cases := []struct {
 		name   string
@@ -27,22 +28,30 @@ func TestSegmentedSkbRecordCarriesItsCount(t *testing.T) {
 		segs   uint32
 		want   []record.ActionField // the values' fields; nil: no values at all
 		values []uint64
+		dodgy  int // a TCP payload of this many bytes and gso_segs 0 (a tun/tap writer's GSO skb)
 	}{
-		{"one segment", [record.ValuesMax]record.ActionField{}, 1, nil, nil},
-		{"not GSO", [record.ValuesMax]record.ActionField{}, 0, nil, nil},
-		{"GSO", [record.ValuesMax]record.ActionField{}, 45, []record.ActionField{record.FieldGSOSegs}, []uint64{45}},
+		{"one segment", [record.ValuesMax]record.ActionField{}, 1, nil, nil, 0},
+		{"not GSO", [record.ValuesMax]record.ActionField{}, 0, nil, nil, 0},
+		{"GSO", [record.ValuesMax]record.ActionField{}, 45, []record.ActionField{record.FieldGSOSegs}, []uint64{45}, 0},
 		{"GSO, record: [len]", [record.ValuesMax]record.ActionField{record.FieldLen}, 3,
-			[]record.ActionField{record.FieldLen, record.FieldGSOSegs}, []uint64{uint64(len(tagged(1))), 3}},
+			[]record.ActionField{record.FieldLen, record.FieldGSOSegs}, []uint64{uint64(len(tagged(1))), 3}, 0},
 		{"one segment, record: [len]", [record.ValuesMax]record.ActionField{record.FieldLen}, 1,
-			[]record.ActionField{record.FieldLen}, []uint64{uint64(len(tagged(1)))}},
+			[]record.ActionField{record.FieldLen}, []uint64{uint64(len(tagged(1)))}, 0},
 		{"GSO, record: [gso_segs, len]", [record.ValuesMax]record.ActionField{record.FieldGSOSegs, record.FieldLen}, 7,
-			[]record.ActionField{record.FieldGSOSegs, record.FieldLen}, []uint64{7, uint64(len(tagged(1)))}},
+			[]record.ActionField{record.FieldGSOSegs, record.FieldLen}, []uint64{7, uint64(len(tagged(1)))}, 0},
+		// SKB_GSO_DODGY: gso_segs 0 until egress counts them; DIV_ROUND_UP(payload, gso_size) here
+		{"GSO from tun, 2500 bytes", [record.ValuesMax]record.ActionField{}, 0, []record.ActionField{record.FieldGSOSegs}, []uint64{3}, 2500},
+		{"GSO from tun, 2000 bytes", [record.ValuesMax]record.ActionField{}, 0, []record.ActionField{record.FieldGSOSegs}, []uint64{2}, 2000},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			hop := h.load(t, loader.HopConfig{Actions: loader.Actions{Record: c.action}})
-			id := uint32(0x07000310 + i)                         // none 1 modulo HOPTRACE_ADDRESSES_EVERY: no addresses trailer
-			for _, pkt := range [][]byte{tagged(id), untagged} { // no ID: no record
+			id := uint32(0x07000310 + i) // none 1 modulo HOPTRACE_ADDRESSES_EVERY: no addresses trailer
+			first := tagged(id)
+			if c.dodgy > 0 {
+				first = taggedSized(id, c.dodgy)
+			}
+			for _, pkt := range [][]byte{first, untagged} { // no ID: no record
 				opts := &ebpf.RunOptions{Data: pkt, DataOut: make([]byte, len(pkt)+256),
 					Context: skbCtxFull{GSOSegs: c.segs, GSOSize: 1000}}
 				if _, err := hop.Program.Run(opts); err != nil {
@@ -82,7 +91,7 @@ func TestSegmentedSkbRecordCarriesItsCount(t *testing.T) {
 					t.Fatalf("values %+v, want fields %v = %v", v, c.want, c.values)
 				}
 			}
-			if binary.LittleEndian.Uint32(s[record.OffsetWireLen:]) != uint32(len(tagged(id))) {
+			if binary.LittleEndian.Uint32(s[record.OffsetWireLen:]) != uint32(len(first)) {
 				t.Fatalf("wire_len %d", rec.WireLen)
 			}
 		})
