@@ -5,8 +5,9 @@ socket. Every pod of the release becomes Ready; the namespace needs Pod Security
 dispatcher's BTF hostPath) and nothing more (the others pass "restricted"); `hoptrace agents`, through the
 dispatcher's ClusterIP from the node, shows the node and its pods by name; a UDP flow from a client pod to a
 server pod, traced by a spec that names the pods (`netns: pod:NS/NAME`), is reported datagram for datagram
-(the client's own count of what it sent), and so is one to a ClusterIP Service through kube-proxy's DNAT;
-`hoptrace discover` of that flow finds the pods' eth0 and the node's veth ends between them, through the
+(the client's own count of what it sent), and so are a UDP flow and a TCP connection to a ClusterIP Service
+through kube-proxy's DNAT (every datagram or segment nftables counted leaving the client pod);
+`hoptrace discover` of the UDP one finds the pods' eth0 and the node's veth ends between them, through the
 DNAT, and its spec traces every datagram; `helm uninstall` takes the agent's hooks out of the pods and
 leaves nothing of it pinned in bpffs.
 
@@ -28,7 +29,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -431,10 +433,13 @@ class Service:
 
 @pytest.fixture(scope="module")
 def service(release: Release, shop: Shop) -> Service:
-    """A ClusterIP Service of the server pod (UDP SERVICE_PORT -> ECHO_PORT), once kube-proxy translates it:
-    a datagram from the client comes back."""
+    """A ClusterIP Service of the server pod (UDP and TCP SERVICE_PORT -> ECHO_PORT), once kube-proxy
+    translates it: a datagram and a TCP message from the client come back."""
     cluster = release.cluster
-    ports = [{"protocol": "UDP", "port": SERVICE_PORT, "targetPort": ECHO_PORT}]
+    ports = [
+        {"name": protocol.lower(), "protocol": protocol, "port": SERVICE_PORT, "targetPort": ECHO_PORT}
+        for protocol in ("UDP", "TCP")
+    ]
     metadata = {"name": "server", "namespace": APPS}
     cluster.apply(
         {
@@ -447,42 +452,117 @@ def service(release: Release, shop: Shop) -> Service:
     data = json.loads(cluster.kubectl("-n", APPS, "get", "service", "server", "-o", "json"))
     found = Service(data["spec"]["clusterIP"], SERVICE_PORT)
 
-    def translated() -> bool:  # kube-proxy has written the Service's rules: a datagram comes back
-        result = cluster.kubectl_run(
-            ["-n", APPS, "exec", "client", "--", "/echo", f"--udp-send={found.destination}", "--count=1"],
-            check=False,
-        )
-        return result.returncode == 0 and json.loads(result.stdout)["echoed"] == 1
+    def translated() -> bool:  # kube-proxy has written the Service's rules: both come back
+        for send, echoed in (("--udp-send", 1), ("--tcp-send", 64)):
+            result = cluster.kubectl_run(
+                ["-n", APPS, "exec", "client", "--", "/echo", f"{send}={found.destination}", "--count=1"],
+                check=False,
+            )
+            if result.returncode != 0 or json.loads(result.stdout)["echoed"] != echoed:
+                return False
+        return True
 
     wait_until(translated, f"kube-proxy translating {found.destination}", 60, 1.0)
     return found
 
 
+MESSAGES = 100  # TCP writes to the Service, each its own segment
+
+
+def send_tcp(release: Release, destination: str, count: int, size: int = 100, gap: str = "5ms") -> int:
+    """`count` writes of `size` bytes over one TCP connection from the client pod to `destination`
+    (HOST:PORT), `gap` apart; the number of writes. The server echoed every byte: the path is whole."""
+    out = release.cluster.kubectl(
+        *("-n", APPS, "exec", "client", "--", "/echo"),
+        *(f"--tcp-send={destination}", f"--count={count}", f"--size={size}", f"--gap={gap}"),
+    )
+    result = json.loads(out)
+    assert result["echoed"] == result["bytes"] == count * size, result
+    return int(result["writes"])
+
+
+def pod_netns(pod_ip: str) -> str:
+    """The name of the pod namespace (containerd's /run/netns/cni-*) whose eth0 holds `pod_ip`."""
+    for netns in sorted(Path("/run/netns").glob("cni-*")):
+        ip = ["ip", "-n", netns.name, "-j"]
+        addrs = json.loads(subprocess.run([*ip, "addr", "show", "eth0"], capture_output=True).stdout or "[]")
+        if any(a.get("local") == pod_ip for link in addrs for a in link.get("addr_info", [])):
+            return netns.name
+    raise AssertionError(f"no pod namespace holds {pod_ip}")
+
+
+COUNTER_TABLE = "hoptrace-test-count"
+
+
+@contextmanager
+def counted_to(netns: str, protocol: str, service: Service) -> Iterator[Callable[[], int]]:
+    """An nftables counter in `netns` (the client pod's) of every packet of `protocol` it sends to the
+    Service's address and port, before kube-proxy's DNAT on the node rewrites them (TCP: SYN, data, ACKs
+    and FIN alike, as the tagger tags them all); yields a reader of its count; the table goes afterwards."""
+    nft = ["ip", "netns", "exec", netns, "nft"]
+    rule = f"ip daddr {service.cluster_ip} {protocol} dport {service.port} counter"
+    chain = f"chain out {{\n type filter hook output priority 0; {rule}\n }}"
+    added = subprocess.run(
+        [*nft, "-f", "-"],
+        input=f"table ip {COUNTER_TABLE} {{\n {chain}\n}}\n",
+        text=True,
+        capture_output=True,
+    )
+    assert added.returncode == 0, added.stderr
+
+    def packets() -> int:
+        listing = subprocess.run(
+            [*nft, "-j", "list", "table", "ip", COUNTER_TABLE], capture_output=True, text=True, check=True
+        ).stdout
+        (counter,) = [
+            i["rule"]["expr"][-1]["counter"] for i in json.loads(listing)["nftables"] if "rule" in i
+        ]
+        return int(counter["packets"])
+
+    try:
+        yield packets
+    finally:
+        subprocess.run([*nft, "delete", "table", "ip", COUNTER_TABLE], check=True, capture_output=True)
+
+
+@pytest.mark.parametrize("protocol", ["udp", "tcp"])
 def test_pod_to_cluster_ip_is_traced_through_kube_proxys_dnat(
-    release: Release, shop: Shop, service: Service, tmp_path: Path
+    release: Release, shop: Shop, service: Service, protocol: str, tmp_path: Path
 ) -> None:
     """A spec whose filter names a ClusterIP and the Service's port, as the client sends them: kube-proxy's
     DNAT rewrites both to the server pod's address and port on the node, and the server's hop still takes
-    every datagram, by its ID (its record flagged FOLLOWED). The report counts exactly what the client
-    sent, and names the DNAT between the two hops."""
+    every packet, by its ID (its record flagged FOLLOWED). UDP: the datagrams, tagged at the client's hop;
+    TCP: every segment of the connection client -> server (SYN, data, ACKs, FIN), tagged by sock_ops for
+    the client pod's namespace. The report counts exactly what nftables counted leaving the client pod for
+    the ClusterIP (for UDP also what the client sent), and names the DNAT between the two hops."""
+    trace = SERVICE_TRACE if protocol == "udp" else f"{SERVICE_TRACE}-tcp"
     cluster_ip, destination = service.cluster_ip, service.destination
-    spec = pod_spec(SERVICE_TRACE, cluster_ip, "client", "server")
-    spec["filter"]["dst_port"] = SERVICE_PORT
+    spec = pod_spec(trace, cluster_ip, "client", "server")
+    spec["filter"].update(protocol=protocol, dst_port=SERVICE_PORT)
     spec["hops"] = [
         dict(hop, name=name) for hop, name in zip(spec["hops"], ("client-out", "server-in"), strict=True)
     ]
-    spec_file = tmp_path / "pod-to-service.yaml"
+    spec_file = tmp_path / f"{trace}.yaml"
     spec_file.write_text(yaml.safe_dump(spec))
     release.hoptrace("trace", "apply", "-f", str(spec_file))
     wait_until(
-        lambda: re.search(
-            rf"^{SERVICE_TRACE}\s.*1/1 nodes active", release.hoptrace("trace", "ls").stdout, re.M
-        ),
-        f"{SERVICE_TRACE} active on the node",
+        lambda: re.search(rf"^{trace}\s.*1/1 nodes active", release.hoptrace("trace", "ls").stdout, re.M),
+        f"{trace} active on the node",
         30,
     )
-    sent = send_udp(release, destination, DATAGRAMS)
-    report = wait_report(release, SERVICE_TRACE, sent)
+    started = time.monotonic()
+    with counted_to(pod_netns(shop.client_ip), protocol, service) as packets:
+        if protocol == "udp":
+            assert send_udp(release, destination, DATAGRAMS) == DATAGRAMS == packets()
+        else:
+            assert send_tcp(release, destination, MESSAGES) == MESSAGES
+        sent = packets()
+    # TCP: at least the SYN and the handshake's ACK, a segment per write, the FIN and the server's FIN's ACK
+    assert sent >= (DATAGRAMS if protocol == "udp" else MESSAGES + 4), sent
+    report = wait_report(release, trace, sent)
+    release.timings[f"pod -> Service ({protocol}, {sent} packets): send to full report"] = (
+        time.monotonic() - started
+    )
     assert report.get("complete") == report.get("packets") == sent, report
     (segment,) = report["segments"]
     assert (segment["from"], segment["to"], segment["count"]) == ("client-out", "server-in", sent), segment
@@ -500,10 +580,12 @@ def test_pod_to_cluster_ip_is_traced_through_kube_proxys_dnat(
     }
 
     def translation_reported() -> bool:
-        data = json.loads(release.hoptrace("report", SERVICE_TRACE, "--since", "30m", "--json").stdout)
+        data = json.loads(release.hoptrace("report", trace, "--since", "30m", "--json").stdout)
         return data["translations"] == [dnat]
 
     wait_until(translation_reported, f"the report naming kube-proxy's DNAT of {described} packets", 30)
+    if protocol == "tcp":  # the discovery that follows traces UDP beside pod-to-service alone
+        release.hoptrace("trace", "rm", trace)
 
 
 DISCOVERED_TRACE = "discovered-service"
@@ -512,15 +594,11 @@ DISCOVERED_TRACE = "discovered-service"
 def host_veth(release: Release, pod_ip: str) -> str:
     """The node's end of the veth pair whose pod end (eth0) holds `pod_ip`, as the kernel has it: the pod's
     namespace (containerd's /run/netns/cni-*) found by its address, its eth0's peer ifindex in the node's."""
-    for netns in sorted(Path("/run/netns").glob("cni-*")):
-        ip = ["ip", "-n", netns.name, "-j"]
-        addrs = json.loads(subprocess.run([*ip, "addr", "show", "eth0"], capture_output=True).stdout or "[]")
-        if any(a.get("local") == pod_ip for link in addrs for a in link.get("addr_info", [])):
-            (eth0,) = json.loads(subprocess.run([*ip, "link", "show", "eth0"], capture_output=True).stdout)
-            links = json.loads(release.cluster.run_on_node(["ip", "-j", "link", "show"]).stdout)
-            (peer,) = [link["ifname"] for link in links if link["ifindex"] == eth0["link_index"]]
-            return peer
-    raise AssertionError(f"no pod namespace holds {pod_ip}")
+    show = ["ip", "-n", pod_netns(pod_ip), "-j", "link", "show", "eth0"]
+    (eth0,) = json.loads(subprocess.run(show, capture_output=True, check=True).stdout)
+    links = json.loads(release.cluster.run_on_node(["ip", "-j", "link", "show"]).stdout)
+    (peer,) = [link["ifname"] for link in links if link["ifindex"] == eth0["link_index"]]
+    return peer
 
 
 def test_discover_finds_the_pods_through_the_service_and_its_path_traces_every_datagram(

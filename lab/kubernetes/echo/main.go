@@ -5,7 +5,11 @@
 // what comes back to its standard output (`kubectl exec -i` in a client pod).
 // With --udp-send ADDR it sends --count numbered UDP datagrams to ADDR and
 // prints, as one JSON line, how many it sent (the kernel took each one) and
-// how many came back: the ground truth of a traced flow. Static, with no dependencies: the image is this binary alone (no registry
+// how many came back: the ground truth of a traced flow. With --tcp-send ADDR
+// it writes --count messages of --size bytes, --gap apart, over one TCP
+// connection to ADDR (no Nagle: each write its own segment), closes its
+// sending side and prints how many it wrote and how many bytes came back.
+// Static, with no dependencies: the image is this binary alone (no registry
 // is reachable).
 package main
 
@@ -25,10 +29,19 @@ func main() {
 	port := flag.Int("port", 7007, "TCP and UDP port to echo on")
 	relayTo := flag.String("relay", "", "HOST:PORT: relay standard input and output over TCP instead")
 	udpTo := flag.String("udp-send", "", "HOST:PORT: send --count UDP datagrams there instead")
-	count := flag.Int("count", 100, "datagrams to send with --udp-send")
-	size := flag.Int("size", 64, "bytes of each datagram (at least 4: its number)")
-	gap := flag.Duration("gap", time.Millisecond, "pause between two datagrams")
+	tcpTo := flag.String("tcp-send", "", "HOST:PORT: write --count messages over one TCP connection there instead")
+	count := flag.Int("count", 100, "datagrams (messages) to send with --udp-send (--tcp-send)")
+	size := flag.Int("size", 64, "bytes of each datagram or message (at least 4: its number)")
+	gap := flag.Duration("gap", time.Millisecond, "pause between two datagrams or messages")
 	flag.Parse()
+	if *tcpTo != "" {
+		result, err := tcpSend(*tcpTo, *count, *size, *gap)
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = json.NewEncoder(os.Stdout).Encode(result)
+		return
+	}
 	if *udpTo != "" {
 		result, err := udpSend(*udpTo, *count, *size, *gap)
 		if err != nil {
@@ -142,6 +155,50 @@ func udpSend(addr string, count, size int, gap time.Duration) (udpResult, error)
 		time.Sleep(gap)
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	result.Echoed = <-echoed
+	return result, nil
+}
+
+// tcpResult is what --tcp-send prints.
+type tcpResult struct {
+	Writes int `json:"writes"`
+	Bytes  int `json:"bytes"`
+	Echoed int `json:"echoed"`
+}
+
+// tcpSend writes count messages of size bytes (each starting with its
+// number) over one TCP connection to addr, gap apart, each its own segment
+// (Go sets TCP_NODELAY), then closes its sending side and counts the bytes
+// echoed until the peer closes.
+func tcpSend(addr string, count, size int, gap time.Duration) (tcpResult, error) {
+	var result tcpResult
+	if size < 4 {
+		return result, fmt.Errorf("--size %d: at least 4", size)
+	}
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		return result, err
+	}
+	defer conn.Close()
+	echoed := make(chan int, 1)
+	go func() {
+		n, _ := io.Copy(io.Discard, conn)
+		echoed <- int(n)
+	}()
+	payload := make([]byte, size)
+	for i := 0; i < count; i++ {
+		binary.BigEndian.PutUint32(payload, uint32(i))
+		if _, err := conn.Write(payload); err != nil {
+			return result, fmt.Errorf("message %d: %w", i, err)
+		}
+		result.Writes++
+		result.Bytes += size
+		time.Sleep(gap)
+	}
+	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+		return result, err
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	result.Echoed = <-echoed
 	return result, nil
 }
