@@ -80,6 +80,7 @@ from hoptrace.collector.records import (
     TS_NS,
     Record,
     RecordedValues,
+    RecordFlag,
     function_name,
 )
 from hoptrace.spec.actions import FIELD_NUMBERS
@@ -87,6 +88,8 @@ from hoptrace.spec.drops import DROP_REASON_FIELD, NOT_DROPS
 
 _DROP_REASON = FIELD_NUMBERS[DROP_REASON_FIELD]
 _GSO_SEGS = FIELD_NUMBERS["gso_segs"]
+_F_UNCOUNTED = int(RecordFlag.UNCOUNTED)
+_SEGMENT_FLAGS = F_VALUES | _F_UNCOUNTED
 
 # Width of the per-packet slot array of a trace whose path is not known yet (grown when needed).
 _UNKNOWN_WIDTH = 8
@@ -188,8 +191,8 @@ class HopJoiner:
         self.stats = JoinStats()
         # key (trace, packet_id): the origin is the ID's top 8 bits, so it needs no slot of its own
         self._pending: dict[tuple[str, int], list] = {}
-        # key -> segments seen at each hop index, then the most one record said (`_segments_entry`): only the
-        # packets of several segments, or seen twice at a hop
+        # key -> segments seen at each hop index, then the hops that could not count them (a bit each), then
+        # the most one record said (`_segments_entry`): packets of several segments, or seen twice at a hop
         self._segs: dict[tuple[str, int], list[int]] = {}
         self._traces: dict[str, _TraceState] = {}
         self._watermark = 0
@@ -334,8 +337,10 @@ class HopJoiner:
             stats.segments += 1
         else:
             # the packet's segments: the most any hop saw; a hop that saw fewer saw part of it, not the packet
-            segments = tuple(sg[:pw])
-            whole = max(sg[-1], *segments)
+            uncounted = sg[-2]
+            whole = max(sg[-1], *(got for i, got in enumerate(sg[:pw]) if not uncounted >> i & 1))
+            # a hop that could not count (HOPTRACE_F_UNCOUNTED) is taken whole where it saw the packet
+            segments = tuple(whole if got and uncounted >> i & 1 else got for i, got in enumerate(sg[:pw]))
             stats.segments += whole
             for i, got in enumerate(segments):
                 if got and got < whole:
@@ -420,14 +425,17 @@ class HopJoiner:
         for ts, pid, _flow_hash, _ifindex, _wire_len, hop, _slot, _cpu, flags in records:
             n += 1
             segs = 1
-            if flags & F_VALUES:
-                if counts is None:
-                    counts = {
-                        (r[TS_NS], r[PACKET_ID], r[HOP_INDEX]): v[_GSO_SEGS]
-                        for r, v in values
-                        if v.get(_GSO_SEGS)
-                    }
-                segs = counts.get((ts, pid, hop), 1)
+            uncounted = 0
+            if flags & _SEGMENT_FLAGS:
+                if flags & F_VALUES:
+                    if counts is None:
+                        counts = {
+                            (r[TS_NS], r[PACKET_ID], r[HOP_INDEX]): v[_GSO_SEGS]
+                            for r, v in values
+                            if v.get(_GSO_SEGS)
+                        }
+                    segs = counts.get((ts, pid, hop), 1)
+                uncounted = flags & _F_UNCOUNTED
             if hop >= limit:
                 if hop < width:  # a drop hop of a known path
                     if reasons is None:
@@ -451,13 +459,15 @@ class HopJoiner:
             if e is not None:
                 sg = segs_of.get(key) if segs_of else None
                 if e[hop] is None:
-                    if sg is None and segs > 1:
+                    if sg is None and (segs > 1 or uncounted):
                         sg = segs_of[key] = _segments_entry(e)
                     e[hop] = t
                     e[width + hop] = node
                     seen = e[-1] + 1
                     if sg is not None:
                         sg[hop] += segs
+                        if uncounted:
+                            sg[-2] |= 1 << hop
                         if segs > sg[-1]:
                             sg[-1] = segs
                         e[-1] = seen
@@ -499,6 +509,8 @@ class HopJoiner:
                 if sg is None:
                     sg = segs_of[key] = _segments_entry(e)
                 sg[hop] += segs
+                if uncounted:
+                    sg[-2] |= 1 << hop
                 if segs > sg[-1]:
                     sg[-1] = segs
                 if e[-1] == plen and _whole(sg, plen):
@@ -515,9 +527,11 @@ class HopJoiner:
             e[width + hop] = node
             e[-2] = t  # the window runs from the packet's first record
             e[-1] = 1
-            if segs > 1:
-                sg = segs_of[key] = [0] * (MAX_HOPS + 1)
+            if segs > 1 or uncounted:
+                sg = segs_of[key] = [0] * (MAX_HOPS + 2)
                 sg[hop] = sg[-1] = segs
+                if uncounted:
+                    sg[-2] = 1 << hop
             if plen == 1:
                 out.append(self._emit(key, e, st))
             else:
@@ -632,9 +646,9 @@ class HopJoiner:
 
 
 def _segments_entry(e: list) -> list[int]:
-    """A packet's segment counts from its entry as it is: one at each hop that saw it, one the most a record
-    said."""
-    sg = [0] * (MAX_HOPS + 1)
+    """A packet's segment counts from its entry as it is: one at each hop that saw it, no hop that could not
+    count, one the most a record said."""
+    sg = [0] * (MAX_HOPS + 2)
     hops = (len(e) - 2) // 2
     for i in range(hops):
         if e[i] is not None:
@@ -647,8 +661,8 @@ def _whole(sg: list[int], plen: int) -> bool:
     """Has every hop of the path seen every segment a record said the packet has (more than one)? Where no
     record said more (no hop saw the whole skb: each segment alone, or a duplicate), a packet's later records
     at a hop are its first's repeats, and it is whole once every hop saw it (the callers' test)."""
-    whole = sg[-1]
-    return whole > 1 and all(sg[i] == whole for i in range(plen))
+    whole, uncounted = sg[-1], sg[-2]
+    return whole > 1 and all(sg[i] == whole or uncounted >> i & 1 for i in range(plen))
 
 
 def join_hops(

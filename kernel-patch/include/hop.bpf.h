@@ -1317,9 +1317,10 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		struct skb_shared_info *shinfo =
 		    (void *)(KERNEL_FIELD(btf, skb, head) + KERNEL_FIELD(btf, skb, end));
 
-		/* gso_segs alone: this program's stack has no room for skb_segments (a tun/tap
-		 * writer's GSO skb counts one here) */
 		m.segs = BPF_CORE_READ(shinfo, gso_segs);
+		/* a tun/tap writer's GSO skb: this program's stack has no room for skb_segments */
+		if (!m.segs && BPF_CORE_READ(shinfo, gso_size))
+			p.flags |= HOPTRACE_F_UNCOUNTED;
 	}
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
 	hop_finish(status, &p, ifindex, r.total, &m, PKT_KERNEL, &r);

@@ -204,6 +204,26 @@ def test_a_lost_segment_loses_the_packet_where_it_went_missing() -> None:
     assert j.stats.missing[("t", "b-ingress")] == 1  # the whole packet never reached it
 
 
+def test_a_hop_that_could_not_count_is_taken_whole() -> None:
+    """Hop 1 is a kernel hop at a tap's receive: the guest's GSO skb has no count there (UNCOUNTED, one record
+    for 4 segments). The packet is complete, lost nowhere; a later segment loss is still seen (hop 2)."""
+    j = HopJoiner(catalog())
+    uncounted = TCP | int(RecordFlag.UNCOUNTED)
+    for packet, at_hop_2 in ((7, 4), (8, 3)):
+        r0, v0 = gso(SEC, packet, 0, 4)
+        j.join_hops("t", "node-a", [r0, rec(SEC + 10, pid(packet), 1, flags=uncounted)], values=[v0])
+        out = j.join_hops(
+            "t", "node-b", [rec(SEC + 40 + i, pid(packet), 2, flags=TCP) for i in range(at_hop_2)]
+        )
+        if at_hop_2 == 4:
+            assert len(out) == 1 and out[0].complete and out[0].segments == (4, 4, 4), out
+    j.heard_from("node-a", 10 * SEC)
+    j.heard_from("node-b", 10 * SEC)
+    out = j.tick()
+    assert len(out) == 1 and not out[0].complete and out[0].times == [SEC, SEC + 10, None], out
+    assert j.stats.segments == 8 and j.stats.segments_missing == 1
+
+
 def test_a_duplicate_without_a_segment_count_is_the_packet_once() -> None:
     """No record says more than one segment (a duplicate, or a path whose hops all lie after the cut): the
     packet's records at a hop are its first's repeats, it is complete once every hop saw it, one segment."""

@@ -101,6 +101,7 @@ const (
 	FlagFollowed    = 512
 	FlagAddresses   = 1024
 	FlagCapture     = 2048
+	FlagUncounted   = 4096
 )
 
 // Wire and ID constants: enum hoptrace_wire.
@@ -302,4 +303,5 @@ var flagCNames = map[string]uint16{
 	"HOPTRACE_F_FOLLOWED":     FlagFollowed,
 	"HOPTRACE_F_ADDRESSES":    FlagAddresses,
 	"HOPTRACE_F_CAPTURE":      FlagCapture,
+	"HOPTRACE_F_UNCOUNTED":    FlagUncounted,
 }

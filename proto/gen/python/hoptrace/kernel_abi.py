@@ -40,6 +40,7 @@ RECORD_FLAGS = {
     "FOLLOWED": 512,
     "ADDRESSES": 1024,
     "CAPTURE": 2048,
+    "UNCOUNTED": 4096,
 }
 
 # enum hoptrace_wire (HOPTRACE_ prefix dropped)
