@@ -1067,14 +1067,20 @@ static __always_inline void skb_meta(struct __sk_buff *skb, struct hop_meta *m, 
 		m->pid = bpf_get_current_pid_tgid() >> 32;
 }
 
-/* The wire segments a tagged TCP skb stands for: its gso_segs. A GSO skb a guest or a tun/tap
- * writer handed in (SKB_GSO_DODGY) has 0 there until the stack counts them on egress
- * (qdisc_pkt_len_init): counted here as the kernel counts them, DIV_ROUND_UP(TCP payload,
- * gso_size). */
-static __always_inline __u32 skb_segments(const struct pkt_info *p, __u32 gso_segs, __u32 gso_size)
+/* The wire segments a tagged TCP skb stands for (0 for any other packet): its gso_segs. A GSO
+ * skb a guest or a tun/tap writer handed in (SKB_GSO_DODGY) has 0 there until the stack counts
+ * them on egress (qdisc_pkt_len_init): counted here as the kernel counts them,
+ * DIV_ROUND_UP(TCP payload, gso_size). */
+static __always_inline __u32 skb_segments(struct __sk_buff *skb, const struct pkt_info *p)
 {
+	if (!p->id || p->proto != IPPROTO_TCP_)
+		return 0;
+
+	__u32 gso_segs = skb->gso_segs, gso_size = skb->gso_size;
 	__u32 end = p->l3_off + p->ip_len, start = p->l4_off + p->tcp_doff * 4;
 
+	barrier_var(gso_segs);
+	barrier_var(gso_size);
 	if (gso_segs || !gso_size || !p->tcp_doff || end <= start)
 		return gso_segs;
 	return (end - start + gso_size - 1) / gso_size;
@@ -1125,13 +1131,8 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 			      1); /* too big, GSO, or failed: also counted untagged below */
 		}
 	}
-	if (!status && p.id && p.proto == IPPROTO_TCP_) {
-		__u32 segs = skb->gso_segs, size = skb->gso_size;
-
-		barrier_var(segs);
-		barrier_var(size);
-		m.segs = skb_segments(&p, segs, size);
-	}
+	if (!status)
+		m.segs = skb_segments(skb, &p);
 	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return TCX_NEXT_;
 }
@@ -1172,13 +1173,8 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	count(HOPTRACE_C_SEEN, 1);
 	status = resume ? hop_parse_fast(PKT_SKB, &r, resume, &p)
 			: hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p);
-	if (!status && p.id && p.proto == IPPROTO_TCP_) {
-		__u32 segs = skb->gso_segs, size = skb->gso_size;
-
-		barrier_var(segs);
-		barrier_var(size);
-		m.segs = skb_segments(&p, segs, size);
-	}
+	if (!status)
+		m.segs = skb_segments(skb, &p);
 	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return SK_PASS_;
 }

@@ -32,8 +32,8 @@ from test_nat_following import (
     UDP_SERVICE_PORT,
     Flow,
     counted_packets,
-    service_rules,
     service_spec,
+    service_topology,  # noqa: F401 - test_nat_following's fixture, here by its name
 )
 
 from hoptrace.lab.topology import TwoHostTopology
@@ -43,15 +43,6 @@ from hoptrace.lab.topology import TwoHostTopology
 # br0 takes it up (br_nf_pre_routing); the masquerade later, at postrouting, changes nothing the filter
 # still matched.
 TRANSLATED = [("a-veth-c1-in", "a-br0-in")]
-
-
-@pytest.fixture
-def service_topology(topology: TwoHostTopology, tmp_path) -> TwoHostTopology:
-    """The two hosts with host-a translating the Service addresses (test_nat_following's rules)."""
-    rules = tmp_path / "service.nft"
-    rules.write_text(service_rules(topology))
-    topology.run("host-a", "nft", "-f", str(rules))
-    return topology
 
 
 def discover(cluster, protocol: str, family: int, topology: TwoHostTopology, port: int) -> dict:
@@ -74,7 +65,8 @@ def assert_whole_path(data: dict) -> None:
 
 @pytest.mark.timeout(180)
 def test_discovery_follows_udp_beside_a_trace_and_tcp_over_ipv6_through_dnat_and_masquerade(
-    service_topology: TwoHostTopology, influxd
+    service_topology: TwoHostTopology,  # noqa: F811 - the imported fixture
+    influxd,
 ) -> None:
     topology = service_topology
     udp = Flow("udp", 4)
