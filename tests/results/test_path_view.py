@@ -28,8 +28,25 @@ def test_segments_are_printed_with_median_p99_and_share() -> None:
     }  # fmt: skip
     assert segment_data(step) == {
         "from": "a-eth0-out", "to": "b-eth0-in", "packets": 30, "share": 0.75, "median_ns": 12_345,
-        "p99_ns": 2_500_000,
+        "p99_ns": 2_500_000, "translated": False,
     }  # fmt: skip
     lines = paths_text(result).splitlines()
     assert lines[-2] == "segments (median / p99 of each step, share of packets):"
     assert lines[-1].split() == ["a-eth0-out", "->", "b-eth0-in", "12.3us", "/", "2.50ms", "75%"]
+
+
+def test_a_step_where_the_addresses_changed_says_so() -> None:
+    """A discovery that followed its packets by their IDs through a translation marks that step."""
+    out = trace_pb2.HopSpec(name="a-veth-c1-in", node="host-a", dev="veth-c1", at="tc-ingress")
+    into = trace_pb2.HopSpec(name="a-br0-in", node="host-a", dev="br0", at="tc-ingress")
+    step = api_pb2.DiscoveredSegment(
+        from_hop=out, to_hop=into, packets=5, share=1.0, median_ns=4_000, p99_ns=9_000, translated=True
+    )
+    result = api_pb2.DiscoverResult(
+        packets=5,
+        paths=[api_pb2.DiscoveredPath(packets=5, share=1.0, hops=[out, into], since_first_ns=[0, 4_000])],
+        segments=[step],
+    )
+    assert segment_data(step)["translated"] is True
+    last = paths_text(result).splitlines()[-1]
+    assert last.endswith("100%  addresses translated (followed by the packets' IDs)"), last
