@@ -1248,7 +1248,7 @@ static __always_inline void pkt_copy_head(struct pkt_reader *r)
  */
 static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device *dev,
 					  __u32 drop_reason, void *drop_location, bool btf,
-					  bool floor)
+					  bool segments, bool floor)
 {
 	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
@@ -1308,10 +1308,14 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	if (act_capture)
 		m.capture_l3 = ethertype;
 	status = hop_parse(PKT_KERNEL, &r, ethertype, &p);
-	if (!status && p.id && p.proto == IPPROTO_TCP_) {
+	if (!status && p.id && p.proto == IPPROTO_TCP_ && !segments) {
+		/* kprobe, fentry and fexit hops: the shared info's probed reads do not fit their
+		 * stack (6.1's verifier counted 544 bytes with them): their records are taken whole
+		 * where they saw the packet. */
+		p.flags |= HOPTRACE_F_UNCOUNTED;
+	} else if (!status && p.id && p.proto == IPPROTO_TCP_) {
 		/* skb_shinfo(skb)->gso_segs, as above */
-		struct skb_shared_info *shinfo =
-		    (void *)(KERNEL_FIELD(btf, skb, head) + KERNEL_FIELD(btf, skb, end));
+		struct skb_shared_info *shinfo = (void *)(skb->head + skb->end);
 
 		m.segs = BPF_CORE_READ(shinfo, gso_segs);
 		/* a tun/tap writer's GSO skb: this program's stack has no room for skb_segments */
@@ -1373,7 +1377,7 @@ static __always_inline int hop_kret_return(bool floor)
 	}
 	skb = (struct sk_buff *)(long)*skb_ptr;
 	bpf_map_delete_elem(&kret_skbs, &key);
-	return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, floor);
+	return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, false, floor);
 }
 
 /* uprobe hops: the packet each thread read last at a socket-read hop, by
@@ -1827,11 +1831,11 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 #define HOPTRACE_PROG_TP_BTF                                                                       \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false);                        \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true, false);                  \
 	}                                                                                          \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true);                         \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true, true);                   \
 	}
 /* net:net_dev_xmit fires after the driver took the skb: a veth has already
  * moved it to its peer (__dev_forward_skb sets skb->dev), so the device is the
@@ -1840,12 +1844,12 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit, struct sk_buff *skb, int rc, struct net_device *dev)         \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, 0, NULL, true, false);                             \
+		return hop_kernel_skb(skb, dev, 0, NULL, true, true, false);                       \
 	}                                                                                          \
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit_floor, struct sk_buff *skb, int rc, struct net_device *dev)   \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, 0, NULL, true, true);                              \
+		return hop_kernel_skb(skb, dev, 0, NULL, true, true, true);                        \
 	}
 /* skb:kfree_skb with its drop reason (the drop_reason field) and where it was freed (location, the
  * drop_function field): the event has the reason from 5.17 (TP_PROTO(skb, location, reason)); older
@@ -1856,13 +1860,13 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	int BPF_PROG(hop_tp_btf_kfree, struct sk_buff *skb, void *location,                        \
 		     enum skb_drop_reason reason)                                                  \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, reason, location, true, false);               \
+		return hop_kernel_skb(skb, skb->dev, reason, location, true, true, false);         \
 	}                                                                                          \
 	SEC("tp_btf/kfree_skb")                                                                    \
 	int BPF_PROG(hop_tp_btf_kfree_floor, struct sk_buff *skb, void *location,                  \
 		     enum skb_drop_reason reason)                                                  \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, reason, location, true, true);                \
+		return hop_kernel_skb(skb, skb->dev, reason, location, true, true, true);          \
 	}
 /* socket-read (hop_sock_read above): one program per protocol, each on its
  * event. UDP's macro also defines the queue pair the agent runs instead on
@@ -1921,31 +1925,31 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false);                        \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false, false);                 \
 	}                                                                                          \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true);                         \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false, true);                  \
 	}
 #define HOPTRACE_PROG_KPROBE                                                                       \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe, struct sk_buff *skb)            \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, false);        \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, false, false); \
 	}                                                                                          \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe_floor, struct sk_buff *skb)      \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, true);         \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, false, true);  \
 	}
 /* fexit: the packet at the function's return (its arguments are still there; the skb is the
  * first). The agent retargets it (AttachTo), as fentry. */
 #define HOPTRACE_PROG_FEXIT                                                                        \
 	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit, struct sk_buff *skb)             \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false);                        \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false, false);                 \
 	}                                                                                          \
 	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit_floor, struct sk_buff *skb)       \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true);                         \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false, true);                  \
 	}
 /* kretprobe: the return (hop_kret_return) and its entry kprobe, both attached by the agent. */
 #define HOPTRACE_PROG_KRETPROBE                                                                    \
