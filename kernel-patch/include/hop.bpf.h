@@ -1248,7 +1248,7 @@ static __always_inline void pkt_copy_head(struct pkt_reader *r)
  */
 static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device *dev,
 					  __u32 drop_reason, void *drop_location, bool btf,
-					  bool segments, bool floor)
+					  bool floor)
 {
 	struct pkt_reader r = {.floor = floor};
 	struct pkt_info p = {};
@@ -1308,19 +1308,11 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	if (act_capture)
 		m.capture_l3 = ethertype;
 	status = hop_parse(PKT_KERNEL, &r, ethertype, &p);
-	if (!status && p.id && p.proto == IPPROTO_TCP_ && !segments) {
-		/* kprobe, fentry and fexit hops: the shared info's probed reads do not fit their
-		 * stack (6.1's verifier counted 544 bytes with them): their records are taken whole
-		 * where they saw the packet. */
+	if (!status && p.id && p.proto == IPPROTO_TCP_) {
+		/* The shared info's probed reads of the segment count do not fit a kernel hop's
+		 * stack (6.1's verifier counted 544 bytes with them): its tagged TCP records are
+		 * taken whole where it saw the packet. */
 		p.flags |= HOPTRACE_F_UNCOUNTED;
-	} else if (!status && p.id && p.proto == IPPROTO_TCP_) {
-		/* skb_shinfo(skb)->gso_segs, as above */
-		struct skb_shared_info *shinfo = (void *)(skb->head + skb->end);
-
-		m.segs = BPF_CORE_READ(shinfo, gso_segs);
-		/* a tun/tap writer's GSO skb: this program's stack has no room for skb_segments */
-		if (!m.segs && BPF_CORE_READ(shinfo, gso_size))
-			p.flags |= HOPTRACE_F_UNCOUNTED;
 	}
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
 	hop_finish(status, &p, ifindex, r.total, &m, PKT_KERNEL, &r);
@@ -1377,7 +1369,7 @@ static __always_inline int hop_kret_return(bool floor)
 	}
 	skb = (struct sk_buff *)(long)*skb_ptr;
 	bpf_map_delete_elem(&kret_skbs, &key);
-	return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, false, floor);
+	return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, floor);
 }
 
 /* uprobe hops: the packet each thread read last at a socket-read hop, by
@@ -1831,11 +1823,11 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 #define HOPTRACE_PROG_TP_BTF                                                                       \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true, false);                  \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false);                        \
 	}                                                                                          \
 	SEC("tp_btf/netif_receive_skb") int BPF_PROG(hop_tp_btf_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true, true);                   \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true);                         \
 	}
 /* net:net_dev_xmit fires after the driver took the skb: a veth has already
  * moved it to its peer (__dev_forward_skb sets skb->dev), so the device is the
@@ -1844,12 +1836,12 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit, struct sk_buff *skb, int rc, struct net_device *dev)         \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, 0, NULL, true, true, false);                       \
+		return hop_kernel_skb(skb, dev, 0, NULL, true, false);                             \
 	}                                                                                          \
 	SEC("tp_btf/net_dev_xmit")                                                                 \
 	int BPF_PROG(hop_tp_btf_xmit_floor, struct sk_buff *skb, int rc, struct net_device *dev)   \
 	{                                                                                          \
-		return hop_kernel_skb(skb, dev, 0, NULL, true, true, true);                        \
+		return hop_kernel_skb(skb, dev, 0, NULL, true, true);                              \
 	}
 /* skb:kfree_skb with its drop reason (the drop_reason field) and where it was freed (location, the
  * drop_function field): the event has the reason from 5.17 (TP_PROTO(skb, location, reason)); older
@@ -1860,13 +1852,13 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	int BPF_PROG(hop_tp_btf_kfree, struct sk_buff *skb, void *location,                        \
 		     enum skb_drop_reason reason)                                                  \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, reason, location, true, true, false);         \
+		return hop_kernel_skb(skb, skb->dev, reason, location, true, false);               \
 	}                                                                                          \
 	SEC("tp_btf/kfree_skb")                                                                    \
 	int BPF_PROG(hop_tp_btf_kfree_floor, struct sk_buff *skb, void *location,                  \
 		     enum skb_drop_reason reason)                                                  \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, reason, location, true, true, true);          \
+		return hop_kernel_skb(skb, skb->dev, reason, location, true, true);                \
 	}
 /* socket-read (hop_sock_read above): one program per protocol, each on its
  * event. UDP's macro also defines the queue pair the agent runs instead on
@@ -1925,31 +1917,31 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 #define HOPTRACE_PROG_FENTRY                                                                       \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry, struct sk_buff *skb)              \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false, false);                 \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false);                        \
 	}                                                                                          \
 	SEC("fentry/netif_receive_skb") int BPF_PROG(hop_fentry_floor, struct sk_buff *skb)        \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false, true);                  \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true);                         \
 	}
 #define HOPTRACE_PROG_KPROBE                                                                       \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe, struct sk_buff *skb)            \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, false, false); \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, false);        \
 	}                                                                                          \
 	SEC("kprobe/netif_receive_skb") int BPF_KPROBE(hop_kprobe_floor, struct sk_buff *skb)      \
 	{                                                                                          \
-		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, false, true);  \
+		return hop_kernel_skb(skb, BPF_CORE_READ(skb, dev), 0, NULL, false, true);         \
 	}
 /* fexit: the packet at the function's return (its arguments are still there; the skb is the
  * first). The agent retargets it (AttachTo), as fentry. */
 #define HOPTRACE_PROG_FEXIT                                                                        \
 	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit, struct sk_buff *skb)             \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false, false);                 \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false);                        \
 	}                                                                                          \
 	SEC("fexit/ip_route_input_noref") int BPF_PROG(hop_fexit_floor, struct sk_buff *skb)       \
 	{                                                                                          \
-		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, false, true);                  \
+		return hop_kernel_skb(skb, skb->dev, 0, NULL, true, true);                         \
 	}
 /* kretprobe: the return (hop_kret_return) and its entry kprobe, both attached by the agent. */
 #define HOPTRACE_PROG_KRETPROBE                                                                    \
