@@ -548,15 +548,16 @@ struct hop_meta {
 	__u32 queue_mapping;
 	__u32 gso_segs;
 	__u32 gso_size;
-	/* Wire segments a tagged TCP skb stands for (its gso_segs): > 1 before a GSO/TSO cut and
-	 * after GRO merged segments; 0 or 1: one. Read at every skb hop, whatever the actions. */
-	__u32 segs;
 	__u32 pid;
 	__u32 drop_reason;
 	__u64 drop_location; /* skb:kfree_skb's location: the drop_function field */
 	__u32 task_pid;	     /* socket-read: the reader's tgid, recorded instead of the ifindex */
 	__u32 rmem;
 	__u32 backlog;
+	/* Wire segments a tagged TCP skb stands for (its gso_segs): > 1 before a GSO/TSO cut and
+	 * after GRO merged segments; 0 or 1: one. Read at tc and cgroup hops, whatever the actions.
+	 * Here, in backlog's padding: 8 bytes more made 6.1 refuse the kfree hop's stack. */
+	__u32 segs;
 	__u64 comm;
 	/* The capture action: not 0 when the packet as the hop reads it begins with its IP header
 	 * (cgroup hops; kernel hops of an skb without a MAC header: its ethertype), 0 with an
@@ -921,7 +922,8 @@ static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 r
 
 	barrier_var(describes);
 	emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, p, ifindex, m,
-		    describes ? p : NULL, src, r, m->segs);
+		    describes ? p : NULL, src, r,
+		    src == PKT_KERNEL ? 0 : m->segs); /* kernel hops count none: folded away */
 }
 
 /* The part every hop shares once it has parsed the packet; true when it
