@@ -554,10 +554,6 @@ struct hop_meta {
 	__u32 task_pid;	     /* socket-read: the reader's tgid, recorded instead of the ifindex */
 	__u32 rmem;
 	__u32 backlog;
-	/* Wire segments a tagged TCP skb stands for (its gso_segs): > 1 before a GSO/TSO cut and
-	 * after GRO merged segments; 0 or 1: one. Read at tc and cgroup hops, whatever the actions.
-	 * Here, in backlog's padding: 8 bytes more made 6.1 refuse the kfree hop's stack. */
-	__u32 segs;
 	__u64 comm;
 	/* The capture action: not 0 when the packet as the hop reads it begins with its IP header
 	 * (cgroup hops; kernel hops of an skb without a MAC header: its ethertype), 0 with an
@@ -854,7 +850,6 @@ static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 
 	struct hoptrace_record *rec =
 	    reserve_sample(act_record[0] || segmented, addrs, act_capture && r);
 	void *next;
-	int slot = segs_slot();
 
 	if (!rec) {
 		count(HOPTRACE_C_RINGBUF_FULL, 1);
@@ -870,26 +865,19 @@ static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 
 	rec->cpu = bpf_get_smp_processor_id();
 	rec->flags = flags;
 	next = rec + 1;
-	if (act_record[0]) {
+	if (act_record[0] || segmented) {
 		struct hoptrace_values *vals = next;
 
 		rec->flags |= HOPTRACE_F_VALUES;
-		record_values(vals, p, ifindex, wire_len, m);
+		record_values(vals, p, ifindex, wire_len, m); /* none without the action */
+		int slot = segs_slot();
+
 		if (segmented && slot >= 0 && slot < HOPTRACE_VALUES_MAX) {
 			vals->field[slot] = HOPTRACE_FIELD_GSO_SEGS;
 			vals->value[slot] = segs;
 			if (!act_record[slot])
 				vals->count = slot + 1;
 		}
-		next += sizeof(struct hoptrace_values);
-	} else if (segmented) {
-		struct hoptrace_values *vals = next;
-
-		rec->flags |= HOPTRACE_F_VALUES;
-		__builtin_memset(vals, 0, sizeof(*vals));
-		vals->field[0] = HOPTRACE_FIELD_GSO_SEGS;
-		vals->count = 1;
-		vals->value[0] = segs;
 		next += sizeof(struct hoptrace_values);
 	}
 	if (addrs) {
@@ -909,6 +897,36 @@ static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 
 	submit_record(rec);
 }
 
+/* The wire segments a tagged TCP skb stands for (0 for any other packet): its gso_segs. A GSO
+ * skb a guest or a tun/tap writer handed in (SKB_GSO_DODGY) has 0 there until the stack counts
+ * them on egress (qdisc_pkt_len_init): counted here as the kernel counts them,
+ * DIV_ROUND_UP(TCP payload, gso_size). */
+static __always_inline __u32 skb_segments_inline(struct __sk_buff *skb, const struct pkt_info *p)
+{
+	if (!p->id || p->proto != IPPROTO_TCP_)
+		return 0;
+
+	__u32 gso_segs = skb->gso_segs, gso_size, headers;
+
+	barrier_var(gso_segs);
+	if (gso_segs)
+		return gso_segs;
+	gso_size = skb->gso_size;
+	barrier_var(gso_size);
+	headers = p->l4_off - p->l3_off + p->tcp_doff * 4;
+	if (!gso_size || !p->tcp_doff || p->ip_len <= headers)
+		return 0;
+	return (p->ip_len - headers + gso_size - 1) / gso_size;
+}
+
+/* The full variants call it: inlined, its registers made tc and cgroup hops' frames too big for
+ * 6.1's verifier beside bpf_loop's callback (the floor variants have no callback, and no calls:
+ * see TestFloorVariantsHaveNoCalls). */
+static __noinline __u32 skb_segments(struct __sk_buff *skb, const struct pkt_info *p)
+{
+	return skb_segments_inline(skb, p);
+}
+
 /* A parsed packet's record, with the addresses this hop saw when its ID says so. The decision is
  * taken once, and kept in a register clang may not recompute from the ID: the verifier then knows
  * it on each path, from the reserve's size to the copy (had clang tested the ID again, it could not
@@ -919,11 +937,19 @@ static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 r
 					       const struct pkt_reader *r)
 {
 	__u32 describes = describes_addresses(p->id);
+	__u16 flags = p->flags;
 
 	barrier_var(describes);
-	emit_record(p->id, flow_hash(p), p->flags, record_ifindex, wire_len, ts, p, ifindex, m,
+	/* The shared info's probed reads of the segment count do not fit a kernel hop's stack
+	 * (6.1's verifier counted 544 bytes with them): its tagged TCP records are taken whole
+	 * where it saw the packet, and it counts none (folded away). */
+	if (src == PKT_KERNEL && p->proto == IPPROTO_TCP_)
+		flags |= HOPTRACE_F_UNCOUNTED;
+	emit_record(p->id, flow_hash(p), flags, record_ifindex, wire_len, ts, p, ifindex, m,
 		    describes ? p : NULL, src, r,
-		    src == PKT_KERNEL ? 0 : m->segs); /* kernel hops count none: folded away */
+		    src != PKT_SKB ? 0
+		    : r->floor	   ? skb_segments_inline(r->ctx, p)
+				   : skb_segments(r->ctx, p));
 }
 
 /* The part every hop shares once it has parsed the packet; true when it
@@ -1069,25 +1095,6 @@ static __always_inline void skb_meta(struct __sk_buff *skb, struct hop_meta *m, 
 		m->pid = bpf_get_current_pid_tgid() >> 32;
 }
 
-/* The wire segments a tagged TCP skb stands for (0 for any other packet): its gso_segs. A GSO
- * skb a guest or a tun/tap writer handed in (SKB_GSO_DODGY) has 0 there until the stack counts
- * them on egress (qdisc_pkt_len_init): counted here as the kernel counts them,
- * DIV_ROUND_UP(TCP payload, gso_size). */
-static __always_inline __u32 skb_segments(struct __sk_buff *skb, const struct pkt_info *p)
-{
-	if (!p->id || p->proto != IPPROTO_TCP_)
-		return 0;
-
-	__u32 gso_segs = skb->gso_segs, gso_size = skb->gso_size;
-	__u32 end = p->l3_off + p->ip_len, start = p->l4_off + p->tcp_doff * 4;
-
-	barrier_var(gso_segs);
-	barrier_var(gso_size);
-	if (gso_segs || !gso_size || !p->tcp_doff || end <= start)
-		return gso_segs;
-	return (end - start + gso_size - 1) / gso_size;
-}
-
 /* tc (tcx) ingress or egress: the frame starts with its Ethernet header. */
 static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 {
@@ -1133,8 +1140,6 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 			      1); /* too big, GSO, or failed: also counted untagged below */
 		}
 	}
-	if (!status)
-		m.segs = skb_segments(skb, &p);
 	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return TCX_NEXT_;
 }
@@ -1175,8 +1180,6 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	count(HOPTRACE_C_SEEN, 1);
 	status = resume ? hop_parse_fast(PKT_SKB, &r, resume, &p)
 			: hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p);
-	if (!status)
-		m.segs = skb_segments(skb, &p);
 	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return SK_PASS_;
 }
@@ -1257,7 +1260,6 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	struct hop_meta m = {};
 	__u16 ethertype;
 	__u32 ifindex;
-	int status;
 
 	count(HOPTRACE_C_SEEN, 1);
 	if (!dev) {
@@ -1309,15 +1311,9 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	/* the reader starts at the MAC header when the skb has one (ethertype 0), else at IP */
 	if (act_capture)
 		m.capture_l3 = ethertype;
-	status = hop_parse(PKT_KERNEL, &r, ethertype, &p);
-	if (!status && p.id && p.proto == IPPROTO_TCP_) {
-		/* The shared info's probed reads of the segment count do not fit a kernel hop's
-		 * stack (6.1's verifier counted 544 bytes with them): its tagged TCP records are
-		 * taken whole where it saw the packet. */
-		p.flags |= HOPTRACE_F_UNCOUNTED;
-	}
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
-	hop_finish(status, &p, ifindex, r.total, &m, PKT_KERNEL, &r);
+	hop_finish(hop_parse(PKT_KERNEL, &r, ethertype, &p), &p, ifindex, r.total, &m, PKT_KERNEL,
+		   &r);
 	return 0;
 }
 
