@@ -1,8 +1,12 @@
 package attach
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 )
@@ -44,5 +48,20 @@ func TestDeviceUse(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), c.want) {
 			t.Errorf("%s with dev %q: error %v, want prefix %q", kindName(c.kind), c.dev, err, c.want)
 		}
+	}
+}
+
+// A tracing program the verifier refuses says the verifier's reason, not lockdown's: both come as
+// a permission error, only the verifier's carries its log.
+func TestVerifierRefusalIsNotWordedAsLockdown(t *testing.T) {
+	p := &pending{plan: &pb.HopAttach{Kind: pb.AttachKind_ATTACH_KIND_FENTRY}}
+	refused := &ebpf.VerifierError{Cause: unix.EACCES, Log: []string{"combined stack size of 2 calls is 544. Too large"}}
+	if err := lockdownRefusal(p, fmt.Errorf("load hop_fentry: %w", refused)); !strings.Contains(err.Error(), "Too large") ||
+		strings.Contains(err.Error(), "lockdown") {
+		t.Errorf("verifier refusal worded as %q", err)
+	}
+	locked := &ebpf.VerifierError{Cause: unix.EPERM}
+	if err := lockdownRefusal(p, fmt.Errorf("load hop_fentry: %w", locked)); !strings.HasPrefix(err.Error(), "fentry not permitted: ") {
+		t.Errorf("lockdown refusal worded as %q", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,9 +26,15 @@ func prepareKernelFunction(p *pending) error {
 }
 
 // lockdownRefusal words EPERM at load: lockdown refuses tracing programs that
-// read kernel memory (security_locked_down(LOCKDOWN_BPF_READ_KERNEL) -> EPERM).
+// read kernel memory (security_locked_down(LOCKDOWN_BPF_READ_KERNEL) -> EPERM),
+// before any verifier runs. A refusal with the verifier's log (EACCES, EPERM) is
+// the verifier's, and says itself why.
 func lockdownRefusal(p *pending, err error) error {
-	if errors.Is(err, os.ErrPermission) {
+	var verr *ebpf.VerifierError
+	if errors.As(err, &verr) && len(verr.Log) > 0 {
+		return err
+	}
+	if errors.Is(err, unix.EPERM) {
 		return fmt.Errorf("%s not permitted: %s (%w)", kindName(p.plan.GetKind()), LockdownReason(), os.ErrPermission)
 	}
 	return err
