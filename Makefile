@@ -115,7 +115,7 @@ $(VMLINUX_H):
 bpf: .tools/apt.stamp ## compile the CO-RE hop programs (kernel-patch/)
 
 # hoptrace.bpf.o (hop programs) and the preset objects of hoptrace mace / hoptrace iron.
-BPF_OBJS := $(BPF_OBJ) $(BPF_BUILD)/mace.bpf.o $(BPF_BUILD)/iron.bpf.o
+BPF_OBJS := $(BPF_OBJ) $(BPF_BUILD)/mace.bpf.o $(BPF_BUILD)/iron.bpf.o $(BPF_BUILD)/hook.bpf.o
 bpf: $(BPF_OBJS)
 
 $(BPF_BUILD)/%.bpf.o: kernel-patch/%.bpf.c $(wildcard kernel-patch/include/*.h) $(VMLINUX_H)

@@ -18,6 +18,22 @@
 
 #include "hoptrace.h"
 #include "parse.bpf.h"
+#include "hook.h"
+
+/*
+ * The hop body's settings (hop_index, trace_slot, sampling, tagging, following, actions): in a hop
+ * program of its own the load-time constants below, which the verifier folds (HS(name) is name, and
+ * its hs argument is HOP_CONST, unused); in the hook (hook.bpf.h, HOPTRACE_HOOK) the matched
+ * trace's entry of the settings map, hs, read at run time.
+ */
+#ifdef HOPTRACE_HOOK
+#define HS(name) (hs->name)
+#define HOP_SLOT (hs->slot)
+#else
+#define HS(name) (name)
+#define HOP_SLOT 0
+#endif
+#define HOP_CONST ((const struct hoptrace_hook_settings *)0)
 
 #define TCX_NEXT_ (-1) /* let the next tcx/tc program run: never decide a packet's fate */
 #define SK_PASS_  1
@@ -72,9 +88,15 @@ struct id_seq {
 	struct bpf_spin_lock lock;
 };
 
+#ifdef HOPTRACE_HOOK
+#define HOP_MAP_SLOTS HOPTRACE_HOOK_SLOTS /* the hook: one entry (or range) per trace slot */
+#else
+#define HOP_MAP_SLOTS 1
+#endif
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, HOP_MAP_SLOTS);
 	__type(key, __u32);
 	__type(value, struct id_seq);
 } id_state SEC(".maps");
@@ -82,7 +104,7 @@ struct {
 /* One per loaded hop: a counter for every outcome. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, HOPTRACE_C_MAX);
+	__uint(max_entries, HOPTRACE_C_MAX *HOP_MAP_SLOTS);
 	__type(key, __u32);
 	__type(value, __u64);
 } counters SEC(".maps");
@@ -92,14 +114,18 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, HOPTRACE_COUNT_KEYS);
+#ifdef HOPTRACE_HOOK
+	__type(key, struct hoptrace_hook_count_key);
+#else
 	__type(key, __u64);
+#endif
 	__type(value, __u64);
 } count_keys SEC(".maps");
 
 /* histogram: FIELD, log2 buckets per CPU (summed by the agent, like counters). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, HOPTRACE_HIST_BUCKETS);
+	__uint(max_entries, HOPTRACE_HIST_BUCKETS *HOP_MAP_SLOTS);
 	__type(key, __u32);
 	__type(value, __u64);
 } hist_buckets SEC(".maps");
@@ -140,6 +166,21 @@ static __always_inline void count(enum hoptrace_counter c, __u64 n)
 
 	if (v)
 		*v += n;
+}
+
+/* A hop body's counter: the hop's own, or at the hook the matched trace's (its slot's range). */
+static __always_inline void hop_count(const struct hoptrace_hook_settings *hs,
+				      enum hoptrace_counter c, __u64 n)
+{
+#ifdef HOPTRACE_HOOK
+	__u32 key = hs->slot * HOPTRACE_C_MAX + c;
+	__u64 *v = bpf_map_lookup_elem(&counters, &key);
+
+	if (v)
+		*v += n;
+#else
+	count(c, n);
+#endif
 }
 
 static __always_inline void count_parse_error(int status)
@@ -321,9 +362,9 @@ static __always_inline __u32 flow_hash(const struct pkt_info *p)
  * packet is sampled, 0 when it is not. IDs are (salt << 24 | seq), so an
  * origin's IDs do not repeat within 16 M sampled packets.
  */
-static __always_inline __u32 next_id(bool floor)
+static __always_inline __u32 next_id(const struct hoptrace_hook_settings *hs, bool floor)
 {
-	__u32 key = 0;
+	__u32 key = HOP_SLOT;
 	struct id_seq *seq = bpf_map_lookup_elem(&id_state, &key);
 	__u64 n;
 
@@ -336,21 +377,23 @@ static __always_inline __u32 next_id(bool floor)
 	} else {
 		n = __sync_fetch_and_add(&seq->next, 1);
 	}
-	if (sample_every > 1) {
-		if (n % sample_every)
+	if (HS(sample_every) > 1) {
+		if (n % HS(sample_every))
 			return 0;
-		n /= sample_every;
+		n /= HS(sample_every);
 	}
-	return ((__u32)id_origin << HOPTRACE_ID_SEQ_BITS) | (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
+	return ((__u32)HS(id_origin) << HOPTRACE_ID_SEQ_BITS) |
+	       (((__u32)n + 1) & HOPTRACE_ID_SEQ_MASK);
 }
 
 /* Never a wake-up: one schedules the agent onto the traced packet's CPU, in the middle of its
  * path (measured with hoptrace mace: +6 to +37 us per traced echo), and costs an irq_work there.
  * The agent polls the ring on a timer instead (agent/internal/stream/reader.go). */
-static __always_inline void submit_record(struct hoptrace_record *rec)
+static __always_inline void submit_record(const struct hoptrace_hook_settings *hs,
+					  struct hoptrace_record *rec)
 {
 	bpf_ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
-	count(HOPTRACE_C_RECORDED, 1);
+	hop_count(hs, HOPTRACE_C_RECORDED, 1);
 }
 
 /* The record's sample: the record, its values (a record action), the addresses the hop saw (one
@@ -481,7 +524,8 @@ static __always_inline int udp_csum_exclude_id(struct __sk_buff *skb, const stru
  * get their bytes unchanged; the UDP checksum does not cover it. Only the IP
  * length (and the IPv4 header checksum) change.
  */
-static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info *p, bool floor)
+static __always_inline int tag_udp_packet(const struct hoptrace_hook_settings *hs,
+					  struct __sk_buff *skb, struct pkt_info *p, bool floor)
 {
 	__u32 ip_end = p->l3_off + p->ip_len;
 	__u32 id;
@@ -497,7 +541,7 @@ static __always_inline int tag_udp_packet(struct __sk_buff *skb, struct pkt_info
 	if (exceeds_mtu(skb, HOPTRACE_UDP_ID_LEN, floor))
 		return HOPTRACE_C_TOO_BIG;
 
-	id = next_id(floor);
+	id = next_id(hs, floor);
 	if (!id)
 		return HOPTRACE_C_UNTAGGED;
 	if (bpf_skb_change_tail(skb, skb->len + HOPTRACE_UDP_ID_LEN, 0))
@@ -567,17 +611,18 @@ struct hop_meta {
  * before a hop's field reads: each act_reads below is 8 loads of the constants (the verifier
  * prunes the branches they decide, not the loads), 150 instructions per packet for a hop that
  * reads none (bench: BenchmarkActionCost's non_matching and timestamp rows). */
-static __always_inline bool act_reads_any(void)
+static __always_inline bool act_reads_any(const struct hoptrace_hook_settings *hs)
 {
-	return (act_count && act_count_by) || act_hist || act_record[0];
+	return (HS(act_count) && HS(act_count_by)) || HS(act_hist) || HS(act_record)[0];
 }
 
 /* Does this hop's count, histogram or record read `field`? Load-time constant. */
-static __always_inline bool act_reads(enum hoptrace_field field)
+static __always_inline bool act_reads(const struct hoptrace_hook_settings *hs,
+				      enum hoptrace_field field)
 {
-	return (act_count && act_count_by == field) || act_hist == field ||
-	       act_record[0] == field || act_record[1] == field || act_record[2] == field ||
-	       act_record[3] == field;
+	return (HS(act_count) && HS(act_count_by) == field) || HS(act_hist) == field ||
+	       HS(act_record)[0] == field || HS(act_record)[1] == field ||
+	       HS(act_record)[2] == field || HS(act_record)[3] == field;
 }
 
 /* floor(log2(v)) + 1, 0 for 0: unrolled, no loop (5.10 has no bpf_loop, and a
@@ -689,6 +734,30 @@ static __always_inline void count_by_key(__u64 key)
 		count(HOPTRACE_C_COUNT_KEYS_FULL, 1);
 }
 
+/* count by FIELD of a hop body: the hop's own, or at the hook the matched trace's (its slot in the
+ * key). */
+static __always_inline void hop_count_by_key(const struct hoptrace_hook_settings *hs, __u64 key)
+{
+#ifdef HOPTRACE_HOOK
+	struct hoptrace_hook_count_key k = {.value = key, .slot = hs->slot};
+	__u64 one = 1, *v = bpf_map_lookup_elem(&count_keys, &k);
+
+	if (v) {
+		__sync_fetch_and_add(v, 1);
+		return;
+	}
+	if (!bpf_map_update_elem(&count_keys, &k, &one, BPF_NOEXIST))
+		return;
+	v = bpf_map_lookup_elem(&count_keys, &k);
+	if (v)
+		__sync_fetch_and_add(v, 1);
+	else
+		hop_count(hs, HOPTRACE_C_COUNT_KEYS_FULL, 1);
+#else
+	count_by_key(key);
+#endif
+}
+
 static __always_inline void hist_add(__u64 value)
 {
 	__u32 key = log2_bucket(value);
@@ -708,10 +777,30 @@ static __always_inline void hist_add(__u64 value)
 		*v += 1;
 }
 
+/* A hop body's histogram: the hop's own, or at the hook the matched trace's slot's buckets. */
+static __always_inline void hop_hist_add(const struct hoptrace_hook_settings *hs, __u64 value)
+{
+#ifdef HOPTRACE_HOOK
+	__u32 key = log2_bucket(value);
+	__u64 *v;
+
+	barrier_var(key);
+	if (key >= HOPTRACE_HIST_BUCKETS)
+		return;
+	key += hs->slot * HOPTRACE_HIST_BUCKETS;
+	v = bpf_map_lookup_elem(&hist_buckets, &key);
+	if (v)
+		*v += 1;
+#else
+	hist_add(value);
+#endif
+}
+
 /* The record action's values of this packet, in the order of act_record (the dispatcher refuses
  * latency there: the joined records' timestamps already carry it per packet), written in place in
  * the record's sample: a copy on the stack cost 40 bytes of it, which the kernel hops lack. */
-static __always_inline void record_values(struct hoptrace_values *vals, const struct pkt_info *p,
+static __always_inline void record_values(const struct hoptrace_hook_settings *hs,
+					  struct hoptrace_values *vals, const struct pkt_info *p,
 					  __u32 ifindex, __u32 wire_len, const struct hop_meta *m)
 {
 	__u32 n = 0;
@@ -719,10 +808,10 @@ static __always_inline void record_values(struct hoptrace_values *vals, const st
 	__builtin_memset(vals, 0, sizeof(*vals));
 #pragma unroll
 	for (int i = 0; i < HOPTRACE_VALUES_MAX; i++) {
-		if (!act_record[i])
+		if (!HS(act_record)[i])
 			break;
-		vals->field[i] = act_record[i];
-		vals->value[i] = field_value(act_record[i], p, ifindex, wire_len, m, 0);
+		vals->field[i] = HS(act_record)[i];
+		vals->value[i] = field_value(HS(act_record)[i], p, ifindex, wire_len, m, 0);
 		n++;
 	}
 	vals->count = n;
@@ -733,22 +822,23 @@ static __always_inline void record_values(struct hoptrace_values *vals, const st
  * node, from prev_ts; then this hop's own timestamp for the next one.
  * Returns false when the packet has no earlier timestamp here (a miss).
  */
-static __always_inline bool prev_hop_latency(__u32 packet_id, __u64 ts, __u64 *latency)
+static __always_inline bool prev_hop_latency(const struct hoptrace_hook_settings *hs,
+					     __u32 packet_id, __u64 ts, __u64 *latency)
 {
-	struct hoptrace_prev_ts_key key = {.packet_id = packet_id, .trace_slot = trace_slot};
+	struct hoptrace_prev_ts_key key = {.packet_id = packet_id, .trace_slot = HS(trace_slot)};
 	bool found = false;
 
-	if (act_hist == HOPTRACE_FIELD_LATENCY) {
+	if (HS(act_hist) == HOPTRACE_FIELD_LATENCY) {
 		__u64 *prev = bpf_map_lookup_elem(&prev_ts, &key);
 
 		if (prev && *prev <= ts) {
 			*latency = ts - *prev;
 			found = true;
 		} else {
-			count(HOPTRACE_C_LATENCY_MISS, 1);
+			hop_count(hs, HOPTRACE_C_LATENCY_MISS, 1);
 		}
 	}
-	if (act_prev_ts)
+	if (HS(act_prev_ts))
 		bpf_map_update_elem(&prev_ts, &key, &ts, BPF_ANY);
 	return found;
 }
@@ -769,7 +859,8 @@ static __always_inline bool prev_hop_latency(__u32 packet_id, __u64 ts, __u64 *l
  * pkt_scratch (pkt_copy_head's copy): testing that pointer here kept it live through the parse,
  * and states with and without it apart (+30 % verified instructions on the floor variants).
  */
-static __always_inline void capture_packet(struct hoptrace_capture *cap, enum pkt_source src,
+static __always_inline void capture_packet(const struct hoptrace_hook_settings *hs,
+					   struct hoptrace_capture *cap, enum pkt_source src,
 					   const struct pkt_reader *r, const struct hop_meta *m,
 					   __u32 wire_len)
 {
@@ -789,7 +880,7 @@ static __always_inline void capture_packet(struct hoptrace_capture *cap, enum pk
 		/* the skb's linear bytes: a paged skb's payload is in its pages */
 		if (bpf_probe_read_kernel(cap->bytes, HOPTRACE_CAPTURE_MAX, r->kbase))
 			return;
-		cap->captured = r->len < act_capture ? r->len : act_capture;
+		cap->captured = r->len < HS(act_capture) ? r->len : HS(act_capture);
 		return;
 	}
 	if (src == PKT_XDP && r->floor) {
@@ -799,11 +890,11 @@ static __always_inline void capture_packet(struct hoptrace_capture *cap, enum pk
 
 		if (bpf_probe_read_kernel(cap->bytes, HOPTRACE_CAPTURE_MAX, data))
 			return;
-		cap->captured = wire_len < act_capture ? wire_len : act_capture;
+		cap->captured = wire_len < HS(act_capture) ? wire_len : HS(act_capture);
 		return;
 	}
 	/* an skb or a frame, whole, through the helpers */
-	n = wire_len < act_capture ? wire_len : act_capture;
+	n = wire_len < HS(act_capture) ? wire_len : HS(act_capture);
 	barrier_var(n);
 	if (!n || n > HOPTRACE_CAPTURE_MAX)
 		return;
@@ -821,11 +912,11 @@ static __always_inline void capture_packet(struct hoptrace_capture *cap, enum pk
 /* The record action's values slot that carries a segmented skb's count: the action's own gso_segs,
  * else the first free slot (load-time constants); -1: four other fields, the count is not carried.
  */
-static __always_inline int segs_slot(void)
+static __always_inline int segs_slot(const struct hoptrace_hook_settings *hs)
 {
 #pragma unroll
 	for (int i = 0; i < HOPTRACE_VALUES_MAX; i++)
-		if (!act_record[i] || act_record[i] == HOPTRACE_FIELD_GSO_SEGS)
+		if (!HS(act_record)[i] || HS(act_record)[i] == HOPTRACE_FIELD_GSO_SEGS)
 			return i;
 	return -1;
 }
@@ -837,22 +928,40 @@ static __always_inline int segs_slot(void)
  * the addresses addrs, the parsed packet, describes (HOPTRACE_F_ADDRESSES; NULL: none) and the
  * packet's first bytes (act_capture, HOPTRACE_F_CAPTURE), read from src by r (see capture_packet; r
  * NULL at hops without a packet to read: socket-read's queue, uprobe). */
-static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 flags,
-					__u32 record_ifindex, __u32 wire_len, __u64 ts,
-					const struct pkt_info *p, __u32 ifindex,
-					const struct hop_meta *m, const struct pkt_info *addrs,
-					enum pkt_source src, const struct pkt_reader *r, __u32 segs)
+static __always_inline void emit_record(const struct hoptrace_hook_settings *hs, __u32 packet_id,
+					__u32 flow_hash, __u16 flags, __u32 record_ifindex,
+					__u32 wire_len, __u64 ts, const struct pkt_info *p,
+					__u32 ifindex, const struct hop_meta *m,
+					const struct pkt_info *addrs, enum pkt_source src,
+					const struct pkt_reader *r, __u32 segs)
 {
 	/* decided once and kept in a register (see emit_packet_record): the verifier then ties the
 	 * reserve's size to the values written below */
 	__u32 segmented = segs > 1;
 	barrier_var(segmented);
-	struct hoptrace_record *rec =
-	    reserve_sample(act_record[0] || segmented, addrs, act_capture && r);
+#ifdef HOPTRACE_HOOK
+	/* the hook's settings are read once and kept in registers for the same reason: read twice
+	 * from the map, the two could differ for all the verifier knows */
+	__u32 with_values_ = hs->act_record[0] != 0, with_capture_ = hs->act_capture && r;
+	__u32 any_values_ = with_values_ | segmented;
+
+	barrier_var(any_values_);
+	barrier_var(with_capture_);
+#define EMIT_ANY_VALUES	  any_values_
+#define EMIT_WITH_VALUES  with_values_
+#define EMIT_WITH_CAPTURE with_capture_
+#else
+#define EMIT_ANY_VALUES	  1
+#define EMIT_WITH_VALUES  act_record[0]
+#define EMIT_WITH_CAPTURE (act_capture && r)
+#endif
+	struct hoptrace_record *rec = reserve_sample(
+	    EMIT_ANY_VALUES && (EMIT_WITH_VALUES || segmented), addrs, EMIT_WITH_CAPTURE);
 	void *next;
+	int slot = segs_slot(hs);
 
 	if (!rec) {
-		count(HOPTRACE_C_RINGBUF_FULL, 1);
+		hop_count(hs, HOPTRACE_C_RINGBUF_FULL, 1);
 		return;
 	}
 	rec->ts_ns = ts;
@@ -860,24 +969,31 @@ static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 
 	rec->flow_hash = flow_hash;
 	rec->ifindex = record_ifindex;
 	rec->wire_len = wire_len;
-	rec->hop_index = hop_index;
-	rec->trace_slot = trace_slot;
+	rec->hop_index = HS(hop_index);
+	rec->trace_slot = HS(trace_slot);
 	rec->cpu = bpf_get_smp_processor_id();
 	rec->flags = flags;
 	next = rec + 1;
-	if (act_record[0] || segmented) {
+	if (EMIT_ANY_VALUES && EMIT_WITH_VALUES) {
 		struct hoptrace_values *vals = next;
 
 		rec->flags |= HOPTRACE_F_VALUES;
-		record_values(vals, p, ifindex, wire_len, m); /* none without the action */
-		int slot = segs_slot();
-
+		record_values(hs, vals, p, ifindex, wire_len, m);
 		if (segmented && slot >= 0 && slot < HOPTRACE_VALUES_MAX) {
 			vals->field[slot] = HOPTRACE_FIELD_GSO_SEGS;
 			vals->value[slot] = segs;
-			if (!act_record[slot])
+			if (!HS(act_record)[slot])
 				vals->count = slot + 1;
 		}
+		next += sizeof(struct hoptrace_values);
+	} else if (EMIT_ANY_VALUES && segmented) {
+		struct hoptrace_values *vals = next;
+
+		rec->flags |= HOPTRACE_F_VALUES;
+		__builtin_memset(vals, 0, sizeof(*vals));
+		vals->field[0] = HOPTRACE_FIELD_GSO_SEGS;
+		vals->count = 1;
+		vals->value[0] = segs;
 		next += sizeof(struct hoptrace_values);
 	}
 	if (addrs) {
@@ -890,12 +1006,15 @@ static __always_inline void emit_record(__u32 packet_id, __u32 flow_hash, __u16 
 		a->pad[1] = 0;
 		next += sizeof(*a);
 	}
-	if (act_capture && r) {
+	if (EMIT_WITH_CAPTURE) {
 		rec->flags |= HOPTRACE_F_CAPTURE;
-		capture_packet(next, src, r, m, wire_len);
+		capture_packet(hs, next, src, r, m, wire_len);
 	}
-	submit_record(rec);
+	submit_record(hs, rec);
 }
+#undef EMIT_ANY_VALUES
+#undef EMIT_WITH_VALUES
+#undef EMIT_WITH_CAPTURE
 
 /* The wire segments a tagged TCP skb stands for (0 for any other packet): its gso_segs. A GSO
  * skb a guest or a tun/tap writer handed in (SKB_GSO_DODGY) has 0 there until the stack counts
@@ -931,7 +1050,8 @@ static __noinline __u32 skb_segments(struct __sk_buff *skb, const struct pkt_inf
  * taken once, and kept in a register clang may not recompute from the ID: the verifier then knows
  * it on each path, from the reserve's size to the copy (had clang tested the ID again, it could not
  * tie the two), and walks one copy of the record's code. */
-static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 record_ifindex,
+static __always_inline void emit_packet_record(const struct hoptrace_hook_settings *hs,
+					       const struct pkt_info *p, __u32 record_ifindex,
 					       __u32 wire_len, __u64 ts, __u32 ifindex,
 					       const struct hop_meta *m, enum pkt_source src,
 					       const struct pkt_reader *r)
@@ -945,7 +1065,7 @@ static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 r
 	 * where it saw the packet, and it counts none (folded away). */
 	if (src == PKT_KERNEL && p->proto == IPPROTO_TCP_)
 		flags |= HOPTRACE_F_UNCOUNTED;
-	emit_record(p->id, flow_hash(p), flags, record_ifindex, wire_len, ts, p, ifindex, m,
+	emit_record(hs, p->id, flow_hash(p), flags, record_ifindex, wire_len, ts, p, ifindex, m,
 		    describes ? p : NULL, src, r,
 		    src != PKT_SKB ? 0
 		    : r->floor	   ? skb_segments_inline(r->ctx, p)
@@ -955,42 +1075,44 @@ static __always_inline void emit_packet_record(const struct pkt_info *p, __u32 r
 /* The part every hop shares once it has parsed the packet; true when it
  * emitted the packet's record. src and r: where a capture action reads the packet (r NULL:
  * nowhere, see emit_record). */
-static __always_inline bool hop_finish(int status, struct pkt_info *p, __u32 ifindex,
-				       __u32 wire_len, const struct hop_meta *m,
-				       enum pkt_source src, const struct pkt_reader *r)
+static __always_inline bool hop_finish(const struct hoptrace_hook_settings *hs, int status,
+				       struct pkt_info *p, __u32 ifindex, __u32 wire_len,
+				       const struct hop_meta *m, enum pkt_source src,
+				       const struct pkt_reader *r)
 {
 	__u64 ts, latency = 0;
 	__u32 record_ifindex;
 	bool has_latency = false;
 
 	if (status == HOP_NOT_MATCHED) {
-		count(HOPTRACE_C_NOT_MATCHED, 1);
+		hop_count(hs, HOPTRACE_C_NOT_MATCHED, 1);
 		return false;
 	}
 	if (status) {
-		count_parse_error(status);
+		count_parse_error(status); /* never at the hook: it counts them once */
 		return false;
 	}
-	count(HOPTRACE_C_MATCHED, 1);
-	count(HOPTRACE_C_BYTES, wire_len);
+	hop_count(hs, HOPTRACE_C_MATCHED, 1);
+	hop_count(hs, HOPTRACE_C_BYTES, wire_len);
 	/* count and histogram (other than latency) see every matched packet, sampled or not */
-	if (act_count)
-		count_by_key(act_count_by ? field_value(act_count_by, p, ifindex, wire_len, m, 0)
-					  : 0);
-	if (act_hist && act_hist != HOPTRACE_FIELD_LATENCY)
-		hist_add(field_value(act_hist, p, ifindex, wire_len, m, 0));
+	if (HS(act_count))
+		hop_count_by_key(hs, HS(act_count_by)
+					 ? field_value(HS(act_count_by), p, ifindex, wire_len, m, 0)
+					 : 0);
+	if (HS(act_hist) && HS(act_hist) != HOPTRACE_FIELD_LATENCY)
+		hop_hist_add(hs, field_value(HS(act_hist), p, ifindex, wire_len, m, 0));
 	if (!p->id) {
-		count(HOPTRACE_C_UNTAGGED, 1);
+		hop_count(hs, HOPTRACE_C_UNTAGGED, 1);
 		return false;
 	}
 	ts = bpf_ktime_get_ns();
-	if (act_prev_ts || act_hist == HOPTRACE_FIELD_LATENCY)
-		has_latency = prev_hop_latency(p->id, ts, &latency);
-	if (act_hist == HOPTRACE_FIELD_LATENCY && has_latency)
-		hist_add(latency);
+	if (HS(act_prev_ts) || HS(act_hist) == HOPTRACE_FIELD_LATENCY)
+		has_latency = prev_hop_latency(hs, p->id, ts, &latency);
+	if (HS(act_hist) == HOPTRACE_FIELD_LATENCY && has_latency)
+		hop_hist_add(hs, latency);
 	/* socket-read: the reader's pid stands in the record's ifindex (HOPTRACE_F_TASK) */
 	record_ifindex = m->task_pid ? m->task_pid : ifindex;
-	emit_packet_record(p, record_ifindex, wire_len, ts, ifindex, m, src, r);
+	emit_packet_record(hs, p, record_ifindex, wire_len, ts, ifindex, m, src, r);
 	return true;
 }
 
@@ -999,7 +1121,7 @@ static __always_inline void task_meta(struct hop_meta *m)
 {
 	m->task_pid = bpf_get_current_pid_tgid() >> 32;
 	m->pid = m->task_pid;
-	if (act_reads(HOPTRACE_FIELD_COMM)) {
+	if (act_reads(HOP_CONST, HOPTRACE_FIELD_COMM)) {
 		/* Zeroed: 6.1's helper copies the name up to its NUL and leaves the rest as it was
 		 * (strscpy, no padding), so a short name would carry stack bytes. */
 		char comm[16] = {};
@@ -1012,9 +1134,9 @@ static __always_inline void task_meta(struct hop_meta *m)
 /* socket-read: the receiving socket's fields, read only when asked for. */
 static __always_inline void sock_meta(struct sock *sk, struct hop_meta *m)
 {
-	if (act_reads(HOPTRACE_FIELD_RMEM))
+	if (act_reads(HOP_CONST, HOPTRACE_FIELD_RMEM))
 		m->rmem = BPF_CORE_READ(sk, sk_backlog.rmem_alloc.counter);
-	if (act_reads(HOPTRACE_FIELD_BACKLOG))
+	if (act_reads(HOP_CONST, HOPTRACE_FIELD_BACKLOG))
 		m->backlog = BPF_CORE_READ(sk, sk_backlog.len);
 }
 
@@ -1031,7 +1153,9 @@ static __always_inline void hop_finish_read(__u32 packet_id, __u32 flow_hash, __
 	count(HOPTRACE_C_MATCHED, 1);
 	count(HOPTRACE_C_BYTES, wire_len);
 	if (act_count)
-		count_by_key(act_count_by ? field_value(act_count_by, NULL, 0, wire_len, m, 0) : 0);
+		hop_count_by_key(HOP_CONST, act_count_by
+						? field_value(act_count_by, NULL, 0, wire_len, m, 0)
+						: 0);
 	if (act_hist && act_hist != HOPTRACE_FIELD_LATENCY)
 		hist_add(field_value(act_hist, NULL, 0, wire_len, m, 0));
 	if (!packet_id) {
@@ -1040,11 +1164,12 @@ static __always_inline void hop_finish_read(__u32 packet_id, __u32 flow_hash, __
 	}
 	ts = bpf_ktime_get_ns();
 	if ((act_prev_ts || act_hist == HOPTRACE_FIELD_LATENCY) &&
-	    prev_hop_latency(packet_id, ts, &latency) && act_hist == HOPTRACE_FIELD_LATENCY)
+	    prev_hop_latency(HOP_CONST, packet_id, ts, &latency) &&
+	    act_hist == HOPTRACE_FIELD_LATENCY)
 		hist_add(latency);
 	flags |= HOPTRACE_F_TASK;
-	emit_record(packet_id, flow_hash, flags, m->task_pid, wire_len, ts, NULL, 0, m, NULL,
-		    PKT_KERNEL, NULL, 0);
+	emit_record(HOP_CONST, packet_id, flow_hash, flags, m->task_pid, wire_len, ts, NULL, 0, m,
+		    NULL, PKT_KERNEL, NULL, 0);
 }
 
 /* The netns inode of a tc or cgroup_skb packet's device: tc's ctx is the kernel's sk_buff (see
@@ -1061,37 +1186,37 @@ static __always_inline __u32 skb_netns_ino(struct __sk_buff *skb, bool floor)
 /* tc and cgroup_skb: the action fields in __sk_buff, read only when asked for. task_current: the
  * program runs in the sending task (cgroup_skb; the dispatcher allows pid at cgroup-egress only).
  */
-static __always_inline void skb_meta(struct __sk_buff *skb, struct hop_meta *m, bool task_current,
-				     bool floor)
+static __always_inline void skb_meta(const struct hoptrace_hook_settings *hs, struct __sk_buff *skb,
+				     struct hop_meta *m, bool task_current, bool floor)
 {
-	if (!act_reads_any())
+	if (!act_reads_any(hs))
 		return;
-	if (act_reads(HOPTRACE_FIELD_MARK)) {
+	if (act_reads(hs, HOPTRACE_FIELD_MARK)) {
 		m->mark = skb->mark;
 		barrier_var(m->mark);
 	}
-	if (act_reads(HOPTRACE_FIELD_PRIORITY)) {
+	if (act_reads(hs, HOPTRACE_FIELD_PRIORITY)) {
 		m->priority = skb->priority;
 		barrier_var(m->priority);
 	}
-	if (act_reads(HOPTRACE_FIELD_QUEUE_MAPPING)) {
+	if (act_reads(hs, HOPTRACE_FIELD_QUEUE_MAPPING)) {
 		m->queue_mapping = skb->queue_mapping;
 		barrier_var(m->queue_mapping);
 	}
-	if (act_reads(HOPTRACE_FIELD_GSO_SEGS)) {
+	if (act_reads(hs, HOPTRACE_FIELD_GSO_SEGS)) {
 		m->gso_segs = skb->gso_segs;
 		barrier_var(m->gso_segs);
 	}
-	if (act_reads(HOPTRACE_FIELD_GSO_SIZE)) {
+	if (act_reads(hs, HOPTRACE_FIELD_GSO_SIZE)) {
 		m->gso_size = skb->gso_size;
 		barrier_var(m->gso_size);
 	}
-	if (act_reads(HOPTRACE_FIELD_NETNS))
+	if (act_reads(hs, HOPTRACE_FIELD_NETNS))
 		m->netns = skb_netns_ino(skb, floor);
-	if (act_reads(HOPTRACE_FIELD_CGROUP))
+	if (act_reads(hs, HOPTRACE_FIELD_CGROUP))
 		m->cgroup =
 		    bpf_skb_cgroup_id(skb); /* the socket's cgroup; 0 without a full socket */
-	if (task_current && act_reads(HOPTRACE_FIELD_PID))
+	if (task_current && act_reads(hs, HOPTRACE_FIELD_PID))
 		m->pid = bpf_get_current_pid_tgid() >> 32;
 }
 
@@ -1123,14 +1248,14 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 	struct pkt_info p = {};
 	struct hop_meta m = {};
 
-	skb_meta(skb, &m, false, floor);
+	skb_meta(HOP_CONST, skb, &m, false, floor);
 	/* The floor (5.10's verifier) keeps direct reads to whole-linear packets. */
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
 	count(HOPTRACE_C_SEEN, 1);
 	status = resume ? hop_parse_fast(PKT_SKB, &r, resume, &p) : hop_parse(PKT_SKB, &r, 0, &p);
 	if (!status && !p.id && !p.fragment && hop_tag_udp && p.proto == IPPROTO_UDP_) {
-		int outcome = tag_udp_packet(skb, &p, floor);
+		int outcome = tag_udp_packet(HOP_CONST, skb, &p, floor);
 
 		if (outcome == HOPTRACE_C_TAGGED) {
 			count(HOPTRACE_C_TAGGED, 1);
@@ -1140,7 +1265,7 @@ static __always_inline int hop_skb_l2(struct __sk_buff *skb, bool floor)
 			      1); /* too big, GSO, or failed: also counted untagged below */
 		}
 	}
-	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
+	hop_finish(HOP_CONST, status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return TCX_NEXT_;
 }
 
@@ -1172,7 +1297,7 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	struct pkt_info p = {};
 	struct hop_meta m = {};
 
-	skb_meta(skb, &m, true, floor);
+	skb_meta(HOP_CONST, skb, &m, true, floor);
 	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
 		       !floor);
 	if (act_capture)
@@ -1180,7 +1305,7 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 	count(HOPTRACE_C_SEEN, 1);
 	status = resume ? hop_parse_fast(PKT_SKB, &r, resume, &p)
 			: hop_parse(PKT_SKB, &r, ethertype ? ethertype : ETH_P_IP_, &p);
-	hop_finish(status, &p, ifindex, len, &m, PKT_SKB, &r);
+	hop_finish(HOP_CONST, status, &p, ifindex, len, &m, PKT_SKB, &r);
 	return SK_PASS_;
 }
 
@@ -1223,7 +1348,8 @@ static __always_inline int hop_xdp_frame(struct xdp_md *ctx, bool floor)
 
 	pkt_set_direct(&r, data, data_end, false);
 	count(HOPTRACE_C_SEEN, 1);
-	hop_finish(resume ? hop_parse_fast(PKT_XDP, &r, resume, &p) : hop_parse(PKT_XDP, &r, 0, &p),
+	hop_finish(HOP_CONST,
+		   resume ? hop_parse_fast(PKT_XDP, &r, resume, &p) : hop_parse(PKT_XDP, &r, 0, &p),
 		   &p, ifindex, len, &m, PKT_XDP, &r);
 	return XDP_PASS;
 }
@@ -1267,7 +1393,7 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 		return 0;
 	}
 	ifindex = KERNEL_FIELD(btf, dev, ifindex);
-	if (hop_netns_ino || act_reads(HOPTRACE_FIELD_NETNS))
+	if (hop_netns_ino || act_reads(HOP_CONST, HOPTRACE_FIELD_NETNS))
 		m.netns = dev_netns_ino(dev, btf);
 	if ((hop_ifindex && ifindex != hop_ifindex) ||
 	    (hop_netns_ino && m.netns != hop_netns_ino)) {
@@ -1282,21 +1408,22 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	/* skb:kfree_skb with its reason: UDP trims a datagram's ID off (pskb_trim_rcsum) before it
 	 * drops it for want of a socket; on a linear skb only the tail moved, so the ID is read
 	 * below skb->end, as hop_sock_read does. */
-	if (act_reads(HOPTRACE_FIELD_DROP_REASON) && !KERNEL_FIELD(btf, skb, data_len)) {
+	if (act_reads(HOP_CONST, HOPTRACE_FIELD_DROP_REASON) && !KERNEL_FIELD(btf, skb, data_len)) {
 		__u32 end = KERNEL_FIELD(btf, skb, end), start = r.kbase - BPF_CORE_READ(skb, head);
 
 		if (end > start && end - start > r.len)
 			r.len = r.total = end - start;
 	}
 	pkt_copy_head(&r);
-	if (act_reads_any()) {
-		if (act_reads(HOPTRACE_FIELD_MARK))
+	if (act_reads_any(HOP_CONST)) {
+		if (act_reads(HOP_CONST, HOPTRACE_FIELD_MARK))
 			m.mark = KERNEL_FIELD(btf, skb, mark);
-		if (act_reads(HOPTRACE_FIELD_PRIORITY))
+		if (act_reads(HOP_CONST, HOPTRACE_FIELD_PRIORITY))
 			m.priority = KERNEL_FIELD(btf, skb, priority);
-		if (act_reads(HOPTRACE_FIELD_QUEUE_MAPPING))
+		if (act_reads(HOP_CONST, HOPTRACE_FIELD_QUEUE_MAPPING))
 			m.queue_mapping = KERNEL_FIELD(btf, skb, queue_mapping);
-		if (act_reads(HOPTRACE_FIELD_GSO_SEGS) || act_reads(HOPTRACE_FIELD_GSO_SIZE)) {
+		if (act_reads(HOP_CONST, HOPTRACE_FIELD_GSO_SEGS) ||
+		    act_reads(HOP_CONST, HOPTRACE_FIELD_GSO_SIZE)) {
 			/* skb_shinfo(): the shared info sits at head + end (an offset on 64-bit);
 			 * computed, so not BTF-typed: probed reads */
 			struct skb_shared_info *shinfo =
@@ -1312,8 +1439,8 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 	if (act_capture)
 		m.capture_l3 = ethertype;
 	/* wire_len from the parse start: L2 included when the skb has it, as at tc */
-	hop_finish(hop_parse(PKT_KERNEL, &r, ethertype, &p), &p, ifindex, r.total, &m, PKT_KERNEL,
-		   &r);
+	hop_finish(HOP_CONST, hop_parse(PKT_KERNEL, &r, ethertype, &p), &p, ifindex, r.total, &m,
+		   PKT_KERNEL, &r);
 	return 0;
 }
 
@@ -1466,7 +1593,7 @@ static __always_inline int hop_sock_read(struct sk_buff *skb, bool widen_to_end,
 	if (m.task_pid)
 		p.flags |= HOPTRACE_F_TASK;
 	/* wire_len as the device hops saw the packet: L2 and IP length, ID included */
-	if (hop_finish(status, &p, ifindex, p.l3_off + p.ip_len, &m, PKT_KERNEL, NULL))
+	if (hop_finish(HOP_CONST, status, &p, ifindex, p.l3_off + p.ip_len, &m, PKT_KERNEL, NULL))
 		remember_read(p.id, flow_hash(&p), p.l3_off + p.ip_len, p.flags);
 	return 0;
 }
@@ -1740,7 +1867,7 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 			break;
 		}
 		count(HOPTRACE_C_MATCHED, 1);
-		id = next_id(floor);
+		id = next_id(HOP_CONST, floor);
 		if (!id) { /* sampled out: no room asked, so WRITE_HDR_OPT does not run */
 			count(HOPTRACE_C_UNTAGGED, 1);
 			break;

@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * hoptrace's hook object: one program per device and direction that runs every trace crossing it
+ * (include/hook.bpf.h), the hop body of include/hop.bpf.h with its settings from a map.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_tracing.h>
+
+#define HOPTRACE_HOOK 1
+#include "hop.bpf.h"
+#include "hook.bpf.h"
+
+HOPTRACE_HOOK_TC
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

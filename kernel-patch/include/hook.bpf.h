@@ -1,0 +1,328 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The hook program: one per device and direction, the traces that cross it in its maps
+ * (docs/design.md, "Many traces on a device"). It parses a packet once, finds the traces that take
+ * it by sets of trace slots (protocol, source port, destination port; the traces that take any
+ * port; an ID's origin for the traces that follow it), checks each candidate's whole filter from
+ * its slot's entry in filters, and runs the hop body of each trace that takes it (at most
+ * HOPTRACE_HOOK_MATCHED, the rest counted) with the settings of its slot's entry in settings: the
+ * body of hop.bpf.h (hop_finish and the UDP tagger), HS(name) reading the entry.
+ *
+ * The body is a global function: the verifier checks it once, with every setting unknown, not once
+ * per call. Global functions take scalars and the context before 5.12, so the parsed packet travels
+ * to it in a per-CPU map (hook_pkt): tc and tcx programs run with bottom halves off, and none of
+ * the body's helpers runs another tc program on the same CPU in the middle of it.
+ *
+ * Define HOPTRACE_HOOK before including hop.bpf.h, then this file.
+ */
+#ifndef __HOPTRACE_HOOK_BPF_H
+#define __HOPTRACE_HOOK_BPF_H
+
+#include "hook.h"
+
+/* The traces that take a protocol (IPPROTO_*; a trace without one is in every entry). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct hoptrace_trace_set);
+} by_proto SEC(".maps");
+
+/* The traces that take a source port, and a destination port (those that take any are in
+ * wildcards instead). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct hoptrace_trace_set);
+} by_sport SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct hoptrace_trace_set);
+} by_dport SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct hoptrace_hook_wildcards);
+} wildcards SEC(".maps");
+
+/* The traces that follow IDs of an origin (follow_origin) through address translations. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, HOPTRACE_HOOK_ORIGINS);
+	__type(key, __u32);
+	__type(value, struct hoptrace_trace_set);
+} origin_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, HOPTRACE_HOOK_SLOTS);
+	__type(key, __u32);
+	__type(value, struct hoptrace_hook_filter);
+} filters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, HOPTRACE_HOOK_SLOTS);
+	__type(key, __u32);
+	__type(value, struct hoptrace_hook_settings);
+} settings SEC(".maps");
+
+/* The hook's own counters, once a packet: SEEN, NOT_MATCHED (no trace took it), PARSE_*, and
+ * HOPTRACE_HOOK_C_OVERFLOW. A trace's own (MATCHED and on) are in counters, at its slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, HOPTRACE_HOOK_C_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} hook_counters SEC(".maps");
+
+/* The packet the hook parsed, for the bodies it calls (see the top of this file). flags: the
+ * parser's, which each body starts from (a body that tagged the packet adds TAGGED_HERE to its own
+ * record only). acc and follow: its candidate traces, by filter and by ID, here rather than on the
+ * stack, which the hook and the body it calls share (512 bytes). */
+struct hook_packet {
+	struct pkt_info p;
+	__u16 flags;
+	struct hoptrace_trace_set acc;
+	struct hoptrace_trace_set follow;
+	struct hop_meta m; /* the body's, for the same reason */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct hook_packet);
+} hook_pkt SEC(".maps");
+
+const struct hoptrace_hook_settings *unused_hook_settings_type __attribute__((unused));
+const struct hoptrace_hook_filter *unused_hook_filter_type __attribute__((unused));
+const struct hoptrace_hook_wildcards *unused_hook_wildcards_type __attribute__((unused));
+const struct hoptrace_hook_count_key *unused_hook_count_key_type __attribute__((unused));
+
+static __always_inline void hook_count(__u32 c)
+{
+	__u64 *v = bpf_map_lookup_elem(&hook_counters, &c);
+
+	if (v)
+		*v += 1;
+}
+
+/* A candidate trace's whole filter, as hop.bpf.h's flow_match with its constants. */
+static __always_inline bool hook_filter_takes(const struct hoptrace_hook_filter *f,
+					      const struct pkt_info *p)
+{
+	if (f->proto && p->proto != f->proto)
+		return false;
+	if (f->family &&
+	    (p->family != f->family || !addr_match(p->saddr, f->src, f->src_mask, p->family) ||
+	     !addr_match(p->daddr, f->dst, f->dst_mask, p->family)))
+		return false;
+	if (f->sport && p->sport != f->sport)
+		return false;
+	return !f->dport || p->dport == f->dport;
+}
+
+/* acc = proto & (sport | any sport) & (dport | any dport); whether any trace is left. */
+static __always_inline bool hook_candidates(struct hoptrace_trace_set *acc,
+					    const struct hoptrace_trace_set *proto,
+					    const struct hoptrace_trace_set *sport,
+					    const struct hoptrace_trace_set *dport,
+					    const struct hoptrace_hook_wildcards *wild)
+{
+	__u64 left = 0;
+
+#pragma unroll
+	for (int i = 0; i < HOPTRACE_HOOK_WORDS; i++) {
+		acc->w[i] = proto->w[i] & (sport->w[i] | wild->sport.w[i]) &
+			    (dport->w[i] | wild->dport.w[i]);
+		left |= acc->w[i];
+	}
+	return left;
+}
+
+/* The lowest set bit's index (de Bruijn: no loop, no helper). */
+static const __u8 hook_debruijn64[64] = {
+    0,	1,  48, 2,  57, 49, 28, 3,  61, 58, 50, 42, 38, 29, 17, 4,  62, 55, 59, 36, 53, 51,
+    43, 22, 45, 39, 33, 30, 24, 18, 12, 5,  63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21,
+    44, 32, 23, 11, 46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9,  13, 8,  7,	6,
+};
+
+static __always_inline __u32 lowest_bit(__u64 w)
+{
+	return hook_debruijn64[((w & -w) * 0x03f79d71b4cb0a89ULL) >> 58];
+}
+
+/*
+ * One matched trace's hop at tc: hop_skb_l2's part after the parse, with the trace's settings hs,
+ * on the packet the hook parsed (hp). extra: HOPTRACE_F_FOLLOWED when the trace took it by its ID.
+ */
+static __always_inline int hook_body_skb_l2(struct __sk_buff *skb, __u32 slot, __u32 extra,
+					    bool floor)
+{
+	__u32 ifindex = skb->ifindex, len = skb->len, zero = 0;
+	const struct hoptrace_hook_settings *hs = bpf_map_lookup_elem(&settings, &slot);
+	struct hook_packet *hp = bpf_map_lookup_elem(&hook_pkt, &zero);
+	struct hop_meta *m;
+	struct pkt_info *p;
+
+	barrier_var(ifindex);
+	barrier_var(len);
+	if (!hs || !hp)
+		return 0;
+	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
+
+	p = &hp->p;
+	p->flags = hp->flags | extra;
+	m = &hp->m;
+	__builtin_memset(m, 0, sizeof(*m));
+	skb_meta(hs, skb, m, false, floor);
+	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
+		       !floor);
+	if (!p->id && !p->fragment && HS(hop_tag_udp) && p->proto == IPPROTO_UDP_) {
+		int outcome = tag_udp_packet(hs, skb, p, floor);
+
+		if (outcome == HOPTRACE_C_TAGGED) {
+			hop_count(hs, HOPTRACE_C_TAGGED, 1);
+			len += HOPTRACE_UDP_ID_LEN;
+		} else if (outcome != HOPTRACE_C_UNTAGGED) {
+			hop_count(hs, outcome, 1);
+		}
+	}
+	hop_finish(hs, PARSE_OK, p, ifindex, len, m, PKT_SKB, &r);
+	return 0;
+}
+
+/*
+ * The hook at tc: parse, candidates, filters, bodies. body: the global function of this variant
+ * (HOPTRACE_HOOK_TC below).
+ */
+static __always_inline int hook_skb_l2(struct __sk_buff *skb, bool floor,
+				       int (*body)(struct __sk_buff *, __u32, __u32))
+{
+	__u32 len = skb->len, zero = 0, key, n = 0;
+	const struct hoptrace_trace_set *proto, *sport, *dport, *origin;
+	const struct hoptrace_hook_wildcards *wild;
+	struct hook_packet *hp;
+	struct pkt_info *p;
+	bool any, following = false;
+	int status;
+
+	barrier_var(len);
+	hook_count(HOPTRACE_C_SEEN);
+	hp = bpf_map_lookup_elem(&hook_pkt, &zero);
+	wild = bpf_map_lookup_elem(&wildcards, &zero);
+	if (!hp || !wild)
+		return TCX_NEXT_;
+	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
+
+	p = &hp->p;
+	__builtin_memset(p, 0, sizeof(*p));
+	pkt_set_direct(&r, (const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
+		       !floor);
+	status = parse_headers(PKT_SKB, &r, 0, 0, p);
+	if (status) {
+		hook_count(status == PARSE_TRUNCATED   ? HOPTRACE_C_PARSE_TRUNCATED
+			   : status == PARSE_MALFORMED ? HOPTRACE_C_PARSE_MALFORMED
+						       : HOPTRACE_C_PARSE_NON_IP);
+		return TCX_NEXT_;
+	}
+	key = p->proto;
+	proto = bpf_map_lookup_elem(&by_proto, &key);
+	key = p->sport;
+	sport = bpf_map_lookup_elem(&by_sport, &key);
+	key = p->dport;
+	dport = bpf_map_lookup_elem(&by_dport, &key);
+	if (!proto || !sport || !dport)
+		return TCX_NEXT_;
+	any = hook_candidates(&hp->acc, proto, sport, dport, wild);
+	/* The ID only for a packet some trace may take: its filter's, or followed by its ID (a
+	 * translation keeps the protocol, so only the protocol's traces may follow it). */
+	if (!any && !(p->proto == IPPROTO_TCP_ || p->proto == IPPROTO_UDP_)) {
+		hook_count(HOPTRACE_C_NOT_MATCHED);
+		return TCX_NEXT_;
+	}
+	status = parse_id(PKT_SKB, &r, p);
+	if (status) {
+		if (any)
+			hook_count(status == PARSE_TRUNCATED ? HOPTRACE_C_PARSE_TRUNCATED
+							     : HOPTRACE_C_PARSE_MALFORMED);
+		else
+			hook_count(HOPTRACE_C_NOT_MATCHED);
+		return TCX_NEXT_;
+	}
+	__builtin_memset(&hp->follow, 0, sizeof(hp->follow));
+	if (p->id) {
+		key = p->id >> HOPTRACE_ID_SEQ_BITS;
+		origin = bpf_map_lookup_elem(&origin_slots, &key);
+		if (origin) {
+#pragma unroll
+			for (int i = 0; i < HOPTRACE_HOOK_WORDS; i++) {
+				hp->follow.w[i] = origin->w[i] & proto->w[i];
+				following |= hp->follow.w[i] != 0;
+			}
+		}
+	}
+	if (!any && !following) {
+		hook_count(HOPTRACE_C_NOT_MATCHED);
+		return TCX_NEXT_;
+	}
+	hp->flags = p->flags;
+#pragma unroll
+	for (int i = 0; i < HOPTRACE_HOOK_WORDS; i++) {
+		__u64 w = hp->acc.w[i] | hp->follow.w[i];
+
+		for (int j = 0; j < HOPTRACE_HOOK_MATCHED && w; j++) {
+			__u32 bit = lowest_bit(w), slot = i * 64 + bit;
+			const struct hoptrace_hook_filter *f = bpf_map_lookup_elem(&filters, &slot);
+			__u32 extra;
+
+			w &= w - 1;
+			if (f && hook_filter_takes(f, p))
+				extra = 0;
+			else if (hp->follow.w[i] & (1ULL << bit))
+				extra = HOPTRACE_F_FOLLOWED;
+			else
+				continue;
+			if (n >= HOPTRACE_HOOK_MATCHED) {
+				hook_count(HOPTRACE_HOOK_C_OVERFLOW);
+				continue;
+			}
+			n++;
+			body(skb, slot, extra);
+		}
+		if (w)
+			hook_count(HOPTRACE_HOOK_C_OVERFLOW);
+	}
+	if (!n)
+		hook_count(HOPTRACE_C_NOT_MATCHED);
+	return TCX_NEXT_;
+}
+
+/* The tc hook and its floor variant (hop.bpf.h's), each with its body as a global function. */
+#define HOPTRACE_HOOK_TC                                                                           \
+	__attribute__((noinline)) int hook_body_tc(struct __sk_buff *skb, __u32 slot, __u32 extra) \
+	{                                                                                          \
+		return hook_body_skb_l2(skb, slot, extra, false);                                  \
+	}                                                                                          \
+	__attribute__((noinline)) int hook_body_tc_floor(struct __sk_buff *skb, __u32 slot,        \
+							 __u32 extra)                              \
+	{                                                                                          \
+		return hook_body_skb_l2(skb, slot, extra, true);                                   \
+	}                                                                                          \
+	SEC("tc") int hook_tc(struct __sk_buff *skb)                                               \
+	{                                                                                          \
+		return hook_skb_l2(skb, false, hook_body_tc);                                      \
+	}                                                                                          \
+	SEC("tc") int hook_tc_floor(struct __sk_buff *skb)                                         \
+	{                                                                                          \
+		return hook_skb_l2(skb, true, hook_body_tc_floor);                                 \
+	}
+
+#endif /* __HOPTRACE_HOOK_BPF_H */
