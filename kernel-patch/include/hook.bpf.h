@@ -91,7 +91,14 @@ struct hook_packet {
 	__u16 flags;
 	struct hoptrace_trace_set acc;
 	struct hoptrace_trace_set follow;
-	struct hop_meta m; /* the body's, for the same reason */
+	/* The candidates left to check, and the bodies run: in memory, not in registers, so that
+	 * the paths through one candidate (taken, followed, refused) end in the same verifier
+	 * state. Before 6.3 a state after a BPF-to-BPF call has every scalar precise (see loader's
+	 * TestFloorVariantsHaveNoCalls), and a count in a register would keep them apart: 2^32
+	 * paths. */
+	struct hoptrace_trace_set left;
+	__u32 ran;
+	struct hop_meta m; /* the body's, for the stack's sake */
 };
 
 struct {
@@ -105,6 +112,9 @@ const struct hoptrace_hook_settings *unused_hook_settings_type __attribute__((un
 const struct hoptrace_hook_filter *unused_hook_filter_type __attribute__((unused));
 const struct hoptrace_hook_wildcards *unused_hook_wildcards_type __attribute__((unused));
 const struct hoptrace_hook_count_key *unused_hook_count_key_type __attribute__((unused));
+
+/* A load from the per-CPU packet that clang may not keep in a register across the loop's paths. */
+#define READ_ONCE_(x) (*(volatile typeof(x) *)&(x))
 
 static __always_inline void hook_count(__u32 c)
 {
@@ -147,16 +157,17 @@ static __always_inline bool hook_candidates(struct hoptrace_trace_set *acc,
 	return left;
 }
 
-/* The lowest set bit's index (de Bruijn: no loop, no helper). */
-static const __u8 hook_debruijn64[64] = {
-    0,	1,  48, 2,  57, 49, 28, 3,  61, 58, 50, 42, 38, 29, 17, 4,  62, 55, 59, 36, 53, 51,
-    43, 22, 45, 39, 33, 30, 24, 18, 12, 5,  63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21,
-    44, 32, 23, 11, 46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9,  13, 8,  7,	6,
-};
-
+/* The lowest set bit's index of w != 0: the population count of the bits below it, in ALU
+ * instructions alone (no table, whose variable offset the verifier would want precise, no branch).
+ */
 static __always_inline __u32 lowest_bit(__u64 w)
 {
-	return hook_debruijn64[((w & -w) * 0x03f79d71b4cb0a89ULL) >> 58];
+	__u64 v = (w & -w) - 1;
+
+	v -= (v >> 1) & 0x5555555555555555ULL;
+	v = (v & 0x3333333333333333ULL) + ((v >> 2) & 0x3333333333333333ULL);
+	v = (v + (v >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+	return (v * 0x0101010101010101ULL) >> 56;
 }
 
 /*
@@ -206,7 +217,7 @@ static __always_inline int hook_body_skb_l2(struct __sk_buff *skb, __u32 slot, _
 static __always_inline int hook_skb_l2(struct __sk_buff *skb, bool floor,
 				       int (*body)(struct __sk_buff *, __u32, __u32))
 {
-	__u32 len = skb->len, zero = 0, key, n = 0;
+	__u32 len = skb->len, zero = 0, key;
 	const struct hoptrace_trace_set *proto, *sport, *dport, *origin;
 	const struct hoptrace_hook_wildcards *wild;
 	struct hook_packet *hp;
@@ -274,33 +285,41 @@ static __always_inline int hook_skb_l2(struct __sk_buff *skb, bool floor,
 		return TCX_NEXT_;
 	}
 	hp->flags = p->flags;
+	hp->ran = 0;
+#pragma unroll
+	for (int i = 0; i < HOPTRACE_HOOK_WORDS; i++)
+		hp->left.w[i] = hp->acc.w[i] | hp->follow.w[i];
 #pragma unroll
 	for (int i = 0; i < HOPTRACE_HOOK_WORDS; i++) {
-		__u64 w = hp->acc.w[i] | hp->follow.w[i];
+		for (int j = 0; j < HOPTRACE_HOOK_MATCHED; j++) {
+			__u64 w = READ_ONCE_(hp->left.w[i]);
+			__u32 bit, slot, extra;
+			const struct hoptrace_hook_filter *f;
 
-		for (int j = 0; j < HOPTRACE_HOOK_MATCHED && w; j++) {
-			__u32 bit = lowest_bit(w), slot = i * 64 + bit;
-			const struct hoptrace_hook_filter *f = bpf_map_lookup_elem(&filters, &slot);
-			__u32 extra;
-
-			w &= w - 1;
+			if (!w)
+				break;
+			hp->left.w[i] = w & (w - 1);
+			bit = lowest_bit(w);
+			slot = i * 64 + bit;
+			f = bpf_map_lookup_elem(&filters, &slot);
 			if (f && hook_filter_takes(f, p))
 				extra = 0;
-			else if (hp->follow.w[i] & (1ULL << bit))
+			else if (READ_ONCE_(hp->follow.w[i]) & (1ULL << bit))
 				extra = HOPTRACE_F_FOLLOWED;
 			else
 				continue;
-			if (n >= HOPTRACE_HOOK_MATCHED) {
+			if (READ_ONCE_(hp->ran) >= HOPTRACE_HOOK_MATCHED) {
 				hook_count(HOPTRACE_HOOK_C_OVERFLOW);
 				continue;
 			}
-			n++;
+			hp->ran = READ_ONCE_(hp->ran) + 1;
 			body(skb, slot, extra);
 		}
-		if (w)
+		/* candidates past the ones a word's loop checks: not run, counted once */
+		if (READ_ONCE_(hp->left.w[i]))
 			hook_count(HOPTRACE_HOOK_C_OVERFLOW);
 	}
-	if (!n)
+	if (!READ_ONCE_(hp->ran))
 		hook_count(HOPTRACE_C_NOT_MATCHED);
 	return TCX_NEXT_;
 }

@@ -1,0 +1,106 @@
+package loader_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+)
+
+// BenchmarkHookAB measures the hook program (one per device and direction, the traces in its maps)
+// against today's one program per trace, side by side in one process as BenchmarkObjectAB does:
+// every round runs each (program, packet) pair once in a rotating order, and each pair reports the
+// median ns per run by the test run's clock. The hook holds N traces' filters (each its own
+// destination port; one in five any port of another host, one in seven following another origin's
+// IDs), the last of them the packet's ("match") or none ("none"). Today's N programs are reported as
+// what their test runs add up to: the matching hop_tc and N - 1 refusing ones, or N refusing ones
+// (tcx's loop between them is not in it).
+//
+//	go test -run '^$' -bench HookAB -benchtime 200x ./internal/loader
+func BenchmarkHookAB(b *testing.B) {
+	h := newHarness(b)
+	tsOpts := []byte{1, 1, 8, 10, 0, 0, 0, 1, 0, 0, 0, 2}
+	udp := func(dport uint16) []byte {
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(40000, dport, []byte("hello hoptrace")), 4), tu.ID(0x07000002))
+	}
+	tcp := func(dport uint16) []byte {
+		return tu.Cat(tu.Ethernet(0x0800), tu.IPv4(6, src4, dst4, nil, tu.TCP(40000, dport, tu.Cat(tsOpts, tu.TCPIDOption(0x07000002)), []byte("payload")), 0))
+	}
+	protocols := []struct {
+		name        string
+		proto       uint8
+		match, none []byte
+	}{
+		{"udp", 17, udp(5000), udp(5001)},
+		{"tcp", 6, tcp(5000), tcp(5001)},
+	}
+	type pair struct {
+		name   string
+		prog   *ebpf.Program
+		data   []byte
+		traced bool
+	}
+	var pairs []pair
+	for _, p := range protocols {
+		for _, f := range []struct {
+			name   string
+			filter loader.FilterConstants
+			traced bool
+		}{{"hop_tc_matching", loader.FilterConstants{Proto: p.proto, Dport: 5000}, true}, {"hop_tc_refusing", loader.FilterConstants{Proto: p.proto, Dport: 20000}, false}} {
+			hop := h.load(b, loader.HopConfig{HopIndex: 1, IDOrigin: 7, TraceSlot: 3, Filter: f.filter})
+			pairs = append(pairs, pair{p.name + "_" + f.name, hop.Program, p.match, f.traced})
+		}
+	}
+	counts := []int{1, 10, 50, 200}
+	for _, n := range counts {
+		slot := uint32(n - 1)
+		traces := append(otherTraces(n-1, slot), hookTrace{slot: slot, filter: loader.FilterConstants{Proto: 17, Dport: 5000},
+			settings: hookSettings{HopIndex: 1, TraceSlot: 3, IDOrigin: 7, SampleEvery: 1}})
+		if n > 1 {
+			// the TCP packet's trace: one of the others takes TCP port 5000 instead of its own
+			traces[0].filter = loader.FilterConstants{Proto: 6, Dport: 5000}
+		} else {
+			traces = append(traces, hookTrace{slot: 1, filter: loader.FilterConstants{Proto: 6, Dport: 5000},
+				settings: hookSettings{HopIndex: 1, TraceSlot: 4, IDOrigin: 7, SampleEvery: 1}})
+		}
+		hook := loadHook(b, h, traces)
+		for _, p := range protocols {
+			pairs = append(pairs,
+				pair{fmt.Sprintf("%s_hook_%d_match", p.name, n), hook.Programs["hook"], p.match, true},
+				pair{fmt.Sprintf("%s_hook_%d_none", p.name, n), hook.Programs["hook"], p.none, false})
+		}
+	}
+	pairs = append(pairs, pair{"empty", emptyTCProgram(b), protocols[0].match, false})
+	perRun := make([][]float64, len(pairs))
+	b.ResetTimer()
+	for round := 0; round < b.N; round++ {
+		for k := range pairs {
+			i := (round + k) % len(pairs)
+			_, d, err := pairs[i].prog.Benchmark(pairs[i].data, actionCostChunk, nil)
+			if err != nil {
+				b.Fatalf("%s: test run: %v", pairs[i].name, err)
+			}
+			if got := len(h.drain(b)); pairs[i].traced && got < actionCostChunk || !pairs[i].traced && got != 0 {
+				b.Fatalf("%s: %d records from %d runs", pairs[i].name, got, actionCostChunk)
+			}
+			perRun[i] = append(perRun[i], float64(d.Nanoseconds()))
+		}
+	}
+	b.StopTimer()
+	ns := map[string]float64{}
+	for i, p := range pairs {
+		ns[p.name] = median(perRun[i])
+		b.ReportMetric(ns[p.name], p.name+"-ns/pkt")
+	}
+	for _, p := range protocols {
+		match, refuse := ns[p.name+"_hop_tc_matching"], ns[p.name+"_hop_tc_refusing"]
+		for _, n := range counts {
+			b.Logf("%s, %3d traces: hook %.1f ns matching, %.1f none; today's %d programs %.1f ns matching, %.1f none; hook / one trace today (matching) x%.2f",
+				p.name, n, ns[fmt.Sprintf("%s_hook_%d_match", p.name, n)], ns[fmt.Sprintf("%s_hook_%d_none", p.name, n)], n,
+				match+float64(n-1)*refuse, float64(n)*refuse, ns[fmt.Sprintf("%s_hook_%d_match", p.name, n)]/match)
+		}
+	}
+}
