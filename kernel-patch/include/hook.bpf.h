@@ -157,6 +157,32 @@ static __always_inline bool hook_candidates(struct hoptrace_trace_set *acc,
 	return left;
 }
 
+/*
+ * Whether a frame the fast path (parse.bpf.h's fast_flow_*) decided may be a trace's: a candidate
+ * by its protocol and ports, or an ID some trace of its protocol may follow. false: refused without
+ * the general parser, as a hop program's fast path refuses another flow.
+ */
+static __always_inline bool hook_fast_may_take(const struct fast_flow *f,
+					       const struct hoptrace_hook_wildcards *wild)
+{
+	__u32 kp = f->proto, ks = f->sport, kd = f->dport;
+	const struct hoptrace_trace_set *proto = bpf_map_lookup_elem(&by_proto, &kp);
+	const struct hoptrace_trace_set *sport = bpf_map_lookup_elem(&by_sport, &ks);
+	const struct hoptrace_trace_set *dport = bpf_map_lookup_elem(&by_dport, &kd);
+	__u64 left = 0;
+
+	if (!proto || !sport || !dport)
+		return true;
+#pragma unroll
+	for (int i = 0; i < HOPTRACE_HOOK_WORDS; i++) {
+		left |= proto->w[i] & (sport->w[i] | wild->sport.w[i]) &
+			(dport->w[i] | wild->dport.w[i]);
+		if (!f->no_id)
+			left |= proto->w[i] & wild->follow.w[i];
+	}
+	return left != 0;
+}
+
 /* The lowest set bit's index of w != 0: the population count of the bits below it, in ALU
  * instructions alone (no table, whose variable offset the verifier would want precise, no branch).
  */
@@ -231,6 +257,16 @@ static __always_inline int hook_skb_l2(struct __sk_buff *skb, bool floor,
 	wild = bpf_map_lookup_elem(&wildcards, &zero);
 	if (!hp || !wild)
 		return TCX_NEXT_;
+	if (!hop_general_only) {
+		struct fast_flow f = {}; /* 6.1 refuses reads of a stack slot no path wrote */
+
+		if (fast_flow_l2((const __u8 *)(long)skb->data, (const __u8 *)(long)skb->data_end,
+				 len, &f) &&
+		    !hook_fast_may_take(&f, wild)) {
+			hook_count(HOPTRACE_C_NOT_MATCHED);
+			return TCX_NEXT_;
+		}
+	}
 	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
 
 	p = &hp->p;

@@ -24,10 +24,11 @@ struct hoptrace_trace_set {
 };
 
 /* The sets of the traces that take any source and any destination port, and of those that follow
- * IDs of their origin (follow_origin): one entry. */
+ * IDs of their origin (follow_origin; origin_slots by origin): one entry. */
 struct hoptrace_hook_wildcards {
 	struct hoptrace_trace_set sport;
 	struct hoptrace_trace_set dport;
+	struct hoptrace_trace_set follow; /* every trace that follows IDs, of any origin */
 };
 
 /* A trace's filter, hop.bpf.h's filter_* constants: addresses and masks in network order, ports

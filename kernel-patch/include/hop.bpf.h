@@ -941,22 +941,24 @@ static __always_inline void emit_record(const struct hoptrace_hook_settings *hs,
 	barrier_var(segmented);
 #ifdef HOPTRACE_HOOK
 	/* the hook's settings are read once and kept in registers for the same reason: read twice
-	 * from the map, the two could differ for all the verifier knows */
-	__u32 with_values_ = hs->act_record[0] != 0, with_capture_ = hs->act_capture && r;
-	__u32 any_values_ = with_values_ | segmented;
+	 * from the map, the two could differ for all the verifier knows. 64 bits wide: before 5.13
+	 * the verifier forgets a narrower scalar spilled to the stack. */
+	__u64 with_values_ = hs->act_record[0] != 0, with_capture_ = hs->act_capture && r;
+	__u64 any_values_ = with_values_ | segmented;
 
 	barrier_var(any_values_);
 	barrier_var(with_capture_);
-#define EMIT_ANY_VALUES	  any_values_
-#define EMIT_WITH_VALUES  with_values_
-#define EMIT_WITH_CAPTURE with_capture_
+#define EMIT_ANY_VALUES	    any_values_
+#define EMIT_RESERVE_VALUES any_values_ /* the very register the writes below test */
+#define EMIT_WITH_VALUES    with_values_
+#define EMIT_WITH_CAPTURE   with_capture_
 #else
-#define EMIT_ANY_VALUES	  1
-#define EMIT_WITH_VALUES  act_record[0]
-#define EMIT_WITH_CAPTURE (act_capture && r)
+#define EMIT_ANY_VALUES	    1
+#define EMIT_RESERVE_VALUES (act_record[0] || segmented)
+#define EMIT_WITH_VALUES    act_record[0]
+#define EMIT_WITH_CAPTURE   (act_capture && r)
 #endif
-	struct hoptrace_record *rec = reserve_sample(
-	    EMIT_ANY_VALUES && (EMIT_WITH_VALUES || segmented), addrs, EMIT_WITH_CAPTURE);
+	struct hoptrace_record *rec = reserve_sample(EMIT_RESERVE_VALUES, addrs, EMIT_WITH_CAPTURE);
 	void *next;
 	int slot = segs_slot(hs);
 
@@ -1013,6 +1015,7 @@ static __always_inline void emit_record(const struct hoptrace_hook_settings *hs,
 	submit_record(hs, rec);
 }
 #undef EMIT_ANY_VALUES
+#undef EMIT_RESERVE_VALUES
 #undef EMIT_WITH_VALUES
 #undef EMIT_WITH_CAPTURE
 

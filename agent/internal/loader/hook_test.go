@@ -3,9 +3,11 @@ package loader_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -60,6 +62,11 @@ func hookObjectPath() string {
 // it) writing records into h's ring buffer, with traces in its maps.
 func loadHook(t testing.TB, h *harness, traces []hookTrace) *ebpf.Collection {
 	t.Helper()
+	return loadHookLogged(t, h, traces, 0)
+}
+
+func loadHookLogged(t testing.TB, h *harness, traces []hookTrace, level ebpf.LogLevel) *ebpf.Collection {
+	t.Helper()
 	spec, err := ebpf.LoadCollectionSpec(hookObjectPath())
 	if err != nil {
 		t.Fatalf("%s: %v (run make bpf)", hookObjectPath(), err)
@@ -78,10 +85,14 @@ func loadHook(t testing.TB, h *harness, traces []hookTrace) *ebpf.Collection {
 	spec.Maps[loader.MapRecords].MaxEntries = h.records.MaxEntries()
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
 		MapReplacements: map[string]*ebpf.Map{loader.MapRecords: h.records},
-		Programs:        loader.ProgramOptions(0),
+		Programs:        loader.ProgramOptions(level),
 		Cache:           kernelBTF,
 	})
 	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			t.Fatalf("load %s: %+v", prog, ve) // the whole log: a kernel of the matrix refused it
+		}
 		t.Fatalf("load %s: %v", prog, err)
 	}
 	t.Cleanup(func() { coll.Close() })
@@ -97,7 +108,7 @@ func setHookTraces(t testing.TB, coll *ebpf.Collection, traces []hookTrace) {
 	var (
 		proto        [256]traceSet
 		sport, dport = map[uint32]*traceSet{}, map[uint32]*traceSet{}
-		wild         struct{ Sport, Dport traceSet }
+		wild         struct{ Sport, Dport, Follow traceSet }
 		origins      [256]traceSet
 	)
 	put := func(m string, key, value any) {
@@ -133,6 +144,7 @@ func setHookTraces(t testing.TB, coll *ebpf.Collection, traces []hookTrace) {
 		}
 		if s.FollowOrigin != 0 {
 			origins[s.FollowOrigin].add(tr.slot)
+			wild.Follow.add(tr.slot)
 		}
 	}
 	for p := range proto {
@@ -345,6 +357,31 @@ func TestHookRecordsAsHop(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// The hook verifies on this kernel; its verifier figures are logged: the instructions the verifier
+// walked (its body included, checked once as a global function) from its log, and verified_insns
+// (5.16+).
+func TestHookVerifierCost(t *testing.T) {
+	h := newHarness(t)
+	hook := loadHookLogged(t, h, nil, ebpf.LogLevelStats)
+	prog := hook.Programs["hook"]
+	log := prog.VerifierLog
+	at := strings.LastIndex(log, "processed ")
+	if at < 0 {
+		t.Fatalf("no figures in the verifier's log: %q", log)
+	}
+	line, _, _ := strings.Cut(log[at:], "\n")
+	info, err := prog.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := info.Name
+	if n, ok := info.VerifiedInstructions(); ok {
+		t.Logf("%s: %s; verified_insns %d", name, line, n)
+	} else {
+		t.Logf("%s: %s", name, line)
 	}
 }
 
