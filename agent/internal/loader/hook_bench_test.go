@@ -13,9 +13,10 @@ import (
 // BenchmarkHookAB measures the hook program (one per device and direction, the traces in its maps)
 // against today's one program per trace, side by side in one process as BenchmarkObjectAB does:
 // every round runs each (program, packet) pair once in a rotating order, and each pair reports the
-// median ns per run by the test run's clock. The hook holds N traces' filters (each its own
-// destination port; one in five any port of another host, one in seven following another origin's
-// IDs), the last of them the packet's ("match") or none ("none"). Today's N programs are reported as
+// median ns per run by the test run's clock. The hook holds N traces' filters, the last of them the
+// packet's ("match") or none ("none"): "ports", each its own destination port; "mixed", one in five
+// any port of another host (a candidate for every packet of its protocol) and one in seven following
+// another origin's IDs. Today's N programs are reported as
 // what their test runs add up to: the matching hop_tc and N - 1 refusing ones, or N refusing ones
 // (tcx's loop between them is not in it).
 //
@@ -55,22 +56,28 @@ func BenchmarkHookAB(b *testing.B) {
 		}
 	}
 	counts := []int{1, 10, 50, 200}
-	for _, n := range counts {
-		slot := uint32(n - 1)
-		traces := append(otherTraces(n-1, slot), hookTrace{slot: slot, filter: loader.FilterConstants{Proto: 17, Dport: 5000},
-			settings: hookSettings{HopIndex: 1, TraceSlot: 3, IDOrigin: 7, SampleEvery: 1}})
-		if n > 1 {
-			// the TCP packet's trace: one of the others takes TCP port 5000 instead of its own
-			traces[0].filter = loader.FilterConstants{Proto: 6, Dport: 5000}
-		} else {
-			traces = append(traces, hookTrace{slot: 1, filter: loader.FilterConstants{Proto: 6, Dport: 5000},
-				settings: hookSettings{HopIndex: 1, TraceSlot: 4, IDOrigin: 7, SampleEvery: 1}})
-		}
-		hook := loadHook(b, h, traces)
-		for _, p := range protocols {
-			pairs = append(pairs,
-				pair{fmt.Sprintf("%s_hook_%d_match", p.name, n), hook.Programs["hook"], p.match, true},
-				pair{fmt.Sprintf("%s_hook_%d_none", p.name, n), hook.Programs["hook"], p.none, false})
+	mixes := []struct {
+		name         string
+		anyPortEvery int
+	}{{"ports", 0}, {"mixed", 5}}
+	for _, mix := range mixes {
+		for _, n := range counts {
+			slot := uint32(n - 1)
+			traces := append(otherTracesAnyPort(n-1, slot, mix.anyPortEvery), hookTrace{slot: slot, filter: loader.FilterConstants{Proto: 17, Dport: 5000},
+				settings: hookSettings{HopIndex: 1, TraceSlot: 3, IDOrigin: 7, SampleEvery: 1}})
+			if n > 1 {
+				// the TCP packet's trace: one of the others takes TCP port 5000 instead of its own
+				traces[0].filter = loader.FilterConstants{Proto: 6, Dport: 5000}
+			} else {
+				traces = append(traces, hookTrace{slot: 1, filter: loader.FilterConstants{Proto: 6, Dport: 5000},
+					settings: hookSettings{HopIndex: 1, TraceSlot: 4, IDOrigin: 7, SampleEvery: 1}})
+			}
+			hook := loadHook(b, h, traces)
+			for _, p := range protocols {
+				pairs = append(pairs,
+					pair{fmt.Sprintf("%s_hook_%s_%d_match", p.name, mix.name, n), hook.Programs["hook"], p.match, true},
+					pair{fmt.Sprintf("%s_hook_%s_%d_none", p.name, mix.name, n), hook.Programs["hook"], p.none, false})
+			}
 		}
 	}
 	pairs = append(pairs, pair{"empty", emptyTCProgram(b), protocols[0].match, false})
@@ -95,12 +102,18 @@ func BenchmarkHookAB(b *testing.B) {
 		ns[p.name] = median(perRun[i])
 		b.ReportMetric(ns[p.name], p.name+"-ns/pkt")
 	}
+	if b.N == 1 {
+		return // the benchmark's first, single round: its figures are not the ones to read
+	}
 	for _, p := range protocols {
 		match, refuse := ns[p.name+"_hop_tc_matching"], ns[p.name+"_hop_tc_refusing"]
-		for _, n := range counts {
-			b.Logf("%s, %3d traces: hook %.1f ns matching, %.1f none; today's %d programs %.1f ns matching, %.1f none; hook / one trace today (matching) x%.2f",
-				p.name, n, ns[fmt.Sprintf("%s_hook_%d_match", p.name, n)], ns[fmt.Sprintf("%s_hook_%d_none", p.name, n)], n,
-				match+float64(n-1)*refuse, float64(n)*refuse, ns[fmt.Sprintf("%s_hook_%d_match", p.name, n)]/match)
+		for _, mix := range mixes {
+			line := fmt.Sprintf("%s %s (hop_tc %.0f ns matching, %.0f refusing):", p.name, mix.name, match, refuse)
+			for _, n := range counts {
+				hm, hn := ns[fmt.Sprintf("%s_hook_%s_%d_match", p.name, mix.name, n)], ns[fmt.Sprintf("%s_hook_%s_%d_none", p.name, mix.name, n)]
+				line += fmt.Sprintf(" | %d: hook %.0f/%.0f, today %.0f/%.0f, x%.2f/x%.2f", n, hm, hn, match+float64(n-1)*refuse, float64(n)*refuse, hm/match, hn/refuse)
+			}
+			b.Log(line) // one line each: a benchmark's log keeps 10
 		}
 	}
 }

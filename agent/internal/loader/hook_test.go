@@ -209,7 +209,10 @@ func hookCounters(t testing.TB, coll *ebpf.Collection) []uint64 {
 // otherTraces are n traces that take none of the test's packets: each its own destination port (UDP
 // or TCP), one in five any port of another destination (candidates for every packet of their
 // protocol, refused by their whole filter), and one in seven following IDs of another origin.
-func otherTraces(n int, skip uint32) []hookTrace {
+func otherTraces(n int, skip uint32) []hookTrace { return otherTracesAnyPort(n, skip, 5) }
+
+// otherTracesAnyPort is otherTraces with one trace in anyPortEvery taking any port (0: none).
+func otherTracesAnyPort(n int, skip uint32, anyPortEvery int) []hookTrace {
 	var out []hookTrace
 	for i, slot := 0, uint32(0); i < n; slot++ {
 		if slot == skip {
@@ -219,7 +222,7 @@ func otherTraces(n int, skip uint32) []hookTrace {
 		if i%2 == 1 {
 			f.Proto = 6
 		}
-		if i%5 == 0 {
+		if anyPortEvery > 0 && i%anyPortEvery == 0 {
 			f = loader.FilterConstants{Proto: f.Proto, Family: 4, Dst: addr16(fmt.Sprintf("198.19.%d.%d", i/256, i%256)), DstMask: mask32}
 		}
 		s := hookSettings{HopIndex: 2, TraceSlot: uint16(100 + i), IDOrigin: 9, SampleEvery: 1}
