@@ -280,6 +280,10 @@ func TestHookRecordsAsHop(t *testing.T) {
 	untagged := tu.Cat(tu.Ethernet(0x0800), tu.IPv4(17, src4, dst4, nil, tu.UDP(40000, 5000, []byte("hello hoptrace")), 0))
 	host := loader.FilterConstants{Proto: 6, Family: 4, Dst: addr16(dst4), DstMask: mask32, Dport: 5000}
 	udp5000 := loader.FilterConstants{Proto: 17, Dport: 5000}
+	udp6 := tu.Cat(tu.Ethernet(0x86dd), tu.IPv6(17, src6, dst6, nil, tu.UDP(40001, 5001, []byte("v6")), 4), tu.ID(0x07000002))
+	dst6b := netip.MustParseAddr(dst6).As16()
+	host6 := loader.FilterConstants{Proto: 17, Family: 6, Dst: dst6b, DstMask: [16]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+		0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}}
 	cases := []struct {
 		name  string
 		pkt   []byte
@@ -289,6 +293,7 @@ func TestHookRecordsAsHop(t *testing.T) {
 		{"udp", udp4(0x07000002), loader.HopConfig{Filter: udp5000}, record.FlagUDP},
 		{"udp any filter, addresses", udp4(0x07000001), loader.HopConfig{}, record.FlagUDP | record.FlagAddresses},
 		{"tcp host filter", tcp, loader.HopConfig{Filter: host}, record.FlagTCP},
+		{"ipv6 host filter", udp6, loader.HopConfig{Filter: host6}, record.FlagUDP | record.FlagIPv6},
 		{"vxlan inner", vxlan, loader.HopConfig{Filter: udp5000}, record.FlagUDP | record.FlagEncapVXLAN | record.FlagAddresses},
 		{"udp tagged here", untagged, loader.HopConfig{Filter: udp5000, TagUDP: true}, record.FlagUDP | record.FlagTaggedHere},
 		{"followed", udp4(0x07000003), loader.HopConfig{Filter: loader.FilterConstants{Proto: 17, Dport: 8080}, FollowOrigin: 7}, record.FlagUDP | record.FlagFollowed},
