@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/cilium/ebpf"
-
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
 )
@@ -38,13 +36,7 @@ func BenchmarkHookAB(b *testing.B) {
 		{"udp", 17, udp(5000), udp(5001)},
 		{"tcp", 6, tcp(5000), tcp(5001)},
 	}
-	type pair struct {
-		name   string
-		prog   *ebpf.Program
-		data   []byte
-		traced bool
-	}
-	var pairs []pair
+	var pairs []testRunPair
 	for _, p := range protocols {
 		for _, f := range []struct {
 			name   string
@@ -52,7 +44,7 @@ func BenchmarkHookAB(b *testing.B) {
 			traced bool
 		}{{"hop_tc_matching", loader.FilterConstants{Proto: p.proto, Dport: 5000}, true}, {"hop_tc_refusing", loader.FilterConstants{Proto: p.proto, Dport: 20000}, false}} {
 			hop := h.load(b, loader.HopConfig{HopIndex: 1, IDOrigin: 7, TraceSlot: 3, Filter: f.filter})
-			pairs = append(pairs, pair{p.name + "_" + f.name, hop.Program, p.match, f.traced})
+			pairs = append(pairs, testRunPair{p.name + "_" + f.name, hop.Program, p.match, f.traced})
 		}
 	}
 	counts := []int{1, 10, 50, 200}
@@ -75,28 +67,13 @@ func BenchmarkHookAB(b *testing.B) {
 			hook := loadHook(b, h, traces)
 			for _, p := range protocols {
 				pairs = append(pairs,
-					pair{fmt.Sprintf("%s_hook_%s_%d_match", p.name, mix.name, n), hook.Programs["hook"], p.match, true},
-					pair{fmt.Sprintf("%s_hook_%s_%d_none", p.name, mix.name, n), hook.Programs["hook"], p.none, false})
+					testRunPair{fmt.Sprintf("%s_hook_%s_%d_match", p.name, mix.name, n), hook.Programs["hook"], p.match, true},
+					testRunPair{fmt.Sprintf("%s_hook_%s_%d_none", p.name, mix.name, n), hook.Programs["hook"], p.none, false})
 			}
 		}
 	}
-	pairs = append(pairs, pair{"empty", emptyTCProgram(b), protocols[0].match, false})
-	perRun := make([][]float64, len(pairs))
-	b.ResetTimer()
-	for round := 0; round < b.N; round++ {
-		for k := range pairs {
-			i := (round + k) % len(pairs)
-			_, d, err := pairs[i].prog.Benchmark(pairs[i].data, actionCostChunk, nil)
-			if err != nil {
-				b.Fatalf("%s: test run: %v", pairs[i].name, err)
-			}
-			if got := len(h.drain(b)); pairs[i].traced && got < actionCostChunk || !pairs[i].traced && got != 0 {
-				b.Fatalf("%s: %d records from %d runs", pairs[i].name, got, actionCostChunk)
-			}
-			perRun[i] = append(perRun[i], float64(d.Nanoseconds()))
-		}
-	}
-	b.StopTimer()
+	pairs = append(pairs, testRunPair{"empty", emptyTCProgram(b), protocols[0].match, false})
+	perRun := runPairsInRounds(b, h, pairs)
 	ns := map[string]float64{}
 	for i, p := range pairs {
 		ns[p.name] = median(perRun[i])

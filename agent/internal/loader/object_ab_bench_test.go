@@ -86,13 +86,7 @@ func BenchmarkObjectAB(b *testing.B) {
 		{"tcp_other_origin_follow", tcp(tu.Cat(tsOpts, tu.TCPIDOption(0x08000002))), loader.FilterConstants{Proto: 6, Dport: 8080}, false, false, 7, 0},
 		{"tcp_untagged_follow", tcp(tsOpts), loader.FilterConstants{Proto: 6, Dport: 8080}, false, false, 7, 0},
 	}
-	type pair struct {
-		name   string
-		prog   *ebpf.Program
-		data   []byte
-		traced bool
-	}
-	var pairs []pair
+	var pairs []testRunPair
 	for _, obj := range objects {
 		ids, err := loader.NewIDState(obj.spec)
 		if err != nil || ids == nil {
@@ -109,28 +103,12 @@ func BenchmarkObjectAB(b *testing.B) {
 				b.Fatalf("%s: %v", obj.name, err)
 			}
 			b.Cleanup(hop.Close)
-			pairs = append(pairs, pair{obj.name + "_" + pkt.name, hop.Program, pkt.data, pkt.traced})
+			pairs = append(pairs, testRunPair{obj.name + "_" + pkt.name, hop.Program, pkt.data, pkt.traced})
 		}
 	}
 	// What the test run costs by itself, in the same rounds.
-	pairs = append(pairs, pair{"empty", emptyTCProgram(b), packets[0].data, false})
-	perRun := make([][]float64, len(pairs))
-	b.ResetTimer()
-	for round := 0; round < b.N; round++ {
-		for k := range pairs {
-			i := (round + k) % len(pairs)
-			_, d, err := pairs[i].prog.Benchmark(pairs[i].data, actionCostChunk, nil)
-			if err != nil {
-				b.Fatalf("%s: test run: %v", pairs[i].name, err)
-			}
-			// A test run a signal interrupts is run again whole: its first runs' records come on top.
-			if got := len(h.drain(b)); pairs[i].traced && got < actionCostChunk || !pairs[i].traced && got != 0 {
-				b.Fatalf("%s: %d records from %d runs", pairs[i].name, got, actionCostChunk)
-			}
-			perRun[i] = append(perRun[i], float64(d.Nanoseconds()))
-		}
-	}
-	b.StopTimer()
+	pairs = append(pairs, testRunPair{"empty", emptyTCProgram(b), packets[0].data, false})
+	perRun := runPairsInRounds(b, h, pairs)
 	for i, p := range pairs {
 		b.ReportMetric(median(perRun[i]), p.name+"-ns/pkt")
 	}
@@ -150,4 +128,35 @@ func roundDiffs(this, other []float64) string {
 	}
 	sort.Float64s(d)
 	return fmt.Sprintf("%+.1f ns (%+.1f..%+.1f)", d[len(d)/2], d[len(d)/10], d[len(d)*9/10])
+}
+
+// testRunPair is a program and the packet a benchmark runs it on; traced: each run records.
+type testRunPair struct {
+	name   string
+	prog   *ebpf.Program
+	data   []byte
+	traced bool
+}
+
+// runPairsInRounds runs every pair b.N rounds of actionCostChunk test runs, in an order that turns
+// each round, so load that changes over time weighs on all alike; per pair, ns a run of each round.
+func runPairsInRounds(b *testing.B, h *harness, pairs []testRunPair) [][]float64 {
+	perRun := make([][]float64, len(pairs))
+	b.ResetTimer()
+	for round := 0; round < b.N; round++ {
+		for k := range pairs {
+			i := (round + k) % len(pairs)
+			_, d, err := pairs[i].prog.Benchmark(pairs[i].data, actionCostChunk, nil)
+			if err != nil {
+				b.Fatalf("%s: test run: %v", pairs[i].name, err)
+			}
+			// A test run a signal interrupts is run again whole: its first runs' records come on top.
+			if got := len(h.drain(b)); pairs[i].traced && got < actionCostChunk || !pairs[i].traced && got != 0 {
+				b.Fatalf("%s: %d records from %d runs", pairs[i].name, got, actionCostChunk)
+			}
+			perRun[i] = append(perRun[i], float64(d.Nanoseconds()))
+		}
+	}
+	b.StopTimer()
+	return perRun
 }
