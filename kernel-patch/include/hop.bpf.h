@@ -1019,26 +1019,32 @@ static __always_inline void emit_record(const struct hoptrace_hook_settings *hs,
 #undef EMIT_WITH_VALUES
 #undef EMIT_WITH_CAPTURE
 
-/* The wire segments a tagged TCP skb stands for (0 for any other packet): its gso_segs. A GSO
- * skb a guest or a tun/tap writer handed in (SKB_GSO_DODGY) has 0 there until the stack counts
- * them on egress (qdisc_pkt_len_init): counted here as the kernel counts them,
- * DIV_ROUND_UP(TCP payload, gso_size). */
+/* The wire segments a tagged TCP skb stands for (0 for any other packet), from its shared info's
+ * gso_segs and gso_size. A GSO skb a guest or a tun/tap writer handed in (SKB_GSO_DODGY) has 0
+ * segments there until the stack counts them on egress (qdisc_pkt_len_init): counted here as the
+ * kernel counts them, DIV_ROUND_UP(TCP payload, gso_size). */
+static __always_inline __u32 tcp_segments(__u32 gso_segs, __u32 gso_size, const struct pkt_info *p)
+{
+	__u32 headers = p->l4_off - p->l3_off + p->tcp_doff * 4;
+
+	if (gso_segs)
+		return gso_segs;
+	if (!gso_size || !p->tcp_doff || p->ip_len <= headers)
+		return 0;
+	return (p->ip_len - headers + gso_size - 1) / gso_size;
+}
+
+/* tc and cgroup hops: the count from the context's gso_segs and gso_size. */
 static __always_inline __u32 skb_segments_inline(struct __sk_buff *skb, const struct pkt_info *p)
 {
 	if (!p->id || p->proto != IPPROTO_TCP_)
 		return 0;
 
-	__u32 gso_segs = skb->gso_segs, gso_size, headers;
+	__u32 gso_segs = skb->gso_segs, gso_size = skb->gso_size;
 
 	barrier_var(gso_segs);
-	if (gso_segs)
-		return gso_segs;
-	gso_size = skb->gso_size;
 	barrier_var(gso_size);
-	headers = p->l4_off - p->l3_off + p->tcp_doff * 4;
-	if (!gso_size || !p->tcp_doff || p->ip_len <= headers)
-		return 0;
-	return (p->ip_len - headers + gso_size - 1) / gso_size;
+	return tcp_segments(gso_segs, gso_size, p);
 }
 
 /* The full variants call it: inlined, its registers made tc and cgroup hops' frames too big for
@@ -1047,6 +1053,21 @@ static __always_inline __u32 skb_segments_inline(struct __sk_buff *skb, const st
 static __noinline __u32 skb_segments(struct __sk_buff *skb, const struct pkt_info *p)
 {
 	return skb_segments_inline(skb, p);
+}
+
+/* Kernel hops (full variants): the count from the struct sk_buff's shared info, at head + end (an
+ * offset on 64-bit); computed, so not BTF-typed: probed reads. Called, as skb_segments is; the
+ * floor variants, whose frames have no room for it inlined, mark the record HOPTRACE_F_UNCOUNTED.
+ */
+static __noinline __u32 kernel_segments(struct sk_buff *skb, const struct pkt_info *p)
+{
+	if (!p->id || p->proto != IPPROTO_TCP_)
+		return 0;
+
+	struct skb_shared_info *shinfo =
+	    (void *)(BPF_CORE_READ(skb, head) + BPF_CORE_READ(skb, end));
+
+	return tcp_segments(BPF_CORE_READ(shinfo, gso_segs), BPF_CORE_READ(shinfo, gso_size), p);
 }
 
 /* A parsed packet's record, with the addresses this hop saw when its ID says so. The decision is
@@ -1061,18 +1082,17 @@ static __always_inline void emit_packet_record(const struct hoptrace_hook_settin
 {
 	__u32 describes = describes_addresses(p->id);
 	__u16 flags = p->flags;
+	__u32 segs = 0;
 
 	barrier_var(describes);
-	/* The shared info's probed reads of the segment count do not fit a kernel hop's stack
-	 * (6.1's verifier counted 544 bytes with them): its tagged TCP records are taken whole
-	 * where it saw the packet, and it counts none (folded away). */
-	if (src == PKT_KERNEL && p->proto == IPPROTO_TCP_)
-		flags |= HOPTRACE_F_UNCOUNTED;
+	if (src == PKT_SKB)
+		segs = r->floor ? skb_segments_inline(r->ctx, p) : skb_segments(r->ctx, p);
+	else if (src == PKT_KERNEL && r && !r->floor)
+		segs = kernel_segments(r->ctx, p);
+	else if (src == PKT_KERNEL && p->proto == IPPROTO_TCP_)
+		flags |= HOPTRACE_F_UNCOUNTED; /* socket-read, floor: taken whole where seen */
 	emit_record(hs, p->id, flow_hash(p), flags, record_ifindex, wire_len, ts, p, ifindex, m,
-		    describes ? p : NULL, src, r,
-		    src != PKT_SKB ? 0
-		    : r->floor	   ? skb_segments_inline(r->ctx, p)
-				   : skb_segments(r->ctx, p));
+		    describes ? p : NULL, src, r, segs);
 }
 
 /* The part every hop shares once it has parsed the packet; true when it
@@ -1384,7 +1404,7 @@ static __always_inline int hop_kernel_skb(struct sk_buff *skb, struct net_device
 					  __u32 drop_reason, void *drop_location, bool btf,
 					  bool floor)
 {
-	struct pkt_reader r = {.floor = floor};
+	struct pkt_reader r = {.ctx = skb, .floor = floor};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
 	__u16 ethertype;

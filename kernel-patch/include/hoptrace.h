@@ -107,8 +107,8 @@ enum hoptrace_record_flag {
 	HOPTRACE_F_ADDRESSES = 1 << 10,
 	/* a struct hoptrace_capture follows the record (its values and addresses) in its sample */
 	HOPTRACE_F_CAPTURE = 1 << 11,
-	/* a GSO skb whose wire segments this hop could not count (a tun/tap writer's, gso_segs 0,
-	 * at a kernel hop): the collector does not judge the packet's segments here */
+	/* a tagged TCP skb whose wire segments this hop does not count (socket-read, a kernel hop's
+	 * floor variant): the collector does not judge the packet's segments here */
 	HOPTRACE_F_UNCOUNTED = 1 << 12,
 };
 

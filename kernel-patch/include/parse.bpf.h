@@ -65,7 +65,7 @@ const volatile __u8 hop_general_only = 0;
 #define PKT_COPY_BUF (2 * PKT_COPY_MAX)
 
 struct pkt_reader {
-	void *ctx;	   /* __sk_buff * or xdp_md * */
+	void *ctx;	   /* __sk_buff *, xdp_md *, or PKT_KERNEL's struct sk_buff * */
 	const __u8 *kbase; /* PKT_KERNEL: first byte at offset 0 */
 	const __u8 *data;  /* PKT_SKB/PKT_XDP with direct: linear data at offset 0 */
 	const __u8 *data_end;

@@ -235,8 +235,8 @@ def test_segments_of_a_cut_and_merged_tcp_packet_are_counted_exactly(
     topology.run(
         "host-a", "ethtool", "-K", "wire0", "tso", "off", "gso", "off", "tx-udp_tnl-segmentation", "off"
     )
-    # tc hops only: kernel hops do not count segments (their records are UNCOUNTED, docs/design.md)
-    spec = vxlan_path_spec(topology, "tcp-gso-gro", protocol="tcp", port=PORT, tc_only=True)
+    # a-veth-in and b-veth-out are tracepoints: kernel hops count from the struct sk_buff's shared info
+    spec = vxlan_path_spec(topology, "tcp-gso-gro", protocol="tcp", port=PORT)
     with running_cluster(topology, influxd.url) as cluster:
         cluster.apply(spec)
         frames: dict[str, tuple[list[Frame], list[Frame]]] = {}
@@ -286,8 +286,14 @@ def test_segments_of_a_cut_and_merged_tcp_packet_are_counted_exactly(
     assert metrics["hoptrace_collector_segments_total"] == len(wire), (metrics, len(wire))
     partial = sum(n for pid, n in drops.items() if ids[pid] > n)
     assert metrics["hoptrace_collector_segments_missing_total"] == len(HOPS_AFTER_DROP) * partial, metrics
-    # Before the cut (a-wire-out) each ID's skb said its segments: the IDs cut into several
-    assert recorded_segments(report_now, "a-wire-out") == (cut, sum(n for n in ids.values() if n > 1))
+    # Before the cut (a-wire-out, and the tracepoint at a-veth-in) each ID's skb said its segments: the
+    # IDs cut into several
+    before_cut = (cut, sum(n for n in ids.values() if n > 1))
+    assert recorded_segments(report_now, "a-wire-out") == before_cut
+    assert recorded_segments(report_now, "a-veth-in") == before_cut
+    # The skbs VXLAN's GRO cells merged are forwarded whole: the tracepoint at b-veth-out sees them
+    assert recorded_segments(report_now, "b-veth-out") == recorded_segments(report_now, "b-vxlan-in")
+    assert recorded_segments(report_now, "b-vxlan-in")[0] > 0
     # After GRO (b-wire-in) each merged skb said how many it holds: host-b's tap saw those skbs
     after_gro = [f for gro in frames for f in frames[gro][1]]
     mss = max(f.payload for f in wire)
