@@ -1047,9 +1047,9 @@ static __always_inline __u32 skb_segments_inline(struct __sk_buff *skb, const st
 	return tcp_segments(gso_segs, gso_size, p);
 }
 
-/* The full variants call it: inlined, its registers made tc and cgroup hops' frames too big for
- * 6.1's verifier beside bpf_loop's callback (the floor variants have no callback, and no calls:
- * see TestFloorVariantsHaveNoCalls). */
+/* cgroup hops' full variants call it (pkt_reader's call_segments): inlined, its registers made
+ * their frames too big for 6.1's verifier beside bpf_loop's callback. The floor variants have no
+ * callback, and no calls (TestFloorVariantsHaveNoCalls). */
 static __noinline __u32 skb_segments(struct __sk_buff *skb, const struct pkt_info *p)
 {
 	return skb_segments_inline(skb, p);
@@ -1085,12 +1085,16 @@ static __always_inline void emit_packet_record(const struct hoptrace_hook_settin
 	__u32 segs = 0;
 
 	barrier_var(describes);
-	if (src == PKT_SKB)
-		segs = r->floor ? skb_segments_inline(r->ctx, p) : skb_segments(r->ctx, p);
-	else if (src == PKT_KERNEL && r && !r->floor)
-		segs = kernel_segments(r->ctx, p);
-	else if (src == PKT_KERNEL && p->proto == IPPROTO_TCP_)
-		flags |= HOPTRACE_F_UNCOUNTED; /* socket-read, floor: taken whole where seen */
+	if (p->proto == IPPROTO_TCP_) { /* only TCP skbs carry their ID through GSO and GRO */
+		if (src == PKT_SKB)
+			segs = r->call_segments ? skb_segments(r->ctx, p)
+						: skb_segments_inline(r->ctx, p);
+		else if (src == PKT_KERNEL && r && !r->floor)
+			segs = kernel_segments(r->ctx, p);
+		else if (src == PKT_KERNEL)
+			flags |=
+			    HOPTRACE_F_UNCOUNTED; /* socket-read, floor: taken whole where seen */
+	}
 	emit_record(hs, p->id, flow_hash(p), flags, record_ifindex, wire_len, ts, p, ifindex, m,
 		    describes ? p : NULL, src, r, segs);
 }
@@ -1316,7 +1320,8 @@ static __always_inline int hop_skb_l3(struct __sk_buff *skb, bool floor)
 		resume = verdict == FAST_TAKEN ? fast_resume(&f) : 0;
 	}
 	/* Zeroed after the fast path: a packet it refuses pays no stack stores for them. */
-	struct pkt_reader r = {.ctx = skb, .len = len, .total = len, .floor = floor};
+	struct pkt_reader r = {
+	    .ctx = skb, .len = len, .total = len, .floor = floor, .call_segments = !floor};
 	struct pkt_info p = {};
 	struct hop_meta m = {};
 

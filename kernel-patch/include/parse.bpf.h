@@ -82,6 +82,10 @@ struct pkt_reader {
 	 * precise once a program calls bpf_loop's callback) gave up at 1M instructions. */
 	__u8 no_fields; /* leave pkt_info's action fields (tos .. tcp_ack) unset */
 	__u8 no_tunnel; /* parse the outermost packet only */
+	/* Compile-time: tc and cgroup hops' segment count in a called function (hop.bpf.h's
+	 * skb_segments), not inlined: cgroup_skb's frame has no room for it beside bpf_loop's
+	 * callback on 6.1; a call costs a tagged TCP packet ~8 ns, so tc inlines it. */
+	__u8 call_segments;
 };
 
 /* The innermost packet: its flow, where its headers are, and its ID. */
