@@ -148,8 +148,8 @@ struct {
 } bench_local_record SEC(".maps");
 
 """
-SUBMIT = "\tsubmit_record(rec);\n}\n"
-LOCAL_SUBMIT = "\tcount(HOPTRACE_C_RECORDED, 1);\n}\n"
+SUBMIT = "\tsubmit_record(hs, rec);\n}\n"
+LOCAL_SUBMIT = "\thop_count(hs, HOPTRACE_C_RECORDED, 1);\n}\n"
 
 
 # `floor_other`: a filter on the destination port, and nothing else; a match is counted so that the
