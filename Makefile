@@ -271,11 +271,11 @@ fuzz: setup build ## the fuzzers: FUZZ_TIME per Go target (5m, or 50000x runs), 
 	HOPTRACE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/spec/test_spec_hostile.py
 
 .PHONY: bench
-bench: setup build ## every benchmark, full size (~12 min): bench/results/<time>.{json,md,png}
+bench: setup build jaeger ## every benchmark, full size (~12 min): bench/results/<time>.{json,md,png}
 	$(PY) bench/run.py --full
 
 .PHONY: bench-quick
-bench-quick: setup build ## every benchmark at a tiny size, every other bench script once (SMOKE_RUNS); make test runs it
+bench-quick: setup build jaeger ## every benchmark at a tiny size, every other bench script once (SMOKE_RUNS); make test runs it
 	$(PY) bench/run.py --quick
 
 .PHONY: demo-guest
