@@ -138,7 +138,7 @@ vocab: $(BPF_OBJS) ## regenerate the mirrors of hoptrace.h and the agent's allow
 	cd agent && go run ./cmd/vocabgen -object ../$(BPF_OBJ) -go internal/record/record_gen.go \
 		-go-programs internal/loader/programs_gen.go \
 		-allowlist internal/allowlist/policy_gen.go \
-		-allowlist-objects hops=../$(BPF_OBJ),mace=../$(BPF_BUILD)/mace.bpf.o,iron=../$(BPF_BUILD)/iron.bpf.o \
+		-allowlist-objects hops=../$(BPF_OBJ),mace=../$(BPF_BUILD)/mace.bpf.o,iron=../$(BPF_BUILD)/iron.bpf.o,hook=../$(BPF_BUILD)/hook.bpf.o \
 		-python ../proto/gen/python/hoptrace/kernel_abi.py -proto ../proto/hoptrace/v1/counters.proto
 
 .PHONY: proto

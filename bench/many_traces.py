@@ -27,16 +27,17 @@ For each number of traces N (1, 10, 50, 200), in one run, side by side:
 - the N traces deleted, and the next N's untraced runs bracket this N's traced runs: each ratio is the traced
   throughput over the mean of the untraced runs either side.
 
-With one trace applied, `--prototype N,...` measures the design of docs/design.md ("Many traces on a device")
-at the two tc hooks: DISPATCH_SOURCE, one program that finds a packet's traces among N traces' filters,
-beside the matching trace's hop; then N - 1 empty programs there instead: what N programs cost at the least.
+All of it twice: with every hop its own program, and with the agent's `--tc-hook` (docs/design.md, "The tc
+hook"), where the tc hops of every trace at a device and direction are slots of one program. The matching
+trace tags TCP (its filter names no protocol), so its UDP tagger at c1's eth0 stays a program of its own,
+beside the hook.
 
 The per-packet cost in place is the figure to draw conclusions from: it counts only the programs' own CPU
 time (run in softirq, not preempted), so a neighbour's load on this 2-vCPU machine moves it little, while a
 throughput ratio moves with every neighbour (docs/benchmarks.md, "How costs are measured").
 
     .venv/bin/python bench/many_traces.py [--traces 1,10,50,200] [--seconds 5] [--sample 100] \
-        [--prototype 1,10,50,200] [--perf] [--json]
+        [--modes programs,tc-hook] [--perf] [--json]
     .venv/bin/python bench/run.py --full --only many_traces   # --quick: 1 and 2 traces, TCP alone
 
 Targets (reported, not asserted): 200 non-matching traces on a device cost at most twice one trace per
@@ -47,11 +48,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ipaddress
 import json
 import os
-import re
-import struct
 import subprocess
 import sys
 import time
@@ -60,13 +58,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from bpf_cost import EMPTY_TC_SOURCE, tc_programs
 from overhead import iperf3
-from ring_cost import build_bpf
 from tcp_overhead import perf_record
 
 from common import (
-    REPO,
     BenchContext,
     UsageSampler,
     bpf_stats_enabled,
@@ -97,338 +92,8 @@ HOOKS = ("c1 eth0 tc egress", "veth-c1 netif_receive_skb", "veth-c1 tc ingress",
 # Each hook's programs: tcx links by attach type (enum bpf_attach_type: BPF_TCX_INGRESS 46, BPF_TCX_EGRESS
 # 47), the others by program name.
 TCX_ATTACH_TYPE = {"c1 eth0 tc egress": 47, "veth-c1 tc ingress": 46}
+TC_HOOKS = tuple(TCX_ATTACH_TYPE)  # the targets' hooks: those --tc-hook serves
 PROGRAM_NAME = {"veth-c1 netif_receive_skb": "hop_tp_btf", "c1 sock_ops": "tag_tcp"}
-
-
-DISPATCH_SOURCE = """\
-// SPDX-License-Identifier: GPL-2.0
-/*
- * The prototype of one program per device and direction: it parses a packet once, finds the traces
- * whose filter takes it, and runs only those traces' hop bodies (here: counts the packet per trace
- * slot). Bit-vector classification on the fields most filters name: the protocol and each port index
- * arrays (lookups the verifier inlines) holding the set of traces that take that value; the AND of the
- * sets leaves the candidates, usually none or one, whose whole filter (addresses and masks, as
- * hop.bpf.h's flow_match) is then checked from their slot's entry in `filters`. Nothing of the
- * per-packet work grows with the traces that do not take the packet's protocol and ports.
- */
-#include "vmlinux.h"
-#include <bpf/bpf_helpers.h>
-#include <bpf/bpf_endian.h>
-
-#define TC_ACT_UNSPEC_ (-1)
-#define ETH_P_IP_ 0x0800
-#define TRACE_WORDS 4 /* 256 trace slots */
-#define MAX_MATCHED 8 /* candidates and hop bodies one packet runs at most */
-#define NO_TRACE (TRACE_WORDS * 64)
-
-struct trace_set {
-	__u64 w[TRACE_WORDS];
-};
-/* The traces that take any source / destination port. */
-struct wildcards {
-	struct trace_set sport, dport;
-};
-/* A trace's filter, as hop.bpf.h's filter_* constants (addresses and masks in network order). */
-struct filter {
-	__u32 src[4], src_mask[4], dst[4], dst_mask[4];
-	__u16 sport, dport;
-	__u8 proto, family, pad[2];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 256);
-	__type(key, __u32);
-	__type(value, struct trace_set);
-} by_proto SEC(".maps");
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 65536);
-	__type(key, __u32);
-	__type(value, struct trace_set);
-} by_sport SEC(".maps");
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 65536);
-	__type(key, __u32);
-	__type(value, struct trace_set);
-} by_dport SEC(".maps");
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, NO_TRACE);
-	__type(key, __u32);
-	__type(value, struct filter);
-} filters SEC(".maps");
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct wildcards);
-} any SEC(".maps");
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NO_TRACE + 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} matched SEC(".maps");
-
-static const __u8 debruijn64[64] = {
-	0,  1,	48, 2,	57, 49, 28, 3,	61, 58, 50, 42, 38, 29, 17, 4,	62, 55, 59, 36, 53, 51,
-	43, 22, 45, 39, 33, 30, 24, 18, 12, 5,	63, 47, 56, 27, 60, 41, 37, 16, 54, 35, 52, 21,
-	44, 32, 23, 11, 46, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9,	13, 8,	7,  6,
-};
-
-static __always_inline void bump(__u32 slot)
-{
-	__u64 *n = bpf_map_lookup_elem(&matched, &slot);
-
-	if (n)
-		*n += 1;
-}
-
-/* acc &= (set | wild); whether any trace is left. */
-static __always_inline bool take(struct trace_set *acc, const struct trace_set *set,
-					const struct trace_set *wild)
-{
-	__u64 left = 0;
-
-	for (int i = 0; i < TRACE_WORDS; i++) {
-		acc->w[i] &= (set ? set->w[i] : 0) | wild->w[i];
-		left |= acc->w[i];
-	}
-	return left;
-}
-
-static __always_inline bool addr_match(const __u32 *want, const __u32 *mask, __be32 addr)
-{
-	return (addr & mask[0]) == want[0]; /* IPv4: the first word (the prototype parses IPv4 only) */
-}
-
-/* The candidate trace's whole filter, as hop.bpf.h's flow_match. */
-static __always_inline bool filter_takes(__u32 slot, const struct iphdr *ip, __u16 sport, __u16 dport)
-{
-	struct filter *f = bpf_map_lookup_elem(&filters, &slot);
-
-	if (!f)
-		return false;
-	if (f->proto && f->proto != ip->protocol)
-		return false;
-	if (f->family && (f->family != 4 || !addr_match(f->src, f->src_mask, ip->saddr) ||
-				!addr_match(f->dst, f->dst_mask, ip->daddr)))
-		return false;
-	return (!f->sport || f->sport == sport) && (!f->dport || f->dport == dport);
-}
-
-SEC("tc")
-int trace_dispatch(struct __sk_buff *skb)
-{
-	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = (void *)(eth + 1);
-	struct trace_set acc, *s;
-	struct wildcards *wild;
-	__u32 key = 0, n = 0, sport = 0, dport = 0;
-
-	if ((void *)(ip + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP_))
-		goto none;
-	if (ip->protocol == IPPROTO_TCP || ip->protocol == IPPROTO_UDP) {
-		__u16 *ports = (void *)ip + ip->ihl * 4;
-
-		if ((void *)(ports + 2) > end)
-			goto none;
-		sport = bpf_ntohs(ports[0]);
-		dport = bpf_ntohs(ports[1]);
-	}
-	wild = bpf_map_lookup_elem(&any, &key);
-	key = ip->protocol;
-	s = bpf_map_lookup_elem(&by_proto, &key);
-	if (!wild || !s)
-		goto none;
-	acc = *s;
-	if (!take(&acc, bpf_map_lookup_elem(&by_dport, &dport), &wild->dport) ||
-		!take(&acc, bpf_map_lookup_elem(&by_sport, &sport), &wild->sport))
-		goto none;
-	for (int i = 0; i < TRACE_WORDS; i++) {
-		__u64 w = acc.w[i];
-
-		for (int j = 0; j < MAX_MATCHED && w && n < MAX_MATCHED; j++) {
-			__u32 slot = i * 64 + debruijn64[((w & -w) * 0x03f79d71b4cb0a89ULL) >> 58];
-
-			w &= w - 1;
-			if (filter_takes(slot, ip, sport, dport)) {
-				bump(slot); /* the design runs the trace's hop body here */
-				n++;
-			}
-		}
-	}
-	if (n)
-		return TC_ACT_UNSPEC_;
-none:
-	bump(NO_TRACE);
-	return TC_ACT_UNSPEC_;
-}
-
-char LICENSE[] SEC("license") = "GPL";
-"""
-
-# The prototype's tc hooks: hook -> (role, device, direction), as bpf_cost.tc_programs takes them.
-PROTOTYPE_HOOKS = {
-    "c1 eth0 tc egress": ("c1", "eth0", "egress"),
-    "veth-c1 tc ingress": ("host-a", "veth-c1", "ingress"),
-}
-PROTOCOLS = {"tcp": 6, "udp": 17}
-
-
-def trace_bits(slots: Any) -> bytes:
-    """A struct trace_set of the trace slots `slots` (4 little-endian u64)."""
-    value = 0
-    for slot in slots:
-        value |= 1 << slot
-    return value.to_bytes(32, "little")
-
-
-def filter_entry(f: trace_pb2.Filter) -> bytes:
-    """A trace's filter as the prototype's `struct filter` (hop.bpf.h's filter_* constants)."""
-    family, words = 0, []
-    for cidr in (f.src, f.dst):
-        net = ipaddress.ip_network(cidr or "0.0.0.0/0")
-        family = family or (net.version if cidr else 0)
-        words += [net.network_address.packed.ljust(16, b"\0"), net.netmask.packed.ljust(16, b"\0")]
-    return b"".join(words) + struct.pack(
-        "<HHBB2x", f.src_port, f.dst_port, PROTOCOLS[f.protocol] if f.protocol else 0, family
-    )
-
-
-def dispatch_entries(filters: list[trace_pb2.Filter]) -> dict[str, list[tuple[bytes, bytes]]]:
-    """The prototype's map entries for `filters` (trace i in slot i): map name -> (key, value) bytes. Every
-    protocol's and each named port's entry holds the traces that take it (for protocols, those that name
-    none too); `any` the traces that take any port; `filters` each trace's whole filter."""
-
-    def slots(takes: Any) -> bytes:
-        return trace_bits(i for i, f in enumerate(filters) if takes(f))
-
-    def key(value: int) -> bytes:
-        return struct.pack("<I", value)
-
-    out = {
-        "by_proto": [
-            (key(p), slots(lambda f, p=p: not f.protocol or PROTOCOLS[f.protocol] == p)) for p in range(256)
-        ],
-        "any": [(key(0), slots(lambda f: not f.src_port) + slots(lambda f: not f.dst_port))],
-        "filters": [(key(i), filter_entry(f)) for i, f in enumerate(filters)],
-    }
-    for name, field in (("by_sport", "src_port"), ("by_dport", "dst_port")):
-        ports = sorted({getattr(f, field) for f in filters} - {0})
-        out[name] = [(key(v), slots(lambda f, v=v, field=field: getattr(f, field) == v)) for v in ports]
-    return out
-
-
-def fill_dispatch_maps(prog_id: int, entries: dict[str, list[tuple[bytes, bytes]]], workdir: Path) -> int:
-    """Write `entries` into the maps of program `prog_id` (one bpftool batch); the id of its `matched`."""
-    ids = bpftool_json("prog", "show", "id", str(prog_id))["map_ids"]
-    maps = {m["name"]: m["id"] for m in bpftool_json("map", "show") if m["id"] in ids}
-    batch = workdir / f"dispatch-{prog_id}.batch"
-    batch.write_text(
-        "".join(
-            f"map update id {maps[name]} key hex {key.hex(' ')} value hex {value.hex(' ')}\n"
-            for name, rows in entries.items()
-            for key, value in rows
-        )
-    )
-    subprocess.run(["bpftool", "batch", "file", str(batch)], check=True, capture_output=True, timeout=60)
-    return maps["matched"]
-
-
-def matched_counts(map_id: int) -> dict[int, int]:
-    """The prototype's packets per trace slot (NO_TRACE: packets no trace took), summed over CPUs."""
-    return {
-        e["formatted"]["key"]: sum(v["value"] for v in e["formatted"]["values"])
-        for e in bpftool_json("map", "dump", "id", str(map_id))
-        if any(v["value"] for v in e["formatted"]["values"])
-    }
-
-
-@contextlib.contextmanager
-def empty_programs(topo: TwoHostTopology, obj: Path, count: int) -> Iterator[dict[str, set[int]]]:
-    """`count` empty tc programs (clsact, bpf_cost's EMPTY_TC_SOURCE) at each tc hook of PROTOTYPE_HOOKS;
-    hook -> their ids. The qdiscs are removed after."""
-    ids: dict[str, set[int]] = {}
-    try:
-        for hook, (role, dev, direction) in PROTOTYPE_HOOKS.items():
-            ns = topo.netns(role)
-            subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "clsact"], check=True)
-            for _ in range(count):
-                subprocess.run(
-                    ["tc", "-n", ns, "filter", "add", "dev", dev, direction,
-                     "bpf", "da", "obj", str(obj), "sec", "tc"],
-                    check=True,
-                )  # fmt: skip
-            shown = subprocess.run(
-                ["tc", "-n", ns, "filter", "show", "dev", dev, direction],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            ids[hook] = {int(i) for i in re.findall(r" id (\d+) name empty_tc", shown)}
-        yield ids
-    finally:
-        for role, dev, _ in PROTOTYPE_HOOKS.values():
-            subprocess.run(
-                ["tc", "-n", topo.netns(role), "qdisc", "del", "dev", dev, "clsact"], capture_output=True
-            )
-
-
-def hook_cost(topo: TwoHostTopology, hooks: dict[str, set[int]], seconds: int) -> dict[str, dict[str, Any]]:
-    """per_packet_cost of `hooks` over sockperf UDP at the in-place rate."""
-    every = set().union(*hooks.values())
-    with bpf_stats_enabled():
-        s0 = run_stats(every)
-        sockperf(
-            topo, "throughput", seconds, "--mps", str(IN_PLACE_MPS), "-m", "64",
-            server="host-a", port=SOCKPERF_PORT,
-        )  # fmt: skip
-        s1 = run_stats(every)
-    out = per_packet_cost(hooks, s0, s1)
-    for hook, ids in hooks.items():
-        out[hook]["ns_per_run_each"] = {
-            i: per_packet_cost({hook: {i}}, s0, s1)[hook]["ns_per_packet"] for i in ids
-        }
-    return out
-
-
-def prototype_in_place(
-    topo: TwoHostTopology, agent_pid: int, counts: tuple[int, ...], seconds: int, workdir: Path
-) -> dict[int, Any]:
-    """With only the matching trace applied, for each N of `counts`, at both tc hooks: the dispatching
-    prototype, its maps holding the filters of N traces (the matching one among them): the hook's cost per
-    packet (the matching trace's hop program and the prototype) and what the prototype matched; then N - 1
-    empty programs beside the hop instead: what N programs cost at the least."""
-    src, obj = workdir / "dispatch.bpf.c", workdir / "dispatch.bpf.o"
-    src.write_text(DISPATCH_SOURCE)
-    build_bpf(src, REPO / "kernel-patch" / "include", obj)
-    empty_src, empty_obj = workdir / "empty_tc.bpf.c", workdir / "empty_tc.bpf.o"
-    empty_src.write_text(EMPTY_TC_SOURCE)
-    subprocess.run(["clang", "-O2", "-target", "bpf", "-c", str(empty_src), "-o", str(empty_obj)], check=True)
-    hooks = {hook: ids for hook, ids in hook_programs(agent_pid).items() if hook in PROTOTYPE_HOOKS}
-    out: dict[int, Any] = {}
-    for n in counts:
-        filters = [trace_spec(topo, i, 1).filter for i in range(n)]
-        with tc_programs(topo, PROTOTYPE_HOOKS, obj, "trace_dispatch") as ids:
-            matched = {
-                hook: fill_dispatch_maps(ids[hook], dispatch_entries(filters), workdir) for hook in ids
-            }
-            cost = hook_cost(topo, {hook: hooks[hook] | {ids[hook]} for hook in ids}, seconds)
-            for hook in ids:
-                cost[hook]["prototype_ns_per_run"] = cost[hook]["ns_per_run_each"][ids[hook]]
-                cost[hook]["matched"] = matched_counts(matched[hook])
-        with empty_programs(topo, empty_obj, n - 1) as empties:
-            empty = hook_cost(topo, {hook: hooks[hook] | empties[hook] for hook in hooks}, seconds)
-            for hook in hooks:
-                runs = [empty[hook]["ns_per_run_each"][i] for i in empties[hook]]
-                cost[hook]["with_empties_ns_per_packet"] = empty[hook]["ns_per_packet"]
-                cost[hook]["empty_ns_per_run"] = median([r for r in runs if r is not None])
-        out[n] = cost
-    return out
 
 
 def trace_spec(topo: TwoHostTopology, index: int, sample: int) -> trace_pb2.TraceSpec:
@@ -457,8 +122,9 @@ def trace_spec(topo: TwoHostTopology, index: int, sample: int) -> trace_pb2.Trac
 
 
 @contextlib.contextmanager
-def one_host_cluster(ctx: BenchContext, topo: TwoHostTopology) -> Iterator[LocalCluster]:
-    """Dispatcher, collector and host-a's agent (owning c1's namespace), objects from the lab's BPF cache."""
+def one_host_cluster(ctx: BenchContext, topo: TwoHostTopology, tc_hook: bool) -> Iterator[LocalCluster]:
+    """Dispatcher, collector and host-a's agent (owning c1's namespace; `tc_hook`: with --tc-hook), objects
+    from the lab's BPF cache."""
     cluster = LocalCluster(
         influx_url=ctx.influx().url, workdir=ctx.workdir / "many-traces", bpf_cache_dir=writable_bpf_cache()
     )
@@ -466,7 +132,9 @@ def one_host_cluster(ctx: BenchContext, topo: TwoHostTopology) -> Iterator[Local
         cluster.start_dispatcher()
         cluster.start_collector()
         cluster.wait_listening()
-        start_cluster_agent(cluster, "host-a", topo.host_a, "--netns-owned", topo.c1)
+        start_cluster_agent(
+            cluster, "host-a", topo.host_a, "--netns-owned", topo.c1, *(["--tc-hook"] if tc_hook else [])
+        )
         cluster.wait_agents(["host-a"])
         yield cluster
     finally:
@@ -696,18 +364,17 @@ def measure(
     seconds: int,
     idle_s: float,
     sample: int,
-    prototype: tuple[int, ...] = (),
+    tc_hook: bool = False,
     perf: bool = False,
     protocols: tuple[str, ...] = ("tcp", "udp"),
 ) -> dict:
-    """Every level of traces in one run (module docstring); with the one matching trace applied, the
-    dispatching prototype with the filters of each number of traces in `prototype`; with `perf`, a profile of
-    each number's in-place traffic."""
+    """Every level of traces in one run (module docstring), the agent with --tc-hook or without; with
+    `perf`, a profile of each number's in-place traffic."""
     topo = TwoHostTopology(ctx.prefix(), overlay="routed")
     result: dict[str, Any] = {"levels": {}, "untraced": [], "load": []}
     try:
         topo.create()
-        with one_host_cluster(ctx, topo) as cluster:
+        with one_host_cluster(ctx, topo, tc_hook) as cluster:
             agent_pid = cluster.components["agent-host-a"].process.pid
             result["untraced"].append(untraced(topo, seconds, protocols))
             for n in levels:
@@ -725,8 +392,6 @@ def measure(
                 level["in_place"] = in_place(topo, agent_pid, seconds)
                 if perf:
                     level["perf"] = perf_profile(topo, seconds, ctx.workdir)
-                if n == 1 and prototype:
-                    result["prototype"] = prototype_in_place(topo, agent_pid, prototype, seconds, ctx.workdir)
                 for proto in protocols:
                     level[proto] = traced_throughput(cluster, topo, agent_pid, seconds, udp=proto == "udp")
                 level["delete_s"] = delete_traces(cluster, level["applied"])
@@ -787,56 +452,13 @@ def table(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def tables(result: dict[str, Any]) -> dict[str, Any]:
-    """The prototype's table, when it ran: per-packet cost at the tc hooks with one dispatching program."""
-    if not result.get("prototype"):
-        return {}
-    one = result["levels"][1]["in_place"]
-    rows = []
-    for n, cost in result["prototype"].items():
-        for hook in PROTOTYPE_HOOKS:
-            level = result["levels"].get(n, {})
-            today = level.get("in_place", {}).get(hook, {}).get("ns_per_packet")
-            if today is not None and level["applied"] != n:
-                today = f"{today:,.0f} ({level['applied']} traces)"
-            rows.append(
-                [
-                    n,
-                    hook,
-                    cost[hook]["ns_per_packet"],
-                    cost[hook]["prototype_ns_per_run"],
-                    cost[hook]["ns_per_packet"] / one[hook]["ns_per_packet"],
-                    today,
-                    cost[hook]["with_empties_ns_per_packet"],
-                    cost[hook]["empty_ns_per_run"],
-                    " ".join(f"{slot}:{count}" for slot, count in sorted(cost[hook]["matched"].items())),
-                ]
-            )
-    return {
-        "prototype: one dispatching program per hook": {
-            "columns": [
-                "traces",
-                "hook",
-                "ns/packet (1 hop program + prototype)",
-                "prototype ns/run",
-                "× one trace today",
-                "N hop programs today, ns/packet",
-                "1 hop + N-1 empty programs, ns/packet",
-                "empty ns/run",
-                "packets by trace slot (256: none)",
-            ],
-            "rows": rows,
-        }
-    }
-
-
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets against the largest N of the run."""
+    """The targets against the largest N of the run: the tc hooks per packet, the idle agent."""
     levels = result["levels"]
     first, asked = min(levels), max(levels)
     last = levels[asked]["applied"]
     out = []
-    for hook in HOOKS[:3] if asked != first else ():
+    for hook in TC_HOOKS if asked != first else ():
         one, many = (
             levels[first]["in_place"][hook]["ns_per_packet"],
             levels[asked]["in_place"][hook]["ns_per_packet"],
@@ -851,19 +473,28 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    """bench/run.py's entry: 1 and 2 traces and TCP alone with --quick, 1, 10, 50 and 200 with --full; the
-    prototype with the largest number."""
+    """bench/run.py's entry: 1 and 2 traces and TCP alone with --quick, 1, 10, 50 and 200 with --full; each
+    without and with --tc-hook. The targets are the tc hook's."""
     levels = ctx.size(QUICK_TRACES, FULL_TRACES)
-    result = measure(
-        ctx,
-        levels,
-        ctx.size(1, 5),
-        ctx.size(0.5, 10.0),
-        100,
-        prototype=levels[-1:],
-        protocols=ctx.size(("tcp",), ("tcp", "udp")),
-    )
-    return {**result, "table": table(result), "tables": tables(result), "targets": targets(result)}
+    modes = {
+        tc_hook: measure(
+            ctx,
+            levels,
+            ctx.size(1, 5),
+            ctx.size(0.5, 10.0),
+            100,
+            tc_hook=tc_hook,
+            protocols=ctx.size(("tcp",), ("tcp", "udp")),
+        )
+        for tc_hook in (False, True)
+    }
+    return {
+        "programs": modes[False],
+        "tc_hook": modes[True],
+        "table": table(modes[False]),
+        "tables": {"with --tc-hook": table(modes[True])},
+        "targets": targets(modes[True]),
+    }
 
 
 def main() -> int:
@@ -874,9 +505,7 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=10.0, help="the idle agent's measurement, seconds")
     ap.add_argument("--sample", type=int, default=100, help="the matching trace's sample")
     ap.add_argument(
-        "--prototype",
-        default="",
-        help="numbers of traces the dispatching prototype is measured with (1 in --traces)",
+        "--modes", default="programs,tc-hook", help="each hop its own program (programs), --tc-hook, or both"
     )
     ap.add_argument(
         "--perf", action="store_true", help="profile the idle agent and each number's in-place traffic"
@@ -889,14 +518,28 @@ def main() -> int:
     from run import md_table, md_targets  # bench/run.py's table format
 
     ctx = BenchContext(quick=False)
+    modes = args.modes.split(",")
+    if unknown := set(modes) - {"programs", "tc-hook"}:
+        print(f"many_traces.py: --modes: {', '.join(sorted(unknown))}? (programs, tc-hook)", file=sys.stderr)
+        return 2
+    levels = tuple(int(n) for n in args.traces.split(","))
+    results = {}
     try:
-        levels = tuple(int(n) for n in args.traces.split(","))
-        prototype = tuple(int(n) for n in args.prototype.split(",") if n)
-        result = measure(ctx, levels, args.seconds, args.idle, args.sample, prototype, args.perf)
+        for mode in modes:
+            tc_hook = mode == "tc-hook"
+            results[mode] = measure(ctx, levels, args.seconds, args.idle, args.sample, tc_hook, args.perf)
     finally:
         ctx.close()
-    print(md_table(table(result)))
-    print()
+    for mode, result in results.items():
+        print_result(mode, result, md_table, md_targets)
+    if args.json:
+        print(json.dumps(results, default=str))
+    return 0
+
+
+def print_result(mode: str, result: dict[str, Any], md_table: Any, md_targets: Any) -> None:
+    """One mode's table, profiles and targets, as main prints them."""
+    print(f"{mode}\n\n{md_table(table(result))}\n")
     for level in result["levels"].values():
         if level.get("idle_profile"):
             print(f"perf, {level['applied']} traces, the idle agent's CPU by function (with callees):")
@@ -905,12 +548,7 @@ def main() -> int:
             kinds = ", ".join(f"{kind} {share:.1f} %" for kind, share in level["perf"]["kinds"].items())
             print(f"perf, {level['applied']} traces, sockperf's kernel time: {kinds}")
             print("\n".join(level["perf"]["top"]) + "\n")
-    for name, sub in tables(result).items():
-        print(f"{name}\n\n{md_table(sub)}\n")
     print(md_targets(targets(result)))
-    if args.json:
-        print(json.dumps(result, default=str))
-    return 0
 
 
 if __name__ == "__main__":

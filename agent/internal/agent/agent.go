@@ -20,9 +20,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/clock"
 	"github.com/hoptrace/hoptrace/agent/internal/collector"
 	"github.com/hoptrace/hoptrace/agent/internal/kafka"
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
 	"github.com/hoptrace/hoptrace/agent/internal/metrics"
 	"github.com/hoptrace/hoptrace/agent/internal/output"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
@@ -92,6 +94,10 @@ type Config struct {
 	// without it the agent detaches and unpins them on its way out.
 	PinDir     string
 	KeepOnExit bool
+	// TCHook runs the traces' tc hops in one program per device and
+	// direction (hook.bpf.o, found as the presets' objects are) instead of a
+	// program each: a device many traces cross costs about what one costs.
+	TCHook bool
 	// CommandState is where the sequences of the signed commands taken are
 	// kept when PinDir is "" ("" = nowhere: after a restart only the
 	// commands' expiry bounds a replay); with a PinDir they are pinned
@@ -344,8 +350,19 @@ func start(cfg Config) (*running, error) {
 		a.close()
 		return nil, errors.New(`--keep-on-exit needs a --pin-dir: with --pin-dir "" nothing outlives the agent`)
 	}
+	var hooks *attach.Hooks
+	if cfg.TCHook {
+		path, err := preset.FindObject(loader.HookObject, "")
+		if err == nil {
+			hooks, err = attach.NewHooks(path)
+		}
+		if err != nil {
+			a.close()
+			return nil, fmt.Errorf("--tc-hook: %w", err)
+		}
+	}
 	a.mgr, err = tracer.New(tracer.Config{Node: cfg.Node, Netns: cfg.Netns, BaseDir: baseDir, RingBytes: cfg.RingBytes,
-		Out: stream.NewFanout(sinks...), PinDir: cfg.PinDir, Log: cfg.Log})
+		Out: stream.NewFanout(sinks...), PinDir: cfg.PinDir, Hooks: hooks, Log: cfg.Log})
 	if err != nil {
 		a.close()
 		return nil, err

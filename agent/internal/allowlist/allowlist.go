@@ -40,6 +40,7 @@ const (
 	Hops Object = "hops" // trace plans: the hop programs and the TCP tagger
 	MACE Object = "mace" // hoptrace mace
 	Iron Object = "iron" // hoptrace iron
+	Hook Object = "hook" // the tc hook that runs many traces' tc hops (hook.bpf.o)
 )
 
 type typePolicy struct {

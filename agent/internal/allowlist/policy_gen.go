@@ -66,4 +66,11 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 			kfuncs:  set[string](),
 		},
 	},
+	"hook": {
+		ebpf.SchedCLS: {
+			attach:  set(ebpf.AttachNone),
+			helpers: set(asm.FnCheckMtu, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnL4CsumReplace, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbCgroupId, asm.FnSkbChangeTail, asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnSpinLock, asm.FnSpinUnlock),
+			kfuncs:  set[string]("bpf_cast_to_kern_ctx"),
+		},
+	},
 }

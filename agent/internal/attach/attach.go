@@ -107,6 +107,11 @@ type Env struct {
 	// Base is copied into every hop's HopConfig (trace slot, salt, filter...).
 	Base loader.HopConfig
 	Load loader.Options
+	// Hooks, when set, take the tc hops (hook.go) instead of a program each.
+	Hooks *Hooks
+	// HookTagging lets a UDP tagger into a hook, where its IDs continue the trace's sequence
+	// from a sequence of the hook's own: only for a trace that has no other tagger on the node.
+	HookTagging bool
 }
 
 // Hop is one attached hop.
@@ -117,8 +122,9 @@ type Hop struct {
 	Describe string // e.g. "tcx egress on eth0 in netns c1"
 	kind     pb.AttachKind
 	detach   detachers
-	place    *place // what Gone checks (nil: nothing to lose)
-	pinDir   string // where Pin pinned it ("" = not pinned)
+	place    *place   // what Gone checks (nil: nothing to lose)
+	pinDir   string   // where Pin pinned it ("" = not pinned)
+	inHook   *hookHop // its slot in a tc hook (Loaded is nil then)
 }
 
 // Close detaches first (unpinned, its links detach as they close), then
@@ -126,6 +132,9 @@ type Hop struct {
 func (h *Hop) Close() error {
 	if h == nil {
 		return nil
+	}
+	if h.inHook != nil {
+		return h.inHook.leave()
 	}
 	h.unpin()
 	err := h.detach.Close()
@@ -135,8 +144,11 @@ func (h *Hop) Close() error {
 }
 
 // Links are the hop's links, its program's first; none for a tc hop
-// attached as a clsact filter.
+// attached as a clsact filter; its hook's for a hop in a tc hook.
 func (h *Hop) Links() []link.Link {
+	if h.inHook != nil {
+		return h.inHook.hookLinks()
+	}
 	var out []link.Link
 	for _, d := range h.detach {
 		if l, ok := d.(link.Link); ok {
@@ -188,6 +200,9 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 	}
 	if !known {
 		return nil, fmt.Errorf("unknown attach kind %d", int32(kind))
+	}
+	if env.Hooks.takes(p, env) {
+		return env.Hooks.join(p, env)
 	}
 	return load(spec, k, p, env.Load)
 }

@@ -67,6 +67,9 @@ type PinnedPlace struct {
 // hop cannot be kept on this kernel, with nothing of it left pinned (its link kind cannot be
 // pinned); err is anything else that failed.
 func (h *Hop) Pin(dir string) (notKept string, err error) {
+	if h.inHook != nil {
+		return h.Describe + ": " + HookNotKept, nil
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", err
 	}

@@ -55,20 +55,20 @@ func BenchmarkHookAB(b *testing.B) {
 	for _, mix := range mixes {
 		for _, n := range counts {
 			slot := uint32(n - 1)
-			traces := append(otherTracesAnyPort(n-1, slot, mix.anyPortEvery), hookTrace{slot: slot, filter: loader.FilterConstants{Proto: 17, Dport: 5000},
-				settings: hookSettings{HopIndex: 1, TraceSlot: 3, IDOrigin: 7, SampleEvery: 1}})
+			traces := append(otherTracesAnyPort(n-1, slot, mix.anyPortEvery), hookTrace{slot: slot, cfg: loader.HopConfig{Filter: loader.FilterConstants{Proto: 17, Dport: 5000},
+				HopIndex: 1, TraceSlot: 3, IDOrigin: 7, SampleEvery: 1}})
 			if n > 1 {
 				// the TCP packet's trace: one of the others takes TCP port 5000 instead of its own
-				traces[0].filter = loader.FilterConstants{Proto: 6, Dport: 5000}
+				traces[0].cfg.Filter = loader.FilterConstants{Proto: 6, Dport: 5000}
 			} else {
-				traces = append(traces, hookTrace{slot: 1, filter: loader.FilterConstants{Proto: 6, Dport: 5000},
-					settings: hookSettings{HopIndex: 1, TraceSlot: 4, IDOrigin: 7, SampleEvery: 1}})
+				traces = append(traces, hookTrace{slot: 1, cfg: loader.HopConfig{Filter: loader.FilterConstants{Proto: 6, Dport: 5000},
+					HopIndex: 1, TraceSlot: 4, IDOrigin: 7, SampleEvery: 1}})
 			}
 			hook := loadHook(b, h, traces)
 			for _, p := range protocols {
 				pairs = append(pairs,
-					testRunPair{fmt.Sprintf("%s_hook_%s_%d_match", p.name, mix.name, n), hook.Programs["hook"], p.match, true},
-					testRunPair{fmt.Sprintf("%s_hook_%s_%d_none", p.name, mix.name, n), hook.Programs["hook"], p.none, false})
+					testRunPair{fmt.Sprintf("%s_hook_%s_%d_match", p.name, mix.name, n), hook.Program, p.match, true},
+					testRunPair{fmt.Sprintf("%s_hook_%s_%d_none", p.name, mix.name, n), hook.Program, p.none, false})
 			}
 		}
 	}

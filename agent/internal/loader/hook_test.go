@@ -17,193 +17,76 @@ import (
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
 )
 
-// The hook program (kernel-patch/include/hook.bpf.h): one tc program that runs every trace of a
-// device from its maps. These mirror kernel-patch/include/hook.h; their sizes are checked against
-// the object's map specs when a hook loads.
-const (
-	hookSlots   = 256
-	hookMatched = 8 // HOPTRACE_HOOK_MATCHED
-	hookMaxC    = int(record.CMax)
-)
-
-type hookFilter struct {
-	Src, SrcMask, Dst, DstMask [16]byte
-	Sport, Dport               uint16
-	Proto, Family              uint8
-	_                          [2]uint8
-}
-
-type hookSettings struct {
-	Slot, HopIndex, TraceSlot                            uint16
-	TagUDP, IDOrigin, FollowOrigin, Count, CountBy, Hist uint8
-	Record                                               [record.ValuesMax]uint8
-	PrevTS, Capture                                      uint8
-	_                                                    [2]uint8
-	SampleEvery                                          uint32
-}
-
-type traceSet [4]uint64
-
-func (s *traceSet) add(slot uint32) { s[slot/64] |= 1 << (slot % 64) }
-
-// hookTrace is one trace of a hook: its slot, filter and hop settings, as the agent will write them.
+// hookTrace is one trace's hop in a hook: its slot and configuration, as the agent writes them.
 type hookTrace struct {
-	slot     uint32
-	filter   loader.FilterConstants
-	settings hookSettings
+	slot uint32
+	cfg  loader.HopConfig
 }
 
 // hookObjectPath is kernel-patch/build/hook.bpf.o of this checkout, built by `make bpf`.
 func hookObjectPath() string {
-	return filepath.Join(filepath.Dir(tu.ObjectPath()), "hook.bpf.o")
+	return filepath.Join(filepath.Dir(tu.ObjectPath()), loader.HookObject)
 }
 
 // loadHook loads the hook program of this kernel (hook_tc, or hook_tc_floor where the kernel needs
 // it) writing records into h's ring buffer, with traces in its maps.
-func loadHook(t testing.TB, h *harness, traces []hookTrace) *ebpf.Collection {
+func loadHook(t testing.TB, h *harness, traces []hookTrace) *loader.Hook {
 	t.Helper()
 	return loadHookLogged(t, h, traces, 0)
 }
 
-func loadHookLogged(t testing.TB, h *harness, traces []hookTrace, level ebpf.LogLevel) *ebpf.Collection {
+func loadHookLogged(t testing.TB, h *harness, traces []hookTrace, level ebpf.LogLevel) *loader.Hook {
 	t.Helper()
 	spec, err := ebpf.LoadCollectionSpec(hookObjectPath())
 	if err != nil {
 		t.Fatalf("%s: %v (run make bpf)", hookObjectPath(), err)
 	}
-	prog := loader.ProgramFor(spec, "hook_tc")
-	for name := range spec.Programs {
-		if name != prog {
-			delete(spec.Programs, name)
-		}
-	}
-	for name, size := range map[string]int{"filters": binary.Size(hookFilter{}), "settings": binary.Size(hookSettings{})} {
-		if got := int(spec.Maps[name].ValueSize); got != size {
-			t.Fatalf("%s: value of %d bytes in the object, %d here", name, got, size)
-		}
-	}
-	spec.Maps[loader.MapRecords].MaxEntries = h.records.MaxEntries()
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{
-		MapReplacements: map[string]*ebpf.Map{loader.MapRecords: h.records},
-		Programs:        loader.ProgramOptions(level),
-		Cache:           kernelBTF,
-	})
+	hook, err := loader.LoadHook(spec, loader.Options{Records: h.records, Cache: kernelBTF, LogLevel: level})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			t.Fatalf("load %s: %+v", prog, ve) // the whole log: a kernel of the matrix refused it
+			t.Fatalf("%+v", ve) // the whole log: a kernel of the matrix refused it
 		}
-		t.Fatalf("load %s: %v", prog, err)
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { coll.Close() })
-	coll.Programs["hook"] = coll.Programs[prog]
-	setHookTraces(t, coll, traces)
-	return coll
+	t.Cleanup(hook.Close)
+	setHookTraces(t, hook, traces)
+	return hook
 }
 
-// setHookTraces writes traces into a hook's maps: each one's filter and settings at its slot, then
-// its bits in the sets that find it (entries of earlier traces are cleared).
-func setHookTraces(t testing.TB, coll *ebpf.Collection, traces []hookTrace) {
+// setHookTraces puts traces in a hook, in place of those it held.
+func setHookTraces(t testing.TB, hook *loader.Hook, traces []hookTrace) {
 	t.Helper()
-	var (
-		proto        [256]traceSet
-		sport, dport = map[uint32]*traceSet{}, map[uint32]*traceSet{}
-		wild         struct{ Sport, Dport, Follow traceSet }
-		origins      [256]traceSet
-	)
-	put := func(m string, key, value any) {
-		if err := coll.Maps[m].Put(key, value); err != nil {
-			t.Fatalf("%s: %v", m, err)
+	for _, s := range hook.Slots() {
+		if err := hook.Clear(s); err != nil {
+			t.Fatal(err)
 		}
 	}
 	for _, tr := range traces {
-		f := tr.filter
-		put("filters", tr.slot, hookFilter{Src: f.Src, SrcMask: f.SrcMask, Dst: f.Dst, DstMask: f.DstMask,
-			Sport: f.Sport, Dport: f.Dport, Proto: f.Proto, Family: f.Family})
-		s := tr.settings
-		s.Slot = uint16(tr.slot)
-		put("settings", tr.slot, s)
-		for p := range proto {
-			if f.Proto == 0 || int(f.Proto) == p {
-				proto[p].add(tr.slot)
-			}
-		}
-		for _, side := range []struct {
-			port uint16
-			sets map[uint32]*traceSet
-			any  *traceSet
-		}{{f.Sport, sport, &wild.Sport}, {f.Dport, dport, &wild.Dport}} {
-			if side.port == 0 {
-				side.any.add(tr.slot)
-				continue
-			}
-			if side.sets[uint32(side.port)] == nil {
-				side.sets[uint32(side.port)] = new(traceSet)
-			}
-			side.sets[uint32(side.port)].add(tr.slot)
-		}
-		if s.FollowOrigin != 0 {
-			origins[s.FollowOrigin].add(tr.slot)
-			wild.Follow.add(tr.slot)
-		}
-	}
-	for p := range proto {
-		put("by_proto", uint32(p), proto[p])
-		put("origin_slots", uint32(p), origins[p])
-	}
-	put("wildcards", uint32(0), wild)
-	// The port sets: every entry written (65536 each), so a hook reconfigured keeps no old bits.
-	for _, side := range []struct {
-		m    string
-		sets map[uint32]*traceSet
-	}{{"by_sport", sport}, {"by_dport", dport}} {
-		keys := make([]uint32, 65536)
-		values := make([]traceSet, 65536)
-		for k := range keys {
-			keys[k] = uint32(k)
-			if s := side.sets[uint32(k)]; s != nil {
-				values[k] = *s
-			}
-		}
-		if _, err := coll.Maps[side.m].BatchUpdate(keys, values, nil); err != nil {
-			for k := range keys { // kernels before 5.6: one update each
-				put(side.m, keys[k], values[k])
-			}
+		if err := hook.Set(tr.slot, tr.cfg, 0); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
 
-// hookSlotCounters sums a trace's counters at the hook (its slot's range of counters).
-func hookSlotCounters(t testing.TB, coll *ebpf.Collection, slot uint32) record.Counters {
+// hookSlotCounters are a trace's counters at the hook, read now.
+func hookSlotCounters(t testing.TB, hook *loader.Hook, slot uint32) record.Counters {
 	t.Helper()
-	var out record.Counters
-	for c := range out {
-		var per []uint64
-		if err := coll.Maps["counters"].Lookup(slot*uint32(hookMaxC)+uint32(c), &per); err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range per {
-			out[c] += v
-		}
+	c, err := hook.SlotCounters(slot, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return c
 }
 
-// hookCounters sums the hook's own counters (SEEN, NOT_MATCHED, PARSE_*, and the overflow after
-// them).
-func hookCounters(t testing.TB, coll *ebpf.Collection) []uint64 {
+// hookCounters are the hook's own counters.
+func hookCounters(t testing.TB, hook *loader.Hook) []uint64 {
 	t.Helper()
-	out := make([]uint64, coll.Maps["hook_counters"].MaxEntries())
-	for c := range out {
-		var per []uint64
-		if err := coll.Maps["hook_counters"].Lookup(uint32(c), &per); err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range per {
-			out[c] += v
-		}
+	c, err := hook.HookCounters()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return c
 }
 
 // otherTraces are n traces that take none of the test's packets: each its own destination port (UDP
@@ -225,32 +108,14 @@ func otherTracesAnyPort(n int, skip uint32, anyPortEvery int) []hookTrace {
 		if anyPortEvery > 0 && i%anyPortEvery == 0 {
 			f = loader.FilterConstants{Proto: f.Proto, Family: 4, Dst: addr16(fmt.Sprintf("198.19.%d.%d", i/256, i%256)), DstMask: mask32}
 		}
-		s := hookSettings{HopIndex: 2, TraceSlot: uint16(100 + i), IDOrigin: 9, SampleEvery: 1}
+		cfg := loader.HopConfig{Filter: f, HopIndex: 2, TraceSlot: uint16(100 + i), IDOrigin: 9, SampleEvery: 1}
 		if i%7 == 0 {
-			s.FollowOrigin = 9
+			cfg.FollowOrigin = 9
 		}
-		out = append(out, hookTrace{slot: slot, filter: f, settings: s})
+		out = append(out, hookTrace{slot: slot, cfg: cfg})
 		i++
 	}
 	return out
-}
-
-func settingsOf(cfg loader.HopConfig) hookSettings {
-	s := hookSettings{HopIndex: cfg.HopIndex, TraceSlot: cfg.TraceSlot, IDOrigin: cfg.IDOrigin, FollowOrigin: cfg.FollowOrigin,
-		SampleEvery: cfg.SampleEvery, CountBy: uint8(cfg.Actions.CountBy), Hist: uint8(cfg.Actions.Histogram), Capture: cfg.Actions.Capture}
-	if cfg.TagUDP {
-		s.TagUDP = 1
-	}
-	if cfg.Actions.Count {
-		s.Count = 1
-	}
-	if cfg.Actions.PrevTS {
-		s.PrevTS = 1
-	}
-	for i, f := range cfg.Actions.Record {
-		s.Record[i] = uint8(f)
-	}
-	return s
 }
 
 // comparable is a sample with what may differ between two runs of one packet cleared: the
@@ -309,17 +174,17 @@ func TestHookRecordsAsHop(t *testing.T) {
 				cfg := c.cfg
 				cfg.HopIndex, cfg.IDOrigin, cfg.TraceSlot, cfg.SampleEvery = 1, 7, 3, 1
 				hop := h.load(t, cfg)
-				traces := []hookTrace{{slot: slot, filter: cfg.Filter, settings: settingsOf(cfg)}}
+				traces := []hookTrace{{slot: slot, cfg: cfg}}
 				if n > 1 {
 					traces = append(traces, otherTraces(n-1, slot)...)
 				}
-				setHookTraces(t, hook, traces)
 				// the trace's ID sequence at the hook where hop_tc's is: a tagger takes the same ID
 				seq := make([]byte, h.idState.ValueSize())
 				if err := h.idState.Lookup(uint32(0), seq); err != nil {
 					t.Fatal(err)
 				}
-				if err := hook.Maps["id_state"].Put(uint32(slot), seq); err != nil {
+				setHookTraces(t, hook, traces[1:])
+				if err := hook.Set(slot, cfg, binary.NativeEndian.Uint64(seq)); err != nil {
 					t.Fatal(err)
 				}
 				wantOut, _ := runRaw(t, hop.Program, bytes.Clone(c.pkt))
@@ -328,7 +193,7 @@ func TestHookRecordsAsHop(t *testing.T) {
 					t.Fatalf("hop_tc: %d records, want 1", len(want))
 				}
 				before, hookBefore := hookSlotCounters(t, hook, slot), hookCounters(t, hook)
-				gotOut, ret := runRaw(t, hook.Programs["hook"], bytes.Clone(c.pkt))
+				gotOut, ret := runRaw(t, hook.Program, bytes.Clone(c.pkt))
 				if ret != -1 {
 					t.Errorf("hook returned %d, want TCX_NEXT (-1)", ret)
 				}
@@ -374,7 +239,7 @@ func TestHookRecordsAsHop(t *testing.T) {
 func TestHookVerifierCost(t *testing.T) {
 	h := newHarness(t)
 	hook := loadHookLogged(t, h, nil, ebpf.LogLevelStats)
-	prog := hook.Programs["hook"]
+	prog := hook.Program
 	log := prog.VerifierLog
 	at := strings.LastIndex(log, "processed ")
 	if at < 0 {
@@ -409,10 +274,10 @@ func runRaw(t testing.TB, prog *ebpf.Program, pkt []byte) ([]byte, int32) {
 // runs bodies for: the rest counted, never run.
 func TestHookNotMatchedAndOverflow(t *testing.T) {
 	h := newHarness(t)
-	hook := loadHook(t, h, otherTraces(200, hookSlots))
+	hook := loadHook(t, h, otherTraces(200, loader.HookSlots))
 	pkt := udp4(0x07000002)
 	before := hookCounters(t, hook)
-	if _, ret := runRaw(t, hook.Programs["hook"], pkt); ret != -1 {
+	if _, ret := runRaw(t, hook.Program, pkt); ret != -1 {
 		t.Errorf("hook returned %d", ret)
 	}
 	after := hookCounters(t, hook)
@@ -425,19 +290,19 @@ func TestHookNotMatchedAndOverflow(t *testing.T) {
 	// 10 traces take the packet: 8 bodies run, 2 counted
 	var all []hookTrace
 	for i := range uint32(10) {
-		all = append(all, hookTrace{slot: 60 + i, filter: loader.FilterConstants{Proto: 17, Dport: 5000},
-			settings: hookSettings{HopIndex: 1, TraceSlot: uint16(i), IDOrigin: 7, SampleEvery: 1}})
+		all = append(all, hookTrace{slot: 60 + i, cfg: loader.HopConfig{Filter: loader.FilterConstants{Proto: 17, Dport: 5000},
+			HopIndex: 1, TraceSlot: uint16(i), IDOrigin: 7, SampleEvery: 1}})
 	}
 	setHookTraces(t, hook, all)
 	before = hookCounters(t, hook)
-	runRaw(t, hook.Programs["hook"], pkt)
+	runRaw(t, hook.Program, pkt)
 	after = hookCounters(t, hook)
 	recs := h.drain(t)
-	if len(recs) != hookMatched {
-		t.Errorf("%d records, want %d", len(recs), hookMatched)
+	if len(recs) != loader.HookMatched {
+		t.Errorf("%d records, want %d", len(recs), loader.HookMatched)
 	}
-	if got := after[hookMaxC] - before[hookMaxC]; got != 10-hookMatched {
-		t.Errorf("overflow counted %d, want %d", got, 10-hookMatched)
+	if got := after[loader.HookCounterOverflow] - before[loader.HookCounterOverflow]; got != 10-loader.HookMatched {
+		t.Errorf("overflow counted %d, want %d", got, 10-loader.HookMatched)
 	}
 }
 

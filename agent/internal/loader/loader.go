@@ -259,43 +259,11 @@ func ReadCounters(m *ebpf.Map) (record.Counters, error) {
 	if m == nil {
 		return out, nil
 	}
-	n := min(uint32(record.CMax), m.MaxEntries())
-	cpus, err := ebpf.PossibleCPU()
+	all, err := readPerCPU(m)
 	if err != nil {
-		return out, err
-	}
-	keys := make([]uint32, n)
-	per := make([]uint64, int(n)*cpus)
-	var cursor ebpf.MapBatchCursor
-	got, err := m.BatchLookup(&cursor, keys, per, nil)
-	switch {
-	case errors.Is(err, ebpf.ErrNotSupported):
-		return readCountersOneByOne(m, n)
-	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist): // ErrKeyNotExist: the whole array came
 		return out, fmt.Errorf("read counters: %w", err)
 	}
-	for k := range got {
-		if keys[k] >= uint32(record.CMax) {
-			continue
-		}
-		for _, v := range per[k*cpus : (k+1)*cpus] {
-			out[keys[k]] += v
-		}
-	}
-	return out, nil
-}
-
-func readCountersOneByOne(m *ebpf.Map, n uint32) (record.Counters, error) {
-	var out record.Counters
-	var per []uint64
-	for i := range n {
-		if err := m.Lookup(i, &per); err != nil {
-			return out, fmt.Errorf("read counter %d: %w", i, err)
-		}
-		for _, v := range per {
-			out[i] += v
-		}
-	}
+	copy(out[:], all)
 	return out, nil
 }
 

@@ -19,11 +19,27 @@ import (
 // was sent and against the records' own values: a count by ifindex equals
 // the datagrams, a count by cpu has only real CPUs, a histogram of len holds
 // each record's wire_len, and the latency histogram at b-in holds exactly the
-// gaps between the a-out and b-in timestamps of each packet.
+// gaps between the a-out and b-in timestamps of each packet. The same with the
+// tc hops in the tc hook (the tagger, prev_ts, count and histogram there).
 func TestTracerActionsOnRealTraffic(t *testing.T) {
 	tu.RequireRoot(t)
+	for _, mode := range []struct {
+		name  string
+		hooks bool
+	}{{"programs", false}, {"tc hook", true}} {
+		t.Run(mode.name, func(t *testing.T) {
+			cfg := Config{}
+			if mode.hooks {
+				cfg.Hooks = testHooks(t)
+			}
+			actionsOnRealTraffic(t, cfg)
+		})
+	}
+}
+
+func actionsOnRealTraffic(t *testing.T, cfg Config) {
 	p := tu.NewVethPair(t, "198.18.43")
-	m, q := newTestManager(t)
+	m, q := newTestManagerWith(t, cfg)
 	pl := plan(p, 1)
 	pl.Hops[0].TagUdp = true
 	pl.Hops[0].Actions = &pb.HopActions{PrevTs: true}

@@ -87,7 +87,9 @@ func (m *Manager) meta(t *Trace) *traceMeta {
 		Status: status, Committed: t.committed, HopNames: m.hopNames[t.Name], AttachedNs: t.attachedNs,
 		EventMarks: t.eventMarks != nil}
 	for _, h := range t.Hops {
-		meta.Hops = append(meta.Hops, h.Pinned())
+		if !h.InHook() { // not pinned: its status says so, and a restarted agent attaches it again
+			meta.Hops = append(meta.Hops, h.Pinned())
+		}
 	}
 	if t.Tagger != nil {
 		p := t.Tagger.Pinned()

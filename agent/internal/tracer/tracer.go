@@ -50,7 +50,11 @@ type Config struct {
 	// it) so that they outlive the agent; "" pins nothing, and the traces go
 	// with the agent's process.
 	PinDir string
-	Log    *slog.Logger
+	// Hooks, when set, run the traces' tc hops in one program per device
+	// and direction (attach.Hooks) instead of a program each; nil: each
+	// hop its own program.
+	Hooks *attach.Hooks
+	Log   *slog.Logger
 }
 
 // Trace is one running generation of a trace.
@@ -353,6 +357,10 @@ func (m *Manager) attachPlan(t *Trace, old *Trace, plan *pb.TracePlan, spec *ebp
 		},
 		Load: loader.Options{Records: m.records, IDState: t.idState, PrevTS: m.prevTS,
 			SockReadLast: m.sockReadLast, Cache: kernelTypes},
+		Hooks: m.cfg.Hooks,
+		// A trace's TCP tagger takes its IDs from the trace's sequence, so its UDP tagger stays a
+		// program of its own, on the same sequence.
+		HookTagging: plan.GetTcpTagging() == nil,
 	}
 	attached := 0
 	for _, ha := range plan.GetHops() {
@@ -563,14 +571,14 @@ func (m *Manager) Counters() []TraceCounters {
 	for _, t := range m.traces {
 		tc := TraceCounters{Trace: t.Name, Generation: t.Generation}
 		for _, h := range t.Hops {
-			c, err := h.Loaded.ReadCounters()
+			c, err := h.ReadCounters()
 			if err != nil {
 				continue
 			}
 			hc := HopCounters(h.Index, h.Name, now, c)
 			hc.AttachedNs = t.attachedNs[h.Index]
-			if a := h.Loaded.Actions; a.Count || a.Histogram != record.FieldNone {
-				v, err := h.Loaded.ReadActions()
+			if a := h.Actions(); a.Count || a.Histogram != record.FieldNone {
+				v, err := h.ReadActions()
 				if err != nil {
 					continue
 				}

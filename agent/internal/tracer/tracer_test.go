@@ -608,8 +608,15 @@ func childAgent() {
 // newTestManager is a tracer for one test, closed (and the close checked) when the test ends.
 func newTestManager(t *testing.T) (*Manager, *stream.Queue) {
 	t.Helper()
+	return newTestManagerWith(t, Config{})
+}
+
+// newTestManagerWith is newTestManager with cfg's settings (its node, queue and flush are the test's).
+func newTestManagerWith(t *testing.T, cfg Config) (*Manager, *stream.Queue) {
+	t.Helper()
 	q := stream.NewQueue(0)
-	m, err := New(Config{Node: "n1", Out: q, FlushEvery: 20 * time.Millisecond})
+	cfg.Node, cfg.Out, cfg.FlushEvery = "n1", q, 20*time.Millisecond
+	m, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

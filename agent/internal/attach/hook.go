@@ -1,0 +1,256 @@
+package attach
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/hoptrace/hoptrace/agent/internal/allowlist"
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	"github.com/hoptrace/hoptrace/agent/internal/netns"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+)
+
+// HookNotKept is why a hop in a tc hook is not pinned: the hook is the node's traces' together, and
+// a restarted agent attaches the hop again from its plan.
+const HookNotKept = "in the tc hook the node's traces share, which is not pinned: a restarted agent attaches it again from its plan"
+
+// countersMaxAge: one read of a hook's counters serves its hops' reads this long (the agent reads
+// every hop's counters each second).
+const countersMaxAge = 200 * time.Millisecond
+
+// Hooks are an agent's tc hooks (docs/design.md, "The tc hook"): one program per device and
+// direction for every trace's tc hops there, each hop a slot of its maps, so that a device crossed
+// by many traces runs one program a packet rather than one a hop. A hook is loaded and attached
+// with its first hop, and detached with its last; a hop joins or leaves with a few map updates.
+type Hooks struct {
+	spec *ebpf.CollectionSpec
+	mu   sync.Mutex
+	at   map[hookPlace]*placedHook
+}
+
+// hookPlace is a device and direction: its netns (by inode), its ifindex there, ingress or egress.
+type hookPlace struct {
+	nsIno   uint64
+	ifindex int
+	ingress bool
+}
+
+// placedHook is a hook attached at its place, and its slots in use.
+type placedHook struct {
+	hook   *loader.Hook
+	detach io.Closer
+	used   map[uint32]bool
+	next   uint32 // where the next slot is looked for: a freed slot is taken last
+}
+
+// NewHooks reads the hook object at path (kernel-patch/build/hook.bpf.o), which must be what
+// hoptrace's own hook is (allowlist).
+func NewHooks(path string) (*Hooks, error) {
+	spec, err := ebpf.LoadCollectionSpec(path)
+	if err != nil {
+		return nil, fmt.Errorf("tc hook object %s: %w", path, err)
+	}
+	if err := allowlist.Check(spec, allowlist.Hook); err != nil {
+		return nil, fmt.Errorf("tc hook object %s: %w", path, err)
+	}
+	return &Hooks{spec: spec, at: map[hookPlace]*placedHook{}}, nil
+}
+
+// takes says whether a hop goes into a hook: a tc hop running hoptrace's tc program, and a UDP
+// tagger only where env allows it.
+func (hs *Hooks) takes(p *pending, env Env) bool {
+	if hs == nil || p.plan == nil || p.cfg.Program != loader.ProgTC {
+		return false
+	}
+	switch p.plan.GetKind() {
+	case pb.AttachKind_ATTACH_KIND_TC_INGRESS, pb.AttachKind_ATTACH_KIND_TC_EGRESS:
+		return !p.cfg.TagUDP || env.HookTagging
+	}
+	return false
+}
+
+// join puts the hop p into the hook of its device and direction, loading and attaching the hook
+// first if it has no hop yet.
+func (hs *Hooks) join(p *pending, env Env) (*Hop, error) {
+	if err := prepareOnDevice(p); err != nil {
+		return nil, err
+	}
+	ino, err := netns.Inode(p.nsPath)
+	if err != nil {
+		return nil, fmt.Errorf("netns %s: %w", p.nsName, err)
+	}
+	at := hookPlace{nsIno: ino, ifindex: p.ifindex, ingress: p.plan.GetKind() == pb.AttachKind_ATTACH_KIND_TC_INGRESS}
+	idNext, err := idNext(env.Load.IDState)
+	if err != nil {
+		return nil, err
+	}
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	ph := hs.at[at]
+	if ph == nil {
+		hook, err := loader.LoadHook(hs.spec, env.Load)
+		if err != nil {
+			return nil, fmt.Errorf("tc hook: %w", err)
+		}
+		d, err := attachTC(p.nsPath, p.ifindex, hook.Program, at.ingress)
+		if err != nil {
+			hook.Close()
+			return nil, fmt.Errorf("attach the tc hook on %s: %w", p.describe, err)
+		}
+		ph = &placedHook{hook: hook, detach: d, used: map[uint32]bool{}}
+		hs.at[at] = ph
+	}
+	slot, ok := ph.alloc()
+	if !ok {
+		hs.release(at, ph)
+		return nil, fmt.Errorf("the tc hook on %s holds %d hops already", p.describe, loader.HookSlots)
+	}
+	if err := ph.hook.Set(slot, p.cfg, idNext); err != nil {
+		delete(ph.used, slot)
+		hs.release(at, ph)
+		return nil, fmt.Errorf("tc hook on %s: %w", p.describe, err)
+	}
+	return &Hop{Name: p.cfg.Name, Index: uint32(p.cfg.HopIndex), Describe: p.describe, kind: p.plan.GetKind(),
+		place: placeOf(p), inHook: &hookHop{hooks: hs, at: at, slot: slot, actions: p.cfg.Actions}}, nil
+}
+
+// idNext is the next number of a trace's ID sequence (id_state's first 8 bytes), where a tagger in
+// a hook goes on from.
+func idNext(idState *ebpf.Map) (uint64, error) {
+	if idState == nil {
+		return 0, nil
+	}
+	seq := make([]byte, idState.ValueSize())
+	if err := idState.Lookup(uint32(0), seq); err != nil {
+		return 0, fmt.Errorf("read the trace's %s: %w", loader.MapIDState, err)
+	}
+	return binary.NativeEndian.Uint64(seq), nil
+}
+
+// alloc takes a free slot: the first after the last one taken, so that a slot just freed (whose
+// hop a packet in flight may still run) is reused last.
+func (ph *placedHook) alloc() (uint32, bool) {
+	for i := range uint32(loader.HookSlots) {
+		s := (ph.next + i) % loader.HookSlots
+		if !ph.used[s] {
+			ph.used[s] = true
+			ph.next = s + 1
+			return s, true
+		}
+	}
+	return 0, false
+}
+
+// release detaches and closes the hook at `at` when it holds no hop any more.
+func (hs *Hooks) release(at hookPlace, ph *placedHook) error {
+	if len(ph.used) > 0 {
+		return nil
+	}
+	delete(hs.at, at)
+	err := ph.detach.Close()
+	ph.hook.Close()
+	return err
+}
+
+// Close detaches every hook (the agent's end).
+func (hs *Hooks) Close() {
+	if hs == nil {
+		return
+	}
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	for at, ph := range hs.at {
+		clear(ph.used)
+		_ = hs.release(at, ph)
+	}
+}
+
+// hookHop is a hop's slot in a hook.
+type hookHop struct {
+	hooks   *Hooks
+	at      hookPlace
+	slot    uint32
+	actions loader.Actions
+}
+
+// placed is the hook the hop is in (nil once it left).
+func (hh *hookHop) placed() *placedHook {
+	hh.hooks.mu.Lock()
+	defer hh.hooks.mu.Unlock()
+	ph := hh.hooks.at[hh.at]
+	if ph == nil || !ph.used[hh.slot] {
+		return nil
+	}
+	return ph
+}
+
+// leave takes the hop out of its hook, and detaches the hook if it was its last hop.
+func (hh *hookHop) leave() error {
+	hs := hh.hooks
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	ph := hs.at[hh.at]
+	if ph == nil || !ph.used[hh.slot] {
+		return nil
+	}
+	err := ph.hook.Clear(hh.slot)
+	delete(ph.used, hh.slot)
+	if rerr := hs.release(hh.at, ph); err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// InHook says whether the hop runs in a tc hook (not pinned: HookNotKept).
+func (h *Hop) InHook() bool { return h.inHook != nil }
+
+// Actions are the hop's count, histogram and record actions.
+func (h *Hop) Actions() loader.Actions {
+	if h.inHook != nil {
+		return h.inHook.actions
+	}
+	return h.Loaded.Actions
+}
+
+// ReadCounters sums the hop's counters over all CPUs.
+func (h *Hop) ReadCounters() (record.Counters, error) {
+	if h.inHook == nil {
+		return h.Loaded.ReadCounters()
+	}
+	ph := h.inHook.placed()
+	if ph == nil {
+		return record.Counters{}, fmt.Errorf("hop %s left its tc hook", h.Name)
+	}
+	return ph.hook.SlotCounters(h.inHook.slot, countersMaxAge)
+}
+
+// ReadActions reads the hop's count and histogram.
+func (h *Hop) ReadActions() (loader.ActionValues, error) {
+	if h.inHook == nil {
+		return h.Loaded.ReadActions()
+	}
+	ph := h.inHook.placed()
+	if ph == nil {
+		return loader.ActionValues{}, fmt.Errorf("hop %s left its tc hook", h.Name)
+	}
+	return ph.hook.SlotActions(h.inHook.slot)
+}
+
+// hookLinks is the hook's link of a hop in a hook (none for a clsact filter).
+func (hh *hookHop) hookLinks() []link.Link {
+	ph := hh.placed()
+	if ph == nil {
+		return nil
+	}
+	if l, ok := ph.detach.(link.Link); ok {
+		return []link.Link{l}
+	}
+	return nil
+}

@@ -1,0 +1,152 @@
+package tracer
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hoptrace/hoptrace/agent/internal/attach"
+	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
+	"github.com/hoptrace/hoptrace/agent/internal/stream"
+	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+)
+
+// testHooks are tc hooks of this checkout's hook.bpf.o (make bpf), detached when the test ends.
+func testHooks(t *testing.T) *attach.Hooks {
+	t.Helper()
+	hs, err := attach.NewHooks(filepath.Join(filepath.Dir(tu.ObjectPath()), loader.HookObject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hs.Close)
+	return hs
+}
+
+// More traces than tcx holds on a device and direction (63) put their tc hops on one veth pair: with
+// the tc hook the two devices run one program each. Datagrams of one trace's flow are recorded at its
+// three hops and by no other trace; each trace's counters at the hook count what was sent (matched
+// and recorded by its trace, seen and not matched by the others). The hooks stay while a trace uses
+// them, and go with the last.
+func TestTCHookHoldsManyTraces(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.44")
+	m, q := newTestManagerWith(t, Config{Hooks: testHooks(t)})
+	const others = 70
+	for i := range others {
+		pl := plan(p, 1)
+		pl.Trace = fmt.Sprintf("other%d", i)
+		pl.Match = &pb.FlowMatch{IpProto: 17, DstPort: uint32(20000 + i)}
+		pl.Hops = pl.Hops[:2] // the two tc hops
+		applyAttached(t, m, pl)
+	}
+	st := applyAttached(t, m, plan(p, 1))
+	for _, hs := range st.GetHops() {
+		if hs.GetName() != "b-rx" && hs.GetNotKept() != "" {
+			t.Errorf("hop %s: not kept %q, but the test agent pins nothing", hs.GetName(), hs.GetNotKept())
+		}
+	}
+	if n := tcPrograms(t, p); n != 2 {
+		t.Fatalf("%d tc programs on the pair, want 2 (a hook each device and direction)", n)
+	}
+	m.mu.Lock()
+	slot := m.traces["t1"].Slot
+	m.mu.Unlock()
+
+	const sent = 10
+	for i := range uint32(sent) {
+		sendTaggedUDP(t, p.NsA, p.AddrA, p.AddrB, 0x2a000100+i)
+	}
+	byID := recordsOf(t, q, sent, 3)
+	for id, hops := range byID {
+		for i, r := range hops {
+			if r.TraceSlot != slot {
+				t.Errorf("packet %#x at hop %d recorded for trace slot %d, want t1's %d", id, i, r.TraceSlot, slot)
+			}
+		}
+	}
+
+	for _, tc := range m.Counters() {
+		for _, h := range tc.Hops {
+			v := h.GetValues()
+			switch {
+			case tc.Trace == "t1" && h.GetHopIndex() < 2:
+				if v[record.CMatched] != sent || v[record.CRecorded] != sent || v[record.CSeen] < sent {
+					t.Errorf("t1 %s: matched %d, recorded %d, seen %d; sent %d", h.GetHop(), v[record.CMatched],
+						v[record.CRecorded], v[record.CSeen], sent)
+				}
+			case tc.Trace != "t1":
+				if v[record.CMatched] != 0 || v[record.CRecorded] != 0 || v[record.CNotMatched] < sent {
+					t.Errorf("%s %s: matched %d, recorded %d, not matched %d; sent %d of another flow", tc.Trace,
+						h.GetHop(), v[record.CMatched], v[record.CRecorded], v[record.CNotMatched], sent)
+				}
+			}
+		}
+	}
+
+	for i := range others {
+		if st := m.Remove(fmt.Sprintf("other%d", i)); st.GetError() != "" {
+			t.Fatal(st.GetError())
+		}
+	}
+	if n := tcPrograms(t, p); n != 2 {
+		t.Fatalf("%d tc programs with t1 alone, want 2", n)
+	}
+	sendTaggedUDP(t, p.NsA, p.AddrA, p.AddrB, 0x2a000200)
+	collect(t, q, 0x2a000200, 3)
+	m.Remove("t1")
+	if n := tcPrograms(t, p); n != 0 {
+		t.Errorf("%d tc programs after the last trace left, want none", n)
+	}
+}
+
+// recordsOf pops batches until `packets` packets have records at `hops` hops each, then what
+// came within a flush after: the records by packet ID and hop index.
+func recordsOf(t *testing.T, q *stream.Queue, packets, hops int) map[uint32]map[uint16]record.Record {
+	t.Helper()
+	out := map[uint32]map[uint16]record.Record{}
+	complete := 0
+	deadline := time.Now().Add(10 * time.Second)
+	var settle time.Time
+	for settle.IsZero() || time.Now().Before(settle) {
+		wait := time.Until(deadline)
+		if !settle.IsZero() {
+			wait = time.Until(settle)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		b := q.Pop(ctx)
+		cancel()
+		if b == nil {
+			if settle.IsZero() {
+				t.Fatalf("%d of %d packets seen at every hop", complete, packets)
+			}
+			break
+		}
+		for off := 0; off+record.Size <= len(b.Records); off += record.Size {
+			var r record.Record
+			if err := record.Decode(b.Records[off:], &r); err != nil {
+				t.Fatal(err)
+			}
+			if out[r.PacketID] == nil {
+				out[r.PacketID] = map[uint16]record.Record{}
+			}
+			if _, dup := out[r.PacketID][r.HopIndex]; dup {
+				t.Errorf("packet %#x recorded twice at hop %d", r.PacketID, r.HopIndex)
+			}
+			out[r.PacketID][r.HopIndex] = r
+			if len(out[r.PacketID]) == hops {
+				complete++
+			}
+		}
+		if complete >= packets && settle.IsZero() {
+			settle = time.Now().Add(200 * time.Millisecond)
+		}
+	}
+	if len(out) != packets {
+		t.Errorf("records of %d packets, want %d", len(out), packets)
+	}
+	return out
+}
