@@ -109,9 +109,10 @@ type Env struct {
 	Load loader.Options
 	// Hooks, when set, take the tc hops (hook.go) instead of a program each.
 	Hooks *Hooks
-	// HookTagging lets a UDP tagger into a hook, where its IDs continue the trace's sequence
-	// from a sequence of the hook's own: only for a trace that has no other tagger on the node.
-	HookTagging bool
+	// SharedIDs says the trace has another tagger on the node (its sock_ops TCP tagger) taking
+	// IDs from the trace's sequence meanwhile: a UDP tagger in a hook, which counts in a sequence
+	// of the hook's own, then starts half the ID space away from it (HookIDs).
+	SharedIDs bool
 }
 
 // Hop is one attached hop.
@@ -201,7 +202,7 @@ func attachHop(spec *ebpf.CollectionSpec, ha *pb.HopAttach, env Env) (*Hop, erro
 	if !known {
 		return nil, fmt.Errorf("unknown attach kind %d", int32(kind))
 	}
-	if env.Hooks.takes(p, env) {
+	if env.Hooks.takes(p) {
 		return env.Hooks.join(p, env)
 	}
 	return load(spec, k, p, env.Load)

@@ -2,6 +2,7 @@ package attach
 
 import (
 	"fmt"
+	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"strings"
 	"testing"
 
@@ -63,5 +64,22 @@ func TestVerifierRefusalIsNotWordedAsLockdown(t *testing.T) {
 	locked := &ebpf.VerifierError{Cause: unix.EPERM}
 	if err := lockdownRefusal(p, fmt.Errorf("load hop_fentry: %w", locked)); !strings.HasPrefix(err.Error(), "fentry not permitted: ") {
 		t.Errorf("lockdown refusal worded as %q", err)
+	}
+}
+
+// A UDP tagger in a hook of a trace whose TCP tagger shares its sequence starts half the ID space
+// away, and samples the same packets of its own count.
+func TestHookIDsStartHalfTheSpaceAway(t *testing.T) {
+	for _, sample := range []uint32{0, 1, 100} {
+		every := uint64(max(sample, 1))
+		for _, next := range []uint64{0, 7, 123456789} {
+			if got := HookIDs(next, false, sample); got != next {
+				t.Errorf("not shared: %d, want %d", got, next)
+			}
+			got := HookIDs(next, true, sample)
+			if got%every != next%every || got/every-next/every != 1<<(record.IDSeqBits-1) {
+				t.Errorf("sample %d, next %d: %d is not half the ID space away", sample, next, got)
+			}
+		}
 	}
 }

@@ -33,6 +33,9 @@ type Hooks struct {
 	spec *ebpf.CollectionSpec
 	mu   sync.Mutex
 	at   map[hookPlace]*placedHook
+	// overflowGone: the overflow counts of the hooks detached so far (Stats' total goes on
+	// from them).
+	overflowGone uint64
 }
 
 // hookPlace is a device and direction: its netns (by inode), its ifindex there, ingress or egress.
@@ -63,17 +66,24 @@ func NewHooks(path string) (*Hooks, error) {
 	return &Hooks{spec: spec, at: map[hookPlace]*placedHook{}}, nil
 }
 
-// takes says whether a hop goes into a hook: a tc hop running hoptrace's tc program, and a UDP
-// tagger only where env allows it.
-func (hs *Hooks) takes(p *pending, env Env) bool {
+// takes says whether a hop goes into a hook: a tc hop running hoptrace's tc program.
+func (hs *Hooks) takes(p *pending) bool {
 	if hs == nil || p.plan == nil || p.cfg.Program != loader.ProgTC {
 		return false
 	}
-	switch p.plan.GetKind() {
-	case pb.AttachKind_ATTACH_KIND_TC_INGRESS, pb.AttachKind_ATTACH_KIND_TC_EGRESS:
-		return !p.cfg.TagUDP || env.HookTagging
+	k := p.plan.GetKind()
+	return k == pb.AttachKind_ATTACH_KIND_TC_INGRESS || k == pb.AttachKind_ATTACH_KIND_TC_EGRESS
+}
+
+// HookIDs is where a UDP tagger in a hook starts its sequence: where the trace's is (next), or,
+// when another tagger of the trace takes IDs from the trace's sequence meanwhile (shared), half
+// the ID space further, so that the two do not hand out the same IDs until one of them has
+// sampled 8 M packets more than the other (IDs repeat after 16 M anyway).
+func HookIDs(next uint64, shared bool, sampleEvery uint32) uint64 {
+	if !shared {
+		return next
 	}
-	return false
+	return next + uint64(max(sampleEvery, 1))<<(record.IDSeqBits-1)
 }
 
 // join puts the hop p into the hook of its device and direction, loading and attaching the hook
@@ -87,10 +97,11 @@ func (hs *Hooks) join(p *pending, env Env) (*Hop, error) {
 		return nil, fmt.Errorf("netns %s: %w", p.nsName, err)
 	}
 	at := hookPlace{nsIno: ino, ifindex: p.ifindex, ingress: p.plan.GetKind() == pb.AttachKind_ATTACH_KIND_TC_INGRESS}
-	idNext, err := idNext(env.Load.IDState)
+	next, err := idNext(env.Load.IDState)
 	if err != nil {
 		return nil, err
 	}
+	next = HookIDs(next, env.SharedIDs, p.cfg.SampleEvery)
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	ph := hs.at[at]
@@ -112,7 +123,7 @@ func (hs *Hooks) join(p *pending, env Env) (*Hop, error) {
 		hs.release(at, ph)
 		return nil, fmt.Errorf("the tc hook on %s holds %d hops already", p.describe, loader.HookSlots)
 	}
-	if err := ph.hook.Set(slot, p.cfg, idNext); err != nil {
+	if err := ph.hook.Set(slot, p.cfg, next); err != nil {
 		delete(ph.used, slot)
 		hs.release(at, ph)
 		return nil, fmt.Errorf("tc hook on %s: %w", p.describe, err)
@@ -154,9 +165,36 @@ func (hs *Hooks) release(at hookPlace, ph *placedHook) error {
 		return nil
 	}
 	delete(hs.at, at)
+	hs.overflowGone += ph.overflow()
 	err := ph.detach.Close()
 	ph.hook.Close()
 	return err
+}
+
+// overflow is the hook's count of traces' bodies not run: a packet taken by more traces than one
+// packet runs (loader.HookMatched).
+func (ph *placedHook) overflow() uint64 {
+	c, err := ph.hook.HookCounters()
+	if err != nil {
+		return 0
+	}
+	return c[loader.HookCounterOverflow]
+}
+
+// Stats are the hooks attached now, and the traces' hop bodies every hook of the agent has not run
+// (a packet taken by more than loader.HookMatched traces at one hook: counted, never run); none
+// without hooks.
+func (hs *Hooks) Stats() (attached int, overflow uint64) {
+	if hs == nil {
+		return 0, 0
+	}
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	overflow = hs.overflowGone
+	for _, ph := range hs.at {
+		overflow += ph.overflow()
+	}
+	return len(hs.at), overflow
 }
 
 // Close detaches every hook (the agent's end).

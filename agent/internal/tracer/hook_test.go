@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +35,8 @@ func testHooks(t *testing.T) *attach.Hooks {
 func TestTCHookHoldsManyTraces(t *testing.T) {
 	tu.RequireRoot(t)
 	p := tu.NewVethPair(t, "198.18.44")
-	m, q := newTestManagerWith(t, Config{Hooks: testHooks(t)})
+	hooks := testHooks(t)
+	m, q := newTestManagerWith(t, Config{Hooks: hooks})
 	const others = 70
 	for i := range others {
 		pl := plan(p, 1)
@@ -51,6 +53,9 @@ func TestTCHookHoldsManyTraces(t *testing.T) {
 	}
 	if n := tcPrograms(t, p); n != 2 {
 		t.Fatalf("%d tc programs on the pair, want 2 (a hook each device and direction)", n)
+	}
+	if n, overflow := hooks.Stats(); n != 2 || overflow != 0 {
+		t.Errorf("hooks report %d attached, %d bodies not run; want 2, 0", n, overflow)
 	}
 	m.mu.Lock()
 	slot := m.traces["t1"].Slot
@@ -101,6 +106,9 @@ func TestTCHookHoldsManyTraces(t *testing.T) {
 	if n := tcPrograms(t, p); n != 0 {
 		t.Errorf("%d tc programs after the last trace left, want none", n)
 	}
+	if n, _ := hooks.Stats(); n != 0 {
+		t.Errorf("hooks report %d attached after the last trace left", n)
+	}
 }
 
 // recordsOf pops batches until `packets` packets have records at `hops` hops each, then what
@@ -149,4 +157,51 @@ func recordsOf(t *testing.T, q *stream.Queue, packets, hops int) map[uint32]map[
 		t.Errorf("records of %d packets, want %d", len(out), packets)
 	}
 	return out
+}
+
+// A hop in a tc hook is not pinned, and its status says so. An agent that leaves its pinned traces
+// running takes its hooks with it; the next agent takes the trace over without them (its tracepoint
+// hop goes on) and waits for the plan, which puts the tc hops in its own hooks again.
+func TestTCHookHopsComeBackWithThePlan(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.45")
+	dir := testPinDir(t)
+	pl := plan(p, 1)
+	pl.Hops[0].TagUdp = true
+	m1, err := New(Config{Node: "n1", FlushEvery: 20 * time.Millisecond, PinDir: dir, Hooks: testHooks(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := applyAttached(t, m1, pl)
+	for _, hs := range st.GetHops() {
+		inHook := hs.GetName() != "b-rx"
+		if got := strings.Contains(hs.GetNotKept(), attach.HookNotKept); got != inHook {
+			t.Errorf("hop %s: not kept %q", hs.GetName(), hs.GetNotKept())
+		}
+	}
+	if err := m1.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if n := tcPrograms(t, p); n != 0 {
+		t.Fatalf("%d tc programs after the agent left, want none: its hooks go with it", n)
+	}
+
+	q2 := stream.NewQueue(0)
+	m2, err := New(Config{Node: "n1", Out: q2, FlushEvery: 20 * time.Millisecond, PinDir: dir, Hooks: testHooks(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m2.Close() })
+	running := m2.Running()
+	if len(running) != 1 || running[0].GetActive() || !strings.Contains(running[0].GetError(), "waiting for its plan") {
+		t.Fatalf("a trace taken over without its hooks' hops: %v", running)
+	}
+	if st := m2.Apply(pl); !st.GetActive() || st.GetError() != "" || !st.GetHops()[0].GetAttached() || !st.GetHops()[1].GetAttached() {
+		t.Fatalf("the plan of the trace taken over: %v", st)
+	}
+	if n := tcPrograms(t, p); n != 2 {
+		t.Fatalf("%d tc programs after the plan, want the 2 hooks", n)
+	}
+	sendUDP(t, p, 3)
+	tracedPackets(t, q2, 3, 3)
 }

@@ -188,6 +188,9 @@ func New(cfg Config) (*Manager, error) {
 // Records is the agent's ring buffer.
 func (m *Manager) Records() *ebpf.Map { return m.records }
 
+// Hooks are the agent's tc hooks (nil: each tc hop its own program).
+func (m *Manager) Hooks() *attach.Hooks { return m.cfg.Hooks }
+
 func (m *Manager) allocSlot() (uint16, error) {
 	for i := 0; i < 0xffff; i++ {
 		s := m.nextSlot
@@ -357,10 +360,8 @@ func (m *Manager) attachPlan(t *Trace, old *Trace, plan *pb.TracePlan, spec *ebp
 		},
 		Load: loader.Options{Records: m.records, IDState: t.idState, PrevTS: m.prevTS,
 			SockReadLast: m.sockReadLast, Cache: kernelTypes},
-		Hooks: m.cfg.Hooks,
-		// A trace's TCP tagger takes its IDs from the trace's sequence, so its UDP tagger stays a
-		// program of its own, on the same sequence.
-		HookTagging: plan.GetTcpTagging() == nil,
+		Hooks:     m.cfg.Hooks,
+		SharedIDs: plan.GetTcpTagging() != nil,
 	}
 	attached := 0
 	for _, ha := range plan.GetHops() {
