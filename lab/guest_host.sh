@@ -9,7 +9,7 @@
 #                                send a flow from the current network namespace (ip netns exec ... for a VM's)
 #
 # Only bash, coreutils, iproute2, nft and busybox run here (Python takes seconds to start under TCG; it
-# runs once, for the clock step).
+# runs for the clock step and the bulk TCP flow only).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -91,6 +91,26 @@ send_tcp() {
 		sleep 0.05
 	done
 	echo "sent $(counted)"
+}
+
+# tcp-bulk DST PORT KIB: one connection, KIB KiB written at once (64-byte lines, then "end") so that TCP
+# hands the NIC TSO skbs of many segments; this side shuts its sending half, reads to the receiver's FIN
+# and waits for the connection to end. Answers "segments N": every segment this socket sent (tcpi_segs_out:
+# a TSO skb counts its segments; handshake, FIN and last ACK included), read from the socket once it is
+# closed, so the count is final. (Python: bash cannot shut half a socket nor read TCP_INFO.)
+send_tcp_bulk() {
+	python3 -I -S -c "import socket, time
+s = socket.create_connection(('$1', $2))
+s.sendall((b'0' * 63 + b'\\n') * ($3 * 16) + b'end\\n')
+s.shutdown(socket.SHUT_WR)
+while s.recv(65536):
+    pass
+for _ in range(600):
+    info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 144)
+    if info[0] == 7:  # TCP_CLOSE: the last segment is out
+        break
+    time.sleep(0.05)
+print('segments', int.from_bytes(info[136:140], 'little'))  # struct tcp_info's tcpi_segs_out"
 }
 
 # Open vSwitch in this guest (its kernel has the module; the hypervisor's may not), with three "VMs":
@@ -207,6 +227,13 @@ control() {
 			"send_$command" "$a" "$b" "$c"
 		else
 			echo "error: $command DST PORT COUNT"
+		fi
+		;;
+	tcp-bulk)
+		if is_address "$a" && is_number "$b" && is_number "$c"; then
+			send_tcp_bulk "$a" "$b" "$c"
+		else
+			echo "error: tcp-bulk DST PORT KIB"
 		fi
 		;;
 	clock-shift-ms)

@@ -111,6 +111,16 @@ class Guest:
             raise RuntimeError(f"{self.node}: unexpected answer to the {protocol} flow: {answer!r}")
         return int(found.group(1))
 
+    def send_tcp_bulk(self, destination: Guest, kib: int) -> int:
+        """Send `kib` KiB over one TCP connection to `destination`'s receiver at once (TSO skbs of many
+        segments); returns the segments this guest's socket sent (tcpi_segs_out, handshake and close
+        included), read once the connection is closed."""
+        answer = self.command(f"tcp-bulk {destination.address} {TCP_PORT} {kib}")
+        found = re.fullmatch(r"segments (\d+)", answer)
+        if not found:
+            raise RuntimeError(f"{self.node}: unexpected answer to the bulk TCP flow: {answer!r}")
+        return int(found.group(1))
+
     def shift_clock_ms(self, milliseconds: int) -> int:
         """Step the guest's CLOCK_REALTIME forward by `milliseconds` (read and set in one process there);
         returns the step the guest's clock made, in ns (as the guest measured it against CLOCK_MONOTONIC)."""

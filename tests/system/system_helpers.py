@@ -77,6 +77,16 @@ def report(cluster: LocalCluster, trace: str) -> dict[str, Any]:
     return json.loads(result.stdout)
 
 
+def recorded_segments(report: dict[str, Any], hop: str) -> tuple[int, int]:
+    """(records, segments) of the skbs of several segments at `hop`: its recorded gso_segs count and sum."""
+    for h in report.get("hops", []):
+        if h["hop"] == hop:
+            for r in h.get("recorded", []):
+                if r["field"] == "gso_segs":
+                    return r["count"], round(r["mean"] * r["count"])
+    return 0, 0
+
+
 def wait_report(cluster: LocalCluster, trace: str, packets: int, timeout_s: float = 30.0) -> dict[str, Any]:
     """Poll the report until it has `packets` complete packets, counted in every segment (the join window and
     export take a moment, and a packet's later segments may fall into the next 1 s window, closed later)."""

@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from system_helpers import report, running_cluster, wait_report
+from system_helpers import recorded_segments, report, running_cluster, wait_report
 
 from hoptrace.lab.prometheus import scrape
 from hoptrace.lab.reference import vxlan_path_spec
@@ -217,16 +217,6 @@ def option_id(options: bytes) -> int | None:
             return struct.unpack_from("!I", options, i + 4)[0]
         i += length
     return None
-
-
-def recorded_segments(report: dict, hop: str) -> tuple[int, int]:
-    """(records, segments) of the skbs of several segments at `hop`: its recorded gso_segs count and sum."""
-    for h in report.get("hops", []):
-        if h["hop"] == hop:
-            for r in h.get("recorded", []):
-                if r["field"] == "gso_segs":
-                    return r["count"], round(r["mean"] * r["count"])
-    return 0, 0
 
 
 def test_segments_of_a_cut_and_merged_tcp_packet_are_counted_exactly(

@@ -11,17 +11,21 @@ decomposition must not show.
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from system_helpers import recorded_segments
 
 from hoptrace.common.timeouts import scaled
 from hoptrace.lab import vm
 from hoptrace.lab.guest_cluster import GuestCluster, fetched_kernel, guest_cluster, path_spec, wait_complete
 from hoptrace.lab.localcluster import LocalCluster
+from hoptrace.lab.prometheus import scrape
+from hoptrace.lab.waiting import wait_until
 from hoptrace.v1 import api_pb2, trace_pb2
 
 NODES = ("hypervisor", "guest-a", "guest-b")
@@ -30,6 +34,9 @@ CLOCK_STEP_MS = 10
 MIN_STEP_NS = 5_000_000  # the step the guest's clock must at least make: several milliseconds
 # How much a segment's median may move between two runs under TCG beyond its clock bound.
 NOISE_NS = 2_000_000
+BULK_KIB = 1024  # one burst: TSO skbs of up to 64 KB, about 45 MSS-sized segments each
+# The hops a TSO skb crosses whole: guest-a's NIC egress, and the hypervisor's taps (virtio's GSO).
+WHOLE_SKB_HOPS = ("a-nic-out", "hv-tap-a-in", "hv-tap-b-out")
 
 
 def kernel(version: str) -> vm.Kernel:
@@ -119,6 +126,40 @@ def test_tcp_flow_across_the_virtio_boundary(guests: GuestCluster) -> None:
     # apart, far beyond the round trip); plus the pure ACKs of the flow's answers.
     assert sent >= 100 + 3, sent
     assert_complete_decomposition(data, sent)
+
+
+def collector_segments(cluster: LocalCluster) -> tuple[float, float]:
+    """The wire segments of the packets the collector joined so far, and those missing at some hop."""
+    metrics = scrape(cluster.metrics_addr("collector"))
+    return (
+        metrics.get("hoptrace_collector_segments_total", 0.0),
+        metrics.get("hoptrace_collector_segments_missing_total", 0.0),
+    )
+
+
+def test_tso_skbs_across_the_virtio_boundary_count_every_segment(guests: GuestCluster) -> None:
+    """guest-a's TCP hands its virtio NIC TSO skbs of many segments, which reach the hypervisor's tap whole
+    (virtio's GSO: a DODGY skb whose segments a hop counts from its length and gso_size) and leave it through
+    guest-b's tap. The join's segments are every one guest-a's socket sent (tcpi_segs_out), none missing,
+    and the hops before guest-b each recorded the same skbs of several segments."""
+    spec = apply_path(guests, "vm-tso", "tcp")
+    joined, missing = collector_segments(guests.cluster)
+    sent = guests.a.send_tcp_bulk(guests.b, BULK_KIB)
+    assert sent > BULK_KIB * 1024 // 1500, sent  # a segment per MSS at least
+    wait_until(
+        lambda: collector_segments(guests.cluster)[0] - joined >= sent,
+        f"the join's {sent} segments of the bulk flow",
+        90,
+    )
+    time.sleep(scaled(3))  # a packet joined twice would show by now
+    now_joined, now_missing = collector_segments(guests.cluster)
+    result = guests.cluster.hoptrace("report", spec.name, "--since", "30m", "--json")
+    guests.cluster.api().DeleteTrace(api_pb2.DeleteTraceRequest(name=spec.name), timeout=scaled(60))
+    assert (now_joined - joined, now_missing - missing) == (sent, 0)
+    data = json.loads(result.stdout)
+    whole = {hop: recorded_segments(data, hop) for hop in WHOLE_SKB_HOPS}
+    print(f"{sent} segments sent; skbs of several segments (records, segments) by hop: {whole}")
+    assert len(set(whole.values())) == 1 and whole["hv-tap-a-in"][0] > 0, whole
 
 
 def fresh_clock(

@@ -50,8 +50,14 @@ type placedHook struct {
 	hook   *loader.Hook
 	detach io.Closer
 	used   map[uint32]bool
-	next   uint32 // where the next slot is looked for: a freed slot is taken last
+	// freed: when each slot was freed last; one is taken again after slotRest only, while another
+	// is free (a packet in flight may still run it).
+	freed map[uint32]time.Time
 }
+
+// slotRest is how long a freed slot rests before it is taken again: far longer than a packet
+// runs through a hook.
+const slotRest = time.Second
 
 // NewHooks reads the hook object at path (kernel-patch/build/hook.bpf.o), which must be what
 // hoptrace's own hook is (allowlist).
@@ -115,7 +121,7 @@ func (hs *Hooks) join(p *pending, env Env) (*Hop, error) {
 			hook.Close()
 			return nil, fmt.Errorf("attach the tc hook on %s: %w", p.describe, err)
 		}
-		ph = &placedHook{hook: hook, detach: d, used: map[uint32]bool{}}
+		ph = &placedHook{hook: hook, detach: d, used: map[uint32]bool{}, freed: map[uint32]time.Time{}}
 		hs.at[at] = ph
 	}
 	slot, ok := ph.alloc()
@@ -145,18 +151,25 @@ func idNext(idState *ebpf.Map) (uint64, error) {
 	return binary.NativeEndian.Uint64(seq), nil
 }
 
-// alloc takes a free slot: the first after the last one taken, so that a slot just freed (whose
-// hop a packet in flight may still run) is reused last.
+// alloc takes the lowest free slot that has rested (the agent reads a hook's counters up to its
+// highest slot in use), or the lowest free one if none has.
 func (ph *placedHook) alloc() (uint32, bool) {
-	for i := range uint32(loader.HookSlots) {
-		s := (ph.next + i) % loader.HookSlots
-		if !ph.used[s] {
+	resting := uint32(loader.HookSlots)
+	for s := range uint32(loader.HookSlots) {
+		if ph.used[s] {
+			continue
+		}
+		if at, ok := ph.freed[s]; !ok || time.Since(at) >= slotRest {
 			ph.used[s] = true
-			ph.next = s + 1
 			return s, true
 		}
+		resting = min(resting, s)
 	}
-	return 0, false
+	if resting == loader.HookSlots {
+		return 0, false
+	}
+	ph.used[resting] = true
+	return resting, true
 }
 
 // release detaches and closes the hook at `at` when it holds no hop any more.
@@ -240,6 +253,7 @@ func (hh *hookHop) leave() error {
 	}
 	err := ph.hook.Clear(hh.slot)
 	delete(ph.used, hh.slot)
+	ph.freed[hh.slot] = time.Now()
 	if rerr := hs.release(hh.at, ph); err == nil {
 		err = rerr
 	}

@@ -197,7 +197,7 @@ func (h *Hook) Set(slot uint32, cfg HopConfig, idNext uint64) error {
 	}
 	seq := make([]byte, h.Collection.Maps[MapIDState].ValueSize())
 	binary.NativeEndian.PutUint64(seq, idNext)
-	hookC, err := readPerCPU(h.Collection.Maps[mapHookCounters])
+	hookC, err := h.HookCounters()
 	if err != nil {
 		return err
 	}
@@ -340,11 +340,16 @@ func (h *Hook) SlotCounters(slot uint32, maxAge time.Duration) (record.Counters,
 		return out, fmt.Errorf("hook slot %d not in use", slot)
 	}
 	if h.counters == nil || time.Since(h.countersAt) > maxAge {
+		// the slots up to the highest in use: the agent takes the lowest free slots first
+		last := uint32(0)
+		for used := range h.slots {
+			last = max(last, used)
+		}
 		var err error
-		if h.counters, err = readPerCPU(h.Collection.Maps[MapCounters]); err != nil {
+		if h.counters, err = readPerCPU(h.Collection.Maps[MapCounters], (last+1)*uint32(record.CMax)); err != nil {
 			return out, err
 		}
-		if h.hookC, err = readPerCPU(h.Collection.Maps[mapHookCounters]); err != nil {
+		if h.hookC, err = h.HookCounters(); err != nil {
 			return out, err
 		}
 		h.countersAt = time.Now()
@@ -403,13 +408,14 @@ func (h *Hook) SlotActions(slot uint32) (ActionValues, error) {
 // enum hoptrace_counter's indices), and the traces' bodies not run past HookMatched a packet (at
 // HookCounterOverflow).
 func (h *Hook) HookCounters() ([]uint64, error) {
-	return readPerCPU(h.Collection.Maps[mapHookCounters])
+	m := h.Collection.Maps[mapHookCounters]
+	return readPerCPU(m, m.MaxEntries())
 }
 
-// readPerCPU sums every entry of a per-CPU array of u64 over the CPUs: one batch lookup, or a
-// lookup an entry before 5.6.
-func readPerCPU(m *ebpf.Map) ([]uint64, error) {
-	n := m.MaxEntries()
+// readPerCPU sums the first n entries of a per-CPU array of u64 over the CPUs: one batch lookup, or
+// a lookup an entry before 5.6.
+func readPerCPU(m *ebpf.Map, n uint32) ([]uint64, error) {
+	n = min(n, m.MaxEntries())
 	out := make([]uint64, n)
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
@@ -421,7 +427,7 @@ func readPerCPU(m *ebpf.Map) ([]uint64, error) {
 	got, err := m.BatchLookup(&cursor, keys, per, nil)
 	switch {
 	case errors.Is(err, ebpf.ErrNotSupported):
-		return readPerCPUOneByOne(m)
+		return readPerCPUOneByOne(m, n)
 	case err != nil && !errors.Is(err, ebpf.ErrKeyNotExist):
 		return nil, fmt.Errorf("read %s: %w", m.String(), err)
 	}
@@ -433,8 +439,8 @@ func readPerCPU(m *ebpf.Map) ([]uint64, error) {
 	return out, nil
 }
 
-func readPerCPUOneByOne(m *ebpf.Map) ([]uint64, error) {
-	out := make([]uint64, m.MaxEntries())
+func readPerCPUOneByOne(m *ebpf.Map, n uint32) ([]uint64, error) {
+	out := make([]uint64, n)
 	var per []uint64
 	for k := range uint32(len(out)) {
 		if err := m.Lookup(k, &per); err != nil {

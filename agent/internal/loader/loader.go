@@ -259,7 +259,7 @@ func ReadCounters(m *ebpf.Map) (record.Counters, error) {
 	if m == nil {
 		return out, nil
 	}
-	all, err := readPerCPU(m)
+	all, err := readPerCPU(m, uint32(record.CMax))
 	if err != nil {
 		return out, fmt.Errorf("read counters: %w", err)
 	}
