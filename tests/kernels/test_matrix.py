@@ -35,7 +35,8 @@ GUEST_TESTS = {
     "|TestFilterSelectsPackets|TestActionCountEqualsMatchedPackets|TestActionCountByCPUAndMark"
     "|TestActionHistogramOfLen|TestActionLatencyFromPreviousHop|TestNoActionsTouchNothing"
     "|TestFieldsFromIPAndTCPHeaders|TestFieldsFromSkb|TestRecordActionCarriesValues"
-    "|TestShortSegmentsInLinuxLayouts|TestUntaggedTCPSegmentsCountAlike",
+    "|TestShortSegmentsInLinuxLayouts|TestUntaggedTCPSegmentsCountAlike"
+    "|TestHookRecordsAsHop|TestHookNotMatchedAndOverflow",
     "probe": "TestFieldCapabilities",
     "attach": "TestClsactFallback",
     "tracer": "TestTracerStreamsRealTraffic|TestKernelFunctionHops|TestKernelFunctionReturnHops"
@@ -45,7 +46,9 @@ GUEST_TESTS = {
     "|TestSocketReadHop|TestSocketReadFields|TestUprobeBadTargets"
     # a restarted agent takes its pinned traces over: clsact and no perf-event links before 5.15 included
     "|TestTakeOverKeepsTheTrace|TestTakeOverWaitsForThePlan|TestEveryAttachKindIsKept"
-    "|TestTakeOverRefusesAnotherLayout",
+    "|TestTakeOverRefusesAnotherLayout"
+    # --tc-hook: many traces' tc hops in one program a device and direction (tcx, or clsact before 6.6)
+    "|TestTCHookHoldsManyTraces|TestTCHookHopsComeBackWithThePlan",
 }
 
 # Programs the matrix names in its load checks (every program of the objects loads in each guest).

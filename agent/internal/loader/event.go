@@ -388,17 +388,9 @@ func LoadEvent(spec *ebpf.CollectionSpec, cfg EventConfig, opts Options) (*Event
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
-	repl := map[string]*ebpf.Map{}
-	if _, ok := s.Maps[MapEventMarks]; ok && opts.EventMarks != nil {
-		repl[MapEventMarks] = opts.EventMarks
-	}
-	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
-		MapReplacements: repl,
-		Programs:        ProgramOptions(opts.LogLevel),
-		Cache:           opts.Cache,
-	})
+	coll, err := loadCollection(s, program, opts)
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", program, verifierTail(err))
+		return nil, err
 	}
 	return &Event{Collection: coll, Program: coll.Programs[program], Counters: coll.Maps[MapCounters],
 		CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets], Stats: coll.Maps[MapEventStats],

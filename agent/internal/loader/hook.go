@@ -120,7 +120,7 @@ type Hook struct {
 }
 
 // LoadHook loads the hook program of spec (hook.bpf.o) with the agent's shared maps (records,
-// prev_ts) from opts, and no trace in it.
+// prev_ts) from opts, and no trace in it; opts' ID state is not the hook's.
 func LoadHook(spec *ebpf.CollectionSpec, opts Options) (*Hook, error) {
 	s := spec.Copy()
 	program := ProgramFor(spec, HookProgram)
@@ -139,21 +139,11 @@ func LoadHook(spec *ebpf.CollectionSpec, opts Options) (*Hook, error) {
 		}
 	}
 	dropUnreferencedMaps(s, MapSockReadQueues, MapSockReadLast, MapKretSkbs)
-	repl := map[string]*ebpf.Map{}
-	if opts.Records != nil {
-		s.Maps[MapRecords].MaxEntries = opts.Records.MaxEntries()
-		repl[MapRecords] = opts.Records
-	}
-	if _, ok := s.Maps[MapPrevTS]; ok && opts.PrevTS != nil {
-		repl[MapPrevTS] = opts.PrevTS
-	}
-	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
-		MapReplacements: repl,
-		Programs:        ProgramOptions(opts.LogLevel),
-		Cache:           opts.Cache,
-	})
+	// The hook's ID sequences are its own, one a slot (Set starts each where its trace's is).
+	opts.IDState = nil
+	coll, err := loadCollection(s, program, opts)
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", program, verifierTail(err))
+		return nil, err
 	}
 	return &Hook{Collection: coll, Program: coll.Programs[program], ProgramName: program, slots: map[uint32]*hookSlot{},
 		bySport: map[uint16]*TraceSet{}, byDport: map[uint16]*TraceSet{}}, nil

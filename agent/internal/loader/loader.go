@@ -564,43 +564,43 @@ func loadHop(spec *ebpf.CollectionSpec, cfg HopConfig, opts Options) (*Hop, erro
 		}
 	}
 
-	repl := map[string]*ebpf.Map{}
-	if opts.Records != nil {
-		ms, ok := s.Maps[MapRecords]
-		if !ok {
-			return nil, fmt.Errorf("object has no %s map", MapRecords)
-		}
-		// The agent's ring buffer may be sized differently from the object's.
-		ms.MaxEntries = opts.Records.MaxEntries()
-		repl[MapRecords] = opts.Records
+	if _, ok := s.Maps[MapRecords]; !ok && opts.Records != nil {
+		return nil, fmt.Errorf("object has no %s map", MapRecords)
 	}
-	if opts.IDState != nil {
-		if _, ok := s.Maps[MapIDState]; ok {
-			repl[MapIDState] = opts.IDState
-		}
+	coll, err := loadCollection(s, cfg.Program, opts)
+	if err != nil {
+		return nil, err
 	}
-	if opts.PrevTS != nil {
-		if _, ok := s.Maps[MapPrevTS]; ok {
-			repl[MapPrevTS] = opts.PrevTS
-		}
-	}
-	if opts.SockReadLast != nil {
-		if _, ok := s.Maps[MapSockReadLast]; ok {
-			repl[MapSockReadLast] = opts.SockReadLast
-		}
-	}
+	h := &Hop{Collection: coll, Program: coll.Programs[program], ProgramName: program, Companion: coll.Programs[companion], Counters: coll.Maps[MapCounters],
+		Actions: cfg.Actions, CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets]}
+	return h, nil
+}
 
+// loadCollection loads s with the agent's maps of opts (its ring buffer, resized to it; the trace's
+// ID state; prev_ts, sock_read_last, event marks) in place of the object's maps of those names that s
+// has; errors name `program`.
+func loadCollection(s *ebpf.CollectionSpec, program string, opts Options) (*ebpf.Collection, error) {
+	repl := map[string]*ebpf.Map{}
+	for name, m := range map[string]*ebpf.Map{MapRecords: opts.Records, MapIDState: opts.IDState,
+		MapPrevTS: opts.PrevTS, MapSockReadLast: opts.SockReadLast, MapEventMarks: opts.EventMarks} {
+		ms, ok := s.Maps[name]
+		if m == nil || !ok {
+			continue
+		}
+		if name == MapRecords {
+			ms.MaxEntries = m.MaxEntries() // the agent's ring may be sized differently from the object's
+		}
+		repl[name] = m
+	}
 	coll, err := ebpf.NewCollectionWithOptions(s, ebpf.CollectionOptions{
 		MapReplacements: repl,
 		Programs:        ProgramOptions(opts.LogLevel),
 		Cache:           opts.Cache,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", cfg.Program, verifierTail(err))
+		return nil, fmt.Errorf("load %s: %w", program, verifierTail(err))
 	}
-	h := &Hop{Collection: coll, Program: coll.Programs[program], ProgramName: program, Companion: coll.Programs[companion], Counters: coll.Maps[MapCounters],
-		Actions: cfg.Actions, CountKeys: coll.Maps[MapCountKeys], Hist: coll.Maps[MapHistBuckets]}
-	return h, nil
+	return coll, nil
 }
 
 // NewRecords creates the agent's ring buffer from the object's records map
