@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,8 +145,17 @@ func TestRingLetsGoPastHalf(t *testing.T) {
 	r.AddRoute(3, "t", 1)
 	r.Start()
 	defer func() { r.Close(); r.Unmap() }()
-	// 4 KiB hold 102 records of 40 bytes: write three rings' worth, 40 (a third of one) at a time.
+	// 4 KiB hold 102 records of 40 bytes: write three rings' worth, 40 (a third of one) at a time,
+	// each once the reader has let go of what it holds past half the ring (it does so in its own
+	// time: a write before would find the ring full on a loaded machine).
+	held := func() uint64 { return uint64(atomic.LoadUintptr(r.ring.prodPos)) - r.ring.committed() }
 	for i := 0; i < 8; i++ {
+		for deadline := time.Now().Add(5 * time.Second); held() > r.ring.size()/2; {
+			if time.Now().After(deadline) {
+				t.Fatalf("write %d: %d bytes held after 5 s, more than half the ring", i, held())
+			}
+			time.Sleep(time.Millisecond)
+		}
 		write(40)
 		popRecords(t, q, 40)
 	}
