@@ -45,11 +45,10 @@ type hookPlace struct {
 	ingress bool
 }
 
-// placedHook is a hook attached at its place, and its slots in use.
+// placedHook is a hook attached at its place (its slots in use are the hook's).
 type placedHook struct {
 	hook   *loader.Hook
 	detach io.Closer
-	used   map[uint32]bool
 	// freed: when each slot was freed last; one is taken again after slotRest only, while another
 	// is free (a packet in flight may still run it).
 	freed map[uint32]time.Time
@@ -121,17 +120,15 @@ func (hs *Hooks) join(p *pending, env Env) (*Hop, error) {
 			hook.Close()
 			return nil, fmt.Errorf("attach the tc hook on %s: %w", p.describe, err)
 		}
-		ph = &placedHook{hook: hook, detach: d, used: map[uint32]bool{}, freed: map[uint32]time.Time{}}
+		ph = &placedHook{hook: hook, detach: d, freed: map[uint32]time.Time{}}
 		hs.at[at] = ph
 	}
-	slot, ok := ph.alloc()
+	slot, ok := ph.free()
 	if !ok {
-		hs.release(at, ph)
 		return nil, fmt.Errorf("the tc hook on %s holds %d hops already", p.describe, loader.HookSlots)
 	}
 	if err := ph.hook.Set(slot, p.cfg, next); err != nil {
-		delete(ph.used, slot)
-		hs.release(at, ph)
+		_ = hs.releaseIfEmpty(at, ph) // a hook loaded for this hop alone
 		return nil, fmt.Errorf("tc hook on %s: %w", p.describe, err)
 	}
 	return &Hop{Name: p.cfg.Name, Index: uint32(p.cfg.HopIndex), Describe: p.describe, kind: p.plan.GetKind(),
@@ -151,32 +148,33 @@ func idNext(idState *ebpf.Map) (uint64, error) {
 	return binary.NativeEndian.Uint64(seq), nil
 }
 
-// alloc takes the lowest free slot that has rested (the agent reads a hook's counters up to its
-// highest slot in use), or the lowest free one if none has.
-func (ph *placedHook) alloc() (uint32, bool) {
+// free is the slot a hop takes (under hs.mu, so that no other join takes it before the hop's Set):
+// the lowest free slot that has rested (the agent reads a hook's counters up to its highest slot in
+// use), or the lowest free one if none has.
+func (ph *placedHook) free() (uint32, bool) {
 	resting := uint32(loader.HookSlots)
 	for s := range uint32(loader.HookSlots) {
-		if ph.used[s] {
+		if ph.hook.Holds(s) {
 			continue
 		}
 		if at, ok := ph.freed[s]; !ok || time.Since(at) >= slotRest {
-			ph.used[s] = true
 			return s, true
 		}
 		resting = min(resting, s)
 	}
-	if resting == loader.HookSlots {
-		return 0, false
-	}
-	ph.used[resting] = true
-	return resting, true
+	return resting, resting < loader.HookSlots
 }
 
-// release detaches and closes the hook at `at` when it holds no hop any more.
-func (hs *Hooks) release(at hookPlace, ph *placedHook) error {
-	if len(ph.used) > 0 {
+// releaseIfEmpty detaches the hook at `at` when it holds no hop any more.
+func (hs *Hooks) releaseIfEmpty(at hookPlace, ph *placedHook) error {
+	if len(ph.hook.Slots()) > 0 {
 		return nil
 	}
+	return hs.release(at, ph)
+}
+
+// release detaches and closes the hook at `at`.
+func (hs *Hooks) release(at hookPlace, ph *placedHook) error {
 	delete(hs.at, at)
 	hs.overflowGone += ph.overflow()
 	err := ph.detach.Close()
@@ -218,7 +216,6 @@ func (hs *Hooks) Close() {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	for at, ph := range hs.at {
-		clear(ph.used)
 		_ = hs.release(at, ph)
 	}
 }
@@ -236,7 +233,7 @@ func (hh *hookHop) placed() *placedHook {
 	hh.hooks.mu.Lock()
 	defer hh.hooks.mu.Unlock()
 	ph := hh.hooks.at[hh.at]
-	if ph == nil || !ph.used[hh.slot] {
+	if ph == nil || !ph.hook.Holds(hh.slot) {
 		return nil
 	}
 	return ph
@@ -248,13 +245,12 @@ func (hh *hookHop) leave() error {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	ph := hs.at[hh.at]
-	if ph == nil || !ph.used[hh.slot] {
+	if ph == nil || !ph.hook.Holds(hh.slot) {
 		return nil
 	}
 	err := ph.hook.Clear(hh.slot)
-	delete(ph.used, hh.slot)
 	ph.freed[hh.slot] = time.Now()
-	if rerr := hs.release(hh.at, ph); err == nil {
+	if rerr := hs.releaseIfEmpty(hh.at, ph); err == nil {
 		err = rerr
 	}
 	return err

@@ -156,6 +156,14 @@ func (h *Hook) Close() {
 	}
 }
 
+// Holds says whether slot holds a hop.
+func (h *Hook) Holds(slot uint32) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.slots[slot]
+	return ok
+}
+
 // Slots are the hook's slots in use, in order.
 func (h *Hook) Slots() []uint32 {
 	h.mu.Lock()

@@ -1,7 +1,6 @@
 package tracer
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -65,7 +64,11 @@ func TestTCHookHoldsManyTraces(t *testing.T) {
 	for i := range uint32(sent) {
 		sendTaggedUDP(t, p.NsA, p.AddrA, p.AddrB, 0x2a000100+i)
 	}
-	byID := recordsOf(t, q, sent, 3)
+	// then a flush more: a record of another trace would come with them
+	byID, _ := packetRecords(t, q, sent, 3, 200*time.Millisecond)
+	if len(byID) != sent {
+		t.Errorf("records of %d packets, want %d", len(byID), sent)
+	}
 	for id, hops := range byID {
 		for i, r := range hops {
 			if r.TraceSlot != slot {
@@ -109,54 +112,6 @@ func TestTCHookHoldsManyTraces(t *testing.T) {
 	if n, _ := hooks.Stats(); n != 0 {
 		t.Errorf("hooks report %d attached after the last trace left", n)
 	}
-}
-
-// recordsOf pops batches until `packets` packets have records at `hops` hops each, then what
-// came within a flush after: the records by packet ID and hop index.
-func recordsOf(t *testing.T, q *stream.Queue, packets, hops int) map[uint32]map[uint16]record.Record {
-	t.Helper()
-	out := map[uint32]map[uint16]record.Record{}
-	complete := 0
-	deadline := time.Now().Add(10 * time.Second)
-	var settle time.Time
-	for settle.IsZero() || time.Now().Before(settle) {
-		wait := time.Until(deadline)
-		if !settle.IsZero() {
-			wait = time.Until(settle)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		b := q.Pop(ctx)
-		cancel()
-		if b == nil {
-			if settle.IsZero() {
-				t.Fatalf("%d of %d packets seen at every hop", complete, packets)
-			}
-			break
-		}
-		for off := 0; off+record.Size <= len(b.Records); off += record.Size {
-			var r record.Record
-			if err := record.Decode(b.Records[off:], &r); err != nil {
-				t.Fatal(err)
-			}
-			if out[r.PacketID] == nil {
-				out[r.PacketID] = map[uint16]record.Record{}
-			}
-			if _, dup := out[r.PacketID][r.HopIndex]; dup {
-				t.Errorf("packet %#x recorded twice at hop %d", r.PacketID, r.HopIndex)
-			}
-			out[r.PacketID][r.HopIndex] = r
-			if len(out[r.PacketID]) == hops {
-				complete++
-			}
-		}
-		if complete >= packets && settle.IsZero() {
-			settle = time.Now().Add(200 * time.Millisecond)
-		}
-	}
-	if len(out) != packets {
-		t.Errorf("records of %d packets, want %d", len(out), packets)
-	}
-	return out
 }
 
 // A hop in a tc hook is not pinned, and its status says so. An agent that leaves its pinned traces

@@ -72,34 +72,55 @@ func sendUDP(t *testing.T, p *tu.VethPair, n int) {
 // delivers each batch, as a sink does: their records leave the ring.
 func tracedPackets(t *testing.T, q *stream.Queue, n, hops int) []uint32 {
 	t.Helper()
-	seen := map[uint32]map[uint16]bool{}
+	_, complete := packetRecords(t, q, n, hops, 0)
+	return complete
+}
+
+// packetRecords is tracedPackets, then the records that come within settle after: every record by
+// packet ID and hop index, and the IDs of the packets seen at every hop, in order. A packet recorded
+// twice at a hop fails the test.
+func packetRecords(t *testing.T, q *stream.Queue, n, hops int, settle time.Duration) (map[uint32]map[uint16]record.Record, []uint32) {
+	t.Helper()
+	seen := map[uint32]map[uint16]record.Record{}
 	var complete []uint32
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for len(complete) < n {
+	for {
+		if len(complete) >= n {
+			if settle <= 0 {
+				break
+			}
+			cancel()
+			ctx, cancel = context.WithTimeout(context.Background(), settle)
+			defer cancel()
+			settle = 0
+		}
 		b := q.Pop(ctx)
 		if b == nil {
+			if len(complete) >= n {
+				break // settled
+			}
 			t.Fatalf("%d of %d packets traced at every hop (records: %v)", len(complete), n, seen)
 		}
-		for off := 0; off < len(b.Records); off += record.Size {
+		for off := 0; off+record.Size <= len(b.Records); off += record.Size {
 			var r record.Record
 			if err := record.Decode(b.Records[off:], &r); err != nil {
 				t.Fatal(err)
 			}
 			if seen[r.PacketID] == nil {
-				seen[r.PacketID] = map[uint16]bool{}
+				seen[r.PacketID] = map[uint16]record.Record{}
 			}
-			if seen[r.PacketID][r.HopIndex] {
+			if _, twice := seen[r.PacketID][r.HopIndex]; twice {
 				t.Errorf("packet %#x twice at hop %d", r.PacketID, r.HopIndex)
 			}
-			seen[r.PacketID][r.HopIndex] = true
+			seen[r.PacketID][r.HopIndex] = r
 			if len(seen[r.PacketID]) == hops {
 				complete = append(complete, r.PacketID)
 			}
 		}
 		b.Delivered()
 	}
-	return complete
+	return seen, complete
 }
 
 // tcPrograms counts the programs on the pair's tc hooks: its tcx links where the kernel has tcx (6.6,
