@@ -27,17 +27,16 @@ For each number of traces N (1, 10, 50, 200), in one run, side by side:
 - the N traces deleted, and the next N's untraced runs bracket this N's traced runs: each ratio is the traced
   throughput over the mean of the untraced runs either side.
 
-All of it twice: with every hop its own program, and with the agent's `--tc-hook` (docs/design.md, "The tc
-hook"), where the tc hops of every trace at a device and direction are slots of one program. The matching
-trace tags TCP (its filter names no protocol), so its UDP tagger at c1's eth0 stays a program of its own,
-beside the hook.
+All of it twice: with every hop its own program, and with the agent's `--hooks` (docs/design.md, "Many traces on a device"),
+where the tc hops of every trace at a device and direction are slots of one program, and the TCP taggers of
+every trace in a cgroup slots of one sock_ops program.
 
 The per-packet cost in place is the figure to draw conclusions from: it counts only the programs' own CPU
 time (run in softirq, not preempted), so a neighbour's load on this 2-vCPU machine moves it little, while a
 throughput ratio moves with every neighbour (docs/benchmarks.md, "How costs are measured").
 
     .venv/bin/python bench/many_traces.py [--traces 1,10,50,200] [--seconds 5] [--sample 100] \
-        [--modes programs,tc-hook] [--perf] [--json]
+        [--modes programs,hooks] [--perf] [--json]
     .venv/bin/python bench/run.py --full --only many_traces   # --quick: 1 and 2 traces, TCP alone
 
 Targets (reported, not asserted): 200 non-matching traces on a device cost at most twice one trace per
@@ -92,8 +91,8 @@ HOOKS = ("c1 eth0 tc egress", "veth-c1 netif_receive_skb", "veth-c1 tc ingress",
 # Each hook's programs: tcx links by attach type (enum bpf_attach_type: BPF_TCX_INGRESS 46, BPF_TCX_EGRESS
 # 47), the others by program name.
 TCX_ATTACH_TYPE = {"c1 eth0 tc egress": 47, "veth-c1 tc ingress": 46}
-TC_HOOKS = tuple(TCX_ATTACH_TYPE)  # the targets' hooks: those --tc-hook serves
-PROGRAM_NAME = {"veth-c1 netif_receive_skb": "hop_tp_btf", "c1 sock_ops": "tag_tcp"}
+SERVED = (*TCX_ATTACH_TYPE, "c1 sock_ops")  # the targets' hooks: those --hooks serves
+PROGRAM_NAMES = {"veth-c1 netif_receive_skb": ("hop_tp_btf",), "c1 sock_ops": ("tag_tcp", "hook_sock_ops")}
 
 
 def trace_spec(topo: TwoHostTopology, index: int, sample: int) -> trace_pb2.TraceSpec:
@@ -122,8 +121,8 @@ def trace_spec(topo: TwoHostTopology, index: int, sample: int) -> trace_pb2.Trac
 
 
 @contextlib.contextmanager
-def one_host_cluster(ctx: BenchContext, topo: TwoHostTopology, tc_hook: bool) -> Iterator[LocalCluster]:
-    """Dispatcher, collector and host-a's agent (owning c1's namespace; `tc_hook`: with --tc-hook), objects
+def one_host_cluster(ctx: BenchContext, topo: TwoHostTopology, hooks: bool) -> Iterator[LocalCluster]:
+    """Dispatcher, collector and host-a's agent (owning c1's namespace; `hooks`: with --hooks), objects
     from the lab's BPF cache."""
     cluster = LocalCluster(
         influx_url=ctx.influx().url, workdir=ctx.workdir / "many-traces", bpf_cache_dir=writable_bpf_cache()
@@ -133,7 +132,7 @@ def one_host_cluster(ctx: BenchContext, topo: TwoHostTopology, tc_hook: bool) ->
         cluster.start_collector()
         cluster.wait_listening()
         start_cluster_agent(
-            cluster, "host-a", topo.host_a, "--netns-owned", topo.c1, *(["--tc-hook"] if tc_hook else [])
+            cluster, "host-a", topo.host_a, "--netns-owned", topo.c1, *(["--hooks"] if hooks else [])
         )
         cluster.wait_agents(["host-a"])
         yield cluster
@@ -164,8 +163,8 @@ def hook_programs(agent_pid: int) -> dict[str, set[int]]:
                 if info.get("attach_type", "").split(" ")[0] == str(attach_type):
                     hooks[hook].add(int(info["prog_id"]))
     for prog in bpftool_json("prog", "show"):
-        for hook, name in PROGRAM_NAME.items():
-            if prog["id"] in held and prog.get("name") == name:
+        for hook, names in PROGRAM_NAMES.items():
+            if prog["id"] in held and prog.get("name") in names:
                 hooks[hook].add(prog["id"])
     return hooks
 
@@ -364,17 +363,17 @@ def measure(
     seconds: int,
     idle_s: float,
     sample: int,
-    tc_hook: bool = False,
+    hooks: bool = False,
     perf: bool = False,
     protocols: tuple[str, ...] = ("tcp", "udp"),
 ) -> dict:
-    """Every level of traces in one run (module docstring), the agent with --tc-hook or without; with
+    """Every level of traces in one run (module docstring), the agent with --hooks or without; with
     `perf`, a profile of each number's in-place traffic."""
     topo = TwoHostTopology(ctx.prefix(), overlay="routed")
     result: dict[str, Any] = {"levels": {}, "untraced": [], "load": []}
     try:
         topo.create()
-        with one_host_cluster(ctx, topo, tc_hook) as cluster:
+        with one_host_cluster(ctx, topo, hooks) as cluster:
             agent_pid = cluster.components["agent-host-a"].process.pid
             result["untraced"].append(untraced(topo, seconds, protocols))
             for n in levels:
@@ -453,12 +452,12 @@ def table(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """The targets against the largest N of the run: the tc hooks per packet, the idle agent."""
+    """The targets against the largest N of the run: the hooks --hooks serves per packet, the idle agent."""
     levels = result["levels"]
     first, asked = min(levels), max(levels)
     last = levels[asked]["applied"]
     out = []
-    for hook in TC_HOOKS if asked != first else ():
+    for hook in SERVED if asked != first else ():
         one, many = (
             levels[first]["in_place"][hook]["ns_per_packet"],
             levels[asked]["in_place"][hook]["ns_per_packet"],
@@ -474,25 +473,25 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def run(ctx: BenchContext) -> dict[str, Any]:
     """bench/run.py's entry: 1 and 2 traces and TCP alone with --quick, 1, 10, 50 and 200 with --full; each
-    without and with --tc-hook. The targets are the tc hook's."""
+    without and with --hooks. The targets are the hooks'."""
     levels = ctx.size(QUICK_TRACES, FULL_TRACES)
     modes = {
-        tc_hook: measure(
+        hooks: measure(
             ctx,
             levels,
             ctx.size(1, 5),
             ctx.size(0.5, 10.0),
             100,
-            tc_hook=tc_hook,
+            hooks=hooks,
             protocols=ctx.size(("tcp",), ("tcp", "udp")),
         )
-        for tc_hook in (False, True)
+        for hooks in (False, True)
     }
     return {
         "programs": modes[False],
-        "tc_hook": modes[True],
+        "hooks": modes[True],
         "table": table(modes[False]),
-        "tables": {"with --tc-hook": table(modes[True])},
+        "tables": {"with --hooks": table(modes[True])},
         "targets": targets(modes[True]),
     }
 
@@ -505,7 +504,7 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=10.0, help="the idle agent's measurement, seconds")
     ap.add_argument("--sample", type=int, default=100, help="the matching trace's sample")
     ap.add_argument(
-        "--modes", default="programs,tc-hook", help="each hop its own program (programs), --tc-hook, or both"
+        "--modes", default="programs,hooks", help="each hop its own program (programs), --hooks, or both"
     )
     ap.add_argument(
         "--perf", action="store_true", help="profile the idle agent and each number's in-place traffic"
@@ -519,15 +518,15 @@ def main() -> int:
 
     ctx = BenchContext(quick=False)
     modes = args.modes.split(",")
-    if unknown := set(modes) - {"programs", "tc-hook"}:
-        print(f"many_traces.py: --modes: {', '.join(sorted(unknown))}? (programs, tc-hook)", file=sys.stderr)
+    if unknown := set(modes) - {"programs", "hooks"}:
+        print(f"many_traces.py: --modes: {', '.join(sorted(unknown))}? (programs, hooks)", file=sys.stderr)
         return 2
     levels = tuple(int(n) for n in args.traces.split(","))
     results = {}
     try:
         for mode in modes:
-            tc_hook = mode == "tc-hook"
-            results[mode] = measure(ctx, levels, args.seconds, args.idle, args.sample, tc_hook, args.perf)
+            hooks = mode == "hooks"
+            results[mode] = measure(ctx, levels, args.seconds, args.idle, args.sample, hooks, args.perf)
     finally:
         ctx.close()
     for mode, result in results.items():

@@ -125,18 +125,25 @@ static __always_inline void hook_count(__u32 c)
 }
 
 /* A candidate trace's whole filter, as hop.bpf.h's flow_match with its constants. */
+static __always_inline bool hook_filter_takes_flow(const struct hoptrace_hook_filter *f, __u8 proto,
+						   __u8 family, const __u32 *saddr,
+						   const __u32 *daddr, __u16 sport, __u16 dport)
+{
+	if (f->proto && proto != f->proto)
+		return false;
+	if (f->family && (family != f->family || !addr_match(saddr, f->src, f->src_mask, family) ||
+			  !addr_match(daddr, f->dst, f->dst_mask, family)))
+		return false;
+	if (f->sport && sport != f->sport)
+		return false;
+	return !f->dport || dport == f->dport;
+}
+
 static __always_inline bool hook_filter_takes(const struct hoptrace_hook_filter *f,
 					      const struct pkt_info *p)
 {
-	if (f->proto && p->proto != f->proto)
-		return false;
-	if (f->family &&
-	    (p->family != f->family || !addr_match(p->saddr, f->src, f->src_mask, p->family) ||
-	     !addr_match(p->daddr, f->dst, f->dst_mask, p->family)))
-		return false;
-	if (f->sport && p->sport != f->sport)
-		return false;
-	return !f->dport || p->dport == f->dport;
+	return hook_filter_takes_flow(f, p->proto, p->family, p->saddr, p->daddr, p->sport,
+				      p->dport);
 }
 
 /* acc = proto & (sport | any sport) & (dport | any dport); whether any trace is left. */
@@ -359,6 +366,70 @@ static __always_inline int hook_skb_l2(struct __sk_buff *skb, bool floor,
 		hook_count(HOPTRACE_C_NOT_MATCHED);
 	return TCX_NEXT_;
 }
+
+/*
+ * The sock_ops hook's tagger of a socket (hop.bpf.h's tag_tcp_segment asks): of the traces whose
+ * filter takes it, the lowest slot's, so that one trace's ID rides each segment. The candidates by
+ * ports come from the sets the tc hook uses; at most HOPTRACE_HOOK_TAG_CHECKS of them are checked a
+ * word, one left past them counted. No per-CPU scratch: a softirq may run the hook in the middle of
+ * a process's run of it.
+ */
+static __always_inline bool tcp_tagger(struct bpf_sock_ops *skops, bool floor,
+				       const struct hoptrace_hook_settings **hs)
+{
+	const struct hoptrace_trace_set *proto, *sport, *dport;
+	const struct hoptrace_hook_wildcards *wild;
+	struct sock_flow s = {};
+	__u64 cookie = 0;
+	__u32 key = 0;
+
+	wild = bpf_map_lookup_elem(&wildcards, &key);
+	if (!read_sock_flow(skops, &s))
+		return false;
+	key = IPPROTO_TCP_;
+	proto = bpf_map_lookup_elem(&by_proto, &key);
+	key = s.sport;
+	sport = bpf_map_lookup_elem(&by_sport, &key);
+	key = s.dport;
+	dport = bpf_map_lookup_elem(&by_dport, &key);
+	if (!wild || !proto || !sport || !dport)
+		return false;
+	/* Before 5.15 sock_ops has no netns cookie: the floor's taggers take every netns (attach.go). */
+	if (!floor)
+		cookie = bpf_get_netns_cookie(skops);
+#pragma unroll
+	for (int i = 0; i < HOPTRACE_HOOK_WORDS; i++) {
+		__u64 w = proto->w[i] & (sport->w[i] | wild->sport.w[i]) &
+			  (dport->w[i] | wild->dport.w[i]);
+
+		for (int j = 0; j < HOPTRACE_HOOK_TAG_CHECKS && w; j++) {
+			__u32 slot = i * 64 + lowest_bit(w);
+			const struct hoptrace_hook_filter *f = bpf_map_lookup_elem(&filters, &slot);
+
+			w &= w - 1;
+			if (f && (!f->netns_cookie || f->netns_cookie == cookie) &&
+			    hook_filter_takes_flow(f, IPPROTO_TCP_, s.family, s.saddr, s.daddr, s.sport,
+						   s.dport)) {
+				*hs = bpf_map_lookup_elem(&settings, &slot);
+				return *hs != NULL;
+			}
+		}
+		if (w)
+			hook_count(HOPTRACE_HOOK_C_OVERFLOW);
+	}
+	return false;
+}
+
+/* The sock_ops hook: one per cgroup, the TCP tagger of every trace that tags there. */
+#define HOPTRACE_HOOK_SOCK_OPS                                                                     \
+	SEC("sockops") int hook_sock_ops(struct bpf_sock_ops *skops)                               \
+	{                                                                                          \
+		return tag_tcp_segment(skops, false);                                              \
+	}                                                                                          \
+	SEC("sockops") int hook_sock_ops_floor(struct bpf_sock_ops *skops)                         \
+	{                                                                                          \
+		return tag_tcp_segment(skops, true);                                               \
+	}
 
 /* The tc hook and its floor variant (hop.bpf.h's), each with its body as a global function. */
 #define HOPTRACE_HOOK_TC                                                                           \

@@ -12,6 +12,9 @@ enum hoptrace_hook_limits {
 	HOPTRACE_HOOK_SLOTS = 256,   /* trace slots: HOPTRACE_HOOK_WORDS * 64 */
 	HOPTRACE_HOOK_MATCHED = 8,   /* hop bodies one packet runs at most; the rest counted */
 	HOPTRACE_HOOK_ORIGINS = 256, /* origin_slots' entries: an ID's top 8 bits */
+	/* the sock_ops hook's candidate filters checked a word for a socket's tagger; one left past
+	 * them is counted at HOPTRACE_HOOK_C_OVERFLOW */
+	HOPTRACE_HOOK_TAG_CHECKS = 16,
 	/* hook_counters' entry (beside enum hoptrace_counter's SEEN, NOT_MATCHED, PARSE_*) of the
 	 * traces a packet matched beyond HOPTRACE_HOOK_MATCHED, whose bodies did not run */
 	HOPTRACE_HOOK_C_OVERFLOW = 17, /* HOPTRACE_C_MAX */
@@ -32,7 +35,8 @@ struct hoptrace_hook_wildcards {
 };
 
 /* A trace's filter, hop.bpf.h's filter_* constants: addresses and masks in network order, ports
- * in host order, 0 for any. */
+ * in host order, 0 for any; netns_cookie, the sock_ops hook's (hop.bpf.h's tag_netns_cookie): the
+ * sender's netns, 0 for any. */
 struct hoptrace_hook_filter {
 	__u32 src[4];
 	__u32 src_mask[4];
@@ -43,6 +47,7 @@ struct hoptrace_hook_filter {
 	__u8 proto;
 	__u8 family;
 	__u8 pad[2];
+	__u64 netns_cookie;
 };
 
 /* A trace's hop at this hook, hop.bpf.h's load-time constants of the same names. slot: the

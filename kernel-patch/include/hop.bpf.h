@@ -168,12 +168,11 @@ static __always_inline void count(enum hoptrace_counter c, __u64 n)
 		*v += n;
 }
 
-/* A hop body's counter: the hop's own, or at the hook the matched trace's (its slot's range). */
-static __always_inline void hop_count(const struct hoptrace_hook_settings *hs,
-				      enum hoptrace_counter c, __u64 n)
+/* A counter of the trace at slot: the hop's own outside the hook (slot 0), the slot's range in it. */
+static __always_inline void slot_count(__u32 slot, enum hoptrace_counter c, __u64 n)
 {
 #ifdef HOPTRACE_HOOK
-	__u32 key = hs->slot * HOPTRACE_C_MAX + c;
+	__u32 key = slot * HOPTRACE_C_MAX + c;
 	__u64 *v = bpf_map_lookup_elem(&counters, &key);
 
 	if (v)
@@ -181,6 +180,13 @@ static __always_inline void hop_count(const struct hoptrace_hook_settings *hs,
 #else
 	count(c, n);
 #endif
+}
+
+/* A hop body's counter: the hop's own, or at the hook the matched trace's (its slot's range). */
+static __always_inline void hop_count(const struct hoptrace_hook_settings *hs,
+				      enum hoptrace_counter c, __u64 n)
+{
+	slot_count(HOP_SLOT, c, n);
 }
 
 static __always_inline void count_parse_error(int status)
@@ -1811,38 +1817,56 @@ static __always_inline int hop_user_function(void)
 		barrier_var(dst);                                                                  \
 	} while (0)
 
-/* sock_ops: does this socket send the traced flow? */
-static __always_inline bool sock_match(struct bpf_sock_ops *skops, bool floor)
-{
-	__u32 saddr[4] = {}, daddr[4] = {};
-	__u32 sk_family, local_port, remote_port;
+/* A socket's flow as a tagger matches it: its sender's side is the source. */
+struct sock_flow {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
 	__u8 family;
+};
 
-	/* Before 5.15 sock_ops has no netns cookie: the floor tags in every netns (attach.go). */
-	if (!floor && tag_netns_cookie && bpf_get_netns_cookie(skops) != tag_netns_cookie)
-		return false;
+/* The socket's flow; false: neither IPv4 nor IPv6. */
+static __always_inline bool read_sock_flow(struct bpf_sock_ops *skops, struct sock_flow *s)
+{
+	__u32 sk_family, local_port, remote_port;
+
 	READ_SKOPS(sk_family, family);
 	if (sk_family == 2 /* AF_INET */) {
-		family = 4;
-		READ_SKOPS(saddr[0], local_ip4);
-		READ_SKOPS(daddr[0], remote_ip4);
+		s->family = 4;
+		READ_SKOPS(s->saddr[0], local_ip4);
+		READ_SKOPS(s->daddr[0], remote_ip4);
 	} else if (sk_family == 10 /* AF_INET6 */) {
-		family = 6;
-		READ_SKOPS(saddr[0], local_ip6[0]);
-		READ_SKOPS(saddr[1], local_ip6[1]);
-		READ_SKOPS(saddr[2], local_ip6[2]);
-		READ_SKOPS(saddr[3], local_ip6[3]);
-		READ_SKOPS(daddr[0], remote_ip6[0]);
-		READ_SKOPS(daddr[1], remote_ip6[1]);
-		READ_SKOPS(daddr[2], remote_ip6[2]);
-		READ_SKOPS(daddr[3], remote_ip6[3]);
+		s->family = 6;
+		READ_SKOPS(s->saddr[0], local_ip6[0]);
+		READ_SKOPS(s->saddr[1], local_ip6[1]);
+		READ_SKOPS(s->saddr[2], local_ip6[2]);
+		READ_SKOPS(s->saddr[3], local_ip6[3]);
+		READ_SKOPS(s->daddr[0], remote_ip6[0]);
+		READ_SKOPS(s->daddr[1], remote_ip6[1]);
+		READ_SKOPS(s->daddr[2], remote_ip6[2]);
+		READ_SKOPS(s->daddr[3], remote_ip6[3]);
 	} else {
 		return false;
 	}
 	READ_SKOPS(local_port, local_port);
 	READ_SKOPS(remote_port, remote_port);
 	/* local_port is host order; remote_port is the network-order port << 16. */
-	return flow_match(family, IPPROTO_TCP_, saddr, daddr, local_port, bpf_ntohl(remote_port));
+	s->sport = local_port;
+	s->dport = bpf_ntohl(remote_port);
+	return true;
+}
+
+/* sock_ops: does this socket send the traced flow? */
+static __always_inline bool sock_match(struct bpf_sock_ops *skops, bool floor)
+{
+	struct sock_flow s = {};
+
+	/* Before 5.15 sock_ops has no netns cookie: the floor tags in every netns (attach.go). */
+	if (!floor && tag_netns_cookie && bpf_get_netns_cookie(skops) != tag_netns_cookie)
+		return false;
+	return read_sock_flow(skops, &s) &&
+	       flow_match(s.family, IPPROTO_TCP_, s.saddr, s.daddr, s.sport, s.dport);
 }
 
 /* The ID that HDR_OPT_LEN drew for the segment a socket is sending on this CPU, until
@@ -1852,6 +1876,7 @@ static __always_inline bool sock_match(struct bpf_sock_ops *skops, bool floor)
 struct tcp_pending_id {
 	__u64 cookie;
 	__u32 id;
+	__u32 slot; /* the tagging trace's (the sock_ops hook's slot; 0 in a tagger of its own) */
 };
 
 struct {
@@ -1860,6 +1885,21 @@ struct {
 	__type(key, __u32);
 	__type(value, struct tcp_pending_id);
 } tcp_pending SEC(".maps");
+
+#ifndef HOPTRACE_HOOK
+/* The tagger that takes a socket's segments: this program's trace, when its filter takes the socket
+ * (*hs: HOP_CONST). The sock_ops hook has its own (hook.bpf.h): the lowest slot's trace that takes
+ * it. */
+static __always_inline bool tcp_tagger(struct bpf_sock_ops *skops, bool floor,
+				       const struct hoptrace_hook_settings **hs)
+{
+	*hs = HOP_CONST;
+	return sock_match(skops, floor);
+}
+#else
+static __always_inline bool tcp_tagger(struct bpf_sock_ops *skops, bool floor,
+				       const struct hoptrace_hook_settings **hs);
+#endif
 
 /*
  * TCP: a matching socket's sampled segments, SYN included, carry option 253
@@ -1870,6 +1910,7 @@ struct {
  */
 static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floor)
 {
+	const struct hoptrace_hook_settings *hs;
 	struct tcp_pending_id *pending;
 	__u32 op, cb_flags, arg0, key = 0;
 
@@ -1879,7 +1920,7 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	case BPF_SOCK_OPS_TCP_LISTEN_CB:
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
-		if (!sock_match(skops, floor))
+		if (!tcp_tagger(skops, floor, &hs))
 			break;
 		READ_SKOPS(cb_flags, bpf_sock_ops_cb_flags);
 		bpf_sock_ops_cb_flags_set(skops, cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
@@ -1887,26 +1928,27 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 	case BPF_SOCK_OPS_HDR_OPT_LEN_CB: {
 		__u32 id;
 
-		if (!sock_match(skops, floor))
+		if (!tcp_tagger(skops, floor, &hs))
 			break;
 		READ_SKOPS(arg0, args[0]);
 		if (arg0 & BPF_WRITE_HDR_TCP_CURRENT_MSS) { /* sizing the MSS, no segment yet */
 			bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0);
 			break;
 		}
-		count(HOPTRACE_C_MATCHED, 1);
-		id = next_id(HOP_CONST, floor);
+		hop_count(hs, HOPTRACE_C_MATCHED, 1);
+		id = next_id(hs, floor);
 		if (!id) { /* sampled out: no room asked, so WRITE_HDR_OPT does not run */
-			count(HOPTRACE_C_UNTAGGED, 1);
+			hop_count(hs, HOPTRACE_C_UNTAGGED, 1);
 			break;
 		}
 		pending = bpf_map_lookup_elem(&tcp_pending, &key);
 		if (!pending || bpf_reserve_hdr_opt(skops, HOPTRACE_TCPOPT_LEN, 0)) {
-			count(HOPTRACE_C_TAG_FAILED, 1);
+			hop_count(hs, HOPTRACE_C_TAG_FAILED, 1);
 			break;
 		}
 		pending->cookie = bpf_get_socket_cookie(skops);
 		pending->id = id;
+		pending->slot = HOP_SLOT;
 		break;
 	}
 	case BPF_SOCK_OPS_WRITE_HDR_OPT_CB: {
@@ -1919,8 +1961,8 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 		id = pending->id;
 		/* Room another program asked for, or an ID a nested segment took over. */
 		if (!id || pending->cookie != bpf_get_socket_cookie(skops)) {
-			if (sock_match(skops, floor))
-				count(HOPTRACE_C_TAG_FAILED, 1);
+			if (tcp_tagger(skops, floor, &hs))
+				hop_count(hs, HOPTRACE_C_TAG_FAILED, 1);
 			break;
 		}
 		pending->id = 0;
@@ -1932,10 +1974,10 @@ static __always_inline int tag_tcp_segment(struct bpf_sock_ops *skops, bool floo
 		opt[5] = id >> 16;
 		opt[6] = id >> 8;
 		opt[7] = id;
-		if (bpf_store_hdr_opt(skops, opt, sizeof(opt), 0))
-			count(HOPTRACE_C_TAG_FAILED, 1);
-		else
-			count(HOPTRACE_C_TAGGED, 1);
+		slot_count(pending->slot,
+			   bpf_store_hdr_opt(skops, opt, sizeof(opt), 0) ? HOPTRACE_C_TAG_FAILED
+									 : HOPTRACE_C_TAGGED,
+			   1);
 		break;
 	}
 	}

@@ -147,9 +147,9 @@ def test_cri_socket_value_mounts_its_directory_read_only_and_names_it(tmp_path: 
     assert not host_paths & {"/run/containerd", "/var/run/crio"}
 
 
-def test_tc_hook_value_adds_the_agent_flag(tmp_path: Path):
-    assert "--tc-hook" not in agent_container(render(tmp_path))["args"]
-    assert "--tc-hook" in agent_container(render(tmp_path, {"agent": {"tcHook": True}}))["args"]
+def test_hooks_value_adds_the_agent_flag(tmp_path: Path):
+    assert "--hooks" not in agent_container(render(tmp_path))["args"]
+    assert "--hooks" in agent_container(render(tmp_path, {"agent": {"hooks": True}}))["args"]
 
 
 def test_control_plane_runs_without_capabilities_as_restricted_asks(tmp_path: Path):

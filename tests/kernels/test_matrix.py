@@ -47,8 +47,9 @@ GUEST_TESTS = {
     # a restarted agent takes its pinned traces over: clsact and no perf-event links before 5.15 included
     "|TestTakeOverKeepsTheTrace|TestTakeOverWaitsForThePlan|TestEveryAttachKindIsKept"
     "|TestTakeOverRefusesAnotherLayout"
-    # --tc-hook: many traces' tc hops in one program a device and direction (tcx, or clsact before 6.6)
-    "|TestTCHookHoldsManyTraces|TestTCHookHopsComeBackWithThePlan",
+    # --hooks: many traces' tc hops in one program a device and direction (tcx, or clsact before 6.6), their
+    # TCP taggers in one sock_ops program a cgroup
+    "|TestTCHookHoldsManyTraces|TestTCHookHopsComeBackWithThePlan|TestSockOpsHookTagsPastTheCgroupsCap",
 }
 
 # Programs the matrix names in its load checks (every program of the objects loads in each guest).

@@ -94,10 +94,11 @@ type Config struct {
 	// without it the agent detaches and unpins them on its way out.
 	PinDir     string
 	KeepOnExit bool
-	// TCHook runs the traces' tc hops in one program per device and
-	// direction (hook.bpf.o, found as the presets' objects are) instead of a
-	// program each: a device many traces cross costs about what one costs.
-	TCHook bool
+	// Hooks runs the traces' tc hops in one program per device and
+	// direction, and their TCP taggers in one per cgroup (hook.bpf.o, found
+	// as the presets' objects are), instead of a program each: a device many
+	// traces cross costs about what one costs.
+	Hooks bool
 	// CommandState is where the sequences of the signed commands taken are
 	// kept when PinDir is "" ("" = nowhere: after a restart only the
 	// commands' expiry bounds a replay); with a PinDir they are pinned
@@ -351,14 +352,14 @@ func start(cfg Config) (*running, error) {
 		return nil, errors.New(`--keep-on-exit needs a --pin-dir: with --pin-dir "" nothing outlives the agent`)
 	}
 	var hooks *attach.Hooks
-	if cfg.TCHook {
+	if cfg.Hooks {
 		path, err := preset.FindObject(loader.HookObject, "")
 		if err == nil {
 			hooks, err = attach.NewHooks(path)
 		}
 		if err != nil {
 			a.close()
-			return nil, fmt.Errorf("--tc-hook: %w", err)
+			return nil, fmt.Errorf("--hooks: %w", err)
 		}
 	}
 	a.mgr, err = tracer.New(tracer.Config{Node: cfg.Node, Netns: cfg.Netns, BaseDir: baseDir, RingBytes: cfg.RingBytes,

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -173,8 +174,10 @@ func TestPrintedLinesPlaceRecordsAsTheCollector(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, cfg) }()
 
-	// Until the collector has 50 packets' records and two clock rounds went by.
+	// Until the collector has 50 packets' records, two clock rounds went by and a heartbeat with a
+	// watermark is in the file (a loaded machine may take the rest before the first heartbeat).
 	deadline := time.Now().Add(15 * time.Second)
+	watermarked := regexp.MustCompile(`"type":"counters".*"watermark_ns":[1-9]`)
 	rounds := map[int64]bool{}
 	for id := uint32(0x47000001); ; id++ {
 		if time.Now().After(deadline) {
@@ -188,7 +191,9 @@ func TestPrintedLinesPlaceRecordsAsTheCollector(t *testing.T) {
 			rounds[bt.GetClock().GetSampledAtNs()] = true
 		}
 		if records >= 100 && len(rounds) >= 2 {
-			break
+			if b, err := os.ReadFile(outPath); err == nil && watermarked.Match(b) {
+				break
+			}
 		}
 	}
 	cancel()

@@ -72,5 +72,10 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 			helpers: set(asm.FnCheckMtu, asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnL4CsumReplace, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit, asm.FnSkbCgroupId, asm.FnSkbChangeTail, asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnSpinLock, asm.FnSpinUnlock),
 			kfuncs:  set[string]("bpf_cast_to_kern_ctx"),
 		},
+		ebpf.SockOps: {
+			attach:  set(ebpf.AttachCGroupSockOps),
+			helpers: set(asm.FnGetNetnsCookie, asm.FnGetSocketCookie, asm.FnMapLookupElem, asm.FnReserveHdrOpt, asm.FnSockOpsCbFlagsSet, asm.FnSpinLock, asm.FnSpinUnlock, asm.FnStoreHdrOpt),
+			kfuncs:  set[string](),
+		},
 	},
 }

@@ -17,18 +17,20 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
-// HookNotKept is why a hop in a tc hook is not pinned: the hook is the node's traces' together, and
+// HookNotKept is why a hop in a hook is not pinned: the hook is the node's traces' together, and
 // a restarted agent attaches the hop again from its plan.
-const HookNotKept = "in the tc hook the node's traces share, which is not pinned: a restarted agent attaches it again from its plan"
+const HookNotKept = "in a hook the node's traces share, which is not pinned: a restarted agent attaches it again from its plan"
 
 // countersMaxAge: one read of a hook's counters serves its hops' reads this long (the agent reads
 // every hop's counters each second).
 const countersMaxAge = 200 * time.Millisecond
 
-// Hooks are an agent's tc hooks (docs/design.md, "The tc hook"): one program per device and
-// direction for every trace's tc hops there, each hop a slot of its maps, so that a device crossed
-// by many traces runs one program a packet rather than one a hop. A hook is loaded and attached
-// with its first hop, and detached with its last; a hop joins or leaves with a few map updates.
+// Hooks are an agent's hooks (docs/design.md, "Many traces on a device"): one program per device and direction
+// for every trace's tc hops there, and one per cgroup for every trace's TCP tagger there, each hop
+// a slot of its maps, so that a device crossed by many traces runs one program a packet rather than
+// one a hop, and a cgroup holds more taggers than the kernel's 64 programs. A hook is loaded and
+// attached with its first hop, and detached with its last; a hop joins or leaves with a few map
+// updates.
 type Hooks struct {
 	spec *ebpf.CollectionSpec
 	mu   sync.Mutex
@@ -38,11 +40,29 @@ type Hooks struct {
 	overflowGone uint64
 }
 
-// hookPlace is a device and direction: its netns (by inode), its ifindex there, ingress or egress.
+// hookPlace is where a hook is attached: a device and direction for a tc hook (its netns by inode,
+// its ifindex there, ingress or egress), a cgroup's path for a sock_ops hook.
 type hookPlace struct {
 	nsIno   uint64
 	ifindex int
 	ingress bool
+	cgroup  string
+}
+
+// program is the hook program that runs at the place.
+func (at hookPlace) program() string {
+	if at.cgroup != "" {
+		return loader.HookSockOpsProgram
+	}
+	return loader.HookTCProgram
+}
+
+// kind names the place's hook in messages.
+func (at hookPlace) kind() string {
+	if at.cgroup != "" {
+		return "sock_ops hook"
+	}
+	return "tc hook"
 }
 
 // placedHook is a hook attached at its place (its slots in use are the hook's).
@@ -91,8 +111,7 @@ func HookIDs(next uint64, shared bool, sampleEvery uint32) uint64 {
 	return next + uint64(max(sampleEvery, 1))<<(record.IDSeqBits-1)
 }
 
-// join puts the hop p into the hook of its device and direction, loading and attaching the hook
-// first if it has no hop yet.
+// join puts the tc hop p into the hook of its device and direction.
 func (hs *Hooks) join(p *pending, env Env) (*Hop, error) {
 	if err := prepareOnDevice(p); err != nil {
 		return nil, err
@@ -106,30 +125,50 @@ func (hs *Hooks) join(p *pending, env Env) (*Hop, error) {
 	if err != nil {
 		return nil, err
 	}
-	next = HookIDs(next, env.SharedIDs, p.cfg.SampleEvery)
+	return hs.put(p, at, HookIDs(next, env.SharedIDs, p.cfg.SampleEvery), env,
+		func(prog *ebpf.Program) (io.Closer, error) { return attachTC(p.nsPath, p.ifindex, prog, at.ingress) })
+}
+
+// joinTagger puts the TCP tagger p (prepared) into the sock_ops hook of its cgroup, which tags each
+// socket's segments for the lowest slot whose trace takes it. Its IDs go on from the trace's
+// sequence: a UDP tagger of the same trace in a tc hook starts half the space away (HookIDs).
+func (hs *Hooks) joinTagger(p *pending, env Env) (*Hop, error) {
+	next, err := idNext(env.Load.IDState)
+	if err != nil {
+		return nil, err
+	}
+	return hs.put(p, hookPlace{cgroup: p.target}, next, env, func(prog *ebpf.Program) (io.Closer, error) {
+		return link.AttachCgroup(link.CgroupOptions{Path: p.target, Attach: ebpf.AttachCGroupSockOps, Program: prog})
+	})
+}
+
+// put puts the hop p into the hook at `at`, its ID sequence at next, loading the hook and attaching
+// it (attachHook) first if it holds no hop yet.
+func (hs *Hooks) put(p *pending, at hookPlace, next uint64, env Env,
+	attachHook func(*ebpf.Program) (io.Closer, error)) (*Hop, error) {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	ph := hs.at[at]
 	if ph == nil {
-		hook, err := loader.LoadHook(hs.spec, env.Load)
+		hook, err := loader.LoadHook(hs.spec, at.program(), env.Load)
 		if err != nil {
-			return nil, fmt.Errorf("tc hook: %w", err)
+			return nil, fmt.Errorf("%s: %w", at.kind(), err)
 		}
-		d, err := attachTC(p.nsPath, p.ifindex, hook.Program, at.ingress)
+		d, err := attachHook(hook.Program)
 		if err != nil {
 			hook.Close()
-			return nil, fmt.Errorf("attach the tc hook on %s: %w", p.describe, err)
+			return nil, fmt.Errorf("attach the %s on %s: %w", at.kind(), p.describe, err)
 		}
 		ph = &placedHook{hook: hook, detach: d, freed: map[uint32]time.Time{}}
 		hs.at[at] = ph
 	}
 	slot, ok := ph.free()
 	if !ok {
-		return nil, fmt.Errorf("the tc hook on %s holds %d hops already", p.describe, loader.HookSlots)
+		return nil, fmt.Errorf("the %s on %s holds %d hops already", at.kind(), p.describe, loader.HookSlots)
 	}
 	if err := ph.hook.Set(slot, p.cfg, next); err != nil {
 		_ = hs.releaseIfEmpty(at, ph) // a hook loaded for this hop alone
-		return nil, fmt.Errorf("tc hook on %s: %w", p.describe, err)
+		return nil, fmt.Errorf("%s on %s: %w", at.kind(), p.describe, err)
 	}
 	return &Hop{Name: p.cfg.Name, Index: uint32(p.cfg.HopIndex), Describe: p.describe, kind: p.plan.GetKind(),
 		place: placeOf(p), inHook: &hookHop{hooks: hs, at: at, slot: slot, actions: p.cfg.Actions}}, nil

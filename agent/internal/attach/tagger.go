@@ -13,12 +13,21 @@ import (
 )
 
 // AttachTCPTagging attaches tag_tcp (sock_ops) to the plan's cgroup (root by
-// default), restricted to sockets of the sender namespace.
+// default), restricted to sockets of the sender namespace; with Hooks, as a slot of the cgroup's
+// sock_ops hook.
 func AttachTCPTagging(spec *ebpf.CollectionSpec, tt *pb.TcpTagging, env Env) (*Hop, error) {
 	p := &pending{nsPath: netns.Path(tt.GetNetns(), env.Netns), nsName: netns.Display(tt.GetNetns(), env.Netns), cfg: env.Base}
 	p.cfg.Name = "tcp-tagging"
 	p.cfg.Program = tt.GetProgram()
-	h, err := load(spec, hopKind{prepare: prepareTagger(tt.GetCgroup()), attach: attachTagger}, p, env.Load)
+	var h *Hop
+	var err error
+	if env.Hooks != nil && p.cfg.Program == loader.ProgTagTCP {
+		if err = prepareTagger(tt.GetCgroup())(p); err == nil {
+			h, err = env.Hooks.joinTagger(p, env)
+		}
+	} else {
+		h, err = load(spec, hopKind{prepare: prepareTagger(tt.GetCgroup()), attach: attachTagger}, p, env.Load)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tcp tagging: %w", err)
 	}

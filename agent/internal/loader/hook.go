@@ -13,12 +13,16 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 )
 
-// HookObject is the hook's object (kernel-patch/hook.bpf.c): one tc program per device and direction
-// that runs every trace's hop there from its maps (docs/design.md, "The tc hook").
+// HookObject is the hooks' object (kernel-patch/hook.bpf.c): one tc program per device and direction
+// that runs every trace's hop there from its maps, and one sock_ops program per cgroup that tags for
+// every trace there (docs/design.md, "The tc hook", "The sock_ops hook").
 const HookObject = "hook.bpf.o"
 
-// HookProgram is the hook's tc program (its _floor twin where the kernel needs it).
-const HookProgram = "hook_tc"
+// The hooks' programs (each with its _floor twin where the kernel needs it).
+const (
+	HookTCProgram      = "hook_tc"
+	HookSockOpsProgram = "hook_sock_ops"
+)
 
 // The hook's limits and maps (kernel-patch/include/hook.h, hook.bpf.h).
 const (
@@ -44,6 +48,7 @@ type HookFilter struct {
 	Sport, Dport               uint16
 	Proto, Family              uint8
 	_                          [2]uint8
+	NetnsCookie                uint64 // the sock_ops hook's: the sender's netns, 0 for any
 }
 
 // HookFilterOf is f as the hook holds it.
@@ -119,11 +124,12 @@ type Hook struct {
 	countersAt time.Time
 }
 
-// LoadHook loads the hook program of spec (hook.bpf.o) with the agent's shared maps (records,
-// prev_ts) from opts, and no trace in it; opts' ID state is not the hook's.
-func LoadHook(spec *ebpf.CollectionSpec, opts Options) (*Hook, error) {
+// LoadHook loads the hook program hookProgram (HookTCProgram, HookSockOpsProgram) of spec
+// (hook.bpf.o) with the agent's shared maps (records, prev_ts) from opts, and no trace in it; opts'
+// ID state is not the hook's.
+func LoadHook(spec *ebpf.CollectionSpec, hookProgram string, opts Options) (*Hook, error) {
 	s := spec.Copy()
-	program := ProgramFor(spec, HookProgram)
+	program := ProgramFor(spec, hookProgram)
 	if _, ok := s.Programs[program]; !ok {
 		return nil, fmt.Errorf("%s has no program %s (has %v)", HookObject, program, programNames(spec))
 	}
@@ -189,6 +195,7 @@ func (h *Hook) Set(slot uint32, cfg HopConfig, idNext uint64) error {
 		return fmt.Errorf("hook slot %d in use", slot)
 	}
 	s := &hookSlot{filter: HookFilterOf(cfg.Filter), settings: HookSettingsOf(cfg), actions: cfg.Actions}
+	s.filter.NetnsCookie = cfg.TagNetnsCookie
 	s.settings.Slot = uint16(slot)
 	if err := h.zeroSlot(slot); err != nil {
 		return err

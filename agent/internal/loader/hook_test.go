@@ -41,7 +41,7 @@ func loadHookLogged(t testing.TB, h *harness, traces []hookTrace, level ebpf.Log
 	if err != nil {
 		t.Fatalf("%s: %v (run make bpf)", hookObjectPath(), err)
 	}
-	hook, err := loader.LoadHook(spec, loader.Options{Records: h.records, Cache: kernelBTF, LogLevel: level})
+	hook, err := loader.LoadHook(spec, loader.HookTCProgram, loader.Options{Records: h.records, Cache: kernelBTF, LogLevel: level})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

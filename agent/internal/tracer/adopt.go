@@ -91,7 +91,7 @@ func (m *Manager) meta(t *Trace) *traceMeta {
 			meta.Hops = append(meta.Hops, h.Pinned())
 		}
 	}
-	if t.Tagger != nil {
+	if t.Tagger != nil && !t.Tagger.InHook() {
 		p := t.Tagger.Pinned()
 		meta.Tagger = &p
 	}

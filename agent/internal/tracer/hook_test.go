@@ -2,6 +2,8 @@ package tracer
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -9,10 +11,12 @@ import (
 
 	"github.com/hoptrace/hoptrace/agent/internal/attach"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	"github.com/hoptrace/hoptrace/agent/internal/netns"
 	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 	"github.com/hoptrace/hoptrace/agent/internal/record"
 	"github.com/hoptrace/hoptrace/agent/internal/stream"
 	tu "github.com/hoptrace/hoptrace/agent/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // testHooks are tc hooks of this checkout's hook.bpf.o (make bpf), detached when the test ends.
@@ -159,4 +163,143 @@ func TestTCHookHopsComeBackWithThePlan(t *testing.T) {
 	}
 	sendUDP(t, p, 3)
 	tracedPackets(t, q2, 3, 3)
+}
+
+// More traces tag TCP in one cgroup than it takes sock_ops programs (64): with hooks their taggers are
+// slots of one sock_ops hook, and a connection's segments carry the matching trace's IDs alone. Every
+// segment the client sent (tcpi_segs_out) is tagged once, and recorded with its ID at the two tc hops,
+// for that trace.
+func TestSockOpsHookTagsPastTheCgroupsCap(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.43")
+	hooks := testHooks(t)
+	m, q := newTestManagerWith(t, Config{Hooks: hooks})
+	tcpPlan := func(trace string, dport uint32) *pb.TracePlan {
+		pl := plan(p, 1)
+		pl.Trace = trace
+		pl.Match = &pb.FlowMatch{IpProto: 6, DstPort: dport}
+		pl.Hops = pl.Hops[:2] // the two tc hops
+		pl.TcpTagging = &pb.TcpTagging{Netns: p.NsA, Program: loader.ProgTagTCP}
+		return pl
+	}
+	const others = 70
+	for i := range others {
+		applyAttached(t, m, tcpPlan(fmt.Sprintf("other%d", i), uint32(30000+i)))
+	}
+	applyAttached(t, m, tcpPlan("t1", readerPort))
+	if n, overflow := hooks.Stats(); n != 3 || overflow != 0 {
+		t.Fatalf("hooks report %d attached, %d bodies not run; want 3 (two tc, one sock_ops), 0", n, overflow)
+	}
+	m.mu.Lock()
+	slot, tagger := m.traces["t1"].Slot, m.traces["t1"].Tagger
+	m.mu.Unlock()
+
+	segsOut := echoTCP(t, p, readerPort, 20)
+	t.Logf("the client sent %d segments", segsOut)
+	c, err := tagger.ReadCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c[record.CTagged] != uint64(segsOut) || c[record.CTagFailed] != 0 {
+		t.Fatalf("t1's tagger tagged %d, failed %d; the client sent %d segments", c[record.CTagged], c[record.CTagFailed], segsOut)
+	}
+	byID, _ := packetRecords(t, q, int(segsOut), 2, 200*time.Millisecond)
+	if len(byID) != int(segsOut) {
+		t.Errorf("records of %d packets, want the %d segments sent", len(byID), segsOut)
+	}
+	for id, hops := range byID {
+		for i, r := range hops {
+			if r.TraceSlot != slot {
+				t.Errorf("packet %#x at hop %d recorded for trace slot %d, want t1's %d", id, i, r.TraceSlot, slot)
+			}
+		}
+	}
+	m.mu.Lock()
+	for name, tr := range m.traces {
+		if name == "t1" {
+			continue
+		}
+		if c, err := tr.Tagger.ReadCounters(); err != nil || c[record.CMatched] != 0 || c[record.CTagged] != 0 {
+			t.Errorf("%s's tagger: %v, %v; it takes another port", name, c, err)
+		}
+	}
+	m.mu.Unlock()
+	for i := range others {
+		m.Remove(fmt.Sprintf("other%d", i))
+	}
+	m.Remove("t1")
+	if n, _ := hooks.Stats(); n != 0 {
+		t.Errorf("hooks report %d attached after the last trace left", n)
+	}
+}
+
+// echoTCP connects from p's A side to a server on its B side at port, sends messages of 100 bytes
+// one at a time, each answered by a byte, closes, and returns the segments the client sent.
+func echoTCP(t *testing.T, p *tu.VethPair, port, messages int) uint32 {
+	t.Helper()
+	var ln net.Listener
+	if err := netns.Do(netns.Path(p.NsB, ""), func() (err error) {
+		ln, err = net.Listen("tcp4", net.JoinHostPort(p.AddrB, fmt.Sprint(port)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 100)
+		for {
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return
+			}
+			if _, err := c.Write([]byte{1}); err != nil {
+				return
+			}
+		}
+	}()
+	var segs uint32
+	err := netns.Do(netns.Path(p.NsA, ""), func() error {
+		conn, err := net.Dial("tcp4", net.JoinHostPort(p.AddrB, fmt.Sprint(port)))
+		if err != nil {
+			return err
+		}
+		tc := conn.(*net.TCPConn)
+		defer tc.Close()
+		answer := make([]byte, 1)
+		for range messages {
+			if _, err := tc.Write(make([]byte, 100)); err != nil {
+				return err
+			}
+			_ = tc.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := io.ReadFull(tc, answer); err != nil {
+				return err
+			}
+		}
+		_ = tc.CloseWrite()
+		if _, err := io.ReadAll(tc); err != nil { // the server's FIN, which the client ACKs
+			return err
+		}
+		raw, err := tc.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var info *unix.TCPInfo
+		var ierr error
+		if err := raw.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+			return err
+		}
+		if ierr != nil {
+			return ierr
+		}
+		segs = info.Segs_out
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return segs
 }
