@@ -14,7 +14,7 @@ For each number of traces N (1, 10, 50, 200), in one run, side by side:
 - apply: N traces one after another, each `ApplyTrace` timed (it returns once the agent has loaded and
   attached the trace's hops: apply -> active); the Nth trace's time is that of a node that already runs N-1.
   The first trace the agent cannot attach ends the applies: on tcx the 64th program on a device and direction
-  is refused (ERANGE), so N = 200 runs with 63;
+  is refused (ERANGE), so N = 200 runs with 63 without `--hooks`;
 - idle: the agent's CPU share and RSS with N traces and no traffic, and its programs' and maps' kernel memory
   (with `--perf`, then a profile of the idle agent alone);
 - in place: with `kernel.bpf_stats_enabled`, sockperf UDP c1 -> host-a at a fixed rate, then iperf3 TCP: the
@@ -27,9 +27,9 @@ For each number of traces N (1, 10, 50, 200), in one run, side by side:
 - the N traces deleted, and the next N's untraced runs bracket this N's traced runs: each ratio is the traced
   throughput over the mean of the untraced runs either side.
 
-All of it twice: with every hop its own program, and with the agent's `--hooks` (docs/design.md, "Many traces on a device"),
-where the tc hops of every trace at a device and direction are slots of one program, and the TCP taggers of
-every trace in a cgroup slots of one sock_ops program.
+All of it twice: with every hop its own program, and with the agent's `--hooks` (docs/design.md, "Many
+traces on a device"), where the tc hops of every trace at a device and direction are slots of one program,
+and the TCP taggers of every trace in a cgroup slots of one sock_ops program.
 
 The per-packet cost in place is the figure to draw conclusions from: it counts only the programs' own CPU
 time (run in softirq, not preempted), so a neighbour's load on this 2-vCPU machine moves it little, while a

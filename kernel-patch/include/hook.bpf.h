@@ -394,7 +394,8 @@ static __always_inline bool tcp_tagger(struct bpf_sock_ops *skops, bool floor,
 	dport = bpf_map_lookup_elem(&by_dport, &key);
 	if (!wild || !proto || !sport || !dport)
 		return false;
-	/* Before 5.15 sock_ops has no netns cookie: the floor's taggers take every netns (attach.go). */
+	/* Before 5.15 sock_ops has no netns cookie: the floor's taggers take every netns
+	 * (attach.go). */
 	if (!floor)
 		cookie = bpf_get_netns_cookie(skops);
 #pragma unroll
@@ -408,8 +409,8 @@ static __always_inline bool tcp_tagger(struct bpf_sock_ops *skops, bool floor,
 
 			w &= w - 1;
 			if (f && (!f->netns_cookie || f->netns_cookie == cookie) &&
-			    hook_filter_takes_flow(f, IPPROTO_TCP_, s.family, s.saddr, s.daddr, s.sport,
-						   s.dport)) {
+			    hook_filter_takes_flow(f, IPPROTO_TCP_, s.family, s.saddr, s.daddr,
+						   s.sport, s.dport)) {
 				*hs = bpf_map_lookup_elem(&settings, &slot);
 				return *hs != NULL;
 			}

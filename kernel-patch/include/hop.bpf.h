@@ -168,7 +168,8 @@ static __always_inline void count(enum hoptrace_counter c, __u64 n)
 		*v += n;
 }
 
-/* A counter of the trace at slot: the hop's own outside the hook (slot 0), the slot's range in it. */
+/* A counter of the trace at slot: the hop's own outside the hook (slot 0), the slot's range in it.
+ */
 static __always_inline void slot_count(__u32 slot, enum hoptrace_counter c, __u64 n)
 {
 #ifdef HOPTRACE_HOOK

@@ -32,16 +32,18 @@ func hookObjectPath() string {
 // it) writing records into h's ring buffer, with traces in its maps.
 func loadHook(t testing.TB, h *harness, traces []hookTrace) *loader.Hook {
 	t.Helper()
-	return loadHookLogged(t, h, traces, 0)
+	return loadHookLogged(t, h, loader.HookTCProgram, traces, 0)
 }
 
-func loadHookLogged(t testing.TB, h *harness, traces []hookTrace, level ebpf.LogLevel) *loader.Hook {
+// loadHookLogged loads the hook program `program` (loader.HookTCProgram, HookSockOpsProgram) with the
+// verifier's log at level.
+func loadHookLogged(t testing.TB, h *harness, program string, traces []hookTrace, level ebpf.LogLevel) *loader.Hook {
 	t.Helper()
 	spec, err := ebpf.LoadCollectionSpec(hookObjectPath())
 	if err != nil {
 		t.Fatalf("%s: %v (run make bpf)", hookObjectPath(), err)
 	}
-	hook, err := loader.LoadHook(spec, loader.HookTCProgram, loader.Options{Records: h.records, Cache: kernelBTF, LogLevel: level})
+	hook, err := loader.LoadHook(spec, program, loader.Options{Records: h.records, Cache: kernelBTF, LogLevel: level})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -233,28 +235,28 @@ func TestHookRecordsAsHop(t *testing.T) {
 	}
 }
 
-// The hook verifies on this kernel; its verifier figures are logged: the instructions the verifier
-// walked (its body included, checked once as a global function) from its log, and verified_insns
-// (5.16+).
+// The hooks verify on this kernel; their verifier figures are logged: the instructions the verifier
+// walked (the tc hook's body included, checked once as a global function) from its log, and
+// verified_insns (5.16+).
 func TestHookVerifierCost(t *testing.T) {
 	h := newHarness(t)
-	hook := loadHookLogged(t, h, nil, ebpf.LogLevelStats)
-	prog := hook.Program
-	log := prog.VerifierLog
-	at := strings.LastIndex(log, "processed ")
-	if at < 0 {
-		t.Fatalf("no figures in the verifier's log: %q", log)
-	}
-	line, _, _ := strings.Cut(log[at:], "\n")
-	info, err := prog.Info()
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := info.Name
-	if n, ok := info.VerifiedInstructions(); ok {
-		t.Logf("%s: %s; verified_insns %d", name, line, n)
-	} else {
-		t.Logf("%s: %s", name, line)
+	for _, program := range []string{loader.HookTCProgram, loader.HookSockOpsProgram} {
+		prog := loadHookLogged(t, h, program, nil, ebpf.LogLevelStats).Program
+		log := prog.VerifierLog
+		at := strings.LastIndex(log, "processed ")
+		if at < 0 {
+			t.Fatalf("%s: no figures in the verifier's log: %q", program, log)
+		}
+		line, _, _ := strings.Cut(log[at:], "\n")
+		info, err := prog.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, ok := info.VerifiedInstructions(); ok {
+			t.Logf("%s: %s; verified_insns %d", info.Name, line, n)
+		} else {
+			t.Logf("%s: %s", info.Name, line)
+		}
 	}
 }
 
