@@ -49,7 +49,7 @@ GUEST_TESTS = {
     "|TestTakeOverRefusesAnotherLayout"
     # --hooks: many traces' tc hops in one program a device and direction (tcx, or clsact before 6.6); the
     # sock_ops hook is verified in the loader's TestHookVerifierCost (TestSockOpsHookTagsPastTheCgroupsCap's
-    # 71 applies take 5-6 minutes a guest under TCG, each parsing the object again)
+    # 71 applies took 5-6 minutes a guest under TCG when each parsed the object again; it runs on the host)
     "|TestTCHookHoldsManyTraces|TestTCHookHopsComeBackWithThePlan",
 }
 

@@ -102,6 +102,8 @@ type Manager struct {
 	nextSlot uint16
 	// hopNames survive removal so late records can still be named.
 	hopNames map[string]map[uint16]string
+	// specs: recent plans' objects, parsed (specs.go).
+	specs specCache
 
 	// pins is the node's directory in bpffs (nil: nothing pinned, notKept
 	// says why).
@@ -303,7 +305,7 @@ func (m *Manager) Apply(plan *pb.TracePlan) *pb.TraceStatus {
 // planSpec loads and checks a plan's object, and makes the agent's shared
 // maps from it when they are not there yet.
 func (m *Manager) planSpec(plan *pb.TracePlan) (*ebpf.CollectionSpec, error) {
-	spec, err := loader.LoadSpec(plan, m.cfg.BaseDir)
+	spec, err := m.specs.load(plan, m.cfg.BaseDir)
 	if err != nil {
 		return nil, err
 	}
