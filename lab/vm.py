@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hoptrace.common.timeouts import timeout_scale
-from hoptrace.lab.lifecycle import Reaper
+from hoptrace.lab.lifecycle import Reaper, dies_with_parent
 from hoptrace.lab.localcluster import BPF_CACHE_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -65,25 +65,43 @@ def vng_path() -> str:
     return found
 
 
+# Where kvm_usable keeps its answer for this boot of the machine, so that each lab process does not boot
+# its probe again.
+KVM_PROBE = KERNELS_DIR.parent / "kvm-usable"
+
+
 @functools.cache
 def kvm_usable() -> bool:
     """Whether qemu can run a stock guest with KVM here. Some hosts expose a /dev/kvm that starts qemu but
     cannot run a stock kernel (a paravirtual-only KVM: the guest spins before its first line, or stops on
     an emulation failure), so a fetched kernel is booted to its panic (no root): a few seconds with KVM,
-    never there without it."""
+    never there without it. The answer is kept for the machine's boot (KVM_PROBE)."""
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return False
     qemu = shutil.which("qemu-system-x86_64")
     found = kernels()
     if not qemu or not found:
         return False
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    with contextlib.suppress(OSError, ValueError):
+        kept_boot, kept = KVM_PROBE.read_text().split()
+        if kept_boot == boot:
+            return kept == "1"
     argv = [qemu, "-accel", "kvm", "-cpu", "host", "-m", "256", "-display", "none", "-serial", "stdio",
             "-no-reboot", "-kernel", str(found[0].vmlinuz), "-append", "console=ttyS0 panic=-1"]  # fmt: skip
     try:
-        probe = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+        # a lab SIGKILLed mid-probe leaves no qemu spinning
+        probe = subprocess.run(
+            dies_with_parent(argv), capture_output=True, text=True, timeout=20, check=False
+        )
+        usable = "Kernel panic" in probe.stdout
     except subprocess.TimeoutExpired:
-        return False
-    return "Kernel panic" in probe.stdout
+        usable = False
+    with contextlib.suppress(OSError):
+        kept_file = KVM_PROBE.with_suffix(f".{os.getpid()}")
+        kept_file.write_text(f"{boot} {int(usable)}\n")
+        kept_file.replace(KVM_PROBE)
+    return usable
 
 
 # virtme-run's exit status when qemu ends without the guest script's own (a guest kernel panic, or
