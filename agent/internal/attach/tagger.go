@@ -19,14 +19,15 @@ func AttachTCPTagging(spec *ebpf.CollectionSpec, tt *pb.TcpTagging, env Env) (*H
 	p := &pending{nsPath: netns.Path(tt.GetNetns(), env.Netns), nsName: netns.Display(tt.GetNetns(), env.Netns), cfg: env.Base}
 	p.cfg.Name = "tcp-tagging"
 	p.cfg.Program = tt.GetProgram()
+	prepare := prepareTagger(tt.GetCgroup())
 	var h *Hop
 	var err error
 	if env.Hooks != nil && p.cfg.Program == loader.ProgTagTCP {
-		if err = prepareTagger(tt.GetCgroup())(p); err == nil {
+		if err = prepare(p); err == nil {
 			h, err = env.Hooks.joinTagger(p, env)
 		}
 	} else {
-		h, err = load(spec, hopKind{prepare: prepareTagger(tt.GetCgroup()), attach: attachTagger}, p, env.Load)
+		h, err = load(spec, hopKind{prepare: prepare, attach: attachTagger}, p, env.Load)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tcp tagging: %w", err)

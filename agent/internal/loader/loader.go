@@ -76,12 +76,8 @@ func LoadSpec(plan *pb.TracePlan, baseDir string) (*ebpf.CollectionSpec, error) 
 	if p == "" {
 		return nil, errors.New("plan has neither object nor object_path")
 	}
-	candidates := []string{p}
-	if !filepath.IsAbs(p) && baseDir != "" {
-		candidates = []string{filepath.Join(baseDir, p), p}
-	}
 	var lastErr error
-	for _, c := range candidates {
+	for _, c := range ObjectCandidates(p, baseDir) {
 		spec, err := ebpf.LoadCollectionSpec(c)
 		if err == nil {
 			return spec, nil
@@ -92,6 +88,15 @@ func LoadSpec(plan *pb.TracePlan, baseDir string) (*ebpf.CollectionSpec, error) 
 		}
 	}
 	return nil, lastErr
+}
+
+// ObjectCandidates are the files a plan's object_path p names, in the order LoadSpec tries them: a
+// relative p against baseDir, then as it is.
+func ObjectCandidates(p, baseDir string) []string {
+	if !filepath.IsAbs(p) && baseDir != "" {
+		return []string{filepath.Join(baseDir, p), p}
+	}
+	return []string{p}
 }
 
 // HopConfig is everything one hop's program is specialised with before load.

@@ -64,12 +64,7 @@ func specKey(plan *pb.TracePlan, baseDir string) string {
 		sum := sha256.Sum256(obj)
 		return "object:" + hex.EncodeToString(sum[:])
 	}
-	p := plan.GetObjectPath()
-	candidates := []string{p}
-	if !filepath.IsAbs(p) && baseDir != "" {
-		candidates = []string{filepath.Join(baseDir, p), p}
-	}
-	for _, c := range candidates {
+	for _, c := range loader.ObjectCandidates(plan.GetObjectPath(), baseDir) {
 		if fi, err := os.Stat(c); err == nil && fi.Mode().IsRegular() {
 			abs, err := filepath.Abs(c)
 			if err != nil {
