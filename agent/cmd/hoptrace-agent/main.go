@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -24,21 +23,29 @@ import (
 	"github.com/hoptrace/hoptrace/agent/internal/agent"
 	"github.com/hoptrace/hoptrace/agent/internal/kafka"
 	"github.com/hoptrace/hoptrace/agent/internal/loader"
+	"github.com/hoptrace/hoptrace/agent/internal/memlimit"
 	"github.com/hoptrace/hoptrace/agent/internal/preset"
 	"github.com/hoptrace/hoptrace/agent/internal/signing"
 	"github.com/hoptrace/hoptrace/agent/internal/workload"
 )
 
 func main() {
-	// A soft heap limit: the GC works harder before the agent grows past it (GOMEMLIMIT overrides).
+	// A soft memory limit a little above what the agent keeps: the GC works harder before a burst
+	// of records grows it, and no harder for the traces it holds (GOMEMLIMIT overrides).
 	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
-		debug.SetMemoryLimit(16 << 20)
+		go memlimit.Follow(context.Background(), memoryFloor, memoryHeadroom, 2*time.Second)
 	}
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "hoptrace-agent:", err)
 		os.Exit(1)
 	}
 }
+
+// The soft memory limit: at least memoryFloor, and memoryHeadroom above what the agent keeps.
+const (
+	memoryFloor    = 16 << 20
+	memoryHeadroom = 4 << 20
+)
 
 // kernelBTFEnv names the --kernel-btf file for every mode, the presets' included.
 const kernelBTFEnv = "HOPTRACE_KERNEL_BTF"

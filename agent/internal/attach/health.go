@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/cilium/ebpf/link"
+
 	"github.com/hoptrace/hoptrace/agent/internal/netns"
+	pb "github.com/hoptrace/hoptrace/agent/internal/pb/hoptracev1"
 )
 
 // place is where a hop was attached, as it was then: its netns (the file and
@@ -41,6 +44,7 @@ func placeOf(p *pending) *place {
 // agent's CPU. Use one per round: what it read is not read again.
 type Survey struct {
 	spaces map[string]*space
+	links  map[link.Link]string // what detached said of each link
 }
 
 // space is what a Survey read of one netns path.
@@ -52,7 +56,9 @@ type space struct {
 }
 
 // NewSurvey starts a round of checks.
-func NewSurvey() *Survey { return &Survey{spaces: map[string]*space{}} }
+func NewSurvey() *Survey {
+	return &Survey{spaces: map[string]*space{}, links: map[link.Link]string{}}
+}
 
 func (s *Survey) space(path string) *space {
 	if sp, ok := s.spaces[path]; ok {
@@ -110,17 +116,34 @@ func (s *Survey) Gone(h *Hop) string {
 	case ifindex != w.ifindex:
 		return fmt.Sprintf("device %s is gone from netns %s (another device has its name now)", w.dev, w.nsName)
 	}
+	// Only a device's own links are detached with it (tcx, XDP); the hops in one hook share its link.
+	switch h.kind {
+	case pb.AttachKind_ATTACH_KIND_TC_INGRESS, pb.AttachKind_ATTACH_KIND_TC_EGRESS, pb.AttachKind_ATTACH_KIND_XDP:
+	default:
+		return ""
+	}
 	for _, l := range h.Links() {
-		info, err := l.Info()
-		if err != nil {
-			continue
-		}
-		if tcx := info.TCX(); tcx != nil && tcx.Ifindex == 0 {
-			return fmt.Sprintf("its tcx link on %s was detached", w.dev)
-		}
-		if xdp := info.XDP(); xdp != nil && xdp.Ifindex == 0 {
-			return fmt.Sprintf("its XDP link on %s was detached", w.dev)
+		if why := s.detached(l, w.dev); why != "" {
+			return why
 		}
 	}
 	return ""
+}
+
+// detached says why a device's link no longer holds its program, "" while it does; asked once a round.
+func (s *Survey) detached(l link.Link, dev string) string {
+	if why, ok := s.links[l]; ok {
+		return why
+	}
+	why := ""
+	if info, err := l.Info(); err == nil {
+		if tcx := info.TCX(); tcx != nil && tcx.Ifindex == 0 {
+			why = fmt.Sprintf("its tcx link on %s was detached", dev)
+		}
+		if xdp := info.XDP(); xdp != nil && xdp.Ifindex == 0 {
+			why = fmt.Sprintf("its XDP link on %s was detached", dev)
+		}
+	}
+	s.links[l] = why
+	return why
 }
