@@ -29,7 +29,8 @@ For each number of traces N (1, 10, 50, 200), in one run, side by side:
 
 All of it twice: with every hop its own program, and with the agent's `--hooks` (docs/design.md, "Many
 traces on a device"), where the tc hops of every trace at a device and direction are slots of one program,
-and the TCP taggers of every trace in a cgroup slots of one sock_ops program.
+the tracepoint hops of every trace at a device and event slots of one program, and the TCP taggers of
+every trace in a cgroup slots of one sock_ops program.
 
 The per-packet cost in place is the figure to draw conclusions from: it counts only the programs' own CPU
 time (run in softirq, not preempted), so a neighbour's load on this 2-vCPU machine moves it little, while a
@@ -91,8 +92,11 @@ HOOKS = ("c1 eth0 tc egress", "veth-c1 netif_receive_skb", "veth-c1 tc ingress",
 # Each hook's programs: tcx links by attach type (enum bpf_attach_type: BPF_TCX_INGRESS 46, BPF_TCX_EGRESS
 # 47), the others by program name.
 TCX_ATTACH_TYPE = {"c1 eth0 tc egress": 47, "veth-c1 tc ingress": 46}
-SERVED = (*TCX_ATTACH_TYPE, "c1 sock_ops")  # the targets' hooks: those --hooks serves
-PROGRAM_NAMES = {"veth-c1 netif_receive_skb": ("hop_tp_btf",), "c1 sock_ops": ("tag_tcp", "hook_sock_ops")}
+SERVED = HOOKS  # the targets' hooks: those --hooks serves
+PROGRAM_NAMES = {
+    "veth-c1 netif_receive_skb": ("hop_tp_btf", "hook_tp_btf"),
+    "c1 sock_ops": ("tag_tcp", "hook_sock_ops"),
+}
 
 
 def trace_spec(topo: TwoHostTopology, index: int, sample: int) -> trace_pb2.TraceSpec:

@@ -1066,6 +1066,7 @@ static __noinline __u32 skb_segments(struct __sk_buff *skb, const struct pkt_inf
  * offset on 64-bit); computed, so not BTF-typed: probed reads. Called, as skb_segments is; the
  * floor variants, whose frames have no room for it inlined, mark the record HOPTRACE_F_UNCOUNTED.
  */
+#ifndef HOPTRACE_HOOK /* a hook reads the count once a packet, for its bodies (pkt_reader's segs) */
 static __noinline __u32 kernel_segments(struct sk_buff *skb, const struct pkt_info *p)
 {
 	if (!p->id || p->proto != IPPROTO_TCP_)
@@ -1076,6 +1077,7 @@ static __noinline __u32 kernel_segments(struct sk_buff *skb, const struct pkt_in
 
 	return tcp_segments(BPF_CORE_READ(shinfo, gso_segs), BPF_CORE_READ(shinfo, gso_size), p);
 }
+#endif
 
 /* A parsed packet's record, with the addresses this hop saw when its ID says so. The decision is
  * taken once, and kept in a register clang may not recompute from the ID: the verifier then knows
@@ -1097,7 +1099,11 @@ static __always_inline void emit_packet_record(const struct hoptrace_hook_settin
 			segs = r->call_segments ? skb_segments(r->ctx, p)
 						: skb_segments_inline(r->ctx, p);
 		else if (src == PKT_KERNEL && r && !r->floor)
+#ifdef HOPTRACE_HOOK
+			segs = r->segs;
+#else
 			segs = kernel_segments(r->ctx, p);
+#endif
 		else if (src == PKT_KERNEL)
 			flags |=
 			    HOPTRACE_F_UNCOUNTED; /* socket-read, floor: taken whole where seen */

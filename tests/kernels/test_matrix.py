@@ -47,10 +47,11 @@ GUEST_TESTS = {
     # a restarted agent takes its pinned traces over: clsact and no perf-event links before 5.15 included
     "|TestTakeOverKeepsTheTrace|TestTakeOverWaitsForThePlan|TestEveryAttachKindIsKept"
     "|TestTakeOverRefusesAnotherLayout"
-    # --hooks: many traces' tc hops in one program a device and direction (tcx, or clsact before 6.6); the
-    # sock_ops hook is verified in the loader's TestHookVerifierCost (TestSockOpsHookTagsPastTheCgroupsCap's
-    # 71 applies took 5-6 minutes a guest under TCG when each parsed the object again; it runs on the host)
-    "|TestTCHookHoldsManyTraces|TestTCHookHopsComeBackWithThePlan",
+    # --hooks: many traces' tc hops in one program a device and direction (tcx, or clsact before 6.6), and
+    # their tracepoint hops in one a device and event; the sock_ops hook is verified in the loader's
+    # TestHookVerifierCost (TestSockOpsHookTagsPastTheCgroupsCap's 71 applies took 5-6 minutes a guest
+    # under TCG when each parsed the object again; it runs on the host)
+    "|TestHooksHoldManyTraces|TestHookHopsComeBackWithThePlan",
 }
 
 # Programs the matrix names in its load checks (every program of the objects loads in each guest).

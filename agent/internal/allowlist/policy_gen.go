@@ -77,5 +77,10 @@ var shipped = map[Object]map[ebpf.ProgramType]typePolicy{
 			helpers: set(asm.FnGetNetnsCookie, asm.FnGetSocketCookie, asm.FnMapLookupElem, asm.FnReserveHdrOpt, asm.FnSockOpsCbFlagsSet, asm.FnSpinLock, asm.FnSpinUnlock, asm.FnStoreHdrOpt),
 			kfuncs:  set[string](),
 		},
+		ebpf.Tracing: {
+			attach:  set(ebpf.AttachTraceRawTp),
+			helpers: set(asm.FnGetSmpProcessorId, asm.FnKtimeGetNs, asm.FnLoop, asm.FnMapLookupElem, asm.FnMapUpdateElem, asm.FnProbeReadKernel, asm.FnRingbufReserve, asm.FnRingbufSubmit),
+			kfuncs:  set[string](),
+		},
 	},
 }

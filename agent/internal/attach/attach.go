@@ -125,7 +125,7 @@ type Hop struct {
 	detach   detachers
 	place    *place   // what Gone checks (nil: nothing to lose)
 	pinDir   string   // where Pin pinned it ("" = not pinned)
-	inHook   *hookHop // its slot in a tc hook (Loaded is nil then)
+	inHook   *hookHop // its slot in a hook (Loaded is nil then)
 }
 
 // Close detaches first (unpinned, its links detach as they close), then
@@ -145,7 +145,7 @@ func (h *Hop) Close() error {
 }
 
 // Links are the hop's links, its program's first; none for a tc hop
-// attached as a clsact filter; its hook's for a hop in a tc hook.
+// attached as a clsact filter; its hook's for a hop in a hook.
 func (h *Hop) Links() []link.Link {
 	if h.inHook != nil {
 		return h.inHook.hookLinks()

@@ -26,9 +26,10 @@ const HookNotKept = "in a hook the node's traces share, which is not pinned: a r
 const countersMaxAge = 200 * time.Millisecond
 
 // Hooks are an agent's hooks (docs/design.md, "Many traces on a device"): one program per device and direction
-// for every trace's tc hops there, and one per cgroup for every trace's TCP tagger there, each hop
-// a slot of its maps, so that a device crossed by many traces runs one program a packet rather than
-// one a hop, and a cgroup holds more taggers than the kernel's 64 programs. A hook is loaded and
+// for every trace's tc hops there, one per device and event for every trace's tracepoint hops there,
+// and one per cgroup for every trace's TCP tagger there, each hop a slot of its maps, so that a
+// device crossed by many traces runs one program a packet rather than one a hop, and a cgroup holds
+// more taggers than the kernel's 64 programs. A hook is loaded and
 // attached with its first hop, and detached with its last; a hop joins or leaves with a few map
 // updates.
 type Hooks struct {
@@ -41,26 +42,42 @@ type Hooks struct {
 }
 
 // hookPlace is where a hook is attached: a device and direction for a tc hook (its netns by inode,
-// its ifindex there, ingress or egress), a cgroup's path for a sock_ops hook.
+// its ifindex there, ingress or egress), a device and event for a tracepoint hook (tracepoint: its
+// program), a cgroup's path for a sock_ops hook.
 type hookPlace struct {
-	nsIno   uint64
-	ifindex int
-	ingress bool
-	cgroup  string
+	nsIno      uint64
+	ifindex    int
+	ingress    bool
+	tracepoint string
+	cgroup     string
 }
 
 // program is the hook program that runs at the place.
 func (at hookPlace) program() string {
-	if at.cgroup != "" {
+	switch {
+	case at.cgroup != "":
 		return loader.HookSockOpsProgram
+	case at.tracepoint != "":
+		return at.tracepoint
 	}
 	return loader.HookTCProgram
 }
 
+// device is the device a tracepoint hook keeps to; none for the others, attached where they run.
+func (at hookPlace) device() loader.HookDevice {
+	if at.tracepoint == "" {
+		return loader.HookDevice{}
+	}
+	return loader.HookDevice{Ifindex: uint32(at.ifindex), NetnsIno: uint32(at.nsIno)}
+}
+
 // kind names the place's hook in messages.
 func (at hookPlace) kind() string {
-	if at.cgroup != "" {
+	switch {
+	case at.cgroup != "":
 		return "sock_ops hook"
+	case at.tracepoint != "":
+		return "tracepoint hook"
 	}
 	return "tc hook"
 }
@@ -83,21 +100,35 @@ const slotRest = time.Second
 func NewHooks(path string) (*Hooks, error) {
 	spec, err := ebpf.LoadCollectionSpec(path)
 	if err != nil {
-		return nil, fmt.Errorf("tc hook object %s: %w", path, err)
+		return nil, fmt.Errorf("hook object %s: %w", path, err)
 	}
 	if err := allowlist.Check(spec, allowlist.Hook); err != nil {
-		return nil, fmt.Errorf("tc hook object %s: %w", path, err)
+		return nil, fmt.Errorf("hook object %s: %w", path, err)
 	}
 	return &Hooks{spec: spec, at: map[hookPlace]*placedHook{}}, nil
 }
 
-// takes says whether a hop goes into a hook: a tc hop running hoptrace's tc program.
+// tracepointHooks: the hook program that runs the hops of each tracepoint hop program.
+var tracepointHooks = map[string]string{
+	loader.ProgTPBTF:     loader.HookTPProgram,
+	loader.ProgTPBTFXmit: loader.HookTPXmitProgram,
+}
+
+// takes says whether a hop goes into a hook: a tc hop running hoptrace's tc program, or a
+// tracepoint hop running its program of a device's packets (not skb:kfree_skb's, whose drop reason
+// the hook does not read).
 func (hs *Hooks) takes(p *pending) bool {
-	if hs == nil || p.plan == nil || p.cfg.Program != loader.ProgTC {
+	if hs == nil || p.plan == nil {
 		return false
 	}
-	k := p.plan.GetKind()
-	return k == pb.AttachKind_ATTACH_KIND_TC_INGRESS || k == pb.AttachKind_ATTACH_KIND_TC_EGRESS
+	switch p.plan.GetKind() {
+	case pb.AttachKind_ATTACH_KIND_TC_INGRESS, pb.AttachKind_ATTACH_KIND_TC_EGRESS:
+		return p.cfg.Program == loader.ProgTC
+	case pb.AttachKind_ATTACH_KIND_TRACEPOINT:
+		_, ok := tracepointHooks[p.cfg.Program]
+		return ok
+	}
+	return false
 }
 
 // HookIDs is where a UDP tagger in a hook starts its sequence: where the trace's is (next), or,
@@ -111,8 +142,11 @@ func HookIDs(next uint64, shared bool, sampleEvery uint32) uint64 {
 	return next + uint64(max(sampleEvery, 1))<<(record.IDSeqBits-1)
 }
 
-// join puts the tc hop p into the hook of its device and direction.
+// join puts the tc or tracepoint hop p into the hook of its place.
 func (hs *Hooks) join(p *pending, env Env) (*Hop, error) {
+	if p.plan.GetKind() == pb.AttachKind_ATTACH_KIND_TRACEPOINT {
+		return hs.joinTracepoint(p, env)
+	}
 	if err := prepareOnDevice(p); err != nil {
 		return nil, err
 	}
@@ -127,6 +161,18 @@ func (hs *Hooks) join(p *pending, env Env) (*Hop, error) {
 	}
 	return hs.put(p, at, HookIDs(next, env.SharedIDs, p.cfg.SampleEvery), env,
 		func(prog *ebpf.Program) (io.Closer, error) { return attachTC(p.nsPath, p.ifindex, prog, at.ingress) })
+}
+
+// joinTracepoint puts the tracepoint hop p into the hook of its device (or of every device of its
+// netns) and event. It tags nothing: its slot's ID sequence is not used.
+func (hs *Hooks) joinTracepoint(p *pending, env Env) (*Hop, error) {
+	if err := prepareTracepoint(p); err != nil {
+		return nil, err
+	}
+	at := hookPlace{nsIno: uint64(p.cfg.NetnsIno), ifindex: p.ifindex, tracepoint: tracepointHooks[p.cfg.Program]}
+	return hs.put(p, at, 0, env, func(prog *ebpf.Program) (io.Closer, error) {
+		return link.AttachTracing(link.TracingOptions{Program: prog})
+	})
 }
 
 // joinTagger puts the TCP tagger p (prepared) into the sock_ops hook of its cgroup, which tags each
@@ -150,7 +196,7 @@ func (hs *Hooks) put(p *pending, at hookPlace, next uint64, env Env,
 	defer hs.mu.Unlock()
 	ph := hs.at[at]
 	if ph == nil {
-		hook, err := loader.LoadHook(hs.spec, at.program(), env.Load)
+		hook, err := loader.LoadHook(hs.spec, at.program(), at.device(), env.Load)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", at.kind(), err)
 		}
@@ -295,7 +341,7 @@ func (hh *hookHop) leave() error {
 	return err
 }
 
-// InHook says whether the hop runs in a tc hook (not pinned: HookNotKept).
+// InHook says whether the hop runs in a hook (not pinned: HookNotKept).
 func (h *Hop) InHook() bool { return h.inHook != nil }
 
 // Actions are the hop's count, histogram and record actions.
@@ -313,7 +359,7 @@ func (h *Hop) ReadCounters() (record.Counters, error) {
 	}
 	ph := h.inHook.placed()
 	if ph == nil {
-		return record.Counters{}, fmt.Errorf("hop %s left its tc hook", h.Name)
+		return record.Counters{}, fmt.Errorf("hop %s left its hook", h.Name)
 	}
 	return ph.hook.SlotCounters(h.inHook.slot, countersMaxAge)
 }
@@ -325,7 +371,7 @@ func (h *Hop) ReadActions() (loader.ActionValues, error) {
 	}
 	ph := h.inHook.placed()
 	if ph == nil {
-		return loader.ActionValues{}, fmt.Errorf("hop %s left its tc hook", h.Name)
+		return loader.ActionValues{}, fmt.Errorf("hop %s left its hook", h.Name)
 	}
 	return ph.hook.SlotActions(h.inHook.slot)
 }

@@ -14,14 +14,17 @@ import (
 )
 
 // HookObject is the hooks' object (kernel-patch/hook.bpf.c): one tc program per device and direction
-// that runs every trace's hop there from its maps, and one sock_ops program per cgroup that tags for
-// every trace there (docs/design.md, "The tc hook", "The sock_ops hook").
+// and one tp_btf program per device and event that run every trace's hop there from their maps, and
+// one sock_ops program per cgroup that tags for every trace there (docs/design.md, "The tc hook",
+// "The tracepoint hook", "The sock_ops hook").
 const HookObject = "hook.bpf.o"
 
 // The hooks' programs (each with its _floor twin where the kernel needs it).
 const (
 	HookTCProgram      = "hook_tc"
 	HookSockOpsProgram = "hook_sock_ops"
+	HookTPProgram      = "hook_tp_btf"      // net:netif_receive_skb
+	HookTPXmitProgram  = "hook_tp_btf_xmit" // net:net_dev_xmit
 )
 
 // The hook's limits and maps (kernel-patch/include/hook.h, hook.bpf.h).
@@ -124,14 +127,31 @@ type Hook struct {
 	countersAt time.Time
 }
 
-// LoadHook loads the hook program hookProgram (HookTCProgram, HookSockOpsProgram) of spec
-// (hook.bpf.o) with the agent's shared maps (records, prev_ts) from opts, and no trace in it; opts'
-// ID state is not the hook's.
-func LoadHook(spec *ebpf.CollectionSpec, hookProgram string, opts Options) (*Hook, error) {
+// HookDevice is the device a tracepoint hook runs for (the hop programs' hop_ifindex and
+// hop_netns_ino): its packets' event fires for every device. Zero for the other hooks, attached
+// where they run, and for a tracepoint hook of every device.
+type HookDevice struct {
+	Ifindex  uint32
+	NetnsIno uint32
+}
+
+// LoadHook loads the hook program hookProgram (HookTCProgram, HookSockOpsProgram, HookTPProgram,
+// HookTPXmitProgram) of spec (hook.bpf.o) for dev, with the agent's shared maps (records, prev_ts)
+// from opts, and no trace in it; opts' ID state is not the hook's.
+func LoadHook(spec *ebpf.CollectionSpec, hookProgram string, dev HookDevice, opts Options) (*Hook, error) {
 	s := spec.Copy()
 	program := ProgramFor(spec, hookProgram)
 	if _, ok := s.Programs[program]; !ok {
 		return nil, fmt.Errorf("%s has no program %s (has %v)", HookObject, program, programNames(spec))
+	}
+	for name, v := range map[string]uint32{"hop_ifindex": dev.Ifindex, "hop_netns_ino": dev.NetnsIno} {
+		vs, ok := s.Variables[name]
+		if !ok {
+			return nil, fmt.Errorf("%s has no variable %s: rebuild it with this agent", HookObject, name)
+		}
+		if err := vs.Set(v); err != nil {
+			return nil, fmt.Errorf("%s: set %s: %w", HookObject, name, err)
+		}
 	}
 	for name := range s.Programs {
 		if name != program {

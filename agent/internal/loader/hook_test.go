@@ -43,7 +43,7 @@ func loadHookLogged(t testing.TB, h *harness, program string, traces []hookTrace
 	if err != nil {
 		t.Fatalf("%s: %v (run make bpf)", hookObjectPath(), err)
 	}
-	hook, err := loader.LoadHook(spec, program, loader.Options{Records: h.records, Cache: kernelBTF, LogLevel: level})
+	hook, err := loader.LoadHook(spec, program, loader.HookDevice{}, loader.Options{Records: h.records, Cache: kernelBTF, LogLevel: level})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -240,7 +240,7 @@ func TestHookRecordsAsHop(t *testing.T) {
 // verified_insns (5.16+).
 func TestHookVerifierCost(t *testing.T) {
 	h := newHarness(t)
-	for _, program := range []string{loader.HookTCProgram, loader.HookSockOpsProgram} {
+	for _, program := range []string{loader.HookTCProgram, loader.HookSockOpsProgram, loader.HookTPProgram, loader.HookTPXmitProgram} {
 		prog := loadHookLogged(t, h, program, nil, ebpf.LogLevelStats).Program
 		log := prog.VerifierLog
 		at := strings.LastIndex(log, "processed ")

@@ -190,7 +190,7 @@ func New(cfg Config) (*Manager, error) {
 // Records is the agent's ring buffer.
 func (m *Manager) Records() *ebpf.Map { return m.records }
 
-// Hooks are the agent's tc hooks (nil: each tc hop its own program).
+// Hooks are the agent's hooks (nil: each hop its own program).
 func (m *Manager) Hooks() *attach.Hooks { return m.cfg.Hooks }
 
 func (m *Manager) allocSlot() (uint16, error) {
