@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * The hook programs: one per device and direction at tc, one per device and event at the tracepoints
- * of a device's packets (net:netif_receive_skb, net:net_dev_xmit), the traces that cross it in its
- * maps (docs/design.md, "Many traces on a device"). It parses a packet once, finds the traces that take
- * it by sets of trace slots (protocol, source port, destination port; the traces that take any
- * port; an ID's origin for the traces that follow it), checks each candidate's whole filter from
- * its slot's entry in filters, and runs the hop body of each trace that takes it (at most
- * HOPTRACE_HOOK_MATCHED, the rest counted) with the settings of its slot's entry in settings: the
- * body of hop.bpf.h (hop_finish and the UDP tagger), HS(name) reading the entry.
+ * The hook programs: one per device and direction at tc, one per device and event at the
+ * tracepoints of a device's packets (net:netif_receive_skb, net:net_dev_xmit), the traces that
+ * cross it in its maps (docs/design.md, "Many traces on a device"). It parses a packet once, finds
+ * the traces that take it by sets of trace slots (protocol, source port, destination port; the
+ * traces that take any port; an ID's origin for the traces that follow it), checks each candidate's
+ * whole filter from its slot's entry in filters, and runs the hop body of each trace that takes it
+ * (at most HOPTRACE_HOOK_MATCHED, the rest counted) with the settings of its slot's entry in
+ * settings: the body of hop.bpf.h (hop_finish and the UDP tagger), HS(name) reading the entry.
  *
  * The body is a global function: the verifier checks it once, with every setting unknown, not once
  * per call. Global functions take scalars and the context before 5.12, so the parsed packet travels
@@ -414,9 +414,9 @@ static __always_inline int hook_skb_l2(struct __sk_buff *skb, bool floor,
 }
 
 /*
- * The tracepoint hook's parse and candidates, a global function of its own (hook_tp_parse): its frame
- * and a body's are not on the stack together. The packet is the reader hook_kernel_skb left in hp,
- * copied from its start as a hop program's (hop_kernel_skb). Whether any body is to run.
+ * The tracepoint hook's parse and candidates, a global function of its own (hook_tp_parse): its
+ * frame and a body's are not on the stack together. The packet is the reader hook_kernel_skb left
+ * in hp, copied from its start as a hop program's (hop_kernel_skb). Whether any body is to run.
  */
 static __always_inline int hook_parse_kernel_skb(bool floor)
 {
@@ -487,7 +487,8 @@ static __always_inline int hook_body_kernel_skb(__u32 slot, __u32 extra)
 			m->priority = BPF_CORE_READ(skb, priority);
 		if (act_reads(hs, HOPTRACE_FIELD_QUEUE_MAPPING))
 			m->queue_mapping = BPF_CORE_READ(skb, queue_mapping);
-		if (act_reads(hs, HOPTRACE_FIELD_GSO_SEGS) || act_reads(hs, HOPTRACE_FIELD_GSO_SIZE)) {
+		if (act_reads(hs, HOPTRACE_FIELD_GSO_SEGS) ||
+		    act_reads(hs, HOPTRACE_FIELD_GSO_SIZE)) {
 			struct skb_shared_info *shinfo = (void *)hp->shinfo;
 
 			m->gso_segs = BPF_CORE_READ(shinfo, gso_segs);
