@@ -1065,9 +1065,9 @@ static __noinline __u32 skb_segments(struct __sk_buff *skb, const struct pkt_inf
 /* Kernel hops (full variants): the count from the struct sk_buff's shared info, at head + end (an
  * offset on 64-bit); computed, so not BTF-typed: probed reads. Called, as skb_segments is; the
  * floor variants, whose frames have no room for it inlined, mark the record HOPTRACE_F_UNCOUNTED.
+ * A hook reads the count once a packet, for its bodies (pkt_reader's segs).
  */
-#ifndef HOPTRACE_HOOK /* a hook reads the count once a packet, for its bodies (pkt_reader's segs)  \
-		       */
+#ifndef HOPTRACE_HOOK
 static __noinline __u32 kernel_segments(struct sk_buff *skb, const struct pkt_info *p)
 {
 	if (!p->id || p->proto != IPPROTO_TCP_)
