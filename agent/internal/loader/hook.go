@@ -122,9 +122,10 @@ type Hook struct {
 	origins [256]TraceSet
 	// counters: one read of every slot's counters and of the hook's own, shared by the slots'
 	// reads for a while (the agent reads every hop's each second).
-	counters   []uint64
-	hookC      []uint64
-	countersAt time.Time
+	counters    []uint64
+	hookC       []uint64
+	countersAt  time.Time
+	countersBuf perCPUBuffers
 }
 
 // HookDevice is the device a tracepoint hook runs for (the hop programs' hop_ifindex and
@@ -236,7 +237,7 @@ func (h *Hook) Set(slot uint32, cfg HopConfig, idNext uint64) error {
 		}
 	}
 	h.slots[slot] = s
-	h.counters = nil
+	h.countersAt = time.Time{} // the next read reads the new slot's zeroed counters
 	if err := h.index(slot, s, true); err != nil {
 		delete(h.slots, slot)
 		return err
@@ -371,7 +372,7 @@ func (h *Hook) SlotCounters(slot uint32, maxAge time.Duration) (record.Counters,
 			last = max(last, used)
 		}
 		var err error
-		if h.counters, err = readPerCPU(h.Collection.Maps[MapCounters], (last+1)*uint32(record.CMax)); err != nil {
+		if h.counters, err = h.countersBuf.read(h.Collection.Maps[MapCounters], (last+1)*uint32(record.CMax), h.counters); err != nil {
 			return out, err
 		}
 		if h.hookC, err = h.HookCounters(); err != nil {
@@ -440,16 +441,31 @@ func (h *Hook) HookCounters() ([]uint64, error) {
 // readPerCPU sums the first n entries of a per-CPU array of u64 over the CPUs: one batch lookup, or
 // a lookup an entry before 5.6.
 func readPerCPU(m *ebpf.Map, n uint32) ([]uint64, error) {
+	var b perCPUBuffers
+	return b.read(m, n, nil)
+}
+
+// perCPUBuffers are what repeated reads of a per-CPU array take, kept between them: a hook's
+// counters (256 slots of 18) are read every second, and allocating their buffers anew was most of
+// what the idle agent's collector had to sweep.
+type perCPUBuffers struct {
+	keys []uint32
+	per  []uint64
+}
+
+// read is readPerCPU into out's memory where it is large enough.
+func (b *perCPUBuffers) read(m *ebpf.Map, n uint32, out []uint64) ([]uint64, error) {
 	n = min(n, m.MaxEntries())
-	out := make([]uint64, n)
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
 		return nil, err
 	}
-	keys := make([]uint32, n)
-	per := make([]uint64, int(n)*cpus)
+	out = resized(out, int(n))
+	clear(out)
+	b.keys = resized(b.keys, int(n))
+	b.per = resized(b.per, int(n)*cpus)
 	var cursor ebpf.MapBatchCursor
-	got, err := m.BatchLookup(&cursor, keys, per, nil)
+	got, err := m.BatchLookup(&cursor, b.keys, b.per, nil)
 	switch {
 	case errors.Is(err, ebpf.ErrNotSupported):
 		return readPerCPUOneByOne(m, n)
@@ -457,11 +473,19 @@ func readPerCPU(m *ebpf.Map, n uint32) ([]uint64, error) {
 		return nil, fmt.Errorf("read %s: %w", m.String(), err)
 	}
 	for i := range got {
-		for _, v := range per[i*cpus : (i+1)*cpus] {
-			out[keys[i]] += v
+		for _, v := range b.per[i*cpus : (i+1)*cpus] {
+			out[b.keys[i]] += v
 		}
 	}
 	return out, nil
+}
+
+// resized is s with length n, in its own memory where it has the room.
+func resized[T any](s []T, n int) []T {
+	if cap(s) >= n {
+		return s[:n]
+	}
+	return make([]T, n)
 }
 
 func readPerCPUOneByOne(m *ebpf.Map, n uint32) ([]uint64, error) {
