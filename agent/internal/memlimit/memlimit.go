@@ -16,17 +16,19 @@ import (
 )
 
 // The runtime's figures the limit is taken from (runtime/metrics). The limit counts what the
-// runtime maps less what it released (runtime/debug.SetMemoryLimit); of the heap's objects, only
-// those the last collection found live are kept.
+// runtime maps less what it released (runtime/debug.SetMemoryLimit); of that, the heap's free pages
+// may go back to the system, and of its objects only those the last collection found live stay.
 var samples = []string{
 	"/memory/classes/total:bytes",
 	"/memory/classes/heap/released:bytes",
+	"/memory/classes/heap/free:bytes",
 	"/memory/classes/heap/objects:bytes",
 	"/gc/heap/live:bytes",
 }
 
-// Kept is the memory the process would hold right after a collection: what the runtime maps, less
-// what it released and the heap objects that are garbage.
+// Kept is the memory the process would hold right after a collection that gave its free pages
+// back: what the runtime maps, less what it released or may release and the heap objects that are
+// garbage.
 func Kept() int64 {
 	s := make([]metrics.Sample, len(samples))
 	for i, name := range samples {
@@ -39,8 +41,8 @@ func Kept() int64 {
 		}
 		return int64(s[i].Value.Uint64())
 	}
-	total, released, objects, live := v(0), v(1), v(2), v(3)
-	return total - released - objects + live
+	total, released, free, objects, live := v(0), v(1), v(2), v(3), v(4)
+	return total - released - free - objects + live
 }
 
 // Limit is the soft memory limit for a process that keeps kept bytes.
