@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The hook programs: one per device and direction at tc, one per device and event at the
- * tracepoints of a device's packets (net:netif_receive_skb, net:net_dev_xmit), the traces that
+ * tracepoints of packets (net:netif_receive_skb, net:net_dev_xmit, ...), the traces that
  * cross it in its maps (docs/design.md, "Many traces on a device"). It parses a packet once, finds
  * the traces that take it by sets of trace slots (protocol, source port, destination port; the
  * traces that take any port; an ID's origin for the traces that follow it), checks each candidate's
@@ -502,10 +502,10 @@ static __always_inline int hook_body_kernel_skb(__u32 slot, __u32 extra)
 }
 
 /*
- * The hook at a tracepoint of a device's packets (net:netif_receive_skb, net:net_dev_xmit): one per
- * device, as a hop program's device check (hop_kernel_skb), the reader of the skb (BTF loads into
- * hp), then the parse and candidates (parse) and their bodies (body): the global functions of this
- * variant (HOPTRACE_HOOK_TP below).
+ * The hook at a tracepoint of packets (net:netif_receive_skb, net:net_dev_xmit, ...): one per
+ * device and event, as a hop program's device check (hop_kernel_skb), the reader of the skb (BTF
+ * loads into hp), then the parse and candidates (parse) and their bodies (body): the global
+ * functions of this variant (HOPTRACE_HOOK_TP below).
  */
 static __always_inline int hook_kernel_skb(struct sk_buff *skb, struct net_device *dev, bool floor,
 					   int (*parse)(void), int (*body)(__u32, __u32))
@@ -609,7 +609,8 @@ static __always_inline bool tcp_tagger(struct bpf_sock_ops *skops, bool floor,
 	}
 
 /* The tracepoint hooks and their floor variants, with their bodies as global functions: the
- * tracepoint's skb and device as a hop program's (hop.bpf.h's HOPTRACE_PROG_TP_BTF and _XMIT). */
+ * tracepoint's skb and device as a hop program's (hop.bpf.h's HOPTRACE_PROG_TP_BTF and _XMIT), and,
+ * as hop_tp_btf's, hook_tp_btf attached at the hop's event (the agent's AttachTo). */
 #define HOPTRACE_HOOK_TP                                                                           \
 	__attribute__((noinline)) int hook_tp_parse(void)                                          \
 	{                                                                                          \

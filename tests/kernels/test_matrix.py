@@ -51,7 +51,7 @@ GUEST_TESTS = {
     # their tracepoint hops in one a device and event; the sock_ops hook is verified in the loader's
     # TestHookVerifierCost (TestSockOpsHookTagsPastTheCgroupsCap's 71 applies took 5-6 minutes a guest
     # under TCG when each parsed the object again; it runs on the host)
-    "|TestHooksHoldManyTraces|TestHookHopsComeBackWithThePlan",
+    "|TestHooksHoldManyTraces|TestHookHopsComeBackWithThePlan|TestTracepointHooksKeepTheirEvents",
 }
 
 # Programs the matrix names in its load checks (every program of the objects loads in each guest).

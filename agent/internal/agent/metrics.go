@@ -60,7 +60,7 @@ func newRegistry(p parts) *metrics.Registry {
 			func() float64 { return float64(ks().Partitions) })
 	}
 	hooks := p.mgr.Hooks() // nil without --hooks: none attached, nothing missed
-	r.Gauge("hoptrace_agent_hooks", "Hook programs attached (--hooks): a tc hook per device and direction the traces' tc hops are at, a tracepoint hook per device and event of their tracepoint hops, a sock_ops hook per cgroup they tag TCP in.",
+	r.Gauge("hoptrace_agent_hooks", "Hook programs attached (--hooks): a tc hook per device and direction the traces' tc hops are at, a tracepoint hook per device and event their tracepoint hops are at, a sock_ops hook per cgroup they tag TCP in.",
 		func() float64 { n, _ := hooks.Stats(); return float64(n) })
 	r.Counter("hoptrace_agent_hook_overflow_total", "Traces' hops the hooks did not run for a packet: more than 8 traces took it at a tc or tracepoint hook (those traces have no record of it there), or a socket's tagger was past the sock_ops hook's checks.",
 		func() float64 { _, n := hooks.Stats(); return float64(n) })

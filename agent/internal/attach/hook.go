@@ -49,6 +49,7 @@ type hookPlace struct {
 	ifindex    int
 	ingress    bool
 	tracepoint string
+	event      string
 	cgroup     string
 }
 
@@ -63,12 +64,13 @@ func (at hookPlace) program() string {
 	return loader.HookTCProgram
 }
 
-// device is the device a tracepoint hook keeps to; none for the others, attached where they run.
-func (at hookPlace) device() loader.HookDevice {
+// target is the event and device a tracepoint hook keeps to; none for the others, attached where
+// they run.
+func (at hookPlace) target() loader.HookTarget {
 	if at.tracepoint == "" {
-		return loader.HookDevice{}
+		return loader.HookTarget{}
 	}
-	return loader.HookDevice{Ifindex: uint32(at.ifindex), NetnsIno: uint32(at.nsIno)}
+	return loader.HookTarget{Event: at.event, Ifindex: uint32(at.ifindex), NetnsIno: uint32(at.nsIno)}
 }
 
 // kind names the place's hook in messages.
@@ -108,7 +110,9 @@ func NewHooks(path string) (*Hooks, error) {
 	return &Hooks{spec: spec, at: map[hookPlace]*placedHook{}}, nil
 }
 
-// tracepointHooks: the hook program that runs the hops of each tracepoint hop program.
+// tracepointHooks: the hook program that runs the hops of each tracepoint hop program (hop_tp_btf
+// runs at any event whose first argument is the skb, its device the skb's; hop_tp_btf_xmit at
+// net:net_dev_xmit, its device the event's).
 var tracepointHooks = map[string]string{
 	loader.ProgTPBTF:     loader.HookTPProgram,
 	loader.ProgTPBTFXmit: loader.HookTPXmitProgram,
@@ -169,7 +173,8 @@ func (hs *Hooks) joinTracepoint(p *pending, env Env) (*Hop, error) {
 	if err := prepareTracepoint(p); err != nil {
 		return nil, err
 	}
-	at := hookPlace{nsIno: uint64(p.cfg.NetnsIno), ifindex: p.ifindex, tracepoint: tracepointHooks[p.cfg.Program]}
+	at := hookPlace{nsIno: uint64(p.cfg.NetnsIno), ifindex: p.ifindex, tracepoint: tracepointHooks[p.cfg.Program],
+		event: p.cfg.AttachTo}
 	return hs.put(p, at, 0, env, func(prog *ebpf.Program) (io.Closer, error) {
 		return link.AttachTracing(link.TracingOptions{Program: prog})
 	})
@@ -196,7 +201,7 @@ func (hs *Hooks) put(p *pending, at hookPlace, next uint64, env Env,
 	defer hs.mu.Unlock()
 	ph := hs.at[at]
 	if ph == nil {
-		hook, err := loader.LoadHook(hs.spec, at.program(), at.device(), env.Load)
+		hook, err := loader.LoadHook(hs.spec, at.program(), at.target(), env.Load)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", at.kind(), err)
 		}

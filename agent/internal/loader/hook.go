@@ -128,24 +128,29 @@ type Hook struct {
 	countersBuf perCPUBuffers
 }
 
-// HookDevice is the device a tracepoint hook runs for (the hop programs' hop_ifindex and
-// hop_netns_ino): its packets' event fires for every device. Zero for the other hooks, attached
-// where they run, and for a tracepoint hook of every device.
-type HookDevice struct {
+// HookTarget is where a tracepoint hook runs: its event (its program's attach point, as a hop
+// program's AttachTo; "" keeps the object's) and the device it keeps to (the hop programs'
+// hop_ifindex and hop_netns_ino: the event fires for every device; 0 for every device of the netns,
+// or of every netns). Zero for the other hooks, attached where they run.
+type HookTarget struct {
+	Event    string
 	Ifindex  uint32
 	NetnsIno uint32
 }
 
 // LoadHook loads the hook program hookProgram (HookTCProgram, HookSockOpsProgram, HookTPProgram,
-// HookTPXmitProgram) of spec (hook.bpf.o) for dev, with the agent's shared maps (records, prev_ts)
-// from opts, and no trace in it; opts' ID state is not the hook's.
-func LoadHook(spec *ebpf.CollectionSpec, hookProgram string, dev HookDevice, opts Options) (*Hook, error) {
+// HookTPXmitProgram) of spec (hook.bpf.o) for target, with the agent's shared maps (records,
+// prev_ts) from opts, and no trace in it; opts' ID state is not the hook's.
+func LoadHook(spec *ebpf.CollectionSpec, hookProgram string, target HookTarget, opts Options) (*Hook, error) {
 	s := spec.Copy()
 	program := ProgramFor(spec, hookProgram)
 	if _, ok := s.Programs[program]; !ok {
 		return nil, fmt.Errorf("%s has no program %s (has %v)", HookObject, program, programNames(spec))
 	}
-	for name, v := range map[string]uint32{"hop_ifindex": dev.Ifindex, "hop_netns_ino": dev.NetnsIno} {
+	if target.Event != "" {
+		s.Programs[program].AttachTo = target.Event
+	}
+	for name, v := range map[string]uint32{"hop_ifindex": target.Ifindex, "hop_netns_ino": target.NetnsIno} {
 		vs, ok := s.Variables[name]
 		if !ok {
 			return nil, fmt.Errorf("%s has no variable %s: rebuild it with this agent", HookObject, name)

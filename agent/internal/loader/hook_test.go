@@ -43,7 +43,7 @@ func loadHookLogged(t testing.TB, h *harness, program string, traces []hookTrace
 	if err != nil {
 		t.Fatalf("%s: %v (run make bpf)", hookObjectPath(), err)
 	}
-	hook, err := loader.LoadHook(spec, program, loader.HookDevice{}, loader.Options{Records: h.records, Cache: kernelBTF, LogLevel: level})
+	hook, err := loader.LoadHook(spec, program, loader.HookTarget{}, loader.Options{Records: h.records, Cache: kernelBTF, LogLevel: level})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

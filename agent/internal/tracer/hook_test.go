@@ -1,6 +1,7 @@
 package tracer
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -124,6 +125,58 @@ func TestHooksHoldManyTraces(t *testing.T) {
 	}
 	if n, _ := hooks.Stats(); n != 0 {
 		t.Errorf("hooks report %d attached after the last trace left", n)
+	}
+}
+
+// A tracepoint hop runs at its plan's event: two traces whose hops are on one device at two events
+// (net:netif_receive_skb, and net:netif_rx, which a veth's peer fires first) are two hooks, and each
+// trace records each datagram at its own event.
+func TestTracepointHooksKeepTheirEvents(t *testing.T) {
+	tu.RequireRoot(t)
+	p := tu.NewVethPair(t, "198.18.46")
+	hooks := testHooks(t)
+	m, q := newTestManagerWith(t, Config{Hooks: hooks})
+	rx := plan(p, 1)
+	applyAttached(t, m, rx)
+	netifRx := plan(p, 1)
+	netifRx.Trace = "t2"
+	netifRx.Hops[2].TracepointEvent = "netif_rx"
+	applyAttached(t, m, netifRx)
+	if n := tracingPrograms(t, loader.HookTPProgram); n != 2 {
+		t.Fatalf("%d tracepoint hooks, want 2: one for each event", n)
+	}
+	m.mu.Lock()
+	slots := map[uint16]string{m.traces["t1"].Slot: "t1", m.traces["t2"].Slot: "t2"}
+	m.mu.Unlock()
+
+	const sent = 5
+	ids := map[uint32]bool{}
+	for i := range uint32(sent) {
+		ids[0x2a000300+i] = true
+		sendTaggedUDP(t, p.NsA, p.AddrA, p.AddrB, 0x2a000300+i)
+	}
+	recorded := map[string]map[uint32]bool{"t1": {}, "t2": {}}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for len(recorded["t1"]) < sent || len(recorded["t2"]) < sent {
+		b := q.Pop(ctx)
+		if b == nil {
+			t.Fatalf("records at the tracepoint hops of %d and %d of %d datagrams (t1, t2)", len(recorded["t1"]),
+				len(recorded["t2"]), sent)
+		}
+		for off := 0; off+record.Size <= len(b.Records); off += record.Size {
+			var r record.Record
+			if err := record.Decode(b.Records[off:], &r); err != nil {
+				t.Fatal(err)
+			}
+			if trace, ok := slots[r.TraceSlot]; ok && r.HopIndex == 2 && ids[r.PacketID] {
+				if recorded[trace][r.PacketID] {
+					t.Errorf("%s recorded %#x twice at its tracepoint hop", trace, r.PacketID)
+				}
+				recorded[trace][r.PacketID] = true
+			}
+		}
+		b.Delivered()
 	}
 }
 
