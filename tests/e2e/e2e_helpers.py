@@ -321,6 +321,11 @@ class TcpSegment:
         """SYN set."""
         return bool(self.flags & 0x02)
 
+    @property
+    def fin(self) -> bool:
+        """FIN set."""
+        return bool(self.flags & 0x01)
+
     def option_bytes_without_sack(self) -> int:
         """The option bytes but SACK blocks and the NOPs that align them (RFC 2018): a receiver that saw loss
         or reordering (a loaded machine) acknowledges with SACK, whatever the tracer does."""
