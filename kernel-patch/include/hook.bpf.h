@@ -100,9 +100,9 @@ struct hook_packet {
 	struct hoptrace_trace_set left;
 	__u32 ran;
 	struct hop_meta m; /* the body's, for the stack's sake */
-	/* The tracepoint hook's packet for its bodies, which take scalars alone: a reader of the
-	 * struct sk_buff with its address (read through probes there) and no copy, and the device.
-	 * Here, not on the body's stack: the hook's frame and the body's took 576 bytes with it. */
+	/* The tracepoint hook's packet for its parse and its bodies, global functions that take
+	 * scalars alone: a reader of the struct sk_buff with its address (read through probes
+	 * there) and no copy, and the device. */
 	struct pkt_reader r;
 	__u64 shinfo; /* its struct skb_shared_info's address */
 	__u32 ifindex;

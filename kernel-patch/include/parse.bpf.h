@@ -86,9 +86,11 @@ struct pkt_reader {
 	 * skb_segments), not inlined: cgroup_skb's frame has no room for it beside bpf_loop's
 	 * callback on 6.1; a call costs a tagged TCP packet ~8 ns, so tc inlines it. */
 	__u8 call_segments;
-	/* PKT_KERNEL in a hook's body (hook.bpf.h): the TCP segment count the hook read once, for
-	 * every body it runs (in the padding: the reader's size is unchanged) */
+#ifdef HOPTRACE_HOOK
+	/* PKT_KERNEL in a hook's body (hook.bpf.h): the TCP segment count the hook read once for
+	 * every body it runs; in the hook's object only (hop programs' readers stay 64 bytes) */
 	__u32 segs;
+#endif
 };
 
 /* The innermost packet: its flow, where its headers are, and its ID. */
