@@ -23,8 +23,8 @@ const HookObject = "hook.bpf.o"
 const (
 	HookTCProgram      = "hook_tc"
 	HookSockOpsProgram = "hook_sock_ops"
-	HookTPProgram      = "hook_tp_btf"      // net:netif_receive_skb
-	HookTPXmitProgram  = "hook_tp_btf_xmit" // net:net_dev_xmit
+	HookTPProgram      = "hook_tp_btf"      // any event whose first argument is the skb (HookTarget.Event)
+	HookTPXmitProgram  = "hook_tp_btf_xmit" // net:net_dev_xmit, whose device is its own argument
 )
 
 // The hook's limits and maps (kernel-patch/include/hook.h, hook.bpf.h).
@@ -452,7 +452,7 @@ func readPerCPU(m *ebpf.Map, n uint32) ([]uint64, error) {
 
 // perCPUBuffers are what repeated reads of a per-CPU array take, kept between them: a hook's
 // counters (256 slots of 18) are read every second, and allocating their buffers anew was most of
-// what the idle agent's collector had to sweep.
+// what Go's garbage collector swept in an idle agent.
 type perCPUBuffers struct {
 	keys []uint32
 	per  []uint64

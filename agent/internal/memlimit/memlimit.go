@@ -3,9 +3,9 @@
 //
 // A fixed limit makes the agent's RSS small under a burst of records, but the more traces a node
 // runs, the more the agent keeps for good (their programs' specs, maps and counters): with 200
-// traces it kept about the 16 MiB the limit allowed, and the collector ran five times a second,
-// most of an idle agent's CPU. Following what is kept lets garbage grow by the headroom before a
-// collection, whatever the number of traces.
+// traces it kept about the 16 MiB the limit allowed, and Go's garbage collector ran five times a
+// second, most of an idle agent's CPU. Following what is kept lets garbage grow by the headroom
+// before a collection, whatever the number of traces.
 package memlimit
 
 import (
