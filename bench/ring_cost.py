@@ -78,6 +78,10 @@ FLOOR_SOURCE = """\
 #include <bpf/bpf_helpers.h>
 #include "hoptrace.h"
 
+/* The slot of the agent's one trace (its first: 1): the agent routes and ships these records as
+ * it ships its hops', with slot 0 it would count them unrouted and drop them. */
+#define TRACE_SLOT 1
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 4096); /* replaced by the agent's ring at load (bpftool's map name records id) */
@@ -112,7 +116,7 @@ SEC("tc") int floor_tc(struct __sk_buff *skb)
 	rec->ifindex = skb->ifindex;
 	rec->wire_len = skb->len;
 	rec->hop_index = 0;
-	rec->trace_slot = 0;
+	rec->trace_slot = TRACE_SLOT;
 	rec->cpu = bpf_get_smp_processor_id();
 	rec->flags = 0;
 #ifndef FLOOR_LOCAL

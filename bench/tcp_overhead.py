@@ -188,6 +188,10 @@ LEAST_TAGGER_SOURCE = """\
 #include <bpf/bpf_core_read.h>
 #include "hoptrace.h"
 
+/* The slot of the agent's one trace (its first: 1): the agent routes and ships these records as
+ * it ships its hops', with slot 0 it would count them unrouted and drop them. */
+#define TRACE_SLOT 1
+
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
 struct {
@@ -243,7 +247,7 @@ SEC("tc") int least_tagger(struct __sk_buff *skb)
 		rec->ifindex = skb->ifindex;
 		rec->wire_len = len + HOPTRACE_UDP_ID_LEN;
 		rec->hop_index = 0;
-		rec->trace_slot = 0;
+		rec->trace_slot = TRACE_SLOT;
 		rec->cpu = cpu;
 		rec->flags = 0;
 		bpf_ringbuf_submit(rec, BPF_RB_NO_WAKEUP);

@@ -18,7 +18,7 @@ attachment), median over rounds: the tagging hop (`c1-eth0-out`) and the recordi
 condition side by side.
 
     .venv/bin/python bench/udp_tag_floor.py --rounds 8 --seconds 5 [--conditions floor_tag,tag_all] \\
-        [--perf tag_all] [--bpf-stats]
+        [--perf tag_all] [--bpf-stats] [--ab-object OTHER.bpf.o --conditions floor_tag,tag_all,tag_all_ab]
 """
 
 from __future__ import annotations
@@ -51,8 +51,11 @@ def hop_programs(topo: TwoHostTopology) -> dict[int, str]:
     return at
 
 
-def per_hop(rounds: int, seconds: int, conditions: list[str]) -> dict[str, dict[str, list[float]]]:
-    """Each condition's ns per run at each hop, one figure per round (bpf_stats on, order rotated)."""
+def per_hop(
+    rounds: int, seconds: int, conditions: list[str], ab: dict[str, Path]
+) -> dict[str, dict[str, list[float]]]:
+    """Each condition's ns per run at each hop, one figure per round (bpf_stats on, order rotated); `ab`:
+    `tag_all_ab`'s hop object."""
     server, iface = SERVER["veth"]
     results: dict[str, dict[str, list[float]]] = {c: {hop: [] for hop in HOPS} for c in conditions}
     sink = RecordSink()
@@ -62,7 +65,7 @@ def per_hop(rounds: int, seconds: int, conditions: list[str]) -> dict[str, dict[
         with bpf_stats_enabled(), tempfile.TemporaryDirectory(prefix="hoptrace-utf-") as tmp:
             for r in range(rounds):
                 for name in conditions[r % len(conditions) :] + conditions[: r % len(conditions)]:
-                    with condition(name, topo, Path(tmp), sink, "veth", {}):
+                    with condition(name, topo, Path(tmp), sink, "veth", ab):
                         at = hop_programs(topo)
                         before = {p["id"]: p for p in bpftool_json("prog", "show") if p["id"] in at}
                         mbps = iperf3(topo, seconds, udp=True, server=server, server_iface=iface, cpus=(0, 1))
@@ -95,13 +98,21 @@ def main() -> int:
     ap.add_argument(
         "--per-hop", action="store_true", help="each hop's ns per run in place (bpf_stats), not throughput"
     )
+    ap.add_argument(
+        "--ab-object",
+        type=Path,
+        help="`tag_all_ab`: tag_all with this build of hoptrace.bpf.o (another commit's)",
+    )
     args = ap.parse_args()
     conditions = ["none"] + [c for c in args.conditions.split(",") if c and c != "none"]
-    unknown = [c for c in conditions if c not in CONDITIONS]
+    unknown = [c for c in conditions if c not in CONDITIONS and c != "tag_all_ab"]
     if unknown:
         ap.error(f"unknown conditions {unknown}: choose from {', '.join(CONDITIONS)}")
     if args.per_hop:
-        results = per_hop(args.rounds, args.seconds, conditions[1:])
+        ab = {"object": args.ab_object} if args.ab_object else {}
+        if "tag_all_ab" in conditions and not ab:
+            ap.error("tag_all_ab needs --ab-object")
+        results = per_hop(args.rounds, args.seconds, conditions[1:], ab)
         print("| condition | " + " | ".join(f"{hop}, ns per run (median; rounds)" for hop in HOPS) + " |")
         print("|---" * (len(HOPS) + 1) + "|")
         for name, hops in results.items():
@@ -111,7 +122,8 @@ def main() -> int:
             ]
             print(f"| `{name}` | " + " | ".join(cells) + " |")
         return 0
-    run(args.rounds, args.seconds, args.perf, conditions, "veth", True, args.bpf_stats, (0, 1), None, True)
+    ab = {"object": args.ab_object} if args.ab_object else None
+    run(args.rounds, args.seconds, args.perf, conditions, "veth", True, args.bpf_stats, (0, 1), ab, True)
     return 0
 
 

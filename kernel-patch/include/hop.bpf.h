@@ -318,18 +318,25 @@ static __always_inline __u32 fast_resume(const struct fast_flow *f)
 	return f->l3 << 16 | f->vxlan << 8 | f->family;
 }
 
-/* hop_parse for a frame the fast path decided and the filter takes (resume: fast_resume's): the
- * general parser from its innermost IP header on (the same checks, fields and offsets), without
- * the outer headers again. */
+/* hop_parse for a frame the fast path decided and the filter takes (resume: fast_resume's): its
+ * innermost IP packet's fields as the fast path checked them (fast_l3), or where they are past
+ * the direct reads, the general parser from that IP header on; then its ID. Either way not the
+ * outer headers again. */
 static __always_inline int hop_parse_fast(enum pkt_source src, struct pkt_reader *r, __u32 resume,
 					  struct pkt_info *p)
 {
+	__u32 l3 = resume >> 16;
+	__u8 family = resume & 0xff;
 	int status;
 
 	if (resume & 0x100)
 		p->flags |= HOPTRACE_F_ENCAP_VXLAN;
-	status = parse_l3(src, r, resume >> 16, (resume & 0xff) == 4 ? ETH_P_IP_ : ETH_P_IPV6_, p);
-	return status ? status : parse_id(src, r, p);
+	if (!fast_l3(r, l3, family, p)) {
+		status = parse_l3(src, r, l3, family == 4 ? ETH_P_IP_ : ETH_P_IPV6_, p);
+		if (status)
+			return status;
+	}
+	return parse_id(src, r, p);
 }
 
 static __always_inline __u32 mix32(__u32 h, __u32 v)

@@ -352,6 +352,55 @@ static long ext_step_kernel(__u64 index, void *data)
 }
 
 /* IPv4 or IPv6 header and the L4 ports. Fills the flow and offsets. */
+/* An IPv4 header's fields (ip: in the packet or a copy of it, checked), as parse_l3 keeps them. */
+static __always_inline void ipv4_fields(const struct iphdr *ip, const struct pkt_reader *r,
+					struct pkt_info *p)
+{
+	p->family = 4;
+	if (!r->no_fields) {
+		p->tos = ip->tos;
+		p->ttl = ip->ttl;
+		p->ip_id = bpf_ntohs(ip->id);
+	}
+	p->proto = ip->protocol;
+	__builtin_memcpy(p->ip_words, (const __u8 *)ip + offsetof(struct iphdr, tot_len),
+			 sizeof(p->ip_words));
+	p->saddr[0] = ip->saddr;
+	p->daddr[0] = ip->daddr;
+}
+
+/* The same of an IPv6 header; its next header is the caller's (extension headers may follow). */
+static __always_inline void ipv6_fields(const struct ipv6hdr *ip6, const struct pkt_reader *r,
+					struct pkt_info *p)
+{
+	p->family = 6;
+	p->flags |= HOPTRACE_F_IPV6;
+	if (!r->no_fields) {
+		/* RFC 8200: the traffic class straddles the version and the flow label. */
+		p->tos = (ip6->priority << 4) | (ip6->flow_lbl[0] >> 4);
+		p->ttl = ip6->hop_limit;
+	}
+	__builtin_memcpy(p->saddr, &ip6->saddr, 16);
+	__builtin_memcpy(p->daddr, &ip6->daddr, 16);
+}
+
+/* A UDP header's fields (checked by the caller). */
+static __always_inline void udp_fields(const struct udphdr *udp, struct pkt_info *p)
+{
+	p->sport = bpf_ntohs(udp->source);
+	p->dport = bpf_ntohs(udp->dest);
+	p->udp_len = bpf_ntohs(udp->len);
+	p->flags |= HOPTRACE_F_UDP;
+}
+
+/* A TCP header's ports, all parse_l3 reads of it. */
+static __always_inline void tcp_ports(const __be16 *ports, struct pkt_info *p)
+{
+	p->sport = bpf_ntohs(ports[0]);
+	p->dport = bpf_ntohs(ports[1]);
+	p->flags |= HOPTRACE_F_TCP;
+}
+
 static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, __u32 off,
 				    __u16 ethertype, struct pkt_info *p)
 {
@@ -375,17 +424,7 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 		if (bpf_ntohs(ip.frag_off) & 0x1fff)
 			return PARSE_NON_IP;
 		p->fragment = !!(bpf_ntohs(ip.frag_off) & 0x2000); /* MF: the first of several */
-		p->family = 4;
-		if (!r->no_fields) {
-			p->tos = ip.tos;
-			p->ttl = ip.ttl;
-			p->ip_id = bpf_ntohs(ip.id);
-		}
-		p->proto = ip.protocol;
-		__builtin_memcpy(p->ip_words, (__u8 *)&ip + offsetof(struct iphdr, tot_len),
-				 sizeof(p->ip_words));
-		p->saddr[0] = ip.saddr;
-		p->daddr[0] = ip.daddr;
+		ipv4_fields(&ip, r, p);
 		p->l4_off = off + ihl;
 	} else if (ethertype == ETH_P_IPV6_) {
 		struct ipv6hdr ip6;
@@ -399,15 +438,7 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 		p->ip_len = sizeof(ip6) + bpf_ntohs(ip6.payload_len);
 		if (p->ip_len > r->total - off)
 			return PARSE_TRUNCATED;
-		p->family = 6;
-		p->flags |= HOPTRACE_F_IPV6;
-		if (!r->no_fields) {
-			/* RFC 8200: the traffic class straddles the version and the flow label. */
-			p->tos = (ip6.priority << 4) | (ip6.flow_lbl[0] >> 4);
-			p->ttl = ip6.hop_limit;
-		}
-		__builtin_memcpy(p->saddr, &ip6.saddr, 16);
-		__builtin_memcpy(p->daddr, &ip6.daddr, 16);
+		ipv6_fields(&ip6, r, p);
 		if (r->floor) {
 			/* Without bpf_loop (before 5.17): the same step, unrolled. */
 			__u32 key = 0;
@@ -456,22 +487,17 @@ static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, _
 
 		if (pkt_load(src, r, p->l4_off, &udp, sizeof(udp)))
 			return PARSE_TRUNCATED;
-		p->sport = bpf_ntohs(udp.source);
-		p->dport = bpf_ntohs(udp.dest);
-		p->udp_len = bpf_ntohs(udp.len);
+		udp_fields(&udp, p);
 		/* A first fragment's UDP length covers the whole datagram, not this packet. */
 		if (p->udp_len < sizeof(udp) ||
 		    (!p->fragment && p->l4_off - off + p->udp_len > p->ip_len))
 			return PARSE_MALFORMED;
-		p->flags |= HOPTRACE_F_UDP;
 	} else if (p->proto == IPPROTO_TCP_) {
-		__u16 ports[2];
+		__be16 ports[2];
 
 		if (pkt_load(src, r, p->l4_off, ports, sizeof(ports)))
 			return PARSE_TRUNCATED;
-		p->sport = bpf_ntohs(ports[0]);
-		p->dport = bpf_ntohs(ports[1]);
-		p->flags |= HOPTRACE_F_TCP;
+		tcp_ports(ports, p);
 	}
 	return PARSE_OK;
 }
@@ -889,6 +915,46 @@ static __always_inline bool fast_flow_l2(const __u8 *data, const __u8 *data_end,
 	if ((const void *)(eth + 1) > (const void *)data_end)
 		return false;
 	return fast_flow_l3(data, data_end, total, ETH_HLEN_, eth->h_proto, f);
+}
+
+/*
+ * parse_l3 of a frame the fast path decided: its innermost IP packet at l3 (family 4 or 6), from
+ * the linear data it read, without checking again what it checked (IPv4 without options,
+ * unfragmented; IPv6 without extension headers; both within the packet; a UDP length within the
+ * IP packet) and without pkt_load's copy of each header. False when the headers are not in r's
+ * direct reads as the verifier sees them: then parse_l3 reads them.
+ */
+static __always_inline bool fast_l3(const struct pkt_reader *r, __u32 l3, __u8 family,
+				    struct pkt_info *p)
+{
+	const __u32 ip_hlen = family == 4 ? sizeof(struct iphdr) : sizeof(struct ipv6hdr);
+	const __u8 *data = r->data, *l4;
+
+	/* l3 < 256 on any frame the fast path decides (VXLAN in IPv6: 84): the mask bounds it */
+	if (!r->direct || l3 > 0xff)
+		return false;
+	l4 = data + (l3 & 0xff) + ip_hlen;
+	if (l4 + sizeof(struct udphdr) > r->data_end) /* as much of L4 as either reads */
+		return false;
+	p->l3_off = l3;
+	p->l4_off = l3 + ip_hlen;
+	if (family == 4) {
+		const struct iphdr *ip = (const void *)(data + (l3 & 0xff));
+
+		p->ip_len = bpf_ntohs(ip->tot_len);
+		ipv4_fields(ip, r, p);
+	} else {
+		const struct ipv6hdr *ip6 = (const void *)(data + (l3 & 0xff));
+
+		p->ip_len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+		ipv6_fields(ip6, r, p);
+		p->proto = ip6->nexthdr;
+	}
+	if (p->proto == IPPROTO_UDP_)
+		udp_fields((const struct udphdr *)l4, p);
+	else if (p->proto == IPPROTO_TCP_)
+		tcp_ports((const __be16 *)l4, p);
+	return true;
 }
 
 /* parse_headers, then parse_id. */

@@ -44,7 +44,7 @@ func BenchmarkHookAB(b *testing.B) {
 			traced bool
 		}{{"hop_tc_matching", loader.FilterConstants{Proto: p.proto, Dport: 5000}, true}, {"hop_tc_refusing", loader.FilterConstants{Proto: p.proto, Dport: 20000}, false}} {
 			hop := h.load(b, loader.HopConfig{HopIndex: 1, IDOrigin: 7, TraceSlot: 3, Filter: f.filter})
-			pairs = append(pairs, testRunPair{p.name + "_" + f.name, hop.Program, p.match, f.traced})
+			pairs = append(pairs, testRunPair{name: p.name + "_" + f.name, prog: hop.Program, data: p.match, traced: f.traced})
 		}
 	}
 	counts := []int{1, 10, 50, 200}
@@ -67,12 +67,12 @@ func BenchmarkHookAB(b *testing.B) {
 			hook := loadHook(b, h, traces)
 			for _, p := range protocols {
 				pairs = append(pairs,
-					testRunPair{fmt.Sprintf("%s_hook_%s_%d_match", p.name, mix.name, n), hook.Program, p.match, true},
-					testRunPair{fmt.Sprintf("%s_hook_%s_%d_none", p.name, mix.name, n), hook.Program, p.none, false})
+					testRunPair{name: fmt.Sprintf("%s_hook_%s_%d_match", p.name, mix.name, n), prog: hook.Program, data: p.match, traced: true},
+					testRunPair{name: fmt.Sprintf("%s_hook_%s_%d_none", p.name, mix.name, n), prog: hook.Program, data: p.none})
 			}
 		}
 	}
-	pairs = append(pairs, testRunPair{"empty", emptyTCProgram(b), protocols[0].match, false})
+	pairs = append(pairs, testRunPair{name: "empty", prog: emptyTCProgram(b), data: protocols[0].match})
 	perRun := runPairsInRounds(b, h, pairs)
 	ns := map[string]float64{}
 	for i, p := range pairs {
