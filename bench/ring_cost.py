@@ -71,8 +71,8 @@ RECORDING = [hop for hop in TC_HOPS if hop != TAGGER]
 SHARED = {"a-vxlan-out": ["a-wire-out"], "b-wire-in": ["b-vxlan-in", "b-c2-eth0-in"]}
 
 # `floor`: a record per packet and nothing else. The ID is read where a UDP ID lies in an unpadded frame
-# (its last 4 bytes); the record is the agent's layout (hoptrace.h), trace slot 0: the agent counts it
-# unrouted and frees it, as it would a detached trace's.
+# (its last 4 bytes); the record is the agent's layout (hoptrace.h), in its trace's slot: the agent ships
+# it as it ships its hops' records.
 FLOOR_SOURCE = """\
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

@@ -23,9 +23,9 @@ veth (a hop at each end: the 2-hop case); conditions interleaved in rounds (orde
   program (read 4 bytes of the packet, the clock, a record into a per-CPU slot; no parsing): the least a
   tracer of every segment does, to compare with `tag_all_local` (`tag_all_tc` on VXLAN);
 - `floor_ring`: `floor_all` with `ring_cost`'s `floor` program instead, its records in the ring of the
-  node's agent (running the `hops` trace, its tc links detached), which reads them and, finding no trace of
-  their slot, frees them: the least a tracer of every segment does whose records reach a reader in user
-  space, to compare with `tag_all` (`tag_all_tc` on VXLAN), whose agents also ship them to a collector;
+  node's agent (running the `hops` trace, its tc links detached), under its trace's slot, so that the agent
+  ships them to the collector as it ships its hops' records: the least a tracer of every segment does whose
+  records reach a collector, to compare with `tag_all` (`tag_all_tc` on VXLAN);
 - `floor_tag` (UDP): `floor_ring`, but at the path's first hop the least UDP tagger (LEAST_TAGGER_SOURCE)
   instead: each IPv4 UDP datagram grown by a 4-byte ID after its payload as hoptrace's tagger does, lengths
   and checksums fixed, the ID recorded in the agent's ring; the least a UDP tracer of every datagram does,

@@ -7,7 +7,7 @@ server CPU 1), bracketed rounds (`none` between every two conditions), as `tcp_o
 - `floor_tag`: the least tagger (tcp_overhead.LEAST_TAGGER_SOURCE) at c1's eth0: each datagram grown by its
   4-byte ID after the payload, as hoptrace's tagging hop does, lengths and checksums fixed, the ID recorded
   in the agent's ring; `ring_cost`'s `floor` recorder at host-a's veth (the ID read, the clock, a ring
-  record);
+  record); the agent ships both programs' records as hoptrace's (they carry its trace's slot);
 - `tag_all`: hoptrace, every datagram tagged at c1's eth0 and recorded at both hops;
 - with `--conditions`, any other of tcp_overhead's (`empty`, `floor_ring`: the floor without the growth).
 
