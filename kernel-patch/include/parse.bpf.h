@@ -351,7 +351,6 @@ static long ext_step_kernel(__u64 index, void *data)
 	return ext_step(PKT_KERNEL, &w->r, &w->st);
 }
 
-/* IPv4 or IPv6 header and the L4 ports. Fills the flow and offsets. */
 /* An IPv4 header's fields (ip: in the packet or a copy of it, checked), as parse_l3 keeps them. */
 static __always_inline void ipv4_fields(const struct iphdr *ip, const struct pkt_reader *r,
 					struct pkt_info *p)
@@ -401,6 +400,7 @@ static __always_inline void tcp_ports(const __be16 *ports, struct pkt_info *p)
 	p->flags |= HOPTRACE_F_TCP;
 }
 
+/* IPv4 or IPv6 header and the L4 ports. Fills the flow and offsets. */
 static __always_inline int parse_l3(enum pkt_source src, struct pkt_reader *r, __u32 off,
 				    __u16 ethertype, struct pkt_info *p)
 {

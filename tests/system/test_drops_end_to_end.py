@@ -101,7 +101,7 @@ def test_lost_packets_say_where_and_why(topology, influxd):
         "count": sent - dropped,
     }
     assert segments[WIRE]["loss_count"] == dropped and segments[WIRE]["drops"] == [netfilter], segments[WIRE]
-    assert segments[READ]["loss_count"] == sent - dropped and segments[READ]["drops"] == [no_socket]
+    assert segments[READ]["loss_count"] == sent - dropped and segments[READ]["drops"] == [no_socket], segments
     for name, segment in segments.items():
         if name not in (WIRE, READ):
             assert segment["loss_count"] == 0 and segment["drops"] == [], (name, segment)

@@ -202,9 +202,10 @@ def tagged_frames(pcap: bytes) -> list[Frame]:
 
 
 def last_ack(frames: list[Frame]) -> bool:
-    """Whether c1's ACK of c2's FIN is among the frames: the one after c1's FIN, a sequence number on."""
-    fins = [f.seq for f in frames if f.flags & TCP_FIN]
-    return bool(fins) and any(f.seq == fins[0] + 1 and not f.flags & TCP_FIN for f in frames)
+    """Whether c1's ACK of c2's FIN is among the frames: the one numbered after c1's FIN, which follows the
+    FIN segment's data (the FIN rides the last data segment when it is still queued at the shutdown)."""
+    ends = [f.seq + f.payload + 1 for f in frames if f.flags & TCP_FIN]
+    return bool(ends) and any(f.seq == ends[0] and not f.flags & TCP_FIN for f in frames)
 
 
 def option_id(options: bytes) -> int | None:
