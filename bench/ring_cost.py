@@ -78,10 +78,6 @@ FLOOR_SOURCE = """\
 #include <bpf/bpf_helpers.h>
 #include "hoptrace.h"
 
-/* The slot of the agent's one trace (its first: 1): the agent routes and ships these records as
- * it ships its hops', with slot 0 it would count them unrouted and drop them. */
-#define TRACE_SLOT 1
-
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 4096); /* replaced by the agent's ring at load (bpftool's map name records id) */
@@ -229,10 +225,18 @@ def build_patched_object(workdir: Path, variant: str, patches: list[tuple[str, s
     return build_bpf(src / "hoptrace.bpf.c", src / "include", workdir / f"hoptrace-{variant}.bpf.o")
 
 
+# The slot of a benchmark agent's one trace (tracer.Manager gives its first trace slot 1): the floors'
+# records carry it (TRACE_SLOT), so the agent ships them as it ships its hops'; under a slot no trace
+# holds it would count them unrouted and drop them.
+AGENT_TRACE_SLOT = 1
+
+
 def build_bpf(source: Path, include: Path, obj: Path, *defines: str) -> Path:
-    """`source` built as `make bpf` builds kernel-patch/: this tree's vmlinux.h, headers from `include`."""
+    """`source` built as `make bpf` builds kernel-patch/: this tree's vmlinux.h, headers from `include`,
+    TRACE_SLOT defined."""
     subprocess.run(
         ["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", "-D__TARGET_ARCH_x86", *defines,
+         f"-DTRACE_SLOT={AGENT_TRACE_SLOT}",
          f"-I{REPO / 'kernel-patch' / 'build'}", f"-I{include}", "-c", str(source), "-o", str(obj)],
         check=True,
     )  # fmt: skip

@@ -188,10 +188,6 @@ LEAST_TAGGER_SOURCE = """\
 #include <bpf/bpf_core_read.h>
 #include "hoptrace.h"
 
-/* The slot of the agent's one trace (its first: 1): the agent routes and ships these records as
- * it ships its hops', with slot 0 it would count them unrouted and drop them. */
-#define TRACE_SLOT 1
-
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
 struct {

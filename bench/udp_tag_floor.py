@@ -107,11 +107,11 @@ def main() -> int:
     conditions = ["none"] + [c for c in args.conditions.split(",") if c and c != "none"]
     unknown = [c for c in conditions if c not in CONDITIONS and c != "tag_all_ab"]
     if unknown:
-        ap.error(f"unknown conditions {unknown}: choose from {', '.join(CONDITIONS)}")
+        ap.error(f"unknown conditions {unknown}: choose from {', '.join(CONDITIONS)}, tag_all_ab")
+    ab = {"object": args.ab_object} if args.ab_object else {}
+    if "tag_all_ab" in conditions and not ab:
+        ap.error("tag_all_ab needs --ab-object")
     if args.per_hop:
-        ab = {"object": args.ab_object} if args.ab_object else {}
-        if "tag_all_ab" in conditions and not ab:
-            ap.error("tag_all_ab needs --ab-object")
         results = per_hop(args.rounds, args.seconds, conditions[1:], ab)
         print("| condition | " + " | ".join(f"{hop}, ns per run (median; rounds)" for hop in HOPS) + " |")
         print("|---" * (len(HOPS) + 1) + "|")
@@ -122,7 +122,6 @@ def main() -> int:
             ]
             print(f"| `{name}` | " + " | ".join(cells) + " |")
         return 0
-    ab = {"object": args.ab_object} if args.ab_object else None
     run(args.rounds, args.seconds, args.perf, conditions, "veth", True, args.bpf_stats, (0, 1), ab, True)
     return 0
 
